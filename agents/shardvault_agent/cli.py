@@ -1,0 +1,47 @@
+"""``shardvault-agent``: run the agent daemon, or check its configuration.
+
+The tables come from ``--nodes-table``/``--inbox-table`` or ``SHARDVAULT_NODES_TABLE`` and
+``SHARDVAULT_INBOX_TABLE``; AWS endpoints and credentials from the usual AWS variables
+(``AWS_ENDPOINT_URL`` reaches the local stack). No S3 credentials are needed or used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from shardvault.errors import ShardVaultError
+from shardvault_agent.config import load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardvault-agent", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "check"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--config", type=Path, required=True, help="agent YAML config")
+        cmd.add_argument("--nodes-table", default=os.environ.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"))
+        cmd.add_argument("--inbox-table", default=os.environ.get("SHARDVAULT_INBOX_TABLE", "shardvault-inbox"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_config(args.config)
+        if args.command == "check":
+            print(f"config ok: node {config.node_id} of cluster {config.cluster}, {len(config.shards)} shard(s)")
+            return 0
+        from shardvault_agent.daemon import Agent
+
+        agent = Agent(config, nodes_table=args.nodes_table, inbox_table=args.inbox_table)
+        agent.install_signal_handlers()
+        agent.run()
+        return 0
+    except ShardVaultError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

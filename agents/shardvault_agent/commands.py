@@ -1,0 +1,205 @@
+"""The commands an agent runs for the backup state machine, each idempotent.
+
+A *capture* (files, root, marker) is saved under ``state_dir/backups/<backup_id>/`` the
+moment it is taken, so later commands (checksum, upload, stop) and a retried command find
+it; release deletes that directory. Uploaded parts are recorded as they finish, so a retried
+upload sends only the parts still missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
+from shardvault.models import FileEntry, ObjectChecksums, ObjectPlan, Phase, UploadedPart, pack_files
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import Capture, EngineAdapter
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.transfer import PartSender, StreamReader, checksum_object, upload_object
+
+MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
+
+
+class Commands:
+    def __init__(
+        self, config: AgentConfig, engine: EngineAdapter, limiter: RateLimiter, sender: PartSender
+    ) -> None:
+        self.config, self.engine, self.limiter, self.sender = config, engine, limiter, sender
+        self.shards = {s.shard_id: s for s in config.shards}
+
+    def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(self, f"do_{name}", None)
+        if handler is None:
+            raise UnknownCommand(f"command {name!r} is unknown to this agent.", fix="upgrade the agent.")
+        return handler(args)
+
+    # --- state on disk -------------------------------------------------------------------------
+    def backup_dir(self, backup_id: str) -> Path:
+        return self.config.state_dir / "backups" / backup_id
+
+    def _capture_path(self, backup_id: str, shard_id: str, phase: Phase) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.{phase}.json"
+
+    def save_capture(self, backup_id: str, shard_id: str, phase: Phase, capture: Capture, at: float) -> None:
+        path = self._capture_path(backup_id, shard_id, phase)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "root": str(capture.root),
+            "files": [[f.path, f.size] for f in capture.files],
+            "marker": capture.marker,
+            "mutable": capture.mutable,
+            "checkpoint_at": at,
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+
+    def load_capture(self, backup_id: str, shard_id: str, phase: Phase) -> dict[str, Any]:
+        path = self._capture_path(backup_id, shard_id, phase)
+        if not path.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no {phase} capture of shard {shard_id} for backup {backup_id}.",
+                fix="retry the backup (the agent may have been restarted or released it).",
+            )
+        record = json.loads(path.read_text())
+        record["files"] = [FileEntry(path=p, size=s) for p, s in record["files"]]
+        return record
+
+    def _shards(self, args: dict[str, Any]) -> list[ShardConfig]:
+        missing = [s for s in args.get("shard_ids", []) if s not in self.shards]
+        if missing:
+            raise InvalidRequest(
+                f"node {self.config.node_id} has no shard {', '.join(missing)}.",
+                fix="check the agent config; the registry and the config disagree.",
+            )
+        return [self.shards[s] for s in args.get("shard_ids", [])]
+
+    def _listing_result(self, backup_id: str, phase: Phase, shards: list[ShardConfig]) -> dict[str, Any]:
+        out = []
+        for shard in shards:
+            record = self.load_capture(backup_id, shard.shard_id, phase)
+            packed = pack_files(record["files"])
+            if len(packed) > MAX_LISTING_CHARS:
+                raise ListingTooLarge(
+                    f"shard {shard.shard_id} lists {len(record['files'])} files ({len(packed)} "
+                    "characters packed), more than one task result holds.",
+                    fix="split the shard, or upgrade to a version that pages listings.",
+                )
+            out.append(
+                {
+                    "shard_id": shard.shard_id,
+                    "files": packed,
+                    "marker": record["marker"],
+                    "checkpoint_at": record["checkpoint_at"],
+                    "mutable": record["mutable"],
+                    "bytes": sum(f.size for f in record["files"]),
+                }
+            )
+        return {"node_id": self.config.node_id, "shards": out}
+
+    # --- commands ------------------------------------------------------------------------------
+    def do_flush(self, args: dict[str, Any]) -> dict[str, Any]:
+        shards = self._shards(args)
+        for shard in shards:
+            self.engine.flush(shard)
+        return {"node_id": self.config.node_id, "flushed": [s.shard_id for s in shards]}
+
+    def do_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        backup_id, shards = args["backup_id"], self._shards(args)
+        for shard in shards:
+            held = self.engine.holds(shard, backup_id)
+            if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
+                continue  # a retried command: the checkpoint is already held
+            at = time.time()
+            capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
+            self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
+        return self._listing_result(backup_id, Phase.DATA, shards)
+
+    def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        backup_id, shards = args["backup_id"], self._shards(args)
+        for shard in shards:
+            if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
+                continue
+            capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
+            self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
+        return self._listing_result(backup_id, Phase.TAIL, shards)
+
+    def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
+        backup_id = args["backup_id"]
+        for shard in self._shards(args):
+            self.engine.release(shard, backup_id)
+        shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
+        return {"node_id": self.config.node_id, "released": True}
+
+    def _spool_path(self, item: ObjectPlan) -> Path:
+        digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
+        return self.backup_dir(item.backup_id) / "spool" / f"{digest}.bin"
+
+    def do_checksum(self, args: dict[str, Any]) -> dict[str, Any]:
+        item = ObjectPlan.model_validate(args["object"])
+        capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
+        spool = self._spool_path(item) if capture["mutable"] else None
+        if spool:
+            spool.parent.mkdir(parents=True, exist_ok=True)
+        sums = checksum_object(item, Path(capture["root"]), capture["files"], self.limiter, spool)
+        return sums.model_dump(mode="json")
+
+    def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+        item = ObjectPlan.model_validate(args["object"])
+        sums = ObjectChecksums.model_validate(args["checksums"])
+        urls = {p["part_number"]: p["url"] for p in args["parts"]}
+        capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
+        record = self.backup_dir(item.backup_id) / "uploads" / f"{hashlib.sha256(args['upload_id'].encode()).hexdigest()[:24]}.jsonl"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        done = {p.part_number: p for p in _read_parts(record)}
+        spool = self._spool_path(item)
+        if capture["mutable"] and not spool.exists():
+            raise CheckpointNotFound(f"the spool of {item.key} is gone.", fix="retry the backup.")
+
+        def open_part(_: int, offset: int, size: int) -> BinaryIO:
+            if capture["mutable"]:
+                handle = open(spool, "rb")  # noqa: SIM115
+                handle.seek(offset)
+                return _Limited(handle, size, self.limiter)
+            return StreamReader(Path(capture["root"]), capture["files"], item.stream_offset + offset, size, self.limiter)
+
+        def on_part(part: UploadedPart) -> None:
+            with record.open("a") as out:
+                out.write(part.model_dump_json() + "\n")
+
+        parts = upload_object(item, sums, urls, open_part, self.sender, self.config.upload_parallelism, done, on_part)
+        spool.unlink(missing_ok=True)
+        return {"parts": [p.model_dump(mode="json") for p in parts]}
+
+
+def _read_parts(path: Path) -> list[UploadedPart]:
+    if not path.exists():
+        return []
+    return [UploadedPart.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class _Limited:
+    """``size`` bytes of a file, whose reads pay the rate limiter (spooled bytes count like
+    source bytes)."""
+
+    def __init__(self, handle: BinaryIO, size: int, limiter: RateLimiter) -> None:
+        self.handle, self.remaining, self.limiter = handle, size, limiter
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.remaining if size < 0 else min(size, self.remaining)
+        data = self.handle.read(want)
+        self.remaining -= len(data)
+        self.limiter.take(len(data))
+        return data
+
+    def __enter__(self) -> _Limited:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()

@@ -1,0 +1,67 @@
+"""The agent's configuration file (YAML), validated into ``AgentConfig``.
+
+A *shard* entry says where one shard's data lives on this node and the node's role for it.
+For SQLite, ``path`` is the database file; for PostgreSQL, ``data_dir`` and ``conninfo``
+name the instance (one shard per instance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardvault.errors import InvalidRequest
+from shardvault.models import Engine, Role, check_name
+
+
+class ShardConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shard_id: str
+    role: Role = Role.LEADER
+    path: Path | None = Field(None, description="SQLite: the database file.")
+    data_dir: Path | None = Field(None, description="PostgreSQL: the data directory.")
+    conninfo: str | None = Field(None, description="PostgreSQL: a libpq connection string.")
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(description="Unique name of this node.")
+    cluster: str = Field(description="Cluster this node belongs to.")
+    engine: Engine
+    shards: list[ShardConfig]
+    state_dir: Path = Field(description="Where the agent keeps checkpoints, spool and snapshots.")
+    poll_interval_seconds: float = Field(0.2, description="How often the inbox is read.")
+    heartbeat_interval_seconds: float = Field(5.0, description="Registry heartbeat period.")
+    task_heartbeat_seconds: float = Field(10.0, description="Task-token heartbeat period.")
+    max_parallel_commands: int = Field(4, ge=1, description="Commands run at once.")
+    upload_parallelism: int = Field(4, ge=1, description="Parts of one object sent at once.")
+    part_attempts: int = Field(5, ge=1, description="Tries per part before the command fails.")
+    rate_limit_bytes_per_second: int | None = Field(
+        None, ge=1, description="Cap on bytes read per second (None: no cap)."
+    )
+    low_priority: bool = Field(False, description="Lower CPU (nice) and IO (ionice) priority.")
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentConfig:
+        check_name("node_id", self.node_id)
+        check_name("cluster", self.cluster)
+        for shard in self.shards:
+            check_name("shard_id", shard.shard_id)
+            if self.engine == Engine.SQLITE and shard.path is None:
+                raise ValueError(f"shard {shard.shard_id}: sqlite shards need 'path'")
+            if self.engine == Engine.POSTGRES and (shard.data_dir is None or shard.conninfo is None):
+                raise ValueError(f"shard {shard.shard_id}: postgres shards need 'data_dir' and 'conninfo'")
+        return self
+
+
+def load_config(path: Path) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(yaml.safe_load(path.read_text()))
+    except FileNotFoundError:
+        raise InvalidRequest(f"agent config {path} does not exist.", fix="pass --config with the path of an existing file.") from None
+    except (ValidationError, ValueError) as error:
+        raise InvalidRequest(f"agent config {path} is invalid: {error}", fix="correct the fields named above.") from None

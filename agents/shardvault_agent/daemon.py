@@ -1,0 +1,151 @@
+"""The agent daemon: register, heartbeat, poll the inbox, run commands, answer task tokens.
+
+Threads: the main loop polls the node's inbox; a heartbeat thread refreshes the registry item
+and sends ``SendTaskHeartbeat`` for every running command (so a dead agent is noticed by the
+state machine within ``HeartbeatSeconds``); a pool runs commands. A command's outcome is
+answered with ``SendTaskSuccess`` or ``SendTaskFailure(error=<error class name>)`` and the
+inbox item is deleted only if no retry has replaced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import urllib3
+
+from shardvault.errors import ShardVaultError
+from shardvault.models import NodeRecord, ShardInfo
+from shardvault.tables import Inbox, NodeRegistry
+from shardvault_agent import __version__
+from shardvault_agent.commands import Commands
+from shardvault_agent.config import AgentConfig
+from shardvault_agent.engines import adapter_for
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.transfer import Faults, PartSender
+
+log = logging.getLogger("shardvault.agent")
+MAX_CAUSE = 32_000
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, nodes_table: str, inbox_table: str) -> None:
+        self.config = config
+        self.engine = adapter_for(config)
+        dynamodb = boto3.resource("dynamodb")
+        self.registry = NodeRegistry(dynamodb.Table(nodes_table))
+        self.inbox = Inbox(dynamodb.Table(inbox_table))
+        self.sfn = boto3.client("stepfunctions")
+        sender = PartSender(
+            http=urllib3.PoolManager(maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)),
+            attempts=config.part_attempts,
+            faults=Faults.from_env(),
+        )
+        self.commands = Commands(config, self.engine, RateLimiter(config.rate_limit_bytes_per_second), sender)
+        self.pool = ThreadPoolExecutor(max_workers=config.max_parallel_commands, thread_name_prefix="command")
+        self.running: dict[tuple[str, str], str] = {}  # (command_id, token) -> command
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    # --- registry ----------------------------------------------------------------------------
+    def record(self, status: str = "up") -> NodeRecord:
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        return NodeRecord(
+            node_id=cfg.node_id,
+            cluster=cfg.cluster,
+            engine=cfg.engine,
+            shards=[ShardInfo(shard_id=s.shard_id, role=s.role, bytes=self.engine.shard_bytes(s)) for s in cfg.shards],
+            free_bytes=shutil.disk_usage(cfg.state_dir).free,
+            version=__version__,
+            heartbeat_at=time.time(),
+            status=status,
+        )
+
+    def heartbeat_loop(self) -> None:
+        last_registry = 0.0
+        while not self.stopping.wait(min(self.config.task_heartbeat_seconds, self.config.heartbeat_interval_seconds)):
+            if time.monotonic() - last_registry >= self.config.heartbeat_interval_seconds:
+                with contextlib.suppress(Exception):
+                    self.registry.put(self.record())
+                    last_registry = time.monotonic()
+            with self.lock:
+                tokens = [token for (_, token) in self.running]
+            for token in tokens:
+                with contextlib.suppress(Exception):  # the task may have ended meanwhile
+                    self.sfn.send_task_heartbeat(taskToken=token)
+
+    # --- commands ----------------------------------------------------------------------------
+    def poll_once(self) -> None:
+        for item in self.inbox.pending(self.config.node_id):
+            key = (item["command_id"], item["task_token"])
+            with self.lock:
+                if key in self.running:
+                    continue
+                self.running[key] = item["command"]
+            self.pool.submit(self.execute, item)
+
+    def execute(self, item: dict[str, Any]) -> None:
+        token, started = item["task_token"], time.monotonic()
+        try:
+            result = self.commands.run(item["command"], item.get("args", {}))
+            self._answer(lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)))
+            log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
+        except Exception as error:  # every failure is answered, never swallowed
+            name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
+            log.warning("%s failed: %s: %s", item["command_id"], name, error)
+            self._answer(lambda: self.sfn.send_task_failure(taskToken=token, error=name[:256], cause=str(error)[:MAX_CAUSE]))
+        finally:
+            with contextlib.suppress(Exception):
+                self.inbox.remove(self.config.node_id, item["command_id"], token)
+            with self.lock:
+                self.running.pop((item["command_id"], token), None)
+
+    @staticmethod
+    def _answer(send) -> None:
+        try:
+            send()
+        except Exception as error:  # a task that timed out or was retried no longer takes answers
+            log.info("answer not taken: %s", error)
+
+    # --- life cycle --------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.config.low_priority:
+            lower_priority()
+        self.registry.put(self.record())
+        beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
+        while not self.stopping.is_set():
+            try:
+                self.poll_once()
+            except Exception as error:
+                log.warning("inbox poll failed: %s", error)
+            self.stopping.wait(self.config.poll_interval_seconds)
+        self.pool.shutdown(wait=True, cancel_futures=False)
+        with contextlib.suppress(Exception):
+            self.registry.put(self.record(status="stopped"))
+
+    def stop(self, *_: object) -> None:
+        self.stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+
+def lower_priority() -> None:
+    """Nice 10 for CPU; best-effort class, lowest level for IO where ``ionice`` exists."""
+    os.nice(10)
+    if shutil.which("ionice"):
+        subprocess.run(["ionice", "-c2", "-n7", "-p", str(os.getpid())], check=False)

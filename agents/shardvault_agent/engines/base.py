@@ -1,0 +1,60 @@
+"""The engine interface.
+
+- *flush*: make recent writes durable in the engine's files (cheap; run on all nodes first).
+- *checkpoint*: fix a consistent set of files to copy and return its listing; the engine
+  keeps them restorable (a snapshot, or a backup mode with WAL retained) until release.
+- *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
+  on its own (PostgreSQL's backup label and WAL). Empty for engines that snapshot.
+- *release*: give back everything the checkpoint held. Safe to call at any point, twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from shardvault.models import FileEntry
+from shardvault_agent.config import ShardConfig
+
+
+@dataclass
+class Capture:
+    """Files captured for one shard phase: paths relative to ``root``."""
+
+    root: Path
+    files: list[FileEntry]
+    marker: dict[str, str] = field(default_factory=dict)
+    mutable: bool = False
+
+
+class EngineAdapter(Protocol):
+    def shard_bytes(self, shard: ShardConfig) -> int: ...
+
+    def flush(self, shard: ShardConfig) -> None: ...
+
+    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+
+    def holds(self, shard: ShardConfig, backup_id: str) -> bool: ...
+
+    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+
+    def release(self, shard: ShardConfig, backup_id: str) -> None: ...
+
+
+def list_tree(root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False) -> list[FileEntry]:
+    """Regular files under ``root`` in sorted order, plus directories that would otherwise be
+    lost (as ``path/`` with size 0), so a restore recreates the tree exactly."""
+    entries: list[FileEntry] = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if any(skip_dir(p.as_posix()) for p in Path(rel).parents if p.as_posix() != "."):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            entries.append(FileEntry(path=rel + "/", size=0))
+        elif path.is_file() and not skip_file(rel):
+            try:
+                entries.append(FileEntry(path=rel, size=path.stat().st_size))
+            except FileNotFoundError:
+                continue  # removed while listing; the engine's log recreates or drops it
+    return entries

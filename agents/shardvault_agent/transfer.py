@@ -1,0 +1,217 @@
+"""Transfer: read an object's bytes from a shard's files, checksum them, upload the parts.
+
+The agent never holds a whole part in memory: bytes are read in 1 MiB chunks, checksummed
+as they stream, and sent as the request body. An object whose files may change while being
+read (a live PostgreSQL data directory) is first *spooled*: the checksum pass copies the
+bytes it checksums to a spool file, and the upload sends the spool, so the bytes uploaded are
+exactly the bytes whose checksum the URL was signed for.
+
+Part retries: exponential backoff with full jitter; an expired URL ends the command with
+``PresignedUrlExpired`` so the state machine signs again (only the parts still missing).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import urllib3
+
+from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
+from shardvault.errors import PartUploadFailed, PresignedUrlExpired, SourceChanged
+from shardvault.models import FileEntry, ObjectChecksums, ObjectPlan, PartChecksum, UploadedPart
+from shardvault.planning import part_ranges
+from shardvault.store import CHECKSUM_HEADER
+from shardvault.streams import StreamIndex
+from shardvault_agent.ratelimit import RateLimiter
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+CHECKSUM_ERRORS = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
+
+
+class InjectedFault(ConnectionError):
+    """A failure the test harness asked for (``SHARDVAULT_AGENT_FAULTS``)."""
+
+
+@dataclass
+class Faults:
+    """Test-only fault injection: fail the first ``part_failures`` tries of every part."""
+
+    part_failures: int = 0
+    _seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        spec = dict(
+            item.split("=", 1) for item in os.environ.get("SHARDVAULT_AGENT_FAULTS", "").split(",") if "=" in item
+        )
+        return cls(part_failures=int(spec.get("upload_part", 0)))
+
+    def before_part(self, key: str, part_number: int) -> None:
+        with self._lock:
+            seen = self._seen.get((key, part_number), 0)
+            self._seen[(key, part_number)] = seen + 1
+        if seen < self.part_failures:
+            raise InjectedFault(f"injected failure {seen + 1} of part {part_number} of {key}")
+
+
+class StreamReader(io.RawIOBase):
+    """Reads ``length`` bytes of a stream from ``offset`` as one file-like object. A file
+    that shrank or vanished since the listing reads as zeros: the engine's log repairs it."""
+
+    def __init__(self, root: Path, files: list[FileEntry], offset: int, length: int, limiter: RateLimiter) -> None:
+        self.root, self.limiter, self.remaining = root, limiter, length
+        self.segments = StreamIndex(files).segments(offset, length)
+        self.current: tuple[BinaryIO | None, int] | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def _next_segment(self) -> bool:
+        self._close_current()
+        seg = next(self.segments, None)
+        if seg is None:
+            return False
+        try:
+            handle: BinaryIO | None = open(self.root / seg.path, "rb")  # noqa: SIM115
+            handle.seek(seg.file_offset)
+        except (FileNotFoundError, IsADirectoryError):
+            handle = None
+        self.current = (handle, seg.length)
+        return True
+
+    def _close_current(self) -> None:
+        if self.current and self.current[0]:
+            self.current[0].close()
+        self.current = None
+
+    def read(self, size: int = -1) -> bytes:
+        while self.remaining > 0:
+            if (not self.current or self.current[1] == 0) and not self._next_segment():
+                break
+            handle, left = self.current
+            want = min(left, READ_CHUNK if size < 0 else size, self.remaining)
+            data = handle.read(want) if handle else b""
+            data += b"\0" * (want - len(data))  # shrunk or vanished file
+            self.current = (handle, left - want)
+            self.remaining -= want
+            self.limiter.take(want)
+            return data
+        self._close_current()
+        return b""
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def chunks(reader: BinaryIO, size: int) -> Iterator[bytes]:
+    left = size
+    while left > 0:
+        data = reader.read(min(READ_CHUNK, left))
+        if not data:
+            raise SourceChanged(f"stream ended {left} bytes early.", fix="retry the backup.")
+        left -= len(data)
+        yield data
+
+
+def checksum_object(
+    item: ObjectPlan, root: Path, files: list[FileEntry], limiter: RateLimiter, spool: Path | None
+) -> ObjectChecksums:
+    """One pass over the object: per-part and full-object CRC64NVME, optionally spooling."""
+    reader = StreamReader(root, files, item.stream_offset, item.length, limiter)
+    parts, whole = [], 0
+    out = open(spool, "wb") if spool else None  # noqa: SIM115
+    try:
+        for part in part_ranges(item.length, item.part_size):
+            crc = 0
+            for data in chunks(reader, part.size):
+                crc, whole = crc64nvme(data, crc), crc64nvme(data, whole)
+                if out:
+                    out.write(data)
+            parts.append(PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc)))
+    finally:
+        if out:
+            out.close()
+    return ObjectChecksums(key=item.key, parts=parts, crc64nvme=to_b64(whole))
+
+
+@dataclass
+class PartSender:
+    """Uploads parts through presigned URLs with per-part retries."""
+
+    http: urllib3.PoolManager
+    attempts: int
+    faults: Faults
+    sleep: Callable[[float], None] = time.sleep
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+
+    def send(self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]) -> UploadedPart:
+        last = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                self.sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
+            try:
+                self.faults.before_part(key, part.part_number)
+                with body() as stream:
+                    response = self.http.request(
+                        "PUT",
+                        url,
+                        body=stream,
+                        headers={"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme},
+                        retries=False,
+                        timeout=urllib3.Timeout(connect=10, read=300),
+                    )
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                last = f"{type(error).__name__}: {error}"
+                continue
+            text = response.data.decode(errors="replace")
+            if response.status == 200:
+                return UploadedPart(part_number=part.part_number, etag=response.headers["ETag"], crc64nvme=part.crc64nvme)
+            if response.status == 403 and "expired" in text.lower():
+                raise PresignedUrlExpired(f"the URL of part {part.part_number} of {key} expired.", fix="sign again (the state machine does this).")
+            last = f"HTTP {response.status}: {text[:300]}"
+            if response.status not in RETRYABLE_STATUS and not any(e in text for e in CHECKSUM_ERRORS):
+                break
+        raise PartUploadFailed(
+            f"part {part.part_number} of {key} failed after {self.attempts} tries: {last}",
+            fix="check the network path from this node to the store; the backup retries the object.",
+        )
+
+
+def upload_object(
+    item: ObjectPlan,
+    sums: ObjectChecksums,
+    urls: dict[int, str],
+    open_part: Callable[[int, int, int], BinaryIO],
+    sender: PartSender,
+    parallelism: int,
+    done: dict[int, UploadedPart],
+    on_part: Callable[[UploadedPart], None],
+) -> list[UploadedPart]:
+    """Sends every part that has a URL and is not already ``done``; ``open_part(n, offset,
+    size)`` opens the bytes of part ``n``. Returns all parts uploaded, old and new."""
+    ranges = {p.part_number: p for p in part_ranges(item.length, item.part_size)}
+    todo = [p for p in sums.parts if p.part_number in urls and p.part_number not in done]
+
+    def one(part: PartChecksum) -> UploadedPart:
+        r = ranges[part.part_number]
+        uploaded = sender.send(item.key, part, urls[part.part_number], lambda: open_part(r.part_number, r.offset, r.size))
+        on_part(uploaded)
+        return uploaded
+
+    with ThreadPoolExecutor(max_workers=parallelism) as pool:
+        for uploaded in pool.map(one, todo):
+            done[uploaded.part_number] = uploaded
+    return [done[n] for n in sorted(done)]

@@ -1,0 +1,1 @@
+"""Lambda handlers: thin edges that parse the event, call the core and return plain data."""

@@ -1,0 +1,451 @@
+"""The steps of the backup workflow, each called by one Lambda handler.
+
+validate -> (agents flush, checkpoint) -> plan(data) -> per object: (agent checksums) -> sign ->
+(agent uploads) -> complete+verify -> (agents stop) -> plan(tail) -> ... -> (agents release) ->
+finalize. On failure: cleanup. Steps in parentheses run on the agents, dispatched through
+their inboxes; everything here runs in the control plane and never touches backup data,
+except to read an object back when the store cannot report its checksum.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import defaultdict
+from typing import Any
+
+from shardvault.errors import (
+    AgentUnavailable,
+    BackupAlreadyRunning,
+    ChecksumMismatch,
+    MixedEngines,
+    ShardWithManyLeaders,
+    ShardWithoutLeader,
+    UnknownCluster,
+)
+from shardvault.models import (
+    BackupContext,
+    BackupRequest,
+    BackupStatus,
+    Manifest,
+    ManifestShard,
+    ManifestStream,
+    NodeRecord,
+    ObjectChecksums,
+    ObjectPlan,
+    ObjectResult,
+    Phase,
+    Role,
+    ShardListing,
+    Source,
+    UploadedPart,
+    unpack_files,
+)
+from shardvault.planning import backup_prefix, check_part_size, choose_part_size, plan_objects
+from shardvault.services import Services
+from shardvault.store import (
+    abort_uploads,
+    complete_upload,
+    create_upload,
+    delete_prefix,
+    presign_part,
+    readback_checksum,
+    stored_checksum,
+    uploaded_parts,
+)
+
+RUNNING_EXECUTION = "RUNNING"
+
+
+def new_backup_id(now: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
+
+
+# --- validate ----------------------------------------------------------------------------------
+def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext:
+    """Checks the request against the registry and takes the cluster's lock, or raises a named
+    error before any side effect."""
+    if request.part_size is not None:
+        check_part_size(request.part_size)
+    nodes = svc.nodes.in_cluster(request.cluster)
+    if not nodes:
+        known = ", ".join(svc.nodes.clusters()) or "none"
+        raise UnknownCluster(
+            f"no agent has registered for cluster {request.cluster!r} (registered clusters: "
+            f"{known}).",
+            fix="check the cluster name, or start the agents with 'cluster: "
+            f"{request.cluster}' in their configuration.",
+        )
+    check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
+    engines = {n.engine for n in nodes}
+    if len(engines) > 1:
+        raise MixedEngines(
+            f"nodes of cluster {request.cluster!r} report different engines: "
+            + ", ".join(f"{n.node_id}={n.engine}" for n in nodes)
+            + ".",
+            fix="give each engine its own cluster name in the agents' configuration.",
+        )
+    sources = choose_sources(nodes)
+    backup_id = new_backup_id(now)
+    take_lock(svc, request, backup_id)
+    context = BackupContext(
+        backup_id=backup_id,
+        cluster=request.cluster,
+        engine=engines.pop(),
+        sources=sources,
+        store_url=svc.settings.store_url,
+        started_at=now,
+        part_size=request.part_size,
+        execution_id=request.execution_id,
+    )
+    svc.catalog.put(
+        {
+            "cluster": context.cluster,
+            "backup_id": backup_id,
+            "status": BackupStatus.RUNNING.value,
+            "engine": context.engine.value,
+            "started_at": now,
+            "execution_id": request.execution_id,
+            "requested_by": request.requested_by,
+            "nodes": [s.node_id for s in sources],
+            "shards": sorted(sh for s in sources for sh in s.shard_ids),
+            "bytes_done": 0,
+            "objects_done": 0,
+        }
+    )
+    return context
+
+
+def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -> None:
+    """Every registered node must be up: a silent node's leadership claims may be stale."""
+    problems = []
+    for node in nodes:
+        age = now - node.heartbeat_at
+        if node.status != "up":
+            problems.append(f"{node.node_id} (agent {node.status} {age:.0f} s ago)")
+        elif age > max_age:
+            problems.append(f"{node.node_id} (silent for {age:.0f} s)")
+    if problems:
+        raise AgentUnavailable(
+            "agents unavailable: " + ", ".join(problems) + ".",
+            fix="start or restart the agent on each node listed (shardvault-agent run), or "
+            "remove a decommissioned node with 'shardvault nodes remove'.",
+        )
+
+
+def choose_sources(nodes: list[NodeRecord]) -> list[Source]:
+    """One source per shard: its leader. Raises if a shard has no leader or several."""
+    leaders: dict[str, list[str]] = defaultdict(list)
+    holders: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        for shard in node.shards:
+            holders[shard.shard_id].append(node.node_id)
+            if shard.role == Role.LEADER:
+                leaders[shard.shard_id].append(node.node_id)
+    for shard_id in sorted(holders):
+        if not leaders[shard_id]:
+            raise ShardWithoutLeader(
+                f"shard {shard_id!r} has replicas on {', '.join(holders[shard_id])} but no leader.",
+                fix="wait for the shard to elect a leader (or promote one), then retry.",
+            )
+        if len(leaders[shard_id]) > 1:
+            raise ShardWithManyLeaders(
+                f"shard {shard_id!r} is claimed as leader by {', '.join(leaders[shard_id])}.",
+                fix="resolve the split brain (demote all but one leader), then retry.",
+            )
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for shard_id, (node_id,) in sorted(leaders.items()):
+        by_node[node_id].append(shard_id)
+    return [Source(node_id=n, shard_ids=s) for n, s in sorted(by_node.items())]
+
+
+def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> None:
+    holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
+    if holder is None:
+        return
+    if holder and not execution_running(svc, holder.get("execution_id", "")):
+        # The holder's execution ended without releasing the lock (e.g. it was stopped by
+        # hand): the lock is stale, so it is safe to take over.
+        svc.catalog.unlock(request.cluster, holder["holder"])
+        if svc.catalog.try_lock(request.cluster, backup_id, request.execution_id) is None:
+            return
+    raise BackupAlreadyRunning(
+        f"backup {holder.get('holder')} of cluster {request.cluster!r} is still running "
+        f"(execution {holder.get('execution_id') or 'unknown'}).",
+        fix="wait for it to finish ('shardvault show' follows it), or stop that execution.",
+    )
+
+
+def execution_running(svc: Services, execution_id: str) -> bool:
+    if not execution_id.startswith("arn:"):
+        return True  # cannot tell: assume it runs
+    try:
+        status = svc.sfn.describe_execution(executionArn=execution_id)["status"]
+    except svc.sfn.exceptions.ExecutionDoesNotExist:
+        return False
+    return status == RUNNING_EXECUTION
+
+
+# --- plan --------------------------------------------------------------------------------------
+def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
+    """Agents' checkpoint/stop results (one per node) to shard listings."""
+    listings = []
+    for result in results:
+        for shard in result["shards"]:
+            listings.append(
+                ShardListing(
+                    shard_id=shard["shard_id"],
+                    node_id=result["node_id"],
+                    phase=phase,
+                    files=unpack_files(shard["files"]),
+                    marker=shard.get("marker", {}),
+                    checkpoint_at=shard.get("checkpoint_at", 0.0),
+                    mutable=shard.get("mutable", False),
+                )
+            )
+    return listings
+
+
+def plan(context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services) -> dict:
+    """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    listings = listings_from_results(results, phase)
+    total = sum(listing.bytes for listing in listings)
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    part_size = record.get("part_size") or context.part_size or choose_part_size(total)
+    objects = plan_objects(
+        backup_id=context.backup_id,
+        cluster=context.cluster,
+        prefix=svc.store.prefix,
+        listings=listings,
+        part_size=part_size,
+    )
+    for listing in listings:
+        key = svc.work_key(context.backup_id, "listings", phase, f"{listing.shard_id}.json")
+        svc.put_work(key, listing.model_dump(mode="json"))
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
+    update: dict[str, Any] = {"part_size": part_size, f"{phase}_bytes": total, f"{phase}_objects": len(objects)}
+    if phase == Phase.DATA:
+        skew = skew_seconds(listings)
+        update |= {"checkpoint_skew_seconds": skew, "bytes_total": total, "objects_total": len(objects)}
+    else:
+        update |= {
+            "bytes_total": record.get("data_bytes", 0) + total,
+            "objects_total": record.get("data_objects", 0) + len(objects),
+        }
+    svc.catalog.update(context.cluster, context.backup_id, **update)
+    return {"phase": phase.value, "plan_key": plan_key, "objects": len(objects), "bytes": total, "part_size": part_size}
+
+
+def skew_seconds(listings: list[ShardListing]) -> float:
+    """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
+    times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
+    return round(max(times) - min(times), 6) if times else 0.0
+
+
+# --- sign --------------------------------------------------------------------------------------
+def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Services) -> dict:
+    """Creates the multipart upload (once) and signs a URL per part still missing, each bound
+    to that part's checksum, so the URL accepts those bytes and no others."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    if upload_id:
+        done = uploaded_parts(s3, bucket, item.key, upload_id)
+    else:
+        upload_id, done = create_upload(s3, bucket, item.key), {}
+    ttl = svc.settings.url_ttl_seconds
+    parts = [
+        {
+            "part_number": p.part_number,
+            "url": presign_part(s3, bucket, item.key, upload_id, p.part_number, p.crc64nvme, ttl),
+        }
+        for p in sums.parts
+        if p.part_number not in done
+    ]
+    return {"upload_id": upload_id, "parts": parts, "expires_at": time.time() + ttl}
+
+
+# --- complete ----------------------------------------------------------------------------------
+def complete(
+    item: ObjectPlan,
+    sums: ObjectChecksums,
+    upload_id: str,
+    uploaded: list[UploadedPart],
+    svc: Services,
+) -> ObjectResult:
+    """Completes the upload with the agent's full-object checksum, then verifies the stored
+    object against it and records the result."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    known = {p.part_number: p for p in uploaded}
+    missing = [p for p in sums.parts if p.part_number not in known]
+    if missing:
+        etags = uploaded_parts(s3, bucket, item.key, upload_id)
+        known |= {
+            p.part_number: UploadedPart(part_number=p.part_number, etag=etags[p.part_number], crc64nvme=p.crc64nvme)
+            for p in missing
+            if p.part_number in etags
+        }
+    complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
+    verified_by = verify_object(svc, item.key, sums.crc64nvme, item.length)
+    result = ObjectResult(
+        key=item.key,
+        node_id=item.node_id,
+        shard_id=item.shard_id,
+        phase=item.phase,
+        index=item.index,
+        stream_offset=item.stream_offset,
+        length=item.length,
+        part_size=item.part_size,
+        part_count=item.part_count,
+        crc64nvme=sums.crc64nvme,
+        verified_by=verified_by,
+    )
+    key = svc.work_key(item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json")
+    svc.put_work(key, result.model_dump(mode="json"))
+    svc.catalog.add_progress(item.cluster, item.backup_id, bytes_done=item.length, objects_done=1)
+    return result
+
+
+def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
+    """Verifies a stored object by its checksum attribute (no download); reads it back when
+    the store cannot report one or reports another (some S3 servers compute it wrongly)."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    if svc.settings.verify_mode == "attributes":
+        crc, stored_size = stored_checksum(s3, bucket, key)
+        if crc == expected and stored_size == size:
+            return "attributes"
+    crc, stored_size = readback_checksum(s3, bucket, key)
+    if crc != expected or stored_size != size:
+        raise ChecksumMismatch(
+            f"object {key} holds {stored_size} bytes with CRC64NVME {crc}; the agent read "
+            f"{size} bytes with CRC64NVME {expected}.",
+            fix="the backup is failed and its objects removed; retry it. If this repeats, check "
+            "the store and the network path between the agent and the store.",
+        )
+    return "readback"
+
+
+# --- finalize ----------------------------------------------------------------------------------
+def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any]:
+    """Builds the manifest from the listings and verified objects, stores it beside the
+    objects, records the backup as complete and releases the cluster's lock."""
+    manifest = build_manifest(context, svc, now)
+    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+    manifest_key = f"{prefix}manifest.json"
+    svc.store_s3.put_object(
+        Bucket=svc.store.bucket,
+        Key=manifest_key,
+        Body=manifest.model_dump_json(indent=1).encode(),
+        ContentType="application/json",
+        ChecksumAlgorithm="CRC64NVME",
+    )
+    summary = manifest_summary(manifest, manifest_key)
+    svc.catalog.update(context.cluster, context.backup_id, **summary)
+    svc.catalog.unlock(context.cluster, context.backup_id)
+    svc.notify(f"ShardVault backup {context.backup_id} complete", summary)
+    return summary
+
+
+def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifest:
+    listings = [
+        ShardListing.model_validate(svc.get_work(key))
+        for key in svc.list_work(svc.work_key(context.backup_id, "listings") + "/")
+    ]
+    results = [
+        ObjectResult.model_validate(svc.get_work(key))
+        for key in svc.list_work(svc.work_key(context.backup_id, "results") + "/")
+    ]
+    by_stream: dict[tuple[str, Phase], list[ObjectResult]] = defaultdict(list)
+    for result in results:
+        by_stream[(result.shard_id, result.phase)].append(result)
+    shards: dict[str, ManifestShard] = {}
+    for listing in sorted(listings, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
+        objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
+        check_stream_complete(listing, objects)
+        stream = ManifestStream(phase=listing.phase, files=listing.files, objects=objects)
+        if listing.shard_id in shards:
+            shard = shards[listing.shard_id]
+            marker = {**shard.marker, **listing.marker}
+            shards[listing.shard_id] = shard.model_copy(update={"streams": [*shard.streams, stream], "marker": marker})
+        else:
+            shards[listing.shard_id] = ManifestShard(
+                shard_id=listing.shard_id,
+                node_id=listing.node_id,
+                marker=listing.marker,
+                checkpoint_at=listing.checkpoint_at,
+                streams=[stream],
+            )
+    data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
+    return Manifest(
+        backup_id=context.backup_id,
+        cluster=context.cluster,
+        engine=context.engine,
+        started_at=context.started_at,
+        completed_at=now,
+        checkpoint_skew_seconds=skew_seconds(data_listings),
+        part_size=results[0].part_size if results else 0,
+        shards=list(shards.values()),
+        bytes=sum(r.length for r in results),
+        objects=len(results),
+        parts=sum(r.part_count for r in results),
+        verification=verification_summary(results),
+    )
+
+
+def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) -> None:
+    """A manifest must never point at a stream with a gap: every byte is in some object."""
+    offset = 0
+    for obj in objects:
+        if obj.stream_offset != offset:
+            raise ChecksumMismatch(f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}.")
+        offset += obj.length
+    if offset != listing.bytes:
+        raise ChecksumMismatch(
+            f"stream {listing.shard_id}/{listing.phase} covers {offset} of {listing.bytes} bytes."
+        )
+
+
+def verification_summary(results: list[ObjectResult]) -> str:
+    by = defaultdict(int)
+    for result in results:
+        by[result.verified_by] += 1
+    detail = ", ".join(f"{n} by {how}" for how, n in sorted(by.items()))
+    return f"all {len(results)} objects verified (CRC64NVME{': ' + detail if detail else ''})"
+
+
+def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
+    duration = manifest.completed_at - manifest.started_at
+    return {
+        "status": BackupStatus.COMPLETE.value,
+        "completed_at": manifest.completed_at,
+        "duration_seconds": round(duration, 3),
+        "bytes": manifest.bytes,
+        "objects": manifest.objects,
+        "parts": manifest.parts,
+        "nodes": sorted({s.node_id for s in manifest.shards}),
+        "shards": [s.shard_id for s in manifest.shards],
+        "checkpoint_skew_seconds": manifest.checkpoint_skew_seconds,
+        "verification": manifest.verification,
+        "manifest_key": manifest_key,
+        "throughput_mib_s": round(manifest.bytes / max(duration, 1e-9) / 2**20, 2),
+    }
+
+
+# --- cleanup -----------------------------------------------------------------------------------
+def cleanup(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> dict[str, Any]:
+    """The failure path: no open multipart upload, no partial object, the backup marked
+    failed with its cause, the lock released, and a notification sent."""
+    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+    aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
+    deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+    outcome = {
+        "status": BackupStatus.FAILED.value,
+        "failed_at": now,
+        "error": error.get("Error", "States.Runtime"),
+        "cause": str(error.get("Cause", ""))[:2000],
+        "aborted_uploads": aborted,
+        "deleted_objects": deleted,
+    }
+    svc.catalog.update(context.cluster, context.backup_id, **outcome)
+    svc.catalog.unlock(context.cluster, context.backup_id)
+    svc.notify(f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome})
+    return outcome

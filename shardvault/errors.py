@@ -1,0 +1,96 @@
+"""Named errors of ShardVault.
+
+Every error a user or the state machine must tell apart has its own class. A Lambda's
+``errorType`` is the class name, so the state machine retries transient errors and catches
+terminal ones by name; an agent answers ``SendTaskFailure(error=<class name>)`` the same way.
+
+Each error carries ``fix``: one sentence that tells the operator what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ShardVaultError(Exception):
+    """Base class: a message that names the problem, and a fix that names the remedy."""
+
+    transient = False
+
+    def __init__(self, message: str, *, fix: str = "") -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message} Fix: {fix}" if fix else message)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+# --- Request validation (terminal; raised before any side effect) -----------------------------
+class InvalidRequest(ShardVaultError):
+    """The request itself is malformed (missing field, bad name, bad option)."""
+
+
+class UnknownCluster(ShardVaultError):
+    """No agent has registered for the cluster named in the request."""
+
+
+class AgentUnavailable(ShardVaultError):
+    """A node's agent has stopped or has not heartbeated recently."""
+
+
+class ShardWithoutLeader(ShardVaultError):
+    """A shard has replicas but no healthy leader to read from."""
+
+
+class ShardWithManyLeaders(ShardVaultError):
+    """Several nodes claim leadership of one shard (split brain): refusing to pick one."""
+
+
+class MixedEngines(ShardVaultError):
+    """Nodes of one cluster report different database engines."""
+
+
+class BackupAlreadyRunning(ShardVaultError):
+    """Another backup of the same cluster is still running."""
+
+
+class PlanTooLarge(ShardVaultError):
+    """A requested part size would exceed a store limit (part count or size)."""
+
+
+# --- Transfer and verification -----------------------------------------------------------------
+class PresignedUrlExpired(ShardVaultError):
+    """A part's presigned URL expired before the agent could use it: sign again."""
+
+    transient = True
+
+
+class PartUploadFailed(ShardVaultError):
+    """A part could not be uploaded after the agent's per-part retries."""
+
+    transient = True
+
+
+class SourceChanged(ShardVaultError):
+    """Bytes read for upload differ from the bytes whose checksum was signed."""
+
+
+class ChecksumMismatch(ShardVaultError):
+    """A stored object's checksum differs from the checksum the agent computed."""
+
+
+class ListingTooLarge(ShardVaultError):
+    """A checkpoint's file listing does not fit in one task result."""
+
+
+# --- Agent-side --------------------------------------------------------------------------------
+class EngineError(ShardVaultError):
+    """The database engine refused a flush, checkpoint or release."""
+
+
+class CheckpointNotFound(ShardVaultError):
+    """A command refers to a checkpoint this agent does not hold (e.g. after a restart)."""
+
+
+class UnknownCommand(ShardVaultError):
+    """The inbox holds a command this agent version does not know."""

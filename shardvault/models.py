@@ -1,0 +1,232 @@
+"""The data that crosses process boundaries: requests, node records, listings, plans, manifests.
+
+Terms:
+- *cluster*: a set of nodes backed up together; *node*: one database host running an agent.
+- *shard*: a unit of data with one leader and optional followers; one source is read per shard.
+- *listing*: the files of one shard at a checkpoint, in a fixed order, with their sizes.
+- *stream*: the concatenation of a listing's files in that order. Objects are contiguous byte
+  ranges of a stream, so many small files pack into one object and a large file may span
+  objects. A shard has two streams: ``data`` (captured at the checkpoint) and ``tail`` (what
+  the engine hands over when the checkpoint stops, e.g. PostgreSQL's backup label and WAL).
+- *manifest*: the self-describing record of a verified backup, stored beside its objects. It
+  is the source of truth; the catalog table is only an index of manifests.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shardvault.errors import InvalidRequest
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+MANIFEST_FORMAT = 1
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def check_name(kind: str, value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise InvalidRequest(
+            f"{kind} {value!r} is not a valid name.",
+            fix=f"use 1-63 characters of a-z, 0-9, '.', '_' or '-' for the {kind}, "
+            "starting with a letter or digit.",
+        )
+    return value
+
+
+class Role(StrEnum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+class Phase(StrEnum):
+    DATA = "data"
+    TAIL = "tail"
+
+
+class Engine(StrEnum):
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+
+
+class BackupStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+
+
+class ShardInfo(Frozen):
+    shard_id: str
+    role: Role
+    bytes: int = 0
+
+
+class NodeRecord(Frozen):
+    """What an agent registers about its node, refreshed by each heartbeat."""
+
+    node_id: str
+    cluster: str
+    engine: Engine
+    shards: list[ShardInfo]
+    free_bytes: int
+    version: str
+    heartbeat_at: float
+    status: str = "up"  # "up" while the agent runs, "stopped" after a clean shutdown
+
+
+class FileEntry(Frozen):
+    path: str  # relative to the shard's root, '/'-separated
+    size: int
+
+
+class ShardListing(Frozen):
+    """The files of one shard's stream, as the agent captured them."""
+
+    shard_id: str
+    node_id: str
+    phase: Phase
+    files: list[FileEntry]
+    marker: dict[str, str] = Field(default_factory=dict)  # e.g. {"start_lsn": "0/2000028"}
+    checkpoint_at: float = 0.0
+    mutable: bool = False  # True when files may change while being read (a live data dir)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def pack_files(files: list[FileEntry]) -> str:
+    """Compact wire form of a file list (gzip of JSON pairs, base64): task results are small."""
+    raw = json.dumps([[f.path, f.size] for f in files], separators=(",", ":")).encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=6)).decode("ascii")
+
+
+def unpack_files(packed: str) -> list[FileEntry]:
+    pairs = json.loads(gzip.decompress(base64.b64decode(packed)))
+    return [FileEntry(path=p, size=s) for p, s in pairs]
+
+
+class BackupRequest(Frozen):
+    """The input of the backup state machine (what the CLI, console or a schedule sends)."""
+
+    cluster: str
+    part_size: int | None = None  # bytes; None chooses it from the data size
+    requested_by: str = "cli"
+    execution_id: str = ""
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_name("cluster", value)
+
+
+class Source(Frozen):
+    """The node a backup reads, and the shards it reads there (it leads them)."""
+
+    node_id: str
+    shard_ids: list[str]
+
+
+class BackupContext(Frozen):
+    """What validation decided; passed along the state machine as ``$.backup``."""
+
+    backup_id: str
+    cluster: str
+    engine: Engine
+    sources: list[Source]
+    store_url: str
+    started_at: float
+    part_size: int | None = None
+    execution_id: str = ""
+
+
+class ObjectPlan(Frozen):
+    """One object to upload: a byte range of one shard's stream, cut into parts."""
+
+    backup_id: str
+    cluster: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    index: int
+    key: str
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int
+    mutable: bool = False
+
+
+class PartChecksum(Frozen):
+    part_number: Annotated[int, Field(ge=1, le=10_000)]
+    size: int
+    crc64nvme: str
+
+
+class ObjectChecksums(Frozen):
+    """What the agent computed for an object before any byte was uploaded."""
+
+    key: str
+    parts: list[PartChecksum]
+    crc64nvme: str  # full-object
+
+
+class UploadedPart(Frozen):
+    part_number: int
+    etag: str
+    crc64nvme: str
+
+
+class ObjectResult(Frozen):
+    """A completed and verified object, as recorded for the manifest."""
+
+    key: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    index: int
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int
+    crc64nvme: str
+    verified_by: str  # "attributes" (no download) or "readback"
+
+
+class ManifestStream(Frozen):
+    phase: Phase
+    files: list[FileEntry]
+    objects: list[ObjectResult]
+
+
+class ManifestShard(Frozen):
+    shard_id: str
+    node_id: str
+    marker: dict[str, str]
+    checkpoint_at: float
+    streams: list[ManifestStream]
+
+
+class Manifest(Frozen):
+    format: int = MANIFEST_FORMAT
+    backup_id: str
+    cluster: str
+    engine: Engine
+    started_at: float
+    completed_at: float
+    checkpoint_skew_seconds: float
+    part_size: int
+    shards: list[ManifestShard]
+    bytes: int
+    objects: int
+    parts: int
+    verification: str

@@ -1,0 +1,79 @@
+"""The clients a workflow step needs, built once per process from ``Settings``.
+
+Steps receive a ``Services`` rather than building clients, so tests can hand them clients
+pointed at moto, MinIO or anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import boto3
+
+from shardvault.settings import Settings
+from shardvault.store import StoreLocation, s3_client
+from shardvault.tables import Catalog, Inbox, NodeRegistry, table
+
+
+@dataclass
+class Services:
+    settings: Settings
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        return Catalog(table(self.settings.catalog_table))
+
+    @cached_property
+    def nodes(self) -> NodeRegistry:
+        return NodeRegistry(table(self.settings.nodes_table))
+
+    @cached_property
+    def inbox(self) -> Inbox:
+        return Inbox(table(self.settings.inbox_table))
+
+    @cached_property
+    def store(self) -> StoreLocation:
+        return StoreLocation.parse(self.settings.store_url, self.settings.store_endpoint)
+
+    @cached_property
+    def store_s3(self) -> Any:
+        return self.store.client()
+
+    @cached_property
+    def work_s3(self) -> Any:
+        return s3_client()
+
+    @cached_property
+    def sns(self) -> Any:
+        return boto3.client("sns")
+
+    @cached_property
+    def sfn(self) -> Any:
+        return boto3.client("stepfunctions")
+
+    def work_key(self, backup_id: str, *parts: str) -> str:
+        return "/".join([self.settings.work_prefix.rstrip("/"), backup_id, *parts])
+
+    def put_work(self, key: str, value: Any) -> None:
+        body = json.dumps(value, separators=(",", ":")).encode()
+        self.work_s3.put_object(Bucket=self.settings.work_bucket, Key=key, Body=body)
+
+    def get_work(self, key: str) -> Any:
+        body = self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"]
+        return json.loads(body.read())
+
+    def list_work(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        paginator = self.work_s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.settings.work_bucket, Prefix=prefix):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return sorted(keys)
+
+    def notify(self, subject: str, message: dict[str, Any]) -> None:
+        if self.settings.topic_arn:
+            self.sns.publish(
+                TopicArn=self.settings.topic_arn, Subject=subject[:100], Message=json.dumps(message)
+            )

@@ -1,0 +1,40 @@
+"""Settings of the control plane (the Lambda functions and the local stack), from the environment.
+
+Every option is declared once here with its default and meaning. Handlers parse them at cold
+start; the core receives a ``Settings`` and never reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, Field
+
+
+class Settings(BaseModel):
+    catalog_table: str = Field(description="DynamoDB table of backups (one item per backup).")
+    nodes_table: str = Field(description="DynamoDB table of registered nodes.")
+    inbox_table: str = Field(description="DynamoDB table of agent commands.")
+    work_bucket: str = Field(description="Bucket of control objects (plans) the state machine reads.")
+    work_prefix: str = Field("_work/", description="Key prefix of control objects.")
+    store_url: str = Field(description="Where backups go: s3://bucket/prefix.")
+    store_endpoint: str | None = Field(None, description="S3 endpoint of the store (MinIO); none on AWS.")
+    topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
+    url_ttl_seconds: int = Field(3600, description="Lifetime of presigned part URLs.")
+    heartbeat_max_age_seconds: float = Field(
+        30.0, description="A node whose agent has not heartbeated for longer is unavailable."
+    )
+    verify_mode: str = Field(
+        "attributes",
+        description="'attributes' verifies by GetObjectAttributes (no download), falling back to "
+        "reading back on a mismatch; 'readback' always reads objects back.",
+    )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        fields = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper())}
+        return cls.model_validate(fields)
+
+    def to_env(self) -> dict[str, str]:
+        return {k.upper(): str(v) for k, v in self.model_dump().items() if v is not None}

@@ -1,0 +1,207 @@
+"""DynamoDB access: the node registry, the agents' command inboxes and the backup catalog.
+
+- *Nodes*: one item per node (``node_id``), written only by that node's agent; queried by
+  cluster through the ``by_cluster`` index.
+- *Inbox*: commands for a node (``node_id``, ``command_id``), each with the Step Functions
+  task token the agent answers. An agent may read and write only its own partition.
+- *Catalog*: one item per backup (``cluster``, ``backup_id``) plus one lock item per cluster
+  while a backup runs. The catalog indexes the manifests in the store and can be rebuilt from
+  them; it is never the only copy of anything.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+import boto3
+from boto3.dynamodb.conditions import Attr, Key
+from botocore.exceptions import ClientError
+
+from shardvault.models import NodeRecord
+
+LOCK_KEY = "#lock"
+INBOX_TTL_SECONDS = 7 * 24 * 3600
+
+
+def plain(value: Any) -> Any:
+    """DynamoDB's Decimals back to ints and floats, recursively."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def dynamo(value: Any) -> Any:
+    """Floats to Decimals, recursively (the resource API refuses floats)."""
+    if isinstance(value, float):
+        return Decimal(str(value))
+    if isinstance(value, dict):
+        return {k: dynamo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [dynamo(v) for v in value]
+    return value
+
+
+def table(name: str) -> Any:
+    return boto3.resource("dynamodb").Table(name)
+
+
+class NodeRegistry:
+    def __init__(self, nodes_table: Any) -> None:
+        self.table = nodes_table
+
+    def put(self, record: NodeRecord) -> None:
+        self.table.put_item(Item=dynamo(record.model_dump(mode="json")))
+
+    def get(self, node_id: str) -> NodeRecord | None:
+        item = self.table.get_item(Key={"node_id": node_id}, ConsistentRead=True).get("Item")
+        return NodeRecord.model_validate(plain(item)) if item else None
+
+    def in_cluster(self, cluster: str) -> list[NodeRecord]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {
+            "IndexName": "by_cluster",
+            "KeyConditionExpression": Key("cluster").eq(cluster),
+        }
+        while True:
+            page = self.table.query(**kwargs)
+            items += page.get("Items", [])
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
+
+    def clusters(self) -> list[str]:
+        """Every cluster with a registered node (for error messages that suggest names)."""
+        names: set[str] = set()
+        kwargs: dict[str, Any] = {"ProjectionExpression": "#c", "ExpressionAttributeNames": {"#c": "cluster"}}
+        while True:
+            page = self.table.scan(**kwargs)
+            names |= {i["cluster"] for i in page.get("Items", [])}
+            if "LastEvaluatedKey" not in page:
+                return sorted(names)
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+class Inbox:
+    def __init__(self, inbox_table: Any) -> None:
+        self.table = inbox_table
+
+    def post(self, node_id: str, command_id: str, command: str, args: dict, token: str) -> None:
+        """Writes (or replaces, on a retry) a command with the task token to answer."""
+        now = time.time()
+        self.table.put_item(
+            Item=dynamo(
+                {
+                    "node_id": node_id,
+                    "command_id": command_id,
+                    "command": command,
+                    "args": args,
+                    "task_token": token,
+                    "posted_at": now,
+                    "expires_at": int(now + INBOX_TTL_SECONDS),
+                }
+            )
+        )
+
+    def pending(self, node_id: str) -> list[dict[str, Any]]:
+        page = self.table.query(KeyConditionExpression=Key("node_id").eq(node_id), ConsistentRead=True)
+        return [plain(i) for i in page.get("Items", [])]
+
+    def remove(self, node_id: str, command_id: str, token: str) -> None:
+        """Deletes a command unless a retry has replaced it with a new token meanwhile."""
+        try:
+            self.table.delete_item(
+                Key={"node_id": node_id, "command_id": command_id},
+                ConditionExpression=Attr("task_token").eq(token),
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+
+class Catalog:
+    def __init__(self, catalog_table: Any) -> None:
+        self.table = catalog_table
+
+    def try_lock(self, cluster: str, backup_id: str, execution_id: str) -> dict[str, Any] | None:
+        """Takes the cluster's backup lock; returns the current holder if it is taken."""
+        try:
+            self.table.put_item(
+                Item={
+                    "cluster": cluster,
+                    "backup_id": LOCK_KEY,
+                    "holder": backup_id,
+                    "execution_id": execution_id,
+                    "locked_at": Decimal(str(time.time())),
+                },
+                ConditionExpression=Attr("cluster").not_exists(),
+            )
+            return None
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        return self.lock_holder(cluster) or {}
+
+    def lock_holder(self, cluster: str) -> dict[str, Any] | None:
+        item = self.table.get_item(Key={"cluster": cluster, "backup_id": LOCK_KEY}, ConsistentRead=True)
+        return plain(item.get("Item")) if item.get("Item") else None
+
+    def unlock(self, cluster: str, backup_id: str) -> None:
+        try:
+            self.table.delete_item(
+                Key={"cluster": cluster, "backup_id": LOCK_KEY},
+                ConditionExpression=Attr("holder").eq(backup_id),
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def put(self, record: dict[str, Any]) -> None:
+        self.table.put_item(Item=dynamo(record))
+
+    def update(self, cluster: str, backup_id: str, **fields: Any) -> None:
+        names = {f"#{k}": k for k in fields}
+        values = {f":{k}": dynamo(v) for k, v in fields.items()}
+        self.table.update_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
+
+    def add_progress(self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int) -> None:
+        self.table.update_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            UpdateExpression="ADD bytes_done :b, objects_done :o",
+            ExpressionAttributeValues={":b": bytes_done, ":o": objects_done},
+        )
+
+    def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
+        item = self.table.get_item(Key={"cluster": cluster, "backup_id": backup_id}, ConsistentRead=True)
+        return plain(item.get("Item")) if item.get("Item") else None
+
+    def backups(self, cluster: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"KeyConditionExpression": Key("cluster").eq(cluster)}
+        while True:
+            page = self.table.query(**kwargs)
+            items += [plain(i) for i in page.get("Items", []) if i["backup_id"] != LOCK_KEY]
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def all_backups(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = self.table.scan(**kwargs)
+            items += [plain(i) for i in page.get("Items", []) if i["backup_id"] != LOCK_KEY]
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
