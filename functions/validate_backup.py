@@ -1,8 +1,12 @@
-"""Lambda: validate a backup request, choose one source per shard, take the cluster's lock."""
+"""Lambda: validate a backup request, choose one source per shard, take the cluster's lock.
+
+Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}``.
+"""
 
 import time
 
 from shardvault import backup
+from shardvault.errors import InvalidRequest
 from shardvault.lambda_support import logger, parse, services, tracer
 from shardvault.models import BackupRequest
 
@@ -10,5 +14,11 @@ from shardvault.models import BackupRequest
 @logger.inject_lambda_context(log_event=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    request = parse(BackupRequest, event)
+    request = event.get("request")
+    if not isinstance(request, dict):
+        raise InvalidRequest(
+            "the execution input must be a JSON object such as {\"cluster\": \"demo\"}.",
+            fix="start the execution with a JSON object naming the cluster.",
+        )
+    request = parse(BackupRequest, {**request, "execution_id": event.get("execution_id", "")})
     return backup.validate(request, services(), time.time()).model_dump(mode="json")

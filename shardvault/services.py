@@ -36,7 +36,8 @@ class Services:
 
     @cached_property
     def store(self) -> StoreLocation:
-        return StoreLocation.parse(self.settings.store_url, self.settings.store_endpoint)
+        settings = self.settings
+        return StoreLocation.parse(settings.store_url, settings.store_endpoint, settings.store_credentials)
 
     @cached_property
     def store_s3(self) -> Any:

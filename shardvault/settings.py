@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 
 class Settings(BaseModel):
@@ -20,6 +20,10 @@ class Settings(BaseModel):
     work_prefix: str = Field("_work/", description="Key prefix of control objects.")
     store_url: str = Field(description="Where backups go: s3://bucket/prefix.")
     store_endpoint: str | None = Field(None, description="S3 endpoint of the store (MinIO); none on AWS.")
+    store_access_key_id: str | None = Field(
+        None, description="Store key (local stack only; on AWS the function's role is used)."
+    )
+    store_secret_access_key: SecretStr | None = Field(None, description="Store secret (local only).")
     topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
     url_ttl_seconds: int = Field(3600, description="Lifetime of presigned part URLs.")
     heartbeat_max_age_seconds: float = Field(
@@ -37,4 +41,14 @@ class Settings(BaseModel):
         return cls.model_validate(fields)
 
     def to_env(self) -> dict[str, str]:
-        return {k.upper(): str(v) for k, v in self.model_dump().items() if v is not None}
+        """The settings as environment variables, secrets included (for in-process use only)."""
+        values = self.model_dump()
+        if self.store_secret_access_key:
+            values["store_secret_access_key"] = self.store_secret_access_key.get_secret_value()
+        return {k.upper(): str(v) for k, v in values.items() if v is not None}
+
+    @property
+    def store_credentials(self) -> tuple[str, str] | None:
+        if self.store_access_key_id and self.store_secret_access_key:
+            return self.store_access_key_id, self.store_secret_access_key.get_secret_value()
+        return None

@@ -7,7 +7,7 @@ object it holds is the one the agent read; the signer never sees the data, only 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -26,27 +26,36 @@ class StoreLocation:
     bucket: str
     prefix: str
     endpoint: str | None = None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
-    def parse(cls, url: str, endpoint: str | None = None) -> StoreLocation:
+    def parse(
+        cls, url: str, endpoint: str | None = None, credentials: tuple[str, str] | None = None
+    ) -> StoreLocation:
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise InvalidRequest(
                 f"store URL {url!r} is not of the form s3://bucket/prefix.",
                 fix="set the store to s3://<bucket>/<optional prefix>.",
             )
-        return cls(parsed.netloc, parsed.path.strip("/"), endpoint or None)
+        return cls(parsed.netloc, parsed.path.strip("/"), endpoint or None, credentials)
 
     def client(self, **config: Any) -> Any:
-        return s3_client(self.endpoint, **config)
+        return s3_client(self.endpoint, self.credentials, **config)
 
 
-def s3_client(endpoint: str | None = None, **config: Any) -> Any:
-    """An S3 client; path-style addressing for custom endpoints (MinIO has no DNS buckets)."""
+def s3_client(
+    endpoint: str | None = None, credentials: tuple[str, str] | None = None, **config: Any
+) -> Any:
+    """An S3 client; path-style addressing for custom endpoints (MinIO has no DNS buckets).
+    Without ``credentials`` it uses the default chain (a Lambda's role on AWS)."""
     options: dict[str, Any] = {"signature_version": "s3v4", **config}
     if endpoint:
         options["s3"] = {"addressing_style": "path"}
-    return boto3.client("s3", endpoint_url=endpoint, config=Config(**options))
+    keys = {}
+    if credentials:
+        keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}
+    return boto3.client("s3", endpoint_url=endpoint, config=Config(**options), **keys)
 
 
 def create_upload(s3: Any, bucket: str, key: str) -> str:

@@ -1,0 +1,136 @@
+"""What the CLI does, as plain functions: start a backup, follow it, list and show backups.
+
+They talk to Step Functions and the catalog only, so they work the same against AWS and the
+local stack; which one is chosen by ``ClientConfig`` (from the environment or ``stack.env``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from shardvault.errors import InvalidRequest
+from shardvault.models import BackupRequest
+from shardvault.tables import Catalog, table
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    state_machine_arn: str
+    catalog_table: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
+        missing = [k for k in ("SHARDVAULT_STATE_MACHINE_ARN", "SHARDVAULT_CATALOG_TABLE") if not env.get(k)]
+        if missing:
+            raise InvalidRequest(
+                f"{', '.join(missing)} not set.",
+                fix="pass --stack-env local-stack/stack.env for the local stack, or set them from "
+                "the ShardVault stack's outputs for AWS.",
+            )
+        return cls(env["SHARDVAULT_STATE_MACHINE_ARN"], env["SHARDVAULT_CATALOG_TABLE"])
+
+
+def load_env_file(path: Path) -> None:
+    """Loads ``KEY=value`` lines (a local stack's ``stack.env``) into the environment."""
+    if not path.exists():
+        raise InvalidRequest(f"{path} does not exist.", fix="start the local stack first ('shardvault local up').")
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            os.environ[key] = value
+
+
+@dataclass
+class Progress:
+    status: str
+    bytes_done: int = 0
+    bytes_total: int = 0
+    objects_done: int = 0
+    objects_total: int = 0
+    record: dict[str, Any] | None = None
+    error: str = ""
+    cause: str = ""
+
+
+def start_backup(config: ClientConfig, request: BackupRequest) -> str:
+    sfn = boto3.client("stepfunctions")
+    name = f"{request.cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    payload = request.model_dump(exclude_none=True, exclude={"execution_id"})
+    return sfn.start_execution(stateMachineArn=config.state_machine_arn, name=name, input=json.dumps(payload))[
+        "executionArn"
+    ]
+
+
+def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    sfn = boto3.client("stepfunctions")
+    execution = sfn.describe_execution(executionArn=execution_arn)
+    progress = Progress(status=execution["status"])
+    if execution["status"] == "SUCCEEDED":
+        progress.record = json.loads(execution.get("output") or "{}")
+    elif execution["status"] in TERMINAL:
+        progress.error = execution.get("error", "")
+        progress.cause = readable_cause(execution.get("cause", ""))
+    record = find_by_execution(config, execution_arn, json.loads(execution.get("input") or "{}").get("cluster", ""))
+    if record:
+        progress.record = {**record, **(progress.record or {})}
+        progress.bytes_done = record.get("bytes_done", 0)
+        progress.bytes_total = record.get("bytes_total", 0)
+        progress.objects_done = record.get("objects_done", 0)
+        progress.objects_total = record.get("objects_total", 0)
+    return progress
+
+
+def readable_cause(cause: str) -> str:
+    """A Lambda error's cause is its JSON payload: keep the message, drop the stack trace."""
+    try:
+        return json.loads(cause).get("errorMessage", cause)
+    except (ValueError, AttributeError):
+        return cause
+
+
+def find_by_execution(config: ClientConfig, execution_arn: str, cluster: str) -> dict[str, Any] | None:
+    if not cluster:
+        return None
+    for record in Catalog(table(config.catalog_table)).backups(cluster):
+        if record.get("execution_id") == execution_arn:
+            return record
+    return None
+
+
+def wait_backup(
+    config: ClientConfig,
+    execution_arn: str,
+    on_progress: Callable[[Progress], None] = lambda _: None,
+    interval: float = 0.5,
+    timeout: float = 3600,
+) -> Progress:
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = backup_progress(config, execution_arn)
+        on_progress(progress)
+        if progress.status in TERMINAL or time.monotonic() > deadline:
+            return progress
+        time.sleep(interval)
+
+
+def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, Any]]:
+    catalog = Catalog(table(config.catalog_table))
+    records = catalog.backups(cluster) if cluster else catalog.all_backups()
+    return sorted(records, key=lambda r: (r["cluster"], r["backup_id"]))
+
+
+def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str, Any]:
+    record = Catalog(table(config.catalog_table)).get(cluster, backup_id)
+    if record is None:
+        raise InvalidRequest(f"no backup {backup_id} of cluster {cluster}.", fix="list backups with 'shardvault list'.")
+    return record
