@@ -13,6 +13,7 @@ Part retries: exponential backoff with full jitter; an expired URL ends the comm
 from __future__ import annotations
 
 import io
+import logging
 import os
 import random
 import threading
@@ -33,6 +34,7 @@ from shardvault.store import CHECKSUM_HEADER
 from shardvault.streams import StreamIndex
 from shardvault_agent.ratelimit import RateLimiter
 
+log = logging.getLogger("shardvault.agent.transfer")
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 CHECKSUM_ERRORS = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
 
@@ -175,6 +177,7 @@ class PartSender:
                     )
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 last = f"{type(error).__name__}: {error}"
+                log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
                 continue
             text = response.data.decode(errors="replace")
             if response.status == 200:
@@ -182,6 +185,7 @@ class PartSender:
             if response.status == 403 and "expired" in text.lower():
                 raise PresignedUrlExpired(f"the URL of part {part.part_number} of {key} expired.", fix="sign again (the state machine does this).")
             last = f"HTTP {response.status}: {text[:300]}"
+            log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
             if response.status not in RETRYABLE_STATUS and not any(e in text for e in CHECKSUM_ERRORS):
                 break
         raise PartUploadFailed(

@@ -95,6 +95,8 @@ def control_plane_env(endpoint: str) -> dict[str, str]:
 class LocalStack:
     root: Path
     use_minio: bool = True
+    require_minio: bool = False  # tests: a missing MinIO is an error, never a silent fallback
+    heartbeat_max_age: float = 15.0
     moto_port: int = 0
     settings: Settings | None = None
     state_machine_arn: str = ""
@@ -119,7 +121,7 @@ class LocalStack:
             store_secret_access_key=credentials[1] if credentials else None,
             verify_mode="attributes" if credentials else "readback",
             topic_arn=self._create_resources(),
-            heartbeat_max_age_seconds=float(os.environ.get("SHARDVAULT_HEARTBEAT_MAX_AGE", "15")),
+            heartbeat_max_age_seconds=self.heartbeat_max_age,
         )
         os.environ.update(self.settings.to_env())
         self.state_machine_arn = self._create_state_machine()
@@ -154,6 +156,10 @@ class LocalStack:
 
     def _start_store(self) -> tuple[str, str, tuple[str, str] | None]:
         """MinIO when its binary is found, else a bucket in moto's S3."""
+        if self.require_minio and not minio_available():
+            from shardvault.local.minio import MinioNotFound
+
+            raise MinioNotFound("MinIO is required here but its binary was not found.")
         if self.use_minio and minio_available():
             from shardvault.local.minio import start_minio
 

@@ -1,0 +1,141 @@
+"""Integration fixtures: one local stack per session (moto control plane, real MinIO store,
+in-process Lambda handlers) and SQLite clusters whose agents run as separate processes.
+
+MinIO is required: a missing binary fails the tests with the fix, it never skips them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from shardvault import operations as ops
+from shardvault.local import demo
+from shardvault.local.stack import LocalStack
+from shardvault.models import BackupRequest
+from shardvault.tables import Catalog, Inbox, table
+
+FAST_AGENT = {"heartbeat_interval_seconds": 0.5, "task_heartbeat_seconds": 2, "poll_interval_seconds": 0.1}
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    root = tmp_path_factory.mktemp("stack")
+    with LocalStack(root, require_minio=True, heartbeat_max_age=3.0) as running:
+        yield running
+
+
+@dataclass
+class Cluster:
+    stack: LocalStack
+    name: str
+    root: Path
+    configs: list[dict[str, Any]]
+    sources: dict[str, Path]
+
+    @property
+    def client(self) -> ops.ClientConfig:
+        return ops.ClientConfig(self.stack.state_machine_arn, self.stack.settings.catalog_table)
+
+    def backup(self, **request: Any) -> ops.Progress:
+        execution = self.start_backup(**request)
+        return ops.wait_backup(self.client, execution, interval=0.2, timeout=600)
+
+    def start_backup(self, **request: Any) -> str:
+        return ops.start_backup(self.client, BackupRequest(cluster=self.name, **request))
+
+    def records(self) -> list[dict[str, Any]]:
+        return Catalog(table(self.stack.settings.catalog_table)).backups(self.name)
+
+    def store_keys(self) -> list[str]:
+        svc = self.stack.services()
+        prefix = f"{svc.store.prefix}/{self.name}/"
+        pages = svc.store_s3.get_paginator("list_objects_v2").paginate(Bucket=svc.store.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def open_uploads(self) -> list[dict[str, Any]]:
+        svc = self.stack.services()
+        prefix = f"{svc.store.prefix}/{self.name}/"
+        return svc.store_s3.list_multipart_uploads(Bucket=svc.store.bucket, Prefix=prefix).get("Uploads", [])
+
+    def inbox_items(self) -> list[dict[str, Any]]:
+        inbox = Inbox(table(self.stack.settings.inbox_table))
+        return [item for c in self.configs for item in inbox.pending(c["node_id"])]
+
+    def held_checkpoints(self) -> list[Path]:
+        """Backup state an agent still holds (captures, spool, snapshots)."""
+        held = []
+        for config in self.configs:
+            state = Path(config["state_dir"])
+            held += [p for p in (state / "backups").glob("*") if p.is_dir()]
+            held += [p for p in (state / "snapshots").glob("*/*") if p.is_dir()]
+        return held
+
+    def agent_log(self, node_id: str) -> str:
+        return (self.stack.root / "agents" / f"{node_id}.log").read_text()
+
+    def stop(self) -> None:
+        for config in self.configs:
+            self.stack.stop_agent(config["node_id"])
+
+
+@pytest.fixture
+def make_cluster(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    clusters: list[Cluster] = []
+
+    def make(
+        *,
+        nodes: int = 3,
+        size_mb: int = 6,
+        agent: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        edit: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> Cluster:
+        name = f"c{next(_names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
+        built = demo.sqlite_cluster(tmp_path, name=name, nodes=nodes, size_mb=size_mb)
+        for config in built.agent_configs:
+            config["node_id"] = f"{name}-{config['node_id']}"
+            config.update(FAST_AGENT | (agent or {}))
+        if edit:
+            edit(built.agent_configs)
+        cluster = Cluster(stack, name, tmp_path, built.agent_configs, built.sources)
+        clusters.append(cluster)
+        for config in built.agent_configs:
+            stack.start_agent(config, env)
+        stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+def execution_history(arn: str) -> list[dict[str, Any]]:
+    sfn = boto3.client("stepfunctions")
+    events, kwargs = [], {"executionArn": arn}
+    while True:
+        page = sfn.get_execution_history(**kwargs)
+        events += page["events"]
+        if "nextToken" not in page:
+            return events
+        kwargs["nextToken"] = page["nextToken"]
+
+
+def entered_states(arn: str) -> list[str]:
+    return [
+        e["stateEnteredEventDetails"]["name"]
+        for e in execution_history(arn)
+        if "stateEnteredEventDetails" in e
+    ]
+
+
+def output(progress: ops.Progress) -> dict[str, Any]:
+    return json.loads(json.dumps(progress.record or {}))
