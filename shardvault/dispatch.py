@@ -15,6 +15,9 @@ from pydantic import BaseModel
 from shardvault.errors import AgentUnavailable, InvalidRequest
 from shardvault.services import Services
 
+# Validation already refused silent nodes; mid-backup, a late heartbeat (a busy host) is
+# tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
+SILENCE_GRACE = 4
 COMMANDS = frozenset({"flush", "checkpoint", "checksum", "upload", "stop", "release"})
 
 
@@ -38,7 +41,7 @@ def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, s
             fix=f"use one of {', '.join(sorted(COMMANDS))} in the state machine definition.",
         )
     node = svc.nodes.get(request.node_id)
-    max_age = svc.settings.heartbeat_max_age_seconds
+    max_age = svc.settings.heartbeat_max_age_seconds * SILENCE_GRACE
     if node is None or node.status != "up" or now - node.heartbeat_at > max_age:
         state = "not registered" if node is None else f"last heard {now - node.heartbeat_at:.0f} s ago"
         raise AgentUnavailable(

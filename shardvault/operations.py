@@ -80,7 +80,9 @@ def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
     elif execution["status"] in TERMINAL:
         progress.error = execution.get("error", "")
         progress.cause = readable_cause(execution.get("cause", ""))
-    record = find_by_execution(config, execution_arn, json.loads(execution.get("input") or "{}").get("cluster", ""))
+    request = json.loads(execution.get("input") or "{}")
+    cluster = request.get("cluster", "") if isinstance(request, dict) else ""
+    record = find_by_execution(config, execution_arn, cluster)
     if record:
         progress.record = {**record, **(progress.record or {})}
         progress.bytes_done = record.get("bytes_done", 0)

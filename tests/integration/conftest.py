@@ -29,7 +29,7 @@ _names = itertools.count(1)
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     root = tmp_path_factory.mktemp("stack")
-    with LocalStack(root, require_minio=True, heartbeat_max_age=3.0) as running:
+    with LocalStack(root, require_minio=True, heartbeat_max_age=5.0) as running:
         yield running
 
 

@@ -1,0 +1,102 @@
+"""Bad backup requests fail at once, with a named error and a fix, and change nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import boto3
+import pytest
+
+from shardvault import operations as ops
+
+from .conftest import Cluster
+
+
+def run_raw(stack, payload) -> ops.Progress:
+    sfn = boto3.client("stepfunctions")
+    name = f"raw-{uuid.uuid4().hex[:12]}"  # moto names every unnamed execution "None"
+    arn = sfn.start_execution(stateMachineArn=stack.state_machine_arn, name=name, input=json.dumps(payload))[
+        "executionArn"
+    ]
+    client = ops.ClientConfig(stack.state_machine_arn, stack.settings.catalog_table)
+    return ops.wait_backup(client, arn, interval=0.1, timeout=60)
+
+
+def assert_unchanged(cluster: Cluster) -> None:
+    assert cluster.records() == []
+    assert cluster.store_keys() == []
+    assert cluster.inbox_items() == []
+    assert cluster.held_checkpoints() == []
+    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+
+
+def assert_rejected(progress: ops.Progress, error: str, *phrases: str) -> None:
+    assert progress.status == "FAILED"
+    assert progress.error == error
+    assert "Fix:" in progress.cause
+    for phrase in phrases:
+        assert phrase in progress.cause
+
+
+def test_unknown_cluster(stack):
+    started = time.monotonic()
+    progress = run_raw(stack, {"cluster": "no-such-cluster"})
+    assert_rejected(progress, "UnknownCluster", "no-such-cluster", "start the agents")
+    assert time.monotonic() - started < 10  # at once, not after a timeout
+
+
+@pytest.mark.parametrize(
+    ("payload", "phrase"),
+    [({}, "cluster: Field required"), ({"cluster": "Bad Name!"}, "not a valid name"), ([1, 2], "JSON object")],
+)
+def test_malformed_request(stack, payload, phrase):
+    assert_rejected(run_raw(stack, payload), "InvalidRequest", phrase)
+
+
+def test_a_stopped_agent(make_cluster):
+    cluster = make_cluster(nodes=3)
+    stopped = cluster.configs[1]["node_id"]
+    cluster.stack.stop_agent(stopped)  # a clean shutdown: the node says it is stopped
+    progress = cluster.backup()
+    assert_rejected(progress, "AgentUnavailable", stopped, "agent stopped")
+    assert_unchanged(cluster)
+
+
+def test_a_silent_agent(make_cluster):
+    cluster = make_cluster(nodes=3)
+    silent = cluster.configs[2]["node_id"]
+    cluster.stack.stop_agent(silent, kill=True)  # killed: its record still says "up"
+    time.sleep(cluster.stack.settings.heartbeat_max_age_seconds + 1)
+    progress = cluster.backup()
+    assert_rejected(progress, "AgentUnavailable", silent, "silent for")
+    assert_unchanged(cluster)
+
+
+def test_a_shard_with_no_leader(make_cluster):
+    def demote_shard_2(configs):
+        for config in configs:
+            for shard in config["shards"]:
+                if shard["shard_id"] == "shard-2":
+                    shard["role"] = "follower"
+
+    cluster = make_cluster(nodes=3, edit=demote_shard_2)
+    progress = cluster.backup()
+    assert_rejected(progress, "ShardWithoutLeader", "shard-2", "elect a leader")
+    assert_unchanged(cluster)
+
+
+def test_a_second_backup_while_one_runs(make_cluster):
+    # A rate limit keeps the first backup running while the second is asked for.
+    cluster = make_cluster(nodes=2, size_mb=12, agent={"rate_limit_bytes_per_second": 2 * 1024 * 1024})
+    first = cluster.start_backup()
+    deadline = time.monotonic() + 30
+    while cluster.stack.services().catalog.lock_holder(cluster.name) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    backups_before = [r["backup_id"] for r in cluster.records()]
+    second = cluster.backup()
+    assert_rejected(second, "BackupAlreadyRunning", first)
+    assert [r["backup_id"] for r in cluster.records()] == backups_before
+    assert ops.wait_backup(cluster.client, first, interval=0.2, timeout=300).status == "SUCCEEDED"
