@@ -1,4 +1,4 @@
-"""Lambda: turn the agents' listings into objects and parts, written as a plan to the work bucket."""
+"""Lambda: turn the agents' listings into objects and parts, written as a plan (work bucket)."""
 
 from pydantic import BaseModel
 

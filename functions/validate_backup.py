@@ -17,7 +17,7 @@ def lambda_handler(event: dict, context: object) -> dict:
     request = event.get("request")
     if not isinstance(request, dict):
         raise InvalidRequest(
-            "the execution input must be a JSON object such as {\"cluster\": \"demo\"}.",
+            'the execution input must be a JSON object such as {"cluster": "demo"}.',
             fix="start the execution with a JSON object naming the cluster.",
         )
     request = parse(BackupRequest, {**request, "execution_id": event.get("execution_id", "")})

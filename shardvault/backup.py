@@ -206,7 +206,9 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
     return listings
 
 
-def plan(context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services) -> dict:
+def plan(
+    context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
+) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
     listings = listings_from_results(results, phase)
     total = sum(listing.bytes for listing in listings)
@@ -224,17 +226,31 @@ def plan(context: BackupContext, results: list[dict[str, Any]], phase: Phase, sv
         svc.put_work(key, listing.model_dump(mode="json"))
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
     svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
-    update: dict[str, Any] = {"part_size": part_size, f"{phase}_bytes": total, f"{phase}_objects": len(objects)}
+    update: dict[str, Any] = {
+        "part_size": part_size,
+        f"{phase}_bytes": total,
+        f"{phase}_objects": len(objects),
+    }
     if phase == Phase.DATA:
         skew = skew_seconds(listings)
-        update |= {"checkpoint_skew_seconds": skew, "bytes_total": total, "objects_total": len(objects)}
+        update |= {
+            "checkpoint_skew_seconds": skew,
+            "bytes_total": total,
+            "objects_total": len(objects),
+        }
     else:
         update |= {
             "bytes_total": record.get("data_bytes", 0) + total,
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
     svc.catalog.update(context.cluster, context.backup_id, **update)
-    return {"phase": phase.value, "plan_key": plan_key, "objects": len(objects), "bytes": total, "part_size": part_size}
+    return {
+        "phase": phase.value,
+        "plan_key": plan_key,
+        "objects": len(objects),
+        "bytes": total,
+        "part_size": part_size,
+    }
 
 
 def skew_seconds(listings: list[ShardListing]) -> float:
@@ -280,7 +296,9 @@ def complete(
     if missing:
         etags = uploaded_parts(s3, bucket, item.key, upload_id)
         known |= {
-            p.part_number: UploadedPart(part_number=p.part_number, etag=etags[p.part_number], crc64nvme=p.crc64nvme)
+            p.part_number: UploadedPart(
+                part_number=p.part_number, etag=etags[p.part_number], crc64nvme=p.crc64nvme
+            )
             for p in missing
             if p.part_number in etags
         }
@@ -299,7 +317,9 @@ def complete(
         crc64nvme=sums.crc64nvme,
         verified_by=verified_by,
     )
-    key = svc.work_key(item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json")
+    key = svc.work_key(
+        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
+    )
     svc.put_work(key, result.model_dump(mode="json"))
     svc.catalog.add_progress(item.cluster, item.backup_id, bytes_done=item.length, objects_done=1)
     return result
@@ -365,7 +385,9 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         if listing.shard_id in shards:
             shard = shards[listing.shard_id]
             marker = {**shard.marker, **listing.marker}
-            shards[listing.shard_id] = shard.model_copy(update={"streams": [*shard.streams, stream], "marker": marker})
+            shards[listing.shard_id] = shard.model_copy(
+                update={"streams": [*shard.streams, stream], "marker": marker}
+            )
         else:
             shards[listing.shard_id] = ManifestShard(
                 shard_id=listing.shard_id,
@@ -396,7 +418,9 @@ def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) ->
     offset = 0
     for obj in objects:
         if obj.stream_offset != offset:
-            raise ChecksumMismatch(f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}.")
+            raise ChecksumMismatch(
+                f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}."
+            )
         offset += obj.length
     if offset != listing.bytes:
         raise ChecksumMismatch(
@@ -431,7 +455,9 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
 
 
 # --- cleanup -----------------------------------------------------------------------------------
-def cleanup(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> dict[str, Any]:
+def cleanup(
+    context: BackupContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
     """The failure path: no open multipart upload, no partial object, the backup marked
     failed with its cause, the lock released, and a notification sent."""
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
@@ -447,5 +473,7 @@ def cleanup(context: BackupContext, error: dict[str, Any], svc: Services, now: f
     }
     svc.catalog.update(context.cluster, context.backup_id, **outcome)
     svc.catalog.unlock(context.cluster, context.backup_id)
-    svc.notify(f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome})
+    svc.notify(
+        f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome}
+    )
     return outcome

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from shardvault import operations as ops
@@ -100,13 +106,24 @@ def run_backup(args: argparse.Namespace) -> int:
 
 def follow(config: ops.ClientConfig, execution: str) -> ops.Progress:
     """Shows bytes done, rate and ETA until the execution ends; then its summary or error."""
-    columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("checkpointing", total=None)
 
         def update(p: ops.Progress) -> None:
             phase = "uploading" if p.bytes_total else "checkpointing"
-            bar.update(task, description=f"{phase} {p.objects_done}/{p.objects_total} objects", completed=p.bytes_done, total=p.bytes_total or None)
+            bar.update(
+                task,
+                description=f"{phase} {p.objects_done}/{p.objects_total} objects",
+                completed=p.bytes_done,
+                total=p.bytes_total or None,
+            )
 
         outcome = ops.wait_backup(config, execution, update)
     if outcome.status == "SUCCEEDED":
@@ -143,7 +160,15 @@ def run_list(args: argparse.Namespace) -> int:
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("started_at", 0)))
         duration = f"{r['duration_seconds']:.1f} s" if "duration_seconds" in r else ""
-        table.add_row(r["cluster"], r["backup_id"], r.get("status", ""), f"{r.get('bytes', r.get('bytes_done', 0)):,}", str(r.get("objects", "")), duration, started)
+        table.add_row(
+            r["cluster"],
+            r["backup_id"],
+            r.get("status", ""),
+            f"{r.get('bytes', r.get('bytes_done', 0)):,}",
+            str(r.get("objects", "")),
+            duration,
+            started,
+        )
     console.print(table)
     return 0
 
@@ -162,8 +187,12 @@ def run_local(args: argparse.Namespace) -> int:
     from shardvault.local.stack import LocalStack
 
     with LocalStack(args.dir.resolve(), use_minio=not args.no_minio) as stack:
-        console.print(f"local stack up: control plane {stack.endpoint}, store {stack.settings.store_endpoint}")
-        console.print(f"use: shardvault backup CLUSTER --wait --stack-env {stack.root / 'stack.env'}")
+        console.print(
+            f"local stack up: control plane {stack.endpoint}, store {stack.settings.store_endpoint}"
+        )
+        console.print(
+            f"use: shardvault backup CLUSTER --wait --stack-env {stack.root / 'stack.env'}"
+        )
         while True:
             time.sleep(3600)
 
@@ -175,7 +204,11 @@ def run_demo(args: argparse.Namespace) -> int:
     root = args.dir.resolve()
     started = time.monotonic()
     with LocalStack(root, use_minio=not args.no_minio) as stack:
-        store = "MinIO " + stack.settings.store_endpoint if stack.settings.verify_mode == "attributes" else "moto S3 (read-back verification)"
+        store = (
+            "MinIO " + stack.settings.store_endpoint
+            if stack.settings.verify_mode == "attributes"
+            else "moto S3 (read-back verification)"
+        )
         console.print(f"[bold]local stack[/]: control plane {stack.endpoint}; store: {store}")
         with console.status("creating the demo cluster's data"):
             if args.engine == "sqlite":
@@ -186,9 +219,14 @@ def run_demo(args: argparse.Namespace) -> int:
             for config in cluster.agent_configs:
                 stack.start_agent(config)
             stack.wait_for_nodes([c["node_id"] for c in cluster.agent_configs])
-            console.print(f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, engine {cluster.engine}, agents registered")
+            console.print(
+                f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, "
+                f"engine {cluster.engine}, agents registered"
+            )
             config = ops.ClientConfig(stack.state_machine_arn, stack.settings.catalog_table)
-            execution = ops.start_backup(config, BackupRequest(cluster=cluster.name, requested_by="demo"))
+            execution = ops.start_backup(
+                config, BackupRequest(cluster=cluster.name, requested_by="demo")
+            )
             outcome = follow(config, execution)
             if outcome.status != "SUCCEEDED":
                 return 1
@@ -222,7 +260,8 @@ def engine_check(engine: str, root: Path) -> str:
             rows = conn.execute("SELECT count(*) FROM items").fetchone()[0]
         return f"integrity_check {result}, {rows:,} rows"
     files = sum(1 for p in root.rglob("*") if p.is_file())
-    return f"{files} files, backup_label {'present' if (root / 'backup_label').exists() else 'MISSING'}"
+    label = "present" if (root / "backup_label").exists() else "MISSING"
+    return f"{files} files, backup_label {label}"
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, s
     node = svc.nodes.get(request.node_id)
     max_age = svc.settings.heartbeat_max_age_seconds * SILENCE_GRACE
     if node is None or node.status != "up" or now - node.heartbeat_at > max_age:
-        state = "not registered" if node is None else f"last heard {now - node.heartbeat_at:.0f} s ago"
+        state = (
+            "not registered" if node is None else f"last heard {now - node.heartbeat_at:.0f} s ago"
+        )
         raise AgentUnavailable(
             f"the agent of node {request.node_id} is unavailable ({state}).",
             fix="start or restart shardvault-agent on that node, then retry the backup.",

@@ -30,7 +30,11 @@ class ClientConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
-        missing = [k for k in ("SHARDVAULT_STATE_MACHINE_ARN", "SHARDVAULT_CATALOG_TABLE") if not env.get(k)]
+        missing = [
+            k
+            for k in ("SHARDVAULT_STATE_MACHINE_ARN", "SHARDVAULT_CATALOG_TABLE")
+            if not env.get(k)
+        ]
         if missing:
             raise InvalidRequest(
                 f"{', '.join(missing)} not set.",
@@ -43,7 +47,9 @@ class ClientConfig:
 def load_env_file(path: Path) -> None:
     """Loads ``KEY=value`` lines (a local stack's ``stack.env``) into the environment."""
     if not path.exists():
-        raise InvalidRequest(f"{path} does not exist.", fix="start the local stack first ('shardvault local up').")
+        raise InvalidRequest(
+            f"{path} does not exist.", fix="start the local stack first ('shardvault local up')."
+        )
     for line in path.read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, value = line.split("=", 1)
@@ -66,9 +72,9 @@ def start_backup(config: ClientConfig, request: BackupRequest) -> str:
     sfn = boto3.client("stepfunctions")
     name = f"{request.cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
     payload = request.model_dump(exclude_none=True, exclude={"execution_id"})
-    return sfn.start_execution(stateMachineArn=config.state_machine_arn, name=name, input=json.dumps(payload))[
-        "executionArn"
-    ]
+    return sfn.start_execution(
+        stateMachineArn=config.state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
 
 
 def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
@@ -100,7 +106,9 @@ def readable_cause(cause: str) -> str:
         return cause
 
 
-def find_by_execution(config: ClientConfig, execution_arn: str, cluster: str) -> dict[str, Any] | None:
+def find_by_execution(
+    config: ClientConfig, execution_arn: str, cluster: str
+) -> dict[str, Any] | None:
     if not cluster:
         return None
     for record in Catalog(table(config.catalog_table)).backups(cluster):
@@ -134,5 +142,8 @@ def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, An
 def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str, Any]:
     record = Catalog(table(config.catalog_table)).get(cluster, backup_id)
     if record is None:
-        raise InvalidRequest(f"no backup {backup_id} of cluster {cluster}.", fix="list backups with 'shardvault list'.")
+        raise InvalidRequest(
+            f"no backup {backup_id} of cluster {cluster}.",
+            fix="list backups with 'shardvault list'.",
+        )
     return record

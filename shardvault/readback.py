@@ -27,7 +27,10 @@ def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except s3.exceptions.NoSuchKey:
-        raise InvalidRequest(f"no manifest at s3://{bucket}/{key}.", fix="check the cluster and backup id ('shardvault list').") from None
+        raise InvalidRequest(
+            f"no manifest at s3://{bucket}/{key}.",
+            fix="check the cluster and backup id ('shardvault list').",
+        ) from None
     return Manifest.model_validate_json(body)
 
 

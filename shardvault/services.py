@@ -37,7 +37,9 @@ class Services:
     @cached_property
     def store(self) -> StoreLocation:
         settings = self.settings
-        return StoreLocation.parse(settings.store_url, settings.store_endpoint, settings.store_credentials)
+        return StoreLocation.parse(
+            settings.store_url, settings.store_endpoint, settings.store_credentials
+        )
 
     @cached_property
     def store_s3(self) -> Any:

@@ -16,14 +16,20 @@ class Settings(BaseModel):
     catalog_table: str = Field(description="DynamoDB table of backups (one item per backup).")
     nodes_table: str = Field(description="DynamoDB table of registered nodes.")
     inbox_table: str = Field(description="DynamoDB table of agent commands.")
-    work_bucket: str = Field(description="Bucket of control objects (plans) the state machine reads.")
+    work_bucket: str = Field(
+        description="Bucket of control objects (plans) the state machine reads."
+    )
     work_prefix: str = Field("_work/", description="Key prefix of control objects.")
     store_url: str = Field(description="Where backups go: s3://bucket/prefix.")
-    store_endpoint: str | None = Field(None, description="S3 endpoint of the store (MinIO); none on AWS.")
+    store_endpoint: str | None = Field(
+        None, description="S3 endpoint of the store (MinIO); none on AWS."
+    )
     store_access_key_id: str | None = Field(
         None, description="Store key (local stack only; on AWS the function's role is used)."
     )
-    store_secret_access_key: SecretStr | None = Field(None, description="Store secret (local only).")
+    store_secret_access_key: SecretStr | None = Field(
+        None, description="Store secret (local only)."
+    )
     topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
     url_ttl_seconds: int = Field(3600, description="Lifetime of presigned part URLs.")
     heartbeat_max_age_seconds: float = Field(

@@ -79,7 +79,10 @@ class NodeRegistry:
     def clusters(self) -> list[str]:
         """Every cluster with a registered node (for error messages that suggest names)."""
         names: set[str] = set()
-        kwargs: dict[str, Any] = {"ProjectionExpression": "#c", "ExpressionAttributeNames": {"#c": "cluster"}}
+        kwargs: dict[str, Any] = {
+            "ProjectionExpression": "#c",
+            "ExpressionAttributeNames": {"#c": "cluster"},
+        }
         while True:
             page = self.table.scan(**kwargs)
             names |= {i["cluster"] for i in page.get("Items", [])}
@@ -110,7 +113,9 @@ class Inbox:
         )
 
     def pending(self, node_id: str) -> list[dict[str, Any]]:
-        page = self.table.query(KeyConditionExpression=Key("node_id").eq(node_id), ConsistentRead=True)
+        page = self.table.query(
+            KeyConditionExpression=Key("node_id").eq(node_id), ConsistentRead=True
+        )
         return [plain(i) for i in page.get("Items", [])]
 
     def remove(self, node_id: str, command_id: str, token: str) -> None:
@@ -149,7 +154,9 @@ class Catalog:
         return self.lock_holder(cluster) or {}
 
     def lock_holder(self, cluster: str) -> dict[str, Any] | None:
-        item = self.table.get_item(Key={"cluster": cluster, "backup_id": LOCK_KEY}, ConsistentRead=True)
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": LOCK_KEY}, ConsistentRead=True
+        )
         return plain(item.get("Item")) if item.get("Item") else None
 
     def unlock(self, cluster: str, backup_id: str) -> None:
@@ -175,7 +182,9 @@ class Catalog:
             ExpressionAttributeValues=values,
         )
 
-    def add_progress(self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int) -> None:
+    def add_progress(
+        self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int
+    ) -> None:
         self.table.update_item(
             Key={"cluster": cluster, "backup_id": backup_id},
             UpdateExpression="ADD bytes_done :b, objects_done :o",
@@ -183,7 +192,9 @@ class Catalog:
         )
 
     def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
-        item = self.table.get_item(Key={"cluster": cluster, "backup_id": backup_id}, ConsistentRead=True)
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": backup_id}, ConsistentRead=True
+        )
         return plain(item.get("Item")) if item.get("Item") else None
 
     def backups(self, cluster: str) -> list[dict[str, Any]]:

@@ -23,14 +23,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("run", "check"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--config", type=Path, required=True, help="agent YAML config")
-        cmd.add_argument("--nodes-table", default=os.environ.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"))
-        cmd.add_argument("--inbox-table", default=os.environ.get("SHARDVAULT_INBOX_TABLE", "shardvault-inbox"))
+        cmd.add_argument(
+            "--nodes-table", default=os.environ.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes")
+        )
+        cmd.add_argument(
+            "--inbox-table", default=os.environ.get("SHARDVAULT_INBOX_TABLE", "shardvault-inbox")
+        )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = load_config(args.config)
         if args.command == "check":
-            print(f"config ok: node {config.node_id} of cluster {config.cluster}, {len(config.shards)} shard(s)")
+            shards = len(config.shards)
+            print(
+                f"config ok: node {config.node_id} of cluster {config.cluster}, {shards} shard(s)"
+            )
             return 0
         from shardvault_agent.daemon import Agent
 

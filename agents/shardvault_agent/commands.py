@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
-from shardvault.models import FileEntry, ObjectChecksums, ObjectPlan, Phase, UploadedPart, pack_files
+from shardvault.models import (
+    FileEntry,
+    ObjectChecksums,
+    ObjectPlan,
+    Phase,
+    UploadedPart,
+    pack_files,
+)
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.ratelimit import RateLimiter
@@ -34,9 +41,13 @@ class Commands:
         self.shards = {s.shard_id: s for s in config.shards}
 
     def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(self, f"do_{name}", None)
+        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
+            self, f"do_{name}", None
+        )
         if handler is None:
-            raise UnknownCommand(f"command {name!r} is unknown to this agent.", fix="upgrade the agent.")
+            raise UnknownCommand(
+                f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
+            )
         return handler(args)
 
     # --- state on disk -------------------------------------------------------------------------
@@ -46,7 +57,9 @@ class Commands:
     def _capture_path(self, backup_id: str, shard_id: str, phase: Phase) -> Path:
         return self.backup_dir(backup_id) / f"{shard_id}.{phase}.json"
 
-    def save_capture(self, backup_id: str, shard_id: str, phase: Phase, capture: Capture, at: float) -> None:
+    def save_capture(
+        self, backup_id: str, shard_id: str, phase: Phase, capture: Capture, at: float
+    ) -> None:
         path = self._capture_path(backup_id, shard_id, phase)
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {
@@ -80,7 +93,9 @@ class Commands:
             )
         return [self.shards[s] for s in args.get("shard_ids", [])]
 
-    def _listing_result(self, backup_id: str, phase: Phase, shards: list[ShardConfig]) -> dict[str, Any]:
+    def _listing_result(
+        self, backup_id: str, phase: Phase, shards: list[ShardConfig]
+    ) -> dict[str, Any]:
         out = []
         for shard in shards:
             record = self.load_capture(backup_id, shard.shard_id, phase)
@@ -155,7 +170,11 @@ class Commands:
         sums = ObjectChecksums.model_validate(args["checksums"])
         urls = {p["part_number"]: p["url"] for p in args["parts"]}
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
-        record = self.backup_dir(item.backup_id) / "uploads" / f"{hashlib.sha256(args['upload_id'].encode()).hexdigest()[:24]}.jsonl"
+        record = (
+            self.backup_dir(item.backup_id)
+            / "uploads"
+            / f"{hashlib.sha256(args['upload_id'].encode()).hexdigest()[:24]}.jsonl"
+        )
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
         spool = self._spool_path(item)
@@ -167,13 +186,21 @@ class Commands:
                 handle = open(spool, "rb")  # noqa: SIM115
                 handle.seek(offset)
                 return _Limited(handle, size, self.limiter)
-            return StreamReader(Path(capture["root"]), capture["files"], item.stream_offset + offset, size, self.limiter)
+            return StreamReader(
+                Path(capture["root"]),
+                capture["files"],
+                item.stream_offset + offset,
+                size,
+                self.limiter,
+            )
 
         def on_part(part: UploadedPart) -> None:
             with record.open("a") as out:
                 out.write(part.model_dump_json() + "\n")
 
-        parts = upload_object(item, sums, urls, open_part, self.sender, self.config.upload_parallelism, done, on_part)
+        parts = upload_object(
+            item, sums, urls, open_part, self.sender, self.config.upload_parallelism, done, on_part
+        )
         spool.unlink(missing_ok=True)
         return {"parts": [p.model_dump(mode="json") for p in parts]}
 
@@ -181,7 +208,11 @@ class Commands:
 def _read_parts(path: Path) -> list[UploadedPart]:
     if not path.exists():
         return []
-    return [UploadedPart.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        UploadedPart.model_validate_json(line)
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 class _Limited:

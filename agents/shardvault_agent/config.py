@@ -53,8 +53,12 @@ class AgentConfig(BaseModel):
             check_name("shard_id", shard.shard_id)
             if self.engine == Engine.SQLITE and shard.path is None:
                 raise ValueError(f"shard {shard.shard_id}: sqlite shards need 'path'")
-            if self.engine == Engine.POSTGRES and (shard.data_dir is None or shard.conninfo is None):
-                raise ValueError(f"shard {shard.shard_id}: postgres shards need 'data_dir' and 'conninfo'")
+            if self.engine == Engine.POSTGRES and (
+                shard.data_dir is None or shard.conninfo is None
+            ):
+                raise ValueError(
+                    f"shard {shard.shard_id}: postgres shards need 'data_dir' and 'conninfo'"
+                )
         return self
 
 
@@ -62,6 +66,11 @@ def load_config(path: Path) -> AgentConfig:
     try:
         return AgentConfig.model_validate(yaml.safe_load(path.read_text()))
     except FileNotFoundError:
-        raise InvalidRequest(f"agent config {path} does not exist.", fix="pass --config with the path of an existing file.") from None
+        raise InvalidRequest(
+            f"agent config {path} does not exist.",
+            fix="pass --config with the path of an existing file.",
+        ) from None
     except (ValidationError, ValueError) as error:
-        raise InvalidRequest(f"agent config {path} is invalid: {error}", fix="correct the fields named above.") from None
+        raise InvalidRequest(
+            f"agent config {path} is invalid: {error}", fix="correct the fields named above."
+        ) from None

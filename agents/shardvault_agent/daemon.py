@@ -47,12 +47,18 @@ class Agent:
         self.inbox = Inbox(dynamodb.Table(inbox_table))
         self.sfn = boto3.client("stepfunctions")
         sender = PartSender(
-            http=urllib3.PoolManager(maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)),
+            http=urllib3.PoolManager(
+                maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)
+            ),
             attempts=config.part_attempts,
             faults=Faults.from_env(),
         )
-        self.commands = Commands(config, self.engine, RateLimiter(config.rate_limit_bytes_per_second), sender)
-        self.pool = ThreadPoolExecutor(max_workers=config.max_parallel_commands, thread_name_prefix="command")
+        self.commands = Commands(
+            config, self.engine, RateLimiter(config.rate_limit_bytes_per_second), sender
+        )
+        self.pool = ThreadPoolExecutor(
+            max_workers=config.max_parallel_commands, thread_name_prefix="command"
+        )
         self.running: dict[tuple[str, str], str] = {}  # (command_id, token) -> command
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -65,7 +71,10 @@ class Agent:
             node_id=cfg.node_id,
             cluster=cfg.cluster,
             engine=cfg.engine,
-            shards=[ShardInfo(shard_id=s.shard_id, role=s.role, bytes=self.engine.shard_bytes(s)) for s in cfg.shards],
+            shards=[
+                ShardInfo(shard_id=s.shard_id, role=s.role, bytes=self.engine.shard_bytes(s))
+                for s in cfg.shards
+            ],
             free_bytes=shutil.disk_usage(cfg.state_dir).free,
             version=__version__,
             heartbeat_at=time.time(),
@@ -74,7 +83,9 @@ class Agent:
 
     def heartbeat_loop(self) -> None:
         last_registry = 0.0
-        while not self.stopping.wait(min(self.config.task_heartbeat_seconds, self.config.heartbeat_interval_seconds)):
+        while not self.stopping.wait(
+            min(self.config.task_heartbeat_seconds, self.config.heartbeat_interval_seconds)
+        ):
             if time.monotonic() - last_registry >= self.config.heartbeat_interval_seconds:
                 with contextlib.suppress(Exception):
                     self.registry.put(self.record())
@@ -99,12 +110,17 @@ class Agent:
         token, started = item["task_token"], time.monotonic()
         try:
             result = self.commands.run(item["command"], item.get("args", {}))
-            self._answer(lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)))
+            self._answer(
+                lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result))
+            )
             log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
         except Exception as error:  # every failure is answered, never swallowed
             name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
             log.warning("%s failed: %s: %s", item["command_id"], name, error)
-            self._answer(lambda: self.sfn.send_task_failure(taskToken=token, error=name[:256], cause=str(error)[:MAX_CAUSE]))
+            cause = str(error)[:MAX_CAUSE]
+            self._answer(
+                lambda: self.sfn.send_task_failure(taskToken=token, error=name[:256], cause=cause)
+            )
         finally:
             with contextlib.suppress(Exception):
                 self.inbox.remove(self.config.node_id, item["command_id"], token)

@@ -54,7 +54,9 @@ class Faults:
     @classmethod
     def from_env(cls) -> Faults:
         spec = dict(
-            item.split("=", 1) for item in os.environ.get("SHARDVAULT_AGENT_FAULTS", "").split(",") if "=" in item
+            item.split("=", 1)
+            for item in os.environ.get("SHARDVAULT_AGENT_FAULTS", "").split(",")
+            if "=" in item
         )
         return cls(part_failures=int(spec.get("upload_part", 0)))
 
@@ -70,7 +72,9 @@ class StreamReader(io.RawIOBase):
     """Reads ``length`` bytes of a stream from ``offset`` as one file-like object. A file
     that shrank or vanished since the listing reads as zeros: the engine's log repairs it."""
 
-    def __init__(self, root: Path, files: list[FileEntry], offset: int, length: int, limiter: RateLimiter) -> None:
+    def __init__(
+        self, root: Path, files: list[FileEntry], offset: int, length: int, limiter: RateLimiter
+    ) -> None:
         self.root, self.limiter, self.remaining = root, limiter, length
         self.segments = StreamIndex(files).segments(offset, length)
         self.current: tuple[BinaryIO | None, int] | None = None
@@ -141,7 +145,9 @@ def checksum_object(
                 crc, whole = crc64nvme(data, crc), crc64nvme(data, whole)
                 if out:
                     out.write(data)
-            parts.append(PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc)))
+            parts.append(
+                PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc))
+            )
     finally:
         if out:
             out.close()
@@ -159,7 +165,9 @@ class PartSender:
     base_delay: float = 0.2
     max_delay: float = 10.0
 
-    def send(self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]) -> UploadedPart:
+    def send(
+        self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]
+    ) -> UploadedPart:
         last = ""
         for attempt in range(self.attempts):
             if attempt:
@@ -177,20 +185,31 @@ class PartSender:
                     )
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 last = f"{type(error).__name__}: {error}"
-                log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
+                log.info(
+                    "part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last
+                )
                 continue
             text = response.data.decode(errors="replace")
             if response.status == 200:
-                return UploadedPart(part_number=part.part_number, etag=response.headers["ETag"], crc64nvme=part.crc64nvme)
+                return UploadedPart(
+                    part_number=part.part_number,
+                    etag=response.headers["ETag"],
+                    crc64nvme=part.crc64nvme,
+                )
             if response.status == 403 and "expired" in text.lower():
-                raise PresignedUrlExpired(f"the URL of part {part.part_number} of {key} expired.", fix="sign again (the state machine does this).")
+                raise PresignedUrlExpired(
+                    f"the URL of part {part.part_number} of {key} expired.",
+                    fix="sign again (the state machine does this).",
+                )
             last = f"HTTP {response.status}: {text[:300]}"
             log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
-            if response.status not in RETRYABLE_STATUS and not any(e in text for e in CHECKSUM_ERRORS):
+            if response.status not in RETRYABLE_STATUS and not any(
+                e in text for e in CHECKSUM_ERRORS
+            ):
                 break
         raise PartUploadFailed(
             f"part {part.part_number} of {key} failed after {self.attempts} tries: {last}",
-            fix="check the network path from this node to the store; the backup retries the object.",
+            fix="check the network path from this node to the store; the backup retries it.",
         )
 
 
@@ -211,7 +230,12 @@ def upload_object(
 
     def one(part: PartChecksum) -> UploadedPart:
         r = ranges[part.part_number]
-        uploaded = sender.send(item.key, part, urls[part.part_number], lambda: open_part(r.part_number, r.offset, r.size))
+        uploaded = sender.send(
+            item.key,
+            part,
+            urls[part.part_number],
+            lambda: open_part(r.part_number, r.offset, r.size),
+        )
         on_part(uploaded)
         return uploaded
 

@@ -30,7 +30,9 @@ def make_sqlite_shard(path: Path, shard_id: str, size_mb: int) -> None:
     rows = max(1, size_mb * 1024 * 1024 // ROW_BYTES)
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, shard TEXT, payload BLOB)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, shard TEXT, payload BLOB)"
+        )
         db.execute(
             "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < ?) "
             "INSERT INTO items(shard, payload) SELECT ?, randomblob(?) FROM n",
@@ -38,7 +40,9 @@ def make_sqlite_shard(path: Path, shard_id: str, size_mb: int) -> None:
         )
 
 
-def sqlite_cluster(root: Path, *, name: str = "demo", nodes: int = 3, size_mb: int = 240) -> DemoCluster:
+def sqlite_cluster(
+    root: Path, *, name: str = "demo", nodes: int = 3, size_mb: int = 240
+) -> DemoCluster:
     """Node i leads shard i and follows shard i-1 (a stale copy the backup must not read)."""
     shard_mb = max(1, size_mb // nodes)
     node_ids = [f"node-{i + 1}" for i in range(nodes)]
@@ -54,14 +58,18 @@ def sqlite_cluster(root: Path, *, name: str = "demo", nodes: int = 3, size_mb: i
         follower = root / "data" / node_id / f"{followed}.db"
         if nodes > 1 and not follower.exists():
             make_sqlite_shard(follower, followed, 1)
-        shards = [{"shard_id": shard_ids[i], "role": "leader", "path": str(cluster.sources[shard_ids[i]])}]
+        shards = [
+            {"shard_id": shard_ids[i], "role": "leader", "path": str(cluster.sources[shard_ids[i]])}
+        ]
         if nodes > 1:
             shards.append({"shard_id": followed, "role": "follower", "path": str(follower)})
         cluster.agent_configs.append(agent_config(root, name, node_id, "sqlite", shards))
     return cluster
 
 
-def postgres_cluster(root: Path, *, name: str = "pgdemo", nodes: int = 3, scale: int = 10) -> DemoCluster:
+def postgres_cluster(
+    root: Path, *, name: str = "pgdemo", nodes: int = 3, scale: int = 10
+) -> DemoCluster:
     """One PostgreSQL instance per node, each the leader of its own shard, filled by pgbench."""
     from shardvault.local.postgres import init_instance, pgbench_init
 
@@ -72,12 +80,19 @@ def postgres_cluster(root: Path, *, name: str = "pgdemo", nodes: int = 3, scale:
         cluster.servers.append(instance)
         pgbench_init(instance, scale)
         cluster.sources[shard_id] = instance.data_dir
-        shard = {"shard_id": shard_id, "role": "leader", "data_dir": str(instance.data_dir), "conninfo": instance.conninfo}
+        shard = {
+            "shard_id": shard_id,
+            "role": "leader",
+            "data_dir": str(instance.data_dir),
+            "conninfo": instance.conninfo,
+        }
         cluster.agent_configs.append(agent_config(root, name, node_id, "postgres", [shard]))
     return cluster
 
 
-def agent_config(root: Path, cluster: str, node_id: str, engine: str, shards: list[dict]) -> dict[str, Any]:
+def agent_config(
+    root: Path, cluster: str, node_id: str, engine: str, shards: list[dict]
+) -> dict[str, Any]:
     return {
         "node_id": node_id,
         "cluster": cluster,

@@ -82,9 +82,19 @@ def start_minio(
     env = {**os.environ, "MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [str(binary), "server", str(data_dir), "--address", f"127.0.0.1:{port}",
-             "--console-address", f"127.0.0.1:{free_port()}", "--quiet"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(binary),
+                "server",
+                str(data_dir),
+                "--address",
+                f"127.0.0.1:{port}",
+                "--console-address",
+                f"127.0.0.1:{free_port()}",
+                "--quiet",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     server = MinioServer(f"http://127.0.0.1:{port}", access_key, secret_key, data_dir, process)
     deadline = time.monotonic() + timeout

@@ -62,7 +62,9 @@ def function_arn(name: str) -> str:
 
 def substitutions(work_bucket: str) -> dict[str, str]:
     """The values of the ASL placeholders, as CDK fills them on AWS."""
-    return {key: function_arn(name) for key, name in FUNCTIONS.items()} | {"WorkBucket": work_bucket}
+    return {key: function_arn(name) for key, name in FUNCTIONS.items()} | {
+        "WorkBucket": work_bucket
+    }
 
 
 def render_asl(path: Path, values: dict[str, str]) -> str:
@@ -144,7 +146,9 @@ class LocalStack:
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
         LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in FUNCTIONS.values()}).install()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
+        self._server = ThreadedMotoServer(
+            ip_address="127.0.0.1", port=self.moto_port, verbose=False
+        )
         self._server.start()
         request = urllib.request.Request(
             f"{self.endpoint}/moto-api/config",
@@ -182,18 +186,30 @@ class LocalStack:
         ddb = boto3.client("dynamodb")
         ddb.create_table(
             TableName=NAMES["catalog_table"],
-            KeySchema=[{"AttributeName": "cluster", "KeyType": "HASH"}, {"AttributeName": "backup_id", "KeyType": "RANGE"}],
-            AttributeDefinitions=[{"AttributeName": "cluster", "AttributeType": "S"}, {"AttributeName": "backup_id", "AttributeType": "S"}],
+            KeySchema=[
+                {"AttributeName": "cluster", "KeyType": "HASH"},
+                {"AttributeName": "backup_id", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[
+                {"AttributeName": "cluster", "AttributeType": "S"},
+                {"AttributeName": "backup_id", "AttributeType": "S"},
+            ],
             BillingMode="PAY_PER_REQUEST",
         )
         ddb.create_table(
             TableName=NAMES["nodes_table"],
             KeySchema=[{"AttributeName": "node_id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "node_id", "AttributeType": "S"}, {"AttributeName": "cluster", "AttributeType": "S"}],
+            AttributeDefinitions=[
+                {"AttributeName": "node_id", "AttributeType": "S"},
+                {"AttributeName": "cluster", "AttributeType": "S"},
+            ],
             GlobalSecondaryIndexes=[
                 {
                     "IndexName": "by_cluster",
-                    "KeySchema": [{"AttributeName": "cluster", "KeyType": "HASH"}, {"AttributeName": "node_id", "KeyType": "RANGE"}],
+                    "KeySchema": [
+                        {"AttributeName": "cluster", "KeyType": "HASH"},
+                        {"AttributeName": "node_id", "KeyType": "RANGE"},
+                    ],
                     "Projection": {"ProjectionType": "ALL"},
                 }
             ],
@@ -201,15 +217,23 @@ class LocalStack:
         )
         ddb.create_table(
             TableName=NAMES["inbox_table"],
-            KeySchema=[{"AttributeName": "node_id", "KeyType": "HASH"}, {"AttributeName": "command_id", "KeyType": "RANGE"}],
-            AttributeDefinitions=[{"AttributeName": "node_id", "AttributeType": "S"}, {"AttributeName": "command_id", "AttributeType": "S"}],
+            KeySchema=[
+                {"AttributeName": "node_id", "KeyType": "HASH"},
+                {"AttributeName": "command_id", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[
+                {"AttributeName": "node_id", "AttributeType": "S"},
+                {"AttributeName": "command_id", "AttributeType": "S"},
+            ],
             BillingMode="PAY_PER_REQUEST",
         )
         boto3.client("s3").create_bucket(Bucket=NAMES["work_bucket"])
         return boto3.client("sns").create_topic(Name="shardvault-notifications")["TopicArn"]
 
     def _create_state_machine(self) -> str:
-        definition = render_asl(STATE_MACHINES / "backup.asl.json", substitutions(NAMES["work_bucket"]))
+        definition = render_asl(
+            STATE_MACHINES / "backup.asl.json", substitutions(NAMES["work_bucket"])
+        )
         response = boto3.client("stepfunctions").create_state_machine(
             name="shardvault-backup",
             definition=definition,
@@ -232,7 +256,11 @@ class LocalStack:
     # --- agents ------------------------------------------------------------------------------
     def agent_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """A clean environment for an agent: control plane only, never the store's keys."""
-        keep = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR"}}
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if k in {"PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR"}
+        }
         return {
             **keep,
             **control_plane_env(self.endpoint),
@@ -241,7 +269,9 @@ class LocalStack:
             **(extra or {}),
         }
 
-    def start_agent(self, config: dict[str, Any], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start_agent(
+        self, config: dict[str, Any], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         node_id = config["node_id"]
         path = self.root / "agents" / f"{node_id}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +307,10 @@ class LocalStack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             records = {n: registry.get(n) for n in node_ids}
-            if all(r and r.status == "up" and time.time() - r.heartbeat_at < 10 for r in records.values()):
+            if all(
+                r and r.status == "up" and time.time() - r.heartbeat_at < 10
+                for r in records.values()
+            ):
                 return
             for node_id, process in self.agents.items():
                 if process.poll() is not None:

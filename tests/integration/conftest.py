@@ -22,7 +22,11 @@ from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest
 from shardvault.tables import Catalog, Inbox, table
 
-FAST_AGENT = {"heartbeat_interval_seconds": 0.5, "task_heartbeat_seconds": 2, "poll_interval_seconds": 0.1}
+FAST_AGENT = {
+    "heartbeat_interval_seconds": 0.5,
+    "task_heartbeat_seconds": 2,
+    "poll_interval_seconds": 0.1,
+}
 _names = itertools.count(1)
 
 
@@ -58,13 +62,17 @@ class Cluster:
     def store_keys(self) -> list[str]:
         svc = self.stack.services()
         prefix = f"{svc.store.prefix}/{self.name}/"
-        pages = svc.store_s3.get_paginator("list_objects_v2").paginate(Bucket=svc.store.bucket, Prefix=prefix)
+        pages = svc.store_s3.get_paginator("list_objects_v2").paginate(
+            Bucket=svc.store.bucket, Prefix=prefix
+        )
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     def open_uploads(self) -> list[dict[str, Any]]:
         svc = self.stack.services()
         prefix = f"{svc.store.prefix}/{self.name}/"
-        return svc.store_s3.list_multipart_uploads(Bucket=svc.store.bucket, Prefix=prefix).get("Uploads", [])
+        return svc.store_s3.list_multipart_uploads(Bucket=svc.store.bucket, Prefix=prefix).get(
+            "Uploads", []
+        )
 
     def inbox_items(self) -> list[dict[str, Any]]:
         inbox = Inbox(table(self.stack.settings.inbox_table))

@@ -17,9 +17,9 @@ from .conftest import Cluster
 def run_raw(stack, payload) -> ops.Progress:
     sfn = boto3.client("stepfunctions")
     name = f"raw-{uuid.uuid4().hex[:12]}"  # moto names every unnamed execution "None"
-    arn = sfn.start_execution(stateMachineArn=stack.state_machine_arn, name=name, input=json.dumps(payload))[
-        "executionArn"
-    ]
+    arn = sfn.start_execution(
+        stateMachineArn=stack.state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
     client = ops.ClientConfig(stack.state_machine_arn, stack.settings.catalog_table)
     return ops.wait_backup(client, arn, interval=0.1, timeout=60)
 
@@ -49,7 +49,11 @@ def test_unknown_cluster(stack):
 
 @pytest.mark.parametrize(
     ("payload", "phrase"),
-    [({}, "cluster: Field required"), ({"cluster": "Bad Name!"}, "not a valid name"), ([1, 2], "JSON object")],
+    [
+        ({}, "cluster: Field required"),
+        ({"cluster": "Bad Name!"}, "not a valid name"),
+        ([1, 2], "JSON object"),
+    ],
 )
 def test_malformed_request(stack, payload, phrase):
     assert_rejected(run_raw(stack, payload), "InvalidRequest", phrase)
@@ -89,7 +93,9 @@ def test_a_shard_with_no_leader(make_cluster):
 
 def test_a_second_backup_while_one_runs(make_cluster):
     # A rate limit keeps the first backup running while the second is asked for.
-    cluster = make_cluster(nodes=2, size_mb=12, agent={"rate_limit_bytes_per_second": 2 * 1024 * 1024})
+    cluster = make_cluster(
+        nodes=2, size_mb=12, agent={"rate_limit_bytes_per_second": 2 * 1024 * 1024}
+    )
     first = cluster.start_backup()
     deadline = time.monotonic() + 30
     while cluster.stack.services().catalog.lock_holder(cluster.name) is None:

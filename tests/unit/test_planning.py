@@ -1,5 +1,6 @@
 """Planning: part sizes from the data size, packing into objects, S3's limits."""
 
+import itertools
 import math
 
 import pytest
@@ -9,12 +10,12 @@ from hypothesis import strategies as st
 from shardvault.errors import PlanTooLarge
 from shardvault.models import FileEntry, Phase, ShardListing
 from shardvault.planning import (
-    GiB,
-    MiB,
     PARTS_PER_OBJECT,
     S3_MAX_PART_SIZE,
     S3_MAX_PARTS,
     S3_MIN_PART_SIZE,
+    GiB,
+    MiB,
     TiB,
     check_part_size,
     choose_part_size,
@@ -124,7 +125,9 @@ def test_object_count_bound_and_streams_covered_without_gaps(shards):
         assert sum(o.length for o in mine) == item.bytes
         offsets = [o.stream_offset for o in mine]
         assert offsets == sorted(offsets)
-        assert all(a.stream_offset + a.length == b.stream_offset for a, b in zip(mine, mine[1:], strict=False))
+        assert all(
+            a.stream_offset + a.length == b.stream_offset for a, b in itertools.pairwise(mine)
+        )
 
 
 @given(

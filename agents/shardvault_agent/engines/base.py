@@ -42,7 +42,9 @@ class EngineAdapter(Protocol):
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 
 
-def list_tree(root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False) -> list[FileEntry]:
+def list_tree(
+    root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False
+) -> list[FileEntry]:
     """Regular files under ``root`` in sorted order, plus directories that would otherwise be
     lost (as ``path/`` with size 0), so a restore recreates the tree exactly."""
     entries: list[FileEntry] = []

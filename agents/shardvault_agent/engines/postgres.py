@@ -42,7 +42,9 @@ EMPTY_DIRS = frozenset(
     }
 )
 SKIP_FILES = frozenset({"postmaster.pid", "postmaster.opts", "backup_label", "tablespace_map"})
-RELATION_FILE = re.compile(r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$")
+RELATION_FILE = re.compile(
+    r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
+)
 
 
 def skip_dir(rel: str) -> bool:
@@ -52,7 +54,10 @@ def skip_dir(rel: str) -> bool:
 
 def unlogged_relations(root: Path) -> set[tuple[str, str]]:
     """Relations with an init fork are unlogged: only the init fork is copied."""
-    return {(p.parent.relative_to(root).as_posix(), p.name[: -len("_init")]) for p in root.glob("base/*/*_init")}
+    return {
+        (p.parent.relative_to(root).as_posix(), p.name[: -len("_init")])
+        for p in root.glob("base/*/*_init")
+    }
 
 
 def listing(root: Path) -> list[FileEntry]:
@@ -84,7 +89,9 @@ class PostgresAdapter:
 
     def _connect(self, shard: ShardConfig) -> psycopg.Connection:
         try:
-            return psycopg.connect(shard.conninfo, autocommit=True, application_name="shardvault-agent")
+            return psycopg.connect(
+                shard.conninfo, autocommit=True, application_name="shardvault-agent"
+            )
         except psycopg.Error as error:
             raise EngineError(
                 f"cannot connect to PostgreSQL of shard {shard.shard_id}: {error}".strip(),
@@ -103,18 +110,27 @@ class PostgresAdapter:
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)
         try:
-            slot = f"shardvault_{re.sub(r'[^a-z0-9_]', '_', backup_id.lower())}_{shard.shard_id}"[:63]
+            slot = f"shardvault_{re.sub(r'[^a-z0-9_]', '_', backup_id.lower())}_{shard.shard_id}"[
+                :63
+            ]
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
             started = time.time()
-            lsn = conn.execute("SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)).fetchone()[0]
+            lsn = conn.execute(
+                "SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)
+            ).fetchone()[0]
             wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
         except psycopg.Error as error:
             conn.close()
-            raise EngineError(f"pg_backup_start failed on shard {shard.shard_id}: {error}", fix="check the server log; wal_level must be replica or logical.") from None
+            raise EngineError(
+                f"pg_backup_start failed on shard {shard.shard_id}: {error}",
+                fix="check the server log; wal_level must be replica or logical.",
+            ) from None
         with self.lock:
             self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal)
         marker = {"start_lsn": str(lsn), "start_wal": wal, "checkpoint_at": f"{started:.6f}"}
-        return Capture(root=shard.data_dir, files=listing(shard.data_dir), marker=marker, mutable=True)
+        return Capture(
+            root=shard.data_dir, files=listing(shard.data_dir), marker=marker, mutable=True
+        )
 
     def holds(self, shard: ShardConfig, backup_id: str) -> bool:
         held = self.held.get((backup_id, shard.shard_id))
@@ -124,17 +140,23 @@ class PostgresAdapter:
         held = self.held.get((backup_id, shard.shard_id))
         if held is None or held.connection.closed:
             raise CheckpointNotFound(
-                f"shard {shard.shard_id} is not in backup mode for {backup_id} (the agent restarted?).",
+                f"shard {shard.shard_id} is not in backup mode for {backup_id} "
+                "(was the agent restarted?).",
                 fix="retry the backup; PostgreSQL ended the backup when the session closed.",
             )
         conn = held.connection
         try:
-            lsn, label, spcmap = conn.execute("SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)").fetchone()
+            lsn, label, spcmap = conn.execute(
+                "SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)"
+            ).fetchone()
             held.stopped = True
             stop_wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
             self._wait_flushed(conn, str(lsn))
         except psycopg.Error as error:
-            raise EngineError(f"pg_backup_stop failed on shard {shard.shard_id}: {error}", fix="check the server log.") from None
+            raise EngineError(
+                f"pg_backup_stop failed on shard {shard.shard_id}: {error}",
+                fix="check the server log.",
+            ) from None
         tail = work_dir / "tail" / shard.shard_id
         shutil.rmtree(tail, ignore_errors=True)
         (tail / "pg_wal").mkdir(parents=True)
@@ -151,7 +173,9 @@ class PostgresAdapter:
     def _wait_flushed(conn: psycopg.Connection, lsn: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]:
+            if conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[
+                0
+            ]:
                 return
             time.sleep(0.05)
 
@@ -175,5 +199,7 @@ def wal_segments(pg_wal: Path, first: str, last: str) -> list[str]:
     names = sorted(p.name for p in pg_wal.iterdir() if re.fullmatch(r"[0-9A-F]{24}", p.name))
     segments = [n for n in names if n[:8] == timeline and first <= n <= last]
     if not segments or segments[0] != first or segments[-1] != last:
-        raise EngineError(f"WAL segments {first}..{last} are not all in {pg_wal}.", fix="retry the backup.")
+        raise EngineError(
+            f"WAL segments {first}..{last} are not all in {pg_wal}.", fix="retry the backup."
+        )
     return segments

@@ -25,7 +25,10 @@ class SqliteAdapter:
     def _connect(self, shard: ShardConfig) -> sqlite3.Connection:
         path = shard.path
         if path is None or not path.exists():
-            raise EngineError(f"SQLite shard {shard.shard_id}: {path} does not exist.", fix="correct 'path' in the agent config.")
+            raise EngineError(
+                f"SQLite shard {shard.shard_id}: {path} does not exist.",
+                fix="correct 'path' in the agent config.",
+            )
         return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
 
     def shard_bytes(self, shard: ShardConfig) -> int:
@@ -49,7 +52,10 @@ class SqliteAdapter:
                 source.backup(snapshot)  # one step: a consistent copy under a read transaction
                 version = snapshot.execute("PRAGMA schema_version").fetchone()[0]
         except sqlite3.Error as error:
-            raise EngineError(f"SQLite snapshot of shard {shard.shard_id} failed: {error}", fix="check the database file and free space in state_dir.") from error
+            raise EngineError(
+                f"SQLite snapshot of shard {shard.shard_id} failed: {error}",
+                fix="check the database file and free space in state_dir.",
+            ) from error
         finally:
             source.close()
         marker = {"snapshot_at": f"{started:.6f}", "schema_version": str(version)}
@@ -61,7 +67,10 @@ class SqliteAdapter:
 
     def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
         if not self.holds(shard, backup_id):
-            raise CheckpointNotFound(f"no snapshot of shard {shard.shard_id} for backup {backup_id}.", fix="retry the backup.")
+            raise CheckpointNotFound(
+                f"no snapshot of shard {shard.shard_id} for backup {backup_id}.",
+                fix="retry the backup.",
+            )
         return Capture(root=self._snapshot_dir(backup_id, shard), files=[])
 
     def release(self, shard: ShardConfig, backup_id: str) -> None:
