@@ -27,7 +27,7 @@ FAST_AGENT = {
     "task_heartbeat_seconds": 2,
     "poll_interval_seconds": 0.1,
 }
-_names = itertools.count(1)
+names = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +107,7 @@ def make_cluster(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Cl
         env: dict[str, str] | None = None,
         edit: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> Cluster:
-        name = f"c{next(_names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
+        name = f"c{next(names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
         built = demo.sqlite_cluster(tmp_path, name=name, nodes=nodes, size_mb=size_mb)
         for config in built.agent_configs:
             config["node_id"] = f"{name}-{config['node_id']}"

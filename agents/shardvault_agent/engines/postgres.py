@@ -110,9 +110,8 @@ class PostgresAdapter:
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)
         try:
-            slot = f"shardvault_{re.sub(r'[^a-z0-9_]', '_', backup_id.lower())}_{shard.shard_id}"[
-                :63
-            ]
+            slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
+            slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
             started = time.time()
             lsn = conn.execute(

@@ -1,0 +1,73 @@
+"""IAM statement builders: each names its actions and its resources, nothing implied.
+
+*Object ARNs* confine S3 actions to a key prefix (``backups/*`` or ``_work/*``); *table
+statements* confine DynamoDB actions to one table and, when asked, to named indexes. Written
+out rather than taken from ``grant_*`` helpers so that each function's access reads in one
+place and never grows by a library's choice.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+
+TABLE_READ = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+    "dynamodb:ConditionCheckItem",
+)
+TABLE_WRITE = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+
+
+def objects(bucket: s3.IBucket, prefix: str, *actions: str) -> iam.PolicyStatement:
+    """``actions`` on the objects under ``prefix`` (which ends with ``/``)."""
+    return iam.PolicyStatement(
+        actions=list(actions), resources=[bucket.arn_for_objects(f"{prefix}*")]
+    )
+
+
+def list_prefix(bucket: s3.IBucket, prefix: str) -> iam.PolicyStatement:
+    """ListBucket, but only for listings under ``prefix``."""
+    return iam.PolicyStatement(
+        actions=["s3:ListBucket"],
+        resources=[bucket.bucket_arn],
+        conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+    )
+
+
+def table(
+    table_: dynamodb.ITable, actions: tuple[str, ...], indexes: tuple[str, ...] = ()
+) -> iam.PolicyStatement:
+    resources = [table_.table_arn] + [f"{table_.table_arn}/index/{name}" for name in indexes]
+    return iam.PolicyStatement(actions=list(actions), resources=resources)
+
+
+def table_read_write(table_: dynamodb.ITable) -> iam.PolicyStatement:
+    return table(table_, TABLE_READ + TABLE_WRITE)
+
+
+def state_machine_arn(scope: Stack, name: str) -> str:
+    return scope.format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=name,
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+def execution_arns(scope: Stack, name: str) -> list[str]:
+    """The state machine's executions (``name:<id>``) and its Map Run child executions
+    (``name/<map run>:<id>``)."""
+    return [
+        scope.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{name}{separator}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        for separator in (":", "/")
+    ]
