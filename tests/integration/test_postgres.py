@@ -111,6 +111,7 @@ def check_recovered_copy(root: Path, shard_id: str) -> None:
             ],
             capture_output=True,
             text=True,
+            check=False,
         )  # fmt: skip
         assert check.returncode == 0, check.stdout + check.stderr
     finally:
