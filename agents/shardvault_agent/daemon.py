@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +37,7 @@ from shardvault_agent.transfer import Faults, PartSender
 
 log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000
+ANSWERED_MEMORY = 10_000
 
 
 class Agent:
@@ -60,6 +62,9 @@ class Agent:
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
         self.running: dict[tuple[str, str], str] = {}  # (command_id, token) -> command
+        # Answered commands, remembered so a poll that read the inbox just before an item was
+        # deleted does not run it again (bounded: only the latest are needed).
+        self.answered: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -101,7 +106,7 @@ class Agent:
         for item in self.inbox.pending(self.config.node_id):
             key = (item["command_id"], item["task_token"])
             with self.lock:
-                if key in self.running:
+                if key in self.running or key in self.answered:
                     continue
                 self.running[key] = item["command"]
             self.pool.submit(self.execute, item)
@@ -126,6 +131,9 @@ class Agent:
                 self.inbox.remove(self.config.node_id, item["command_id"], token)
             with self.lock:
                 self.running.pop((item["command_id"], token), None)
+                self.answered[(item["command_id"], token)] = None
+                while len(self.answered) > ANSWERED_MEMORY:
+                    self.answered.popitem(last=False)
 
     @staticmethod
     def _answer(send) -> None:
