@@ -172,7 +172,11 @@ class LocalStack:
             credentials = (self._minio.access_key, self._minio.secret_key)
         else:
             endpoint, credentials = self.endpoint, None
-        s3_client(endpoint, credentials).create_bucket(Bucket=NAMES["store_bucket"])
+        s3 = s3_client(endpoint, credentials)
+        try:
+            s3.create_bucket(Bucket=NAMES["store_bucket"])
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass  # a stack restarted on the same directory keeps its earlier backups
         return f"s3://{NAMES['store_bucket']}/backups", endpoint, credentials
 
     def store_client(self) -> Any:
