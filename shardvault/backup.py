@@ -129,7 +129,7 @@ def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -
         raise AgentUnavailable(
             "agents unavailable: " + ", ".join(problems) + ".",
             fix="start or restart the agent on each node listed (shardvault-agent run), or "
-            "remove a decommissioned node with 'shardvault nodes remove'.",
+            "forget a decommissioned node with 'shardvault nodes --remove NODE_ID'.",
         )
 
 

@@ -86,7 +86,12 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("backup_id")
     show.set_defaults(run=run_show)
 
-    for cmd in (backup, lister, show):
+    nodes = sub.add_parser("nodes", help="registered nodes, or remove a decommissioned one")
+    nodes.add_argument("cluster", nargs="?")
+    nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
+    nodes.set_defaults(run=run_nodes)
+
+    for cmd in (backup, lister, show, nodes):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -168,6 +173,24 @@ def run_list(args: argparse.Namespace) -> int:
             str(r.get("objects", "")),
             duration,
             started,
+        )
+    console.print(table)
+    return 0
+
+
+def run_nodes(args: argparse.Namespace) -> int:
+    config = ops.ClientConfig.from_env()
+    if args.remove:
+        node = ops.remove_node(config, args.remove)
+        console.print(f"removed node {node.node_id} of cluster {node.cluster}")
+        return 0
+    table = Table("cluster", "node", "engine", "status", "last heartbeat", "shards", "free")
+    now = time.time()
+    for n in ops.list_nodes(config, args.cluster):
+        shards = ", ".join(f"{s.shard_id} ({s.role})" for s in n.shards)
+        age = f"{now - n.heartbeat_at:.0f} s ago"
+        table.add_row(
+            n.cluster, n.node_id, n.engine, n.status, age, shards, f"{n.free_bytes / 2**30:.1f} GiB"
         )
     console.print(table)
     return 0

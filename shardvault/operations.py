@@ -17,8 +17,8 @@ from typing import Any
 import boto3
 
 from shardvault.errors import InvalidRequest
-from shardvault.models import BackupRequest
-from shardvault.tables import Catalog, table
+from shardvault.models import BackupRequest, NodeRecord
+from shardvault.tables import Catalog, NodeRegistry, table
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 
@@ -27,6 +27,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 class ClientConfig:
     state_machine_arn: str
     catalog_table: str
+    nodes_table: str = "shardvault-nodes"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -41,7 +42,11 @@ class ClientConfig:
                 fix="pass --stack-env local-stack/stack.env for the local stack, or set them from "
                 "the ShardVault stack's outputs for AWS.",
             )
-        return cls(env["SHARDVAULT_STATE_MACHINE_ARN"], env["SHARDVAULT_CATALOG_TABLE"])
+        return cls(
+            env["SHARDVAULT_STATE_MACHINE_ARN"],
+            env["SHARDVAULT_CATALOG_TABLE"],
+            env.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"),
+        )
 
 
 def load_env_file(path: Path) -> None:
@@ -137,6 +142,24 @@ def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, An
     catalog = Catalog(table(config.catalog_table))
     records = catalog.backups(cluster) if cluster else catalog.all_backups()
     return sorted(records, key=lambda r: (r["cluster"], r["backup_id"]))
+
+
+def list_nodes(config: ClientConfig, cluster: str | None) -> list[NodeRecord]:
+    registry = NodeRegistry(table(config.nodes_table))
+    clusters = [cluster] if cluster else registry.clusters()
+    return [node for name in clusters for node in registry.in_cluster(name)]
+
+
+def remove_node(config: ClientConfig, node_id: str) -> NodeRecord:
+    """Forgets a decommissioned node, so validation stops waiting for its agent."""
+    registry = NodeRegistry(table(config.nodes_table))
+    node = registry.get(node_id)
+    if node is None:
+        raise InvalidRequest(
+            f"no node {node_id} is registered.", fix="list nodes with 'shardvault nodes'."
+        )
+    registry.remove(node_id)
+    return node
 
 
 def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str, Any]:

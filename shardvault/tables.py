@@ -62,6 +62,9 @@ class NodeRegistry:
         item = self.table.get_item(Key={"node_id": node_id}, ConsistentRead=True).get("Item")
         return NodeRecord.model_validate(plain(item)) if item else None
 
+    def remove(self, node_id: str) -> None:
+        self.table.delete_item(Key={"node_id": node_id})
+
     def in_cluster(self, cluster: str) -> list[NodeRecord]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {

@@ -14,6 +14,7 @@ from another shell reach the same stack.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -173,10 +174,9 @@ class LocalStack:
         else:
             endpoint, credentials = self.endpoint, None
         s3 = s3_client(endpoint, credentials)
-        try:
+        # A stack restarted on the same directory keeps its earlier backups.
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=NAMES["store_bucket"])
-        except s3.exceptions.BucketAlreadyOwnedByYou:
-            pass  # a stack restarted on the same directory keeps its earlier backups
         return f"s3://{NAMES['store_bucket']}/backups", endpoint, credentials
 
     def store_client(self) -> Any:

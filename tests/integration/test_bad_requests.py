@@ -64,7 +64,17 @@ def test_a_stopped_agent(make_cluster):
     stopped = cluster.configs[1]["node_id"]
     cluster.stack.stop_agent(stopped)  # a clean shutdown: the node says it is stopped
     progress = cluster.backup()
-    assert_rejected(progress, "AgentUnavailable", stopped, "agent stopped")
+    assert_rejected(progress, "AgentUnavailable", stopped, "agent stopped", "--remove")
+    assert_unchanged(cluster)
+    # Forgetting the node as the fix says: its shard-2 now has only a follower left.
+    client = ops.ClientConfig(
+        cluster.stack.state_machine_arn,
+        cluster.stack.settings.catalog_table,
+        cluster.stack.settings.nodes_table,
+    )
+    ops.remove_node(client, stopped)
+    assert stopped not in [n.node_id for n in ops.list_nodes(client, cluster.name)]
+    assert_rejected(cluster.backup(), "ShardWithoutLeader", "shard-2")
     assert_unchanged(cluster)
 
 
