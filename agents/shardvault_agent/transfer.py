@@ -45,9 +45,11 @@ class InjectedFault(ConnectionError):
 
 @dataclass
 class Faults:
-    """Test-only fault injection: fail the first ``part_failures`` tries of every part."""
+    """Test-only fault injection: fail the first ``part_failures`` tries of every part, and
+    wait ``first_try_delay`` seconds before the first try of every part (URLs expire)."""
 
     part_failures: int = 0
+    first_try_delay: float = 0.0
     _seen: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -58,12 +60,17 @@ class Faults:
             for item in os.environ.get("SHARDVAULT_AGENT_FAULTS", "").split(",")
             if "=" in item
         )
-        return cls(part_failures=int(spec.get("upload_part", 0)))
+        return cls(
+            part_failures=int(spec.get("upload_part", 0)),
+            first_try_delay=float(spec.get("first_try_delay", 0)),
+        )
 
     def before_part(self, key: str, part_number: int) -> None:
         with self._lock:
             seen = self._seen.get((key, part_number), 0)
             self._seen[(key, part_number)] = seen + 1
+        if seen == 0 and self.first_try_delay:
+            time.sleep(self.first_try_delay)
         if seen < self.part_failures:
             raise InjectedFault(f"injected failure {seen + 1} of part {part_number} of {key}")
 

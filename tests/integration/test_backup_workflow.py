@@ -78,3 +78,21 @@ def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cl
     assert cluster.held_checkpoints() == []  # every agent released its checkpoint
     # The lock is released: the next backup of the cluster may start.
     assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+
+
+def test_expired_part_urls_are_signed_again(make_cluster):
+    from shardvault.lambda_support import services
+
+    settings = services().settings
+    # URLs live 2 s; the agent waits 3 s before the first try of each part, so every first
+    # URL has expired when used. The state machine signs again and the retry goes through.
+    services().settings = settings.model_copy(update={"url_ttl_seconds": 2})
+    try:
+        cluster = make_cluster(
+            nodes=1, size_mb=10, env={"SHARDVAULT_AGENT_FAULTS": "first_try_delay=3"}
+        )
+        progress = cluster.backup()
+    finally:
+        services().settings = settings
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert "failed: PresignedUrlExpired" in cluster.agent_log(cluster.configs[0]["node_id"])
