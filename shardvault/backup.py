@@ -22,6 +22,7 @@ from shardvault.errors import (
     ShardWithManyLeaders,
     ShardWithoutLeader,
     UnknownCluster,
+    UploadIncomplete,
 )
 from shardvault.models import (
     BackupContext,
@@ -253,6 +254,25 @@ def plan(
     }
 
 
+def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[str, Any]:
+    """Every planned object of the phase has a verified result. The Distributed Map fails when
+    an object's task fails; this also holds where a Map does not (moto's), and names what is
+    missing."""
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    planned = [item["object"]["key"] for item in svc.get_work(plan_key)]
+    results = svc.list_work(svc.work_key(context.backup_id, "results", phase) + "/")
+    done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
+    missing = [key for key in planned if key not in done]
+    if missing:
+        raise UploadIncomplete(
+            f"{len(missing)} of {len(planned)} {phase} objects were not uploaded and verified "
+            f"(first: {missing[0]}).",
+            fix="see the failed object's task in the execution (Upload map run) for its cause; "
+            "the backup was cleaned up and can be retried.",
+        )
+    return {"phase": phase.value, "objects": len(planned)}
+
+
 def skew_seconds(listings: list[ShardListing]) -> float:
     """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
     times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
@@ -418,12 +438,12 @@ def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) ->
     offset = 0
     for obj in objects:
         if obj.stream_offset != offset:
-            raise ChecksumMismatch(
+            raise UploadIncomplete(
                 f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}."
             )
         offset += obj.length
     if offset != listing.bytes:
-        raise ChecksumMismatch(
+        raise UploadIncomplete(
             f"stream {listing.shard_id}/{listing.phase} covers {offset} of {listing.bytes} bytes."
         )
 

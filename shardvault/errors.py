@@ -79,6 +79,10 @@ class ChecksumMismatch(ShardVaultError):
     """A stored object's checksum differs from the checksum the agent computed."""
 
 
+class UploadIncomplete(ShardVaultError):
+    """Objects of a planned phase have no verified result (an upload task failed)."""
+
+
 class ListingTooLarge(ShardVaultError):
     """A checkpoint's file listing does not fit in one task result."""
 

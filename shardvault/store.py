@@ -134,19 +134,24 @@ def readback_checksum(s3: Any, bucket: str, key: str) -> tuple[str, int]:
     return crc, size
 
 
+def open_uploads(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """Open multipart uploads under ``prefix``. Lists without a prefix and filters here:
+    MinIO lists uploads only for an exact key, so a prefix would silently find none."""
+    paginator = s3.get_paginator("list_multipart_uploads")
+    return [
+        upload
+        for page in paginator.paginate(Bucket=bucket)
+        for upload in page.get("Uploads", [])
+        if upload["Key"].startswith(prefix)
+    ]
+
+
 def abort_uploads(s3: Any, bucket: str, prefix: str) -> int:
     """Aborts every open multipart upload under ``prefix``; returns how many."""
-    aborted = 0
-    paginator = s3.get_paginator("list_multipart_uploads")
-    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-        for upload in page.get("Uploads", []):
-            s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-            aborted += 1
-    return aborted
-
-
-def open_uploads(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
-    return s3.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+    uploads = open_uploads(s3, bucket, prefix)
+    for upload in uploads:
+        s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    return len(uploads)
 
 
 def delete_prefix(s3: Any, bucket: str, prefix: str) -> int:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -99,13 +100,15 @@ class Inbox:
         self.table = inbox_table
 
     def post(self, node_id: str, command_id: str, command: str, args: dict, token: str) -> None:
-        """Writes (or replaces, on a retry) a command with the task token to answer."""
+        """Writes (or replaces, on a retry) a command with the task token to answer. Each
+        post has its own ``dispatch_id``: a retry may carry the same token (moto reuses it)."""
         now = time.time()
         self.table.put_item(
             Item=dynamo(
                 {
                     "node_id": node_id,
                     "command_id": command_id,
+                    "dispatch_id": uuid.uuid4().hex,
                     "command": command,
                     "args": args,
                     "task_token": token,
@@ -121,12 +124,12 @@ class Inbox:
         )
         return [plain(i) for i in page.get("Items", [])]
 
-    def remove(self, node_id: str, command_id: str, token: str) -> None:
-        """Deletes a command unless a retry has replaced it with a new token meanwhile."""
+    def remove(self, node_id: str, command_id: str, dispatch_id: str) -> None:
+        """Deletes a command unless a retry has posted it anew meanwhile."""
         try:
             self.table.delete_item(
                 Key={"node_id": node_id, "command_id": command_id},
-                ConditionExpression=Attr("task_token").eq(token),
+                ConditionExpression=Attr("dispatch_id").eq(dispatch_id),
             )
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":

@@ -61,10 +61,12 @@ class Agent:
         self.pool = ThreadPoolExecutor(
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
-        self.running: dict[tuple[str, str], str] = {}  # (command_id, token) -> command
+        # Commands by (command_id, dispatch_id, token): a retried dispatch may reuse the token
+        # (moto does), but each post has its own dispatch id.
+        self.running: dict[tuple[str, str, str], str] = {}
         # Answered commands, remembered so a poll that read the inbox just before an item was
         # deleted does not run it again (bounded: only the latest are needed).
-        self.answered: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.answered: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -96,7 +98,7 @@ class Agent:
                     self.registry.put(self.record())
                     last_registry = time.monotonic()
             with self.lock:
-                tokens = [token for (_, token) in self.running]
+                tokens = [token for (_, _, token) in self.running]
             for token in tokens:
                 with contextlib.suppress(Exception):  # the task may have ended meanwhile
                     self.sfn.send_task_heartbeat(taskToken=token)
@@ -104,7 +106,7 @@ class Agent:
     # --- commands ----------------------------------------------------------------------------
     def poll_once(self) -> None:
         for item in self.inbox.pending(self.config.node_id):
-            key = (item["command_id"], item["task_token"])
+            key = command_key(item)
             with self.lock:
                 if key in self.running or key in self.answered:
                     continue
@@ -128,10 +130,10 @@ class Agent:
             )
         finally:
             with contextlib.suppress(Exception):
-                self.inbox.remove(self.config.node_id, item["command_id"], token)
+                self.inbox.remove(self.config.node_id, item["command_id"], item["dispatch_id"])
             with self.lock:
-                self.running.pop((item["command_id"], token), None)
-                self.answered[(item["command_id"], token)] = None
+                self.running.pop(command_key(item), None)
+                self.answered[command_key(item)] = None
                 while len(self.answered) > ANSWERED_MEMORY:
                     self.answered.popitem(last=False)
 
@@ -166,6 +168,10 @@ class Agent:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+
+
+def command_key(item: dict[str, Any]) -> tuple[str, str, str]:
+    return item["command_id"], item["dispatch_id"], item["task_token"]
 
 
 def lower_priority() -> None:

@@ -341,9 +341,8 @@ def init_instance(
     _give_to_postgres(data_dir)
     instance = _prepare_files(data_dir, port, bin_dir)
     # --no-locale: the host's LANG may name a locale that is not generated (minimal images).
-    # --no-sync: initdb's final sync only guards against an OS crash during initdb itself.
     initdb = [str(bin_dir / "initdb"), "-D", str(data_dir), "--data-checksums", "-A", "trust"]
-    initdb += ["-U", "postgres", "--no-locale", "-E", "UTF8", "--no-sync", "--no-instructions"]
+    initdb += ["-U", "postgres", "--no-locale", "-E", "UTF8", "--no-instructions"]
     _run(initdb, as_server_user=True)
     conf = {
         **DEFAULT_SETTINGS,

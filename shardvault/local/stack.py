@@ -45,6 +45,7 @@ FUNCTIONS = {
     "PlanBackupFunctionArn": "plan_backup",
     "SignPartsFunctionArn": "sign_parts",
     "CompleteUploadFunctionArn": "complete_upload",
+    "CheckUploadsFunctionArn": "check_uploads",
     "FinalizeBackupFunctionArn": "finalize_backup",
     "CleanupBackupFunctionArn": "cleanup_backup",
 }

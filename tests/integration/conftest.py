@@ -20,6 +20,7 @@ from shardvault import operations as ops
 from shardvault.local import demo
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest
+from shardvault.store import open_uploads
 from shardvault.tables import Catalog, Inbox, table
 
 FAST_AGENT = {
@@ -69,10 +70,7 @@ class Cluster:
 
     def open_uploads(self) -> list[dict[str, Any]]:
         svc = self.stack.services()
-        prefix = f"{svc.store.prefix}/{self.name}/"
-        return svc.store_s3.list_multipart_uploads(Bucket=svc.store.bucket, Prefix=prefix).get(
-            "Uploads", []
-        )
+        return open_uploads(svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/{self.name}/")
 
     def inbox_items(self) -> list[dict[str, Any]]:
         inbox = Inbox(table(self.stack.settings.inbox_table))

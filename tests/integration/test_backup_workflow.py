@@ -68,12 +68,14 @@ def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cl
     progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
     assert progress.status == "FAILED"
     states = entered_states(execution)
+    assert "Stop" not in states  # a failed upload never reaches the tail of the backup
     assert "ReleaseAfterFailure" in states
     assert "Cleanup" in states
     (record,) = cluster.records()
     assert record["status"] == "FAILED"
-    assert record["error"]
-    assert cluster.open_uploads() == []  # every multipart upload was aborted
+    assert record["error"] == "UploadIncomplete"
+    assert record["aborted_uploads"] >= 1  # uploads were open when the failure struck...
+    assert cluster.open_uploads() == []  # ...and every one of them was aborted
     assert cluster.store_keys() == []  # no partial object remains
     assert cluster.held_checkpoints() == []  # every agent released its checkpoint
     # The lock is released: the next backup of the cluster may start.
