@@ -34,7 +34,16 @@ class AgentConfig(BaseModel):
     engine: Engine
     shards: list[ShardConfig]
     state_dir: Path = Field(description="Where the agent keeps checkpoints, spool and snapshots.")
-    poll_interval_seconds: float = Field(0.2, description="How often the inbox is read.")
+    poll_interval_seconds: float = Field(
+        0.5, description="How often an idle agent reads its inbox."
+    )
+    busy_poll_interval_seconds: float = Field(
+        0.05,
+        description="How often the inbox is read while a backup is running (commands come in bursts).",
+    )
+    busy_window_seconds: float = Field(
+        30.0, description="How long after a command the agent counts as busy."
+    )
     heartbeat_interval_seconds: float = Field(5.0, description="Registry heartbeat period.")
     task_heartbeat_seconds: float = Field(10.0, description="Task-token heartbeat period.")
     max_parallel_commands: int = Field(4, ge=1, description="Commands run at once.")

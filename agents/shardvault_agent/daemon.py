@@ -69,6 +69,7 @@ class Agent:
         self.answered: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.last_command = float("-inf")  # monotonic time of the last command seen
 
     # --- registry ----------------------------------------------------------------------------
     def record(self, status: str = "up") -> NodeRecord:
@@ -111,6 +112,7 @@ class Agent:
                 if key in self.running or key in self.answered:
                     continue
                 self.running[key] = item["command"]
+            self.last_command = time.monotonic()
             self.pool.submit(self.execute, item)
 
     def execute(self, item: dict[str, Any]) -> None:
@@ -137,6 +139,14 @@ class Agent:
                 while len(self.answered) > ANSWERED_MEMORY:
                     self.answered.popitem(last=False)
 
+    def poll_interval(self) -> float:
+        """Fast while a backup runs (its commands come in bursts), slow when idle (each poll is
+        a paid read on AWS)."""
+        busy = (
+            self.running or time.monotonic() - self.last_command < self.config.busy_window_seconds
+        )
+        return self.config.busy_poll_interval_seconds if busy else self.config.poll_interval_seconds
+
     @staticmethod
     def _answer(send) -> None:
         try:
@@ -157,7 +167,7 @@ class Agent:
                 self.poll_once()
             except Exception as error:
                 log.warning("inbox poll failed: %s", error)
-            self.stopping.wait(self.config.poll_interval_seconds)
+            self.stopping.wait(self.poll_interval())
         self.pool.shutdown(wait=True, cancel_futures=False)
         with contextlib.suppress(Exception):
             self.registry.put(self.record(status="stopped"))
