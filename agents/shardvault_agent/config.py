@@ -39,7 +39,7 @@ class AgentConfig(BaseModel):
     )
     busy_poll_interval_seconds: float = Field(
         0.05,
-        description="How often the inbox is read while a backup is running (commands come in bursts).",
+        description="How often the inbox is read while a backup runs (commands come in bursts).",
     )
     busy_window_seconds: float = Field(
         30.0, description="How long after a command the agent counts as busy."
