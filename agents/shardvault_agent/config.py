@@ -19,8 +19,8 @@ from shardvault.models import Engine, Role, check_name
 class ShardConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    shard_id: str
-    role: Role = Role.LEADER
+    shard_id: str = Field(description="The shard's name, the same on every node that holds it.")
+    role: Role = Field(Role.LEADER, description="leader or follower; backups read leaders.")
     path: Path | None = Field(None, description="SQLite: the database file.")
     data_dir: Path | None = Field(None, description="PostgreSQL: the data directory.")
     conninfo: str | None = Field(None, description="PostgreSQL: a libpq connection string.")
@@ -31,8 +31,8 @@ class AgentConfig(BaseModel):
 
     node_id: str = Field(description="Unique name of this node.")
     cluster: str = Field(description="Cluster this node belongs to.")
-    engine: Engine
-    shards: list[ShardConfig]
+    engine: Engine = Field(description="postgres or sqlite.")
+    shards: list[ShardConfig] = Field(description="The shards this node holds.")
     state_dir: Path = Field(description="Where the agent keeps checkpoints, spool and snapshots.")
     poll_interval_seconds: float = Field(
         0.5, description="How often an idle agent reads its inbox."
