@@ -1,6 +1,6 @@
 """Local bundling of the Lambda code asset: the repository's packages plus wheels, no Docker.
 
-The *asset* is one directory shared by the seven functions: ``shardvault/`` and ``functions/``
+The *asset* is one directory shared by every function: ``shardvault/`` and ``functions/``
 copied from the repository, plus the wheels of ``requirements-lambda.txt`` installed for the
 functions' *platform* (CPU architecture and Python version). The *dependency cache* keeps each
 such install under ``.cache/lambda-deps/<key>``, the key being a hash of the requirements file
@@ -47,7 +47,8 @@ class Platform:
 
     @classmethod
     def for_lambda(cls, architecture: lambda_.Architecture, python_version: str) -> Platform:
-        arch = "aarch64" if architecture == lambda_.Architecture.ARM_64 else "x86_64"
+        # By name: jsii hands out a new proxy object for each read of Architecture.ARM_64.
+        arch = {"arm64": "aarch64", "x86_64": "x86_64"}[architecture.name]
         return cls(arch, python_version)
 
     @property

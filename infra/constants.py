@@ -1,6 +1,6 @@
 """Names the CDK app and its tests share: paths, key prefixes, function specs, placeholders.
 
-A *function spec* is what differs between the seven Lambda functions (module, timeout,
+A *function spec* is what differs between the Lambda functions (module, timeout,
 memory); everything else about them is common. A *placeholder* is a ``${Name}`` in the state
 machine's ASL file, filled by ``definition_substitutions``.
 """
@@ -55,6 +55,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
     # These two read objects back when an attribute check cannot verify them: more time.
     FunctionSpec("complete_upload", "CompleteUploadFunctionArn", 300, 1024),
+    # After each Upload map: names the objects that were not uploaded and verified.
+    FunctionSpec("check_uploads", "CheckUploadsFunctionArn"),
     FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300),
     FunctionSpec("cleanup_backup", "CleanupBackupFunctionArn"),
 )

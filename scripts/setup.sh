@@ -1,61 +1,231 @@
 #!/usr/bin/env bash
-# Installs what ShardVault's demo and tests need on a Debian machine, idempotently and quickly
-# when everything is already there: PostgreSQL 15 (Debian's packages), the pinned MinIO (built
-# with go install), and a Python venv with the pinned requirements.
+# Prepares a machine for ShardVault's tests and local stack:
+#
+#   * PostgreSQL 15 server programs and pgBackRest (Debian packages),
+#   * a Python venv (.venv) with requirements-dev.txt and the two packages (editable),
+#   * MinIO, built from source at a pinned version with `go install` (Go from Debian if absent).
+#
+# Idempotent: each step checks first and does nothing when its result is already there, so a
+# second run takes about a second. Installing packages needs root on Debian 12; as another
+# user the script works as long as nothing has to be installed.
+#
+# Environment:
+#   SHARDVAULT_SKIP_MINIO=1   do not build MinIO (nor install Go)
+#   SHARDVAULT_MINIO_BIN      a minio binary to use instead of building one
+#   PYTHON                    interpreter for a new venv (default: python3)
+#   VENV                      the venv (default: .venv, as in the Makefile)
+#
+# Command output goes to .cache/setup/<step>.log; the terminal gets one line per step.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PG_MAJOR=15
+PG_BIN="/usr/lib/postgresql/$PG_MAJOR/bin"
 MINIO_MODULE="github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
+MINIO_GO_MIN="1.24"   # the `go` line of that MinIO version's go.mod
+GO_TOOLCHAIN_MIN="1.21" # from this version on, Go fetches a newer toolchain by itself
 VENV="${VENV:-.venv}"
-step() { printf '[setup] %s\n' "$*"; }
-timed() { local t0=$SECONDS; "$@"; step "  done in $((SECONDS - t0)) s"; }
+[[ "$VENV" = /* ]] || VENV="$ROOT/$VENV"
+STAMP="$VENV/.shardvault-setup.sha256"
+LOGS="$ROOT/.cache/setup"
+mkdir -p "$LOGS"
 
-apt_updated=""
-apt_install() {
-  if [ "$(id -u)" != 0 ]; then
-    echo "[setup] need root (or sudo) to apt-get install $*" >&2
+# --- reporting ------------------------------------------------------------------------------
+STEP="" STEP_LOG="/dev/null" STEP_START=0
+now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; } # EPOCHREALTIME's decimal point is locale-dependent
+
+begin() {
+    STEP=$1
+    STEP_LOG="$LOGS/$1.log"
+    : >"$STEP_LOG"
+    STEP_START=$(now_us)
+}
+
+finish() {
+    local us=$(($(now_us) - STEP_START))
+    printf '[setup] %-12s %-58s %4d.%01ds\n' "$STEP" "$1" $((us / 1000000)) $((us / 100000 % 10))
+}
+
+die() {
+    printf '[setup] %-12s FAILED: %s\n' "$STEP" "$1" >&2
+    if [ -s "$STEP_LOG" ]; then
+        echo "--- last lines of $STEP_LOG:" >&2
+        tail -n 20 "$STEP_LOG" >&2
+    fi
     exit 1
-  fi
-  if [ -z "$apt_updated" ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    apt_updated=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# PostgreSQL server (tests and the postgres demo run real instances).
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  step "installing PostgreSQL 15 from Debian's packages"
-  timed apt_install postgresql-15 postgresql-contrib-15
-fi
-command -v runuser >/dev/null || apt_install util-linux
+# --- apt ------------------------------------------------------------------------------------
+APT_UPDATED=0
 
-# MinIO: the pinned build, the store with real S3 checksum semantics.
-minio_bin() {
-  if [ -n "${SHARDVAULT_MINIO_BIN:-}" ] && [ -x "$SHARDVAULT_MINIO_BIN" ]; then echo "$SHARDVAULT_MINIO_BIN"; return; fi
-  if command -v minio >/dev/null; then command -v minio; return; fi
-  if command -v go >/dev/null && [ -x "$(go env GOPATH)/bin/minio" ]; then echo "$(go env GOPATH)/bin/minio"; return; fi
-  if [ -x "$HOME/go/bin/minio" ]; then echo "$HOME/go/bin/minio"; fi
+apt_install() {
+    [ "$(id -u)" -eq 0 ] || die "need root to install $* (run: sudo $0)"
+    command -v apt-get >/dev/null || die "no apt-get: install $* by hand"
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$APT_UPDATED" -eq 0 ]; then # once per run, and only because something is missing
+        apt-get update -q >>"$STEP_LOG" 2>&1 || die "apt-get update failed"
+        APT_UPDATED=1
+    fi
+    apt-get install -y -q --no-install-recommends "$@" >>"$STEP_LOG" 2>&1 ||
+        die "apt-get install $* failed"
 }
-if [ -z "${SHARDVAULT_SKIP_MINIO:-}" ] && [ -z "$(minio_bin)" ]; then
-  if ! command -v go >/dev/null; then
-    step "installing Go from Debian's packages"
-    apt_install golang-go
-  fi
-  step "building MinIO ($MINIO_MODULE) with go install: about 5 minutes, once"
-  timed env GOFLAGS=-mod=mod go install "$MINIO_MODULE"
-fi
 
-# Python: a venv with the pinned requirements, the core package and the agent.
-if [ ! -x "$VENV/bin/python" ]; then
-  step "creating $VENV"
-  python3 -m venv "$VENV"
-fi
-stamp="$VENV/.shardvault-setup"
-want=$(cat requirements*.txt agents/requirements.txt pyproject.toml agents/pyproject.toml | sha256sum | cut -c1-16)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  step "installing Python packages into $VENV"
-  timed "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-dev.txt -e . -e agents
-  echo "$want" > "$stamp"
-fi
-step "ready: PostgreSQL $(ls /usr/lib/postgresql | sort -n | tail -1), MinIO ${SHARDVAULT_SKIP_MINIO:+skipped}$(minio_bin), $($VENV/bin/python --version)"
+# --- steps ----------------------------------------------------------------------------------
+step_postgres() {
+    begin postgres
+    local missing=()
+    [ -x "$PG_BIN/initdb" ] || missing+=("postgresql-$PG_MAJOR" "postgresql-contrib-$PG_MAJOR")
+    command -v pgbackrest >/dev/null || missing+=(pgbackrest)
+    # runuser runs the servers as the postgres user when we are root (initdb refuses root).
+    command -v runuser >/dev/null || missing+=(util-linux)
+    if [ ${#missing[@]} -eq 0 ]; then
+        finish "PostgreSQL $PG_MAJOR and pgBackRest present"
+        return
+    fi
+    if [ ! -x "$PG_BIN/initdb" ]; then
+        # The package would create and start a 'main' cluster on port 5432 that nothing
+        # uses (tests run their own instances): switch that off before installing the server.
+        dpkg -s postgresql-common >/dev/null 2>&1 || apt_install postgresql-common
+        local conf=/etc/postgresql-common/createcluster.conf
+        if [ -f "$conf" ] && ! grep -Eq '^[[:space:]]*create_main_cluster' "$conf"; then
+            echo "create_main_cluster = false" >>"$conf"
+        fi
+    fi
+    apt_install "${missing[@]}"
+    [ -x "$PG_BIN/initdb" ] || die "$PG_BIN/initdb still missing after apt-get install"
+    finish "installed ${missing[*]}"
+}
+
+step_venv() {
+    begin venv
+    if [ -x "$VENV/bin/python" ]; then
+        finish "${VENV#"$ROOT"/} present ($("$VENV/bin/python" -V 2>&1))"
+        return
+    fi
+    local python=${PYTHON:-python3}
+    if ! command -v "$python" >/dev/null; then
+        apt_install python3 python3-venv
+        python=python3
+    fi
+    # Debian splits venv's pip bootstrap into python3-venv; without it `-m venv` fails late.
+    if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        apt_install python3-venv
+    fi
+    "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        die "$("$python" -V 2>&1) is too old: ShardVault needs Python >= 3.11 (set PYTHON)"
+    "$python" -m venv "$VENV" >>"$STEP_LOG" 2>&1 || die "$python -m venv failed"
+    finish "created ${VENV#"$ROOT"/} ($("$VENV/bin/python" -V 2>&1))"
+}
+
+# requirement files and those they include (-r), relative to the including file
+requirement_files() {
+    local file=$1 dir inc
+    [ -f "$file" ] || return 0
+    echo "$file"
+    dir=$(dirname "$file")
+    sed -nE 's/^[[:space:]]*(-r|--requirement)[[:space:]=]+([^[:space:]#]+).*/\2/p' "$file" |
+        while read -r inc; do requirement_files "$dir/$inc"; done
+}
+
+step_pip() {
+    begin pip
+    local files=() editable=() f
+    mapfile -t files < <(requirement_files requirements-dev.txt)
+    [ -f pyproject.toml ] && files+=(pyproject.toml) && editable+=(-e .)
+    [ -f agents/pyproject.toml ] && files+=(agents/pyproject.toml) && editable+=(-e agents)
+    # The stamp covers every input of the install, the interpreter included.
+    local hash
+    hash=$(
+        {
+            "$VENV/bin/python" -VV
+            for f in "${files[@]}"; do
+                echo "== $f"
+                cat "$f"
+            done
+        } | sha256sum | cut -d' ' -f1
+    )
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$hash" ]; then
+        finish "packages up to date (stamp matches ${#files[@]} files)"
+        return
+    fi
+    rm -f "$STAMP"
+    local pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+    if [ -f requirements-dev.txt ]; then
+        "${pip[@]}" install -r requirements-dev.txt >>"$STEP_LOG" 2>&1 ||
+            die "pip install -r requirements-dev.txt failed"
+    fi
+    if [ ${#editable[@]} -gt 0 ]; then
+        "${pip[@]}" install "${editable[@]}" >>"$STEP_LOG" 2>&1 ||
+            die "pip install ${editable[*]} failed"
+    fi
+    echo "$hash" >"$STAMP"
+    finish "installed requirements-dev.txt ${editable[*]}"
+}
+
+# the binary shardvault.local.minio would use, or nothing
+minio_binary() {
+    "$VENV/bin/python" -c '
+from shardvault.local.minio import find_minio_binary
+print(find_minio_binary() or "")'
+}
+
+version_at_least() { # version_at_least HAVE NEED
+    [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+step_go() {
+    begin go
+    if ! command -v go >/dev/null; then
+        # Go's own tarball installs here without touching PATH.
+        [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+    fi
+    if ! command -v go >/dev/null; then
+        apt_install golang-go ca-certificates git
+    fi
+    local version
+    version=$(go env GOVERSION)
+    version=${version#go}
+    if version_at_least "$version" "$MINIO_GO_MIN"; then
+        finish "go $version at $(command -v go)"
+    elif version_at_least "$version" "$GO_TOOLCHAIN_MIN"; then
+        # Go fetches go$MINIO_GO_MIN+ as a module (golang.org/toolchain) from the module proxy.
+        export GOTOOLCHAIN=auto
+        finish "go $version; the build fetches a newer toolchain (GOTOOLCHAIN=auto)"
+    else
+        die "go $version ($(command -v go)) is too old to build MinIO, whose go.mod needs go >= \
+$MINIO_GO_MIN, and Go < $GO_TOOLCHAIN_MIN cannot fetch a newer toolchain (Debian 12's golang-go \
+is 1.19). Fix: install Go >= $GO_TOOLCHAIN_MIN (bookworm-backports) or >= $MINIO_GO_MIN (go.dev) \
+first on PATH, or set SHARDVAULT_MINIO_BIN to a minio binary, or SHARDVAULT_SKIP_MINIO=1."
+    fi
+}
+
+step_minio() {
+    begin minio
+    if [ "${SHARDVAULT_SKIP_MINIO:-0}" = 1 ]; then
+        finish "skipped (SHARDVAULT_SKIP_MINIO=1)"
+        return
+    fi
+    local found
+    found=$(minio_binary)
+    if [ -n "$found" ]; then
+        finish "present: $found"
+        return
+    fi
+    [ -z "${SHARDVAULT_MINIO_BIN:-}" ] ||
+        die "SHARDVAULT_MINIO_BIN=$SHARDVAULT_MINIO_BIN is not an executable file"
+    step_go
+    begin minio
+    # -mod=mod: build MinIO's own module graph, whatever GOFLAGS this machine sets.
+    GOFLAGS=-mod=mod go install "$MINIO_MODULE" >>"$STEP_LOG" 2>&1 ||
+        die "go install $MINIO_MODULE failed"
+    found=$(minio_binary)
+    [ -n "$found" ] || die "go install succeeded but no minio was found (check GOBIN/GOPATH)"
+    finish "built $found"
+}
+
+step_postgres
+step_venv
+step_pip
+step_minio

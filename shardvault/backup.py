@@ -162,6 +162,8 @@ def choose_sources(nodes: list[NodeRecord]) -> list[Source]:
 
 def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> None:
     holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
+    if holder == {}:  # released between our attempt and our look: try once more
+        holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
     if holder is None:
         return
     if holder and not execution_running(svc, holder.get("execution_id", "")):

@@ -3,7 +3,6 @@ start, and parsing of events into typed models with errors a person can act on."
 
 from __future__ import annotations
 
-from functools import cache
 from typing import TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -20,9 +19,22 @@ metrics = Metrics(namespace="ShardVault", service="shardvault")
 M = TypeVar("M", bound=BaseModel)
 
 
-@cache
+_services: Services | None = None
+
+
 def services() -> Services:
-    return Services(Settings.from_env())
+    """The clients of this process, built from the environment at the first call."""
+    global _services  # noqa: PLW0603 - one Services per process, like Lambda's cold start
+    if _services is None:
+        _services = Services(Settings.from_env())
+    return _services
+
+
+def use_settings(settings: Settings) -> None:
+    """Hands the handlers their settings directly (the local stack): secrets such as the
+    store's keys then never enter the process environment, which child processes inherit."""
+    global _services  # noqa: PLW0603
+    _services = Services(settings)
 
 
 def parse(model: type[M], data: object) -> M:

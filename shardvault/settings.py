@@ -46,13 +46,6 @@ class Settings(BaseModel):
         fields = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper())}
         return cls.model_validate(fields)
 
-    def to_env(self) -> dict[str, str]:
-        """The settings as environment variables, secrets included (for in-process use only)."""
-        values = self.model_dump()
-        if self.store_secret_access_key:
-            values["store_secret_access_key"] = self.store_secret_access_key.get_secret_value()
-        return {k.upper(): str(v) for k, v in values.items() if v is not None}
-
     @property
     def store_credentials(self) -> tuple[str, str] | None:
         if self.store_access_key_id and self.store_secret_access_key:

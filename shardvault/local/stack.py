@@ -29,6 +29,7 @@ from typing import Any
 import boto3
 import yaml
 
+from shardvault import lambda_support
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.ports import free_port
 from shardvault.services import Services
@@ -127,7 +128,7 @@ class LocalStack:
             topic_arn=self._create_resources(),
             heartbeat_max_age_seconds=self.heartbeat_max_age,
         )
-        os.environ.update(self.settings.to_env())
+        lambda_support.use_settings(self.settings)
         self.state_machine_arn = self._create_state_machine()
         self._write_env_file()
         return self

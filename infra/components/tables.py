@@ -18,9 +18,7 @@ def _key(name: str) -> dynamodb.Attribute:
 class Tables(Construct):
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        self.catalog = self._table(
-            "Catalog", "cluster", "backup_id", deletion_protection=True
-        )
+        self.catalog = self._table("Catalog", "cluster", "backup_id", deletion_protection=True)
         self.nodes = self._table("Nodes", "node_id")
         self.nodes.add_global_secondary_index(
             index_name=NODES_BY_CLUSTER,

@@ -1,0 +1,592 @@
+"""ShardVault's full backup against raw s3transfer and pgBackRest, in one run on one machine.
+
+Usage::
+
+    .venv/bin/python bench/backup_vs_peers.py [--scale 100] [--runs 3] [--out bench/results]
+
+One PostgreSQL instance (``initdb --data-checksums``, ``wal_level=replica``,
+``shared_buffers=512MB``, ``archive_mode=on`` with pgBackRest's ``archive-push``) is filled by
+``pgbench -i -s SCALE``. Each round runs every tool once, in this order, so that noise from
+other work on the machine hits all alike:
+
+1. ``shardvault``: a full backup through the local stack (moto Step Functions executing the real
+   ASL, in-process Lambda handlers, MinIO as the store, one agent process), timed from
+   ``start_backup`` to the execution's SUCCEEDED (verified manifest written).
+2. ``s3-files``: boto3 ``upload_file`` of every file of that backup's data listing (read from its
+   manifest), one call per file, into a bucket of the same MinIO.
+3. ``s3-tar``: one ``upload_file`` of an uncompressed tar of the same files (building the tar
+   is not timed).
+4. ``s3-tar-tls``: the same tar into the second, TLS MinIO: what TLS costs pgBackRest here.
+5. ``pgbackrest``: ``pgbackrest backup --type=full`` (``compress-type=none``, ``process-max=2``,
+   ``start-fast=y``) into the TLS MinIO (pgBackRest 2.45 speaks S3 only over TLS).
+
+Before each timed run the machine is *settled*: WAL archiving has caught up and dirty pages
+are written (``sync``). Raw results go to ``--out`` as JSON, the tables to stdout and beside
+the JSON as Markdown. Everything started here (both MinIO servers, PostgreSQL, the local stack
+and its agent) is stopped and the work directory removed on the way out, also on failure,
+Ctrl-C or SIGTERM (``--keep`` keeps the directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import report
+from boto3.s3.transfer import TransferConfig
+from peers import (
+    PGBACKREST_BUCKET,
+    PgBackRest,
+    build_tar,
+    delete_prefix,
+    ensure_bucket,
+    list_keys,
+    peak_rss_bytes,
+    process_cpu,
+    regular_files,
+    s3_client_for,
+    start_tls_minio,
+    transfer_config,
+    upload_files,
+    upload_one,
+)
+
+from shardvault import operations as ops
+from shardvault.local import demo
+from shardvault.local.minio import MinioServer
+from shardvault.local.postgres import (
+    PostgresInstance,
+    find_pg_bin_dir,
+    init_instance,
+    pgbench_init,
+    run_as_postgres,
+)
+from shardvault.local.stack import STATE_MACHINES, LocalStack
+from shardvault.models import BackupRequest, Manifest, ManifestStream, Phase
+from shardvault.planning import backup_prefix
+from shardvault.readback import load_manifest
+
+CLUSTER = "bench"
+NODE_ID = "node-1"
+SHARD_ID = "shard-1"
+S3_BUCKET = "bench-s3transfer"
+WAL_SEGMENT = 16 * 1024 * 1024
+ARCHIVE_TIMEOUT = 1800.0
+BACKUP_TIMEOUT = 3600.0
+POLL = 0.1
+TOOLS = ("shardvault", "s3-files", "s3-tar", "s3-tar-tls", "pgbackrest")
+TOP_LEVEL_STATES = set(json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"])
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- arguments ----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=int, default=100, help="pgbench scale (100 ≈ 1.5 GiB)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each tool")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results dir")
+    parser.add_argument("--s3-chunk-mib", type=int, default=8, help="s3transfer part size")
+    parser.add_argument("--s3-concurrency", type=int, default=4, help="s3transfer threads")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="parent of the work directory (default: TMP)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.scale < 1:
+        parser.error("--runs and --scale must be at least 1")
+    return args
+
+
+def labels(args: argparse.Namespace) -> dict[str, str]:
+    s3 = f"{args.s3_chunk_mib} MiB parts, {args.s3_concurrency} threads"
+    return {
+        "shardvault": "ShardVault full backup (local stack, 1 agent)",
+        "s3-files": f"s3transfer upload_file, file by file ({s3})",
+        "s3-tar": f"s3transfer upload_file, one tar ({s3}; tar build not timed)",
+        "s3-tar-tls": f"s3transfer, one tar, over TLS ({s3})",
+        "pgbackrest": "pgBackRest 2.45 full, uncompressed, process-max=2, TLS",
+    }
+
+
+# --- the machine --------------------------------------------------------------------------------
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except OSError as error:
+        return f"unavailable ({error})"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _mem_total_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 1024 / 1024
+    return 0.0
+
+
+def machine_info(bench: Bench) -> dict[str, Any]:
+    import botocore
+    import s3transfer
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": round(_mem_total_gib(), 1),
+        "kernel": platform.release(),
+        "debian": Path("/etc/debian_version").read_text().strip(),
+        "python": platform.python_version(),
+        "boto3": boto3.__version__,
+        "botocore": botocore.__version__,
+        "s3transfer": s3transfer.__version__,
+        "postgres": _first_line([str(bench.pg.bin_dir / "postgres"), "--version"]),
+        "pgbackrest": bench.pgbackrest.version(),
+        "minio": _first_line([str(bench.tls_minio.process.args[0]), "--version"]),
+        "disk": _first_line(["df", "-h", "--output=source,fstype,size", str(bench.root)]),
+    }
+
+
+# --- the environment ----------------------------------------------------------------------------
+@dataclass
+class Bench:
+    """Everything the runs need; every server in it is stopped by the setup's ExitStack."""
+
+    args: argparse.Namespace
+    root: Path
+    stack: LocalStack
+    pg: PostgresInstance
+    tls_minio: MinioServer
+    pgbackrest: PgBackRest
+    agent_pid: int
+    store_s3: Any
+    tls_s3: Any
+    transfer: TransferConfig
+    setup: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def client(self) -> ops.ClientConfig:
+        return ops.ClientConfig(self.stack.state_machine_arn, self.stack.settings.catalog_table)
+
+    @property
+    def store_bucket(self) -> str:
+        return self.stack.services().store.bucket
+
+    @property
+    def store_minio_pid(self) -> int:
+        return self.stack._minio.process.pid  # the stack's own MinIO: the store
+
+    @property
+    def agent_log(self) -> Path:
+        return self.stack.root / "agents" / f"{NODE_ID}.log"
+
+
+def make_workdir(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Path:
+    """A fresh directory the postgres OS user can traverse; removed at exit unless --keep."""
+    root = Path(tempfile.mkdtemp(prefix="shardvault-bench-", dir=args.workdir)).absolute()
+    root.chmod(0o711)
+    if args.keep:
+        cleanup.callback(say, f"work directory kept: {root}")
+    else:
+        cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def stop_postgres_at(data_dir: Path) -> None:
+    """Stops a server on ``data_dir`` if one runs, even one whose start did not complete."""
+    if not (data_dir / "postmaster.pid").exists():
+        return
+    pg_ctl = str(find_pg_bin_dir() / "pg_ctl")
+    cmd = run_as_postgres([pg_ctl, "-D", str(data_dir), "-w", "-m", "fast", "stop"])
+    subprocess.run(cmd, capture_output=True, cwd="/", check=False)
+
+
+def pg_settings(archive_command: str) -> dict[str, str]:
+    return {
+        "wal_level": "replica",
+        "shared_buffers": "512MB",
+        "archive_mode": "on",
+        "archive_command": archive_command,
+    }
+
+
+def start_servers(
+    args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack
+) -> tuple[MinioServer, LocalStack, PostgresInstance, PgBackRest]:
+    say("starting the TLS MinIO (pgBackRest), the local stack and PostgreSQL")
+    tls_minio = start_tls_minio(root / "minio-tls")
+    cleanup.callback(tls_minio.stop)
+    stack = LocalStack(root / "stack", require_minio=True)
+    cleanup.callback(stack.stop)  # before start(): a half-started stack is stopped too
+    stack.start()
+    data_dir = root / "pg" / "data"
+    cleanup.callback(stop_postgres_at, data_dir)
+    pgbackrest = PgBackRest(root / "pgbackrest", tls_minio)
+    pg = init_instance(data_dir, settings=pg_settings(pgbackrest.archive_command))
+    pgbackrest.instance = pg
+    return tls_minio, stack, pg, pgbackrest
+
+
+def fill(pg: PostgresInstance, pgbackrest: PgBackRest, scale: int) -> dict[str, Any]:
+    """stanza-create, ``pgbench -i``, then wait for the WAL archive to catch up."""
+    pgbackrest.write_config()
+    pgbackrest.stanza_create()
+    say(f"pgbench -i -s {scale}")
+    started = time.monotonic()
+    pgbench_init(pg, scale)
+    filled = time.monotonic()
+    pg.psql("CHECKPOINT")
+    wait_archived(pg)
+    return {
+        "pgbench_init_seconds": round(filled - started, 1),
+        "archive_catch_up_seconds": round(time.monotonic() - filled, 1),
+        "database_bytes": int(pg.psql("SELECT pg_database_size('postgres')")),
+        "data_dir_bytes": sum(p.stat().st_size for p in pg.data_dir.rglob("*") if p.is_file()),
+    }
+
+
+def start_agent(stack: LocalStack, root: Path, pg: PostgresInstance) -> int:
+    shard = {
+        "shard_id": SHARD_ID,
+        "role": "leader",
+        "data_dir": str(pg.data_dir),
+        "conninfo": pg.conninfo,
+    }
+    config = demo.agent_config(root, CLUSTER, NODE_ID, "postgres", [shard])
+    process = stack.start_agent(config)
+    stack.wait_for_nodes([NODE_ID])
+    return process.pid
+
+
+def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -> Bench:
+    tls_minio, stack, pg, pgbackrest = start_servers(args, root, cleanup)
+    tls_s3 = s3_client_for(tls_minio)
+    ensure_bucket(tls_s3, PGBACKREST_BUCKET)
+    ensure_bucket(tls_s3, S3_BUCKET)
+    store_s3 = stack.services().store_s3
+    ensure_bucket(store_s3, S3_BUCKET)
+    filled = fill(pg, pgbackrest, args.scale)
+    bench = Bench(
+        args=args,
+        root=root,
+        stack=stack,
+        pg=pg,
+        tls_minio=tls_minio,
+        pgbackrest=pgbackrest,
+        agent_pid=start_agent(stack, root, pg),
+        store_s3=store_s3,
+        tls_s3=tls_s3,
+        transfer=transfer_config(args.s3_chunk_mib, args.s3_concurrency),
+        setup=filled,
+    )
+    bench.setup["idle_cpu_per_second"] = idle_cpu(bench)
+    return bench
+
+
+def idle_cpu(bench: Bench, seconds: float = 5.0) -> dict[str, float]:
+    """CPU per second of the idle agent (inbox polls, heartbeats) and of this process (moto
+    answering them): background load present during every tool's runs."""
+    pids = {"agent": bench.agent_pid, "store_minio": bench.store_minio_pid}
+    before = cpu_snapshot(pids)
+    time.sleep(seconds)
+    used = cpu_delta(before, cpu_snapshot(pids))
+    return {name: round(value / seconds, 3) for name, value in used.items()}
+
+
+# --- settling between runs ----------------------------------------------------------------------
+def wait_archived(pg: PostgresInstance, timeout: float = ARCHIVE_TIMEOUT) -> None:
+    """Waits until every completed WAL segment has been archived by pgBackRest."""
+    target = pg.psql(f"SELECT pg_walfile_name(pg_current_wal_lsn() - {WAL_SEGMENT}::numeric)")
+    deadline = time.monotonic() + timeout
+    while True:
+        last, failed = pg.psql(
+            "SELECT coalesce(last_archived_wal, ''), coalesce(last_failed_wal, '') "
+            "FROM pg_stat_archiver"
+        ).split("|")
+        if last >= target:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"WAL archiving is behind after {timeout:.0f} s: wanted {target}, archived "
+                f"{last or 'nothing'}, last failure {failed or 'none'}. Server log:\n"
+                f"{pg.log_tail()}"
+            )
+        time.sleep(0.5)
+
+
+def settle(bench: Bench) -> None:
+    wait_archived(bench.pg)
+    os.sync()
+
+
+# --- CPU accounting -----------------------------------------------------------------------------
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process in ``pids`` and of this one (``self``)."""
+    return {"self": time.process_time()} | {name: process_cpu(pid) for name, pid in pids.items()}
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before[name], 2) for name in before}
+
+
+# --- ShardVault ---------------------------------------------------------------------------------
+def wait_execution(arn: str, timeout: float = BACKUP_TIMEOUT) -> dict[str, Any]:
+    """Polls the execution (nothing else, to add little load) until it is no longer running."""
+    sfn = boto3.client("stepfunctions")
+    deadline = time.monotonic() + timeout
+    while True:
+        execution = sfn.describe_execution(executionArn=arn)
+        if execution["status"] != "RUNNING":
+            return execution
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"backup {arn} still running after {timeout:.0f} s")
+        time.sleep(POLL)
+
+
+def execution_history(arn: str) -> list[dict[str, Any]]:
+    sfn = boto3.client("stepfunctions")
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
+    while True:
+        page = sfn.get_execution_history(**kwargs)
+        events += page["events"]
+        if "nextToken" not in page:
+            return events
+        kwargs["nextToken"] = page["nextToken"]
+
+
+def stream_of(manifest: Manifest, phase: Phase) -> ManifestStream:
+    return next(s for shard in manifest.shards for s in shard.streams if s.phase == phase)
+
+
+def timeline(bench: Bench, arn: str, backup_id: str) -> dict[str, Any]:
+    """Where the backup's time went: state machine phases and the agent's commands."""
+    spans, end = report.state_spans(execution_history(arn), TOP_LEVEL_STATES)
+    commands = report.agent_commands(bench.agent_log.read_text(), backup_id)
+    return {
+        "phases": report.phase_split(spans, end),
+        "states": report.state_seconds(spans),
+        "agent": report.agent_split(commands),
+    }
+
+
+def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
+    pids = {"agent": bench.agent_pid, "minio": bench.store_minio_pid}
+    before = cpu_snapshot(pids)
+    started = time.monotonic()
+    arn = ops.start_backup(bench.client, BackupRequest(cluster=CLUSTER))
+    execution = wait_execution(arn)
+    seconds = time.monotonic() - started
+    cpu = cpu_delta(before, cpu_snapshot(pids))
+    if execution["status"] != "SUCCEEDED":
+        cause = ops.readable_cause(execution.get("cause", ""))
+        raise RuntimeError(
+            f"ShardVault backup {execution['status']}: {execution.get('error')}: {cause}. "
+            f"Agent log: {bench.agent_log}"
+        )
+    record = json.loads(execution["output"])
+    manifest = load_manifest(bench.store_s3, bench.store_bucket, record["manifest_key"])
+    data, tail = stream_of(manifest, Phase.DATA), stream_of(manifest, Phase.TAIL)
+    rnd.files = regular_files(data.files)
+    prefix = backup_prefix(bench.stack.services().store.prefix, CLUSTER, manifest.backup_id)
+    delete_prefix(bench.store_s3, bench.store_bucket, prefix)  # disk space; not timed
+    return {
+        "seconds": seconds,
+        "execution_seconds": (execution["stopDate"] - execution["startDate"]).total_seconds(),
+        "backup_id": manifest.backup_id,
+        "bytes": record["bytes"],
+        "data_bytes": sum(o.length for o in data.objects),
+        "tail_bytes": sum(o.length for o in tail.objects),
+        "objects": record["objects"],
+        "parts": record["parts"],
+        "part_size": manifest.part_size,
+        "files": len(rnd.files),
+        "verification": record["verification"],
+        "agent_peak_rss": peak_rss_bytes(bench.agent_pid),
+        "client_cpu_seconds": cpu["agent"] + cpu["self"],
+        "agent_cpu_seconds": cpu["agent"],
+        "control_plane_cpu_seconds": cpu["self"],
+        "minio_cpu_seconds": cpu["minio"],
+        **timeline(bench, arn, manifest.backup_id),
+    }
+
+
+# --- the peers ----------------------------------------------------------------------------------
+@dataclass
+class Round:
+    """One round: the data listing of its ShardVault backup, and the tar built from it."""
+
+    index: int
+    files: list[str] = field(default_factory=list)
+    tar: Path | None = None
+
+
+def round_tar(bench: Bench, rnd: Round) -> Path:
+    """The round's tar of the listed files, built once (untimed) and shared by both tar runs."""
+    if rnd.tar is None:
+        rnd.tar = bench.root / "tar" / f"round-{rnd.index}.tar"
+        say(f"  building the tar of {len(rnd.files)} files (not timed)")
+        build_tar(bench.pg.data_dir, rnd.files, rnd.tar)
+        settle(bench)
+    return rnd.tar
+
+
+def timed_upload(
+    bench: Bench, s3: Any, minio_pid: int, upload: Callable[[], dict[str, Any]], prefix: str
+) -> dict[str, Any]:
+    before = cpu_snapshot({"minio": minio_pid})
+    result = upload()
+    cpu = cpu_delta(before, cpu_snapshot({"minio": minio_pid}))
+    delete_prefix(s3, S3_BUCKET, prefix)  # disk space; not timed
+    return result | {"client_cpu_seconds": cpu["self"], "minio_cpu_seconds": cpu["minio"]}
+
+
+def run_s3_files(bench: Bench, rnd: Round) -> dict[str, Any]:
+    prefix = f"round-{rnd.index}/files"
+    return timed_upload(
+        bench,
+        bench.store_s3,
+        bench.store_minio_pid,
+        lambda: upload_files(
+            bench.store_s3, S3_BUCKET, prefix, bench.pg.data_dir, rnd.files, bench.transfer
+        ),
+        prefix,
+    )
+
+
+def run_s3_tar(bench: Bench, rnd: Round) -> dict[str, Any]:
+    tar, key = round_tar(bench, rnd), f"round-{rnd.index}/data.tar"
+    return timed_upload(
+        bench,
+        bench.store_s3,
+        bench.store_minio_pid,
+        lambda: upload_one(bench.store_s3, S3_BUCKET, key, tar, bench.transfer),
+        key,
+    )
+
+
+def run_s3_tar_tls(bench: Bench, rnd: Round) -> dict[str, Any]:
+    tar, key = round_tar(bench, rnd), f"round-{rnd.index}/data.tar"
+    return timed_upload(
+        bench,
+        bench.tls_s3,
+        bench.tls_minio.process.pid,
+        lambda: upload_one(bench.tls_s3, S3_BUCKET, key, tar, bench.transfer),
+        key,
+    )
+
+
+def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
+    minio_before = process_cpu(bench.tls_minio.process.pid)
+    result = bench.pgbackrest.backup_full()
+    minio_cpu = process_cpu(bench.tls_minio.process.pid) - minio_before
+    prefix = bench.pgbackrest.backup_prefix(result["label"])
+    objects = list_keys(bench.tls_s3, PGBACKREST_BUCKET, prefix)
+    return result | {
+        "objects": len(objects),
+        "stored_bytes": sum(o["Size"] for o in objects),
+        "client_cpu_seconds": round(result.pop("cpu_seconds"), 2),
+        "minio_cpu_seconds": round(minio_cpu, 2),
+    }
+
+
+RUNNERS: dict[str, Callable[[Bench, Round], dict[str, Any]]] = {
+    "shardvault": run_shardvault,
+    "s3-files": run_s3_files,
+    "s3-tar": run_s3_tar,
+    "s3-tar-tls": run_s3_tar_tls,
+    "pgbackrest": run_pgbackrest,
+}
+
+
+# --- rounds -------------------------------------------------------------------------------------
+def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -> None:
+    for tool in TOOLS:
+        settle(bench)
+        load = os.getloadavg()[0]
+        result = RUNNERS[tool](bench, rnd) | {"round": rnd.index, "load_before": load}
+        runs[tool].append(result)
+        say(
+            f"  {tool}: {result['seconds']:.1f} s, {result['bytes'] / 2**20:,.0f} MiB, "
+            f"{result['objects']} objects (load before {load:.2f})"
+        )
+    if rnd.tar:
+        rnd.tar.unlink(missing_ok=True)
+
+
+def run_rounds(bench: Bench) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in TOOLS}
+    for index in range(1, bench.args.runs + 1):
+        say(f"round {index} of {bench.args.runs}")
+        run_round(bench, Round(index), runs)
+    return runs
+
+
+# --- output -------------------------------------------------------------------------------------
+def write_results(bench: Bench, runs: dict, summary: dict, started: float) -> Path:
+    out: Path = bench.args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = out / f"backup_vs_peers-{stamp}.json"
+    result = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
+        "wall_seconds": round(time.time() - started, 1),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(bench.args).items()},
+        "machine": machine_info(bench),
+        "setup": bench.setup,
+        "runs": runs,
+        "summary": summary,
+    }
+    path.write_text(json.dumps(result, indent=1, default=str))
+    path.with_suffix(".md").write_text(report.markdown(summary))
+    return path
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ExitStack: everything started is stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    started = time.time()
+    with contextlib.ExitStack() as cleanup:
+        root = make_workdir(args, cleanup)
+        bench = setup(args, root, cleanup)
+        say(f"setup done in {time.time() - started:.0f} s: {bench.setup}")
+        runs = run_rounds(bench)
+        summary = report.summarize(runs, labels(args))
+        path = write_results(bench, runs, summary, started)
+        say("stopping everything")
+    print(report.markdown(summary))
+    print(f"Raw results: {path}; benchmark wall time {time.time() - started:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The peers ShardVault is measured against: raw s3transfer and pgBackRest, on the same data.
+
+* *s3transfer*: boto3's ``upload_file`` (s3transfer underneath) into a bucket of the same
+  MinIO that holds ShardVault's backups, either one call per file of ShardVault's own data
+  listing, or one call for a tar of those files built beforehand (not timed).
+* *pgBackRest*: ``pgbackrest backup --type=full`` as the postgres OS user, into a second MinIO
+  started with TLS, because pgBackRest 2.45 speaks S3 only over TLS. Its configuration file is
+  ours (``--config``), never ``/etc/pgbackrest/pgbackrest.conf``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import resource
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import urllib3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from shardvault.local.minio import MinioServer, start_minio
+from shardvault.local.postgres import PG_USER, PostgresInstance, run_as_postgres
+from shardvault.models import FileEntry
+
+MiB = 1024 * 1024
+STANZA = "bench"
+PGBACKREST_BUCKET = "pgbackrest"
+PGBACKREST_REPO_PATH = "/repo"
+DELETE_BATCH = 1000
+
+
+# --- S3 clients and buckets ---------------------------------------------------------------------
+def s3_client_for(server: MinioServer) -> Any:
+    """An S3 client for ``server`` (path style; a self-signed certificate is not verified)."""
+    https = server.endpoint.startswith("https:")
+    if https:
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name="us-east-1",
+        verify=not https,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
+def ensure_bucket(s3: Any, bucket: str) -> None:
+    exists = (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists)
+    with contextlib.suppress(*exists):
+        s3.create_bucket(Bucket=bucket)
+
+
+def list_keys(s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """Every object under ``prefix`` (``Key`` and ``Size``)."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [obj for page in pages for obj in page.get("Contents", [])]
+
+
+def delete_prefix(s3: Any, bucket: str, prefix: str) -> int:
+    """Deletes every object under ``prefix``; returns how many there were."""
+    keys = [obj["Key"] for obj in list_keys(s3, bucket, prefix)]
+    for start in range(0, len(keys), DELETE_BATCH):
+        batch = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+    return len(keys)
+
+
+# --- s3transfer ---------------------------------------------------------------------------------
+def transfer_config(chunk_mib: int, concurrency: int) -> TransferConfig:
+    """Parts of ``chunk_mib`` MiB (also the multipart threshold), ``concurrency`` threads."""
+    return TransferConfig(
+        multipart_threshold=chunk_mib * MiB,
+        multipart_chunksize=chunk_mib * MiB,
+        max_concurrency=concurrency,
+    )
+
+
+def regular_files(files: Iterable[FileEntry]) -> list[str]:
+    """The paths of a listing that are files (directory entries end with ``/``)."""
+    return [f.path for f in files if not f.path.endswith("/")]
+
+
+def upload_files(
+    s3: Any, bucket: str, prefix: str, root: Path, paths: list[str], config: TransferConfig
+) -> dict[str, Any]:
+    """One ``upload_file`` per file, in listing order; timed from the first to the last."""
+    sizes = [(root / path).stat().st_size for path in paths]
+    started = time.monotonic()
+    for path in paths:
+        s3.upload_file(str(root / path), bucket, f"{prefix}/{path}", Config=config)
+    seconds = time.monotonic() - started
+    return {"seconds": seconds, "bytes": sum(sizes), "objects": len(paths)}
+
+
+def build_tar(root: Path, paths: list[str], out: Path) -> int:
+    """An uncompressed tar of ``paths`` (relative to ``root``); returns its size."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in paths:
+            tar.add(root / path, arcname=path, recursive=False)
+    return out.stat().st_size
+
+
+def upload_one(s3: Any, bucket: str, key: str, path: Path, config: TransferConfig) -> dict:
+    """One ``upload_file`` of one file (the pre-built tar)."""
+    size = path.stat().st_size
+    started = time.monotonic()
+    s3.upload_file(str(path), bucket, key, Config=config)
+    return {"seconds": time.monotonic() - started, "bytes": size, "objects": 1}
+
+
+# --- TLS MinIO for pgBackRest -------------------------------------------------------------------
+def make_self_signed_cert(certs_dir: Path) -> None:
+    """``public.crt``/``private.key`` for 127.0.0.1, as MinIO's ``--certs-dir`` expects."""
+    certs_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(certs_dir / "private.key"), "-out", str(certs_dir / "public.crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+
+def start_tls_minio(base: Path) -> MinioServer:
+    """A second MinIO, served over https with a self-signed certificate."""
+    certs = base / "certs"
+    make_self_signed_cert(certs)
+    return start_minio(base / "data", certs_dir=certs, log_path=base / "minio.log")
+
+
+# --- pgBackRest ---------------------------------------------------------------------------------
+@dataclass
+class PgBackRest:
+    """pgBackRest with its own config file, logs and lock directory under ``base``."""
+
+    base: Path
+    minio: MinioServer
+    instance: PostgresInstance | None = None  # set once the instance exists
+    process_max: int = 2
+    compress_type: str = "none"
+
+    @property
+    def config_path(self) -> Path:
+        return self.base / "pgbackrest.conf"
+
+    @property
+    def archive_command(self) -> str:
+        return f"pgbackrest --config={self.config_path} --stanza={STANZA} archive-push %p"
+
+    def config_text(self) -> str:
+        if self.instance is None:
+            raise RuntimeError("pgBackRest's stanza needs the PostgreSQL instance first")
+        port = self.minio.port
+        return "\n".join(
+            [
+                "[global]",
+                "repo1-type=s3",
+                "repo1-s3-endpoint=127.0.0.1",
+                f"repo1-storage-port={port}",
+                "repo1-s3-uri-style=path",
+                "repo1-storage-verify-tls=n",
+                f"repo1-s3-bucket={PGBACKREST_BUCKET}",
+                "repo1-s3-region=us-east-1",
+                f"repo1-s3-key={self.minio.access_key}",
+                f"repo1-s3-key-secret={self.minio.secret_key}",
+                f"repo1-path={PGBACKREST_REPO_PATH}",
+                "repo1-retention-full=1000",
+                f"process-max={self.process_max}",
+                f"compress-type={self.compress_type}",
+                "start-fast=y",
+                f"log-path={self.base / 'log'}",
+                f"lock-path={self.base / 'lock'}",
+                "log-level-console=warn",
+                "log-level-file=info",
+                "",
+                f"[{STANZA}]",
+                f"pg1-path={self.instance.data_dir}",
+                f"pg1-port={self.instance.port}",
+                f"pg1-socket-path={self.instance.socket_dir}",
+                "",
+            ]
+        )
+
+    def write_config(self) -> None:
+        """The config file (it holds the MinIO key: 0600, owned by the postgres user)."""
+        user = pwd.getpwnam(PG_USER) if os.geteuid() == 0 else None
+        for directory in (self.base, self.base / "log", self.base / "lock"):
+            directory.mkdir(parents=True, exist_ok=True)
+            if user:
+                os.chown(directory, user.pw_uid, user.pw_gid)
+        self.config_path.write_text(self.config_text())
+        self.config_path.chmod(0o600)
+        if user:
+            os.chown(self.config_path, user.pw_uid, user.pw_gid)
+
+    def command(self, *args: str) -> list[str]:
+        return run_as_postgres(
+            ["pgbackrest", f"--config={self.config_path}", f"--stanza={STANZA}", *args]
+        )
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            self.command(*args), capture_output=True, text=True, cwd="/", check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"pgbackrest {' '.join(args)} exited with {result.returncode}:\n"
+                f"{result.stdout}{result.stderr}\nLogs in {self.base / 'log'}."
+            )
+        return result.stdout
+
+    def stanza_create(self) -> None:
+        self.run("stanza-create")
+
+    def version(self) -> str:
+        out = subprocess.run(["pgbackrest", "version"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    def backup_full(self) -> dict[str, Any]:
+        """One timed ``backup --type=full``; CPU of pgBackRest's processes included."""
+        before = _children_cpu()
+        started = time.monotonic()
+        self.run("backup", "--type=full")
+        seconds = time.monotonic() - started
+        cpu = _children_cpu() - before
+        last = self.info()["backup"][-1]
+        return {
+            "seconds": seconds,
+            "label": last["label"],
+            "bytes": last["info"]["size"],
+            "repo_bytes": last["info"]["repository"]["size"],
+            "cpu_seconds": cpu,
+        }
+
+    def info(self) -> dict[str, Any]:
+        return json.loads(self.run("info", "--output=json"))[0]
+
+    def backup_prefix(self, label: str) -> str:
+        return f"{PGBACKREST_REPO_PATH.strip('/')}/backup/{STANZA}/{label}/"
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- CPU of running processes -------------------------------------------------------------------
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its reaped children (``/proc/<pid>/stat``)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (utime + stime + cutime + cstime) / CLOCK_TICKS
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """``VmHWM`` of ``pid``: the peak resident set size since it started."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")

@@ -1,0 +1,270 @@
+"""Turning raw benchmark runs into figures: statistics, ShardVault's time split, Markdown.
+
+Terms:
+
+* *run*: one timed execution of one tool (a dict with at least ``seconds``).
+* *phase* of a ShardVault backup, from the execution history's state timestamps:
+  ``checkpoint`` (start to the end of the Checkpoint map: Validate, Flush, Checkpoint),
+  ``plan`` (PlanData), ``upload`` (the data Upload map), ``tail`` (Stop, PlanTail and the tail
+  Upload map), ``finalize`` (Release and Finalize, to the execution's success).
+* *agent commands*: the agent logs ``<command>:<backup id>[:<key>] done in <s> s`` when a
+  command is answered; from those, the time the agent was busy checksumming (reading the
+  source and writing the spool) and uploading, and the gap between an object's checksum and
+  its upload (Sign, dispatch and the agent's inbox poll).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+MiB = 1024 * 1024
+OBJECT_TARGET_SIZE = 256 * MiB
+PHASES = ("checkpoint", "plan", "upload", "tail", "finalize")
+LOG_LINE = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ INFO "
+    r"(?P<command>\w+):(?P<backup>[^:\s]+)(?::(?P<key>\S+))? done in (?P<seconds>[\d.]+) s$"
+)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def object_target(total_bytes: int) -> int:
+    """The objects a backup of ``total_bytes`` should need at most: one per 256 MiB, plus one."""
+    return math.ceil(total_bytes / OBJECT_TARGET_SIZE) + 1
+
+
+# --- ShardVault's execution history -------------------------------------------------------------
+def state_spans(
+    events: list[dict[str, Any]], names: set[str]
+) -> tuple[list[tuple[str, float, float]], float]:
+    """(state, entered, exited) for the top-level ``names``, in seconds from the execution's
+    start, and the time the execution ended."""
+    start: datetime = events[0]["timestamp"]
+    entered: dict[str, float] = {}
+    spans: list[tuple[str, float, float]] = []
+    end = 0.0
+    for event in events:
+        at = (event["timestamp"] - start).total_seconds()
+        end = max(end, at)
+        if (details := event.get("stateEnteredEventDetails")) and details["name"] in names:
+            entered[details["name"]] = at
+        elif (details := event.get("stateExitedEventDetails")) and details["name"] in entered:
+            spans.append((details["name"], entered.pop(details["name"]), at))
+    return spans, end
+
+
+def _nth(spans: list[tuple[str, float, float]], name: str, n: int) -> tuple[float, float] | None:
+    found = [(entered, exited) for state, entered, exited in spans if state == name]
+    return found[n] if len(found) > n else None
+
+
+def phase_split(spans: list[tuple[str, float, float]], end: float) -> dict[str, float]:
+    """Seconds per phase (see the module docstring); they add up to the execution's time."""
+    checkpoint = _nth(spans, "Checkpoint", 0)
+    data_upload = _nth(spans, "Upload", 0)
+    tail_upload = _nth(spans, "Upload", 1)
+    release = _nth(spans, "Release", 0)
+    if not (checkpoint and data_upload and release):
+        raise ValueError(f"unexpected execution history: {[s[0] for s in spans]}")
+    tail_end = tail_upload[1] if tail_upload else release[0]
+    return {
+        "checkpoint": checkpoint[1],
+        "plan": data_upload[0] - checkpoint[1],
+        "upload": data_upload[1] - data_upload[0],
+        "tail": tail_end - data_upload[1],
+        "finalize": end - tail_end,
+    }
+
+
+def state_seconds(spans: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds per top-level state; a state entered twice is ``Name#2`` the second time."""
+    out: dict[str, float] = {}
+    for name, entered, exited in spans:
+        label, n = name, 1
+        while label in out:
+            n += 1
+            label = f"{name}#{n}"
+        out[label] = round(exited - entered, 3)
+    return out
+
+
+# --- the agent's log ----------------------------------------------------------------------------
+def agent_commands(log_text: str, backup_id: str) -> list[dict[str, Any]]:
+    """The agent's finished commands of ``backup_id``: command, key, start and end (epoch-free
+    seconds of the day are enough: all within one backup)."""
+    out = []
+    for line in log_text.splitlines():
+        match = LOG_LINE.match(line)
+        if not match or match["backup"] != backup_id:
+            continue
+        at = datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        seconds = float(match["seconds"])
+        out.append(
+            {"command": match["command"], "key": match["key"], "start": at - seconds, "end": at}
+        )
+    return out
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals``: time during which at least one was running."""
+    total, current_start, current_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def agent_split(commands: list[dict[str, Any]]) -> dict[str, float]:
+    """For the data objects: agent time checksumming and uploading (summed over objects and
+    as wall time with any object busy), and the mean gap from checksum to upload."""
+    data = [c for c in commands if c["key"] and "/data-" in c["key"]]
+    by_command: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    by_key: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for command in data:
+        by_command[command["command"]].append((command["start"], command["end"]))
+        by_key[command["key"]][command["command"]] = command
+    gaps = [
+        c["upload"]["start"] - c["checksum"]["end"]
+        for c in by_key.values()
+        if "upload" in c and "checksum" in c
+    ]
+    spans = by_command["checksum"] + by_command["upload"]
+    return {
+        "objects": len(by_key),
+        "checksum_sum": sum(end - start for start, end in by_command["checksum"]),
+        "checksum_wall": busy_seconds(by_command["checksum"]),
+        "upload_sum": sum(end - start for start, end in by_command["upload"]),
+        "upload_wall": busy_seconds(by_command["upload"]),
+        "agent_busy_wall": busy_seconds(spans),
+        "checksum_to_upload_gap_mean": statistics.mean(gaps) if gaps else 0.0,
+    }
+
+
+# --- summary and Markdown -----------------------------------------------------------------------
+def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> dict[str, Any]:
+    """Per tool: spread of wall times, median bytes/objects/CPU; ratios from the medians."""
+    tools = {}
+    for tool, tool_runs in runs.items():
+        if not tool_runs:
+            continue
+        seconds = [run["seconds"] for run in tool_runs]
+        tools[tool] = {
+            "label": labels[tool],
+            "seconds": spread(seconds),
+            "bytes": median_of(tool_runs, "bytes"),
+            "objects": median_of(tool_runs, "objects"),
+            "mib_per_s": median_of(tool_runs, "bytes") / statistics.median(seconds) / MiB,
+            "client_cpu_seconds": median_of(tool_runs, "client_cpu_seconds"),
+            "minio_cpu_seconds": median_of(tool_runs, "minio_cpu_seconds"),
+        }
+    shardvault = tools.get("shardvault")
+    summary: dict[str, Any] = {"tools": tools}
+    if shardvault:
+        reference = shardvault["seconds"]["median"]
+        summary["ratios"] = {
+            f"shardvault/{tool}": reference / info["seconds"]["median"]
+            for tool, info in tools.items()
+            if tool != "shardvault"
+        }
+        sv_runs = runs["shardvault"]
+        summary["shardvault"] = {
+            "object_target": object_target(int(shardvault["bytes"])),
+            "objects": [run["objects"] for run in sv_runs],
+            "parts": [run["parts"] for run in sv_runs],
+            "part_size": sv_runs[0]["part_size"],
+            "agent_peak_rss_mib": max(run["agent_peak_rss"] for run in sv_runs) / MiB,
+            "phases": {p: statistics.median(r["phases"][p] for r in sv_runs) for p in PHASES},
+            "agent": {
+                key: statistics.median(r["agent"][key] for r in sv_runs)
+                for key in sv_runs[0]["agent"]
+            },
+            "execution_seconds": median_of(sv_runs, "execution_seconds"),
+        }
+    return summary
+
+
+def _s(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _mib(value: float) -> str:
+    return f"{value / MiB:,.0f}"
+
+
+def tools_table(summary: dict[str, Any]) -> str:
+    ratios = summary.get("ratios", {})
+    target = summary.get("shardvault", {}).get("object_target")
+    rows = [
+        "| tool | wall s min / median / max | MiB/s (median) | MiB moved | objects "
+        f"(target {target}) | client CPU s | MinIO CPU s | ShardVault ÷ tool |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for tool, info in summary["tools"].items():
+        spread_s = " / ".join(_s(info["seconds"][k]) for k in ("min", "median", "max"))
+        ratio = ratios.get(f"shardvault/{tool}")
+        rows.append(
+            f"| {info['label']} | {spread_s} | {info['mib_per_s']:.0f} | {_mib(info['bytes'])} | "
+            f"{info['objects']:.0f} | {_s(info['client_cpu_seconds'])} | "
+            f"{_s(info['minio_cpu_seconds'])} | {f'{ratio:.2f}' if ratio else '—'} |"
+        )
+    return "\n".join(rows)
+
+
+def shardvault_table(summary: dict[str, Any]) -> str:
+    sv = summary["shardvault"]
+    phases, agent = sv["phases"], sv["agent"]
+    rows = [
+        "| ShardVault (medians) | value |",
+        "| --- | --- |",
+        f"| objects per backup (target ceil(bytes / 256 MiB) + 1 = {sv['object_target']}) | "
+        f"{', '.join(map(str, sv['objects']))} |",
+        f"| parts per backup; part size | {', '.join(map(str, sv['parts']))}; "
+        f"{sv['part_size'] // MiB} MiB |",
+        f"| agent peak RSS (VmHWM, all runs) | {sv['agent_peak_rss_mib']:.0f} MiB |",
+        f"| execution start → stop (Step Functions) | {_s(sv['execution_seconds'])} s |",
+    ]
+    rows += [f"| phase: {name} | {_s(phases[name])} s |" for name in PHASES]
+    rows += [
+        f"| agent: checksum + spool, wall (sum over objects) | {_s(agent['checksum_wall'])} s "
+        f"({_s(agent['checksum_sum'])} s) |",
+        f"| agent: upload, wall (sum over objects) | {_s(agent['upload_wall'])} s "
+        f"({_s(agent['upload_sum'])} s) |",
+        f"| agent busy with any data object, wall | {_s(agent['agent_busy_wall'])} s |",
+        f"| mean gap checksum → upload (Sign, dispatch, poll) | "
+        f"{agent['checksum_to_upload_gap_mean']:.2f} s |",
+    ]
+    return "\n".join(rows)
+
+
+def ratios_text(summary: dict[str, Any]) -> str:
+    tools = summary["tools"]
+    return "\n".join(
+        f"- ShardVault ÷ {tools[key.split('/', 1)[1]]['label']}: {value:.2f}"
+        for key, value in summary.get("ratios", {}).items()
+    )
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    parts = [tools_table(summary)]
+    if "shardvault" in summary:
+        parts += ["Ratios (medians of this run):\n\n" + ratios_text(summary)]
+        parts += [shardvault_table(summary)]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,83 @@
+"""Agent access: what a node's agent may do, as a managed *policy* and an EC2 *role*.
+
+An agent reads and answers the commands in its own *inbox* items, keeps its own *node
+record* up to date and answers the task tokens it was given. Which items are its own is
+decided by ``dynamodb:LeadingKeys``: the partition key must equal the caller's principal tag
+``shardvault:node_id``. A caller without that tag matches no item. Agents never touch S3
+with their own credentials: they upload through URLs presigned by a function's role.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from infra import policies
+from infra.constants import AGENT_POLICY_NAME, AGENT_ROLE_NAME, NODE_ID_TAG
+
+INBOX_ACTIONS = (
+    "dynamodb:Query",
+    "dynamodb:GetItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:PutItem",
+)
+NODE_RECORD_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
+TASK_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
+
+
+def own_items(table: dynamodb.ITable, actions: tuple[str, ...]) -> iam.PolicyStatement:
+    """``actions`` on the items whose partition key is the caller's node id, and no other."""
+    statement = policies.table(table, actions)
+    statement.add_condition(
+        "ForAllValues:StringEquals",
+        {"dynamodb:LeadingKeys": [f"${{aws:PrincipalTag/{NODE_ID_TAG}}}"]},
+    )
+    return statement
+
+
+class AgentAccess(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        inbox: dynamodb.ITable,
+        nodes: dynamodb.ITable,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.policy = iam.ManagedPolicy(
+            self,
+            "Policy",
+            managed_policy_name=AGENT_POLICY_NAME,
+            description="ShardVault agent: its own inbox items and node record, task answers.",
+            statements=[
+                own_items(inbox, INBOX_ACTIONS),
+                own_items(nodes, NODE_RECORD_ACTIONS),
+                # Task tokens are the capability here: these actions take no resource ARN.
+                iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),
+            ],
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            role_name=AGENT_ROLE_NAME,
+            description="ShardVault agent on an EC2 node; tag it (or its session) with "
+            f"{NODE_ID_TAG}.",
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("ec2.amazonaws.com")),
+            managed_policies=[self.policy],
+        )
+        NagSuppressions.add_resource_suppressions(
+            self.policy,
+            [
+                {
+                    "id": "AwsSolutions-IAM5",
+                    "reason": "states:SendTaskSuccess, SendTaskFailure and SendTaskHeartbeat "
+                    "support no resource-level permissions; the task token an agent receives "
+                    "in its own inbox item is what lets it answer one task.",
+                    "appliesTo": ["Resource::*"],
+                }
+            ],
+        )

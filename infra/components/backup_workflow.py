@@ -1,0 +1,150 @@
+"""Backup workflow: the STANDARD state machine defined by ``statemachines/backup.asl.json``,
+its role, its log group and its alarms.
+
+The ASL file holds orchestration only; every ARN and bucket in it is a ``${Placeholder}``
+filled by ``definition_substitutions``. A definition read from a file gets no automatic
+grants from CDK, so the role's every permission is written here: invoking the
+functions, running the Distributed Map's child executions, and reading its item lists (the
+plans) from the work prefix of the staging bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from infra import policies
+from infra.constants import (
+    BACKUP_ASL,
+    BACKUP_STATE_MACHINE_NAME,
+    FUNCTIONS,
+    WORK_BUCKET_PLACEHOLDER,
+    WORK_PREFIX,
+)
+
+
+def substitutions(
+    functions: Mapping[str, lambda_.IFunction], work_bucket: s3.IBucket
+) -> dict[str, str]:
+    """The value of every placeholder the ASL may use (and no other)."""
+    values = {spec.placeholder: functions[spec.module].function_arn for spec in FUNCTIONS}
+    return {**values, WORK_BUCKET_PLACEHOLDER: work_bucket.bucket_name}
+
+
+class BackupWorkflow(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: Mapping[str, lambda_.IFunction],
+        work_bucket: s3.IBucket,
+        alarm_topic: sns.ITopic,
+        definition: Path = BACKUP_ASL,
+        name: str = BACKUP_STATE_MACHINE_NAME,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+            description=f"{name}: invokes its functions, runs its Map Runs, reads its plans.",
+        )
+        self._grant_invoke(functions.values())
+        self._grant_map_runs(name)
+        self.role.add_to_principal_policy(
+            policies.objects(work_bucket, WORK_PREFIX, "s3:GetObject")
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=name,
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_file(str(definition)),
+            definition_substitutions=substitutions(functions, work_bucket),
+            role=self.role,
+            logs=sfn.LogOptions(
+                destination=logs.LogGroup(self, "Logs", retention=log_retention),
+                level=sfn.LogLevel.ALL,
+                include_execution_data=False,  # inputs carry task tokens and presigned URLs
+            ),
+            tracing_enabled=True,
+        )
+        self._alarm_on(alarm_topic)
+        self._suppress_wildcards()
+
+    def _grant_invoke(self, functions: object) -> None:
+        arns = [arn for fn in functions for arn in (fn.function_arn, f"{fn.function_arn}:*")]
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["lambda:InvokeFunction"], resources=arns)
+        )
+
+    def _grant_map_runs(self, name: str) -> None:
+        """A Distributed Map starts executions of its own state machine and watches them."""
+        stack = Stack.of(self)
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["states:StartExecution"],
+                resources=[policies.state_machine_arn(stack, name)],
+            )
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution", "states:StopExecution"],
+                resources=policies.execution_arns(stack, name),
+            )
+        )
+
+    def _alarm_on(self, topic: sns.ITopic) -> None:
+        machine = self.state_machine
+        for metric_name, metric in (
+            ("ExecutionsFailed", machine.metric_failed(period=Duration.minutes(5))),
+            ("ExecutionsTimedOut", machine.metric_timed_out(period=Duration.minutes(5))),
+        ):
+            alarm = cloudwatch.Alarm(
+                self,
+                f"{metric_name}Alarm",
+                alarm_description=f"{machine.state_machine_name}: {metric_name} >= 1 in 5 min.",
+                metric=metric,
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            alarm.add_alarm_action(cw_actions.SnsAction(topic))
+
+    def _suppress_wildcards(self) -> None:
+        NagSuppressions.add_resource_suppressions(
+            self.role,
+            [
+                {
+                    "id": "AwsSolutions-IAM5",
+                    "reason": "Each wildcard is as narrow as the API allows: ':*' after a "
+                    "function ARN covers that function's versions only; execution ARNs of "
+                    "this state machine only (its own and its Map Runs' children, whose names "
+                    "are generated); plans under the work prefix only (their keys hold the "
+                    "backup id); '*' for the log-delivery and X-Ray actions CDK adds for "
+                    "logging and tracing, which support no resource-level permissions.",
+                    "appliesTo": [
+                        {"regex": "/^Resource::<.+\\.Arn>:\\*$/"},
+                        {"regex": "/^Resource::arn:<AWS::Partition>:states:.+/"},
+                        {"regex": f"/^Resource::<.+\\.Arn>\\/{WORK_PREFIX}\\*$/"},
+                        "Resource::*",
+                    ],
+                }
+            ],
+            apply_to_children=True,
+        )

@@ -1,0 +1,192 @@
+"""The ShardVault stack: composes the constructs and grants each function what it calls.
+
+The *grants* below follow the code of ``shardvault/backup.py`` call by call; ``backups/``
+keys are backup data (the store), ``_work/`` keys are work objects (plans and results).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from infra import policies
+from infra.components.agent_access import AgentAccess
+from infra.components.backup_workflow import BackupWorkflow
+from infra.components.functions import BackupFunctions
+from infra.components.notifications import Notifications
+from infra.components.storage import Storage
+from infra.components.tables import NODES_BY_CLUSTER, Tables
+from infra.constants import (
+    BACKUP_STATE_MACHINE_NAME,
+    BACKUPS_PREFIX,
+    POWERTOOLS_METRICS_NAMESPACE,
+    POWERTOOLS_SERVICE_NAME,
+    WORK_PREFIX,
+)
+from infra.policies import TABLE_READ, TABLE_WRITE
+
+
+class ShardVaultStack(Stack):
+    def __init__(self, scope: Construct, construct_id: str, **kwargs: Any) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.storage = Storage(self, "Storage")
+        self.tables = Tables(self, "Tables")
+        self.notifications = Notifications(self, "Notifications")
+        self.functions = BackupFunctions(self, "Functions", environment=self._environment())
+        self._grant_functions()
+        self.workflow = BackupWorkflow(
+            self,
+            "Backup",
+            functions=self.functions.functions,
+            work_bucket=self.storage.bucket,
+            alarm_topic=self.notifications.topic,
+        )
+        self.agents = AgentAccess(self, "Agents", inbox=self.tables.inbox, nodes=self.tables.nodes)
+        self._outputs()
+
+    def _environment(self) -> dict[str, str]:
+        """The functions' settings (see ``shardvault/settings.py``), as environment variables."""
+        bucket = self.storage.bucket.bucket_name
+        return {
+            "CATALOG_TABLE": self.tables.catalog.table_name,
+            "NODES_TABLE": self.tables.nodes.table_name,
+            "INBOX_TABLE": self.tables.inbox.table_name,
+            "WORK_BUCKET": bucket,
+            "WORK_PREFIX": WORK_PREFIX,
+            "STORE_URL": f"s3://{bucket}/{BACKUPS_PREFIX.rstrip('/')}",
+            "TOPIC_ARN": self.notifications.topic.topic_arn,
+            "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
+        }
+
+    def _grant_functions(self) -> None:
+        bucket, tables, grant = self.storage.bucket, self.tables, self.functions.grant
+        catalog_rw = policies.table_read_write(tables.catalog)
+        grant(
+            "validate_backup",
+            catalog_rw,
+            policies.table(tables.nodes, TABLE_READ, indexes=(NODES_BY_CLUSTER,)),
+            # To tell a stale cluster lock (its execution ended) from a live one.
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution"],
+                resources=policies.execution_arns(self, BACKUP_STATE_MACHINE_NAME)[:1],
+            ),
+        )
+        grant(
+            "dispatch",
+            policies.table(tables.nodes, TABLE_READ),
+            policies.table(tables.inbox, TABLE_WRITE),
+        )
+        grant(
+            "plan_backup",
+            catalog_rw,
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject", "s3:GetObject"),
+        )
+        # The role that signs the part URLs is the one S3 authorizes each part upload against.
+        grant(
+            "sign_parts",
+            policies.objects(
+                bucket,
+                BACKUPS_PREFIX,
+                "s3:PutObject",  # CreateMultipartUpload and the presigned UploadPart
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",  # re-signing skips parts already uploaded
+            ),
+        )
+        grant(
+            "check_uploads",
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),  # the plan and results
+            policies.list_prefix(bucket, WORK_PREFIX),
+        )
+        self._grant_complete_upload(bucket)
+        self._grant_finalize_and_cleanup(bucket)
+        self._suppress_narrow_wildcards()
+
+    def _grant_complete_upload(self, bucket: s3.IBucket) -> None:
+        self.functions.grant(
+            "complete_upload",
+            policies.objects(
+                bucket,
+                BACKUPS_PREFIX,
+                "s3:PutObject",  # CompleteMultipartUpload
+                "s3:GetObject",  # read-back verification
+                "s3:GetObjectAttributes",  # verification by checksum, without a download
+                "s3:GetObjectVersion",
+                "s3:ListMultipartUploadParts",
+            ),
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the object's result
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # progress
+        )
+
+    def _grant_finalize_and_cleanup(self, bucket: s3.IBucket) -> None:
+        catalog_rw = policies.table_read_write(self.tables.catalog)
+        publish = iam.PolicyStatement(
+            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
+        )
+        # Both publish the outcome; the topic's key must encrypt what they publish.
+        for module in ("finalize_backup", "cleanup_backup"):
+            self.notifications.key.grant(
+                self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
+            )
+        self.functions.grant(
+            "finalize_backup",
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),
+            policies.list_prefix(bucket, WORK_PREFIX),
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),  # the manifest
+            catalog_rw,
+            publish,
+        )
+        self.functions.grant(
+            "cleanup_backup",
+            iam.PolicyStatement(
+                actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
+            ),
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload"),
+            # cleanup() also deletes the failed backup's partial objects (delete_prefix).
+            policies.list_prefix(bucket, BACKUPS_PREFIX),
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:DeleteObject"),
+            catalog_rw,
+            publish,
+        )
+
+    def _suppress_narrow_wildcards(self) -> None:
+        prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
+        NagSuppressions.add_resource_suppressions(
+            self.functions,
+            [
+                {
+                    "id": "AwsSolutions-IAM5",
+                    "reason": "Object keys hold generated cluster and backup ids, so a key "
+                    "prefix (backups/ for data, _work/ for work objects) is the narrowest "
+                    "S3 resource; execution names are generated, so executions of the one "
+                    "state machine are the narrowest for DescribeExecution; "
+                    "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "
+                    "key granted.",
+                    "appliesTo": [
+                        {"regex": f"/^Resource::<.+\\.Arn>\\/({prefixes})\\/\\*$/"},
+                        {"regex": "/^Resource::arn:<AWS::Partition>:states:.+:execution:.+$/"},
+                        "Action::kms:GenerateDataKey*",
+                    ],
+                }
+            ],
+            apply_to_children=True,
+        )
+
+    def _outputs(self) -> None:
+        values = {
+            "StagingBucketName": self.storage.bucket.bucket_name,
+            "CatalogTableName": self.tables.catalog.table_name,
+            "NodesTableName": self.tables.nodes.table_name,
+            "InboxTableName": self.tables.inbox.table_name,
+            "BackupStateMachineArn": self.workflow.state_machine.state_machine_arn,
+            "NotificationsTopicArn": self.notifications.topic.topic_arn,
+            "AgentPolicyArn": self.agents.policy.managed_policy_arn,
+            "AgentRoleArn": self.agents.role.role_arn,
+        }
+        for name, value in values.items():
+            CfnOutput(self, name, value=value)

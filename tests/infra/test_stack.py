@@ -1,0 +1,470 @@
+"""Infrastructure tests on the synthesized ShardVault stack (one synth per module), on the
+ASL files it deploys, and on the template's validity (cfn-lint) and compliance (cdk-nag).
+
+The stack is environment-agnostic: it synthesizes with no AWS account, region or credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk import Token
+from aws_cdk.assertions import Annotations, Match, Template
+
+from infra.app import build_app
+from infra.constants import (
+    AGENT_POLICY_NAME,
+    BACKUP_STATE_MACHINE_NAME,
+    FUNCTIONS,
+    NODE_ID_TAG,
+    REPO_ROOT,
+    STATE_MACHINES_DIR,
+    SUBSTITUTION_KEYS,
+)
+from infra.stack import ShardVaultStack
+from tests.infra.template_queries import (
+    actions,
+    as_list,
+    iter_states,
+    only,
+    placeholders,
+    referenced_ids,
+    role_statements,
+    tasks_without_retry,
+)
+
+ASL_FILES = sorted(STATE_MACHINES_DIR.glob("*.asl.json"))
+needs_asl = pytest.mark.skipif(
+    not ASL_FILES, reason=f"no statemachines/*.asl.json in {STATE_MACHINES_DIR} yet"
+)
+EXPECTED_ENVIRONMENT = {
+    "CATALOG_TABLE",
+    "NODES_TABLE",
+    "INBOX_TABLE",
+    "WORK_BUCKET",
+    "WORK_PREFIX",
+    "STORE_URL",
+    "TOPIC_ARN",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+}
+# cfn-lint warnings that CDK itself produces, each with why it is harmless.
+ALLOWED_CFN_LINT_WARNINGS = {
+    "W3005": "CDK writes an explicit DependsOn beside a GetAtt (role before function).",
+}
+
+
+@dataclass
+class Synthesized:
+    stack: ShardVaultStack
+    template: Template
+    json: dict[str, Any]
+    outdir: Path
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    _, stack = build_app(outdir=str(outdir))
+    template = Template.from_stack(stack)
+    return Synthesized(stack, template, template.to_json(), outdir)
+
+
+def resources_of(synth: Synthesized, kind: str) -> dict[str, Any]:
+    return synth.template.find_resources(kind)
+
+
+def function_ids(synth: Synthesized) -> dict[str, str]:
+    """Lambda logical id -> module of its handler."""
+    return {
+        logical_id: fn["Properties"]["Handler"].split("/")[1].split(".")[0]
+        for logical_id, fn in resources_of(synth, "AWS::Lambda::Function").items()
+    }
+
+
+# --- the ASL files --------------------------------------------------------------------------
+def test_retry_check_looks_inside_maps_and_parallels() -> None:
+    definition = {
+        "States": {
+            "Top": {"Type": "Task", "Retry": [{"ErrorEquals": ["States.ALL"]}]},
+            "Fan": {
+                "Type": "Map",
+                "ItemProcessor": {
+                    "ProcessorConfig": {"Mode": "DISTRIBUTED"},
+                    "States": {"InMap": {"Type": "Task"}},
+                },
+            },
+            "Both": {"Type": "Parallel", "Branches": [{"States": {"InBranch": {"Type": "Task"}}}]},
+            "Old": {"Type": "Map", "Iterator": {"States": {"InIterator": {"Type": "Task"}}}},
+        }
+    }
+    assert sorted(tasks_without_retry(definition)) == ["InBranch", "InIterator", "InMap"]
+
+
+@needs_asl
+@pytest.mark.parametrize("path", ASL_FILES, ids=lambda p: p.name)
+def test_every_placeholder_has_a_substitution(path: Path) -> None:
+    unknown = placeholders(path.read_text()) - SUBSTITUTION_KEYS
+    assert not unknown, f"{path.name} uses placeholders with no substitution: {sorted(unknown)}"
+
+
+@needs_asl
+@pytest.mark.parametrize("path", ASL_FILES, ids=lambda p: p.name)
+def test_every_task_retries(path: Path) -> None:
+    definition = json.loads(path.read_text())
+    assert list(iter_states(definition["States"])), "the definition has no states"
+    assert tasks_without_retry(definition) == []
+
+
+@needs_asl
+def test_every_substitution_is_used() -> None:
+    """A function no definition invokes is dead code with permissions."""
+    used = set().union(*(placeholders(path.read_text()) for path in ASL_FILES))
+    assert sorted(SUBSTITUTION_KEYS - used) == []
+
+
+@needs_asl
+def test_state_machine_gets_exactly_the_substitutions(synth: Synthesized) -> None:
+    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+    properties = machine["Properties"]
+    assert set(properties["DefinitionSubstitutions"]) == SUBSTITUTION_KEYS
+    assert properties["StateMachineName"] == BACKUP_STATE_MACHINE_NAME
+    assert properties["StateMachineType"] == "STANDARD"
+    assert properties["TracingConfiguration"] == {"Enabled": True}
+    assert properties["LoggingConfiguration"]["Level"] == "ALL"
+    assert properties["LoggingConfiguration"]["IncludeExecutionData"] is False
+
+
+# --- the state machine's role ----------------------------------------------------------------
+@needs_asl
+def test_state_machine_invokes_exactly_the_functions(synth: Synthesized) -> None:
+    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+    (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
+    invoking = [
+        statement
+        for statement in role_statements(synth.json, role_id)
+        if any(a in ("lambda:InvokeFunction", "lambda:*", "*") for a in actions(statement))
+    ]
+    resources = [r for s in invoking for r in as_list(s["Resource"])]
+    assert all(isinstance(r, dict) for r in resources), f"literal ARNs/wildcards: {resources}"
+    for resource in resources:  # a function ARN, or that ARN followed by ":*" (its versions)
+        if "Fn::Join" in resource:
+            assert resource["Fn::Join"][1][1:] == [":*"], resource
+    functions = function_ids(synth)
+    assert len(functions) == len(FUNCTIONS)
+    assert referenced_ids(resources) == set(functions)
+    assert sorted(functions.values()) == sorted(spec.module for spec in FUNCTIONS)
+
+
+@needs_asl
+def test_state_machine_role_runs_its_map_runs_and_reads_plans_only(synth: Synthesized) -> None:
+    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+    (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
+    statements = role_statements(synth.json, role_id)
+    by_action = {a: s for s in statements for a in actions(s)}
+    start = json.dumps(by_action["states:StartExecution"]["Resource"])
+    assert f":stateMachine:{BACKUP_STATE_MACHINE_NAME}" in start
+    executions = json.dumps(by_action["states:StopExecution"]["Resource"])
+    assert f":execution:{BACKUP_STATE_MACHINE_NAME}/*" in executions
+    s3 = [s for s in statements if any(a.startswith("s3:") for a in actions(s))]
+    assert [actions(s) for s in s3] == [["s3:GetObject"]]
+    assert json.dumps(s3[0]["Resource"]).endswith('"/_work/*"]]}')
+
+
+# --- functions --------------------------------------------------------------------------------
+def test_functions_share_one_locally_bundled_asset(synth: Synthesized) -> None:
+    functions = resources_of(synth, "AWS::Lambda::Function").values()
+    (key,) = {fn["Properties"]["Code"]["S3Key"] for fn in functions}
+    asset = synth.outdir / f"asset.{key.removesuffix('.zip')}"
+    for spec in FUNCTIONS:
+        assert (asset / "functions" / f"{spec.module}.py").is_file()
+    assert (asset / "shardvault").is_dir()
+    assert (asset / "aws_xray_sdk").is_dir()  # Powertools' Tracer imports it
+    native = list((asset / "pydantic_core").glob("*.so"))
+    assert native, "no pydantic_core extension in the asset"
+    assert all("cpython-312-aarch64" in so.name for so in native), native
+    assert not list(asset.rglob("__pycache__")), "host bytecode leaked into the asset"
+
+
+def test_function_shapes(synth: Synthesized) -> None:
+    specs = {spec.module: spec for spec in FUNCTIONS}
+    for logical_id, module in function_ids(synth).items():
+        properties = resources_of(synth, "AWS::Lambda::Function")[logical_id]["Properties"]
+        spec = specs[module]
+        assert properties["Handler"] == f"functions/{module}.lambda_handler"
+        assert properties["Runtime"] == "python3.12"
+        assert properties["Architectures"] == ["arm64"]
+        assert properties["TracingConfig"] == {"Mode": "Active"}
+        assert properties["Timeout"] == spec.timeout_seconds
+        assert properties["MemorySize"] == spec.memory_mb
+        (log_group,) = referenced_ids(properties["LoggingConfig"])
+        assert synth.json["Resources"][log_group]["Properties"]["RetentionInDays"] == 30
+    assert specs["complete_upload"].timeout_seconds == specs["finalize_backup"].timeout_seconds
+    assert specs["complete_upload"].memory_mb == 1024
+
+
+def test_functions_get_every_setting_they_read(synth: Synthesized) -> None:
+    from shardvault.settings import Settings  # the runtime's own list of settings
+
+    known = {name.upper() for name in Settings.model_fields}
+    required = {name.upper() for name, f in Settings.model_fields.items() if f.is_required()}
+    for fn in resources_of(synth, "AWS::Lambda::Function").values():
+        variables = fn["Properties"]["Environment"]["Variables"]
+        assert set(variables) == EXPECTED_ENVIRONMENT
+        assert required <= set(variables)
+        assert {v for v in variables if not v.startswith("POWERTOOLS_")} <= known
+        assert variables["WORK_PREFIX"] == "_work/"
+        assert variables["POWERTOOLS_SERVICE_NAME"] == "shardvault"
+        assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "ShardVault"
+        store = variables["STORE_URL"]["Fn::Join"][1]
+        assert store[0] == "s3://"
+        assert store[2] == "/backups"
+        assert referenced_ids(store) == referenced_ids(variables["WORK_BUCKET"])
+
+
+def _function_statements(synth: Synthesized) -> dict[str, list[dict[str, Any]]]:
+    functions = resources_of(synth, "AWS::Lambda::Function")
+    return {
+        module: role_statements(synth.json, only_id(functions[logical_id]["Properties"]["Role"]))
+        for logical_id, module in function_ids(synth).items()
+    }
+
+
+def only_id(value: Any) -> str:
+    (logical_id,) = referenced_ids(value)
+    return logical_id
+
+
+def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
+    allowed_star_actions = {"kms:GenerateDataKey*"}
+    for module, statements in _function_statements(synth).items():
+        for statement in statements:
+            assert statement["Effect"] == "Allow"
+            wild = [a for a in actions(statement) if "*" in a and a not in allowed_star_actions]
+            assert not wild, f"{module}: {wild}"
+            if statement["Resource"] == "*":  # only X-Ray, which has no resource ARNs
+                assert all(a.startswith("xray:") for a in actions(statement)), module
+            for resource in as_list(statement["Resource"]):
+                text = json.dumps(resource)
+                if "/*" in text and "s3:" in json.dumps(actions(statement)):
+                    assert text.endswith(('"/backups/*"]]}', '"/_work/*"]]}')), (module, text)
+
+
+def test_signing_role_can_create_and_upload_parts(synth: Synthesized) -> None:
+    statements = _function_statements(synth)["sign_parts"]
+    s3 = {a for s in statements for a in actions(s) if a.startswith("s3:")}
+    assert s3 == {"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+
+
+def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
+    for module, statements in _function_statements(synth).items():
+        publishes = any("sns:Publish" in actions(s) for s in statements)
+        assert publishes == (module in {"finalize_backup", "cleanup_backup"}), module
+
+
+# --- storage, tables, topic, alarms ------------------------------------------------------------
+def test_staging_bucket_is_private_encrypted_tls_only_and_aborts_uploads(
+    synth: Synthesized,
+) -> None:
+    bucket_id, bucket = only(resources_of(synth, "AWS::S3::Bucket"))
+    properties = bucket["Properties"]
+    assert properties["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    (encryption,) = properties["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in {"AES256", "aws:kms"}
+    assert "VersioningConfiguration" not in properties
+    assert bucket["DeletionPolicy"] == "Retain"
+    aborts = [
+        rule
+        for rule in properties["LifecycleConfiguration"]["Rules"]
+        if rule.get("AbortIncompleteMultipartUpload")
+    ]
+    assert aborts, "no lifecycle rule aborts incomplete multipart uploads"
+    assert all("TagFilters" not in rule for rule in aborts)
+    assert aborts[0]["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] == 2
+
+    _, policy = only(resources_of(synth, "AWS::S3::BucketPolicy"))
+    assert referenced_ids(policy["Properties"]["Bucket"]) == {bucket_id}
+    assert any(
+        s["Effect"] == "Deny"
+        and s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+    ), "no TLS-only statement in the bucket policy"
+
+
+def test_tables(synth: Synthesized) -> None:
+    tables = list(resources_of(synth, "AWS::DynamoDB::Table").values())
+    by_keys = {
+        tuple(k["AttributeName"] for k in t["Properties"]["KeySchema"]): t["Properties"]
+        for t in tables
+    }
+    assert set(by_keys) == {("cluster", "backup_id"), ("node_id",), ("node_id", "command_id")}
+    for properties in by_keys.values():
+        assert properties["BillingMode"] == "PAY_PER_REQUEST"
+        pitr = properties["PointInTimeRecoverySpecification"]
+        assert pitr["PointInTimeRecoveryEnabled"] is True
+        assert properties["SSESpecification"]["SSEEnabled"] is True
+    (index,) = by_keys[("node_id",)]["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == "by_cluster"
+    assert [k["AttributeName"] for k in index["KeySchema"]] == ["cluster", "node_id"]
+    ttl = by_keys[("node_id", "command_id")]["TimeToLiveSpecification"]
+    assert ttl == {"AttributeName": "expires_at", "Enabled": True}
+
+
+def test_topic_is_encrypted_tls_only_and_open_to_alarms(synth: Synthesized) -> None:
+    topic_id, topic = only(resources_of(synth, "AWS::SNS::Topic"))
+    (key_id,) = referenced_ids(topic["Properties"]["KmsMasterKeyId"])
+    key = synth.json["Resources"][key_id]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    key_principals = [s.get("Principal") for s in key["KeyPolicy"]["Statement"]]
+    assert {"Service": "cloudwatch.amazonaws.com"} in key_principals
+    _, policy = only(resources_of(synth, "AWS::SNS::TopicPolicy"))
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert any(
+        s["Effect"] == "Deny" and s["Condition"]["Bool"]["aws:SecureTransport"] == "false"
+        for s in statements
+    )
+    assert topic_id in referenced_ids(policy["Properties"]["Topics"])
+
+
+def test_alarms_on_failed_and_timed_out_executions_notify_the_topic(synth: Synthesized) -> None:
+    machine_id, _ = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+    topic_id, _ = only(resources_of(synth, "AWS::SNS::Topic"))
+    alarms = resources_of(synth, "AWS::CloudWatch::Alarm").values()
+    metrics = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms}
+    assert set(metrics) == {"ExecutionsFailed", "ExecutionsTimedOut"}
+    for properties in metrics.values():
+        assert properties["Namespace"] == "AWS/States"
+        assert referenced_ids(properties["Dimensions"]) == {machine_id}
+        assert referenced_ids(properties["AlarmActions"]) == {topic_id}
+
+
+def test_outputs(synth: Synthesized) -> None:
+    assert set(synth.json["Outputs"]) >= {
+        "StagingBucketName",
+        "CatalogTableName",
+        "NodesTableName",
+        "InboxTableName",
+        "BackupStateMachineArn",
+        "NotificationsTopicArn",
+        "AgentPolicyArn",
+    }
+
+
+# --- agents -----------------------------------------------------------------------------------
+def _agent_policy(synth: Synthesized) -> tuple[str, list[dict[str, Any]]]:
+    policies = resources_of(synth, "AWS::IAM::ManagedPolicy")
+    logical_id, policy = only(
+        {
+            k: v
+            for k, v in policies.items()
+            if v["Properties"]["ManagedPolicyName"] == AGENT_POLICY_NAME
+        }
+    )
+    return logical_id, policy["Properties"]["PolicyDocument"]["Statement"]
+
+
+def test_agent_policy_grants_no_s3_at_all(synth: Synthesized) -> None:
+    _, statements = _agent_policy(synth)
+    granted = [a for s in statements for a in actions(s)]
+    assert granted, "the agent policy grants nothing"
+    assert not [a for a in granted if a.lower().startswith("s3:") or a == "*"], granted
+    assert all(s["Effect"] == "Allow" and "NotAction" not in s for s in statements)
+
+
+def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> None:
+    _, statements = _agent_policy(synth)
+    dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in actions(s))]
+    assert len(dynamo) == 2  # inbox and node record
+    expected = {"dynamodb:LeadingKeys": [f"${{aws:PrincipalTag/{NODE_ID_TAG}}}"]}
+    for statement in dynamo:
+        assert statement["Condition"] == {"ForAllValues:StringEquals": expected}
+        assert "dynamodb:Scan" not in actions(statement)  # LeadingKeys cannot confine a Scan
+    others = [a for s in statements if s not in dynamo for a in actions(s)]
+    assert sorted(others) == [
+        "states:SendTaskFailure",
+        "states:SendTaskHeartbeat",
+        "states:SendTaskSuccess",
+    ]
+
+
+def test_agent_role_is_for_ec2_with_session_tags_and_only_the_policy(synth: Synthesized) -> None:
+    policy_id, _ = _agent_policy(synth)
+    roles = resources_of(synth, "AWS::IAM::Role")
+    role_id, role = only(
+        {k: v for k, v in roles.items() if policy_id in referenced_ids(v["Properties"])}
+    )
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "ec2.amazonaws.com"}
+    assert sorted(as_list(trust["Action"])) == ["sts:AssumeRole", "sts:TagSession"]
+    _, statements = _agent_policy(synth)
+    assert role_statements(synth.json, role_id) == statements  # nothing else attached
+
+
+# --- validity and compliance -------------------------------------------------------------------
+def test_cfn_lint_passes(synth: Synthesized, tmp_path: Path) -> None:
+    path = tmp_path / "ShardVault.template.json"
+    path.write_text(json.dumps(synth.json))
+    cfn_lint = Path(sys.executable).with_name("cfn-lint")
+    result = subprocess.run(
+        [str(cfn_lint), "--format", "json", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip(), result.stderr
+    findings = json.loads(result.stdout)
+    problems = [
+        f"{f['Rule']['Id']} {f['Message']}"
+        for f in findings
+        if f["Level"] == "Error"
+        or (f["Level"] == "Warning" and f["Rule"]["Id"] not in ALLOWED_CFN_LINT_WARNINGS)
+    ]
+    assert problems == []
+
+
+def test_no_unsuppressed_cdk_nag_errors(synth: Synthesized) -> None:
+    errors = Annotations.from_stack(synth.stack).find_error(
+        "*", Match.string_like_regexp("AwsSolutions-.*")
+    )
+    assert [f"{e.id}: {e.entry.data}" for e in errors] == []
+
+
+def test_stack_is_environment_agnostic(synth: Synthesized) -> None:
+    assert Token.is_unresolved(synth.stack.account)
+    assert Token.is_unresolved(synth.stack.region)
+
+
+def test_cdk_app_synthesizes_without_aws_credentials(tmp_path: Path) -> None:
+    """Runs the app as ``cdk synth`` would (the command in cdk.json), with no AWS
+    configuration at all, and fails on any error annotation as ``cdk synth`` does."""
+    command = shlex.split(json.loads((REPO_ROOT / "cdk.json").read_text())["app"])
+    assert command[0] == "python"
+    environment = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),  # no ~/.aws
+        "CDK_OUTDIR": str(tmp_path / "cdk.out"),
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, *command[1:]],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metadata = json.loads((tmp_path / "cdk.out" / "ShardVault.metadata.json").read_text())
+    errors = [e["data"] for entries in metadata.values() for e in entries if "error" in e["type"]]
+    assert errors == []
+    assert (tmp_path / "cdk.out" / "ShardVault.template.json").is_file()
