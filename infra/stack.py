@@ -6,6 +6,7 @@ keys are backup data (the store), ``_work/`` keys are work objects (plans and re
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
@@ -46,7 +47,13 @@ class ShardVaultStack(Stack):
             work_bucket=self.storage.bucket,
             alarm_topic=self.notifications.topic,
         )
-        self.agents = AgentAccess(self, "Agents", inbox=self.tables.inbox, nodes=self.tables.nodes)
+        self.agents = AgentAccess(
+            self,
+            "Agents",
+            inbox=self.tables.inbox,
+            nodes=self.tables.nodes,
+            node_ids=agent_nodes(self),
+        )
         self._outputs()
 
     def _environment(self) -> dict[str, str]:
@@ -186,7 +193,24 @@ class ShardVaultStack(Stack):
             "BackupStateMachineArn": self.workflow.state_machine.state_machine_arn,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,
             "AgentPolicyArn": self.agents.policy.managed_policy_arn,
-            "AgentRoleArn": self.agents.role.role_arn,
+            **{
+                "AgentRoleArn" + re.sub(r"[^A-Za-z0-9]", "", node.title()): role.role_arn
+                for node, role in self.agents.roles.items()
+            },
         }
         for name, value in values.items():
             CfnOutput(self, name, value=value)
+
+
+NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # as the agent's config requires
+
+
+def agent_nodes(scope: Construct) -> list[str]:
+    """Node ids from the CDK context ``agentNodes`` (a JSON list or a comma-separated string):
+    one agent role and instance profile is made for each."""
+    value = scope.node.try_get_context("agentNodes") or []
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value)]
+    bad = [n for n in names if not NODE_ID.fullmatch(n)]
+    if bad:
+        raise ValueError(f"agentNodes: {bad} are not node ids (1-63 of a-z, 0-9, '.', '_', '-').")
+    return names

@@ -1,14 +1,21 @@
-"""Agent access: what a node's agent may do, as a managed *policy* and an EC2 *role*.
+"""Agent access: what a node's agent may do, as a managed *policy* and one EC2 *role* per node.
 
 An agent reads and answers the commands in its own *inbox* items, keeps its own *node
 record* up to date and answers the task tokens it was given. Which items are its own is
 decided by ``dynamodb:LeadingKeys``: the partition key must equal the caller's principal tag
 ``shardvault:node_id``. A caller without that tag matches no item. Agents never touch S3
 with their own credentials: they upload through URLs presigned by a function's role.
+
+The tag comes from the *role*: each node gets its own role tagged with its node id (a role's
+tags are principal tags of its sessions), with an instance profile for EC2. EC2 attaches no
+session tags to instance-profile sessions, so one shared role could not tell nodes apart.
+Nodes are listed in the CDK context ``agentNodes``; hosts outside EC2 can use the managed
+policy on any role or user tagged ``shardvault:node_id``.
 """
 
 from __future__ import annotations
 
+from aws_cdk import Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from cdk_nag import NagSuppressions
@@ -46,6 +53,7 @@ class AgentAccess(Construct):
         *,
         inbox: dynamodb.ITable,
         nodes: dynamodb.ITable,
+        node_ids: list[str],
     ) -> None:
         super().__init__(scope, construct_id)
         self.policy = iam.ManagedPolicy(
@@ -60,15 +68,7 @@ class AgentAccess(Construct):
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),
             ],
         )
-        self.role = iam.Role(
-            self,
-            "Role",
-            role_name=AGENT_ROLE_NAME,
-            description="ShardVault agent on an EC2 node; tag it (or its session) with "
-            f"{NODE_ID_TAG}.",
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("ec2.amazonaws.com")),
-            managed_policies=[self.policy],
-        )
+        self.roles = {node_id: self._node_role(node_id) for node_id in node_ids}
         NagSuppressions.add_resource_suppressions(
             self.policy,
             [
@@ -81,3 +81,22 @@ class AgentAccess(Construct):
                 }
             ],
         )
+
+    def _node_role(self, node_id: str) -> iam.Role:
+        """The role of one node's agent: tagged with the node id, the policy and nothing else."""
+        role = iam.Role(
+            self,
+            f"Node-{node_id}",
+            role_name=f"{AGENT_ROLE_NAME}-{node_id}",
+            description=f"ShardVault agent of node {node_id}.",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            managed_policies=[self.policy],
+        )
+        Tags.of(role).add(NODE_ID_TAG, node_id)
+        iam.CfnInstanceProfile(
+            self,
+            f"Profile-{node_id}",
+            roles=[role.role_name],
+            instance_profile_name=f"{AGENT_ROLE_NAME}-{node_id}",
+        )
+        return role

@@ -62,6 +62,9 @@ ALLOWED_CFN_LINT_WARNINGS = {
 }
 
 
+AGENT_NODES = ["node-1", "node-2"]
+
+
 @dataclass
 class Synthesized:
     stack: ShardVaultStack
@@ -73,7 +76,7 @@ class Synthesized:
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     outdir = tmp_path_factory.mktemp("cdk.out")
-    _, stack = build_app(outdir=str(outdir))
+    _, stack = build_app(outdir=str(outdir), context={"agentNodes": AGENT_NODES})
     template = Template.from_stack(stack)
     return Synthesized(stack, template, template.to_json(), outdir)
 
@@ -400,17 +403,24 @@ def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> N
     ]
 
 
-def test_agent_role_is_for_ec2_with_session_tags_and_only_the_policy(synth: Synthesized) -> None:
-    policy_id, _ = _agent_policy(synth)
+def test_each_node_has_an_ec2_role_tagged_with_its_id_and_only_the_policy(
+    synth: Synthesized,
+) -> None:
+    policy_id, statements = _agent_policy(synth)
     roles = resources_of(synth, "AWS::IAM::Role")
-    role_id, role = only(
-        {k: v for k, v in roles.items() if policy_id in referenced_ids(v["Properties"])}
-    )
-    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert trust["Principal"] == {"Service": "ec2.amazonaws.com"}
-    assert sorted(as_list(trust["Action"])) == ["sts:AssumeRole", "sts:TagSession"]
-    _, statements = _agent_policy(synth)
-    assert role_statements(synth.json, role_id) == statements  # nothing else attached
+    agent_roles = {k: v for k, v in roles.items() if policy_id in referenced_ids(v["Properties"])}
+    tags = {}
+    for role_id, role in agent_roles.items():
+        (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        assert trust["Principal"] == {"Service": "ec2.amazonaws.com"}
+        assert as_list(trust["Action"]) == ["sts:AssumeRole"]
+        assert role_statements(synth.json, role_id) == statements  # nothing else attached
+        (tag,) = [t for t in role["Properties"]["Tags"] if t["Key"] == NODE_ID_TAG]
+        tags[tag["Value"]] = role_id
+    # One role per node: a role's tags are the principal tags LeadingKeys compares with.
+    assert sorted(tags) == AGENT_NODES
+    profiles = resources_of(synth, "AWS::IAM::InstanceProfile")
+    assert len(profiles) == len(AGENT_NODES)
 
 
 # --- validity and compliance -------------------------------------------------------------------
