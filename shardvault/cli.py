@@ -256,7 +256,10 @@ def run_demo(args: argparse.Namespace) -> int:
             check_readback(stack, outcome.record or {}, cluster)
         finally:
             cluster.stop()
-    console.print(f"demo finished in {time.monotonic() - started:.1f} s; logs in {root}")
+    console.print(
+        f"demo finished in {time.monotonic() - started:.1f} s; logs in {root} "
+        "(functions.log, agents/*.log, minio.log)"
+    )
     return 0
 
 

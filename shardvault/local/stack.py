@@ -147,7 +147,7 @@ class LocalStack:
         os.environ.update(control_plane_env(self.endpoint))
         os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+        self._log_functions_to(self.root / "functions.log")
         LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in FUNCTIONS.values()}).install()
         self._server = ThreadedMotoServer(
             ip_address="127.0.0.1", port=self.moto_port, verbose=False
@@ -160,6 +160,20 @@ class LocalStack:
             method="POST",
         )
         urllib.request.urlopen(request, timeout=10).read()
+
+    @staticmethod
+    def _log_functions_to(path: Path) -> None:
+        """The handlers' logs go to a file, as they would go to CloudWatch, not the console."""
+        for name in ("shardvault", "aws_lambda_powertools"):
+            logger = logging.getLogger(name)
+            for old in list(logger.handlers):
+                logger.removeHandler(old)
+                handler = logging.FileHandler(path)
+                handler.setFormatter(old.formatter)  # keep Powertools' JSON lines
+                logger.addHandler(handler)
+            if not logger.handlers:
+                logger.addHandler(logging.FileHandler(path))
+            logger.propagate = False
 
     def _start_store(self) -> tuple[str, str, tuple[str, str] | None]:
         """MinIO when its binary is found, else a bucket in moto's S3."""
