@@ -9,6 +9,7 @@ except to read an object back when the store cannot report its checksum.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections import defaultdict
@@ -18,6 +19,7 @@ from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
     ChecksumMismatch,
+    InvalidRequest,
     MixedEngines,
     ShardWithManyLeaders,
     ShardWithoutLeader,
@@ -87,8 +89,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="give each engine its own cluster name in the agents' configuration.",
         )
     sources = choose_sources(nodes)
-    backup_id = new_backup_id(now)
-    take_lock(svc, request, backup_id)
+    backup_id = take_lock(svc, request, new_backup_id(now))
     context = BackupContext(
         backup_id=backup_id,
         cluster=request.cluster,
@@ -160,18 +161,31 @@ def choose_sources(nodes: list[NodeRecord]) -> list[Source]:
     return [Source(node_id=n, shard_ids=s) for n, s in sorted(by_node.items())]
 
 
-def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> None:
+def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> str:
+    """Takes the cluster's lock for ``backup_id``; returns the backup id that holds it for
+    this execution (an earlier attempt's, when Validate itself was retried)."""
     holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
     if holder == {}:  # released between our attempt and our look: try once more
         holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
     if holder is None:
-        return
+        return backup_id
+    if request.execution_id and holder.get("execution_id") == request.execution_id:
+        return holder["holder"]  # our own lock, taken by an attempt whose answer was lost
     if holder and not execution_running(svc, holder.get("execution_id", "")):
         # The holder's execution ended without releasing the lock (e.g. it was stopped by
-        # hand): the lock is stale, so it is safe to take over.
-        svc.catalog.unlock(request.cluster, holder["holder"])
+        # hand): the lock is stale. Its backup is marked failed, then the lock is taken over.
+        stale = holder["holder"]
+        if svc.catalog.get(request.cluster, stale):
+            svc.catalog.update(
+                request.cluster,
+                stale,
+                status=BackupStatus.FAILED.value,
+                error="ExecutionEnded",
+                cause="its execution ended without finishing or cleaning up",
+            )
+        svc.catalog.unlock(request.cluster, stale)
         if svc.catalog.try_lock(request.cluster, backup_id, request.execution_id) is None:
-            return
+            return backup_id
     raise BackupAlreadyRunning(
         f"backup {holder.get('holder')} of cluster {request.cluster!r} is still running "
         f"(execution {holder.get('execution_id') or 'unknown'}).",
@@ -214,6 +228,7 @@ def plan(
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
     listings = listings_from_results(results, phase)
+    check_listings_match_sources(context, listings)
     total = sum(listing.bytes for listing in listings)
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     part_size = record.get("part_size") or context.part_size or choose_part_size(total)
@@ -275,6 +290,18 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
     return {"phase": phase.value, "objects": len(planned)}
 
 
+def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:
+    """Each shard is listed once, by the node it was asked of: an agent's answer is data from
+    a database host, and is checked before it shapes a plan."""
+    expected = {(shard, s.node_id) for s in context.sources for shard in s.shard_ids}
+    got = [(listing.shard_id, listing.node_id) for listing in listings]
+    if sorted(got) != sorted(expected):
+        raise InvalidRequest(
+            f"agents answered for shards {sorted(got)}, expected {sorted(expected)}.",
+            fix="check that each agent's configuration names the shards it registered with.",
+        )
+
+
 def skew_seconds(listings: list[ShardListing]) -> float:
     """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
     times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
@@ -324,7 +351,9 @@ def complete(
             for p in missing
             if p.part_number in etags
         }
-    complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
+    # A retry after S3 completed the upload finds no upload: verification below decides.
+    with contextlib.suppress(s3.exceptions.NoSuchUpload):
+        complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
     verified_by = verify_object(svc, item.key, sums.crc64nvme, item.length)
     result = ObjectResult(
         key=item.key,

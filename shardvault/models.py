@@ -84,8 +84,22 @@ class NodeRecord(Frozen):
 
 
 class FileEntry(Frozen):
-    path: str  # relative to the shard's root, '/'-separated
-    size: int
+    path: str  # relative to the shard's root, '/'-separated; a trailing '/' is a directory
+    size: Annotated[int, Field(ge=0)]
+
+    @field_validator("path")
+    @classmethod
+    def _relative_inside_root(cls, value: str) -> str:
+        """Paths come from agents: none may point outside the shard's root on restore."""
+        parts = value.rstrip("/").split("/")
+        if (
+            not value
+            or value.startswith("/")
+            or "\\" in value
+            or any(p in ("", ".", "..") for p in parts)
+        ):
+            raise ValueError(f"file path {value!r} is not a plain relative path")
+        return value
 
 
 class ShardListing(Frozen):

@@ -71,8 +71,11 @@ class StreamWriter:
     def close(self) -> None:
         if self.handle:
             self.handle.close()
-        while self._open_next():  # files after the last byte: all empty
+        if self.left:
+            raise ChecksumMismatch(f"the stream ended {self.left} bytes short of its files.")
+        while self._open_next():  # only empty files may follow the last byte
             self.handle.close()
+            raise ChecksumMismatch("the stream ended before its last non-empty file.")
 
 
 def read_stream(s3: Any, bucket: str, stream: ManifestStream, root: Path) -> int:

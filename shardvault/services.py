@@ -7,6 +7,7 @@ pointed at moto, MinIO or anything else.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -16,6 +17,8 @@ import boto3
 from shardvault.settings import Settings
 from shardvault.store import StoreLocation, s3_client
 from shardvault.tables import Catalog, Inbox, NodeRegistry, table
+
+log = logging.getLogger("shardvault.services")
 
 
 @dataclass
@@ -75,8 +78,16 @@ class Services:
             keys += [o["Key"] for o in page.get("Contents", [])]
         return sorted(keys)
 
-    def notify(self, subject: str, message: dict[str, Any]) -> None:
-        if self.settings.topic_arn:
+    def notify(self, subject: str, message: dict[str, Any]) -> bool:
+        """Best effort: a notification that cannot be sent must never fail (and so clean up)
+        a backup that is complete. Returns whether it was sent."""
+        if not self.settings.topic_arn:
+            return False
+        try:
             self.sns.publish(
                 TopicArn=self.settings.topic_arn, Subject=subject[:100], Message=json.dumps(message)
             )
+        except Exception as error:
+            log.warning("notification %r not sent: %s", subject, error)
+            return False
+        return True

@@ -48,6 +48,17 @@ def dynamo(value: Any) -> Any:
     return value
 
 
+def query_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every item a query matches, across pages."""
+    items: list[dict[str, Any]] = []
+    while True:
+        page = dynamo_table.query(**kwargs)
+        items += page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
 def table(name: str) -> Any:
     return boto3.resource("dynamodb").Table(name)
 
@@ -67,17 +78,9 @@ class NodeRegistry:
         self.table.delete_item(Key={"node_id": node_id})
 
     def in_cluster(self, cluster: str) -> list[NodeRecord]:
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {
-            "IndexName": "by_cluster",
-            "KeyConditionExpression": Key("cluster").eq(cluster),
-        }
-        while True:
-            page = self.table.query(**kwargs)
-            items += page.get("Items", [])
-            if "LastEvaluatedKey" not in page:
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = query_all(
+            self.table, IndexName="by_cluster", KeyConditionExpression=Key("cluster").eq(cluster)
+        )
         return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
 
     def clusters(self) -> list[str]:
@@ -119,10 +122,11 @@ class Inbox:
         )
 
     def pending(self, node_id: str) -> list[dict[str, Any]]:
-        page = self.table.query(
-            KeyConditionExpression=Key("node_id").eq(node_id), ConsistentRead=True
-        )
-        return [plain(i) for i in page.get("Items", [])]
+        condition = Key("node_id").eq(node_id)
+        return [
+            plain(i)
+            for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
+        ]
 
     def remove(self, node_id: str, command_id: str, dispatch_id: str) -> None:
         """Deletes a command unless a retry has posted it anew meanwhile."""
@@ -204,14 +208,8 @@ class Catalog:
         return plain(item.get("Item")) if item.get("Item") else None
 
     def backups(self, cluster: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {"KeyConditionExpression": Key("cluster").eq(cluster)}
-        while True:
-            page = self.table.query(**kwargs)
-            items += [plain(i) for i in page.get("Items", []) if i["backup_id"] != LOCK_KEY]
-            if "LastEvaluatedKey" not in page:
-                return items
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
+        return [plain(i) for i in items if i["backup_id"] != LOCK_KEY]
 
     def all_backups(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

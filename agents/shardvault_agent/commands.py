@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,8 @@ class Commands:
     ) -> None:
         self.config, self.engine, self.limiter, self.sender = config, engine, limiter, sender
         self.shards = {s.shard_id: s for s in config.shards}
+        self.locks: dict[str, threading.Lock] = {}
+        self.locks_guard = threading.Lock()
 
     def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
@@ -125,32 +128,58 @@ class Commands:
             self.engine.flush(shard)
         return {"node_id": self.config.node_id, "flushed": [s.shard_id for s in shards]}
 
+    def _tombstone(self, backup_id: str) -> Path:
+        return self.config.state_dir / "released" / backup_id
+
+    def _refuse_released(self, backup_id: str) -> None:
+        if self._tombstone(backup_id).exists():
+            raise CheckpointNotFound(
+                f"backup {backup_id} was already released on this node.",
+                fix="nothing to do: that backup has ended; start a new one.",
+            )
+
     def do_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
         backup_id, shards = args["backup_id"], self._shards(args)
-        for shard in shards:
-            held = self.engine.holds(shard, backup_id)
-            if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
-                continue  # a retried command: the checkpoint is already held
-            at = time.time()
-            capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
-            self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
-        return self._listing_result(backup_id, Phase.DATA, shards)
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            for shard in shards:
+                held = self.engine.holds(shard, backup_id)
+                if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
+                    continue  # a retried command: the checkpoint is already held
+                at = time.time()
+                capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
+                self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
+            return self._listing_result(backup_id, Phase.DATA, shards)
 
     def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
         backup_id, shards = args["backup_id"], self._shards(args)
-        for shard in shards:
-            if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
-                continue
-            capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
-            self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
-        return self._listing_result(backup_id, Phase.TAIL, shards)
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            for shard in shards:
+                if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
+                    continue
+                capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
+                self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
+            return self._listing_result(backup_id, Phase.TAIL, shards)
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Releases everything held for the backup and leaves a tombstone, so that a
+        checkpoint still in flight, or replayed after a restart, gives up instead of taking
+        a checkpoint nobody will release. The lock makes release wait for such a checkpoint."""
         backup_id = args["backup_id"]
-        for shard in self._shards(args):
-            self.engine.release(shard, backup_id)
-        shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
+        tombstone = self._tombstone(backup_id)
+        tombstone.parent.mkdir(parents=True, exist_ok=True)
+        tombstone.touch()
+        with self._lock(backup_id):
+            for shard in self._shards(args):
+                self.engine.release(shard, backup_id)
+            shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
         return {"node_id": self.config.node_id, "released": True}
+
+    def _lock(self, backup_id: str) -> threading.Lock:
+        """One lock per backup: checkpoint, stop and release of a backup never overlap."""
+        with self.locks_guard:
+            return self.locks.setdefault(backup_id, threading.Lock())
 
     def _spool_path(self, item: ObjectPlan) -> Path:
         digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
@@ -177,6 +206,8 @@ class Commands:
         )
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
+        if all(p.part_number in done for p in sums.parts):  # a retry of a finished upload
+            return {"parts": [done[p.part_number].model_dump(mode="json") for p in sums.parts]}
         spool = self._spool_path(item)
         if capture["mutable"] and not spool.exists():
             raise CheckpointNotFound(f"the spool of {item.key} is gone.", fix="retry the backup.")

@@ -118,18 +118,21 @@ class Agent:
     def execute(self, item: dict[str, Any]) -> None:
         token, started = item["task_token"], time.monotonic()
         try:
+            if not self.task_alive(token):
+                # Its task ended while the command waited (e.g. an agent restarted with a
+                # week-old inbox): running it could take a checkpoint nobody releases.
+                log.info("%s skipped: its task has ended", item["command_id"])
+                return
             result = self.commands.run(item["command"], item.get("args", {}))
             self._answer(
-                lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result))
+                token,
+                lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)),
             )
             log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
         except Exception as error:  # every failure is answered, never swallowed
             name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
             log.warning("%s failed: %s: %s", item["command_id"], name, error)
-            cause = str(error)[:MAX_CAUSE]
-            self._answer(
-                lambda: self.sfn.send_task_failure(taskToken=token, error=name[:256], cause=cause)
-            )
+            self.fail(token, name, str(error))
         finally:
             with contextlib.suppress(Exception):
                 self.inbox.remove(self.config.node_id, item["command_id"], item["dispatch_id"])
@@ -147,12 +150,52 @@ class Agent:
         )
         return self.config.busy_poll_interval_seconds if busy else self.config.poll_interval_seconds
 
-    @staticmethod
-    def _answer(send) -> None:
+    def task_alive(self, token: str) -> bool:
+        """A heartbeat tells whether the task still waits for this token."""
+        ended = (
+            self.sfn.exceptions.TaskTimedOut,
+            self.sfn.exceptions.TaskDoesNotExist,
+            self.sfn.exceptions.InvalidToken,
+        )
         try:
-            send()
-        except Exception as error:  # a task that timed out or was retried no longer takes answers
-            log.info("answer not taken: %s", error)
+            self.sfn.send_task_heartbeat(taskToken=token)
+        except ended:
+            return False
+        except Exception as error:  # cannot tell (e.g. throttled): run it, the answer decides
+            log.info("task heartbeat failed: %s", error)
+        return True
+
+    def fail(self, token: str, name: str, cause: str) -> None:
+        self._answer(
+            token,
+            lambda: self.sfn.send_task_failure(
+                taskToken=token, error=name[:256], cause=cause[:MAX_CAUSE]
+            ),
+        )
+
+    def _answer(self, token: str, send, attempts: int = 4) -> None:
+        """Sends an answer, retrying throttling and network errors. An answer the service
+        refuses as invalid (e.g. an output too large) becomes a named failure instead, so the
+        task does not die later as an anonymous timeout."""
+        ended = (
+            self.sfn.exceptions.TaskTimedOut,
+            self.sfn.exceptions.TaskDoesNotExist,
+            self.sfn.exceptions.InvalidToken,
+        )
+        for attempt in range(attempts):
+            try:
+                send()
+                return
+            except ended as error:  # a task that timed out or was retried takes no answers
+                log.info("answer not taken: %s", error)
+                return
+            except self.sfn.exceptions.InvalidOutput as error:
+                log.warning("answer refused: %s", error)
+                self.fail(token, "AnswerRefused", f"the agent's answer was refused: {error}")
+                return
+            except Exception as error:
+                log.info("answer failed (try %d): %s", attempt + 1, error)
+                time.sleep(min(5.0, 0.2 * 2**attempt))
 
     # --- life cycle --------------------------------------------------------------------------
     def run(self) -> None:

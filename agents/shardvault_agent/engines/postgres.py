@@ -107,12 +107,21 @@ class PostgresAdapter:
             conn.execute("CHECKPOINT")
 
     def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+        refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)
+        slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
+        slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
         try:
-            slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
-            slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+        except psycopg.Error as error:
+            conn.close()
+            raise EngineError(
+                f"cannot create a replication slot on shard {shard.shard_id}: {error}".strip(),
+                fix="raise max_replication_slots (one free slot per running backup) and let the "
+                "agent's user have the REPLICATION attribute.",
+            ) from None
+        try:
             started = time.time()
             lsn = conn.execute(
                 "SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)
@@ -166,6 +175,8 @@ class PostgresAdapter:
             shutil.copyfile(shard.data_dir / "pg_wal" / name, tail / "pg_wal" / name)
         files = [f for f in list_tree(tail) if not f.path.endswith("/")]
         marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
+        # The WAL is copied: end the session now, which drops the slot holding the WAL.
+        self.release(shard, backup_id)
         return Capture(root=tail, files=files, marker=marker, mutable=False)
 
     @staticmethod
@@ -190,6 +201,19 @@ class PostgresAdapter:
             pass  # closing the session below aborts the backup anyway
         finally:
             held.connection.close()
+
+
+def refuse_tablespaces(shard: ShardConfig) -> None:
+    """Tablespaces live outside the data directory (symlinks in ``pg_tblspc``) and are not
+    copied yet: refuse rather than record a backup that restores without their data."""
+    links = sorted(p.name for p in (shard.data_dir / "pg_tblspc").glob("*"))
+    if links:
+        raise EngineError(
+            f"shard {shard.shard_id} has tablespaces ({', '.join(links)}), which this version "
+            "does not back up.",
+            fix="move those tables into the default tablespace, or back up this instance "
+            "with another tool until tablespace support lands.",
+        )
 
 
 def wal_segments(pg_wal: Path, first: str, last: str) -> list[str]:
