@@ -10,6 +10,7 @@ except to read an object back when the store cannot report its checksum.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import time
 from collections import defaultdict
@@ -506,6 +507,34 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
 
 
 # --- cleanup -----------------------------------------------------------------------------------
+def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> str:
+    """The failure's cause, plus the nodes whose agents went silent: a timeout (which Step
+    Functions reports without a cause) or a missing object is most often a dead agent, and
+    the operator needs to know where to look."""
+    cause = readable_cause(str(error.get("Cause") or ""))
+    silent = []
+    for source in context.sources:
+        node = svc.nodes.get(source.node_id)
+        if node is None or node.status != "up":
+            silent.append(f"{source.node_id} (agent stopped)")
+        elif now - node.heartbeat_at > svc.settings.heartbeat_max_age_seconds:
+            silent.append(f"{source.node_id} (silent for {now - node.heartbeat_at:.0f} s)")
+    if not silent:
+        return cause or "a task timed out."
+    return (
+        f"{cause} The agent of {', '.join(silent)} stopped answering. Fix: restart the agent on "
+        "that node (shardvault-agent run), then start the backup again."
+    ).strip()
+
+
+def readable_cause(cause: str) -> str:
+    """A Lambda error's cause is its JSON payload: keep the message, drop the stack trace."""
+    try:
+        return json.loads(cause).get("errorMessage", cause)
+    except (ValueError, AttributeError):
+        return cause
+
+
 def cleanup(
     context: BackupContext, error: dict[str, Any], svc: Services, now: float
 ) -> dict[str, Any]:
@@ -518,7 +547,7 @@ def cleanup(
         "status": BackupStatus.FAILED.value,
         "failed_at": now,
         "error": error.get("Error", "States.Runtime"),
-        "cause": str(error.get("Cause", ""))[:2000],
+        "cause": explain(context, error, svc, now)[:2000],
         "aborted_uploads": aborted,
         "deleted_objects": deleted,
     }

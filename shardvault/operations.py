@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 
+from shardvault.backup import readable_cause
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupRequest, NodeRecord
 from shardvault.tables import Catalog, NodeRegistry, table
@@ -101,14 +102,6 @@ def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
         progress.objects_done = record.get("objects_done", 0)
         progress.objects_total = record.get("objects_total", 0)
     return progress
-
-
-def readable_cause(cause: str) -> str:
-    """A Lambda error's cause is its JSON payload: keep the message, drop the stack trace."""
-    try:
-        return json.loads(cause).get("errorMessage", cause)
-    except (ValueError, AttributeError):
-        return cause
 
 
 def find_by_execution(

@@ -134,6 +134,9 @@ def test_a_killed_agent_ends_the_backup_and_postgres_leaves_backup_mode(pg_clust
     cluster.stack.stop_agent(victim, kill=True)
     progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=300)
     assert progress.status == "FAILED"
+    (record,) = cluster.records()
+    assert victim in record["cause"]  # the timeout names the node whose agent went silent
+    assert "restart the agent" in record["cause"]
     assert cluster.open_uploads() == []
     assert cluster.store_keys() == []
     for server in servers:
