@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from shardvault.checksums import combine
 from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
@@ -38,6 +39,7 @@ from shardvault.models import (
     ObjectChecksums,
     ObjectPlan,
     ObjectResult,
+    PartChecksum,
     Phase,
     Role,
     ShardListing,
@@ -310,9 +312,18 @@ def skew_seconds(listings: list[ShardListing]) -> float:
 
 
 # --- sign --------------------------------------------------------------------------------------
-def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Services) -> dict:
+def sign(
+    item: ObjectPlan,
+    sums: ObjectChecksums,
+    upload_id: str | None,
+    svc: Services,
+    changed: list[PartChecksum] | None = None,
+) -> dict:
     """Creates the multipart upload (once) and signs a URL per part still missing, each bound
-    to that part's checksum, so the URL accepts those bytes and no others."""
+    to that part's checksum, so the URL accepts those bytes and no others. ``changed`` parts
+    (a live file rewritten since it was checksummed) take their new checksums, and the
+    object's checksum is recomputed from its parts'."""
+    sums = merge_changed(sums, changed or [])
     s3, bucket = svc.store_s3, svc.store.bucket
     if upload_id:
         done = uploaded_parts(s3, bucket, item.key, upload_id)
@@ -327,7 +338,21 @@ def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Se
         for p in sums.parts
         if p.part_number not in done
     ]
-    return {"upload_id": upload_id, "parts": parts, "expires_at": time.time() + ttl}
+    return {
+        "upload_id": upload_id,
+        "parts": parts,
+        "checksums": sums.model_dump(mode="json"),
+        "expires_at": time.time() + ttl,
+    }
+
+
+def merge_changed(sums: ObjectChecksums, changed: list[PartChecksum]) -> ObjectChecksums:
+    if not changed:
+        return sums
+    new = {p.part_number: p for p in changed}
+    parts = [new.get(p.part_number, p) for p in sums.parts]
+    whole = combine((p.crc64nvme, p.size) for p in parts)
+    return ObjectChecksums(key=sums.key, parts=parts, crc64nvme=whole)
 
 
 # --- complete ----------------------------------------------------------------------------------

@@ -43,3 +43,11 @@ def crc64nvme_of_stream(stream: BinaryIO) -> str:
 
 def crc64nvme_of_bytes(data: bytes) -> str:
     return to_b64(crc64nvme(data))
+
+
+def combine(parts: Iterable[tuple[str, int]]) -> str:
+    """The CRC64NVME of concatenated blocks from their own CRCs and lengths, in order."""
+    whole = 0
+    for crc, length in parts:
+        whole = checksums.combine_crc64nvme(whole, from_b64(crc), length)
+    return to_b64(whole)

@@ -17,15 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
 from shardvault.models import (
     FileEntry,
     ObjectChecksums,
     ObjectPlan,
+    PartChecksum,
     Phase,
     UploadedPart,
     pack_files,
 )
+from shardvault.planning import PartRange
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.ratelimit import RateLimiter
@@ -181,59 +184,79 @@ class Commands:
         with self.locks_guard:
             return self.locks.setdefault(backup_id, threading.Lock())
 
-    def _spool_path(self, item: ObjectPlan) -> Path:
+    def _spool_dir(self, item: ObjectPlan) -> Path:
+        """Stable copies of the parts of one object that changed while being read."""
         digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
-        return self.backup_dir(item.backup_id) / "spool" / f"{digest}.bin"
+        return self.backup_dir(item.backup_id) / "spool" / digest
 
     def do_checksum(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Checksums every part of an object, reading its files once. Nothing is copied:
+        the upload reads the files again, and a part of a live file that changed in between
+        is caught by the store (its URL is bound to the checksum) and sent again."""
         item = ObjectPlan.model_validate(args["object"])
+        self._refuse_released(item.backup_id)
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
-        spool = self._spool_path(item) if capture["mutable"] else None
-        if spool:
-            spool.parent.mkdir(parents=True, exist_ok=True)
-        sums = checksum_object(item, Path(capture["root"]), capture["files"], self.limiter, spool)
-        return sums.model_dump(mode="json")
+        sums = checksum_object(item, Path(capture["root"]), capture["files"], self.limiter)
+        return self.sender.faults.after_checksum(sums).model_dump(mode="json")
 
     def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
         item = ObjectPlan.model_validate(args["object"])
         sums = ObjectChecksums.model_validate(args["checksums"])
         urls = {p["part_number"]: p["url"] for p in args["parts"]}
+        self._refuse_released(item.backup_id)  # a late command must not recreate its state
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
-        record = (
-            self.backup_dir(item.backup_id)
-            / "uploads"
-            / f"{hashlib.sha256(args['upload_id'].encode()).hexdigest()[:24]}.jsonl"
-        )
+        digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
+        record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
-        if all(p.part_number in done for p in sums.parts):  # a retry of a finished upload
-            return {"parts": [done[p.part_number].model_dump(mode="json") for p in sums.parts]}
-        spool = self._spool_path(item)
-        if capture["mutable"] and not spool.exists():
-            raise CheckpointNotFound(f"the spool of {item.key} is gone.", fix="retry the backup.")
+        spool = self._spool_dir(item)
 
-        def open_part(_: int, offset: int, size: int) -> BinaryIO:
-            if capture["mutable"]:
-                handle = open(spool, "rb")  # noqa: SIM115
-                handle.seek(offset)
-                return _Limited(handle, size, self.limiter)
-            return StreamReader(
-                Path(capture["root"]),
-                capture["files"],
-                item.stream_offset + offset,
-                size,
-                self.limiter,
-            )
+        def source(offset: int, size: int) -> StreamReader:
+            root, files = Path(capture["root"]), capture["files"]
+            return StreamReader(root, files, item.stream_offset + offset, size, self.limiter)
+
+        def open_part(part: PartChecksum, r: PartRange) -> BinaryIO:
+            copy = spool / f"{part.part_number}.{crc_name(part.crc64nvme)}"
+            if copy.exists():  # the stable copy taken when the part changed
+                return _Limited(open(copy, "rb"), r.size, self.limiter)
+            return source(r.offset, r.size)
+
+        def respool(r: PartRange) -> PartChecksum:
+            spool.mkdir(parents=True, exist_ok=True)
+            tmp = spool / f"{r.part_number}.tmp"
+            with source(r.offset, r.size) as reader, open(tmp, "wb") as out:
+                crc = 0
+                for data in iter(lambda: reader.read(READ_CHUNK), b""):
+                    crc = crc64nvme(data, crc)
+                    out.write(data)
+            fresh = PartChecksum(part_number=r.part_number, size=r.size, crc64nvme=to_b64(crc))
+            tmp.replace(spool / f"{r.part_number}.{crc_name(fresh.crc64nvme)}")
+            return fresh
 
         def on_part(part: UploadedPart) -> None:
             with record.open("a") as out:
                 out.write(part.model_dump_json() + "\n")
 
-        parts = upload_object(
-            item, sums, urls, open_part, self.sender, self.config.upload_parallelism, done, on_part
-        )
-        spool.unlink(missing_ok=True)
-        return {"parts": [p.model_dump(mode="json") for p in parts]}
+        try:
+            outcome = upload_object(
+                item, sums, urls, open_part, respool, self.sender,
+                self.config.upload_parallelism, done, on_part,
+            )  # fmt: skip
+        finally:
+            if self._tombstone(item.backup_id).exists():
+                # Released while this upload ran: leave nothing behind that release removed.
+                shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+        if not outcome.changed:
+            shutil.rmtree(spool, ignore_errors=True)
+        return {
+            "parts": [p.model_dump(mode="json") for p in outcome.uploaded],
+            "changed": [p.model_dump(mode="json") for p in outcome.changed],
+        }
+
+
+def crc_name(crc_b64: str) -> str:
+    """A checksum as a file-name part."""
+    return crc_b64.replace("/", "_").replace("+", "-").rstrip("=")
 
 
 def _read_parts(path: Path) -> list[UploadedPart]:

@@ -1,10 +1,10 @@
 """Transfer: read an object's bytes from a shard's files, checksum them, upload the parts.
 
 The agent never holds a whole part in memory: bytes are read in 1 MiB chunks, checksummed
-as they stream, and sent as the request body. An object whose files may change while being
-read (a live PostgreSQL data directory) is first *spooled*: the checksum pass copies the
-bytes it checksums to a spool file, and the upload sends the spool, so the bytes uploaded are
-exactly the bytes whose checksum the URL was signed for.
+as they stream, and sent as the request body. Files are read twice (checksum, then upload)
+and never copied. Each part's URL is bound to its checksum, so when a live file (a PostgreSQL
+data directory) changed a part in between, the store rejects it: that part alone is read
+again into a stable *spool* copy, returned as changed, signed again and sent from the copy.
 
 Part retries: exponential backoff with full jitter; an expired URL ends the command with
 ``PresignedUrlExpired`` so the state machine signs again (only the parts still missing).
@@ -29,7 +29,7 @@ import urllib3
 from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
 from shardvault.errors import PartUploadFailed, PresignedUrlExpired, SourceChanged
 from shardvault.models import FileEntry, ObjectChecksums, ObjectPlan, PartChecksum, UploadedPart
-from shardvault.planning import part_ranges
+from shardvault.planning import PartRange, part_ranges
 from shardvault.store import CHECKSUM_HEADER
 from shardvault.streams import StreamIndex
 from shardvault_agent.ratelimit import RateLimiter
@@ -39,17 +39,24 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 CHECKSUM_ERRORS = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
 
 
+class PartRejected(Exception):
+    """The store refused a part's bytes: they do not match the checksum the URL was signed
+    for (a live file rewritten since it was checksummed, or bytes damaged on the way)."""
+
+
 class InjectedFault(ConnectionError):
     """A failure the test harness asked for (``SHARDVAULT_AGENT_FAULTS``)."""
 
 
 @dataclass
 class Faults:
-    """Test-only fault injection: fail the first ``part_failures`` tries of every part, and
-    wait ``first_try_delay`` seconds before the first try of every part (URLs expire)."""
+    """Test-only fault injection: fail the first ``part_failures`` tries of every part; wait
+    ``first_try_delay`` seconds before the first try of every part (URLs expire); report a
+    stale checksum for part 1 of every object (as if the file changed after checksumming)."""
 
     part_failures: int = 0
     first_try_delay: float = 0.0
+    stale_checksum: bool = False
     _seen: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,7 +70,14 @@ class Faults:
         return cls(
             part_failures=int(spec.get("upload_part", 0)),
             first_try_delay=float(spec.get("first_try_delay", 0)),
+            stale_checksum=spec.get("stale_checksum") == "1",
         )
+
+    def after_checksum(self, sums: ObjectChecksums) -> ObjectChecksums:
+        if not self.stale_checksum:
+            return sums
+        first = sums.parts[0].model_copy(update={"crc64nvme": to_b64(12345)})
+        return sums.model_copy(update={"parts": [first, *sums.parts[1:]]})
 
     def before_part(self, key: str, part_number: int) -> None:
         with self._lock:
@@ -139,25 +153,18 @@ def chunks(reader: BinaryIO, size: int) -> Iterator[bytes]:
 
 
 def checksum_object(
-    item: ObjectPlan, root: Path, files: list[FileEntry], limiter: RateLimiter, spool: Path | None
+    item: ObjectPlan, root: Path, files: list[FileEntry], limiter: RateLimiter
 ) -> ObjectChecksums:
-    """One pass over the object: per-part and full-object CRC64NVME, optionally spooling."""
+    """One pass over the object: per-part and full-object CRC64NVME."""
     reader = StreamReader(root, files, item.stream_offset, item.length, limiter)
     parts, whole = [], 0
-    out = open(spool, "wb") if spool else None  # noqa: SIM115
-    try:
-        for part in part_ranges(item.length, item.part_size):
-            crc = 0
-            for data in chunks(reader, part.size):
-                crc, whole = crc64nvme(data, crc), crc64nvme(data, whole)
-                if out:
-                    out.write(data)
-            parts.append(
-                PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc))
-            )
-    finally:
-        if out:
-            out.close()
+    for part in part_ranges(item.length, item.part_size):
+        crc = 0
+        for data in chunks(reader, part.size):
+            crc, whole = crc64nvme(data, crc), crc64nvme(data, whole)
+        parts.append(
+            PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc))
+        )
     return ObjectChecksums(key=item.key, parts=parts, crc64nvme=to_b64(whole))
 
 
@@ -210,9 +217,9 @@ class PartSender:
                 )
             last = f"HTTP {response.status}: {text[:300]}"
             log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
-            if response.status not in RETRYABLE_STATUS and not any(
-                e in text for e in CHECKSUM_ERRORS
-            ):
+            if response.status == 400 and any(e in text for e in CHECKSUM_ERRORS):
+                raise PartRejected(last)
+            if response.status not in RETRYABLE_STATUS:
                 break
         raise PartUploadFailed(
             f"part {part.part_number} of {key} failed after {self.attempts} tries: {last}",
@@ -220,33 +227,52 @@ class PartSender:
         )
 
 
+@dataclass
+class UploadOutcome:
+    uploaded: list[UploadedPart]  # every part the store holds, old and new
+    changed: list[PartChecksum]  # parts whose bytes changed: to sign again with these
+
+
 def upload_object(
     item: ObjectPlan,
     sums: ObjectChecksums,
     urls: dict[int, str],
-    open_part: Callable[[int, int, int], BinaryIO],
+    open_part: Callable[[PartChecksum, PartRange], BinaryIO],
+    respool: Callable[[PartRange], PartChecksum],
     sender: PartSender,
     parallelism: int,
     done: dict[int, UploadedPart],
     on_part: Callable[[UploadedPart], None],
-) -> list[UploadedPart]:
-    """Sends every part that has a URL and is not already ``done``; ``open_part(n, offset,
-    size)`` opens the bytes of part ``n``. Returns all parts uploaded, old and new."""
+) -> UploadOutcome:
+    """Sends every part that has a URL and is not already ``done``. ``open_part`` opens a
+    part's bytes. A part the store rejects for its checksum is read again into a stable copy
+    by ``respool``: if its checksum is unchanged the bytes were damaged on the way and are sent
+    again; otherwise the part is returned as changed, to be signed again."""
     ranges = {p.part_number: p for p in part_ranges(item.length, item.part_size)}
     todo = [p for p in sums.parts if p.part_number in urls and p.part_number not in done]
 
-    def one(part: PartChecksum) -> UploadedPart:
+    def send(part: PartChecksum) -> UploadedPart:
         r = ranges[part.part_number]
-        uploaded = sender.send(
-            item.key,
-            part,
-            urls[part.part_number],
-            lambda: open_part(r.part_number, r.offset, r.size),
-        )
+        url = urls[part.part_number]
+        return sender.send(item.key, part, url, lambda: open_part(part, r))
+
+    def one(part: PartChecksum) -> UploadedPart | PartChecksum:
+        try:
+            uploaded = send(part)
+        except PartRejected:
+            fresh = respool(ranges[part.part_number])
+            if fresh.crc64nvme != part.crc64nvme:
+                log.info("part %d of %s changed since checksummed", part.part_number, item.key)
+                return fresh
+            uploaded = send(part)  # same bytes: damaged on the way; the spool is sent now
         on_part(uploaded)
         return uploaded
 
+    changed: list[PartChecksum] = []
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        for uploaded in pool.map(one, todo):
-            done[uploaded.part_number] = uploaded
-    return [done[n] for n in sorted(done)]
+        for result in pool.map(one, todo):
+            if isinstance(result, UploadedPart):
+                done[result.part_number] = result
+            else:
+                changed.append(result)
+    return UploadOutcome([done[n] for n in sorted(done)], changed)

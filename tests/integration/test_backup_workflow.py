@@ -98,3 +98,19 @@ def test_expired_part_urls_are_signed_again(make_cluster):
         services().settings = settings
     assert progress.status == "SUCCEEDED", progress.cause
     assert "failed: PresignedUrlExpired" in cluster.agent_log(cluster.configs[0]["node_id"])
+
+
+def test_parts_changed_after_checksumming_are_signed_again_and_verified(make_cluster, tmp_path):
+    # The agent reports a stale checksum for part 1 of every object, as if the file changed
+    # after it was read: the store rejects those parts, the agent re-reads them, and the state
+    # machine signs them again with their real checksums before completing.
+    cluster = make_cluster(nodes=2, size_mb=12, env={"SHARDVAULT_AGENT_FAULTS": "stale_checksum=1"})
+    progress = cluster.backup()
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert "part 1 of" in cluster.agent_log(cluster.configs[0]["node_id"])
+    assert "changed since checksummed" in cluster.agent_log(cluster.configs[0]["node_id"])
+    svc = cluster.stack.services()
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, progress.record["manifest_key"])
+    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    for shard_id, source in cluster.sources.items():
+        assert content_hash(roots[shard_id] / source.name) == content_hash(source)

@@ -10,7 +10,7 @@ import urllib3
 from shardvault import backup
 from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.errors import ChecksumMismatch
-from shardvault.models import UploadedPart
+from shardvault.models import FileEntry, UploadedPart
 from shardvault.store import CHECKSUM_HEADER, complete_upload, create_upload, presign_part
 
 MiB = 1024 * 1024
@@ -61,3 +61,67 @@ def test_an_object_verifies_by_its_attributes_without_download(store):
     with pytest.raises(ChecksumMismatch, match="CRC64NVME"):
         backup.verify_object(svc, key, crc64nvme_of_bytes(b"other"), 8 * MiB)
     s3.delete_object(Bucket=bucket, Key=key)
+
+
+def test_a_part_that_changes_after_checksumming_is_signed_again_and_stored_as_read(stack, tmp_path):
+    """A live file rewritten between the checksum pass and the upload: the store rejects the
+    part (its URL is bound to the old checksum), the agent copies the part as it is now,
+    reports it changed, and it is signed again and sent from that stable copy."""
+    import sqlite3
+
+    import urllib3
+    from shardvault_agent.commands import Commands
+    from shardvault_agent.config import AgentConfig, ShardConfig
+    from shardvault_agent.engines.base import Capture
+    from shardvault_agent.engines.sqlite import SqliteAdapter
+    from shardvault_agent.ratelimit import RateLimiter
+    from shardvault_agent.transfer import Faults, PartSender
+
+    from shardvault.models import ObjectChecksums, ObjectPlan, PartChecksum, Phase
+    from shardvault.planning import part_count
+
+    svc = stack.services()
+    live = tmp_path / "data" / "relation"
+    live.parent.mkdir()
+    live.write_bytes(os.urandom(3 * 5 * MiB))
+    db = tmp_path / "unused.db"
+    sqlite3.connect(db).close()
+    config = AgentConfig(
+        node_id="n1", cluster="live", engine="sqlite",
+        shards=[ShardConfig(shard_id="s1", path=db)], state_dir=tmp_path / "state",
+    )  # fmt: skip
+    sender = PartSender(http=urllib3.PoolManager(), attempts=3, faults=Faults())
+    agent = Commands(config, SqliteAdapter(config), RateLimiter(None), sender)
+    files = [FileEntry(path="relation", size=live.stat().st_size)]
+    capture = Capture(root=live.parent, files=files, mutable=True)
+    agent.save_capture("b1", "s1", Phase.DATA, capture, 0.0)
+    item = ObjectPlan(
+        backup_id="b1", cluster="live", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
+        key="backups/live/b1/s1/data-00000", stream_offset=0, length=15 * MiB,
+        part_size=5 * MiB, part_count=part_count(15 * MiB, 5 * MiB),
+    )  # fmt: skip
+
+    sums = ObjectChecksums.model_validate(agent.do_checksum({"object": item.model_dump()}))
+    signed = backup.sign(item, sums, None, svc)
+    with open(live, "r+b") as f:  # the database rewrites a page in part 2
+        f.seek(7 * MiB)
+        f.write(os.urandom(8192))
+    args = {"object": item.model_dump(), "upload_id": signed["upload_id"]}
+    first = agent.do_upload({**args, "checksums": signed["checksums"], "parts": signed["parts"]})
+    changed = [PartChecksum.model_validate(p) for p in first["changed"]]
+    assert [p.part_number for p in changed] == [2]
+    assert sorted(p["part_number"] for p in first["parts"]) == [1, 3]
+
+    resigned = backup.sign(item, sums, signed["upload_id"], svc, changed)
+    assert [p["part_number"] for p in resigned["parts"]] == [2]  # only the missing part
+    second = agent.do_upload(
+        {**args, "checksums": resigned["checksums"], "parts": resigned["parts"]}
+    )
+    assert second["changed"] == []
+    uploaded = [UploadedPart.model_validate(p) for p in second["parts"]]
+    final = ObjectChecksums.model_validate(resigned["checksums"])
+    result = backup.complete(item, final, signed["upload_id"], uploaded, svc)
+    assert result.verified_by == "attributes"
+    stored = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=item.key)["Body"].read()
+    assert stored == live.read_bytes()  # the object holds the bytes as they were read
+    assert crc64nvme_of_bytes(stored) == final.crc64nvme

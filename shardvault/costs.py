@@ -1,0 +1,464 @@
+"""What backups, restores and clusters cost: a pure model over the price table (``prices``).
+
+Terms:
+- *storage cost*: keeping bytes for a month in a class, with the minimum object size and each
+  archived object's metadata billed. An *early-deletion charge* is the storage still due for
+  the days a deleted object falls short of its class's minimum billed duration.
+- *overhead*: what making a backup costs once, apart from keeping it: S3 requests (multipart
+  upload, verification, landing in the vault), Step Functions state transitions, Lambda time,
+  DynamoDB writes of the agents' commands, and the hours its objects wait at STANDARD.
+- *landing*: how verified objects reach the vault's class. ``COPY`` (the default): uploaded and
+  verified at STANDARD, then copied into the vault, where they are locked. ``TRANSITION``: a
+  lifecycle rule moves them. ``DIRECT``: uploaded into the class (every part at its request
+  price, and objects are locked before they are verified).
+- *forecast*: a cluster's steady-state month: its schedule and retention are simulated until
+  the oldest kept backup of the first months has expired, then one year is averaged.
+
+The orchestration counts below are estimates from the state machine, not measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from shardvault.errors import ShardVaultError
+from shardvault.models import Frozen
+from shardvault.planning import (
+    S3_MAX_PART_SIZE,
+    TiB,
+    choose_part_size,
+    object_size_for,
+)
+from shardvault.policy import (
+    BackupKind,
+    ClusterPolicy,
+    LockMode,
+    ObjectLock,
+    Retention,
+    Schedule,
+    Vault,
+)
+from shardvault.prices import (
+    ARCHIVE_CLASSES,
+    ARCHIVE_METADATA_AT_CLASS,
+    ARCHIVE_METADATA_AT_STANDARD,
+    DAYS_PER_MONTH,
+    DYNAMODB_READ,
+    DYNAMODB_WRITE,
+    GB,
+    LAMBDA_GB_SECOND,
+    LAMBDA_REQUEST,
+    RESTORE,
+    STATE_TRANSITION,
+    STORAGE,
+    RestoreTier,
+    StorageClass,
+)
+
+# Per object: the Map item's start and end, NotSignedYet, Checksum, Sign, Transfer, Complete,
+# and a retry now and then. Per backup: Accept to Finalize with the inline Maps over nodes.
+TRANSITIONS_PER_OBJECT = 8
+TRANSITIONS_PER_BACKUP = 40
+# Per object: two dispatches (0.1 s at 0.5 GB), sign (0.3 s at 0.5 GB), complete (0.5 s at 1 GB).
+LAMBDA_INVOCATIONS_PER_OBJECT = 4
+LAMBDA_GB_SECONDS_PER_OBJECT = 0.75
+LAMBDA_INVOCATIONS_PER_BACKUP = 20  # validate, plans, checks, finalize, dispatches to nodes
+LAMBDA_GB_SECONDS_PER_BACKUP = 10.0
+DYNAMODB_WRITES_PER_OBJECT = 4  # two commands written to an inbox, then deleted
+DYNAMODB_WRITES_PER_BACKUP = 20  # catalog record, lock, per-node commands
+STAGING_HOURS = 1.0  # how long an object waits at STANDARD before it lands
+OVERHEAD_TARGET = 0.01  # the issue's target: overhead at most 1% of the storage cost
+MAX_SIMULATED_BACKUPS = 20_000
+DAY = timedelta(days=1)
+YEAR = timedelta(days=12 * DAYS_PER_MONTH)
+
+
+class CostError(ShardVaultError):
+    """A cost was asked of something the price table cannot price."""
+
+
+class Landing(StrEnum):
+    COPY = "copy"
+    TRANSITION = "transition"
+    DIRECT = "direct"
+
+
+# --- Storage -----------------------------------------------------------------------------------
+def billed_gb(storage_class: StorageClass, size: int, objects: int = 1) -> tuple[float, float]:
+    """GB billed at the class's rate, and GB billed at STANDARD (archive metadata)."""
+    at_class = max(size, objects * STORAGE[storage_class].minimum_object_bytes)
+    at_standard = 0
+    if storage_class in ARCHIVE_CLASSES:
+        at_class += objects * ARCHIVE_METADATA_AT_CLASS
+        at_standard = objects * ARCHIVE_METADATA_AT_STANDARD
+    return at_class / GB, at_standard / GB
+
+
+def monthly_storage_cost(storage_class: StorageClass, size: int, objects: int = 1) -> float:
+    at_class, at_standard = billed_gb(storage_class, size, objects)
+    standard = STORAGE[StorageClass.STANDARD].storage_gb_month
+    return at_class * STORAGE[storage_class].storage_gb_month + at_standard * standard
+
+
+def early_deletion_charge(
+    storage_class: StorageClass, size: int, objects: int, age_days: float
+) -> float:
+    """What deleting at ``age_days`` costs on top: the storage due for the days still short."""
+    short_days = STORAGE[storage_class].minimum_days - age_days
+    if short_days <= 0:
+        return 0.0
+    at_class, _ = billed_gb(storage_class, size, objects)
+    return at_class * STORAGE[storage_class].storage_gb_month * short_days / DAYS_PER_MONTH
+
+
+# --- One backup --------------------------------------------------------------------------------
+class BackupCost(Frozen):
+    storage_class: StorageClass
+    landing: Landing
+    bytes: int
+    objects: int
+    parts: int
+    requests: int  # S3 requests
+    state_transitions: int
+    storage_usd_per_month: float
+    requests_usd: float
+    orchestration_usd: float  # Step Functions and DynamoDB
+    lambda_usd: float
+    staging_usd: float
+
+    @property
+    def overhead_usd(self) -> float:
+        return self.requests_usd + self.orchestration_usd + self.lambda_usd + self.staging_usd
+
+
+def price_backup(
+    size: int,
+    storage_class: StorageClass,
+    *,
+    part_size: int | None = None,
+    object_size: int | None = None,
+    landing: Landing = Landing.COPY,
+    staging_hours: float = STAGING_HOURS,
+) -> BackupCost:
+    """A backup of ``size`` bytes, cut as the planner cuts it unless sizes are given."""
+    part_size = part_size or choose_part_size(size)
+    object_size = object_size or object_size_for(part_size)
+    whole, rest = divmod(size, object_size)
+    objects = max(1, whole + (rest > 0))
+    parts = max(1, whole * -(-object_size // part_size) + -(-rest // part_size))
+    upload_class = storage_class if landing == Landing.DIRECT else StorageClass.STANDARD
+    uploads = parts + 2 * objects  # CreateMultipartUpload, UploadPart..., Complete
+    landings = _landing_requests(landing, objects, min(size, object_size))
+    vault = STORAGE[storage_class]
+    landing_price = vault.transition if landing == Landing.TRANSITION else vault.put
+    transitions = TRANSITIONS_PER_BACKUP + TRANSITIONS_PER_OBJECT * objects
+    writes = DYNAMODB_WRITES_PER_BACKUP + DYNAMODB_WRITES_PER_OBJECT * objects
+    invocations = LAMBDA_INVOCATIONS_PER_BACKUP + LAMBDA_INVOCATIONS_PER_OBJECT * objects
+    gb_seconds = LAMBDA_GB_SECONDS_PER_BACKUP + LAMBDA_GB_SECONDS_PER_OBJECT * objects
+    return BackupCost(
+        storage_class=storage_class,
+        landing=landing,
+        bytes=size,
+        objects=objects,
+        parts=parts,
+        requests=uploads + objects + landings,
+        state_transitions=transitions,
+        storage_usd_per_month=monthly_storage_cost(storage_class, size, objects),
+        requests_usd=uploads * STORAGE[upload_class].put
+        + objects * STORAGE[upload_class].get  # GetObjectAttributes verifies each object
+        + landings * landing_price,
+        orchestration_usd=transitions * STATE_TRANSITION + writes * DYNAMODB_WRITE,
+        lambda_usd=invocations * LAMBDA_REQUEST + gb_seconds * LAMBDA_GB_SECOND,
+        staging_usd=monthly_storage_cost(StorageClass.STANDARD, size, objects)
+        * staging_hours
+        / (24 * DAYS_PER_MONTH),
+    )
+
+
+def _landing_requests(landing: Landing, objects: int, object_size: int) -> int:
+    if landing == Landing.DIRECT:
+        return 0
+    if landing == Landing.TRANSITION or object_size <= S3_MAX_PART_SIZE:
+        return objects  # one transition, or one CopyObject, per object
+    # Above 5 GiB a copy is multipart: create, one UploadPartCopy per 5 GiB, complete.
+    return objects * (2 + -(-object_size // S3_MAX_PART_SIZE))
+
+
+# --- A restore ---------------------------------------------------------------------------------
+class RestoreCost(Frozen):
+    storage_class: StorageClass
+    tier: RestoreTier | None  # None: the class is read without a restore
+    bytes: int
+    objects: int
+    keep_days: float
+    retrieval_usd: float
+    requests_usd: float
+    restored_copy_usd: float  # the temporary copy at STANDARD, while it lives
+    ready_within_hours: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.retrieval_usd + self.requests_usd + self.restored_copy_usd
+
+
+def price_restore(
+    storage_class: StorageClass,
+    size: int,
+    objects: int,
+    *,
+    tier: RestoreTier = RestoreTier.BULK,
+    keep_days: float = 7.0,
+) -> RestoreCost:
+    """Reading a backup back: a restore per archived object (at ``tier``), kept ``keep_days``
+    at STANDARD, then one GET per object. IA and GLACIER_IR are read directly (tier unused)."""
+    gets = objects * STORAGE[storage_class].get
+    gb = size / GB
+    if storage_class not in ARCHIVE_CLASSES:
+        retrieval = gb * STORAGE[storage_class].retrieval_gb
+        return RestoreCost(
+            storage_class=storage_class,
+            tier=None,
+            bytes=size,
+            objects=objects,
+            keep_days=0.0,
+            retrieval_usd=retrieval,
+            requests_usd=gets,
+            restored_copy_usd=0.0,
+            ready_within_hours=0.0,
+        )
+    prices = RESTORE.get((storage_class, tier))
+    if prices is None:
+        tiers = ", ".join(t for (c, t) in RESTORE if c == storage_class)
+        raise CostError(f"{storage_class} has no {tier} restore tier.", fix=f"use one of {tiers}.")
+    copy = monthly_storage_cost(StorageClass.STANDARD, size, objects) * keep_days
+    return RestoreCost(
+        storage_class=storage_class,
+        tier=tier,
+        bytes=size,
+        objects=objects,
+        keep_days=keep_days,
+        retrieval_usd=gb * prices.per_gb,
+        requests_usd=objects * prices.per_request + gets,
+        restored_copy_usd=copy / DAYS_PER_MONTH,
+        ready_within_hours=prices.ready_within_hours,
+    )
+
+
+def agents_monthly_cost(
+    nodes: int, *, poll_interval_seconds: float = 0.5, heartbeat_interval_seconds: float = 5.0
+) -> float:
+    """Agents cost while idle: every inbox poll is a strongly consistent read, every heartbeat
+    a registry write (the defaults are the agent's)."""
+    seconds = DAYS_PER_MONTH * 86_400
+    reads = seconds / poll_interval_seconds * DYNAMODB_READ
+    return nodes * (reads + seconds / heartbeat_interval_seconds * DYNAMODB_WRITE)
+
+
+# --- A cluster's month -------------------------------------------------------------------------
+class Forecast(Frozen):
+    """A cluster's steady-state month on its policy (USD per month)."""
+
+    storage_class: StorageClass
+    data_bytes: int
+    daily_change: float
+    fulls_per_month: float
+    incrementals_per_month: float
+    objects_per_month: float
+    stored_bytes: float  # average bytes kept in the vault
+    storage_usd: float  # keeping them, early-deletion charges included
+    early_deletion_usd: float  # (part of storage_usd)
+    requests_usd: float
+    orchestration_usd: float
+    lambda_usd: float
+    staging_usd: float
+    agents_usd: float  # idle agents' polls and heartbeats: not tied to backups, not overhead
+    budget_usd: float | None
+
+    @property
+    def overhead_usd(self) -> float:
+        return self.requests_usd + self.orchestration_usd + self.lambda_usd + self.staging_usd
+
+    @property
+    def overhead_ratio(self) -> float:
+        return self.overhead_usd / self.storage_usd
+
+    @property
+    def total_usd(self) -> float:
+        return self.storage_usd + self.overhead_usd + self.agents_usd
+
+    @property
+    def over_budget(self) -> bool:
+        return self.budget_usd is not None and self.total_usd > self.budget_usd
+
+    def summary(self) -> str:
+        return (
+            f"{self.data_bytes / TiB:g} TiB in {self.storage_class}, "
+            f"{self.fulls_per_month:.2f} fulls + {self.incrementals_per_month:.2f} "
+            f"incrementals and {self.objects_per_month:,.0f} objects a month, "
+            f"{self.stored_bytes / TiB:.2f} TiB kept: storage ${self.storage_usd:.2f}/month "
+            f"(early deletion ${self.early_deletion_usd:.2f}); overhead "
+            f"${self.overhead_usd:.2f}/month = requests ${self.requests_usd:.2f} + "
+            f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f} + "
+            f"staging ${self.staging_usd:.2f}; overhead/storage {self.overhead_ratio:.2%}; "
+            f"idle agents ${self.agents_usd:.2f}/month"
+        )
+
+
+class _Lived(Frozen):
+    completed_at: datetime
+    expired_at: datetime | None
+    kind: BackupKind
+    cost: BackupCost
+
+
+def monthly_forecast(
+    cluster: ClusterPolicy,
+    data_bytes: int,
+    daily_change: float,
+    *,
+    part_size: int | None = None,
+    object_size: int | None = None,
+    landing: Landing = Landing.COPY,
+    staging_hours: float = STAGING_HOURS,
+    nodes: int = 1,
+) -> Forecast:
+    """A cluster of ``data_bytes`` whose data changes by ``daily_change`` (a fraction) a day,
+    backed up and expired by its policy. An incremental holds the change since its parent."""
+
+    def price(size: int) -> BackupCost:
+        return price_backup(
+            size,
+            cluster.vault.storage_class,
+            part_size=part_size,
+            object_size=object_size,
+            landing=landing,
+            staging_hours=staging_hours,
+        )
+
+    lived, charges, window_end = _simulate(cluster, data_bytes, daily_change, price)
+    start = window_end - YEAR
+    made = [b for b in lived if b.completed_at > start]
+    stored_gb_days = sum(_days_within(b, start, window_end) * b.cost.bytes for b in lived)
+    stored = sum(_days_within(b, start, window_end) * b.cost.storage_usd_per_month for b in lived)
+    return Forecast(
+        storage_class=cluster.vault.storage_class,
+        data_bytes=data_bytes,
+        daily_change=daily_change,
+        fulls_per_month=sum(b.kind == BackupKind.FULL for b in made) / 12,
+        incrementals_per_month=sum(b.kind == BackupKind.INCREMENTAL for b in made) / 12,
+        objects_per_month=sum(b.cost.objects for b in made) / 12,
+        stored_bytes=stored_gb_days / (12 * DAYS_PER_MONTH),
+        storage_usd=(stored / DAYS_PER_MONTH + charges) / 12,
+        early_deletion_usd=charges / 12,
+        requests_usd=sum(b.cost.requests_usd for b in made) / 12,
+        orchestration_usd=sum(b.cost.orchestration_usd for b in made) / 12,
+        lambda_usd=sum(b.cost.lambda_usd for b in made) / 12,
+        staging_usd=sum(b.cost.staging_usd for b in made) / 12,
+        agents_usd=agents_monthly_cost(nodes),
+        budget_usd=cluster.budget_usd_per_month,
+    )
+
+
+def _days_within(backup: _Lived, start: datetime, end: datetime) -> float:
+    """Days of the window ``(start, end]`` the backup was in the vault."""
+    gone = backup.expired_at or end
+    return max(timedelta(0), min(gone, end) - max(backup.completed_at, start)) / DAY
+
+
+def _simulate(
+    cluster: ClusterPolicy,
+    data_bytes: int,
+    daily_change: float,
+    price: Callable[[int], BackupCost],
+) -> tuple[list[_Lived], float, datetime]:
+    """Every backup of the schedule with its expiry (retention run after each backup), the
+    early-deletion charges of the final year, and the end of that year."""
+    from shardvault.retention import BackupRecord, decide  # it prices with this module
+
+    schedule, zone = cluster.schedule, cluster.schedule.zone
+    start = datetime(2026, 1, 1, tzinfo=zone)  # a fixed start: forecasts are reproducible
+    end = start + _warm_up(cluster, start) + YEAR
+    lock = timedelta(days=cluster.vault.object_lock.days)
+    live: list[BackupRecord] = []
+    made: dict[str, tuple[BackupRecord, BackupCost]] = {}
+    expired: dict[str, datetime] = {}
+    charges = 0.0
+    for n, (at, kind) in enumerate(schedule.fires(start, end)):
+        if n >= MAX_SIMULATED_BACKUPS:
+            raise CostError(
+                f"the schedule runs more than {MAX_SIMULATED_BACKUPS} backups in the forecast.",
+                fix="forecast a schedule with fewer backups a day.",
+            )
+        parent = live[-1] if live else None
+        kind = kind if parent else BackupKind.FULL  # the first backup is always a full
+        size = data_bytes
+        if parent and kind == BackupKind.INCREMENTAL:
+            changed = data_bytes * daily_change * ((at - parent.completed_at) / DAY)
+            size = min(data_bytes, round(changed))
+        cost = price(size)
+        record = BackupRecord(
+            backup_id=f"{n:06d}",
+            cluster="forecast",
+            completed_at=at,
+            kind=kind,
+            parent_id=parent.backup_id if parent and kind == BackupKind.INCREMENTAL else None,
+            storage_class=cluster.vault.storage_class,
+            retain_until=at + lock,
+            bytes=size,
+            objects=cost.objects,
+        )
+        made[record.backup_id] = (record, cost)
+        decision = decide([*live, record], cluster.retention, at, zone)
+        gone = set(decision.expire)
+        expired |= dict.fromkeys(gone, at)
+        live = [b for b in [*live, record] if b.backup_id not in gone]
+        if at > end - YEAR:
+            charges += decision.early_deletion_charge_usd
+    lived = [
+        _Lived(completed_at=r.completed_at, expired_at=expired.get(i), kind=r.kind, cost=c)
+        for i, (r, c) in made.items()
+    ]
+    return lived, charges, end
+
+
+def _warm_up(cluster: ClusterPolicy, start: datetime) -> timedelta:
+    """Long enough for the backups kept longest to have come and gone once."""
+    keep = cluster.retention
+    days = max(
+        keep.keep_daily + 1,
+        7 * (keep.keep_weekly + 1),
+        31 * (keep.keep_monthly + 1),
+        366 * (keep.keep_yearly + 1),
+        cluster.vault.object_lock.days,
+    )
+    return timedelta(days=days) + _longest_full_gap(cluster.schedule, start)
+
+
+def _longest_full_gap(schedule: Schedule, start: datetime) -> timedelta:
+    """The longest time between fulls over a year (how far back a chain can reach)."""
+    fulls = Schedule(timezone=schedule.timezone, full=schedule.full)
+    times = [start] + [at for at, _ in fulls.fires(start, start + YEAR)]
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=YEAR)
+
+
+# --- The issue's target ------------------------------------------------------------------------
+TARGET_CLUSTER = ClusterPolicy(
+    engine="postgres",
+    schedule=Schedule(timezone="UTC", full="0 2 * * 0", incremental="0 2 * * 1-6"),
+    vault=Vault(
+        storage_class=StorageClass.DEEP_ARCHIVE,
+        object_lock=ObjectLock(mode=LockMode.GOVERNANCE, days=30),
+    ),
+    retention=Retention(keep_daily=7, keep_weekly=4, keep_monthly=12),
+)
+
+
+def target_forecast(*, part_size: int | None = None, object_size: int | None = None) -> Forecast:
+    """The issue's target case: 1 TiB changing 5% a day, a full on Sundays and an incremental
+    the other days, in DEEP_ARCHIVE, kept 7 daily, 4 weekly and 12 monthly (the issue names
+    no retention: this one is ours). Objects as the planner cuts them unless sizes are given."""
+    return monthly_forecast(
+        TARGET_CLUSTER, 1 * TiB, 0.05, part_size=part_size, object_size=object_size
+    )

@@ -1,0 +1,254 @@
+"""Which backups expire: a pure decision over a cluster's backups, its keep counts and now.
+
+Terms:
+- *bucket*: the day, ISO week, month or year a backup completed in, in the schedule's zone.
+- *keep rules*, as restic's ``forget``: ``keep_daily = N`` keeps the newest backup of each of
+  the N most recent days that have backups (days without one do not count), and likewise for
+  ISO weeks, months and years. A backup kept by any rule is kept; the newest is always kept.
+- *chain*: an incremental restores only with its parent, that parent's parent, and so on down
+  to a full. Every backup in the chain of a kept or locked backup is kept too (rule ``chain``),
+  so expiring never breaks a restore of what remains.
+- *locked*: not kept, but its Object Lock retain-until date is still ahead, so it cannot be
+  deleted yet; a later run expires it.
+- *early deletion*: expiring a backup younger than its storage class's minimum billed duration;
+  its charge is reported with the decision, never hidden.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta, tzinfo
+from enum import StrEnum
+from typing import TypeVar
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from shardvault.costs import early_deletion_charge, monthly_storage_cost
+from shardvault.errors import ShardVaultError
+from shardvault.models import Frozen
+from shardvault.policy import BackupKind, Retention
+from shardvault.prices import STORAGE, StorageClass
+
+DELETE_OBJECTS_MAX_KEYS = 1000  # S3 DeleteObjects takes at most 1,000 keys per request
+T = TypeVar("T")
+
+
+class RetentionError(ShardVaultError):
+    """The backups given to retention contradict each other (a catalog to repair)."""
+
+
+class BackupRecord(Frozen):
+    """One verified backup, as the catalog lists it."""
+
+    backup_id: str
+    cluster: str
+    completed_at: AwareDatetime
+    kind: BackupKind
+    parent_id: str | None = None  # incrementals: the backup this one holds the changes since
+    storage_class: StorageClass
+    retain_until: AwareDatetime | None = None  # Object Lock: the latest of its objects'
+    bytes: int = Field(ge=0)
+    objects: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _parent_matches_kind(self) -> BackupRecord:
+        if (self.kind == BackupKind.INCREMENTAL) != (self.parent_id is not None):
+            raise ValueError(f"backup {self.backup_id}: an incremental, and only it, has a parent")
+        return self
+
+
+class Rule(StrEnum):
+    NEWEST = "newest"
+    DAILY = "daily"
+    WEEKLY = "weekly"
+    MONTHLY = "monthly"
+    YEARLY = "yearly"
+    CHAIN = "chain"
+
+
+class KeepReason(Frozen):
+    rule: Rule
+    detail: str  # the bucket ("2026-11-03", "2026-W45", "2026-11", "2026") or the dependent
+
+
+class Kept(Frozen):
+    backup_id: str
+    reasons: list[KeepReason]
+
+
+class Locked(Frozen):
+    backup_id: str
+    retain_until: datetime
+
+
+class EarlyDeletion(Frozen):
+    backup_id: str
+    storage_class: StorageClass
+    age_days: float
+    minimum_days: int
+    charge_usd: float
+
+
+class RetentionDecision(Frozen):
+    now: datetime
+    keep: list[Kept]  # newest first
+    expire: list[str]  # newest first: a deletion cut short never orphans a surviving incremental
+    locked: list[Locked]
+    early_deletions: list[EarlyDeletion]
+    unrestorable: list[str]  # kept or locked, but a backup of their chain is already gone
+    monthly_saving_usd: float  # storage no longer billed once the expired backups are deleted
+    early_deletion_charge_usd: float
+
+
+BUCKETS: dict[Rule, Callable[[datetime], str]] = {
+    Rule.DAILY: lambda at: at.date().isoformat(),
+    Rule.WEEKLY: lambda at: "{}-W{:02d}".format(*at.isocalendar()[:2]),
+    Rule.MONTHLY: lambda at: f"{at.year}-{at.month:02d}",
+    Rule.YEARLY: lambda at: f"{at.year}",
+}
+
+
+def keep_counts(keep: Retention) -> dict[Rule, int]:
+    return {
+        Rule.DAILY: keep.keep_daily,
+        Rule.WEEKLY: keep.keep_weekly,
+        Rule.MONTHLY: keep.keep_monthly,
+        Rule.YEARLY: keep.keep_yearly,
+    }
+
+
+def decide(
+    backups: Sequence[BackupRecord], keep: Retention, now: datetime, zone: tzinfo = UTC
+) -> RetentionDecision:
+    """Which backups to keep (and why), expire, or leave locked; each cluster on its own."""
+    if now.tzinfo is None:
+        raise RetentionError("now has no time zone.", fix="pass an aware datetime.")
+    _check_catalog(backups)
+    clusters: dict[str, list[BackupRecord]] = defaultdict(list)
+    for backup in backups:
+        clusters[backup.cluster].append(backup)
+    reasons: dict[str, list[KeepReason]] = {}
+    for group in clusters.values():
+        reasons |= _reasons(group, keep, now, zone)
+    newest_first = sorted(backups, key=lambda b: (b.completed_at, b.backup_id), reverse=True)
+    expired = [b for b in newest_first if b.backup_id not in reasons and not _locked(b, now)]
+    early = [e for e in (_early_deletion(b, now) for b in expired) if e is not None]
+    return RetentionDecision(
+        now=now,
+        keep=[
+            Kept(backup_id=b.backup_id, reasons=reasons[b.backup_id])
+            for b in newest_first
+            if b.backup_id in reasons
+        ],
+        expire=[b.backup_id for b in expired],
+        locked=[
+            Locked(backup_id=b.backup_id, retain_until=b.retain_until)
+            for b in newest_first
+            if b.backup_id not in reasons and _locked(b, now)
+        ],
+        early_deletions=early,
+        unrestorable=_unrestorable(backups, reasons, now),
+        monthly_saving_usd=sum(
+            monthly_storage_cost(b.storage_class, b.bytes, b.objects) for b in expired
+        ),
+        early_deletion_charge_usd=sum(e.charge_usd for e in early),
+    )
+
+
+def _locked(backup: BackupRecord, now: datetime) -> bool:
+    return backup.retain_until is not None and backup.retain_until > now
+
+
+def _reasons(
+    group: list[BackupRecord], keep: Retention, now: datetime, zone: tzinfo
+) -> dict[str, list[KeepReason]]:
+    """Why each kept backup of one cluster is kept: its rules, then the chains that need it."""
+    newest_first = sorted(group, key=lambda b: (b.completed_at, b.backup_id), reverse=True)
+    local = [b.completed_at.astimezone(zone) for b in newest_first]
+    reasons: dict[str, list[KeepReason]] = defaultdict(list)
+    reasons[newest_first[0].backup_id].append(_reason(Rule.NEWEST, "newest"))
+    for rule, count in keep_counts(keep).items():
+        last_bucket, kept = None, 0
+        for backup, at in zip(newest_first, local, strict=True):
+            if kept == count:
+                break
+            bucket = BUCKETS[rule](at)
+            if bucket != last_bucket:  # the newest backup of a bucket comes first
+                reasons[backup.backup_id].append(_reason(rule, bucket))
+                last_bucket, kept = bucket, kept + 1
+    by_id = {b.backup_id: b for b in group}
+    for backup in newest_first:  # a parent is older than its child: one pass protects chains
+        needed = backup.backup_id in reasons or _locked(backup, now)
+        if needed and backup.parent_id in by_id:
+            reasons[backup.parent_id].append(_reason(Rule.CHAIN, backup.backup_id))
+    return dict(reasons)
+
+
+def _reason(rule: Rule, detail: str) -> KeepReason:
+    return KeepReason.model_construct(rule=rule, detail=detail)  # built from validated input
+
+
+def _unrestorable(
+    backups: Sequence[BackupRecord], kept: dict[str, list[KeepReason]], now: datetime
+) -> list[str]:
+    """Kept or locked backups whose chain misses a backup (newest first)."""
+    oldest_first = sorted(backups, key=lambda b: (b.completed_at, b.backup_id))
+    by_id = {b.backup_id: b for b in backups}
+    whole: dict[str, bool] = {}
+    for backup in oldest_first:  # parents first
+        parent = by_id.get(backup.parent_id or "")
+        whole[backup.backup_id] = backup.kind == BackupKind.FULL or (
+            parent is not None
+            and parent.cluster == backup.cluster
+            and whole[parent.backup_id]
+        )
+    return [
+        b.backup_id
+        for b in reversed(oldest_first)
+        if not whole[b.backup_id] and (b.backup_id in kept or _locked(b, now))
+    ]
+
+
+def _early_deletion(backup: BackupRecord, now: datetime) -> EarlyDeletion | None:
+    age_days = (now - backup.completed_at) / timedelta(days=1)
+    minimum = STORAGE[backup.storage_class].minimum_days
+    if age_days >= minimum:
+        return None
+    return EarlyDeletion(
+        backup_id=backup.backup_id,
+        storage_class=backup.storage_class,
+        age_days=age_days,
+        minimum_days=minimum,
+        charge_usd=early_deletion_charge(
+            backup.storage_class, backup.bytes, backup.objects, age_days
+        ),
+    )
+
+
+def _check_catalog(backups: Sequence[BackupRecord]) -> None:
+    by_id: dict[str, BackupRecord] = {}
+    for backup in backups:
+        if backup.backup_id in by_id:
+            raise RetentionError(
+                f"backup {backup.backup_id} is listed twice.",
+                fix="list each backup once (repair the catalog from the manifests).",
+            )
+        by_id[backup.backup_id] = backup
+    for backup in backups:
+        parent = by_id.get(backup.parent_id or "")
+        if parent is not None and parent.completed_at >= backup.completed_at:
+            raise RetentionError(
+                f"backup {backup.backup_id} completed before its parent {parent.backup_id}.",
+                fix="repair the catalog from the manifests: a parent completes first.",
+            )
+
+
+def deletion_batches(keys: Sequence[T], size: int = DELETE_OBJECTS_MAX_KEYS) -> list[list[T]]:
+    """``keys`` cut into batches for S3 ``DeleteObjects`` (at most 1,000 keys each).
+
+    The vault is versioned (Object Lock needs it): give ``(key, version_id)`` pairs, since a
+    delete without a version id only adds a delete marker and the bytes stay billed."""
+    if not 1 <= size <= DELETE_OBJECTS_MAX_KEYS:
+        raise ValueError(f"batch size {size} is outside 1 to {DELETE_OBJECTS_MAX_KEYS}")
+    return [list(keys[i : i + size]) for i in range(0, len(keys), size)]
