@@ -13,18 +13,28 @@ other work on the machine hits all alike:
    ASL, in-process Lambda handlers, MinIO as the store, one agent process), timed from
    ``start_backup`` to the execution's SUCCEEDED (verified manifest written).
 2. ``s3-files``: boto3 ``upload_file`` of every file of that backup's data listing (read from its
-   manifest), one call per file, into a bucket of the same MinIO.
+   manifest), one call per file, into a bucket of the same MinIO; ``TransferConfig`` with
+   ``--s3-chunk-mib`` parts (default 8, ShardVault's part size at this data size) and
+   ``--s3-concurrency`` threads (default 4, ShardVault's ``upload_parallelism`` per object),
+   unsigned payload with a CRC32 checksum as over HTTPS (``--s3-signed-payload``: botocore's
+   plain-HTTP default, a SHA-256 of every byte on both ends; see ``peers.s3_client``).
 3. ``s3-tar``: one ``upload_file`` of an uncompressed tar of the same files (building the tar
    is not timed).
-4. ``s3-tar-tls``: the same tar into the second, TLS MinIO: what TLS costs pgBackRest here.
+4. ``s3-tar-tls``: the same tar into the second, TLS MinIO: a control for what TLS costs here.
 5. ``pgbackrest``: ``pgbackrest backup --type=full`` (``compress-type=none``, ``process-max=2``,
    ``start-fast=y``) into the TLS MinIO (pgBackRest 2.45 speaks S3 only over TLS).
 
 Before each timed run the machine is *settled*: WAL archiving has caught up and dirty pages
-are written (``sync``). Raw results go to ``--out`` as JSON, the tables to stdout and beside
-the JSON as Markdown. Everything started here (both MinIO servers, PostgreSQL, the local stack
-and its agent) is stopped and the work directory removed on the way out, also on failure,
-Ctrl-C or SIGTERM (``--keep`` keeps the directory).
+are written (``sync``). *Client CPU* is the CPU time of the tool's own processes: for
+ShardVault the agent plus this process (moto's Step Functions, DynamoDB and S3, and the Lambda
+handlers: on AWS that part runs off the database host); for s3transfer this process; for
+pgBackRest its processes. ShardVault's time is split by its execution history, the agent's log
+and timing probes on the in-process Lambda steps (``probes.py``); see ``report.py``.
+
+Raw results go to ``--out`` as JSON, the tables to stdout and beside the JSON as Markdown.
+Everything started here (both MinIO servers, PostgreSQL, the local stack and its agent) is
+stopped and the work directory removed on the way out, also on failure, Ctrl-C or SIGTERM
+(``--keep`` keeps the directory).
 """
 
 from __future__ import annotations
@@ -48,11 +58,14 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import probes
 import report
+import yaml
 from boto3.s3.transfer import TransferConfig
 from peers import (
     PGBACKREST_BUCKET,
     PgBackRest,
+    avoid_empty_put_stall,
     build_tar,
     delete_prefix,
     ensure_bucket,
@@ -60,16 +73,18 @@ from peers import (
     peak_rss_bytes,
     process_cpu,
     regular_files,
+    s3_client,
     s3_client_for,
     start_tls_minio,
     transfer_config,
     upload_files,
     upload_one,
 )
+from probes import Probe
 
 from shardvault import operations as ops
 from shardvault.local import demo
-from shardvault.local.minio import MinioServer
+from shardvault.local.minio import PINNED_MODULE, MinioServer
 from shardvault.local.postgres import (
     PostgresInstance,
     find_pg_bin_dir,
@@ -89,7 +104,7 @@ S3_BUCKET = "bench-s3transfer"
 WAL_SEGMENT = 16 * 1024 * 1024
 ARCHIVE_TIMEOUT = 1800.0
 BACKUP_TIMEOUT = 3600.0
-POLL = 0.1
+POLL = 0.5  # the wall time comes from the execution's stopDate, not from this poll
 TOOLS = ("shardvault", "s3-files", "s3-tar", "s3-tar-tls", "pgbackrest")
 TOP_LEVEL_STATES = set(json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"])
 
@@ -107,33 +122,78 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--s3-chunk-mib", type=int, default=8, help="s3transfer part size")
     parser.add_argument("--s3-concurrency", type=int, default=4, help="s3transfer threads")
     parser.add_argument(
+        "--s3-signed-payload",
+        action="store_true",
+        help="s3transfer over HTTP with botocore's default SHA-256 payload signing (default: "
+        "unsigned payload with a CRC32 checksum, as s3transfer sends to S3 over HTTPS)",
+    )
+    parser.add_argument(
         "--workdir", type=Path, default=None, help="parent of the work directory (default: TMP)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--tools",
+        default=",".join(TOOLS),
+        help=f"comma-separated subset of {','.join(TOOLS)} (shardvault is always run: the "
+        "others upload its listing)",
+    )
+    parser.add_argument(
+        "--agent-state-dir",
+        type=Path,
+        default=None,
+        help="parent of the agent's state directory, where its spool lives (default: the work "
+        "directory; e.g. /dev/shm to take spool writes off the disk)",
+    )
+    parser.add_argument(
+        "--agent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an agent option, e.g. upload_parallelism=8 (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.scale < 1:
         parser.error("--runs and --scale must be at least 1")
+    chosen = {tool.strip() for tool in args.tools.split(",") if tool.strip()}
+    if unknown := chosen - set(TOOLS):
+        parser.error(f"unknown tools {', '.join(sorted(unknown))}; choose from {', '.join(TOOLS)}")
+    args.tools = [tool for tool in TOOLS if tool in chosen | {"shardvault"}]
+    if bad := [s for s in args.agent_set if "=" not in s]:
+        parser.error(f"--agent-set takes KEY=VALUE, not {', '.join(bad)}")
     return args
 
 
 def labels(args: argparse.Namespace) -> dict[str, str]:
     s3 = f"{args.s3_chunk_mib} MiB parts, {args.s3_concurrency} threads"
+    http = f"{s3}, {'SHA-256 signed' if args.s3_signed_payload else 'unsigned'} payload"
     return {
         "shardvault": "ShardVault full backup (local stack, 1 agent)",
-        "s3-files": f"s3transfer upload_file, file by file ({s3})",
-        "s3-tar": f"s3transfer upload_file, one tar ({s3}; tar build not timed)",
+        "s3-files": f"s3transfer upload_file, file by file ({http})",
+        "s3-tar": f"s3transfer upload_file, one tar ({http}; tar build not timed)",
         "s3-tar-tls": f"s3transfer, one tar, over TLS ({s3})",
         "pgbackrest": "pgBackRest 2.45 full, uncompressed, process-max=2, TLS",
     }
 
 
 # --- the machine --------------------------------------------------------------------------------
-def _first_line(cmd: list[str]) -> str:
+def _output_line(cmd: list[str], index: int = 0) -> str:
+    """Line ``index`` of what ``cmd`` prints (stdout, else stderr)."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
     except OSError as error:
         return f"unavailable ({error})"
-    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    return lines[index] if lines else ""
+
+
+def _git_version() -> str:
+    """The commit of the repository, with ``+dirty`` when tracked files differ from it."""
+    root = str(STATE_MACHINES.parent)
+    commit = _output_line(["git", "-C", root, "rev-parse", "--short", "HEAD"])
+    dirty = subprocess.run(
+        ["git", "-C", root, "diff", "--quiet", "HEAD"], capture_output=True, check=False
+    )
+    return commit + ("+dirty" if dirty.returncode else "")
 
 
 def _cpu_model() -> str:
@@ -164,10 +224,11 @@ def machine_info(bench: Bench) -> dict[str, Any]:
         "boto3": boto3.__version__,
         "botocore": botocore.__version__,
         "s3transfer": s3transfer.__version__,
-        "postgres": _first_line([str(bench.pg.bin_dir / "postgres"), "--version"]),
+        "postgres": _output_line([str(bench.pg.bin_dir / "postgres"), "--version"]),
         "pgbackrest": bench.pgbackrest.version(),
-        "minio": _first_line([str(bench.tls_minio.process.args[0]), "--version"]),
-        "disk": _first_line(["df", "-h", "--output=source,fstype,size", str(bench.root)]),
+        "minio": PINNED_MODULE,
+        "disk": _output_line(["df", "-h", "--output=source,fstype,size", str(bench.root)], -1),
+        "shardvault": _git_version(),
     }
 
 
@@ -183,9 +244,11 @@ class Bench:
     tls_minio: MinioServer
     pgbackrest: PgBackRest
     agent_pid: int
-    store_s3: Any
-    tls_s3: Any
+    store_s3: Any  # the control plane's client of the store (manifests, cleanup)
+    http_s3: Any  # s3transfer's client of the same MinIO
+    tls_s3: Any  # s3transfer's and the bench's client of the TLS MinIO
     transfer: TransferConfig
+    probe: Probe
     setup: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -203,6 +266,15 @@ class Bench:
     @property
     def agent_log(self) -> Path:
         return self.stack.root / "agents" / f"{NODE_ID}.log"
+
+
+@dataclass
+class Round:
+    """One round: the data listing of its ShardVault backup, and the tar built from it."""
+
+    index: int
+    files: list[str] = field(default_factory=list)
+    tar: Path | None = None
 
 
 def make_workdir(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Path:
@@ -269,7 +341,10 @@ def fill(pg: PostgresInstance, pgbackrest: PgBackRest, scale: int) -> dict[str, 
     }
 
 
-def start_agent(stack: LocalStack, root: Path, pg: PostgresInstance) -> int:
+def agent_config(
+    args: argparse.Namespace, root: Path, pg: PostgresInstance, cleanup: contextlib.ExitStack
+) -> dict[str, Any]:
+    """``demo.agent_config`` for the instance, with ``--agent-state-dir`` and ``--agent-set``."""
     shard = {
         "shard_id": SHARD_ID,
         "role": "leader",
@@ -277,7 +352,20 @@ def start_agent(stack: LocalStack, root: Path, pg: PostgresInstance) -> int:
         "conninfo": pg.conninfo,
     }
     config = demo.agent_config(root, CLUSTER, NODE_ID, "postgres", [shard])
+    if args.agent_state_dir:
+        state = Path(tempfile.mkdtemp(prefix="shardvault-agent-", dir=args.agent_state_dir))
+        cleanup.callback(shutil.rmtree, state, ignore_errors=True)
+        config["state_dir"] = str(state)
+    for setting in args.agent_set:
+        key, _, value = setting.partition("=")
+        config[key] = yaml.safe_load(value)
+    return config
+
+
+def start_agent(stack: LocalStack, config: dict[str, Any], cleanup: contextlib.ExitStack) -> int:
+    """Starts the agent; it is stopped before its state directory is removed."""
     process = stack.start_agent(config)
+    cleanup.callback(stack.stop_agent, NODE_ID)
     stack.wait_for_nodes([NODE_ID])
     return process.pid
 
@@ -288,7 +376,13 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
     ensure_bucket(tls_s3, PGBACKREST_BUCKET)
     ensure_bucket(tls_s3, S3_BUCKET)
     store_s3 = stack.services().store_s3
-    ensure_bucket(store_s3, S3_BUCKET)
+    settings = stack.settings
+    http_s3 = s3_client(
+        settings.store_endpoint,
+        settings.store_credentials,
+        sign_payload=args.s3_signed_payload,
+    )
+    ensure_bucket(http_s3, S3_BUCKET)
     filled = fill(pg, pgbackrest, args.scale)
     bench = Bench(
         args=args,
@@ -297,10 +391,12 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         pg=pg,
         tls_minio=tls_minio,
         pgbackrest=pgbackrest,
-        agent_pid=start_agent(stack, root, pg),
+        agent_pid=start_agent(stack, agent_config(args, root, pg, cleanup), cleanup),
         store_s3=store_s3,
+        http_s3=http_s3,
         tls_s3=tls_s3,
         transfer=transfer_config(args.s3_chunk_mib, args.s3_concurrency),
+        probe=probes.install(),
         setup=filled,
     )
     bench.setup["idle_cpu_per_second"] = idle_cpu(bench)
@@ -355,7 +451,8 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 # --- ShardVault ---------------------------------------------------------------------------------
 def wait_execution(arn: str, timeout: float = BACKUP_TIMEOUT) -> dict[str, Any]:
-    """Polls the execution (nothing else, to add little load) until it is no longer running."""
+    """Polls the execution (nothing else, every ``POLL`` seconds, to add little load to the
+    control plane) until it is no longer running."""
     sfn = boto3.client("stepfunctions")
     deadline = time.monotonic() + timeout
     while True:
@@ -391,16 +488,20 @@ def timeline(bench: Bench, arn: str, backup_id: str) -> dict[str, Any]:
         "phases": report.phase_split(spans, end),
         "states": report.state_seconds(spans),
         "agent": report.agent_split(commands),
+        "objects_steps": report.object_steps(commands, bench.probe.drain()),
     }
 
 
 def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
     pids = {"agent": bench.agent_pid, "minio": bench.store_minio_pid}
     before = cpu_snapshot(pids)
-    started = time.monotonic()
+    bench.probe.drain()
+    started = time.time()
     arn = ops.start_backup(bench.client, BackupRequest(cluster=CLUSTER))
     execution = wait_execution(arn)
-    seconds = time.monotonic() - started
+    # start_backup called -> execution stopped (SUCCEEDED), by this machine's clock: moto runs
+    # in this process. A slow poll adds nothing to it, and little load.
+    seconds = execution["stopDate"].timestamp() - started
     cpu = cpu_delta(before, cpu_snapshot(pids))
     if execution["status"] != "SUCCEEDED":
         cause = ops.readable_cause(execution.get("cause", ""))
@@ -436,15 +537,6 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
 
 
 # --- the peers ----------------------------------------------------------------------------------
-@dataclass
-class Round:
-    """One round: the data listing of its ShardVault backup, and the tar built from it."""
-
-    index: int
-    files: list[str] = field(default_factory=list)
-    tar: Path | None = None
-
-
 def round_tar(bench: Bench, rnd: Round) -> Path:
     """The round's tar of the listed files, built once (untimed) and shared by both tar runs."""
     if rnd.tar is None:
@@ -456,8 +548,9 @@ def round_tar(bench: Bench, rnd: Round) -> Path:
 
 
 def timed_upload(
-    bench: Bench, s3: Any, minio_pid: int, upload: Callable[[], dict[str, Any]], prefix: str
+    s3: Any, minio_pid: int, upload: Callable[[], dict[str, Any]], prefix: str
 ) -> dict[str, Any]:
+    """Runs ``upload`` (it times itself), then deletes what it stored under ``prefix``."""
     before = cpu_snapshot({"minio": minio_pid})
     result = upload()
     cpu = cpu_delta(before, cpu_snapshot({"minio": minio_pid}))
@@ -468,11 +561,10 @@ def timed_upload(
 def run_s3_files(bench: Bench, rnd: Round) -> dict[str, Any]:
     prefix = f"round-{rnd.index}/files"
     return timed_upload(
-        bench,
-        bench.store_s3,
+        bench.http_s3,
         bench.store_minio_pid,
         lambda: upload_files(
-            bench.store_s3, S3_BUCKET, prefix, bench.pg.data_dir, rnd.files, bench.transfer
+            bench.http_s3, S3_BUCKET, prefix, bench.pg.data_dir, rnd.files, bench.transfer
         ),
         prefix,
     )
@@ -481,10 +573,9 @@ def run_s3_files(bench: Bench, rnd: Round) -> dict[str, Any]:
 def run_s3_tar(bench: Bench, rnd: Round) -> dict[str, Any]:
     tar, key = round_tar(bench, rnd), f"round-{rnd.index}/data.tar"
     return timed_upload(
-        bench,
-        bench.store_s3,
+        bench.http_s3,
         bench.store_minio_pid,
-        lambda: upload_one(bench.store_s3, S3_BUCKET, key, tar, bench.transfer),
+        lambda: upload_one(bench.http_s3, S3_BUCKET, key, tar, bench.transfer),
         key,
     )
 
@@ -492,7 +583,6 @@ def run_s3_tar(bench: Bench, rnd: Round) -> dict[str, Any]:
 def run_s3_tar_tls(bench: Bench, rnd: Round) -> dict[str, Any]:
     tar, key = round_tar(bench, rnd), f"round-{rnd.index}/data.tar"
     return timed_upload(
-        bench,
         bench.tls_s3,
         bench.tls_minio.process.pid,
         lambda: upload_one(bench.tls_s3, S3_BUCKET, key, tar, bench.transfer),
@@ -509,7 +599,6 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
     return result | {
         "objects": len(objects),
         "stored_bytes": sum(o["Size"] for o in objects),
-        "client_cpu_seconds": round(result.pop("cpu_seconds"), 2),
         "minio_cpu_seconds": round(minio_cpu, 2),
     }
 
@@ -525,7 +614,7 @@ RUNNERS: dict[str, Callable[[Bench, Round], dict[str, Any]]] = {
 
 # --- rounds -------------------------------------------------------------------------------------
 def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -> None:
-    for tool in TOOLS:
+    for tool in bench.args.tools:
         settle(bench)
         load = os.getloadavg()[0]
         result = RUNNERS[tool](bench, rnd) | {"round": rnd.index, "load_before": load}
@@ -539,7 +628,7 @@ def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -
 
 
 def run_rounds(bench: Bench) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in TOOLS}
+    runs: dict[str, list[dict[str, Any]]] = {tool: [] for tool in bench.args.tools}
     for index in range(1, bench.args.runs + 1):
         say(f"round {index} of {bench.args.runs}")
         run_round(bench, Round(index), runs)
@@ -568,11 +657,13 @@ def write_results(bench: Bench, runs: dict, summary: dict, started: float) -> Pa
 
 
 def _terminate(signum: int, _frame: object) -> None:
+    say(f"signal {signum}: stopping everything")
     raise SystemExit(128 + signum)  # unwinds the ExitStack: everything started is stopped
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    avoid_empty_put_stall()
     signal.signal(signal.SIGTERM, _terminate)
     started = time.time()
     with contextlib.ExitStack() as cleanup:

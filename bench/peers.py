@@ -40,19 +40,49 @@ DELETE_BATCH = 1000
 
 
 # --- S3 clients and buckets ---------------------------------------------------------------------
-def s3_client_for(server: MinioServer) -> Any:
-    """An S3 client for ``server`` (path style; a self-signed certificate is not verified)."""
-    https = server.endpoint.startswith("https:")
+def avoid_empty_put_stall() -> None:
+    """No ``Expect: 100-continue`` on zero-length PUTs (botocore's opt-in switch).
+
+    MinIO answers such a PUT at once without a ``100 Continue``; botocore then leaves the pooled
+    connection in a state where the next request on it stalls until the read timeout (60 s)
+    and is silently retried (boto/botocore#3755). A data directory holds dozens of empty files,
+    so file-by-file uploads would measure these stalls, not the transfer. ShardVault's agent
+    (urllib3, never an empty part) and pgBackRest are not affected.
+    """
+    os.environ["BOTO_EXPERIMENTAL__NO_EMPTY_CONTINUE"] = "true"
+
+
+def s3_client(
+    endpoint: str, credentials: tuple[str, str], *, sign_payload: bool | None = None
+) -> Any:
+    """An S3 client for a MinIO at ``endpoint`` (path style; a self-signed certificate is not
+    verified).
+
+    ``sign_payload``: ``None`` keeps botocore's default, which over plain HTTP puts a SHA-256 of
+    every request body into the signature (client and server both hash every byte) and over
+    HTTPS does not (a CRC32 checksum header only). ``False`` asks for the HTTPS behaviour on
+    HTTP: what s3transfer does against S3, less the encryption.
+    """
+    https = endpoint.startswith("https:")
     if https:
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    s3_options: dict[str, Any] = {"addressing_style": "path"}
+    if sign_payload is not None:
+        s3_options["payload_signing_enabled"] = sign_payload
     return boto3.client(
         "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
+        endpoint_url=endpoint,
+        aws_access_key_id=credentials[0],
+        aws_secret_access_key=credentials[1],
         region_name="us-east-1",
         verify=not https,
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        config=Config(signature_version="s3v4", s3=s3_options),
+    )
+
+
+def s3_client_for(server: MinioServer, *, sign_payload: bool | None = None) -> Any:
+    return s3_client(
+        server.endpoint, (server.access_key, server.secret_key), sign_payload=sign_payload
     )
 
 
@@ -244,7 +274,7 @@ class PgBackRest:
             "label": last["label"],
             "bytes": last["info"]["size"],
             "repo_bytes": last["info"]["repository"]["size"],
-            "cpu_seconds": cpu,
+            "client_cpu_seconds": round(cpu, 2),
         }
 
     def info(self) -> dict[str, Any]:

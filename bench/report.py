@@ -5,12 +5,19 @@ Terms:
 * *run*: one timed execution of one tool (a dict with at least ``seconds``).
 * *phase* of a ShardVault backup, from the execution history's state timestamps:
   ``checkpoint`` (start to the end of the Checkpoint map: Validate, Flush, Checkpoint),
-  ``plan`` (PlanData), ``upload`` (the data Upload map), ``tail`` (Stop, PlanTail and the tail
-  Upload map), ``finalize`` (Release and Finalize, to the execution's success).
+  ``plan`` (PlanData), ``upload`` (the data Upload map), ``tail`` (from the data Upload map's
+  end to Release: CheckUploads, Stop, PlanTail, the tail Upload map), ``finalize`` (Release
+  and Finalize, to the execution's success).
 * *agent commands*: the agent logs ``<command>:<backup id>[:<key>] done in <s> s`` when a
   command is answered; from those, the time the agent was busy checksumming (reading the
-  source and writing the spool) and uploading, and the gap between an object's checksum and
-  its upload (Sign, dispatch and the agent's inbox poll).
+  source and writing the spool) and uploading.
+* *object steps*: one data object's way through the Upload map, from the agent's log and the
+  control-plane probes (``probes.py``): ``wait_checksum`` (inbox to the agent starting the
+  checksum: poll interval, and a free command slot among ``max_parallel_commands``),
+  ``checksum`` (read the source, CRC64NVME, write the spool), ``to_sign`` (the answer through
+  Step Functions to Sign), ``sign``, ``to_upload`` (Sign to the upload command in the inbox),
+  ``wait_upload``, ``upload`` (the parts, ``upload_parallelism`` at once), ``to_complete`` and
+  ``complete`` (complete and verify by GetObjectAttributes).
 """
 
 from __future__ import annotations
@@ -25,6 +32,17 @@ from typing import Any
 MiB = 1024 * 1024
 OBJECT_TARGET_SIZE = 256 * MiB
 PHASES = ("checkpoint", "plan", "upload", "tail", "finalize")
+OBJECT_STEPS = (
+    "wait_checksum",
+    "checksum",
+    "to_sign",
+    "sign",
+    "to_upload",
+    "wait_upload",
+    "upload",
+    "to_complete",
+    "complete",
+)
 LOG_LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ INFO "
     r"(?P<command>\w+):(?P<backup>[^:\s]+)(?::(?P<key>\S+))? done in (?P<seconds>[\d.]+) s$"
@@ -74,17 +92,15 @@ def phase_split(spans: list[tuple[str, float, float]], end: float) -> dict[str, 
     """Seconds per phase (see the module docstring); they add up to the execution's time."""
     checkpoint = _nth(spans, "Checkpoint", 0)
     data_upload = _nth(spans, "Upload", 0)
-    tail_upload = _nth(spans, "Upload", 1)
     release = _nth(spans, "Release", 0)
     if not (checkpoint and data_upload and release):
         raise ValueError(f"unexpected execution history: {[s[0] for s in spans]}")
-    tail_end = tail_upload[1] if tail_upload else release[0]
     return {
         "checkpoint": checkpoint[1],
         "plan": data_upload[0] - checkpoint[1],
         "upload": data_upload[1] - data_upload[0],
-        "tail": tail_end - data_upload[1],
-        "finalize": end - tail_end,
+        "tail": release[0] - data_upload[1],
+        "finalize": end - release[0],
     }
 
 
@@ -102,8 +118,8 @@ def state_seconds(spans: list[tuple[str, float, float]]) -> dict[str, float]:
 
 # --- the agent's log ----------------------------------------------------------------------------
 def agent_commands(log_text: str, backup_id: str) -> list[dict[str, Any]]:
-    """The agent's finished commands of ``backup_id``: command, key, start and end (epoch-free
-    seconds of the day are enough: all within one backup)."""
+    """The agent's finished commands of ``backup_id``: command, key, start and end (epoch
+    seconds; the log's local time is this machine's, like the probes' clock)."""
     out = []
     for line in log_text.splitlines():
         match = LOG_LINE.match(line)
@@ -133,29 +149,61 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def agent_split(commands: list[dict[str, Any]]) -> dict[str, float]:
-    """For the data objects: agent time checksumming and uploading (summed over objects and
-    as wall time with any object busy), and the mean gap from checksum to upload."""
+    """For the data objects: agent time checksumming and uploading, summed over objects and
+    as wall time during which at least one object was at that step."""
     data = [c for c in commands if c["key"] and "/data-" in c["key"]]
     by_command: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    by_key: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for command in data:
         by_command[command["command"]].append((command["start"], command["end"]))
-        by_key[command["key"]][command["command"]] = command
-    gaps = [
-        c["upload"]["start"] - c["checksum"]["end"]
-        for c in by_key.values()
-        if "upload" in c and "checksum" in c
-    ]
-    spans = by_command["checksum"] + by_command["upload"]
     return {
-        "objects": len(by_key),
+        "objects": len({c["key"] for c in data}),
         "checksum_sum": sum(end - start for start, end in by_command["checksum"]),
         "checksum_wall": busy_seconds(by_command["checksum"]),
         "upload_sum": sum(end - start for start, end in by_command["upload"]),
         "upload_wall": busy_seconds(by_command["upload"]),
-        "agent_busy_wall": busy_seconds(spans),
-        "checksum_to_upload_gap_mean": statistics.mean(gaps) if gaps else 0.0,
+        "agent_busy_wall": busy_seconds(by_command["checksum"] + by_command["upload"]),
     }
+
+
+def _latest(events: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The last event per (command, key): a retried step counts by its last try."""
+    return {(e["command"], e["key"]): e for e in sorted(events, key=lambda e: e["start"])}
+
+
+def object_steps(
+    commands: list[dict[str, Any]], probes: list[dict[str, Any]]
+) -> list[dict[str, float]]:
+    """Seconds per step (see the module docstring) of each data object, in plan order."""
+    agent = _latest(commands)
+    dispatched = _latest([p for p in probes if p["step"] == "dispatch"])
+    control = _latest([p for p in probes if p["step"] != "dispatch"])
+    out = []
+    for key in sorted({c["key"] for c in commands if c["key"] and "/data-" in c["key"]}):
+        try:
+            ck, up = agent[("checksum", key)], agent[("upload", key)]
+            d_ck, d_up = dispatched[("checksum", key)], dispatched[("upload", key)]
+            sign, complete = control[("sign", key)], control[("complete", key)]
+        except KeyError:
+            continue  # a step without a record (a failed try): no timeline for this object
+        out.append(
+            {
+                "object": key.rsplit("/", 1)[-1],
+                "dispatched_at": d_ck["end"],
+                "wait_checksum": ck["start"] - d_ck["end"],
+                "checksum": ck["end"] - ck["start"],
+                "to_sign": sign["start"] - ck["end"],
+                "sign": sign["end"] - sign["start"],
+                "to_upload": d_up["end"] - sign["end"],
+                "wait_upload": up["start"] - d_up["end"],
+                "upload": up["end"] - up["start"],
+                "to_complete": complete["start"] - up["end"],
+                "complete": complete["end"] - complete["start"],
+            }
+        )
+    first = min((o["dispatched_at"] for o in out), default=0.0)
+    for item in out:
+        item["dispatched_at"] -= first
+    return out
 
 
 # --- summary and Markdown -----------------------------------------------------------------------
@@ -174,6 +222,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
             "mib_per_s": median_of(tool_runs, "bytes") / statistics.median(seconds) / MiB,
             "client_cpu_seconds": median_of(tool_runs, "client_cpu_seconds"),
             "minio_cpu_seconds": median_of(tool_runs, "minio_cpu_seconds"),
+            "load_before": spread([run["load_before"] for run in tool_runs]),
         }
     shardvault = tools.get("shardvault")
     summary: dict[str, Any] = {"tools": tools}
@@ -197,6 +246,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
                 for key in sv_runs[0]["agent"]
             },
             "execution_seconds": median_of(sv_runs, "execution_seconds"),
+            "agent_cpu_seconds": median_of(sv_runs, "agent_cpu_seconds"),
+            "control_plane_cpu_seconds": median_of(sv_runs, "control_plane_cpu_seconds"),
+            "data_bytes": median_of(sv_runs, "data_bytes"),
+            "tail_bytes": median_of(sv_runs, "tail_bytes"),
+            "object_steps": {
+                step: statistics.median(o[step] for r in sv_runs for o in r["objects_steps"])
+                for step in OBJECT_STEPS
+            },
         }
     return summary
 
@@ -214,8 +271,8 @@ def tools_table(summary: dict[str, Any]) -> str:
     target = summary.get("shardvault", {}).get("object_target")
     rows = [
         "| tool | wall s min / median / max | MiB/s (median) | MiB moved | objects "
-        f"(target {target}) | client CPU s | MinIO CPU s | ShardVault ÷ tool |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"(target {target}) | client CPU s | MinIO CPU s | load avg before | ShardVault ÷ tool |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for tool, info in summary["tools"].items():
         spread_s = " / ".join(_s(info["seconds"][k]) for k in ("min", "median", "max"))
@@ -223,7 +280,8 @@ def tools_table(summary: dict[str, Any]) -> str:
         rows.append(
             f"| {info['label']} | {spread_s} | {info['mib_per_s']:.0f} | {_mib(info['bytes'])} | "
             f"{info['objects']:.0f} | {_s(info['client_cpu_seconds'])} | "
-            f"{_s(info['minio_cpu_seconds'])} | {f'{ratio:.2f}' if ratio else '—'} |"
+            f"{_s(info['minio_cpu_seconds'])} | {_s(info['load_before']['min'])} to "
+            f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} |"
         )
     return "\n".join(rows)
 
@@ -238,6 +296,10 @@ def shardvault_table(summary: dict[str, Any]) -> str:
         f"{', '.join(map(str, sv['objects']))} |",
         f"| parts per backup; part size | {', '.join(map(str, sv['parts']))}; "
         f"{sv['part_size'] // MiB} MiB |",
+        f"| MiB in the data stream + tail stream (WAL, backup label) | {_mib(sv['data_bytes'])} + "
+        f"{_mib(sv['tail_bytes'])} |",
+        f"| CPU s: agent; control plane (moto, Lambda handlers) | {_s(sv['agent_cpu_seconds'])}; "
+        f"{_s(sv['control_plane_cpu_seconds'])} |",
         f"| agent peak RSS (VmHWM, all runs) | {sv['agent_peak_rss_mib']:.0f} MiB |",
         f"| execution start → stop (Step Functions) | {_s(sv['execution_seconds'])} s |",
     ]
@@ -248,9 +310,9 @@ def shardvault_table(summary: dict[str, Any]) -> str:
         f"| agent: upload, wall (sum over objects) | {_s(agent['upload_wall'])} s "
         f"({_s(agent['upload_sum'])} s) |",
         f"| agent busy with any data object, wall | {_s(agent['agent_busy_wall'])} s |",
-        f"| mean gap checksum → upload (Sign, dispatch, poll) | "
-        f"{agent['checksum_to_upload_gap_mean']:.2f} s |",
     ]
+    steps = sv["object_steps"]
+    rows += [f"| per data object, median: {name} | {steps[name]:.2f} s |" for name in OBJECT_STEPS]
     return "\n".join(rows)
 
 

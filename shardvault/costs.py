@@ -19,9 +19,12 @@ The orchestration counts below are estimates from the state machine, not measure
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
+from itertools import pairwise
+from typing import NamedTuple
 
 from shardvault.errors import ShardVaultError
 from shardvault.models import Frozen
@@ -306,11 +309,13 @@ class Forecast(Frozen):
         )
 
 
-class _Lived(Frozen):
+class Lifetime(NamedTuple):
+    """One simulated backup: when it completed and when retention expired it (None: kept)."""
+
     completed_at: datetime
     expired_at: datetime | None
     kind: BackupKind
-    cost: BackupCost
+    bytes: int
 
 
 def monthly_forecast(
@@ -325,102 +330,107 @@ def monthly_forecast(
     nodes: int = 1,
 ) -> Forecast:
     """A cluster of ``data_bytes`` whose data changes by ``daily_change`` (a fraction) a day,
-    backed up and expired by its policy. An incremental holds the change since its parent."""
-
-    def price(size: int) -> BackupCost:
-        return price_backup(
+    backed up and expired by its policy, averaged over a year in steady state."""
+    storage_class = cluster.vault.storage_class
+    lives, end = simulate_lifetimes(cluster, data_bytes, daily_change)
+    start = end - YEAR
+    costs = {
+        size: price_backup(
             size,
-            cluster.vault.storage_class,
+            storage_class,
             part_size=part_size,
             object_size=object_size,
             landing=landing,
             staging_hours=staging_hours,
         )
+        for size in {life.bytes for life in lives}
+    }
+    made = [(life, costs[life.bytes]) for life in lives if life.completed_at > start]
+    kept_days = [(_days_within(life, start, end), costs[life.bytes]) for life in lives]
+    charges = sum(
+        early_deletion_charge(
+            storage_class, life.bytes, costs[life.bytes].objects, (gone - life.completed_at) / DAY
+        )
+        for life in lives
+        if (gone := life.expired_at) is not None and start < gone <= end
+    )
+    months = YEAR / DAY / DAYS_PER_MONTH
 
-    lived, charges, window_end = _simulate(cluster, data_bytes, daily_change, price)
-    start = window_end - YEAR
-    made = [b for b in lived if b.completed_at > start]
-    stored_gb_days = sum(_days_within(b, start, window_end) * b.cost.bytes for b in lived)
-    stored = sum(_days_within(b, start, window_end) * b.cost.storage_usd_per_month for b in lived)
+    def per_month(values: Iterable[float]) -> float:
+        return sum(values) / months
+
     return Forecast(
-        storage_class=cluster.vault.storage_class,
+        storage_class=storage_class,
         data_bytes=data_bytes,
         daily_change=daily_change,
-        fulls_per_month=sum(b.kind == BackupKind.FULL for b in made) / 12,
-        incrementals_per_month=sum(b.kind == BackupKind.INCREMENTAL for b in made) / 12,
-        objects_per_month=sum(b.cost.objects for b in made) / 12,
-        stored_bytes=stored_gb_days / (12 * DAYS_PER_MONTH),
-        storage_usd=(stored / DAYS_PER_MONTH + charges) / 12,
-        early_deletion_usd=charges / 12,
-        requests_usd=sum(b.cost.requests_usd for b in made) / 12,
-        orchestration_usd=sum(b.cost.orchestration_usd for b in made) / 12,
-        lambda_usd=sum(b.cost.lambda_usd for b in made) / 12,
-        staging_usd=sum(b.cost.staging_usd for b in made) / 12,
+        fulls_per_month=per_month(life.kind == BackupKind.FULL for life, _ in made),
+        incrementals_per_month=per_month(life.kind == BackupKind.INCREMENTAL for life, _ in made),
+        objects_per_month=per_month(cost.objects for _, cost in made),
+        stored_bytes=sum(days * cost.bytes for days, cost in kept_days) / (YEAR / DAY),
+        storage_usd=per_month(d / DAYS_PER_MONTH * c.storage_usd_per_month for d, c in kept_days)
+        + charges / months,
+        early_deletion_usd=charges / months,
+        requests_usd=per_month(cost.requests_usd for _, cost in made),
+        orchestration_usd=per_month(cost.orchestration_usd for _, cost in made),
+        lambda_usd=per_month(cost.lambda_usd for _, cost in made),
+        staging_usd=per_month(cost.staging_usd for _, cost in made),
         agents_usd=agents_monthly_cost(nodes),
         budget_usd=cluster.budget_usd_per_month,
     )
 
 
-def _days_within(backup: _Lived, start: datetime, end: datetime) -> float:
-    """Days of the window ``(start, end]`` the backup was in the vault."""
-    gone = backup.expired_at or end
-    return max(timedelta(0), min(gone, end) - max(backup.completed_at, start)) / DAY
+def _days_within(life: Lifetime, start: datetime, end: datetime) -> float:
+    """Days of the window ``(start, end]`` the backup spent in the vault."""
+    gone = life.expired_at or end
+    return max(timedelta(0), min(gone, end) - max(life.completed_at, start)) / DAY
 
 
-def _simulate(
-    cluster: ClusterPolicy,
-    data_bytes: int,
-    daily_change: float,
-    price: Callable[[int], BackupCost],
-) -> tuple[list[_Lived], float, datetime]:
-    """Every backup of the schedule with its expiry (retention run after each backup), the
-    early-deletion charges of the final year, and the end of that year."""
+@lru_cache(maxsize=32)
+def simulate_lifetimes(
+    cluster: ClusterPolicy, data_bytes: int, daily_change: float
+) -> tuple[tuple[Lifetime, ...], datetime]:
+    """Every backup the schedule makes, expired by retention run after each backup, from a
+    fixed start until a year past the warm-up; and the end of that year. An incremental holds
+    the change since its parent (the backup before it); the first backup is a full."""
     from shardvault.retention import BackupRecord, decide  # it prices with this module
 
     schedule, zone = cluster.schedule, cluster.schedule.zone
-    start = datetime(2026, 1, 1, tzinfo=zone)  # a fixed start: forecasts are reproducible
+    start = datetime(2026, 1, 1, tzinfo=zone)  # fixed: forecasts are reproducible
     end = start + _warm_up(cluster, start) + YEAR
     lock = timedelta(days=cluster.vault.object_lock.days)
     live: list[BackupRecord] = []
-    made: dict[str, tuple[BackupRecord, BackupCost]] = {}
+    made: list[BackupRecord] = []
     expired: dict[str, datetime] = {}
-    charges = 0.0
-    for n, (at, kind) in enumerate(schedule.fires(start, end)):
+    for n, (at, due) in enumerate(schedule.fires(start, end)):
         if n >= MAX_SIMULATED_BACKUPS:
             raise CostError(
                 f"the schedule runs more than {MAX_SIMULATED_BACKUPS} backups in the forecast.",
                 fix="forecast a schedule with fewer backups a day.",
             )
-        parent = live[-1] if live else None
-        kind = kind if parent else BackupKind.FULL  # the first backup is always a full
+        parent = live[-1] if live else None  # the newest backup is never expired
+        kind = due if parent else BackupKind.FULL
         size = data_bytes
         if parent and kind == BackupKind.INCREMENTAL:
-            changed = data_bytes * daily_change * ((at - parent.completed_at) / DAY)
-            size = min(data_bytes, round(changed))
-        cost = price(size)
-        record = BackupRecord(
-            backup_id=f"{n:06d}",
-            cluster="forecast",
-            completed_at=at,
-            kind=kind,
-            parent_id=parent.backup_id if parent and kind == BackupKind.INCREMENTAL else None,
-            storage_class=cluster.vault.storage_class,
-            retain_until=at + lock,
-            bytes=size,
-            objects=cost.objects,
+            size = min(
+                data_bytes, round(data_bytes * daily_change * ((at - parent.completed_at) / DAY))
+            )
+        made.append(
+            BackupRecord(
+                backup_id=f"{n:06d}",
+                cluster="forecast",
+                completed_at=at,
+                kind=kind,
+                parent_id=parent.backup_id if parent and kind == BackupKind.INCREMENTAL else None,
+                storage_class=cluster.vault.storage_class,
+                retain_until=at + lock,
+                bytes=size,
+            )
         )
-        made[record.backup_id] = (record, cost)
-        decision = decide([*live, record], cluster.retention, at, zone)
-        gone = set(decision.expire)
+        gone = set(decide([*live, made[-1]], cluster.retention, at, zone).expire)
         expired |= dict.fromkeys(gone, at)
-        live = [b for b in [*live, record] if b.backup_id not in gone]
-        if at > end - YEAR:
-            charges += decision.early_deletion_charge_usd
-    lived = [
-        _Lived(completed_at=r.completed_at, expired_at=expired.get(i), kind=r.kind, cost=c)
-        for i, (r, c) in made.items()
-    ]
-    return lived, charges, end
+        live = [b for b in [*live, made[-1]] if b.backup_id not in gone]
+    lives = tuple(Lifetime(b.completed_at, expired.get(b.backup_id), b.kind, b.bytes) for b in made)
+    return lives, end
 
 
 def _warm_up(cluster: ClusterPolicy, start: datetime) -> timedelta:
@@ -440,7 +450,7 @@ def _longest_full_gap(schedule: Schedule, start: datetime) -> timedelta:
     """The longest time between fulls over a year (how far back a chain can reach)."""
     fulls = Schedule(timezone=schedule.timezone, full=schedule.full)
     times = [start] + [at for at, _ in fulls.fires(start, start + YEAR)]
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=YEAR)
+    return max((b - a for a, b in pairwise(times)), default=YEAR)
 
 
 # --- The issue's target ------------------------------------------------------------------------

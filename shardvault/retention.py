@@ -199,9 +199,7 @@ def _unrestorable(
     for backup in oldest_first:  # parents first
         parent = by_id.get(backup.parent_id or "")
         whole[backup.backup_id] = backup.kind == BackupKind.FULL or (
-            parent is not None
-            and parent.cluster == backup.cluster
-            and whole[parent.backup_id]
+            parent is not None and parent.cluster == backup.cluster and whole[parent.backup_id]
         )
     return [
         b.backup_id
