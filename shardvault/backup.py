@@ -393,6 +393,7 @@ def complete(
         part_count=item.part_count,
         crc64nvme=sums.crc64nvme,
         verified_by=verified_by,
+        part_crc64nvme=[p.crc64nvme for p in sorted(sums.parts, key=lambda p: p.part_number)],
     )
     key = svc.work_key(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"

@@ -18,10 +18,15 @@ from shardvault.services import Services
 # Validation already refused silent nodes; mid-backup, a late heartbeat (a busy host) is
 # tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
 SILENCE_GRACE = 4
-COMMANDS = frozenset({"flush", "checkpoint", "checksum", "upload", "stop", "release"})
+BACKUP_COMMANDS = {"flush", "checkpoint", "checksum", "upload", "stop", "release"}
+RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
+COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS)
 
 
 class DispatchRequest(BaseModel):
+    """``backup_id`` names the operation: a backup's id, or a restore's. Arguments too large
+    for the state (a node's restore layout) are in the work bucket at ``args["args_key"]``."""
+
     task_token: str
     node_id: str
     command: str
@@ -50,11 +55,14 @@ def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, s
             f"the agent of node {request.node_id} is unavailable ({state}).",
             fix="start or restart shardvault-agent on that node, then retry the backup.",
         )
+    args = dict(request.args)
+    if key := args.pop("args_key", None):
+        args |= svc.get_work(key)
     svc.inbox.post(
         request.node_id,
         request.command_id,
         request.command,
-        {**request.args, "backup_id": request.backup_id},
+        {**args, "backup_id": request.backup_id},
         request.task_token,
     )
     return {"node_id": request.node_id, "command_id": request.command_id}

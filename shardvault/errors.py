@@ -98,3 +98,36 @@ class CheckpointNotFound(ShardVaultError):
 
 class UnknownCommand(ShardVaultError):
     """The inbox holds a command this agent version does not know."""
+
+
+# --- Restore (validation errors are raised before any side effect) -----------------------------
+class BackupNotFound(ShardVaultError):
+    """The backup named for a restore is not in the catalog (or the cluster has none)."""
+
+
+class BackupNotRestorable(ShardVaultError):
+    """The backup exists but did not complete and verify (failed or still running)."""
+
+
+class EngineMismatch(ShardVaultError):
+    """The target cluster runs another database engine than the backup's."""
+
+
+class TargetNotReady(ShardVaultError):
+    """A target node accepts no restores (no restore_dir in its agent config)."""
+
+
+class TargetTooSmall(ShardVaultError):
+    """The target nodes have too little room for the shards placed on them."""
+
+
+class TargetNotEmpty(ShardVaultError):
+    """A target node already holds data where a shard would be restored."""
+
+
+class DownloadIncomplete(ShardVaultError):
+    """A shard is asked to finish while some of its objects are not downloaded."""
+
+
+class RestoreValidationFailed(ShardVaultError):
+    """A restored shard failed its engine checks or a validation query."""

@@ -81,6 +81,10 @@ class NodeRecord(Frozen):
     version: str
     heartbeat_at: float
     status: str = "up"  # "up" while the agent runs, "stopped" after a clean shutdown
+    # Restores: room for restored shards (None: this node accepts no restores), and the
+    # shard directories its restore_dir already holds.
+    restore_free_bytes: int | None = None
+    restore_occupied: list[str] = Field(default_factory=list)
 
 
 class FileEntry(Frozen):
@@ -214,6 +218,9 @@ class ObjectResult(Frozen):
     part_count: int
     crc64nvme: str
     verified_by: str  # "attributes" (no download) or "readback"
+    # Each part's CRC64NVME, in order: a restore checks every part as it arrives. Empty in
+    # manifests written before it was recorded; the whole-object checksum still holds.
+    part_crc64nvme: list[str] = Field(default_factory=list)
 
 
 class ManifestStream(Frozen):
@@ -244,3 +251,88 @@ class Manifest(Frozen):
     objects: int
     parts: int
     verification: str
+
+
+# --- Restore -----------------------------------------------------------------------------------
+class RetrievalTier(StrEnum):
+    """How fast archived objects are thawed (S3 RestoreObject tiers)."""
+
+    EXPEDITED = "Expedited"
+    STANDARD = "Standard"
+    BULK = "Bulk"
+
+
+class RestoreRequest(Frozen):
+    """The input of the restore state machine (from the console, the CLI or a test).
+
+    ``backup_id`` may be ``latest`` (the newest verified backup of ``cluster``). ``placement``
+    pins shards to target nodes (``{"shard-a": "node-2"}``); unpinned shards are placed by size.
+    """
+
+    cluster: str
+    target_cluster: str
+    backup_id: str = "latest"
+    tier: RetrievalTier = RetrievalTier.STANDARD
+    placement: dict[str, str] = Field(default_factory=dict)
+    replace: bool = False  # restore over shard directories the target already holds
+    plan_only: bool = False  # validate and place, show the plan, move nothing
+    validation_queries: list[str] = Field(default_factory=list)
+    requested_by: str = "cli"
+    execution_id: str = ""
+
+    @field_validator("cluster", "target_cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_name("cluster", value)
+
+
+class ShardPlacement(Frozen):
+    shard_id: str
+    node_id: str
+    bytes: int
+
+
+class NodeAssignment(Frozen):
+    """The shards one target node restores."""
+
+    node_id: str
+    shard_ids: list[str]
+    bytes: int
+
+
+class RestoreContext(Frozen):
+    """What restore validation decided; passed along the state machine as ``$.restore``."""
+
+    restore_id: str
+    cluster: str
+    backup_id: str
+    manifest_key: str
+    engine: Engine
+    target_cluster: str
+    placements: list[ShardPlacement]
+    assignments: list[NodeAssignment]
+    bytes: int
+    objects: int
+    tier: RetrievalTier
+    replace: bool
+    plan_only: bool
+    validation_queries: list[str] = Field(default_factory=list)
+    started_at: float
+    execution_id: str = ""
+
+
+class DownloadItem(Frozen):
+    """One object for one target node to fetch into a restored shard."""
+
+    restore_id: str
+    target_cluster: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    key: str
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int
+    crc64nvme: str
+    part_crc64nvme: list[str] = Field(default_factory=list)

@@ -18,7 +18,7 @@ import boto3
 
 from shardvault.backup import readable_cause
 from shardvault.errors import InvalidRequest
-from shardvault.models import BackupRequest, NodeRecord
+from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
 from shardvault.tables import Catalog, NodeRegistry, table
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -29,6 +29,7 @@ class ClientConfig:
     state_machine_arn: str
     catalog_table: str
     nodes_table: str = "shardvault-nodes"
+    restore_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -47,6 +48,7 @@ class ClientConfig:
             env["SHARDVAULT_STATE_MACHINE_ARN"],
             env["SHARDVAULT_CATALOG_TABLE"],
             env.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"),
+            env.get("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -163,3 +165,64 @@ def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str,
             fix="list backups with 'shardvault list'.",
         )
     return record
+
+
+# --- restore -------------------------------------------------------------------------------------
+def start_restore(config: ClientConfig, request: RestoreRequest) -> str:
+    if not config.restore_state_machine_arn:
+        raise InvalidRequest(
+            "SHARDVAULT_RESTORE_STATE_MACHINE_ARN is not set.",
+            fix="set it from the ShardVault stack's RestoreStateMachineArn output, or pass "
+            "--stack-env for the local stack.",
+        )
+    sfn = boto3.client("stepfunctions")
+    name = f"{request.target_cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    payload = request.model_dump(mode="json", exclude={"execution_id"})
+    return sfn.start_execution(
+        stateMachineArn=config.restore_state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+
+
+def restore_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    """The restore's state: the execution's status, and bytes and objects downloaded so far
+    from its catalog record (``output`` once it succeeded: the summary, or the plan)."""
+    sfn = boto3.client("stepfunctions")
+    execution = sfn.describe_execution(executionArn=execution_arn)
+    progress = Progress(status=execution["status"])
+    if execution["status"] == "SUCCEEDED":
+        progress.record = json.loads(execution.get("output") or "{}")
+    elif execution["status"] in TERMINAL:
+        progress.error = execution.get("error", "")
+        progress.cause = readable_cause(execution.get("cause", ""))
+    request = json.loads(execution.get("input") or "{}")
+    target = request.get("target_cluster", "") if isinstance(request, dict) else ""
+    if target:
+        catalog = Catalog(table(config.catalog_table))
+        for record in catalog.restores(target):
+            if record.get("execution_id") == execution_arn:
+                progress.record = {**record, **(progress.record or {})}
+                progress.bytes_done = record.get("bytes_done", 0)
+                progress.bytes_total = record.get("bytes_total", 0)
+                progress.objects_done = record.get("objects_done", 0)
+                progress.objects_total = record.get("objects_total", 0)
+    return progress
+
+
+def wait_restore(
+    config: ClientConfig,
+    execution_arn: str,
+    on_progress: Callable[[Progress], None] = lambda _: None,
+    interval: float = 0.5,
+    timeout: float = 3600,
+) -> Progress:
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = restore_progress(config, execution_arn)
+        on_progress(progress)
+        if progress.status in TERMINAL or time.monotonic() > deadline:
+            return progress
+        time.sleep(interval)
+
+
+def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
+    return Catalog(table(config.catalog_table)).restores(cluster)

@@ -35,6 +35,9 @@ class Settings(BaseModel):
     heartbeat_max_age_seconds: float = Field(
         30.0, description="A node whose agent has not heartbeated for longer is unavailable."
     )
+    thaw_first_wait_seconds: int = Field(
+        60, description="First wait for archived objects to thaw; each later wait doubles."
+    )
     verify_mode: str = Field(
         "attributes",
         description="'attributes' verifies by GetObjectAttributes (no download), falling back to "

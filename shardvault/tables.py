@@ -23,6 +23,13 @@ from botocore.exceptions import ClientError
 from shardvault.models import NodeRecord
 
 LOCK_KEY = "#lock"
+RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
+
+
+def is_backup(sort_key: str) -> bool:
+    return sort_key != LOCK_KEY and not sort_key.startswith(RESTORE_PREFIX)
+
+
 INBOX_TTL_SECONDS = 7 * 24 * 3600
 
 
@@ -209,14 +216,23 @@ class Catalog:
 
     def backups(self, cluster: str) -> list[dict[str, Any]]:
         items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
-        return [plain(i) for i in items if i["backup_id"] != LOCK_KEY]
+        return [plain(i) for i in items if is_backup(i["backup_id"])]
+
+    def restores(self, cluster: str) -> list[dict[str, Any]]:
+        """Restores into ``cluster`` (items keyed ``restore#<restore_id>``)."""
+        items = query_all(
+            self.table,
+            KeyConditionExpression=Key("cluster").eq(cluster)
+            & Key("backup_id").begins_with(RESTORE_PREFIX),
+        )
+        return [plain(i) for i in items]
 
     def all_backups(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {}
         while True:
             page = self.table.scan(**kwargs)
-            items += [plain(i) for i in page.get("Items", []) if i["backup_id"] != LOCK_KEY]
+            items += [plain(i) for i in page.get("Items", []) if is_backup(i["backup_id"])]
             if "LastEvaluatedKey" not in page:
                 return items
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]

@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,6 +33,7 @@ from shardvault.planning import PartRange
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.restore import Downloader, Restorer
 from shardvault_agent.transfer import PartSender, StreamReader, checksum_object, upload_object
 
 MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
@@ -45,6 +47,11 @@ class Commands:
         self.shards = {s.shard_id: s for s in config.shards}
         self.locks: dict[str, threading.Lock] = {}
         self.locks_guard = threading.Lock()
+
+    @cached_property
+    def restorer(self) -> Restorer:
+        downloader = Downloader(self.sender.http, self.config.part_attempts, self.limiter)
+        return Restorer(self.config, downloader)
 
     def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
@@ -252,6 +259,22 @@ class Commands:
             "parts": [p.model_dump(mode="json") for p in outcome.uploaded],
             "changed": [p.model_dump(mode="json") for p in outcome.changed],
         }
+
+    # --- restore (``backup_id`` is the restore's id) -------------------------------------------
+    def do_prepare_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.prepare(args)
+
+    def do_download(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.restorer.download(args)
+
+    def do_finish_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.finish(args)
+
+    def do_abort_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.abort(args)
 
 
 def crc_name(crc_b64: str) -> str:

@@ -53,6 +53,16 @@ class AgentConfig(BaseModel):
         None, ge=1, description="Cap on bytes read per second (None: no cap)."
     )
     low_priority: bool = Field(False, description="Lower CPU (nice) and IO (ionice) priority.")
+    restore_dir: Path | None = Field(
+        None,
+        description="Where restored shards go, one directory each (None: no restores here).",
+    )
+    restore_capacity_bytes: int | None = Field(
+        None, ge=0, description="Cap on the bytes restores may place here (None: free space)."
+    )
+    restore_ports: tuple[int, int] = Field(
+        (5433, 5532), description="PostgreSQL: the port range restored instances listen on."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:

@@ -28,7 +28,7 @@ import urllib3
 from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, ShardInfo
 from shardvault.tables import Inbox, NodeRegistry
-from shardvault_agent import __version__
+from shardvault_agent import __version__, restore
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines import adapter_for
@@ -84,6 +84,8 @@ class Agent:
                 for s in cfg.shards
             ],
             free_bytes=shutil.disk_usage(cfg.state_dir).free,
+            restore_free_bytes=restore.room(cfg),
+            restore_occupied=restore.occupied(cfg.restore_dir),
             version=__version__,
             heartbeat_at=time.time(),
             status=status,

@@ -100,3 +100,33 @@ def agent_config(
         "shards": shards,
         "state_dir": str(root / "agent-state" / node_id),
     }
+
+
+def restore_targets(
+    root: Path, *, name: str, engine: str, nodes: int, capacity: int | None = None
+) -> list[dict[str, Any]]:
+    """Agent configs of an empty cluster of ``nodes`` nodes that accepts restores."""
+    configs = []
+    for i in range(nodes):
+        node_id = f"{name}-node-{i + 1}"
+        config = agent_config(root, name, node_id, engine, [])
+        config["restore_dir"] = str(root / "restored" / node_id)
+        if capacity is not None:
+            config["restore_capacity_bytes"] = capacity
+        configs.append(config)
+    return configs
+
+
+def table_digests(db_path: Path) -> dict[str, str]:
+    """An ordered hash of every table's rows: equal digests, equal data."""
+    import hashlib
+
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        out = {}
+        for name in sorted(tables):
+            digest = hashlib.sha256()
+            for row in db.execute(f'SELECT * FROM "{name}" ORDER BY rowid'):
+                digest.update(repr(row).encode())
+            out[name] = digest.hexdigest()
+        return out

@@ -49,6 +49,13 @@ FUNCTIONS = {
     "CheckUploadsFunctionArn": "check_uploads",
     "FinalizeBackupFunctionArn": "finalize_backup",
     "CleanupBackupFunctionArn": "cleanup_backup",
+    "ValidateRestoreFunctionArn": "validate_restore",
+    "PlanRestoreFunctionArn": "plan_restore",
+    "ThawObjectsFunctionArn": "thaw_objects",
+    "SignDownloadFunctionArn": "sign_download",
+    "RecordDownloadFunctionArn": "record_download",
+    "FinalizeRestoreFunctionArn": "finalize_restore",
+    "CleanupRestoreFunctionArn": "cleanup_restore",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -105,6 +112,7 @@ class LocalStack:
     moto_port: int = 0
     settings: Settings | None = None
     state_machine_arn: str = ""
+    restore_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -127,9 +135,11 @@ class LocalStack:
             verify_mode="attributes" if credentials else "readback",
             topic_arn=self._create_resources(),
             heartbeat_max_age_seconds=self.heartbeat_max_age,
+            thaw_first_wait_seconds=1,
         )
         lambda_support.use_settings(self.settings)
-        self.state_machine_arn = self._create_state_machine()
+        self.state_machine_arn = self._create_state_machine("backup")
+        self.restore_state_machine_arn = self._create_state_machine("restore")
         self._write_env_file()
         return self
 
@@ -250,14 +260,14 @@ class LocalStack:
         boto3.client("s3").create_bucket(Bucket=NAMES["work_bucket"])
         return boto3.client("sns").create_topic(Name="shardvault-notifications")["TopicArn"]
 
-    def _create_state_machine(self) -> str:
+    def _create_state_machine(self, name: str) -> str:
         definition = render_asl(
-            STATE_MACHINES / "backup.asl.json", substitutions(NAMES["work_bucket"])
+            STATE_MACHINES / f"{name}.asl.json", substitutions(NAMES["work_bucket"])
         )
         response = boto3.client("stepfunctions").create_state_machine(
-            name="shardvault-backup",
+            name=f"shardvault-{name}",
             definition=definition,
-            roleArn=f"arn:aws:iam::{ACCOUNT}:role/shardvault-backup",
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/shardvault-{name}",
         )
         return response["stateMachineArn"]
 
@@ -265,6 +275,7 @@ class LocalStack:
         env = {
             **control_plane_env(self.endpoint),
             "SHARDVAULT_STATE_MACHINE_ARN": self.state_machine_arn,
+            "SHARDVAULT_RESTORE_STATE_MACHINE_ARN": self.restore_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

@@ -19,7 +19,7 @@ import pytest
 from shardvault import operations as ops
 from shardvault.local import demo
 from shardvault.local.stack import LocalStack
-from shardvault.models import BackupRequest
+from shardvault.models import BackupRequest, RestoreRequest
 from shardvault.store import open_uploads
 from shardvault.tables import Catalog, Inbox, table
 
@@ -48,7 +48,7 @@ class Cluster:
 
     @property
     def client(self) -> ops.ClientConfig:
-        return ops.ClientConfig(self.stack.state_machine_arn, self.stack.settings.catalog_table)
+        return client_of(self.stack)
 
     def backup(self, **request: Any) -> ops.Progress:
         execution = self.start_backup(**request)
@@ -91,6 +91,58 @@ class Cluster:
     def stop(self) -> None:
         for config in self.configs:
             self.stack.stop_agent(config["node_id"])
+
+
+def client_of(stack: LocalStack) -> ops.ClientConfig:
+    return ops.ClientConfig(
+        stack.state_machine_arn,
+        stack.settings.catalog_table,
+        stack.settings.nodes_table,
+        stack.restore_state_machine_arn,
+    )
+
+
+@dataclass
+class Target:
+    """An empty cluster whose agents accept restores."""
+
+    stack: LocalStack
+    name: str
+    configs: list[dict[str, Any]]
+
+    def restore(self, source: str, **request: Any) -> ops.Progress:
+        execution = self.start_restore(source, **request)
+        return ops.wait_restore(client_of(self.stack), execution, interval=0.2, timeout=900)
+
+    def start_restore(self, source: str, **request: Any) -> str:
+        restore = RestoreRequest(cluster=source, target_cluster=self.name, **request)
+        return ops.start_restore(client_of(self.stack), restore)
+
+    def restore_dir(self, node: int) -> Path:
+        return Path(self.configs[node]["restore_dir"])
+
+    def records(self) -> list[dict[str, Any]]:
+        return Catalog(table(self.stack.settings.catalog_table)).restores(self.name)
+
+
+@pytest.fixture
+def make_target(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Target]]:
+    targets: list[Target] = []
+
+    def make(*, nodes: int, engine: str = "sqlite", **options: Any) -> Target:
+        name = f"t{next(names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
+        configs = demo.restore_targets(tmp_path, name=name, engine=engine, nodes=nodes, **options)
+        for config in configs:
+            config.update(FAST_AGENT)
+            stack.start_agent(config)
+        stack.wait_for_nodes([c["node_id"] for c in configs])
+        targets.append(Target(stack, name, configs))
+        return targets[-1]
+
+    yield make
+    for target in targets:
+        for config in target.configs:
+            stack.stop_agent(config["node_id"])
 
 
 @pytest.fixture

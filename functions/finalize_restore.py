@@ -1,0 +1,25 @@
+"""Lambda: record a validated restore in the catalog and notify."""
+
+import time
+
+from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel
+
+from shardvault import restore
+from shardvault.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.models import RestoreContext
+
+
+class FinalizeRestoreRequest(BaseModel):
+    restore: RestoreContext
+    results: list[dict]
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict, context: object) -> dict:
+    request = parse(FinalizeRestoreRequest, event)
+    summary = restore.finalize(request.restore, request.results, services(), time.time())
+    metrics.add_metric(name="RestoresSucceeded", unit=MetricUnit.Count, value=1)
+    return summary

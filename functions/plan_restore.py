@@ -1,0 +1,17 @@
+"""Lambda: write the restore's download items and each node's layout; record it as running."""
+
+from pydantic import BaseModel
+
+from shardvault import restore
+from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.models import RestoreContext
+
+
+class PlanRequest(BaseModel):
+    restore: RestoreContext
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict, context: object) -> dict:
+    return restore.plan(parse(PlanRequest, event).restore, services())

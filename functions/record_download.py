@@ -1,0 +1,17 @@
+"""Lambda: count one downloaded object in the restore's progress."""
+
+from pydantic import BaseModel
+
+from shardvault import restore
+from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.models import DownloadItem
+
+
+class RecordDownloadRequest(BaseModel):
+    object: DownloadItem
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict, context: object) -> None:
+    restore.record_download(parse(RecordDownloadRequest, event).object, services())

@@ -1,0 +1,345 @@
+"""The restore workflow's steps (the Lambdas of ``statemachines/restore.asl.json``).
+
+Terms:
+- *source*: the backup, read from its manifest; *target*: the cluster restored into, whose
+  agents registered with a ``restore_dir`` (and report its room and the shards it holds).
+- *placement*: which target node restores which shard (``shardvault.placement``).
+- *thaw*: objects in an archive storage class are restored (RestoreObject) at the requested
+  tier before they can be read; the state machine polls with growing waits.
+- *download item*: one object for one node; the node fetches its parts with a presigned GET
+  URL (agents hold no store credentials) and checks each part and the object as it writes.
+
+Validation reads only (catalog, registry, manifest): a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from shardvault.backup import check_nodes_available, readable_cause
+from shardvault.errors import (
+    BackupNotFound,
+    BackupNotRestorable,
+    EngineMismatch,
+    TargetNotEmpty,
+    TargetNotReady,
+    UnknownCluster,
+)
+from shardvault.models import (
+    BackupStatus,
+    DownloadItem,
+    Manifest,
+    ManifestShard,
+    NodeRecord,
+    RestoreContext,
+    RestoreRequest,
+    pack_files,
+)
+from shardvault.placement import assignments, place
+from shardvault.readback import load_manifest
+from shardvault.services import Services
+from shardvault.tables import RESTORE_PREFIX
+
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR reads at once
+THAW_DAYS = 2  # how long a thawed copy stays readable: the restore must finish in time
+THAW_MAX_WAIT = 3600
+
+
+def new_restore_id(now: float) -> str:
+    return "r" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
+
+
+def catalog_key(restore_id: str) -> str:
+    return f"{RESTORE_PREFIX}{restore_id}"
+
+
+# --- validate ----------------------------------------------------------------------------------
+def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
+    """Resolves the backup, checks the target and places the shards, or raises a named error.
+    Nothing is written."""
+    record = resolve_backup(request, svc)
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    nodes = target_nodes(request, svc, now)
+    if wrong := [n for n in nodes if n.engine != manifest.engine]:
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} is of a {manifest.engine} cluster, but target node(s) "
+            + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
+            + " run another engine.",
+            fix=f"restore into a cluster whose agents have 'engine: {manifest.engine}'.",
+        )
+    shard_bytes = {s.shard_id: shard_size(s) for s in manifest.shards}
+    room = {n.node_id: n.restore_free_bytes or 0 for n in nodes}
+    placements = place(shard_bytes, room, request.placement)
+    if not request.replace:
+        held = {n.node_id: set(n.restore_occupied) for n in nodes}
+        if busy := [p for p in placements if p.shard_id in held[p.node_id]]:
+            raise TargetNotEmpty(
+                "target node(s) already hold data for "
+                + ", ".join(f"shard {p.shard_id} on {p.node_id}" for p in busy)
+                + ".",
+                fix='set "replace": true to restore over it (the old data is deleted), or clear '
+                "those directories in the nodes' restore_dir.",
+            )
+    return RestoreContext(
+        restore_id=new_restore_id(now),
+        cluster=request.cluster,
+        backup_id=manifest.backup_id,
+        manifest_key=record["manifest_key"],
+        engine=manifest.engine,
+        target_cluster=request.target_cluster,
+        placements=placements,
+        assignments=assignments(placements),
+        bytes=manifest.bytes,
+        objects=manifest.objects,
+        tier=request.tier,
+        replace=request.replace,
+        plan_only=request.plan_only,
+        validation_queries=request.validation_queries,
+        started_at=now,
+        execution_id=request.execution_id,
+    )
+
+
+def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
+    """The catalog record of the requested backup (``latest``: the newest complete one)."""
+    backups = svc.catalog.backups(request.cluster)
+    if request.backup_id == "latest":
+        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+        if not complete:
+            raise BackupNotFound(
+                f"cluster {request.cluster!r} has no complete backup"
+                + (f" ({len(backups)} failed or running)." if backups else "."),
+                fix="check the cluster name ('shardvault list'), or run a backup first.",
+            )
+        return max(complete, key=lambda b: b["backup_id"])
+    record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
+    if record is None:
+        known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"
+        raise BackupNotFound(
+            f"cluster {request.cluster!r} has no backup {request.backup_id!r} (latest: {known}).",
+            fix="pick a backup id from 'shardvault list CLUSTER', or use \"latest\".",
+        )
+    if record.get("status") != BackupStatus.COMPLETE or not record.get("manifest_key"):
+        raise BackupNotRestorable(
+            f"backup {request.backup_id} is {record.get('status', 'unknown')}, not COMPLETE"
+            + (f": {record['cause']}" if record.get("cause") else "."),
+            fix="restore a complete, verified backup ('shardvault list' shows their status).",
+        )
+    return record
+
+
+def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[NodeRecord]:
+    nodes = svc.nodes.in_cluster(request.target_cluster)
+    if not nodes:
+        raise UnknownCluster(
+            f"no agent has registered for target cluster {request.target_cluster!r}.",
+            fix="start agents with 'cluster: "
+            f"{request.target_cluster}' and a restore_dir on the target nodes.",
+        )
+    check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
+    unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
+    if unready:
+        raise TargetNotReady(
+            f"target node(s) {', '.join(unready)} accept no restores (no restore_dir).",
+            fix="set restore_dir in those agents' configuration and restart them.",
+        )
+    return nodes
+
+
+def shard_size(shard: ManifestShard) -> int:
+    return sum(f.size for s in shard.streams for f in s.files)
+
+
+# --- plan --------------------------------------------------------------------------------------
+def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
+    """Writes what each node prepares and the download items, and records the restore as
+    running in the catalog (the first side effect)."""
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, context.manifest_key)
+    node_of = {p.shard_id: p.node_id for p in context.placements}
+    items = [
+        {"object": item.model_dump(mode="json")}
+        for item in download_items(context, manifest, node_of)
+    ]
+    plan_key = svc.work_key(context.restore_id, "downloads.json")
+    svc.put_work(plan_key, items)
+    for assignment in context.assignments:
+        shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
+        svc.put_work(prepare_key(svc, context, assignment.node_id), prepare_args(shards))
+    svc.catalog.put(
+        {
+            "cluster": context.target_cluster,
+            "backup_id": catalog_key(context.restore_id),
+            "restore_id": context.restore_id,
+            "status": BackupStatus.RUNNING.value,
+            "source_cluster": context.cluster,
+            "source_backup_id": context.backup_id,
+            "engine": context.engine.value,
+            "started_at": context.started_at,
+            "execution_id": context.execution_id,
+            "placement": {p.shard_id: p.node_id for p in context.placements},
+            "bytes_total": context.bytes,
+            "objects_total": context.objects,
+            "bytes_done": 0,
+            "objects_done": 0,
+        }
+    )
+    nodes = [
+        {**a.model_dump(mode="json"), "args_key": prepare_key(svc, context, a.node_id)}
+        for a in context.assignments
+    ]
+    return {"plan_key": plan_key, "objects": len(items), "nodes": nodes}
+
+
+def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
+    return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
+
+
+def prepare_args(shards: list[ManifestShard]) -> dict[str, Any]:
+    """What a node needs to lay out its shards before any byte arrives: every stream's files
+    (packed) and the byte ranges of its objects."""
+    return {
+        "shards": [
+            {
+                "shard_id": shard.shard_id,
+                "marker": shard.marker,
+                "streams": [
+                    {
+                        "phase": stream.phase.value,
+                        "files": pack_files(stream.files),
+                        "objects": [
+                            {"key": o.key, "stream_offset": o.stream_offset, "length": o.length}
+                            for o in stream.objects
+                        ],
+                    }
+                    for stream in shard.streams
+                ],
+            }
+            for shard in shards
+        ]
+    }
+
+
+def download_items(
+    context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
+) -> list[DownloadItem]:
+    return [
+        DownloadItem(
+            restore_id=context.restore_id,
+            target_cluster=context.target_cluster,
+            node_id=node_of[shard.shard_id],
+            shard_id=shard.shard_id,
+            phase=stream.phase,
+            key=obj.key,
+            stream_offset=obj.stream_offset,
+            length=obj.length,
+            part_size=obj.part_size,
+            part_count=obj.part_count,
+            crc64nvme=obj.crc64nvme,
+            part_crc64nvme=obj.part_crc64nvme,
+        )
+        for shard in manifest.shards
+        for stream in shard.streams
+        for obj in stream.objects
+    ]
+
+
+# --- thaw --------------------------------------------------------------------------------------
+def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
+    """Requests a restore of every archived object not yet thawed; returns how many are still
+    frozen and how long to wait before asking again (doubling, up to an hour)."""
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, context.manifest_key)
+    s3, bucket = svc.store_s3, svc.store.bucket
+    frozen = requested = 0
+    for shard in manifest.shards:
+        for stream in shard.streams:
+            for obj in stream.objects:
+                head = s3.head_object(Bucket=bucket, Key=obj.key)
+                if head.get("StorageClass") not in ARCHIVE_CLASSES:
+                    continue
+                status = head.get("Restore") or ""
+                if 'ongoing-request="false"' in status:
+                    continue  # thawed
+                frozen += 1
+                if not status:  # no restore asked for yet
+                    s3.restore_object(
+                        Bucket=bucket,
+                        Key=obj.key,
+                        RestoreRequest={
+                            "Days": THAW_DAYS,
+                            "GlacierJobParameters": {"Tier": context.tier.value},
+                        },
+                    )
+                    requested += 1
+    first = svc.settings.thaw_first_wait_seconds
+    wait = min(first * 2**attempt, THAW_MAX_WAIT)
+    return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}
+
+
+# --- sign --------------------------------------------------------------------------------------
+def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
+    """A presigned GET URL of one object: the agent reads parts of it by byte range."""
+    url = svc.store_s3.generate_presigned_url(
+        "get_object",
+        Params={"Bucket": svc.store.bucket, "Key": item.key},
+        ExpiresIn=svc.settings.url_ttl_seconds,
+    )
+    return {"url": url}
+
+
+def record_download(item: DownloadItem, svc: Services) -> None:
+    """Counts a downloaded object in the restore's progress (what the CLI shows)."""
+    svc.catalog.add_progress(
+        item.target_cluster, catalog_key(item.restore_id), bytes_done=item.length, objects_done=1
+    )
+
+
+# --- finalize and cleanup ----------------------------------------------------------------------
+def finalize(
+    context: RestoreContext, results: list[dict[str, Any]], svc: Services, now: float
+) -> dict[str, Any]:
+    """Records the restored cluster: where each shard runs and what its checks found."""
+    shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
+    duration = now - context.started_at
+    summary = {
+        "status": BackupStatus.COMPLETE.value,
+        "completed_at": now,
+        "duration_seconds": round(duration, 3),
+        "bytes": context.bytes,
+        "objects": context.objects,
+        "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
+        "shards": shards,
+        "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",
+    }
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **summary)
+    svc.notify(
+        f"ShardVault restore {context.restore_id} complete",
+        {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
+    )
+    return {
+        "restore_id": context.restore_id,
+        "target_cluster": context.target_cluster,
+        "source_cluster": context.cluster,
+        "backup_id": context.backup_id,
+        **summary,
+    }
+
+
+def cleanup(
+    context: RestoreContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """The failure path, after the nodes removed what they had written: the restore marked
+    failed with its cause, and a notification."""
+    outcome = {
+        "status": BackupStatus.FAILED.value,
+        "failed_at": now,
+        "error": error.get("Error", "States.Runtime"),
+        "cause": readable_cause(str(error.get("Cause") or ""))[:2000] or "a task timed out.",
+    }
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **outcome)
+    svc.notify(
+        f"ShardVault restore {context.restore_id} FAILED",
+        {"restore_id": context.restore_id, **outcome},
+    )
+    return outcome
