@@ -5,6 +5,7 @@
   shardvault backup CLUSTER [--wait]           start a backup (and follow it)
   shardvault list [CLUSTER]                    backups in the catalog
   shardvault show CLUSTER BACKUP_ID            one backup, in full
+  shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from rich.progress import (
 from rich.table import Table
 
 from shardvault import operations as ops
-from shardvault.errors import ShardVaultError
-from shardvault.models import BackupRequest
+from shardvault.errors import InvalidRequest, ShardVaultError
+from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier
 from shardvault.planning import MiB
 
 console = Console()
@@ -91,7 +92,23 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
     nodes.set_defaults(run=run_nodes)
 
-    for cmd in (backup, lister, show, nodes):
+    restore = sub.add_parser("restore", help="restore a backup into a (new) cluster")
+    restore.add_argument("cluster", help="the cluster the backup was taken of")
+    restore.add_argument("--into", required=True, metavar="TARGET", help="the target cluster")
+    restore.add_argument("--backup-id", default="latest", help="a backup id, or latest")
+    restore.add_argument("--plan-only", action="store_true", help="show the placement only")
+    restore.add_argument("--replace", action="store_true", help="restore over existing data")
+    restore.add_argument("--tier", choices=[t.value for t in RetrievalTier], default="Standard")
+    restore.add_argument(
+        "--pin", action="append", default=[], metavar="SHARD=NODE", help="place a shard"
+    )
+    restore.add_argument(
+        "--check", action="append", default=[], metavar="SQL", help="a validation query"
+    )
+    restore.add_argument("--wait", action="store_true", help="follow it to the end")
+    restore.set_defaults(run=run_restore)
+
+    for cmd in (backup, lister, show, nodes, restore):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -109,7 +126,12 @@ def run_backup(args: argparse.Namespace) -> int:
     return 0 if outcome.status == "SUCCEEDED" else 1
 
 
-def follow(config: ops.ClientConfig, execution: str) -> ops.Progress:
+def follow(
+    config: ops.ClientConfig,
+    execution: str,
+    wait: Callable[..., ops.Progress] = ops.wait_backup,
+    what: str = "backup",
+) -> ops.Progress:
     """Shows bytes done, rate and ETA until the execution ends; then its summary or error."""
     columns = (
         "[progress.description]{task.description}",
@@ -119,10 +141,12 @@ def follow(config: ops.ClientConfig, execution: str) -> ops.Progress:
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("checkpointing", total=None)
+        first = "checkpointing" if what == "backup" else "preparing"
+        task = bar.add_task(first, total=None)
 
         def update(p: ops.Progress) -> None:
-            phase = "uploading" if p.bytes_total else "checkpointing"
+            moving = "uploading" if what == "backup" else "downloading"
+            phase = moving if p.bytes_total else first
             bar.update(
                 task,
                 description=f"{phase} {p.objects_done}/{p.objects_total} objects",
@@ -130,11 +154,11 @@ def follow(config: ops.ClientConfig, execution: str) -> ops.Progress:
                 total=p.bytes_total or None,
             )
 
-        outcome = ops.wait_backup(config, execution, update)
+        outcome = wait(config, execution, update)
     if outcome.status == "SUCCEEDED":
-        print_summary(outcome.record or {})
+        (print_summary if what == "backup" else print_restore)(outcome.record or {})
     else:
-        console.print(f"[bold red]backup {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
         console.print(outcome.cause)
     return outcome
 
@@ -157,6 +181,80 @@ def print_summary(record: dict[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)
+
+
+# --- restore -----------------------------------------------------------------------------------
+def run_restore(args: argparse.Namespace) -> int:
+    config = ops.ClientConfig.from_env()
+    pins = dict(parse_pin(p) for p in args.pin)
+    request = RestoreRequest(
+        cluster=args.cluster,
+        target_cluster=args.into,
+        backup_id=args.backup_id,
+        tier=args.tier,
+        placement=pins,
+        replace=args.replace,
+        plan_only=args.plan_only,
+        validation_queries=args.check,
+        requested_by="cli",
+    )
+    execution = ops.start_restore(config, request)
+    console.print(f"started [bold]{execution}[/]")
+    if args.plan_only:
+        outcome = ops.wait_restore(config, execution)
+        if outcome.status == "SUCCEEDED":
+            print_plan(outcome.record or {})
+            return 0
+        console.print(f"[bold red]plan {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(outcome.cause)
+        return 1
+    if not args.wait:
+        return 0
+    outcome = follow(config, execution, ops.wait_restore, "restore")
+    return 0 if outcome.status == "SUCCEEDED" else 1
+
+
+def parse_pin(text: str) -> tuple[str, str]:
+    shard, sep, node = text.partition("=")
+    if not sep or not shard or not node:
+        raise InvalidRequest(f"--pin {text!r} is not SHARD=NODE.", fix="write e.g. shard-1=node-2.")
+    return shard, node
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    table = Table(
+        "shard",
+        "target node",
+        "bytes",
+        title=f"Restore plan: {plan.get('cluster')} / {plan.get('backup_id')} into "
+        f"{plan.get('target_cluster')}",
+    )
+    for p in plan.get("placements", []):
+        table.add_row(p["shard_id"], p["node_id"], f"{p['bytes'] / MiB:.1f} MiB")
+    console.print(table)
+
+
+def print_restore(summary: dict[str, Any]) -> None:
+    table = Table(show_header=False, title="Restore complete")
+    rows = [
+        ("restore id", summary.get("restore_id", "")),
+        ("from", f"{summary.get('source_cluster')} / {summary.get('backup_id')}"),
+        ("into", summary.get("target_cluster", "")),
+        ("bytes", f"{summary.get('bytes', 0):,} ({summary.get('bytes', 0) / MiB:.1f} MiB)"),
+        ("objects", str(summary.get("objects", ""))),
+        ("duration", f"{summary.get('duration_seconds', 0):.2f} s"),
+        ("throughput", f"{summary.get('throughput_mib_s', 0):.1f} MiB/s"),
+        ("validation", summary.get("validation", "")),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+    shards = Table("shard", "node", "where", "checks", title="Restored shards")
+    for s in summary.get("shards", []):
+        where = f"port {s['port']}" if s.get("port") else s.get("path", "")
+        checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
+        shards.add_row(s["shard_id"], s["node_id"], where, checks)
+    console.print(shards)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -246,14 +344,15 @@ def run_demo(args: argparse.Namespace) -> int:
                 f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, "
                 f"engine {cluster.engine}, agents registered"
             )
-            config = ops.ClientConfig(stack.state_machine_arn, stack.settings.catalog_table)
+            config = stack.client_config()
             execution = ops.start_backup(
                 config, BackupRequest(cluster=cluster.name, requested_by="demo")
             )
             outcome = follow(config, execution)
             if outcome.status != "SUCCEEDED":
                 return 1
-            check_readback(stack, outcome.record or {}, cluster)
+            if not restore_demo(stack, cluster, root):
+                return 1
         finally:
             cluster.stop()
     console.print(
@@ -263,31 +362,42 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_readback(stack: Any, record: dict[str, Any], cluster: Any) -> None:
-    """Reads the backup back per its manifest (checksums verified while writing) and checks
-    each shard as its engine would before use."""
-    from shardvault.readback import load_manifest, materialize
-
-    svc = stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
-    with tempfile.TemporaryDirectory(dir=stack.root) as tmp:
-        roots = materialize(manifest, svc.store_s3, svc.store.bucket, Path(tmp))
-        for shard_id, root in sorted(roots.items()):
-            console.print(f"read back {shard_id}: {engine_check(cluster.engine, root)}")
+DEMO_CHECKS = {  # a query each restored shard must answer true
+    "sqlite": "SELECT count(*) > 0 FROM items",
+    "postgres": "SELECT count(*) > 0 FROM pgbench_accounts",
+}
 
 
-def engine_check(engine: str, root: Path) -> str:
-    if engine == "sqlite":
-        import sqlite3
+def restore_demo(stack: Any, cluster: Any, root: Path) -> bool:
+    """Restores the demo's backup into a new cluster of two nodes (three shards: one node
+    takes two), each shard checked by its engine; restored servers are stopped at the end."""
+    from shardvault.local import demo
+    from shardvault.local.postgres import stop_server
 
-        (db,) = root.glob("*.db")
-        with sqlite3.connect(db) as conn:
-            result = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            rows = conn.execute("SELECT count(*) FROM items").fetchone()[0]
-        return f"integrity_check {result}, {rows:,} rows"
-    files = sum(1 for p in root.rglob("*") if p.is_file())
-    label = "present" if (root / "backup_label").exists() else "MISSING"
-    return f"{files} files, backup_label {label}"
+    targets = demo.restore_targets(
+        root, name=f"{cluster.name}-restored", engine=cluster.engine, nodes=2
+    )
+    for config in targets:
+        stack.start_agent(config)
+    try:
+        stack.wait_for_nodes([c["node_id"] for c in targets])
+        console.print(f"[bold]cluster {cluster.name}-restored[/]: 2 empty nodes, agents registered")
+        config = stack.client_config()
+        request = RestoreRequest(
+            cluster=cluster.name,
+            target_cluster=f"{cluster.name}-restored",
+            replace=True,  # a demo run again in the same directory restores over the last one
+            validation_queries=[DEMO_CHECKS[cluster.engine]],
+            requested_by="demo",
+        )
+        outcome = follow(config, ops.start_restore(config, request), ops.wait_restore, "restore")
+        for shard in (outcome.record or {}).get("shards", []):
+            if shard.get("port"):
+                stop_server(Path(shard["path"]))
+        return outcome.status == "SUCCEEDED"
+    finally:
+        for config in targets:
+            stack.stop_agent(config["node_id"])
 
 
 if __name__ == "__main__":

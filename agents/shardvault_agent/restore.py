@@ -418,13 +418,16 @@ class Restorer:
                 fix="the backup may be damaged: restore another backup and report this one.",
             )
         shutil.rmtree(aside, ignore_errors=True)
-        self._note_started(restore_id, shard_id, {"path": str(final), "result": result})
+        note = {"path": str(final), "port": result.get("port"), "result": result}
+        self._note_started(restore_id, shard_id, note)
         return result
 
     # --- abort -------------------------------------------------------------------------------
     def abort(self, args: dict[str, Any]) -> dict[str, Any]:
         """Undoes the restore on this node: stops what it started, removes what it placed
         (putting back what it replaced) and its staging. Safe to call at any point, twice."""
+        from shardvault.local.postgres import stop_server
+
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
         self._aborted(restore_id).touch()
@@ -432,7 +435,7 @@ class Restorer:
         for shard_id, info in self._started(restore_id).items():
             final = Path(info["path"])
             if info.get("port") and self.config.engine == Engine.POSTGRES:
-                stop_postgres(final)
+                stop_server(final, mode="immediate")
             shutil.rmtree(final, ignore_errors=True)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
@@ -505,6 +508,7 @@ def finish_postgres(
     from shardvault.local.postgres import attach_instance
 
     taken = {i["port"] for i in restorer._started(restore_id).values() if i.get("port")}
+    taken |= ports_of_servers(restorer.restore_dir)
     port = free_port_in(restorer.config.restore_ports, restorer, taken)
     restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
     instance = attach_instance(root, port=port)
@@ -537,18 +541,15 @@ def finish_postgres(
     }
 
 
-def stop_postgres(data_dir: Path) -> None:
-    from shardvault.local.postgres import find_pg_bin_dir, run_as_postgres
-
-    if not (data_dir / "postmaster.pid").exists():
-        return
-    pg_ctl = str(find_pg_bin_dir() / "pg_ctl")
-    subprocess.run(
-        run_as_postgres([pg_ctl, "-D", str(data_dir), "-m", "immediate", "-w", "stop"]),
-        capture_output=True,
-        check=False,
-        cwd="/",
-    )
+def ports_of_servers(restore_dir: Path) -> set[int]:
+    """Ports of the servers running from restore_dir: a server that listens only on its Unix
+    socket leaves its TCP port free for a bind, but its port number is still taken."""
+    ports = set()
+    for pid_file in restore_dir.glob("*/postmaster.pid"):
+        lines = pid_file.read_text(errors="replace").splitlines()
+        if len(lines) > 3 and lines[3].strip().isdigit():  # line 4: the port
+            ports.add(int(lines[3]))
+    return ports
 
 
 def free_port_in(ports: tuple[int, int], restorer: Restorer, taken: set[int]) -> int:

@@ -373,6 +373,19 @@ def attach_instance(data_dir: Path, *, port: int | None = None) -> PostgresInsta
     return instance
 
 
+def stop_server(data_dir: Path, mode: str = "fast") -> None:
+    """Stops whatever server runs on ``data_dir`` (a no-op when none does)."""
+    if not (data_dir / "postmaster.pid").exists():
+        return
+    pg_ctl = str(find_pg_bin_dir() / "pg_ctl")
+    subprocess.run(
+        run_as_postgres([pg_ctl, "-D", str(data_dir), "-m", mode, "-w", "stop"]),
+        capture_output=True,
+        check=False,
+        cwd="/",
+    )
+
+
 # --- load -------------------------------------------------------------------------------------
 def pgbench_init(instance: PostgresInstance, scale: int, dbname: str = "postgres") -> None:
     """``pgbench -i -s scale``: the TPC-B-like tables, 100,000 accounts per scale unit."""

@@ -205,6 +205,17 @@ class LocalStack:
             s3.create_bucket(Bucket=NAMES["store_bucket"])
         return f"s3://{NAMES['store_bucket']}/backups", endpoint, credentials
 
+    def client_config(self) -> Any:
+        """What the CLI's operations need to reach this stack."""
+        from shardvault.operations import ClientConfig
+
+        return ClientConfig(
+            self.state_machine_arn,
+            self.settings.catalog_table,
+            self.settings.nodes_table,
+            self.restore_state_machine_arn,
+        )
+
     def store_client(self) -> Any:
         """An S3 client for the store, with the store's own credentials (the control plane's)."""
         return self.services().store_s3

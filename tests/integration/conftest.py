@@ -18,6 +18,7 @@ import pytest
 
 from shardvault import operations as ops
 from shardvault.local import demo
+from shardvault.local.postgres import stop_server
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest, RestoreRequest
 from shardvault.store import open_uploads
@@ -143,6 +144,8 @@ def make_target(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Tar
     for target in targets:
         for config in target.configs:
             stack.stop_agent(config["node_id"])
+            for pid_file in Path(config["restore_dir"]).glob("*/postmaster.pid"):
+                stop_server(pid_file.parent, mode="immediate")  # restored servers
 
 
 @pytest.fixture
