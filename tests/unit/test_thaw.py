@@ -1,0 +1,118 @@
+"""Thawing archived objects before a restore, against moto's S3 (StorageClass, RestoreObject):
+archived objects are asked to thaw once, at the requested tier; readable ones are left
+alone; the count of frozen objects drops to zero once S3 has thawed them."""
+
+from __future__ import annotations
+
+import pytest
+from moto import mock_aws
+
+from shardvault import restore
+from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.models import (
+    Engine,
+    FileEntry,
+    Manifest,
+    ManifestShard,
+    ManifestStream,
+    NodeAssignment,
+    ObjectResult,
+    Phase,
+    RestoreContext,
+    RetrievalTier,
+    ShardPlacement,
+)
+from shardvault.services import Services
+from shardvault.settings import Settings
+
+BUCKET = "store"
+MANIFEST = "backups/c/b1/manifest.json"
+
+
+def obj(key: str, data: bytes) -> ObjectResult:
+    return ObjectResult(
+        key=key, node_id="n1", shard_id="s1", phase=Phase.DATA, index=0, stream_offset=0,
+        length=len(data), part_size=8 << 20, part_count=1, crc64nvme=crc64nvme_of_bytes(data),
+        verified_by="attributes",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def svc(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        services = Services(
+            Settings(
+                catalog_table="c", nodes_table="n", inbox_table="i", work_bucket="w",
+                store_url=f"s3://{BUCKET}/backups", thaw_first_wait_seconds=60,
+            )
+        )  # fmt: skip
+        services.store_s3.create_bucket(Bucket=BUCKET)
+        yield services
+
+
+def archived_backup(svc: Services) -> RestoreContext:
+    s3 = svc.store_s3
+    classes = {"a": "DEEP_ARCHIVE", "b": "GLACIER", "c": "GLACIER_IR", "d": "STANDARD"}
+    objects = []
+    for name, storage_class in classes.items():
+        key = f"backups/c/b1/s1/data-{name}"
+        s3.put_object(Bucket=BUCKET, Key=key, Body=name.encode(), StorageClass=storage_class)
+        objects.append(obj(key, name.encode()))
+    manifest = Manifest(
+        backup_id="b1", cluster="c", engine=Engine.SQLITE, started_at=0, completed_at=1,
+        checkpoint_skew_seconds=0, part_size=8 << 20, bytes=4, objects=4, parts=4,
+        verification="ok",
+        shards=[
+            ManifestShard(
+                shard_id="s1", node_id="n1", marker={}, checkpoint_at=0,
+                streams=[
+                    ManifestStream(
+                        phase=Phase.DATA,
+                        files=[FileEntry(path="x.db", size=4)],
+                        objects=objects,
+                    )
+                ],
+            )
+        ],
+    )  # fmt: skip
+    s3.put_object(Bucket=BUCKET, Key=MANIFEST, Body=manifest.model_dump_json().encode())
+    return RestoreContext(
+        restore_id="r1", cluster="c", backup_id="b1", manifest_key=MANIFEST,
+        engine=Engine.SQLITE, target_cluster="t",
+        placements=[ShardPlacement(shard_id="s1", node_id="t1", bytes=4)],
+        assignments=[NodeAssignment(node_id="t1", shard_ids=["s1"], bytes=4)],
+        bytes=4, objects=4, tier=RetrievalTier.BULK, replace=False, plan_only=False,
+        started_at=0,
+    )  # fmt: skip
+
+
+def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc, monkeypatch):
+    context = archived_backup(svc)
+    asked: list[dict] = []
+    real = svc.store_s3.restore_object
+
+    def spy(**kwargs):
+        asked.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(svc.store_s3, "restore_object", spy)
+
+    first = restore.thaw(context, 0, svc)
+
+    # Only DEEP_ARCHIVE and GLACIER need a thaw; GLACIER_IR and STANDARD read at once.
+    assert first["frozen"] == 2
+    assert first["requested"] == 2
+    assert sorted(a["Key"][-1] for a in asked) == ["a", "b"]
+    assert {a["RestoreRequest"]["GlacierJobParameters"]["Tier"] for a in asked} == {"Bulk"}
+    # moto thaws at once: the next poll finds nothing frozen and asks for nothing.
+    second = restore.thaw(context, first["attempt"], svc)
+    assert second["frozen"] == 0
+    assert len(asked) == 2
+
+
+def test_waits_between_polls_double_up_to_an_hour(svc):
+    context = archived_backup(svc)
+    waits = [restore.thaw(context, attempt, svc)["wait_seconds"] for attempt in (0, 1, 2, 12)]
+    assert waits == [60, 120, 240, restore.THAW_MAX_WAIT]
