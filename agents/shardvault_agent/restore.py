@@ -327,6 +327,8 @@ class Restorer:
         done = _read_done(record)
         ranges = part_ranges(item.length, item.part_size) if item.length else []
         todo = [r for r in ranges if r.part_number not in done]
+        if done:
+            log.info("%s: resuming, %d of %d parts already here", item.key, len(done), len(ranges))
         guard = threading.Lock()
 
         def fetch(r: Any) -> None:

@@ -125,16 +125,21 @@ class Target:
     def records(self) -> list[dict[str, Any]]:
         return Catalog(table(self.stack.settings.catalog_table)).restores(self.name)
 
+    def agent_log(self, node: int) -> str:
+        return (self.stack.root / "agents" / f"{self.configs[node]['node_id']}.log").read_text()
+
 
 @pytest.fixture
 def make_target(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Target]]:
     targets: list[Target] = []
 
-    def make(*, nodes: int, engine: str = "sqlite", **options: Any) -> Target:
+    def make(
+        *, nodes: int, engine: str = "sqlite", agent: dict[str, Any] | None = None, **options: Any
+    ) -> Target:
         name = f"t{next(names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
         configs = demo.restore_targets(tmp_path, name=name, engine=engine, nodes=nodes, **options)
         for config in configs:
-            config.update(FAST_AGENT)
+            config.update(FAST_AGENT | (agent or {}))
             stack.start_agent(config)
         stack.wait_for_nodes([c["node_id"] for c in configs])
         targets.append(Target(stack, name, configs))

@@ -6,6 +6,10 @@ pass its engine checks, and a failed restore must leave nothing placed or starte
 
 from __future__ import annotations
 
+import re
+import time
+from pathlib import Path
+
 from shardvault import operations as ops
 from shardvault import restore as restore_module
 from shardvault.local.demo import table_digests
@@ -123,3 +127,30 @@ def test_an_archived_backup_waits_for_its_objects_to_thaw_before_downloading(
     assert polls == [0, 1, 2]
     # Nothing was downloaded before the last thaw poll found every object readable.
     assert states.index("Download") > max(i for i, s in enumerate(states) if s == "Thaw")
+
+
+def test_a_restore_interrupted_by_an_agent_restart_resumes_where_it_stopped(
+    make_cluster, make_target
+):
+    cluster = make_cluster(nodes=1, size_mb=24)  # one shard: one object of several 8 MiB parts
+    assert cluster.backup().status == "SUCCEEDED"
+    slow = {"rate_limit_bytes_per_second": 4 * 2**20, "upload_parallelism": 1}
+    target = make_target(nodes=1, agent=slow)
+    node = target.configs[0]
+
+    execution = target.start_restore(cluster.name)
+    state = Path(node["state_dir"]) / "restores"
+    deadline = time.monotonic() + 120
+    while not any(p.read_text().strip() for p in state.glob("*/objects/*.parts")):
+        assert time.monotonic() < deadline, "no part was ever downloaded"
+        time.sleep(0.05)
+    target.stack.stop_agent(node["node_id"], kill=True)  # mid-object
+    target.stack.start_agent(node)  # its inbox still holds the download: it picks it up
+    restored = ops.wait_restore(client_of(target.stack), execution, interval=0.2, timeout=300)
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    resumed = re.search(r"resuming, (\d+) of (\d+) parts already here", target.agent_log(0))
+    assert resumed, "the restarted agent fetched the object from the start"
+    assert 0 < int(resumed[1]) < int(resumed[2])
+    (db,) = list(target.restore_dir(0).glob("shard-1/*.db"))
+    assert table_digests(db) == table_digests(cluster.sources["shard-1"])
