@@ -86,6 +86,17 @@ def start_backup(config: ClientConfig, request: BackupRequest) -> str:
 
 
 def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    """The backup's state: the execution's status, and bytes and objects uploaded so far from
+    its catalog record (merged with the summary once it succeeded)."""
+    catalog = Catalog(table(config.catalog_table))
+    return execution_progress(execution_arn, "cluster", catalog.backups)
+
+
+def execution_progress(
+    execution_arn: str, cluster_field: str, records: Callable[[str], list[dict[str, Any]]]
+) -> Progress:
+    """An execution's status and output (or error), with the counts of the catalog record
+    it wrote: ``records(cluster)`` lists the records of the cluster its input names."""
     sfn = boto3.client("stepfunctions")
     execution = sfn.describe_execution(executionArn=execution_arn)
     progress = Progress(status=execution["status"])
@@ -95,8 +106,15 @@ def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
         progress.error = execution.get("error", "")
         progress.cause = readable_cause(execution.get("cause", ""))
     request = json.loads(execution.get("input") or "{}")
-    cluster = request.get("cluster", "") if isinstance(request, dict) else ""
-    record = find_by_execution(config, execution_arn, cluster)
+    cluster = request.get(cluster_field, "") if isinstance(request, dict) else ""
+    record = next(
+        (
+            r
+            for r in (records(cluster) if cluster else [])
+            if r.get("execution_id") == execution_arn
+        ),
+        None,
+    )
     if record:
         progress.record = {**record, **(progress.record or {})}
         progress.bytes_done = record.get("bytes_done", 0)
@@ -106,17 +124,6 @@ def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
     return progress
 
 
-def find_by_execution(
-    config: ClientConfig, execution_arn: str, cluster: str
-) -> dict[str, Any] | None:
-    if not cluster:
-        return None
-    for record in Catalog(table(config.catalog_table)).backups(cluster):
-        if record.get("execution_id") == execution_arn:
-            return record
-    return None
-
-
 def wait_backup(
     config: ClientConfig,
     execution_arn: str,
@@ -124,9 +131,19 @@ def wait_backup(
     interval: float = 0.5,
     timeout: float = 3600,
 ) -> Progress:
+    return wait_for(lambda: backup_progress(config, execution_arn), on_progress, interval, timeout)
+
+
+def wait_for(
+    poll: Callable[[], Progress],
+    on_progress: Callable[[Progress], None],
+    interval: float,
+    timeout: float,
+) -> Progress:
+    """Polls until the execution ends (or ``timeout`` passes: its progress then is running)."""
     deadline = time.monotonic() + timeout
     while True:
-        progress = backup_progress(config, execution_arn)
+        progress = poll()
         on_progress(progress)
         if progress.status in TERMINAL or time.monotonic() > deadline:
             return progress
@@ -185,27 +202,9 @@ def start_restore(config: ClientConfig, request: RestoreRequest) -> str:
 
 def restore_progress(config: ClientConfig, execution_arn: str) -> Progress:
     """The restore's state: the execution's status, and bytes and objects downloaded so far
-    from its catalog record (``output`` once it succeeded: the summary, or the plan)."""
-    sfn = boto3.client("stepfunctions")
-    execution = sfn.describe_execution(executionArn=execution_arn)
-    progress = Progress(status=execution["status"])
-    if execution["status"] == "SUCCEEDED":
-        progress.record = json.loads(execution.get("output") or "{}")
-    elif execution["status"] in TERMINAL:
-        progress.error = execution.get("error", "")
-        progress.cause = readable_cause(execution.get("cause", ""))
-    request = json.loads(execution.get("input") or "{}")
-    target = request.get("target_cluster", "") if isinstance(request, dict) else ""
-    if target:
-        catalog = Catalog(table(config.catalog_table))
-        for record in catalog.restores(target):
-            if record.get("execution_id") == execution_arn:
-                progress.record = {**record, **(progress.record or {})}
-                progress.bytes_done = record.get("bytes_done", 0)
-                progress.bytes_total = record.get("bytes_total", 0)
-                progress.objects_done = record.get("objects_done", 0)
-                progress.objects_total = record.get("objects_total", 0)
-    return progress
+    from its catalog record (``record`` once it succeeded: the summary, or the plan)."""
+    catalog = Catalog(table(config.catalog_table))
+    return execution_progress(execution_arn, "target_cluster", catalog.restores)
 
 
 def wait_restore(
@@ -215,13 +214,7 @@ def wait_restore(
     interval: float = 0.5,
     timeout: float = 3600,
 ) -> Progress:
-    deadline = time.monotonic() + timeout
-    while True:
-        progress = restore_progress(config, execution_arn)
-        on_progress(progress)
-        if progress.status in TERMINAL or time.monotonic() > deadline:
-            return progress
-        time.sleep(interval)
+    return wait_for(lambda: restore_progress(config, execution_arn), on_progress, interval, timeout)
 
 
 def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
