@@ -147,6 +147,8 @@ def follow(
         def update(p: ops.Progress) -> None:
             moving = "uploading" if what == "backup" else "downloading"
             phase = moving if p.bytes_total else first
+            if frozen := (p.record or {}).get("frozen"):
+                phase = f"waiting for {frozen} archived objects to thaw;"
             bar.update(
                 task,
                 description=f"{phase} {p.objects_done}/{p.objects_total} objects",

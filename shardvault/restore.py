@@ -272,6 +272,7 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
                         },
                     )
                     requested += 1
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
     first = svc.settings.thaw_first_wait_seconds
     wait = min(first * 2**attempt, THAW_MAX_WAIT)
     return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}

@@ -4,6 +4,7 @@ alone; the count of frozen objects drops to zero once S3 has thawed them."""
 
 from __future__ import annotations
 
+import boto3
 import pytest
 from moto import mock_aws
 
@@ -49,6 +50,18 @@ def svc(monkeypatch):
             )
         )  # fmt: skip
         services.store_s3.create_bucket(Bucket=BUCKET)
+        boto3.client("dynamodb").create_table(
+            TableName="c",
+            KeySchema=[
+                {"AttributeName": "cluster", "KeyType": "HASH"},
+                {"AttributeName": "backup_id", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[
+                {"AttributeName": "cluster", "AttributeType": "S"},
+                {"AttributeName": "backup_id", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
         yield services
 
 
@@ -106,9 +119,11 @@ def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc,
     assert first["requested"] == 2
     assert sorted(a["Key"][-1] for a in asked) == ["a", "b"]
     assert {a["RestoreRequest"]["GlacierJobParameters"]["Tier"] for a in asked} == {"Bulk"}
+    assert svc.catalog.get("t", "restore#r1")["frozen"] == 2  # what the CLI shows
     # moto thaws at once: the next poll finds nothing frozen and asks for nothing.
     second = restore.thaw(context, first["attempt"], svc)
     assert second["frozen"] == 0
+    assert svc.catalog.get("t", "restore#r1")["frozen"] == 0
     assert len(asked) == 2
 
 
