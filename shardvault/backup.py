@@ -45,6 +45,7 @@ from shardvault.models import (
     ShardListing,
     Source,
     UploadedPart,
+    VaultTarget,
     unpack_files,
 )
 from shardvault.planning import backup_prefix, check_part_size, choose_part_size, plan_objects
@@ -92,6 +93,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="give each engine its own cluster name in the agents' configuration.",
         )
     sources = choose_sources(nodes)
+    vault = vault_target(request, svc)
     backup_id = take_lock(svc, request, new_backup_id(now))
     context = BackupContext(
         backup_id=backup_id,
@@ -102,6 +104,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         started_at=now,
         part_size=request.part_size,
         execution_id=request.execution_id,
+        vault=vault,
     )
     svc.catalog.put(
         {
@@ -119,6 +122,29 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         }
     )
     return context
+
+
+def vault_target(request: BackupRequest, svc: Services) -> VaultTarget | None:
+    """Where the backup is promoted once verified: the request's choice, else its cluster's in
+    the policy file; None when the deployment has no vault or the policy no such cluster."""
+    if svc.vault is None:
+        if request.vault is not None:
+            raise InvalidRequest(
+                "the request names a vault, but this deployment has none.",
+                fix="remove 'vault' from the request, or deploy with a vault bucket.",
+            )
+        return None
+    if request.vault is not None:
+        return request.vault
+    policy = svc.policy()
+    cluster = policy.clusters.get(request.cluster) if policy else None
+    if cluster is None:
+        return None
+    return VaultTarget(
+        storage_class=cluster.vault.storage_class.value,
+        lock_mode=cluster.vault.object_lock.mode.value,
+        lock_days=cluster.vault.object_lock.days,
+    )
 
 
 def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -> None:

@@ -180,6 +180,12 @@ def print_summary(record: dict[str, Any]) -> None:
         ("verification", record.get("verification", "")),
         ("manifest", record.get("manifest_key", "")),
     ]
+    if record.get("location") == "vault":
+        rows += [
+            ("vault", f"{record.get('storage_class')}, {record.get('lock_mode')} lock"),
+            ("retain until", record.get("retain_until", "")),
+            ("vault manifest", record.get("vault_manifest_key", "")),
+        ]
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)

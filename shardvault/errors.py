@@ -131,3 +131,8 @@ class DownloadIncomplete(ShardVaultError):
 
 class RestoreValidationFailed(ShardVaultError):
     """A restored shard failed its engine checks or a validation query."""
+
+
+# --- Vault ---------------------------------------------------------------------------------------
+class PromotionFailed(ShardVaultError):
+    """A verified backup could not be copied into the vault (it stays in the store)."""

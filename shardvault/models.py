@@ -133,10 +133,20 @@ def unpack_files(packed: str) -> list[FileEntry]:
     return [FileEntry(path=p, size=s) for p, s in pairs]
 
 
+class VaultTarget(Frozen):
+    """Where a verified backup is promoted: the vault's storage class and Object Lock."""
+
+    storage_class: str = "DEEP_ARCHIVE"
+    lock_mode: str = "GOVERNANCE"  # GOVERNANCE or COMPLIANCE
+    lock_days: Annotated[int, Field(ge=1, le=36_500)] = 30
+
+
 class BackupRequest(Frozen):
-    """The input of the backup state machine (what the CLI, console or a schedule sends)."""
+    """The input of the backup state machine (what the CLI, console or a schedule sends).
+    ``vault`` overrides the policy file's vault settings for this backup."""
 
     cluster: str
+    vault: VaultTarget | None = None
     part_size: int | None = None  # bytes; None chooses it from the data size
     requested_by: str = "cli"
     execution_id: str = ""
@@ -165,6 +175,7 @@ class BackupContext(Frozen):
     started_at: float
     part_size: int | None = None
     execution_id: str = ""
+    vault: VaultTarget | None = None  # None: the backup stays in the store
 
 
 class ObjectPlan(Frozen):
@@ -319,6 +330,7 @@ class RestoreContext(Frozen):
     validation_queries: list[str] = Field(default_factory=list)
     started_at: float
     execution_id: str = ""
+    source: str = "store"  # where the backup's objects are read: "store" or "vault"
 
 
 class DownloadItem(Frozen):
@@ -336,3 +348,4 @@ class DownloadItem(Frozen):
     part_count: int
     crc64nvme: str
     part_crc64nvme: list[str] = Field(default_factory=list)
+    source: str = "store"

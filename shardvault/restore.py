@@ -60,7 +60,10 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     """Resolves the backup, checks the target and places the shards, or raises a named error.
     Nothing is written."""
     record = resolve_backup(request, svc)
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
+    s3, bucket = source_of(svc, source)
+    manifest = load_manifest(s3, bucket, manifest_key)
     nodes = target_nodes(request, svc, now)
     if wrong := [n for n in nodes if n.engine != manifest.engine]:
         raise EngineMismatch(
@@ -86,7 +89,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         restore_id=new_restore_id(now),
         cluster=request.cluster,
         backup_id=manifest.backup_id,
-        manifest_key=record["manifest_key"],
+        manifest_key=manifest_key,
         engine=manifest.engine,
         target_cluster=request.target_cluster,
         placements=placements,
@@ -99,7 +102,15 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         validation_queries=request.validation_queries,
         started_at=now,
         execution_id=request.execution_id,
+        source=source,
     )
+
+
+def source_of(svc: Services, source: str) -> tuple[Any, str]:
+    """The client and bucket a backup is read from: the vault once promoted, else the store."""
+    if source == "vault":
+        return svc.vault_s3, svc.vault.bucket
+    return svc.store_s3, svc.store.bucket
 
 
 def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
@@ -156,7 +167,7 @@ def shard_size(shard: ManifestShard) -> int:
 def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     """Writes what each node prepares and the download items, and records the restore as
     running in the catalog (the first side effect)."""
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, context.manifest_key)
+    manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     items = [
         {"object": item.model_dump(mode="json")}
@@ -238,6 +249,7 @@ def download_items(
             part_count=obj.part_count,
             crc64nvme=obj.crc64nvme,
             part_crc64nvme=obj.part_crc64nvme,
+            source=context.source,
         )
         for shard in manifest.shards
         for stream in shard.streams
@@ -249,8 +261,8 @@ def download_items(
 def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, context.manifest_key)
-    s3, bucket = svc.store_s3, svc.store.bucket
+    s3, bucket = source_of(svc, context.source)
+    manifest = load_manifest(s3, bucket, context.manifest_key)
     frozen = requested = 0
     for shard in manifest.shards:
         for stream in shard.streams:
@@ -281,9 +293,10 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
 # --- sign --------------------------------------------------------------------------------------
 def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     """A presigned GET URL of one object: the agent reads parts of it by byte range."""
-    url = svc.store_s3.generate_presigned_url(
+    s3, bucket = source_of(svc, item.source)
+    url = s3.generate_presigned_url(
         "get_object",
-        Params={"Bucket": svc.store.bucket, "Key": item.key},
+        Params={"Bucket": bucket, "Key": item.key},
         ExpiresIn=svc.settings.url_ttl_seconds,
     )
     return {"url": url}

@@ -49,6 +49,26 @@ class Services:
         return self.store.client()
 
     @cached_property
+    def vault(self) -> StoreLocation | None:
+        settings = self.settings
+        if not settings.vault_url:
+            return None
+        return StoreLocation.parse(
+            settings.vault_url, settings.vault_endpoint, settings.vault_credentials
+        )
+
+    @cached_property
+    def vault_s3(self) -> Any:
+        return self.vault.client() if self.vault else None
+
+    def policy(self) -> Any:
+        """The deployment's policy (None when it has none); read at each call, so an edited
+        file counts from the next backup on."""
+        from shardvault.policy import load_policy
+
+        return load_policy(self.settings.policy_file) if self.settings.policy_file else None
+
+    @cached_property
     def work_s3(self) -> Any:
         return s3_client()
 

@@ -30,6 +30,24 @@ class Settings(BaseModel):
     store_secret_access_key: SecretStr | None = Field(
         None, description="Store secret (local only)."
     )
+    vault_url: str | None = Field(
+        None,
+        description="Where verified backups are promoted: s3://bucket/prefix, a bucket with "
+        "Object Lock. None: backups stay in the store.",
+    )
+    vault_endpoint: str | None = Field(None, description="S3 endpoint of the vault; none on AWS.")
+    vault_access_key_id: str | None = Field(None, description="Vault key (local stack only).")
+    vault_secret_access_key: SecretStr | None = Field(
+        None, description="Vault secret (local only)."
+    )
+    policy_file: str | None = Field(
+        None,
+        description="The deployment's policy file (shardvault.yaml): each cluster's vault "
+        "class and Object Lock come from it.",
+    )
+    promote_budget_seconds: float = Field(
+        600.0, description="How long one promotion call copies before it is called again."
+    )
     topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
     url_ttl_seconds: int = Field(3600, description="Lifetime of presigned part URLs.")
     heartbeat_max_age_seconds: float = Field(
@@ -48,6 +66,12 @@ class Settings(BaseModel):
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         fields = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper())}
         return cls.model_validate(fields)
+
+    @property
+    def vault_credentials(self) -> tuple[str, str] | None:
+        if self.vault_access_key_id and self.vault_secret_access_key:
+            return self.vault_access_key_id, self.vault_secret_access_key.get_secret_value()
+        return None
 
     @property
     def store_credentials(self) -> tuple[str, str] | None:

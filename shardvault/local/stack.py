@@ -6,6 +6,8 @@
 - the Lambda handlers, served in-process by ``LambdaBridge``;
 - the *store*: MinIO when its binary is present (real S3 checksum semantics), else a bucket in
   moto's S3, verified by reading objects back since moto's checksums cannot be trusted;
+- the *vault*: a bucket in moto's S3 with Object Lock (it keeps archive storage classes, which
+  MinIO refuses); clusters of ``policy.yaml`` beside this module are promoted into it;
 - agents as separate OS processes, given control-plane endpoints but no store credentials.
 
 ``stack.env`` in the stack's directory records the endpoints and names, so CLI commands run
@@ -56,6 +58,8 @@ FUNCTIONS = {
     "RecordDownloadFunctionArn": "record_download",
     "FinalizeRestoreFunctionArn": "finalize_restore",
     "CleanupRestoreFunctionArn": "cleanup_restore",
+    "PromoteBackupFunctionArn": "promote_backup",
+    "RecordPromotionFailureFunctionArn": "record_promotion_failure",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -63,7 +67,9 @@ NAMES = {
     "inbox_table": "shardvault-inbox",
     "work_bucket": "shardvault-work",
     "store_bucket": "shardvault-store",
+    "vault_bucket": "shardvault-vault",
 }
+LOCAL_POLICY = Path(__file__).with_name("policy.yaml")
 
 
 def function_arn(name: str) -> str:
@@ -109,6 +115,7 @@ class LocalStack:
     use_minio: bool = True
     require_minio: bool = False  # tests: a missing MinIO is an error, never a silent fallback
     heartbeat_max_age: float = 15.0
+    policy_file: Path = LOCAL_POLICY
     moto_port: int = 0
     settings: Settings | None = None
     state_machine_arn: str = ""
@@ -136,6 +143,9 @@ class LocalStack:
             topic_arn=self._create_resources(),
             heartbeat_max_age_seconds=self.heartbeat_max_age,
             thaw_first_wait_seconds=1,
+            vault_url=f"s3://{NAMES['vault_bucket']}/backups",
+            vault_endpoint=self.endpoint,
+            policy_file=str(self.policy_file),
         )
         lambda_support.use_settings(self.settings)
         self.state_machine_arn = self._create_state_machine("backup")
@@ -268,7 +278,10 @@ class LocalStack:
             ],
             BillingMode="PAY_PER_REQUEST",
         )
-        boto3.client("s3").create_bucket(Bucket=NAMES["work_bucket"])
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=NAMES["work_bucket"])
+        # The vault: moto's S3 keeps archive storage classes and Object Lock as S3 does.
+        s3.create_bucket(Bucket=NAMES["vault_bucket"], ObjectLockEnabledForBucket=True)
         return boto3.client("sns").create_topic(Name="shardvault-notifications")["TopicArn"]
 
     def _create_state_machine(self, name: str) -> str:

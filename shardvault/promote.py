@@ -1,0 +1,172 @@
+"""Promotion: a verified backup moves from the staging store into the vault.
+
+Terms:
+- *store* (staging): where agents upload; a lifecycle rule expires what is promoted.
+- *vault*: a bucket with versioning and Object Lock that agents cannot reach; each object lands
+  in the policy's storage class, locked until *retain-until* (now + the policy's days).
+- *promotion*: every object copied (server-side when the vault is on the store's endpoint,
+  managed multipart copy above 5 GB; streamed otherwise), each copy's CRC64NVME checked
+  against the manifest, then the manifest written last. A call copies for at most
+  ``promote_budget_seconds`` and reports what remains; the next call skips objects already in
+  the vault with the right checksum, so a promotion that fails partway resumes, and no vault
+  manifest ever names an object the vault lacks.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from shardvault.backup import readable_cause
+from shardvault.errors import ChecksumMismatch, PromotionFailed
+from shardvault.models import BackupContext, Manifest, ObjectResult, VaultTarget
+from shardvault.readback import load_manifest
+from shardvault.services import Services
+from shardvault.store import stored_checksum
+
+COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=1024**3)
+
+
+def retain_until(vault: VaultTarget, now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC) + timedelta(days=vault.lock_days)
+
+
+def promote(
+    context: BackupContext, summary: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """Copies what the vault still lacks, for at most the time budget; once nothing remains,
+    writes the vault's manifest and records the promotion. Returns ``remaining`` (objects
+    still to copy: call again) and, when done, the backup's summary with its vault fields."""
+    if context.vault is None or svc.vault is None:
+        raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
+    until = retain_until(context.vault, summary.get("completed_at", now))
+    deadline = time.monotonic() + svc.settings.promote_budget_seconds
+    objects = [o for s in manifest.shards for st in s.streams for o in st.objects]
+    remaining = [o for o in objects if not in_vault(svc, o)]
+    while remaining:  # at least one object per call, however small the budget
+        copy_into_vault(svc, remaining.pop(0), context.vault, until)
+        if time.monotonic() >= deadline:
+            break
+    if remaining:
+        return {"remaining": len(remaining), "summary": summary}
+    vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
+    promotion = {
+        "location": "vault",
+        "vault_manifest_key": vault_key,
+        "storage_class": context.vault.storage_class,
+        "lock_mode": context.vault.lock_mode,
+        "retain_until": until.isoformat(),
+        "promoted_at": time.time(),
+    }
+    svc.catalog.update(context.cluster, context.backup_id, **promotion)
+    return {"remaining": 0, "summary": {**summary, **promotion}}
+
+
+def vault_key(svc: Services, store_key: str) -> str:
+    """The vault keeps the store's layout under its own prefix."""
+    relative = store_key.removeprefix(svc.store.prefix.strip("/") + "/")
+    prefix = svc.vault.prefix.strip("/")
+    return f"{prefix}/{relative}" if prefix else relative
+
+
+def in_vault(svc: Services, obj: ObjectResult) -> bool:
+    """Whether the vault already holds this object with the manifest's checksum."""
+    try:
+        crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, vault_key(svc, obj.key))
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+            return False
+        raise
+    return crc == obj.crc64nvme and size == obj.length
+
+
+def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until: datetime) -> None:
+    key = vault_key(svc, obj.key)
+    extra = {
+        "StorageClass": vault.storage_class,
+        "ObjectLockMode": vault.lock_mode,
+        "ObjectLockRetainUntilDate": until,
+        "ChecksumAlgorithm": "CRC64NVME",
+    }
+    if same_server(svc):
+        source = {"Bucket": svc.store.bucket, "Key": obj.key}
+        svc.vault_s3.copy(source, svc.vault.bucket, key, ExtraArgs=extra, Config=COPY_CONFIG)
+    else:  # another server (a local store, or staging outside AWS): stream it through
+        body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=obj.key)["Body"]
+        svc.vault_s3.upload_fileobj(body, svc.vault.bucket, key, ExtraArgs=extra)
+    crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
+    if crc != obj.crc64nvme or size != obj.length:
+        raise ChecksumMismatch(
+            f"the vault's copy of {obj.key} holds {size} bytes with CRC64NVME {crc}; the "
+            f"manifest says {obj.length} bytes with {obj.crc64nvme}.",
+            fix="the promotion is retried from this object on; the backup stays restorable "
+            "from the store meanwhile.",
+        )
+
+
+def same_server(svc: Services) -> bool:
+    return svc.store.endpoint == svc.vault.endpoint and (
+        svc.store.credentials == svc.vault.credentials
+    )
+
+
+def write_vault_manifest(
+    svc: Services, manifest: Manifest, store_key: str, vault: VaultTarget, until: datetime
+) -> str:
+    """The vault's own manifest: the store's, with keys in the vault. Written last."""
+    moved = manifest.model_copy(
+        update={
+            "shards": [
+                shard.model_copy(
+                    update={
+                        "streams": [
+                            stream.model_copy(
+                                update={
+                                    "objects": [
+                                        o.model_copy(update={"key": vault_key(svc, o.key)})
+                                        for o in stream.objects
+                                    ]
+                                }
+                            )
+                            for stream in shard.streams
+                        ]
+                    }
+                )
+                for shard in manifest.shards
+            ]
+        }
+    )
+    key = vault_key(svc, store_key)
+    svc.vault_s3.put_object(
+        Bucket=svc.vault.bucket,
+        Key=key,
+        Body=moved.model_dump_json(indent=1).encode(),
+        ContentType="application/json",
+        ChecksumAlgorithm="CRC64NVME",
+        ObjectLockMode=vault.lock_mode,
+        ObjectLockRetainUntilDate=until,
+    )
+    return key
+
+
+def record_failure(
+    context: BackupContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """The backup stays complete and restorable from the store; its promotion is failed."""
+    outcome = {
+        "promotion": "FAILED",
+        "promotion_error": error.get("Error", "States.Runtime"),
+        "promotion_cause": readable_cause(str(error.get("Cause") or ""))[:2000],
+        "promotion_failed_at": now,
+    }
+    svc.catalog.update(context.cluster, context.backup_id, **outcome)
+    svc.notify(
+        f"ShardVault backup {context.backup_id}: promotion to the vault FAILED",
+        {"backup_id": context.backup_id, **outcome},
+    )
+    return outcome

@@ -1,0 +1,158 @@
+"""Promotion into the vault: every verified backup lands in its storage class under Object
+Lock, checked by checksum, manifest last; a promotion cut short resumes; restores read it back.
+
+The local stack's vault is a bucket in moto's S3 (archive classes, Object Lock, thaw); the
+server-side copy and its checksum carry-over are tested against MinIO, whose CopyObject is real.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from botocore.exceptions import ClientError
+
+from shardvault import operations as ops
+from shardvault import promote
+from shardvault.local.demo import table_digests
+from shardvault.models import BackupContext, VaultTarget
+from shardvault.readback import load_manifest
+from shardvault.services import Services
+
+from .conftest import client_of, entered_states, output
+
+DEEP = VaultTarget(storage_class="DEEP_ARCHIVE", lock_mode="GOVERNANCE", lock_days=2)
+
+
+def vault_objects(svc: Services, cluster: str) -> list[dict]:
+    pages = svc.vault_s3.get_paginator("list_objects_v2").paginate(
+        Bucket=svc.vault.bucket, Prefix=f"{svc.vault.prefix}/{cluster}/"
+    )
+    return [o for page in pages for o in page.get("Contents", [])]
+
+
+def test_a_verified_backup_lands_in_the_vault_locked_in_its_class(make_cluster):
+    cluster = make_cluster(nodes=3, size_mb=3)
+
+    backup = cluster.backup(vault=DEEP)
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    summary = output(backup)
+    assert summary["location"] == "vault"
+    assert summary["storage_class"] == "DEEP_ARCHIVE"
+    until = datetime.fromisoformat(summary["retain_until"])
+    assert timedelta(days=1.9) < until - datetime.now(UTC) < timedelta(days=2.1)
+    svc = cluster.stack.services()
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, summary["vault_manifest_key"])
+    keys = {o["Key"] for o in vault_objects(svc, cluster.name)}
+    for obj in (o for s in manifest.shards for st in s.streams for o in st.objects):
+        assert obj.key in keys
+        head = svc.vault_s3.head_object(Bucket=svc.vault.bucket, Key=obj.key)
+        assert head["StorageClass"] == "DEEP_ARCHIVE"
+        assert head["ObjectLockMode"] == "GOVERNANCE"
+        assert head["ObjectLockRetainUntilDate"] >= until - timedelta(seconds=1)
+        # Locked: deleting this version before its date is refused.
+        with pytest.raises(ClientError):
+            svc.vault_s3.delete_object(
+                Bucket=svc.vault.bucket, Key=obj.key, VersionId=head["VersionId"]
+            )
+    (record,) = cluster.records()
+    assert record["location"] == "vault"
+
+
+def test_a_backup_of_a_cluster_without_vault_policy_stays_in_the_store(make_cluster):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED"
+    assert "location" not in output(backup)
+    assert vault_objects(cluster.stack.services(), cluster.name) == []
+    assert "Promote" not in entered_states(backup.record["execution_id"])
+
+
+def test_a_vaulted_backup_restores_after_its_objects_thaw(make_cluster, make_target):
+    cluster = make_cluster(nodes=3, size_mb=3)
+    backup = cluster.backup(vault=DEEP)
+    assert backup.status == "SUCCEEDED", backup.cause
+    target = make_target(nodes=2)
+
+    execution = target.start_restore(cluster.name, tier="Bulk")
+    restored = ops.wait_restore(client_of(target.stack), execution, interval=0.2, timeout=300)
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    assert "WaitForThaw" in entered_states(execution)  # DEEP_ARCHIVE must thaw first
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source)
+
+
+def context_of(cluster, record: dict, vault: VaultTarget) -> BackupContext:
+    return BackupContext(
+        backup_id=record["backup_id"], cluster=cluster.name, engine="sqlite", sources=[],
+        store_url="s3://x/y", started_at=0, vault=vault,
+    )  # fmt: skip
+
+
+def test_a_promotion_cut_short_resumes_and_writes_its_manifest_last(make_cluster, monkeypatch):
+    cluster = make_cluster(nodes=3, size_mb=3)
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED"
+    record = output(backup)
+    svc = cluster.stack.services()
+    context = context_of(cluster, record, DEEP)
+    monkeypatch.setattr(svc.settings, "promote_budget_seconds", 0)
+    real_copy = promote.copy_into_vault
+    copies = []
+
+    def failing_second(*args):
+        copies.append(args[1].key)
+        if len(copies) == 2:
+            raise ClientError({"Error": {"Code": "SlowDown", "Message": "x"}}, "CopyObject")
+        return real_copy(*args)
+
+    monkeypatch.setattr(promote, "copy_into_vault", failing_second)
+
+    first = promote.promote(context, record, svc, 0)  # one object per call at budget 0
+    assert first["remaining"] == 2
+    with pytest.raises(ClientError):
+        promote.promote(context, record, svc, 0)  # the copy fails partway
+    # No manifest in the vault while objects are missing.
+    assert not any(o["Key"].endswith("manifest.json") for o in vault_objects(svc, cluster.name))
+
+    monkeypatch.setattr(promote, "copy_into_vault", real_copy)
+    while (step := promote.promote(context, record, svc, 0))["remaining"]:
+        pass
+    assert step["summary"]["location"] == "vault"
+    keys = [o["Key"] for o in vault_objects(svc, cluster.name)]
+    assert sum(k.endswith("manifest.json") for k in keys) == 1
+    assert len(keys) == 3 + 1
+
+
+def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster):
+    cluster = make_cluster(nodes=2, size_mb=2)
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED"
+    stack = cluster.stack
+    s3 = stack.store_client()
+    bucket = f"vault-{cluster.name}"[:63]
+    s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    settings = stack.settings.model_copy(
+        update={
+            "vault_url": f"s3://{bucket}/vault",
+            "vault_endpoint": stack.settings.store_endpoint,
+            "vault_access_key_id": stack.settings.store_access_key_id,
+            "vault_secret_access_key": stack.settings.store_secret_access_key,
+        }
+    )
+    svc = Services(settings)
+    assert promote.same_server(svc)  # MinIO copies server-side, with its own checksum
+    standard = VaultTarget(storage_class="STANDARD", lock_mode="GOVERNANCE", lock_days=1)
+    record = output(backup)
+
+    done = promote.promote(context_of(cluster, record, standard), record, svc, 0)
+
+    assert done["remaining"] == 0
+    manifest = load_manifest(s3, bucket, done["summary"]["vault_manifest_key"])
+    for obj in (o for s in manifest.shards for st in s.streams for o in st.objects):
+        attrs = s3.get_object_attributes(Bucket=bucket, Key=obj.key, ObjectAttributes=["Checksum"])
+        assert attrs["Checksum"]["ChecksumCRC64NVME"] == obj.crc64nvme
+        assert s3.head_object(Bucket=bucket, Key=obj.key)["ObjectLockMode"] == "GOVERNANCE"
