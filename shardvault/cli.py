@@ -6,6 +6,7 @@
   shardvault list [CLUSTER]                    backups in the catalog
   shardvault show CLUSTER BACKUP_ID            one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
+  shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
@@ -108,7 +109,14 @@ def parser() -> argparse.ArgumentParser:
     restore.add_argument("--wait", action="store_true", help="follow it to the end")
     restore.set_defaults(run=run_restore)
 
-    for cmd in (backup, lister, show, nodes, restore):
+    retention = sub.add_parser("retention", help="expire backups by the policy's keep counts")
+    retention.add_argument("cluster", nargs="?", help="one cluster (default: every cluster)")
+    retention.add_argument(
+        "--dry-run", action="store_true", help="decide and print, delete nothing"
+    )
+    retention.set_defaults(run=run_retention)
+
+    for cmd in (backup, lister, show, nodes, restore, retention):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -263,6 +271,37 @@ def print_restore(summary: dict[str, Any]) -> None:
         checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
         shards.add_row(s["shard_id"], s["node_id"], where, checks)
     console.print(shards)
+
+
+# --- retention ---------------------------------------------------------------------------------
+def run_retention(args: argparse.Namespace) -> int:
+    outcome = ops.run_retention(ops.ClientConfig.from_env(), args.cluster, args.dry_run)
+    if outcome.status != "SUCCEEDED":
+        console.print(f"[bold red]retention {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(outcome.cause)
+        return 1
+    print_retention(outcome.record or {}, args.dry_run)
+    return 0
+
+
+def print_retention(result: dict[str, Any], dry_run: bool) -> None:
+    verb = "would expire" if dry_run else "expired"
+    for d in result.get("decisions", []):
+        table = Table("backup", "decision", "why", title=f"Retention of {d['cluster']}")
+        for k in d["keep"]:
+            table.add_row(k["backup_id"], "keep", ", ".join(k["why"]))
+        for lk in d["locked"]:
+            table.add_row(lk["backup_id"], "locked", f"Object Lock until {lk['until']}")
+        for b in d["expire"]:
+            table.add_row(b, verb, "no keep rule and no chain needs it")
+        console.print(table)
+        if d["unrestorable"]:
+            console.print(f"[red]kept but unrestorable (chain broken)[/]: {d['unrestorable']}")
+    console.print(
+        f"{verb} {len(result.get('expire', []))} backups: saves "
+        f"${result.get('monthly_saving_usd', 0):.4f}/month; early-deletion charges "
+        f"${result.get('early_deletion_charge_usd', 0):.4f}"
+    )
 
 
 def run_list(args: argparse.Namespace) -> int:

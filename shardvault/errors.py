@@ -136,3 +136,7 @@ class RestoreValidationFailed(ShardVaultError):
 # --- Vault ---------------------------------------------------------------------------------------
 class PromotionFailed(ShardVaultError):
     """A verified backup could not be copied into the vault (it stays in the store)."""
+
+
+class ExpiryFailed(ShardVaultError):
+    """The store refused to delete some objects of an expiring backup."""

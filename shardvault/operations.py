@@ -30,6 +30,7 @@ class ClientConfig:
     catalog_table: str
     nodes_table: str = "shardvault-nodes"
     restore_state_machine_arn: str = ""
+    retention_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -49,6 +50,7 @@ class ClientConfig:
             env["SHARDVAULT_CATALOG_TABLE"],
             env.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"),
             env.get("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_RETENTION_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -219,3 +221,23 @@ def wait_restore(
 
 def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
     return Catalog(table(config.catalog_table)).restores(cluster)
+
+
+# --- retention -----------------------------------------------------------------------------------
+def run_retention(
+    config: ClientConfig, cluster: str | None, dry_run: bool, timeout: float = 3600
+) -> Progress:
+    """Runs the retention state machine (one cluster or all) and waits for its decision."""
+    if not config.retention_state_machine_arn:
+        raise InvalidRequest(
+            "SHARDVAULT_RETENTION_STATE_MACHINE_ARN is not set.",
+            fix="set it from the ShardVault stack's RetentionStateMachineArn output, or pass "
+            "--stack-env for the local stack.",
+        )
+    sfn = boto3.client("stepfunctions")
+    payload = {"dry_run": dry_run, **({"cluster": cluster} if cluster else {})}
+    name = f"retention-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    arn = sfn.start_execution(
+        stateMachineArn=config.retention_state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+    return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)

@@ -60,6 +60,8 @@ FUNCTIONS = {
     "CleanupRestoreFunctionArn": "cleanup_restore",
     "PromoteBackupFunctionArn": "promote_backup",
     "RecordPromotionFailureFunctionArn": "record_promotion_failure",
+    "DecideRetentionFunctionArn": "decide_retention",
+    "ExpireBackupFunctionArn": "expire_backup",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -120,6 +122,7 @@ class LocalStack:
     settings: Settings | None = None
     state_machine_arn: str = ""
     restore_state_machine_arn: str = ""
+    retention_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -150,6 +153,7 @@ class LocalStack:
         lambda_support.use_settings(self.settings)
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
+        self.retention_state_machine_arn = self._create_state_machine("retention")
         self._write_env_file()
         return self
 
@@ -224,6 +228,7 @@ class LocalStack:
             self.settings.catalog_table,
             self.settings.nodes_table,
             self.restore_state_machine_arn,
+            self.retention_state_machine_arn,
         )
 
     def store_client(self) -> Any:
@@ -300,6 +305,7 @@ class LocalStack:
             **control_plane_env(self.endpoint),
             "SHARDVAULT_STATE_MACHINE_ARN": self.state_machine_arn,
             "SHARDVAULT_RESTORE_STATE_MACHINE_ARN": self.restore_state_machine_arn,
+            "SHARDVAULT_RETENTION_STATE_MACHINE_ARN": self.retention_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

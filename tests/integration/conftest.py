@@ -95,12 +95,7 @@ class Cluster:
 
 
 def client_of(stack: LocalStack) -> ops.ClientConfig:
-    return ops.ClientConfig(
-        stack.state_machine_arn,
-        stack.settings.catalog_table,
-        stack.settings.nodes_table,
-        stack.restore_state_machine_arn,
-    )
+    return stack.client_config()
 
 
 @dataclass

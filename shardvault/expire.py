@@ -1,0 +1,146 @@
+"""The retention workflow's steps (``statemachines/retention.asl.json``): decide, then expire.
+
+Terms:
+- *decision*: ``shardvault.retention.decide`` over a cluster's complete backups and its keep
+  counts from the policy file: what is kept and why, what expires, what is still locked, the
+  monthly saving and any early-deletion charge (reported, never hidden).
+- *expire*: delete every version of a backup's objects and manifest (the vault is versioned:
+  a delete without a version id only adds a marker and the bytes stay billed), in batches of
+  at most 1,000 keys, the manifest last; then mark the catalog record ``EXPIRED``. A backup is
+  expired only after its Object Lock date, so S3 never has to refuse a deletion.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shardvault.errors import ExpiryFailed, InvalidRequest
+from shardvault.models import BackupStatus
+from shardvault.planning import backup_prefix
+from shardvault.policy import BackupKind
+from shardvault.retention import BackupRecord, RetentionDecision, decide, deletion_batches
+from shardvault.services import Services
+
+EXPIRED = "EXPIRED"
+
+
+def clusters_to_check(requested: str | None, svc: Services) -> list[str]:
+    policy = svc.policy()
+    if policy is None:
+        raise InvalidRequest(
+            "this deployment has no policy file, so no keep counts.",
+            fix="deploy with a policy file (shardvault.yaml) that declares each cluster's "
+            "retention.",
+        )
+    if requested:
+        policy.cluster(requested)  # a named error when the policy lacks it
+        return [requested]
+    return sorted(policy.clusters)
+
+
+def records(cluster: str, svc: Services) -> list[BackupRecord]:
+    """The cluster's complete backups, as retention sees them."""
+    out = []
+    for r in svc.catalog.backups(cluster):
+        if r.get("status") != BackupStatus.COMPLETE:
+            continue
+        until = r.get("retain_until")
+        out.append(
+            BackupRecord(
+                backup_id=r["backup_id"],
+                cluster=cluster,
+                completed_at=datetime.fromtimestamp(r["completed_at"], UTC),
+                kind=BackupKind(r.get("kind", BackupKind.FULL)),
+                parent_id=r.get("parent_id"),
+                storage_class=r.get("storage_class", "STANDARD"),
+                retain_until=datetime.fromisoformat(until) if until else None,
+                bytes=r.get("bytes", 0),
+                objects=max(1, r.get("objects", 1)),
+            )
+        )
+    return out
+
+
+def decide_cluster(cluster: str, svc: Services, now: float) -> RetentionDecision:
+    policy = svc.policy().cluster(cluster)
+    at = datetime.fromtimestamp(now, UTC)
+    return decide(records(cluster, svc), policy.retention, at, policy.schedule.zone)
+
+
+def decision_summary(cluster: str, decision: RetentionDecision) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "keep": [
+            {"backup_id": k.backup_id, "why": [f"{r.rule}:{r.detail}" for r in k.reasons]}
+            for k in decision.keep
+        ],
+        "expire": decision.expire,
+        "locked": [
+            {"backup_id": lk.backup_id, "until": lk.retain_until.isoformat()}
+            for lk in decision.locked
+        ],
+        "unrestorable": decision.unrestorable,
+        "monthly_saving_usd": round(decision.monthly_saving_usd, 4),
+        "early_deletion_charge_usd": round(decision.early_deletion_charge_usd, 4),
+        "early_deletions": [e.model_dump(mode="json") for e in decision.early_deletions],
+    }
+
+
+def decide_all(requested: str | None, svc: Services, now: float) -> dict[str, Any]:
+    """Decisions for every cluster asked for, and the flat list of backups to expire."""
+    decisions = [
+        decision_summary(c, decide_cluster(c, svc, now)) for c in clusters_to_check(requested, svc)
+    ]
+    expiring = [{"cluster": d["cluster"], "backup_id": b} for d in decisions for b in d["expire"]]
+    return {
+        "decisions": decisions,
+        "expire": expiring,
+        "monthly_saving_usd": round(sum(d["monthly_saving_usd"] for d in decisions), 4),
+        "early_deletion_charge_usd": round(
+            sum(d["early_deletion_charge_usd"] for d in decisions), 4
+        ),
+    }
+
+
+def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> dict[str, Any]:
+    """Deletes every version of the backup's objects, wherever they are (vault and store),
+    manifests last, then marks it expired. Idempotent: a retry deletes what is left."""
+    deleted = 0
+    for s3, location in [(svc.store_s3, svc.store)] + (
+        [(svc.vault_s3, svc.vault)] if svc.vault else []
+    ):
+        prefix = backup_prefix(location.prefix, cluster, backup_id)
+        versions = sorted(
+            list_versions(s3, location.bucket, prefix),
+            key=lambda kv: kv[0].endswith("manifest.json"),  # manifests last
+        )
+        for batch in deletion_batches(versions):
+            response = s3.delete_objects(
+                Bucket=location.bucket,
+                Delete={
+                    "Objects": [{"Key": k, "VersionId": v} if v else {"Key": k} for k, v in batch],
+                    "Quiet": True,
+                },
+            )
+            if errors := response.get("Errors"):
+                raise ExpiryFailed(
+                    f"the store refused to delete {len(errors)} objects of backup {backup_id}, "
+                    f"e.g. {errors[0].get('Key')}: {errors[0].get('Code')} "
+                    f"{errors[0].get('Message', '')}",
+                    fix="check the vault's Object Lock dates and the function's permissions; the "
+                    "next retention run retries.",
+                )
+            deleted += len(batch)
+    svc.catalog.update(cluster, backup_id, status=EXPIRED, expired_at=now, deleted_objects=deleted)
+    return {"cluster": cluster, "backup_id": backup_id, "deleted_objects": deleted}
+
+
+def list_versions(s3: Any, bucket: str, prefix: str) -> list[tuple[str, str | None]]:
+    """Every (key, version id) under ``prefix``; buckets without versioning give ``null`` ids."""
+    out: list[tuple[str, str | None]] = []
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
+            version = item.get("VersionId")
+            out.append((item["Key"], None if version in (None, "null") else version))
+    return out
