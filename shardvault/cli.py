@@ -7,6 +7,7 @@
   shardvault show CLUSTER BACKUP_ID            one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
+  shardvault schedule --policy FILE            start scheduled backups (the local stack)
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
@@ -116,7 +117,12 @@ def parser() -> argparse.ArgumentParser:
     )
     retention.set_defaults(run=run_retention)
 
-    for cmd in (backup, lister, show, nodes, restore, retention):
+    schedule = sub.add_parser("schedule", help="run the policy's schedules (local stack)")
+    schedule.add_argument("--policy", type=Path, required=True, help="the policy file")
+    schedule.add_argument("--interval", type=float, default=20.0, help="seconds between ticks")
+    schedule.set_defaults(run=run_schedule)
+
+    for cmd in (backup, lister, show, nodes, restore, retention, schedule):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -302,6 +308,19 @@ def print_retention(result: dict[str, Any], dry_run: bool) -> None:
         f"${result.get('monthly_saving_usd', 0):.4f}/month; early-deletion charges "
         f"${result.get('early_deletion_charge_usd', 0):.4f}"
     )
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    import logging
+
+    from shardvault import scheduler
+    from shardvault.policy import load_policy
+
+    policy = load_policy(args.policy)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    console.print(f"scheduling {', '.join(sorted(policy.clusters))}; Ctrl-C stops")
+    scheduler.run(policy, ops.ClientConfig.from_env(), args.interval)
+    return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
