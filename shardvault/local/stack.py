@@ -130,6 +130,13 @@ class LocalStack:
 
     # --- start -------------------------------------------------------------------------------
     def start(self) -> LocalStack:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # a stack that failed to start leaves no server behind
+            raise
+
+    def _start(self) -> LocalStack:
         self.root.mkdir(parents=True, exist_ok=True)
         self._start_moto()
         store_url, store_endpoint, credentials = self._start_store()
