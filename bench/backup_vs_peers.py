@@ -87,13 +87,14 @@ from shardvault.local import demo
 from shardvault.local.minio import PINNED_MODULE, MinioServer
 from shardvault.local.postgres import (
     PostgresInstance,
+    attach_instance,
     find_pg_bin_dir,
     init_instance,
     pgbench_init,
     run_as_postgres,
 )
 from shardvault.local.stack import STATE_MACHINES, LocalStack
-from shardvault.models import BackupRequest, Manifest, ManifestStream, Phase
+from shardvault.models import BackupRequest, Manifest, ManifestStream, Phase, RestoreRequest
 from shardvault.planning import backup_prefix
 from shardvault.readback import load_manifest
 
@@ -105,8 +106,19 @@ WAL_SEGMENT = 16 * 1024 * 1024
 ARCHIVE_TIMEOUT = 1800.0
 BACKUP_TIMEOUT = 3600.0
 POLL = 0.5  # the wall time comes from the execution's stopDate, not from this poll
-TOOLS = ("shardvault", "s3-files", "s3-tar", "s3-tar-tls", "pgbackrest")
+TOOLS = (
+    "shardvault",
+    "shardvault-restore",
+    "s3-files",
+    "s3-tar",
+    "s3-tar-tls",
+    "pgbackrest",
+    "pgbackrest-restore",
+)
+RESTORE_CLUSTER = "bench-restored"
+RESTORE_NODE = "restore-node-1"
 TOP_LEVEL_STATES = set(json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"])
+RESTORE_STATES = set(json.loads((STATE_MACHINES / "restore.asl.json").read_text())["States"])
 
 
 def say(message: str) -> None:
@@ -157,6 +169,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     chosen = {tool.strip() for tool in args.tools.split(",") if tool.strip()}
     if unknown := chosen - set(TOOLS):
         parser.error(f"unknown tools {', '.join(sorted(unknown))}; choose from {', '.join(TOOLS)}")
+    if "pgbackrest-restore" in chosen and "pgbackrest" not in chosen:
+        parser.error("pgbackrest-restore restores the round's pgbackrest backup: add pgbackrest")
     args.tools = [tool for tool in TOOLS if tool in chosen | {"shardvault"}]
     if bad := [s for s in args.agent_set if "=" not in s]:
         parser.error(f"--agent-set takes KEY=VALUE, not {', '.join(bad)}")
@@ -172,6 +186,8 @@ def labels(args: argparse.Namespace) -> dict[str, str]:
         "s3-tar": f"s3transfer upload_file, one tar ({http}; tar build not timed)",
         "s3-tar-tls": f"s3transfer, one tar, over TLS ({s3})",
         "pgbackrest": "pgBackRest 2.45 full, uncompressed, process-max=2, TLS",
+        "shardvault-restore": "ShardVault restore to a running, pg_amcheck-validated server",
+        "pgbackrest-restore": "pgBackRest 2.45 restore + start + pg_amcheck, process-max=2, TLS",
     }
 
 
@@ -249,11 +265,13 @@ class Bench:
     tls_s3: Any  # s3transfer's and the bench's client of the TLS MinIO
     transfer: TransferConfig
     probe: Probe
+    restore_config: dict[str, Any]
+    restore_agent_pid: int
     setup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def client(self) -> ops.ClientConfig:
-        return ops.ClientConfig(self.stack.state_machine_arn, self.stack.settings.catalog_table)
+        return self.stack.client_config()
 
     @property
     def store_bucket(self) -> str:
@@ -270,11 +288,14 @@ class Bench:
 
 @dataclass
 class Round:
-    """One round: the data listing of its ShardVault backup, and the tar built from it."""
+    """One round: the data listing of its ShardVault backup, and the tar built from it; the
+    ShardVault backup (removed at the round's end) and pgBackRest backup its restores read."""
 
     index: int
     files: list[str] = field(default_factory=list)
     tar: Path | None = None
+    backup_prefix: str = ""
+    pgbackrest_label: str = ""
 
 
 def make_workdir(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Path:
@@ -363,10 +384,10 @@ def agent_config(
 
 
 def start_agent(stack: LocalStack, config: dict[str, Any], cleanup: contextlib.ExitStack) -> int:
-    """Starts the agent; it is stopped before its state directory is removed."""
+    """Starts an agent; it is stopped before its state directory is removed."""
     process = stack.start_agent(config)
-    cleanup.callback(stack.stop_agent, NODE_ID)
-    stack.wait_for_nodes([NODE_ID])
+    cleanup.callback(stack.stop_agent, config["node_id"])
+    stack.wait_for_nodes([config["node_id"]])
     return process.pid
 
 
@@ -384,6 +405,8 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
     )
     ensure_bucket(http_s3, S3_BUCKET)
     filled = fill(pg, pgbackrest, args.scale)
+    (restore_config,) = demo.restore_targets(root, name=RESTORE_CLUSTER, engine="postgres", nodes=1)
+    restore_config["node_id"] = RESTORE_NODE
     bench = Bench(
         args=args,
         root=root,
@@ -397,6 +420,8 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         tls_s3=tls_s3,
         transfer=transfer_config(args.s3_chunk_mib, args.s3_concurrency),
         probe=probes.install(),
+        restore_config=restore_config,
+        restore_agent_pid=start_agent(stack, restore_config, cleanup),
         setup=filled,
     )
     bench.setup["idle_cpu_per_second"] = idle_cpu(bench)
@@ -513,8 +538,10 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
     manifest = load_manifest(bench.store_s3, bench.store_bucket, record["manifest_key"])
     data, tail = stream_of(manifest, Phase.DATA), stream_of(manifest, Phase.TAIL)
     rnd.files = regular_files(data.files)
-    prefix = backup_prefix(bench.stack.services().store.prefix, CLUSTER, manifest.backup_id)
-    delete_prefix(bench.store_s3, bench.store_bucket, prefix)  # disk space; not timed
+    # Removed at the round's end (disk space; not timed): the restore reads it first.
+    rnd.backup_prefix = backup_prefix(
+        bench.stack.services().store.prefix, CLUSTER, manifest.backup_id
+    )
     return {
         "seconds": seconds,
         "execution_seconds": (execution["stopDate"] - execution["startDate"]).total_seconds(),
@@ -595,6 +622,7 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
     result = bench.pgbackrest.backup_full()
     minio_cpu = process_cpu(bench.tls_minio.process.pid) - minio_before
     prefix = bench.pgbackrest.backup_prefix(result["label"])
+    rnd.pgbackrest_label = result["label"]
     objects = list_keys(bench.tls_s3, PGBACKREST_BUCKET, prefix)
     return result | {
         "objects": len(objects),
@@ -603,8 +631,81 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
     }
 
 
+# --- restores -----------------------------------------------------------------------------------
+def amcheck(bin_dir: Path, socket_dir: Path, port: int) -> None:
+    """``pg_amcheck --all``: what ShardVault's restore runs before it reports success."""
+    cmd = [str(bin_dir / "pg_amcheck"), "-h", str(socket_dir), "-p", str(port), "-U", "postgres"]
+    done = subprocess.run(
+        [*cmd, "--all", "--install-missing"], capture_output=True, text=True, check=False, cwd="/"
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pg_amcheck failed: {done.stdout}{done.stderr}")
+
+
+def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
+    """The round's backup restored into a one-node cluster: start of the execution to a running
+    server that recovered and passed pg_amcheck (the execution's end)."""
+    restore_dir = Path(bench.restore_config["restore_dir"])
+    pids = {"agent": bench.restore_agent_pid, "minio": bench.store_minio_pid}
+    before = cpu_snapshot(pids)
+    started = time.time()
+    request = RestoreRequest(cluster=CLUSTER, target_cluster=RESTORE_CLUSTER, replace=True)
+    arn = ops.start_restore(bench.client, request)
+    execution = wait_execution(arn)
+    seconds = execution["stopDate"].timestamp() - started
+    cpu = cpu_delta(before, cpu_snapshot(pids))
+    if execution["status"] != "SUCCEEDED":
+        cause = ops.readable_cause(execution.get("cause", ""))
+        raise RuntimeError(f"ShardVault restore {execution['status']}: {cause}")
+    summary = json.loads(execution["output"])
+    for shard in summary["shards"]:
+        stop_postgres_at(Path(shard["path"]))
+    shutil.rmtree(restore_dir / SHARD_ID, ignore_errors=True)  # disk space; not timed
+    spans, _ = report.state_spans(execution_history(arn), RESTORE_STATES)
+    return {
+        "seconds": seconds,
+        "bytes": summary["bytes"],
+        "objects": summary["objects"],
+        "agent_peak_rss": peak_rss_bytes(bench.restore_agent_pid),
+        "client_cpu_seconds": cpu["agent"] + cpu["self"],
+        "minio_cpu_seconds": cpu["minio"],
+        "states": report.state_seconds(spans),
+    }
+
+
+def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
+    """pgBackRest's restore of its round's backup into an empty directory, the server started
+    (recovery to the backup's consistent point, then promote) and checked by pg_amcheck."""
+    target = bench.root / "pgbackrest-restored"
+    shutil.rmtree(target, ignore_errors=True)
+    minio_before = process_cpu(bench.tls_minio.process.pid)
+    result = bench.pgbackrest.restore(rnd.pgbackrest_label, target)
+    instance = attach_instance(target)  # starts it, waits until it accepts connections
+    try:
+        deadline = time.monotonic() + BACKUP_TIMEOUT
+        while instance.psql("SELECT pg_is_in_recovery()") != "f":  # until promoted
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pgBackRest's restore of {rnd.pgbackrest_label} never promoted")
+            time.sleep(0.05)
+        amcheck(instance.bin_dir, instance.socket_dir, instance.port)
+        seconds = result["seconds"] + (time.monotonic() - result["ended"])
+    finally:
+        instance.stop()
+        shutil.rmtree(target, ignore_errors=True)
+    return {
+        "seconds": seconds,
+        "restore_seconds": result["seconds"],
+        "bytes": bench.pgbackrest.info()["backup"][-1]["info"]["size"],
+        "objects": 0,
+        "client_cpu_seconds": result["client_cpu_seconds"],
+        "minio_cpu_seconds": round(process_cpu(bench.tls_minio.process.pid) - minio_before, 2),
+    }
+
+
 RUNNERS: dict[str, Callable[[Bench, Round], dict[str, Any]]] = {
     "shardvault": run_shardvault,
+    "shardvault-restore": run_shardvault_restore,
+    "pgbackrest-restore": run_pgbackrest_restore,
     "s3-files": run_s3_files,
     "s3-tar": run_s3_tar,
     "s3-tar-tls": run_s3_tar_tls,
@@ -625,6 +726,8 @@ def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -
         )
     if rnd.tar:
         rnd.tar.unlink(missing_ok=True)
+    if rnd.backup_prefix:
+        delete_prefix(bench.store_s3, bench.store_bucket, rnd.backup_prefix)
 
 
 def run_rounds(bench: Bench) -> dict[str, list[dict[str, Any]]]:

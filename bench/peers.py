@@ -277,6 +277,31 @@ class PgBackRest:
             "client_cpu_seconds": round(cpu, 2),
         }
 
+    def restore(self, label: str, target: Path) -> dict[str, Any]:
+        """One timed ``restore`` of ``label`` into the empty directory ``target``: to the
+        backup's consistent point, then promote, without archiving (as ShardVault restores)."""
+        target.mkdir(parents=True)
+        user = pwd.getpwnam(PG_USER) if os.geteuid() == 0 else None
+        if user:
+            os.chown(target, user.pw_uid, user.pw_gid)
+        target.chmod(0o700)
+        before = _children_cpu()
+        started = time.monotonic()
+        self.run(
+            "restore",
+            f"--pg1-path={target}",
+            f"--set={label}",
+            "--type=immediate",
+            "--target-action=promote",
+            "--archive-mode=off",
+        )
+        ended = time.monotonic()
+        return {
+            "seconds": ended - started,
+            "ended": ended,
+            "client_cpu_seconds": round(_children_cpu() - before, 2),
+        }
+
     def info(self) -> dict[str, Any]:
         return json.loads(self.run("info", "--output=json"))[0]
 

@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 MiB = 1024 * 1024
+RESTORE_TOOLS = {"shardvault-restore", "pgbackrest-restore"}
 OBJECT_TARGET_SIZE = 256 * MiB
 PHASES = ("checkpoint", "plan", "upload", "tail", "finalize")
 OBJECT_STEPS = (
@@ -231,8 +232,15 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
         summary["ratios"] = {
             f"shardvault/{tool}": reference / info["seconds"]["median"]
             for tool, info in tools.items()
-            if tool != "shardvault"
+            if tool not in RESTORE_TOOLS | {"shardvault"}
         }
+        if restore := tools.get("shardvault-restore"):
+            own = restore["seconds"]["median"]
+            summary["restore_ratios"] = {"shardvault-restore/shardvault": own / reference}
+            if peer := tools.get("pgbackrest-restore"):
+                summary["restore_ratios"]["shardvault-restore/pgbackrest-restore"] = (
+                    own / peer["seconds"]["median"]
+                )
         sv_runs = runs["shardvault"]
         summary["shardvault"] = {
             "object_target": object_target(int(shardvault["bytes"])),
@@ -318,10 +326,16 @@ def shardvault_table(summary: dict[str, Any]) -> str:
 
 def ratios_text(summary: dict[str, Any]) -> str:
     tools = summary["tools"]
-    return "\n".join(
+    lines = [
         f"- ShardVault ÷ {tools[key.split('/', 1)[1]]['label']}: {value:.2f}"
         for key, value in summary.get("ratios", {}).items()
-    )
+    ]
+    lines += [
+        f"- {tools[a]['label']} ÷ {tools[b]['label']}: {value:.2f}"
+        for key, value in summary.get("restore_ratios", {}).items()
+        for a, b in [key.split("/", 1)]
+    ]
+    return "\n".join(lines)
 
 
 def markdown(summary: dict[str, Any]) -> str:

@@ -509,6 +509,11 @@ def finish_postgres(
     on every database and the validation queries."""
     from shardvault.local.postgres import attach_instance
 
+    with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
+        conf.write(
+            "\n# shardvault restore: a copy must not archive its WAL into its source's archive\n"
+            "archive_mode = 'off'\n"
+        )
     taken = {i["port"] for i in restorer._started(restore_id).values() if i.get("port")}
     taken |= ports_of_servers(restorer.restore_dir)
     port = free_port_in(restorer.config.restore_ports, restorer, taken)
