@@ -13,6 +13,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_MACHINES_DIR = REPO_ROOT / "statemachines"
 BACKUP_ASL = STATE_MACHINES_DIR / "backup.asl.json"
+RESTORE_ASL = STATE_MACHINES_DIR / "restore.asl.json"
+RETENTION_ASL = STATE_MACHINES_DIR / "retention.asl.json"
+# The deployment's policy file (CDK context ``policy`` overrides): clusters, schedules, vault.
+DEFAULT_POLICY = REPO_ROOT / "examples" / "shardvault.yaml"
 LAMBDA_REQUIREMENTS = REPO_ROOT / "requirements-lambda.txt"
 # What the Lambda code asset copies from the repository (the handlers import both).
 LAMBDA_SOURCE_DIRS = ("shardvault", "functions")
@@ -21,6 +25,8 @@ STACK_NAME = "ShardVault"
 # Fixed so that roles can name the state machine's executions without referencing it
 # (a reference would close a cycle: the state machine references the functions).
 BACKUP_STATE_MACHINE_NAME = f"{STACK_NAME}-backup"
+RESTORE_STATE_MACHINE_NAME = f"{STACK_NAME}-restore"
+RETENTION_STATE_MACHINE_NAME = f"{STACK_NAME}-retention"
 
 WORK_PREFIX = "_work/"  # control objects: plans, listings, per-object results
 BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
@@ -32,6 +38,8 @@ AGENT_POLICY_NAME = "ShardVaultAgentPolicy"
 AGENT_ROLE_NAME = "ShardVaultAgentRole"
 # The principal tag that names an agent's node; DynamoDB LeadingKeys must equal it.
 NODE_ID_TAG = "shardvault:node_id"
+# Set on a staging object once its backup is in the vault; lifecycle expires tagged objects.
+PROMOTED_TAG = "shardvault:promoted"
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,20 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("check_uploads", "CheckUploadsFunctionArn"),
     FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300),
     FunctionSpec("cleanup_backup", "CleanupBackupFunctionArn"),
+    # Promotion copies for up to 10 minutes per call (promote_budget_seconds), then returns.
+    FunctionSpec("promote_backup", "PromoteBackupFunctionArn", 900, 1024),
+    FunctionSpec("record_promotion_failure", "RecordPromotionFailureFunctionArn"),
+    FunctionSpec("validate_restore", "ValidateRestoreFunctionArn"),
+    FunctionSpec("plan_restore", "PlanRestoreFunctionArn", 120),
+    # Heads every object of the backup (and asks archived ones to thaw).
+    FunctionSpec("thaw_objects", "ThawObjectsFunctionArn", 300),
+    FunctionSpec("sign_download", "SignDownloadFunctionArn"),
+    FunctionSpec("record_download", "RecordDownloadFunctionArn"),
+    FunctionSpec("finalize_restore", "FinalizeRestoreFunctionArn"),
+    FunctionSpec("cleanup_restore", "CleanupRestoreFunctionArn"),
+    FunctionSpec("decide_retention", "DecideRetentionFunctionArn", 120),
+    # Deletes every version of a backup's objects in batches of 1,000 keys.
+    FunctionSpec("expire_backup", "ExpireBackupFunctionArn", 900),
 )
 
 WORK_BUCKET_PLACEHOLDER = "WorkBucket"

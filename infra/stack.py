@@ -1,12 +1,17 @@
 """The ShardVault stack: composes the constructs and grants each function what it calls.
 
-The *grants* below follow the code of ``shardvault/backup.py`` call by call; ``backups/``
-keys are backup data (the store), ``_work/`` keys are work objects (plans and results).
+The *grants* below follow the code of ``shardvault/{backup,promote,restore,expire}.py`` call
+by call; ``backups/`` keys are backup data (in the staging store and in the vault), ``_work/``
+keys are work objects (plans, layouts and results). The *policy file* (CDK context ``policy``,
+default ``examples/shardvault.yaml``) is validated at synth, handed to the functions and made
+into schedules.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
@@ -17,35 +22,66 @@ from constructs import Construct
 
 from infra import policies
 from infra.components.agent_access import AgentAccess
-from infra.components.backup_workflow import BackupWorkflow
 from infra.components.functions import BackupFunctions
 from infra.components.notifications import Notifications
+from infra.components.schedules import Schedules
 from infra.components.storage import Storage
 from infra.components.tables import NODES_BY_CLUSTER, Tables
+from infra.components.workflow import Workflow
 from infra.constants import (
+    BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     BACKUPS_PREFIX,
+    DEFAULT_POLICY,
     POWERTOOLS_METRICS_NAMESPACE,
     POWERTOOLS_SERVICE_NAME,
+    RESTORE_ASL,
+    RESTORE_STATE_MACHINE_NAME,
+    RETENTION_ASL,
+    RETENTION_STATE_MACHINE_NAME,
     WORK_PREFIX,
 )
 from infra.policies import TABLE_READ, TABLE_WRITE
+from shardvault.policy import Policy, load_policy
+
+# Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
+MAX_POLICY_CHARS = 2800
 
 
 class ShardVaultStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        self.policy = deployed_policy(self)
         self.storage = Storage(self, "Storage")
         self.tables = Tables(self, "Tables")
         self.notifications = Notifications(self, "Notifications")
         self.functions = BackupFunctions(self, "Functions", environment=self._environment())
         self._grant_functions()
-        self.workflow = BackupWorkflow(
+        self._grant_vault_functions()
+        self._grant_restore_functions()
+        self.workflows = {
+            name: Workflow(
+                self,
+                name.title(),
+                functions=self.functions.functions,
+                work_bucket=self.storage.bucket,
+                alarm_topic=self.notifications.topic,
+                definition=definition,
+                name=machine,
+            )
+            for name, definition, machine in (
+                ("backup", BACKUP_ASL, BACKUP_STATE_MACHINE_NAME),
+                ("restore", RESTORE_ASL, RESTORE_STATE_MACHINE_NAME),
+                ("retention", RETENTION_ASL, RETENTION_STATE_MACHINE_NAME),
+            )
+        }
+        self.workflow = self.workflows["backup"]
+        self.schedules = Schedules(
             self,
-            "Backup",
-            functions=self.functions.functions,
-            work_bucket=self.storage.bucket,
-            alarm_topic=self.notifications.topic,
+            "Schedules",
+            policy=self.policy,
+            backup=self.workflows["backup"].state_machine,
+            retention=self.workflows["retention"].state_machine,
         )
         self.agents = AgentAccess(
             self,
@@ -67,6 +103,8 @@ class ShardVaultStack(Stack):
             "WORK_PREFIX": WORK_PREFIX,
             "STORE_URL": f"s3://{bucket}/{BACKUPS_PREFIX.rstrip('/')}",
             "TOPIC_ARN": self.notifications.topic.topic_arn,
+            "VAULT_URL": f"s3://{self.storage.vault.bucket_name}/{BACKUPS_PREFIX.rstrip('/')}",
+            "POLICY": policy_text(self.policy),
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
         }
@@ -161,6 +199,96 @@ class ShardVaultStack(Stack):
             publish,
         )
 
+    def _grant_vault_functions(self) -> None:
+        bucket, vault, grant = self.storage.bucket, self.storage.vault, self.functions.grant
+        catalog_rw = policies.table_read_write(self.tables.catalog)
+        publish = iam.PolicyStatement(
+            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
+        )
+        # validate_backup reads the policy only; the promotion itself:
+        grant(
+            "promote_backup",
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject", "s3:PutObjectTagging"),
+            policies.objects(
+                vault,
+                BACKUPS_PREFIX,
+                "s3:PutObject",  # CopyObject / UploadPartCopy and the manifest
+                "s3:PutObjectRetention",  # Object Lock headers on the copy
+                "s3:GetObject",  # HeadObject (resuming) and the copy's attributes
+                "s3:GetObjectAttributes",
+                "s3:AbortMultipartUpload",
+            ),
+            catalog_rw,
+        )
+        for module in ("record_promotion_failure", "finalize_restore", "cleanup_restore"):
+            self.notifications.key.grant(
+                self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
+            )
+        grant("record_promotion_failure", catalog_rw, publish)
+        grant("decide_retention", catalog_rw)
+        deleting = []
+        for store in (bucket, vault):
+            deleting += [
+                policies.list_prefix(store, BACKUPS_PREFIX),
+                iam.PolicyStatement(
+                    actions=["s3:ListBucketVersions"],
+                    resources=[store.bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": [f"{BACKUPS_PREFIX}*"]}},
+                ),
+                policies.objects(
+                    store, BACKUPS_PREFIX, "s3:DeleteObject", "s3:DeleteObjectVersion"
+                ),
+            ]
+        grant("expire_backup", *deleting, catalog_rw)
+        expire_role = self.functions.functions["expire_backup"].role
+        assert expire_role is not None
+        self.storage.deny_vault_deletes_except(expire_role)
+
+    def _grant_restore_functions(self) -> None:
+        """Restores read backups from the store or the vault; a presigned GET carries the
+        signer's permissions, so sign_download's read-only grant is what scopes agents."""
+        bucket, vault, tables, grant = (
+            self.storage.bucket,
+            self.storage.vault,
+            self.tables,
+            self.functions.grant,
+        )
+        catalog_rw = policies.table_read_write(tables.catalog)
+        read_backups = [
+            policies.objects(store, BACKUPS_PREFIX, "s3:GetObject") for store in (bucket, vault)
+        ]
+        grant(
+            "validate_restore",
+            policies.table(tables.catalog, TABLE_READ),
+            policies.table(tables.nodes, TABLE_READ, indexes=(NODES_BY_CLUSTER,)),
+            *read_backups,
+        )
+        grant(
+            "plan_restore",
+            *read_backups,
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
+            catalog_rw,
+        )
+        grant(
+            "thaw_objects",
+            *read_backups,
+            *[
+                policies.objects(store, BACKUPS_PREFIX, "s3:RestoreObject")
+                for store in (bucket, vault)
+            ],
+            policies.table(tables.catalog, ("dynamodb:UpdateItem",)),
+        )
+        grant("sign_download", *read_backups)
+        for module in ("record_download", "finalize_restore", "cleanup_restore"):
+            grant(module, policies.table(tables.catalog, ("dynamodb:UpdateItem",)))
+        publish = iam.PolicyStatement(
+            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
+        )
+        grant("finalize_restore", publish)
+        grant("cleanup_restore", publish)
+        # The dispatcher inlines a node's restore layout from the work bucket (args_key).
+        grant("dispatch", policies.objects(bucket, WORK_PREFIX, "s3:GetObject"))
+
     def _suppress_narrow_wildcards(self) -> None:
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
         NagSuppressions.add_resource_suppressions(
@@ -190,7 +318,11 @@ class ShardVaultStack(Stack):
             "CatalogTableName": self.tables.catalog.table_name,
             "NodesTableName": self.tables.nodes.table_name,
             "InboxTableName": self.tables.inbox.table_name,
-            "BackupStateMachineArn": self.workflow.state_machine.state_machine_arn,
+            "BackupStateMachineArn": self.workflows["backup"].state_machine.state_machine_arn,
+            "RestoreStateMachineArn": self.workflows["restore"].state_machine.state_machine_arn,
+            "RetentionStateMachineArn": self.workflows["retention"].state_machine.state_machine_arn,
+            "VaultBucketName": self.storage.vault.bucket_name,
+            "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,
             "AgentPolicyArn": self.agents.policy.managed_policy_arn,
             **{
@@ -214,3 +346,20 @@ def agent_nodes(scope: Construct) -> list[str]:
     if bad:
         raise ValueError(f"agentNodes: {bad} are not node ids (1-63 of a-z, 0-9, '.', '_', '-').")
     return names
+
+
+def deployed_policy(scope: Construct) -> Policy:
+    """The policy file from the CDK context ``policy`` (a path), validated now: a bad file
+    fails ``cdk synth`` with every problem named."""
+    path = Path(scope.node.try_get_context("policy") or DEFAULT_POLICY)
+    return load_policy(path)
+
+
+def policy_text(policy: Policy) -> str:
+    text = json.dumps(policy.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
+    if len(text) > MAX_POLICY_CHARS:
+        raise ValueError(
+            f"the policy is {len(text)} characters as JSON; Lambda's 4 KB environment holds "
+            f"at most {MAX_POLICY_CHARS}. Fix: declare fewer clusters per deployment."
+        )
+    return text

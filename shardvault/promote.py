@@ -28,6 +28,7 @@ from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.store import stored_checksum
 
+PROMOTED_TAG = "shardvault:promoted"  # infra's lifecycle rule expires staging objects so tagged
 COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=1024**3)
 
 
@@ -55,6 +56,8 @@ def promote(
     if remaining:
         return {"remaining": len(remaining), "summary": summary}
     vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
+    for key in [*(o.key for o in objects), summary["manifest_key"]]:
+        mark_promoted(svc, key)
     promotion = {
         "location": "vault",
         "vault_manifest_key": vault_key,
@@ -107,6 +110,15 @@ def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until:
             fix="the promotion is retried from this object on; the backup stays restorable "
             "from the store meanwhile.",
         )
+
+
+def mark_promoted(svc: Services, key: str) -> None:
+    """Tags the staging copy: the store's lifecycle rule expires what the vault now holds."""
+    svc.store_s3.put_object_tagging(
+        Bucket=svc.store.bucket,
+        Key=key,
+        Tagging={"TagSet": [{"Key": PROMOTED_TAG, "Value": "true"}]},
+    )
 
 
 def same_server(svc: Services) -> bool:

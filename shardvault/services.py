@@ -64,8 +64,10 @@ class Services:
     def policy(self) -> Any:
         """The deployment's policy (None when it has none); read at each call, so an edited
         file counts from the next backup on."""
-        from shardvault.policy import load_policy
+        from shardvault.policy import load_policy, parse_policy
 
+        if self.settings.policy:
+            return parse_policy(self.settings.policy, source="the deployed policy")
         return load_policy(self.settings.policy_file) if self.settings.policy_file else None
 
     @cached_property

@@ -45,6 +45,11 @@ class Settings(BaseModel):
         description="The deployment's policy file (shardvault.yaml): each cluster's vault "
         "class and Object Lock come from it.",
     )
+    policy: str | None = Field(
+        None,
+        description="The policy itself (YAML or JSON text), as the stack passes it to its "
+        "functions; wins over policy_file.",
+    )
     promote_budget_seconds: float = Field(
         600.0, description="How long one promotion call copies before it is called again."
     )

@@ -20,12 +20,19 @@ from aws_cdk import Token
 from aws_cdk.assertions import Annotations, Match, Template
 
 from infra.app import build_app
+from infra.components.workflow import modules_called, placeholders_in
 from infra.constants import (
     AGENT_POLICY_NAME,
+    BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     FUNCTIONS,
     NODE_ID_TAG,
+    PROMOTED_TAG,
     REPO_ROOT,
+    RESTORE_ASL,
+    RESTORE_STATE_MACHINE_NAME,
+    RETENTION_ASL,
+    RETENTION_STATE_MACHINE_NAME,
     STATE_MACHINES_DIR,
     SUBSTITUTION_KEYS,
 )
@@ -53,6 +60,8 @@ EXPECTED_ENVIRONMENT = {
     "WORK_PREFIX",
     "STORE_URL",
     "TOPIC_ARN",
+    "VAULT_URL",
+    "POLICY",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
 }
@@ -83,6 +92,31 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 def resources_of(synth: Synthesized, kind: str) -> dict[str, Any]:
     return synth.template.find_resources(kind)
+
+
+MACHINES = {
+    BACKUP_STATE_MACHINE_NAME: BACKUP_ASL,
+    RESTORE_STATE_MACHINE_NAME: RESTORE_ASL,
+    RETENTION_STATE_MACHINE_NAME: RETENTION_ASL,
+}
+
+
+def machines(synth: Synthesized) -> dict[str, tuple[str, dict[str, Any]]]:
+    """State machine name -> (logical id, resource)."""
+    return {
+        resource["Properties"]["StateMachineName"]: (logical_id, resource)
+        for logical_id, resource in resources_of(synth, "AWS::StepFunctions::StateMachine").items()
+    }
+
+
+def buckets(synth: Synthesized) -> dict[str, tuple[str, dict[str, Any]]]:
+    """ "staging" or "vault" -> (logical id, resource)."""
+    out = {}
+    for logical_id, bucket in resources_of(synth, "AWS::S3::Bucket").items():
+        kind = "vault" if bucket["Properties"].get("ObjectLockEnabled") else "staging"
+        assert kind not in out, f"two {kind} buckets"
+        out[kind] = (logical_id, bucket)
+    return out
 
 
 def function_ids(synth: Synthesized) -> dict[str, str]:
@@ -135,11 +169,11 @@ def test_every_substitution_is_used() -> None:
 
 
 @needs_asl
-def test_state_machine_gets_exactly_the_substitutions(synth: Synthesized) -> None:
-    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_state_machine_gets_exactly_the_substitutions(synth: Synthesized, name: str) -> None:
+    _, machine = machines(synth)[name]
     properties = machine["Properties"]
-    assert set(properties["DefinitionSubstitutions"]) == SUBSTITUTION_KEYS
-    assert properties["StateMachineName"] == BACKUP_STATE_MACHINE_NAME
+    assert set(properties["DefinitionSubstitutions"]) == placeholders_in(MACHINES[name])
     assert properties["StateMachineType"] == "STANDARD"
     assert properties["TracingConfiguration"] == {"Enabled": True}
     assert properties["LoggingConfiguration"]["Level"] == "ALL"
@@ -148,8 +182,9 @@ def test_state_machine_gets_exactly_the_substitutions(synth: Synthesized) -> Non
 
 # --- the state machine's role ----------------------------------------------------------------
 @needs_asl
-def test_state_machine_invokes_exactly_the_functions(synth: Synthesized) -> None:
-    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_state_machine_invokes_exactly_the_functions(synth: Synthesized, name: str) -> None:
+    _, machine = machines(synth)[name]
     (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
     invoking = [
         statement
@@ -163,20 +198,24 @@ def test_state_machine_invokes_exactly_the_functions(synth: Synthesized) -> None
             assert resource["Fn::Join"][1][1:] == [":*"], resource
     functions = function_ids(synth)
     assert len(functions) == len(FUNCTIONS)
-    assert referenced_ids(resources) == set(functions)
     assert sorted(functions.values()) == sorted(spec.module for spec in FUNCTIONS)
+    called = set(modules_called(MACHINES[name]))
+    assert {functions[i] for i in referenced_ids(resources)} == called
 
 
 @needs_asl
-def test_state_machine_role_runs_its_map_runs_and_reads_plans_only(synth: Synthesized) -> None:
-    _, machine = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_state_machine_role_runs_its_map_runs_and_reads_plans_only(
+    synth: Synthesized, name: str
+) -> None:
+    _, machine = machines(synth)[name]
     (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
     statements = role_statements(synth.json, role_id)
     by_action = {a: s for s in statements for a in actions(s)}
     start = json.dumps(by_action["states:StartExecution"]["Resource"])
-    assert f":stateMachine:{BACKUP_STATE_MACHINE_NAME}" in start
+    assert f":stateMachine:{name}" in start
     executions = json.dumps(by_action["states:StopExecution"]["Resource"])
-    assert f":execution:{BACKUP_STATE_MACHINE_NAME}/*" in executions
+    assert f":execution:{name}/*" in executions
     s3 = [s for s in statements if any(a.startswith("s3:") for a in actions(s))]
     assert [actions(s) for s in s3] == [["s3:GetObject"]]
     assert json.dumps(s3[0]["Resource"]).endswith('"/_work/*"]]}')
@@ -267,17 +306,53 @@ def test_signing_role_can_create_and_upload_parts(synth: Synthesized) -> None:
     assert s3 == {"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
 
 
+PUBLISHERS = {
+    "finalize_backup",
+    "cleanup_backup",
+    "record_promotion_failure",
+    "finalize_restore",
+    "cleanup_restore",
+}
+
+
 def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
     for module, statements in _function_statements(synth).items():
         publishes = any("sns:Publish" in actions(s) for s in statements)
-        assert publishes == (module in {"finalize_backup", "cleanup_backup"}), module
+        assert publishes == (module in PUBLISHERS), module
+
+
+def test_download_signer_can_only_read_backups(synth: Synthesized) -> None:
+    """A presigned GET carries its signer's permissions: this is all an agent can reach."""
+    statements = _function_statements(synth)["sign_download"]
+    s3 = [s for s in statements if any(a.startswith("s3:") for a in actions(s))]
+    assert {a for s in s3 for a in actions(s)} == {"s3:GetObject"}
+    for statement in s3:
+        for resource in as_list(statement["Resource"]):
+            assert json.dumps(resource).endswith('"/backups/*"]]}'), resource
+
+
+def test_no_function_holds_service_wide_actions(synth: Synthesized) -> None:
+    for module, statements in _function_statements(synth).items():
+        for statement in statements:
+            assert not {"s3:*", "dynamodb:*", "*"} & set(actions(statement)), module
+
+
+def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None:
+    for module, statements in _function_statements(synth).items():
+        deletes = {a for s in statements for a in actions(s) if a.startswith("s3:Delete")}
+        if module == "expire_backup":
+            assert deletes == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
+        elif module == "cleanup_backup":  # a failed backup's partial objects, in staging
+            assert deletes == {"s3:DeleteObject"}
+        else:
+            assert not deletes, module
 
 
 # --- storage, tables, topic, alarms ------------------------------------------------------------
 def test_staging_bucket_is_private_encrypted_tls_only_and_aborts_uploads(
     synth: Synthesized,
 ) -> None:
-    bucket_id, bucket = only(resources_of(synth, "AWS::S3::Bucket"))
+    bucket_id, bucket = buckets(synth)["staging"]
     properties = bucket["Properties"]
     assert properties["PublicAccessBlockConfiguration"] == {
         "BlockPublicAcls": True,
@@ -298,13 +373,94 @@ def test_staging_bucket_is_private_encrypted_tls_only_and_aborts_uploads(
     assert all("TagFilters" not in rule for rule in aborts)
     assert aborts[0]["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] == 2
 
-    _, policy = only(resources_of(synth, "AWS::S3::BucketPolicy"))
-    assert referenced_ids(policy["Properties"]["Bucket"]) == {bucket_id}
+    promoted = [
+        rule
+        for rule in properties["LifecycleConfiguration"]["Rules"]
+        if rule.get("TagFilters") == [{"Key": PROMOTED_TAG, "Value": "true"}]
+    ]
+    assert promoted, "no lifecycle rule expires the staging copies of promoted backups"
+    assert all(rule["Prefix"] == "backups/" for rule in promoted)
+    # Untagged backup objects (never promoted) are never expired by lifecycle.
+    untagged = [
+        r
+        for r in properties["LifecycleConfiguration"]["Rules"]
+        if "ExpirationInDays" in r and not r.get("TagFilters")
+    ]
+    assert all(r["Prefix"] == "_work/" for r in untagged), untagged
+
+    policy = bucket_policy(synth, bucket_id)
     assert any(
         s["Effect"] == "Deny"
         and s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"
         for s in policy["Properties"]["PolicyDocument"]["Statement"]
     ), "no TLS-only statement in the bucket policy"
+
+
+def bucket_policy(synth: Synthesized, bucket_id: str) -> dict[str, Any]:
+    (policy,) = [
+        p
+        for p in resources_of(synth, "AWS::S3::BucketPolicy").values()
+        if referenced_ids(p["Properties"]["Bucket"]) == {bucket_id}
+    ]
+    return policy
+
+
+def test_vault_is_locked_versioned_tls_only_and_denies_deletes_and_agents(
+    synth: Synthesized,
+) -> None:
+    vault_id, vault = buckets(synth)["vault"]
+    properties = vault["Properties"]
+    assert properties["ObjectLockEnabled"] is True
+    assert properties["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert properties["PublicAccessBlockConfiguration"]["BlockPublicPolicy"] is True
+    assert "BucketEncryption" in properties
+    assert vault["DeletionPolicy"] == "Retain"
+    statements = bucket_policy(synth, vault_id)["Properties"]["PolicyDocument"]["Statement"]
+    denies = [s for s in statements if s["Effect"] == "Deny"]
+    assert any(
+        s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false" for s in denies
+    )
+    (deletes,) = [s for s in denies if "s3:DeleteObjectVersion" in as_list(s["Action"])]
+    (exempt,) = deletes["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+    roles = {m: only_id(fn["Properties"]["Role"]) for m, fn in functions_by_module(synth).items()}
+    assert referenced_ids(exempt) == {roles["expire_backup"]}
+    (agents,) = [s for s in denies if s.get("Sid") == "DenyAgents"]
+    assert agents["Action"] == "s3:*"
+    assert agents["Condition"] == {"Null": {f"aws:PrincipalTag/{NODE_ID_TAG}": "false"}}
+
+
+def functions_by_module(synth: Synthesized) -> dict[str, dict[str, Any]]:
+    functions = resources_of(synth, "AWS::Lambda::Function")
+    return {module: functions[logical_id] for logical_id, module in function_ids(synth).items()}
+
+
+def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
+    synth: Synthesized,
+) -> None:
+    from infra.constants import DEFAULT_POLICY
+    from shardvault.policy import load_policy
+
+    policy = load_policy(DEFAULT_POLICY)
+    schedules = list(resources_of(synth, "AWS::Scheduler::Schedule").values())
+    expected = sum(1 + bool(c.schedule.incremental) for c in policy.clusters.values()) + 1
+    assert len(schedules) == expected  # each cluster's cadences, and retention
+    backup_id = machines(synth)[BACKUP_STATE_MACHINE_NAME][0]
+    retention_id = machines(synth)[RETENTION_STATE_MACHINE_NAME][0]
+    queues = resources_of(synth, "AWS::SQS::Queue")
+    for schedule in schedules:
+        properties = schedule["Properties"]
+        target = properties["Target"]
+        assert properties["FlexibleTimeWindow"]["Mode"] == "FLEXIBLE"
+        assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1
+        assert referenced_ids(target["DeadLetterConfig"]["Arn"]) <= set(queues)
+        payload = json.loads(target["Input"])
+        if "cluster" in payload:
+            cluster = policy.clusters[payload["cluster"]]
+            assert properties["ScheduleExpressionTimezone"] == cluster.schedule.timezone
+            assert referenced_ids(target["Arn"]) == {backup_id}
+        else:
+            assert referenced_ids(target["Arn"]) == {retention_id}
+        assert properties["ScheduleExpression"].startswith("cron(")
 
 
 def test_tables(synth: Synthesized) -> None:
@@ -343,15 +499,16 @@ def test_topic_is_encrypted_tls_only_and_open_to_alarms(synth: Synthesized) -> N
 
 
 def test_alarms_on_failed_and_timed_out_executions_notify_the_topic(synth: Synthesized) -> None:
-    machine_id, _ = only(resources_of(synth, "AWS::StepFunctions::StateMachine"))
     topic_id, _ = only(resources_of(synth, "AWS::SNS::Topic"))
-    alarms = resources_of(synth, "AWS::CloudWatch::Alarm").values()
-    metrics = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms}
-    assert set(metrics) == {"ExecutionsFailed", "ExecutionsTimedOut"}
-    for properties in metrics.values():
-        assert properties["Namespace"] == "AWS/States"
-        assert referenced_ids(properties["Dimensions"]) == {machine_id}
-        assert referenced_ids(properties["AlarmActions"]) == {topic_id}
+    alarms = [a["Properties"] for a in resources_of(synth, "AWS::CloudWatch::Alarm").values()]
+    for machine_id, _ in machines(synth).values():
+        mine = {
+            a["MetricName"]: a for a in alarms if referenced_ids(a["Dimensions"]) == {machine_id}
+        }
+        assert set(mine) == {"ExecutionsFailed", "ExecutionsTimedOut"}
+        for properties in mine.values():
+            assert properties["Namespace"] == "AWS/States"
+            assert referenced_ids(properties["AlarmActions"]) == {topic_id}
 
 
 def test_outputs(synth: Synthesized) -> None:
@@ -361,6 +518,9 @@ def test_outputs(synth: Synthesized) -> None:
         "NodesTableName",
         "InboxTableName",
         "BackupStateMachineArn",
+        "RestoreStateMachineArn",
+        "RetentionStateMachineArn",
+        "VaultBucketName",
         "NotificationsTopicArn",
         "AgentPolicyArn",
     }

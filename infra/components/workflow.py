@@ -1,15 +1,16 @@
-"""Backup workflow: the STANDARD state machine defined by ``statemachines/backup.asl.json``,
-its role, its log group and its alarms.
+"""Workflows: a STANDARD state machine defined by a file of ``statemachines/`` (backup,
+restore, retention), its role, its log group and its alarms.
 
 The ASL file holds orchestration only; every ARN and bucket in it is a ``${Placeholder}``
 filled by ``definition_substitutions``. A definition read from a file gets no automatic
-grants from CDK, so the role's every permission is written here: invoking the
-functions, running the Distributed Map's child executions, and reading its item lists (the
-plans) from the work prefix of the staging bucket.
+grants from CDK, so the role's every permission is written here: invoking the functions its
+file names (and no other), running a Distributed Map's child executions, and reading its item
+lists (the plans) from the work prefix of the staging bucket.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,16 +35,35 @@ from infra.constants import (
     WORK_PREFIX,
 )
 
+PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+
+
+def placeholders_in(definition: Path) -> set[str]:
+    return set(PLACEHOLDER.findall(definition.read_text()))
+
+
+def modules_called(definition: Path) -> list[str]:
+    """The functions a definition invokes: those whose placeholder it uses."""
+    used = placeholders_in(definition)
+    return [spec.module for spec in FUNCTIONS if spec.placeholder in used]
+
 
 def substitutions(
-    functions: Mapping[str, lambda_.IFunction], work_bucket: s3.IBucket
+    functions: Mapping[str, lambda_.IFunction], work_bucket: s3.IBucket, definition: Path
 ) -> dict[str, str]:
-    """The value of every placeholder the ASL may use (and no other)."""
-    values = {spec.placeholder: functions[spec.module].function_arn for spec in FUNCTIONS}
-    return {**values, WORK_BUCKET_PLACEHOLDER: work_bucket.bucket_name}
+    """The value of every placeholder the definition uses (and no other)."""
+    used = placeholders_in(definition)
+    values = {
+        spec.placeholder: functions[spec.module].function_arn
+        for spec in FUNCTIONS
+        if spec.placeholder in used
+    }
+    if WORK_BUCKET_PLACEHOLDER in used:
+        values[WORK_BUCKET_PLACEHOLDER] = work_bucket.bucket_name
+    return values
 
 
-class BackupWorkflow(Construct):
+class Workflow(Construct):
     def __init__(
         self,
         scope: Construct,
@@ -63,7 +83,7 @@ class BackupWorkflow(Construct):
             assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
             description=f"{name}: invokes its functions, runs its Map Runs, reads its plans.",
         )
-        self._grant_invoke(functions.values())
+        self._grant_invoke([functions[module] for module in modules_called(definition)])
         self._grant_map_runs(name)
         self.role.add_to_principal_policy(
             policies.objects(work_bucket, WORK_PREFIX, "s3:GetObject")
@@ -74,7 +94,7 @@ class BackupWorkflow(Construct):
             state_machine_name=name,
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_file(str(definition)),
-            definition_substitutions=substitutions(functions, work_bucket),
+            definition_substitutions=substitutions(functions, work_bucket, definition),
             role=self.role,
             logs=sfn.LogOptions(
                 destination=logs.LogGroup(self, "Logs", retention=log_retention),

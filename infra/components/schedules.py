@@ -1,0 +1,156 @@
+"""Schedules: EventBridge Scheduler schedules from the policy file.
+
+One schedule per cluster and cadence (``full``, ``incremental``) starts the backup state
+machine with ``{"cluster": ..., "requested_by": "schedule:<cadence>"}``, in the schedule's time
+zone, with a flexible window (runs spread over it instead of all at the same second), a retry
+policy and a dead-letter queue for starts that still fail; one daily schedule runs retention.
+
+*Cron conversion*: the policy's five-field cron (minute hour day-of-month month day-of-week,
+days of week 0-7 with Sunday as 0 or 7) becomes Scheduler's six-field ``cron(...)`` (a year
+field, days of week by name, ``?`` in whichever day field is unrestricted). Standard cron
+fires when *either* day field matches if both are restricted; Scheduler cannot express that,
+so such an expression is refused at synth with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from cdk_nag import NagSuppressions
+from constructs import Construct
+
+from shardvault.policy import BackupKind, Policy
+
+DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
+RETENTION_CRON = "cron(30 5 * * ? *)"  # daily, after the usual night's backups
+FLEXIBLE_WINDOW_MINUTES = 15
+
+
+class ScheduleError(ValueError):
+    """A cron expression of the policy that EventBridge Scheduler cannot express."""
+
+
+def _day_names(field: str) -> str:
+    """``1-5`` -> ``MON-FRI``; ``0,6`` -> ``SUN,SAT``; steps and ``*`` pass through."""
+
+    def name(match: re.Match[str]) -> str:
+        return DAYS[int(match.group())]
+
+    return re.sub(r"\d+", name, field)
+
+
+def scheduler_cron(expression: str) -> str:
+    """The policy's five-field cron as an EventBridge Scheduler ``cron()`` expression."""
+    minute, hour, dom, month, dow = expression.split()
+    if dom not in ("*", "?") and dow not in ("*", "?"):
+        raise ScheduleError(
+            f"{expression!r} restricts both the day of month and the day of week; EventBridge "
+            "Scheduler cannot fire on either (standard cron's meaning). Split it into two "
+            "schedules, or restrict only one of the two fields."
+        )
+    if dow in ("*", "?"):
+        return f"cron({minute} {hour} {dom} {month} ? *)"
+    return f"cron({minute} {hour} ? {month} {_day_names(dow)} *)"
+
+
+class Schedules(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        policy: Policy,
+        backup: sfn.IStateMachine,
+        retention: sfn.IStateMachine,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        key = kms.Key(self, "DeadLetterKey", enable_key_rotation=True)
+        self.dead_letters = sqs.Queue(
+            self,
+            "DeadLetters",
+            encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=key,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
+            description="ShardVault schedules: start backups and retention, dead-letter failures.",
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["states:StartExecution"],
+                resources=[backup.state_machine_arn, retention.state_machine_arn],
+            )
+        )
+        # Written out: grant_send_messages would add kms:ReEncrypt* as well.
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["sqs:SendMessage"], resources=[self.dead_letters.queue_arn]
+            )
+        )
+        key.grant(self.role, "kms:GenerateDataKey", "kms:Decrypt")
+        NagSuppressions.add_resource_suppressions(
+            self.dead_letters,
+            [
+                {
+                    "id": "AwsSolutions-SQS3",
+                    "reason": "This queue is itself the schedules' dead-letter queue: what lands "
+                    "here is a backup that could not be started, kept 14 days for a person.",
+                }
+            ],
+        )
+        self.schedules: dict[str, scheduler.CfnSchedule] = {}
+        for name, cluster in sorted(policy.clusters.items()):
+            cadences = [(BackupKind.FULL, cluster.schedule.full)]
+            if cluster.schedule.incremental:
+                cadences.append((BackupKind.INCREMENTAL, cluster.schedule.incremental))
+            for kind, expression in cadences:
+                request = {"cluster": name, "requested_by": f"schedule:{kind}"}
+                self._schedule(
+                    f"{name}-{kind}",
+                    scheduler_cron(expression),
+                    cluster.schedule.timezone,
+                    backup,
+                    request,
+                )
+        self._schedule("retention", RETENTION_CRON, "UTC", retention, {"dry_run": False})
+
+    def _schedule(
+        self,
+        label: str,
+        expression: str,
+        timezone: str,
+        machine: sfn.IStateMachine,
+        payload: dict[str, object],
+    ) -> None:
+        self.schedules[label] = scheduler.CfnSchedule(
+            self,
+            re.sub(r"[^A-Za-z0-9]", "", label.title()),
+            description=f"ShardVault: {label}",
+            schedule_expression=expression,
+            schedule_expression_timezone=timezone,
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(
+                mode="FLEXIBLE", maximum_window_in_minutes=FLEXIBLE_WINDOW_MINUTES
+            ),
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=machine.state_machine_arn,
+                role_arn=self.role.role_arn,
+                input=json.dumps(payload),
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_event_age_in_seconds=3600, maximum_retry_attempts=5
+                ),
+                dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
+                    arn=self.dead_letters.queue_arn
+                ),
+            ),
+        )
