@@ -102,7 +102,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         sources=sources,
         store_url=svc.settings.store_url,
         started_at=now,
-        part_size=request.part_size,
+        part_size=request.part_size or policy_part_size(request, svc),
         execution_id=request.execution_id,
         vault=vault,
     )
@@ -122,6 +122,14 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         }
     )
     return context
+
+
+def policy_part_size(request: BackupRequest, svc: Services) -> int | None:
+    """The cluster's ``upload.part_size_mib`` from the policy file, in bytes (checked there)."""
+    policy = svc.policy() if (svc.settings.policy or svc.settings.policy_file) else None
+    cluster = policy.clusters.get(request.cluster) if policy else None
+    mib = cluster.upload.part_size_mib if cluster else None
+    return mib * 1024 * 1024 if mib else None
 
 
 def vault_target(request: BackupRequest, svc: Services) -> VaultTarget | None:
