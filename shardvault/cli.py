@@ -8,6 +8,7 @@
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
+  shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
@@ -94,6 +95,15 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
     nodes.set_defaults(run=run_nodes)
 
+    restore, retention, schedule = add_vault_parsers(sub)
+
+    for cmd in (backup, lister, show, nodes, restore, retention, schedule):
+        cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
+    return root
+
+
+def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
+    """The commands past a backup: restore, retention, schedules and costs."""
     restore = sub.add_parser("restore", help="restore a backup into a (new) cluster")
     restore.add_argument("cluster", help="the cluster the backup was taken of")
     restore.add_argument("--into", required=True, metavar="TARGET", help="the target cluster")
@@ -122,9 +132,17 @@ def parser() -> argparse.ArgumentParser:
     schedule.add_argument("--interval", type=float, default=20.0, help="seconds between ticks")
     schedule.set_defaults(run=run_schedule)
 
-    for cmd in (backup, lister, show, nodes, restore, retention, schedule):
-        cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
-    return root
+    cost = sub.add_parser("cost", help="monthly cost forecast per cluster, against its budget")
+    cost.add_argument("--policy", type=Path, help="the policy file (default: the example)")
+    cost.add_argument("--cluster", help="one cluster of the policy")
+    cost.add_argument("--data-gib", type=float, default=100.0, help="data per cluster (GiB)")
+    cost.add_argument("--daily-change", type=float, default=0.05, help="fraction changed a day")
+    cost.add_argument(
+        "--target", action="store_true", help="the modeled 1 TiB daily-incremental case"
+    )
+    cost.set_defaults(run=run_cost)
+
+    return restore, retention, schedule
 
 
 # --- backup, list, show ------------------------------------------------------------------------
@@ -321,6 +339,54 @@ def run_schedule(args: argparse.Namespace) -> int:
     console.print(f"scheduling {', '.join(sorted(policy.clusters))}; Ctrl-C stops")
     scheduler.run(policy, ops.ClientConfig.from_env(), args.interval)
     return 0
+
+
+# --- cost --------------------------------------------------------------------------------------
+def run_cost(args: argparse.Namespace) -> int:
+    from shardvault import costs
+    from shardvault.policy import load_policy
+
+    if args.target:
+        print_forecast("1 TiB, full Sundays, incrementals daily (5%/day)", costs.target_forecast())
+        return 0
+    path = args.policy or Path(__file__).resolve().parents[1] / "examples" / "shardvault.yaml"
+    policy = load_policy(path)
+    names = [args.cluster] if args.cluster else sorted(policy.clusters)
+    over = False
+    for name in names:
+        forecast = costs.monthly_forecast(
+            policy.cluster(name), int(args.data_gib * 2**30), args.daily_change
+        )
+        print_forecast(f"{name}: {args.data_gib:g} GiB, {args.daily_change:.0%}/day", forecast)
+        if alert := costs.budget_alert(name, forecast):
+            console.print(f"[bold red]{alert}[/]")
+            over = True
+    return 1 if over else 0
+
+
+def print_forecast(title: str, forecast: Any) -> None:
+    table = Table("item", "USD / month", title=title)
+    rows = [
+        (f"storage in {forecast.storage_class} (incl. early deletion)", forecast.storage_usd),
+        ("  of which early-deletion charges", forecast.early_deletion_usd),
+        ("S3 requests (upload, verify, copy into the vault)", forecast.requests_usd),
+        ("Step Functions transitions", forecast.orchestration_usd),
+        ("Lambda", forecast.lambda_usd),
+        ("staging (hours at STANDARD before promotion)", forecast.staging_usd),
+        ("overhead (requests + orchestration + Lambda + staging)", forecast.overhead_usd),
+        ("total", forecast.total_usd),
+    ]
+    for label, value in rows:
+        table.add_row(label, f"{value:,.2f}")
+    table.add_row("overhead / storage", f"{forecast.overhead_ratio:.2%}")
+    table.add_row(
+        "backups a month (fulls + incrementals)",
+        (f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}"),
+    )
+    table.add_row("objects a month", f"{forecast.objects_per_month:,.0f}")
+    if forecast.budget_usd:
+        table.add_row("budget", f"{forecast.budget_usd:,.2f}")
+    console.print(table)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -472,3 +472,16 @@ def target_forecast(*, part_size: int | None = None, object_size: int | None = N
     return monthly_forecast(
         TARGET_CLUSTER, 1 * TiB, 0.05, part_size=part_size, object_size=object_size
     )
+
+
+def budget_alert(cluster: str, forecast: Forecast) -> str | None:
+    """The alert to send when a cluster's monthly forecast exceeds its budget (else None)."""
+    if not forecast.over_budget:
+        return None
+    return (
+        f"ShardVault: cluster {cluster} is forecast at ${forecast.total_usd:.2f}/month, over its "
+        f"budget of ${forecast.budget_usd:.2f} (storage ${forecast.storage_usd:.2f}, of which "
+        f"early deletion ${forecast.early_deletion_usd:.2f}; overhead "
+        f"${forecast.overhead_usd:.2f}). Fix: shorten retention, choose a cheaper class, or "
+        "raise budget_usd_per_month in the policy."
+    )
