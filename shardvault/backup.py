@@ -470,7 +470,7 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
         ContentType="application/json",
         ChecksumAlgorithm="CRC64NVME",
     )
-    summary = manifest_summary(manifest, manifest_key)
+    summary = manifest_summary(manifest, manifest_key) | cost_estimate(manifest, context.vault)
     svc.catalog.update(context.cluster, context.backup_id, **summary)
     svc.catalog.unlock(context.cluster, context.backup_id)
     svc.notify(f"ShardVault backup {context.backup_id} complete", summary)
@@ -546,6 +546,22 @@ def verification_summary(results: list[ObjectResult]) -> str:
         by[result.verified_by] += 1
     detail = ", ".join(f"{n} by {how}" for how, n in sorted(by.items()))
     return f"all {len(results)} objects verified (CRC64NVME{': ' + detail if detail else ''})"
+
+
+def cost_estimate(manifest: Manifest, vault: VaultTarget | None) -> dict[str, Any]:
+    """What the backup costs to make and, a month, to keep (``shardvault.costs``)."""
+    from shardvault.costs import price_backup
+    from shardvault.prices import StorageClass
+
+    # A class the price table lacks (a non-AWS store's own) is priced as STANDARD.
+    known = {c.value for c in StorageClass}
+    name = vault.storage_class if vault and vault.storage_class in known else "STANDARD"
+    storage_class = StorageClass(name)
+    cost = price_backup(manifest.bytes, storage_class, part_size=manifest.part_size)
+    return {
+        "estimated_storage_usd_per_month": round(cost.storage_usd_per_month, 6),
+        "estimated_overhead_usd": round(cost.overhead_usd, 6),
+    }
 
 
 def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:

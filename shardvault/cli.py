@@ -211,6 +211,11 @@ def print_summary(record: dict[str, Any]) -> None:
         ("checkpoint skew", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
         ("verification", record.get("verification", "")),
         ("manifest", record.get("manifest_key", "")),
+        (
+            "estimated cost",
+            f"${record.get('estimated_storage_usd_per_month', 0):.4f}/month to keep, "
+            f"${record.get('estimated_overhead_usd', 0):.4f} to make",
+        ),
     ]
     if record.get("location") == "vault":
         rows += [

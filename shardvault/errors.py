@@ -125,6 +125,12 @@ class TargetNotEmpty(ShardVaultError):
     """A target node already holds data where a shard would be restored."""
 
 
+class PartDownloadFailed(ShardVaultError):
+    """A part could not be downloaded after the agent's per-part retries."""
+
+    transient = True
+
+
 class DownloadIncomplete(ShardVaultError):
     """A shard is asked to finish while some of its objects are not downloaded."""
 

@@ -42,6 +42,7 @@ from shardvault.checksums import READ_CHUNK, combine, crc64nvme, to_b64
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
+    PartDownloadFailed,
     PresignedUrlExpired,
     RestoreValidationFailed,
     ShardVaultError,
@@ -58,12 +59,6 @@ from shardvault_agent.ratelimit import RateLimiter
 log = logging.getLogger("shardvault.agent.restore")
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 INCOMING = ".incoming"
-
-
-class PartDownloadFailed(ShardVaultError):
-    """A part could not be downloaded after the agent's per-part retries."""
-
-    transient = True
 
 
 def occupied(restore_dir: Path | None) -> list[str]:

@@ -156,6 +156,11 @@ def test_a_killed_agent_ends_the_backup_and_postgres_leaves_backup_mode(pg_clust
 
 STATIC_DIGEST = "SELECT md5(string_agg(id || ':' || v, ',' ORDER BY id)) FROM static_check"
 HISTORY = "SELECT tid, bid, aid, delta, mtime FROM pgbench_history"
+ROW_BALANCES = [
+    ("pgbench_accounts", "aid", "abalance"),
+    ("pgbench_tellers", "tid", "tbalance"),
+    ("pgbench_branches", "bid", "bbalance"),
+]
 
 
 def history_rows(psql) -> set[str]:
@@ -217,5 +222,14 @@ def test_a_backup_under_load_restores_into_another_node_count(
             "(SELECT sum(delta) FROM pgbench_history)"
         ).split("|")
         assert len(set(sums)) == 1, f"{shard_id}: inconsistent balances {sums}"
+        # Row by row: every balance (0 after pgbench -i) is the sum of the restored history's
+        # deltas for it, the source's state at the consistency point for every row.
+        for table, key, column in ROW_BALANCES:
+            mismatched = instance.psql(
+                f"SELECT count(*) FROM {table} t LEFT JOIN (SELECT {key}, sum(delta) AS d "
+                f"FROM pgbench_history GROUP BY {key}) h USING ({key}) "
+                f"WHERE t.{column} <> coalesce(h.d, 0)"
+            )
+            assert mismatched == "0", f"{shard_id}: {mismatched} rows of {table} disagree"
     ports = {(s["node_id"], s["port"]) for s in shards.values()}
     assert len(ports) == 3  # instances sharing a node listen on distinct ports

@@ -40,6 +40,9 @@ def test_a_verified_backup_lands_in_the_vault_locked_in_its_class(make_cluster):
     summary = output(backup)
     assert summary["location"] == "vault"
     assert summary["storage_class"] == "DEEP_ARCHIVE"
+    # Each backup records what it costs, priced in its vault class.
+    assert 0 < summary["estimated_storage_usd_per_month"] < 0.001  # 3 MiB in DEEP_ARCHIVE
+    assert summary["estimated_overhead_usd"] > 0
     until = datetime.fromisoformat(summary["retain_until"])
     assert timedelta(days=1.9) < until - datetime.now(UTC) < timedelta(days=2.1)
     svc = cluster.stack.services()

@@ -1,52 +1,91 @@
-"""Retention decisions over generated histories (hypothesis): the newest backup and every
-chain a kept or locked backup needs survive; nothing locked is expired; the keep rules keep no
-more than their counts; expired backups free their storage and early deletions are reported."""
+"""Retention decisions (``shardvault.retention.decide``).
+
+Property-based over generated histories (hypothesis): the decision equals a reference model of
+restic's keep rules written differently (grouping by bucket), and what a user relies on always
+holds: the newest backup survives, every chain a surviving backup needs survives, a rule keeps
+at most one backup per bucket and at most its count, nothing is deleted before its Object Lock
+date, expiring younger than the class's minimum billed duration is charged and said so, and
+deletions go in batches S3 accepts. Then a few hand-built histories with their expected
+decision, to read.
+"""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime, timedelta
+from itertools import product
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardvault.costs import monthly_storage_cost
 from shardvault.policy import BackupKind, Retention
-from shardvault.prices import StorageClass
+from shardvault.prices import DAYS_PER_MONTH, STORAGE, StorageClass
 from shardvault.retention import (
     BackupRecord,
+    RetentionDecision,
     RetentionError,
     Rule,
     decide,
     deletion_batches,
 )
 
-NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)  # a Sunday, in ISO week 2026-W47
 GiB = 2**30
+ZONES = ["UTC", "Europe/Paris", "America/New_York", "Pacific/Auckland", "Asia/Kolkata"]
+
+# The buckets, written independently of the module: day, ISO week, month, year.
+BUCKET_OF: dict[Rule, Callable[[datetime], Hashable]] = {
+    Rule.DAILY: lambda at: at.date(),
+    Rule.WEEKLY: lambda at: at.isocalendar()[:2],
+    Rule.MONTHLY: lambda at: (at.year, at.month),
+    Rule.YEARLY: lambda at: at.year,
+}
 
 
+def counts_of(keep: Retention) -> dict[Rule, int]:
+    return {
+        Rule.DAILY: keep.keep_daily,
+        Rule.WEEKLY: keep.keep_weekly,
+        Rule.MONTHLY: keep.keep_monthly,
+        Rule.YEARLY: keep.keep_yearly,
+    }
+
+
+# --- Generated histories -----------------------------------------------------------------------
 @st.composite
 def histories(draw: st.DrawFn) -> list[BackupRecord]:
-    """A cluster's backups, oldest first: the first is a full; later ones are fulls or
-    incrementals of the backup before them; some are still locked."""
+    """Backups of one or two clusters, ending at NOW. Gaps of minutes to weeks put several
+    backups in one bucket or leave buckets empty. An incremental's parent is an earlier backup
+    of its cluster (usually the one before it); some backups are still under Object Lock."""
+    clusters = draw(st.sampled_from([["a"], ["a", "b"]]))
     count = draw(st.integers(1, 40))
-    gaps = draw(st.lists(st.integers(1, 24 * 40), min_size=count, max_size=count))  # hours
-    at = NOW - timedelta(hours=sum(gaps))
+    minutes = st.one_of(st.integers(1, 12 * 60), st.integers(12 * 60, 40 * 24 * 60))
+    gaps = draw(st.lists(minutes, min_size=count, max_size=count))
+    at = NOW - timedelta(minutes=sum(gaps[1:]))
     backups: list[BackupRecord] = []
     for n, gap in enumerate(gaps):
-        at += timedelta(hours=gap)
-        incremental = n > 0 and draw(st.booleans())
-        lock_days = draw(st.sampled_from([None, 1, 30]))
+        at += timedelta(minutes=gap) if n else timedelta(0)
+        cluster = draw(st.sampled_from(clusters))
+        earlier = [b.backup_id for b in backups if b.cluster == cluster]
+        parent = None
+        if earlier and draw(st.booleans()):
+            parent = draw(st.sampled_from([earlier[-1], *earlier]))
+        lock_days = draw(st.sampled_from([None, 1, 7, 30, 90]))
         backups.append(
             BackupRecord(
                 backup_id=f"b{n:03d}",
-                cluster="c",
-                completed_at=min(at, NOW),
-                kind=BackupKind.INCREMENTAL if incremental else BackupKind.FULL,
-                parent_id=backups[-1].backup_id if incremental else None,
+                cluster=cluster,
+                completed_at=at,
+                kind=BackupKind.INCREMENTAL if parent else BackupKind.FULL,
+                parent_id=parent,
                 storage_class=draw(st.sampled_from(list(StorageClass))),
                 retain_until=at + timedelta(days=lock_days) if lock_days else None,
-                bytes=draw(st.integers(0, 5 * GiB)),
-                objects=draw(st.integers(1, 20)),
+                bytes=draw(st.integers(0, 5 * 1024 * GiB)),
+                objects=draw(st.integers(1, 2000)),
             )
         )
     return backups
@@ -55,60 +94,171 @@ def histories(draw: st.DrawFn) -> list[BackupRecord]:
 @st.composite
 def retentions(draw: st.DrawFn) -> Retention:
     """Keep counts; the policy refuses all zeros (it would keep only the newest)."""
-    counts = draw(st.tuples(st.integers(0, 10), st.integers(0, 6), st.integers(0, 4),
-                            st.integers(0, 2)).filter(any))  # fmt: skip
-    return Retention(
-        keep_daily=counts[0], keep_weekly=counts[1], keep_monthly=counts[2], keep_yearly=counts[3]
-    )
+    counts = st.tuples(st.integers(0, 10), st.integers(0, 6), st.integers(0, 14), st.integers(0, 3))
+    daily, weekly, monthly, yearly = draw(counts.filter(any))
+    return Retention(keep_daily=daily, keep_weekly=weekly, keep_monthly=monthly, keep_yearly=yearly)
+
+
+# --- The reference model -----------------------------------------------------------------------
+def kept_by_rules(
+    backups: list[BackupRecord], keep: Retention, zone: ZoneInfo
+) -> dict[Rule, set[str]]:
+    """Per rule and cluster: the buckets ordered by their newest backup, the first N of them,
+    and the newest backup of each."""
+    kept: dict[Rule, set[str]] = defaultdict(set)
+    by_cluster: dict[str, list[BackupRecord]] = defaultdict(list)
+    for b in backups:
+        by_cluster[b.cluster].append(b)
+    for group in by_cluster.values():
+        newest_first = sorted(group, key=lambda b: b.completed_at, reverse=True)
+        kept[Rule.NEWEST].add(newest_first[0].backup_id)
+        for rule, count in counts_of(keep).items():
+            newest_of_bucket: dict[Hashable, str] = {}
+            for b in newest_first:
+                newest_of_bucket.setdefault(
+                    BUCKET_OF[rule](b.completed_at.astimezone(zone)), b.backup_id
+                )
+            kept[rule] |= set(list(newest_of_bucket.values())[:count])
+    return kept
+
+
+def chain(backup_id: str, by_id: dict[str, BackupRecord]) -> list[str]:
+    """The backups ``backup_id`` needs to restore: its parent, that one's parent, ..."""
+    needs, parent = [], by_id[backup_id].parent_id
+    while parent:
+        needs.append(parent)
+        parent = by_id[parent].parent_id
+    return needs
+
+
+def is_locked(b: BackupRecord) -> bool:
+    return b.retain_until is not None and b.retain_until > NOW
+
+
+def expected(
+    backups: list[BackupRecord], keep: Retention, zone: ZoneInfo
+) -> tuple[set[str], set[str], set[str]]:
+    """(kept, locked, expired) as the rules, chains and locks say."""
+    by_id = {b.backup_id: b for b in backups}
+    by_rule = kept_by_rules(backups, keep, zone)
+    kept = set().union(*by_rule.values())
+    protected = kept | {b.backup_id for b in backups if is_locked(b)}
+    for backup_id in protected:
+        kept |= set(chain(backup_id, by_id))
+    locked = protected - kept
+    return kept, locked, set(by_id) - kept - locked
+
+
+# --- Properties --------------------------------------------------------------------------------
+@settings(max_examples=400, deadline=None)
+@given(histories(), retentions(), st.sampled_from(ZONES))
+def test_the_decision_is_restics_rules_plus_chains_and_locks(
+    backups: list[BackupRecord], keep: Retention, zone_name: str
+) -> None:
+    zone = ZoneInfo(zone_name)
+    decision = decide(backups, keep, NOW, zone)
+    kept, locked, expired = expected(backups, keep, zone)
+    assert {k.backup_id for k in decision.keep} == kept
+    assert {lk.backup_id for lk in decision.locked} == locked
+    assert set(decision.expire) == expired
+    assert len(decision.expire) == len(expired)  # each once
+    reference = kept_by_rules(backups, keep, zone)
+    for rule in (Rule.NEWEST, *BUCKET_OF):
+        by_rule = {k.backup_id for k in decision.keep if rule in {r.rule for r in k.reasons}}
+        assert by_rule == reference[rule], rule
+
+
+@settings(max_examples=400, deadline=None)
+@given(histories(), retentions(), st.sampled_from(ZONES))
+def test_what_retention_must_never_do(
+    backups: list[BackupRecord], keep: Retention, zone_name: str
+) -> None:
+    zone = ZoneInfo(zone_name)
+    decision = decide(backups, keep, NOW, zone)
+    by_id = {b.backup_id: b for b in backups}
+    expired = set(decision.expire)
+    survivors = {k.backup_id for k in decision.keep} | {lk.backup_id for lk in decision.locked}
+    # The newest backup of each cluster survives.
+    for cluster in {b.cluster for b in backups}:
+        newest = max((b for b in backups if b.cluster == cluster), key=lambda b: b.completed_at)
+        assert newest.backup_id in survivors
+    # A surviving incremental keeps its whole chain: nothing it needs is expired.
+    for backup_id in survivors:
+        assert not set(chain(backup_id, by_id)) & expired, f"{backup_id} loses its chain"
+    assert decision.unrestorable == []
+    # Nothing is deleted before its Object Lock retain-until date.
+    assert not {b for b in expired if is_locked(by_id[b])}
+    # In each cluster, a rule keeps one backup per bucket and at most its count of them.
+    for cluster, (rule, limit) in product({b.cluster for b in backups}, counts_of(keep).items()):
+        by_rule = [
+            by_id[k.backup_id]
+            for k in decision.keep
+            if by_id[k.backup_id].cluster == cluster and rule in {r.rule for r in k.reasons}
+        ]
+        buckets = [BUCKET_OF[rule](b.completed_at.astimezone(zone)) for b in by_rule]
+        assert len(by_rule) <= limit, (cluster, rule)
+        assert len(set(buckets)) == len(buckets), (cluster, rule)
+    # Expired newest first, so a deletion cut short never leaves a child without its parent.
+    times = [by_id[b].completed_at for b in decision.expire]
+    assert times == sorted(times, reverse=True)
 
 
 @settings(max_examples=300, deadline=None)
 @given(histories(), retentions())
-def test_what_retention_must_never_do(backups: list[BackupRecord], keep: Retention) -> None:
+def test_early_deletion_is_charged_and_reported(
+    backups: list[BackupRecord], keep: Retention
+) -> None:
     decision = decide(backups, keep, NOW)
     by_id = {b.backup_id: b for b in backups}
-    expired = set(decision.expire)
-    kept = {k.backup_id for k in decision.keep}
-    locked = {lk.backup_id for lk in decision.locked}
-    # Every backup is decided exactly once.
-    assert kept | expired | locked == set(by_id)
-    assert not kept & expired
-    assert not kept & locked
-    assert not expired & locked
-    # The newest backup always survives.
-    newest = max(backups, key=lambda b: (b.completed_at, b.backup_id))
-    assert newest.backup_id in kept
-    # Nothing under Object Lock is expired.
-    assert all(by_id[b].retain_until is None or by_id[b].retain_until <= NOW for b in expired)
-    # Every surviving backup can still be restored: its whole chain survives.
-    for backup_id in kept | locked:
-        parent = by_id[backup_id].parent_id
-        while parent:
-            assert parent not in expired, f"{backup_id} needs {parent}"
-            parent = by_id[parent].parent_id
-    assert decision.unrestorable == []
-    # Keep rules keep at most their counts (chains may keep more, by rule "chain").
-    counts = {Rule.DAILY: keep.keep_daily, Rule.WEEKLY: keep.keep_weekly,
-              Rule.MONTHLY: keep.keep_monthly, Rule.YEARLY: keep.keep_yearly}  # fmt: skip
-    for rule, limit in counts.items():
-        by_rule = [k for k in decision.keep if any(r.rule == rule for r in k.reasons)]
-        assert len(by_rule) <= limit, rule
-    # Expired newest first, so a deletion cut short never leaves a child without its parent.
-    times = [by_id[b].completed_at for b in decision.expire]
-    assert times == sorted(times, reverse=True)
-    # The saving is what the expired backups cost; early deletions are reported, not hidden.
-    assert decision.monthly_saving_usd >= 0
-    assert {e.backup_id for e in decision.early_deletions} <= expired
+
+    def age_days(b: BackupRecord) -> float:
+        return (NOW - b.completed_at) / timedelta(days=1)
+
+    too_young = {
+        b
+        for b in decision.expire
+        if age_days(by_id[b]) < STORAGE[by_id[b].storage_class].minimum_days
+    }
+    assert {e.backup_id for e in decision.early_deletions} == too_young
+    for e in decision.early_deletions:
+        b = by_id[e.backup_id]
+        full_minimum = monthly_storage_cost(b.storage_class, b.bytes, b.objects) * (
+            e.minimum_days / DAYS_PER_MONTH
+        )
+        assert e.minimum_days == STORAGE[b.storage_class].minimum_days
+        assert 0 < e.charge_usd <= full_minimum
     assert decision.early_deletion_charge_usd == pytest.approx(
         sum(e.charge_usd for e in decision.early_deletions)
     )
+    # What expiring saves is what the expired backups cost a month.
+    assert decision.monthly_saving_usd == pytest.approx(
+        sum(
+            monthly_storage_cost(by_id[b].storage_class, by_id[b].bytes, by_id[b].objects)
+            for b in decision.expire
+        )
+    )
 
 
-def backup(n: int, days_ago: float, **fields) -> BackupRecord:
+@given(st.lists(st.tuples(st.text(max_size=8), st.text(max_size=4)), max_size=3500))
+def test_deletions_go_in_batches_s3_accepts(keys: list[tuple[str, str]]) -> None:
+    batches = deletion_batches(keys)
+    assert all(1 <= len(batch) <= 1000 for batch in batches)
+    assert [key for batch in batches for key in batch] == keys  # all of them, in order
+    assert len(batches) == -(-len(keys) // 1000)  # as few requests as possible
+
+
+@pytest.mark.parametrize("size", [0, 1001])
+def test_a_batch_size_s3_refuses_is_refused(size: int) -> None:
+    with pytest.raises(ValueError, match="outside 1 to 1000"):
+        deletion_batches(["k"], size)
+
+
+# --- Hand-built histories ----------------------------------------------------------------------
+def backup(name: str, at: datetime, **fields) -> BackupRecord:
     values = {
-        "backup_id": f"b{n}",
+        "backup_id": name,
         "cluster": "c",
-        "completed_at": NOW - timedelta(days=days_ago),
+        "completed_at": at,
         "kind": BackupKind.FULL,
         "storage_class": StorageClass.DEEP_ARCHIVE,
         "bytes": GiB,
@@ -116,47 +266,125 @@ def backup(n: int, days_ago: float, **fields) -> BackupRecord:
     return BackupRecord(**(values | fields))
 
 
-def test_keep_daily_keeps_the_newest_of_each_day_and_reports_early_deletion() -> None:
-    backups = [backup(n, days) for n, days in enumerate([3.5, 3.2, 2.2, 1.1, 0.1])]
-    decision = decide(backups, Retention(keep_daily=2), NOW)
-    assert [k.backup_id for k in decision.keep] == ["b4", "b3"]
-    assert decision.expire == ["b2", "b1", "b0"]
-    # DEEP_ARCHIVE bills 180 days: deleting after 1 to 4 days is charged, and said so.
-    assert {e.backup_id for e in decision.early_deletions} == {"b0", "b1", "b2"}
-    assert all(e.minimum_days == 180 for e in decision.early_deletions)
+def weekly_fulls_daily_incrementals(lock_days: int) -> list[BackupRecord]:
+    """Fulls on Sundays Nov 8, 15 and 22 at 02:00 UTC, incrementals on the days between, each
+    the child of the backup before it: f08, i09 ... i14, f15, i16 ... i21, f22."""
+    backups: list[BackupRecord] = []
+    for day in range(8, 23):
+        at = datetime(2026, 11, day, 2, tzinfo=UTC)
+        full = at.weekday() == 6
+        backups.append(
+            backup(
+                f"{'f' if full else 'i'}{day:02d}",
+                at,
+                kind=BackupKind.FULL if full else BackupKind.INCREMENTAL,
+                parent_id=None if full else backups[-1].backup_id,
+                storage_class=StorageClass.GLACIER_IR,
+                retain_until=at + timedelta(days=lock_days),
+            )
+        )
+    return backups
+
+
+def why(decision: RetentionDecision) -> dict[str, set[str]]:
+    return {k.backup_id: {str(r.rule) for r in k.reasons} for k in decision.keep}
+
+
+def test_two_days_and_two_weeks_keep_this_weeks_chain_and_last_sundays_full() -> None:
+    decision = decide(
+        weekly_fulls_daily_incrementals(lock_days=7), Retention(keep_daily=2, keep_weekly=2), NOW
+    )
+    assert why(decision) == {
+        "f22": {"newest", "daily", "weekly"},  # newest of Nov 22 and of ISO week 47
+        "i21": {"daily"},  # newest of Nov 21
+        "i20": {"chain"},  # i21 restores only with i20 ... i16 and f15
+        "i19": {"chain"},
+        "i18": {"chain"},
+        "i17": {"chain"},
+        "i16": {"chain"},
+        "f15": {"weekly", "chain"},  # newest of ISO week 46 (Nov 9-15)
+    }
+    # Newest first: a deletion cut short leaves no incremental without its parent.
+    assert decision.expire == ["i14", "i13", "i12", "i11", "i10", "i09", "f08"]
+    assert decision.locked == []
+    # GLACIER_IR bills 90 days; these are 8 to 14 days old: charged, and said so.
+    assert [e.backup_id for e in decision.early_deletions] == decision.expire
+    assert all(e.minimum_days == 90 for e in decision.early_deletions)
     assert decision.early_deletion_charge_usd > 0
 
 
-def test_an_incremental_keeps_its_whole_chain() -> None:
+def test_a_locked_incremental_keeps_its_chain_until_its_date() -> None:
+    decision = decide(
+        weekly_fulls_daily_incrementals(lock_days=10), Retention(keep_daily=2, keep_weekly=2), NOW
+    )
+    # i14 is locked until Nov 24 02:00; while it waits, so does everything it needs.
+    assert [lk.backup_id for lk in decision.locked] == ["i14"]
+    first_week = ["i13", "i12", "i11", "i10", "i09", "f08"]
+    assert all(why(decision)[b] == {"chain"} for b in first_week)
+    assert decision.expire == []
+    # Two days later i14 is free, and the whole first week goes.
+    later = decide(
+        weekly_fulls_daily_incrementals(lock_days=10),
+        Retention(keep_daily=2, keep_weekly=2),
+        NOW + timedelta(days=2),
+    )
+    assert later.expire == ["i14", "i13", "i12", "i11", "i10", "i09", "f08"]
+
+
+def test_days_are_counted_in_the_schedules_time_zone() -> None:
+    # 23:30 and 00:30 UTC are two days in UTC, one day (Nov 22) in Paris.
     backups = [
-        backup(0, 10),
-        backup(1, 9, kind=BackupKind.INCREMENTAL, parent_id="b0"),
-        backup(2, 8, kind=BackupKind.INCREMENTAL, parent_id="b1"),
-        backup(3, 5),
+        backup("early", datetime(2026, 11, 20, 12, tzinfo=UTC)),
+        backup("late", datetime(2026, 11, 21, 23, 30, tzinfo=UTC)),
+        backup("newest", datetime(2026, 11, 22, 0, 30, tzinfo=UTC)),
     ]
-    decision = decide(backups, Retention(keep_daily=1, keep_weekly=2), NOW)
-    kept = {k.backup_id: {r.rule for r in k.reasons} for k in decision.keep}
-    assert kept["b2"] == {Rule.WEEKLY}
-    assert Rule.CHAIN in kept["b1"]
-    assert Rule.CHAIN in kept["b0"]
-    assert decision.expire == []
+    keep = Retention(keep_daily=2)
+    assert decide(backups, keep, NOW, UTC).expire == ["early"]
+    assert decide(backups, keep, NOW, ZoneInfo("Europe/Paris")).expire == ["late"]
 
 
-def test_a_locked_backup_waits_for_its_date() -> None:
-    backups = [backup(0, 5, retain_until=NOW + timedelta(days=1)), backup(1, 0.1)]
+def test_deep_archive_deleted_after_days_is_charged_for_the_rest_of_180() -> None:
+    backups = [backup(f"b{n}", NOW - timedelta(days=d)) for n, d in enumerate([200, 3, 0.1])]
     decision = decide(backups, Retention(keep_daily=1), NOW)
-    assert decision.expire == []
-    assert [lk.backup_id for lk in decision.locked] == ["b0"]
+    assert decision.expire == ["b1", "b0"]
+    (early,) = decision.early_deletions  # b0 is past 180 days: no charge
+    assert early.backup_id == "b1"
+    assert early.minimum_days == 180
+    assert early.age_days == pytest.approx(3)
+    # 177 of 180 days still due on 1 GiB (+ 32 KiB of archive metadata) at $0.00099/GB-month.
+    assert early.charge_usd == pytest.approx(0.00099 * 177 / DAYS_PER_MONTH, rel=1e-3)
 
 
-def test_a_catalog_that_contradicts_itself_is_refused() -> None:
-    with pytest.raises(RetentionError, match="listed twice"):
-        decide([backup(0, 1), backup(0, 2)], Retention(keep_daily=1), NOW)
+def test_a_kept_backup_whose_chain_is_already_gone_is_reported() -> None:
+    backups = [
+        backup("i2", NOW - timedelta(days=1), kind=BackupKind.INCREMENTAL, parent_id="gone"),
+    ]
+    decision = decide(backups, Retention(keep_daily=1), NOW)
+    assert decision.unrestorable == ["i2"]
 
 
-@pytest.mark.parametrize("count", [0, 1, 999, 1000, 1001, 2500])
-def test_deletions_go_in_batches_of_at_most_1000_keys(count: int) -> None:
-    keys = [(f"k{i}", f"v{i}") for i in range(count)]
-    batches = deletion_batches(keys)
-    assert all(1 <= len(b) <= 1000 for b in batches)
-    assert [k for b in batches for k in b] == keys
+@pytest.mark.parametrize(
+    ("backups", "says"),
+    [
+        ([backup("b0", NOW), backup("b0", NOW - timedelta(days=1))], "listed twice"),
+        (
+            [
+                backup("p", NOW),
+                backup("c", NOW - timedelta(days=1), kind=BackupKind.INCREMENTAL, parent_id="p"),
+            ],
+            "completed before its parent",
+        ),
+    ],
+    ids=["duplicate", "child-before-parent"],
+)
+def test_a_catalog_that_contradicts_itself_is_refused(
+    backups: list[BackupRecord], says: str
+) -> None:
+    with pytest.raises(RetentionError, match=says) as raised:
+        decide(backups, Retention(keep_daily=1), NOW)
+    assert "repair the catalog" in raised.value.fix
+
+
+def test_now_without_a_time_zone_is_refused() -> None:
+    with pytest.raises(RetentionError, match="no time zone"):
+        decide([], Retention(keep_daily=1), datetime(2026, 11, 22))
