@@ -1,4 +1,5 @@
-"""ShardVault's full backup against raw s3transfer and pgBackRest, in one run on one machine.
+"""ShardVault's full backup and restore against raw s3transfer and pgBackRest, in one run on
+one machine.
 
 Usage::
 
@@ -12,17 +13,23 @@ other work on the machine hits all alike:
 1. ``shardvault``: a full backup through the local stack (moto Step Functions executing the real
    ASL, in-process Lambda handlers, MinIO as the store, one agent process), timed from
    ``start_backup`` to the execution's SUCCEEDED (verified manifest written).
-2. ``s3-files``: boto3 ``upload_file`` of every file of that backup's data listing (read from its
+2. ``shardvault-restore``: that backup restored into an empty one-node cluster (a second
+   agent with a ``restore_dir``), timed from ``start_restore`` to the execution's SUCCEEDED: the
+   server recovered, running on its port, and ``pg_amcheck --all`` passed.
+3. ``s3-files``: boto3 ``upload_file`` of every file of that backup's data listing (read from its
    manifest), one call per file, into a bucket of the same MinIO; ``TransferConfig`` with
    ``--s3-chunk-mib`` parts (default 8, ShardVault's part size at this data size) and
    ``--s3-concurrency`` threads (default 4, ShardVault's ``upload_parallelism`` per object),
    unsigned payload with a CRC32 checksum as over HTTPS (``--s3-signed-payload``: botocore's
    plain-HTTP default, a SHA-256 of every byte on both ends; see ``peers.s3_client``).
-3. ``s3-tar``: one ``upload_file`` of an uncompressed tar of the same files (building the tar
+4. ``s3-tar``: one ``upload_file`` of an uncompressed tar of the same files (building the tar
    is not timed).
-4. ``s3-tar-tls``: the same tar into the second, TLS MinIO: a control for what TLS costs here.
-5. ``pgbackrest``: ``pgbackrest backup --type=full`` (``compress-type=none``, ``process-max=2``,
+5. ``s3-tar-tls``: the same tar into the second, TLS MinIO: a control for what TLS costs here.
+6. ``pgbackrest``: ``pgbackrest backup --type=full`` (``compress-type=none``, ``process-max=2``,
    ``start-fast=y``) into the TLS MinIO (pgBackRest 2.45 speaks S3 only over TLS).
+7. ``pgbackrest-restore``: ``pgbackrest restore`` of that backup (``--type=immediate
+   --target-action=promote --archive-mode=off``) into an empty directory, the server started
+   and promoted, then the same ``pg_amcheck --all``.
 
 Before each timed run the machine is *settled*: WAL archiving has caught up and dirty pages
 are written (``sync``). *Client CPU* is the CPU time of the tool's own processes: for
