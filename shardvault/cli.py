@@ -9,6 +9,7 @@
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
   shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
+      [--cluster NAME] [--data-gib N] [--daily-change F]   (exit 1 when a cluster is over)
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
@@ -139,6 +140,9 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
     cost.add_argument("--daily-change", type=float, default=0.05, help="fraction changed a day")
     cost.add_argument(
         "--target", action="store_true", help="the modeled 1 TiB daily-incremental case"
+    )
+    cost.add_argument(
+        "--stack-env", type=Path, help="a local stack's stack.env: also what the catalog holds"
     )
     cost.set_defaults(run=run_cost)
 
@@ -347,50 +351,93 @@ def run_schedule(args: argparse.Namespace) -> int:
 
 
 # --- cost --------------------------------------------------------------------------------------
+EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "shardvault.yaml"
+TARGET_TITLE = "The issue's target: 1 TiB, fulls on Sundays, incrementals daily (5%/day)"
+
+
 def run_cost(args: argparse.Namespace) -> int:
+    """Forecasts (and, with a catalog configured, what its backups cost now); 1 when a cluster
+    is forecast over its budget."""
+    import os
+
     from shardvault import costs
+    from shardvault.planning import GiB
     from shardvault.policy import load_policy
 
     if args.target:
-        print_forecast("1 TiB, full Sundays, incrementals daily (5%/day)", costs.target_forecast())
+        print_forecast(TARGET_TITLE, costs.target_forecast())
         return 0
-    path = args.policy or Path(__file__).resolve().parents[1] / "examples" / "shardvault.yaml"
-    policy = load_policy(path)
-    names = [args.cluster] if args.cluster else sorted(policy.clusters)
-    over = False
-    for name in names:
-        forecast = costs.monthly_forecast(
-            policy.cluster(name), int(args.data_gib * 2**30), args.daily_change
-        )
-        print_forecast(f"{name}: {args.data_gib:g} GiB, {args.daily_change:.0%}/day", forecast)
-        if alert := costs.budget_alert(name, forecast):
-            console.print(f"[bold red]{alert}[/]")
-            over = True
-    return 1 if over else 0
+    policy = load_policy(args.policy or EXAMPLE_POLICY)
+    forecasts = costs.forecast_clusters(
+        policy, round(args.data_gib * GiB), args.daily_change, args.cluster
+    )
+    for name, forecast in forecasts.items():
+        print_forecast(f"{name}: {args.data_gib:g} GiB, {args.daily_change:.0%} a day", forecast)
+    alerts = [a for name, f in forecasts.items() if (a := costs.budget_alert(name, f))]
+    for alert in alerts:
+        console.print(f"[bold red]{alert}[/]")
+    if args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"):
+        records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
+        print_spend(costs.recorded_spend(records))
+    return 1 if alerts else 0
 
 
 def print_forecast(title: str, forecast: Any) -> None:
-    table = Table("item", "USD / month", title=title)
-    rows = [
-        (f"storage in {forecast.storage_class} (incl. early deletion)", forecast.storage_usd),
+    from shardvault.costs import OVERHEAD_TARGET
+    from shardvault.planning import TiB
+
+    table = Table("a month", "USD", title=title)
+    for label, usd in [
+        (f"storage in {forecast.storage_class}", forecast.storage_usd),
         ("  of which early-deletion charges", forecast.early_deletion_usd),
-        ("S3 requests (upload, verify, copy into the vault)", forecast.requests_usd),
-        ("Step Functions transitions", forecast.orchestration_usd),
+        ("S3 requests (upload, verify, promote)", forecast.requests_usd),
+        ("Step Functions and DynamoDB", forecast.orchestration_usd),
         ("Lambda", forecast.lambda_usd),
-        ("staging (hours at STANDARD before promotion)", forecast.staging_usd),
-        ("overhead (requests + orchestration + Lambda + staging)", forecast.overhead_usd),
+        ("request overhead: S3, orchestration, Lambda", forecast.request_overhead_usd),
+        ("staging copies at STANDARD until they expire", forecast.staging_usd),
+        ("idle agents (inbox polls, heartbeats)", forecast.agents_usd),
         ("total", forecast.total_usd),
-    ]
-    for label, value in rows:
-        table.add_row(label, f"{value:,.2f}")
-    table.add_row("overhead / storage", f"{forecast.overhead_ratio:.2%}")
+    ]:
+        table.add_row(label, f"${usd:,.2f}")
+    met = "green" if forecast.meets_overhead_target else "red"
     table.add_row(
-        "backups a month (fulls + incrementals)",
-        (f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}"),
+        "request overhead / storage",
+        f"[{met}]{forecast.request_overhead_ratio:.2%}[/] (target: at most {OVERHEAD_TARGET:.0%})",
     )
-    table.add_row("objects a month", f"{forecast.objects_per_month:,.0f}")
-    if forecast.budget_usd:
-        table.add_row("budget", f"{forecast.budget_usd:,.2f}")
+    table.add_row("budget", budget_cell(forecast))
+    table.add_row(
+        "backups (fulls + incrementals)",
+        f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}",
+    )
+    table.add_row("objects made", f"{forecast.objects_per_month:,.0f}")
+    table.add_row("kept in the vault (average)", f"{forecast.stored_bytes / TiB:,.2f} TiB")
+    console.print(table)
+
+
+def budget_cell(forecast: Any) -> str:
+    if forecast.budget_usd is None:
+        return "none set"
+    left = forecast.budget_usd - forecast.total_usd
+    if left < 0:
+        return f"[bold red]${forecast.budget_usd:,.2f}: over by ${-left:,.2f}[/]"
+    return f"[green]${forecast.budget_usd:,.2f}: ${left:,.2f} to spare[/]"
+
+
+def print_spend(spend: list[Any]) -> None:
+    from shardvault.planning import GiB
+
+    table = Table(
+        "cluster", "class", "backups", "GiB", "USD / month", title="Kept now (the catalog)"
+    )
+    for row in spend:
+        table.add_row(
+            row.cluster,
+            row.storage_class,
+            str(row.backups),
+            f"{row.bytes / GiB:,.1f}",
+            f"${row.usd_per_month:,.2f}",
+        )
+    table.add_row("total", "", "", "", f"${sum(r.usd_per_month for r in spend):,.2f}")
     console.print(table)
 
 

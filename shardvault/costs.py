@@ -7,10 +7,13 @@ Terms:
 - *overhead*: what making a backup costs once, apart from keeping it: S3 requests (multipart
   upload, verification, landing in the vault), Step Functions state transitions, Lambda time,
   DynamoDB writes of the agents' commands, and the hours its objects wait at STANDARD.
-- *landing*: how verified objects reach the vault's class. ``COPY`` (the default): uploaded and
-  verified at STANDARD, then copied into the vault, where they are locked. ``TRANSITION``: a
-  lifecycle rule moves them. ``DIRECT``: uploaded into the class (every part at its request
-  price, and objects are locked before they are verified).
+- *request overhead*: the overhead without that wait (requests, orchestration, Lambda). The
+  issue's target is a request overhead of at most 1% of the monthly storage cost.
+- *landing*: how verified objects reach the vault's class. ``COPY`` (the default, what
+  ``shardvault.promote`` does): uploaded and verified at STANDARD, then copied into the vault,
+  where they are locked; the staging copy expires by lifecycle. ``TRANSITION``: a lifecycle
+  rule moves them. ``DIRECT``: uploaded into the class (every part at its request price, and
+  objects are locked before they are verified).
 - *forecast*: a cluster's steady-state month: its schedule and retention are simulated until
   the oldest kept backup of the first months has expired, then one year is averaged.
 
@@ -19,17 +22,18 @@ The orchestration counts below are estimates from the state machine, not measure
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from itertools import pairwise
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shardvault.errors import ShardVaultError
 from shardvault.models import Frozen
 from shardvault.planning import (
-    S3_MAX_PART_SIZE,
+    GiB,
+    MiB,
     TiB,
     choose_part_size,
     object_size_for,
@@ -39,6 +43,7 @@ from shardvault.policy import (
     ClusterPolicy,
     LockMode,
     ObjectLock,
+    Policy,
     Retention,
     Schedule,
     Vault,
@@ -60,6 +65,13 @@ from shardvault.prices import (
     StorageClass,
 )
 
+
+class Landing(StrEnum):
+    COPY = "copy"
+    TRANSITION = "transition"
+    DIRECT = "direct"
+
+
 # Per object: the Map item's start and end, NotSignedYet, Checksum, Sign, Transfer, Complete,
 # and a retry now and then. Per backup: Accept to Finalize with the inline Maps over nodes.
 TRANSITIONS_PER_OBJECT = 8
@@ -71,8 +83,23 @@ LAMBDA_INVOCATIONS_PER_BACKUP = 20  # validate, plans, checks, finalize, dispatc
 LAMBDA_GB_SECONDS_PER_BACKUP = 10.0
 DYNAMODB_WRITES_PER_OBJECT = 4  # two commands written to an inbox, then deleted
 DYNAMODB_WRITES_PER_BACKUP = 20  # catalog record, lock, per-node commands
-STAGING_HOURS = 1.0  # how long an object waits at STANDARD before it lands
-OVERHEAD_TARGET = 0.01  # the issue's target: overhead at most 1% of the storage cost
+# How long an object is billed at STANDARD before it lands. S3 lifecycle acts at the first
+# midnight UTC after creation + the rule's days, so half a day more on average: COPY waits for
+# the staging bucket's ExpirePromotedBackups rule (1 day, infra/components/storage.py),
+# TRANSITION for a 0-day transition rule; DIRECT never waits.
+PROMOTED_EXPIRY_DAYS = 1
+STAGING_HOURS = {
+    Landing.COPY: 24 * PROMOTED_EXPIRY_DAYS + 12.0,
+    Landing.TRANSITION: 12.0,
+    Landing.DIRECT: 0.0,
+}
+# Promotion per object (shardvault.promote): GetObjectAttributes on the vault (already there?),
+# s3transfer's HeadObject of the source, the copy, GetObjectAttributes of the copy, and the
+# staging object's promoted tag. s3transfer copies above COPY_THRESHOLD in COPY_PART_SIZE parts
+# (promote.COPY_CONFIG).
+COPY_THRESHOLD = 5 * GiB
+COPY_PART_SIZE = 1 * GiB
+OVERHEAD_TARGET = 0.01  # the issue's: request overhead at most 1% of the storage cost
 MAX_SIMULATED_BACKUPS = 20_000
 DAY = timedelta(days=1)
 YEAR = timedelta(days=12 * DAYS_PER_MONTH)
@@ -80,12 +107,6 @@ YEAR = timedelta(days=12 * DAYS_PER_MONTH)
 
 class CostError(ShardVaultError):
     """A cost was asked of something the price table cannot price."""
-
-
-class Landing(StrEnum):
-    COPY = "copy"
-    TRANSITION = "transition"
-    DIRECT = "direct"
 
 
 # --- Storage -----------------------------------------------------------------------------------
@@ -143,50 +164,64 @@ def price_backup(
     part_size: int | None = None,
     object_size: int | None = None,
     landing: Landing = Landing.COPY,
-    staging_hours: float = STAGING_HOURS,
+    staging_hours: float | None = None,
 ) -> BackupCost:
-    """A backup of ``size`` bytes, cut as the planner cuts it unless sizes are given."""
+    """A backup of ``size`` bytes, cut as the planner cuts it unless sizes are given; staged
+    for as long as ``landing`` keeps objects at STANDARD unless ``staging_hours`` is given."""
     part_size = part_size or choose_part_size(size)
     object_size = object_size or object_size_for(part_size)
     whole, rest = divmod(size, object_size)
     objects = max(1, whole + (rest > 0))
     parts = max(1, whole * -(-object_size // part_size) + -(-rest // part_size))
-    upload_class = storage_class if landing == Landing.DIRECT else StorageClass.STANDARD
-    uploads = parts + 2 * objects  # CreateMultipartUpload, UploadPart..., Complete
-    landings = _landing_requests(landing, objects, min(size, object_size))
-    vault = STORAGE[storage_class]
-    landing_price = vault.transition if landing == Landing.TRANSITION else vault.put
+    requests, requests_usd = _requests(
+        landing, storage_class, objects, parts, min(size, object_size)
+    )
     transitions = TRANSITIONS_PER_BACKUP + TRANSITIONS_PER_OBJECT * objects
     writes = DYNAMODB_WRITES_PER_BACKUP + DYNAMODB_WRITES_PER_OBJECT * objects
     invocations = LAMBDA_INVOCATIONS_PER_BACKUP + LAMBDA_INVOCATIONS_PER_OBJECT * objects
     gb_seconds = LAMBDA_GB_SECONDS_PER_BACKUP + LAMBDA_GB_SECONDS_PER_OBJECT * objects
+    hours = STAGING_HOURS[landing] if staging_hours is None else staging_hours
     return BackupCost(
         storage_class=storage_class,
         landing=landing,
         bytes=size,
         objects=objects,
         parts=parts,
-        requests=uploads + objects + landings,
+        requests=requests,
         state_transitions=transitions,
         storage_usd_per_month=monthly_storage_cost(storage_class, size, objects),
-        requests_usd=uploads * STORAGE[upload_class].put
-        + objects * STORAGE[upload_class].get  # GetObjectAttributes verifies each object
-        + landings * landing_price,
+        requests_usd=requests_usd,
         orchestration_usd=transitions * STATE_TRANSITION + writes * DYNAMODB_WRITE,
         lambda_usd=invocations * LAMBDA_REQUEST + gb_seconds * LAMBDA_GB_SECOND,
         staging_usd=monthly_storage_cost(StorageClass.STANDARD, size, objects)
-        * staging_hours
+        * hours
         / (24 * DAYS_PER_MONTH),
     )
 
 
-def _landing_requests(landing: Landing, objects: int, object_size: int) -> int:
-    if landing == Landing.DIRECT:
-        return 0
-    if landing == Landing.TRANSITION or object_size <= S3_MAX_PART_SIZE:
-        return objects  # one transition, or one CopyObject, per object
-    # Above 5 GiB a copy is multipart: create, one UploadPartCopy per 5 GiB, complete.
-    return objects * (2 + -(-object_size // S3_MAX_PART_SIZE))
+def _requests(
+    landing: Landing, storage_class: StorageClass, objects: int, parts: int, object_size: int
+) -> tuple[int, float]:
+    """The S3 requests that make a backup and land it in ``storage_class``, and their price."""
+    upload = STORAGE[storage_class if landing == Landing.DIRECT else StorageClass.STANDARD]
+    vault, standard = STORAGE[storage_class], STORAGE[StorageClass.STANDARD]
+    # CreateMultipartUpload, UploadPart..., CompleteMultipartUpload, then GetObjectAttributes.
+    writes = parts + 2 * objects
+    count, usd = writes + objects, writes * upload.put + objects * upload.get
+    if landing == Landing.TRANSITION:
+        return count + objects, usd + objects * vault.transition
+    if landing == Landing.COPY:
+        copies = objects * _copy_requests(object_size)
+        count += copies + 4 * objects
+        usd += copies * vault.put + objects * (2 * vault.get + standard.get + standard.put)
+    return count, usd
+
+
+def _copy_requests(object_size: int) -> int:
+    """Requests of one copy: CopyObject, or create + UploadPartCopy per part + complete."""
+    if object_size < COPY_THRESHOLD:
+        return 1
+    return 2 + -(-object_size // COPY_PART_SIZE)
 
 
 # --- A restore ---------------------------------------------------------------------------------
@@ -280,12 +315,21 @@ class Forecast(Frozen):
     budget_usd: float | None
 
     @property
-    def overhead_usd(self) -> float:
-        return self.requests_usd + self.orchestration_usd + self.lambda_usd + self.staging_usd
+    def request_overhead_usd(self) -> float:
+        """Requests, orchestration and Lambda: what the issue's 1% target is about."""
+        return self.requests_usd + self.orchestration_usd + self.lambda_usd
 
     @property
-    def overhead_ratio(self) -> float:
-        return self.overhead_usd / self.storage_usd
+    def request_overhead_ratio(self) -> float:
+        return self.request_overhead_usd / self.storage_usd
+
+    @property
+    def meets_overhead_target(self) -> bool:
+        return self.request_overhead_ratio <= OVERHEAD_TARGET
+
+    @property
+    def overhead_usd(self) -> float:
+        return self.request_overhead_usd + self.staging_usd
 
     @property
     def total_usd(self) -> float:
@@ -301,11 +345,11 @@ class Forecast(Frozen):
             f"{self.fulls_per_month:.2f} fulls + {self.incrementals_per_month:.2f} "
             f"incrementals and {self.objects_per_month:,.0f} objects a month, "
             f"{self.stored_bytes / TiB:.2f} TiB kept: storage ${self.storage_usd:.2f}/month "
-            f"(early deletion ${self.early_deletion_usd:.2f}); overhead "
-            f"${self.overhead_usd:.2f}/month = requests ${self.requests_usd:.2f} + "
-            f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f} + "
-            f"staging ${self.staging_usd:.2f}; overhead/storage {self.overhead_ratio:.2%}; "
-            f"idle agents ${self.agents_usd:.2f}/month"
+            f"(early deletion ${self.early_deletion_usd:.2f}); request overhead "
+            f"${self.request_overhead_usd:.2f}/month = requests ${self.requests_usd:.2f} + "
+            f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f}, "
+            f"{self.request_overhead_ratio:.2%} of storage (target {OVERHEAD_TARGET:.0%}); "
+            f"staging ${self.staging_usd:.2f}; idle agents ${self.agents_usd:.2f}/month"
         )
 
 
@@ -326,11 +370,15 @@ def monthly_forecast(
     part_size: int | None = None,
     object_size: int | None = None,
     landing: Landing = Landing.COPY,
-    staging_hours: float = STAGING_HOURS,
+    staging_hours: float | None = None,
     nodes: int = 1,
 ) -> Forecast:
     """A cluster of ``data_bytes`` whose data changes by ``daily_change`` (a fraction) a day,
-    backed up and expired by its policy, averaged over a year in steady state."""
+    backed up and expired by its policy, averaged over a year in steady state. Parts are the
+    policy's ``upload.part_size_mib`` unless ``part_size`` is given."""
+    _check_forecast_inputs(data_bytes, daily_change)
+    if part_size is None and cluster.upload.part_size_mib is not None:
+        part_size = cluster.upload.part_size_mib * MiB
     storage_class = cluster.vault.storage_class
     lives, end = simulate_lifetimes(cluster, data_bytes, daily_change)
     start = end - YEAR
@@ -377,6 +425,30 @@ def monthly_forecast(
         agents_usd=agents_monthly_cost(nodes),
         budget_usd=cluster.budget_usd_per_month,
     )
+
+
+def forecast_clusters(
+    policy: Policy, data_bytes: int, daily_change: float, cluster: str | None = None
+) -> dict[str, Forecast]:
+    """Each cluster of the policy (or only ``cluster``) forecast at the same data size."""
+    names = [cluster] if cluster else sorted(policy.clusters)
+    return {
+        name: monthly_forecast(policy.cluster(name), data_bytes, daily_change) for name in names
+    }
+
+
+def _check_forecast_inputs(data_bytes: int, daily_change: float) -> None:
+    if data_bytes <= 0:
+        raise CostError(
+            f"a forecast of {data_bytes} bytes of data means nothing.",
+            fix="give the cluster's data size, more than 0 (--data-gib).",
+        )
+    if not 0 <= daily_change <= 1:
+        raise CostError(
+            f"a daily change of {daily_change} is not a fraction of the data.",
+            fix="give the part of the data that changes a day, from 0 to 1, e.g. 0.05 for 5% "
+            "(--daily-change).",
+        )
 
 
 def _days_within(life: Lifetime, start: datetime, end: datetime) -> float:
@@ -485,3 +557,40 @@ def budget_alert(cluster: str, forecast: Forecast) -> str | None:
         f"${forecast.overhead_usd:.2f}). Fix: shorten retention, choose a cheaper class, or "
         "raise budget_usd_per_month in the policy."
     )
+
+
+# --- Recorded spend ----------------------------------------------------------------------------
+class Spend(NamedTuple):
+    """What one cluster's complete backups in one class cost a month to keep."""
+
+    cluster: str
+    storage_class: StorageClass
+    backups: int
+    bytes: int
+    usd_per_month: float
+
+
+def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
+    """The catalog's complete backups (failed, running and expired ones cost nothing to keep)
+    priced by cluster and class: promoted ones in their vault class, others at STANDARD."""
+    totals: dict[tuple[str, StorageClass], Spend] = {}
+    for record in records:
+        if record.get("status") != "COMPLETE":
+            continue
+        key = (str(record["cluster"]), _recorded_class(record))
+        size, objects = int(record.get("bytes", 0)), max(1, int(record.get("objects", 1)))
+        was = totals.get(key, Spend(*key, 0, 0, 0.0))
+        totals[key] = Spend(
+            *key,
+            was.backups + 1,
+            was.bytes + size,
+            was.usd_per_month + monthly_storage_cost(key[1], size, objects),
+        )
+    return [totals[key] for key in sorted(totals)]
+
+
+def _recorded_class(record: Mapping[str, Any]) -> StorageClass:
+    """The class a backup is billed in; a class the price table lacks (a non-AWS store's own)
+    is priced as STANDARD."""
+    name = record.get("storage_class") if record.get("location") == "vault" else None
+    return StorageClass(name) if name in StorageClass.__members__ else StorageClass.STANDARD

@@ -14,17 +14,25 @@ Terms:
 
 from __future__ import annotations
 
+import difflib
 import types
 from collections.abc import Hashable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from croniter import croniter
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from croniter import CroniterBadDateError, CroniterError, croniter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
@@ -64,13 +72,26 @@ class LockMode(StrEnum):
 
 
 # --- Field checks ------------------------------------------------------------------------------
+CRON_FIX = (
+    "write minute hour day-of-month month day-of-week, e.g. '0 2 * * 0' for Sundays at 02:00 "
+    "(quote it in YAML)"
+)
+
+
 def _cron(value: str) -> str:
-    if len(value.split()) != 5 or not croniter.is_valid(value):
+    fields = len(value.split())
+    if fields != 5:
+        raise invalid(f"{value!r} has {fields} fields, not the five of a cron expression", CRON_FIX)
+    try:
+        # From a fixed date: an expression that never fires (February 30) would otherwise
+        # pass here and stop the scheduler and the cost forecast later.
+        croniter(value, datetime(2026, 1, 1, tzinfo=UTC)).get_next(datetime)
+    except CroniterBadDateError:
         raise invalid(
-            f"{value!r} is not a cron expression of five fields",
-            "write minute hour day-of-month month day-of-week, e.g. '0 2 * * 0' for Sundays at "
-            "02:00 (quote it in YAML)",
-        )
+            f"{value!r} never fires (no such date)", "name a day that exists, e.g. '0 2 28 2 *'"
+        ) from None
+    except CroniterError as error:  # croniter says which value, e.g. "out of range"
+        raise invalid(f"{value!r} is not a valid cron expression: {error}", CRON_FIX) from None
     return value
 
 
@@ -92,13 +113,16 @@ def _cluster_name(value: str) -> str:
         raise invalid(error.message, error.fix) from None
 
 
-def _vault_class(value: StorageClass) -> StorageClass:
-    if value not in VAULT_CLASSES:
-        raise invalid(
-            f"{value} is not a vault storage class",
-            f"use one of {', '.join(VAULT_CLASSES)}",
-        )
-    return value
+def _vault_class(value: Any) -> Any:
+    """Before the enum's own check, whose fix would offer STANDARD (not a vault class)."""
+    if value in VAULT_CLASSES:
+        return value
+    fix = f"use one of {', '.join(VAULT_CLASSES)}"
+    if isinstance(value, str) and value.upper() in VAULT_CLASSES:
+        fix = f"write it in capitals: {value.upper()}"
+    elif value == StorageClass.STANDARD:
+        fix += " (STANDARD is where backups are staged before they are promoted)"
+    raise invalid(f"{_short(value)} is not a vault storage class", fix)
 
 
 def _part_size_mib(value: int | None) -> int | None:
@@ -133,7 +157,7 @@ class Schedule(Frozen):
         None,
         json_schema_extra={"shown_type": "cron"},
         description="When incremental backups run between fulls, e.g. '0 2 * * 1-6'; "
-        "null: fulls only.",
+        "null: fulls only. Incremental capture is not built yet: these run as fulls.",
     )
 
     @property
@@ -171,7 +195,7 @@ class ObjectLock(Frozen):
 
 
 class Vault(Frozen):
-    storage_class: Annotated[StorageClass, AfterValidator(_vault_class)] = Field(
+    storage_class: Annotated[StorageClass, BeforeValidator(_vault_class)] = Field(
         description="Storage class backups land in: STANDARD_IA, GLACIER_IR, GLACIER or "
         "DEEP_ARCHIVE.",
         json_schema_extra={"shown_type": " | ".join(VAULT_CLASSES)},
@@ -210,10 +234,18 @@ class Upload(Frozen):
         "size (8 MiB parts, 256 MiB objects up to 256 GiB of data).",
     )
     rate_limit_mib_per_second: float | None = Field(
-        None, gt=0, strict=True, description="Cap on MiB read per second per node; null: no cap."
+        None,
+        gt=0,
+        strict=True,
+        description="Cap on MiB read per second per node; null: no cap. Not yet sent to agents: "
+        "set rate_limit_bytes_per_second in the agent's config.",
     )
     parallelism: int = Field(
-        4, ge=1, strict=True, description="Parts of one object an agent sends at once."
+        4,
+        ge=1,
+        strict=True,
+        description="Parts of one object an agent sends at once. Not yet sent to agents: set "
+        "upload_parallelism in the agent's config.",
     )
 
 
@@ -309,7 +341,7 @@ def _problem(error: Any) -> Problem:
     loc = loc[:-1] if is_key else loc
     path = ".".join(loc) or "(top level)"
     info = None if is_key else _field_at(loc)
-    message = error["msg"]
+    message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
     if error["type"] not in ("missing", "extra_forbidden", "policy") and not is_key:
         message += f", got {_short(error['input'])}"
     fix = _fix(error, info, loc)
@@ -326,9 +358,12 @@ def _fix(error: Any, info: FieldInfo | None, loc: list[str]) -> str:
     if kind == "missing":
         return f"add {leaf}"
     if kind == "extra_forbidden":
-        known = _model_at(loc[:-1])
-        names = f" (known here: {', '.join(known.model_fields)})" if known else ""
-        return f"remove {leaf} or correct its spelling{names}"
+        model = _model_at(loc[:-1])
+        known = list(model.model_fields) if model else []
+        guess = difflib.get_close_matches(leaf, known, n=1)
+        meant = f": did you mean {guess[0]}?" if guess else ""
+        names = f" (known here: {', '.join(known)})" if known else ""
+        return f"remove {leaf} or correct its spelling{meant}{names}"
     if kind in ("enum", "literal_error"):
         return f"use one of {ctx['expected']}"
     limits = {"ge": "at least", "gt": "more than", "le": "at most", "lt": "less than"}
@@ -390,6 +425,16 @@ class FieldRow(NamedTuple):
     description: str
 
 
+def fields_table() -> str:
+    """The README's table of every field (``scripts/policy_table.py`` prints it)."""
+    lines = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for row in describe_fields():
+        default = f"`{row.default}`" if row.default else "required"
+        cells = [f"`{row.path}`", row.type.replace(" | ", " or "), default, row.description]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def describe_fields(model: type[BaseModel] = Policy, prefix: str = "") -> list[FieldRow]:
     """Every field of the policy file, depth first, for the README's configuration table."""
     rows: list[FieldRow] = []
@@ -426,12 +471,14 @@ def _type_name(info: FieldInfo) -> str:
         for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
         if getattr(item, attr, None) is not None
     ]
-    return " ".join([name, *bounds]) + (" | null" if optional else "")
+    return " ".join([name, ", ".join(bounds)]).strip() + (" | null" if optional else "")
 
 
 def _default(info: FieldInfo) -> str:
-    if info.is_required() or info.default_factory is not None:
+    if info.is_required():
         return ""
+    if info.default_factory is not None:
+        return "{}"  # a mapping whose fields all take their defaults
     value = info.default
     if value is None:
         return "null"

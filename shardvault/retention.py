@@ -174,7 +174,7 @@ def _reasons(
             if kept == count:
                 break
             bucket = BUCKETS[rule](at)
-            if True:  # the newest backup of a bucket comes first
+            if bucket != last_bucket:  # the newest backup of a bucket comes first
                 reasons[backup.backup_id].append(_reason(rule, bucket))
                 last_bucket, kept = bucket, kept + 1
     by_id = {b.backup_id: b for b in group}

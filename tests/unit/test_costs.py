@@ -1,89 +1,272 @@
-"""The cost model: prices follow the price table, forecasts add up, a budget overrun alerts,
-and ``shardvault cost`` prints the issue's modeled case."""
+"""The cost model (``shardvault.costs``) against the price table and the reference's worked
+figures (``shared/reference/aws-facts.md``, 1 TB = 1,024 GB): storage per class and month,
+requests counted per PUT and COPY, restores by tier, early-deletion charges, a year of a
+policy averaged into a month, the issue's 1% target and the budget alert."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from shardvault import cli, costs
+from shardvault import costs
+from shardvault.costs import CostError, Landing
 from shardvault.policy import parse_policy
-from shardvault.prices import RestoreTier, StorageClass
+from shardvault.prices import DAYS_PER_MONTH, RestoreTier, StorageClass
+from shardvault.promote import COPY_CONFIG
 
-GiB = 2**30
-
-
-@pytest.mark.parametrize("storage_class", list(StorageClass))
-def test_storage_cost_grows_with_bytes(storage_class: StorageClass) -> None:
-    small = costs.monthly_storage_cost(storage_class, 100 * GiB, 100)
-    large = costs.monthly_storage_cost(storage_class, 1000 * GiB, 100)
-    assert 9 < large / small <= 10  # per-object overheads make it a little under 10x
+KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
+ROOT = Path(__file__).parents[2]
+DEEP_TIB_MONTH = 0.00099 * 1024  # DEEP_ARCHIVE, $ per TiB-month
 
 
-def test_archive_is_cheaper_to_keep_and_dearer_to_read() -> None:
-    keep = {c: costs.monthly_storage_cost(c, 1000 * GiB, 100) for c in StorageClass}
-    assert (
-        keep[StorageClass.DEEP_ARCHIVE] < keep[StorageClass.GLACIER] < keep[StorageClass.STANDARD]
+# --- Storage -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("storage_class", "per_tib"),
+    [
+        (StorageClass.STANDARD, 23.55),
+        (StorageClass.STANDARD_IA, 12.80),
+        (StorageClass.GLACIER_IR, 4.10),
+        (StorageClass.GLACIER, 3.69),
+        (StorageClass.DEEP_ARCHIVE, 1.01),
+    ],
+)
+def test_a_month_of_storage_is_the_class_rate_times_the_bytes(
+    storage_class: StorageClass, per_tib: float
+) -> None:
+    assert costs.monthly_storage_cost(storage_class, TiB, 1) == pytest.approx(per_tib, abs=0.01)
+    # Proportional to the bytes: each further TiB adds the same.
+    one, two, five = (costs.monthly_storage_cost(storage_class, n * TiB, 1) for n in (1, 2, 5))
+    assert two - one == pytest.approx((five - one) / 4)
+    assert five == pytest.approx(5 * one, rel=1e-6)
+
+
+def test_small_objects_are_billed_at_the_class_minimum_size() -> None:
+    # 1,000 objects of 1 KiB in STANDARD_IA are billed as 1,000 x 128 KiB.
+    billed = costs.monthly_storage_cost(StorageClass.STANDARD_IA, 1000 * KiB, 1000)
+    assert billed == pytest.approx(1000 * 128 * KiB / GiB * 0.0125)
+
+
+def test_each_archived_object_adds_40_kib_of_metadata() -> None:
+    # 32 KiB at the archive rate and 8 KiB at STANDARD, per object, even when empty.
+    empty = costs.monthly_storage_cost(StorageClass.DEEP_ARCHIVE, 0, 1000)
+    assert empty == pytest.approx(1000 * (32 * KiB * 0.00099 + 8 * KiB * 0.023) / GiB)
+
+
+def test_early_deletion_bills_the_rest_of_the_minimum_duration() -> None:
+    month = costs.monthly_storage_cost(StorageClass.DEEP_ARCHIVE, TiB, 1)
+    at_30_days = costs.early_deletion_charge(StorageClass.DEEP_ARCHIVE, TiB, 1, 30)
+    assert at_30_days == pytest.approx(month * 150 / DAYS_PER_MONTH, rel=1e-4)
+    assert costs.early_deletion_charge(StorageClass.DEEP_ARCHIVE, TiB, 1, 180) == 0
+    assert costs.early_deletion_charge(StorageClass.GLACIER_IR, TiB, 1, 89) > 0
+    assert costs.early_deletion_charge(StorageClass.STANDARD, TiB, 1, 0) == 0
+
+
+# --- Requests ----------------------------------------------------------------------------------
+PUT_STANDARD, GET_STANDARD = 0.005 / 1000, 0.0004 / 1000
+
+
+def test_requests_are_counted_per_put_and_copy() -> None:
+    # 10 GiB in 256 MiB objects of 8 MiB parts: 40 objects, 1,280 parts, landed in GLACIER.
+    cost = costs.price_backup(
+        10 * GiB, StorageClass.GLACIER, part_size=8 * MiB, object_size=256 * MiB
     )
-    bulk = costs.price_restore(StorageClass.DEEP_ARCHIVE, 1000 * GiB, 100, tier=RestoreTier.BULK)
-    fast = costs.price_restore(
-        StorageClass.DEEP_ARCHIVE, 1000 * GiB, 100, tier=RestoreTier.STANDARD
+    assert (cost.objects, cost.parts) == (40, 1280)
+    upload = (1280 + 2 * 40) * PUT_STANDARD  # UploadPart, Create and Complete at STANDARD
+    verify = 40 * GET_STANDARD  # GetObjectAttributes of each uploaded object
+    copy = 40 * 0.03 / 1000  # one CopyObject per object, at GLACIER's PUT price
+    # Promotion also asks the vault twice per object (already there? the copy's checksum),
+    # s3transfer heads the source, and the staging copy is tagged for expiry.
+    promote = 40 * (2 * 0.0004 / 1000 + GET_STANDARD + PUT_STANDARD)
+    assert cost.requests_usd == pytest.approx(upload + verify + copy + promote)
+    assert cost.requests == 1280 + 2 * 40 + 40 + 40 + 4 * 40
+
+
+def test_objects_of_5_gib_or_more_are_copied_in_parts_as_promote_does() -> None:
+    assert COPY_CONFIG.multipart_threshold == costs.COPY_THRESHOLD
+    assert COPY_CONFIG.multipart_chunksize == costs.COPY_PART_SIZE
+    # Two 8 GiB objects: create + 8 UploadPartCopy of 1 GiB + complete, each.
+    big = costs.price_backup(16 * GiB, StorageClass.GLACIER, part_size=256 * MiB)
+    small = costs.price_backup(
+        16 * GiB, StorageClass.GLACIER, part_size=256 * MiB, object_size=4 * GiB
     )
-    assert bulk.total_usd < fast.total_usd
+    assert (big.objects, small.objects) == (2, 4)
+    assert big.requests - (big.parts + 3 * big.objects + 4 * big.objects) == 2 * 10
+    assert small.requests - (small.parts + 3 * small.objects + 4 * small.objects) == 4 * 1
 
 
-def test_a_backup_is_priced_by_its_objects_and_parts() -> None:
-    one = costs.price_backup(10 * GiB, StorageClass.DEEP_ARCHIVE)
-    ten = costs.price_backup(100 * GiB, StorageClass.DEEP_ARCHIVE)
-    assert ten.objects > one.objects
-    assert ten.parts > one.parts
-    assert ten.requests_usd > one.requests_usd
-    assert ten.orchestration_usd > one.orchestration_usd
+def test_landing_by_transition_or_directly_prices_its_own_requests() -> None:
+    sizes = {"part_size": 8 * MiB, "object_size": 256 * MiB}
+    moved = costs.price_backup(GiB, StorageClass.DEEP_ARCHIVE, landing=Landing.TRANSITION, **sizes)
+    assert moved.requests_usd == pytest.approx(
+        (32 * 4 + 2 * 4) * PUT_STANDARD + 4 * GET_STANDARD + 4 * 0.05 / 1000
+    )
+    direct = costs.price_backup(GiB, StorageClass.DEEP_ARCHIVE, landing=Landing.DIRECT, **sizes)
+    assert direct.requests_usd == pytest.approx((32 * 4 + 2 * 4) * 0.05 / 1000 + 4 * 0.0004 / 1000)
+    assert direct.staging_usd == 0  # nothing waits at STANDARD
+
+
+def test_staged_copies_are_billed_until_the_lifecycle_rule_expires_them() -> None:
+    storage = (ROOT / "infra" / "components" / "storage.py").read_text()
+    days = re.search(r"promoted_expiry_days: int = (\d+)", storage)
+    assert days, "infra's staging bucket no longer has promoted_expiry_days"
+    assert int(days[1]) == costs.PROMOTED_EXPIRY_DAYS
+    # A day after creation, rounded up to the next midnight UTC: 36 hours on average.
+    cost = costs.price_backup(TiB, StorageClass.DEEP_ARCHIVE)
+    assert cost.staging_usd == pytest.approx(23.55 * 36 / (24 * DAYS_PER_MONTH), rel=1e-3)
+
+
+def test_orchestration_is_counted_per_object_and_per_backup() -> None:
+    one = costs.price_backup(GiB, StorageClass.DEEP_ARCHIVE, object_size=256 * MiB)
+    two = costs.price_backup(2 * GiB, StorageClass.DEEP_ARCHIVE, object_size=256 * MiB)
+    per_object = (two.orchestration_usd - one.orchestration_usd) / 4
+    assert per_object == pytest.approx(
+        costs.TRANSITIONS_PER_OBJECT * 0.025 / 1000 + costs.DYNAMODB_WRITES_PER_OBJECT * 0.625e-6
+    )
+    assert two.lambda_usd > one.lambda_usd
+
+
+# --- Restores ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("storage_class", "tier", "usd"),
+    [
+        # The reference: 1 TB from Deep Archive, about $2.6 (Bulk) or $20.9 (Standard).
+        (StorageClass.DEEP_ARCHIVE, RestoreTier.BULK, 1024 * 0.0025 + 4096 * 0.025 / 1000),
+        (StorageClass.DEEP_ARCHIVE, RestoreTier.STANDARD, 1024 * 0.02 + 4096 * 0.10 / 1000),
+        (StorageClass.GLACIER, RestoreTier.EXPEDITED, 1024 * 0.03 + 4096 * 10 / 1000),
+        (StorageClass.GLACIER, RestoreTier.STANDARD, 1024 * 0.01 + 4096 * 0.05 / 1000),
+        (StorageClass.GLACIER, RestoreTier.BULK, 0.0),
+    ],
+)
+def test_a_restore_is_priced_by_its_tier(
+    storage_class: StorageClass, tier: RestoreTier, usd: float
+) -> None:
+    cost = costs.price_restore(storage_class, TiB, 4096, tier=tier, keep_days=0)
+    gets = 4096 * 0.0004 / 1000
+    assert cost.total_usd == pytest.approx(usd + gets)
+    assert cost.restored_copy_usd == 0
+
+
+def test_the_restored_copy_is_billed_at_standard_while_it_is_kept() -> None:
+    cost = costs.price_restore(StorageClass.DEEP_ARCHIVE, TiB, 4096, keep_days=7)
+    assert cost.restored_copy_usd == pytest.approx(23.55 * 7 / DAYS_PER_MONTH, rel=1e-3)
+    assert cost.ready_within_hours == 48  # Bulk, the default
+
+
+def test_instant_classes_are_read_without_a_restore() -> None:
+    cost = costs.price_restore(StorageClass.GLACIER_IR, TiB, 4096, tier=RestoreTier.EXPEDITED)
+    assert cost.tier is None
+    assert cost.retrieval_usd == pytest.approx(1024 * 0.03)
+
+
+def test_a_tier_the_class_lacks_is_refused_by_name() -> None:
+    with pytest.raises(CostError, match="DEEP_ARCHIVE has no EXPEDITED") as raised:
+        costs.price_restore(StorageClass.DEEP_ARCHIVE, TiB, 1, tier=RestoreTier.EXPEDITED)
+    assert "STANDARD, BULK" in raised.value.fix
+
+
+# --- A month of a policy -----------------------------------------------------------------------
+def cluster(schedule: str, retention: str, storage_class: str = "DEEP_ARCHIVE", extra: str = ""):
+    policy = parse_policy(
+        "version: 1\nclusters:\n  c:\n    engine: postgres\n"
+        f"    schedule: {schedule}\n"
+        f"    vault: {{storage_class: {storage_class}, object_lock: {{days: 7}}}}\n"
+        f"    retention: {retention}\n{extra}"
+    )
+    return policy.cluster("c")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met: 8.4% at 1 TiB (7,583 objects a month, each with 8 state transitions and "
+    "34 PUTs at STANDARD); remove this mark once the design meets it",
+)
+def test_the_issues_target_request_overhead_is_at_most_1_percent_of_storage() -> None:
+    forecast = costs.target_forecast()
+    print(
+        f"\nstorage ${forecast.storage_usd:.2f}/month; request overhead "
+        f"${forecast.request_overhead_usd:.2f}/month (requests ${forecast.requests_usd:.2f}, "
+        f"orchestration ${forecast.orchestration_usd:.2f}, Lambda ${forecast.lambda_usd:.2f}) "
+        f"= {forecast.request_overhead_ratio:.2%} of storage"
+    )
+    assert forecast.request_overhead_ratio <= 0.01
+    assert forecast.meets_overhead_target
 
 
 def test_the_modeled_1_tib_case_adds_up() -> None:
     forecast = costs.target_forecast()
-    assert forecast.fulls_per_month == pytest.approx(52 / 12, rel=0.05)
-    assert forecast.incrementals_per_month == pytest.approx(365 / 12 - 52 / 12, rel=0.05)
-    parts = [forecast.requests_usd, forecast.orchestration_usd, forecast.lambda_usd]
-    assert forecast.overhead_usd == pytest.approx(sum(parts) + forecast.staging_usd)
-    assert forecast.overhead_ratio == pytest.approx(forecast.overhead_usd / forecast.storage_usd)
-    # Keeping 7 dailies in a class billed for 180 days costs early deletions: reported.
-    assert forecast.early_deletion_usd > 0
-    # Larger objects cut the per-object overhead (requests, transitions), not the storage.
-    bigger = costs.target_forecast(part_size=256 * 2**20, object_size=8 * GiB)
-    assert bigger.overhead_usd < forecast.overhead_usd / 3
+    assert forecast.fulls_per_month == pytest.approx(52 / 12, rel=0.02)
+    assert forecast.incrementals_per_month == pytest.approx((365 - 52) / 12, rel=0.02)
+    assert forecast.request_overhead_usd == pytest.approx(
+        forecast.requests_usd + forecast.orchestration_usd + forecast.lambda_usd
+    )
+    assert forecast.request_overhead_ratio == pytest.approx(
+        forecast.request_overhead_usd / forecast.storage_usd
+    )
+    # Seven dailies, four weeklies and twelve monthly chains of a 1 TiB full and 51 GiB
+    # incrementals: some 18 TiB kept, at $1.01 a TiB-month.
+    assert 15 * TiB < forecast.stored_bytes < 20 * TiB
+    kept = forecast.storage_usd - forecast.early_deletion_usd
+    assert kept == pytest.approx(forecast.stored_bytes / TiB * DEEP_TIB_MONTH, rel=0.01)
+    # Larger objects cut the request overhead, not the storage.
+    bigger = costs.target_forecast(part_size=256 * MiB, object_size=8 * GiB)
+    assert bigger.request_overhead_usd < forecast.request_overhead_usd / 3
     assert bigger.storage_usd == pytest.approx(forecast.storage_usd, rel=0.01)
 
 
-def test_a_forecast_over_budget_alerts_with_the_fix() -> None:
-    policy = parse_policy(
-        "version: 1\nclusters:\n  big:\n    engine: sqlite\n    schedule: {full: '0 1 * * *'}\n"
-        "    vault: {storage_class: GLACIER_IR, object_lock: {days: 7}}\n"
-        "    retention: {keep_daily: 30}\n    budget_usd_per_month: 1\n"
+def test_deep_archive_charges_early_deletion_when_retention_is_shorter_than_180_days() -> None:
+    # Weekly fulls kept four weeks: each is deleted some 150 days short of its minimum.
+    short = costs.monthly_forecast(cluster('{full: "0 2 * * 0"}', "{keep_weekly: 4}"), TiB, 0.05)
+    owed = DEEP_TIB_MONTH * (180 - 28) / DAYS_PER_MONTH  # deleted at 28 days of 180
+    assert short.early_deletion_usd == pytest.approx(short.fulls_per_month * owed, rel=0.01)
+    # Monthly fulls kept a year outlive the minimum: no charge.
+    long = costs.monthly_forecast(cluster('{full: "0 2 1 * *"}', "{keep_monthly: 12}"), TiB, 0.05)
+    assert long.early_deletion_usd == 0
+    # GLACIER_IR bills 90 days: weeklies kept four weeks are charged there too.
+    instant = costs.monthly_forecast(
+        cluster('{full: "0 2 * * 0"}', "{keep_weekly: 4}", "GLACIER_IR"), TiB, 0.05
     )
-    forecast = costs.monthly_forecast(policy.cluster("big"), 500 * GiB, 0.05)
+    assert instant.early_deletion_usd > 0
+
+
+def test_the_policys_part_size_cuts_the_forecasts_objects() -> None:
+    schedule, retention = '{full: "0 2 * * *"}', "{keep_daily: 7}"
+    chosen = costs.monthly_forecast(cluster(schedule, retention), 100 * GiB, 0.05)
+    large = cluster(schedule, retention, extra="    upload: {part_size_mib: 64}\n")
+    given = costs.monthly_forecast(large, 100 * GiB, 0.05)
+    # 100 GiB: 400 objects of 256 MiB by default, 50 of 2 GiB with 64 MiB parts.
+    assert chosen.objects_per_month == pytest.approx(400 * 365.25 / 12, rel=0.01)
+    assert given.objects_per_month == pytest.approx(50 * 365.25 / 12, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("data_bytes", "daily_change", "says"),
+    [(0, 0.05, "0 bytes of data"), (TiB, -0.1, "-0.1"), (TiB, 1.5, "1.5")],
+)
+def test_a_forecast_of_nonsense_is_refused_with_the_fix(
+    data_bytes: int, daily_change: float, says: str
+) -> None:
+    with pytest.raises(CostError, match=re.escape(says)) as raised:
+        costs.monthly_forecast(costs.TARGET_CLUSTER, data_bytes, daily_change)
+    assert "--" in raised.value.fix  # names the CLI option to change
+
+
+# --- The budget --------------------------------------------------------------------------------
+def test_a_forecast_over_budget_alerts_with_the_figures_and_the_fix() -> None:
+    big = cluster(
+        '{full: "0 1 * * *"}', "{keep_daily: 30}", "GLACIER_IR", "    budget_usd_per_month: 1\n"
+    )
+    forecast = costs.monthly_forecast(big, 500 * GiB, 0.05)
     alert = costs.budget_alert("big", forecast)
     assert alert is not None
+    assert f"cluster big is forecast at ${forecast.total_usd:.2f}/month" in alert
     assert "over its budget of $1.00" in alert
-    assert "Fix:" in alert
-    roomy = forecast.model_copy(update={"budget_usd": 10_000.0})
-    assert costs.budget_alert("big", roomy) is None
+    assert "Fix: shorten retention, choose a cheaper class, or raise budget_usd_per_month" in alert
 
 
-def test_cost_command_prints_the_modeled_case(capsys: pytest.CaptureFixture[str]) -> None:
-    cli.console.width = 120
-    assert cli.main(["cost", "--target"]) == 0
-    out = capsys.readouterr().out
+@pytest.mark.parametrize("room", [None, 0.0, 1.0], ids=["no-budget", "exactly", "under"])
+def test_no_alert_within_budget_or_without_one(room: float | None) -> None:
     forecast = costs.target_forecast()
-    assert f"{forecast.storage_usd:,.2f}" in out
-    assert f"{forecast.overhead_usd:,.2f}" in out
-    assert f"{forecast.overhead_ratio:.2%}" in out
-
-
-def test_cost_command_names_a_bad_policy(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "p.yaml"
-    bad.write_text("version: 1\nclusters: {a: {engine: mysql}}\n")
-    assert cli.main(["cost", "--policy", str(bad)]) == 2
-    out = capsys.readouterr().out
-    assert "PolicyError" in out
-    assert "clusters.a.engine" in out
+    budget = None if room is None else forecast.total_usd + room
+    assert costs.budget_alert("c", forecast.model_copy(update={"budget_usd": budget})) is None

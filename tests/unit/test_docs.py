@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from shardvault_agent.config import AgentConfig, ShardConfig
 
-from shardvault.policy import ClusterPolicy, Policy
+from shardvault.policy import ClusterPolicy, Policy, fields_table
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 
@@ -39,3 +39,11 @@ def test_every_policy_field_is_documented():
     assert "clusters" in Policy.model_fields
     missing = [p for p in paths if f"| `{p}` |" not in README]
     assert not missing, f"README lacks the policy fields {missing}"
+
+
+def test_the_policy_table_is_the_one_generated_from_the_model():
+    """Types, defaults and meanings as the model has them (scripts/policy_table.py)."""
+    assert fields_table() in README, (
+        "README's policy table differs from the model: paste the output of "
+        "'.venv/bin/python scripts/policy_table.py' over it"
+    )

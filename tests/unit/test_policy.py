@@ -1,5 +1,5 @@
-"""The policy file: the example loads, and every invalid field is named by its path with a fix,
-all of them at once."""
+"""The policy file: the shipped files load as written, and every invalid field is named by its
+field path with a fix, all of them at once; files that are not policies are refused by name."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardvault.policy import PolicyError, load_policy, parse_policy
+from shardvault.policy import LockMode, PolicyError, load_policy, parse_policy
+from shardvault.prices import StorageClass
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "shardvault.yaml"
 LOCAL = Path(__file__).parents[2] / "shardvault" / "local" / "policy.yaml"
@@ -19,123 +20,223 @@ VALID = {
 }
 
 
-def policy_with(**fields: str) -> str:
+def policy_with(**fields: str | None) -> str:
+    """A policy of one cluster, ``orders``, with ``fields`` replaced (None: left out)."""
     body = {**VALID, **fields}
     lines = [f"    {key}: {value}" for key, value in body.items() if value is not None]
     return "version: 1\nclusters:\n  orders:\n" + "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("path", [EXAMPLE, LOCAL], ids=["example", "local"])
-def test_shipped_policies_load(path: Path) -> None:
-    policy = load_policy(path)
-    assert policy.clusters
+def test_the_example_loads_as_written() -> None:
+    policy = load_policy(EXAMPLE)
+    assert sorted(policy.clusters) == ["orders", "sessions"]
+    orders, sessions = policy.cluster("orders"), policy.cluster("sessions")
+    assert orders.schedule.timezone == "Europe/Paris"
+    assert orders.schedule.incremental == "0 2 * * 1-6"
+    assert orders.vault.storage_class == StorageClass.DEEP_ARCHIVE
+    assert orders.retention.keep_yearly == 2
+    assert orders.budget_usd_per_month == 60
+    # What the example leaves out takes the documented defaults.
+    assert sessions.schedule.timezone == "UTC"
+    assert sessions.schedule.incremental is None
+    assert sessions.vault.object_lock.mode == LockMode.COMPLIANCE
+    assert sessions.upload.part_size_mib is None
+    assert sessions.upload.parallelism == 4
+    assert sessions.budget_usd_per_month is None
+
+
+def test_the_local_stacks_policy_loads() -> None:
+    assert load_policy(LOCAL).clusters
+
+
+BAD_FIELDS = [
+    # (the cluster's fields replaced, the field path, in the message, in the fix)
+    ({"engine": "mysql"}, "engine", "'mysql'", "'postgres'"),
+    ({"schedule": '{full: "0 2 * *"}'}, "schedule.full", "has 4 fields", "minute hour"),
+    ({"schedule": '{full: "61 2 * * 0"}'}, "schedule.full", "out of range", "minute hour"),
+    ({"schedule": '{full: "0 2 30 2 *"}'}, "schedule.full", "never fires", "a day that exists"),
+    ({"schedule": "{full: 5}"}, "schedule.full", "valid string", "quote it"),
+    (
+        {"schedule": '{full: "0 2 * * 0", incremental: "0 2 * * 8"}'},
+        "schedule.incremental",
+        "out of range",
+        "day-of-week",
+    ),
+    (
+        {"schedule": '{timezone: Mars/Olympus, full: "0 2 * * 0"}'},
+        "schedule.timezone",
+        "'Mars/Olympus' is not a known time zone",
+        "IANA time zone name",
+    ),
+    ({"schedule": "{timezone: UTC}"}, "schedule.full", "Field required", "add full"),
+    (
+        {"vault": "{storage_class: TAPE, object_lock: {days: 3}}"},
+        "vault.storage_class",
+        "'TAPE' is not a vault storage class",
+        "use one of STANDARD_IA, GLACIER_IR, GLACIER, DEEP_ARCHIVE",
+    ),
+    (
+        {"vault": "{storage_class: STANDARD, object_lock: {days: 3}}"},
+        "vault.storage_class",
+        "'STANDARD' is not a vault storage class",
+        "STANDARD is where backups are staged",
+    ),
+    (
+        {"vault": "{storage_class: deep_archive, object_lock: {days: 3}}"},
+        "vault.storage_class",
+        "'deep_archive'",
+        "write it in capitals: DEEP_ARCHIVE",
+    ),
+    (
+        {"vault": "{storage_class: GLACIER, object_lock: {days: 0}}"},
+        "vault.object_lock.days",
+        "got 0",
+        "at least 1",
+    ),
+    (
+        {"vault": "{storage_class: GLACIER, object_lock: {days: -3}}"},
+        "vault.object_lock.days",
+        "got -3",
+        "at least 1",
+    ),
+    (
+        {"vault": "{storage_class: GLACIER, object_lock: {days: '30'}}"},
+        "vault.object_lock.days",
+        "got '30'",
+        "without quotes",
+    ),
+    (
+        {"vault": "{storage_class: GLACIER, object_lock: {mode: STRICT, days: 3}}"},
+        "vault.object_lock.mode",
+        "'STRICT'",
+        "'COMPLIANCE'",
+    ),
+    (
+        {"vault": "{storage_class: GLACIER}"},
+        "vault.object_lock",
+        "Field required",
+        "add object_lock",
+    ),
+    ({"vault": None}, "vault", "Field required", "add vault"),
+    ({"retention": "{keep_daily: -1}"}, "retention.keep_daily", "got -1", "at least 0"),
+    ({"retention": "{keep_weekly: 2.5}"}, "retention.keep_weekly", "got 2.5", "a whole one"),
+    ({"retention": "{keep_monthly: '3'}"}, "retention.keep_monthly", "got '3'", "without quotes"),
+    (
+        {"retention": "{keep_daily: 0}"},
+        "retention",
+        "every keep count is 0",
+        "set at least one of keep_daily",
+    ),
+    (
+        {"retention": "{keep_daily: 7, keep_wekly: 3}"},
+        "retention.keep_wekly",
+        "unknown field",
+        "did you mean keep_weekly?",
+    ),
+    ({"shedule": "{}"}, "shedule", "unknown field", "did you mean schedule?"),
+    ({"upload": "{part_size_mib: 4}"}, "upload.part_size_mib", "4 MiB", "use 5 to 5120 MiB"),
+    (
+        {"upload": "{part_size_mib: 5121}"},
+        "upload.part_size_mib",
+        "5121 MiB",
+        "use 5 to 5120 MiB",
+    ),
+    ({"upload": "{parallelism: 0}"}, "upload.parallelism", "got 0", "at least 1"),
+    (
+        {"upload": "{rate_limit_mib_per_second: 0}"},
+        "upload.rate_limit_mib_per_second",
+        "got 0",
+        "more than 0",
+    ),
+    ({"budget_usd_per_month": "-5"}, "budget_usd_per_month", "got -5", "more than 0"),
+]
 
 
 @pytest.mark.parametrize(
-    ("fields", "path", "says", "fix"),
-    [
-        ({"engine": "mysql"}, "clusters.orders.engine", "mysql", "postgres"),
-        (
-            {"schedule": '{full: "0 2 * *"}'},
-            "clusters.orders.schedule.full",
-            "five fields",
-            "minute hour",
-        ),
-        (
-            {"schedule": '{timezone: Mars/Olympus, full: "0 2 * * 0"}'},
-            "clusters.orders.schedule.timezone",
-            "Mars/Olympus",
-            "IANA",
-        ),
-        (
-            {"vault": "{storage_class: STANDARD, object_lock: {days: 3}}"},
-            "clusters.orders.vault.storage_class",
-            "STANDARD",
-            "DEEP_ARCHIVE",
-        ),
-        (
-            {"vault": "{storage_class: GLACIER, object_lock: {days: 0}}"},
-            "clusters.orders.vault.object_lock.days",
-            "0",
-            "at least 1",
-        ),
-        (
-            {"vault": "{storage_class: GLACIER, object_lock: {mode: STRICT, days: 3}}"},
-            "clusters.orders.vault.object_lock.mode",
-            "STRICT",
-            "COMPLIANCE",
-        ),
-        (
-            {"retention": "{keep_daily: -1}"},
-            "clusters.orders.retention.keep_daily",
-            "-1",
-            "at least 0",
-        ),
-        (
-            {"retention": "{keep_wekly: 3}"},
-            "clusters.orders.retention.keep_wekly",
-            "Extra",
-            "keep_weekly",
-        ),
-        (
-            {"upload": "{part_size_mib: 4}"},
-            "clusters.orders.upload.part_size_mib",
-            "4 MiB",
-            "5 to 5120",
-        ),
-        (
-            {"budget_usd_per_month": "-5"},
-            "clusters.orders.budget_usd_per_month",
-            "-5",
-            "",
-        ),
-    ],
+    ("fields", "path", "says", "fix"), BAD_FIELDS, ids=[f"{p}:{s}" for _, p, s, _ in BAD_FIELDS]
 )
-def test_an_invalid_field_is_named_with_a_fix(fields, path, says, fix) -> None:
+def test_an_invalid_field_is_named_with_a_fix(
+    fields: dict[str, str | None], path: str, says: str, fix: str
+) -> None:
     with pytest.raises(PolicyError) as raised:
         parse_policy(policy_with(**fields))
     (problem,) = raised.value.problems
-    assert problem.path == path
+    assert problem.path == f"clusters.orders.{path}"
     assert says in problem.message
     assert fix in problem.fix
-    assert path in raised.value.message  # the message a person reads names it too
+    # The message a person reads names the field, what is wrong and the fix, on one line.
+    line = next(x for x in str(raised.value.message).splitlines() if problem.path in x)
+    assert says in line
+    assert f"Fix: {problem.fix}" in line
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    text = policy_with(engine="mysql", retention="{keep_daily: -1}", upload="{parallelism: 0}")
+    text = policy_with(
+        engine="mysql",
+        schedule='{timezone: Mars/Olympus, full: "0 2 * *"}',
+        retention="{keep_daily: -1}",
+        upload="{parallelism: 0, part_size_mib: 4}",
+    ) + ("  sessions:\n    engine: sqlite\n    schedule: {full: '0 3 * * *'}\n")
     with pytest.raises(PolicyError) as raised:
         parse_policy(text)
     paths = {p.path for p in raised.value.problems}
     assert paths == {
         "clusters.orders.engine",
+        "clusters.orders.schedule.timezone",
+        "clusters.orders.schedule.full",
         "clusters.orders.retention.keep_daily",
         "clusters.orders.upload.parallelism",
+        "clusters.orders.upload.part_size_mib",
+        "clusters.sessions.vault",
+        "clusters.sessions.retention",
     }
+    assert "has 8 invalid field(s)" in raised.value.message
 
 
 @pytest.mark.parametrize(
-    ("text", "says"),
+    ("text", "says", "fix"),
     [
-        ("", "no mapping"),
-        ("version: 1\nclusters: {orders: [\n", "not valid YAML"),
-        ("version: 1\nclusters: {}\n", "clusters"),
-        ("version: 2\nclusters: {a: {}}\n", "version"),
+        ("", "holds no mapping of fields", "start the file with 'clusters:'"),
+        ("# nothing but a comment\n", "holds no mapping of fields", "examples/shardvault.yaml"),
+        ("- orders\n", "holds no mapping of fields", "start the file with 'clusters:'"),
+        ("version: 1\nclusters: {orders: [\n", "not valid YAML at line 3", "correct the YAML"),
+        ("clusters: {}\nclusters: {}\n", "duplicate key 'clusters'", "correct the YAML"),
+        ("version: 1\nclusters: {}\n", "clusters: Dictionary should have at least 1", "entry"),
+        ("version: 2\nclusters: {}\n", "version: Input should be 1", "use one of 1"),
+        ("versoin: 1\nclusters: {}\n", "versoin: unknown field", "did you mean version?"),
+        ("clusters:\n  Orders Fleet: {}\n", "clusters.Orders Fleet (the name)", "a-z, 0-9"),
+    ],
+    ids=[
+        "empty",
+        "comment-only",
+        "a-list",
+        "yaml-syntax",
+        "duplicate-key",
+        "no-clusters",
+        "version",
+        "top-level-typo",
+        "bad-cluster-name",
     ],
 )
-def test_files_that_are_not_policies_are_refused(text: str, says: str) -> None:
+def test_files_that_are_not_policies_are_refused(text: str, says: str, fix: str) -> None:
     with pytest.raises(PolicyError) as raised:
-        parse_policy(text)
-    assert says in str(raised.value)
+        parse_policy(text, source="shardvault.yaml")
+    assert "shardvault.yaml" in raised.value.message
+    assert says in raised.value.message
+    assert fix in raised.value.message + raised.value.fix
 
 
 def test_a_missing_file_names_the_path_and_the_example(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as raised:
         load_policy(tmp_path / "nope.yaml")
-    assert "nope.yaml" in raised.value.message
+    assert f"{tmp_path / 'nope.yaml'} cannot be read: No such file or directory" in str(
+        raised.value.message
+    )
     assert "examples/shardvault.yaml" in raised.value.fix
 
 
 def test_an_unknown_cluster_is_refused_by_name() -> None:
     policy = parse_policy(policy_with())
-    with pytest.raises(PolicyError, match="no cluster 'billing'"):
+    with pytest.raises(PolicyError, match="no cluster 'billing'") as raised:
         policy.cluster("billing")
+    assert "orders" in raised.value.fix

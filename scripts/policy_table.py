@@ -1,0 +1,12 @@
+"""Prints the README's table of the policy file's fields, generated from the model.
+
+    .venv/bin/python scripts/policy_table.py
+
+Paste its output over the table under "The policy file" in README.md; tests/unit/test_docs.py
+fails while the README's table differs from it.
+"""
+
+from shardvault.policy import fields_table
+
+if __name__ == "__main__":
+    print(fields_table(), end="")

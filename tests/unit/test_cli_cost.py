@@ -1,0 +1,142 @@
+"""``shardvault cost``: the forecast's figures as a person reads them, the budget verdict (exit 1
+when over), a bad policy named with its field path (exit 2), and the catalog's spend."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from shardvault import cli, costs
+
+POLICY = """
+version: 1
+clusters:
+  {name}:
+    engine: sqlite
+    schedule: {{full: "0 1 * * *"}}
+    vault: {{storage_class: GLACIER_IR, object_lock: {{days: 7}}}}
+    retention: {{keep_daily: 30}}
+    budget_usd_per_month: {budget}
+"""
+
+
+@pytest.fixture
+def screen(monkeypatch: pytest.MonkeyPatch) -> Console:
+    """What the command prints, as plain text (wide: no figure wraps)."""
+    console = Console(width=160, record=True, file=io.StringIO())
+    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.delenv("SHARDVAULT_CATALOG_TABLE", raising=False)
+    return console
+
+
+def policy_file(tmp_path: Path, name: str = "big", budget: float = 1) -> Path:
+    path = tmp_path / "shardvault.yaml"
+    path.write_text(POLICY.format(name=name, budget=budget))
+    return path
+
+
+def cells(text: str) -> dict[str, list[str]]:
+    """A printed table's rows: first cell -> the other cells."""
+    rows = (line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│"))
+    return {row[0].strip(): [c.strip() for c in row[1:]] for row in rows}
+
+
+def test_target_prints_the_modeled_1_tib_case(screen: Console) -> None:
+    assert cli.main(["cost", "--target"]) == 0
+    table = cells(screen.export_text())
+    f = costs.target_forecast()
+    assert table["storage in DEEP_ARCHIVE"] == [f"${f.storage_usd:,.2f}"]
+    assert table["of which early-deletion charges"] == [f"${f.early_deletion_usd:,.2f}"]
+    assert table["S3 requests (upload, verify, promote)"] == [f"${f.requests_usd:,.2f}"]
+    assert table["Step Functions and DynamoDB"] == [f"${f.orchestration_usd:,.2f}"]
+    assert table["Lambda"] == [f"${f.lambda_usd:,.2f}"]
+    assert table["request overhead: S3, orchestration, Lambda"] == [
+        f"${f.request_overhead_usd:,.2f}"
+    ]
+    assert table["request overhead / storage"] == [
+        f"{f.request_overhead_ratio:.2%} (target: at most 1%)"
+    ]
+    assert table["objects made"] == [f"{f.objects_per_month:,.0f}"]
+    assert table["budget"] == ["none set"]
+    # The figures themselves (a change to the model or the prices shows here).
+    assert f.storage_usd == pytest.approx(40.28, abs=0.01)
+    assert f.request_overhead_usd == pytest.approx(3.37, abs=0.01)
+
+
+def test_a_cluster_over_budget_is_flagged_and_exits_1(screen: Console, tmp_path: Path) -> None:
+    path = policy_file(tmp_path, budget=1)
+    assert cli.main(["cost", "--policy", str(path), "--data-gib", "500"]) == 1
+    text = screen.export_text()
+    assert "big: 500 GiB, 5% a day" in text
+    assert cells(text)["budget"][0].startswith("$1.00: over by $")
+    assert "cluster big is forecast at $" in text
+    assert "over its budget of $1.00" in text
+
+
+def test_a_cluster_within_budget_exits_0(screen: Console, tmp_path: Path) -> None:
+    path = policy_file(tmp_path, budget=10_000)
+    assert cli.main(["cost", "--policy", str(path), "--data-gib", "500"]) == 0
+    budget = cells(screen.export_text())["budget"][0]
+    assert budget.startswith("$10,000.00: $")
+    assert budget.endswith("to spare")
+
+
+def test_a_bad_policy_is_named_by_field_and_exits_2(screen: Console, tmp_path: Path) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("version: 1\nclusters: {a: {engine: mysql}}\n")
+    assert cli.main(["cost", "--policy", str(bad)]) == 2
+    text = screen.export_text()
+    assert "PolicyError" in text
+    assert "clusters.a.engine: Input should be 'sqlite' or 'postgres', got 'mysql'" in text
+    assert "clusters.a.vault: Field required. Fix: add vault" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "says"),
+    [
+        (["--policy", "missing.yaml"], "PolicyError", "missing.yaml cannot be read"),
+        (["--cluster", "billing"], "PolicyError", "no cluster 'billing'"),
+        (["--data-gib", "0"], "CostError", "0 bytes of data"),
+        (["--daily-change", "2"], "CostError", "daily change of 2.0"),
+    ],
+)
+def test_bad_arguments_are_named_and_exit_2(
+    screen: Console, args: list[str], error: str, says: str
+) -> None:
+    assert cli.main(["cost", *args]) == 2
+    text = screen.export_text()
+    assert f"{error}: " in text
+    assert says in text
+    assert "Fix: " in text
+
+
+def test_the_catalogs_spend_by_cluster_and_class(
+    screen: Console, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gib = 2**30
+    records = [
+        {"cluster": "big", "status": "COMPLETE", "location": "vault",
+         "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
+        {"cluster": "big", "status": "COMPLETE", "location": "vault",
+         "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
+        {"cluster": "big", "status": "COMPLETE", "bytes": 10 * gib, "objects": 40},
+        {"cluster": "big", "status": "EXPIRED", "location": "vault",
+         "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
+        {"cluster": "big", "status": "FAILED", "bytes": 100 * gib},
+    ]  # fmt: skip
+    asked = []
+    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: asked.append(c) or records)
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    path = policy_file(tmp_path, budget=10_000)
+    assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
+    assert asked == ["big"]
+    spend = [line for line in screen.export_text().splitlines() if line.startswith("│ ")]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in spend]
+    # Two complete backups of 100 GiB in GLACIER_IR at $0.004/GB; 10 GiB staged at $0.023.
+    assert ["big", "GLACIER_IR", "2", "200.0", "$0.80"] in rows
+    assert ["big", "STANDARD", "1", "10.0", "$0.23"] in rows
+    assert ["total", "", "", "", "$1.03"] in rows
