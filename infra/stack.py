@@ -220,12 +220,17 @@ class ShardVaultStack(Stack):
             ),
             catalog_rw,
         )
-        for module in ("record_promotion_failure", "finalize_restore", "cleanup_restore"):
+        for module in (
+            "record_promotion_failure",
+            "finalize_restore",
+            "cleanup_restore",
+            "decide_retention",  # budget alerts
+        ):
             self.notifications.key.grant(
                 self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
             )
         grant("record_promotion_failure", catalog_rw, publish)
-        grant("decide_retention", catalog_rw)
+        grant("decide_retention", catalog_rw, publish)
         deleting = []
         for store in (bucket, vault):
             deleting += [

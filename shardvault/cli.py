@@ -330,6 +330,8 @@ def print_retention(result: dict[str, Any], dry_run: bool) -> None:
         console.print(table)
         if d["unrestorable"]:
             console.print(f"[red]kept but unrestorable (chain broken)[/]: {d['unrestorable']}")
+    for alert in result.get("budget_alerts", []):
+        console.print(f"[bold red]{alert}[/]")
     console.print(
         f"{verb} {len(result.get('expire', []))} backups: saves "
         f"${result.get('monthly_saving_usd', 0):.4f}/month; early-deletion charges "

@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from shardvault import costs
 from shardvault.errors import ExpiryFailed, InvalidRequest
 from shardvault.models import BackupStatus
 from shardvault.planning import backup_prefix
@@ -93,14 +94,35 @@ def decide_all(requested: str | None, svc: Services, now: float) -> dict[str, An
         decision_summary(c, decide_cluster(c, svc, now)) for c in clusters_to_check(requested, svc)
     ]
     expiring = [{"cluster": d["cluster"], "backup_id": b} for d in decisions for b in d["expire"]]
+    alerts = [a for c in clusters_to_check(requested, svc) if (a := budget_alert(c, svc))]
+    for alert in alerts:
+        svc.notify("ShardVault: a cluster is over its budget", {"alert": alert})
     return {
         "decisions": decisions,
+        "budget_alerts": alerts,
         "expire": expiring,
         "monthly_saving_usd": round(sum(d["monthly_saving_usd"] for d in decisions), 4),
         "early_deletion_charge_usd": round(
             sum(d["early_deletion_charge_usd"] for d in decisions), 4
         ),
     }
+
+
+def budget_alert(cluster: str, svc: Services) -> str | None:
+    """The alert when the cluster's monthly forecast, at the size of its newest complete
+    backup, exceeds the policy's budget. Checked once a day, with retention, not on each
+    backup: a forecast simulates a year of the schedule."""
+    cluster_policy = svc.policy().cluster(cluster)
+    if cluster_policy.budget_usd_per_month is None:
+        return None
+    backups = records(cluster, svc)
+    if not backups:
+        return None
+    newest = max(backups, key=lambda b: b.completed_at)
+    forecast = costs.monthly_forecast(
+        cluster_policy, max(newest.bytes, 1), costs.DEFAULT_DAILY_CHANGE
+    )
+    return costs.budget_alert(cluster, forecast)
 
 
 def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> dict[str, Any]:

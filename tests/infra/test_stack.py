@@ -312,6 +312,7 @@ PUBLISHERS = {
     "record_promotion_failure",
     "finalize_restore",
     "cleanup_restore",
+    "decide_retention",  # budget alerts
 }
 
 

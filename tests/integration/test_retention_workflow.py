@@ -4,6 +4,9 @@ else, and backups under Object Lock are reported as locked, not deleted."""
 
 from __future__ import annotations
 
+import json
+
+import boto3
 import pytest
 
 from shardvault import operations as ops
@@ -89,3 +92,33 @@ def test_a_cluster_missing_from_the_policy_is_refused_by_name(make_cluster, poli
     assert result.status == "FAILED"
     assert result.error == "PolicyError"
     assert cluster.name in result.cause
+
+
+def test_a_cluster_forecast_over_its_budget_is_alerted(make_cluster, stack, tmp_path, monkeypatch):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    assert cluster.backup().status == "SUCCEEDED"
+    path = tmp_path / "budget.yaml"
+    path.write_text(
+        "version: 1\nclusters:\n"
+        f"  {cluster.name}:\n"
+        "    engine: sqlite\n"
+        "    schedule: {full: '0 2 * * *'}\n"  # a full a day: its requests alone pass $0.01
+        "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
+        "    retention: {keep_daily: 30}\n"
+        "    budget_usd_per_month: 0.01\n"
+    )
+    monkeypatch.setattr(stack.settings, "policy_file", str(path))
+    sns, sqs = boto3.client("sns"), boto3.client("sqs")
+    queue = sqs.create_queue(QueueName=f"alerts-{cluster.name}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]
+    sns.subscribe(TopicArn=stack.settings.topic_arn, Protocol="sqs", Endpoint=arn["QueueArn"])
+
+    result = ops.run_retention(client_of(stack), cluster.name, dry_run=True)
+
+    assert result.status == "SUCCEEDED", result.cause
+    (alert,) = result.record["budget_alerts"]
+    assert "over its budget of $0.01" in alert
+    assert cluster.name in alert
+    messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    bodies = [json.loads(m["Body"]) for m in messages]
+    assert any(cluster.name in b.get("Message", "") for b in bodies)
