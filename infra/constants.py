@@ -47,7 +47,7 @@ class FunctionSpec:
     """One Lambda function: ``functions/<module>.py`` holds its ``lambda_handler``."""
 
     module: str
-    placeholder: str  # the ASL placeholder that receives its ARN
+    placeholder: str | None  # the ASL placeholder that receives its ARN (None: not in an ASL)
     timeout_seconds: int = 60
     memory_mb: int = 512
 
@@ -81,9 +81,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("decide_retention", "DecideRetentionFunctionArn", 120),
     # Deletes every version of a backup's objects in batches of 1,000 keys.
     FunctionSpec("expire_backup", "ExpireBackupFunctionArn", 900),
+    # Run by an EventBridge rule when a backup execution is aborted or times out.
+    FunctionSpec("reap_execution", None, 300),
 )
 
 WORK_BUCKET_PLACEHOLDER = "WorkBucket"
 SUBSTITUTION_KEYS: frozenset[str] = frozenset(
-    {spec.placeholder for spec in FUNCTIONS} | {WORK_BUCKET_PLACEHOLDER}
+    {spec.placeholder for spec in FUNCTIONS if spec.placeholder} | {WORK_BUCKET_PLACEHOLDER}
 )

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from cdk_nag import NagSuppressions
@@ -76,6 +78,7 @@ class ShardVaultStack(Stack):
             )
         }
         self.workflow = self.workflows["backup"]
+        self._reap_ended_executions()
         self.schedules = Schedules(
             self,
             "Schedules",
@@ -186,6 +189,21 @@ class ShardVaultStack(Stack):
             catalog_rw,
             publish,
         )
+        self.notifications.key.grant(
+            self.functions.functions["reap_execution"], "kms:Decrypt", "kms:GenerateDataKey*"
+        )
+        self.functions.grant(
+            "reap_execution",
+            iam.PolicyStatement(
+                actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
+            ),
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
+            policies.list_prefix(bucket, BACKUPS_PREFIX),
+            catalog_rw,
+            policies.table(self.tables.inbox, TABLE_WRITE),  # token-less releases
+            policies.table(self.tables.nodes, TABLE_READ),  # explain() names silent nodes
+            publish,
+        )
         self.functions.grant(
             "cleanup_backup",
             iam.PolicyStatement(
@@ -248,6 +266,27 @@ class ShardVaultStack(Stack):
         expire_role = self.functions.functions["expire_backup"].role
         assert expire_role is not None
         self.storage.deny_vault_deletes_except(expire_role)
+
+    def _reap_ended_executions(self) -> None:
+        """An aborted or timed-out backup execution skips its failure path: this rule hands it
+        to reap_execution, which runs the same cleanup and releases the checkpoints."""
+        machine = self.workflows["backup"].state_machine
+        rule = events.Rule(
+            self,
+            "ReapEndedBackups",
+            description="Backup executions that were aborted or timed out: clean up after them.",
+            event_pattern=events.EventPattern(
+                source=["aws.states"],
+                detail_type=["Step Functions Execution Status Change"],
+                detail={
+                    "status": ["ABORTED", "TIMED_OUT"],
+                    "stateMachineArn": [machine.state_machine_arn],
+                },
+            ),
+        )
+        rule.add_target(
+            targets.LambdaFunction(self.functions.functions["reap_execution"], retry_attempts=4)
+        )
 
     def _grant_restore_functions(self) -> None:
         """Restores read backups from the store or the vault; a presigned GET carries the

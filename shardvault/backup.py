@@ -119,6 +119,8 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             "shards": sorted(sh for s in sources for sh in s.shard_ids),
             "bytes_done": 0,
             "objects_done": 0,
+            # What the reaper needs to clean up after an execution that never reached Cleanup.
+            "context": context.model_dump_json(),
         }
     )
     return context
@@ -633,3 +635,36 @@ def cleanup(
         f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome}
     )
     return outcome
+
+
+# --- reaping -----------------------------------------------------------------------------------
+REAPED_STATUSES = frozenset({"ABORTED", "TIMED_OUT"})
+
+
+def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: float) -> dict:
+    """After an execution was aborted or timed out (it skipped the failure path): the same
+    cleanup, and a release posted to every source node's inbox without a task token (the
+    agent runs it and answers nobody). A backup that already ended is left alone."""
+    if status not in REAPED_STATUSES:
+        return {"reaped": False, "why": f"status {status}"}
+    record = next(
+        (r for r in svc.catalog.backups(cluster) if r.get("execution_id") == execution_arn), None
+    )
+    if record is None or record.get("status") != BackupStatus.RUNNING or "context" not in record:
+        return {"reaped": False, "why": "no running backup of that execution"}
+    context = BackupContext.model_validate_json(record["context"])
+    for source in context.sources:
+        svc.inbox.post(
+            source.node_id,
+            f"release:{context.backup_id}:reaped",
+            "release",
+            {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
+            "",
+        )
+    error = {
+        "Error": f"States.{status.title().replace('_', '')}",
+        "Cause": f"the execution was {status.lower().replace('_', ' ')}; its backup was cleaned "
+        "up by the reaper. Fix: start the backup again (and raise the state machine's timeout "
+        "if it timed out).",
+    }
+    return {"reaped": True, **cleanup(context, error, svc, now)}

@@ -120,6 +120,12 @@ class Agent:
     def execute(self, item: dict[str, Any]) -> None:
         token, started = item["task_token"], time.monotonic()
         try:
+            if not token:
+                # Posted by the control plane outside any execution (the reaper's release
+                # after an execution was aborted or timed out): run it; nobody waits for it.
+                self.commands.run(item["command"], item.get("args", {}))
+                log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
+                return
             if not self.task_alive(token):
                 # Its task ended while the command waited (e.g. an agent restarted with a
                 # week-old inbox): running it could take a checkpoint nobody releases.
@@ -134,7 +140,8 @@ class Agent:
         except Exception as error:  # every failure is answered, never swallowed
             name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
             log.warning("%s failed: %s: %s", item["command_id"], name, error)
-            self.fail(token, name, str(error))
+            if token:
+                self.fail(token, name, str(error))
         finally:
             with contextlib.suppress(Exception):
                 self.inbox.remove(self.config.node_id, item["command_id"], item["dispatch_id"])

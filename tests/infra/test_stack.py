@@ -199,6 +199,7 @@ def test_state_machine_invokes_exactly_the_functions(synth: Synthesized, name: s
     functions = function_ids(synth)
     assert len(functions) == len(FUNCTIONS)
     assert sorted(functions.values()) == sorted(spec.module for spec in FUNCTIONS)
+    assert "reap_execution" not in set(modules_called(MACHINES[name]))
     called = set(modules_called(MACHINES[name]))
     assert {functions[i] for i in referenced_ids(resources)} == called
 
@@ -313,6 +314,7 @@ PUBLISHERS = {
     "finalize_restore",
     "cleanup_restore",
     "decide_retention",  # budget alerts
+    "reap_execution",
 }
 
 
@@ -343,7 +345,7 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
         deletes = {a for s in statements for a in actions(s) if a.startswith("s3:Delete")}
         if module == "expire_backup":
             assert deletes == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
-        elif module == "cleanup_backup":  # a failed backup's partial objects, in staging
+        elif module in ("cleanup_backup", "reap_execution"):  # a failed backup's partial objects
             assert deletes == {"s3:DeleteObject"}
         else:
             assert not deletes, module
@@ -639,3 +641,14 @@ def test_cdk_app_synthesizes_without_aws_credentials(tmp_path: Path) -> None:
     errors = [e["data"] for entries in metadata.values() for e in entries if "error" in e["type"]]
     assert errors == []
     assert (tmp_path / "cdk.out" / "ShardVault.template.json").is_file()
+
+
+def test_aborted_and_timed_out_backups_are_reaped(synth: Synthesized) -> None:
+    (rule,) = resources_of(synth, "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["detail"]["status"] == ["ABORTED", "TIMED_OUT"]
+    backup_id = machines(synth)[BACKUP_STATE_MACHINE_NAME][0]
+    assert referenced_ids(pattern["detail"]["stateMachineArn"]) == {backup_id}
+    (target,) = rule["Properties"]["Targets"]
+    reaper = {m: i for i, m in function_ids(synth).items()}["reap_execution"]
+    assert referenced_ids(target["Arn"]) == {reaper}

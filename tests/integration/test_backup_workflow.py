@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 
+import boto3
+
+from functions.reap_execution import lambda_handler
+from shardvault.local.lambda_bridge import LambdaContext
 from shardvault.readback import load_manifest, materialize
 
 from .conftest import entered_states, output
@@ -114,3 +119,41 @@ def test_parts_changed_after_checksumming_are_signed_again_and_verified(make_clu
     roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
     for shard_id, source in cluster.sources.items():
         assert content_hash(roots[shard_id] / source.name) == content_hash(source)
+
+
+def test_an_aborted_execution_is_reaped_and_leaves_nothing_behind(make_cluster, stack):
+    """Stopping an execution skips its failure path; the reaper (an EventBridge rule on AWS)
+    aborts the uploads, removes partial objects, releases the checkpoints and the lock."""
+    slow = {"rate_limit_bytes_per_second": 2 * 2**20, "upload_parallelism": 1}
+    cluster = make_cluster(nodes=2, size_mb=24, agent=slow)
+    execution = cluster.start_backup()
+    deadline = time.monotonic() + 60
+    while not cluster.open_uploads():  # mid-upload
+        assert time.monotonic() < deadline, "no upload ever started"
+        time.sleep(0.1)
+    sfn = boto3.client("stepfunctions")
+    sfn.stop_execution(executionArn=execution)
+    described = sfn.describe_execution(executionArn=execution)
+    event = {
+        "detail": {
+            "executionArn": execution,
+            "status": "ABORTED",
+            "input": described["input"],
+        }
+    }
+
+    outcome = lambda_handler(event, LambdaContext(function_name="shardvault-reap_execution"))
+
+    assert outcome["reaped"] is True
+    (record,) = cluster.records()
+    assert record["status"] == "FAILED"
+    assert "reaper" in record["cause"]
+    assert cluster.open_uploads() == []
+    assert stack.services().catalog.lock_holder(cluster.name) is None
+    deadline = time.monotonic() + 30
+    while cluster.held_checkpoints():  # the agents run the token-less release
+        assert time.monotonic() < deadline, f"still held: {cluster.held_checkpoints()}"
+        time.sleep(0.2)
+    # Reaping twice, or a backup that ended normally, changes nothing.
+    again = lambda_handler(event, LambdaContext(function_name="shardvault-reap_execution"))
+    assert again["reaped"] is False
