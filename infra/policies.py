@@ -46,6 +46,13 @@ def table(
     return iam.PolicyStatement(actions=list(actions), resources=resources)
 
 
+def index(table_: dynamodb.ITable, name: str, *actions: str) -> iam.PolicyStatement:
+    """``actions`` (a Query) on one index of the table only, not on the table itself."""
+    return iam.PolicyStatement(
+        actions=list(actions), resources=[f"{table_.table_arn}/index/{name}"]
+    )
+
+
 def table_read_write(table_: dynamodb.ITable) -> iam.PolicyStatement:
     return table(table_, TABLE_READ + TABLE_WRITE)
 

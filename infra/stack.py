@@ -297,34 +297,39 @@ class ShardVaultStack(Stack):
             self.tables,
             self.functions.grant,
         )
-        catalog_rw = policies.table_read_write(tables.catalog)
+        # A backup is read from the vault once promoted (the record's location), else the store.
         read_backups = [
             policies.objects(store, BACKUPS_PREFIX, "s3:GetObject") for store in (bucket, vault)
         ]
+        update_catalog = policies.table(tables.catalog, ("dynamodb:UpdateItem",))
         grant(
             "validate_restore",
-            policies.table(tables.catalog, TABLE_READ),
-            policies.table(tables.nodes, TABLE_READ, indexes=(NODES_BY_CLUSTER,)),
+            # Reads only: the source cluster's records (Catalog.backups: a Query), the target's
+            # agents (NodeRegistry.in_cluster: a Query on the index) and the manifest.
+            policies.table(tables.catalog, ("dynamodb:Query",)),
+            policies.index(tables.nodes, NODES_BY_CLUSTER, "dynamodb:Query"),
             *read_backups,
         )
         grant(
             "plan_restore",
-            *read_backups,
-            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
-            catalog_rw,
+            *read_backups,  # the manifest
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # download items, layouts
+            policies.table(tables.catalog, ("dynamodb:PutItem",)),  # the restore#<id> record
         )
         grant(
             "thaw_objects",
-            *read_backups,
+            *read_backups,  # the manifest, and HeadObject (authorized by s3:GetObject)
             *[
                 policies.objects(store, BACKUPS_PREFIX, "s3:RestoreObject")
                 for store in (bucket, vault)
             ],
-            policies.table(tables.catalog, ("dynamodb:UpdateItem",)),
+            update_catalog,  # how many objects are still frozen
         )
+        # The URL it signs is authorized as this role: s3:GetObject on backups/ and nothing
+        # else is all an agent can reach with it (no writes, no _work/, no other bucket).
         grant("sign_download", *read_backups)
         for module in ("record_download", "finalize_restore", "cleanup_restore"):
-            grant(module, policies.table(tables.catalog, ("dynamodb:UpdateItem",)))
+            grant(module, update_catalog)
         publish = iam.PolicyStatement(
             actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
         )

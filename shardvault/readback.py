@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from botocore.exceptions import ClientError
+
 from shardvault.checksums import crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch, InvalidRequest
 from shardvault.models import FileEntry, Manifest, ManifestStream
@@ -26,10 +28,15 @@ def manifest_key(prefix: str, cluster: str, backup_id: str) -> str:
 def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:
+    except ClientError as error:
+        # Without s3:ListBucket (the functions have none on AWS), S3 answers a missing key
+        # with 403 AccessDenied instead of NoSuchKey: both mean "no manifest we can read".
+        if error.response["Error"]["Code"] not in ("NoSuchKey", "AccessDenied", "403"):
+            raise
         raise InvalidRequest(
-            f"no manifest at s3://{bucket}/{key}.",
-            fix="check the cluster and backup id ('shardvault list').",
+            f"no manifest at s3://{bucket}/{key} (or no access to it).",
+            fix="check the cluster and backup id ('shardvault list'); if it is listed, the "
+            "catalog and the store disagree: the backup's objects were removed.",
         ) from None
     return Manifest.model_validate_json(body)
 

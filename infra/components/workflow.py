@@ -4,15 +4,18 @@ restore, retention), its role, its log group and its alarms.
 The ASL file holds orchestration only; every ARN and bucket in it is a ``${Placeholder}``
 filled by ``definition_substitutions``. A definition read from a file gets no automatic
 grants from CDK, so the role's every permission is written here: invoking the functions its
-file names (and no other), running a Distributed Map's child executions, and reading its item
-lists (the plans) from the work prefix of the staging bucket.
+file names (and no other) and, only when the file has a Distributed Map (the backup's Upload,
+the restore's Download), running that Map's child executions and reading its item lists (the
+plans) from the work prefix of the staging bucket.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -48,6 +51,26 @@ def modules_called(definition: Path) -> list[str]:
     return [spec.module for spec in FUNCTIONS if spec.placeholder in used]
 
 
+def _states(states: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every state, including those inside Map processors and Parallel branches."""
+    for state in states.values():
+        yield state
+        processor = state.get("ItemProcessor") or state.get("Iterator") or {}
+        yield from _states(processor.get("States", {}))
+        for branch in state.get("Branches", []):
+            yield from _states(branch.get("States", {}))
+
+
+def distributed_maps(definition: Path) -> list[dict[str, Any]]:
+    """The definition's Distributed Map states: they need the Map Run and ItemReader grants."""
+    return [
+        state
+        for state in _states(json.loads(definition.read_text())["States"])
+        if state.get("Type") == "Map"
+        and state.get("ItemProcessor", {}).get("ProcessorConfig", {}).get("Mode") == "DISTRIBUTED"
+    ]
+
+
 def substitutions(
     functions: Mapping[str, lambda_.IFunction], work_bucket: s3.IBucket, definition: Path
 ) -> dict[str, str]:
@@ -77,17 +100,21 @@ class Workflow(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, construct_id)
+        distributed = bool(distributed_maps(definition))
         self.role = iam.Role(
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
-            description=f"{name}: invokes its functions, runs its Map Runs, reads its plans.",
+            description=f"{name}: invokes its functions"
+            + (", runs its Map Runs, reads its plans." if distributed else "."),
         )
         self._grant_invoke([functions[module] for module in modules_called(definition)])
-        self._grant_map_runs(name)
-        self.role.add_to_principal_policy(
-            policies.objects(work_bucket, WORK_PREFIX, "s3:GetObject")
-        )
+        if distributed:  # retention's Map is inline: it starts no executions, reads no plan
+            self._grant_map_runs(name)
+            # The ItemReader: {"Bucket": "${WorkBucket}", "Key.$": "$.plan.plan_key"}, a _work/ key.
+            self.role.add_to_principal_policy(
+                policies.objects(work_bucket, WORK_PREFIX, "s3:GetObject")
+            )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",

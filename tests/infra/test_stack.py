@@ -20,7 +20,7 @@ from aws_cdk import Token
 from aws_cdk.assertions import Annotations, Match, Template
 
 from infra.app import build_app
-from infra.components.workflow import modules_called, placeholders_in
+from infra.components.workflow import distributed_maps, modules_called, placeholders_in
 from infra.constants import (
     AGENT_POLICY_NAME,
     BACKUP_ASL,
@@ -35,6 +35,7 @@ from infra.constants import (
     RETENTION_STATE_MACHINE_NAME,
     STATE_MACHINES_DIR,
     SUBSTITUTION_KEYS,
+    WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack
 from tests.infra.template_queries import (
@@ -213,6 +214,9 @@ def test_state_machine_role_runs_its_map_runs_and_reads_plans_only(
     (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
     statements = role_statements(synth.json, role_id)
     by_action = {a: s for s in statements for a in actions(s)}
+    if not distributed_maps(MACHINES[name]):  # an inline Map starts no executions
+        assert not [a for a in by_action if a.startswith(("states:", "s3:"))], sorted(by_action)
+        return
     start = json.dumps(by_action["states:StartExecution"]["Resource"])
     assert f":stateMachine:{name}" in start
     executions = json.dumps(by_action["states:StopExecution"]["Resource"])
@@ -325,13 +329,9 @@ def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
 
 
 def test_download_signer_can_only_read_backups(synth: Synthesized) -> None:
-    """A presigned GET carries its signer's permissions: this is all an agent can reach."""
-    statements = _function_statements(synth)["sign_download"]
-    s3 = [s for s in statements if any(a.startswith("s3:") for a in actions(s))]
-    assert {a for s in s3 for a in actions(s)} == {"s3:GetObject"}
-    for statement in s3:
-        for resource in as_list(statement["Resource"]):
-            assert json.dumps(resource).endswith('"/backups/*"]]}'), resource
+    """A presigned GET carries its signer's permissions: this is all an agent can reach.
+    Nothing that writes, in any service; nothing under _work/."""
+    assert grants(synth, "sign_download") == READ_BACKUPS
 
 
 def test_no_function_holds_service_wide_actions(synth: Synthesized) -> None:
@@ -349,6 +349,112 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
             assert deletes == {"s3:DeleteObject"}
         else:
             assert not deletes, module
+
+
+# --- restores ---------------------------------------------------------------------------------
+def _resource_names(synth: Synthesized) -> dict[str, str]:
+    """Logical id -> a readable name, for the resources the functions' grants point at."""
+    names = {logical_id: kind for kind, (logical_id, _) in buckets(synth).items()}
+    tables = {("cluster", "backup_id"): "catalog", ("node_id",): "nodes"}
+    tables[("node_id", "command_id")] = "inbox"
+    for logical_id, table in resources_of(synth, "AWS::DynamoDB::Table").items():
+        keys = tuple(k["AttributeName"] for k in table["Properties"]["KeySchema"])
+        names[logical_id] = tables[keys]
+    topic_id, topic = only(resources_of(synth, "AWS::SNS::Topic"))
+    names[topic_id] = "topic"
+    names[only_id(topic["Properties"]["KmsMasterKeyId"])] = "topic key"
+    return names
+
+
+def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
+    """(action, target) for each grant of a function's role beyond its log group and X-Ray;
+    a target is a resource's name and what follows its ARN ("staging/backups/*")."""
+    names = _resource_names(synth)
+    out = set()
+    for statement in _function_statements(synth)[module]:
+        for action in actions(statement):
+            if action.startswith(("logs:", "xray:")):
+                continue
+            for resource in as_list(statement["Resource"]):
+                parts = resource.get("Fn::Join", ["", [resource]])[1]
+                suffix = "".join(p for p in parts if isinstance(p, str))
+                out.add((action, names.get(only_id(resource), "?") + suffix))
+    return out
+
+
+READ_BACKUPS = {("s3:GetObject", "staging/backups/*"), ("s3:GetObject", "vault/backups/*")}
+NOTIFY = {
+    ("sns:Publish", "topic"),
+    ("kms:Decrypt", "topic key"),
+    ("kms:GenerateDataKey*", "topic key"),
+}
+UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
+# What each restore function calls in shardvault/restore.py, and nothing else.
+RESTORE_GRANTS = {
+    "validate_restore": READ_BACKUPS
+    | {("dynamodb:Query", "catalog"), ("dynamodb:Query", "nodes/index/by_cluster")},
+    "plan_restore": READ_BACKUPS
+    | {("s3:PutObject", "staging/_work/*"), ("dynamodb:PutItem", "catalog")},
+    "thaw_objects": READ_BACKUPS
+    | UPDATE_CATALOG
+    | {("s3:RestoreObject", "staging/backups/*"), ("s3:RestoreObject", "vault/backups/*")},
+    "sign_download": READ_BACKUPS,
+    "record_download": UPDATE_CATALOG,
+    "finalize_restore": UPDATE_CATALOG | NOTIFY,
+    "cleanup_restore": UPDATE_CATALOG | NOTIFY,
+}
+
+
+def test_restore_calls_exactly_the_restore_functions() -> None:
+    assert set(modules_called(RESTORE_ASL)) == set(RESTORE_GRANTS) | {"dispatch"}
+
+
+@pytest.mark.parametrize("module", sorted(RESTORE_GRANTS))
+def test_restore_function_gets_exactly_what_it_calls(synth: Synthesized, module: str) -> None:
+    assert grants(synth, module) == RESTORE_GRANTS[module]
+
+
+def test_dispatcher_reads_restore_layouts_from_the_work_prefix_only(synth: Synthesized) -> None:
+    s3 = {g for g in grants(synth, "dispatch") if g[0].startswith("s3:")}
+    assert s3 == {("s3:GetObject", "staging/_work/*")}  # args_key
+
+
+@needs_asl
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_substitutions_are_the_right_resources(synth: Synthesized, name: str) -> None:
+    """Every ${Placeholder} of the deployed definition is filled, each with the ARN of the
+    function its name says (or the staging bucket's name)."""
+    _, machine = machines(synth)[name]
+    properties = machine["Properties"]
+    values = properties["DefinitionSubstitutions"]
+    # The definition is deployed as a file asset: the ASL file as it is, filled by CloudFormation.
+    asset = synth.outdir / f"asset.{properties['DefinitionS3Location']['Key']}"
+    assert asset.read_text() == MACHINES[name].read_text()
+    assert placeholders(asset.read_text()) == set(values)
+    module_of = {spec.placeholder: spec.module for spec in FUNCTIONS if spec.placeholder}
+    functions = function_ids(synth)
+    for placeholder, value in values.items():
+        if placeholder == WORK_BUCKET_PLACEHOLDER:
+            assert value == {"Ref": buckets(synth)["staging"][0]}
+        else:
+            assert value["Fn::GetAtt"][1] == "Arn", value
+            assert functions[value["Fn::GetAtt"][0]] == module_of[placeholder]
+
+
+@needs_asl
+@pytest.mark.parametrize("path", ASL_FILES, ids=lambda p: p.name)
+def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing(
+    path: Path,
+) -> None:
+    """What the state machine's role is granted for a Distributed Map: s3:GetObject under
+    _work/ of the staging bucket (its plan), no s3:PutObject (a ResultWriter would need it)."""
+    for state in distributed_maps(path):
+        reader = state["ItemReader"]
+        assert reader["Resource"] == "arn:aws:states:::s3:getObject"
+        assert reader["Parameters"]["Bucket"] == f"${{{WORK_BUCKET_PLACEHOLDER}}}"
+        assert "ResultWriter" not in state
+    expected = {"backup.asl.json": 1, "restore.asl.json": 1, "retention.asl.json": 0}
+    assert len(distributed_maps(path)) == expected.get(path.name, len(distributed_maps(path)))
 
 
 # --- storage, tables, topic, alarms ------------------------------------------------------------
