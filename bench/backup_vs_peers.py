@@ -31,8 +31,10 @@ other work on the machine hits all alike:
    --target-action=promote --archive-mode=off``) into an empty directory, the server started
    and promoted, then the same ``pg_amcheck --all``.
 
-Before each timed run the machine is *settled*: WAL archiving has caught up and dirty pages
-are written (``sync``). *Client CPU* is the CPU time of the tool's own processes: for
+Before each timed run the machine is *settled*: both agents are back at their idle poll rate
+(an agent polls its inbox every 50 ms for 30 s after its last command, and moto answers in
+this process, on the same cores: ``quiet_agents``), WAL archiving has caught up and dirty
+pages are written (``sync``). *Client CPU* is the CPU time of the tool's own processes: for
 ShardVault the agent plus this process (moto's Step Functions, DynamoDB and S3, and the Lambda
 handlers: on AWS that part runs off the database host); for s3transfer this process; for
 pgBackRest its processes. ShardVault's time is split by its execution history, the agent's log
@@ -88,6 +90,7 @@ from peers import (
     upload_one,
 )
 from probes import Probe
+from shardvault_agent.config import AgentConfig
 
 from shardvault import operations as ops
 from shardvault.local import demo
@@ -274,7 +277,9 @@ class Bench:
     probe: Probe
     restore_config: dict[str, Any]
     restore_agent_pid: int
+    busy_window: float  # seconds an agent keeps polling fast after its last command
     setup: dict[str, Any] = field(default_factory=dict)
+    agents_busy_until: float = 0.0  # time.monotonic() when both agents poll slowly again
 
     @property
     def client(self) -> ops.ClientConfig:
@@ -414,6 +419,11 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
     filled = fill(pg, pgbackrest, args.scale)
     (restore_config,) = demo.restore_targets(root, name=RESTORE_CLUSTER, engine="postgres", nodes=1)
     restore_config["node_id"] = RESTORE_NODE
+    config = agent_config(args, root, pg, cleanup)
+    busy_window = max(
+        float(c.get("busy_window_seconds", AgentConfig.model_fields["busy_window_seconds"].default))
+        for c in (config, restore_config)
+    )
     bench = Bench(
         args=args,
         root=root,
@@ -421,7 +431,7 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         pg=pg,
         tls_minio=tls_minio,
         pgbackrest=pgbackrest,
-        agent_pid=start_agent(stack, agent_config(args, root, pg, cleanup), cleanup),
+        agent_pid=start_agent(stack, config, cleanup),
         store_s3=store_s3,
         http_s3=http_s3,
         tls_s3=tls_s3,
@@ -429,6 +439,7 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         probe=probes.install(),
         restore_config=restore_config,
         restore_agent_pid=start_agent(stack, restore_config, cleanup),
+        busy_window=busy_window,
         setup=filled,
     )
     bench.setup["idle_cpu_per_second"] = idle_cpu(bench)
@@ -469,6 +480,26 @@ def wait_archived(pg: PostgresInstance, timeout: float = ARCHIVE_TIMEOUT) -> Non
 def settle(bench: Bench) -> None:
     wait_archived(bench.pg)
     os.sync()
+
+
+def quiet_agents(bench: Bench) -> dict[str, float]:
+    """Waits until both agents poll at their idle rate again.
+
+    For ``busy_window_seconds`` (30 s by default) after its last command an agent reads its
+    inbox every ``busy_poll_interval_seconds`` (50 ms), and moto answers every read in this
+    process: CPU taken from whatever tool runs next on the same 2 cores. Returns the wait and
+    the CPU per second this process and the agents used during it (that background load)."""
+    wait = bench.agents_busy_until - time.monotonic()
+    if wait <= 0:
+        return {"quiet_wait_seconds": 0.0}
+    pids = {"agent": bench.agent_pid, "restore_agent": bench.restore_agent_pid}
+    before = cpu_snapshot(pids)
+    time.sleep(wait)
+    used = cpu_delta(before, cpu_snapshot(pids))
+    return {
+        "quiet_wait_seconds": round(wait, 1),
+        "busy_poll_cpu_per_second": {name: round(v / wait, 3) for name, v in used.items()},
+    }
 
 
 # --- CPU accounting -----------------------------------------------------------------------------
@@ -560,6 +591,7 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
         "parts": record["parts"],
         "part_size": manifest.part_size,
         "files": len(rnd.files),
+        "shards": len(manifest.shards),
         "verification": record["verification"],
         "agent_peak_rss": peak_rss_bytes(bench.agent_pid),
         "client_cpu_seconds": cpu["agent"] + cpu["self"],
@@ -703,7 +735,7 @@ def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
         "seconds": seconds,
         "restore_seconds": result["seconds"],
         "bytes": bench.pgbackrest.info()["backup"][-1]["info"]["size"],
-        "objects": 0,
+        "objects": None,  # not counted: the objects are its backup's (see pgbackrest)
         "client_cpu_seconds": result["client_cpu_seconds"],
         "minio_cpu_seconds": round(process_cpu(bench.tls_minio.process.pid) - minio_before, 2),
     }
@@ -723,18 +755,28 @@ RUNNERS: dict[str, Callable[[Bench, Round], dict[str, Any]]] = {
 # --- rounds -------------------------------------------------------------------------------------
 def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -> None:
     for tool in bench.args.tools:
+        quiet = quiet_agents(bench)
         settle(bench)
         load = os.getloadavg()[0]
-        result = RUNNERS[tool](bench, rnd) | {"round": rnd.index, "load_before": load}
+        result = RUNNERS[tool](bench, rnd) | {"round": rnd.index, "load_before": load} | quiet
+        if tool.startswith("shardvault"):
+            bench.agents_busy_until = time.monotonic() + bench.busy_window
         runs[tool].append(result)
+        objects = "" if result["objects"] is None else f", {result['objects']} objects"
         say(
-            f"  {tool}: {result['seconds']:.1f} s, {result['bytes'] / 2**20:,.0f} MiB, "
-            f"{result['objects']} objects (load before {load:.2f})"
+            f"  {tool}: {result['seconds']:.1f} s, {result['bytes'] / 2**20:,.0f} MiB"
+            f"{objects} (load before {load:.2f})"
         )
     if rnd.tar:
         rnd.tar.unlink(missing_ok=True)
     if rnd.backup_prefix:
         delete_prefix(bench.store_s3, bench.store_bucket, rnd.backup_prefix)
+    if rnd.pgbackrest_label:
+        # Earlier rounds' backups are not needed any more (disk space; not timed). pgBackRest
+        # never expires its newest backup with --set, so this round's stays until the next.
+        for backup in bench.pgbackrest.info()["backup"]:
+            if backup["label"] != rnd.pgbackrest_label:
+                bench.pgbackrest.expire(backup["label"])
 
 
 def run_rounds(bench: Bench) -> dict[str, list[dict[str, Any]]]:

@@ -302,6 +302,11 @@ class PgBackRest:
             "client_cpu_seconds": round(_children_cpu() - before, 2),
         }
 
+    def expire(self, label: str) -> None:
+        """Removes the backup ``label`` and the WAL only it needed (untimed, for disk space:
+        ``repo1-retention-full`` is high so that no backup expires inside a timed run)."""
+        self.run("expire", f"--set={label}")
+
     def info(self) -> dict[str, Any]:
         return json.loads(self.run("info", "--output=json"))[0]
 

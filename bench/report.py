@@ -10,12 +10,12 @@ Terms:
   and Finalize, to the execution's success).
 * *agent commands*: the agent logs ``<command>:<backup id>[:<key>] done in <s> s`` when a
   command is answered; from those, the time the agent was busy checksumming (reading the
-  source and writing the spool) and uploading.
+  source once; nothing is copied unless a part changed under it) and uploading.
 * *object steps*: one data object's way through the Upload map, from the agent's log and the
   control-plane probes (``probes.py``): ``wait_checksum`` (inbox to the agent starting the
   checksum: poll interval, and a free command slot among ``max_parallel_commands``),
-  ``checksum`` (read the source, CRC64NVME, write the spool), ``to_sign`` (the answer through
-  Step Functions to Sign), ``sign``, ``to_upload`` (Sign to the upload command in the inbox),
+  ``checksum`` (read the source, CRC64NVME), ``to_sign`` (the answer through Step Functions
+  to Sign), ``sign``, ``to_upload`` (Sign to the upload command in the inbox),
   ``wait_upload``, ``upload`` (the parts, ``upload_parallelism`` at once), ``to_complete`` and
   ``complete`` (complete and verify by GetObjectAttributes).
 """
@@ -59,9 +59,19 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def object_target(total_bytes: int) -> int:
-    """The objects a backup of ``total_bytes`` should need at most: one per 256 MiB, plus one."""
-    return math.ceil(total_bytes / OBJECT_TARGET_SIZE) + 1
+def object_target(total_bytes: int, shards: int = 1) -> int:
+    """The objects a backup of ``total_bytes`` should need at most: one per 256 MiB, plus one
+    per shard."""
+    return math.ceil(total_bytes / OBJECT_TARGET_SIZE) + shards
+
+
+def pair_ratios(
+    runs: list[dict[str, Any]], others: list[dict[str, Any]]
+) -> dict[str, float] | None:
+    """Spread of ``run / other`` over the rounds both ran (pairs by ``round``)."""
+    by_round = {other["round"]: other["seconds"] for other in others}
+    values = [run["seconds"] / by_round[run["round"]] for run in runs if run["round"] in by_round]
+    return spread(values) if values else None
 
 
 # --- ShardVault's execution history -------------------------------------------------------------
@@ -219,7 +229,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
             "label": labels[tool],
             "seconds": spread(seconds),
             "bytes": median_of(tool_runs, "bytes"),
-            "objects": median_of(tool_runs, "objects"),
+            "objects": None
+            if any(run["objects"] is None for run in tool_runs)
+            else median_of(tool_runs, "objects"),
             "mib_per_s": median_of(tool_runs, "bytes") / statistics.median(seconds) / MiB,
             "client_cpu_seconds": median_of(tool_runs, "client_cpu_seconds"),
             "minio_cpu_seconds": median_of(tool_runs, "minio_cpu_seconds"),
@@ -234,16 +246,32 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
             for tool, info in tools.items()
             if tool not in RESTORE_TOOLS | {"shardvault"}
         }
+        summary["pair_ratios"] = {
+            f"shardvault/{tool}": pair_ratios(runs["shardvault"], runs[tool])
+            for tool in tools
+            if tool not in RESTORE_TOOLS | {"shardvault"}
+        }
         if restore := tools.get("shardvault-restore"):
             own = restore["seconds"]["median"]
             summary["restore_ratios"] = {"shardvault-restore/shardvault": own / reference}
+            summary["pair_ratios"]["shardvault-restore/shardvault"] = pair_ratios(
+                runs["shardvault-restore"], runs["shardvault"]
+            )
             if peer := tools.get("pgbackrest-restore"):
                 summary["restore_ratios"]["shardvault-restore/pgbackrest-restore"] = (
                     own / peer["seconds"]["median"]
                 )
+                summary["pair_ratios"]["shardvault-restore/pgbackrest-restore"] = pair_ratios(
+                    runs["shardvault-restore"], runs["pgbackrest-restore"]
+                )
+            summary["restore_agent_peak_rss_mib"] = (
+                max(run["agent_peak_rss"] for run in runs["shardvault-restore"]) / MiB
+            )
         sv_runs = runs["shardvault"]
         summary["shardvault"] = {
-            "object_target": object_target(int(shardvault["bytes"])),
+            "object_target": object_target(
+                int(shardvault["bytes"]), max(run.get("shards", 1) for run in sv_runs)
+            ),
             "objects": [run["objects"] for run in sv_runs],
             "parts": [run["parts"] for run in sv_runs],
             "part_size": sv_runs[0]["part_size"],
@@ -270,26 +298,37 @@ def _s(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _ratio_spread(values: dict[str, float] | None) -> str:
+    if not values:
+        return "—"
+    return " / ".join(f"{values[k]:.2f}" for k in ("min", "median", "max"))
+
+
 def _mib(value: float) -> str:
     return f"{value / MiB:,.0f}"
 
 
 def tools_table(summary: dict[str, Any]) -> str:
     ratios = summary.get("ratios", {})
+    pairs = summary.get("pair_ratios", {})
     target = summary.get("shardvault", {}).get("object_target")
     rows = [
         "| tool | wall s min / median / max | MiB/s (median) | MiB moved | objects "
-        f"(target {target}) | client CPU s | MinIO CPU s | load avg before | ShardVault ÷ tool |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"(target {target}) | client CPU s | MinIO CPU s | load avg before | ShardVault ÷ tool "
+        "(medians) | ShardVault ÷ tool per round (min / median / max) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for tool, info in summary["tools"].items():
         spread_s = " / ".join(_s(info["seconds"][k]) for k in ("min", "median", "max"))
         ratio = ratios.get(f"shardvault/{tool}")
+        pair = pairs.get(f"shardvault/{tool}")
+        objects = "—" if info["objects"] is None else f"{info['objects']:.0f}"
         rows.append(
             f"| {info['label']} | {spread_s} | {info['mib_per_s']:.0f} | {_mib(info['bytes'])} | "
-            f"{info['objects']:.0f} | {_s(info['client_cpu_seconds'])} | "
+            f"{objects} | {_s(info['client_cpu_seconds'])} | "
             f"{_s(info['minio_cpu_seconds'])} | {_s(info['load_before']['min'])} to "
-            f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} |"
+            f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} | "
+            f"{_ratio_spread(pair)} |"
         )
     return "\n".join(rows)
 
@@ -300,7 +339,8 @@ def shardvault_table(summary: dict[str, Any]) -> str:
     rows = [
         "| ShardVault (medians) | value |",
         "| --- | --- |",
-        f"| objects per backup (target ceil(bytes / 256 MiB) + 1 = {sv['object_target']}) | "
+        f"| objects per backup (target ceil(bytes / 256 MiB) + 1 per shard = "
+        f"{sv['object_target']}) | "
         f"{', '.join(map(str, sv['objects']))} |",
         f"| parts per backup; part size | {', '.join(map(str, sv['parts']))}; "
         f"{sv['part_size'] // MiB} MiB |",
@@ -309,12 +349,17 @@ def shardvault_table(summary: dict[str, Any]) -> str:
         f"| CPU s: agent; control plane (moto, Lambda handlers) | {_s(sv['agent_cpu_seconds'])}; "
         f"{_s(sv['control_plane_cpu_seconds'])} |",
         f"| agent peak RSS (VmHWM, all runs) | {sv['agent_peak_rss_mib']:.0f} MiB |",
+        *(
+            [f"| restore agent peak RSS (VmHWM, all runs) | {restore_rss:.0f} MiB |"]
+            if (restore_rss := summary.get("restore_agent_peak_rss_mib"))
+            else []
+        ),
         f"| execution start → stop (Step Functions) | {_s(sv['execution_seconds'])} s |",
     ]
     rows += [f"| phase: {name} | {_s(phases[name])} s |" for name in PHASES]
     rows += [
-        f"| agent: checksum + spool, wall (sum over objects) | {_s(agent['checksum_wall'])} s "
-        f"({_s(agent['checksum_sum'])} s) |",
+        f"| agent: checksum (read + CRC64NVME), wall (sum over objects) | "
+        f"{_s(agent['checksum_wall'])} s ({_s(agent['checksum_sum'])} s) |",
         f"| agent: upload, wall (sum over objects) | {_s(agent['upload_wall'])} s "
         f"({_s(agent['upload_sum'])} s) |",
         f"| agent busy with any data object, wall | {_s(agent['agent_busy_wall'])} s |",
@@ -325,13 +370,17 @@ def shardvault_table(summary: dict[str, Any]) -> str:
 
 
 def ratios_text(summary: dict[str, Any]) -> str:
-    tools = summary["tools"]
+    tools, pairs = summary["tools"], summary.get("pair_ratios", {})
+
+    def per_round(key: str) -> str:
+        return f" (per round: {_ratio_spread(pairs[key])})" if pairs.get(key) else ""
+
     lines = [
-        f"- ShardVault ÷ {tools[key.split('/', 1)[1]]['label']}: {value:.2f}"
+        f"- ShardVault ÷ {tools[key.split('/', 1)[1]]['label']}: {value:.2f}{per_round(key)}"
         for key, value in summary.get("ratios", {}).items()
     ]
     lines += [
-        f"- {tools[a]['label']} ÷ {tools[b]['label']}: {value:.2f}"
+        f"- {tools[a]['label']} ÷ {tools[b]['label']}: {value:.2f}{per_round(key)}"
         for key, value in summary.get("restore_ratios", {}).items()
         for a, b in [key.split("/", 1)]
     ]
@@ -341,6 +390,9 @@ def ratios_text(summary: dict[str, Any]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     parts = [tools_table(summary)]
     if "shardvault" in summary:
-        parts += ["Ratios (medians of this run):\n\n" + ratios_text(summary)]
+        parts += [
+            "Ratios (of the medians; in brackets, min / median / max of the per-round ratios):"
+            "\n\n" + ratios_text(summary)
+        ]
         parts += [shardvault_table(summary)]
     return "\n\n".join(parts) + "\n"
