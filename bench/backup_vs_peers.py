@@ -671,11 +671,16 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
 
 
 # --- restores -----------------------------------------------------------------------------------
-def amcheck(bin_dir: Path, socket_dir: Path, port: int) -> None:
-    """``pg_amcheck --all``: what ShardVault's restore runs before it reports success."""
+def amcheck(bin_dir: Path, socket_dir: Path, port: int, jobs: int) -> None:
+    """``pg_amcheck --all`` with the restore agent's ``validation_jobs``: what ShardVault's
+    restore runs before it reports success."""
     cmd = [str(bin_dir / "pg_amcheck"), "-h", str(socket_dir), "-p", str(port), "-U", "postgres"]
     done = subprocess.run(
-        [*cmd, "--all", "--install-missing"], capture_output=True, text=True, check=False, cwd="/"
+        [*cmd, "--all", "--install-missing", f"--jobs={jobs}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
     )
     if done.returncode != 0:
         raise RuntimeError(f"pg_amcheck failed: {done.stdout}{done.stderr}")
@@ -726,7 +731,8 @@ def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pgBackRest's restore of {rnd.pgbackrest_label} never promoted")
             time.sleep(0.05)
-        amcheck(instance.bin_dir, instance.socket_dir, instance.port)
+        jobs = AgentConfig.model_validate(bench.restore_config).validation_jobs
+        amcheck(instance.bin_dir, instance.socket_dir, instance.port, jobs)
         seconds = result["seconds"] + (time.monotonic() - result["ended"])
     finally:
         instance.stop()

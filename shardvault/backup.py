@@ -45,10 +45,18 @@ from shardvault.models import (
     ShardListing,
     Source,
     UploadedPart,
+    UploadLimits,
     VaultTarget,
     unpack_files,
 )
-from shardvault.planning import backup_prefix, check_part_size, choose_part_size, plan_objects
+from shardvault.planning import (
+    MiB,
+    backup_prefix,
+    check_part_size,
+    choose_part_size,
+    plan_objects,
+)
+from shardvault.policy import ClusterPolicy
 from shardvault.services import Services
 from shardvault.store import (
     abort_uploads,
@@ -105,6 +113,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         part_size=request.part_size or policy_part_size(request, svc),
         execution_id=request.execution_id,
         vault=vault,
+        upload=policy_upload_limits(request, svc),
     )
     svc.catalog.put(
         {
@@ -126,12 +135,32 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     return context
 
 
+def cluster_policy(request: BackupRequest, svc: Services) -> ClusterPolicy | None:
+    """The cluster's entry in the deployment's policy file (None: no file, or no entry)."""
+    policy = svc.policy() if (svc.settings.policy or svc.settings.policy_file) else None
+    return policy.clusters.get(request.cluster) if policy else None
+
+
 def policy_part_size(request: BackupRequest, svc: Services) -> int | None:
     """The cluster's ``upload.part_size_mib`` from the policy file, in bytes (checked there)."""
-    policy = svc.policy() if (svc.settings.policy or svc.settings.policy_file) else None
-    cluster = policy.clusters.get(request.cluster) if policy else None
+    cluster = cluster_policy(request, svc)
     mib = cluster.upload.part_size_mib if cluster else None
-    return mib * 1024 * 1024 if mib else None
+    return mib * MiB if mib else None
+
+
+def policy_upload_limits(request: BackupRequest, svc: Services) -> UploadLimits:
+    return upload_limits(cluster_policy(request, svc))
+
+
+def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
+    """The cluster's ``upload`` rate limit and parallelism, for its agents."""
+    if cluster is None:
+        return UploadLimits()
+    rate = cluster.upload.rate_limit_mib_per_second
+    return UploadLimits(
+        rate_limit_bytes_per_second=max(1, round(rate * MiB)) if rate else None,
+        parallelism=cluster.upload.parallelism,
+    )
 
 
 def vault_target(request: BackupRequest, svc: Services) -> VaultTarget | None:
@@ -270,7 +299,8 @@ def plan(
     check_listings_match_sources(context, listings)
     total = sum(listing.bytes for listing in listings)
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
-    part_size = record.get("part_size") or context.part_size or choose_part_size(total)
+    vault_class = context.vault.storage_class if context.vault else None
+    part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
     objects = plan_objects(
         backup_id=context.backup_id,
         cluster=context.cluster,

@@ -98,7 +98,7 @@ STAGING_HOURS = {
 # staging object's promoted tag. s3transfer copies above COPY_THRESHOLD in COPY_PART_SIZE parts
 # (promote.COPY_CONFIG).
 COPY_THRESHOLD = 5 * GiB
-COPY_PART_SIZE = 1 * GiB
+COPY_PART_SIZE = 5 * GiB
 # The daily change a budget check assumes when it forecasts from one backup's size.
 DEFAULT_DAILY_CHANGE = 0.05
 OVERHEAD_TARGET = 0.01  # the issue's: request overhead at most 1% of the storage cost
@@ -170,7 +170,7 @@ def price_backup(
 ) -> BackupCost:
     """A backup of ``size`` bytes, cut as the planner cuts it unless sizes are given; staged
     for as long as ``landing`` keeps objects at STANDARD unless ``staging_hours`` is given."""
-    part_size = part_size or choose_part_size(size)
+    part_size = part_size or choose_part_size(size, storage_class)
     object_size = object_size or object_size_for(part_size)
     whole, rest = divmod(size, object_size)
     objects = max(1, whole + (rest > 0))

@@ -164,6 +164,15 @@ class Source(Frozen):
     shard_ids: list[str]
 
 
+class UploadLimits(Frozen):
+    """The policy's upload settings for one backup, sent to its agents with the checkpoint
+    command: each agent applies the stricter of these and its own configuration (None: the
+    agent's own)."""
+
+    rate_limit_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
+    parallelism: Annotated[int, Field(ge=1)] | None = None
+
+
 class BackupContext(Frozen):
     """What validation decided; passed along the state machine as ``$.backup``."""
 
@@ -176,6 +185,7 @@ class BackupContext(Frozen):
     part_size: int | None = None
     execution_id: str = ""
     vault: VaultTarget | None = None  # None: the backup stays in the store
+    upload: UploadLimits = Field(default_factory=UploadLimits)
 
 
 class ObjectPlan(Frozen):

@@ -5,6 +5,13 @@ the object size follows from it. The part size is chosen from the backup's total
 that a backup has few, large objects (xbcloud's 10 MiB objects made ~100,000 requests per
 TiB), never fewer than ``MIN_OBJECT_SIZE`` bytes per object, and never more parts per object
 than S3 allows. Every later stage (compression, encryption) works in units of this part.
+
+Backups bound for an *archive class* (GLACIER, DEEP_ARCHIVE) get larger parts: there every
+object costs on the way in (a state transition per step, a copy into the vault, 40 KB of
+billed metadata, a restore request on the way out) against storage so cheap that, at the
+default sizes, those costs were 8% of the storage bill. Their parts grow up to
+``ARCHIVE_PART_SIZE`` (objects up to 16 GiB) while the backup still has at least
+``ARCHIVE_MIN_OBJECTS`` objects to upload side by side; ``costs`` shows the effect.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 
 from shardvault.errors import PlanTooLarge
 from shardvault.models import ObjectPlan, ShardListing
+from shardvault.prices import ARCHIVE_CLASSES
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -28,16 +36,29 @@ DEFAULT_MIN_PART_SIZE = 8 * MiB  # s3transfer's default: good throughput per req
 PARTS_PER_OBJECT = 32
 MIN_OBJECT_SIZE = DEFAULT_MIN_PART_SIZE * PARTS_PER_OBJECT  # 256 MiB
 TARGET_MAX_OBJECTS = 1_000  # above this, parts grow instead of the object count
+ARCHIVE_PART_SIZE = 512 * MiB  # largest part chosen for an archive class: 16 GiB objects
+ARCHIVE_MIN_OBJECTS = 4  # as many as an agent uploads at once (max_parallel_commands)
 
 
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_part_size(total_bytes: int) -> int:
-    """The part size for a backup of ``total_bytes``: a power of two from 8 MiB to 5 GiB."""
-    wanted = -(-total_bytes // (TARGET_MAX_OBJECTS * PARTS_PER_OBJECT))
-    size = _next_power_of_two(max(wanted, 1))
+def _part_size_for_objects(total_bytes: int, objects: int) -> int:
+    """The power-of-two part size that cuts ``total_bytes`` into at most ``objects`` objects."""
+    wanted = -(-total_bytes // (objects * PARTS_PER_OBJECT))
+    return _next_power_of_two(max(wanted, 1))
+
+
+def choose_part_size(total_bytes: int, storage_class: str | None = None) -> int:
+    """The part size for a backup of ``total_bytes`` that lands in ``storage_class`` (None: it
+    stays in the store): a power of two from 8 MiB to 5 GiB."""
+    size = _part_size_for_objects(total_bytes, TARGET_MAX_OBJECTS)
+    if storage_class in ARCHIVE_CLASSES:
+        # Rounded down: at least ARCHIVE_MIN_OBJECTS objects, once parts exceed the minimum.
+        wanted = total_bytes // (ARCHIVE_MIN_OBJECTS * PARTS_PER_OBJECT)
+        archive = 1 << max(0, wanted.bit_length() - 1)
+        size = max(size, min(archive, ARCHIVE_PART_SIZE))
     return min(max(size, DEFAULT_MIN_PART_SIZE), S3_MAX_PART_SIZE)
 
 

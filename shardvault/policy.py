@@ -231,21 +231,25 @@ class Upload(Frozen):
         None,
         strict=True,
         description="Part size in MiB, 5 to 5120 (S3's limits); null: chosen from the data "
-        "size (8 MiB parts, 256 MiB objects up to 256 GiB of data).",
+        "size and the vault class (8 MiB parts, 256 MiB objects up to 256 GiB of data; for "
+        "GLACIER and DEEP_ARCHIVE, parts up to 512 MiB while a backup keeps at least 4 "
+        "objects).",
     )
     rate_limit_mib_per_second: float | None = Field(
         None,
         gt=0,
         strict=True,
-        description="Cap on MiB read per second per node; null: no cap. Not yet sent to agents: "
-        "set rate_limit_bytes_per_second in the agent's config.",
+        description="Cap on MiB read per second per node, sent to the agents with each backup; "
+        "an agent applies the stricter of this and its own rate_limit_bytes_per_second. "
+        "null: the agent's own.",
     )
-    parallelism: int = Field(
-        4,
+    parallelism: int | None = Field(
+        None,
         ge=1,
         strict=True,
-        description="Parts of one object an agent sends at once. Not yet sent to agents: set "
-        "upload_parallelism in the agent's config.",
+        description="Parts of one object an agent sends at once, sent with each backup; an "
+        "agent applies the smaller of this and its own upload_parallelism. null: the "
+        "agent's own.",
     )
 
 

@@ -5,15 +5,16 @@ Terms:
 - *vault*: a bucket with versioning and Object Lock that agents cannot reach; each object lands
   in the policy's storage class, locked until *retain-until* (now + the policy's days).
 - *promotion*: every object copied (server-side when the vault is on the store's endpoint,
-  managed multipart copy above 5 GB; streamed otherwise), each copy's CRC64NVME checked
-  against the manifest, then the manifest written last. A call copies for at most
-  ``promote_budget_seconds`` and reports what remains; the next call skips objects already in
-  the vault with the right checksum, so a promotion that fails partway resumes, and no vault
-  manifest ever names an object the vault lacks.
+  managed multipart copy in 5 GiB parts above 5 GiB; streamed otherwise), each copy's
+  CRC64NVME checked against the manifest, then the manifest written last. A call copies for
+  at most ``promote_budget_seconds`` and reports what remains; the next call skips objects
+  already in the vault with the right checksum, so a promotion that fails partway resumes, and
+  no vault manifest ever names an object the vault lacks.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,8 +29,11 @@ from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.store import stored_checksum
 
+log = logging.getLogger("shardvault.promote")
 PROMOTED_TAG = "shardvault:promoted"  # infra's lifecycle rule expires staging objects so tagged
-COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=1024**3)
+# One CopyObject up to 5 GiB (S3's limit for it); above, UploadPartCopy in the largest parts S3
+# takes (5 GiB): each part is a request at the vault class's PUT price (costs.COPY_PART_SIZE).
+COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=5 * 1024**3)
 
 
 def retain_until(vault: VaultTarget, now: float) -> datetime:
@@ -96,10 +100,9 @@ def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until:
         "ObjectLockRetainUntilDate": until,
         "ChecksumAlgorithm": "CRC64NVME",
     }
-    if same_server(svc):
-        source = {"Bucket": svc.store.bucket, "Key": obj.key}
-        svc.vault_s3.copy(source, svc.vault.bucket, key, ExtraArgs=extra, Config=COPY_CONFIG)
-    else:  # another server (a local store, or staging outside AWS): stream it through
+    if not (same_server(svc) and copy_server_side(svc, obj.key, key, extra)):
+        # Another server (a local store, or staging outside AWS), or one that cannot copy
+        # parts into a checksummed upload: stream it through.
         body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=obj.key)["Body"]
         svc.vault_s3.upload_fileobj(body, svc.vault.bucket, key, ExtraArgs=extra)
     crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
@@ -110,6 +113,23 @@ def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until:
             fix="the promotion is retried from this object on; the backup stays restorable "
             "from the store meanwhile.",
         )
+
+
+def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, Any]) -> bool:
+    """Copies within the server (one CopyObject up to 5 GiB, UploadPartCopy above). False
+    when the server refuses to copy parts into an upload with a checksum algorithm: S3
+    computes each copied part's checksum itself (there is no parameter to send one), but
+    MinIO asks for one (``checksum missing, want "CRC64NVME"``) and cannot be given it."""
+    source = {"Bucket": svc.store.bucket, "Key": store_key}
+    try:
+        svc.vault_s3.copy(source, svc.vault.bucket, key, ExtraArgs=extra, Config=COPY_CONFIG)
+    except ClientError as error:
+        info = error.response.get("Error", {})
+        if info.get("Code") == "InvalidArgument" and "checksum" in info.get("Message", "").lower():
+            log.info("server-side copy of %s refused (%s): streaming it", store_key, info)
+            return False
+        raise
+    return True
 
 
 def mark_promoted(svc: Services, key: str) -> None:

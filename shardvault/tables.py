@@ -3,7 +3,13 @@
 - *Nodes*: one item per node (``node_id``), written only by that node's agent; queried by
   cluster through the ``by_cluster`` index.
 - *Inbox*: commands for a node (``node_id``, ``command_id``), each with the Step Functions
-  task token the agent answers. An agent may read and write only its own partition.
+  task token the agent answers. An agent may read and write only its own partition. The
+  partition's *doorbell* item (``command_id`` = ``#doorbell``) counts the posts: an agent
+  reads that one small item on each poll and reads the whole partition only when it rang. A
+  command stays in the inbox while it runs (it is how a restarted agent finds its work), so
+  reading the partition on every poll would read every running command's arguments (part
+  URLs, checksums: tens of KB each) 20 times a second: paid read units on AWS, and most of
+  the local control plane's CPU.
 - *Catalog*: one item per backup (``cluster``, ``backup_id``) plus one lock item per cluster
   while a backup runs. The catalog indexes the manifests in the store and can be rebuilt from
   them; it is never the only copy of anything.
@@ -23,6 +29,7 @@ from botocore.exceptions import ClientError
 from shardvault.models import NodeRecord
 
 LOCK_KEY = "#lock"
+DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
 
 
@@ -127,12 +134,30 @@ class Inbox:
                 }
             )
         )
+        self.ring(node_id)  # after the command is in: an agent that hears it will find it
+
+    def ring(self, node_id: str) -> None:
+        self.table.update_item(
+            Key={"node_id": node_id, "command_id": DOORBELL_KEY},
+            UpdateExpression="ADD rings :one",
+            ExpressionAttributeValues={":one": 1},
+        )
+
+    def rings(self, node_id: str) -> int:
+        """How many posts the node's inbox has had (0 before the first): one small read."""
+        item = self.table.get_item(
+            Key={"node_id": node_id, "command_id": DOORBELL_KEY},
+            ConsistentRead=True,
+            ProjectionExpression="rings",
+        ).get("Item")
+        return int(item["rings"]) if item else 0
 
     def pending(self, node_id: str) -> list[dict[str, Any]]:
         condition = Key("node_id").eq(node_id)
         return [
             plain(i)
             for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
+            if i["command_id"] != DOORBELL_KEY
         ]
 
     def remove(self, node_id: str, command_id: str, dispatch_id: str) -> None:

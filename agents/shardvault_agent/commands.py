@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from shardvault.models import (
     PartChecksum,
     Phase,
     UploadedPart,
+    UploadLimits,
     pack_files,
 )
 from shardvault.planning import PartRange
@@ -47,6 +49,7 @@ class Commands:
         self.shards = {s.shard_id: s for s in config.shards}
         self.locks: dict[str, threading.Lock] = {}
         self.locks_guard = threading.Lock()
+        self.backup_limiters: dict[str, RateLimiter] = {}
 
     @cached_property
     def restorer(self) -> Restorer:
@@ -96,6 +99,32 @@ class Commands:
         record = json.loads(path.read_text())
         record["files"] = [FileEntry(path=p, size=s) for p, s in record["files"]]
         return record
+
+    def _limits_path(self, backup_id: str) -> Path:
+        return self.backup_dir(backup_id) / "upload-limits.json"
+
+    def save_limits(self, backup_id: str, limits: dict[str, Any] | None) -> None:
+        """Keeps the policy's upload limits the checkpoint command brought, for the backup's
+        checksum and upload commands (they survive an agent restart like the captures)."""
+        limits = UploadLimits.model_validate(limits or {})
+        path = self._limits_path(backup_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(limits.model_dump_json())
+
+    def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
+        """The rate limiter and the parts sent at once for a backup: the stricter of the
+        policy's (sent with the checkpoint) and this agent's configuration."""
+        path = self._limits_path(backup_id)
+        limits = (
+            UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
+        )
+        parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
+        rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
+        if rate is None or (own is not None and own <= rate):
+            return self.limiter, parallelism
+        with self.locks_guard:  # one bucket per backup, shared by all its readers
+            limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
+        return limiter, parallelism
 
     def _shards(self, args: dict[str, Any]) -> list[ShardConfig]:
         missing = [s for s in args.get("shard_ids", []) if s not in self.shards]
@@ -152,6 +181,7 @@ class Commands:
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
+            self.save_limits(backup_id, args.get("upload"))
             for shard in shards:
                 held = self.engine.holds(shard, backup_id)
                 if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
@@ -184,6 +214,8 @@ class Commands:
             for shard in self._shards(args):
                 self.engine.release(shard, backup_id)
             shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
+        with self.locks_guard:
+            self.backup_limiters.pop(backup_id, None)
         return {"node_id": self.config.node_id, "released": True}
 
     def _lock(self, backup_id: str) -> threading.Lock:
@@ -203,7 +235,8 @@ class Commands:
         item = ObjectPlan.model_validate(args["object"])
         self._refuse_released(item.backup_id)
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
-        sums = checksum_object(item, Path(capture["root"]), capture["files"], self.limiter)
+        limiter, _ = self.limits(item.backup_id)
+        sums = checksum_object(item, Path(capture["root"]), capture["files"], limiter)
         return self.sender.faults.after_checksum(sums).model_dump(mode="json")
 
     def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -217,15 +250,16 @@ class Commands:
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
         spool = self._spool_dir(item)
+        limiter, parallelism = self.limits(item.backup_id)
 
         def source(offset: int, size: int) -> StreamReader:
             root, files = Path(capture["root"]), capture["files"]
-            return StreamReader(root, files, item.stream_offset + offset, size, self.limiter)
+            return StreamReader(root, files, item.stream_offset + offset, size, limiter)
 
         def open_part(part: PartChecksum, r: PartRange) -> BinaryIO:
             copy = spool / f"{part.part_number}.{crc_name(part.crc64nvme)}"
             if copy.exists():  # the stable copy taken when the part changed
-                return _Limited(open(copy, "rb"), r.size, self.limiter)
+                return _Limited(open(copy, "rb"), r.size, limiter)
             return source(r.offset, r.size)
 
         def respool(r: PartRange) -> PartChecksum:
@@ -247,7 +281,7 @@ class Commands:
         try:
             outcome = upload_object(
                 item, sums, urls, open_part, respool, self.sender,
-                self.config.upload_parallelism, done, on_part,
+                parallelism, done, on_part,
             )  # fmt: skip
         finally:
             if self._tombstone(item.backup_id).exists():

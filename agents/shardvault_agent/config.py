@@ -7,6 +7,7 @@ name the instance (one shard per instance).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -62,6 +63,12 @@ class AgentConfig(BaseModel):
     )
     restore_ports: tuple[int, int] = Field(
         (5433, 5532), description="PostgreSQL: the port range restored instances listen on."
+    )
+    validation_jobs: int = Field(
+        default_factory=lambda: min(4, os.cpu_count() or 1),
+        ge=1,
+        description="PostgreSQL: connections pg_amcheck checks a restored instance with "
+        "(its --jobs; default: the cores, at most 4).",
     )
 
     @model_validator(mode="after")

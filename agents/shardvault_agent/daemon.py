@@ -38,6 +38,7 @@ from shardvault_agent.transfer import Faults, PartSender
 log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000
 ANSWERED_MEMORY = 10_000
+FULL_READ_SECONDS = 5.0
 
 
 class Agent:
@@ -70,6 +71,8 @@ class Agent:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.last_command = float("-inf")  # monotonic time of the last command seen
+        self.heard_rings = -1  # the inbox doorbell's count when the inbox was last read
+        self.next_full_read = 0.0  # monotonic time to read the inbox even if it did not ring
 
     # --- registry ----------------------------------------------------------------------------
     def record(self, status: str = "up") -> NodeRecord:
@@ -108,6 +111,12 @@ class Agent:
 
     # --- commands ----------------------------------------------------------------------------
     def poll_once(self) -> None:
+        """Reads the doorbell; reads the inbox when it rang since the last read, and every
+        FULL_READ_SECONDS anyway (a post whose ring failed is still found)."""
+        rings, now = self.inbox.rings(self.config.node_id), time.monotonic()
+        if rings == self.heard_rings and now < self.next_full_read:
+            return
+        self.heard_rings, self.next_full_read = rings, now + FULL_READ_SECONDS
         for item in self.inbox.pending(self.config.node_id):
             key = command_key(item)
             with self.lock:

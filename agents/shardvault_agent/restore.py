@@ -18,6 +18,8 @@ verification pass after the last byte.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import logging
@@ -160,6 +162,11 @@ class ShardFiles:
             start = seg.stream_offset - stream_offset
             os.pwrite(self._fd(seg.path), view[start : start + seg.length], seg.file_offset)
 
+    def flush_behind(self, stream_offset: int, length: int) -> None:
+        """Starts writing a received range to disk, without waiting (see start_writeback)."""
+        for seg in self.index.segments(stream_offset, length):
+            start_writeback(self._fd(seg.path), seg.file_offset, seg.length)
+
     def _fd(self, path: str) -> int:
         with self.guard:
             if path not in self.handles:
@@ -170,6 +177,34 @@ class ShardFiles:
         for fd in self.handles.values():
             os.close(fd)
         self.handles.clear()
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux: the fsync at finish does it all
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Asks the kernel to start writing ``[offset, offset + length)`` of ``fd`` to disk now.
+
+    Without it the downloaded bytes sit dirty in the page cache (below the kernel's background
+    threshold nothing is written for 30 s), and the flush at finish (PostgreSQL fsyncs its
+    data directory when recovery starts) writes them all while the restore waits: 2.4 s for
+    1.5 GiB in the benchmark. Started per part, writeback overlaps the download. PostgreSQL
+    does the same for its own writes (``pg_flush_data``). Durability still comes from the
+    fsync at finish; this only moves the work earlier."""
+    if SYNC_FILE_RANGE is not None and length > 0:
+        SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)  # advisory: errors ignored
 
 
 class Restorer:
@@ -336,6 +371,7 @@ class Restorer:
                     f"backup recorded {expected}.",
                     fix="the object is damaged in the store: restore another backup.",
                 )
+            files.flush_behind(base, r.size)
             with guard, record.open("a") as out:
                 out.write(f"{r.part_number} {crc}\n")
             done[r.part_number] = crc
@@ -539,7 +575,7 @@ def finish_postgres(
         [
             str(instance.bin_dir / "pg_amcheck"),
             "-h", str(instance.socket_dir), "-p", str(instance.port), "-U", "postgres",
-            "--all", "--install-missing",
+            "--all", "--install-missing", f"--jobs={restorer.config.validation_jobs}",
         ],
         capture_output=True,
         text=True,

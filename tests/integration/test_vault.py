@@ -10,12 +10,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from shardvault import operations as ops
 from shardvault import promote
 from shardvault.local.demo import table_digests
 from shardvault.models import BackupContext, VaultTarget
+from shardvault.planning import MiB
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 
@@ -130,10 +132,25 @@ def test_a_promotion_cut_short_resumes_and_writes_its_manifest_last(make_cluster
     assert len(keys) == 3 + 1
 
 
-def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster):
-    cluster = make_cluster(nodes=2, size_mb=2)
+@pytest.mark.parametrize("copy", ["CopyObject", "UploadPartCopy"])
+def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster, monkeypatch, copy):
+    """Objects under 5 GiB are copied by CopyObject. Above, S3 copies parts (UploadPartCopy)
+    and computes their checksums itself; MinIO refuses to (it wants a checksum no request can
+    carry), so promotion streams those objects through instead (tests/unit/test_promote.py
+    has the server-side part copy against moto)."""
+    cluster = make_cluster(nodes=2, size_mb=12)
     backup = cluster.backup()
     assert backup.status == "SUCCEEDED"
+    if copy == "UploadPartCopy":  # what objects of 5 GiB and more get, scaled down to 12 MiB
+        small_parts = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+        monkeypatch.setattr(promote, "COPY_CONFIG", small_parts)
+    server_side = []
+    copy_server_side = promote.copy_server_side
+    monkeypatch.setattr(
+        promote,
+        "copy_server_side",
+        lambda *a: server_side.append(copy_server_side(*a)) or server_side[-1],
+    )
     stack = cluster.stack
     s3 = stack.store_client()
     bucket = f"vault-{cluster.name}"[:63]
@@ -159,3 +176,6 @@ def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster):
         attrs = s3.get_object_attributes(Bucket=bucket, Key=obj.key, ObjectAttributes=["Checksum"])
         assert attrs["Checksum"]["ChecksumCRC64NVME"] == obj.crc64nvme
         assert s3.head_object(Bucket=bucket, Key=obj.key)["ObjectLockMode"] == "GOVERNANCE"
+    # One object per shard: copied whole by the server, or refused by MinIO and streamed.
+    assert server_side == ([True, True] if copy == "CopyObject" else [False, False])
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # none left open

@@ -63,7 +63,7 @@ def test_target_prints_the_modeled_1_tib_case(screen: Console) -> None:
     assert table["budget"] == ["none set"]
     # The figures themselves (a change to the model or the prices shows here).
     assert f.storage_usd == pytest.approx(40.28, abs=0.01)
-    assert f.request_overhead_usd == pytest.approx(3.37, abs=0.01)
+    assert f.request_overhead_usd == pytest.approx(0.33, abs=0.01)
 
 
 def test_a_cluster_over_budget_is_flagged_and_exits_1(screen: Console, tmp_path: Path) -> None:

@@ -19,7 +19,11 @@ def test_every_agent_option_is_documented_with_its_default():
                 None,
             )
             assert row, f"README lacks the agent option {prefix}{name}"
-            if not field.is_required() and field.default is not None:
+            if (
+                not field.is_required()
+                and field.default_factory is None
+                and field.default is not None
+            ):
                 assert f"`{getattr(field.default, 'value', field.default)}`" in row, row
 
 

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from shardvault.errors import PlanTooLarge
 from shardvault.models import FileEntry, Phase, ShardListing
 from shardvault.planning import (
+    ARCHIVE_MIN_OBJECTS,
+    ARCHIVE_PART_SIZE,
     PARTS_PER_OBJECT,
     S3_MAX_PART_SIZE,
     S3_MAX_PARTS,
@@ -48,6 +50,26 @@ def plan(listings: list[ShardListing], part_size: int | None = None):
 )
 def test_part_size_follows_the_data_size(total, part_size):
     assert choose_part_size(total) == part_size
+
+
+@pytest.mark.parametrize(
+    ("total", "part_size"),
+    [
+        (1 * GiB, 8 * MiB),  # small: the general 8 MiB parts, 4 objects
+        (3 * GiB, 16 * MiB),  # 6 objects of 512 MiB, not 12 of 256 MiB
+        (51 * GiB, 256 * MiB),  # 7 objects of 8 GiB, not 204 of 256 MiB
+        (1 * TiB, ARCHIVE_PART_SIZE),  # 64 objects of 16 GiB, not 512 of 2 GiB
+        (100 * TiB, 4 * GiB),  # past 1,000 objects the general rule grows parts further
+    ],
+)
+def test_archive_classes_get_larger_parts_but_keep_objects_to_upload_in_parallel(total, part_size):
+    for archive in ("GLACIER", "DEEP_ARCHIVE"):
+        assert choose_part_size(total, archive) == part_size
+    objects = -(-total // object_size_for(part_size))
+    assert objects >= ARCHIVE_MIN_OBJECTS
+    # Classes read without a restore keep the general sizes.
+    for direct in (None, "STANDARD", "STANDARD_IA", "GLACIER_IR"):
+        assert choose_part_size(total, direct) == choose_part_size(total)
 
 
 def test_one_mib_is_one_object_of_one_part():

@@ -41,7 +41,7 @@ def test_the_example_loads_as_written() -> None:
     assert sessions.schedule.incremental is None
     assert sessions.vault.object_lock.mode == LockMode.COMPLIANCE
     assert sessions.upload.part_size_mib is None
-    assert sessions.upload.parallelism == 4
+    assert sessions.upload.parallelism is None  # the agent's own
     assert sessions.budget_usd_per_month is None
 
 

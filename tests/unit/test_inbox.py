@@ -1,0 +1,89 @@
+"""The inbox doorbell: an agent reads its whole inbox only when a command was posted since its
+last read (and every few seconds anyway), not on every poll. A command stays in the inbox while
+it runs, so reading the partition on every poll re-read every running command's arguments."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from shardvault_agent import daemon
+from shardvault_agent.config import AgentConfig, ShardConfig
+
+from shardvault.tables import DOORBELL_KEY, Inbox
+
+
+@pytest.fixture
+def inbox_table(monkeypatch) -> Any:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        ddb = boto3.resource("dynamodb", region_name="us-east-1")
+        yield ddb.create_table(
+            TableName="inbox",
+            KeySchema=[
+                {"AttributeName": "node_id", "KeyType": "HASH"},
+                {"AttributeName": "command_id", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[
+                {"AttributeName": "node_id", "AttributeType": "S"},
+                {"AttributeName": "command_id", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+
+
+def test_each_post_rings_and_the_doorbell_is_no_command(inbox_table) -> None:
+    inbox = Inbox(inbox_table)
+    assert inbox.rings("n1") == 0
+    inbox.post("n1", "c1", "flush", {}, "token-1")
+    inbox.post("n1", "c2", "flush", {}, "token-2")
+    inbox.post("n2", "c3", "flush", {}, "token-3")
+    assert (inbox.rings("n1"), inbox.rings("n2")) == (2, 1)
+    assert [i["command_id"] for i in inbox.pending("n1")] == ["c1", "c2"]
+    assert all(i["command_id"] != DOORBELL_KEY for i in inbox.pending("n2"))
+
+
+class CountingInbox(Inbox):
+    reads = 0
+
+    def pending(self, node_id: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return super().pending(node_id)
+
+
+def test_an_agent_reads_its_inbox_only_when_the_doorbell_rang(
+    inbox_table, tmp_path: Path, monkeypatch
+) -> None:
+    db = tmp_path / "s1.db"
+    sqlite3.connect(db).close()
+    config = AgentConfig(
+        node_id="n1",
+        cluster="c",
+        engine="sqlite",
+        shards=[ShardConfig(shard_id="s1", path=db)],
+        state_dir=tmp_path / "state",
+    )
+    agent = daemon.Agent(config, nodes_table="nodes", inbox_table="inbox")
+    agent.inbox = inbox = CountingInbox(inbox_table)
+    started: list[str] = []
+    monkeypatch.setattr(agent.pool, "submit", lambda _fn, item: started.append(item["command_id"]))
+    clock = [1000.0]
+    monkeypatch.setattr(daemon.time, "monotonic", lambda: clock[0])
+
+    agent.poll_once()  # the first poll reads: nothing heard yet
+    assert inbox.reads == 1
+    inbox.post("n1", "c1", "flush", {}, "token-1")
+    agent.poll_once()  # rang: read, and the command starts
+    agent.poll_once()  # silent (c1 still in the inbox, running): no read
+    agent.poll_once()
+    assert (inbox.reads, started) == (2, ["c1"])
+    inbox.post("n1", "c2", "flush", {}, "token-2")
+    agent.poll_once()
+    assert (inbox.reads, started) == (3, ["c1", "c2"])  # c1 is running: not started again
+    clock[0] += daemon.FULL_READ_SECONDS  # and now and then a read without a ring
+    agent.poll_once()
+    assert inbox.reads == 4

@@ -1,0 +1,106 @@
+"""The policy's upload settings reach the agents: each backup carries the cluster's rate limit
+and parallelism to its agents with the checkpoint command, and an agent applies the stricter
+of those and its own configuration."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from shardvault_agent.commands import Commands
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.transfer import Faults
+
+from shardvault.backup import upload_limits
+from shardvault.models import ObjectPlan, Phase, UploadLimits
+from shardvault.planning import MiB
+from shardvault.policy import parse_policy
+
+POLICY = """version: 1
+clusters:
+  c:
+    engine: sqlite
+    schedule: {full: "0 2 * * *"}
+    vault: {storage_class: DEEP_ARCHIVE, object_lock: {days: 1}}
+    retention: {keep_daily: 7}
+    upload: {rate_limit_mib_per_second: 1.5, parallelism: 2}
+"""
+
+
+def test_the_policys_upload_settings_become_the_backups_limits() -> None:
+    cluster = parse_policy(POLICY).cluster("c")
+    assert upload_limits(cluster) == UploadLimits(
+        rate_limit_bytes_per_second=round(1.5 * MiB), parallelism=2
+    )
+    assert upload_limits(None) == UploadLimits()  # no policy: the agents' own settings
+
+
+def commands(tmp_path: Path, **agent: object) -> Commands:
+    db = tmp_path / "s1.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t(x)")
+        conn.executemany("INSERT INTO t VALUES (randomblob(1024))", [()] * 3000)
+    config = AgentConfig(
+        node_id="n1",
+        cluster="c",
+        engine="sqlite",
+        shards=[ShardConfig(shard_id="s1", path=db)],
+        state_dir=tmp_path / "state",
+        **agent,
+    )
+    limiter = RateLimiter(config.rate_limit_bytes_per_second)
+    no_faults = SimpleNamespace(faults=Faults())  # checksum needs no sender but its faults
+    return Commands(config, SqliteAdapter(config), limiter, sender=no_faults)
+
+
+@pytest.mark.parametrize(
+    ("agent", "policy", "rate", "parallelism"),
+    [
+        ({}, {}, None, 4),  # neither: the agent's defaults, no cap
+        ({}, {"rate_limit_bytes_per_second": MiB, "parallelism": 2}, MiB, 2),
+        (
+            {"rate_limit_bytes_per_second": MiB // 2, "upload_parallelism": 1},
+            {"parallelism": 3},
+            MiB // 2,
+            1,
+        ),
+        ({"rate_limit_bytes_per_second": 4 * MiB}, {"rate_limit_bytes_per_second": MiB}, MiB, 4),
+    ],
+)
+def test_an_agent_applies_the_stricter_of_the_policy_and_its_config(
+    tmp_path: Path, agent: dict, policy: dict, rate: int | None, parallelism: int
+) -> None:
+    cmds = commands(tmp_path, **agent)
+    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": policy})
+
+    limiter, parts_at_once = cmds.limits("b1")
+
+    assert (limiter.rate, parts_at_once) == (rate, parallelism)
+    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
+    assert "b1" not in cmds.backup_limiters
+
+
+def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> None:
+    cmds = commands(tmp_path)
+    rate = 4 * MiB
+    (listing,) = cmds.do_checkpoint(
+        {"backup_id": "b1", "shard_ids": ["s1"], "upload": {"rate_limit_bytes_per_second": rate}}
+    )["shards"]
+    size = listing["bytes"]
+    assert size > 2 * MiB  # enough to outlast the limiter's burst (a quarter second)
+    plan = ObjectPlan(
+        backup_id="b1", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
+        key="k", stream_offset=0, length=size, part_size=8 * MiB, part_count=1,
+    )  # fmt: skip
+
+    started = time.monotonic()
+    cmds.do_checksum({"object": plan.model_dump(mode="json")})
+    elapsed = time.monotonic() - started
+
+    # A token bucket never lets more through than its rate plus its burst: a lower bound only.
+    assert elapsed >= (size - rate * 0.25) / rate * 0.95
