@@ -226,7 +226,10 @@ class ShardVaultStack(Stack):
         # validate_backup reads the policy only; the promotion itself:
         grant(
             "promote_backup",
-            policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject", "s3:PutObjectTagging"),
+            # Read and tag the staging copy, then delete it once the vault holds the backup.
+            policies.objects(
+                bucket, BACKUPS_PREFIX, "s3:GetObject", "s3:PutObjectTagging", "s3:DeleteObject"
+            ),
             policies.objects(
                 vault,
                 BACKUPS_PREFIX,

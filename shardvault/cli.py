@@ -396,7 +396,7 @@ def print_forecast(title: str, forecast: Any) -> None:
         ("Step Functions and DynamoDB", forecast.orchestration_usd),
         ("Lambda", forecast.lambda_usd),
         ("request overhead: S3, orchestration, Lambda", forecast.request_overhead_usd),
-        ("staging copies at STANDARD until they expire", forecast.staging_usd),
+        ("staging copies at STANDARD until promoted", forecast.staging_usd),
         ("idle agents (inbox polls, heartbeats)", forecast.agents_usd),
         ("total", forecast.total_usd),
     ]:

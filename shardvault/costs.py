@@ -11,9 +11,9 @@ Terms:
   issue's target is a request overhead of at most 1% of the monthly storage cost.
 - *landing*: how verified objects reach the vault's class. ``COPY`` (the default, what
   ``shardvault.promote`` does): uploaded and verified at STANDARD, then copied into the vault,
-  where they are locked; the staging copy expires by lifecycle. ``TRANSITION``: a lifecycle
-  rule moves them. ``DIRECT``: uploaded into the class (every part at its request price, and
-  objects are locked before they are verified).
+  where they are locked; the staging copy is deleted once the vault holds the backup.
+  ``TRANSITION``: a lifecycle rule moves them. ``DIRECT``: uploaded into the class (every
+  part at its request price, and objects are locked before they are verified).
 - *forecast*: a cluster's steady-state month: its schedule and retention are simulated until
   the oldest kept backup of the first months has expired, then one year is averaged.
 
@@ -83,13 +83,15 @@ LAMBDA_INVOCATIONS_PER_BACKUP = 20  # validate, plans, checks, finalize, dispatc
 LAMBDA_GB_SECONDS_PER_BACKUP = 10.0
 DYNAMODB_WRITES_PER_OBJECT = 4  # two commands written to an inbox, then deleted
 DYNAMODB_WRITES_PER_BACKUP = 20  # catalog record, lock, per-node commands
-# How long an object is billed at STANDARD before it lands. S3 lifecycle acts at the first
-# midnight UTC after creation + the rule's days, so half a day more on average: COPY waits for
-# the staging bucket's ExpirePromotedBackups rule (1 day, infra/components/storage.py),
-# TRANSITION for a 0-day transition rule; DIRECT never waits.
-PROMOTED_EXPIRY_DAYS = 1
+# How long an object is billed at STANDARD before it lands. COPY: promotion deletes the staging
+# copy once the vault holds the backup, so for about as long as the backup takes to upload and
+# promote (an estimate: a 1 TiB full at 200 MiB/s uploads in 1.5 hours). Were it left to the
+# staging bucket's 1-day ExpirePromotedBackups rule (the backstop), it would be 36 hours:
+# lifecycle acts at the first midnight UTC after creation + the rule's days. TRANSITION waits
+# for a 0-day transition rule; DIRECT never waits.
+PROMOTION_HOURS = 2.0
 STAGING_HOURS = {
-    Landing.COPY: 24 * PROMOTED_EXPIRY_DAYS + 12.0,
+    Landing.COPY: PROMOTION_HOURS,
     Landing.TRANSITION: 12.0,
     Landing.DIRECT: 0.0,
 }

@@ -1,7 +1,11 @@
 """Promotion: a verified backup moves from the staging store into the vault.
 
 Terms:
-- *store* (staging): where agents upload; a lifecycle rule expires what is promoted.
+- *store* (staging): where agents upload. Once the vault holds a backup (every copy checked,
+  manifest written, catalog updated) its staging copy is deleted: restores read promoted
+  backups from the vault, and the copy would cost a day and a half at STANDARD (more than all
+  of the backup's requests: docs/BENCHMARKS.md). Each staging object is tagged first, so a
+  lifecycle rule expires what a failed deletion leaves.
 - *vault*: a bucket with versioning and Object Lock that agents cannot reach; each object lands
   in the policy's storage class, locked until *retain-until* (now + the policy's days).
 - *promotion*: every object copied (server-side when the vault is on the store's endpoint,
@@ -48,6 +52,9 @@ def promote(
     still to copy: call again) and, when done, the backup's summary with its vault fields."""
     if context.vault is None or svc.vault is None:
         raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    if record.get("location") == "vault":  # a retried call after success: staging is gone
+        return {"remaining": 0, "summary": {**summary, **_promotion_of(record)}}
     manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
     until = retain_until(context.vault, summary.get("completed_at", now))
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
@@ -60,7 +67,8 @@ def promote(
     if remaining:
         return {"remaining": len(remaining), "summary": summary}
     vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
-    for key in [*(o.key for o in objects), summary["manifest_key"]]:
+    staging_keys = [*(o.key for o in objects), summary["manifest_key"]]
+    for key in staging_keys:
         mark_promoted(svc, key)
     promotion = {
         "location": "vault",
@@ -71,7 +79,42 @@ def promote(
         "promoted_at": time.time(),
     }
     svc.catalog.update(context.cluster, context.backup_id, **promotion)
+    left = remove_staging_copy(svc, staging_keys)
+    if left:
+        svc.catalog.update(context.cluster, context.backup_id, staging_left=left)
     return {"remaining": 0, "summary": {**summary, **promotion}}
+
+
+PROMOTION_FIELDS = (
+    "location",
+    "vault_manifest_key",
+    "storage_class",
+    "lock_mode",
+    "retain_until",
+    "promoted_at",
+)
+
+
+def _promotion_of(record: dict[str, Any]) -> dict[str, Any]:
+    return {name: record[name] for name in PROMOTION_FIELDS if name in record}
+
+
+def remove_staging_copy(svc: Services, keys: list[str]) -> int:
+    """Deletes the staging copy of a promoted backup, manifest last, in batches of up to
+    1,000 keys; returns how many keys are left (tagged: the lifecycle rule expires them)."""
+    left = 0
+    for start in range(0, len(keys), 1000):
+        batch = keys[start : start + 1000]
+        try:
+            response = svc.store_s3.delete_objects(
+                Bucket=svc.store.bucket,
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+            )
+        except ClientError as error:
+            log.warning("staging copy not deleted (%s): lifecycle expires it", error)
+            return len(keys) - start
+        left += len(response.get("Errors", []))
+    return left
 
 
 def vault_key(svc: Services, store_key: str) -> str:
@@ -133,7 +176,7 @@ def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, A
 
 
 def mark_promoted(svc: Services, key: str) -> None:
-    """Tags the staging copy: the store's lifecycle rule expires what the vault now holds."""
+    """Tags the staging copy: should its deletion fail, the store's lifecycle rule expires it."""
     svc.store_s3.put_object_tagging(
         Bucket=svc.store.bucket,
         Key=key,

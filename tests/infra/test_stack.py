@@ -347,6 +347,9 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
             assert deletes == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
         elif module in ("cleanup_backup", "reap_execution"):  # a failed backup's partial objects
             assert deletes == {"s3:DeleteObject"}
+        elif module == "promote_backup":  # the staging copy, once the vault holds the backup
+            deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
+            assert deleted == {("s3:DeleteObject", "staging/backups/*")}  # never the vault
         else:
             assert not deletes, module
 

@@ -63,6 +63,16 @@ def test_a_verified_backup_lands_in_the_vault_locked_in_its_class(make_cluster):
             )
     (record,) = cluster.records()
     assert record["location"] == "vault"
+    assert "staging_left" not in record
+    # The staging copy is gone: the vault holds the backup now, and restores read it there.
+    staged = svc.store_s3.list_objects_v2(
+        Bucket=svc.store.bucket, Prefix=record["manifest_key"].rsplit("/", 1)[0] + "/"
+    )
+    assert staged.get("KeyCount", 0) == 0
+    # A retried promotion after success (a Lambda retry) finds it done, staging gone or not.
+    again = promote.promote(context_of(cluster, record, DEEP), record, svc, 0)
+    assert again["remaining"] == 0
+    assert again["summary"]["vault_manifest_key"] == summary["vault_manifest_key"]
 
 
 def test_a_backup_of_a_cluster_without_vault_policy_stays_in_the_store(make_cluster):

@@ -107,14 +107,15 @@ def test_landing_by_transition_or_directly_prices_its_own_requests() -> None:
     assert direct.staging_usd == 0  # nothing waits at STANDARD
 
 
-def test_staged_copies_are_billed_until_the_lifecycle_rule_expires_them() -> None:
-    storage = (ROOT / "infra" / "components" / "storage.py").read_text()
-    days = re.search(r"promoted_expiry_days: int = (\d+)", storage)
-    assert days, "infra's staging bucket no longer has promoted_expiry_days"
-    assert int(days[1]) == costs.PROMOTED_EXPIRY_DAYS
-    # A day after creation, rounded up to the next midnight UTC: 36 hours on average.
+def test_staged_copies_are_billed_until_promotion_deletes_them() -> None:
+    promote_source = (ROOT / "shardvault" / "promote.py").read_text()
+    assert "remove_staging_copy(svc, staging_keys)" in promote_source
     cost = costs.price_backup(TiB, StorageClass.DEEP_ARCHIVE)
-    assert cost.staging_usd == pytest.approx(23.55 * 36 / (24 * DAYS_PER_MONTH), rel=1e-3)
+    hours = costs.PROMOTION_HOURS
+    assert cost.staging_usd == pytest.approx(23.55 * hours / (24 * DAYS_PER_MONTH), rel=1e-3)
+    # Left to the 1-day lifecycle backstop (36 hours on average) it would cost 18 times more.
+    kept = costs.price_backup(TiB, StorageClass.DEEP_ARCHIVE, staging_hours=36)
+    assert kept.staging_usd == pytest.approx(cost.staging_usd * 36 / hours)
 
 
 def test_orchestration_is_counted_per_object_and_per_backup() -> None:
