@@ -100,8 +100,9 @@ def _promotion_of(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def remove_staging_copy(svc: Services, keys: list[str]) -> int:
-    """Deletes the staging copy of a promoted backup, manifest last, in batches of up to
-    1,000 keys; returns how many keys are left (tagged: the lifecycle rule expires them)."""
+    """Deletes the staging copy of a promoted backup in batches of up to 1,000 keys (the
+    manifest in the last); returns how many keys are left (tagged: the lifecycle rule expires
+    them)."""
     left = 0
     for start in range(0, len(keys), 1000):
         batch = keys[start : start + 1000]
