@@ -1,8 +1,11 @@
-"""Lambda (EventBridge rule): clean up after a backup execution that was aborted or timed out.
+"""Lambda (EventBridge rule): clean up after a backup or restore execution that was aborted or
+timed out.
 
-Such an execution ends without reaching its failure path, so nothing released its checkpoints,
-aborted its uploads or released the cluster's lock. The event is Step Functions' "Execution
-Status Change" with ``detail.status`` ABORTED or TIMED_OUT.
+Such an execution ends without reaching its failure path. For a backup nothing released its
+checkpoints, aborted its uploads or released the cluster's lock; for a restore nothing stopped
+the servers it started or removed what it placed. The event is Step Functions' "Execution
+Status Change" with ``detail.status`` ABORTED or TIMED_OUT; the execution's input tells the
+two apart (a restore request names its ``target_cluster``).
 """
 
 import json
@@ -10,7 +13,7 @@ import time
 
 from pydantic import BaseModel
 
-from shardvault import backup
+from shardvault import backup, restore
 from shardvault.lambda_support import logger, parse, services, tracer
 
 
@@ -32,7 +35,10 @@ def lambda_handler(event: dict, context: object) -> dict:
         request = json.loads(detail.input or "{}")
     except ValueError:
         request = {}
-    cluster = request.get("cluster", "") if isinstance(request, dict) else ""
-    if not cluster:
-        return {"reaped": False, "why": "the execution's input names no cluster"}
-    return backup.reap(detail.executionArn, detail.status, cluster, services(), time.time())
+    if not isinstance(request, dict):
+        request = {}
+    if target := request.get("target_cluster"):
+        return restore.reap(detail.executionArn, detail.status, target, services(), time.time())
+    if cluster := request.get("cluster"):
+        return backup.reap(detail.executionArn, detail.status, cluster, services(), time.time())
+    return {"reaped": False, "why": "the execution's input names no cluster"}

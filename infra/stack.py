@@ -271,19 +271,21 @@ class ShardVaultStack(Stack):
         self.storage.deny_vault_deletes_except(expire_role)
 
     def _reap_ended_executions(self) -> None:
-        """An aborted or timed-out backup execution skips its failure path: this rule hands it
-        to reap_execution, which runs the same cleanup and releases the checkpoints."""
-        machine = self.workflows["backup"].state_machine
+        """An aborted or timed-out execution skips its failure path: this rule hands it to
+        reap_execution, which runs the same cleanup (a backup: releases the checkpoints and
+        aborts the uploads; a restore: the target nodes undo what it placed)."""
+        machines = [self.workflows[name].state_machine for name in ("backup", "restore")]
         rule = events.Rule(
             self,
-            "ReapEndedBackups",
-            description="Backup executions that were aborted or timed out: clean up after them.",
+            "ReapEndedExecutions",
+            description="Backup and restore executions that were aborted or timed out: clean "
+            "up after them.",
             event_pattern=events.EventPattern(
                 source=["aws.states"],
                 detail_type=["Step Functions Execution Status Change"],
                 detail={
                     "status": ["ABORTED", "TIMED_OUT"],
-                    "stateMachineArn": [machine.state_machine_arn],
+                    "stateMachineArn": [m.state_machine_arn for m in machines],
                 },
             ),
         )

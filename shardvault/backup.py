@@ -23,6 +23,7 @@ from shardvault.errors import (
     ChecksumMismatch,
     InvalidRequest,
     MixedEngines,
+    NoShards,
     ShardWithManyLeaders,
     ShardWithoutLeader,
     UnknownCluster,
@@ -101,6 +102,14 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="give each engine its own cluster name in the agents' configuration.",
         )
     sources = choose_sources(nodes)
+    if not sources:
+        raise NoShards(
+            f"the agents of cluster {request.cluster!r} ("
+            + ", ".join(n.node_id for n in nodes)
+            + ") hold no shards: a backup would hold nothing.",
+            fix="list the node's databases under 'shards' in each agent's configuration (a "
+            "restore target holds the shards it restored once the restore has finished).",
+        )
     vault = vault_target(request, svc)
     backup_id = take_lock(svc, request, new_backup_id(now))
     context = BackupContext(

@@ -38,6 +38,10 @@ class AgentUnavailable(ShardVaultError):
     """A node's agent has stopped or has not heartbeated recently."""
 
 
+class NoShards(ShardVaultError):
+    """The cluster's agents hold no shards: a backup would succeed with nothing in it."""
+
+
 class ShardWithoutLeader(ShardVaultError):
     """A shard has replicas but no healthy leader to read from."""
 

@@ -18,7 +18,7 @@ import secrets
 import time
 from typing import Any
 
-from shardvault.backup import check_nodes_available, readable_cause
+from shardvault.backup import REAPED_STATUSES, check_nodes_available, readable_cause
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
@@ -345,15 +345,58 @@ def cleanup(
 ) -> dict[str, Any]:
     """The failure path, after the nodes removed what they had written: the restore marked
     failed with its cause, and a notification."""
+    return mark_failed(context.target_cluster, context.restore_id, error, svc, now)
+
+
+def mark_failed(
+    target_cluster: str, restore_id: str, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
     outcome = {
         "status": BackupStatus.FAILED.value,
         "failed_at": now,
         "error": error.get("Error", "States.Runtime"),
         "cause": readable_cause(str(error.get("Cause") or ""))[:2000] or "a task timed out.",
     }
-    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **outcome)
-    svc.notify(
-        f"ShardVault restore {context.restore_id} FAILED",
-        {"restore_id": context.restore_id, **outcome},
-    )
+    svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
+    svc.notify(f"ShardVault restore {restore_id} FAILED", {"restore_id": restore_id, **outcome})
     return outcome
+
+
+# --- reaping -----------------------------------------------------------------------------------
+def reap(
+    execution_arn: str, status: str, target_cluster: str, svc: Services, now: float
+) -> dict[str, Any]:
+    """After a restore execution was aborted or timed out (it skipped AbortOnNodes and
+    Cleanup): an abort posted to every target node's inbox without a task token (the agent
+    stops what the restore started, removes what it placed and its staging, and answers
+    nobody), and the restore marked failed. A restore that already ended is left alone, and
+    so is one stopped before Plan: nothing was placed yet and no record names it."""
+    if status not in REAPED_STATUSES:
+        return {"reaped": False, "why": f"status {status}"}
+    record = next(
+        (r for r in svc.catalog.restores(target_cluster) if r.get("execution_id") == execution_arn),
+        None,
+    )
+    if record is None or record.get("status") != BackupStatus.RUNNING:
+        return {"reaped": False, "why": "no running restore of that execution"}
+    restore_id = record["restore_id"]
+    nodes = sorted(set(record.get("placement", {}).values()))
+    for node_id in nodes:
+        svc.inbox.post(
+            node_id,
+            f"abort_restore:{restore_id}:reaped",
+            "abort_restore",
+            {"backup_id": restore_id},
+            "",
+        )
+    error = {
+        "Error": f"States.{status.title().replace('_', '')}",
+        "Cause": f"the execution was {status.lower().replace('_', ' ')}; the reaper told nodes "
+        f"{', '.join(nodes)} to stop what the restore started and remove what it placed. Fix: "
+        "start the restore again (and raise the state machine's timeout if it timed out).",
+    }
+    return {
+        "reaped": True,
+        "nodes": nodes,
+        **mark_failed(target_cluster, restore_id, error, svc, now),
+    }

@@ -46,7 +46,6 @@ class Commands:
         self, config: AgentConfig, engine: EngineAdapter, limiter: RateLimiter, sender: PartSender
     ) -> None:
         self.config, self.engine, self.limiter, self.sender = config, engine, limiter, sender
-        self.shards = {s.shard_id: s for s in config.shards}
         self.locks: dict[str, threading.Lock] = {}
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
@@ -126,14 +125,21 @@ class Commands:
             limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
         return limiter, parallelism
 
+    def shards(self) -> dict[str, ShardConfig]:
+        """The shards this node holds: its configuration's, and those it restored and adopted
+        (a configured shard of the same id wins)."""
+        adopted = self.restorer.adopted_shards() if self.config.restore_dir else []
+        return {s.shard_id: s for s in [*adopted, *self.config.shards]}
+
     def _shards(self, args: dict[str, Any]) -> list[ShardConfig]:
-        missing = [s for s in args.get("shard_ids", []) if s not in self.shards]
+        shards = self.shards()
+        missing = [s for s in args.get("shard_ids", []) if s not in shards]
         if missing:
             raise InvalidRequest(
                 f"node {self.config.node_id} has no shard {', '.join(missing)}.",
                 fix="check the agent config; the registry and the config disagree.",
             )
-        return [self.shards[s] for s in args.get("shard_ids", [])]
+        return [shards[s] for s in args.get("shard_ids", [])]
 
     def _listing_result(
         self, backup_id: str, phase: Phase, shards: list[ShardConfig]

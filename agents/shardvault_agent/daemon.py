@@ -39,6 +39,10 @@ log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000
 ANSWERED_MEMORY = 10_000
 FULL_READ_SECONDS = 5.0
+TOKEN_RECHECK_WAITS = (0.2, 0.5, 1.0, 2.0)  # before a token nobody knows counts as ended
+# Commands that change the shards a node holds (a restored shard is adopted, an aborted one
+# dropped): the registry is updated at once rather than at the next heartbeat.
+SHARDS_CHANGED_BY = frozenset({"finish_restore", "abort_restore"})
 
 
 class Agent:
@@ -84,7 +88,7 @@ class Agent:
             engine=cfg.engine,
             shards=[
                 ShardInfo(shard_id=s.shard_id, role=s.role, bytes=self.engine.shard_bytes(s))
-                for s in cfg.shards
+                for s in self.commands.shards().values()
             ],
             free_bytes=shutil.disk_usage(cfg.state_dir).free,
             restore_free_bytes=restore.room(cfg),
@@ -133,6 +137,8 @@ class Agent:
                 # Posted by the control plane outside any execution (the reaper's release
                 # after an execution was aborted or timed out): run it; nobody waits for it.
                 self.commands.run(item["command"], item.get("args", {}))
+                if item["command"] in SHARDS_CHANGED_BY:
+                    self.registry.put(self.record())
                 log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
                 return
             if not self.task_alive(token):
@@ -141,6 +147,8 @@ class Agent:
                 log.info("%s skipped: its task has ended", item["command_id"])
                 return
             result = self.commands.run(item["command"], item.get("args", {}))
+            if item["command"] in SHARDS_CHANGED_BY:
+                self.registry.put(self.record())  # before the answer: a backup may follow
             self._answer(
                 token,
                 lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)),
@@ -169,19 +177,26 @@ class Agent:
         return self.config.busy_poll_interval_seconds if busy else self.config.poll_interval_seconds
 
     def task_alive(self, token: str) -> bool:
-        """A heartbeat tells whether the task still waits for this token."""
-        ended = (
-            self.sfn.exceptions.TaskTimedOut,
-            self.sfn.exceptions.TaskDoesNotExist,
-            self.sfn.exceptions.InvalidToken,
-        )
-        try:
-            self.sfn.send_task_heartbeat(taskToken=token)
-        except ended:
-            return False
-        except Exception as error:  # cannot tell (e.g. throttled): run it, the answer decides
-            log.info("task heartbeat failed: %s", error)
-        return True
+        """A heartbeat tells whether the task still waits for this token. "No such task" is
+        asked again over a few seconds before it counts: the local stack (moto) accepts
+        heartbeats only once the dispatching Lambda has returned, and an agent woken by the
+        doorbell can ask before that; on AWS a dead token stays dead, and waiting costs only
+        the command that is skipped anyway."""
+        unknown = (self.sfn.exceptions.TaskDoesNotExist, self.sfn.exceptions.InvalidToken)
+        for wait in (*TOKEN_RECHECK_WAITS, None):
+            try:
+                self.sfn.send_task_heartbeat(taskToken=token)
+                return True
+            except self.sfn.exceptions.TaskTimedOut:
+                return False
+            except unknown:
+                if wait is None:
+                    return False
+                time.sleep(wait)
+            except Exception as error:  # cannot tell (e.g. throttled): run it, the answer decides
+                log.info("task heartbeat failed: %s", error)
+                return True
+        return False
 
     def fail(self, token: str, name: str, cause: str) -> None:
         self._answer(

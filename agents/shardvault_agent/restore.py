@@ -10,6 +10,10 @@ Terms:
 - *state*: ``state_dir/restores/<restore_id>/``: the layout of each shard, the parts each
   object has received (so a retried or resumed download fetches only what is missing), the
   objects verified whole, and what ``finish_restore`` started (so ``abort_restore`` can undo it).
+- *adopted shard*: a shard this node restored and checked, recorded in
+  ``state_dir/adopted.json``; the agent holds it as if it were in its configuration (it is
+  registered, and backups of the new cluster read it), so a restored cluster is protected
+  without editing agent configs.
 
 Every part is checked against its checksum as it is written, and every object against the
 manifest's full-object checksum (combined from its parts' checksums): there is no
@@ -55,7 +59,7 @@ from shardvault.errors import (
 from shardvault.models import DownloadItem, Engine, unpack_files
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
-from shardvault_agent.config import AgentConfig
+from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.ratelimit import RateLimiter
 
 log = logging.getLogger("shardvault.agent.restore")
@@ -210,6 +214,16 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 class Restorer:
     def __init__(self, config: AgentConfig, downloader: Downloader) -> None:
         self.config, self.downloader = config, downloader
+        # Finish and abort of one restore may run at once (the reaper's abort arrives while a
+        # finish is starting a server): each shard's finish and the abort take turns, so an
+        # abort never misses a server that is starting.
+        self._turns: dict[str, threading.Lock] = {}
+        self._turns_guard = threading.Lock()
+        self._adoption_guard = threading.Lock()  # adopted.json: one writer at a time
+
+    def _turn(self, restore_id: str) -> threading.Lock:
+        with self._turns_guard:
+            return self._turns.setdefault(restore_id, threading.Lock())
 
     # --- places ------------------------------------------------------------------------------
     @property
@@ -360,6 +374,7 @@ class Restorer:
         guard = threading.Lock()
 
         def fetch(r: Any) -> None:
+            self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next part
             base = item.stream_offset + r.offset
             crc = self.downloader.fetch(
                 url, item.key, r.offset, r.size, lambda at, b: files.write(base + at, b)
@@ -402,7 +417,9 @@ class Restorer:
         self._raise_recorded_failure(restore_id)
         results = []
         for shard_id in args["shard_ids"]:
-            results.append(self._finish_shard(restore_id, shard_id, args))
+            with self._turn(restore_id):
+                self._refuse_aborted(restore_id)
+                results.append(self._finish_shard(restore_id, shard_id, args))
         return {"node_id": self.config.node_id, "shards": results}
 
     def _started(self, restore_id: str) -> dict[str, Any]:
@@ -455,29 +472,105 @@ class Restorer:
         shutil.rmtree(aside, ignore_errors=True)
         note = {"path": str(final), "port": result.get("port"), "result": result}
         self._note_started(restore_id, shard_id, note)
+        self._adopt(restore_id, shard_id, result)
         return result
+
+    # --- adoption ----------------------------------------------------------------------------
+    @property
+    def _adoption_file(self) -> Path:
+        return self.config.state_dir / "adopted.json"
+
+    def adopted(self) -> dict[str, dict[str, Any]]:
+        """Adopted shards by id: ``{"restore_id", "shard": <ShardConfig fields>}``, and the
+        entry it replaced as ``previous`` (put back if this restore is aborted)."""
+        path = self._adoption_file
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def adopted_shards(self) -> list[ShardConfig]:
+        return [ShardConfig.model_validate(e["shard"]) for e in self.adopted().values()]
+
+    def _write_adopted(self, adopted: dict[str, dict[str, Any]]) -> None:
+        path = self._adoption_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(json.dumps(adopted, indent=1, sort_keys=True))
+        path.with_suffix(".tmp").replace(path)
+
+    def _adopt(self, restore_id: str, shard_id: str, result: dict[str, Any]) -> None:
+        shard = adoptable(self.config.engine, shard_id, result)
+        if shard is None:
+            log.warning("shard %s not adopted: its directory holds no single database", shard_id)
+            return
+        with self._adoption_guard:
+            adopted = self.adopted()
+            entry: dict[str, Any] = {"restore_id": restore_id, "shard": shard}
+            if (previous := adopted.get(shard_id)) and previous["restore_id"] != restore_id:
+                entry["previous"] = {k: previous[k] for k in ("restore_id", "shard")}
+            adopted[shard_id] = entry
+            self._write_adopted(adopted)
+
+    def _unadopt(self, restore_id: str, shard_id: str) -> None:
+        with self._adoption_guard:
+            adopted = self.adopted()
+            entry = adopted.get(shard_id)
+            if entry is None or entry["restore_id"] != restore_id:
+                return
+            if "previous" in entry:
+                adopted[shard_id] = entry["previous"]
+            else:
+                del adopted[shard_id]
+            self._write_adopted(adopted)
 
     # --- abort -------------------------------------------------------------------------------
     def abort(self, args: dict[str, Any]) -> dict[str, Any]:
         """Undoes the restore on this node: stops what it started, removes what it placed
         (putting back what it replaced) and its staging. Safe to call at any point, twice."""
-        from shardvault.local.postgres import stop_server
-
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
         self._aborted(restore_id).touch()
+        with self._turn(restore_id):
+            self._undo(restore_id)
+        return {"node_id": self.config.node_id, "aborted": True}
+
+    def _undo(self, restore_id: str) -> None:
+        from shardvault.local.postgres import stop_server
+
         incoming = self.restore_dir / INCOMING / restore_id
         for shard_id, info in self._started(restore_id).items():
             final = Path(info["path"])
             if info.get("port") and self.config.engine == Engine.POSTGRES:
                 stop_server(final, mode="immediate")
             shutil.rmtree(final, ignore_errors=True)
+            self._unadopt(restore_id, shard_id)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
                 aside.rename(final)
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.state(restore_id), ignore_errors=True)
-        return {"node_id": self.config.node_id, "aborted": True}
+
+
+def adoptable(engine: Engine, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration an agent needs to back up a restored shard (``ShardConfig``
+    fields): PostgreSQL connects over the socket of the server the restore started (as the
+    ``postgres`` role, the one its checks used); SQLite reads the shard's one database file."""
+    root = Path(result["path"])
+    if engine == Engine.POSTGRES:
+        conninfo = (
+            f"host={result['socket_dir']} port={result['port']} user=postgres dbname=postgres"
+        )
+        return {"shard_id": shard_id, "data_dir": str(root), "conninfo": conninfo}
+    databases = sqlite_databases(root)
+    if len(databases) != 1:
+        return None
+    return {"shard_id": shard_id, "path": str(databases[0])}
+
+
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # opening a database may create them
+
+
+def sqlite_databases(root: Path) -> list[Path]:
+    return sorted(
+        p for p in root.iterdir() if p.is_file() and not p.name.endswith(SQLITE_SIDE_FILES)
+    )
 
 
 def sync_tree(root: Path) -> None:
@@ -532,7 +625,7 @@ def finish_sqlite(
     restorer: Restorer, restore_id: str, shard_id: str, root: Path, queries: list[str]
 ) -> dict[str, Any]:
     checks: dict[str, str] = {}
-    databases = sorted(p for p in root.iterdir() if p.is_file())
+    databases = sqlite_databases(root)
     for db in databases:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
             verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]

@@ -752,12 +752,13 @@ def test_cdk_app_synthesizes_without_aws_credentials(tmp_path: Path) -> None:
     assert (tmp_path / "cdk.out" / "ShardVault.template.json").is_file()
 
 
-def test_aborted_and_timed_out_backups_are_reaped(synth: Synthesized) -> None:
+def test_aborted_and_timed_out_backups_and_restores_are_reaped(synth: Synthesized) -> None:
     (rule,) = resources_of(synth, "AWS::Events::Rule").values()
     pattern = rule["Properties"]["EventPattern"]
     assert pattern["detail"]["status"] == ["ABORTED", "TIMED_OUT"]
-    backup_id = machines(synth)[BACKUP_STATE_MACHINE_NAME][0]
-    assert referenced_ids(pattern["detail"]["stateMachineArn"]) == {backup_id}
+    named = machines(synth)
+    reaped = {named[BACKUP_STATE_MACHINE_NAME][0], named[RESTORE_STATE_MACHINE_NAME][0]}
+    assert referenced_ids(pattern["detail"]["stateMachineArn"]) == reaped
     (target,) = rule["Properties"]["Targets"]
     reaper = {m: i for i, m in function_ids(synth).items()}["reap_execution"]
     assert referenced_ids(target["Arn"]) == {reaper}

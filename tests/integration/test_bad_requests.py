@@ -47,6 +47,14 @@ def test_unknown_cluster(stack):
     assert time.monotonic() - started < 10  # at once, not after a timeout
 
 
+def test_a_cluster_whose_agents_hold_no_shards(stack, make_target):
+    empty = make_target(nodes=1)  # agents that only accept restores
+    progress = run_raw(stack, {"cluster": empty.name})
+    assert_rejected(progress, "NoShards", empty.configs[0]["node_id"], "hold no shards")
+    assert stack.services().catalog.backups(empty.name) == []
+    assert stack.services().catalog.lock_holder(empty.name) is None
+
+
 @pytest.mark.parametrize(
     ("payload", "phrase"),
     [

@@ -23,9 +23,10 @@ from shardvault.local.postgres import (
     start_pgbench,
     stop_process,
 )
+from shardvault.models import BackupRequest
 from shardvault.readback import load_manifest, materialize
 
-from .conftest import FAST_AGENT, Cluster, names, output
+from .conftest import FAST_AGENT, Cluster, client_of, names, output
 
 SCALE = 5
 
@@ -233,3 +234,9 @@ def test_a_backup_under_load_restores_into_another_node_count(
             assert mismatched == "0", f"{shard_id}: {mismatched} rows of {table} disagree"
     ports = {(s["node_id"], s["port"]) for s in shards.values()}
     assert len(ports) == 3  # instances sharing a node listen on distinct ports
+    # The target's agents adopted the servers they restored: the new cluster is backed up
+    # as it is, several instances on one node included.
+    execution = ops.start_backup(client_of(target.stack), BackupRequest(cluster=target.name))
+    protected = ops.wait_backup(client_of(target.stack), execution, interval=0.2, timeout=600)
+    assert protected.status == "SUCCEEDED", protected.cause
+    assert output(protected)["shards"] == ["shard-1", "shard-2", "shard-3"]

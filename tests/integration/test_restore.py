@@ -10,10 +10,14 @@ import re
 import time
 from pathlib import Path
 
+import boto3
+
+from functions.reap_execution import lambda_handler as reap_handler
 from shardvault import operations as ops
 from shardvault import restore as restore_module
 from shardvault.local.demo import table_digests
-from shardvault.models import RestoreRequest
+from shardvault.local.lambda_bridge import LambdaContext
+from shardvault.models import BackupRequest, RestoreRequest
 
 from .conftest import client_of, entered_states, output
 
@@ -42,6 +46,27 @@ def test_a_three_node_backup_restores_into_two_nodes_with_equal_data(make_cluste
     assert record["bytes_done"] == record["bytes_total"] > 0
     # No staging is left behind.
     assert not list(target.restore_dir(0).parent.glob("*/.incoming/*/*"))
+
+
+def test_a_restored_cluster_is_backed_up_without_new_agent_configs(make_cluster, make_target):
+    """The target agents adopt the shards they restored: the new cluster's own backup holds
+    every shard, and restoring that backup gives the source's data again."""
+    cluster = make_cluster(nodes=3, size_mb=3)
+    assert cluster.backup().status == "SUCCEEDED"
+    target = make_target(nodes=2)
+    assert target.restore(cluster.name).status == "SUCCEEDED"
+
+    execution = ops.start_backup(client_of(target.stack), BackupRequest(cluster=target.name))
+    backup = ops.wait_backup(client_of(target.stack), execution, interval=0.2, timeout=600)
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    assert output(backup)["shards"] == ["shard-1", "shard-2", "shard-3"]
+    again = make_target(nodes=1)
+    restored = again.restore(target.name)
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(again.restore_dir(0).glob(f"{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source), shard_id
 
 
 def test_plan_only_places_shards_and_moves_nothing(make_cluster, make_target):
@@ -154,3 +179,43 @@ def test_a_restore_interrupted_by_an_agent_restart_resumes_where_it_stopped(
     assert 0 < int(resumed[1]) < int(resumed[2])
     (db,) = list(target.restore_dir(0).glob("shard-1/*.db"))
     assert table_digests(db) == table_digests(cluster.sources["shard-1"])
+
+
+def test_an_aborted_restore_is_reaped_and_leaves_nothing_placed(make_cluster, make_target):
+    """Stopping a restore execution skips AbortOnNodes; the reaper (the same EventBridge rule
+    as for backups) has every target node undo what the restore placed."""
+    cluster = make_cluster(nodes=2, size_mb=24)
+    assert cluster.backup().status == "SUCCEEDED"
+    slow = {"rate_limit_bytes_per_second": 2 * 2**20, "upload_parallelism": 1}
+    target = make_target(nodes=2, agent=slow)
+    execution = target.start_restore(cluster.name)
+    states = [Path(c["state_dir"]) / "restores" for c in target.configs]
+    deadline = time.monotonic() + 120
+    while not any(p.read_text().strip() for s in states for p in s.glob("*/objects/*.parts")):
+        assert time.monotonic() < deadline, "no part was ever downloaded"
+        time.sleep(0.05)
+    sfn = boto3.client("stepfunctions")
+    sfn.stop_execution(executionArn=execution)
+    event = {
+        "detail": {
+            "executionArn": execution,
+            "status": "ABORTED",
+            "input": sfn.describe_execution(executionArn=execution)["input"],
+        }
+    }
+
+    outcome = reap_handler(event, LambdaContext(function_name="shardvault-reap_execution"))
+
+    assert outcome["reaped"] is True, outcome
+    assert outcome["nodes"] == sorted(c["node_id"] for c in target.configs)
+    (record,) = target.records()
+    assert record["status"] == "FAILED"
+    assert "reaper" in record["cause"]
+    deadline = time.monotonic() + 60
+    while placed := [p for i in range(2) for p in target.restore_dir(i).rglob("*") if p.is_file()]:
+        assert time.monotonic() < deadline, f"still placed: {placed[:3]}"
+        time.sleep(0.2)
+    # The agents keep only the tombstone that turns late downloads away.
+    assert all(p.name.endswith(".aborted") for s in states for p in s.iterdir())
+    again = reap_handler(event, LambdaContext(function_name="shardvault-reap_execution"))
+    assert again["reaped"] is False
