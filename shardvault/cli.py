@@ -304,6 +304,12 @@ def print_restore(summary: dict[str, Any]) -> None:
         checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
         shards.add_row(s["shard_id"], s["node_id"], where, checks)
     console.print(shards)
+    if summary.get("validation") == "passed":
+        target = summary.get("target_cluster", "")
+        console.print(
+            f"The agents of {target} hold these shards now: back the cluster up with "
+            f"'shardvault backup {target}'."
+        )
 
 
 # --- retention ---------------------------------------------------------------------------------
