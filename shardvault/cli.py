@@ -307,8 +307,8 @@ def print_restore(summary: dict[str, Any]) -> None:
     if summary.get("validation") == "passed":
         target = summary.get("target_cluster", "")
         console.print(
-            f"The agents of {target} hold these shards now: back the cluster up with "
-            f"'shardvault backup {target}'."
+            f"The agents of {target} hold these shards now: backups of {target} include "
+            "them, with no change to the agents' configuration."
         )
 
 
