@@ -421,8 +421,7 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
     restore_config["node_id"] = RESTORE_NODE
     config = agent_config(args, root, pg, cleanup)
     busy_window = max(
-        float(c.get("busy_window_seconds", AgentConfig.model_fields["busy_window_seconds"].default))
-        for c in (config, restore_config)
+        AgentConfig.model_validate(c).busy_window_seconds for c in (config, restore_config)
     )
     bench = Bench(
         args=args,

@@ -110,7 +110,8 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="list the node's databases under 'shards' in each agent's configuration (a "
             "restore target holds the shards it restored once the restore has finished).",
         )
-    vault = vault_target(request, svc)
+    policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
+    vault = vault_target(request, svc, policy)
     backup_id = take_lock(svc, request, new_backup_id(now))
     context = BackupContext(
         backup_id=backup_id,
@@ -119,10 +120,10 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         sources=sources,
         store_url=svc.settings.store_url,
         started_at=now,
-        part_size=request.part_size or policy_part_size(request, svc),
+        part_size=request.part_size or policy_part_size(policy),
         execution_id=request.execution_id,
         vault=vault,
-        upload=policy_upload_limits(request, svc),
+        upload=upload_limits(policy),
     )
     svc.catalog.put(
         {
@@ -144,21 +145,16 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     return context
 
 
-def cluster_policy(request: BackupRequest, svc: Services) -> ClusterPolicy | None:
+def cluster_policy(cluster: str, svc: Services) -> ClusterPolicy | None:
     """The cluster's entry in the deployment's policy file (None: no file, or no entry)."""
-    policy = svc.policy() if (svc.settings.policy or svc.settings.policy_file) else None
-    return policy.clusters.get(request.cluster) if policy else None
+    policy = svc.policy()
+    return policy.clusters.get(cluster) if policy else None
 
 
-def policy_part_size(request: BackupRequest, svc: Services) -> int | None:
+def policy_part_size(cluster: ClusterPolicy | None) -> int | None:
     """The cluster's ``upload.part_size_mib`` from the policy file, in bytes (checked there)."""
-    cluster = cluster_policy(request, svc)
     mib = cluster.upload.part_size_mib if cluster else None
     return mib * MiB if mib else None
-
-
-def policy_upload_limits(request: BackupRequest, svc: Services) -> UploadLimits:
-    return upload_limits(cluster_policy(request, svc))
 
 
 def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
@@ -172,7 +168,9 @@ def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
     )
 
 
-def vault_target(request: BackupRequest, svc: Services) -> VaultTarget | None:
+def vault_target(
+    request: BackupRequest, svc: Services, cluster: ClusterPolicy | None
+) -> VaultTarget | None:
     """Where the backup is promoted once verified: the request's choice, else its cluster's in
     the policy file; None when the deployment has no vault or the policy no such cluster."""
     if svc.vault is None:
@@ -184,8 +182,6 @@ def vault_target(request: BackupRequest, svc: Services) -> VaultTarget | None:
         return None
     if request.vault is not None:
         return request.vault
-    policy = svc.policy()
-    cluster = policy.clusters.get(request.cluster) if policy else None
     if cluster is None:
         return None
     return VaultTarget(
@@ -700,10 +696,14 @@ def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: floa
             {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
             "",
         )
-    error = {
-        "Error": f"States.{status.title().replace('_', '')}",
-        "Cause": f"the execution was {status.lower().replace('_', ' ')}; its backup was cleaned "
-        "up by the reaper. Fix: start the backup again (and raise the state machine's timeout "
-        "if it timed out).",
-    }
+    error = reaped_error(status, "its backup was cleaned up by the reaper", "backup")
     return {"reaped": True, **cleanup(context, error, svc, now)}
+
+
+def reaped_error(status: str, what_was_done: str, workflow: str) -> dict[str, str]:
+    """The error a reaped execution is recorded with, as its failure path would have it."""
+    return {
+        "Error": f"States.{status.title().replace('_', '')}",
+        "Cause": f"the execution was {status.lower().replace('_', ' ')}; {what_was_done}. Fix: "
+        f"start the {workflow} again (and raise the state machine's timeout if it timed out).",
+    }

@@ -30,6 +30,7 @@ from shardvault.backup import readable_cause
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 from shardvault.models import BackupContext, Manifest, ObjectResult, VaultTarget
 from shardvault.readback import load_manifest
+from shardvault.retention import deletion_batches
 from shardvault.services import Services
 from shardvault.store import stored_checksum
 
@@ -103,9 +104,8 @@ def remove_staging_copy(svc: Services, keys: list[str]) -> int:
     """Deletes the staging copy of a promoted backup in batches of up to 1,000 keys (the
     manifest in the last); returns how many keys are left (tagged: the lifecycle rule expires
     them)."""
-    left = 0
-    for start in range(0, len(keys), 1000):
-        batch = keys[start : start + 1000]
+    left, batches = 0, deletion_batches(keys)  # the store is not versioned: keys suffice
+    for done, batch in enumerate(batches):
         try:
             response = svc.store_s3.delete_objects(
                 Bucket=svc.store.bucket,
@@ -113,7 +113,7 @@ def remove_staging_copy(svc: Services, keys: list[str]) -> int:
             )
         except ClientError as error:
             log.warning("staging copy not deleted (%s): lifecycle expires it", error)
-            return len(keys) - start
+            return left + sum(len(b) for b in batches[done:])
         left += len(response.get("Errors", []))
     return left
 

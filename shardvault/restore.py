@@ -18,7 +18,12 @@ import secrets
 import time
 from typing import Any
 
-from shardvault.backup import REAPED_STATUSES, check_nodes_available, readable_cause
+from shardvault.backup import (
+    REAPED_STATUSES,
+    check_nodes_available,
+    readable_cause,
+    reaped_error,
+)
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
@@ -389,12 +394,11 @@ def reap(
             {"backup_id": restore_id},
             "",
         )
-    error = {
-        "Error": f"States.{status.title().replace('_', '')}",
-        "Cause": f"the execution was {status.lower().replace('_', ' ')}; the reaper told nodes "
-        f"{', '.join(nodes)} to stop what the restore started and remove what it placed. Fix: "
-        "start the restore again (and raise the state machine's timeout if it timed out).",
-    }
+    done = (
+        f"the reaper told nodes {', '.join(nodes)} to stop what the restore started and remove "
+        "what it placed"
+    )
+    error = reaped_error(status, done, "restore")
     return {
         "reaped": True,
         "nodes": nodes,

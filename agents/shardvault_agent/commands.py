@@ -36,6 +36,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Downloader, Restorer
+from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import PartSender, StreamReader, checksum_object, upload_object
 
 MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
@@ -84,9 +85,7 @@ class Commands:
             "mutable": capture.mutable,
             "checkpoint_at": at,
         }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        write_json(path, record)
 
     def load_capture(self, backup_id: str, shard_id: str, phase: Phase) -> dict[str, Any]:
         path = self._capture_path(backup_id, shard_id, phase)
@@ -105,10 +104,8 @@ class Commands:
     def save_limits(self, backup_id: str, limits: dict[str, Any] | None) -> None:
         """Keeps the policy's upload limits the checkpoint command brought, for the backup's
         checksum and upload commands (they survive an agent restart like the captures)."""
-        limits = UploadLimits.model_validate(limits or {})
-        path = self._limits_path(backup_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(limits.model_dump_json())
+        checked = UploadLimits.model_validate(limits or {})
+        write_json(self._limits_path(backup_id), checked.model_dump(mode="json"))
 
     def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
         """The rate limiter and the parts sent at once for a backup: the stricter of the

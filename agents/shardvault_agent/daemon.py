@@ -136,9 +136,7 @@ class Agent:
             if not token:
                 # Posted by the control plane outside any execution (the reaper's release
                 # after an execution was aborted or timed out): run it; nobody waits for it.
-                self.commands.run(item["command"], item.get("args", {}))
-                if item["command"] in SHARDS_CHANGED_BY:
-                    self.registry.put(self.record())
+                self.run_command(item)
                 log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
                 return
             if not self.task_alive(token):
@@ -146,9 +144,7 @@ class Agent:
                 # week-old inbox): running it could take a checkpoint nobody releases.
                 log.info("%s skipped: its task has ended", item["command_id"])
                 return
-            result = self.commands.run(item["command"], item.get("args", {}))
-            if item["command"] in SHARDS_CHANGED_BY:
-                self.registry.put(self.record())  # before the answer: a backup may follow
+            result = self.run_command(item)
             self._answer(
                 token,
                 lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)),
@@ -176,6 +172,12 @@ class Agent:
         )
         return self.config.busy_poll_interval_seconds if busy else self.config.poll_interval_seconds
 
+    def run_command(self, item: dict[str, Any]) -> dict[str, Any]:
+        result = self.commands.run(item["command"], item.get("args", {}))
+        if item["command"] in SHARDS_CHANGED_BY:
+            self.registry.put(self.record())  # before any answer: a backup may follow
+        return result
+
     def task_alive(self, token: str) -> bool:
         """A heartbeat tells whether the task still waits for this token. "No such task" is
         asked again over a few seconds before it counts: the local stack (moto) accepts
@@ -183,16 +185,15 @@ class Agent:
         doorbell can ask before that; on AWS a dead token stays dead, and waiting costs only
         the command that is skipped anyway."""
         unknown = (self.sfn.exceptions.TaskDoesNotExist, self.sfn.exceptions.InvalidToken)
-        for wait in (*TOKEN_RECHECK_WAITS, None):
+        for wait in (0.0, *TOKEN_RECHECK_WAITS):
+            time.sleep(wait)
             try:
                 self.sfn.send_task_heartbeat(taskToken=token)
                 return True
             except self.sfn.exceptions.TaskTimedOut:
                 return False
             except unknown:
-                if wait is None:
-                    return False
-                time.sleep(wait)
+                continue
             except Exception as error:  # cannot tell (e.g. throttled): run it, the answer decides
                 log.info("task heartbeat failed: %s", error)
                 return True

@@ -61,6 +61,7 @@ from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.statefiles import write_json
 
 log = logging.getLogger("shardvault.agent.restore")
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -316,11 +317,7 @@ class Restorer:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(path, "ab") as handle:  # sparse: no byte is written twice
                     handle.truncate(entry.size)
-        state = self.state(restore_id)
-        state.mkdir(parents=True, exist_ok=True)
-        layout = state / f"{shard['shard_id']}.layout.json"
-        layout.with_suffix(".tmp").write_text(json.dumps(shard))
-        layout.with_suffix(".tmp").replace(layout)
+        write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
 
     # --- download ----------------------------------------------------------------------------
     def download(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -428,9 +425,7 @@ class Restorer:
 
     def _note_started(self, restore_id: str, shard_id: str, info: dict[str, Any]) -> None:
         started = self._started(restore_id) | {shard_id: info}
-        path = self.state(restore_id) / "started.json"
-        path.with_suffix(".tmp").write_text(json.dumps(started))
-        path.with_suffix(".tmp").replace(path)
+        write_json(self.state(restore_id) / "started.json", started)
 
     def _finish_shard(self, restore_id: str, shard_id: str, args: dict[str, Any]) -> dict:
         started = self._started(restore_id).get(shard_id)
@@ -489,12 +484,6 @@ class Restorer:
     def adopted_shards(self) -> list[ShardConfig]:
         return [ShardConfig.model_validate(e["shard"]) for e in self.adopted().values()]
 
-    def _write_adopted(self, adopted: dict[str, dict[str, Any]]) -> None:
-        path = self._adoption_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".tmp").write_text(json.dumps(adopted, indent=1, sort_keys=True))
-        path.with_suffix(".tmp").replace(path)
-
     def _adopt(self, restore_id: str, shard_id: str, result: dict[str, Any]) -> None:
         shard = adoptable(self.config.engine, shard_id, result)
         if shard is None:
@@ -506,7 +495,7 @@ class Restorer:
             if (previous := adopted.get(shard_id)) and previous["restore_id"] != restore_id:
                 entry["previous"] = {k: previous[k] for k in ("restore_id", "shard")}
             adopted[shard_id] = entry
-            self._write_adopted(adopted)
+            write_json(self._adoption_file, adopted)
 
     def _unadopt(self, restore_id: str, shard_id: str) -> None:
         with self._adoption_guard:
@@ -518,7 +507,7 @@ class Restorer:
                 adopted[shard_id] = entry["previous"]
             else:
                 del adopted[shard_id]
-            self._write_adopted(adopted)
+            write_json(self._adoption_file, adopted)
 
     # --- abort -------------------------------------------------------------------------------
     def abort(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -111,6 +111,47 @@ def control_plane_env(endpoint: str) -> dict[str, str]:
     }
 
 
+def key_schema(hash_key: str, range_key: str) -> list[dict[str, str]]:
+    return [
+        {"AttributeName": hash_key, "KeyType": "HASH"},
+        {"AttributeName": range_key, "KeyType": "RANGE"},
+    ]
+
+
+def string_attributes(*names: str) -> list[dict[str, str]]:
+    return [{"AttributeName": name, "AttributeType": "S"} for name in names]
+
+
+def create_tables(ddb: Any, *, catalog_table: str, nodes_table: str, inbox_table: str) -> None:
+    """The control plane's DynamoDB tables, keyed as infra/ declares them (``ddb``: a boto3
+    DynamoDB client). Used by the local stack and by tests that need the tables alone."""
+    ddb.create_table(
+        TableName=catalog_table,
+        KeySchema=key_schema("cluster", "backup_id"),
+        AttributeDefinitions=string_attributes("cluster", "backup_id"),
+        BillingMode="PAY_PER_REQUEST",
+    )
+    ddb.create_table(
+        TableName=nodes_table,
+        KeySchema=[{"AttributeName": "node_id", "KeyType": "HASH"}],
+        AttributeDefinitions=string_attributes("node_id", "cluster"),
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by_cluster",
+                "KeySchema": key_schema("cluster", "node_id"),
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    ddb.create_table(
+        TableName=inbox_table,
+        KeySchema=key_schema("node_id", "command_id"),
+        AttributeDefinitions=string_attributes("node_id", "command_id"),
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
 @dataclass
 class LocalStack:
     root: Path
@@ -247,48 +288,11 @@ class LocalStack:
 
     def _create_resources(self) -> str:
         ddb = boto3.client("dynamodb")
-        ddb.create_table(
-            TableName=NAMES["catalog_table"],
-            KeySchema=[
-                {"AttributeName": "cluster", "KeyType": "HASH"},
-                {"AttributeName": "backup_id", "KeyType": "RANGE"},
-            ],
-            AttributeDefinitions=[
-                {"AttributeName": "cluster", "AttributeType": "S"},
-                {"AttributeName": "backup_id", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        ddb.create_table(
-            TableName=NAMES["nodes_table"],
-            KeySchema=[{"AttributeName": "node_id", "KeyType": "HASH"}],
-            AttributeDefinitions=[
-                {"AttributeName": "node_id", "AttributeType": "S"},
-                {"AttributeName": "cluster", "AttributeType": "S"},
-            ],
-            GlobalSecondaryIndexes=[
-                {
-                    "IndexName": "by_cluster",
-                    "KeySchema": [
-                        {"AttributeName": "cluster", "KeyType": "HASH"},
-                        {"AttributeName": "node_id", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "ALL"},
-                }
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        ddb.create_table(
-            TableName=NAMES["inbox_table"],
-            KeySchema=[
-                {"AttributeName": "node_id", "KeyType": "HASH"},
-                {"AttributeName": "command_id", "KeyType": "RANGE"},
-            ],
-            AttributeDefinitions=[
-                {"AttributeName": "node_id", "AttributeType": "S"},
-                {"AttributeName": "command_id", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
+        create_tables(
+            ddb,
+            catalog_table=NAMES["catalog_table"],
+            nodes_table=NAMES["nodes_table"],
+            inbox_table=NAMES["inbox_table"],
         )
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=NAMES["work_bucket"])

@@ -4,36 +4,21 @@ it runs, so reading the partition on every poll re-read every running command's 
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 from shardvault_agent import daemon
-from shardvault_agent.config import AgentConfig, ShardConfig
 
 from shardvault.tables import DOORBELL_KEY, Inbox
+
+from .support import moto_services, sqlite_agent
 
 
 @pytest.fixture
 def inbox_table(monkeypatch) -> Any:
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        ddb = boto3.resource("dynamodb", region_name="us-east-1")
-        yield ddb.create_table(
-            TableName="inbox",
-            KeySchema=[
-                {"AttributeName": "node_id", "KeyType": "HASH"},
-                {"AttributeName": "command_id", "KeyType": "RANGE"},
-            ],
-            AttributeDefinitions=[
-                {"AttributeName": "node_id", "AttributeType": "S"},
-                {"AttributeName": "command_id", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
+    with moto_services(monkeypatch) as services:
+        yield services.inbox.table
 
 
 def test_each_post_rings_and_the_doorbell_is_no_command(inbox_table) -> None:
@@ -58,16 +43,7 @@ class CountingInbox(Inbox):
 def test_an_agent_reads_its_inbox_only_when_the_doorbell_rang(
     inbox_table, tmp_path: Path, monkeypatch
 ) -> None:
-    db = tmp_path / "s1.db"
-    sqlite3.connect(db).close()
-    config = AgentConfig(
-        node_id="n1",
-        cluster="c",
-        engine="sqlite",
-        shards=[ShardConfig(shard_id="s1", path=db)],
-        state_dir=tmp_path / "state",
-    )
-    agent = daemon.Agent(config, nodes_table="nodes", inbox_table="inbox")
+    agent = daemon.Agent(sqlite_agent(tmp_path), nodes_table="n", inbox_table="i")
     agent.inbox = inbox = CountingInbox(inbox_table)
     started: list[str] = []
     monkeypatch.setattr(agent.pool, "submit", lambda _fn, item: started.append(item["command_id"]))

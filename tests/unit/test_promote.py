@@ -11,30 +11,23 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from boto3.s3.transfer import TransferConfig
-from moto import mock_aws
 
 from shardvault import promote
 from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.models import ObjectResult, Phase, VaultTarget
 from shardvault.planning import MiB
-from shardvault.services import Services
-from shardvault.settings import Settings
 from shardvault.store import stored_checksum
+
+from .support import moto_services
 
 SMALL_PARTS = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
 
 
 @pytest.fixture
 def svc(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        services = Services(
-            Settings(
-                catalog_table="c", nodes_table="n", inbox_table="i", work_bucket="w",
-                store_url="s3://staging-bucket/backups", vault_url="s3://vault-bucket/vault",
-            )
-        )  # fmt: skip
+    with moto_services(
+        monkeypatch, store_url="s3://staging-bucket/backups", vault_url="s3://vault-bucket/vault"
+    ) as services:
         services.store_s3.create_bucket(Bucket="staging-bucket")
         services.vault_s3.create_bucket(Bucket="vault-bucket", ObjectLockEnabledForBucket=True)
         yield services

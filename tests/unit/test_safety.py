@@ -3,13 +3,12 @@ answers, released checkpoints, tablespaces."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from shardvault_agent.commands import Commands
-from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.config import ShardConfig
 from shardvault_agent.engines.postgres import refuse_tablespaces
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
@@ -18,6 +17,8 @@ from shardvault.backup import check_listings_match_sources
 from shardvault.errors import CheckpointNotFound, ChecksumMismatch, EngineError, InvalidRequest
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, Source
 from shardvault.readback import StreamWriter
+
+from .support import sqlite_agent
 
 
 @pytest.mark.parametrize("path", ["../etc/passwd", "/abs", "a/../b", "a//b", "./a", "", "a\\b"])
@@ -76,16 +77,7 @@ def test_answers_must_come_from_the_nodes_asked():
 
 @pytest.fixture
 def sqlite_commands(tmp_path: Path) -> Commands:
-    db = tmp_path / "s1.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE t(x)")
-    config = AgentConfig(
-        node_id="n1",
-        cluster="c",
-        engine="sqlite",
-        shards=[ShardConfig(shard_id="s1", path=db)],
-        state_dir=tmp_path / "state",
-    )
+    config = sqlite_agent(tmp_path)
     return Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
 
 

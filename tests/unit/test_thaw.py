@@ -4,9 +4,7 @@ alone; the count of frozen objects drops to zero once S3 has thawed them."""
 
 from __future__ import annotations
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from shardvault import restore
 from shardvault.checksums import crc64nvme_of_bytes
@@ -24,7 +22,8 @@ from shardvault.models import (
     ShardPlacement,
 )
 from shardvault.services import Services
-from shardvault.settings import Settings
+
+from .support import moto_services
 
 BUCKET = "store"
 MANIFEST = "backups/c/b1/manifest.json"
@@ -40,28 +39,10 @@ def obj(key: str, data: bytes) -> ObjectResult:
 
 @pytest.fixture
 def svc(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        services = Services(
-            Settings(
-                catalog_table="c", nodes_table="n", inbox_table="i", work_bucket="w",
-                store_url=f"s3://{BUCKET}/backups", thaw_first_wait_seconds=60,
-            )
-        )  # fmt: skip
+    with moto_services(
+        monkeypatch, store_url=f"s3://{BUCKET}/backups", thaw_first_wait_seconds=60
+    ) as services:
         services.store_s3.create_bucket(Bucket=BUCKET)
-        boto3.client("dynamodb").create_table(
-            TableName="c",
-            KeySchema=[
-                {"AttributeName": "cluster", "KeyType": "HASH"},
-                {"AttributeName": "backup_id", "KeyType": "RANGE"},
-            ],
-            AttributeDefinitions=[
-                {"AttributeName": "cluster", "AttributeType": "S"},
-                {"AttributeName": "backup_id", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
         yield services
 
 

@@ -4,14 +4,12 @@ of those and its own configuration."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from shardvault_agent.commands import Commands
-from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import Faults
@@ -20,6 +18,8 @@ from shardvault.backup import upload_limits
 from shardvault.models import ObjectPlan, Phase, UploadLimits
 from shardvault.planning import MiB
 from shardvault.policy import parse_policy
+
+from .support import sqlite_agent
 
 POLICY = """version: 1
 clusters:
@@ -41,18 +41,7 @@ def test_the_policys_upload_settings_become_the_backups_limits() -> None:
 
 
 def commands(tmp_path: Path, **agent: object) -> Commands:
-    db = tmp_path / "s1.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE t(x)")
-        conn.executemany("INSERT INTO t VALUES (randomblob(1024))", [()] * 3000)
-    config = AgentConfig(
-        node_id="n1",
-        cluster="c",
-        engine="sqlite",
-        shards=[ShardConfig(shard_id="s1", path=db)],
-        state_dir=tmp_path / "state",
-        **agent,
-    )
+    config = sqlite_agent(tmp_path, rows=3000, **agent)
     limiter = RateLimiter(config.rate_limit_bytes_per_second)
     no_faults = SimpleNamespace(faults=Faults())  # checksum needs no sender but its faults
     return Commands(config, SqliteAdapter(config), limiter, sender=no_faults)

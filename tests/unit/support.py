@@ -1,0 +1,49 @@
+"""What several unit tests set up alike: the control plane's services on moto (with the
+local stack's tables), and an agent of one SQLite shard."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from shardvault_agent.config import AgentConfig, ShardConfig
+
+from shardvault.local.stack import create_tables
+from shardvault.services import Services
+from shardvault.settings import Settings
+
+TABLES = {"catalog_table": "c", "nodes_table": "n", "inbox_table": "i"}
+
+
+@contextmanager
+def moto_services(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Iterator[Services]:
+    """Services against moto, its tables created (named as ``TABLES``); ``settings`` add to
+    or override the defaults (e.g. ``store_url``; no bucket is created)."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        create_tables(boto3.client("dynamodb"), **TABLES)
+        defaults = {**TABLES, "work_bucket": "w", "store_url": "s3://store/backups"}
+        yield Services(Settings(**{**defaults, **settings}))
+
+
+def sqlite_agent(tmp_path: Path, rows: int = 0, **agent: Any) -> AgentConfig:
+    """An agent of one SQLite shard ``s1`` holding ``rows`` rows of 1 KiB."""
+    db = tmp_path / "s1.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t(x)")
+        conn.executemany("INSERT INTO t VALUES (randomblob(1024))", [()] * rows)
+    return AgentConfig(
+        node_id="n1",
+        cluster="c",
+        engine="sqlite",
+        shards=[ShardConfig(shard_id="s1", path=db)],
+        state_dir=tmp_path / "state",
+        **agent,
+    )
