@@ -116,7 +116,16 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "--pin", action="append", default=[], metavar="SHARD=NODE", help="place a shard"
     )
     restore.add_argument(
-        "--check", action="append", default=[], metavar="SQL", help="a validation query"
+        "--check",
+        action="append",
+        default=[],
+        metavar="SQL",
+        help="a validation query: one read-only statement that must return true",
+    )
+    restore.add_argument(
+        "--heapallindexed",
+        action="store_true",
+        help="PostgreSQL: pg_amcheck --heapallindexed (every heap tuple found in its indexes)",
     )
     restore.add_argument("--wait", action="store_true", help="follow it to the end")
     restore.set_defaults(run=run_restore)
@@ -245,6 +254,7 @@ def run_restore(args: argparse.Namespace) -> int:
         replace=args.replace,
         plan_only=args.plan_only,
         validation_queries=args.check,
+        heapallindexed=args.heapallindexed,
         requested_by="cli",
     )
     execution = ops.start_restore(config, request)

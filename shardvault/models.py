@@ -24,6 +24,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shardvault.errors import InvalidRequest
+from shardvault.sqlcheck import check_validation_queries
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MANIFEST_FORMAT = 1
@@ -297,7 +298,8 @@ class RestoreRequest(Frozen):
     placement: dict[str, str] = Field(default_factory=dict)
     replace: bool = False  # restore over shard directories the target already holds
     plan_only: bool = False  # validate and place, show the plan, move nothing
-    validation_queries: list[str] = Field(default_factory=list)
+    validation_queries: list[str] = Field(default_factory=list)  # see shardvault.sqlcheck
+    heapallindexed: bool = False  # PostgreSQL: pg_amcheck --heapallindexed (slower, deeper)
     requested_by: str = "cli"
     execution_id: str = ""
 
@@ -305,6 +307,11 @@ class RestoreRequest(Frozen):
     @classmethod
     def _cluster_name(cls, value: str) -> str:
         return check_name("cluster", value)
+
+    @field_validator("validation_queries")
+    @classmethod
+    def _read_only_queries(cls, value: list[str]) -> list[str]:
+        return check_validation_queries(value)
 
 
 class ShardPlacement(Frozen):
@@ -338,6 +345,7 @@ class RestoreContext(Frozen):
     replace: bool
     plan_only: bool
     validation_queries: list[str] = Field(default_factory=list)
+    heapallindexed: bool = False
     started_at: float
     execution_id: str = ""
     source: str = "store"  # where the backup's objects are read: "store" or "vault"

@@ -105,6 +105,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         replace=request.replace,
         plan_only=request.plan_only,
         validation_queries=request.validation_queries,
+        heapallindexed=request.heapallindexed,
         started_at=now,
         execution_id=request.execution_id,
         source=source,

@@ -31,8 +31,6 @@ import os
 import random
 import shutil
 import socket
-import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +57,7 @@ from shardvault.errors import (
 from shardvault.models import DownloadItem, Engine, unpack_files
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
+from shardvault_agent.checks import postgres_checks, raise_if_refused, sqlite_checks
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.statefiles import write_json
@@ -457,12 +456,15 @@ class Restorer:
         self._note_started(restore_id, shard_id, {"path": str(final)})
         engine = self.config.engine
         finisher = finish_postgres if engine == Engine.POSTGRES else finish_sqlite
-        result = finisher(self, restore_id, shard_id, final, args.get("validation_queries", []))
+        result = finisher(self, restore_id, shard_id, final, args)
+        raise_if_refused(shard_id, result["checks"])
         if not result["checks_passed"]:
             raise RestoreValidationFailed(
                 f"shard {shard_id} on node {self.config.node_id} failed its checks: "
                 f"{result['checks']}.",
-                fix="the backup may be damaged: restore another backup and report this one.",
+                fix="if a validation query failed, check that it is right for this data; "
+                "otherwise the backup may be damaged: restore another backup and report this "
+                "one.",
             )
         shutil.rmtree(aside, ignore_errors=True)
         note = {"path": str(final), "port": result.get("port"), "result": result}
@@ -597,50 +599,28 @@ def _nth(values: list[str], index: int) -> str | None:
 
 
 # --- engines -----------------------------------------------------------------------------------
-def run_queries(execute: Callable[[str], str], queries: list[str]) -> dict[str, str]:
-    """A validation query passes when it runs and its first value is true (``t``/``true``/
-    ``1``), e.g. ``SELECT count(*) > 0 FROM orders``."""
-    checks = {}
-    for query in queries:
-        try:
-            value = execute(query).split("|")[0].strip().lower()
-            checks[query] = "ok" if value in {"t", "true", "1"} else f"returned {value!r}"
-        except Exception as error:  # a failing query is a failed check, reported whole
-            checks[query] = f"error: {error}"
-    return checks
-
-
 def finish_sqlite(
-    restorer: Restorer, restore_id: str, shard_id: str, root: Path, queries: list[str]
+    restorer: Restorer, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
 ) -> dict[str, Any]:
     checks: dict[str, str] = {}
     databases = sqlite_databases(root)
     for db in databases:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            checks[f"integrity_check {db.name}"] = verdict
-
-            def execute(sql: str, conn: sqlite3.Connection = conn) -> str:
-                row = conn.execute(sql).fetchone()
-                return "|".join(str(v) for v in row) if row else ""
-
-            checks |= {f"{db.name}: {q}": v for q, v in run_queries(execute, queries).items()}
-    passed = bool(databases) and all(v == "ok" for v in checks.values())
+        checks |= sqlite_checks(db, args.get("validation_queries", []))
     return {
         "shard_id": shard_id,
         "node_id": restorer.config.node_id,
         "path": str(root),
         "checks": checks,
-        "checks_passed": passed,
+        "checks_passed": bool(databases) and all(v == "ok" for v in checks.values()),
     }
 
 
 def finish_postgres(
-    restorer: Restorer, restore_id: str, shard_id: str, root: Path, queries: list[str]
+    restorer: Restorer, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
 ) -> dict[str, Any]:
     """Starts the restored copy on a free port of ``restore_ports``: recovery replays the
     WAL in the backup up to its end point (the backup label tells where). Then pg_amcheck
-    on every database and the validation queries."""
+    on every database and the validation queries (``checks``)."""
     from shardvault.local.postgres import attach_instance
 
     with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
@@ -653,24 +633,14 @@ def finish_postgres(
     port = free_port_in(restorer.config.restore_ports, restorer, taken)
     restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
     instance = attach_instance(root, port=port)
-    amcheck = subprocess.run(
-        [
-            str(instance.bin_dir / "pg_amcheck"),
-            "-h", str(instance.socket_dir), "-p", str(instance.port), "-U", "postgres",
-            "--all", "--install-missing", f"--jobs={restorer.config.validation_jobs}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd="/",
-    )  # fmt: skip
-    checks = {
-        "recovered": "ok" if instance.psql("SELECT pg_is_in_recovery()") == "f" else "in recovery",
-        "pg_amcheck --all": "ok"
-        if amcheck.returncode == 0
-        else (amcheck.stdout + amcheck.stderr)[-500:],
-    }
-    checks |= run_queries(instance.psql, queries)
+    recovered = instance.psql("SELECT pg_is_in_recovery()") == "f"
+    checks = {"recovered": "ok" if recovered else "in recovery"}
+    checks |= postgres_checks(
+        instance,
+        args.get("validation_queries", []),
+        jobs=restorer.config.validation_jobs,
+        heapallindexed=bool(args.get("heapallindexed")),
+    )
     return {
         "shard_id": shard_id,
         "node_id": restorer.config.node_id,

@@ -137,3 +137,32 @@ def test_malformed_input(stack, payload):
     )["executionArn"]
     progress = ops.wait_restore(client_of(stack), arn, interval=0.1, timeout=60)
     assert_rejected(progress, "InvalidRequest")
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("DROP TABLE items; SELECT true", "2 statements"),
+        ("COPY (SELECT 1) TO PROGRAM 'touch /tmp/shardvault-pwned'", "starts with COPY"),
+        ("WITH d AS (DELETE FROM items RETURNING 1) SELECT true", "DELETE"),
+    ],
+)
+def test_a_validation_query_that_could_write_is_refused_before_anything_runs(
+    backed_up, make_target, query, named
+):
+    target = make_target(nodes=1)
+    sfn = boto3.client("stepfunctions")
+    console_input = {
+        "cluster": backed_up.name,
+        "target_cluster": target.name,
+        "validation_queries": [query],
+    }
+    arn = sfn.start_execution(
+        stateMachineArn=target.stack.restore_state_machine_arn,
+        name=f"raw-{uuid.uuid4().hex[:12]}",
+        input=json.dumps(console_input),
+    )["executionArn"]
+    progress = ops.wait_restore(client_of(target.stack), arn, interval=0.1, timeout=60)
+    assert_rejected(progress, "InvalidRequest", named, "read-only statement")
+    assert_unchanged(target)
+    assert not Path("/tmp/shardvault-pwned").exists()

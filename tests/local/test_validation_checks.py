@@ -1,0 +1,102 @@
+"""The engine layer of validation queries, on real servers: even a query the gate would refuse
+cannot write, read files, run programs or outlast its timeout, and the checks leave the
+restored databases as they found them (no role, no extension, pg_hba.conf unchanged).
+
+The gate (``shardvault.sqlcheck``) is bypassed here on purpose: these calls are what a query
+that slipped through it would meet.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from shardvault_agent import checks
+from shardvault_agent.checks import REFUSED, raise_if_refused
+
+from shardvault.errors import InvalidRequest
+from shardvault.local.postgres import init_instance
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    instance = init_instance(tmp_path_factory.mktemp("checks") / "data")
+    instance.psql("CREATE TABLE orders (id int primary key, total int)")
+    instance.psql("INSERT INTO orders SELECT g, g FROM generate_series(1, 100) g")
+    instance.psql("CREATE SEQUENCE s")
+    with instance:
+        yield instance
+
+
+def bypass_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "check_validation_queries", lambda queries: queries)
+
+
+def test_a_read_only_query_passes_and_leaves_nothing_behind(server) -> None:
+    hba = (server.data_dir / "pg_hba.conf").read_bytes()
+    result = checks.postgres_checks(server, ["SELECT count(*) = 100 FROM orders"], jobs=1)
+    assert result == {"pg_amcheck --all": "ok", "SELECT count(*) = 100 FROM orders": "ok"}
+    assert server.psql("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'shardvault%'") == "0"
+    assert server.psql("SELECT count(*) FROM pg_extension WHERE extname = 'amcheck'") == "0"
+    assert server.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'pg_amcheck'") == "0"
+    assert (server.data_dir / "pg_hba.conf").read_bytes() == hba
+
+
+def test_hostile_queries_are_refused_by_the_engine(server, tmp_path, monkeypatch) -> None:
+    bypass_gate(monkeypatch)
+    witness = tmp_path / "ran"
+    hostile = {
+        "DELETE FROM orders": "write",
+        "SELECT nextval('s') > 0": "privilege",
+        "SELECT pg_read_file('/etc/hostname') IS NOT NULL": "privilege",
+        f"COPY (SELECT 1) TO PROGRAM 'touch {witness}'": "privilege",
+        "SELECT set_config('role', 'postgres', false) IS NOT NULL": "privilege",
+    }
+    result = checks.postgres_checks(server, list(hostile), jobs=1)
+    for query, kind in hostile.items():
+        assert result[query].startswith(REFUSED), (query, result[query])
+        assert kind in result[query]
+    assert not witness.exists()
+    assert server.psql("SELECT count(*) FROM orders") == "100"
+    assert server.psql("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'shardvault%'") == "0"
+    with pytest.raises(InvalidRequest, match="was refused on shard s1"):
+        raise_if_refused("s1", result)
+
+
+def test_two_statements_in_one_query_are_refused(server, monkeypatch) -> None:
+    bypass_gate(monkeypatch)
+    query = "DROP TABLE orders; SELECT true"
+    result = checks.postgres_checks(server, [query], jobs=1)
+    assert result[query] != "ok"
+    assert server.psql("SELECT count(*) FROM orders") == "100"
+
+
+def test_a_query_that_runs_too_long_is_cancelled(server, monkeypatch) -> None:
+    monkeypatch.setattr(checks, "QUERY_TIMEOUT_SECONDS", 1)
+    result = checks.postgres_checks(server, ["SELECT pg_sleep(30) IS NOT NULL"], jobs=1)
+    assert "longer than 1 s" in result["SELECT pg_sleep(30) IS NOT NULL"]
+
+
+def test_sqlite_refuses_everything_but_reads(tmp_path: Path, monkeypatch) -> None:
+    bypass_gate(monkeypatch)
+    db = tmp_path / "shard.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY)")
+        conn.execute("INSERT INTO items VALUES (1)")
+    conn.close()
+    before = db.read_bytes()
+    queries = [
+        "SELECT count(*) = 1 FROM items",
+        "DELETE FROM items",
+        "PRAGMA writable_schema = 1",
+        f"ATTACH DATABASE '{tmp_path / 'other.db'}' AS other",
+        "SELECT 1; DELETE FROM items",
+    ]
+    result = checks.sqlite_checks(db, queries)
+    assert result[f"integrity_check {db.name}"] == "ok"
+    assert result[f"{db.name}: SELECT count(*) = 1 FROM items"] == "ok"
+    for query in queries[1:]:
+        assert result[f"{db.name}: {query}"].startswith(REFUSED), query
+    assert db.read_bytes() == before
+    assert not (tmp_path / "other.db").exists()

@@ -1,0 +1,67 @@
+"""The validation-query gate: one read-only statement, everything else refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardvault.errors import InvalidRequest
+from shardvault.models import RestoreRequest
+from shardvault.sqlcheck import MAX_QUERIES, check_validation_queries, check_validation_query
+
+ACCEPTED = [
+    "SELECT count(*) > 0 FROM orders",
+    "select true;",
+    "WITH t AS (SELECT 1 AS n) SELECT n = 1 FROM t",
+    "SELECT 'a;b; DROP TABLE x' <> ''",  # a semicolon inside a literal is not a statement
+    'SELECT count(*) > 0 FROM "update"',  # a quoted identifier may be named like a command
+    "SELECT $$; DELETE FROM x$$ IS NOT NULL",
+    "SELECT 1 -- ; DROP TABLE x\n = 1",
+    "SELECT /* ; DELETE /* nested */ still comment */ true",
+    "VALUES (true)",
+    "SELECT replace(name, 'a', 'b') = 'b' FROM items LIMIT 1",
+]
+
+REFUSED = {
+    "DROP TABLE x; SELECT true": "2 statements",
+    "SELECT true; DROP TABLE x": "2 statements",
+    "COPY (SELECT 1) TO PROGRAM 'id'": "starts with COPY",
+    "WITH d AS (DELETE FROM orders RETURNING 1) SELECT true": "DELETE",
+    "SELECT * INTO copy_of_orders FROM orders": "INTO",
+    "SELECT true FROM orders FOR UPDATE": "UPDATE",
+    "SELECT 'a\\'; DROP TABLE t; --'": "backslash",
+    "PRAGMA writable_schema = 1": "starts with PRAGMA",
+    "ATTACH DATABASE '/tmp/x' AS x": "starts with ATTACH",
+    "": "empty",
+    "   ": "empty",
+    "SELECT 1 /* never closed": "unclosed",
+    "SELECT $x$ never closed": "unclosed",
+    "EXPLAIN ANALYZE DELETE FROM x": "starts with EXPLAIN",
+}
+
+
+@pytest.mark.parametrize("query", ACCEPTED)
+def test_single_read_only_statements_pass(query: str) -> None:
+    assert check_validation_query(query) == query
+
+
+@pytest.mark.parametrize(("query", "named"), REFUSED.items())
+def test_anything_else_is_refused_by_name_with_the_fix(query: str, named: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        check_validation_query(query)
+    assert named in refused.value.message
+    assert "read-only statement" in refused.value.fix
+
+
+def test_too_many_queries_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="at most"):
+        check_validation_queries(["SELECT true"] * (MAX_QUERIES + 1))
+
+
+def test_the_restore_request_refuses_a_query_before_anything_runs() -> None:
+    with pytest.raises(InvalidRequest, match="2 statements"):
+        RestoreRequest(
+            cluster="a", target_cluster="b", validation_queries=["DROP TABLE x; SELECT true"]
+        )
+    assert RestoreRequest(
+        cluster="a", target_cluster="b", validation_queries=["SELECT true"]
+    ).validation_queries == ["SELECT true"]
