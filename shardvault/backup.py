@@ -10,12 +10,12 @@ except to read an object back when the store cannot report its checksum.
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import time
 from collections import defaultdict
 from typing import Any
 
+from shardvault.causes import agent_note, failure_cause
 from shardvault.checksums import combine
 from shardvault.errors import (
     AgentUnavailable,
@@ -355,9 +355,11 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
     done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
     missing = [key for key in planned if key not in done]
     if missing:
+        nodes = [source.node_id for source in context.sources]
+        note = agent_note(svc, context.backup_id, nodes, "")
         raise UploadIncomplete(
             f"{len(missing)} of {len(planned)} {phase} objects were not uploaded and verified "
-            f"(first: {missing[0]}).",
+            f"(first: {missing[0]})" + (f"; the agent reported: {note}" if note else "") + ".",
             fix="see the failed object's task in the execution (Upload map run) for its cause; "
             "the backup was cleaned up and can be retried.",
         )
@@ -621,10 +623,11 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
 
 # --- cleanup -----------------------------------------------------------------------------------
 def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> str:
-    """The failure's cause, plus the nodes whose agents went silent: a timeout (which Step
-    Functions reports without a cause) or a missing object is most often a dead agent, and
-    the operator needs to know where to look."""
-    cause = readable_cause(str(error.get("Cause") or ""))
+    """The failure's cause (``shardvault.causes``), plus the nodes whose agents went silent: a
+    timeout or a missing object is most often a dead agent, and the operator needs to know
+    where to look."""
+    nodes = [source.node_id for source in context.sources]
+    cause = failure_cause(error, svc, context.backup_id, nodes)
     silent = []
     for source in context.sources:
         node = svc.nodes.get(source.node_id)
@@ -633,19 +636,11 @@ def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: f
         elif now - node.heartbeat_at > svc.settings.heartbeat_max_age_seconds:
             silent.append(f"{source.node_id} (silent for {now - node.heartbeat_at:.0f} s)")
     if not silent:
-        return cause or "a task timed out."
+        return cause
     return (
         f"{cause} The agent of {', '.join(silent)} stopped answering. Fix: restart the agent on "
         "that node (shardvault-agent run), then start the backup again."
-    ).strip()
-
-
-def readable_cause(cause: str) -> str:
-    """A Lambda error's cause is its JSON payload: keep the message, drop the stack trace."""
-    try:
-        return json.loads(cause).get("errorMessage", cause)
-    except (ValueError, AttributeError):
-        return cause
+    )
 
 
 def cleanup(

@@ -135,6 +135,20 @@ class PartDownloadFailed(ShardVaultError):
     transient = True
 
 
+class StoreObjectDamaged(ShardVaultError):
+    """The store cannot serve an object's bytes (it cuts every read at the same byte, as MinIO
+    does when its own checksums find bitrot): retrying never helps."""
+
+
+class RestoreWriteFailed(ShardVaultError):
+    """A target node could not write restored bytes to its disk (other than a full disk,
+    which is ``TargetTooSmall``)."""
+
+
+class ManifestDamaged(ShardVaultError):
+    """A backup's manifest is in the store but cannot be read as a manifest."""
+
+
 class DownloadIncomplete(ShardVaultError):
     """A shard is asked to finish while some of its objects are not downloaded."""
 

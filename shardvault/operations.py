@@ -16,7 +16,7 @@ from typing import Any
 
 import boto3
 
-from shardvault.backup import readable_cause
+from shardvault.causes import readable_cause
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
 from shardvault.tables import Catalog, NodeRegistry, table
@@ -123,6 +123,11 @@ def execution_progress(
         progress.bytes_total = record.get("bytes_total", 0)
         progress.objects_done = record.get("objects_done", 0)
         progress.objects_total = record.get("objects_total", 0)
+        if progress.status in TERMINAL and record.get("status") == "FAILED":
+            # The failure path's cause: it names silent agents and carries an agent's cause
+            # where the execution's lost it (shardvault.causes).
+            progress.error = progress.error or record.get("error", "")
+            progress.cause = record.get("cause") or progress.cause
     return progress
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from shardvault.backup import readable_cause
+from shardvault.causes import readable_cause
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 from shardvault.models import BackupContext, Manifest, ObjectResult, VaultTarget
 from shardvault.readback import load_manifest

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from shardvault.checksums import crc64nvme, to_b64
-from shardvault.errors import ChecksumMismatch, InvalidRequest
+from shardvault.errors import ChecksumMismatch, InvalidRequest, ManifestDamaged
 from shardvault.models import FileEntry, Manifest, ManifestStream
 from shardvault.planning import backup_prefix
 
@@ -38,7 +39,17 @@ def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
             fix="check the cluster and backup id ('shardvault list'); if it is listed, the "
             "catalog and the store disagree: the backup's objects were removed.",
         ) from None
-    return Manifest.model_validate_json(body)
+    try:
+        return Manifest.model_validate_json(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        raise ManifestDamaged(
+            f"the manifest at s3://{bucket}/{key} is damaged: {where}: {first['msg']} "
+            f"({error.error_count()} problem(s), {len(body)} bytes).",
+            fix="restore another backup ('shardvault list'); this backup's objects may be "
+            "intact, but without its manifest nothing says which bytes belong where.",
+        ) from None
 
 
 class StreamWriter:

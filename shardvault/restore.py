@@ -18,12 +18,8 @@ import secrets
 import time
 from typing import Any
 
-from shardvault.backup import (
-    REAPED_STATUSES,
-    check_nodes_available,
-    readable_cause,
-    reaped_error,
-)
+from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
+from shardvault.causes import failure_cause
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
@@ -351,17 +347,23 @@ def cleanup(
 ) -> dict[str, Any]:
     """The failure path, after the nodes removed what they had written: the restore marked
     failed with its cause, and a notification."""
-    return mark_failed(context.target_cluster, context.restore_id, error, svc, now)
+    nodes = [a.node_id for a in context.assignments]
+    return mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
 
 
 def mark_failed(
-    target_cluster: str, restore_id: str, error: dict[str, Any], svc: Services, now: float
+    target_cluster: str,
+    restore_id: str,
+    error: dict[str, Any],
+    svc: Services,
+    now: float,
+    nodes: list[str],
 ) -> dict[str, Any]:
     outcome = {
         "status": BackupStatus.FAILED.value,
         "failed_at": now,
         "error": error.get("Error", "States.Runtime"),
-        "cause": readable_cause(str(error.get("Cause") or ""))[:2000] or "a task timed out.",
+        "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
     }
     svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
     svc.notify(f"ShardVault restore {restore_id} FAILED", {"restore_id": restore_id, **outcome})
@@ -403,5 +405,5 @@ def reap(
     return {
         "reaped": True,
         "nodes": nodes,
-        **mark_failed(target_cluster, restore_id, error, svc, now),
+        **mark_failed(target_cluster, restore_id, error, svc, now, nodes),
     }

@@ -10,6 +10,11 @@
   reading the partition on every poll would read every running command's arguments (part
   URLs, checksums: tens of KB each) 20 times a second: paid read units on AWS, and most of
   the local control plane's CPU.
+- *Failure notes*: when a command fails, its agent also writes the error and its cause into
+  its own partition (``command_id`` = ``#failed:<command id>``). Step Functions keeps the
+  cause of ``SendTaskFailure``, but moto keeps only the error's name, and a cause that does
+  not arrive must not be made up: the failure path reads these notes (``shardvault.causes``).
+  Items whose ``command_id`` starts with ``#`` are never commands.
 - *Catalog*: one item per backup (``cluster``, ``backup_id``) plus one lock item per cluster
   while a backup runs. The catalog indexes the manifests in the store and can be rebuilt from
   them; it is never the only copy of anything.
@@ -30,6 +35,7 @@ from shardvault.models import NodeRecord
 
 LOCK_KEY = "#lock"
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
+FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
 RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
 
 
@@ -157,7 +163,35 @@ class Inbox:
         return [
             plain(i)
             for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
-            if i["command_id"] != DOORBELL_KEY
+            if not i["command_id"].startswith("#")  # the doorbell, failure notes
+        ]
+
+    def note_failure(self, node_id: str, item: dict[str, Any], error: str, cause: str) -> None:
+        """Written by the agent before it answers ``SendTaskFailure``: the operation's failure
+        path then finds the cause even where the answer's cause is lost."""
+        now = time.time()
+        self.table.put_item(
+            Item=dynamo(
+                {
+                    "node_id": node_id,
+                    "command_id": f"{FAILURE_PREFIX}{item['command_id']}",
+                    "operation_id": item.get("args", {}).get("backup_id", ""),
+                    "command": item["command"],
+                    "error": error,
+                    "cause": cause,
+                    "failed_at": now,
+                    "expires_at": int(now + INBOX_TTL_SECONDS),
+                }
+            )
+        )
+
+    def failures(self, node_id: str, operation_id: str) -> list[dict[str, Any]]:
+        """The failure notes of one operation (a backup or restore id) on one node."""
+        condition = Key("node_id").eq(node_id) & Key("command_id").begins_with(FAILURE_PREFIX)
+        return [
+            plain(i)
+            for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
+            if i.get("operation_id") == operation_id
         ]
 
     def remove(self, node_id: str, command_id: str, dispatch_id: str) -> None:

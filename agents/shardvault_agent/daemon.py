@@ -154,6 +154,7 @@ class Agent:
             name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
             log.warning("%s failed: %s: %s", item["command_id"], name, error)
             if token:
+                self.note_failure(item, name, str(error))  # before the answer: see tables.py
                 self.fail(token, name, str(error))
         finally:
             with contextlib.suppress(Exception):
@@ -198,6 +199,12 @@ class Agent:
                 log.info("task heartbeat failed: %s", error)
                 return True
         return False
+
+    def note_failure(self, item: dict[str, Any], name: str, cause: str) -> None:
+        try:
+            self.inbox.note_failure(self.config.node_id, item, name, cause[:MAX_CAUSE])
+        except Exception as error:  # the answer below still carries the cause on AWS
+            log.warning("could not note the failure of %s: %s", item["command_id"], error)
 
     def fail(self, token: str, name: str, cause: str) -> None:
         self._answer(

@@ -22,8 +22,10 @@ verification pass after the last byte.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import json
 import logging
@@ -49,7 +51,9 @@ from shardvault.errors import (
     PartDownloadFailed,
     PresignedUrlExpired,
     RestoreValidationFailed,
+    RestoreWriteFailed,
     ShardVaultError,
+    StoreObjectDamaged,
     TargetNotEmpty,
     TargetNotReady,
     TargetTooSmall,
@@ -103,8 +107,9 @@ class Downloader:
         self, url: str, key: str, offset: int, size: int, write: Callable[[int, bytes], None]
     ) -> str:
         """Writes bytes ``[offset, offset + size)`` of the object through ``write(position,
-        data)``; returns their CRC64NVME."""
-        last = ""
+        data)``; returns their CRC64NVME. Network trouble is retried; a local write error is
+        not (``local_write_error``), nor is a store that cuts every try at the same byte."""
+        last, cut_at = "", set()
         for attempt in range(self.attempts):
             if attempt:
                 self.sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
@@ -119,18 +124,25 @@ class Downloader:
                 )
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 last = f"{type(error).__name__}: {error}"
+                cut_at.add(None)  # never reached the store: not the object's fault
                 continue
+            got = 0
             try:
                 if response.status == 206:
-                    crc, got = 0, 0
+                    crc = 0
                     for chunk in response.stream(READ_CHUNK):
                         self.limiter.take(len(chunk))
-                        write(got, chunk)
+                        try:
+                            write(got, chunk)
+                        except OSError as error:
+                            raise local_write_error(error, key) from error
                         crc, got = crc64nvme(chunk, crc), got + len(chunk)
                     if got == size:
                         return to_b64(crc)
                     last = f"the store sent {got} of {size} bytes"
+                    cut_at.add(got)
                     continue
+                cut_at.add(None)
                 text = response.read().decode(errors="replace")
                 if response.status == 403 and "expired" in text.lower():
                     raise PresignedUrlExpired(
@@ -142,13 +154,37 @@ class Downloader:
                     break
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 last = f"{type(error).__name__}: {error}"
+                cut_at.add(got if response.status == 206 else None)
             finally:
                 response.release_conn()
+        if self.attempts > 1 and len(cut_at) == 1 and None not in cut_at:
+            raise StoreObjectDamaged(
+                f"the store cut every read of bytes {offset}-{offset + size - 1} of {key} at "
+                f"byte {offset + cut_at.pop()} ({self.attempts} tries: {last}): it cannot "
+                "read that object, e.g. bitrot found by its own checksums.",
+                fix="restore another backup (this one cannot be read whole), and repair the "
+                "store (MinIO: 'mc admin heal'); then run a new backup.",
+            )
         raise PartDownloadFailed(
             f"bytes {offset}-{offset + size - 1} of {key} failed after {self.attempts} tries: "
             f"{last}",
             fix="check the network path from this node to the store; the restore retries it.",
         )
+
+
+def local_write_error(error: OSError, key: str) -> ShardVaultError:
+    """A write into staging failed: the disk, not the network. Named, and never retried."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TargetTooSmall(
+            f"the disk of restore_dir filled up while writing {key}: {error.strerror}.",
+            fix="free space on this node's restore_dir (or set restore_capacity_bytes to "
+            "what it can really hold), then start the restore again.",
+        )
+    return RestoreWriteFailed(
+        f"writing {key} into restore_dir failed: {error}.",
+        fix="check this node's disk and restore_dir (permissions, read-only or failing "
+        "disk), then start the restore again.",
+    )
 
 
 @dataclass
@@ -416,6 +452,8 @@ class Restorer:
             with self._turn(restore_id):
                 self._refuse_aborted(restore_id)
                 results.append(self._finish_shard(restore_id, shard_id, args))
+        with contextlib.suppress(OSError):  # every shard moved out: staging is empty now
+            (self.restore_dir / INCOMING / restore_id).rmdir()
         return {"node_id": self.config.node_id, "shards": results}
 
     def _started(self, restore_id: str) -> dict[str, Any]:

@@ -44,8 +44,8 @@ def test_a_three_node_backup_restores_into_two_nodes_with_equal_data(make_cluste
     (record,) = target.records()
     assert record["status"] == "COMPLETE"
     assert record["bytes_done"] == record["bytes_total"] > 0
-    # No staging is left behind.
-    assert not list(target.restore_dir(0).parent.glob("*/.incoming/*/*"))
+    # No staging is left behind, not even the restore's empty staging directory.
+    assert not list(target.restore_dir(0).parent.glob("*/.incoming/*"))
 
 
 def test_a_restored_cluster_is_backed_up_without_new_agent_configs(make_cluster, make_target):
