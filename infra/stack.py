@@ -150,6 +150,7 @@ class ShardVaultStack(Stack):
             "check_uploads",
             policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),  # the plan and results
             policies.list_prefix(bucket, WORK_PREFIX),
+            policies.table(tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
         )
         self._grant_complete_upload(bucket)
         self._grant_finalize_and_cleanup(bucket)
@@ -176,8 +177,8 @@ class ShardVaultStack(Stack):
         publish = iam.PolicyStatement(
             actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
         )
-        # Both publish the outcome; the topic's key must encrypt what they publish.
-        for module in ("finalize_backup", "cleanup_backup"):
+        # Each publishes an outcome; the topic's key must encrypt what they publish.
+        for module in ("finalize_backup", "cleanup_backup", "reap_execution", "validate_backup"):
             self.notifications.key.grant(
                 self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
             )
@@ -189,33 +190,23 @@ class ShardVaultStack(Stack):
             catalog_rw,
             publish,
         )
-        self.notifications.key.grant(
-            self.functions.functions["reap_execution"], "kms:Decrypt", "kms:GenerateDataKey*"
-        )
-        self.functions.grant(
-            "reap_execution",
+        # cleanup() (shardvault/backup.py) runs in the failure path, in the reaper, and in
+        # validation when it takes over the lock of a backup whose execution ended.
+        for module in ("cleanup_backup", "reap_execution", "validate_backup"):
+            self.functions.grant(module, *self._cleanup_statements(bucket), catalog_rw, publish)
+
+    def _cleanup_statements(self, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
+        """What a backup's cleanup calls: abort its uploads, delete its partial objects, post
+        token-less releases, read the agents' failure notes and records (the cause)."""
+        return [
             iam.PolicyStatement(
                 actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
             ),
             policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
             policies.list_prefix(bucket, BACKUPS_PREFIX),
-            catalog_rw,
-            policies.table(self.tables.inbox, TABLE_WRITE),  # token-less releases
-            policies.table(self.tables.nodes, TABLE_READ),  # explain() names silent nodes
-            publish,
-        )
-        self.functions.grant(
-            "cleanup_backup",
-            iam.PolicyStatement(
-                actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
-            ),
-            policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload"),
-            # cleanup() also deletes the failed backup's partial objects (delete_prefix).
-            policies.list_prefix(bucket, BACKUPS_PREFIX),
-            policies.objects(bucket, BACKUPS_PREFIX, "s3:DeleteObject"),
-            catalog_rw,
-            publish,
-        )
+            policies.table(self.tables.inbox, ("dynamodb:Query", *TABLE_WRITE)),
+            policies.table(self.tables.nodes, ("dynamodb:GetItem",)),
+        ]
 
     def _grant_vault_functions(self) -> None:
         bucket, vault, grant = self.storage.bucket, self.storage.vault, self.functions.grant
@@ -339,7 +330,7 @@ class ShardVaultStack(Stack):
             actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
         )
         grant("finalize_restore", publish)
-        grant("cleanup_restore", publish)
+        grant("cleanup_restore", publish, policies.table(tables.inbox, ("dynamodb:Query",)))
         # The dispatcher inlines a node's restore layout from the work bucket (args_key).
         grant("dispatch", policies.objects(bucket, WORK_PREFIX, "s3:GetObject"))
 

@@ -245,18 +245,10 @@ def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> str:
     if request.execution_id and holder.get("execution_id") == request.execution_id:
         return holder["holder"]  # our own lock, taken by an attempt whose answer was lost
     if holder and not execution_running(svc, holder.get("execution_id", "")):
-        # The holder's execution ended without releasing the lock (e.g. it was stopped by
-        # hand): the lock is stale. Its backup is marked failed, then the lock is taken over.
-        stale = holder["holder"]
-        if svc.catalog.get(request.cluster, stale):
-            svc.catalog.update(
-                request.cluster,
-                stale,
-                status=BackupStatus.FAILED.value,
-                error="ExecutionEnded",
-                cause="its execution ended without finishing or cleaning up",
-            )
-        svc.catalog.unlock(request.cluster, stale)
+        # The holder's execution ended without its failure path (stopped by hand, timed out,
+        # and this backup came before the reaper): clean up what it left, which releases the
+        # lock, then take it over.
+        clean_up_abandoned(request.cluster, holder["holder"], svc, time.time())
         if svc.catalog.try_lock(request.cluster, backup_id, request.execution_id) is None:
             return backup_id
     raise BackupAlreadyRunning(
@@ -646,11 +638,13 @@ def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: f
 def cleanup(
     context: BackupContext, error: dict[str, Any], svc: Services, now: float
 ) -> dict[str, Any]:
-    """The failure path: no open multipart upload, no partial object, the backup marked
-    failed with its cause, the lock released, and a notification sent."""
+    """The failure path: no open multipart upload, no partial object, every source node told
+    to release, the backup marked failed with its cause, the lock released, and a
+    notification sent."""
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
     aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
     deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+    post_releases(context, svc)
     outcome = {
         "status": BackupStatus.FAILED.value,
         "failed_at": now,
@@ -667,14 +661,51 @@ def cleanup(
     return outcome
 
 
+def post_releases(context: BackupContext, svc: Services) -> None:
+    """A ``release`` in every source node's inbox *without* a task token: the agent runs it
+    whenever it next reads its inbox and answers nobody. The workflow's own release skips a
+    silent node (its dispatch is refused), whose snapshot would otherwise outlive the backup
+    once it comes back; an agent that already released finds nothing to do."""
+    for source in context.sources:
+        svc.inbox.post(
+            source.node_id,
+            f"release:{context.backup_id}:cleanup",
+            "release",
+            {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
+            "",
+        )
+
+
+def clean_up_abandoned(cluster: str, backup_id: str, svc: Services, now: float) -> dict:
+    """Cleans up after a backup whose execution ended without running its failure path."""
+    error = {
+        "Error": "ExecutionEnded",
+        "Cause": "its execution ended without finishing or cleaning up (stopped, timed out or "
+        "lost); the next backup of the cluster cleaned up after it. Fix: nothing to do; see "
+        "the execution's history for why it ended.",
+    }
+    record = svc.catalog.get(cluster, backup_id)
+    if record and record.get("status") == BackupStatus.RUNNING and "context" in record:
+        return cleanup(BackupContext.model_validate_json(record["context"]), error, svc, now)
+    if record and record.get("status") == BackupStatus.RUNNING:  # written before contexts were
+        svc.catalog.update(
+            cluster,
+            backup_id,
+            status=BackupStatus.FAILED.value,
+            error=error["Error"],
+            cause=error["Cause"],
+        )
+    svc.catalog.unlock(cluster, backup_id)
+    return {"status": BackupStatus.FAILED.value}
+
+
 # --- reaping -----------------------------------------------------------------------------------
 REAPED_STATUSES = frozenset({"ABORTED", "TIMED_OUT"})
 
 
 def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: float) -> dict:
     """After an execution was aborted or timed out (it skipped the failure path): the same
-    cleanup, and a release posted to every source node's inbox without a task token (the
-    agent runs it and answers nobody). A backup that already ended is left alone."""
+    cleanup (which also posts the releases). A backup that already ended is left alone."""
     if status not in REAPED_STATUSES:
         return {"reaped": False, "why": f"status {status}"}
     record = next(
@@ -683,14 +714,6 @@ def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: floa
     if record is None or record.get("status") != BackupStatus.RUNNING or "context" not in record:
         return {"reaped": False, "why": "no running backup of that execution"}
     context = BackupContext.model_validate_json(record["context"])
-    for source in context.sources:
-        svc.inbox.post(
-            source.node_id,
-            f"release:{context.backup_id}:reaped",
-            "release",
-            {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
-            "",
-        )
     error = reaped_error(status, "its backup was cleaned up by the reaper", "backup")
     return {"reaped": True, **cleanup(context, error, svc, now)}
 

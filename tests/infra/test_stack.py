@@ -312,6 +312,7 @@ def test_signing_role_can_create_and_upload_parts(synth: Synthesized) -> None:
 
 
 PUBLISHERS = {
+    "validate_backup",  # cleans up after a backup whose execution ended, when it takes its lock
     "finalize_backup",
     "cleanup_backup",
     "record_promotion_failure",
@@ -345,7 +346,8 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
         deletes = {a for s in statements for a in actions(s) if a.startswith("s3:Delete")}
         if module == "expire_backup":
             assert deletes == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
-        elif module in ("cleanup_backup", "reap_execution"):  # a failed backup's partial objects
+        elif module in ("cleanup_backup", "reap_execution", "validate_backup"):
+            # a failed backup's partial objects (validate_backup: an abandoned backup's)
             assert deletes == {"s3:DeleteObject"}
         elif module == "promote_backup":  # the staging copy, once the vault holds the backup
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
@@ -404,7 +406,7 @@ RESTORE_GRANTS = {
     "sign_download": READ_BACKUPS,
     "record_download": UPDATE_CATALOG,
     "finalize_restore": UPDATE_CATALOG | NOTIFY,
-    "cleanup_restore": UPDATE_CATALOG | NOTIFY,
+    "cleanup_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:Query", "inbox")},  # causes
 }
 
 
