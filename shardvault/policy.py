@@ -129,7 +129,7 @@ def _part_size_mib(value: int | None) -> int | None:
     if value is not None:
         try:
             check_part_size(value * MiB)
-        except PlanTooLarge:
+        except (InvalidRequest, PlanTooLarge):
             raise invalid(
                 f"part size {value} MiB is outside S3's limits (5 MiB to 5 GiB)",
                 "use 5 to 5120 MiB, or remove part_size_mib to have it chosen from the data size",
