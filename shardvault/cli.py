@@ -234,8 +234,8 @@ def print_summary(record: dict[str, Any]) -> None:
 
 # --- restore -----------------------------------------------------------------------------------
 def run_restore(args: argparse.Namespace) -> int:
+    pins = parse_pins(args.pin)
     config = ops.ClientConfig.from_env()
-    pins = dict(parse_pin(p) for p in args.pin)
     request = RestoreRequest(
         cluster=args.cluster,
         target_cluster=args.into,
@@ -261,6 +261,22 @@ def run_restore(args: argparse.Namespace) -> int:
         return 0
     outcome = follow(config, execution, ops.wait_restore, "restore")
     return 0 if outcome.status == "SUCCEEDED" else 1
+
+
+def parse_pins(texts: list[str]) -> dict[str, str]:
+    """``--pin SHARD=NODE`` options as a placement. A shard pinned to two nodes is refused by
+    name (a dict would silently keep the last); the same pin given twice is accepted."""
+    pins: dict[str, str] = {}
+    for text in texts:
+        shard, node = parse_pin(text)
+        if pins.get(shard, node) != node:
+            raise InvalidRequest(
+                f"shard {shard} is pinned to two nodes: --pin {shard}={pins[shard]} and "
+                f"--pin {text}.",
+                fix=f"keep one --pin for {shard}.",
+            )
+        pins[shard] = node
+    return pins
 
 
 def parse_pin(text: str) -> tuple[str, str]:
