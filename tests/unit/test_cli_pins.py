@@ -50,7 +50,8 @@ def test_a_shard_pinned_to_two_nodes_is_refused_by_name_before_anything_starts(
     said = output.getvalue()
     assert "InvalidRequest" in said
     assert "shard shard-1 is pinned to two nodes" in said
-    assert "shard-1=node-1" in said and "shard-1=node-3" in said
+    assert "shard-1=node-1" in said
+    assert "shard-1=node-3" in said
     assert "keep one --pin for shard-1" in said
 
 
