@@ -1,7 +1,8 @@
 """``shardvault``: run backups and inspect them, against AWS or the local stack.
 
   shardvault demo [--engine sqlite|postgres]   set up the local stack, back up a 3-node cluster
-  shardvault local up                          run the local stack until Ctrl-C
+  shardvault local up                          run the local stack until Ctrl-C or local down
+  shardvault local down                        stop the stack 'local up' runs in --dir
   shardvault backup CLUSTER [--wait]           start a backup (and follow it)
   shardvault list [CLUSTER]                    backups in the catalog
   shardvault show CLUSTER BACKUP_ID            one backup, in full
@@ -18,6 +19,7 @@ Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -71,9 +73,9 @@ def parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=run_demo)
 
     local = sub.add_parser("local", help="the local stack")
-    local.add_argument("action", choices=["up"])
+    local.add_argument("action", choices=["up", "down"])
     local.add_argument("--dir", type=Path, default=DEFAULT_STACK_DIR)
-    local.add_argument("--no-minio", action="store_true")
+    local.add_argument("--no-minio", action="store_true", help="up: use moto's S3 as the store")
     local.set_defaults(run=run_local)
 
     backup = sub.add_parser("backup", help="start a backup of a cluster")
@@ -243,8 +245,8 @@ def print_summary(record: dict[str, Any]) -> None:
 
 # --- restore -----------------------------------------------------------------------------------
 def run_restore(args: argparse.Namespace) -> int:
+    pins = parse_pins(args.pin)
     config = ops.ClientConfig.from_env()
-    pins = dict(parse_pin(p) for p in args.pin)
     request = RestoreRequest(
         cluster=args.cluster,
         target_cluster=args.into,
@@ -271,6 +273,22 @@ def run_restore(args: argparse.Namespace) -> int:
         return 0
     outcome = follow(config, execution, ops.wait_restore, "restore")
     return 0 if outcome.status == "SUCCEEDED" else 1
+
+
+def parse_pins(texts: list[str]) -> dict[str, str]:
+    """``--pin SHARD=NODE`` options as a placement. A shard pinned to two nodes is refused by
+    name (a dict would silently keep the last); the same pin given twice is accepted."""
+    pins: dict[str, str] = {}
+    for text in texts:
+        shard, node = parse_pin(text)
+        if pins.get(shard, node) != node:
+            raise InvalidRequest(
+                f"shard {shard} is pinned to two nodes: --pin {shard}={pins[shard]} and "
+                f"--pin {text}.",
+                fix=f"keep one --pin for {shard}.",
+            )
+        pins[shard] = node
+    return pins
 
 
 def parse_pin(text: str) -> tuple[str, str]:
@@ -507,17 +525,31 @@ def run_show(args: argparse.Namespace) -> int:
 
 # --- local stack and demo ----------------------------------------------------------------------
 def run_local(args: argparse.Namespace) -> int:
-    from shardvault.local.stack import LocalStack
+    """``local up`` runs the stack until Ctrl-C or ``local down`` (SIGTERM, handled as Ctrl-C
+    so the stack stops its agents and MinIO); ``local down`` stops the one in ``--dir``."""
+    from shardvault.local.stack import LocalStack, stop_running_stack
 
-    with LocalStack(args.dir.resolve(), use_minio=not args.no_minio) as stack:
-        console.print(
-            f"local stack up: control plane {stack.endpoint}, store {stack.settings.store_endpoint}"
-        )
-        console.print(
-            f"use: shardvault backup CLUSTER --wait --stack-env {stack.root / 'stack.env'}"
-        )
-        while True:
-            time.sleep(3600)
+    root = args.dir.resolve()
+    if args.action == "down":
+        pid = stop_running_stack(root)
+        console.print(f"local stack in {root} (pid {pid}) stopped")
+        return 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with LocalStack(root, use_minio=not args.no_minio) as stack:
+            console.print(
+                f"local stack up: control plane {stack.endpoint}, "
+                f"store {stack.settings.store_endpoint}"
+            )
+            console.print(
+                f"use: shardvault backup CLUSTER --wait --stack-env {stack.root / 'stack.env'}"
+            )
+            console.print(f"stop: Ctrl-C, or shardvault local down --dir {root}")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("local stack stopped")
+    return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from shardvault.errors import InvalidRequest
 from shardvault.sqlcheck import check_validation_queries
@@ -296,10 +296,11 @@ class RestoreRequest(Frozen):
     backup_id: str = "latest"
     tier: RetrievalTier = RetrievalTier.STANDARD
     placement: dict[str, str] = Field(default_factory=dict)
-    replace: bool = False  # restore over shard directories the target already holds
-    plan_only: bool = False  # validate and place, show the plan, move nothing
+    # Strict: pydantic would read "yes", "no", "off" or 1 from a console as booleans.
+    replace: StrictBool = False  # restore over shard directories the target already holds
+    plan_only: StrictBool = False  # validate and place, show the plan, move nothing
     validation_queries: list[str] = Field(default_factory=list)  # see shardvault.sqlcheck
-    heapallindexed: bool = False  # PostgreSQL: pg_amcheck --heapallindexed (slower, deeper)
+    heapallindexed: StrictBool = False  # PostgreSQL: pg_amcheck --heapallindexed (deeper)
     requested_by: str = "cli"
     execution_id: str = ""
 

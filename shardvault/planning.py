@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shardvault.errors import PlanTooLarge
+from shardvault.errors import InvalidRequest, PlanTooLarge
 from shardvault.models import ObjectPlan, ShardListing
 from shardvault.prices import ARCHIVE_CLASSES
 
@@ -31,6 +31,7 @@ TiB = 1024 * GiB
 S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 S3_MAX_PARTS = 10_000
+PART_SIZE_RANGE = "5 MiB to 5 GiB (5,242,880 to 5,368,709,120 bytes)"
 
 DEFAULT_MIN_PART_SIZE = 8 * MiB  # s3transfer's default: good throughput per request
 PARTS_PER_OBJECT = 32
@@ -63,12 +64,20 @@ def choose_part_size(total_bytes: int, storage_class: str | None = None) -> int:
 
 
 def check_part_size(part_size: int) -> int:
-    """Validates a part size given by the user (the one knob)."""
-    if not S3_MIN_PART_SIZE <= part_size <= S3_MAX_PART_SIZE:
+    """Validates a part size given by the user (the one knob): one below S3's minimum is a
+    wrong request (``InvalidRequest``), one above its maximum a plan too large to store."""
+    fix = (
+        f"choose a part size of {PART_SIZE_RANGE}, or omit it to have it chosen from the data size."
+    )
+    if part_size < S3_MIN_PART_SIZE:
+        raise InvalidRequest(
+            f"part size {part_size} bytes is below S3's minimum; parts may be {PART_SIZE_RANGE}.",
+            fix=fix,
+        )
+    if part_size > S3_MAX_PART_SIZE:
         raise PlanTooLarge(
-            f"part size {part_size} bytes is outside S3's limits (5 MiB to 5 GiB).",
-            fix="choose a part size between 5 MiB and 5 GiB, or omit it to have it chosen "
-            "from the data size.",
+            f"part size {part_size} bytes is above S3's maximum; parts may be {PART_SIZE_RANGE}.",
+            fix=fix,
         )
     return part_size
 

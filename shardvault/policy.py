@@ -78,6 +78,26 @@ CRON_FIX = (
 )
 
 
+UNRESTRICTED_DAYS = ("*", "?")
+
+
+def check_day_fields(expression: str) -> str:
+    """Refuses a five-field cron expression that restricts both the day of month and the day
+    of week. Standard cron (and croniter, hence the local scheduler and the cost forecast)
+    fires when *either* matches; EventBridge Scheduler takes one day field only. The policy's
+    validation and the conversion into Scheduler expressions (infra) share this one rule."""
+    _, _, day_of_month, _, day_of_week = expression.split()
+    if day_of_month not in UNRESTRICTED_DAYS and day_of_week not in UNRESTRICTED_DAYS:
+        raise PolicyError(
+            f"{expression!r} restricts both the day of month and the day of week: cron runs "
+            "it when either matches ('0 2 1-7 * 1' runs on days 1 to 7 and on every Monday), "
+            "which EventBridge Scheduler cannot express",
+            fix="restrict only one of the two with '*' in the other, e.g. '0 2 1 * *' for the "
+            "1st of each month or '0 2 * * 1' for Mondays",
+        )
+    return expression
+
+
 def _cron(value: str) -> str:
     fields = len(value.split())
     if fields != 5:
@@ -86,12 +106,15 @@ def _cron(value: str) -> str:
         # From a fixed date: an expression that never fires (February 30) would otherwise
         # pass here and stop the scheduler and the cost forecast later.
         croniter(value, datetime(2026, 1, 1, tzinfo=UTC)).get_next(datetime)
+        check_day_fields(value)
     except CroniterBadDateError:
         raise invalid(
             f"{value!r} never fires (no such date)", "name a day that exists, e.g. '0 2 28 2 *'"
         ) from None
     except CroniterError as error:  # croniter says which value, e.g. "out of range"
         raise invalid(f"{value!r} is not a valid cron expression: {error}", CRON_FIX) from None
+    except PolicyError as error:
+        raise invalid(error.message, error.fix) from None
     return value
 
 
@@ -129,7 +152,7 @@ def _part_size_mib(value: int | None) -> int | None:
     if value is not None:
         try:
             check_part_size(value * MiB)
-        except PlanTooLarge:
+        except (InvalidRequest, PlanTooLarge):
             raise invalid(
                 f"part size {value} MiB is outside S3's limits (5 MiB to 5 GiB)",
                 "use 5 to 5120 MiB, or remove part_size_mib to have it chosen from the data size",

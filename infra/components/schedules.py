@@ -9,7 +9,8 @@ policy and a dead-letter queue for starts that still fail; one daily schedule ru
 days of week 0-7 with Sunday as 0 or 7) becomes Scheduler's six-field ``cron(...)`` (a year
 field, days of week by name, ``?`` in whichever day field is unrestricted). Standard cron
 fires when *either* day field matches if both are restricted; Scheduler cannot express that,
-so such an expression is refused at synth with the fix.
+so the policy's validation refuses such an expression (``policy.check_day_fields``) wherever
+the file is read: at synth, by ``shardvault schedule`` and by ``shardvault cost``.
 """
 
 from __future__ import annotations
@@ -26,15 +27,11 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from shardvault.policy import BackupKind, Policy
+from shardvault.policy import UNRESTRICTED_DAYS, BackupKind, Policy, check_day_fields
 
 DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 RETENTION_CRON = "cron(30 5 * * ? *)"  # daily, after the usual night's backups
 FLEXIBLE_WINDOW_MINUTES = 15
-
-
-class ScheduleError(ValueError):
-    """A cron expression of the policy that EventBridge Scheduler cannot express."""
 
 
 def _day_names(field: str) -> str:
@@ -47,15 +44,11 @@ def _day_names(field: str) -> str:
 
 
 def scheduler_cron(expression: str) -> str:
-    """The policy's five-field cron as an EventBridge Scheduler ``cron()`` expression."""
-    minute, hour, dom, month, dow = expression.split()
-    if dom not in ("*", "?") and dow not in ("*", "?"):
-        raise ScheduleError(
-            f"{expression!r} restricts both the day of month and the day of week; EventBridge "
-            "Scheduler cannot fire on either (standard cron's meaning). Split it into two "
-            "schedules, or restrict only one of the two fields."
-        )
-    if dow in ("*", "?"):
+    """The policy's five-field cron as an EventBridge Scheduler ``cron()`` expression. The
+    policy's validation refuses both day fields restricted; checked again here (the same
+    rule, ``PolicyError``) for an expression that did not come through it."""
+    minute, hour, dom, month, dow = check_day_fields(expression).split()
+    if dow in UNRESTRICTED_DAYS:
         return f"cron({minute} {hour} {dom} {month} ? *)"
     return f"cron({minute} {hour} ? {month} {_day_names(dow)} *)"
 

@@ -9,18 +9,25 @@ Terms:
 * *root credentials*: the server's only account (``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``).
   The secret key is fresh per start unless given, and is never written to logs or reprs.
 * *ready*: ``GET /minio/health/ready`` answers 200, i.e. the server accepts S3 requests.
+* *parent-death signal*: a signal the kernel sends a child when the process that started it
+  dies, however it dies (``prctl(PR_SET_PDEATHSIG)``, Linux). MinIO and the local stack's
+  agents get SIGTERM this way, so none outlives a stack or test that was killed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +41,30 @@ STOP_TIMEOUT = 10.0
 # Auto-picked ports can be taken between free_port() and MinIO's bind; retry on a new one.
 PORT_ATTEMPTS = 3
 _PORT_IN_USE = re.compile(r"address already in use|port .* in use", re.IGNORECASE)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child receive SIGTERM when this process dies (None where
+    there is no ``prctl``: there a killed parent leaves its children running).
+
+    The kernel sends it when the *thread* that started the child ends, so start children
+    from a thread that lives as long as they should (the local stack starts them from the
+    caller's). The function is looked up here, in the parent: the child only calls it."""
+    if _prctl is None:
+        return None
+    parent = os.getpid()
+    prctl = _prctl
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
 
 
 class MinioNotFound(RuntimeError):
@@ -207,7 +238,12 @@ def _spawn(
         cmd += ["--certs-dir", str(certs_dir)]
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec
         )
 
 

@@ -11,28 +11,45 @@
 - agents as separate OS processes, given control-plane endpoints but no store credentials.
 
 ``stack.env`` in the stack's directory records the endpoints and names, so CLI commands run
-from another shell reach the same stack.
+from another shell reach the same stack. ``stack.pid`` holds the pid of the process running
+it, under an exclusive ``flock`` held while it runs (the kernel drops it when the process
+dies, however it dies): a second stack in the same directory is refused, and ``shardvault
+local down`` finds what to stop. MinIO and the agents get a parent-death signal
+(``minio.die_with_parent``), so a stack killed outright takes them with it.
+
+*Reaper*: on AWS an EventBridge rule sends backup and restore executions that end ABORTED or
+TIMED_OUT to the ``reap_execution`` Lambda; moto emits no events, so ``ExecutionReaper``
+watches those executions and invokes it with the event AWS would send.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import boto3
 import yaml
 
 from shardvault import lambda_support
+from shardvault.backup import REAPED_STATUSES
+from shardvault.errors import InvalidRequest
 from shardvault.local.lambda_bridge import LambdaBridge
+from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
 from shardvault.services import Services
 from shardvault.settings import Settings
@@ -71,7 +88,11 @@ NAMES = {
     "store_bucket": "shardvault-store",
     "vault_bucket": "shardvault-vault",
 }
+# Invoked by an EventBridge rule on AWS (no ASL names it): here by ExecutionReaper.
+REAPER_FUNCTION = "reap_execution"
 LOCAL_POLICY = Path(__file__).with_name("policy.yaml")
+PID_FILE = "stack.pid"
+log = logging.getLogger("shardvault.local.stack")
 
 
 def function_arn(name: str) -> str:
@@ -167,6 +188,8 @@ class LocalStack:
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
+    _reaper: ExecutionReaper | None = None
+    _pid_file: IO[str] | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # --- start -------------------------------------------------------------------------------
@@ -179,6 +202,7 @@ class LocalStack:
 
     def _start(self) -> LocalStack:
         self.root.mkdir(parents=True, exist_ok=True)
+        self._pid_file = claim_stack_dir(self.root)
         self._start_moto()
         store_url, store_endpoint, credentials = self._start_store()
         self.settings = Settings(
@@ -202,6 +226,9 @@ class LocalStack:
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
         self.retention_state_machine_arn = self._create_state_machine("retention")
+        self._reaper = ExecutionReaper(
+            [self.state_machine_arn, self.restore_state_machine_arn]
+        ).start()
         self._write_env_file()
         return self
 
@@ -220,7 +247,8 @@ class LocalStack:
         os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         self._log_functions_to(self.root / "functions.log")
-        LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in FUNCTIONS.values()}).install()
+        served = [*FUNCTIONS.values(), REAPER_FUNCTION]
+        LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served}).install()
         self._server = ThreadedMotoServer(
             ip_address="127.0.0.1", port=self.moto_port, verbose=False
         )
@@ -354,6 +382,7 @@ class LocalStack:
             env=self.agent_env(extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec
         )
         self.agents[node_id] = process
         return process
@@ -393,6 +422,9 @@ class LocalStack:
 
     # --- stop --------------------------------------------------------------------------------
     def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.stop()
+            self._reaper = None
         for node_id in list(self.agents):
             self.stop_agent(node_id)
         if self._minio is not None:
@@ -401,9 +433,186 @@ class LocalStack:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._pid_file is not None:  # last: 'local down' waits for this
+            (self.root / PID_FILE).unlink(missing_ok=True)
+            self._pid_file.close()
+            self._pid_file = None
 
     def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- the stack's directory: stack.pid ---------------------------------------------------------
+def claim_stack_dir(root: Path) -> IO[str]:
+    """Takes ``root/stack.pid`` for this process (its lock, then its pid), or refuses a
+    directory a running stack holds. Closing the returned file releases it."""
+    handle = open(root / PID_FILE, "a+")  # noqa: SIM115 - held open while the stack runs
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip()
+        handle.close()
+        raise InvalidRequest(
+            f"a local stack already runs in {root} (pid {pid}).",
+            fix=f"stop it with 'shardvault local down --dir {root}', or start this one with "
+            "another --dir.",
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def running_stack_pid(root: Path) -> int | None:
+    """The pid of the stack running in ``root``; None when none does (no ``stack.pid``, or
+    one whose lock nobody holds: its stack was killed)."""
+    try:
+        handle = open(root / PID_FILE)  # noqa: SIM115 - closed below, the lock with it
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = handle.read().strip()
+            return int(pid) if pid.isdigit() else None  # empty for an instant while claimed
+        return None
+
+
+def stop_running_stack(root: Path, timeout: float = 90.0) -> int:
+    """``shardvault local down``: SIGTERM to the stack running in ``root`` (it stops its
+    agents, MinIO and moto, then releases ``stack.pid``); SIGKILL if it has not within
+    ``timeout`` seconds (its children then get their parent-death signal). Returns its pid."""
+    pid = running_stack_pid(root)
+    if pid is None:
+        raise InvalidRequest(
+            f"no local stack runs in {root}.",
+            fix="pass the --dir the stack was started with ('shardvault local up --dir DIR').",
+        )
+    os.kill(pid, signal.SIGTERM)
+    if not _released(root, timeout):
+        os.kill(pid, signal.SIGKILL)
+        _released(root, 10.0)
+    return pid
+
+
+def _released(root: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while running_stack_pid(root) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+# --- the reaper's events ------------------------------------------------------------------------
+REAP_POLL_SECONDS = 1.0
+# EventBridge delivers some time after the execution ended; so does this watcher. A reaper
+# invoked by hand right after a stop (the older integration tests do) thus goes first, and
+# the watcher's invocation then finds nothing to do, as a second delivery would.
+REAP_AFTER_SECONDS = 2.0
+REAP_ATTEMPTS = 5  # the first delivery and EventBridge's retries (infra: retry_attempts=4)
+
+
+def epoch_millis(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def status_change_event(execution: dict[str, Any]) -> dict[str, Any]:
+    """The "Step Functions Execution Status Change" event AWS sends when an execution ends,
+    built from its DescribeExecution response: what the reaper's rule hands the Lambda."""
+    stopped = execution.get("stopDate") or datetime.now(UTC)
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Step Functions Execution Status Change",
+        "source": "aws.states",
+        "account": ACCOUNT,
+        "time": stopped.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": REGION,
+        "resources": [execution["executionArn"]],
+        "detail": {
+            "executionArn": execution["executionArn"],
+            "stateMachineArn": execution["stateMachineArn"],
+            "name": execution["name"],
+            "status": execution["status"],
+            "startDate": epoch_millis(execution["startDate"]),
+            "stopDate": epoch_millis(stopped),
+            "input": execution.get("input"),
+            "output": execution.get("output"),
+        },
+    }
+
+
+class ExecutionReaper:
+    """A thread doing EventBridge's part for the reaper: every ``REAP_POLL_SECONDS`` it lists
+    the executions of the watched state machines that ended ABORTED or TIMED_OUT, and invokes
+    ``reap_execution`` once for each (again after a failed invocation, up to
+    ``REAP_ATTEMPTS`` in all). Its clients are made in the starting thread."""
+
+    def __init__(self, state_machine_arns: list[str]) -> None:
+        self.state_machine_arns = state_machine_arns
+        self.sfn = boto3.client("stepfunctions")
+        self.lambda_client = boto3.client("lambda")
+        self.seen: dict[str, float] = {}  # execution ARN -> when first seen ended (monotonic)
+        self.attempts: dict[str, int] = {}  # execution ARN -> invocations so far
+        self.finished: set[str] = set()  # reaped, or given up on
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="execution-reaper", daemon=True)
+
+    def start(self) -> ExecutionReaper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=60)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(REAP_POLL_SECONDS):
+            try:
+                self.reap_ended()
+            except Exception:  # e.g. moto stopping under it: keep watching until stopped
+                log.exception("reaper: listing or reaping executions failed")
+
+    def ended(self) -> Iterator[dict[str, Any]]:
+        """Executions of the watched state machines that ended ABORTED or TIMED_OUT."""
+        pages = self.sfn.get_paginator("list_executions")
+        for arn in self.state_machine_arns:
+            for status in sorted(REAPED_STATUSES):
+                for page in pages.paginate(stateMachineArn=arn, statusFilter=status):
+                    yield from page["executions"]
+
+    def reap_ended(self) -> list[str]:
+        """Invokes the reaper for each ended execution not handled yet, once it has been seen
+        ended for ``REAP_AFTER_SECONDS`` (moto lists no stop date for a timed-out one); the
+        ARNs invoked."""
+        now = time.monotonic()
+        invoked = []
+        for execution in self.ended():
+            arn = execution["executionArn"]
+            seen = self.seen.setdefault(arn, now)
+            if arn in self.finished or now - seen < REAP_AFTER_SECONDS:
+                continue
+            invoked.append(arn)
+            self.attempts[arn] = self.attempts.get(arn, 0) + 1
+            if self.invoke(arn) or self.attempts[arn] >= REAP_ATTEMPTS:
+                self.finished.add(arn)
+        return invoked
+
+    def invoke(self, execution_arn: str) -> bool:
+        """One delivery of the execution's event to ``reap_execution``; True if it ran."""
+        event = status_change_event(self.sfn.describe_execution(executionArn=execution_arn))
+        response = self.lambda_client.invoke(
+            FunctionName=function_arn(REAPER_FUNCTION), Payload=json.dumps(event)
+        )
+        result = json.loads(response["Payload"].read() or b"null")
+        if "FunctionError" in response:
+            log.error("reaper: %s failed: %s", execution_arn, result)
+            return False
+        log.info("reaper: %s %s: %s", execution_arn, event["detail"]["status"], result)
+        return True

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from infra.components.schedules import ScheduleError, scheduler_cron
+from infra.components.schedules import scheduler_cron
 from infra.constants import PROMOTED_TAG
 from shardvault import promote
+from shardvault.policy import PolicyError
 
 
 @pytest.mark.parametrize(
@@ -24,9 +25,12 @@ def test_cron_conversion(cron: str, expected: str) -> None:
     assert scheduler_cron(cron) == expected
 
 
-def test_both_day_fields_restricted_is_refused_with_the_fix() -> None:
-    with pytest.raises(ScheduleError, match="Split it into two schedules"):
+def test_both_day_fields_restricted_is_refused_by_the_policys_own_rule() -> None:
+    """The one rule the policy file is validated with (a valid policy never gets here)."""
+    with pytest.raises(PolicyError) as raised:
         scheduler_cron("0 2 1 * 1")
+    assert "restricts both the day of month and the day of week" in raised.value.message
+    assert "restrict only one of the two" in raised.value.fix
 
 
 def test_the_lifecycle_rule_and_the_promotion_use_the_same_tag() -> None:

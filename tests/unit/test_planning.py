@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardvault.errors import PlanTooLarge
+from shardvault.errors import InvalidRequest, PlanTooLarge
 from shardvault.models import FileEntry, Phase, ShardListing
 from shardvault.planning import (
     ARCHIVE_MIN_OBJECTS,
@@ -94,10 +94,26 @@ def test_part_size_never_exceeds_s3_maximum_even_for_huge_inputs():
     assert choose_part_size(10_000 * TiB) == S3_MAX_PART_SIZE
 
 
-@pytest.mark.parametrize("size", [S3_MIN_PART_SIZE - 1, S3_MAX_PART_SIZE + 1])
-def test_a_part_size_outside_s3_limits_is_refused_with_the_fix(size):
-    with pytest.raises(PlanTooLarge, match="between 5 MiB and 5 GiB"):
+@pytest.mark.parametrize("size", [1, S3_MIN_PART_SIZE - 1])
+def test_a_part_size_below_s3_minimum_is_an_invalid_request_naming_the_range(size):
+    """Too small is a wrong request, not a plan too large to store."""
+    with pytest.raises(InvalidRequest) as raised:
         check_part_size(size)
+    assert f"part size {size} bytes is below S3's minimum" in raised.value.message
+    assert "5 MiB to 5 GiB" in raised.value.message
+    assert "5 MiB to 5 GiB" in raised.value.fix
+
+
+def test_a_part_size_above_s3_maximum_is_a_plan_too_large():
+    with pytest.raises(PlanTooLarge) as raised:
+        check_part_size(S3_MAX_PART_SIZE + 1)
+    assert "above S3's maximum" in raised.value.message
+    assert "5 MiB to 5 GiB" in raised.value.fix
+
+
+@pytest.mark.parametrize("size", [S3_MIN_PART_SIZE, S3_MAX_PART_SIZE])
+def test_the_limits_themselves_are_accepted(size):
+    assert check_part_size(size) == size
 
 
 def test_parts_cover_the_object_with_only_the_last_part_short():

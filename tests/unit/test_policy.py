@@ -63,6 +63,18 @@ BAD_FIELDS = [
         "day-of-week",
     ),
     (
+        {"schedule": '{full: "0 2 1-7 * 1"}'},
+        "schedule.full",
+        "restricts both the day of month and the day of week",
+        "restrict only one of the two",
+    ),
+    (
+        {"schedule": '{full: "0 2 * * 0", incremental: "0 3 1 * 1-5"}'},
+        "schedule.incremental",
+        "cron runs it when either matches",
+        "'0 2 1 * *' for the 1st of each month",
+    ),
+    (
         {"schedule": '{timezone: Mars/Olympus, full: "0 2 * * 0"}'},
         "schedule.timezone",
         "'Mars/Olympus' is not a known time zone",

@@ -1,0 +1,69 @@
+"""``shardvault restore --pin``: a shard pinned to two nodes is refused by name before any
+restore starts (the placement used to keep the last pin silently); repeating the same pin is
+harmless and accepted."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from shardvault import cli
+from shardvault import operations as ops
+from shardvault.models import RestoreRequest
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[RestoreRequest]:
+    """The restores the CLI starts (none reaches a state machine), against a configured
+    deployment so that only the pins can stop the command."""
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:backup")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    monkeypatch.setenv("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", "arn:restore")
+    requests: list[RestoreRequest] = []
+
+    def start_restore(config: ops.ClientConfig, request: RestoreRequest) -> str:
+        requests.append(request)
+        return "arn:execution"
+
+    monkeypatch.setattr(ops, "start_restore", start_restore)
+    return requests
+
+
+@pytest.fixture
+def output(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    text = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=text, width=200))
+    return text
+
+
+def restore(*pins: str) -> int:
+    return cli.main(["restore", "orders", "--into", "copy", *(f"--pin={p}" for p in pins)])
+
+
+def test_a_shard_pinned_to_two_nodes_is_refused_by_name_before_anything_starts(
+    started: list[RestoreRequest], output: io.StringIO
+) -> None:
+    assert restore("shard-1=node-1", "shard-2=node-2", "shard-1=node-3") == 2
+    assert started == []
+    said = output.getvalue()
+    assert "InvalidRequest" in said
+    assert "shard shard-1 is pinned to two nodes" in said
+    assert "shard-1=node-1" in said
+    assert "shard-1=node-3" in said
+    assert "keep one --pin for shard-1" in said
+
+
+def test_the_same_pin_twice_is_accepted(started: list[RestoreRequest], output: io.StringIO) -> None:
+    assert restore("shard-1=node-1", "shard-2=node-2", "shard-1=node-1") == 0
+    (request,) = started
+    assert request.placement == {"shard-1": "node-1", "shard-2": "node-2"}
+
+
+def test_a_pin_without_a_node_is_refused(
+    started: list[RestoreRequest], output: io.StringIO
+) -> None:
+    assert restore("shard-1") == 2
+    assert started == []
+    assert "is not SHARD=NODE" in output.getvalue()
