@@ -420,6 +420,12 @@ class LocalStack:
             time.sleep(0.2)
         raise TimeoutError(f"agents {node_ids} did not register within {timeout} s")
 
+    def drop_reaper_event(self, execution_arn: str) -> None:
+        """Tests: the reaper never hears of this execution, as when EventBridge's event is
+        lost or comes after the next backup has taken the lock over."""
+        if self._reaper is not None:
+            self._reaper.finished.add(execution_arn)
+
     # --- stop --------------------------------------------------------------------------------
     def stop(self) -> None:
         if self._reaper is not None:

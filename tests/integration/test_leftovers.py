@@ -1,0 +1,72 @@
+"""Leftovers nothing removes: whatever a stopped execution or a silent node leaves, a later
+step removes. The end state is read from outside: ListMultipartUploads on the whole bucket,
+the objects under the backup's prefix, the agents' state directories, the catalog item."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+
+from shardvault import operations as ops
+from shardvault.store import open_uploads
+
+
+def bucket_uploads(cluster, backup_id: str) -> list[str]:
+    """Open multipart uploads of one backup, listed bucket-wide (no prefix filter)."""
+    svc = cluster.stack.services()
+    return [
+        u["Key"] for u in open_uploads(svc.store_s3, svc.store.bucket, "") if backup_id in u["Key"]
+    ]
+
+
+def held(cluster, backup_id: str) -> list:
+    return [p for p in cluster.held_checkpoints() if backup_id in str(p)]
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_the_next_backup_cleans_up_after_a_stopped_one_the_reaper_never_saw(make_cluster):
+    slow = {"rate_limit_bytes_per_second": 2 * 2**20, "upload_parallelism": 1}
+    cluster = make_cluster(nodes=2, size_mb=24, agent=slow)
+    execution = cluster.start_backup()
+    wait_until(cluster.open_uploads, 60, "no upload ever started")
+    (stopped,) = cluster.records()
+    cluster.stack.drop_reaper_event(execution)  # the next backup comes first
+    boto3.client("stepfunctions").stop_execution(executionArn=execution)
+
+    following = cluster.start_backup()
+
+    progress = ops.wait_backup(cluster.client, following, interval=0.2, timeout=600)
+    assert progress.status == "SUCCEEDED", progress.cause
+    old = next(r for r in cluster.records() if r["backup_id"] == stopped["backup_id"])
+    assert old["status"] == "FAILED"
+    assert old["error"] == "ExecutionEnded", old
+    assert bucket_uploads(cluster, stopped["backup_id"]) == []
+    assert not [k for k in cluster.store_keys() if stopped["backup_id"] in k]
+    wait_until(lambda: not held(cluster, stopped["backup_id"]), 30, "snapshots still held")
+
+
+def test_a_node_silent_during_cleanup_releases_its_snapshot_when_it_returns(make_cluster):
+    slow = {"rate_limit_bytes_per_second": 2**20, "upload_parallelism": 1}
+    cluster = make_cluster(nodes=2, size_mb=12, agent=slow)
+    victim = cluster.configs[1]
+    execution = cluster.start_backup()
+    wait_until(cluster.open_uploads, 60, "no upload ever started")
+    (record,) = cluster.records()
+    cluster.stack.stop_agent(victim["node_id"], kill=True)  # silent from now on
+
+    progress = ops.wait_backup(cluster.client, execution, interval=0.5, timeout=300)
+
+    assert progress.status == "FAILED"
+    assert held(cluster, record["backup_id"]), "the silent node's snapshot should still be there"
+    cluster.stack.start_agent(victim)  # it comes back
+    wait_until(
+        lambda: not held(cluster, record["backup_id"]), 30, "the returning node kept its snapshot"
+    )
+    assert bucket_uploads(cluster, record["backup_id"]) == []
