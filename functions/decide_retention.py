@@ -5,7 +5,7 @@ Input: ``{"request": {"cluster": "demo" (optional), "dry_run": false}}``.
 
 import time
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from shardvault import expire
 from shardvault.lambda_support import logger, parse, services, tracer
@@ -15,7 +15,7 @@ class RetentionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cluster: str | None = None
-    dry_run: bool = False
+    dry_run: StrictBool = False
 
 
 class DecideRequest(BaseModel):

@@ -81,6 +81,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("decide_retention", "DecideRetentionFunctionArn", 120),
     # Deletes every version of a backup's objects in batches of 1,000 keys.
     FunctionSpec("expire_backup", "ExpireBackupFunctionArn", 900),
+    # Daily: aborts uploads and deletes partial objects no running backup owns.
+    FunctionSpec("sweep_store", "SweepStoreFunctionArn", 900),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
 )

@@ -91,6 +91,7 @@ class ShardVaultStack(Stack):
             "Agents",
             inbox=self.tables.inbox,
             nodes=self.tables.nodes,
+            catalog=self.tables.catalog,
             node_ids=agent_nodes(self),
         )
         self._outputs()
@@ -257,6 +258,15 @@ class ShardVaultStack(Stack):
                 ),
             ]
         grant("expire_backup", *deleting, catalog_rw)
+        grant(
+            "sweep_store",  # shardvault/sweep.py: the staging bucket only, never the vault
+            iam.PolicyStatement(
+                actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
+            ),
+            policies.list_prefix(bucket, BACKUPS_PREFIX),
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
+            policies.table(self.tables.catalog, ("dynamodb:Query",)),  # which backups run
+        )
         expire_role = self.functions.functions["expire_backup"].role
         assert expire_role is not None
         self.storage.deny_vault_deletes_except(expire_role)

@@ -58,6 +58,10 @@ class Settings(BaseModel):
     heartbeat_max_age_seconds: float = Field(
         30.0, description="A node whose agent has not heartbeated for longer is unavailable."
     )
+    sweep_grace_seconds: float = Field(
+        6 * 3600.0,
+        description="The daily sweep leaves uploads and partial objects younger than this.",
+    )
     thaw_first_wait_seconds: int = Field(
         60, description="First wait for archived objects to thaw; each later wait doubles."
     )

@@ -273,6 +273,17 @@ class Catalog:
         )
         return plain(item.get("Item")) if item.get("Item") else None
 
+    def status(self, cluster: str, backup_id: str) -> str | None:
+        """Only the ``status`` of one item (None: no such item): all an agent may read of
+        the catalog (its IAM grant is limited to these attributes)."""
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            ConsistentRead=True,
+            ProjectionExpression="#s",
+            ExpressionAttributeNames={"#s": "status"},
+        ).get("Item")
+        return item.get("status") if item else None
+
     def backups(self, cluster: str) -> list[dict[str, Any]]:
         items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
         return [plain(i) for i in items if is_backup(i["backup_id"])]

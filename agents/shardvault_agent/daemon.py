@@ -27,12 +27,13 @@ import urllib3
 
 from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, ShardInfo
-from shardvault.tables import Inbox, NodeRegistry
+from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.reconcile import reconcile_safely
 from shardvault_agent.transfer import Faults, PartSender
 
 log = logging.getLogger("shardvault.agent")
@@ -46,12 +47,20 @@ SHARDS_CHANGED_BY = frozenset({"finish_restore", "abort_restore"})
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, *, nodes_table: str, inbox_table: str) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nodes_table: str,
+        inbox_table: str,
+        catalog_table: str | None = None,
+    ) -> None:
         self.config = config
         self.engine = adapter_for(config)
         dynamodb = boto3.resource("dynamodb")
         self.registry = NodeRegistry(dynamodb.Table(nodes_table))
         self.inbox = Inbox(dynamodb.Table(inbox_table))
+        self.catalog = Catalog(dynamodb.Table(catalog_table)) if catalog_table else None
         self.sfn = boto3.client("stepfunctions")
         sender = PartSender(
             http=urllib3.PoolManager(
@@ -242,6 +251,7 @@ class Agent:
     def run(self) -> None:
         if self.config.low_priority:
             lower_priority()
+        self.reconcile()
         self.registry.put(self.record())
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
@@ -255,6 +265,15 @@ class Agent:
         self.pool.shutdown(wait=True, cancel_futures=False)
         with contextlib.suppress(Exception):
             self.registry.put(self.record(status="stopped"))
+
+    def reconcile(self) -> None:
+        """Releases what the state directory holds of operations that have ended
+        (``reconcile``); without a catalog table, the inbox's token-less commands do it."""
+        if self.catalog is None:
+            log.info("no catalog table given: state_dir is not reconciled at start")
+            return
+        catalog, cluster = self.catalog, self.config.cluster
+        reconcile_safely(self.commands, lambda key: catalog.status(cluster, key))
 
     def stop(self, *_: object) -> None:
         self.stopping.set()

@@ -33,6 +33,9 @@ INBOX_ACTIONS = (
 )
 NODE_RECORD_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 TASK_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
+# What a starting agent may read of the catalog (shardvault_agent/reconcile.py): the status of
+# an item it names by key, nothing else; it cannot list the table.
+CATALOG_STATUS_ATTRIBUTES = ("cluster", "backup_id", "status")
 
 
 def own_items(table: dynamodb.ITable, actions: tuple[str, ...]) -> iam.PolicyStatement:
@@ -45,6 +48,16 @@ def own_items(table: dynamodb.ITable, actions: tuple[str, ...]) -> iam.PolicySta
     return statement
 
 
+def catalog_statuses(catalog: dynamodb.ITable) -> iam.PolicyStatement:
+    """GetItem of the key and ``status`` attributes only (a projected read)."""
+    statement = policies.table(catalog, ("dynamodb:GetItem",))
+    statement.add_condition(
+        "ForAllValues:StringEquals", {"dynamodb:Attributes": list(CATALOG_STATUS_ATTRIBUTES)}
+    )
+    statement.add_condition("StringEqualsIfExists", {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"})
+    return statement
+
+
 class AgentAccess(Construct):
     def __init__(
         self,
@@ -53,6 +66,7 @@ class AgentAccess(Construct):
         *,
         inbox: dynamodb.ITable,
         nodes: dynamodb.ITable,
+        catalog: dynamodb.ITable,
         node_ids: list[str],
     ) -> None:
         super().__init__(scope, construct_id)
@@ -60,10 +74,12 @@ class AgentAccess(Construct):
             self,
             "Policy",
             managed_policy_name=AGENT_POLICY_NAME,
-            description="ShardVault agent: its own inbox items and node record, task answers.",
+            description="ShardVault agent: its own inbox items and node record, task answers, "
+            "backup statuses.",
             statements=[
                 own_items(inbox, INBOX_ACTIONS),
                 own_items(nodes, NODE_RECORD_ACTIONS),
+                catalog_statuses(catalog),
                 # Task tokens are the capability here: these actions take no resource ARN.
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),
             ],

@@ -79,6 +79,7 @@ FUNCTIONS = {
     "RecordPromotionFailureFunctionArn": "record_promotion_failure",
     "DecideRetentionFunctionArn": "decide_retention",
     "ExpireBackupFunctionArn": "expire_backup",
+    "SweepStoreFunctionArn": "sweep_store",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -366,6 +367,7 @@ class LocalStack:
             **control_plane_env(self.endpoint),
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,
+            "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,  # reconcile at start
             **(extra or {}),
         }
 

@@ -346,8 +346,9 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
         deletes = {a for s in statements for a in actions(s) if a.startswith("s3:Delete")}
         if module == "expire_backup":
             assert deletes == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
-        elif module in ("cleanup_backup", "reap_execution", "validate_backup"):
-            # a failed backup's partial objects (validate_backup: an abandoned backup's)
+        elif module in ("cleanup_backup", "reap_execution", "validate_backup", "sweep_store"):
+            # a failed backup's partial objects (validate_backup: an abandoned backup's;
+            # sweep_store: what no running backup owns and no manifest names)
             assert deletes == {"s3:DeleteObject"}
         elif module == "promote_backup":  # the staging copy, once the vault holds the backup
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
@@ -664,11 +665,20 @@ def test_agent_policy_grants_no_s3_at_all(synth: Synthesized) -> None:
 def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> None:
     _, statements = _agent_policy(synth)
     dynamo = [s for s in statements if any(a.startswith("dynamodb:") for a in actions(s))]
-    assert len(dynamo) == 2  # inbox and node record
+    statuses = [s for s in dynamo if "dynamodb:Attributes" in json.dumps(s["Condition"])]
+    own = [s for s in dynamo if s not in statuses]
+    assert len(own) == 2  # inbox and node record
     expected = {"dynamodb:LeadingKeys": [f"${{aws:PrincipalTag/{NODE_ID_TAG}}}"]}
-    for statement in dynamo:
+    for statement in own:
         assert statement["Condition"] == {"ForAllValues:StringEquals": expected}
         assert "dynamodb:Scan" not in actions(statement)  # LeadingKeys cannot confine a Scan
+    # Reconcile at start: the status of a catalog item it names, no other attribute or call.
+    (status,) = statuses
+    assert actions(status) == ["dynamodb:GetItem"]
+    assert status["Condition"] == {
+        "ForAllValues:StringEquals": {"dynamodb:Attributes": ["cluster", "backup_id", "status"]},
+        "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"},
+    }
     others = [a for s in statements if s not in dynamo for a in actions(s)]
     assert sorted(others) == [
         "states:SendTaskFailure",

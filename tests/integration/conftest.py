@@ -200,3 +200,23 @@ def entered_states(arn: str) -> list[str]:
 
 def output(progress: ops.Progress) -> dict[str, Any]:
     return json.loads(json.dumps(progress.record or {}))
+
+
+@pytest.fixture
+def policy_for(stack, tmp_path, monkeypatch):
+    """Points the stack at a policy file declaring the given cluster (keep one per day)."""
+
+    def write(cluster: str) -> None:
+        path = tmp_path / "policy.yaml"
+        path.write_text(
+            "version: 1\n"
+            "clusters:\n"
+            f"  {cluster}:\n"
+            "    engine: sqlite\n"
+            "    schedule: {full: '0 2 * * *'}\n"
+            "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
+            "    retention: {keep_daily: 1}\n"
+        )
+        monkeypatch.setattr(stack.settings, "policy_file", str(path))
+
+    return write

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import boto3
+import pytest
 
 from shardvault import operations as ops
 from shardvault.store import open_uploads
@@ -70,3 +71,52 @@ def test_a_node_silent_during_cleanup_releases_its_snapshot_when_it_returns(make
         lambda: not held(cluster, record["backup_id"]), 30, "the returning node kept its snapshot"
     )
     assert bucket_uploads(cluster, record["backup_id"]) == []
+
+
+def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
+    make_cluster, policy_for, monkeypatch
+):
+    """Leftovers of a crash nothing cleaned up: an open upload and a partial object of a
+    backup that is not running. The sweep removes them, and keeps a running backup's upload
+    and a backup whose catalog record was lost (its manifest says it is a backup)."""
+    from shardvault.lambda_support import services
+
+    cluster = make_cluster(nodes=1, size_mb=1)
+    kept = cluster.backup()
+    assert kept.status == "SUCCEEDED", kept.cause
+    svc = cluster.stack.services()
+    s3, bucket, root = svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/{cluster.name}"
+    crashed = f"{root}/20200101T000000Z-dead00/shard-1/data-00000"
+    orphan_upload = s3.create_multipart_upload(Bucket=bucket, Key=crashed)["UploadId"]
+    s3.put_object(
+        Bucket=bucket, Key=f"{root}/20200101T000000Z-dead01/shard-1/data-00000", Body=b"x"
+    )
+    live = f"{root}/20200101T000000Z-live00/shard-1/data-00000"
+    svc.catalog.put(
+        {"cluster": cluster.name, "backup_id": "20200101T000000Z-live00", "status": "RUNNING"}
+    )
+    s3.create_multipart_upload(Bucket=bucket, Key=live)
+    svc.catalog.table.delete_item(
+        Key={"cluster": cluster.name, "backup_id": kept.record["backup_id"]}
+    )
+    policy_for(cluster.name)
+    monkeypatch.setattr(services().settings, "sweep_grace_seconds", 0.0)
+
+    dry = ops.run_retention(cluster.client, cluster.name, dry_run=True)
+
+    assert dry.status == "SUCCEEDED", dry.cause
+    # The sweep covers the whole store; this test looks at its own cluster's prefix.
+    ours = [k for k in dry.record["sweep"]["aborted_uploads"] if k.startswith(root)]
+    assert ours == [crashed]
+    assert bucket_uploads(cluster, "dead00") == [crashed]  # a dry run removes nothing
+
+    real = ops.run_retention(cluster.client, cluster.name, dry_run=False)
+
+    assert real.status == "SUCCEEDED", real.cause
+    assert list(real.record["sweep"]["deleted_prefixes"]) == [f"{root}/20200101T000000Z-dead01/"]
+    assert bucket_uploads(cluster, "dead00") == []
+    assert bucket_uploads(cluster, "live00") == [live]  # its backup is running
+    assert not [k for k in cluster.store_keys() if "dead01" in k]
+    assert [k for k in cluster.store_keys() if kept.record["backup_id"] in k]  # has a manifest
+    with pytest.raises(s3.exceptions.NoSuchUpload):
+        s3.list_parts(Bucket=bucket, Key=crashed, UploadId=orphan_upload)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import boto3
-import pytest
 
 from shardvault import operations as ops
 from shardvault.models import VaultTarget
@@ -15,26 +14,6 @@ from shardvault.models import VaultTarget
 from .conftest import client_of
 
 LOCKED = VaultTarget(storage_class="GLACIER_IR", lock_mode="GOVERNANCE", lock_days=1)
-
-
-@pytest.fixture
-def policy_for(stack, tmp_path, monkeypatch):
-    """Points the stack at a policy file declaring the given cluster (keep one per day)."""
-
-    def write(cluster: str) -> None:
-        path = tmp_path / "policy.yaml"
-        path.write_text(
-            "version: 1\n"
-            "clusters:\n"
-            f"  {cluster}:\n"
-            "    engine: sqlite\n"
-            "    schedule: {full: '0 2 * * *'}\n"
-            "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
-            "    retention: {keep_daily: 1}\n"
-        )
-        monkeypatch.setattr(stack.settings, "policy_file", str(path))
-
-    return write
 
 
 def backup_keys(cluster, backup_id: str) -> list[str]:
