@@ -174,7 +174,7 @@ def _repeats(shards: list[ShardConfig], field: str, why: str) -> list[InitErrorD
         value = getattr(shard, field)
         if value is None:
             continue
-        key = Path(value).absolute() if isinstance(value, Path) else value
+        key = value.absolute() if isinstance(value, Path) else value
         if key in first:
             problems.append(
                 InitErrorDetails(
