@@ -104,6 +104,12 @@ class UnknownCommand(ShardVaultError):
     """The inbox holds a command this agent version does not know."""
 
 
+class ShardDataMissing(ShardVaultError):
+    """A configured shard's data is not where the agent's configuration says: a missing or
+    misspelled SQLite ``path`` or PostgreSQL ``data_dir``, a file or directory that holds no
+    database, or a ``data_dir`` of another instance than the one ``conninfo`` reaches."""
+
+
 # --- Restore (validation errors are raised before any side effect) -----------------------------
 class BackupNotFound(ShardVaultError):
     """The backup named for a restore is not in the catalog (or the cluster has none)."""

@@ -1,5 +1,10 @@
 """``shardvault-agent``: run the agent daemon, or check its configuration.
 
+``check`` and ``run`` refuse the same things, before anything starts: an invalid file (every
+problem by its field path, with its fix) and a host the configuration cannot run on
+(``check_host``: directories the agent cannot write, shard data missing). Errors go to stderr
+with exit status 2, without a traceback.
+
 The tables come from ``--nodes-table``/``--inbox-table`` or ``SHARDVAULT_NODES_TABLE`` and
 ``SHARDVAULT_INBOX_TABLE``; AWS endpoints and credentials from the usual AWS variables
 (``AWS_ENDPOINT_URL`` reaches the local stack). No S3 credentials are needed or used.
@@ -14,7 +19,7 @@ import sys
 from pathlib import Path
 
 from shardvault.errors import ShardVaultError
-from shardvault_agent.config import load_config
+from shardvault_agent.config import check_host, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = load_config(args.config)
+        check_host(config)
         if args.command == "check":
             shards = len(config.shards)
             print(

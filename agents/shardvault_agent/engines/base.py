@@ -1,5 +1,10 @@
 """The engine interface.
 
+- *check*: the shard's data is where its configuration entry says (a database, not just a
+  path); raises ``ShardDataMissing`` naming the fix. It reads only: no adapter ever creates a
+  file in a source, so a misspelled path fails by name instead of backing up an empty database.
+- *shard_bytes*: the shard's size for the registry; 0 (logged once) when its data is missing,
+  since the heartbeat must go on; flush and checkpoint refuse such a shard by name.
 - *flush*: make recent writes durable in the engine's files (cheap; run on all nodes first).
 - *checkpoint*: fix a consistent set of files to copy and return its listing; the engine
   keeps them restorable (a snapshot, or a backup mode with WAL retained) until release.
@@ -10,12 +15,18 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from shardvault.errors import ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import ShardConfig
+
+log = logging.getLogger("shardvault.agent")
+_reported: set[str] = set()  # problems already logged by size_or_zero
 
 
 @dataclass
@@ -29,6 +40,8 @@ class Capture:
 
 
 class EngineAdapter(Protocol):
+    def check(self, shard: ShardConfig) -> None: ...
+
     def shard_bytes(self, shard: ShardConfig) -> int: ...
 
     def flush(self, shard: ShardConfig) -> None: ...
@@ -60,3 +73,16 @@ def list_tree(
             except FileNotFoundError:
                 continue  # removed while listing; the engine's log recreates or drops it
     return entries
+
+
+def size_or_zero(adapter: EngineAdapter, shard: ShardConfig, measure: Callable[[], int]) -> int:
+    """``measure()`` for a shard whose data is where its entry says; 0 when it is not, logged
+    the first time (the heartbeat asks every few seconds and must not stop for one shard)."""
+    try:
+        adapter.check(shard)
+        return measure()
+    except (ShardDataMissing, OSError) as error:  # OSError: removed since the check
+        if str(error) not in _reported:
+            _reported.add(str(error))
+            log.warning("shard %s counted as 0 bytes: %s", shard.shard_id, error)
+        return 0

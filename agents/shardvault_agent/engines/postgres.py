@@ -1,5 +1,9 @@
 """PostgreSQL: one shard per instance, copied with the non-exclusive low-level backup API.
 
+- check: ``data_dir`` is a directory holding ``PG_VERSION``. Every connection then confirms
+  that ``conninfo`` reaches the instance of ``data_dir`` (``SHOW data_directory`` is the same
+  directory, symlinks followed) before anything else is done on it: otherwise the agent would
+  take one server's backup mode and copy another's files.
 - flush: ``CHECKPOINT``.
 - checkpoint: on a connection held until stop, a temporary physical replication slot that
   reserves WAL from now on (so no segment the copy needs is recycled, and nothing is left
@@ -22,10 +26,10 @@ from pathlib import Path
 
 import psycopg
 
-from shardvault.errors import CheckpointNotFound, EngineError
+from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, list_tree
+from shardvault_agent.engines.base import Capture, list_tree, size_or_zero
 
 # Directories whose contents are omitted (the directory itself is kept): see "Backing Up the
 # Data Directory" in PostgreSQL's "Making a Base Backup Using the Low Level API".
@@ -40,6 +44,10 @@ EMPTY_DIRS = frozenset(
         "pg_stat_tmp",
         "pg_subtrans",
     }
+)
+DATA_DIR_FIX = (
+    "correct 'data_dir' in the agent config: the instance's data directory, as "
+    "'SHOW data_directory' answers over the shard's conninfo."
 )
 SKIP_FILES = frozenset({"postmaster.pid", "postmaster.opts", "backup_label", "tablespace_map"})
 RELATION_FILE = re.compile(
@@ -87,9 +95,31 @@ class PostgresAdapter:
         self.held: dict[tuple[str, str], HeldBackup] = {}
         self.lock = threading.Lock()
 
-    def _connect(self, shard: ShardConfig) -> psycopg.Connection:
+    def check(self, shard: ShardConfig) -> None:
+        data_dir = shard.data_dir
+        where = f"PostgreSQL shard {shard.shard_id}: data_dir {data_dir}"
         try:
-            return psycopg.connect(
+            if data_dir is None or not data_dir.exists():
+                raise ShardDataMissing(f"{where} does not exist.", fix=DATA_DIR_FIX)
+            if not data_dir.is_dir():
+                raise ShardDataMissing(f"{where} is not a directory.", fix=DATA_DIR_FIX)
+            if not (data_dir / "PG_VERSION").is_file():
+                raise ShardDataMissing(
+                    f"{where} holds no PG_VERSION: it is not a PostgreSQL data directory.",
+                    fix=DATA_DIR_FIX,
+                )
+        except PermissionError:
+            raise ShardDataMissing(
+                f"{where} cannot be read by the agent's user.",
+                fix="run the agent as a user that can read the data directory (e.g. postgres).",
+            ) from None
+
+    def _connect(self, shard: ShardConfig) -> psycopg.Connection:
+        """A session on the shard's instance, once it is confirmed to be the instance of
+        ``data_dir``."""
+        self.check(shard)
+        try:
+            conn = psycopg.connect(
                 shard.conninfo, autocommit=True, application_name="shardvault-agent"
             )
         except psycopg.Error as error:
@@ -97,19 +127,28 @@ class PostgresAdapter:
                 f"cannot connect to PostgreSQL of shard {shard.shard_id}: {error}".strip(),
                 fix="check 'conninfo' in the agent config and that the server is running.",
             ) from None
+        try:
+            refuse_other_instance(conn, shard)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def shard_bytes(self, shard: ShardConfig) -> int:
         base = shard.data_dir / "base"
-        return sum(p.stat().st_size for p in base.rglob("*") if p.is_file()) if base.exists() else 0
+        return size_or_zero(
+            self, shard, lambda: sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
+        )
 
     def flush(self, shard: ShardConfig) -> None:
         with self._connect(shard) as conn:
             conn.execute("CHECKPOINT")
 
     def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+        self.check(shard)
         refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
-        conn = self._connect(shard)
+        conn = self._connect(shard)  # refuses another instance before the slot is taken
         slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
         slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
         try:
@@ -201,6 +240,33 @@ class PostgresAdapter:
             pass  # closing the session below aborts the backup anyway
         finally:
             held.connection.close()
+
+
+def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
+    """Refuses a session on another instance than the one whose files ``data_dir`` holds."""
+    try:
+        served = conn.execute("SHOW data_directory").fetchone()[0]
+    except psycopg.errors.InsufficientPrivilege:
+        raise EngineError(
+            f"the role of shard {shard.shard_id}'s conninfo may not read data_directory, so "
+            f"the agent cannot confirm that it reaches the instance of {shard.data_dir}.",
+            fix="GRANT pg_read_all_settings TO that role (or connect as a superuser).",
+        ) from None
+    if not same_directory(Path(served), shard.data_dir):
+        raise ShardDataMissing(
+            f"PostgreSQL shard {shard.shard_id}: its conninfo reaches the instance of "
+            f"{served}, not that of data_dir {shard.data_dir}.",
+            fix="point data_dir and conninfo at the same instance: data_dir is what 'SHOW "
+            "data_directory' answers over conninfo.",
+        )
+
+
+def same_directory(a: Path, b: Path) -> bool:
+    """Both paths name one directory on this host (symlinks followed)."""
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them is not on this host
+        return False
 
 
 def refuse_tablespaces(shard: ShardConfig) -> None:

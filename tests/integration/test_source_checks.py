@@ -1,0 +1,197 @@
+"""The engine adapters never create a source and never act on the wrong one.
+
+SQLite: a misspelled ``path`` fails flush and checkpoint with ``ShardDataMissing`` and is still
+absent on disk afterwards (``sqlite3.connect`` would have created an empty database there,
+which was then backed up as the shard). PostgreSQL, against real servers: a ``data_dir`` that
+is missing, holds no ``PG_VERSION``, or belongs to another instance than ``conninfo`` reaches is
+refused before anything is taken, so the server shows no replication slot and no agent session
+afterwards; a symlink to the right directory is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.postgres import PostgresAdapter
+from shardvault_agent.engines.sqlite import SqliteAdapter
+
+from shardvault.errors import EngineError, ShardDataMissing
+from shardvault.local.postgres import PostgresInstance, init_instance
+
+
+# --- SQLite -------------------------------------------------------------------------------------
+def sqlite_adapter(tmp_path: Path, path: Path) -> tuple[SqliteAdapter, ShardConfig]:
+    shard = ShardConfig(shard_id="s1", path=path)
+    config = AgentConfig(
+        node_id="n1", cluster="c", engine="sqlite", shards=[shard], state_dir=tmp_path / "state"
+    )
+    return SqliteAdapter(config), shard
+
+
+def test_a_misspelled_sqlite_path_is_refused_by_name_and_never_created(tmp_path):
+    misspelled = tmp_path / "shard-1.sqlite"  # the database is shard-1.db
+    adapter, shard = sqlite_adapter(tmp_path, misspelled)
+    with pytest.raises(ShardDataMissing, match=f"path {misspelled} does not exist"):
+        adapter.flush(shard)
+    with pytest.raises(ShardDataMissing, match=f"path {misspelled} does not exist"):
+        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    assert not misspelled.exists()
+    assert list(tmp_path.iterdir()) == []  # no snapshot, no state, nothing beside the path
+    assert not adapter.holds(shard, "b1")
+
+
+def test_an_empty_file_left_at_a_misspelled_path_is_not_backed_up(tmp_path):
+    """What earlier versions left behind: flush's sqlite3.connect created an empty file."""
+    leftover = tmp_path / "shard-1.sqlite"
+    leftover.touch()
+    adapter, shard = sqlite_adapter(tmp_path, leftover)
+    with pytest.raises(ShardDataMissing, match="is an empty file, not a database"):
+        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    assert not adapter.holds(shard, "b1")
+    assert not (tmp_path / "state" / "snapshots" / "b1").exists()
+
+
+def test_flush_and_checkpoint_of_a_real_database_still_work(tmp_path):
+    db = tmp_path / "shard 1.db"  # a space: the path travels in a file: URI
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t(x)")
+        conn.executemany("INSERT INTO t VALUES (randomblob(1024))", [()] * 50)
+        conn.commit()
+        assert (tmp_path / "shard 1.db-wal").stat().st_size > 0
+        adapter, shard = sqlite_adapter(tmp_path, db)
+        adapter.flush(shard)
+        assert (tmp_path / "shard 1.db-wal").stat().st_size == 0  # checkpointed into the file
+    capture = adapter.checkpoint(shard, "b1", tmp_path / "work")
+    with closing(sqlite3.connect(capture.root / capture.files[0].path)) as snapshot:
+        assert snapshot.execute("SELECT count(*) FROM t").fetchone()[0] == 50
+    assert adapter.shard_bytes(shard) == db.stat().st_size > 0
+
+
+def test_a_missing_source_counts_zero_bytes_and_says_so_once(tmp_path, caplog):
+    missing = tmp_path / "gone.db"
+    adapter, shard = sqlite_adapter(tmp_path, missing)
+    with caplog.at_level(logging.WARNING, logger="shardvault.agent"):
+        assert adapter.shard_bytes(shard) == 0
+        assert adapter.shard_bytes(shard) == 0  # the next heartbeat: not logged again
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"shard s1 counted as 0 bytes: SQLite shard s1: path {missing} does not" in warnings[0]
+    assert not missing.exists()
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[PostgresInstance]]:
+    root = tmp_path_factory.mktemp("source-checks")
+    started: list[PostgresInstance] = []
+    try:
+        for name in ("a", "b"):
+            started.append(init_instance(root / name))
+        yield started
+    finally:
+        for server in started:
+            server.stop(mode="immediate")
+
+
+@pytest.fixture
+def pg_adapter(
+    tmp_path: Path,
+) -> Iterator[Callable[[Path, str], tuple[PostgresAdapter, ShardConfig]]]:
+    """Makes an adapter of one shard ``p1``; whatever it still holds is released after the
+    test, so a checkpoint that should have been refused leaves no slot to the next test."""
+    made: list[tuple[PostgresAdapter, ShardConfig]] = []
+
+    def make(data_dir: Path, conninfo: str) -> tuple[PostgresAdapter, ShardConfig]:
+        shard = ShardConfig(shard_id="p1", data_dir=data_dir, conninfo=conninfo)
+        config = AgentConfig(
+            node_id="n1",
+            cluster="c",
+            engine="postgres",
+            shards=[shard],
+            state_dir=tmp_path / "state",
+        )
+        made.append((PostgresAdapter(config), shard))
+        return made[-1]
+
+    yield make
+    for adapter, shard in made:
+        adapter.release(shard, "b1")
+
+
+def untouched(server: PostgresInstance) -> None:
+    """No slot, no backup-holding session of the agent, on the server."""
+    assert server.psql("SELECT count(*) FROM pg_replication_slots") == "0"
+    sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardvault-agent'"
+    assert server.psql(sessions) == "0"
+
+
+def test_a_data_dir_of_another_instance_is_refused_before_anything_is_taken(
+    servers, pg_adapter, tmp_path
+):
+    a, b = servers
+    adapter, shard = pg_adapter(b.data_dir, a.conninfo)  # b's files, a's server
+    with pytest.raises(ShardDataMissing) as refused:
+        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    message = str(refused.value)
+    assert f"reaches the instance of {a.data_dir}, not that of data_dir {b.data_dir}" in message
+    assert "Fix: point data_dir and conninfo at the same instance" in message
+    assert not adapter.holds(shard, "b1")
+    with pytest.raises(ShardDataMissing, match="reaches the instance of"):
+        adapter.flush(shard)
+    untouched(a)
+    untouched(b)
+
+
+@pytest.mark.parametrize("wrong", ["absent", "empty"])
+def test_a_data_dir_that_is_no_data_directory_is_refused_by_name(
+    servers, pg_adapter, tmp_path, wrong
+):
+    a, _ = servers
+    data_dir = tmp_path / wrong
+    if wrong == "empty":
+        data_dir.mkdir()
+    adapter, shard = pg_adapter(data_dir, a.conninfo)
+    expected = "does not exist" if wrong == "absent" else "holds no PG_VERSION"
+    with pytest.raises(ShardDataMissing, match=f"data_dir {data_dir} {expected}"):
+        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    with pytest.raises(ShardDataMissing, match=expected):
+        adapter.flush(shard)
+    assert adapter.shard_bytes(shard) == 0
+    assert data_dir.exists() == (wrong == "empty")
+    untouched(a)
+
+
+def test_a_symlink_to_the_right_data_dir_is_accepted(servers, pg_adapter, tmp_path):
+    a, _ = servers
+    link = tmp_path / "current"
+    link.symlink_to(a.data_dir)
+    adapter, shard = pg_adapter(link, a.conninfo)
+    adapter.flush(shard)
+    capture = adapter.checkpoint(shard, "b1", tmp_path / "work")
+    try:
+        assert "PG_VERSION" in {f.path for f in capture.files}
+        assert a.psql("SELECT count(*) FROM pg_replication_slots") == "1"  # held until release
+    finally:
+        adapter.release(shard, "b1")
+    untouched(a)
+
+
+def test_a_role_that_cannot_read_data_directory_is_told_what_to_grant(
+    servers, pg_adapter, tmp_path
+):
+    a, _ = servers
+    a.psql("CREATE ROLE plain_agent LOGIN REPLICATION")
+    conninfo = a.conninfo.replace("user=postgres", "user=plain_agent")
+    adapter, shard = pg_adapter(a.data_dir, conninfo)
+    with pytest.raises(EngineError, match="GRANT pg_read_all_settings TO that role"):
+        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    untouched(a)
+    a.psql("GRANT pg_read_all_settings, pg_checkpoint TO plain_agent")
+    adapter.flush(shard)  # the instance is confirmed now
