@@ -5,8 +5,9 @@ problem by its field path, with its fix) and a host the configuration cannot run
 (``check_host``: directories the agent cannot write, shard data missing). Errors go to stderr
 with exit status 2, without a traceback.
 
-The tables come from ``--nodes-table``/``--inbox-table`` or ``SHARDVAULT_NODES_TABLE`` and
-``SHARDVAULT_INBOX_TABLE``; AWS endpoints and credentials from the usual AWS variables
+The tables come from ``--nodes-table``/``--inbox-table``/``--catalog-table`` or
+``SHARDVAULT_NODES_TABLE``, ``SHARDVAULT_INBOX_TABLE`` and ``SHARDVAULT_CATALOG_TABLE`` (read
+only at start, for ``reconcile``); AWS endpoints and credentials from the usual AWS variables
 (``AWS_ENDPOINT_URL`` reaches the local stack). No S3 credentials are needed or used.
 """
 
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument(
             "--inbox-table", default=os.environ.get("SHARDVAULT_INBOX_TABLE", "shardvault-inbox")
         )
+        cmd.add_argument(
+            "--catalog-table",
+            default=os.environ.get("SHARDVAULT_CATALOG_TABLE"),
+            help="the catalog, read at start to release what ended backups left (optional)",
+        )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -47,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from shardvault_agent.daemon import Agent
 
-        agent = Agent(config, nodes_table=args.nodes_table, inbox_table=args.inbox_table)
+        agent = Agent(
+            config,
+            nodes_table=args.nodes_table,
+            inbox_table=args.inbox_table,
+            catalog_table=args.catalog_table,
+        )
         agent.install_signal_handlers()
         agent.run()
         return 0

@@ -21,7 +21,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.postgres import PostgresAdapter
 from shardvault_agent.engines.sqlite import SqliteAdapter
 
-from shardvault.errors import EngineError, ShardDataMissing
+from shardvault.errors import ShardDataMissing
 from shardvault.local.postgres import PostgresInstance, init_instance
 
 
@@ -183,15 +183,20 @@ def test_a_symlink_to_the_right_data_dir_is_accepted(servers, pg_adapter, tmp_pa
     untouched(a)
 
 
-def test_a_role_that_cannot_read_data_directory_is_told_what_to_grant(
+def test_a_role_that_cannot_read_data_directory_is_checked_by_the_postmasters_start(
     servers, pg_adapter, tmp_path
 ):
-    a, _ = servers
-    a.psql("CREATE ROLE plain_agent LOGIN REPLICATION")
-    conninfo = a.conninfo.replace("user=postgres", "user=plain_agent")
-    adapter, shard = pg_adapter(a.data_dir, conninfo)
-    with pytest.raises(EngineError, match="GRANT pg_read_all_settings TO that role"):
-        adapter.checkpoint(shard, "b1", tmp_path / "work")
+    """Without pg_read_all_settings the instance is confirmed by its start time: the same
+    instance passes, another instance is still refused before anything is taken."""
+    a, b = servers
+    for server in (a, b):
+        server.psql("CREATE ROLE plain_agent LOGIN REPLICATION")
+        server.psql("GRANT pg_checkpoint TO plain_agent")
+    plain = a.conninfo.replace("user=postgres", "user=plain_agent")
+    adapter, shard = pg_adapter(a.data_dir, plain)
+    adapter.flush(shard)  # a's conninfo, a's data_dir: confirmed
+    wrong, other = pg_adapter(b.data_dir, plain)
+    with pytest.raises(ShardDataMissing, match="another instance"):
+        wrong.checkpoint(other, "b1", tmp_path / "work")
     untouched(a)
-    a.psql("GRANT pg_read_all_settings, pg_checkpoint TO plain_agent")
-    adapter.flush(shard)  # the instance is confirmed now
+    untouched(b)

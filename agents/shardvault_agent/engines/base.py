@@ -11,6 +11,9 @@
 - *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
   on its own (PostgreSQL's backup label and WAL). Empty for engines that snapshot.
 - *release*: give back everything the checkpoint held. Safe to call at any point, twice.
+- *held_backups*: the backups whose checkpoints the engine keeps on disk across an agent
+  restart (SQLite's snapshots; PostgreSQL's backup mode dies with the agent's session), so a
+  starting agent can release those whose backup has ended (``reconcile``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class EngineAdapter(Protocol):
     def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
 
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
+
+    def held_backups(self) -> set[str]: ...
 
 
 def list_tree(

@@ -228,6 +228,9 @@ class PostgresAdapter:
                 return
             time.sleep(0.05)
 
+    def held_backups(self) -> set[str]:
+        return set()  # backup mode and its slot end with the session: nothing outlives the agent
+
     def release(self, shard: ShardConfig, backup_id: str) -> None:
         with self.lock:
             held = self.held.pop((backup_id, shard.shard_id), None)
@@ -246,19 +249,31 @@ def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
     """Refuses a session on another instance than the one whose files ``data_dir`` holds."""
     try:
         served = conn.execute("SHOW data_directory").fetchone()[0]
+        same, reached = same_directory(Path(served), shard.data_dir), f"the instance of {served}"
     except psycopg.errors.InsufficientPrivilege:
-        raise EngineError(
-            f"the role of shard {shard.shard_id}'s conninfo may not read data_directory, so "
-            f"the agent cannot confirm that it reaches the instance of {shard.data_dir}.",
-            fix="GRANT pg_read_all_settings TO that role (or connect as a superuser).",
-        ) from None
-    if not same_directory(Path(served), shard.data_dir):
+        # A role without pg_read_all_settings: the postmaster's start time, which any role may
+        # read, against the one data_dir's postmaster.pid records for its running server.
+        started = conn.execute(
+            "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint"
+        ).fetchone()[0]
+        same, reached = postmaster_started(shard.data_dir) == started, "another instance"
+    if not same:
         raise ShardDataMissing(
-            f"PostgreSQL shard {shard.shard_id}: its conninfo reaches the instance of "
-            f"{served}, not that of data_dir {shard.data_dir}.",
+            f"PostgreSQL shard {shard.shard_id}: its conninfo reaches {reached}, not that of "
+            f"data_dir {shard.data_dir}.",
             fix="point data_dir and conninfo at the same instance: data_dir is what 'SHOW "
             "data_directory' answers over conninfo.",
         )
+
+
+def postmaster_started(data_dir: Path) -> int | None:
+    """The start time (epoch seconds) of the server running on ``data_dir``, from line 3 of
+    its postmaster.pid; None when no server runs there."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return int(lines[2]) if len(lines) > 2 and lines[2].strip().isdigit() else None
 
 
 def same_directory(a: Path, b: Path) -> bool:

@@ -11,6 +11,7 @@ backed up as if it were the shard.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import time
@@ -112,4 +113,10 @@ class SqliteAdapter:
         return Capture(root=self._snapshot_dir(backup_id, shard), files=[])
 
     def release(self, shard: ShardConfig, backup_id: str) -> None:
-        shutil.rmtree(self._snapshot_dir(backup_id, shard), ignore_errors=True)
+        snapshot = self._snapshot_dir(backup_id, shard)
+        shutil.rmtree(snapshot, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
+            snapshot.parent.rmdir()
+
+    def held_backups(self) -> set[str]:
+        return {p.name for p in (self.config.state_dir / "snapshots").glob("*") if p.is_dir()}
