@@ -229,6 +229,8 @@ class ShardVaultStack(Stack):
                 "s3:PutObjectRetention",  # Object Lock headers on the copy
                 "s3:GetObject",  # HeadObject (resuming) and the copy's attributes
                 "s3:GetObjectAttributes",
+                # Without it HeadObject omits the lock: promotion reads each copy's lock back.
+                "s3:GetObjectRetention",
                 "s3:AbortMultipartUpload",
             ),
             catalog_rw,

@@ -47,7 +47,9 @@ from shardvault.models import (
     Source,
     UploadedPart,
     UploadLimits,
+    VaultRequest,
     VaultTarget,
+    lock_strength,
     unpack_files,
 )
 from shardvault.planning import (
@@ -171,8 +173,19 @@ def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
 def vault_target(
     request: BackupRequest, svc: Services, cluster: ClusterPolicy | None
 ) -> VaultTarget | None:
-    """Where the backup is promoted once verified: the request's choice, else its cluster's in
-    the policy file; None when the deployment has no vault or the policy no such cluster."""
+    """Where the backup is promoted once verified; None: it stays in the store.
+
+    - The deployment has no vault bucket: None, and a request naming a vault is refused.
+    - The policy names the cluster: its vault, which the request's ``vault`` may make stricter
+      but never weaker: a lock mode at least as strict (COMPLIANCE over GOVERNANCE), at least
+      as many days, and the same storage class. The class is not protection (every vault class
+      keeps the same durability) but cost and restore time, which the cluster's budget and
+      forecasts assume, so a request may only repeat it. A weaker field is refused by name,
+      never silently raised to the policy's.
+    - The policy does not name the cluster: a request may opt in with its own target (fields
+      it leaves out take ``VaultTarget``'s defaults). It is still locked: ``VaultRequest``
+      admits only GOVERNANCE or COMPLIANCE and at least one day.
+    """
     if svc.vault is None:
         if request.vault is not None:
             raise InvalidRequest(
@@ -180,15 +193,51 @@ def vault_target(
                 fix="remove 'vault' from the request, or deploy with a vault bucket.",
             )
         return None
-    if request.vault is not None:
-        return request.vault
+    policy = policy_vault(cluster)
+    if request.vault is None:
+        return policy
+    asked = request.vault.model_dump(exclude_none=True)
+    if policy is None:
+        return VaultTarget(**asked)
+    check_not_weaker(request.vault, policy, request.cluster)
+    return policy.model_copy(update=asked)
+
+
+def policy_vault(cluster: ClusterPolicy | None) -> VaultTarget | None:
+    """The cluster's vault in the policy file (None: the policy does not name the cluster)."""
     if cluster is None:
         return None
     return VaultTarget(
-        storage_class=cluster.vault.storage_class.value,
-        lock_mode=cluster.vault.object_lock.mode.value,
+        storage_class=cluster.vault.storage_class,
+        lock_mode=cluster.vault.object_lock.mode,
         lock_days=cluster.vault.object_lock.days,
     )
+
+
+def check_not_weaker(asked: VaultRequest, policy: VaultTarget, cluster: str) -> None:
+    """Refuses, by field, a request that would weaken the policy's vault for ``cluster``."""
+    where = f"the policy's vault for cluster {cluster!r}"
+    if asked.storage_class is not None and asked.storage_class != policy.storage_class:
+        raise InvalidRequest(
+            f"vault.storage_class {asked.storage_class} differs from {where}, which "
+            f"requires {policy.storage_class}.",
+            fix=f"write {policy.storage_class} or leave storage_class out (a request cannot "
+            "change the vault's class), or change the cluster's class in the policy file.",
+        )
+    if asked.lock_mode is not None and lock_strength(asked.lock_mode) < lock_strength(
+        policy.lock_mode
+    ):
+        raise InvalidRequest(
+            f"vault.lock_mode {asked.lock_mode} is weaker than {where}, which requires "
+            f"{policy.lock_mode}.",
+            fix=f"ask for {policy.lock_mode} or leave lock_mode out.",
+        )
+    if asked.lock_days is not None and asked.lock_days < policy.lock_days:
+        raise InvalidRequest(
+            f"vault.lock_days {asked.lock_days} is shorter than {where}, which requires "
+            f"at least {policy.lock_days} days.",
+            fix=f"ask for {policy.lock_days} days or more, or leave lock_days out.",
+        )
 
 
 def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -> None:

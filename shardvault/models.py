@@ -15,15 +15,25 @@ Terms:
 from __future__ import annotations
 
 import base64
+import difflib
 import gzip
 import json
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 from shardvault.errors import InvalidRequest
+from shardvault.prices import VAULT_CLASSES, StorageClass
 from shardvault.sqlcheck import check_validation_queries
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -134,20 +144,120 @@ def unpack_files(packed: str) -> list[FileEntry]:
     return [FileEntry(path=p, size=s) for p, s in pairs]
 
 
-class VaultTarget(Frozen):
-    """Where a verified backup is promoted: the vault's storage class and Object Lock."""
+class LockMode(StrEnum):
+    """S3 Object Lock modes, weakest first: ``GOVERNANCE`` (principals allowed to bypass
+    governance retention may delete early), ``COMPLIANCE`` (nobody can, the root user
+    included). A vault copy is always locked in one of them."""
 
-    storage_class: str = "DEEP_ARCHIVE"
-    lock_mode: str = "GOVERNANCE"  # GOVERNANCE or COMPLIANCE
-    lock_days: Annotated[int, Field(ge=1, le=36_500)] = 30
+    GOVERNANCE = "GOVERNANCE"
+    COMPLIANCE = "COMPLIANCE"
+
+
+LOCK_DAYS_MAX = 36_500  # a hundred years: the policy file and requests share the bound
+
+
+def lock_strength(mode: LockMode) -> int:
+    """Higher is stricter: a request may raise a lock mode, never lower it."""
+    return list(LockMode).index(mode)
+
+
+def vault_class_fix(value: object) -> str:
+    """How to correct a storage class that is not a vault class (policy file and request)."""
+    fix = f"use one of {', '.join(VAULT_CLASSES)}"
+    if isinstance(value, str) and value.upper() in VAULT_CLASSES:
+        fix = f"write it in capitals: {value.upper()}"
+    elif value == StorageClass.STANDARD:
+        fix += " (STANDARD is where backups are staged before they are promoted)"
+    return fix
+
+
+def _vault_class(value: object) -> object:
+    if value is None or value in VAULT_CLASSES:
+        return value
+    raise InvalidRequest(
+        f"vault.storage_class {value!r} is not a vault storage class.",
+        fix=vault_class_fix(value) + ", or leave storage_class out to use the policy's.",
+    )
+
+
+def _lock_mode(value: object) -> object:
+    if value is None or value in list(LockMode):
+        return value
+    modes = " or ".join(LockMode)
+    fix = f"use {modes}, or leave lock_mode out to use the policy's"
+    if isinstance(value, str) and value.upper() in list(LockMode):
+        fix = f"write it in capitals: {value.upper()}"
+    elif isinstance(value, str) and value.upper() in ("NONE", "OFF", "NO", "FALSE", "DISABLED", ""):
+        fix = f"a copy in the vault is always locked: {fix}"
+    raise InvalidRequest(f"vault.lock_mode {value!r} is not an Object Lock mode.", fix=fix + ".")
+
+
+def _lock_days(value: object) -> object:
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= LOCK_DAYS_MAX
+    ):
+        return value
+    raise InvalidRequest(
+        f"vault.lock_days {value!r} is not a number of days from 1 to {LOCK_DAYS_MAX}.",
+        fix=f"write a whole number from 1 to {LOCK_DAYS_MAX} without quotes, or leave "
+        "lock_days out to use the policy's.",
+    )
+
+
+class VaultRequest(Frozen):
+    """A backup request's ``vault``: how its cluster's vault copy should be made stricter.
+
+    A field left out (or null) takes the cluster's value in the policy file, or, for a cluster
+    the policy does not name, ``VaultTarget``'s default. Each field is checked here, when the
+    request is parsed (before Validate takes a lock or writes a record): a vault class, a lock
+    mode that locks, days in bounds, no unknown field. ``backup.vault_target`` then refuses a
+    request weaker than the policy."""
+
+    storage_class: Annotated[StorageClass | None, BeforeValidator(_vault_class)] = None
+    lock_mode: Annotated[LockMode | None, BeforeValidator(_lock_mode)] = None
+    lock_days: Annotated[int | None, BeforeValidator(_lock_days)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """Named here rather than as pydantic's 'extra inputs': the fix lists the fields."""
+        if isinstance(data, BaseModel):
+            return data
+        if not isinstance(data, dict):
+            raise InvalidRequest(
+                f"vault {data!r} is not a mapping of fields.",
+                fix='write it as e.g. {"lock_mode": "COMPLIANCE", "lock_days": 90}, or leave '
+                "vault out to use the policy's.",
+            )
+        known = list(cls.model_fields)
+        for name in data:
+            if name not in known:
+                guess = difflib.get_close_matches(str(name), known, n=1)
+                meant = f" (did you mean {guess[0]}?)" if guess else ""
+                raise InvalidRequest(
+                    f"vault has no field {name!r}{meant}.",
+                    fix=f"remove it; the fields of vault are {', '.join(known)}.",
+                )
+        return data
+
+
+class VaultTarget(VaultRequest):
+    """Where a verified backup is promoted: the vault's storage class and Object Lock, every
+    field decided (``backup.vault_target``). A request may give one: it asks for each field."""
+
+    storage_class: Annotated[StorageClass, BeforeValidator(_vault_class)] = (
+        StorageClass.DEEP_ARCHIVE
+    )
+    lock_mode: Annotated[LockMode, BeforeValidator(_lock_mode)] = LockMode.GOVERNANCE
+    lock_days: Annotated[int, BeforeValidator(_lock_days)] = 30
 
 
 class BackupRequest(Frozen):
     """The input of the backup state machine (what the CLI, console or a schedule sends).
-    ``vault`` overrides the policy file's vault settings for this backup."""
+    ``vault`` makes the policy file's vault for this backup stricter (``VaultRequest``)."""
 
     cluster: str
-    vault: VaultTarget | None = None
+    vault: VaultRequest | None = None
     part_size: int | None = None  # bytes; None chooses it from the data size
     requested_by: str = "cli"
     execution_id: str = ""

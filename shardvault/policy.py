@@ -37,7 +37,14 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
-from shardvault.models import Engine, Frozen, check_name
+from shardvault.models import (
+    LOCK_DAYS_MAX,
+    Engine,
+    Frozen,
+    LockMode,
+    check_name,
+    vault_class_fix,
+)
 from shardvault.planning import MiB, check_part_size
 from shardvault.prices import VAULT_CLASSES, StorageClass
 
@@ -64,11 +71,6 @@ def invalid(message: str, fix: str) -> PydanticCustomError:
 class BackupKind(StrEnum):
     FULL = "full"
     INCREMENTAL = "incremental"
-
-
-class LockMode(StrEnum):
-    GOVERNANCE = "GOVERNANCE"
-    COMPLIANCE = "COMPLIANCE"
 
 
 # --- Field checks ------------------------------------------------------------------------------
@@ -140,12 +142,7 @@ def _vault_class(value: Any) -> Any:
     """Before the enum's own check, whose fix would offer STANDARD (not a vault class)."""
     if value in VAULT_CLASSES:
         return value
-    fix = f"use one of {', '.join(VAULT_CLASSES)}"
-    if isinstance(value, str) and value.upper() in VAULT_CLASSES:
-        fix = f"write it in capitals: {value.upper()}"
-    elif value == StorageClass.STANDARD:
-        fix += " (STANDARD is where backups are staged before they are promoted)"
-    raise invalid(f"{_short(value)} is not a vault storage class", fix)
+    raise invalid(f"{_short(value)} is not a vault storage class", vault_class_fix(value))
 
 
 def _part_size_mib(value: int | None) -> int | None:
@@ -210,7 +207,7 @@ class ObjectLock(Frozen):
     )
     days: int = Field(
         ge=1,
-        le=36_500,
+        le=LOCK_DAYS_MAX,
         strict=True,
         description="Days each object stays locked after it lands; retention never expires a "
         "backup sooner.",

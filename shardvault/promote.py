@@ -7,7 +7,12 @@ Terms:
   of the backup's requests: docs/BENCHMARKS.md). Each staging object is tagged first, so a
   lifecycle rule expires what a failed deletion leaves.
 - *vault*: a bucket with versioning and Object Lock that agents cannot reach; each object lands
-  in the policy's storage class, locked until *retain-until* (now + the policy's days).
+  in the policy's storage class, locked until *retain-until* (completion + the policy's days).
+- *read-back*: the class and lock the vault reports for each copy and for the vault's manifest
+  (``HeadObject``). Promotion succeeds only if every one is locked at least as asked; the
+  catalog then records what was read (the weakest mode, the earliest retain-until), never
+  what was asked. A copy the store kept unlocked (moto keeps no lock from a multipart upload;
+  S3 does) is locked once by ``PutObjectRetention`` and read again.
 - *promotion*: every object copied (server-side when the vault is on the store's endpoint,
   managed multipart copy in 5 GiB parts above 5 GiB; streamed otherwise), each copy's
   CRC64NVME checked against the manifest, then the manifest written last. A call copies for
@@ -19,7 +24,9 @@ Terms:
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +35,14 @@ from botocore.exceptions import ClientError
 
 from shardvault.causes import readable_cause
 from shardvault.errors import ChecksumMismatch, PromotionFailed
-from shardvault.models import BackupContext, Manifest, ObjectResult, VaultTarget
+from shardvault.models import (
+    BackupContext,
+    LockMode,
+    Manifest,
+    ObjectResult,
+    VaultTarget,
+    lock_strength,
+)
 from shardvault.readback import load_manifest
 from shardvault.retention import deletion_batches
 from shardvault.services import Services
@@ -42,7 +56,92 @@ COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksiz
 
 
 def retain_until(vault: VaultTarget, now: float) -> datetime:
-    return datetime.fromtimestamp(now, UTC) + timedelta(days=vault.lock_days)
+    """``now`` + the lock's days, in whole seconds (rounded up), so the date the store
+    reports back compares exactly with the date asked."""
+    return datetime.fromtimestamp(math.ceil(now), UTC) + timedelta(days=vault.lock_days)
+
+
+MANIFEST_CLASS = "STANDARD"  # the vault's manifest is read without a thaw
+
+
+@dataclass(frozen=True)
+class StoredLock:
+    """What the vault reports of one object: its storage class and its Object Lock (mode and
+    retain-until are None when it keeps none)."""
+
+    key: str
+    storage_class: str
+    mode: str | None
+    retain_until: datetime | None
+
+    def problem(self, vault: VaultTarget, until: datetime, storage_class: str) -> str | None:
+        """Why this copy is not held as asked (None: it is)."""
+        if self.mode not in list(LockMode) or self.retain_until is None:
+            seen = f" (it reports mode {self.mode!r})" if self.mode else ""
+            return "keeps no Object Lock" + seen
+        if lock_strength(LockMode(self.mode)) < lock_strength(vault.lock_mode):
+            return f"is locked in {self.mode} mode, not {vault.lock_mode}"
+        if self.retain_until < until:
+            return f"is locked until {self.retain_until.isoformat()}, before {until.isoformat()}"
+        if self.storage_class != storage_class:
+            return f"is in storage class {self.storage_class}, not {storage_class}"
+        return None
+
+
+def read_lock(svc: Services, key: str) -> StoredLock:
+    """The vault's class and lock of ``key`` (HeadObject shows the lock only to a caller
+    allowed s3:GetObjectRetention; without it the copy reads as unlocked)."""
+    head = svc.vault_s3.head_object(Bucket=svc.vault.bucket, Key=key)
+    until = head.get("ObjectLockRetainUntilDate")
+    return StoredLock(
+        key=key,
+        storage_class=head.get("StorageClass", "STANDARD"),  # S3 names no class for STANDARD
+        mode=head.get("ObjectLockMode"),
+        retain_until=until.astimezone(UTC) if until else None,
+    )
+
+
+def confirm_lock(
+    svc: Services, key: str, vault: VaultTarget, until: datetime, storage_class: str
+) -> StoredLock:
+    """Reads back the class and lock of a copy just written; locks it if the store kept no
+    lock (moto's multipart uploads); raises ``PromotionFailed`` unless it is held as asked."""
+    stored = read_lock(svc, key)
+    if stored.mode is None:
+        try:
+            svc.vault_s3.put_object_retention(
+                Bucket=svc.vault.bucket,
+                Key=key,
+                Retention={"Mode": vault.lock_mode.value, "RetainUntilDate": until},
+            )
+        except ClientError as error:
+            problem = f"keeps no Object Lock and refused one ({error})"
+            raise unlocked(stored.key, problem, vault, until) from None
+        stored = read_lock(svc, key)
+    if problem := stored.problem(vault, until, storage_class):
+        raise unlocked(key, problem, vault, until)
+    return stored
+
+
+def unlocked(key: str, problem: str, vault: VaultTarget, until: datetime) -> PromotionFailed:
+    return PromotionFailed(
+        f"the vault's copy of {key} {problem}; asked: {vault.lock_mode} until "
+        f"{until.isoformat()}. Nothing was recorded as locked.",
+        fix="check that the vault bucket has Object Lock enabled and that the promote "
+        "function may set and read retention (s3:PutObjectRetention, s3:GetObjectRetention); "
+        "the backup stays complete and restorable from the store.",
+    )
+
+
+def recorded_lock(objects: list[StoredLock], manifest: StoredLock) -> dict[str, Any]:
+    """What the catalog records of a promotion, all read back from the vault: the objects'
+    class (each checked to be the one asked), and the lock every copy holds at least (the
+    weakest mode, the earliest retain-until, the manifest's included)."""
+    locks = [*objects, manifest]
+    mode = min((s.mode for s in locks), key=lambda m: lock_strength(LockMode(m)))
+    until = min(s.retain_until for s in locks if s.retain_until)
+    storage_class = (objects or [manifest])[0].storage_class
+    return {"storage_class": storage_class, "lock_mode": mode, "retain_until": until.isoformat()}
 
 
 def promote(
@@ -60,23 +159,25 @@ def promote(
     until = retain_until(context.vault, summary.get("completed_at", now))
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
     objects = [o for s in manifest.shards for st in s.streams for o in st.objects]
-    remaining = [o for o in objects if not in_vault(svc, o)]
+    # Each call reads back every object's lock: those already held, and those it copies.
+    held = {o.key: held_in_vault(svc, o, context.vault, until) for o in objects}
+    remaining = [o for o in objects if held[o.key] is None]
     while remaining:  # at least one object per call, however small the budget
-        copy_into_vault(svc, remaining.pop(0), context.vault, until)
+        obj = remaining.pop(0)
+        held[obj.key] = copy_into_vault(svc, obj, context.vault, until)
         if time.monotonic() >= deadline:
             break
     if remaining:
         return {"remaining": len(remaining), "summary": summary}
     vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
+    manifest_lock = confirm_lock(svc, vault_key, context.vault, until, MANIFEST_CLASS)
     staging_keys = [*(o.key for o in objects), summary["manifest_key"]]
     for key in staging_keys:
         mark_promoted(svc, key)
     promotion = {
         "location": "vault",
         "vault_manifest_key": vault_key,
-        "storage_class": context.vault.storage_class,
-        "lock_mode": context.vault.lock_mode,
-        "retain_until": until.isoformat(),
+        **recorded_lock(list(held.values()), manifest_lock),  # as read back, not as asked
         "promoted_at": time.time(),
     }
     svc.catalog.update(context.cluster, context.backup_id, **promotion)
@@ -125,22 +226,33 @@ def vault_key(svc: Services, store_key: str) -> str:
     return f"{prefix}/{relative}" if prefix else relative
 
 
-def in_vault(svc: Services, obj: ObjectResult) -> bool:
-    """Whether the vault already holds this object with the manifest's checksum."""
+def held_in_vault(
+    svc: Services, obj: ObjectResult, vault: VaultTarget, until: datetime
+) -> StoredLock | None:
+    """The vault's lock of this object when the vault already holds it with the manifest's
+    checksum and the lock asked; None: copy it (again: a new, locked version)."""
+    key = vault_key(svc, obj.key)
     try:
-        crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, vault_key(svc, obj.key))
+        crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
     except ClientError as error:
         if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
-            return False
+            return None
         raise
-    return crc == obj.crc64nvme and size == obj.length
+    if crc != obj.crc64nvme or size != obj.length:
+        return None
+    stored = read_lock(svc, key)
+    return None if stored.problem(vault, until, vault.storage_class) else stored
 
 
-def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until: datetime) -> None:
+def copy_into_vault(
+    svc: Services, obj: ObjectResult, vault: VaultTarget, until: datetime
+) -> StoredLock:
+    """Copies one object into the vault, checks the copy's checksum, and returns its lock as
+    read back (``confirm_lock``)."""
     key = vault_key(svc, obj.key)
     extra = {
-        "StorageClass": vault.storage_class,
-        "ObjectLockMode": vault.lock_mode,
+        "StorageClass": vault.storage_class.value,
+        "ObjectLockMode": vault.lock_mode.value,
         "ObjectLockRetainUntilDate": until,
         "ChecksumAlgorithm": "CRC64NVME",
     }
@@ -157,6 +269,7 @@ def copy_into_vault(svc: Services, obj: ObjectResult, vault: VaultTarget, until:
             fix="the promotion is retried from this object on; the backup stays restorable "
             "from the store meanwhile.",
         )
+    return confirm_lock(svc, key, vault, until, vault.storage_class)
 
 
 def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, Any]) -> bool:
@@ -224,7 +337,7 @@ def write_vault_manifest(
         Body=moved.model_dump_json(indent=1).encode(),
         ContentType="application/json",
         ChecksumAlgorithm="CRC64NVME",
-        ObjectLockMode=vault.lock_mode,
+        ObjectLockMode=vault.lock_mode.value,
         ObjectLockRetainUntilDate=until,
     )
     return key

@@ -774,3 +774,9 @@ def test_aborted_and_timed_out_backups_and_restores_are_reaped(synth: Synthesize
     (target,) = rule["Properties"]["Targets"]
     reaper = {m: i for i, m in function_ids(synth).items()}["reap_execution"]
     assert referenced_ids(target["Arn"]) == {reaper}
+
+
+def test_promotion_may_read_back_the_lock_it_set(synth: Synthesized) -> None:
+    """HeadObject shows an object's lock only to a caller with s3:GetObjectRetention: without
+    it every promotion would fail its read-back (shardvault/promote.py confirm_lock)."""
+    assert ("s3:GetObjectRetention", "vault/backups/*") in grants(synth, "promote_backup")

@@ -1,5 +1,7 @@
 """Promotion into the vault: every verified backup lands in its storage class under Object
 Lock, checked by checksum, manifest last; a promotion cut short resumes; restores read it back.
+A request cannot weaken the vault, and the catalog records the lock the vault reports, never
+the lock asked: a vault that keeps a weaker lock (or none) fails the promotion.
 
 The local stack's vault is a bucket in moto's S3 (archive classes, Object Lock, thaw); the
 server-side copy and its checksum carry-over are tested against MinIO, whose CopyObject is real.
@@ -8,20 +10,23 @@ server-side copy and its checksum carry-over are tested against MinIO, whose Cop
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
+from shardvault import lambda_support, promote
 from shardvault import operations as ops
-from shardvault import promote
 from shardvault.local.demo import table_digests
-from shardvault.models import BackupContext, VaultTarget
+from shardvault.models import BackupContext, LockMode, VaultTarget
 from shardvault.planning import MiB
+from shardvault.prices import StorageClass
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 
 from .conftest import client_of, entered_states, output
+from .test_bad_requests import assert_rejected, assert_unchanged, run_raw
 
 DEEP = VaultTarget(storage_class="DEEP_ARCHIVE", lock_mode="GOVERNANCE", lock_days=2)
 
@@ -175,7 +180,10 @@ def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster, mo
     )
     svc = Services(settings)
     assert promote.same_server(svc)  # MinIO copies server-side, with its own checksum
-    standard = VaultTarget(storage_class="STANDARD", lock_mode="GOVERNANCE", lock_days=1)
+    # MinIO keeps no archive class, and no request may ask for STANDARD: built unchecked.
+    standard = VaultTarget.model_construct(
+        storage_class=StorageClass.STANDARD, lock_mode=LockMode.GOVERNANCE, lock_days=1
+    )
     record = output(backup)
 
     done = promote.promote(context_of(cluster, record, standard), record, svc, 0)
@@ -189,3 +197,108 @@ def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster, mo
     # One object per shard: copied whole by the server, or refused by MinIO and streamed.
     assert server_side == ([True, True] if copy == "CopyObject" else [False, False])
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # none left open
+
+
+# --- The vault's protection cannot be weakened, and what is recorded is what the vault holds ---
+def vault_lock(svc: Services, key: str) -> tuple[str | None, datetime | None, str]:
+    """The lock and class the vault reports for ``key`` (HeadObject: moto, the local vault,
+    implements no GetObjectRetention)."""
+    head = svc.vault_s3.head_object(Bucket=svc.vault.bucket, Key=key)
+    until = head.get("ObjectLockRetainUntilDate")
+    return head.get("ObjectLockMode"), until, head.get("StorageClass", "STANDARD")
+
+
+@pytest.mark.parametrize(
+    ("vault", "phrases"),
+    [
+        ({"lock_mode": "NONE"}, ["vault.lock_mode 'NONE'", "always locked"]),
+        ({"storage_class": "BOGUS"}, ["vault.storage_class 'BOGUS'", "DEEP_ARCHIVE"]),
+    ],
+)
+def test_a_vault_request_that_would_weaken_or_misname_the_vault_fails_at_validate(
+    make_cluster, vault, phrases
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+
+    progress = run_raw(cluster.stack, {"cluster": cluster.name, "vault": vault})
+
+    assert_rejected(progress, "InvalidRequest", *phrases)
+    assert_unchanged(cluster)  # no record, no lock item, nothing in the store or inboxes
+    assert vault_objects(cluster.stack.services(), cluster.name) == []
+
+
+def test_the_record_holds_the_lock_read_back_from_the_vault(make_cluster):
+    """One object of 24 MiB per shard: streamed into the moto vault as a multipart upload,
+    which moto leaves unlocked (S3 would not). Promotion locks it and records what the vault
+    then reports, object by object."""
+    cluster = make_cluster(nodes=1, size_mb=24)
+
+    backup = cluster.backup(vault=DEEP)
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    (record,) = cluster.records()
+    svc = cluster.stack.services()
+    keys = [o["Key"] for o in vault_objects(svc, cluster.name)]
+    assert any(not k.endswith("manifest.json") for k in keys)
+    for key in keys:
+        mode, until, storage_class = vault_lock(svc, key)
+        assert mode == record["lock_mode"] == "GOVERNANCE"
+        assert until == datetime.fromisoformat(record["retain_until"])
+        expected = "STANDARD" if key.endswith("manifest.json") else record["storage_class"]
+        assert storage_class == expected
+    assert record["storage_class"] == "DEEP_ARCHIVE"
+    # 'shardvault show' prints the record: the same, read-back date.
+    shown = ops.show_backup(cluster.client, cluster.name, record["backup_id"])
+    assert shown["retain_until"] == record["retain_until"]
+
+
+def keep_weaker_locks(svc: Services, how: str) -> None:
+    """Makes the vault keep less than it is asked: ``shorter`` locks (half a day less than
+    asked), or ``none`` at all (lock parameters dropped and PutObjectRetention answered 200
+    unheard, as by a store that ignores Object Lock)."""
+
+    def tamper(params, **_):
+        if how == "none":
+            params.pop("ObjectLockMode", None)
+            params.pop("ObjectLockRetainUntilDate", None)
+        elif "ObjectLockRetainUntilDate" in params:
+            params["ObjectLockRetainUntilDate"] -= timedelta(hours=12)
+
+    for operation in ("PutObject", "CopyObject", "CreateMultipartUpload"):
+        svc.vault_s3.meta.events.register(f"before-parameter-build.s3.{operation}", tamper)
+    svc.vault_s3.meta.events.register(
+        "before-call.s3.PutObjectRetention",
+        lambda **_: (SimpleNamespace(status_code=200, headers={}), {}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "phrase"), [("none", "keeps no Object Lock"), ("shorter", "is locked until")]
+)
+def test_a_vault_that_keeps_a_weaker_lock_fails_the_promotion_and_records_none(
+    make_cluster, monkeypatch, how, phrase
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    lambdas = Services(cluster.stack.settings)  # the Lambda handlers' clients, for this test
+    keep_weaker_locks(lambdas, how)
+    monkeypatch.setattr(lambda_support, "_services", lambdas)
+
+    backup = cluster.backup(vault=DEEP)
+
+    assert backup.status == "FAILED"
+    assert backup.error == "PromotionFailed"
+    assert phrase in backup.cause
+    assert "Nothing was recorded as locked" in backup.cause
+    (record,) = cluster.records()
+    assert record["status"] == "COMPLETE"  # still restorable from the store
+    assert record["promotion"] == "FAILED"
+    assert not {"location", "lock_mode", "retain_until"} & set(record)
+    assert cluster.store_keys()  # the staging copy is kept
+    # What the vault holds is indeed weaker than the lock asked (2 days).
+    svc = cluster.stack.services()
+    (copied, *_) = [o["Key"] for o in vault_objects(svc, cluster.name)]
+    mode, until, _ = vault_lock(svc, copied)
+    if how == "none":
+        assert (mode, until) == (None, None)
+    else:
+        assert until < datetime.now(UTC) + timedelta(days=1.9)

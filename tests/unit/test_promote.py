@@ -1,20 +1,28 @@
-"""Promotion's server-side copy as S3 does it, against moto's S3: an object of 5 GiB and more
-is copied in parts (UploadPartCopy), S3 computes each copied part's CRC64NVME itself, and
-the vault's copy carries the staging object's full-object checksum. (MinIO refuses such part
-copies: tests/integration/test_vault.py covers the streamed fallback.)"""
+"""Promotion against moto's S3.
+
+The server-side copy as S3 does it: an object of 5 GiB and more is copied in parts
+(UploadPartCopy), S3 computes each copied part's CRC64NVME itself, and the vault's copy carries
+the staging object's full-object checksum. (MinIO refuses such part copies:
+tests/integration/test_vault.py covers the streamed fallback.)
+
+The lock is read back from the vault: a copy is trusted to be locked only when the vault says
+so, until at least the date asked.
+"""
 
 from __future__ import annotations
 
 import io
 import os
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from boto3.s3.transfer import TransferConfig
 
 from shardvault import promote
 from shardvault.checksums import crc64nvme_of_bytes
-from shardvault.models import ObjectResult, Phase, VaultTarget
+from shardvault.errors import PromotionFailed
+from shardvault.models import LockMode, ObjectResult, Phase, VaultTarget
 from shardvault.planning import MiB
 from shardvault.store import stored_checksum
 
@@ -33,18 +41,37 @@ def svc(monkeypatch):
         yield services
 
 
-def test_a_large_object_is_copied_in_parts_by_the_server_with_its_checksum(svc, monkeypatch):
-    data = os.urandom(12 * MiB)  # three copy parts at 5 MiB, as 5 GiB parts would be
-    key = "backups/c/b1/s1/data-00000"
+def staged(svc, data: bytes, key: str = "backups/c/b1/s1/data-00000") -> ObjectResult:
+    """An object in the staging bucket, as the manifest records it."""
     svc.store_s3.upload_fileobj(
         io.BytesIO(data), "staging-bucket", key,
         ExtraArgs={"ChecksumAlgorithm": "CRC64NVME"}, Config=SMALL_PARTS,
     )  # fmt: skip
-    obj = ObjectResult(
+    return ObjectResult(
         key=key, node_id="n1", shard_id="s1", phase=Phase.DATA, index=0, stream_offset=0,
-        length=len(data), part_size=5 * MiB, part_count=3, crc64nvme=crc64nvme_of_bytes(data),
-        verified_by="attributes",
+        length=len(data), part_size=5 * MiB, part_count=-(-len(data) // (5 * MiB)),
+        crc64nvme=crc64nvme_of_bytes(data), verified_by="attributes",
     )  # fmt: skip
+
+
+def retention(svc, key: str) -> tuple[str | None, datetime | None]:
+    """The lock the vault holds on ``key`` (HeadObject: moto implements no GetObjectRetention)."""
+    head = svc.vault_s3.head_object(Bucket="vault-bucket", Key=key)
+    return head.get("ObjectLockMode"), head.get("ObjectLockRetainUntilDate")
+
+
+VAULT = VaultTarget(storage_class="DEEP_ARCHIVE", lock_mode="GOVERNANCE", lock_days=1)
+
+
+def streamed(monkeypatch) -> None:
+    """Small objects are streamed (PutObject): moto's CopyObject refuses lock headers unless
+    an SDK checksum header comes with them, which S3 does not ask for."""
+    monkeypatch.setattr(promote, "same_server", lambda svc: False)
+
+
+def test_a_large_object_is_copied_in_parts_by_the_server_with_its_checksum(svc, monkeypatch):
+    data = os.urandom(12 * MiB)  # three copy parts at 5 MiB, as 5 GiB parts would be
+    obj = staged(svc, data)
     monkeypatch.setattr(promote, "COPY_CONFIG", SMALL_PARTS)
     part_copies, creates = [], []
     svc.vault_s3.meta.events.register(
@@ -54,12 +81,12 @@ def test_a_large_object_is_copied_in_parts_by_the_server_with_its_checksum(svc, 
         "before-call.s3.CreateMultipartUpload", lambda **kw: creates.append(kw["params"])
     )
     assert promote.same_server(svc)
-    vault = VaultTarget(storage_class="DEEP_ARCHIVE", lock_mode="GOVERNANCE", lock_days=1)
+    until = promote.retain_until(VAULT, datetime.now(UTC).timestamp())
 
-    promote.copy_into_vault(svc, obj, vault, datetime.now(UTC) + timedelta(days=1))
+    stored = promote.copy_into_vault(svc, obj, VAULT, until)
 
     assert len(part_copies) == 3  # copied by the server, part by part: nothing streamed
-    copied = promote.vault_key(svc, key)
+    copied = promote.vault_key(svc, obj.key)
     assert stored_checksum(svc.vault_s3, "vault-bucket", copied) == (obj.crc64nvme, len(data))
     assert svc.vault_s3.head_object(Bucket="vault-bucket", Key=copied)["StorageClass"] == (
         "DEEP_ARCHIVE"
@@ -68,3 +95,85 @@ def test_a_large_object_is_copied_in_parts_by_the_server_with_its_checksum(svc, 
     (create,) = creates
     assert create["headers"]["x-amz-object-lock-mode"] == "GOVERNANCE"
     assert "x-amz-object-lock-retain-until-date" in create["headers"]
+    # moto's copy came out unlocked: promotion locked it, and what it reports is what is held.
+    assert retention(svc, copied) == ("GOVERNANCE", until)
+    assert (stored.mode, stored.retain_until, stored.storage_class) == (
+        "GOVERNANCE", until, "DEEP_ARCHIVE",
+    )  # fmt: skip
+
+
+def ignore_object_lock(svc) -> None:
+    """Makes the vault behave as a store that accepts Object Lock requests and keeps no lock:
+    lock parameters are dropped from writes, and PutObjectRetention answers 200 unheard."""
+
+    def drop_lock(params, **_):
+        params.pop("ObjectLockMode", None)
+        params.pop("ObjectLockRetainUntilDate", None)
+
+    for operation in ("PutObject", "CopyObject", "CreateMultipartUpload"):
+        svc.vault_s3.meta.events.register(f"before-parameter-build.s3.{operation}", drop_lock)
+    svc.vault_s3.meta.events.register(
+        "before-call.s3.PutObjectRetention",
+        lambda **_: (SimpleNamespace(status_code=200, headers={}), {}),
+    )
+
+
+@pytest.mark.parametrize("size", [1 * MiB, 12 * MiB])  # streamed PutObject; server part copy
+def test_a_vault_that_keeps_no_lock_fails_the_copy_by_name(svc, monkeypatch, size):
+    obj = staged(svc, os.urandom(size))
+    monkeypatch.setattr(promote, "COPY_CONFIG", SMALL_PARTS)
+    if size < 5 * MiB:
+        streamed(monkeypatch)
+    ignore_object_lock(svc)
+    until = promote.retain_until(VAULT, datetime.now(UTC).timestamp())
+
+    with pytest.raises(PromotionFailed, match="keeps no Object Lock") as failed:
+        promote.copy_into_vault(svc, obj, VAULT, until)
+
+    assert "Nothing was recorded as locked" in failed.value.message
+    assert "s3:GetObjectRetention" in failed.value.fix
+    # Indeed unlocked: the error was no false alarm.
+    assert retention(svc, promote.vault_key(svc, obj.key)) == (None, None)
+
+
+def test_a_lock_shorter_than_asked_fails_the_copy_by_name(svc, monkeypatch):
+    obj = staged(svc, os.urandom(MiB))
+    streamed(monkeypatch)
+    until = promote.retain_until(VAULT, datetime.now(UTC).timestamp())
+    shorter = until - timedelta(hours=12)
+
+    def shorten(params, **_):
+        params["ObjectLockRetainUntilDate"] = shorter
+
+    svc.vault_s3.meta.events.register("before-parameter-build.s3.PutObject", shorten)
+
+    with pytest.raises(PromotionFailed) as failed:
+        promote.copy_into_vault(svc, obj, VAULT, until)
+    assert f"locked until {shorter.isoformat()}, before {until.isoformat()}" in str(failed.value)
+    assert retention(svc, promote.vault_key(svc, obj.key)) == ("GOVERNANCE", shorter)
+
+
+def test_a_copy_already_in_the_vault_counts_only_while_its_lock_holds(svc, monkeypatch):
+    """A promotion that resumes skips copies already in the vault, but not an unlocked one:
+    it is copied again (a new version, locked) rather than trusted."""
+    obj = staged(svc, os.urandom(MiB))
+    streamed(monkeypatch)
+    until = promote.retain_until(VAULT, datetime.now(UTC).timestamp())
+    copied = promote.vault_key(svc, obj.key)
+    svc.vault_s3.copy_object(  # the right checksum, no lock
+        CopySource={"Bucket": "staging-bucket", "Key": obj.key},
+        Bucket="vault-bucket",
+        Key=copied,
+        StorageClass="DEEP_ARCHIVE",
+        ChecksumAlgorithm="CRC64NVME",
+    )
+    assert promote.held_in_vault(svc, obj, VAULT, until) is None
+
+    promote.copy_into_vault(svc, obj, VAULT, until)
+
+    held = promote.held_in_vault(svc, obj, VAULT, until)
+    assert held is not None
+    assert held.retain_until == until
+    compliance = VAULT.model_copy(update={"lock_mode": LockMode.COMPLIANCE})
+    assert promote.held_in_vault(svc, obj, compliance, until) is None  # a stricter mode asked
+    assert promote.held_in_vault(svc, obj, VAULT, until + timedelta(days=1)) is None  # longer
