@@ -24,6 +24,7 @@ from shardvault.errors import (
     InvalidRequest,
     MixedEngines,
     NoShards,
+    ShardDataMissing,
     ShardWithManyLeaders,
     ShardWithoutLeader,
     UnknownCluster,
@@ -104,6 +105,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="give each engine its own cluster name in the agents' configuration.",
         )
     sources = choose_sources(nodes)
+    check_sources_readable(nodes, sources)
     if not sources:
         raise NoShards(
             f"the agents of cluster {request.cluster!r} ("
@@ -254,6 +256,24 @@ def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -
             "agents unavailable: " + ", ".join(problems) + ".",
             fix="start or restart the agent on each node listed (shardvault-agent run), or "
             "forget a decommissioned node with 'shardvault nodes --remove NODE_ID'.",
+        )
+
+
+def check_sources_readable(nodes: list[NodeRecord], sources: list[Source]) -> None:
+    """Every shard a backup would read has its data where its agent's configuration says:
+    a missing database must fail by name, never back up as an empty one."""
+    chosen = {(s.node_id, shard) for s in sources for shard in s.shard_ids}
+    problems = [
+        f"{node.node_id}/{shard.shard_id}: {shard.problem}"
+        for node in nodes
+        for shard in node.shards
+        if shard.problem and (node.node_id, shard.shard_id) in chosen
+    ]
+    if problems:
+        raise ShardDataMissing(
+            "the agents report shards whose data they cannot read: " + "; ".join(problems),
+            fix="correct each shard's path or data_dir in its agent's configuration (or bring "
+            "the data back), then start the backup again.",
         )
 
 

@@ -79,6 +79,9 @@ class ShardInfo(Frozen):
     shard_id: str
     role: Role
     bytes: int = 0
+    # Why the agent cannot read this shard's data now (its engine's check), e.g. a database
+    # file that disappeared after the agent started: validation refuses the backup by name.
+    problem: str | None = None
 
 
 class NodeRecord(Frozen):

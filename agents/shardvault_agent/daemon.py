@@ -30,7 +30,7 @@ from shardvault.models import NodeRecord, ShardInfo
 from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
 from shardvault_agent.commands import Commands
-from shardvault_agent.config import AgentConfig
+from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile_safely
@@ -95,10 +95,7 @@ class Agent:
             node_id=cfg.node_id,
             cluster=cfg.cluster,
             engine=cfg.engine,
-            shards=[
-                ShardInfo(shard_id=s.shard_id, role=s.role, bytes=self.engine.shard_bytes(s))
-                for s in self.commands.shards().values()
-            ],
+            shards=[self.shard_info(s) for s in self.commands.shards().values()],
             free_bytes=shutil.disk_usage(cfg.state_dir).free,
             restore_free_bytes=restore.room(cfg),
             restore_occupied=restore.occupied(cfg.restore_dir),
@@ -106,6 +103,15 @@ class Agent:
             heartbeat_at=time.time(),
             status=status,
         )
+
+    def shard_info(self, shard: ShardConfig) -> ShardInfo:
+        try:
+            self.engine.check(shard)
+            problem = None
+        except ShardVaultError as error:
+            problem = str(error)
+        bytes_ = self.engine.shard_bytes(shard)
+        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_, problem=problem)
 
     def heartbeat_loop(self) -> None:
         last_registry = 0.0

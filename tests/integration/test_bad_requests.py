@@ -124,3 +124,17 @@ def test_a_second_backup_while_one_runs(make_cluster):
     assert_rejected(second, "BackupAlreadyRunning", first)
     assert [r["backup_id"] for r in cluster.records()] == backups_before
     assert ops.wait_backup(cluster.client, first, interval=0.2, timeout=300).status == "SUCCEEDED"
+
+
+def test_a_shard_whose_database_went_missing_is_refused_by_name(make_cluster):
+    """The agent started with its database in place; then the file went away (a misspelled
+    path after a config edit, an unmounted disk). The heartbeat says so, and the backup is
+    refused before anything runs: nothing creates the file, nothing backs up an empty one."""
+    cluster = make_cluster(nodes=2)
+    source = cluster.sources["shard-2"]
+    source.rename(source.with_suffix(".moved"))
+    time.sleep(1.5)  # the next heartbeats report the missing data
+    progress = cluster.backup()
+    assert_rejected(progress, "ShardDataMissing", "shard-2", str(source))
+    assert not source.exists()
+    assert_unchanged(cluster)
