@@ -104,6 +104,7 @@ def test_a_replaced_object_in_the_store_fails_the_restore_and_starts_nothing(
     assert restored.error == "ChecksumMismatch", restored.cause
     (record,) = target.records()
     assert record["status"] == "FAILED"
+    assert key in record["cause"]  # the agent's own cause, not "a task timed out"
     # Nothing half-restored is placed or started: every restore_dir is empty again.
     for i in range(2):
         root = target.restore_dir(i)
