@@ -32,10 +32,11 @@ def readable_cause(cause: str) -> str:
 
 
 def agent_note(svc: Services, operation_id: str, node_ids: list[str], error: str) -> str:
-    """The earliest failure note of the operation on these nodes, preferring notes of the
-    recorded error ("" when there is none)."""
+    """The earliest failure note of the operation on these nodes of the recorded ``error``
+    (``error=""``: of any error); "" when there is none. A note of another error (a retried
+    part that later succeeded) says nothing about this failure."""
     notes = [note for node in node_ids for note in svc.inbox.failures(node, operation_id)]
-    matching = [note for note in notes if note.get("error") == error] or notes
+    matching = [note for note in notes if not error or note.get("error") == error]
     if not matching:
         return ""
     first = min(matching, key=lambda note: note.get("failed_at", 0))

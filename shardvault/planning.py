@@ -116,10 +116,14 @@ def object_key(prefix: str, cluster: str, backup_id: str, listing: ShardListing,
     return f"{backup_prefix(prefix, cluster, backup_id)}{listing.shard_id}/{listing.phase}-{i:05d}"
 
 
+def store_root(prefix: str) -> str:
+    """The key prefix every backup lives under ("" for a store without a prefix)."""
+    return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+
+
 def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
     """Where a backup's objects and manifest live in the store."""
-    base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-    return f"{base}{cluster}/{backup_id}/"
+    return f"{store_root(prefix)}{cluster}/{backup_id}/"
 
 
 def plan_objects(

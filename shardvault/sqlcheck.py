@@ -47,15 +47,17 @@ FIX = (
     "'SELECT count(*) > 0 FROM orders'; validation queries cannot write, lock or run commands."
 )
 
-# One token of the scan: comments and quoted text are skipped, words and semicolons kept.
+# One token of the scan: comments and quoted text are skipped, words and semicolons kept. As in
+# PostgreSQL's lexer, any non-ASCII character may be part of an identifier (or a dollar-quote
+# tag): ``é$$`` is one word, not the start of a quoted string.
 _TOKEN = re.compile(
     r"""
       (?P<line_comment>--[^\n]*)
     | (?P<block_comment>/\*)
     | (?P<string>[EeBbXxNnUu]?&?'(?:[^']|'')*')
     | (?P<ident>"(?:[^"]|"")*")
-    | (?P<dollar>\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*)?\$)
-    | (?P<word>[A-Za-z_][A-Za-z_0-9$]*)
+    | (?P<dollar>\$(?P<tag>[A-Za-z_\u0080-\U0010FFFF][A-Za-z_0-9\u0080-\U0010FFFF]*)?\$)
+    | (?P<word>[A-Za-z_\u0080-\U0010FFFF][A-Za-z_0-9$\u0080-\U0010FFFF]*)
     | (?P<semicolon>;)
     | (?P<other>.)
     """,

@@ -21,13 +21,14 @@ from collections import defaultdict
 from typing import Any
 
 from shardvault.models import BackupStatus
+from shardvault.planning import backup_prefix, store_root
 from shardvault.services import Services
 from shardvault.store import delete_prefix, open_uploads
 
 
 def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]:
     """Aborts orphan uploads and deletes orphan prefixes (or, with ``dry_run``, lists them)."""
-    s3, bucket, root = svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/"
+    s3, bucket, root = svc.store_s3, svc.store.bucket, store_root(svc.store.prefix)
     grace_seconds = svc.settings.sweep_grace_seconds
     statuses: dict[str, dict[str, str]] = {}
 
@@ -49,7 +50,7 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
             s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
     deleted: dict[str, int] = {}
     for (cluster, backup_id), newest in backup_prefixes(s3, bucket, root).items():
-        prefix = f"{root}{cluster}/{backup_id}/"
+        prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
         if now - newest < grace_seconds or running(cluster, backup_id):
             continue
         if has_manifest(s3, bucket, prefix):
@@ -60,8 +61,10 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
 
 def backup_of(key: str, root: str) -> tuple[str, str] | None:
     """``(cluster, backup_id)`` of a key ``<root><cluster>/<backup_id>/...``."""
+    if not key.startswith(root):
+        return None
     parts = key.removeprefix(root).split("/")
-    return (parts[0], parts[1]) if key.startswith(root) and len(parts) > 2 else None
+    return (parts[0], parts[1]) if len(parts) > 2 else None
 
 
 def backup_prefixes(s3: Any, bucket: str, root: str) -> dict[tuple[str, str], float]:

@@ -159,7 +159,9 @@ class Inbox:
         return int(item["rings"]) if item else 0
 
     def pending(self, node_id: str) -> list[dict[str, Any]]:
-        condition = Key("node_id").eq(node_id)
+        # Command ids start with a letter; "#..." items (doorbell, failure notes) sort before
+        # "$", so the key condition leaves them out without reading them.
+        condition = Key("node_id").eq(node_id) & Key("command_id").gt("$")
         return [
             plain(i)
             for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)

@@ -79,7 +79,8 @@ SQLITE_ALLOWED = frozenset(
 
 def sqlite_checks(db: Path, queries: list[str]) -> dict[str, str]:
     """``PRAGMA integrity_check``, then the validation queries under the authorizer."""
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+    # as_uri() escapes '#' and '?' in the file name, which would otherwise cut off mode=ro.
+    with closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)) as conn:
         integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
         checks = {f"integrity_check {db.name}": integrity}
         conn.set_authorizer(sqlite_authorizer)
@@ -88,7 +89,7 @@ def sqlite_checks(db: Path, queries: list[str]) -> dict[str, str]:
             deadline = time.monotonic() + QUERY_TIMEOUT_SECONDS
             conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
             try:
-                row = conn.execute(query).fetchone()
+                row = conn.execute(query, prepare=True).fetchone()
             except (sqlite3.Error, sqlite3.Warning) as error:
                 return sqlite_failure(error)
             return verdict(row[0]) if row else "returned no row"
@@ -209,7 +210,9 @@ def postgres_query(instance: Any, role: str, query: str) -> str:
     with connect_as(instance, role, options) as conn:
         conn.read_only = True  # BEGIN READ ONLY, whatever the session settings say
         try:
-            row = conn.execute(query).fetchone()
+            # prepare=True: the extended protocol, where the server refuses a second statement
+            # (the simple protocol would run "...; COMMIT; START TRANSACTION READ WRITE; ...").
+            row = conn.execute(query, prepare=True).fetchone()
         except psycopg.Error as error:
             refusal = PG_REFUSALS.get(error.sqlstate or "", "").format(
                 timeout=QUERY_TIMEOUT_SECONDS

@@ -154,7 +154,10 @@ class Downloader:
                     break
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 last = f"{type(error).__name__}: {error}"
-                cut_at.add(got if response.status == 206 else None)
+                # A connection the store closed mid-body marks where it cut; a timeout is the
+                # network's (or a slow store's) and says nothing about the object.
+                timed_out = isinstance(error, (urllib3.exceptions.TimeoutError, TimeoutError))
+                cut_at.add(got if response.status == 206 and not timed_out else None)
             finally:
                 response.release_conn()
         if self.attempts > 1 and len(cut_at) == 1 and None not in cut_at:
@@ -564,7 +567,14 @@ class Restorer:
         from shardvault.local.postgres import stop_server
 
         incoming = self.restore_dir / INCOMING / restore_id
+        adopted = self.adopted()
         for shard_id, info in self._started(restore_id).items():
+            owner = adopted.get(shard_id, {}).get("restore_id", restore_id)
+            if owner != restore_id:
+                # A later restore (with replace) put its own shard there and adopted it: that
+                # one is not this restore's to stop or remove (an abort that comes late, e.g.
+                # at reconcile after the node was away).
+                continue
             final = Path(info["path"])
             if info.get("port") and self.config.engine == Engine.POSTGRES:
                 stop_server(final, mode="immediate")

@@ -25,7 +25,7 @@ def test_an_agents_error_reaches_the_record_with_its_cause(make_cluster):
     assert progress.status == "FAILED"
     (record,) = cluster.records()
     assert record["status"] == "FAILED"
-    assert record["error"] in {"NotADirectoryError", "FileExistsError"}, record
+    assert record["error"] in {"EngineError", "NotADirectoryError", "FileExistsError"}, record
     assert "snapshots" in record["cause"], record["cause"]
     assert "timed out" not in record["cause"]
     assert cluster.held_checkpoints() == []

@@ -82,3 +82,22 @@ def test_an_unreadable_catalog_changes_nothing(tmp_path):
 
     assert "AccessDenied" in reconcile_safely(commands, denied)["skipped"]
     assert held(commands) == {"b1"}
+
+
+def test_a_late_undo_leaves_a_later_restores_shard_alone(tmp_path):
+    """Restore r1 placed s1 and failed while this node was away; r2 then restored s1 over it
+    (replace) and adopted it. Undoing r1 at reconcile must not remove r2's shard."""
+    commands = agent(tmp_path)
+    restorer, restore_dir = commands.restorer, commands.config.restore_dir
+    shard = restore_dir / "s9"
+    shard.mkdir(parents=True)
+    (shard / "data.db").write_bytes(b"SQLite format 3\x00 from r2")
+    restorer._note_started("r1", "s9", {"path": str(shard)})
+    restorer._note_started("r2", "s9", {"path": str(shard)})
+    restorer._adopt("r2", "s9", {"path": str(shard)})
+
+    done = reconcile(commands, {"restore#r1": "FAILED", "restore#r2": "COMPLETE"}.get)
+
+    assert done["undone"] == ["r1"]
+    assert (shard / "data.db").read_bytes() == b"SQLite format 3\x00 from r2"
+    assert commands.shards()["s9"].path == shard / "data.db"

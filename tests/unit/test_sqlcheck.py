@@ -19,6 +19,7 @@ ACCEPTED = [
     "SELECT /* ; DELETE /* nested */ still comment */ true",
     "VALUES (true)",
     "SELECT replace(name, 'a', 'b') = 'b' FROM items LIMIT 1",
+    "SELECT count(*) > 0 FROM café",
 ]
 
 REFUSED = {
@@ -36,6 +37,9 @@ REFUSED = {
     "SELECT 1 /* never closed": "unclosed",
     "SELECT $x$ never closed": "unclosed",
     "EXPLAIN ANALYZE DELETE FROM x": "starts with EXPLAIN",
+    # PostgreSQL reads é$$ as one identifier, not as the start of a $$ string.
+    "SELECT true AS é$$; COMMIT; START TRANSACTION READ WRITE; DELETE FROM t; -- $$": "statements",
+    "SELECT true AS x$é$; DELETE FROM t; -- $é$": "statements",
 }
 
 

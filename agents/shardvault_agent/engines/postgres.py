@@ -245,6 +245,9 @@ class PostgresAdapter:
             held.connection.close()
 
 
+START_TIME_SLACK = 3.0  # seconds between postmaster.pid's start time and the server's own
+
+
 def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
     """Refuses a session on another instance than the one whose files ``data_dir`` holds."""
     try:
@@ -253,10 +256,13 @@ def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
     except psycopg.errors.InsufficientPrivilege:
         # A role without pg_read_all_settings: the postmaster's start time, which any role may
         # read, against the one data_dir's postmaster.pid records for its running server.
-        started = conn.execute(
-            "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint"
-        ).fetchone()[0]
-        same, reached = postmaster_started(shard.data_dir) == started, "another instance"
+        started = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time())").fetchone()[
+            0
+        ]
+        recorded = postmaster_started(shard.data_dir)
+        # postmaster.pid has whole seconds, written just before the server notes its start.
+        same = recorded is not None and abs(float(started) - recorded) < START_TIME_SLACK
+        reached = "another instance"
     if not same:
         raise ShardDataMissing(
             f"PostgreSQL shard {shard.shard_id}: its conninfo reaches {reached}, not that of "
