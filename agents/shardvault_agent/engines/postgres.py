@@ -245,7 +245,7 @@ class PostgresAdapter:
             held.connection.close()
 
 
-START_TIME_SLACK = 3.0  # seconds between postmaster.pid's start time and the server's own
+START_TIME_SLACK = 2.0  # seconds from postmaster.pid's (truncated) start time to the server's
 
 
 def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
@@ -254,15 +254,13 @@ def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
         served = conn.execute("SHOW data_directory").fetchone()[0]
         same, reached = same_directory(Path(served), shard.data_dir), f"the instance of {served}"
     except psycopg.errors.InsufficientPrivilege:
-        # A role without pg_read_all_settings: the postmaster's start time, which any role may
-        # read, against the one data_dir's postmaster.pid records for its running server.
-        started = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time())").fetchone()[
-            0
-        ]
-        recorded = postmaster_started(shard.data_dir)
-        # postmaster.pid has whole seconds, written just before the server notes its start.
-        same = recorded is not None and abs(float(started) - recorded) < START_TIME_SLACK
-        reached = "another instance"
+        # A role without pg_read_all_settings: the port and the postmaster's start time, which
+        # any role may read, against what data_dir's postmaster.pid records for its server.
+        started, port = conn.execute(
+            "SELECT extract(epoch FROM pg_postmaster_start_time()), current_setting('port')"
+        ).fetchone()
+        same = same_postmaster(shard.data_dir, float(started), int(port))
+        reached = f"another instance (port {port})"
     if not same:
         raise ShardDataMissing(
             f"PostgreSQL shard {shard.shard_id}: its conninfo reaches {reached}, not that of "
@@ -272,14 +270,16 @@ def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
         )
 
 
-def postmaster_started(data_dir: Path) -> int | None:
-    """The start time (epoch seconds) of the server running on ``data_dir``, from line 3 of
-    its postmaster.pid; None when no server runs there."""
+def same_postmaster(data_dir: Path, started: float, port: int) -> bool:
+    """Whether the server running on ``data_dir`` (its postmaster.pid: line 3 the start time in
+    whole seconds, written just before the server notes its own; line 4 the port) listens on
+    ``port`` and started at ``started``."""
     try:
         lines = (data_dir / "postmaster.pid").read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    return int(lines[2]) if len(lines) > 2 and lines[2].strip().isdigit() else None
+        recorded, recorded_port = int(lines[2]), int(lines[3])
+    except (OSError, IndexError, ValueError):
+        return False
+    return recorded_port == port and 0 <= started - recorded < START_TIME_SLACK
 
 
 def same_directory(a: Path, b: Path) -> bool:
