@@ -89,7 +89,7 @@ def sqlite_checks(db: Path, queries: list[str]) -> dict[str, str]:
             deadline = time.monotonic() + QUERY_TIMEOUT_SECONDS
             conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
             try:
-                row = conn.execute(query, prepare=True).fetchone()
+                row = conn.execute(query).fetchone()
             except (sqlite3.Error, sqlite3.Warning) as error:
                 return sqlite_failure(error)
             return verdict(row[0]) if row else "returned no row"
