@@ -15,6 +15,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from pydantic import ValidationError
+
 from shardvault.causes import agent_note, failure_cause
 from shardvault.checksums import combine
 from shardvault.errors import (
@@ -317,7 +319,7 @@ def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> str:
         # The holder's execution ended without its failure path (stopped by hand, timed out,
         # and this backup came before the reaper): clean up what it left, which releases the
         # lock, then take it over.
-        clean_up_abandoned(request.cluster, holder["holder"], svc, time.time())
+        clean_up_abandoned(request.cluster, holder["holder"], TAKEN_OVER, svc, time.time())
         if svc.catalog.try_lock(request.cluster, backup_id, request.execution_id) is None:
             return backup_id
     raise BackupAlreadyRunning(
@@ -745,18 +747,27 @@ def post_releases(context: BackupContext, svc: Services) -> None:
         )
 
 
-def clean_up_abandoned(cluster: str, backup_id: str, svc: Services, now: float) -> dict:
+TAKEN_OVER = {
+    "Error": "ExecutionEnded",
+    "Cause": "its execution ended without finishing or cleaning up (stopped, timed out or "
+    "lost); the next backup of the cluster cleaned up after it. Fix: nothing to do; see the "
+    "execution's history for why it ended.",
+}
+
+
+def clean_up_abandoned(
+    cluster: str, backup_id: str, error: dict[str, str], svc: Services, now: float
+) -> dict:
     """Cleans up after a backup whose execution ended without running its failure path."""
-    error = {
-        "Error": "ExecutionEnded",
-        "Cause": "its execution ended without finishing or cleaning up (stopped, timed out or "
-        "lost); the next backup of the cluster cleaned up after it. Fix: nothing to do; see "
-        "the execution's history for why it ended.",
-    }
     record = svc.catalog.get(cluster, backup_id)
-    if record and record.get("status") == BackupStatus.RUNNING and "context" in record:
-        return cleanup(BackupContext.model_validate_json(record["context"]), error, svc, now)
-    if record and record.get("status") == BackupStatus.RUNNING:  # written before contexts were
+    if record and record.get("status") == BackupStatus.RUNNING:
+        context = recorded_context(record)
+        if context is not None:
+            return cleanup(context, error, svc, now)
+        # An older version's record without a usable context: what needs none.
+        prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
+        abort_uploads(svc.store_s3, svc.store.bucket, prefix)
+        delete_prefix(svc.store_s3, svc.store.bucket, prefix)
         svc.catalog.update(
             cluster,
             backup_id,
@@ -766,6 +777,15 @@ def clean_up_abandoned(cluster: str, backup_id: str, svc: Services, now: float) 
         )
     svc.catalog.unlock(cluster, backup_id)
     return {"status": BackupStatus.FAILED.value}
+
+
+def recorded_context(record: dict[str, Any]) -> BackupContext | None:
+    """The context validation stored with a backup's record; None when there is none or it no
+    longer parses (written by an older version): cleanup must not stop at it."""
+    try:
+        return BackupContext.model_validate_json(record.get("context") or "")
+    except (ValidationError, InvalidRequest):  # the models' own checks raise InvalidRequest
+        return None
 
 
 # --- reaping -----------------------------------------------------------------------------------
@@ -780,11 +800,10 @@ def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: floa
     record = next(
         (r for r in svc.catalog.backups(cluster) if r.get("execution_id") == execution_arn), None
     )
-    if record is None or record.get("status") != BackupStatus.RUNNING or "context" not in record:
+    if record is None or record.get("status") != BackupStatus.RUNNING:
         return {"reaped": False, "why": "no running backup of that execution"}
-    context = BackupContext.model_validate_json(record["context"])
     error = reaped_error(status, "its backup was cleaned up by the reaper", "backup")
-    return {"reaped": True, **cleanup(context, error, svc, now)}
+    return {"reaped": True, **clean_up_abandoned(cluster, record["backup_id"], error, svc, now)}
 
 
 def reaped_error(status: str, what_was_done: str, workflow: str) -> dict[str, str]:
