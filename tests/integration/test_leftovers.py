@@ -39,7 +39,13 @@ def test_the_next_backup_cleans_up_after_a_stopped_one_the_reaper_never_saw(make
     wait_until(cluster.open_uploads, 60, "no upload ever started")
     (stopped,) = cluster.records()
     cluster.stack.drop_reaper_event(execution)  # the next backup comes first
-    boto3.client("stepfunctions").stop_execution(executionArn=execution)
+    sfn = boto3.client("stepfunctions")
+    sfn.stop_execution(executionArn=execution)
+    wait_until(
+        lambda: sfn.describe_execution(executionArn=execution)["status"] == "ABORTED",
+        30,
+        "the execution never stopped",
+    )
 
     following = cluster.start_backup()
 
