@@ -22,6 +22,7 @@ from typing import Any
 
 from shardvault.models import BackupStatus
 from shardvault.planning import backup_prefix, store_root
+from shardvault.readback import manifest_key
 from shardvault.services import Services
 from shardvault.store import delete_prefix, open_uploads
 
@@ -53,7 +54,7 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
         if now - newest < grace_seconds or running(cluster, backup_id):
             continue
-        if has_manifest(s3, bucket, prefix):
+        if has_manifest(s3, bucket, manifest_key(svc.store.prefix, cluster, backup_id)):
             continue
         deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
     return {"dry_run": dry_run, "aborted_uploads": aborted, "deleted_prefixes": deleted}
@@ -78,6 +79,6 @@ def backup_prefixes(s3: Any, bucket: str, root: str) -> dict[tuple[str, str], fl
     return dict(newest)
 
 
-def has_manifest(s3: Any, bucket: str, prefix: str) -> bool:
-    found = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}manifest.json", MaxKeys=1)
+def has_manifest(s3: Any, bucket: str, key: str) -> bool:
+    found = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
     return bool(found.get("KeyCount"))

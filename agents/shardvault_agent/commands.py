@@ -67,8 +67,17 @@ class Commands:
         return handler(args)
 
     # --- state on disk -------------------------------------------------------------------------
+    @property
+    def backups_dir(self) -> Path:
+        return self.config.state_dir / "backups"
+
     def backup_dir(self, backup_id: str) -> Path:
-        return self.config.state_dir / "backups" / backup_id
+        return self.backups_dir / backup_id
+
+    def held_backups(self) -> set[str]:
+        """Backups this node holds state of: its captures, and the engine's own (snapshots)."""
+        captured = {p.name for p in self.backups_dir.glob("*") if p.is_dir()}
+        return captured | self.engine.held_backups()
 
     def _capture_path(self, backup_id: str, shard_id: str, phase: Phase) -> Path:
         return self.backup_dir(backup_id) / f"{shard_id}.{phase}.json"

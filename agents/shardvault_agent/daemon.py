@@ -107,11 +107,10 @@ class Agent:
     def shard_info(self, shard: ShardConfig) -> ShardInfo:
         try:
             self.engine.check(shard)
-            problem = None
-        except ShardVaultError as error:
-            problem = str(error)
+        except ShardVaultError as error:  # registered with its problem: backups refuse it
+            return ShardInfo(shard_id=shard.shard_id, role=shard.role, problem=str(error))
         bytes_ = self.engine.shard_bytes(shard)
-        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_, problem=problem)
+        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_)
 
     def heartbeat_loop(self) -> None:
         last_registry = 0.0

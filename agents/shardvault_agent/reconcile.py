@@ -18,53 +18,33 @@ else); when the catalog cannot be read, nothing is touched.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 from shardvault.models import BackupStatus
 from shardvault.tables import RESTORE_PREFIX
 from shardvault_agent.commands import Commands
-from shardvault_agent.restore import INCOMING
 
 log = logging.getLogger("shardvault.agent.reconcile")
 StatusOf = Callable[[str], str | None]  # catalog sort key -> status (None: no such item)
-
-
-def held_backups(commands: Commands) -> set[str]:
-    """Backup ids this node holds state of: captures, and the engine's own (snapshots)."""
-    state = commands.config.state_dir
-    ids = {p.name for p in (state / "backups").glob("*") if p.is_dir()}
-    return ids | commands.engine.held_backups()
-
-
-def held_restores(commands: Commands) -> set[str]:
-    state, restore_dir = commands.config.state_dir, commands.config.restore_dir
-    ids = {p.name for p in (state / "restores").glob("*") if p.is_dir()}
-    if restore_dir is not None:
-        ids |= {p.name for p in (restore_dir / INCOMING).glob("*") if p.is_dir()}
-    return ids
 
 
 def reconcile(commands: Commands, status_of: StatusOf) -> dict[str, list[str]]:
     """Releases ended backups and undoes failed restores this node still holds; returns what
     it did, by kind."""
     done: dict[str, list[str]] = {"released": [], "undone": [], "unstaged": []}
-    for backup_id in sorted(held_backups(commands)):
+    for backup_id in sorted(commands.held_backups()):
         if status_of(backup_id) != BackupStatus.RUNNING:
             shard_ids = list(commands.shards())
             commands.do_release({"backup_id": backup_id, "shard_ids": shard_ids})
             done["released"].append(backup_id)
-    for restore_id in sorted(held_restores(commands)):
+    for restore_id in sorted(commands.restorer.held_restores()):
         status = status_of(f"{RESTORE_PREFIX}{restore_id}")
         if status == BackupStatus.FAILED:
             commands.do_abort_restore({"backup_id": restore_id})
             done["undone"].append(restore_id)
-        elif status == BackupStatus.COMPLETE:
-            staging = commands.restorer.restore_dir / INCOMING / restore_id
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-                done["unstaged"].append(restore_id)
+        elif status == BackupStatus.COMPLETE and commands.restorer.drop_staging(restore_id):
+            done["unstaged"].append(restore_id)
     return done
 
 

@@ -274,14 +274,33 @@ class Restorer:
             )
         return self.config.restore_dir
 
+    @property
+    def restores_dir(self) -> Path:
+        return self.config.state_dir / "restores"
+
     def state(self, restore_id: str) -> Path:
-        return self.config.state_dir / "restores" / restore_id
+        return self.restores_dir / restore_id
 
     def staging(self, restore_id: str, shard_id: str) -> Path:
         return self.restore_dir / INCOMING / restore_id / shard_id
 
     def final(self, shard_id: str) -> Path:
         return self.restore_dir / shard_id
+
+    def held_restores(self) -> set[str]:
+        """Restores this node holds state or staging of."""
+        ids = {p.name for p in self.restores_dir.glob("*") if p.is_dir()}  # not the tombstones
+        if self.config.restore_dir is not None:
+            ids |= {p.name for p in (self.restore_dir / INCOMING).glob("*") if p.is_dir()}
+        return ids
+
+    def drop_staging(self, restore_id: str) -> bool:
+        """Removes what a finished restore left in staging; True if there was any."""
+        staging = self.restore_dir / INCOMING / restore_id
+        if not staging.exists():
+            return False
+        shutil.rmtree(staging, ignore_errors=True)
+        return True
 
     def _layout(self, restore_id: str, shard_id: str) -> dict[str, Any]:
         path = self.state(restore_id) / f"{shard_id}.layout.json"
@@ -294,7 +313,7 @@ class Restorer:
         return json.loads(path.read_text())
 
     def _aborted(self, restore_id: str) -> Path:
-        return self.config.state_dir / "restores" / f"{restore_id}.aborted"
+        return self.restores_dir / f"{restore_id}.aborted"
 
     def _refuse_aborted(self, restore_id: str) -> None:
         if self._aborted(restore_id).exists():
