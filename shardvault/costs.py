@@ -1,9 +1,7 @@
 """What backups, restores and clusters cost: a pure model over the price table (``prices``).
 
 Terms:
-- *storage cost*: keeping bytes for a month in a class, with the minimum object size and each
-  archived object's metadata billed. An *early-deletion charge* is the storage still due for
-  the days a deleted object falls short of its class's minimum billed duration.
+- *storage cost*, *early-deletion charge*: as ``storage_costs`` defines them.
 - *overhead*: what making a backup costs once, apart from keeping it: S3 requests (multipart
   upload, verification, landing in the vault), Step Functions state transitions, Lambda time,
   DynamoDB writes of the agents' commands, and the hours its objects wait at STANDARD.
@@ -50,8 +48,6 @@ from shardvault.policy import (
 )
 from shardvault.prices import (
     ARCHIVE_CLASSES,
-    ARCHIVE_METADATA_AT_CLASS,
-    ARCHIVE_METADATA_AT_STANDARD,
     DAYS_PER_MONTH,
     DYNAMODB_READ,
     DYNAMODB_WRITE,
@@ -64,6 +60,8 @@ from shardvault.prices import (
     RestoreTier,
     StorageClass,
 )
+from shardvault.retention import BackupRecord, decide
+from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
 
 
 class Landing(StrEnum):
@@ -111,34 +109,6 @@ YEAR = timedelta(days=12 * DAYS_PER_MONTH)
 
 class CostError(ShardVaultError):
     """A cost was asked of something the price table cannot price."""
-
-
-# --- Storage -----------------------------------------------------------------------------------
-def billed_gb(storage_class: StorageClass, size: int, objects: int = 1) -> tuple[float, float]:
-    """GB billed at the class's rate, and GB billed at STANDARD (archive metadata)."""
-    at_class = max(size, objects * STORAGE[storage_class].minimum_object_bytes)
-    at_standard = 0
-    if storage_class in ARCHIVE_CLASSES:
-        at_class += objects * ARCHIVE_METADATA_AT_CLASS
-        at_standard = objects * ARCHIVE_METADATA_AT_STANDARD
-    return at_class / GB, at_standard / GB
-
-
-def monthly_storage_cost(storage_class: StorageClass, size: int, objects: int = 1) -> float:
-    at_class, at_standard = billed_gb(storage_class, size, objects)
-    standard = STORAGE[StorageClass.STANDARD].storage_gb_month
-    return at_class * STORAGE[storage_class].storage_gb_month + at_standard * standard
-
-
-def early_deletion_charge(
-    storage_class: StorageClass, size: int, objects: int, age_days: float
-) -> float:
-    """What deleting at ``age_days`` costs on top: the storage due for the days still short."""
-    short_days = STORAGE[storage_class].minimum_days - age_days
-    if short_days <= 0:
-        return 0.0
-    at_class, _ = billed_gb(storage_class, size, objects)
-    return at_class * STORAGE[storage_class].storage_gb_month * short_days / DAYS_PER_MONTH
 
 
 # --- One backup --------------------------------------------------------------------------------
@@ -468,8 +438,6 @@ def simulate_lifetimes(
     """Every backup the schedule makes, expired by retention run after each backup, from a
     fixed start until a year past the warm-up; and the end of that year. An incremental holds
     the change since its parent (the backup before it); the first backup is a full."""
-    from shardvault.retention import BackupRecord, decide  # it prices with this module
-
     schedule, zone = cluster.schedule, cluster.schedule.zone
     start = datetime(2026, 1, 1, tzinfo=zone)  # fixed: forecasts are reproducible
     end = start + _warm_up(cluster, start) + YEAR

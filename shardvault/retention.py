@@ -24,11 +24,11 @@ from typing import TypeVar
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from shardvault.costs import early_deletion_charge, monthly_storage_cost
 from shardvault.errors import ShardVaultError
 from shardvault.models import Frozen
 from shardvault.policy import BackupKind, Retention
 from shardvault.prices import STORAGE, StorageClass
+from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
 
 DELETE_OBJECTS_MAX_KEYS = 1000  # S3 DeleteObjects takes at most 1,000 keys per request
 T = TypeVar("T")
