@@ -1,0 +1,101 @@
+"""Plan: what the agents' checkpoint (phase ``data``) or stop (phase ``tail``) answers become.
+
+Each answer is checked against the backup's sources, turned into shard listings, and cut into
+an object plan (``shardvault.planning``); both are written to the work bucket, where the
+Upload map reads the plan and Finalize the listings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardvault.errors import InvalidRequest
+from shardvault.models import BackupContext, Phase, ShardListing, unpack_files
+from shardvault.planning import choose_part_size, plan_objects
+from shardvault.services import Services
+
+
+def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
+    """Agents' checkpoint/stop results (one per node) to shard listings."""
+    listings = []
+    for result in results:
+        for shard in result["shards"]:
+            listings.append(
+                ShardListing(
+                    shard_id=shard["shard_id"],
+                    node_id=result["node_id"],
+                    phase=phase,
+                    files=unpack_files(shard["files"]),
+                    marker=shard.get("marker", {}),
+                    checkpoint_at=shard.get("checkpoint_at", 0.0),
+                    mutable=shard.get("mutable", False),
+                )
+            )
+    return listings
+
+
+def plan(
+    context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
+) -> dict:
+    """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    listings = listings_from_results(results, phase)
+    check_listings_match_sources(context, listings)
+    total = sum(listing.bytes for listing in listings)
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    vault_class = context.vault.storage_class if context.vault else None
+    part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
+    objects = plan_objects(
+        backup_id=context.backup_id,
+        cluster=context.cluster,
+        prefix=svc.store.prefix,
+        listings=listings,
+        part_size=part_size,
+    )
+    for listing in listings:
+        key = svc.work_key(context.backup_id, "listings", phase, f"{listing.shard_id}.json")
+        svc.put_work(key, listing.model_dump(mode="json"))
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
+    update: dict[str, Any] = {
+        "part_size": part_size,
+        f"{phase}_bytes": total,
+        f"{phase}_objects": len(objects),
+    }
+    if phase == Phase.DATA:
+        skew = skew_seconds(listings)
+        update |= {
+            "checkpoint_skew_seconds": skew,
+            "bytes_total": total,
+            "objects_total": len(objects),
+        }
+    else:
+        update |= {
+            "bytes_total": record.get("data_bytes", 0) + total,
+            "objects_total": record.get("data_objects", 0) + len(objects),
+        }
+    svc.catalog.update(context.cluster, context.backup_id, **update)
+    return {
+        "phase": phase.value,
+        "plan_key": plan_key,
+        "objects": len(objects),
+        "bytes": total,
+        "part_size": part_size,
+    }
+
+
+def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:
+    """Each shard is listed once, by the node it was asked of: an agent's answer is data from
+    a database host, and is checked before it shapes a plan."""
+    expected = {(shard, s.node_id) for s in context.sources for shard in s.shard_ids}
+    got = [(listing.shard_id, listing.node_id) for listing in listings]
+    if sorted(got) != sorted(expected):
+        raise InvalidRequest(
+            f"agents answered for shards {sorted(got)}, expected {sorted(expected)}.",
+            fix="check that each agent's configuration names the shards it registered with.",
+        )
+
+
+def skew_seconds(listings: list[ShardListing]) -> float:
+    """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
+    times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
+    return round(max(times) - min(times), 6) if times else 0.0
