@@ -35,7 +35,7 @@ OBJECT_TARGET_SIZE = 256 * MiB
 PHASES = ("checkpoint", "plan", "upload", "tail", "finalize")
 OBJECT_STEPS = (
     "wait_checksum",
-    "checksum",
+    "pack",
     "to_sign",
     "sign",
     "to_upload",
@@ -168,11 +168,11 @@ def agent_split(commands: list[dict[str, Any]]) -> dict[str, float]:
         by_command[command["command"]].append((command["start"], command["end"]))
     return {
         "objects": len({c["key"] for c in data}),
-        "checksum_sum": sum(end - start for start, end in by_command["checksum"]),
-        "checksum_wall": busy_seconds(by_command["checksum"]),
+        "pack_sum": sum(end - start for start, end in by_command["pack"]),
+        "pack_wall": busy_seconds(by_command["pack"]),
         "upload_sum": sum(end - start for start, end in by_command["upload"]),
         "upload_wall": busy_seconds(by_command["upload"]),
-        "agent_busy_wall": busy_seconds(by_command["checksum"] + by_command["upload"]),
+        "agent_busy_wall": busy_seconds(by_command["pack"] + by_command["upload"]),
     }
 
 
@@ -191,8 +191,8 @@ def object_steps(
     out = []
     for key in sorted({c["key"] for c in commands if c["key"] and "/data-" in c["key"]}):
         try:
-            ck, up = agent[("checksum", key)], agent[("upload", key)]
-            d_ck, d_up = dispatched[("checksum", key)], dispatched[("upload", key)]
+            ck, up = agent[("pack", key)], agent[("upload", key)]
+            d_ck, d_up = dispatched[("pack", key)], dispatched[("upload", key)]
             sign, complete = control[("sign", key)], control[("complete", key)]
         except KeyError:
             continue  # a step without a record (a failed try): no timeline for this object
@@ -201,7 +201,7 @@ def object_steps(
                 "object": key.rsplit("/", 1)[-1],
                 "dispatched_at": d_ck["end"],
                 "wait_checksum": ck["start"] - d_ck["end"],
-                "checksum": ck["end"] - ck["start"],
+                "pack": ck["end"] - ck["start"],
                 "to_sign": sign["start"] - ck["end"],
                 "sign": sign["end"] - sign["start"],
                 "to_upload": d_up["end"] - sign["end"],
@@ -359,7 +359,7 @@ def shardvault_table(summary: dict[str, Any]) -> str:
     rows += [f"| phase: {name} | {_s(phases[name])} s |" for name in PHASES]
     rows += [
         f"| agent: checksum (read + CRC64NVME), wall (sum over objects) | "
-        f"{_s(agent['checksum_wall'])} s ({_s(agent['checksum_sum'])} s) |",
+        f"{_s(agent['pack_wall'])} s ({_s(agent['pack_sum'])} s) |",
         f"| agent: upload, wall (sum over objects) | {_s(agent['upload_wall'])} s "
         f"({_s(agent['upload_sum'])} s) |",
         f"| agent busy with any data object, wall | {_s(agent['agent_busy_wall'])} s |",

@@ -146,6 +146,8 @@ class ShardVaultStack(Stack):
                 "s3:AbortMultipartUpload",
                 "s3:ListMultipartUploadParts",  # re-signing skips parts already uploaded
             ),
+            # The URLs go to the work bucket for the dispatcher, never into execution history.
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
         )
         grant(
             "check_uploads",
@@ -191,7 +193,7 @@ class ShardVaultStack(Stack):
             catalog_rw,
             publish,
         )
-        # cleanup() (shardvault/backup.py) runs in the failure path, in the reaper, and in
+        # cleanup() (shardvault/backup/failure.py) runs in the failure path, in the reaper, and in
         # validation when it takes over the lock of a backup whose execution ended.
         for module in ("cleanup_backup", "reap_execution", "validate_backup"):
             self.functions.grant(module, *self._cleanup_statements(bucket), catalog_rw, publish)
@@ -333,9 +335,10 @@ class ShardVaultStack(Stack):
             ],
             update_catalog,  # how many objects are still frozen
         )
-        # The URL it signs is authorized as this role: s3:GetObject on backups/ and nothing
-        # else is all an agent can reach with it (no writes, no _work/, no other bucket).
-        grant("sign_download", *read_backups)
+        # The URL it signs is authorized as this role and bound to one GetObject: reading that
+        # backup object is all an agent can do with it. The URL itself goes to the work bucket
+        # for the dispatcher (never into execution history).
+        grant("sign_download", *read_backups, policies.objects(bucket, WORK_PREFIX, "s3:PutObject"))
         for module in ("record_download", "finalize_restore", "cleanup_restore"):
             grant(module, update_catalog)
         publish = iam.PolicyStatement(
@@ -343,7 +346,8 @@ class ShardVaultStack(Stack):
         )
         grant("finalize_restore", publish)
         grant("cleanup_restore", publish, policies.table(tables.inbox, ("dynamodb:Query",)))
-        # The dispatcher inlines a node's restore layout from the work bucket (args_key).
+        # The dispatcher inlines from the work bucket (args_key) a node's restore layout and the
+        # presigned URLs of a transfer.
         grant("dispatch", policies.objects(bucket, WORK_PREFIX, "s3:GetObject"))
 
     def _suppress_narrow_wildcards(self) -> None:

@@ -83,6 +83,14 @@ class ChecksumMismatch(ShardVaultError):
     """A stored object's checksum differs from the checksum the agent computed."""
 
 
+class FrameUnreadable(ShardVaultError):
+    """A stored frame does not open or decompress: damaged or tampered with in the store."""
+
+
+class WrongKey(ShardVaultError):
+    """The data key at hand is not the one the backup was encrypted with."""
+
+
 class UploadIncomplete(ShardVaultError):
     """Objects of a planned phase have no verified result (an upload task failed)."""
 

@@ -37,7 +37,10 @@ from shardvault.prices import VAULT_CLASSES, StorageClass
 from shardvault.sqlcheck import check_validation_queries
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-MANIFEST_FORMAT = 1
+# 2: objects hold frames (``shardvault.pipeline``): compressed, checked per frame. Format 1
+# objects hold the stream's bytes as they are; restores read both.
+MANIFEST_FORMAT = 2
+DEFAULT_COMPRESSION_LEVEL = 1  # bench/compression_levels.py: levels 1-3 store the same, 1 is fastest
 
 
 class Frozen(BaseModel):
@@ -300,6 +303,7 @@ class BackupContext(Frozen):
     execution_id: str = ""
     vault: VaultTarget | None = None  # None: the backup stays in the store
     upload: UploadLimits = Field(default_factory=UploadLimits)
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
 
 
 class ObjectPlan(Frozen):
@@ -315,8 +319,16 @@ class ObjectPlan(Frozen):
     stream_offset: int
     length: int
     part_size: int
-    part_count: int
+    part_count: int  # of the stream's bytes; the stored object's count follows its packing
     mutable: bool = False
+    frame_size: int = 1024 * 1024  # plaintext per frame (shardvault.pipeline.frame_size_for)
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL
+
+    @property
+    def place(self) -> str:
+        """The object's identity inside its backup, bound into each sealed frame (the key
+        changes when the object is promoted into the vault; this does not)."""
+        return f"{self.cluster}/{self.backup_id}/{self.shard_id}/{self.phase}/{self.index:05d}"
 
 
 class PartChecksum(Frozen):
@@ -326,11 +338,14 @@ class PartChecksum(Frozen):
 
 
 class ObjectChecksums(Frozen):
-    """What the agent computed for an object before any byte was uploaded."""
+    """What the agent packed for an object before any byte was uploaded: the stored bytes'
+    checksums per part and whole, their length and the frame table."""
 
     key: str
     parts: list[PartChecksum]
     crc64nvme: str  # full-object
+    stored_length: int
+    frames: str  # shardvault.pipeline.pack_frames
 
 
 class UploadedPart(Frozen):
@@ -353,9 +368,19 @@ class ObjectResult(Frozen):
     part_count: int
     crc64nvme: str
     verified_by: str  # "attributes" (no download) or "readback"
-    # Each part's CRC64NVME, in order: a restore checks every part as it arrives. Empty in
-    # manifests written before it was recorded; the whole-object checksum still holds.
+    # Each part's CRC64NVME, in order. Empty in manifests written before it was recorded; the
+    # whole-object checksum still holds.
     part_crc64nvme: list[str] = Field(default_factory=list)
+    # Format 2: the stored object is frames (``frames`` packed, ``frame_size`` plaintext
+    # each) of ``stored_length`` bytes; ``length`` stays the stream bytes it holds. Format 1
+    # objects (no frames) store the stream's bytes as they are.
+    stored_length: int | None = None
+    frame_size: int = 0
+    frames: str = ""
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.length if self.stored_length is None else self.stored_length
 
 
 class ManifestStream(Frozen):
@@ -382,10 +407,11 @@ class Manifest(Frozen):
     checkpoint_skew_seconds: float
     part_size: int
     shards: list[ManifestShard]
-    bytes: int
+    bytes: int  # of the shards' streams
     objects: int
     parts: int
     verification: str
+    stored_bytes: int | None = None  # what the store holds (compressed); None in format 1
 
 
 # --- Restore -----------------------------------------------------------------------------------
@@ -481,3 +507,7 @@ class DownloadItem(Frozen):
     crc64nvme: str
     part_crc64nvme: list[str] = Field(default_factory=list)
     source: str = "store"
+    stored_length: int | None = None  # see ObjectResult
+    frame_size: int = 0
+    frames: str = ""
+    place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames

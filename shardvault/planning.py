@@ -6,6 +6,12 @@ that a backup has few, large objects (xbcloud's 10 MiB objects made ~100,000 req
 TiB), never fewer than ``MIN_OBJECT_SIZE`` bytes per object, and never more parts per object
 than S3 allows. Every later stage (compression, encryption) works in units of this part.
 
+Inside an object, the part pipeline (``shardvault.pipeline``) compresses and seals *frames*
+of ``frame_size_for(object size)`` bytes of plaintext: 1 MiB (enough for zstd to find repeats
+across rows and pages), growing to 4 MiB for the largest objects so that an object's frame
+table (12 bytes a frame) stays small enough for a task result. Frames never change where
+objects and parts are cut.
+
 Backups bound for an *archive class* (GLACIER, DEEP_ARCHIVE) get larger parts: there every
 object costs on the way in (a state transition per step, a copy into the vault, 40 KB of
 billed metadata, a restore request on the way out) against storage so cheap that, at the
@@ -20,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shardvault.errors import InvalidRequest, PlanTooLarge
-from shardvault.models import ObjectPlan, ShardListing
+from shardvault.models import DEFAULT_COMPRESSION_LEVEL, ObjectPlan, ShardListing
 from shardvault.prices import ARCHIVE_CLASSES
 
 KiB = 1024
@@ -39,6 +45,9 @@ MIN_OBJECT_SIZE = DEFAULT_MIN_PART_SIZE * PARTS_PER_OBJECT  # 256 MiB
 TARGET_MAX_OBJECTS = 1_000  # above this, parts grow instead of the object count
 ARCHIVE_PART_SIZE = 512 * MiB  # largest part chosen for an archive class: 16 GiB objects
 ARCHIVE_MIN_OBJECTS = 4  # as many as an agent uploads at once (max_parallel_commands)
+MIN_FRAME_SIZE = 1 * MiB
+MAX_FRAME_SIZE = 4 * MiB  # bounds the memory of a frame in flight (encoded and decoded)
+FRAMES_PER_OBJECT = 4096  # 48 KiB of frame table: fits a task result with room to spare
 
 
 def _next_power_of_two(n: int) -> int:
@@ -80,6 +89,14 @@ def check_part_size(part_size: int) -> int:
             fix=fix,
         )
     return part_size
+
+
+def frame_size_for(object_size: int) -> int:
+    """The plaintext size of an object's frames: a power of two from 1 to 4 MiB, so that an
+    object has at most ``FRAMES_PER_OBJECT`` frames (objects grow with the part size)."""
+    wanted = -(-object_size // FRAMES_PER_OBJECT)
+    size = _next_power_of_two(max(wanted, 1))
+    return min(max(size, MIN_FRAME_SIZE), MAX_FRAME_SIZE)
 
 
 def object_size_for(part_size: int) -> int:
@@ -127,10 +144,17 @@ def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
 
 
 def plan_objects(
-    *, backup_id: str, cluster: str, prefix: str, listings: list[ShardListing], part_size: int
+    *,
+    backup_id: str,
+    cluster: str,
+    prefix: str,
+    listings: list[ShardListing],
+    part_size: int,
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
 ) -> list[ObjectPlan]:
     """Every object of a backup phase, in a deterministic order (shard, then offset)."""
     object_size = object_size_for(part_size)
+    frame_size = frame_size_for(object_size)
     plans: list[ObjectPlan] = []
     for listing in sorted(listings, key=lambda item: item.shard_id):
         for i, (offset, length) in enumerate(cut_stream(listing.bytes, object_size)):
@@ -148,6 +172,8 @@ def plan_objects(
                     part_size=part_size,
                     part_count=part_count(length, part_size),
                     mutable=listing.mutable,
+                    frame_size=frame_size,
+                    compression_level=compression_level,
                 )
             )
     for plan in plans:

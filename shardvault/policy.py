@@ -38,6 +38,7 @@ from pydantic_core import PydanticCustomError
 
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
 from shardvault.models import (
+    DEFAULT_COMPRESSION_LEVEL,
     LOCK_DAYS_MAX,
     Engine,
     Frozen,
@@ -273,12 +274,27 @@ class Upload(Frozen):
     )
 
 
+class Compression(Frozen):
+    level: int = Field(
+        DEFAULT_COMPRESSION_LEVEL,
+        ge=-7,
+        le=19,
+        strict=True,
+        description="zstd level of every frame the agents pack, -7 (fastest) to 19 (smallest); "
+        f"default {DEFAULT_COMPRESSION_LEVEL}, chosen by measurement (docs/BENCHMARKS.md). "
+        "Frames zstd cannot shrink are stored raw whatever the level.",
+    )
+
+
 class ClusterPolicy(Frozen):
     engine: Engine = Field(description="Database engine of the cluster: postgres or sqlite.")
     schedule: Schedule = Field(description="When backups run.")
     vault: Vault = Field(description="Where verified backups land and how they are locked.")
     retention: Retention = Field(description="Which backups are kept; the rest expire.")
     upload: Upload = Field(default_factory=Upload, description="How agents upload.")
+    compression: Compression = Field(
+        default_factory=Compression, description="How backups are compressed."
+    )
     budget_usd_per_month: float | None = Field(
         None, gt=0, strict=True, description="Monthly budget in USD; null: none."
     )

@@ -252,6 +252,11 @@ def download_items(
             crc64nvme=obj.crc64nvme,
             part_crc64nvme=obj.part_crc64nvme,
             source=context.source,
+            stored_length=obj.stored_length,
+            frame_size=obj.frame_size,
+            frames=obj.frames,
+            place=f"{manifest.cluster}/{manifest.backup_id}/{shard.shard_id}/{stream.phase}/"
+            f"{obj.index:05d}",
         )
         for shard in manifest.shards
         for stream in shard.streams
@@ -294,14 +299,15 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
 
 # --- sign --------------------------------------------------------------------------------------
 def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
-    """A presigned GET URL of one object: the agent reads parts of it by byte range."""
+    """A presigned GET URL of one object (the agent reads ranges of it), written to the work
+    bucket for the dispatcher: a URL never enters the execution's history."""
     s3, bucket = source_of(svc, item.source)
     url = s3.generate_presigned_url(
         "get_object",
         Params={"Bucket": bucket, "Key": item.key},
         ExpiresIn=svc.settings.url_ttl_seconds,
     )
-    return {"url": url}
+    return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 
 def record_download(item: DownloadItem, svc: Services) -> None:

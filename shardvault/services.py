@@ -6,6 +6,7 @@ pointed at moto, MinIO or anything else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -88,6 +89,15 @@ class Services:
     def put_work(self, key: str, value: Any) -> None:
         body = json.dumps(value, separators=(",", ":")).encode()
         self.work_s3.put_object(Bucket=self.settings.work_bucket, Key=key, Body=body)
+
+    def put_urls(self, operation_id: str, object_key: str, urls: dict[str, Any]) -> str:
+        """Keeps presigned URLs in the work bucket for the dispatcher, which inlines them into
+        the node's inbox item (``args_key``); returns their key. Execution history (kept 90
+        days, readable by whoever may read executions) never holds a URL."""
+        digest = hashlib.sha256(object_key.encode()).hexdigest()[:32]
+        key = self.work_key(operation_id, "urls", f"{digest}.json")
+        self.put_work(key, urls)
+        return key
 
     def get_work(self, key: str) -> Any:
         body = self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"]

@@ -1,7 +1,7 @@
 """The commands an agent runs for the backup state machine, each idempotent.
 
 A *capture* (files, root, marker) is saved under ``state_dir/backups/<backup_id>/`` the
-moment it is taken, so later commands (checksum, upload, stop) and a retried command find
+moment it is taken, so later commands (pack, upload, stop) and a retried command find
 it; release deletes that directory. Uploaded parts are recorded as they finish, so a retried
 upload sends only the parts still missing.
 """
@@ -19,7 +19,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
 from shardvault.models import (
     FileEntry,
@@ -31,13 +30,19 @@ from shardvault.models import (
     UploadLimits,
     pack_files,
 )
-from shardvault.planning import PartRange
+from shardvault.pipeline import FrameCodec, pack_frames
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.restore import Downloader, Restorer
+from shardvault_agent.restore import Restorer
 from shardvault_agent.statefiles import write_json
-from shardvault_agent.transfer import PartSender, StreamReader, checksum_object, upload_object
+from shardvault_agent.transfer import (
+    Downloader,
+    PartSender,
+    pack_object,
+    stored_part,
+    upload_object,
+)
 
 MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
 
@@ -112,7 +117,7 @@ class Commands:
 
     def save_limits(self, backup_id: str, limits: dict[str, Any] | None) -> None:
         """Keeps the policy's upload limits the checkpoint command brought, for the backup's
-        checksum and upload commands (they survive an agent restart like the captures)."""
+        pack and upload commands (they survive an agent restart like the captures)."""
         checked = UploadLimits.model_validate(limits or {})
         write_json(self._limits_path(backup_id), checked.model_dump(mode="json"))
 
@@ -235,76 +240,79 @@ class Commands:
         with self.locks_guard:
             return self.locks.setdefault(backup_id, threading.Lock())
 
-    def _spool_dir(self, item: ObjectPlan) -> Path:
-        """Stable copies of the parts of one object that changed while being read."""
+    def _packed_path(self, item: ObjectPlan) -> Path:
+        """The packed copy of an object (its stored bytes), until every part is uploaded."""
         digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
-        return self.backup_dir(item.backup_id) / "spool" / digest
+        return self.backup_dir(item.backup_id) / "packed" / f"{digest}.bin"
 
-    def do_checksum(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Checksums every part of an object, reading its files once. Nothing is copied:
-        the upload reads the files again, and a part of a live file that changed in between
-        is caught by the store (its URL is bound to the checksum) and sent again."""
+    def do_pack(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Reads the object's range of the stream once, through the part pipeline (frames,
+        zstd, sealing), into a packed copy; returns the stored bytes' checksums and the frame
+        table. A retried pack returns what the first one packed: the URLs signed next are
+        bound to those bytes."""
         item = ObjectPlan.model_validate(args["object"])
         self._refuse_released(item.backup_id)
+        path = self._packed_path(item)
+        summary = path.with_suffix(".json")
+        if summary.exists() and path.exists():
+            return json.loads(summary.read_text())
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
         limiter, _ = self.limits(item.backup_id)
-        sums = checksum_object(item, Path(capture["root"]), capture["files"], limiter)
-        return self.sender.faults.after_checksum(sums).model_dump(mode="json")
+        codec = FrameCodec(level=item.compression_level)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        with open(partial, "wb") as out:
+            packed = pack_object(item, Path(capture["root"]), capture["files"], limiter, codec, out)
+        sums = ObjectChecksums(
+            key=item.key,
+            parts=packed.parts,
+            crc64nvme=packed.crc64nvme,
+            stored_length=packed.stored_length,
+            frames=pack_frames(packed.frames),
+        )
+        result = sums.model_dump(mode="json")
+        partial.replace(path)
+        write_json(summary, result)
+        if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
+            shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+        return result
 
     def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Sends the packed copy's parts that have a URL and are not yet stored."""
         item = ObjectPlan.model_validate(args["object"])
         sums = ObjectChecksums.model_validate(args["checksums"])
         urls = {p["part_number"]: p["url"] for p in args["parts"]}
         self._refuse_released(item.backup_id)  # a late command must not recreate its state
-        capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
+        packed = self._packed_path(item)
+        if not packed.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no packed copy of {item.key} for backup {item.backup_id}.",
+                fix="retry the backup (the agent's state_dir was lost or released).",
+            )
         digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
         record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
-        spool = self._spool_dir(item)
         limiter, parallelism = self.limits(item.backup_id)
 
-        def source(offset: int, size: int) -> StreamReader:
-            root, files = Path(capture["root"]), capture["files"]
-            return StreamReader(root, files, item.stream_offset + offset, size, limiter)
-
-        def open_part(part: PartChecksum, r: PartRange) -> BinaryIO:
-            copy = spool / f"{part.part_number}.{crc_name(part.crc64nvme)}"
-            if copy.exists():  # the stable copy taken when the part changed
-                return _Limited(open(copy, "rb"), r.size, limiter)
-            return source(r.offset, r.size)
-
-        def respool(r: PartRange) -> PartChecksum:
-            spool.mkdir(parents=True, exist_ok=True)
-            tmp = spool / f"{r.part_number}.tmp"
-            with source(r.offset, r.size) as reader, open(tmp, "wb") as out:
-                crc = 0
-                for data in iter(lambda: reader.read(READ_CHUNK), b""):
-                    crc = crc64nvme(data, crc)
-                    out.write(data)
-            fresh = PartChecksum(part_number=r.part_number, size=r.size, crc64nvme=to_b64(crc))
-            tmp.replace(spool / f"{r.part_number}.{crc_name(fresh.crc64nvme)}")
-            return fresh
+        def open_part(part: PartChecksum) -> BinaryIO:
+            return _Limited(stored_part(packed, part, item.part_size), part.size, limiter)
 
         def on_part(part: UploadedPart) -> None:
             with record.open("a") as out:
                 out.write(part.model_dump_json() + "\n")
 
         try:
-            outcome = upload_object(
-                item, sums, urls, open_part, respool, self.sender,
-                parallelism, done, on_part,
-            )  # fmt: skip
+            uploaded = upload_object(
+                item.key, sums.parts, urls, open_part, self.sender, parallelism, done, on_part
+            )
         finally:
             if self._tombstone(item.backup_id).exists():
                 # Released while this upload ran: leave nothing behind that release removed.
                 shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
-        if not outcome.changed:
-            shutil.rmtree(spool, ignore_errors=True)
-        return {
-            "parts": [p.model_dump(mode="json") for p in outcome.uploaded],
-            "changed": [p.model_dump(mode="json") for p in outcome.changed],
-        }
+        if len(uploaded) == len(sums.parts):  # all stored: the copy is not needed again
+            packed.unlink(missing_ok=True)
+        return {"parts": [p.model_dump(mode="json") for p in uploaded]}
 
     # --- restore (``backup_id`` is the restore's id) -------------------------------------------
     def do_prepare_restore(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -321,11 +329,6 @@ class Commands:
     def do_abort_restore(self, args: dict[str, Any]) -> dict[str, Any]:
         with self._lock(args["backup_id"]):
             return self.restorer.abort(args)
-
-
-def crc_name(crc_b64: str) -> str:
-    """A checksum as a file-name part."""
-    return crc_b64.replace("/", "_").replace("+", "-").rstrip("=")
 
 
 def _read_parts(path: Path) -> list[UploadedPart]:

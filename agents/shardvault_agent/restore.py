@@ -25,49 +25,47 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import urllib3
-
 from shardvault import errors
-from shardvault.checksums import READ_CHUNK, combine, crc64nvme, to_b64
+from shardvault.checksums import combine, to_b64
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
-    PartDownloadFailed,
-    PresignedUrlExpired,
     RestoreValidationFailed,
-    RestoreWriteFailed,
     ShardVaultError,
-    StoreObjectDamaged,
     TargetNotEmpty,
     TargetNotReady,
     TargetTooSmall,
 )
 from shardvault.models import DownloadItem, Engine, unpack_files
+from shardvault.pipeline import (
+    FrameCodec,
+    FrameSink,
+    FrameSpan,
+    fetch_ranges,
+    frame_spans,
+    unpack_frames,
+)
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
 from shardvault_agent.checks import postgres_checks, raise_if_refused, sqlite_checks
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.statefiles import write_json
+from shardvault_agent.transfer import Downloader
 
 log = logging.getLogger("shardvault.agent.restore")
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 INCOMING = ".incoming"
 
 
@@ -90,104 +88,6 @@ def room(config: AgentConfig) -> int | None:
     free = shutil.disk_usage(config.restore_dir).free
     cap = config.restore_capacity_bytes
     return free if cap is None else min(free, cap)
-
-
-@dataclass
-class Downloader:
-    """Fetches an object's parts by byte range from one presigned URL, with retries."""
-
-    http: urllib3.PoolManager
-    attempts: int
-    limiter: RateLimiter
-    sleep: Callable[[float], None] = time.sleep
-    base_delay: float = 0.2
-    max_delay: float = 10.0
-
-    def fetch(
-        self, url: str, key: str, offset: int, size: int, write: Callable[[int, bytes], None]
-    ) -> str:
-        """Writes bytes ``[offset, offset + size)`` of the object through ``write(position,
-        data)``; returns their CRC64NVME. Network trouble is retried; a local write error is
-        not (``local_write_error``), nor is a store that cuts every try at the same byte."""
-        last, cut_at = "", set()
-        for attempt in range(self.attempts):
-            if attempt:
-                self.sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
-            try:
-                response = self.http.request(
-                    "GET",
-                    url,
-                    headers={"Range": f"bytes={offset}-{offset + size - 1}"},
-                    preload_content=False,
-                    retries=False,
-                    timeout=urllib3.Timeout(connect=10, read=300),
-                )
-            except (urllib3.exceptions.HTTPError, OSError) as error:
-                last = f"{type(error).__name__}: {error}"
-                cut_at.add(None)  # never reached the store: not the object's fault
-                continue
-            got = 0
-            try:
-                if response.status == 206:
-                    crc = 0
-                    for chunk in response.stream(READ_CHUNK):
-                        self.limiter.take(len(chunk))
-                        try:
-                            write(got, chunk)
-                        except OSError as error:
-                            raise local_write_error(error, key) from error
-                        crc, got = crc64nvme(chunk, crc), got + len(chunk)
-                    if got == size:
-                        return to_b64(crc)
-                    last = f"the store sent {got} of {size} bytes"
-                    cut_at.add(got)
-                    continue
-                cut_at.add(None)
-                text = response.read().decode(errors="replace")
-                if response.status == 403 and "expired" in text.lower():
-                    raise PresignedUrlExpired(
-                        f"the download URL of {key} expired.",
-                        fix="sign again (the state machine does this).",
-                    )
-                last = f"HTTP {response.status}: {text[:300]}"
-                if response.status not in RETRYABLE_STATUS:
-                    break
-            except (urllib3.exceptions.HTTPError, OSError) as error:
-                last = f"{type(error).__name__}: {error}"
-                # A connection the store closed mid-body marks where it cut; a timeout is the
-                # network's (or a slow store's) and says nothing about the object.
-                timed_out = isinstance(error, (urllib3.exceptions.TimeoutError, TimeoutError))
-                cut_at.add(got if response.status == 206 and not timed_out else None)
-            finally:
-                response.release_conn()
-        if self.attempts > 1 and len(cut_at) == 1 and None not in cut_at:
-            raise StoreObjectDamaged(
-                f"the store cut every read of bytes {offset}-{offset + size - 1} of {key} at "
-                f"byte {offset + cut_at.pop()} ({self.attempts} tries: {last}): it cannot "
-                "read that object, e.g. bitrot found by its own checksums.",
-                fix="restore another backup (this one cannot be read whole), and repair the "
-                "store (MinIO: 'mc admin heal'); then run a new backup.",
-            )
-        raise PartDownloadFailed(
-            f"bytes {offset}-{offset + size - 1} of {key} failed after {self.attempts} tries: "
-            f"{last}",
-            fix="check the network path from this node to the store; the restore retries it.",
-        )
-
-
-def local_write_error(error: OSError, key: str) -> ShardVaultError:
-    """A write into staging failed: the disk, not the network. Named, and never retried."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return TargetTooSmall(
-            f"the disk of restore_dir filled up while writing {key}: {error.strerror}.",
-            fix="free space on this node's restore_dir (or set restore_capacity_bytes to "
-            "what it can really hold), then start the restore again.",
-        )
-    return RestoreWriteFailed(
-        f"writing {key} into restore_dir failed: {error}.",
-        fix="check this node's disk and restore_dir (permissions, read-only or failing "
-        "disk), then start the restore again.",
-    )
 
 
 @dataclass
@@ -421,29 +321,19 @@ class Restorer:
         record = done_marker.with_suffix(".parts")
         record.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(record)
-        ranges = part_ranges(item.length, item.part_size) if item.length else []
-        todo = [r for r in ranges if r.part_number not in done]
+        reads = planned_reads(item)
+        todo = [r for r in reads if r.number not in done]
         if done:
-            log.info("%s: resuming, %d of %d parts already here", item.key, len(done), len(ranges))
+            log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
         guard = threading.Lock()
 
-        def fetch(r: Any) -> None:
-            self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next part
-            base = item.stream_offset + r.offset
-            crc = self.downloader.fetch(
-                url, item.key, r.offset, r.size, lambda at, b: files.write(base + at, b)
-            )
-            expected = _nth(item.part_crc64nvme, r.part_number - 1)
-            if expected and crc != expected:
-                raise ChecksumMismatch(
-                    f"part {r.part_number} of {item.key} arrived with CRC64NVME {crc}; the "
-                    f"backup recorded {expected}.",
-                    fix="the object is damaged in the store: restore another backup.",
-                )
-            files.flush_behind(base, r.size)
+        def fetch(read: RangeRead) -> None:
+            self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
+            crc = fetch_range(self.downloader, url, item, read, files)
+            files.flush_behind(item.stream_offset + read.plain_offset, read.plain_size)
             with guard, record.open("a") as out:
-                out.write(f"{r.part_number} {crc}\n")
-            done[r.part_number] = crc
+                out.write(f"{read.number} {crc}\n")
+            done[read.number] = crc
 
         try:
             with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
@@ -453,7 +343,7 @@ class Restorer:
             files.close()  # durability comes at finish, once per shard (see sync_tree)
             if self._aborted(item.restore_id).exists():  # aborted meanwhile: leave nothing
                 shutil.rmtree(self.state(item.restore_id), ignore_errors=True)
-        whole = combine((done[r.part_number], r.size) for r in ranges) if ranges else to_b64(0)
+        whole = combine((done[r.number], r.size) for r in reads) if reads else to_b64(0)
         if whole != item.crc64nvme:
             record.unlink(missing_ok=True)  # a retry must fetch it all again
             raise ChecksumMismatch(
@@ -462,7 +352,7 @@ class Restorer:
                 fix="the object is damaged or replaced in the store: restore another backup.",
             )
         done_marker.with_suffix(".ok").touch()
-        return {"key": item.key, "bytes": item.length, "resumed": len(todo) < len(ranges)}
+        return {"key": item.key, "bytes": item.length, "resumed": len(todo) < len(reads)}
 
     # --- finish ------------------------------------------------------------------------------
     def finish(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -663,6 +553,80 @@ def _read_done(path: Path) -> dict[int, str]:
 
 def _nth(values: list[str], index: int) -> str | None:
     return values[index] if index < len(values) else None
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """One ranged GET of a stored object: ``size`` stored bytes from ``offset``, holding the
+    stream's bytes ``[plain_offset, plain_offset + plain_size)`` of the object. ``spans``: its
+    frames (format 2); None when the object stores the stream's bytes as they are (format 1),
+    where ``expected`` is the part's recorded CRC64NVME."""
+
+    number: int
+    offset: int
+    size: int
+    plain_offset: int
+    plain_size: int
+    spans: list[FrameSpan] | None = None
+    expected: str | None = None
+
+
+def planned_reads(item: DownloadItem) -> list[RangeRead]:
+    """The ranged GETs of an object: whole frames, about a part's worth each."""
+    if not item.frames:
+        return [
+            RangeRead(r.part_number, r.offset, r.size, r.offset, r.size, None,
+                      _nth(item.part_crc64nvme, r.part_number - 1))
+            for r in (part_ranges(item.length, item.part_size) if item.length else [])
+        ]  # fmt: skip
+    spans = frame_spans(unpack_frames(item.frames), item.frame_size, item.length)
+    reads = []
+    for number, group in enumerate(fetch_ranges(spans, item.part_size), start=1):
+        first, last = group[0], group[-1]
+        reads.append(
+            RangeRead(
+                number,
+                first.stored_offset,
+                last.stored_offset + last.stored_size - first.stored_offset,
+                first.plain_offset,
+                last.plain_offset + last.plain_size - first.plain_offset,
+                group,
+            )
+        )
+    return reads
+
+
+def fetch_range(
+    downloader: Downloader, url: str, item: DownloadItem, read: RangeRead, files: ShardFiles
+) -> str:
+    """Fetches one read into the staged files; returns the stored bytes' CRC64NVME. Frames are
+    decoded and each checked against its plaintext checksum before it is written."""
+    if read.spans is None:
+        base = item.stream_offset + read.plain_offset
+        crc = downloader.fetch(
+            url, item.key, read.offset, read.size, lambda at, data: files.write(base + at, data)
+        )
+        if read.expected and crc != read.expected:
+            raise ChecksumMismatch(
+                f"part {read.number} of {item.key} arrived with CRC64NVME {crc}; the backup "
+                f"recorded {read.expected}.",
+                fix="the object is damaged in the store: restore another backup.",
+            )
+        return crc
+    sink = FrameSink(
+        read.spans,
+        FrameCodec(),
+        item.place,
+        lambda offset, plain: files.write(item.stream_offset + offset, plain),
+    )
+    crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)
+    if not sink.complete:  # the store sent the bytes asked for, but not whole frames
+        raise ChecksumMismatch(
+            f"bytes {read.offset}-{read.offset + read.size - 1} of {item.key} do not hold the "
+            "frames the manifest records.",
+            fix="the object is damaged or replaced in the store: restore another backup.",
+        )
+    return crc
 
 
 # --- engines -----------------------------------------------------------------------------------

@@ -1,24 +1,27 @@
-"""Transfer: read an object's bytes from a shard's files, checksum them, upload the parts.
+"""Transfer: the agent's end of the part pipeline (``shardvault.pipeline``).
 
-The agent never holds a whole part in memory: bytes are read in 1 MiB chunks, checksummed
-as they stream, and sent as the request body. Files are read twice (checksum, then upload)
-and never copied. Each part's URL is bound to its checksum, so when a live file (a PostgreSQL
-data directory) changed a part in between, the store rejects it: that part alone is read
-again into a stable *spool* copy, returned as changed, signed again and sent from the copy.
+Backup: ``pack`` reads an object's range of a shard's stream once, frames, compresses (and
+seals) it into a *packed* copy in the backup's spool, checksumming the stored bytes per part;
+the URLs signed next are bound to those checksums, and ``upload_object`` sends the parts from
+the packed copy. The copy is stable, so a live file (a PostgreSQL data directory) that changes
+after it was read cannot make a part differ from its checksum: the object stores exactly the
+bytes read (PostgreSQL's WAL replay repairs pages changed during the backup, as for any base
+backup).
 
-Part retries: exponential backoff with full jitter; an expired URL ends the command with
-``PresignedUrlExpired`` so the state machine signs again (only the parts still missing).
+Restore: ``Downloader`` reads byte ranges of a stored object through one presigned URL.
+
+Both directions retry through the one policy of ``shardvault_agent.retry``.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +30,26 @@ from typing import BinaryIO
 import urllib3
 
 from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
-from shardvault.errors import PartUploadFailed, PresignedUrlExpired, SourceChanged
-from shardvault.models import FileEntry, ObjectChecksums, ObjectPlan, PartChecksum, UploadedPart
-from shardvault.planning import PartRange, part_ranges
+from shardvault.errors import (
+    PartDownloadFailed,
+    PartUploadFailed,
+    PresignedUrlExpired,
+    RestoreWriteFailed,
+    ShardVaultError,
+    SourceChanged,
+    StoreObjectDamaged,
+    TargetTooSmall,
+)
+from shardvault.models import FileEntry, ObjectPlan, PartChecksum, UploadedPart
+from shardvault.pipeline import FrameCodec, PackedObject, pack
 from shardvault.store import CHECKSUM_HEADER
 from shardvault.streams import StreamIndex
 from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.retry import RETRYABLE_STATUS, TryAgain, retrying
 
 log = logging.getLogger("shardvault.agent.transfer")
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 CHECKSUM_ERRORS = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
-
-
-class PartRejected(Exception):
-    """The store refused a part's bytes: they do not match the checksum the URL was signed
-    for (a live file rewritten since it was checksummed, or bytes damaged on the way)."""
+TIMEOUT = urllib3.Timeout(connect=10, read=300)
 
 
 class InjectedFault(ConnectionError):
@@ -51,12 +59,10 @@ class InjectedFault(ConnectionError):
 @dataclass
 class Faults:
     """Test-only fault injection: fail the first ``part_failures`` tries of every part; wait
-    ``first_try_delay`` seconds before the first try of every part (URLs expire); report a
-    stale checksum for part 1 of every object (as if the file changed after checksumming)."""
+    ``first_try_delay`` seconds before the first try of every part (URLs expire)."""
 
     part_failures: int = 0
     first_try_delay: float = 0.0
-    stale_checksum: bool = False
     _seen: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -70,14 +76,7 @@ class Faults:
         return cls(
             part_failures=int(spec.get("upload_part", 0)),
             first_try_delay=float(spec.get("first_try_delay", 0)),
-            stale_checksum=spec.get("stale_checksum") == "1",
         )
-
-    def after_checksum(self, sums: ObjectChecksums) -> ObjectChecksums:
-        if not self.stale_checksum:
-            return sums
-        first = sums.parts[0].model_copy(update={"crc64nvme": to_b64(12345)})
-        return sums.model_copy(update={"parts": [first, *sums.parts[1:]]})
 
     def before_part(self, key: str, part_number: int) -> None:
         with self._lock:
@@ -142,137 +141,270 @@ class StreamReader(io.RawIOBase):
         return len(data)
 
 
-def chunks(reader: BinaryIO, size: int) -> Iterator[bytes]:
-    left = size
+def read_exactly(reader: StreamReader, size: int) -> bytes:
+    """``size`` bytes of the stream (a reader returns at most one file's bytes per read)."""
+    pieces, left = [], size
     while left > 0:
-        data = reader.read(min(READ_CHUNK, left))
+        data = reader.read(left)
         if not data:
             raise SourceChanged(f"stream ended {left} bytes early.", fix="retry the backup.")
+        pieces.append(data)
         left -= len(data)
-        yield data
+    return b"".join(pieces)
 
 
-def checksum_object(
-    item: ObjectPlan, root: Path, files: list[FileEntry], limiter: RateLimiter
-) -> ObjectChecksums:
-    """One pass over the object: per-part and full-object CRC64NVME."""
+def pack_object(
+    item: ObjectPlan,
+    root: Path,
+    files: list[FileEntry],
+    limiter: RateLimiter,
+    codec: FrameCodec,
+    out: BinaryIO,
+) -> PackedObject:
+    """Reads the object's range of the stream once and writes its stored bytes to ``out``."""
     reader = StreamReader(root, files, item.stream_offset, item.length, limiter)
-    parts, whole = [], 0
-    for part in part_ranges(item.length, item.part_size):
-        crc = 0
-        for data in chunks(reader, part.size):
-            crc, whole = crc64nvme(data, crc), crc64nvme(data, whole)
-        parts.append(
-            PartChecksum(part_number=part.part_number, size=part.size, crc64nvme=to_b64(crc))
+    return pack(
+        lambda n: read_exactly(reader, n),
+        item.length,
+        item.frame_size,
+        item.part_size,
+        codec,
+        out,
+        item.place,
+    )
+
+
+def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
+    """Names an HTTP error answer; an expired URL ends the transfer (sign again)."""
+    text = response.data.decode(errors="replace")
+    if response.status == 403 and "expired" in text.lower():
+        raise PresignedUrlExpired(
+            f"the URL of {what} expired.", fix="sign again (the state machine does this)."
         )
-    return ObjectChecksums(key=item.key, parts=parts, crc64nvme=to_b64(whole))
+    return f"HTTP {response.status}: {text[:300]}"
 
 
 @dataclass
 class PartSender:
-    """Uploads parts through presigned URLs with per-part retries."""
+    """Uploads parts through presigned URLs, retried by the agent's one policy."""
 
     http: urllib3.PoolManager
     attempts: int
     faults: Faults
     sleep: Callable[[float], None] = time.sleep
-    base_delay: float = 0.2
-    max_delay: float = 10.0
 
     def send(
         self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]
     ) -> UploadedPart:
-        last = ""
-        for attempt in range(self.attempts):
-            if attempt:
-                self.sleep(random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt)))
-            try:
-                self.faults.before_part(key, part.part_number)
-                with body() as stream:
-                    response = self.http.request(
-                        "PUT",
-                        url,
-                        body=stream,
-                        headers={"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme},
-                        retries=False,
-                        timeout=urllib3.Timeout(connect=10, read=300),
-                    )
-            except (urllib3.exceptions.HTTPError, OSError) as error:
-                last = f"{type(error).__name__}: {error}"
-                log.info(
-                    "part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last
+        what = f"part {part.part_number} of {key}"
+        try:
+            for attempt in retrying(self.attempts, self.sleep):
+                with attempt:
+                    return self._try(key, part, url, body, what)
+        except TryAgain as last:
+            raise PartUploadFailed(
+                f"{what} failed after {self.attempts} tries: {last.why}",
+                fix="check the network path from this node to the store; the backup retries it.",
+            ) from None
+        raise AssertionError("unreachable")  # retrying() ends in a return or a raise
+
+    def _try(
+        self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO], what: str
+    ) -> UploadedPart:
+        try:
+            self.faults.before_part(key, part.part_number)
+            with body() as stream:
+                response = self.http.request(
+                    "PUT",
+                    url,
+                    body=stream,
+                    headers={"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme},
+                    retries=False,
+                    timeout=TIMEOUT,
                 )
-                continue
-            text = response.data.decode(errors="replace")
-            if response.status == 200:
-                return UploadedPart(
-                    part_number=part.part_number,
-                    etag=response.headers["ETag"],
-                    crc64nvme=part.crc64nvme,
-                )
-            if response.status == 403 and "expired" in text.lower():
-                raise PresignedUrlExpired(
-                    f"the URL of part {part.part_number} of {key} expired.",
-                    fix="sign again (the state machine does this).",
-                )
-            last = f"HTTP {response.status}: {text[:300]}"
-            log.info("part %d of %s, try %d failed: %s", part.part_number, key, attempt + 1, last)
-            if response.status == 400 and any(e in text for e in CHECKSUM_ERRORS):
-                raise PartRejected(last)
-            if response.status not in RETRYABLE_STATUS:
-                break
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            log.info("%s: try failed: %s: %s", what, type(error).__name__, error)
+            raise TryAgain(f"{type(error).__name__}: {error}") from error
+        if response.status == 200:
+            return UploadedPart(
+                part_number=part.part_number,
+                etag=response.headers["ETag"],
+                crc64nvme=part.crc64nvme,
+            )
+        why = _status_error(response, what)
+        log.info("%s: try failed: %s", what, why)
+        if response.status in RETRYABLE_STATUS or (
+            # The packed copy is stable: bytes the store finds different from their checksum
+            # were damaged on the way, and the next try sends them again.
+            response.status == 400 and any(e in why for e in CHECKSUM_ERRORS)
+        ):
+            raise TryAgain(why)
         raise PartUploadFailed(
-            f"part {part.part_number} of {key} failed after {self.attempts} tries: {last}",
-            fix="check the network path from this node to the store; the backup retries it.",
+            f"{what} was refused: {why}",
+            fix="check the store's answer above; the backup is cleaned up and can be retried.",
         )
 
 
-@dataclass
-class UploadOutcome:
-    uploaded: list[UploadedPart]  # every part the store holds, old and new
-    changed: list[PartChecksum]  # parts whose bytes changed: to sign again with these
-
-
 def upload_object(
-    item: ObjectPlan,
-    sums: ObjectChecksums,
+    key: str,
+    parts: list[PartChecksum],
     urls: dict[int, str],
-    open_part: Callable[[PartChecksum, PartRange], BinaryIO],
-    respool: Callable[[PartRange], PartChecksum],
+    open_part: Callable[[PartChecksum], BinaryIO],
     sender: PartSender,
     parallelism: int,
     done: dict[int, UploadedPart],
     on_part: Callable[[UploadedPart], None],
-) -> UploadOutcome:
-    """Sends every part that has a URL and is not already ``done``. ``open_part`` opens a
-    part's bytes. A part the store rejects for its checksum is read again into a stable copy
-    by ``respool``: if its checksum is unchanged the bytes were damaged on the way and are sent
-    again; otherwise the part is returned as changed, to be signed again."""
-    ranges = {p.part_number: p for p in part_ranges(item.length, item.part_size)}
-    todo = [p for p in sums.parts if p.part_number in urls and p.part_number not in done]
+) -> list[UploadedPart]:
+    """Sends every part that has a URL and is not already ``done``; returns every part the
+    store holds, old and new."""
+    todo = [p for p in parts if p.part_number in urls and p.part_number not in done]
 
-    def send(part: PartChecksum) -> UploadedPart:
-        r = ranges[part.part_number]
-        url = urls[part.part_number]
-        return sender.send(item.key, part, url, lambda: open_part(part, r))
-
-    def one(part: PartChecksum) -> UploadedPart | PartChecksum:
-        try:
-            uploaded = send(part)
-        except PartRejected:
-            fresh = respool(ranges[part.part_number])
-            if fresh.crc64nvme != part.crc64nvme:
-                log.info("part %d of %s changed since checksummed", part.part_number, item.key)
-                return fresh
-            uploaded = send(part)  # same bytes: damaged on the way; the spool is sent now
+    def one(part: PartChecksum) -> UploadedPart:
+        uploaded = sender.send(key, part, urls[part.part_number], lambda: open_part(part))
         on_part(uploaded)
         return uploaded
 
-    changed: list[PartChecksum] = []
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        for result in pool.map(one, todo):
-            if isinstance(result, UploadedPart):
-                done[result.part_number] = result
-            else:
-                changed.append(result)
-    return UploadOutcome([done[n] for n in sorted(done)], changed)
+        for uploaded in pool.map(one, todo):
+            done[uploaded.part_number] = uploaded
+    return [done[n] for n in sorted(done)]
+
+
+def stored_part(path: Path, part: PartChecksum, part_size: int) -> BinaryIO:
+    """A part's bytes of a packed copy."""
+    handle = open(path, "rb")  # noqa: SIM115 (closed by the caller's with)
+    handle.seek((part.part_number - 1) * part_size)
+    return _Window(handle, part.size)
+
+
+class _Window(io.RawIOBase):
+    """``size`` bytes of an open file from where it stands."""
+
+    def __init__(self, handle: BinaryIO, size: int) -> None:
+        self.handle, self.remaining = handle, size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.remaining if size < 0 else min(size, self.remaining)
+        data = self.handle.read(want)
+        self.remaining -= len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
+def local_write_error(error: OSError, key: str) -> ShardVaultError:
+    """A write into staging failed: the disk, not the network. Named, and never retried."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TargetTooSmall(
+            f"the disk of restore_dir filled up while writing {key}: {error.strerror}.",
+            fix="free space on this node's restore_dir (or set restore_capacity_bytes to "
+            "what it can really hold), then start the restore again.",
+        )
+    return RestoreWriteFailed(
+        f"writing {key} into restore_dir failed: {error}.",
+        fix="check this node's disk and restore_dir (permissions, read-only or failing "
+        "disk), then start the restore again.",
+    )
+
+
+@dataclass
+class Downloader:
+    """Reads byte ranges of a stored object through one presigned URL, retried by the agent's
+    one policy."""
+
+    http: urllib3.PoolManager
+    attempts: int
+    limiter: RateLimiter
+    sleep: Callable[[float], None] = time.sleep
+
+    def fetch(
+        self, url: str, key: str, offset: int, size: int, write: Callable[[int, bytes], None]
+    ) -> str:
+        """Hands bytes ``[offset, offset + size)`` of the object to ``write(position, data)``
+        as they stream (a retry starts again at position 0); returns their CRC64NVME. Network
+        trouble is retried; a local write error is not (``local_write_error``), nor is a store
+        that cuts every try at the same byte (``StoreObjectDamaged``)."""
+        cut_at: set[int | None] = set()
+        try:
+            for attempt in retrying(self.attempts, self.sleep):
+                with attempt:
+                    return self._try(url, key, offset, size, write, cut_at)
+        except TryAgain as last:
+            if self.attempts > 1 and len(cut_at) == 1 and None not in cut_at:
+                raise StoreObjectDamaged(
+                    f"the store cut every read of bytes {offset}-{offset + size - 1} of {key} at "
+                    f"byte {offset + (cut_at.pop() or 0)} ({self.attempts} tries: {last.why}): "
+                    "it cannot read that object, e.g. bitrot found by its own checksums.",
+                    fix="restore another backup (this one cannot be read whole), and repair the "
+                    "store (MinIO: 'mc admin heal'); then run a new backup.",
+                ) from None
+            raise PartDownloadFailed(
+                f"bytes {offset}-{offset + size - 1} of {key} failed after {self.attempts} "
+                f"tries: {last.why}",
+                fix="check the network path from this node to the store; the restore retries it.",
+            ) from None
+        raise AssertionError("unreachable")
+
+    def _try(
+        self,
+        url: str,
+        key: str,
+        offset: int,
+        size: int,
+        write: Callable[[int, bytes], None],
+        cut_at: set[int | None],
+    ) -> str:
+        try:
+            response = self.http.request(
+                "GET",
+                url,
+                headers={"Range": f"bytes={offset}-{offset + size - 1}"},
+                preload_content=False,
+                retries=False,
+                timeout=TIMEOUT,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            cut_at.add(None)  # never reached the store: not the object's fault
+            raise TryAgain(f"{type(error).__name__}: {error}") from error
+        got = 0
+        try:
+            if response.status != 206:
+                cut_at.add(None)
+                why = _status_error(response, f"the download of {key}")
+                if response.status in RETRYABLE_STATUS:
+                    raise TryAgain(why)
+                raise PartDownloadFailed(
+                    f"the store refused bytes {offset}-{offset + size - 1} of {key}: {why}",
+                    fix="check that the backup's objects are still in the store; restore "
+                    "another backup if they are gone.",
+                )
+            crc = 0
+            for chunk in response.stream(READ_CHUNK):
+                self.limiter.take(len(chunk))
+                try:
+                    write(got, chunk)
+                except OSError as error:
+                    raise local_write_error(error, key) from error
+                crc, got = crc64nvme(chunk, crc), got + len(chunk)
+            if got == size:
+                return to_b64(crc)
+            cut_at.add(got)
+            raise TryAgain(f"the store sent {got} of {size} bytes")
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            # A connection the store closed mid-body marks where it cut; a timeout is the
+            # network's (or a slow store's) and says nothing about the object.
+            timed_out = isinstance(error, (urllib3.exceptions.TimeoutError, TimeoutError))
+            cut_at.add(got if response.status == 206 and not timed_out else None)
+            raise TryAgain(f"{type(error).__name__}: {error}") from error
+        finally:
+            response.release_conn()

@@ -1,8 +1,10 @@
 """Upload: the control plane's side of each planned object, and the check after the Map.
 
-Per object: the agent checksums its parts -> ``sign`` creates the multipart upload and signs a
-URL per part, bound to that part's checksum -> the agent uploads -> ``complete`` completes the
-upload and ``verify_object`` checks the stored object against the agent's checksum. After the
+Per object: the agent packs it (``shardvault.pipeline``: its stream range read once into
+compressed, optionally sealed frames, checksummed per part of the stored bytes) -> ``sign``
+creates the multipart upload and signs a URL per part, bound to that part's checksum, into the
+work bucket -> the agent uploads its packed copy -> ``complete`` completes the upload and
+``verify_object`` checks the stored object against the agent's checksum. After the
 Upload map, ``check_uploads`` confirms every planned object of the phase has a verified result.
 """
 
@@ -13,14 +15,12 @@ import time
 from typing import Any
 
 from shardvault.causes import agent_note
-from shardvault.checksums import combine
 from shardvault.errors import ChecksumMismatch, UploadIncomplete
 from shardvault.models import (
     BackupContext,
     ObjectChecksums,
     ObjectPlan,
     ObjectResult,
-    PartChecksum,
     Phase,
     UploadedPart,
 )
@@ -35,18 +35,10 @@ from shardvault.store import (
 )
 
 
-def sign(
-    item: ObjectPlan,
-    sums: ObjectChecksums,
-    upload_id: str | None,
-    svc: Services,
-    changed: list[PartChecksum] | None = None,
-) -> dict:
+def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Services) -> dict:
     """Creates the multipart upload (once) and signs a URL per part still missing, each bound
-    to that part's checksum, so the URL accepts those bytes and no others. ``changed`` parts
-    (a live file rewritten since it was checksummed) take their new checksums, and the
-    object's checksum is recomputed from its parts'."""
-    sums = merge_changed(sums, changed or [])
+    to that part's checksum, so the URL accepts those bytes and no others. The URLs go to the
+    work bucket (``urls_key``) for the dispatcher: execution history never holds one."""
     s3, bucket = svc.store_s3, svc.store.bucket
     if upload_id:
         done = uploaded_parts(s3, bucket, item.key, upload_id)
@@ -63,19 +55,10 @@ def sign(
     ]
     return {
         "upload_id": upload_id,
-        "parts": parts,
+        "urls_key": svc.put_urls(item.backup_id, item.key, {"parts": parts}),
         "checksums": sums.model_dump(mode="json"),
         "expires_at": time.time() + ttl,
     }
-
-
-def merge_changed(sums: ObjectChecksums, changed: list[PartChecksum]) -> ObjectChecksums:
-    if not changed:
-        return sums
-    new = {p.part_number: p for p in changed}
-    parts = [new.get(p.part_number, p) for p in sums.parts]
-    whole = combine((p.crc64nvme, p.size) for p in parts)
-    return ObjectChecksums(key=sums.key, parts=parts, crc64nvme=whole)
 
 
 def complete(
@@ -102,7 +85,7 @@ def complete(
     # A retry after S3 completed the upload finds no upload: verification below decides.
     with contextlib.suppress(s3.exceptions.NoSuchUpload):
         complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
-    verified_by = verify_object(svc, item.key, sums.crc64nvme, item.length)
+    verified_by = verify_object(svc, item.key, sums.crc64nvme, sums.stored_length)
     result = ObjectResult(
         key=item.key,
         node_id=item.node_id,
@@ -112,10 +95,13 @@ def complete(
         stream_offset=item.stream_offset,
         length=item.length,
         part_size=item.part_size,
-        part_count=item.part_count,
+        part_count=len(sums.parts),
         crc64nvme=sums.crc64nvme,
         verified_by=verified_by,
         part_crc64nvme=[p.crc64nvme for p in sorted(sums.parts, key=lambda p: p.part_number)],
+        stored_length=sums.stored_length,
+        frame_size=item.frame_size,
+        frames=sums.frames,
     )
     key = svc.work_key(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"

@@ -330,9 +330,10 @@ def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
 
 
 def test_download_signer_can_only_read_backups(synth: Synthesized) -> None:
-    """A presigned GET carries its signer's permissions: this is all an agent can reach.
-    Nothing that writes, in any service; nothing under _work/."""
-    assert grants(synth, "sign_download") == READ_BACKUPS
+    """A presigned GET carries its signer's permissions, bound to one GetObject of one key:
+    reading backups is all it may do there. Its one write is the URL itself, into _work/ for
+    the dispatcher (so no URL enters execution history)."""
+    assert grants(synth, "sign_download") == READ_BACKUPS | {("s3:PutObject", "staging/_work/*")}
 
 
 def test_no_function_holds_service_wide_actions(synth: Synthesized) -> None:
@@ -404,7 +405,7 @@ RESTORE_GRANTS = {
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
     | {("s3:RestoreObject", "staging/backups/*"), ("s3:RestoreObject", "vault/backups/*")},
-    "sign_download": READ_BACKUPS,
+    "sign_download": READ_BACKUPS | {("s3:PutObject", "staging/_work/*")},
     "record_download": UPDATE_CATALOG,
     "finalize_restore": UPDATE_CATALOG | NOTIFY,
     "cleanup_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:Query", "inbox")},  # causes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import urllib3
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.restore import Downloader
+from shardvault_agent.transfer import Downloader
 
 from shardvault.errors import PartDownloadFailed, StoreObjectDamaged
 

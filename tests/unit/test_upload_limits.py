@@ -88,7 +88,7 @@ def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> N
     )  # fmt: skip
 
     started = time.monotonic()
-    cmds.do_checksum({"object": plan.model_dump(mode="json")})
+    cmds.do_pack({"object": plan.model_dump(mode="json")})
     elapsed = time.monotonic() - started
 
     # A token bucket never lets more through than its rate plus its burst: a lower bound only.

@@ -50,6 +50,7 @@ def plan(
         prefix=svc.store.prefix,
         listings=listings,
         part_size=part_size,
+        compression_level=context.compression_level,
     )
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", phase, f"{listing.shard_id}.json")

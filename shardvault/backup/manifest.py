@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from shardvault.backup.plan import skew_seconds
+from shardvault.backup.planner import skew_seconds
 from shardvault.errors import UploadIncomplete
 from shardvault.models import (
     BackupContext,
@@ -90,6 +90,7 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         objects=len(results),
         parts=sum(r.part_count for r in results),
         verification=verification_summary(results),
+        stored_bytes=sum(r.stored_bytes for r in results),
     )
 
 
@@ -125,7 +126,8 @@ def cost_estimate(manifest: Manifest, vault: VaultTarget | None) -> dict[str, An
     known = {c.value for c in StorageClass}
     name = vault.storage_class if vault and vault.storage_class in known else "STANDARD"
     storage_class = StorageClass(name)
-    cost = price_backup(manifest.bytes, storage_class, part_size=manifest.part_size)
+    stored = manifest.bytes if manifest.stored_bytes is None else manifest.stored_bytes
+    cost = price_backup(stored, storage_class, part_size=manifest.part_size)
     return {
         "estimated_storage_usd_per_month": round(cost.storage_usd_per_month, 6),
         "estimated_overhead_usd": round(cost.overhead_usd, 6),
@@ -139,6 +141,7 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "completed_at": manifest.completed_at,
         "duration_seconds": round(duration, 3),
         "bytes": manifest.bytes,
+        "stored_bytes": manifest.stored_bytes,
         "objects": manifest.objects,
         "parts": manifest.parts,
         "nodes": sorted({s.node_id for s in manifest.shards}),

@@ -18,7 +18,7 @@ import secrets
 import time
 from collections import defaultdict
 
-from shardvault.backup.cleanup import TAKEN_OVER, clean_up_abandoned
+from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned
 from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
@@ -31,6 +31,7 @@ from shardvault.errors import (
     UnknownCluster,
 )
 from shardvault.models import (
+    DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
     BackupRequest,
     BackupStatus,
@@ -100,6 +101,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         execution_id=request.execution_id,
         vault=vault,
         upload=upload_limits(policy),
+        compression_level=policy.compression.level if policy else DEFAULT_COMPRESSION_LEVEL,
     )
     svc.catalog.put(
         {
