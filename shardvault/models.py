@@ -40,7 +40,9 @@ NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # 2: objects hold frames (``shardvault.pipeline``): compressed, checked per frame. Format 1
 # objects hold the stream's bytes as they are; restores read both.
 MANIFEST_FORMAT = 2
-DEFAULT_COMPRESSION_LEVEL = 1  # bench/compression_levels.py: levels 1-3 store the same, 1 is fastest
+DEFAULT_COMPRESSION_LEVEL = (
+    1  # bench/compression_levels.py: levels 1-3 store the same, 1 is fastest
+)
 
 
 class Frozen(BaseModel):
@@ -326,9 +328,13 @@ class ObjectPlan(Frozen):
 
     @property
     def place(self) -> str:
-        """The object's identity inside its backup, bound into each sealed frame (the key
-        changes when the object is promoted into the vault; this does not)."""
-        return f"{self.cluster}/{self.backup_id}/{self.shard_id}/{self.phase}/{self.index:05d}"
+        return object_place(self.cluster, self.backup_id, self.shard_id, self.phase, self.index)
+
+
+def object_place(cluster: str, backup_id: str, shard_id: str, phase: Phase, index: int) -> str:
+    """An object's identity inside its backup, bound into each sealed frame (its key changes
+    when it is promoted into the vault; this does not)."""
+    return f"{cluster}/{backup_id}/{shard_id}/{phase}/{index:05d}"
 
 
 class PartChecksum(Frozen):

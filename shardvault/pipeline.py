@@ -145,8 +145,10 @@ class FrameCodec:
             encoded = bytes([RAW]) + plain
         return self.sealer.seal(encoded, place) if self.sealer else encoded
 
-    def decode(self, stored: bytes, span: FrameSpan, place: bytes) -> bytes:
-        """The frame's plaintext, checked against its recorded CRC64NVME."""
+    def decode(self, stored: bytes, span: FrameSpan, place: bytes, where: str = "") -> bytes:
+        """The frame's plaintext, checked against its recorded CRC64NVME; ``where`` names the
+        object in errors (its key)."""
+        frame = f"frame {span.index}" + (f" of {where}" if where else "")
         encoded = self.sealer.open(stored, place) if self.sealer else stored
         codec, body = encoded[:1], encoded[1:]
         try:
@@ -156,18 +158,18 @@ class FrameCodec:
                 plain = body
             else:
                 raise FrameUnreadable(
-                    f"frame {span.index} has an unknown codec {codec!r}.",
+                    f"{frame} has an unknown codec {codec!r}.",
                     fix="restore it with a newer ShardVault, or restore another backup.",
                 )
         except zstandard.ZstdError as error:
             raise FrameUnreadable(
-                f"frame {span.index} does not decompress: {error}.",
+                f"{frame} does not decompress: {error}.",
                 fix="the object is damaged in the store: restore another backup.",
             ) from error
         crc = crc64nvme(plain)
         if len(plain) != span.plain_size or crc != span.crc64nvme:
             raise ChecksumMismatch(
-                f"frame {span.index} decoded to {len(plain)} bytes with CRC64NVME {to_b64(crc)}; "
+                f"{frame} decoded to {len(plain)} bytes with CRC64NVME {to_b64(crc)}; "
                 f"the backup read {span.plain_size} bytes with {to_b64(span.crc64nvme)}.",
                 fix="the object is damaged in the store: restore another backup.",
             )
@@ -266,8 +268,10 @@ class FrameSink:
         codec: FrameCodec,
         object_place: str,
         write: Callable[[int, bytes], None],
+        where: str = "",
     ) -> None:
         self.spans, self.codec, self.object_place, self.write = spans, codec, object_place, write
+        self.where = where  # the object's key, for errors
         self.start = spans[0].stored_offset if spans else 0
         self._reset()
 
@@ -285,7 +289,7 @@ class FrameSink:
             stored = bytes(self.buffer[: span.stored_size])
             del self.buffer[: span.stored_size]
             place = frame_place(self.object_place, span.index)
-            self.write(span.plain_offset, self.codec.decode(stored, span, place))
+            self.write(span.plain_offset, self.codec.decode(stored, span, place, self.where))
             self.next += 1
 
     @property

@@ -36,6 +36,7 @@ from shardvault.models import (
     NodeRecord,
     RestoreContext,
     RestoreRequest,
+    object_place,
     pack_files,
 )
 from shardvault.placement import assignments, place
@@ -255,8 +256,9 @@ def download_items(
             stored_length=obj.stored_length,
             frame_size=obj.frame_size,
             frames=obj.frames,
-            place=f"{manifest.cluster}/{manifest.backup_id}/{shard.shard_id}/{stream.phase}/"
-            f"{obj.index:05d}",
+            place=object_place(
+                manifest.cluster, manifest.backup_id, shard.shard_id, stream.phase, obj.index
+            ),
         )
         for shard in manifest.shards
         for stream in shard.streams

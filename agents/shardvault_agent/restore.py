@@ -618,6 +618,7 @@ def fetch_range(
         FrameCodec(),
         item.place,
         lambda offset, plain: files.write(item.stream_offset + offset, plain),
+        where=item.key,
     )
     crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)
     if not sink.complete:  # the store sent the bytes asked for, but not whole frames

@@ -59,10 +59,12 @@ class InjectedFault(ConnectionError):
 @dataclass
 class Faults:
     """Test-only fault injection: fail the first ``part_failures`` tries of every part; wait
-    ``first_try_delay`` seconds before the first try of every part (URLs expire)."""
+    ``first_try_delay`` seconds before the first try of every part (URLs expire); flip a bit
+    of the body the first try of every part sends (``corrupt_part``: damage on the way)."""
 
     part_failures: int = 0
     first_try_delay: float = 0.0
+    corrupt_part: bool = False
     _seen: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -76,9 +78,11 @@ class Faults:
         return cls(
             part_failures=int(spec.get("upload_part", 0)),
             first_try_delay=float(spec.get("first_try_delay", 0)),
+            corrupt_part=spec.get("corrupt_part") == "1",
         )
 
-    def before_part(self, key: str, part_number: int) -> None:
+    def before_part(self, key: str, part_number: int) -> bool:
+        """Raises or waits as asked; True when this try's body is to be damaged."""
         with self._lock:
             seen = self._seen.get((key, part_number), 0)
             self._seen[(key, part_number)] = seen + 1
@@ -86,6 +90,13 @@ class Faults:
             time.sleep(self.first_try_delay)
         if seen < self.part_failures:
             raise InjectedFault(f"injected failure {seen + 1} of part {part_number} of {key}")
+        return seen == 0 and self.corrupt_part
+
+    @staticmethod
+    def damaged(stream: BinaryIO) -> BinaryIO:
+        data = bytearray(stream.read())
+        data[len(data) // 2] ^= 0x01
+        return io.BytesIO(bytes(data))
 
 
 class StreamReader(io.RawIOBase):
@@ -212,12 +223,12 @@ class PartSender:
         self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO], what: str
     ) -> UploadedPart:
         try:
-            self.faults.before_part(key, part.part_number)
+            damage = self.faults.before_part(key, part.part_number)
             with body() as stream:
                 response = self.http.request(
                     "PUT",
                     url,
-                    body=stream,
+                    body=self.faults.damaged(stream) if damage else stream,
                     headers={"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme},
                     retries=False,
                     timeout=TIMEOUT,

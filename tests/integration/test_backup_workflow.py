@@ -10,7 +10,8 @@ import boto3
 
 from functions.reap_execution import lambda_handler
 from shardvault.local.lambda_bridge import LambdaContext
-from shardvault.readback import load_manifest, materialize
+from shardvault.materialize import materialize
+from shardvault.readback import load_manifest
 
 from .conftest import entered_states, output
 
@@ -105,15 +106,16 @@ def test_expired_part_urls_are_signed_again(make_cluster):
     assert "failed: PresignedUrlExpired" in cluster.agent_log(cluster.configs[0]["node_id"])
 
 
-def test_parts_changed_after_checksumming_are_signed_again_and_verified(make_cluster, tmp_path):
-    # The agent reports a stale checksum for part 1 of every object, as if the file changed
-    # after it was read: the store rejects those parts, the agent re-reads them, and the state
-    # machine signs them again with their real checksums before completing.
-    cluster = make_cluster(nodes=2, size_mb=12, env={"SHARDVAULT_AGENT_FAULTS": "stale_checksum=1"})
+def test_parts_damaged_on_the_way_are_refused_by_the_store_and_sent_again(make_cluster, tmp_path):
+    # The first try of every part sends one flipped bit: each URL is bound to the part's
+    # checksum, so the store refuses those bytes, and the agent sends the part again from its
+    # packed copy. The stored objects are exactly what was read.
+    cluster = make_cluster(nodes=2, size_mb=12, env={"SHARDVAULT_AGENT_FAULTS": "corrupt_part=1"})
     progress = cluster.backup()
     assert progress.status == "SUCCEEDED", progress.cause
-    assert "part 1 of" in cluster.agent_log(cluster.configs[0]["node_id"])
-    assert "changed since checksummed" in cluster.agent_log(cluster.configs[0]["node_id"])
+    log = cluster.agent_log(cluster.configs[0]["node_id"])
+    assert "part 1 of" in log
+    assert any(e in log for e in ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum"))
     svc = cluster.stack.services()
     manifest = load_manifest(svc.store_s3, svc.store.bucket, progress.record["manifest_key"])
     roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")

@@ -23,8 +23,9 @@ from shardvault.local.postgres import (
     start_pgbench,
     stop_process,
 )
+from shardvault.materialize import materialize
 from shardvault.models import BackupRequest
-from shardvault.readback import load_manifest, materialize
+from shardvault.readback import load_manifest
 
 from .conftest import FAST_AGENT, Cluster, client_of, names, output
 

@@ -158,7 +158,9 @@ def test_an_archived_backup_waits_for_its_objects_to_thaw_before_downloading(
 def test_a_restore_interrupted_by_an_agent_restart_resumes_where_it_stopped(
     make_cluster, make_target
 ):
-    cluster = make_cluster(nodes=1, size_mb=24)  # one shard: one object of several 8 MiB parts
+    cluster = make_cluster(
+        nodes=1, size_mb=24
+    )  # one shard: one object of several 8 MiB reads (random rows do not compress)
     assert cluster.backup().status == "SUCCEEDED"
     slow = {"rate_limit_bytes_per_second": 4 * 2**20, "upload_parallelism": 1}
     target = make_target(nodes=1, agent=slow)
@@ -175,7 +177,7 @@ def test_a_restore_interrupted_by_an_agent_restart_resumes_where_it_stopped(
     restored = ops.wait_restore(client_of(target.stack), execution, interval=0.2, timeout=300)
 
     assert restored.status == "SUCCEEDED", restored.cause
-    resumed = re.search(r"resuming, (\d+) of (\d+) parts already here", target.agent_log(0))
+    resumed = re.search(r"resuming, (\d+) of (\d+) reads already here", target.agent_log(0))
     assert resumed, "the restarted agent fetched the object from the start"
     assert 0 < int(resumed[1]) < int(resumed[2])
     (db,) = list(target.restore_dir(0).glob("shard-1/*.db"))

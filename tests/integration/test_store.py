@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -63,10 +64,9 @@ def test_an_object_verifies_by_its_attributes_without_download(store):
     s3.delete_object(Bucket=bucket, Key=key)
 
 
-def test_a_part_that_changes_after_checksumming_is_signed_again_and_stored_as_read(stack, tmp_path):
-    """A live file rewritten between the checksum pass and the upload: the store rejects the
-    part (its URL is bound to the old checksum), the agent copies the part as it is now,
-    reports it changed, and it is signed again and sent from that stable copy."""
+def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tmp_path):
+    """A live file rewritten between the pack and the upload: the upload sends the packed copy,
+    so the stored object holds the bytes as they were read (WAL replay repairs the page)."""
     import sqlite3
 
     import urllib3
@@ -77,13 +77,21 @@ def test_a_part_that_changes_after_checksumming_is_signed_again_and_stored_as_re
     from shardvault_agent.ratelimit import RateLimiter
     from shardvault_agent.transfer import Faults, PartSender
 
-    from shardvault.models import ObjectChecksums, ObjectPlan, PartChecksum, Phase
+    from shardvault.materialize import materialize
+    from shardvault.models import (
+        Manifest,
+        ManifestShard,
+        ManifestStream,
+        ObjectChecksums,
+        ObjectPlan,
+        Phase,
+    )  # fmt: skip
     from shardvault.planning import part_count
 
     svc = stack.services()
     live = tmp_path / "data" / "relation"
     live.parent.mkdir()
-    live.write_bytes(os.urandom(3 * 5 * MiB))
+    live.write_bytes(os.urandom(10 * MiB) + b"row " * (5 * MiB // 4))
     db = tmp_path / "unused.db"
     sqlite3.connect(db).close()
     config = AgentConfig(
@@ -101,27 +109,30 @@ def test_a_part_that_changes_after_checksumming_is_signed_again_and_stored_as_re
         part_size=5 * MiB, part_count=part_count(15 * MiB, 5 * MiB),
     )  # fmt: skip
 
-    sums = ObjectChecksums.model_validate(agent.do_checksum({"object": item.model_dump()}))
-    signed = backup.sign(item, sums, None, svc)
-    with open(live, "r+b") as f:  # the database rewrites a page in part 2
+    sums = ObjectChecksums.model_validate(agent.do_pack({"object": item.model_dump()}))
+    as_read = live.read_bytes()
+    with open(live, "r+b") as f:  # the database rewrites a page after the object was read
         f.seek(7 * MiB)
         f.write(os.urandom(8192))
+    signed = backup.sign(item, sums, None, svc)
+    urls = svc.get_work(signed["urls_key"])
+    assert "Signature" not in json.dumps(signed)  # URLs stay out of the execution's history
     args = {"object": item.model_dump(), "upload_id": signed["upload_id"]}
-    first = agent.do_upload({**args, "checksums": signed["checksums"], "parts": signed["parts"]})
-    changed = [PartChecksum.model_validate(p) for p in first["changed"]]
-    assert [p.part_number for p in changed] == [2]
-    assert sorted(p["part_number"] for p in first["parts"]) == [1, 3]
-
-    resigned = backup.sign(item, sums, signed["upload_id"], svc, changed)
-    assert [p["part_number"] for p in resigned["parts"]] == [2]  # only the missing part
-    second = agent.do_upload(
-        {**args, "checksums": resigned["checksums"], "parts": resigned["parts"]}
-    )
-    assert second["changed"] == []
-    uploaded = [UploadedPart.model_validate(p) for p in second["parts"]]
-    final = ObjectChecksums.model_validate(resigned["checksums"])
-    result = backup.complete(item, final, signed["upload_id"], uploaded, svc)
+    sent = agent.do_upload({**args, "checksums": signed["checksums"], **urls})
+    assert sorted(p["part_number"] for p in sent["parts"]) == [p.part_number for p in sums.parts]
+    uploaded = [UploadedPart.model_validate(p) for p in sent["parts"]]
+    result = backup.complete(item, sums, signed["upload_id"], uploaded, svc)
     assert result.verified_by == "attributes"
     stored = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=item.key)["Body"].read()
-    assert stored == live.read_bytes()  # the object holds the bytes as they were read
-    assert crc64nvme_of_bytes(stored) == final.crc64nvme
+    assert crc64nvme_of_bytes(stored) == sums.crc64nvme
+    assert len(sums.parts) == 3  # 10 MiB stored raw (+1 byte a frame), the rest compressed
+    assert len(stored) < 11 * MiB  # compressed
+    manifest = Manifest(
+        backup_id="b1", cluster="live", engine="sqlite", started_at=0, completed_at=0,
+        checkpoint_skew_seconds=0, part_size=5 * MiB, bytes=15 * MiB, objects=1,
+        parts=len(sums.parts), verification="", shards=[ManifestShard(
+            shard_id="s1", node_id="n1", marker={}, checkpoint_at=0, streams=[ManifestStream(
+                phase=Phase.DATA, files=files, objects=[result])])],
+    )  # fmt: skip
+    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    assert (roots["s1"] / "relation").read_bytes() == as_read  # the bytes as they were read
