@@ -38,6 +38,7 @@ AGENT_POLICY_NAME = "ShardVaultAgentPolicy"
 AGENT_ROLE_NAME = "ShardVaultAgentRole"
 # The principal tag that names an agent's node; DynamoDB LeadingKeys must equal it.
 NODE_ID_TAG = "shardvault:node_id"
+CLUSTER_TAG = "shardvault:cluster"  # on a node role: the cluster whose data keys it unwraps
 # Set on a staging object once its backup is in the vault; lifecycle expires tagged objects.
 PROMOTED_TAG = "shardvault:promoted"
 

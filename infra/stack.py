@@ -18,6 +18,7 @@ from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from cdk_nag import NagSuppressions
 from constructs import Construct
@@ -57,6 +58,14 @@ class ShardVaultStack(Stack):
         self.storage = Storage(self, "Storage")
         self.tables = Tables(self, "Tables")
         self.notifications = Notifications(self, "Notifications")
+        # Wraps the data keys of clusters whose policy says encryption: kms (shardvault/keys.py).
+        self.data_key = kms.Key(
+            self,
+            "DataKey",
+            alias="shardvault-data",
+            description="ShardVault: wraps the data keys that seal backup frames.",
+            enable_key_rotation=True,
+        )
         self.functions = BackupFunctions(self, "Functions", environment=self._environment())
         self._grant_functions()
         self._grant_vault_functions()
@@ -92,7 +101,8 @@ class ShardVaultStack(Stack):
             inbox=self.tables.inbox,
             nodes=self.tables.nodes,
             catalog=self.tables.catalog,
-            node_ids=agent_nodes(self),
+            node_clusters=agent_nodes(self),
+            data_key=self.data_key,
         )
         self._outputs()
 
@@ -109,6 +119,7 @@ class ShardVaultStack(Stack):
             "TOPIC_ARN": self.notifications.topic.topic_arn,
             "VAULT_URL": f"s3://{self.storage.vault.bucket_name}/{BACKUPS_PREFIX.rstrip('/')}",
             "POLICY": policy_text(self.policy),
+            "DATA_KEY_ID": self.data_key.key_arn,
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
         }
@@ -124,6 +135,13 @@ class ShardVaultStack(Stack):
             iam.PolicyStatement(
                 actions=["states:DescribeExecution"],
                 resources=policies.execution_arns(self, BACKUP_STATE_MACHINE_NAME)[:1],
+            ),
+            # A wrapped data key per encrypted backup (never the plaintext: WithoutPlaintext),
+            # always bound to a cluster's encryption context.
+            data_key_statement(
+                self.data_key,
+                "kms:GenerateDataKeyWithoutPlaintext",
+                {"StringLike": {CLUSTER_KEY: "*"}},
             ),
         )
         grant(
@@ -398,15 +416,33 @@ class ShardVaultStack(Stack):
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # as the agent's config requires
 
 
-def agent_nodes(scope: Construct) -> list[str]:
-    """Node ids from the CDK context ``agentNodes`` (a JSON list or a comma-separated string):
-    one agent role and instance profile is made for each."""
+CLUSTER_KEY = "kms:EncryptionContext:shardvault:cluster"
+
+
+def data_key_statement(
+    key: kms.IKey, action: str, conditions: dict[str, dict[str, str]]
+) -> iam.PolicyStatement:
+    """One KMS action on the data key, under the given conditions."""
+    return iam.PolicyStatement(actions=[action], resources=[key.key_arn], conditions=conditions)
+
+
+def agent_nodes(scope: Construct) -> dict[str, str | None]:
+    """Node ids from the CDK context ``agentNodes`` (a JSON list or a comma-separated string),
+    each optionally with its cluster (``node-1=orders``): one agent role and instance profile
+    is made for each, tagged with both; a node's agent may unwrap data keys of its own
+    cluster only, so a node without one cannot back up or restore an encrypted cluster."""
     value = scope.node.try_get_context("agentNodes") or []
-    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value)]
-    bad = [n for n in names if not NODE_ID.fullmatch(n)]
-    if bad:
-        raise ValueError(f"agentNodes: {bad} are not node ids (1-63 of a-z, 0-9, '.', '_', '-').")
-    return names
+    entries = [n.strip() for n in (value.split(",") if isinstance(value, str) else value)]
+    nodes = {}
+    for entry in entries:
+        node, _, cluster = entry.partition("=")
+        if not NODE_ID.fullmatch(node) or (cluster and not NODE_ID.fullmatch(cluster)):
+            raise ValueError(
+                f"agentNodes: {entry!r} is not a node id, or node=cluster (each 1-63 of a-z, "
+                "0-9, '.', '_', '-')."
+            )
+        nodes[node] = cluster or None
+    return nodes
 
 
 def deployed_policy(scope: Construct) -> Policy:

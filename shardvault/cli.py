@@ -38,7 +38,7 @@ from rich.table import Table
 
 from shardvault import operations as ops
 from shardvault.errors import InvalidRequest, ShardVaultError
-from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier
+from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
 
 console = Console()
@@ -218,7 +218,8 @@ def print_summary(record: dict[str, Any]) -> None:
         ("backup id", record.get("backup_id", "")),
         ("nodes", ", ".join(record.get("nodes", []))),
         ("shards", ", ".join(record.get("shards", []))),
-        ("bytes", f"{record.get('bytes', 0):,} ({record.get('bytes', 0) / MiB:.1f} MiB)"),
+        ("bytes read", f"{record.get('bytes', 0):,} ({record.get('bytes', 0) / MiB:.1f} MiB)"),
+        ("bytes stored", stored_cell(record)),
         ("objects", str(record.get("objects", ""))),
         ("parts", str(record.get("parts", ""))),
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
@@ -477,9 +478,18 @@ def print_spend(spend: list[Any]) -> None:
     console.print(table)
 
 
+def stored_cell(record: dict[str, Any]) -> str:
+    """Bytes in the store and their share of the bytes read (compression)."""
+    stored, read = recorded_stored_bytes(record), record.get("bytes", 0)
+    share = f" ({stored / read:.1%} of read)" if read else ""
+    return f"{stored:,}{share}"
+
+
 def run_list(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
-    table = Table("cluster", "backup id", "status", "bytes", "objects", "duration", "started")
+    table = Table(
+        "cluster", "backup id", "status", "bytes read", "stored", "objects", "duration", "started"
+    )
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("started_at", 0)))
         duration = f"{r['duration_seconds']:.1f} s" if "duration_seconds" in r else ""
@@ -488,6 +498,7 @@ def run_list(args: argparse.Namespace) -> int:
             r["backup_id"],
             r.get("status", ""),
             f"{r.get('bytes', r.get('bytes_done', 0)):,}",
+            stored_cell(r) if "bytes" in r else "",
             str(r.get("objects", "")),
             duration,
             started,

@@ -28,7 +28,7 @@ from itertools import pairwise
 from typing import Any, NamedTuple
 
 from shardvault.errors import ShardVaultError
-from shardvault.models import Frozen
+from shardvault.models import Frozen, recorded_stored_bytes
 from shardvault.planning import (
     GiB,
     MiB,
@@ -550,7 +550,7 @@ def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
         if record.get("status") != "COMPLETE":
             continue
         key = (str(record["cluster"]), _recorded_class(record))
-        size, objects = int(record.get("bytes", 0)), max(1, int(record.get("objects", 1)))
+        size, objects = recorded_stored_bytes(record), max(1, int(record.get("objects", 1)))
         was = totals.get(key, Spend(*key, 0, 0, 0.0))
         totals[key] = Spend(
             *key,

@@ -91,6 +91,10 @@ class WrongKey(ShardVaultError):
     """The data key at hand is not the one the backup was encrypted with."""
 
 
+class KeyUnavailable(ShardVaultError):
+    """KMS would not wrap or unwrap a backup's data key (permission, key state, context)."""
+
+
 class UploadIncomplete(ShardVaultError):
     """Objects of a planned phase have no verified result (an upload task failed)."""
 

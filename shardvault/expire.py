@@ -17,7 +17,7 @@ from typing import Any
 
 from shardvault import costs
 from shardvault.errors import ExpiryFailed, InvalidRequest
-from shardvault.models import BackupStatus
+from shardvault.models import BackupStatus, recorded_stored_bytes
 from shardvault.planning import backup_prefix
 from shardvault.policy import BackupKind
 from shardvault.retention import BackupRecord, RetentionDecision, decide, deletion_batches
@@ -56,7 +56,7 @@ def records(cluster: str, svc: Services) -> list[BackupRecord]:
                 parent_id=r.get("parent_id"),
                 storage_class=r.get("storage_class", "STANDARD"),
                 retain_until=datetime.fromisoformat(until) if until else None,
-                bytes=r.get("bytes", 0),
+                bytes=recorded_stored_bytes(r),
                 objects=max(1, r.get("objects", 1)),
             )
         )

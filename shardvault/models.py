@@ -19,6 +19,7 @@ import difflib
 import gzip
 import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -150,6 +151,12 @@ def pack_files(files: list[FileEntry]) -> str:
 def unpack_files(packed: str) -> list[FileEntry]:
     pairs = json.loads(gzip.decompress(base64.b64decode(packed)))
     return [FileEntry(path=p, size=s) for p, s in pairs]
+
+
+def recorded_stored_bytes(record: Mapping[str, Any]) -> int:
+    """What the store holds for a backup's catalog record (compressed, sealed): its
+    ``stored_bytes``; records of backups made before compression hold only ``bytes``."""
+    return int(record.get("stored_bytes") or record.get("bytes", 0))
 
 
 class LockMode(StrEnum):
@@ -292,6 +299,21 @@ class UploadLimits(Frozen):
     parallelism: Annotated[int, Field(ge=1)] | None = None
 
 
+class Encryption(Frozen):
+    """How a backup's frames are sealed: AES-256-GCM under a *data key*, one per chain.
+
+    Only the key wrapped by KMS (``wrapped_key``, base64 of KMS's ciphertext blob) is ever
+    written down (task inputs, the manifest, the catalog's context); it opens only through
+    ``kms:Decrypt`` with exactly ``context``, which names the cluster, and which the agents of
+    that cluster alone are allowed. The plaintext key lives in an agent's memory while it
+    packs or restores, nowhere else."""
+
+    key_id: str  # the KMS key that wrapped it
+    wrapped_key: str
+    context: dict[str, str]  # the KMS encryption context: {"shardvault:cluster": ..., ...}
+    key_check: str | None = None  # shardvault.pipeline.key_check, recorded once a frame is sealed
+
+
 class BackupContext(Frozen):
     """What validation decided; passed along the state machine as ``$.backup``."""
 
@@ -306,6 +328,7 @@ class BackupContext(Frozen):
     vault: VaultTarget | None = None  # None: the backup stays in the store
     upload: UploadLimits = Field(default_factory=UploadLimits)
     compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
+    encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
 
 
 class ObjectPlan(Frozen):
@@ -352,6 +375,7 @@ class ObjectChecksums(Frozen):
     crc64nvme: str  # full-object
     stored_length: int
     frames: str  # shardvault.pipeline.pack_frames
+    key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
 
 
 class UploadedPart(Frozen):
@@ -383,6 +407,7 @@ class ObjectResult(Frozen):
     stored_length: int | None = None
     frame_size: int = 0
     frames: str = ""
+    key_check: str | None = None  # sealed frames: the data key's check value
 
     @property
     def stored_bytes(self) -> int:
@@ -418,6 +443,7 @@ class Manifest(Frozen):
     parts: int
     verification: str
     stored_bytes: int | None = None  # what the store holds (compressed); None in format 1
+    encryption: Encryption | None = None  # sealed frames: the wrapped data key
 
 
 # --- Restore -----------------------------------------------------------------------------------
@@ -517,3 +543,4 @@ class DownloadItem(Frozen):
     frame_size: int = 0
     frames: str = ""
     place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames
+    key_check: str | None = None  # sealed frames (the wrapped key travels in the layout)

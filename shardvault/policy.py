@@ -295,6 +295,12 @@ class ClusterPolicy(Frozen):
     compression: Compression = Field(
         default_factory=Compression, description="How backups are compressed."
     )
+    encryption: Literal["none", "kms"] = Field(
+        "none",
+        description="kms: agents seal every frame with AES-256-GCM under a data key wrapped by "
+        "the deployment's KMS key, with an encryption context naming the cluster (a reader of "
+        "the bucket sees no plaintext); none: frames are stored as compressed.",
+    )
     budget_usd_per_month: float | None = Field(
         None, gt=0, strict=True, description="Monthly budget in USD; null: none."
     )

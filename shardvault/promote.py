@@ -238,7 +238,7 @@ def held_in_vault(
         if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
             return None
         raise
-    if crc != obj.crc64nvme or size != obj.length:
+    if crc != obj.crc64nvme or size != obj.stored_bytes:
         return None
     stored = read_lock(svc, key)
     return None if stored.problem(vault, until, vault.storage_class) else stored
@@ -262,10 +262,10 @@ def copy_into_vault(
         body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=obj.key)["Body"]
         svc.vault_s3.upload_fileobj(body, svc.vault.bucket, key, ExtraArgs=extra)
     crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
-    if crc != obj.crc64nvme or size != obj.length:
+    if crc != obj.crc64nvme or size != obj.stored_bytes:
         raise ChecksumMismatch(
             f"the vault's copy of {obj.key} holds {size} bytes with CRC64NVME {crc}; the "
-            f"manifest says {obj.length} bytes with {obj.crc64nvme}.",
+            f"manifest says {obj.stored_bytes} bytes with {obj.crc64nvme}.",
             fix="the promotion is retried from this object on; the backup stays restorable "
             "from the store meanwhile.",
         )

@@ -31,6 +31,7 @@ from shardvault.errors import (
 from shardvault.models import (
     BackupStatus,
     DownloadItem,
+    Encryption,
     Manifest,
     ManifestShard,
     NodeRecord,
@@ -180,7 +181,9 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     svc.put_work(plan_key, items)
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
-        svc.put_work(prepare_key(svc, context, assignment.node_id), prepare_args(shards))
+        svc.put_work(
+            prepare_key(svc, context, assignment.node_id), prepare_args(shards, manifest.encryption)
+        )
     svc.catalog.put(
         {
             "cluster": context.target_cluster,
@@ -210,7 +213,7 @@ def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
     return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
 
 
-def prepare_args(shards: list[ManifestShard]) -> dict[str, Any]:
+def prepare_args(shards: list[ManifestShard], encryption: Encryption | None) -> dict[str, Any]:
     """What a node needs to lay out its shards before any byte arrives: every stream's files
     (packed) and the byte ranges of its objects."""
     return {
@@ -218,6 +221,8 @@ def prepare_args(shards: list[ManifestShard]) -> dict[str, Any]:
             {
                 "shard_id": shard.shard_id,
                 "marker": shard.marker,
+                # The wrapped data key (never the key): the node unwraps it itself.
+                "encryption": encryption.model_dump(mode="json") if encryption else None,
                 "streams": [
                     {
                         "phase": stream.phase.value,
@@ -252,6 +257,7 @@ def download_items(
             part_count=obj.part_count,
             crc64nvme=obj.crc64nvme,
             part_crc64nvme=obj.part_crc64nvme,
+            key_check=obj.key_check,
             source=context.source,
             stored_length=obj.stored_length,
             frame_size=obj.frame_size,

@@ -72,6 +72,10 @@ class Services:
         return load_policy(self.settings.policy_file) if self.settings.policy_file else None
 
     @cached_property
+    def kms(self) -> Any:
+        return boto3.client("kms")
+
+    @cached_property
     def work_s3(self) -> Any:
         return s3_client()
 

@@ -54,6 +54,11 @@ class Settings(BaseModel):
         600.0, description="How long one promotion call copies before it is called again."
     )
     topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
+    data_key_id: str | None = Field(
+        None,
+        description="The KMS key that wraps the data keys of clusters whose policy says "
+        "encryption: kms; none: such backups are refused.",
+    )
     url_ttl_seconds: int = Field(3600, description="Lifetime of presigned part URLs.")
     heartbeat_max_age_seconds: float = Field(
         30.0, description="A node whose agent has not heartbeated for longer is unavailable."

@@ -19,8 +19,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import boto3
+
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
 from shardvault.models import (
+    Encryption,
     FileEntry,
     ObjectChecksums,
     ObjectPlan,
@@ -33,6 +36,7 @@ from shardvault.models import (
 from shardvault.pipeline import FrameCodec, pack_frames
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
+from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
 from shardvault_agent.statefiles import write_json
@@ -49,9 +53,15 @@ MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the re
 
 class Commands:
     def __init__(
-        self, config: AgentConfig, engine: EngineAdapter, limiter: RateLimiter, sender: PartSender
+        self,
+        config: AgentConfig,
+        engine: EngineAdapter,
+        limiter: RateLimiter,
+        sender: PartSender,
+        keys: DataKeys | None = None,
     ) -> None:
         self.config, self.engine, self.limiter, self.sender = config, engine, limiter, sender
+        self.keys = keys or DataKeys(lambda: boto3.client("kms"))
         self.locks: dict[str, threading.Lock] = {}
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
@@ -59,7 +69,7 @@ class Commands:
     @cached_property
     def restorer(self) -> Restorer:
         downloader = Downloader(self.sender.http, self.config.part_attempts, self.limiter)
-        return Restorer(self.config, downloader)
+        return Restorer(self.config, downloader, self.keys)
 
     def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
@@ -136,6 +146,21 @@ class Commands:
             limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
         return limiter, parallelism
 
+    def _encryption_path(self, backup_id: str) -> Path:
+        return self.backup_dir(backup_id) / "encryption.json"
+
+    def save_encryption(self, backup_id: str, encryption: dict[str, Any] | None) -> None:
+        """Keeps the backup's wrapped data key (never the key itself) for its pack commands."""
+        path = self._encryption_path(backup_id)
+        if encryption:
+            write_json(path, Encryption.model_validate(encryption).model_dump(mode="json"))
+        else:
+            path.unlink(missing_ok=True)
+
+    def encryption(self, backup_id: str) -> Encryption | None:
+        path = self._encryption_path(backup_id)
+        return Encryption.model_validate_json(path.read_text()) if path.exists() else None
+
     def shards(self) -> dict[str, ShardConfig]:
         """The shards this node holds: its configuration's, and those it restored and adopted
         (a configured shard of the same id wins)."""
@@ -199,6 +224,7 @@ class Commands:
         with self._lock(backup_id):
             self._refuse_released(backup_id)
             self.save_limits(backup_id, args.get("upload"))
+            self.save_encryption(backup_id, args.get("encryption"))
             for shard in shards:
                 held = self.engine.holds(shard, backup_id)
                 if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
@@ -258,7 +284,8 @@ class Commands:
             return json.loads(summary.read_text())
         capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
         limiter, _ = self.limits(item.backup_id)
-        codec = FrameCodec(level=item.compression_level)
+        sealer = self.keys.sealer(self.encryption(item.backup_id))
+        codec = FrameCodec(level=item.compression_level, sealer=sealer)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         with open(partial, "wb") as out:
@@ -269,6 +296,7 @@ class Commands:
             crc64nvme=packed.crc64nvme,
             stored_length=packed.stored_length,
             frames=pack_frames(packed.frames),
+            key_check=sealer.check if sealer else None,
         )
         result = sums.model_dump(mode="json")
         partial.replace(path)

@@ -49,11 +49,12 @@ from shardvault.errors import (
     TargetNotReady,
     TargetTooSmall,
 )
-from shardvault.models import DownloadItem, Engine, unpack_files
+from shardvault.models import DownloadItem, Encryption, Engine, unpack_files
 from shardvault.pipeline import (
     FrameCodec,
     FrameSink,
     FrameSpan,
+    Sealer,
     fetch_ranges,
     frame_spans,
     unpack_frames,
@@ -62,6 +63,7 @@ from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
 from shardvault_agent.checks import postgres_checks, raise_if_refused, sqlite_checks
 from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.keys import DataKeys
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import Downloader
 
@@ -151,8 +153,8 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 class Restorer:
-    def __init__(self, config: AgentConfig, downloader: Downloader) -> None:
-        self.config, self.downloader = config, downloader
+    def __init__(self, config: AgentConfig, downloader: Downloader, keys: DataKeys) -> None:
+        self.config, self.downloader, self.keys = config, downloader, keys
         # Finish and abort of one restore may run at once (the reaper's abort arrives while a
         # finish is starting a server): each shard's finish and the abort take turns, so an
         # abort never misses a server that is starting.
@@ -322,6 +324,10 @@ class Restorer:
         record.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(record)
         reads = planned_reads(item)
+        encryption = layout.get("encryption")
+        sealer = self.keys.sealer(
+            Encryption.model_validate(encryption) if encryption else None, item.key_check
+        )
         todo = [r for r in reads if r.number not in done]
         if done:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
@@ -329,7 +335,7 @@ class Restorer:
 
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
-            crc = fetch_range(self.downloader, url, item, read, files)
+            crc = fetch_range(self.downloader, url, item, read, files, sealer)
             files.flush_behind(item.stream_offset + read.plain_offset, read.plain_size)
             with guard, record.open("a") as out:
                 out.write(f"{read.number} {crc}\n")
@@ -597,7 +603,12 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
 
 
 def fetch_range(
-    downloader: Downloader, url: str, item: DownloadItem, read: RangeRead, files: ShardFiles
+    downloader: Downloader,
+    url: str,
+    item: DownloadItem,
+    read: RangeRead,
+    files: ShardFiles,
+    sealer: Sealer | None = None,
 ) -> str:
     """Fetches one read into the staged files; returns the stored bytes' CRC64NVME. Frames are
     decoded and each checked against its plaintext checksum before it is written."""
@@ -615,7 +626,7 @@ def fetch_range(
         return crc
     sink = FrameSink(
         read.spans,
-        FrameCodec(),
+        FrameCodec(sealer=sealer),
         item.place,
         lambda offset, plain: files.write(item.stream_offset + offset, plain),
         where=item.key,

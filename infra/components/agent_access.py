@@ -18,11 +18,12 @@ from __future__ import annotations
 from aws_cdk import Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
 from infra import policies
-from infra.constants import AGENT_POLICY_NAME, AGENT_ROLE_NAME, NODE_ID_TAG
+from infra.constants import AGENT_POLICY_NAME, AGENT_ROLE_NAME, CLUSTER_TAG, NODE_ID_TAG
 
 INBOX_ACTIONS = (
     "dynamodb:Query",
@@ -67,7 +68,8 @@ class AgentAccess(Construct):
         inbox: dynamodb.ITable,
         nodes: dynamodb.ITable,
         catalog: dynamodb.ITable,
-        node_ids: list[str],
+        node_clusters: dict[str, str | None],
+        data_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         self.policy = iam.ManagedPolicy(
@@ -82,9 +84,23 @@ class AgentAccess(Construct):
                 catalog_statuses(catalog),
                 # Task tokens are the capability here: these actions take no resource ARN.
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),
+                # Data keys of the node's own cluster only (its role's cluster tag).
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[data_key.key_arn],
+                    conditions={
+                        "StringEquals": {
+                            "kms:EncryptionContext:shardvault:cluster": "${aws:PrincipalTag/"
+                            + CLUSTER_TAG
+                            + "}"
+                        }
+                    },
+                ),
             ],
         )
-        self.roles = {node_id: self._node_role(node_id) for node_id in node_ids}
+        self.roles = {
+            node_id: self._node_role(node_id, cluster) for node_id, cluster in node_clusters.items()
+        }
         NagSuppressions.add_resource_suppressions(
             self.policy,
             [
@@ -98,8 +114,9 @@ class AgentAccess(Construct):
             ],
         )
 
-    def _node_role(self, node_id: str) -> iam.Role:
-        """The role of one node's agent: tagged with the node id, the policy and nothing else."""
+    def _node_role(self, node_id: str, cluster: str | None) -> iam.Role:
+        """The role of one node's agent: tagged with the node id (and its cluster, which
+        scopes the data keys it may unwrap), the policy and nothing else."""
         role = iam.Role(
             self,
             f"Node-{node_id}",
@@ -109,6 +126,8 @@ class AgentAccess(Construct):
             managed_policies=[self.policy],
         )
         Tags.of(role).add(NODE_ID_TAG, node_id)
+        if cluster:
+            Tags.of(role).add(CLUSTER_TAG, cluster)
         iam.CfnInstanceProfile(
             self,
             f"Profile-{node_id}",

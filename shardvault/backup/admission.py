@@ -30,11 +30,13 @@ from shardvault.errors import (
     ShardWithoutLeader,
     UnknownCluster,
 )
+from shardvault.keys import new_data_key
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
     BackupRequest,
     BackupStatus,
+    Encryption,
     NodeRecord,
     Role,
     Source,
@@ -89,7 +91,11 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         )
     policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     vault = vault_target(request, svc, policy)
-    backup_id = take_lock(svc, request, new_backup_id(now))
+    candidate = new_backup_id(now)
+    encryption = data_key(policy, svc, request.cluster, candidate)  # refused before the lock
+    backup_id = take_lock(svc, request, candidate)
+    if encryption and backup_id != candidate:  # our earlier attempt's lock: its id names the chain
+        encryption = data_key(policy, svc, request.cluster, backup_id)
     context = BackupContext(
         backup_id=backup_id,
         cluster=request.cluster,
@@ -102,6 +108,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         vault=vault,
         upload=upload_limits(policy),
         compression_level=policy.compression.level if policy else DEFAULT_COMPRESSION_LEVEL,
+        encryption=encryption,
     )
     svc.catalog.put(
         {
@@ -121,6 +128,16 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         }
     )
     return context
+
+
+def data_key(
+    cluster: ClusterPolicy | None, svc: Services, name: str, chain_id: str
+) -> Encryption | None:
+    """A new wrapped data key when the policy encrypts the cluster (every backup starts its
+    own chain until incrementals continue one); None otherwise."""
+    if cluster is None or cluster.encryption != "kms":
+        return None
+    return new_data_key(svc, name, chain_id)
 
 
 def cluster_policy(cluster: str, svc: Services) -> ClusterPolicy | None:

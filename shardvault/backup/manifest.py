@@ -13,6 +13,7 @@ from shardvault.errors import UploadIncomplete
 from shardvault.models import (
     BackupContext,
     BackupStatus,
+    Encryption,
     Manifest,
     ManifestShard,
     ManifestStream,
@@ -91,7 +92,24 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         parts=sum(r.part_count for r in results),
         verification=verification_summary(results),
         stored_bytes=sum(r.stored_bytes for r in results),
+        encryption=sealed_with(context, results),
     )
+
+
+def sealed_with(context: BackupContext, results: list[ObjectResult]) -> Encryption | None:
+    """The backup's wrapped data key, with the check value its agents reported: every object
+    of an encrypted backup must have been sealed, and with the same key."""
+    if context.encryption is None:
+        return None
+    checks = {r.key_check for r in results}
+    if None in checks or len(checks) > 1:
+        raise UploadIncomplete(
+            f"backup {context.backup_id} is to be encrypted, but its objects report key checks "
+            f"{sorted(str(c) for c in checks)}: some were stored unsealed or under another key.",
+            fix="upgrade every agent of the cluster (a version that seals frames), then start "
+            "the backup again.",
+        )
+    return context.encryption.model_copy(update={"key_check": checks.pop() if checks else None})
 
 
 def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) -> None:

@@ -102,6 +102,7 @@ def complete(
         stored_length=sums.stored_length,
         frame_size=item.frame_size,
         frames=sums.frames,
+        key_check=sums.key_check,
     )
     key = svc.work_key(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"

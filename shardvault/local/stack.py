@@ -217,6 +217,7 @@ class LocalStack:
             store_secret_access_key=credentials[1] if credentials else None,
             verify_mode="attributes" if credentials else "readback",
             topic_arn=self._create_resources(),
+            data_key_id=self._create_data_key(),
             heartbeat_max_age_seconds=self.heartbeat_max_age,
             thaw_first_wait_seconds=1,
             vault_url=f"s3://{NAMES['vault_bucket']}/backups",
@@ -328,6 +329,13 @@ class LocalStack:
         # The vault: moto's S3 keeps archive storage classes and Object Lock as S3 does.
         s3.create_bucket(Bucket=NAMES["vault_bucket"], ObjectLockEnabledForBucket=True)
         return boto3.client("sns").create_topic(Name="shardvault-notifications")["TopicArn"]
+
+    def _create_data_key(self) -> str:
+        """The KMS key (moto's) that wraps data keys, as the stack's key does on AWS."""
+        kms = boto3.client("kms")
+        key_id = kms.create_key(Description="ShardVault data keys")["KeyMetadata"]["KeyId"]
+        kms.create_alias(AliasName="alias/shardvault-data", TargetKeyId=key_id)
+        return key_id
 
     def _create_state_machine(self, name: str) -> str:
         definition = render_asl(

@@ -25,6 +25,7 @@ from infra.constants import (
     AGENT_POLICY_NAME,
     BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
+    CLUSTER_TAG,
     FUNCTIONS,
     NODE_ID_TAG,
     PROMOTED_TAG,
@@ -63,6 +64,7 @@ EXPECTED_ENVIRONMENT = {
     "TOPIC_ARN",
     "VAULT_URL",
     "POLICY",
+    "DATA_KEY_ID",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
 }
@@ -72,7 +74,7 @@ ALLOWED_CFN_LINT_WARNINGS = {
 }
 
 
-AGENT_NODES = ["node-1", "node-2"]
+AGENT_NODES = ["node-1=orders", "node-2"]
 
 
 @dataclass
@@ -680,12 +682,53 @@ def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> N
         "ForAllValues:StringEquals": {"dynamodb:Attributes": ["cluster", "backup_id", "status"]},
         "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"},
     }
-    others = [a for s in statements if s not in dynamo for a in actions(s)]
+    kms_statements = [s for s in statements if any(a.startswith("kms:") for a in actions(s))]
+    others = [a for s in statements if s not in dynamo + kms_statements for a in actions(s)]
     assert sorted(others) == [
         "states:SendTaskFailure",
         "states:SendTaskHeartbeat",
         "states:SendTaskSuccess",
     ]
+
+
+def test_agents_unwrap_data_keys_of_their_own_cluster_only(synth: Synthesized) -> None:
+    _, statements = _agent_policy(synth)
+    (unwrap,) = [s for s in statements if any(a.startswith("kms:") for a in actions(s))]
+    assert actions(unwrap) == ["kms:Decrypt"]
+    assert referenced_ids(unwrap["Resource"]) == {only_id_of_kind(synth, "AWS::KMS::Key", "Data")}
+    assert unwrap["Condition"] == {
+        "StringEquals": {
+            "kms:EncryptionContext:shardvault:cluster": "${aws:PrincipalTag/shardvault:cluster}"
+        }
+    }
+    roles = resources_of(synth, "AWS::IAM::Role").values()
+    clusters = {
+        t["Value"]
+        for r in roles
+        for t in r["Properties"].get("Tags", [])
+        if t["Key"] == CLUSTER_TAG
+    }
+    assert clusters == {"orders"}  # node-1=orders; node-2 names no cluster: it unwraps nothing
+
+
+def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Synthesized) -> None:
+    for module, statements in _function_statements(synth).items():
+        kms_actions = {a for s in statements for a in actions(s) if a.startswith("kms:")}
+        data_key_actions = {
+            a
+            for s in statements
+            for a in actions(s)
+            if a.startswith("kms:") and "Data" in json.dumps(s["Resource"])
+        }
+        if module == "validate_backup":
+            assert data_key_actions == {"kms:GenerateDataKeyWithoutPlaintext"}
+        else:
+            assert not data_key_actions, (module, kms_actions)
+
+
+def only_id_of_kind(synth: Synthesized, kind: str, contains: str) -> str:
+    (logical_id,) = [k for k in resources_of(synth, kind) if contains in k]
+    return logical_id
 
 
 def test_each_node_has_an_ec2_role_tagged_with_its_id_and_only_the_policy(
@@ -703,7 +746,7 @@ def test_each_node_has_an_ec2_role_tagged_with_its_id_and_only_the_policy(
         (tag,) = [t for t in role["Properties"]["Tags"] if t["Key"] == NODE_ID_TAG]
         tags[tag["Value"]] = role_id
     # One role per node: a role's tags are the principal tags LeadingKeys compares with.
-    assert sorted(tags) == AGENT_NODES
+    assert sorted(tags) == [n.partition("=")[0] for n in AGENT_NODES]
     profiles = resources_of(synth, "AWS::IAM::InstanceProfile")
     assert len(profiles) == len(AGENT_NODES)
 

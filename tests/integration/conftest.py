@@ -206,7 +206,8 @@ def output(progress: ops.Progress) -> dict[str, Any]:
 def policy_for(stack, tmp_path, monkeypatch):
     """Points the stack at a policy file declaring the given cluster (keep one per day)."""
 
-    def write(cluster: str) -> None:
+    def write(cluster: str, **options: str) -> None:
+        """``options``: more fields of the cluster's entry, e.g. ``encryption="kms"``."""
         path = tmp_path / "policy.yaml"
         path.write_text(
             "version: 1\n"
@@ -216,6 +217,7 @@ def policy_for(stack, tmp_path, monkeypatch):
             "    schedule: {full: '0 2 * * *'}\n"
             "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
             "    retention: {keep_daily: 1}\n"
+            + "".join(f"    {name}: {value}\n" for name, value in options.items())
         )
         monkeypatch.setattr(stack.settings, "policy_file", str(path))
 

@@ -1,0 +1,70 @@
+"""Data keys: made wrapped by KMS for a cluster, unwrapped by an agent only with that cluster's
+encryption context, and checked against the key the backup was sealed with."""
+
+from __future__ import annotations
+
+import base64
+
+import boto3
+import pytest
+from moto import mock_aws
+from shardvault_agent.keys import DataKeys
+
+from shardvault.errors import InvalidRequest, KeyUnavailable, WrongKey
+from shardvault.keys import CLUSTER_CONTEXT, new_data_key
+from shardvault.models import Encryption
+from shardvault.pipeline import key_check
+
+
+class Svc:
+    def __init__(self, key_id: str | None) -> None:
+        self.kms = boto3.client("kms", region_name="us-east-1")
+        self.settings = type("S", (), {"data_key_id": key_id})()
+
+
+@pytest.fixture
+def kms_key():
+    with mock_aws():
+        kms = boto3.client("kms", region_name="us-east-1")
+        yield kms.create_key()["KeyMetadata"]["KeyId"]
+
+
+def keys() -> DataKeys:
+    return DataKeys(lambda: boto3.client("kms", region_name="us-east-1"))
+
+
+def test_the_control_plane_gets_only_a_wrapped_key_that_the_cluster_unwraps(kms_key):
+    wrapped = new_data_key(Svc(kms_key), "orders", "b1")
+    assert wrapped.context == {CLUSTER_CONTEXT: "orders", "shardvault:chain": "b1"}
+    assert set(Encryption.model_fields) == {"key_id", "wrapped_key", "context", "key_check"}
+    assert keys().sealer(wrapped) is not None
+
+
+def test_another_clusters_context_does_not_unwrap_the_key(kms_key):
+    wrapped = new_data_key(Svc(kms_key), "orders", "b1")
+    stolen = wrapped.model_copy(update={"context": {**wrapped.context, CLUSTER_CONTEXT: "other"}})
+    with pytest.raises(KeyUnavailable, match="did not unwrap"):
+        keys().sealer(stolen)
+
+
+def test_a_replaced_wrapped_key_is_named_before_any_frame_is_opened(kms_key):
+    sealed_with = new_data_key(Svc(kms_key), "orders", "b1")
+    check = keys().sealer(sealed_with).check
+    replaced = new_data_key(Svc(kms_key), "orders", "b1")  # valid, but another key
+    with pytest.raises(WrongKey):
+        keys().sealer(replaced, key_check=check)
+    assert check == key_check(
+        boto3.client("kms", region_name="us-east-1").decrypt(
+            CiphertextBlob=base64.b64decode(sealed_with.wrapped_key),
+            EncryptionContext=sealed_with.context,
+        )["Plaintext"]
+    )
+
+
+def test_a_deployment_without_a_data_key_refuses_by_name():
+    with mock_aws(), pytest.raises(InvalidRequest, match="no KMS key for data keys"):
+        new_data_key(Svc(None), "orders", "b1")
+
+
+def test_no_encryption_means_no_sealer():
+    assert keys().sealer(None) is None
