@@ -15,8 +15,8 @@ from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.backup import check_listings_match_sources
 from shardvault.errors import CheckpointNotFound, ChecksumMismatch, EngineError, InvalidRequest
+from shardvault.materialize import StreamWriter
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, Source
-from shardvault.readback import StreamWriter
 
 from .support import sqlite_agent
 
