@@ -44,7 +44,6 @@ from shardvault_agent.transfer import (
     Downloader,
     PartSender,
     pack_object,
-    stored_part,
     upload_object,
 )
 
@@ -324,7 +323,9 @@ class Commands:
         limiter, parallelism = self.limits(item.backup_id)
 
         def open_part(part: PartChecksum) -> BinaryIO:
-            return _Limited(stored_part(packed, part, item.part_size), part.size, limiter)
+            handle = open(packed, "rb")  # noqa: SIM115 (closed by _Limited's with)
+            handle.seek((part.part_number - 1) * item.part_size)
+            return _Limited(handle, part.size, limiter)
 
         def on_part(part: UploadedPart) -> None:
             with record.open("a") as out:
@@ -370,8 +371,8 @@ def _read_parts(path: Path) -> list[UploadedPart]:
 
 
 class _Limited:
-    """``size`` bytes of a file, whose reads pay the rate limiter (spooled bytes count like
-    source bytes)."""
+    """``size`` bytes of an open file from where it stands, whose reads pay the rate limiter
+    (a packed copy's bytes count like the source's)."""
 
     def __init__(self, handle: BinaryIO, size: int, limiter: RateLimiter) -> None:
         self.handle, self.remaining, self.limiter = handle, size, limiter

@@ -281,38 +281,6 @@ def upload_object(
     return [done[n] for n in sorted(done)]
 
 
-def stored_part(path: Path, part: PartChecksum, part_size: int) -> BinaryIO:
-    """A part's bytes of a packed copy."""
-    handle = open(path, "rb")  # noqa: SIM115 (closed by the caller's with)
-    handle.seek((part.part_number - 1) * part_size)
-    return _Window(handle, part.size)
-
-
-class _Window(io.RawIOBase):
-    """``size`` bytes of an open file from where it stands."""
-
-    def __init__(self, handle: BinaryIO, size: int) -> None:
-        self.handle, self.remaining = handle, size
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        want = self.remaining if size < 0 else min(size, self.remaining)
-        data = self.handle.read(want)
-        self.remaining -= len(data)
-        return data
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.handle.close()
-        super().close()
-
-
 def local_write_error(error: OSError, key: str) -> ShardVaultError:
     """A write into staging failed: the disk, not the network. Named, and never retried."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
