@@ -373,12 +373,12 @@ def _ratio_spread(values: dict[str, float] | None) -> str:
     return " / ".join(f"{values[k]:.2f}" for k in ("min", "median", "max"))
 
 
-def _mib(value: float | None) -> str:
-    return "—" if value is None else f"{value / MiB:,.0f}"
+def _mib(value: float) -> str:
+    return f"{value / MiB:,.0f}"
 
 
-def _mib1(value: float) -> str:
-    return f"{value / MiB:,.1f}"
+def _mib1(value: float | None) -> str:
+    return "—" if value is None else f"{value / MiB:,.1f}"
 
 
 def tools_table(summary: dict[str, Any]) -> str:
@@ -386,9 +386,10 @@ def tools_table(summary: dict[str, Any]) -> str:
     pairs = summary.get("pair_ratios", {})
     target = summary.get("shardvault", {}).get("object_target")
     rows = [
-        "| tool | wall s min / median / max | MiB/s read (median) | MiB read (restore: written) "
-        f"| MiB stored | objects (target {target}) | client CPU s | MinIO CPU s | load avg before "
-        "| ShardVault ÷ tool (medians) | ShardVault ÷ tool per round (min / median / max) |",
+        "| tool | wall s min / median / max | MiB/s (median, of MiB read) | MiB read (restores: "
+        f"written) | MiB stored | objects (target {target}) | client CPU s | MinIO CPU s "
+        "| load avg before | ShardVault ÷ tool (medians) | ShardVault ÷ tool per round "
+        "(min / median / max) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for tool, info in summary["tools"].items():
@@ -398,7 +399,7 @@ def tools_table(summary: dict[str, Any]) -> str:
         objects = "—" if info["objects"] is None else f"{info['objects']:.0f}"
         rows.append(
             f"| {info['label']} | {spread_s} | {info['mib_per_s']:.0f} | {_mib(info['bytes'])} | "
-            f"{_mib(info['stored_bytes'])} | {objects} | {_s(info['client_cpu_seconds'])} | "
+            f"{_mib1(info['stored_bytes'])} | {objects} | {_s(info['client_cpu_seconds'])} | "
             f"{_s(info['minio_cpu_seconds'])} | {_s(info['load_before']['min'])} to "
             f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} | "
             f"{_ratio_spread(pair)} |"
