@@ -1,5 +1,5 @@
-"""ShardVault's full backup and restore against raw s3transfer and pgBackRest, in one run on
-one machine.
+"""ShardVault's full backup and restore against pgBackRest and raw s3transfer, in one run on
+one machine, each tool configured as its users run it.
 
 Usage::
 
@@ -11,25 +11,57 @@ One PostgreSQL instance (``initdb --data-checksums``, ``wal_level=replica``,
 other work on the machine hits all alike:
 
 1. ``shardvault``: a full backup through the local stack (moto Step Functions executing the real
-   ASL, in-process Lambda handlers, MinIO as the store, one agent process), timed from
-   ``start_backup`` to the execution's SUCCEEDED (verified manifest written).
+   ASL, in-process Lambda handlers, MinIO as the store, one agent process), compressed with zstd
+   at the policy's ``compression.level`` (the bench cluster is not in the local policy file: the
+   default, 1) and not encrypted. Timed from ``start_backup`` to the execution's SUCCEEDED: the
+   checkpoint, packing (read, zstd, CRC64NVME) and uploading the data objects, the WAL tail
+   after ``pg_backup_stop``, verification of every stored object and the manifest written.
 2. ``shardvault-restore``: that backup restored into an empty one-node cluster (a second
    agent with a ``restore_dir``), timed from ``start_restore`` to the execution's SUCCEEDED: the
-   server recovered, running on its port, and ``pg_amcheck --all`` passed.
-3. ``s3-files``: boto3 ``upload_file`` of every file of that backup's data listing (read from its
-   manifest), one call per file, into a bucket of the same MinIO; ``TransferConfig`` with
-   ``--s3-chunk-mib`` parts (default 8, ShardVault's part size at this data size) and
-   ``--s3-concurrency`` threads (default 4, ShardVault's ``upload_parallelism`` per object),
-   unsigned payload with a CRC32 checksum as over HTTPS (``--s3-signed-payload``: botocore's
-   plain-HTTP default, a SHA-256 of every byte on both ends; see ``peers.s3_client``).
-4. ``s3-tar``: one ``upload_file`` of an uncompressed tar of the same files (building the tar
-   is not timed).
-5. ``s3-tar-tls``: the same tar into the second, TLS MinIO: a control for what TLS costs here.
-6. ``pgbackrest``: ``pgbackrest backup --type=full`` (``compress-type=none``, ``process-max=2``,
-   ``start-fast=y``) into the TLS MinIO (pgBackRest 2.45 speaks S3 only over TLS).
+   frames downloaded, decompressed and checked, the server recovered, running on its port, and
+   ``pg_amcheck --all`` passed.
+3. ``s3-files`` (uncompressed control): boto3 ``upload_file`` of every file of that backup's
+   data listing (read from its manifest), one call per file, into a bucket of the same MinIO;
+   ``TransferConfig`` with ``--s3-chunk-mib`` parts (default 8, ShardVault's part size at this
+   data size) and ``--s3-concurrency`` threads (default 4, ShardVault's ``upload_parallelism``
+   per object), unsigned payload with a CRC32 checksum as over HTTPS (``--s3-signed-payload``:
+   botocore's plain-HTTP default, a SHA-256 of every byte on both ends; see
+   ``peers.s3_client``). Timed from the first call to the last one's return.
+4. ``s3-tar`` (uncompressed control): one ``upload_file`` of an uncompressed tar of the same
+   files; only the upload is timed (building the tar is not).
+5. ``s3-tar-tls`` (uncompressed control): the same tar into the second, TLS MinIO: what TLS
+   costs here.
+6. ``pgbackrest``: ``pgbackrest backup --type=full`` as its users run it: ``compress-type=zst``
+   at its default level (3; no ``compress-level`` is set), ``process-max=2``,
+   ``start-fast=y``, into the TLS MinIO (pgBackRest 2.45 speaks S3 only over TLS). The same
+   setting compresses the WAL that ``archive-push`` stores. Timed from the command's start to
+   its exit: the checkpoint, reading, page-checksum checks, compressing and storing every
+   file, waiting for the backup's last WAL segment to be archived, and its manifest.
 7. ``pgbackrest-restore``: ``pgbackrest restore`` of that backup (``--type=immediate
-   --target-action=promote --archive-mode=off``) into an empty directory, the server started
-   and promoted, then the same ``pg_amcheck --all``.
+   --target-action=promote --archive-mode=off``; it decompresses) into an empty directory,
+   the server started and promoted, then the same ``pg_amcheck --all``; timed from the
+   command's start to ``pg_amcheck``'s success.
+
+*Bytes read* (``bytes``) is what a backup read from the database: ShardVault's data and tail
+streams (the manifest's ``bytes``), the listed files' sizes for s3transfer (the tar's size for
+the tar runs), the backup's ``size`` in ``pgbackrest info`` for pgBackRest. A restore's
+``bytes`` is what it wrote.
+
+*Stored bytes* (``stored_bytes``) is measured from the bucket, after the backup and before
+anything is deleted: a ``ListObjectsV2`` of the backup's keys, sizes summed. It counts
+completed objects only: parts of an unfinished multipart upload are not listed (and MinIO lists
+such uploads only by exact key, so they are not looked for). The keys:
+
+* ShardVault: everything under the backup's prefix in the store (its objects and
+  ``manifest.json``). The objects alone must equal both the manifest's ``stored_bytes`` and
+  the catalog record's, and there must be one per object of the manifest; the run fails if
+  not. The WAL tail is in these objects.
+* pgBackRest: everything under ``backup/<stanza>/<label>/`` in its repository (its files and
+  ``backup.manifest`` with its copy), plus the WAL segments the backup needs to be consistent
+  (``archive/<stanza>/``, from ``pgbackrest info``'s archive start to stop, and the
+  ``.backup`` history file): without them it cannot be restored, as ShardVault's cannot
+  without its tail. Both parts are kept in the results.
+* s3transfer: the keys it uploaded (uncompressed, so stored = read).
 
 Before each timed run the machine is *settled*: both agents are back at their idle poll rate
 (an agent polls its inbox every 50 ms for 30 s after its last command, and moto answers in
@@ -38,7 +70,9 @@ pages are written (``sync``). *Client CPU* is the CPU time of the tool's own pro
 ShardVault the agent plus this process (moto's Step Functions, DynamoDB and S3, and the Lambda
 handlers: on AWS that part runs off the database host); for s3transfer this process; for
 pgBackRest its processes. ShardVault's time is split by its execution history, the agent's log
-and timing probes on the in-process Lambda steps (``probes.py``); see ``report.py``.
+and timing probes on the in-process Lambda steps (``probes.py``); see ``report.py``, which also
+holds the targets (ShardVault's backup time and stored bytes against pgBackRest's, restore
+against restore), with ratios of the medians and per round.
 
 Raw results go to ``--out`` as JSON, the tables to stdout and beside the JSON as Markdown.
 Everything started here (both MinIO servers, PostgreSQL, the local stack and its agent) is
@@ -53,6 +87,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -73,6 +108,8 @@ import yaml
 from boto3.s3.transfer import TransferConfig
 from peers import (
     PGBACKREST_BUCKET,
+    PGBACKREST_REPO_PATH,
+    STANZA,
     PgBackRest,
     avoid_empty_put_stall,
     build_tar,
@@ -125,6 +162,8 @@ TOOLS = (
     "pgbackrest",
     "pgbackrest-restore",
 )
+PGBACKREST_COMPRESS_TYPE = "zst"  # at pgBackRest's default level for it (3)
+WAL_FILE = re.compile(r"^[0-9A-F]{24}")  # a WAL segment's name, or a history file's start
 RESTORE_CLUSTER = "bench-restored"
 RESTORE_NODE = "restore-node-1"
 TOP_LEVEL_STATES = set(json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"])
@@ -187,17 +226,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def labels(args: argparse.Namespace) -> dict[str, str]:
+def labels(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     s3 = f"{args.s3_chunk_mib} MiB parts, {args.s3_concurrency} threads"
     http = f"{s3}, {'SHA-256 signed' if args.s3_signed_payload else 'unsigned'} payload"
+    levels = sorted({run["compression_level"] for run in runs.get("shardvault", [])})
+    zstd = f"zstd level {', '.join(map(str, levels))}" if levels else "zstd"
+    pgbackrest = f"pgBackRest 2.45, compress-type={PGBACKREST_COMPRESS_TYPE}"
     return {
-        "shardvault": "ShardVault full backup (local stack, 1 agent)",
-        "s3-files": f"s3transfer upload_file, file by file ({http})",
-        "s3-tar": f"s3transfer upload_file, one tar ({http}; tar build not timed)",
-        "s3-tar-tls": f"s3transfer, one tar, over TLS ({s3})",
-        "pgbackrest": "pgBackRest 2.45 full, uncompressed, process-max=2, TLS",
+        "shardvault": f"ShardVault full backup (local stack, 1 agent, {zstd})",
+        "s3-files": f"control, uncompressed: s3transfer upload_file, file by file ({http})",
+        "s3-tar": f"control, uncompressed: s3transfer upload_file, one tar ({http}; tar build "
+        "not timed)",
+        "s3-tar-tls": f"control, uncompressed: s3transfer, one tar, over TLS ({s3})",
+        "pgbackrest": f"{pgbackrest} (default level 3) full, process-max=2, TLS",
         "shardvault-restore": "ShardVault restore to a running, pg_amcheck-validated server",
-        "pgbackrest-restore": "pgBackRest 2.45 restore + start + pg_amcheck, process-max=2, TLS",
+        "pgbackrest-restore": f"{pgbackrest} restore + start + pg_amcheck, process-max=2, TLS",
     }
 
 
@@ -350,7 +393,7 @@ def start_servers(
     stack.start()
     data_dir = root / "pg" / "data"
     cleanup.callback(stop_postgres_at, data_dir)
-    pgbackrest = PgBackRest(root / "pgbackrest", tls_minio)
+    pgbackrest = PgBackRest(root / "pgbackrest", tls_minio, compress_type=PGBACKREST_COMPRESS_TYPE)
     pg = init_instance(data_dir, settings=pg_settings(pgbackrest.archive_command))
     pgbackrest.instance = pg
     return tls_minio, stack, pg, pgbackrest
@@ -511,6 +554,62 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return {name: round(after[name] - before[name], 2) for name in before}
 
 
+# --- stored bytes -------------------------------------------------------------------------------
+def size_of(objects: list[dict[str, Any]]) -> int:
+    return sum(obj["Size"] for obj in objects)
+
+
+def shardvault_stored(
+    bench: Bench, manifest: Manifest, prefix: str, manifest_key: str
+) -> dict[str, Any]:
+    """What the backup holds under ``prefix`` in the store, listed, and checked against what
+    its manifest and its catalog record say it stored (see the module docstring)."""
+    keys = list_keys(bench.store_s3, bench.store_bucket, prefix)
+    objects = [obj for obj in keys if obj["Key"] != manifest_key]
+    record = ops.show_backup(bench.client, CLUSTER, manifest.backup_id)
+    catalog = int(record["stored_bytes"])
+    in_bucket = size_of(objects)
+    if len(objects) != manifest.objects or not in_bucket == manifest.stored_bytes == catalog:
+        raise RuntimeError(
+            f"backup {manifest.backup_id}: the store holds {len(objects)} objects of "
+            f"{in_bucket} bytes under {prefix} (besides the manifest), its manifest says "
+            f"{manifest.objects} objects of {manifest.stored_bytes} bytes and its catalog record "
+            f"{catalog} bytes: the stored bytes it reports are wrong."
+        )
+    return {
+        "stored_bytes": size_of(keys),
+        "stored_object_bytes": in_bucket,
+        "stored_manifest_bytes": size_of(keys) - in_bucket,
+        "manifest_stored_bytes": manifest.stored_bytes,
+        "catalog_stored_bytes": catalog,
+        "compression_level": json.loads(record["context"])["compression_level"],
+        "encrypted": manifest.encryption is not None,
+    }
+
+
+def pgbackrest_stored(bench: Bench, label: str) -> dict[str, Any]:
+    """What pgBackRest's backup ``label`` holds in its bucket: its backup path and the WAL it
+    needs (see the module docstring)."""
+    backup = next(b for b in bench.pgbackrest.info()["backup"] if b["label"] == label)
+    files = list_keys(bench.tls_s3, PGBACKREST_BUCKET, bench.pgbackrest.backup_prefix(label))
+    archive_prefix = f"{PGBACKREST_REPO_PATH.strip('/')}/archive/{STANZA}/"
+    start, stop = backup["archive"]["start"], backup["archive"]["stop"]
+    wal = [
+        obj
+        for obj in list_keys(bench.tls_s3, PGBACKREST_BUCKET, archive_prefix)
+        if (name := WAL_FILE.match(obj["Key"].rsplit("/", 1)[-1])) and start <= name[0] <= stop
+    ]
+    if not wal:
+        raise RuntimeError(f"pgBackRest's backup {label} needs WAL {start} to {stop}: none listed")
+    return {
+        "objects": len(files),
+        "stored_bytes": size_of(files) + size_of(wal),
+        "stored_backup_path_bytes": size_of(files),
+        "stored_wal_bytes": size_of(wal),
+        "stored_wal_files": [obj["Key"].rsplit("/", 1)[-1] for obj in wal],
+    }
+
+
 # --- ShardVault ---------------------------------------------------------------------------------
 def wait_execution(arn: str, timeout: float = BACKUP_TIMEOUT) -> dict[str, Any]:
     """Polls the execution (nothing else, every ``POLL`` seconds, to add little load to the
@@ -579,11 +678,13 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
     rnd.backup_prefix = backup_prefix(
         bench.stack.services().store.prefix, CLUSTER, manifest.backup_id
     )
+    stored = shardvault_stored(bench, manifest, rnd.backup_prefix, record["manifest_key"])
     return {
         "seconds": seconds,
         "execution_seconds": (execution["stopDate"] - execution["startDate"]).total_seconds(),
         "backup_id": manifest.backup_id,
         "bytes": record["bytes"],
+        **stored,
         "data_bytes": sum(o.length for o in data.objects),
         "tail_bytes": sum(o.length for o in tail.objects),
         "objects": record["objects"],
@@ -615,12 +716,18 @@ def round_tar(bench: Bench, rnd: Round) -> Path:
 def timed_upload(
     s3: Any, minio_pid: int, upload: Callable[[], dict[str, Any]], prefix: str
 ) -> dict[str, Any]:
-    """Runs ``upload`` (it times itself), then deletes what it stored under ``prefix``."""
+    """Runs ``upload`` (it times itself), lists what it stored under ``prefix``, then deletes
+    it."""
     before = cpu_snapshot({"minio": minio_pid})
     result = upload()
     cpu = cpu_delta(before, cpu_snapshot({"minio": minio_pid}))
+    stored = size_of(list_keys(s3, S3_BUCKET, prefix))
     delete_prefix(s3, S3_BUCKET, prefix)  # disk space; not timed
-    return result | {"client_cpu_seconds": cpu["self"], "minio_cpu_seconds": cpu["minio"]}
+    return result | {
+        "stored_bytes": stored,
+        "client_cpu_seconds": cpu["self"],
+        "minio_cpu_seconds": cpu["minio"],
+    }
 
 
 def run_s3_files(bench: Bench, rnd: Round) -> dict[str, Any]:
@@ -659,14 +766,12 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
     minio_before = process_cpu(bench.tls_minio.process.pid)
     result = bench.pgbackrest.backup_full()
     minio_cpu = process_cpu(bench.tls_minio.process.pid) - minio_before
-    prefix = bench.pgbackrest.backup_prefix(result["label"])
     rnd.pgbackrest_label = result["label"]
-    objects = list_keys(bench.tls_s3, PGBACKREST_BUCKET, prefix)
-    return result | {
-        "objects": len(objects),
-        "stored_bytes": sum(o["Size"] for o in objects),
-        "minio_cpu_seconds": round(minio_cpu, 2),
-    }
+    return (
+        result
+        | pgbackrest_stored(bench, result["label"])
+        | {"compress_type": PGBACKREST_COMPRESS_TYPE, "minio_cpu_seconds": round(minio_cpu, 2)}
+    )
 
 
 # --- restores -----------------------------------------------------------------------------------
@@ -708,6 +813,7 @@ def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "bytes": summary["bytes"],
+        "stored_bytes": None,  # a restore stores nothing in the bucket
         "objects": summary["objects"],
         "agent_peak_rss": peak_rss_bytes(bench.restore_agent_pid),
         "client_cpu_seconds": cpu["agent"] + cpu["self"],
@@ -740,6 +846,7 @@ def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
         "seconds": seconds,
         "restore_seconds": result["seconds"],
         "bytes": bench.pgbackrest.info()["backup"][-1]["info"]["size"],
+        "stored_bytes": None,  # a restore stores nothing in the bucket
         "objects": None,  # not counted: the objects are its backup's (see pgbackrest)
         "client_cpu_seconds": result["client_cpu_seconds"],
         "minio_cpu_seconds": round(process_cpu(bench.tls_minio.process.pid) - minio_before, 2),
@@ -768,9 +875,11 @@ def run_round(bench: Bench, rnd: Round, runs: dict[str, list[dict[str, Any]]]) -
             bench.agents_busy_until = time.monotonic() + bench.busy_window
         runs[tool].append(result)
         objects = "" if result["objects"] is None else f", {result['objects']} objects"
+        stored = result["stored_bytes"]
+        stored_mib = "" if stored is None else f", {stored / 2**20:,.1f} MiB stored"
         say(
-            f"  {tool}: {result['seconds']:.1f} s, {result['bytes'] / 2**20:,.0f} MiB"
-            f"{objects} (load before {load:.2f})"
+            f"  {tool}: {result['seconds']:.1f} s, {result['bytes'] / 2**20:,.0f} MiB read"
+            f"{stored_mib}{objects} (load before {load:.2f})"
         )
     if rnd.tar:
         rnd.tar.unlink(missing_ok=True)
@@ -828,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = setup(args, root, cleanup)
         say(f"setup done in {time.time() - started:.0f} s: {bench.setup}")
         runs = run_rounds(bench)
-        summary = report.summarize(runs, labels(args))
+        summary = report.summarize(runs, labels(args, runs))
         path = write_results(bench, runs, summary, started)
         say("stopping everything")
     print(report.markdown(summary))

@@ -9,15 +9,21 @@ Terms:
   end to Release: CheckUploads, Stop, PlanTail, the tail Upload map), ``finalize`` (Release
   and Finalize, to the execution's success).
 * *agent commands*: the agent logs ``<command>:<backup id>[:<key>] done in <s> s`` when a
-  command is answered; from those, the time the agent was busy checksumming (reading the
-  source once; nothing is copied unless a part changed under it) and uploading.
+  command is answered; from those, the time the agent was busy packing (reading the source
+  once into zstd frames, CRC64NVME of the stored bytes, into a packed copy) and uploading.
 * *object steps*: one data object's way through the Upload map, from the agent's log and the
-  control-plane probes (``probes.py``): ``wait_checksum`` (inbox to the agent starting the
-  checksum: poll interval, and a free command slot among ``max_parallel_commands``),
-  ``checksum`` (read the source, CRC64NVME), ``to_sign`` (the answer through Step Functions
-  to Sign), ``sign``, ``to_upload`` (Sign to the upload command in the inbox),
-  ``wait_upload``, ``upload`` (the parts, ``upload_parallelism`` at once), ``to_complete`` and
-  ``complete`` (complete and verify by GetObjectAttributes).
+  control-plane probes (``probes.py``): ``wait_pack`` (inbox to the agent starting to pack:
+  poll interval, and a free command slot among ``max_parallel_commands``), ``pack`` (read the
+  source, compress, checksum), ``to_sign`` (the answer through Step Functions to Sign),
+  ``sign``, ``to_upload`` (Sign to the upload command in the inbox), ``wait_upload``,
+  ``upload`` (the parts, ``upload_parallelism`` at once), ``to_complete`` and ``complete``
+  (complete and verify by GetObjectAttributes).
+* *bytes read* (a run's ``bytes``): what a backup read from the database (a restore: what it
+  wrote); *stored bytes* (``stored_bytes``): what a backup left in its bucket, from a listing
+  (``backup_vs_peers.py`` says which keys); ``None`` for restores.
+* *targets* (``TARGETS``): ratios of ShardVault to pgBackRest, each with its limit, given of
+  the medians and per round (min / median / max); *held* says whether every round, or only
+  the medians, stayed within the limit.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +41,7 @@ RESTORE_TOOLS = {"shardvault-restore", "pgbackrest-restore"}
 OBJECT_TARGET_SIZE = 256 * MiB
 PHASES = ("checkpoint", "plan", "upload", "tail", "finalize")
 OBJECT_STEPS = (
-    "wait_checksum",
+    "wait_pack",
     "pack",
     "to_sign",
     "sign",
@@ -44,6 +51,27 @@ OBJECT_STEPS = (
     "to_complete",
     "complete",
 )
+
+
+@dataclass(frozen=True)
+class Target:
+    """``tool``'s ``key`` ÷ ``peer``'s must be at most ``limit``."""
+
+    name: str
+    tool: str
+    peer: str
+    key: str
+    limit: float
+
+
+TARGETS = (
+    Target("ShardVault full backup wall time ÷ pgBackRest's (zst)", "shardvault", "pgbackrest",
+           "seconds", 0.8),
+    Target("ShardVault stored bytes ÷ pgBackRest's stored bytes", "shardvault", "pgbackrest",
+           "stored_bytes", 1.1),
+    Target("ShardVault restore ÷ pgBackRest restore (+ start + pg_amcheck)",
+           "shardvault-restore", "pgbackrest-restore", "seconds", 1.0),
+)  # fmt: skip
 LOG_LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ INFO "
     r"(?P<command>\w+):(?P<backup>[^:\s]+)(?::(?P<key>\S+))? done in (?P<seconds>[\d.]+) s$"
@@ -66,12 +94,40 @@ def object_target(total_bytes: int, shards: int = 1) -> int:
 
 
 def pair_ratios(
-    runs: list[dict[str, Any]], others: list[dict[str, Any]]
+    runs: list[dict[str, Any]], others: list[dict[str, Any]], key: str = "seconds"
 ) -> dict[str, float] | None:
-    """Spread of ``run / other`` over the rounds both ran (pairs by ``round``)."""
-    by_round = {other["round"]: other["seconds"] for other in others}
-    values = [run["seconds"] / by_round[run["round"]] for run in runs if run["round"] in by_round]
+    """Spread of ``run[key] / other[key]`` over the rounds both ran (pairs by ``round``)."""
+    by_round = {other["round"]: other[key] for other in others}
+    values = [run[key] / by_round[run["round"]] for run in runs if run["round"] in by_round]
     return spread(values) if values else None
+
+
+def target_results(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target whose two tools ran: its ratio of the medians, per round, and whether it
+    held."""
+    out = []
+    for target in TARGETS:
+        mine, theirs = runs.get(target.tool), runs.get(target.peer)
+        if not (mine and theirs):
+            continue
+        of_medians = median_of(mine, target.key) / median_of(theirs, target.key)
+        per_round = pair_ratios(mine, theirs, target.key)
+        if per_round and per_round["max"] <= target.limit:
+            held = "yes, every round"
+        elif of_medians <= target.limit:
+            held = "on the medians, not every round"
+        else:
+            held = "no"
+        out.append(
+            {
+                "target": target.name,
+                "limit": target.limit,
+                "of_medians": of_medians,
+                "per_round": per_round,
+                "held": held,
+            }
+        )
+    return out
 
 
 # --- ShardVault's execution history -------------------------------------------------------------
@@ -191,18 +247,18 @@ def object_steps(
     out = []
     for key in sorted({c["key"] for c in commands if c["key"] and "/data-" in c["key"]}):
         try:
-            ck, up = agent[("pack", key)], agent[("upload", key)]
-            d_ck, d_up = dispatched[("pack", key)], dispatched[("upload", key)]
+            pk, up = agent[("pack", key)], agent[("upload", key)]
+            d_pk, d_up = dispatched[("pack", key)], dispatched[("upload", key)]
             sign, complete = control[("sign", key)], control[("complete", key)]
         except KeyError:
             continue  # a step without a record (a failed try): no timeline for this object
         out.append(
             {
                 "object": key.rsplit("/", 1)[-1],
-                "dispatched_at": d_ck["end"],
-                "wait_checksum": ck["start"] - d_ck["end"],
-                "pack": ck["end"] - ck["start"],
-                "to_sign": sign["start"] - ck["end"],
+                "dispatched_at": d_pk["end"],
+                "wait_pack": pk["start"] - d_pk["end"],
+                "pack": pk["end"] - pk["start"],
+                "to_sign": sign["start"] - pk["end"],
                 "sign": sign["end"] - sign["start"],
                 "to_upload": d_up["end"] - sign["end"],
                 "wait_upload": up["start"] - d_up["end"],
@@ -225,10 +281,12 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
         if not tool_runs:
             continue
         seconds = [run["seconds"] for run in tool_runs]
+        stored = [run.get("stored_bytes") for run in tool_runs]
         tools[tool] = {
             "label": labels[tool],
             "seconds": spread(seconds),
             "bytes": median_of(tool_runs, "bytes"),
+            "stored_bytes": None if None in stored else statistics.median(stored),
             "objects": None
             if any(run["objects"] is None for run in tool_runs)
             else median_of(tool_runs, "objects"),
@@ -238,7 +296,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
             "load_before": spread([run["load_before"] for run in tool_runs]),
         }
     shardvault = tools.get("shardvault")
-    summary: dict[str, Any] = {"tools": tools}
+    summary: dict[str, Any] = {"tools": tools, "targets": target_results(runs)}
     if shardvault:
         reference = shardvault["seconds"]["median"]
         summary["ratios"] = {
@@ -285,6 +343,17 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
             "agent_cpu_seconds": median_of(sv_runs, "agent_cpu_seconds"),
             "control_plane_cpu_seconds": median_of(sv_runs, "control_plane_cpu_seconds"),
             "data_bytes": median_of(sv_runs, "data_bytes"),
+            "stored": {
+                key: median_of(sv_runs, key)
+                for key in (
+                    "stored_object_bytes",
+                    "stored_manifest_bytes",
+                    "manifest_stored_bytes",
+                    "catalog_stored_bytes",
+                )
+            },
+            "compression_levels": sorted({run["compression_level"] for run in sv_runs}),
+            "encrypted": any(run["encrypted"] for run in sv_runs),
             "tail_bytes": median_of(sv_runs, "tail_bytes"),
             "object_steps": {
                 step: statistics.median(o[step] for r in sv_runs for o in r["objects_steps"])
@@ -308,15 +377,20 @@ def _mib(value: float) -> str:
     return f"{value / MiB:,.0f}"
 
 
+def _mib1(value: float | None) -> str:
+    return "—" if value is None else f"{value / MiB:,.1f}"
+
+
 def tools_table(summary: dict[str, Any]) -> str:
     ratios = summary.get("ratios", {})
     pairs = summary.get("pair_ratios", {})
     target = summary.get("shardvault", {}).get("object_target")
     rows = [
-        "| tool | wall s min / median / max | MiB/s (median) | MiB moved | objects "
-        f"(target {target}) | client CPU s | MinIO CPU s | load avg before | ShardVault ÷ tool "
-        "(medians) | ShardVault ÷ tool per round (min / median / max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| tool | wall s min / median / max | MiB/s (median, of MiB read) | MiB read (restores: "
+        f"written) | MiB stored | objects (target {target}) | client CPU s | MinIO CPU s "
+        "| load avg before | ShardVault ÷ tool (medians) | ShardVault ÷ tool per round "
+        "(min / median / max) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for tool, info in summary["tools"].items():
         spread_s = " / ".join(_s(info["seconds"][k]) for k in ("min", "median", "max"))
@@ -325,7 +399,7 @@ def tools_table(summary: dict[str, Any]) -> str:
         objects = "—" if info["objects"] is None else f"{info['objects']:.0f}"
         rows.append(
             f"| {info['label']} | {spread_s} | {info['mib_per_s']:.0f} | {_mib(info['bytes'])} | "
-            f"{objects} | {_s(info['client_cpu_seconds'])} | "
+            f"{_mib1(info['stored_bytes'])} | {objects} | {_s(info['client_cpu_seconds'])} | "
             f"{_s(info['minio_cpu_seconds'])} | {_s(info['load_before']['min'])} to "
             f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} | "
             f"{_ratio_spread(pair)} |"
@@ -335,7 +409,7 @@ def tools_table(summary: dict[str, Any]) -> str:
 
 def shardvault_table(summary: dict[str, Any]) -> str:
     sv = summary["shardvault"]
-    phases, agent = sv["phases"], sv["agent"]
+    phases, agent, stored = sv["phases"], sv["agent"], sv["stored"]
     rows = [
         "| ShardVault (medians) | value |",
         "| --- | --- |",
@@ -346,6 +420,11 @@ def shardvault_table(summary: dict[str, Any]) -> str:
         f"{sv['part_size'] // MiB} MiB |",
         f"| MiB in the data stream + tail stream (WAL, backup label) | {_mib(sv['data_bytes'])} + "
         f"{_mib(sv['tail_bytes'])} |",
+        f"| compression; encrypted | zstd level {', '.join(map(str, sv['compression_levels']))}; "
+        f"{'yes' if sv['encrypted'] else 'no'} |",
+        f"| MiB stored: objects + manifest, listed (manifest's stored_bytes; catalog's) | "
+        f"{_mib1(stored['stored_object_bytes'])} + {_mib1(stored['stored_manifest_bytes'])} "
+        f"({_mib1(stored['manifest_stored_bytes'])}; {_mib1(stored['catalog_stored_bytes'])}) |",
         f"| CPU s: agent; control plane (moto, Lambda handlers) | {_s(sv['agent_cpu_seconds'])}; "
         f"{_s(sv['control_plane_cpu_seconds'])} |",
         f"| agent peak RSS (VmHWM, all runs) | {sv['agent_peak_rss_mib']:.0f} MiB |",
@@ -358,7 +437,7 @@ def shardvault_table(summary: dict[str, Any]) -> str:
     ]
     rows += [f"| phase: {name} | {_s(phases[name])} s |" for name in PHASES]
     rows += [
-        f"| agent: checksum (read + CRC64NVME), wall (sum over objects) | "
+        f"| agent: pack (read, zstd, CRC64NVME), wall (sum over objects) | "
         f"{_s(agent['pack_wall'])} s ({_s(agent['pack_sum'])} s) |",
         f"| agent: upload, wall (sum over objects) | {_s(agent['upload_wall'])} s "
         f"({_s(agent['upload_sum'])} s) |",
@@ -387,8 +466,23 @@ def ratios_text(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(summary: dict[str, Any]) -> str:
+    rows = [
+        "| target | of the medians | per round (min / median / max) | limit | held |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    rows += [
+        f"| {t['target']} | {t['of_medians']:.2f} | {_ratio_spread(t['per_round'])} | "
+        f"≤ {t['limit']:.1f} | {t['held']} |"
+        for t in summary.get("targets", [])
+    ]
+    return "\n".join(rows)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     parts = [tools_table(summary)]
+    if summary.get("targets"):
+        parts += ["Targets:\n\n" + targets_table(summary)]
     if "shardvault" in summary:
         parts += [
             "Ratios (of the medians; in brackets, min / median / max of the per-round ratios):"
