@@ -1,0 +1,68 @@
+"""Scans: a capture's changed extents against a parent's block map, and reading them back."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shardvault_agent.blockmap import BLOCK_SIZE, BlockMap
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.scan import DeltaReader, scan_capture
+
+from shardvault.models import FileEntry
+
+B = BLOCK_SIZE
+
+
+def capture(root: Path, files: dict[str, bytes]) -> list[FileEntry]:
+    entries = []
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+        entries.append(FileEntry(path=name, size=len(data)))
+    return entries
+
+
+def test_a_full_scan_changes_everything_and_an_incremental_only_what_changed(tmp_path: Path):
+    root, limiter = tmp_path / "data", RateLimiter(None)
+    files = {"base/1/16384": os.urandom(20 * B), "base/1/16385": os.urandom(3 * B + 5)}
+    listing = capture(root, files)
+    full = scan_capture(root, listing, limiter, None, tmp_path / "full.map")
+    assert full.extents == [(0, 23 * B + 5)]
+    assert full.delta_bytes == full.stream_bytes == 23 * B + 5
+
+    with open(root / "base/1/16384", "r+b") as f:  # one row in block 7
+        f.seek(7 * B + 100)
+        f.write(b"x")
+    with open(root / "base/1/16385", "ab") as f:  # the second file grows
+        f.write(os.urandom(B))
+    listing = [FileEntry(path=p, size=(root / p).stat().st_size) for p in files]
+    with BlockMap(tmp_path / "full.map") as parent:
+        incr = scan_capture(root, listing, limiter, parent, tmp_path / "incr.map")
+    assert incr.extents == [
+        (7 * B, B),
+        (20 * B + 3 * B, B + 5),
+    ]  # block 3 (partial) and the new one
+    stream = b"".join((root / p).read_bytes() for p in files)
+    delta = DeltaReader(root, listing, incr.extents, 0, incr.delta_bytes, limiter)
+    got = delta.read(5) + delta.read(incr.delta_bytes)
+    assert got == stream[7 * B : 8 * B] + stream[23 * B : 24 * B + 5]
+
+
+def test_an_unchanged_capture_has_no_extents(tmp_path: Path):
+    root, limiter = tmp_path / "data", RateLimiter(None)
+    listing = capture(root, {"a": os.urandom(5 * B), "b": b""})
+    scan_capture(root, listing, limiter, None, tmp_path / "one.map")
+    with BlockMap(tmp_path / "one.map") as parent:
+        again = scan_capture(root, listing, limiter, parent, tmp_path / "two.map")
+    assert again.extents == []
+    assert again.stream_bytes == 5 * B
+
+
+def test_a_parent_of_another_block_size_is_ignored(tmp_path: Path):
+    root, limiter = tmp_path / "data", RateLimiter(None)
+    listing = capture(root, {"a": os.urandom(4 * B)})
+    scan_capture(root, listing, limiter, None, tmp_path / "p.map", block_size=2 * B)
+    with BlockMap(tmp_path / "p.map") as parent:
+        result = scan_capture(root, listing, limiter, parent, tmp_path / "c.map")
+    assert result.extents == [(0, 4 * B)]
