@@ -310,16 +310,18 @@ class Commands:
         sums = ObjectChecksums.model_validate(args["checksums"])
         urls = {p["part_number"]: p["url"] for p in args["parts"]}
         self._refuse_released(item.backup_id)  # a late command must not recreate its state
+        digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
+        record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        done = {p.part_number: p for p in _read_parts(record)}
+        if all(p.part_number in done for p in sums.parts):  # a retried upload that had ended
+            return {"parts": [done[n].model_dump(mode="json") for n in sorted(done)]}
         packed = self._packed_path(item)
         if not packed.exists():
             raise CheckpointNotFound(
                 f"this agent holds no packed copy of {item.key} for backup {item.backup_id}.",
                 fix="retry the backup (the agent's state_dir was lost or released).",
             )
-        digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
-        record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
-        record.parent.mkdir(parents=True, exist_ok=True)
-        done = {p.part_number: p for p in _read_parts(record)}
         limiter, parallelism = self.limits(item.backup_id)
 
         def open_part(part: PartChecksum) -> BinaryIO:

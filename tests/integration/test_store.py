@@ -120,6 +120,9 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     args = {"object": item.model_dump(), "upload_id": signed["upload_id"]}
     sent = agent.do_upload({**args, "checksums": signed["checksums"], **urls})
     assert sorted(p["part_number"] for p in sent["parts"]) == [p.part_number for p in sums.parts]
+    assert not list(agent._packed_path(item).parent.glob("*.bin"))  # gone once all is stored
+    again = agent.do_upload({**args, "checksums": signed["checksums"], **urls})  # a retried task
+    assert again["parts"] == sent["parts"]
     uploaded = [UploadedPart.model_validate(p) for p in sent["parts"]]
     result = backup.complete(item, sums, signed["upload_id"], uploaded, svc)
     assert result.verified_by == "attributes"
