@@ -91,6 +91,10 @@ class WrongKey(ShardVaultError):
     """The data key at hand is not the one the backup was encrypted with."""
 
 
+class ParentUnavailable(ShardVaultError):
+    """An incremental's parent backup is missing, failed, expired or cannot be continued."""
+
+
 class KeyUnavailable(ShardVaultError):
     """KMS would not wrap or unwrap a backup's data key (permission, key state, context)."""
 

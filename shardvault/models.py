@@ -75,6 +75,11 @@ class Engine(StrEnum):
     POSTGRES = "postgres"
 
 
+class BackupKind(StrEnum):
+    FULL = "full"
+    INCREMENTAL = "incremental"
+
+
 class BackupStatus(StrEnum):
     RUNNING = "RUNNING"
     COMPLETE = "COMPLETE"
@@ -274,6 +279,9 @@ class BackupRequest(Frozen):
     cluster: str
     vault: VaultRequest | None = None
     part_size: int | None = None  # bytes; None chooses it from the data size
+    # Send only the blocks changed since the cluster's newest backup (its chain's policy
+    # decides when a full is due instead). Strict: "yes" from a console is not a boolean.
+    incremental: StrictBool = False
     requested_by: str = "cli"
     execution_id: str = ""
 
@@ -314,6 +322,16 @@ class Encryption(Frozen):
     key_check: str | None = None  # shardvault.pipeline.key_check, recorded once a frame is sealed
 
 
+class ChainLink(Frozen):
+    """Where an incremental sits: its parent, the full its chain starts with, its depth (the
+    full is 0), and the backups a restore reads, root first (this one excluded)."""
+
+    parent_id: str
+    root_id: str
+    depth: int
+    ancestors: list[str]
+
+
 class BackupContext(Frozen):
     """What validation decided; passed along the state machine as ``$.backup``."""
 
@@ -329,6 +347,8 @@ class BackupContext(Frozen):
     upload: UploadLimits = Field(default_factory=UploadLimits)
     compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
     encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
+    kind: BackupKind = BackupKind.FULL
+    chain: ChainLink | None = None  # incrementals only
 
 
 class ObjectPlan(Frozen):

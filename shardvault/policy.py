@@ -18,7 +18,7 @@ import difflib
 import types
 from collections.abc import Hashable, Iterator
 from datetime import UTC, datetime
-from enum import Enum, StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from shardvault import models
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
@@ -69,9 +70,7 @@ def invalid(message: str, fix: str) -> PydanticCustomError:
     return PydanticCustomError("policy", message, {"fix": fix})
 
 
-class BackupKind(StrEnum):
-    FULL = "full"
-    INCREMENTAL = "incremental"
+BackupKind = models.BackupKind  # one definition, where the backup's records are modelled
 
 
 # --- Field checks ------------------------------------------------------------------------------
@@ -286,6 +285,24 @@ class Compression(Frozen):
     )
 
 
+class Incremental(Frozen):
+    max_chain: int = Field(
+        6,
+        ge=1,
+        le=100,
+        strict=True,
+        description="Incrementals after a full before the next one is made as a full: a "
+        "restore reads the whole chain, and a long chain restores slower and breaks with any "
+        "of its backups.",
+    )
+    when_parent_unavailable: Literal["full", "refuse"] = Field(
+        "full",
+        description="An incremental whose parent is missing, failed or expired (or older than "
+        "block maps): full makes it a full (a schedule never skips a night); refuse fails "
+        "it with ParentUnavailable before anything is read.",
+    )
+
+
 class ClusterPolicy(Frozen):
     engine: Engine = Field(description="Database engine of the cluster: postgres or sqlite.")
     schedule: Schedule = Field(description="When backups run.")
@@ -294,6 +311,9 @@ class ClusterPolicy(Frozen):
     upload: Upload = Field(default_factory=Upload, description="How agents upload.")
     compression: Compression = Field(
         default_factory=Compression, description="How backups are compressed."
+    )
+    incremental: Incremental = Field(
+        default_factory=Incremental, description="How incremental backups chain."
     )
     encryption: Literal["none", "kms"] = Field(
         "none",

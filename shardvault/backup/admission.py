@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import defaultdict
+from typing import Any
 
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned
 from shardvault.errors import (
@@ -25,6 +26,7 @@ from shardvault.errors import (
     InvalidRequest,
     MixedEngines,
     NoShards,
+    ParentUnavailable,
     ShardDataMissing,
     ShardWithManyLeaders,
     ShardWithoutLeader,
@@ -34,8 +36,10 @@ from shardvault.keys import new_data_key
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
+    BackupKind,
     BackupRequest,
     BackupStatus,
+    ChainLink,
     Encryption,
     NodeRecord,
     Role,
@@ -46,7 +50,7 @@ from shardvault.models import (
     lock_strength,
 )
 from shardvault.planning import MiB, check_part_size
-from shardvault.policy import ClusterPolicy
+from shardvault.policy import ClusterPolicy, Incremental
 from shardvault.services import Services
 
 RUNNING_EXECUTION = "RUNNING"
@@ -128,6 +132,54 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         }
     )
     return context
+
+
+# Block maps (what an incremental compares with) exist from this manifest format on.
+INCREMENTAL_FORMAT = 3
+
+
+def chain_for(
+    request: BackupRequest, svc: Services, cluster: ClusterPolicy | None
+) -> tuple[BackupKind, ChainLink | None, dict[str, Any] | None]:
+    """Whether the backup is a full or an incremental, and of which parent (its record).
+
+    An incremental continues the cluster's newest complete backup. A full is made instead
+    when the chain already holds ``incremental.max_chain`` incrementals, and, when the policy
+    says ``when_parent_unavailable: full``, when there is no usable parent; otherwise that
+    is ``ParentUnavailable``, before any side effect."""
+    if not request.incremental:
+        return BackupKind.FULL, None, None
+    settings = cluster.incremental if cluster else Incremental()
+    parent, problem = usable_parent(request.cluster, svc)
+    if problem:
+        if settings.when_parent_unavailable == "full":
+            return BackupKind.FULL, None, None
+        raise ParentUnavailable(
+            f"an incremental of cluster {request.cluster!r} has no parent: {problem}.",
+            fix="run a full backup first (omit --incremental), or set "
+            "incremental.when_parent_unavailable: full in the policy file.",
+        )
+    depth = int(parent.get("depth", 0)) + 1
+    if depth > settings.max_chain:
+        return BackupKind.FULL, None, None
+    link = ChainLink(
+        parent_id=parent["backup_id"],
+        root_id=parent.get("chain_root") or parent["backup_id"],
+        depth=depth,
+        ancestors=[*parent.get("ancestors", []), parent["backup_id"]],
+    )
+    return BackupKind.INCREMENTAL, link, parent
+
+
+def usable_parent(cluster: str, svc: Services) -> tuple[dict[str, Any], str]:
+    """The cluster's newest complete backup and, if it cannot be continued, why."""
+    complete = [r for r in svc.catalog.backups(cluster) if r.get("status") == BackupStatus.COMPLETE]
+    if not complete:
+        return {}, "the cluster has no complete backup (failed and expired ones do not count)"
+    parent = max(complete, key=lambda r: r.get("completed_at", 0))
+    if int(parent.get("format", 1)) < INCREMENTAL_FORMAT:
+        return parent, f"its newest backup {parent['backup_id']} was made before block maps"
+    return parent, ""
 
 
 def data_key(

@@ -1,0 +1,96 @@
+"""Which backups are incrementals, of which parent, and when a full is due instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardvault.backup.admission import INCREMENTAL_FORMAT, chain_for
+from shardvault.errors import ParentUnavailable
+from shardvault.models import BackupKind, BackupRequest
+from shardvault.policy import ClusterPolicy
+
+
+class Catalog:
+    def __init__(self, records: list[dict]) -> None:
+        self.records = records
+
+    def backups(self, cluster: str) -> list[dict]:
+        return self.records
+
+
+class Svc:
+    def __init__(self, records: list[dict]) -> None:
+        self.catalog = Catalog(records)
+
+
+def policy(**incremental) -> ClusterPolicy:
+    return ClusterPolicy.model_validate(
+        {
+            "engine": "sqlite",
+            "schedule": {"full": "0 2 * * 0", "incremental": "0 2 * * 1-6"},
+            "vault": {
+                "storage_class": "GLACIER_IR",
+                "object_lock": {"mode": "GOVERNANCE", "days": 1},
+            },
+            "retention": {"keep_daily": 7},
+            "incremental": incremental,
+        }
+    )
+
+
+def record(backup_id: str, at: float, status: str = "COMPLETE", **more) -> dict:
+    return {
+        "backup_id": backup_id,
+        "status": status,
+        "completed_at": at,
+        "format": INCREMENTAL_FORMAT,
+        **more,
+    }
+
+
+INCREMENTAL = BackupRequest(cluster="orders", incremental=True)
+
+
+def test_an_incremental_continues_the_newest_complete_backup() -> None:
+    records = [
+        record("full", 1),
+        record("i1", 2, depth=1, chain_root="full", ancestors=["full"]),
+        record("failed", 3, status="FAILED"),
+    ]
+    kind, link, parent = chain_for(INCREMENTAL, Svc(records), policy())
+    assert kind == BackupKind.INCREMENTAL
+    assert (link.parent_id, link.root_id, link.depth, link.ancestors) == (
+        "i1",
+        "full",
+        2,
+        ["full", "i1"],
+    )
+    assert parent["backup_id"] == "i1"
+
+
+def test_a_full_is_due_when_the_chain_is_as_long_as_the_policy_allows() -> None:
+    records = [record("full", 1), record("i1", 2, depth=1, chain_root="full", ancestors=["full"])]
+    assert chain_for(INCREMENTAL, Svc(records), policy(max_chain=1))[0] == BackupKind.FULL
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [],
+        [record("x", 1, status="FAILED")],
+        [record("old", 1, format=2)],
+        [record("gone", 1, status="EXPIRED")],
+    ],
+    ids=["none", "failed", "before-block-maps", "expired"],
+)
+def test_without_a_usable_parent_it_is_refused_or_a_full_per_the_policy(records) -> None:
+    with pytest.raises(ParentUnavailable, match="has no parent"):
+        chain_for(INCREMENTAL, Svc(records), policy(when_parent_unavailable="refuse"))
+    assert chain_for(INCREMENTAL, Svc(records), policy())[0] == BackupKind.FULL
+
+
+def test_a_full_request_is_a_full() -> None:
+    assert (
+        chain_for(BackupRequest(cluster="orders"), Svc([record("a", 1)]), policy())[0]
+        == BackupKind.FULL
+    )
