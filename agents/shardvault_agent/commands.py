@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import boto3
 
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
+from shardvault.extents import pack_within
 from shardvault.models import (
     Encryption,
     FileEntry,
@@ -34,11 +35,13 @@ from shardvault.models import (
     pack_files,
 )
 from shardvault.pipeline import FrameCodec, pack_frames
+from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
+from shardvault_agent.scan import scan_capture
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import (
     Downloader,
@@ -48,6 +51,7 @@ from shardvault_agent.transfer import (
 )
 
 MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
+EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
 
 
 class Commands:
@@ -232,6 +236,75 @@ class Commands:
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
             return self._listing_result(backup_id, Phase.DATA, shards)
+
+    # --- scan (incrementals; see scan.py) -------------------------------------------------------
+    def _map_path(self, backup_id: str, shard_id: str) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.map"
+
+    def _extents_path(self, backup_id: str, shard_id: str) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.extents.json"
+
+    def cached_map(self, shard_id: str, backup_id: str) -> Path:
+        """Where this node keeps the block map of a backup it made, for the next incremental;
+        beside it, the stored map object's CRC64NVME (``.crc``), checked against the manifest
+        before the cache is trusted."""
+        return self.config.state_dir / "blockmaps" / shard_id / f"{backup_id}.map"
+
+    def parent_map(self, shard_id: str, parent: dict[str, Any] | None) -> Path | None:
+        """The parent's block map: the cache when its recorded CRC is the manifest's, else
+        fetched from the store and decoded through the pipeline (correctness never depends on
+        the cache). None: no parent (a full)."""
+        if not parent:
+            return None
+        path = self.cached_map(shard_id, parent["backup_id"])
+        crc = path.with_suffix(".crc")
+        if path.exists() and crc.exists() and crc.read_text() == parent["object"]["crc64nvme"]:
+            return path
+        fetched = self.restorer.fetch_object_plain(parent, path.with_suffix(".fetching"))
+        fetched.replace(path)
+        crc.write_text(parent["object"]["crc64nvme"])
+        return path
+
+    def do_scan(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Hashes every block of each shard's capture into this backup's block map and
+        compares it with the parent's; returns the listings with each shard's changed extents
+        (packed, coarsened to fit) and what the scan read and took."""
+        backup_id, shards = args["backup_id"], self._shards(args)
+        parents = args.get("parents", {})
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            limiter, _ = self.limits(backup_id)
+            result = self._listing_result(backup_id, Phase.DATA, shards)
+            for shard, listed in zip(shards, result["shards"], strict=True):
+                listed.update(self._scan_shard(backup_id, shard.shard_id, parents, limiter))
+            return result
+
+    def _scan_shard(
+        self, backup_id: str, shard_id: str, parents: dict[str, Any], limiter: RateLimiter
+    ) -> dict[str, Any]:
+        saved = self._extents_path(backup_id, shard_id)
+        if saved.exists():  # a retried scan: the first one's answer
+            return json.loads(saved.read_text())
+        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
+        parent_path = self.parent_map(shard_id, parents.get(shard_id))
+        parent = BlockMap(parent_path) if parent_path else None
+        try:
+            scan = scan_capture(
+                Path(capture["root"]), capture["files"], limiter, parent,
+                self._map_path(backup_id, shard_id),
+            )  # fmt: skip
+        finally:
+            if parent:
+                parent.close()
+        packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
+        answer = {
+            "extents": packed,
+            "delta_bytes": sum(n for _, n in extents),
+            "scan_seconds": scan.scan_seconds,
+            "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
+        }
+        write_json(saved, answer)
+        return answer
 
     def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
         backup_id, shards = args["backup_id"], self._shards(args)

@@ -360,6 +360,35 @@ class Restorer:
         done_marker.with_suffix(".ok").touch()
         return {"key": item.key, "bytes": item.length, "resumed": len(todo) < len(reads)}
 
+    # --- whole objects (a parent's block map) ---------------------------------------------
+    def fetch_object_plain(self, source: dict[str, Any], dest: Path) -> Path:
+        """Fetches a stored object whole through ``source["url"]`` and writes its plaintext to
+        ``dest``, every frame checked (and opened with the backup's key when sealed)."""
+        obj = source["object"]
+        spans = frame_spans(unpack_frames(obj["frames"]), obj["frame_size"], obj["length"])
+        encryption = source.get("encryption")
+        sealer = self.keys.sealer(
+            Encryption.model_validate(encryption) if encryption else None, obj.get("key_check")
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as out:
+            sink = FrameSink(
+                spans,
+                FrameCodec(sealer=sealer),
+                source["place"],
+                lambda offset, plain: os.pwrite(out.fileno(), plain, offset),
+                where=obj["key"],
+            )
+            size = sum(s.stored_size for s in spans)
+            crc = self.downloader.fetch(source["url"], obj["key"], 0, size, sink.receive)
+        if crc != obj["crc64nvme"] or not sink.complete:
+            dest.unlink(missing_ok=True)
+            raise ChecksumMismatch(
+                f"{obj['key']} arrived with CRC64NVME {crc}; the manifest says {obj['crc64nvme']}.",
+                fix="the object is damaged in the store: run a full backup (omit --incremental).",
+            )
+        return dest
+
     # --- finish ------------------------------------------------------------------------------
     def finish(self, args: dict[str, Any]) -> dict[str, Any]:
         restore_id = args["backup_id"]
