@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import boto3
 
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
-from shardvault.extents import pack_within
+from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
     Encryption,
     FileEntry,
@@ -41,12 +41,13 @@ from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
-from shardvault_agent.scan import scan_capture
+from shardvault_agent.scan import DeltaReader, scan_capture
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import (
     Downloader,
     PartSender,
     pack_object,
+    stream_source,
     upload_object,
 )
 
@@ -361,7 +362,7 @@ class Commands:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         with open(partial, "wb") as out:
-            packed = pack_object(item, Path(capture["root"]), capture["files"], limiter, codec, out)
+            packed = pack_object(item, self._source(item, capture, limiter), codec, out)
         sums = ObjectChecksums(
             key=item.key,
             parts=packed.parts,
@@ -376,6 +377,19 @@ class Commands:
         if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
             shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
         return result
+
+    def _source(
+        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+    ) -> Callable[[int], bytes]:
+        """What an object holds: a range of its shard's stream, or, for an incremental's data,
+        of its delta stream (the changed extents the scan found)."""
+        root, files = Path(capture["root"]), capture["files"]
+        extents = self._extents_path(item.backup_id, item.shard_id)
+        if item.phase == Phase.DATA and extents.exists():
+            changed = unpack_extents(json.loads(extents.read_text())["extents"])
+            delta = DeltaReader(root, files, changed, item.stream_offset, item.length, limiter)
+            return delta.read
+        return stream_source(root, files, item.stream_offset, item.length, limiter)
 
     def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
         """Sends the packed copy's parts that have a URL and are not yet stored."""

@@ -165,24 +165,19 @@ def read_exactly(reader: StreamReader, size: int) -> bytes:
 
 
 def pack_object(
-    item: ObjectPlan,
-    root: Path,
-    files: list[FileEntry],
-    limiter: RateLimiter,
-    codec: FrameCodec,
-    out: BinaryIO,
+    item: ObjectPlan, read: Callable[[int], bytes], codec: FrameCodec, out: BinaryIO
 ) -> PackedObject:
-    """Reads the object's range of the stream once and writes its stored bytes to ``out``."""
-    reader = StreamReader(root, files, item.stream_offset, item.length, limiter)
-    return pack(
-        lambda n: read_exactly(reader, n),
-        item.length,
-        item.frame_size,
-        item.part_size,
-        codec,
-        out,
-        item.place,
-    )
+    """Reads the object's bytes through ``read(n)`` (exactly ``n`` bytes) once and writes its
+    stored bytes to ``out``."""
+    return pack(read, item.length, item.frame_size, item.part_size, codec, out, item.place)
+
+
+def stream_source(
+    root: Path, files: list[FileEntry], offset: int, length: int, limiter: RateLimiter
+) -> Callable[[int], bytes]:
+    """A reader of ``length`` bytes of a stream from ``offset``, exactly as asked."""
+    reader = StreamReader(root, files, offset, length, limiter)
+    return lambda n: read_exactly(reader, n)
 
 
 def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
