@@ -141,10 +141,20 @@ class ShardListing(Frozen):
     marker: dict[str, str] = Field(default_factory=dict)  # e.g. {"start_lsn": "0/2000028"}
     checkpoint_at: float = 0.0
     mutable: bool = False  # True when files may change while being read (a live data dir)
+    # An incremental's data: the changed ranges the agent's scan found (shardvault.extents),
+    # whose bytes (the *delta stream*) are what its objects hold. "": the whole stream.
+    extents: str = ""
+    delta_bytes: int | None = None
+    scan_seconds: float | None = None
 
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def sent_bytes(self) -> int:
+        """The bytes its objects hold: the delta stream's, or the whole stream's."""
+        return self.bytes if self.delta_bytes is None else self.delta_bytes
 
 
 def pack_files(files: list[FileEntry]) -> str:

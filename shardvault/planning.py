@@ -157,7 +157,7 @@ def plan_objects(
     frame_size = frame_size_for(object_size)
     plans: list[ObjectPlan] = []
     for listing in sorted(listings, key=lambda item: item.shard_id):
-        for i, (offset, length) in enumerate(cut_stream(listing.bytes, object_size)):
+        for i, (offset, length) in enumerate(cut_stream(listing.sent_bytes, object_size)):
             plans.append(
                 ObjectPlan(
                     backup_id=backup_id,

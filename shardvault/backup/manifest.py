@@ -121,9 +121,10 @@ def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) ->
                 f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}."
             )
         offset += obj.length
-    if offset != listing.bytes:
+    if offset != listing.sent_bytes:
         raise UploadIncomplete(
-            f"stream {listing.shard_id}/{listing.phase} covers {offset} of {listing.bytes} bytes."
+            f"stream {listing.shard_id}/{listing.phase} covers {offset} of {listing.sent_bytes} "
+            "bytes."
         )
 
 

@@ -16,7 +16,7 @@ from shardvault.services import Services
 
 
 def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
-    """Agents' checkpoint/stop results (one per node) to shard listings."""
+    """Agents' scan/checkpoint/stop results (one per node) to shard listings."""
     listings = []
     for result in results:
         for shard in result["shards"]:
@@ -29,6 +29,9 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
                     marker=shard.get("marker", {}),
                     checkpoint_at=shard.get("checkpoint_at", 0.0),
                     mutable=shard.get("mutable", False),
+                    extents=shard.get("extents", ""),
+                    delta_bytes=shard.get("delta_bytes"),
+                    scan_seconds=shard.get("scan_seconds"),
                 )
             )
     return listings
@@ -40,7 +43,7 @@ def plan(
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
-    total = sum(listing.bytes for listing in listings)
+    total = sum(listing.sent_bytes for listing in listings)
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     vault_class = context.vault.storage_class if context.vault else None
     part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
