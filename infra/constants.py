@@ -61,6 +61,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("validate_backup", "ValidateBackupFunctionArn"),
     FunctionSpec("dispatch", "DispatchFunctionArn"),
     FunctionSpec("plan_backup", "PlanBackupFunctionArn"),
+    FunctionSpec("prepare_scan", "PrepareScanFunctionArn"),
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
     # These two read objects back when an attribute check cannot verify them: more time.
     FunctionSpec("complete_upload", "CompleteUploadFunctionArn", 300, 1024),

@@ -18,7 +18,7 @@ from shardvault.services import Services
 # Validation already refused silent nodes; mid-backup, a late heartbeat (a busy host) is
 # tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
 SILENCE_GRACE = 4
-BACKUP_COMMANDS = {"flush", "checkpoint", "pack", "upload", "stop", "release"}
+BACKUP_COMMANDS = {"flush", "checkpoint", "scan", "pack", "upload", "stop", "release"}
 RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
 COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS)
 

@@ -456,6 +456,9 @@ class ManifestShard(Frozen):
     marker: dict[str, str]
     checkpoint_at: float
     streams: list[ManifestStream]
+    # The shard's block map at this backup (an object of phase "blockmap"), which the next
+    # incremental compares with; never placed by a restore. None before format 3.
+    blockmap: ObjectResult | None = None
 
 
 class Manifest(Frozen):

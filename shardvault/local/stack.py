@@ -63,6 +63,7 @@ FUNCTIONS = {
     "ValidateBackupFunctionArn": "validate_backup",
     "DispatchFunctionArn": "dispatch",
     "PlanBackupFunctionArn": "plan_backup",
+    "PrepareScanFunctionArn": "prepare_scan",
     "SignPartsFunctionArn": "sign_parts",
     "CompleteUploadFunctionArn": "complete_upload",
     "CheckUploadsFunctionArn": "check_uploads",
