@@ -68,6 +68,7 @@ class Role(StrEnum):
 class Phase(StrEnum):
     DATA = "data"
     TAIL = "tail"
+    BLOCKMAP = "blockmap"  # the shard's block map file: one object, never placed by a restore
 
 
 class Engine(StrEnum):
@@ -448,6 +449,9 @@ class ManifestStream(Frozen):
     phase: Phase
     files: list[FileEntry]
     objects: list[ObjectResult]
+    # An incremental's data: the changed ranges its objects hold (shardvault.extents); "":
+    # its objects hold the whole stream.
+    extents: str = ""
 
 
 class ManifestShard(Frozen):
@@ -459,6 +463,12 @@ class ManifestShard(Frozen):
     # The shard's block map at this backup (an object of phase "blockmap"), which the next
     # incremental compares with; never placed by a restore. None before format 3.
     blockmap: ObjectResult | None = None
+
+    @property
+    def objects(self) -> list[ObjectResult]:
+        """Every object the store holds for the shard: its streams' and its block map."""
+        streamed = [o for stream in self.streams for o in stream.objects]
+        return streamed + ([self.blockmap] if self.blockmap else [])
 
 
 class Manifest(Frozen):

@@ -158,7 +158,7 @@ def promote(
     manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
     until = retain_until(context.vault, summary.get("completed_at", now))
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
-    objects = [o for s in manifest.shards for st in s.streams for o in st.objects]
+    objects = [o for s in manifest.shards for o in s.objects]
     # Each call reads back every object's lock: those already held, and those it copies.
     held = {o.key: held_in_vault(svc, o, context.vault, until) for o in objects}
     remaining = [o for o in objects if held[o.key] is None]
@@ -323,7 +323,12 @@ def write_vault_manifest(
                                 }
                             )
                             for stream in shard.streams
-                        ]
+                        ],
+                        "blockmap": shard.blockmap.model_copy(
+                            update={"key": vault_key(svc, shard.blockmap.key)}
+                        )
+                        if shard.blockmap
+                        else None,
                     }
                 )
                 for shard in manifest.shards

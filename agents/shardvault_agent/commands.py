@@ -53,6 +53,7 @@ from shardvault_agent.transfer import (
 
 MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
 EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
+KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
 
 
 class Commands:
@@ -297,6 +298,10 @@ class Commands:
         finally:
             if parent:
                 parent.close()
+        if parent_path is None:  # a full: its objects hold the whole stream
+            answer = {"extents": "", "delta_bytes": None, "scan_seconds": scan.scan_seconds}
+            write_json(saved, answer)
+            return answer
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {
             "extents": packed,
@@ -316,7 +321,11 @@ class Commands:
                     continue
                 capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
-            return self._listing_result(backup_id, Phase.TAIL, shards)
+            result = self._listing_result(backup_id, Phase.TAIL, shards)
+            for shard, listed in zip(shards, result["shards"], strict=True):
+                block_map = self._map_path(backup_id, shard.shard_id)
+                listed["blockmap_bytes"] = block_map.stat().st_size if block_map.exists() else 0
+            return result
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
         """Releases everything held for the backup and leaves a tombstone, so that a
@@ -355,8 +364,8 @@ class Commands:
         summary = path.with_suffix(".json")
         if summary.exists() and path.exists():
             return json.loads(summary.read_text())
-        capture = self.load_capture(item.backup_id, item.shard_id, item.phase)
         limiter, _ = self.limits(item.backup_id)
+        capture = self._capture_of(item)
         sealer = self.keys.sealer(self.encryption(item.backup_id))
         codec = FrameCodec(level=item.compression_level, sealer=sealer)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -373,10 +382,40 @@ class Commands:
         )
         result = sums.model_dump(mode="json")
         partial.replace(path)
+        if item.phase == Phase.BLOCKMAP:
+            self.keep_map(item, sums.crc64nvme)
         write_json(summary, result)
         if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
             shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
         return result
+
+    def _capture_of(self, item: ObjectPlan) -> dict[str, Any]:
+        """What an object reads: a phase's capture, or the shard's block map file."""
+        if item.phase != Phase.BLOCKMAP:
+            return self.load_capture(item.backup_id, item.shard_id, item.phase)
+        path = self._map_path(item.backup_id, item.shard_id)
+        if not path.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no block map of shard {item.shard_id} for {item.backup_id}.",
+                fix="retry the backup (the agent may have been restarted or released it).",
+            )
+        return {
+            "root": str(path.parent),
+            "files": [FileEntry(path=path.name, size=path.stat().st_size)],
+        }
+
+    def keep_map(self, item: ObjectPlan, stored_crc: str) -> None:
+        """Keeps a packed block map for the next incremental, with the stored CRC64NVME the
+        manifest will record (the cache is trusted only when they agree); older ones go."""
+        cache = self.cached_map(item.shard_id, item.backup_id)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._map_path(item.backup_id, item.shard_id), cache.with_suffix(".tmp"))
+        cache.with_suffix(".tmp").replace(cache)
+        cache.with_suffix(".crc").write_text(stored_crc)
+        kept = sorted(cache.parent.glob("*.map"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEPT_MAPS]:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".crc").unlink(missing_ok=True)
 
     def _source(
         self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
@@ -385,8 +424,9 @@ class Commands:
         of its delta stream (the changed extents the scan found)."""
         root, files = Path(capture["root"]), capture["files"]
         extents = self._extents_path(item.backup_id, item.shard_id)
-        if item.phase == Phase.DATA and extents.exists():
-            changed = unpack_extents(json.loads(extents.read_text())["extents"])
+        packed = json.loads(extents.read_text())["extents"] if extents.exists() else ""
+        if item.phase == Phase.DATA and packed:
+            changed = unpack_extents(packed)
             delta = DeltaReader(root, files, changed, item.stream_offset, item.length, limiter)
             return delta.read
         return stream_source(root, files, item.stream_offset, item.length, limiter)

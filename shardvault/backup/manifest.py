@@ -59,10 +59,14 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
     for result in results:
         by_stream[(result.shard_id, result.phase)].append(result)
     shards: dict[str, ManifestShard] = {}
-    for listing in sorted(listings, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
+    maps = {r.shard_id: r for r in results if r.phase == Phase.BLOCKMAP}
+    streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
+    for listing in sorted(streamed, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
         objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
         check_stream_complete(listing, objects)
-        stream = ManifestStream(phase=listing.phase, files=listing.files, objects=objects)
+        stream = ManifestStream(
+            phase=listing.phase, files=listing.files, objects=objects, extents=listing.extents
+        )
         if listing.shard_id in shards:
             shard = shards[listing.shard_id]
             marker = {**shard.marker, **listing.marker}
@@ -76,6 +80,7 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
                 marker=listing.marker,
                 checkpoint_at=listing.checkpoint_at,
                 streams=[stream],
+                blockmap=maps.get(listing.shard_id),
             )
     data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
     return Manifest(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault.errors import InvalidRequest
-from shardvault.models import BackupContext, Phase, ShardListing, unpack_files
+from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import choose_part_size, plan_objects
 from shardvault.services import Services
 
@@ -37,12 +37,30 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
     return listings
 
 
+def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
+    """One listing per shard whose agent wrote a block map: the map file, sent as one stream
+    (phase ``blockmap``) through the same pipeline as the data."""
+    return [
+        ShardListing(
+            shard_id=shard["shard_id"],
+            node_id=result["node_id"],
+            phase=Phase.BLOCKMAP,
+            files=[FileEntry(path=f"{shard['shard_id']}.map", size=shard["blockmap_bytes"])],
+        )
+        for result in results
+        for shard in result["shards"]
+        if shard.get("blockmap_bytes")
+    ]
+
+
 def plan(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
+    if phase == Phase.TAIL:  # the block maps the scan wrote go with the tail
+        listings += blockmap_listings(results)
     total = sum(listing.sent_bytes for listing in listings)
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     vault_class = context.vault.storage_class if context.vault else None
@@ -56,7 +74,7 @@ def plan(
         compression_level=context.compression_level,
     )
     for listing in listings:
-        key = svc.work_key(context.backup_id, "listings", phase, f"{listing.shard_id}.json")
+        key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
     svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
+from pathlib import Path
 
 import boto3
 
@@ -32,7 +33,7 @@ def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(make_cluster, 
     summary = output(progress)
     assert summary["shards"] == ["shard-1", "shard-2", "shard-3"]
     assert summary["verification"].endswith("by attributes)")
-    assert summary["objects"] == 3
+    assert summary["objects"] == 6  # a data object and a block map per shard
 
     svc = cluster.stack.services()
     manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
@@ -40,6 +41,14 @@ def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(make_cluster, 
     assert {s.shard_id: s.node_id for s in manifest.shards} == {
         f"shard-{i}": f"{cluster.name}-node-{i}" for i in (1, 2, 3)
     }
+    # Each shard's block map is stored (for the next incremental) and kept by its agent.
+    for shard in manifest.shards:
+        assert shard.blockmap is not None
+        node = next(c for c in cluster.configs if c["node_id"] == shard.node_id)
+        cached = (
+            Path(node["state_dir"]) / "blockmaps" / shard.shard_id / f"{manifest.backup_id}.crc"
+        )
+        assert cached.read_text() == shard.blockmap.crc64nvme
     roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
     for shard_id, source in cluster.sources.items():
         restored = roots[shard_id] / source.name
