@@ -82,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
     backup.add_argument("cluster")
     backup.add_argument("--wait", action="store_true", help="follow it to the end")
     backup.add_argument("--part-size-mib", type=int, help="the one size knob (default: chosen)")
+    backup.add_argument(
+        "--incremental",
+        action="store_true",
+        help="send only the blocks changed since the cluster's newest backup (the policy's "
+        "incremental settings say when a full is made instead)",
+    )
     backup.set_defaults(run=run_backup)
 
     lister = sub.add_parser("list", help="list backups")
@@ -164,7 +170,9 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
 def run_backup(args: argparse.Namespace) -> int:
     config = ops.ClientConfig.from_env()
     part_size = args.part_size_mib * MiB if args.part_size_mib else None
-    request = BackupRequest(cluster=args.cluster, part_size=part_size, requested_by="cli")
+    request = BackupRequest(
+        cluster=args.cluster, part_size=part_size, incremental=args.incremental, requested_by="cli"
+    )
     execution = ops.start_backup(config, request)
     console.print(f"started [bold]{execution}[/]")
     if not args.wait:

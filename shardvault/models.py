@@ -39,8 +39,9 @@ from shardvault.sqlcheck import check_validation_queries
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # 2: objects hold frames (``shardvault.pipeline``): compressed, checked per frame. Format 1
-# objects hold the stream's bytes as they are; restores read both.
-MANIFEST_FORMAT = 2
+# objects hold the stream's bytes as they are; restores read both. 3: block maps per shard,
+# kind and chain (incrementals).
+MANIFEST_FORMAT = 3
 DEFAULT_COMPRESSION_LEVEL = (
     1  # bench/compression_levels.py: levels 1-3 store the same, 1 is fastest
 )
@@ -487,6 +488,8 @@ class Manifest(Frozen):
     verification: str
     stored_bytes: int | None = None  # what the store holds (compressed); None in format 1
     encryption: Encryption | None = None  # sealed frames: the wrapped data key
+    kind: BackupKind = BackupKind.FULL
+    chain: ChainLink | None = None  # an incremental's parent, root, depth and ancestors
 
 
 # --- Restore -----------------------------------------------------------------------------------

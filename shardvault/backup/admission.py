@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned
+from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
 from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
@@ -95,10 +95,11 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         )
     policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     vault = vault_target(request, svc, policy)
+    kind, chain, parent = chain_for(request, svc, policy)  # refused before the lock
     candidate = new_backup_id(now)
-    encryption = data_key(policy, svc, request.cluster, candidate)  # refused before the lock
+    encryption = chain_key(parent) if chain else data_key(policy, svc, request.cluster, candidate)
     backup_id = take_lock(svc, request, candidate)
-    if encryption and backup_id != candidate:  # our earlier attempt's lock: its id names the chain
+    if encryption and not chain and backup_id != candidate:  # our earlier attempt's lock
         encryption = data_key(policy, svc, request.cluster, backup_id)
     context = BackupContext(
         backup_id=backup_id,
@@ -113,6 +114,8 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         upload=upload_limits(policy),
         compression_level=policy.compression.level if policy else DEFAULT_COMPRESSION_LEVEL,
         encryption=encryption,
+        kind=kind,
+        chain=chain,
     )
     svc.catalog.put(
         {
@@ -127,6 +130,8 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             "shards": sorted(sh for s in sources for sh in s.shard_ids),
             "bytes_done": 0,
             "objects_done": 0,
+            "kind": kind.value,
+            **chain_fields(chain, backup_id),
             # What the reaper needs to clean up after an execution that never reached Cleanup.
             "context": context.model_dump_json(),
         }
@@ -180,6 +185,27 @@ def usable_parent(cluster: str, svc: Services) -> tuple[dict[str, Any], str]:
     if int(parent.get("format", 1)) < INCREMENTAL_FORMAT:
         return parent, f"its newest backup {parent['backup_id']} was made before block maps"
     return parent, ""
+
+
+def chain_fields(chain: ChainLink | None, backup_id: str) -> dict[str, Any]:
+    """A backup's place in its chain, in its catalog record (what retention keeps together
+    and what the next incremental continues)."""
+    if chain is None:
+        return {"depth": 0, "chain_root": backup_id, "ancestors": []}
+    return {
+        "parent_id": chain.parent_id,
+        "depth": chain.depth,
+        "chain_root": chain.root_id,
+        "ancestors": chain.ancestors,
+    }
+
+
+def chain_key(parent: dict[str, Any] | None) -> Encryption | None:
+    """An incremental is sealed under its chain's data key: the parent's (wrapped)."""
+    context = recorded_context(parent or {})
+    if context is None or context.encryption is None:
+        return None  # an unencrypted chain stays so until its next full
+    return context.encryption.model_copy(update={"key_check": None})
 
 
 def data_key(

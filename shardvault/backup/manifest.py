@@ -98,6 +98,8 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         verification=verification_summary(results),
         stored_bytes=sum(r.stored_bytes for r in results),
         encryption=sealed_with(context, results),
+        kind=context.kind,
+        chain=context.chain,
     )
 
 
@@ -166,6 +168,7 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "duration_seconds": round(duration, 3),
         "bytes": manifest.bytes,
         "stored_bytes": manifest.stored_bytes,
+        "format": manifest.format,
         "objects": manifest.objects,
         "parts": manifest.parts,
         "nodes": sorted({s.node_id for s in manifest.shards}),
