@@ -61,6 +61,16 @@ def unpack_extents(packed: str) -> list[Extent]:
     return extents
 
 
+def pack_numbers(numbers: list[int]) -> str:
+    """Non-negative integers, packed like extents (varints, zlib, base64)."""
+    raw = b"".join(_varint(n) for n in numbers)
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+def unpack_numbers(packed: str) -> list[int]:
+    return list(_varints(zlib.decompress(base64.b64decode(packed))))
+
+
 def coarsen(extents: list[Extent], gap: int) -> list[Extent]:
     """Joins extents less than ``gap`` bytes apart."""
     joined: list[Extent] = []

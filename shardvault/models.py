@@ -546,6 +546,14 @@ class NodeAssignment(Frozen):
     bytes: int
 
 
+class ChainSource(Frozen):
+    """Where a restore reads one backup of the chain it restores (the newest's ancestors)."""
+
+    backup_id: str
+    manifest_key: str
+    source: str  # "store" or "vault"
+
+
 class RestoreContext(Frozen):
     """What restore validation decided; passed along the state machine as ``$.restore``."""
 
@@ -567,6 +575,7 @@ class RestoreContext(Frozen):
     started_at: float
     execution_id: str = ""
     source: str = "store"  # where the backup's objects are read: "store" or "vault"
+    chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
 
 
 class DownloadItem(Frozen):
@@ -590,3 +599,7 @@ class DownloadItem(Frozen):
     frames: str = ""
     place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames
     key_check: str | None = None  # sealed frames (the wrapped key travels in the layout)
+    # A chain member's object: only some frames are needed, and each frame's needed bytes go
+    # to scattered places: (frame, offset in frame, length, stream offset) packed as
+    # shardvault.extents.pack_numbers. "": every frame, placed from stream_offset on.
+    pieces: str = ""

@@ -14,27 +14,36 @@ Validation reads only (catalog, registry, manifest): a bad request changes nothi
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import time
+from collections import defaultdict
 from typing import Any
 
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
+from shardvault.chains import Member, resolve
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
     EngineMismatch,
+    ParentUnavailable,
     TargetNotEmpty,
     TargetNotReady,
     UnknownCluster,
 )
+from shardvault.extents import pack_numbers, unpack_extents
 from shardvault.models import (
+    BackupKind,
     BackupStatus,
+    ChainSource,
     DownloadItem,
     Encryption,
     Manifest,
     ManifestShard,
     NodeRecord,
+    ObjectResult,
+    Phase,
     RestoreContext,
     RestoreRequest,
     object_place,
@@ -67,6 +76,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
     s3, bucket = source_of(svc, source)
     manifest = load_manifest(s3, bucket, manifest_key)
+    chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
     nodes = target_nodes(request, svc, now)
     if wrong := [n for n in nodes if n.engine != manifest.engine]:
         raise EngineMismatch(
@@ -107,6 +117,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         started_at=now,
         execution_id=request.execution_id,
         source=source,
+        chain=chain,
     )
 
 
@@ -163,6 +174,98 @@ def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[Nod
     return nodes
 
 
+def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
+    """Where each ancestor of an incremental is read, root first; each manifest is read now,
+    so a missing or damaged ancestor refuses the restore before anything is placed."""
+    if manifest.chain is None:
+        return []
+    sources = []
+    for backup_id in manifest.chain.ancestors:
+        record = svc.catalog.get(manifest.cluster, backup_id) or {}
+        if record.get("status") != BackupStatus.COMPLETE:
+            raise ParentUnavailable(
+                f"backup {manifest.backup_id} is an incremental whose ancestor {backup_id} is "
+                f"{record.get('status', 'gone').lower()}: its chain cannot be restored.",
+                fix="restore another backup ('shardvault list'), e.g. the newest full.",
+            )
+        source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+        key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
+        load_manifest(*source_of(svc, source), key)
+        sources.append(ChainSource(backup_id=backup_id, manifest_key=key, source=source))
+    return sources
+
+
+def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manifest, str]]:
+    """The chain's manifests with where each is read, root first (the restored one last)."""
+    found = [
+        (load_manifest(*source_of(svc, c.source), c.manifest_key), c.source) for c in context.chain
+    ]
+    newest = load_manifest(*source_of(svc, context.source), context.manifest_key)
+    return [*found, (newest, context.source)]
+
+
+def chain_items(
+    context: RestoreContext,
+    chain: list[tuple[Manifest, str]],
+    shard_id: str,
+    node_id: str,
+) -> list[DownloadItem]:
+    """The data objects of one shard of a chain, each with only the frames it contributes
+    and, per frame, where its bytes go (``chains.resolve``)."""
+    members, objects = [], {}
+    for manifest, source in chain:
+        shard = next(s for s in manifest.shards if s.shard_id == shard_id)
+        stream = next(s for s in shard.streams if s.phase == Phase.DATA)
+        extents = unpack_extents(stream.extents) if stream.extents else None
+        if manifest.kind == BackupKind.INCREMENTAL and extents is None:
+            extents = []  # nothing changed in this shard
+        members.append(Member(manifest.backup_id, stream.files, extents))
+        objects[manifest.backup_id] = (
+            manifest,
+            source,
+            sorted(stream.objects, key=lambda o: o.stream_offset),
+        )
+    by_object: dict[str, list[int]] = defaultdict(list)
+    placed: dict[str, tuple[Manifest, str, ObjectResult]] = {}
+    for piece in resolve(members):
+        manifest, source, held = objects[piece.backup_id]
+        at, left, target = piece.delta_offset, piece.length, piece.target
+        while left:
+            obj = held[bisect.bisect_right([o.stream_offset for o in held], at) - 1]
+            inside = at - obj.stream_offset
+            frame, offset = divmod(inside, obj.frame_size)
+            take = min(left, obj.frame_size - offset, obj.length - inside)
+            by_object[obj.key] += [frame, offset, take, target]
+            placed[obj.key] = (manifest, source, obj)
+            at, left, target = at + take, left - take, target + take
+    return [
+        DownloadItem(
+            restore_id=context.restore_id,
+            target_cluster=context.target_cluster,
+            node_id=node_id,
+            shard_id=shard_id,
+            phase=Phase.DATA,
+            key=obj.key,
+            stream_offset=0,
+            length=obj.length,
+            part_size=obj.part_size,
+            part_count=obj.part_count,
+            crc64nvme=obj.crc64nvme,
+            source=source,
+            stored_length=obj.stored_length,
+            frame_size=obj.frame_size,
+            frames=obj.frames,
+            place=object_place(
+                manifest.cluster, manifest.backup_id, shard_id, Phase.DATA, obj.index
+            ),
+            key_check=obj.key_check,
+            pieces=pack_numbers(numbers),
+        )
+        for key, numbers in by_object.items()
+        for manifest, source, obj in [placed[key]]
+    ]
+
+
 def shard_size(shard: ManifestShard) -> int:
     return sum(f.size for s in shard.streams for f in s.files)
 
@@ -173,10 +276,12 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     running in the catalog (the first side effect)."""
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
-    items = [
-        {"object": item.model_dump(mode="json")}
-        for item in download_items(context, manifest, node_of)
-    ]
+    planned = download_items(context, manifest, node_of)
+    if manifest.kind == BackupKind.INCREMENTAL:
+        chain = chain_manifests(context, svc)
+        for shard in manifest.shards:
+            planned += chain_items(context, chain, shard.shard_id, node_of[shard.shard_id])
+    items = [{"object": item.model_dump(mode="json")} for item in planned]
     plan_key = svc.work_key(context.restore_id, "downloads.json")
     svc.put_work(plan_key, items)
     for assignment in context.assignments:
@@ -268,6 +373,8 @@ def download_items(
         )
         for shard in manifest.shards
         for stream in shard.streams
+        # An incremental's data comes from its whole chain (chain_items).
+        if not (manifest.kind == BackupKind.INCREMENTAL and stream.phase == Phase.DATA)
         for obj in stream.objects
     ]
 

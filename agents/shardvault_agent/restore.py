@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from shardvault.errors import (
     TargetNotReady,
     TargetTooSmall,
 )
+from shardvault.extents import unpack_numbers
 from shardvault.models import DownloadItem, Encryption, Engine, unpack_files
 from shardvault.pipeline import (
     FrameCodec,
@@ -336,7 +338,8 @@ class Restorer:
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
             crc = fetch_range(self.downloader, url, item, read, files, sealer)
-            files.flush_behind(item.stream_offset + read.plain_offset, read.plain_size)
+            for target, length in written_ranges(item, read):
+                files.flush_behind(target, length)
             with guard, record.open("a") as out:
                 out.write(f"{read.number} {crc}\n")
             done[read.number] = crc
@@ -350,7 +353,7 @@ class Restorer:
             if self._aborted(item.restore_id).exists():  # aborted meanwhile: leave nothing
                 shutil.rmtree(self.state(item.restore_id), ignore_errors=True)
         whole = combine((done[r.number], r.size) for r in reads) if reads else to_b64(0)
-        if whole != item.crc64nvme:
+        if not item.pieces and whole != item.crc64nvme:  # some frames only: each was checked
             record.unlink(missing_ok=True)  # a retry must fetch it all again
             raise ChecksumMismatch(
                 f"object {item.key} of shard {item.shard_id} arrived with CRC64NVME {whole}; the "
@@ -604,6 +607,7 @@ class RangeRead:
     plain_size: int
     spans: list[FrameSpan] | None = None
     expected: str | None = None
+    placements: dict[int, list[tuple[int, int, int]]] | None = None  # a chain member's pieces
 
 
 def planned_reads(item: DownloadItem) -> list[RangeRead]:
@@ -615,8 +619,12 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
             for r in (part_ranges(item.length, item.part_size) if item.length else [])
         ]  # fmt: skip
     spans = frame_spans(unpack_frames(item.frames), item.frame_size, item.length)
+    placements = piece_placements(item)
+    if placements is not None:  # a chain member's object: only the frames it contributes
+        spans = [s for s in spans if s.index in placements]
+    groups = [g for run in consecutive(spans) for g in fetch_ranges(run, item.part_size)]
     reads = []
-    for number, group in enumerate(fetch_ranges(spans, item.part_size), start=1):
+    for number, group in enumerate(groups, start=1):
         first, last = group[0], group[-1]
         reads.append(
             RangeRead(
@@ -626,9 +634,40 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
                 first.plain_offset,
                 last.plain_offset + last.plain_size - first.plain_offset,
                 group,
+                placements={s.index: placements[s.index] for s in group} if placements else None,
             )
         )
     return reads
+
+
+def written_ranges(item: DownloadItem, read: RangeRead) -> list[tuple[int, int]]:
+    """The stream ranges a read wrote: contiguous, or a chain member's scattered pieces."""
+    if read.placements is None:
+        return [(item.stream_offset + read.plain_offset, read.plain_size)]
+    return [(t, n) for pieces in read.placements.values() for _, n, t in pieces]
+
+
+def piece_placements(item: DownloadItem) -> dict[int, list[tuple[int, int, int]]] | None:
+    """Per frame, where its needed bytes go: ``(offset in frame, length, stream offset)``."""
+    if not item.pieces:
+        return None
+    numbers = unpack_numbers(item.pieces)
+    placements: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for i in range(0, len(numbers), 4):
+        frame, offset, length, target = numbers[i : i + 4]
+        placements[frame].append((offset, length, target))
+    return dict(placements)
+
+
+def consecutive(spans: list[FrameSpan]) -> list[list[FrameSpan]]:
+    """Runs of frames that follow each other in the object (one ranged read can hold them)."""
+    runs: list[list[FrameSpan]] = []
+    for span in spans:
+        if runs and runs[-1][-1].index + 1 == span.index:
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    return runs
 
 
 def fetch_range(
@@ -653,13 +692,15 @@ def fetch_range(
                 fix="the object is damaged in the store: restore another backup.",
             )
         return crc
-    sink = FrameSink(
-        read.spans,
-        FrameCodec(sealer=sealer),
-        item.place,
-        lambda offset, plain: files.write(item.stream_offset + offset, plain),
-        where=item.key,
-    )
+
+    def place(offset: int, plain: bytes) -> None:
+        if read.placements is None:
+            files.write(item.stream_offset + offset, plain)
+            return
+        for inside, length, target in read.placements[offset // item.frame_size]:
+            files.write(target, plain[inside : inside + length])
+
+    sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, where=item.key)
     crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)
     if not sink.complete:  # the store sent the bytes asked for, but not whole frames
         raise ChecksumMismatch(

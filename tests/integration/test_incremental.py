@@ -52,3 +52,33 @@ def test_without_its_cache_the_agent_rebuilds_the_parents_map_from_the_store(
     child = records[incremental.record["backup_id"]]
     assert child["kind"] == "incremental"
     assert child["data_bytes"] == 0  # nothing changed, and the store's map says so
+
+
+def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_target, policy_for):
+    from shardvault.local.demo import table_digests
+
+    cluster = make_cluster(nodes=2, size_mb=4)
+    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    for step in range(3):  # three incrementals, each after some changes
+        for db in cluster.sources.values():
+            with sqlite3.connect(db) as conn:
+                conn.execute(
+                    "UPDATE items SET payload = randomblob(200) WHERE rowid % 97 = ?", (step,)
+                )
+                conn.execute(
+                    "INSERT INTO items(shard, payload) "
+                    "SELECT shard, randomblob(300) FROM items LIMIT 50"
+                )
+        last = cluster.backup(incremental=True)
+        assert last.status == "SUCCEEDED", last.cause
+    records = {r["backup_id"]: r for r in cluster.records()}
+    assert records[last.record["backup_id"]]["depth"] == 3
+
+    target = make_target(nodes=1)
+    restored = target.restore(cluster.name, backup_id=last.record["backup_id"])
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
+        assert table_digests(db) == table_digests(source)
