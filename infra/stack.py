@@ -154,6 +154,18 @@ class ShardVaultStack(Stack):
             catalog_rw,
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject", "s3:GetObject"),
         )
+        # An incremental's parent: its record and manifest, and a presigned GET of each of its
+        # block maps (the URL is authorized as this role: reading backups, nothing else),
+        # written to _work/ for the dispatcher.
+        grant(
+            "prepare_scan",
+            policies.table(tables.catalog, ("dynamodb:GetItem",)),
+            *[
+                policies.objects(store, BACKUPS_PREFIX, "s3:GetObject")
+                for store in (bucket, self.storage.vault)
+            ],
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
+        )
         # The role that signs the part URLs is the one S3 authorizes each part upload against.
         grant(
             "sign_parts",

@@ -177,7 +177,7 @@ class Schedule(Frozen):
         None,
         json_schema_extra={"shown_type": "cron"},
         description="When incremental backups run between fulls, e.g. '0 2 * * 1-6'; "
-        "null: fulls only. Incremental capture is not built yet: these run as fulls.",
+        "null: fulls only. The cluster's incremental settings say when one is made as a full.",
     )
 
     @property

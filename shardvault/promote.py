@@ -40,9 +40,11 @@ from shardvault.models import (
     LockMode,
     Manifest,
     ObjectResult,
+    Phase,
     VaultTarget,
     lock_strength,
 )
+from shardvault.prices import ARCHIVE_CLASSES, StorageClass
 from shardvault.readback import load_manifest
 from shardvault.retention import deletion_batches
 from shardvault.services import Services
@@ -160,11 +162,11 @@ def promote(
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
     objects = [o for s in manifest.shards for o in s.objects]
     # Each call reads back every object's lock: those already held, and those it copies.
-    held = {o.key: held_in_vault(svc, o, context.vault, until) for o in objects}
+    held = {o.key: held_in_vault(svc, o, vault_for(o, context.vault), until) for o in objects}
     remaining = [o for o in objects if held[o.key] is None]
     while remaining:  # at least one object per call, however small the budget
         obj = remaining.pop(0)
-        held[obj.key] = copy_into_vault(svc, obj, context.vault, until)
+        held[obj.key] = copy_into_vault(svc, obj, vault_for(obj, context.vault), until)
         if time.monotonic() >= deadline:
             break
     if remaining:
@@ -242,6 +244,15 @@ def held_in_vault(
         return None
     stored = read_lock(svc, key)
     return None if stored.problem(vault, until, vault.storage_class) else stored
+
+
+def vault_for(obj: ObjectResult, vault: VaultTarget) -> VaultTarget:
+    """Where an object goes in the vault: a block map stays readable without a thaw (the
+    next incremental may have to read it; it is a few MiB per TiB), the rest in the vault's
+    class."""
+    if obj.phase == Phase.BLOCKMAP and vault.storage_class in ARCHIVE_CLASSES:
+        return vault.model_copy(update={"storage_class": StorageClass.GLACIER_IR})
+    return vault
 
 
 def copy_into_vault(

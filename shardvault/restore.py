@@ -46,6 +46,7 @@ from shardvault.models import (
     Phase,
     RestoreContext,
     RestoreRequest,
+    RetrievalTier,
     object_place,
     pack_files,
 )
@@ -383,33 +384,37 @@ def download_items(
 def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
-    s3, bucket = source_of(svc, context.source)
-    manifest = load_manifest(s3, bucket, context.manifest_key)
     frozen = requested = 0
-    for shard in manifest.shards:
-        for stream in shard.streams:
-            for obj in stream.objects:
-                head = s3.head_object(Bucket=bucket, Key=obj.key)
-                if head.get("StorageClass") not in ARCHIVE_CLASSES:
-                    continue
-                status = head.get("Restore") or ""
-                if 'ongoing-request="false"' in status:
-                    continue  # thawed
-                frozen += 1
-                if not status:  # no restore asked for yet
-                    s3.restore_object(
-                        Bucket=bucket,
-                        Key=obj.key,
-                        RestoreRequest={
-                            "Days": THAW_DAYS,
-                            "GlacierJobParameters": {"Tier": context.tier.value},
-                        },
-                    )
-                    requested += 1
+    for manifest, source in chain_manifests(context, svc):  # a full: itself alone
+        s3, bucket = source_of(svc, source)
+        for shard in manifest.shards:
+            for stream in shard.streams:
+                for obj in stream.objects:
+                    state = thaw_object(s3, bucket, obj.key, context.tier)
+                    frozen += state != "readable"
+                    requested += state == "requested"
     svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
     first = svc.settings.thaw_first_wait_seconds
     wait = min(first * 2**attempt, THAW_MAX_WAIT)
     return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}
+
+
+def thaw_object(s3: Any, bucket: str, key: str, tier: RetrievalTier) -> str:
+    """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
+    head = s3.head_object(Bucket=bucket, Key=key)
+    if head.get("StorageClass") not in ARCHIVE_CLASSES:
+        return "readable"
+    status = head.get("Restore") or ""
+    if 'ongoing-request="false"' in status:
+        return "readable"  # thawed
+    if status:
+        return "thawing"
+    s3.restore_object(
+        Bucket=bucket,
+        Key=key,
+        RestoreRequest={"Days": THAW_DAYS, "GlacierJobParameters": {"Tier": tier.value}},
+    )
+    return "requested"
 
 
 # --- sign --------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ minute both claim) and starts them on the stack's backup state machine; once a d
 retention. A backup already running for a cluster makes the new one fail with
 ``BackupAlreadyRunning``, as on AWS.
 
-Incremental capture is not built yet: a backup due as incremental runs as a full and is
-recorded as one (its ``requested_by``, ``schedule:incremental``, says what was asked for).
+A backup due as incremental is requested as one (``incremental: true``); the cluster's
+``incremental`` policy decides when it is made as a full instead (no usable parent, or the
+chain is as long as ``max_chain``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def tick(
     """Starts what fell due; returns one line per started backup."""
     started = []
     for at, cluster, kind in due(policy, since, until):
-        request = BackupRequest(cluster=cluster, requested_by=f"schedule:{kind}")
+        request = BackupRequest(
+            cluster=cluster,
+            incremental=kind == BackupKind.INCREMENTAL,
+            requested_by=f"schedule:{kind}",
+        )
         execution = start(config, request)
         log.info("%s backup of %s due at %s: %s", kind, cluster, at.isoformat(), execution)
         started.append({"cluster": cluster, "kind": str(kind), "due": at, "execution": execution})

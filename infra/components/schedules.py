@@ -109,6 +109,8 @@ class Schedules(Construct):
                 cadences.append((BackupKind.INCREMENTAL, cluster.schedule.incremental))
             for kind, expression in cadences:
                 request = {"cluster": name, "requested_by": f"schedule:{kind}"}
+                if kind == BackupKind.INCREMENTAL:
+                    request["incremental"] = True
                 self._schedule(
                     f"{name}-{kind}",
                     scheduler_cron(expression),

@@ -824,3 +824,11 @@ def test_promotion_may_read_back_the_lock_it_set(synth: Synthesized) -> None:
     """HeadObject shows an object's lock only to a caller with s3:GetObjectRetention: without
     it every promotion would fail its read-back (shardvault/promote.py confirm_lock)."""
     assert ("s3:GetObjectRetention", "vault/backups/*") in grants(synth, "promote_backup")
+
+
+def test_scan_preparer_reads_backups_and_writes_only_work_objects(synth: Synthesized) -> None:
+    """Its presigned GETs of parent block maps carry its permissions: reading backups only."""
+    assert grants(synth, "prepare_scan") == READ_BACKUPS | {
+        ("s3:PutObject", "staging/_work/*"),
+        ("dynamodb:GetItem", "catalog"),
+    }
