@@ -135,11 +135,13 @@ def unlocked(key: str, problem: str, vault: VaultTarget, until: datetime) -> Pro
     )
 
 
-def recorded_lock(objects: list[StoredLock], manifest: StoredLock) -> dict[str, Any]:
+def recorded_lock(
+    objects: list[StoredLock], manifest: StoredLock, locks: list[StoredLock] | None = None
+) -> dict[str, Any]:
     """What the catalog records of a promotion, all read back from the vault: the objects'
     class (each checked to be the one asked), and the lock every copy holds at least (the
     weakest mode, the earliest retain-until, the manifest's included)."""
-    locks = [*objects, manifest]
+    locks = [*(objects if locks is None else locks), manifest]
     mode = min((s.mode for s in locks), key=lambda m: lock_strength(LockMode(m)))
     until = min(s.retain_until for s in locks if s.retain_until)
     storage_class = (objects or [manifest])[0].storage_class
@@ -179,7 +181,12 @@ def promote(
     promotion = {
         "location": "vault",
         "vault_manifest_key": vault_key,
-        **recorded_lock(list(held.values()), manifest_lock),  # as read back, not as asked
+        # As read back, not as asked; the class is the data's (block maps stay readable).
+        **recorded_lock(
+            [held[o.key] for o in objects if o.phase != Phase.BLOCKMAP] or list(held.values()),
+            manifest_lock,
+            locks=list(held.values()),
+        ),
         "promoted_at": time.time(),
     }
     svc.catalog.update(context.cluster, context.backup_id, **promotion)

@@ -60,6 +60,8 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         by_stream[(result.shard_id, result.phase)].append(result)
     shards: dict[str, ManifestShard] = {}
     maps = {r.shard_id: r for r in results if r.phase == Phase.BLOCKMAP}
+    # The shards' data and tails: what a restore places (block maps are the backup's index).
+    streamed_results = [r for r in results if r.phase != Phase.BLOCKMAP]
     streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
     for listing in sorted(streamed, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
         objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
@@ -92,9 +94,9 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         checkpoint_skew_seconds=skew_seconds(data_listings),
         part_size=results[0].part_size if results else 0,
         shards=list(shards.values()),
-        bytes=sum(r.length for r in results),
-        objects=len(results),
-        parts=sum(r.part_count for r in results),
+        bytes=sum(r.length for r in streamed_results),
+        objects=len(streamed_results),
+        parts=sum(r.part_count for r in streamed_results),
         verification=verification_summary(results),
         stored_bytes=sum(r.stored_bytes for r in results),
         encryption=sealed_with(context, results),
