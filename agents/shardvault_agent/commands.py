@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import boto3
 
+from shardvault.checksums import crc64nvme_of_stream
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
 from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
@@ -34,7 +35,13 @@ from shardvault.models import (
     UploadLimits,
     pack_files,
 )
-from shardvault.pipeline import FrameCodec, pack_frames
+from shardvault.pipeline import (
+    FrameCodec,
+    frame_spans,
+    pack_frames,
+    plaintext_crc,
+    unpack_frames,
+)
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, EngineAdapter
@@ -247,25 +254,25 @@ class Commands:
         return self.backup_dir(backup_id) / f"{shard_id}.extents.json"
 
     def cached_map(self, shard_id: str, backup_id: str) -> Path:
-        """Where this node keeps the block map of a backup it made, for the next incremental;
-        beside it, the stored map object's CRC64NVME (``.crc``), checked against the manifest
-        before the cache is trusted."""
+        """Where this node keeps the block map of a backup it made, for the next incremental."""
         return self.config.state_dir / "blockmaps" / shard_id / f"{backup_id}.map"
 
     def parent_map(self, shard_id: str, parent: dict[str, Any] | None) -> Path | None:
-        """The parent's block map: the cache when its recorded CRC is the manifest's, else
-        fetched from the store and decoded through the pipeline (correctness never depends on
-        the cache). None: no parent (a full)."""
+        """The parent's block map: the cached file when its CRC64NVME is the plaintext CRC the
+        manifest records for the map (its frames'), else fetched from the store and decoded
+        through the pipeline. The cache is read whole to be checked: correctness never
+        depends on it. None: no parent (a full)."""
         if not parent:
             return None
         path = self.cached_map(shard_id, parent["backup_id"])
-        crc = path.with_suffix(".crc")
-        if path.exists() and crc.exists() and crc.read_text() == parent["object"]["crc64nvme"]:
-            return path
+        obj = parent["object"]
+        spans = frame_spans(unpack_frames(obj["frames"]), obj["frame_size"], obj["length"])
+        if path.exists():
+            with open(path, "rb") as cached:
+                if crc64nvme_of_stream(cached) == plaintext_crc(spans):
+                    return path
         fetched = self.restorer.fetch_object_plain(parent, path.with_suffix(".fetching"))
-        fetched.replace(path)
-        crc.write_text(parent["object"]["crc64nvme"])
-        return path
+        return fetched.replace(path)
 
     def do_scan(self, args: dict[str, Any]) -> dict[str, Any]:
         """Hashes every block of each shard's capture into this backup's block map and
@@ -383,7 +390,7 @@ class Commands:
         result = sums.model_dump(mode="json")
         partial.replace(path)
         if item.phase == Phase.BLOCKMAP:
-            self.keep_map(item, sums.crc64nvme)
+            self.keep_map(item)
         write_json(summary, result)
         if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
             shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
@@ -404,18 +411,16 @@ class Commands:
             "files": [FileEntry(path=path.name, size=path.stat().st_size)],
         }
 
-    def keep_map(self, item: ObjectPlan, stored_crc: str) -> None:
-        """Keeps a packed block map for the next incremental, with the stored CRC64NVME the
-        manifest will record (the cache is trusted only when they agree); older ones go."""
+    def keep_map(self, item: ObjectPlan) -> None:
+        """Keeps a packed block map for the next incremental (checked against the manifest
+        before it is used: ``parent_map``); older ones go."""
         cache = self.cached_map(item.shard_id, item.backup_id)
         cache.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self._map_path(item.backup_id, item.shard_id), cache.with_suffix(".tmp"))
         cache.with_suffix(".tmp").replace(cache)
-        cache.with_suffix(".crc").write_text(stored_crc)
         kept = sorted(cache.parent.glob("*.map"), key=lambda p: p.stat().st_mtime)
         for old in kept[:-KEPT_MAPS]:
             old.unlink(missing_ok=True)
-            old.with_suffix(".crc").unlink(missing_ok=True)
 
     def _source(
         self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter

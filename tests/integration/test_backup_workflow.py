@@ -10,8 +10,10 @@ from pathlib import Path
 import boto3
 
 from functions.reap_execution import lambda_handler
+from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.local.lambda_bridge import LambdaContext
 from shardvault.materialize import materialize
+from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.readback import load_manifest
 
 from .conftest import entered_states, output
@@ -46,9 +48,11 @@ def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(make_cluster, 
         assert shard.blockmap is not None
         node = next(c for c in cluster.configs if c["node_id"] == shard.node_id)
         cached = (
-            Path(node["state_dir"]) / "blockmaps" / shard.shard_id / f"{manifest.backup_id}.crc"
+            Path(node["state_dir"]) / "blockmaps" / shard.shard_id / f"{manifest.backup_id}.map"
         )
-        assert cached.read_text() == shard.blockmap.crc64nvme
+        obj = shard.blockmap
+        spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
+        assert crc64nvme_of_bytes(cached.read_bytes()) == plaintext_crc(spans)
     roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
     for shard_id, source in cluster.sources.items():
         restored = roots[shard_id] / source.name
