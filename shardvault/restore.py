@@ -213,7 +213,7 @@ def chain_items(
 ) -> list[DownloadItem]:
     """The data objects of one shard of a chain, each with only the frames it contributes
     and, per frame, where its bytes go (``chains.resolve``)."""
-    members, objects = [], {}
+    members, held = [], {}
     for manifest, source in chain:
         shard = next(s for s in manifest.shards if s.shard_id == shard_id)
         stream = next(s for s in shard.streams if s.phase == Phase.DATA)
@@ -221,18 +221,15 @@ def chain_items(
         if manifest.kind == BackupKind.INCREMENTAL and extents is None:
             extents = []  # nothing changed in this shard
         members.append(Member(manifest.backup_id, stream.files, extents))
-        objects[manifest.backup_id] = (
-            manifest,
-            source,
-            sorted(stream.objects, key=lambda o: o.stream_offset),
-        )
+        objects = sorted(stream.objects, key=lambda o: o.stream_offset)
+        held[manifest.backup_id] = (manifest, source, objects, [o.stream_offset for o in objects])
     by_object: dict[str, list[int]] = defaultdict(list)
     placed: dict[str, tuple[Manifest, str, ObjectResult]] = {}
     for piece in resolve(members):
-        manifest, source, held = objects[piece.backup_id]
+        manifest, source, objects, starts = held[piece.backup_id]
         at, left, target = piece.delta_offset, piece.length, piece.target
         while left:
-            obj = held[bisect.bisect_right([o.stream_offset for o in held], at) - 1]
+            obj = objects[bisect.bisect_right(starts, at) - 1]
             inside = at - obj.stream_offset
             frame, offset = divmod(inside, obj.frame_size)
             take = min(left, obj.frame_size - offset, obj.length - inside)
@@ -240,26 +237,14 @@ def chain_items(
             placed[obj.key] = (manifest, source, obj)
             at, left, target = at + take, left - take, target + take
     return [
-        DownloadItem(
-            restore_id=context.restore_id,
-            target_cluster=context.target_cluster,
-            node_id=node_id,
-            shard_id=shard_id,
-            phase=Phase.DATA,
-            key=obj.key,
-            stream_offset=0,
-            length=obj.length,
-            part_size=obj.part_size,
-            part_count=obj.part_count,
-            crc64nvme=obj.crc64nvme,
-            source=source,
-            stored_length=obj.stored_length,
-            frame_size=obj.frame_size,
-            frames=obj.frames,
-            place=object_place(
-                manifest.cluster, manifest.backup_id, shard_id, Phase.DATA, obj.index
-            ),
-            key_check=obj.key_check,
+        download_item(
+            context,
+            manifest,
+            shard_id,
+            node_id,
+            Phase.DATA,
+            obj,
+            source,
             pieces=pack_numbers(numbers),
         )
         for key, numbers in by_object.items()
@@ -350,27 +335,14 @@ def download_items(
     context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
 ) -> list[DownloadItem]:
     return [
-        DownloadItem(
-            restore_id=context.restore_id,
-            target_cluster=context.target_cluster,
-            node_id=node_of[shard.shard_id],
-            shard_id=shard.shard_id,
-            phase=stream.phase,
-            key=obj.key,
-            stream_offset=obj.stream_offset,
-            length=obj.length,
-            part_size=obj.part_size,
-            part_count=obj.part_count,
-            crc64nvme=obj.crc64nvme,
-            part_crc64nvme=obj.part_crc64nvme,
-            key_check=obj.key_check,
-            source=context.source,
-            stored_length=obj.stored_length,
-            frame_size=obj.frame_size,
-            frames=obj.frames,
-            place=object_place(
-                manifest.cluster, manifest.backup_id, shard.shard_id, stream.phase, obj.index
-            ),
+        download_item(
+            context,
+            manifest,
+            shard.shard_id,
+            node_of[shard.shard_id],
+            stream.phase,
+            obj,
+            context.source,
         )
         for shard in manifest.shards
         for stream in shard.streams
@@ -378,6 +350,41 @@ def download_items(
         if not (manifest.kind == BackupKind.INCREMENTAL and stream.phase == Phase.DATA)
         for obj in stream.objects
     ]
+
+
+def download_item(
+    context: RestoreContext,
+    manifest: Manifest,
+    shard_id: str,
+    node_id: str,
+    phase: Phase,
+    obj: ObjectResult,
+    source: str,
+    pieces: str = "",
+) -> DownloadItem:
+    """One object for one target node, as its backup's manifest records it. A chain
+    member's object gives its ``pieces``: it is placed by them, not from its offset."""
+    return DownloadItem(
+        restore_id=context.restore_id,
+        target_cluster=context.target_cluster,
+        node_id=node_id,
+        shard_id=shard_id,
+        phase=phase,
+        key=obj.key,
+        stream_offset=0 if pieces else obj.stream_offset,
+        length=obj.length,
+        part_size=obj.part_size,
+        part_count=obj.part_count,
+        crc64nvme=obj.crc64nvme,
+        part_crc64nvme=obj.part_crc64nvme,
+        key_check=obj.key_check,
+        source=source,
+        stored_length=obj.stored_length,
+        frame_size=obj.frame_size,
+        frames=obj.frames,
+        place=object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
+        pieces=pieces,
+    )
 
 
 # --- thaw --------------------------------------------------------------------------------------
