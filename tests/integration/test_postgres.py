@@ -165,6 +165,56 @@ ROW_BALANCES = [
 ]
 
 
+def create_static_tables(servers) -> dict[str, str]:
+    """A table no load touches, in every source; returns each shard's ordered digest."""
+    for server in servers:
+        server.psql(
+            "CREATE TABLE static_check AS SELECT g AS id, md5(g::text) AS v "
+            "FROM generate_series(1, 20000) g"
+        )
+    return {f"shard-{i + 1}": s.psql(STATIC_DIGEST) for i, s in enumerate(servers)}
+
+
+def restored_instance(shard: dict) -> PostgresInstance:
+    """The server a restore started for a shard (from its finish result)."""
+    return PostgresInstance(
+        Path(shard["path"]), shard["port"], Path(shard["socket_dir"]),
+        find_pg_bin_dir(), Path(shard["path"] + ".log"),
+    )  # fmt: skip
+
+
+def check_consistent_copy(
+    instance: PostgresInstance,
+    shard_id: str,
+    static: dict[str, str],
+    source_history: dict[str, set[str]],
+) -> None:
+    """The copy equals its source at one point in time: recovered, the untouched table equal
+    by ordered hash, pgbench's history a subset of the source's, and TPC-B's balances equal
+    to the history's deltas, in total and row by row."""
+    assert instance.psql("SELECT pg_is_in_recovery()") == "f"
+    assert instance.psql(STATIC_DIGEST) == static[shard_id]
+    history = history_rows(instance.psql)
+    assert history, shard_id
+    assert history <= source_history[shard_id], shard_id
+    sums = instance.psql(
+        "SELECT (SELECT sum(abalance) FROM pgbench_accounts), "
+        "(SELECT sum(tbalance) FROM pgbench_tellers), "
+        "(SELECT sum(bbalance) FROM pgbench_branches), "
+        "(SELECT sum(delta) FROM pgbench_history)"
+    ).split("|")
+    assert len(set(sums)) == 1, f"{shard_id}: inconsistent balances {sums}"
+    # Row by row: every balance (0 after pgbench -i) is the sum of the restored history's
+    # deltas for it, the source's state at the consistency point for every row.
+    for table, key, column in ROW_BALANCES:
+        mismatched = instance.psql(
+            f"SELECT count(*) FROM {table} t LEFT JOIN (SELECT {key}, sum(delta) AS d "
+            f"FROM pgbench_history GROUP BY {key}) h USING ({key}) "
+            f"WHERE t.{column} <> coalesce(h.d, 0)"
+        )
+        assert mismatched == "0", f"{shard_id}: {mismatched} rows of {table} disagree"
+
+
 def history_rows(psql) -> set[str]:
     return set(psql(HISTORY).splitlines())
 
@@ -178,12 +228,7 @@ def test_a_backup_under_load_restores_into_another_node_count(
     only rows the source holds, and the balances agree with it (TPC-B's invariants), which only
     a copy consistent at one point in time does."""
     cluster, servers = pg_cluster
-    for server in servers:
-        server.psql(
-            "CREATE TABLE static_check AS SELECT g AS id, md5(g::text) AS v "
-            "FROM generate_series(1, 20000) g"
-        )
-    static = {f"shard-{i + 1}": s.psql(STATIC_DIGEST) for i, s in enumerate(servers)}
+    static = create_static_tables(servers)
     loads = [start_pgbench(server, clients=2, seconds=120) for server in servers]
     try:
         time.sleep(1)
@@ -208,31 +253,7 @@ def test_a_backup_under_load_restores_into_another_node_count(
     assert len(used) == min(target_nodes, 3)  # balanced: one shard per node while nodes last
     for shard_id, shard in shards.items():
         assert shard["checks"]["pg_amcheck --all"] == "ok", shard
-        instance = PostgresInstance(
-            Path(shard["path"]), shard["port"], Path(shard["socket_dir"]),
-            find_pg_bin_dir(), Path(shard["path"] + ".log"),
-        )  # fmt: skip
-        assert instance.psql("SELECT pg_is_in_recovery()") == "f"
-        assert instance.psql(STATIC_DIGEST) == static[shard_id]
-        history = history_rows(instance.psql)
-        assert history, shard_id
-        assert history <= source_history[shard_id], shard_id
-        sums = instance.psql(
-            "SELECT (SELECT sum(abalance) FROM pgbench_accounts), "
-            "(SELECT sum(tbalance) FROM pgbench_tellers), "
-            "(SELECT sum(bbalance) FROM pgbench_branches), "
-            "(SELECT sum(delta) FROM pgbench_history)"
-        ).split("|")
-        assert len(set(sums)) == 1, f"{shard_id}: inconsistent balances {sums}"
-        # Row by row: every balance (0 after pgbench -i) is the sum of the restored history's
-        # deltas for it, the source's state at the consistency point for every row.
-        for table, key, column in ROW_BALANCES:
-            mismatched = instance.psql(
-                f"SELECT count(*) FROM {table} t LEFT JOIN (SELECT {key}, sum(delta) AS d "
-                f"FROM pgbench_history GROUP BY {key}) h USING ({key}) "
-                f"WHERE t.{column} <> coalesce(h.d, 0)"
-            )
-            assert mismatched == "0", f"{shard_id}: {mismatched} rows of {table} disagree"
+        check_consistent_copy(restored_instance(shard), shard_id, static, source_history)
     ports = {(s["node_id"], s["port"]) for s in shards.values()}
     assert len(ports) == 3  # instances sharing a node listen on distinct ports
     # The target's agents adopted the servers they restored: the new cluster is backed up
@@ -251,12 +272,7 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
     by row, an untouched table equal by ordered hash), and the incremental sent less than the
     full."""
     cluster, servers = pg_cluster
-    for server in servers:
-        server.psql(
-            "CREATE TABLE static_check AS SELECT g AS id, md5(g::text) AS v "
-            "FROM generate_series(1, 20000) g"
-        )
-    static = {f"shard-{i + 1}": s.psql(STATIC_DIGEST) for i, s in enumerate(servers)}
+    static = create_static_tables(servers)
     full = cluster.backup()
     assert full.status == "SUCCEEDED", full.cause
     last = full
@@ -282,17 +298,4 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
     assert restored.status == "SUCCEEDED", restored.cause
     for shard in output(restored)["shards"]:
         assert shard["checks"]["pg_amcheck --all"] == "ok", shard
-        instance = PostgresInstance(
-            Path(shard["path"]), shard["port"], Path(shard["socket_dir"]),
-            find_pg_bin_dir(), Path(shard["path"] + ".log"),
-        )  # fmt: skip
-        assert instance.psql(STATIC_DIGEST) == static[shard["shard_id"]]
-        history = history_rows(instance.psql)
-        assert history <= source_history[shard["shard_id"]]
-        for table, key, column in ROW_BALANCES:
-            mismatched = instance.psql(
-                f"SELECT count(*) FROM {table} t LEFT JOIN (SELECT {key}, sum(delta) AS d "
-                f"FROM pgbench_history GROUP BY {key}) h USING ({key}) "
-                f"WHERE t.{column} <> coalesce(h.d, 0)"
-            )
-            assert mismatched == "0", f"{shard['shard_id']}: {mismatched} rows of {table}"
+        check_consistent_copy(restored_instance(shard), shard["shard_id"], static, source_history)
