@@ -258,7 +258,8 @@ class ShardVaultStack(Stack):
                 vault,
                 BACKUPS_PREFIX,
                 "s3:PutObject",  # CopyObject / UploadPartCopy and the manifest
-                "s3:PutObjectRetention",  # Object Lock headers on the copy
+                # Object Lock headers on the copy; extending an incremental's ancestors' locks
+                "s3:PutObjectRetention",
                 "s3:GetObject",  # HeadObject (resuming) and the copy's attributes
                 "s3:GetObjectAttributes",
                 # Without it HeadObject omits the lock: promotion reads each copy's lock back.

@@ -19,6 +19,11 @@ Terms:
   at most ``promote_budget_seconds`` and reports what remains; the next call skips objects
   already in the vault with the right checksum, so a promotion that fails partway resumes, and
   no vault manifest ever names an object the vault lacks.
+- *chain lock*: an incremental restores only with its ancestors' objects, so its promotion
+  extends every ancestor's vault lock (objects, block map and manifest) to at least its own
+  retain-until, reads each back, and records the ancestor's new lock in its catalog item. A
+  vault copy of an incremental is never locked longer than what it needs to be restored, and
+  a child is not promoted while an ancestor is missing from the vault (``PromotionFailed``).
 """
 
 from __future__ import annotations
@@ -173,6 +178,7 @@ def promote(
             break
     if remaining:
         return {"remaining": len(remaining), "summary": summary}
+    hold_ancestors(svc, context.cluster, manifest, until)
     vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
     manifest_lock = confirm_lock(svc, vault_key, context.vault, until, MANIFEST_CLASS)
     staging_keys = [*(o.key for o in objects), summary["manifest_key"]]
@@ -204,6 +210,62 @@ PROMOTION_FIELDS = (
     "retain_until",
     "promoted_at",
 )
+
+
+def hold_ancestors(svc: Services, cluster: str, manifest: Manifest, until: datetime) -> None:
+    """Extends the vault lock of every backup an incremental's restore reads (its ancestors)
+    to at least ``until``, before the incremental's own vault manifest is written: the vault
+    never names a restore point whose chain may be deleted before it. An ancestor already
+    recorded as held that long (read back at an earlier extension) costs no request."""
+    for backup_id in manifest.chain.ancestors if manifest.chain else []:
+        record = svc.catalog.get(cluster, backup_id) or {}
+        if record.get("location") != "vault":
+            raise PromotionFailed(
+                f"backup {manifest.backup_id} is an incremental of {backup_id}, which is not in "
+                f"the vault ({record.get('promotion') or record.get('status') or 'no record'}): "
+                "a vault copy of it could not be restored on its own.",
+                fix=f"promote {backup_id} first (its promotion is retried by the next backup of "
+                "the cluster's schedule, or start a full backup); this backup stays complete "
+                "and restorable from the store.",
+            )
+        held = datetime.fromisoformat(record["retain_until"])
+        if held >= until:
+            continue
+        locks = [extend_lock(svc, key, until) for key in vault_keys_of(svc, record)]
+        svc.catalog.update(
+            cluster, backup_id, retain_until=min(s.retain_until for s in locks).isoformat()
+        )
+        log.info("vault lock of %s extended to %s for %s", backup_id, until, manifest.backup_id)
+
+
+def vault_keys_of(svc: Services, record: dict[str, Any]) -> list[str]:
+    """Every key of a promoted backup in the vault: its objects, block maps and manifest."""
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    objects = [o.key for s in manifest.shards for o in s.objects]
+    return [*objects, record["vault_manifest_key"]]
+
+
+def extend_lock(svc: Services, key: str, until: datetime) -> StoredLock:
+    """Extends one vault object's lock to ``until`` in the mode it already holds (Object Lock
+    lets any lock be extended, never shortened), and returns the lock read back."""
+    stored = read_lock(svc, key)
+    if stored.mode is not None and stored.retain_until is not None and stored.retain_until < until:
+        svc.vault_s3.put_object_retention(
+            Bucket=svc.vault.bucket,
+            Key=key,
+            Retention={"Mode": stored.mode, "RetainUntilDate": until},
+        )
+        stored = read_lock(svc, key)
+    if stored.mode is None or stored.retain_until is None or stored.retain_until < until:
+        raise PromotionFailed(
+            f"the vault's copy of {key}, which a newer incremental needs, is locked until "
+            f"{stored.retain_until} ({stored.mode or 'no lock'}), not until {until.isoformat()}, "
+            "and could not be extended. Nothing was recorded as locked.",
+            fix="check that the promote function may set and read retention "
+            "(s3:PutObjectRetention, s3:GetObjectRetention); the incremental stays complete "
+            "and restorable from the store.",
+        )
+    return stored
 
 
 def _promotion_of(record: dict[str, Any]) -> dict[str, Any]:

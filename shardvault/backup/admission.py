@@ -95,7 +95,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         )
     policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     vault = vault_target(request, svc, policy)
-    kind, chain, parent = chain_for(request, svc, policy)  # refused before the lock
+    kind, chain, parent = chain_for(request, svc, policy, vault)  # refused before the lock
     candidate = new_backup_id(now)
     encryption = chain_key(parent) if chain else data_key(policy, svc, request.cluster, candidate)
     backup_id = take_lock(svc, request, candidate)
@@ -144,18 +144,24 @@ INCREMENTAL_FORMAT = 3
 
 
 def chain_for(
-    request: BackupRequest, svc: Services, cluster: ClusterPolicy | None
+    request: BackupRequest,
+    svc: Services,
+    cluster: ClusterPolicy | None,
+    vault: VaultTarget | None = None,
 ) -> tuple[BackupKind, ChainLink | None, dict[str, Any] | None]:
     """Whether the backup is a full or an incremental, and of which parent (its record).
 
-    An incremental continues the cluster's newest complete backup. A full is made instead
+    An incremental continues the cluster's newest complete backup; one that goes to the vault
+    continues it only once that backup is in the vault too (the vault copy of an incremental
+    is restored with its ancestors' vault copies, whose locks its promotion extends). A full
+    is made instead
     when the chain already holds ``incremental.max_chain`` incrementals, and, when the policy
     says ``when_parent_unavailable: full``, when there is no usable parent; otherwise that
     is ``ParentUnavailable``, before any side effect."""
     if not request.incremental:
         return BackupKind.FULL, None, None
     settings = cluster.incremental if cluster else Incremental()
-    parent, problem = usable_parent(request.cluster, svc)
+    parent, problem = usable_parent(request.cluster, svc, to_vault=vault is not None)
     if problem:
         if settings.when_parent_unavailable == "full":
             return BackupKind.FULL, None, None
@@ -176,7 +182,9 @@ def chain_for(
     return BackupKind.INCREMENTAL, link, parent
 
 
-def usable_parent(cluster: str, svc: Services) -> tuple[dict[str, Any], str]:
+def usable_parent(
+    cluster: str, svc: Services, *, to_vault: bool = False
+) -> tuple[dict[str, Any], str]:
     """The cluster's newest complete backup and, if it cannot be continued, why."""
     complete = [r for r in svc.catalog.backups(cluster) if r.get("status") == BackupStatus.COMPLETE]
     if not complete:
@@ -184,6 +192,12 @@ def usable_parent(cluster: str, svc: Services) -> tuple[dict[str, Any], str]:
     parent = max(complete, key=lambda r: r.get("completed_at", 0))
     if int(parent.get("format", 1)) < INCREMENTAL_FORMAT:
         return parent, f"its newest backup {parent['backup_id']} was made before block maps"
+    if to_vault and parent.get("location") != "vault":
+        state = "failed" if parent.get("promotion") == "FAILED" else "has not finished"
+        return parent, (
+            f"its newest backup {parent['backup_id']} is not in the vault (its promotion "
+            f"{state}), and an incremental's vault copy needs its whole chain there"
+        )
     return parent, ""
 
 

@@ -102,3 +102,42 @@ def test_a_damaged_cache_is_not_trusted(make_cluster, policy_for):
     assert incremental.status == "SUCCEEDED", incremental.cause
     child = next(r for r in cluster.records() if r["backup_id"] == incremental.record["backup_id"])
     assert child["data_bytes"] == 0  # nothing changed, and the stored map says so
+
+
+def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
+    make_cluster, policy_for
+):
+    """The vault copy of an incremental restores only with its parent's: promotion extends
+    the parent's Object Lock (objects, block map, manifest) to the child's retain-until, as
+    the vault itself reports, and the catalog records the parent's new date."""
+    from datetime import datetime
+
+    from shardvault.readback import load_manifest
+
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)  # a one-day lock
+    full = cluster.backup()
+    assert full.status == "SUCCEEDED", full.cause
+    parent_until = datetime.fromisoformat(full.record["retain_until"])
+    (db,) = cluster.sources.values()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE items SET payload = randomblob(100) WHERE rowid = 3")
+
+    child = cluster.backup(incremental=True, vault={"lock_days": 5})  # stricter than the policy
+
+    assert child.status == "SUCCEEDED", child.cause
+    assert child.record["kind"] == "incremental"
+    child_until = datetime.fromisoformat(child.record["retain_until"])
+    assert (child_until - parent_until).days >= 3  # the parent alone would expire first
+    svc = cluster.stack.services()
+    manifest_key = full.record["vault_manifest_key"]
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, manifest_key)
+    keys = [*(o.key for s in manifest.shards for o in s.objects), manifest_key]
+    assert any("/blockmap-" in k for k in keys)
+    for key in keys:
+        head = svc.vault_s3.head_object(Bucket=svc.vault.bucket, Key=key)
+        assert head["ObjectLockMode"] == "GOVERNANCE"
+        assert head["ObjectLockRetainUntilDate"] >= child_until, key
+    records = {r["backup_id"]: r for r in cluster.records()}
+    recorded = datetime.fromisoformat(records[full.record["backup_id"]]["retain_until"])
+    assert recorded >= child_until

@@ -6,7 +6,7 @@ import pytest
 
 from shardvault.backup.admission import INCREMENTAL_FORMAT, chain_for
 from shardvault.errors import ParentUnavailable
-from shardvault.models import BackupKind, BackupRequest
+from shardvault.models import BackupKind, BackupRequest, VaultTarget
 from shardvault.policy import ClusterPolicy
 
 
@@ -94,3 +94,24 @@ def test_a_full_request_is_a_full() -> None:
         chain_for(BackupRequest(cluster="orders"), Svc([record("a", 1)]), policy())[0]
         == BackupKind.FULL
     )
+
+
+VAULT = VaultTarget(storage_class="GLACIER_IR", lock_mode="GOVERNANCE", lock_days=1)
+
+
+@pytest.mark.parametrize(
+    ("parent", "why"),
+    [
+        ({}, "has not finished"),  # still being promoted
+        ({"promotion": "FAILED"}, "failed"),
+    ],
+)
+def test_a_vaulted_incremental_continues_only_a_parent_in_the_vault(parent, why) -> None:
+    records = [record("full", 1, **parent)]
+    with pytest.raises(ParentUnavailable, match=f"not in the vault \\(its promotion {why}"):
+        chain_for(INCREMENTAL, Svc(records), policy(when_parent_unavailable="refuse"), VAULT)
+    assert chain_for(INCREMENTAL, Svc(records), policy(), VAULT)[0] == BackupKind.FULL
+    promoted = [record("full", 1, location="vault")]
+    assert chain_for(INCREMENTAL, Svc(promoted), policy(), VAULT)[0] == BackupKind.INCREMENTAL
+    # A backup that stays in the store may continue a parent the store still holds.
+    assert chain_for(INCREMENTAL, Svc(records), policy())[0] == BackupKind.INCREMENTAL
