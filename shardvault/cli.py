@@ -181,6 +181,17 @@ def run_backup(args: argparse.Namespace) -> int:
     return 0 if outcome.status == "SUCCEEDED" else 1
 
 
+def chain_root_of(config: ops.ClientConfig, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The full an incremental's chain starts with (None for a full, or when it is gone)."""
+    root = record.get("chain_root")
+    if record.get("kind") != "incremental" or not root:
+        return None
+    try:
+        return ops.show_backup(config, record["cluster"], root)
+    except InvalidRequest:
+        return None
+
+
 def follow(
     config: ops.ClientConfig,
     execution: str,
@@ -212,22 +223,57 @@ def follow(
             )
 
         outcome = wait(config, execution, update)
-    if outcome.status == "SUCCEEDED":
-        (print_summary if what == "backup" else print_restore)(outcome.record or {})
+    if outcome.status == "SUCCEEDED" and what == "backup":
+        record = outcome.record or {}
+        print_summary(record, chain_root_of(config, record))
+    elif outcome.status == "SUCCEEDED":
+        print_restore(outcome.record or {})
     else:
         console.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
         console.print(outcome.cause)
     return outcome
 
 
-def print_summary(record: dict[str, Any]) -> None:
+def backup_type(record: dict[str, Any]) -> str:
+    """``full``, or ``incremental`` with its depth in the chain and its parent."""
+    if record.get("kind") != "incremental":
+        return "full"
+    return f"incremental, depth {record.get('depth')}, of {record.get('parent_id')}"
+
+
+def read_bytes(record: dict[str, Any]) -> int:
+    """What the backup read from the databases: an incremental reads (and hashes) every block
+    and sends only the changed ones (``bytes``); records before incrementals hold ``bytes``."""
+    return int(record.get("read_bytes") or record.get("bytes", 0))
+
+
+def share_of_full(record: dict[str, Any], root: dict[str, Any] | None) -> str:
+    """An incremental's stored bytes as a share of its chain's full's; fulls are 100 %."""
+    if record.get("kind") != "incremental":
+        return "100 %" if "bytes" in record else ""
+    if not root or not recorded_stored_bytes(root):
+        return "?"  # its full is gone from the catalog
+    return f"{recorded_stored_bytes(record) / recorded_stored_bytes(root):.1%}"
+
+
+def sized(count: int) -> str:
+    return f"{count:,} ({count / MiB:,.1f} MiB)"
+
+
+def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
     table = Table(title="Backup complete", show_header=False)
     rows = [
         ("backup id", record.get("backup_id", "")),
+        ("type", backup_type(record)),
         ("nodes", ", ".join(record.get("nodes", []))),
         ("shards", ", ".join(record.get("shards", []))),
-        ("bytes read", f"{record.get('bytes', 0):,} ({record.get('bytes', 0) / MiB:.1f} MiB)"),
+        ("bytes read", sized(read_bytes(record))),
+    ]
+    if record.get("kind") == "incremental":
+        rows.append(("changed bytes sent", sized(record.get("bytes", 0))))
+    rows += [
         ("bytes stored", stored_cell(record)),
+        ("of its full's stored bytes", share_of_full(record, root)),
         ("objects", str(record.get("objects", ""))),
         ("parts", str(record.get("parts", ""))),
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
@@ -487,26 +533,40 @@ def print_spend(spend: list[Any]) -> None:
 
 
 def stored_cell(record: dict[str, Any]) -> str:
-    """Bytes in the store and their share of the bytes read (compression)."""
-    stored, read = recorded_stored_bytes(record), record.get("bytes", 0)
+    """Bytes in the store (compressed, sealed: what was uploaded) and their share of the bytes
+    read."""
+    stored, read = recorded_stored_bytes(record), read_bytes(record)
     share = f" ({stored / read:.1%} of read)" if read else ""
     return f"{stored:,}{share}"
 
 
 def run_list(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
+    by_id = {(r["cluster"], r["backup_id"]): r for r in records}
     table = Table(
-        "cluster", "backup id", "status", "bytes read", "stored", "objects", "duration", "started"
+        "cluster",
+        "backup id",
+        "type",
+        "status",
+        "MiB read",
+        "MiB uploaded",
+        "of its full",
+        "objects",
+        "duration",
+        "started",
     )
     for r in records:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("started_at", 0)))
         duration = f"{r['duration_seconds']:.1f} s" if "duration_seconds" in r else ""
+        done = "bytes" in r
         table.add_row(
             r["cluster"],
             r["backup_id"],
+            backup_type(r).replace("incremental, depth ", "incr ").replace(", of ", " of "),
             r.get("status", ""),
-            f"{r.get('bytes', r.get('bytes_done', 0)):,}",
-            stored_cell(r) if "bytes" in r else "",
+            f"{(read_bytes(r) if done else r.get('bytes_done', 0)) / MiB:,.1f}",
+            f"{recorded_stored_bytes(r) / MiB:,.1f}" if done else "",
+            share_of_full(r, by_id.get((r["cluster"], r.get("chain_root", "")))),
             str(r.get("objects", "")),
             duration,
             started,
@@ -534,8 +594,12 @@ def run_nodes(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    record = ops.show_backup(ops.ClientConfig.from_env(), args.cluster, args.backup_id)
+    config = ops.ClientConfig.from_env()
+    record = ops.show_backup(config, args.cluster, args.backup_id)
     table = Table(show_header=False, title=f"{args.cluster} / {args.backup_id}")
+    table.add_row("type", backup_type(record))
+    share = share_of_full(record, chain_root_of(config, record))
+    table.add_row("of its full's stored bytes", share)
     for key in sorted(record):
         table.add_row(key, str(record[key]))
     console.print(table)
@@ -598,13 +662,20 @@ def run_demo(args: argparse.Namespace) -> int:
                 f"engine {cluster.engine}, agents registered"
             )
             config = stack.client_config()
-            execution = ops.start_backup(
-                config, BackupRequest(cluster=cluster.name, requested_by="demo")
-            )
-            outcome = follow(config, execution)
-            if outcome.status != "SUCCEEDED":
+            full = demo_backup(config, cluster.name, incremental=False)
+            if full is None:
                 return 1
-            if not restore_demo(stack, cluster, root):
+            with console.status("changing 1 % of each shard's rows"):
+                rows = cluster.change(0.01)
+            console.print(
+                f"[bold]change[/]: {rows:,} rows rewritten, one contiguous range in each shard"
+            )
+            incremental = demo_backup(config, cluster.name, incremental=True)
+            if incremental is None:
+                return 1
+            print_reduction(full, incremental)
+            source = cluster.digests()  # no write since the incremental: what it must restore
+            if not restore_demo(stack, cluster, root, incremental["backup_id"], source):
                 return 1
         finally:
             cluster.stop()
@@ -621,36 +692,87 @@ DEMO_CHECKS = {  # a query each restored shard must answer true
 }
 
 
-def restore_demo(stack: Any, cluster: Any, root: Path) -> bool:
-    """Restores the demo's backup into a new cluster of two nodes (three shards: one node
-    takes two), each shard checked by its engine; restored servers are stopped at the end."""
-    from shardvault.local import demo
-    from shardvault.local.postgres import stop_server
+def demo_backup(config: ops.ClientConfig, cluster: str, *, incremental: bool) -> dict | None:
+    """One backup of the demo cluster, followed; its record, or None when it failed."""
+    request = BackupRequest(cluster=cluster, incremental=incremental, requested_by="demo")
+    outcome = follow(config, ops.start_backup(config, request))
+    return outcome.record if outcome.status == "SUCCEEDED" else None
 
-    targets = demo.restore_targets(
-        root, name=f"{cluster.name}-restored", engine=cluster.engine, nodes=2
+
+def print_reduction(full: dict[str, Any], incremental: dict[str, Any]) -> None:
+    """What the incremental sent against its full: the data reduction the demo shows."""
+    stored, of_full = recorded_stored_bytes(incremental), recorded_stored_bytes(full)
+    console.print(
+        f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB (every block, "
+        f"hashed), sent {incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
+        f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
+        f"{of_full / MiB:,.1f} MiB"
     )
+
+
+def restore_demo(
+    stack: Any, cluster: Any, root: Path, backup_id: str, source: dict[str, dict[str, str]]
+) -> bool:
+    """Restores ``backup_id`` into a new cluster of two nodes (three shards: one node takes
+    two), each shard checked by its engine and then compared, table by table, with its
+    source's digests; restored servers are stopped at the end."""
+    from shardvault.local import demo
+
+    target = f"{cluster.name}-restored"
+    targets = demo.restore_targets(root, name=target, engine=cluster.engine, nodes=2)
     for config in targets:
         stack.start_agent(config)
     try:
         stack.wait_for_nodes([c["node_id"] for c in targets])
-        console.print(f"[bold]cluster {cluster.name}-restored[/]: 2 empty nodes, agents registered")
+        console.print(f"[bold]cluster {target}[/]: 2 empty nodes, agents registered")
         config = stack.client_config()
         request = RestoreRequest(
             cluster=cluster.name,
-            target_cluster=f"{cluster.name}-restored",
+            backup_id=backup_id,
+            target_cluster=target,
             replace=True,  # a demo run again in the same directory restores over the last one
             validation_queries=[DEMO_CHECKS[cluster.engine]],
             requested_by="demo",
         )
         outcome = follow(config, ops.start_restore(config, request), ops.wait_restore, "restore")
-        for shard in (outcome.record or {}).get("shards", []):
-            if shard.get("port"):
-                stop_server(Path(shard["path"]))
-        return outcome.status == "SUCCEEDED"
+        shards = (outcome.record or {}).get("shards", [])
+        try:
+            equal = outcome.status == "SUCCEEDED" and compare_with_source(
+                cluster.engine, shards, source
+            )
+        finally:
+            stop_restored_servers(shards)
+        return equal
     finally:
         for config in targets:
             stack.stop_agent(config["node_id"])
+
+
+def compare_with_source(
+    engine: str, shards: list[dict[str, Any]], source: dict[str, dict[str, str]]
+) -> bool:
+    """Prints, per restored shard, whether every table equals its source's; True if all do."""
+    from shardvault.local.demo import restored_digests
+
+    table = Table("shard", "node", "tables", "equal to the source", title="Restored data")
+    equal = True
+    for shard in shards:
+        restored = restored_digests(engine, shard)
+        expected = source.get(shard["shard_id"], {})
+        same = restored == expected
+        equal = equal and same
+        verdict = "[green]yes[/]" if same else "[bold red]NO[/]"
+        table.add_row(shard["shard_id"], shard.get("node_id", ""), str(len(restored)), verdict)
+    console.print(table)
+    return equal and len(shards) == len(source)
+
+
+def stop_restored_servers(shards: list[dict[str, Any]]) -> None:
+    from shardvault.local.postgres import stop_server
+
+    for shard in shards:
+        if shard.get("port"):
+            stop_server(Path(shard["path"]))
 
 
 if __name__ == "__main__":

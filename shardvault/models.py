@@ -603,3 +603,12 @@ class DownloadItem(Frozen):
     # to scattered places: (frame, offset in frame, length, stream offset) packed as
     # shardvault.extents.pack_numbers. "": every frame, placed from stream_offset on.
     pieces: str = ""
+
+    @property
+    def placed_bytes(self) -> int:
+        """The bytes this item writes into the restored shard (a restore's progress)."""
+        if not self.pieces:
+            return self.length
+        from shardvault.extents import unpack_numbers
+
+        return sum(unpack_numbers(self.pieces)[2::4])

@@ -108,8 +108,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         target_cluster=request.target_cluster,
         placements=placements,
         assignments=assignments(placements),
-        bytes=manifest.bytes,
-        objects=manifest.objects,
+        bytes=sum(shard_bytes.values()),  # what it writes (an incremental's chain included)
+        objects=manifest.objects,  # the newest backup's; Plan counts a chain's objects
         tier=request.tier,
         replace=request.replace,
         plan_only=request.plan_only,
@@ -287,8 +287,8 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "started_at": context.started_at,
             "execution_id": context.execution_id,
             "placement": {p.shard_id: p.node_id for p in context.placements},
-            "bytes_total": context.bytes,
-            "objects_total": context.objects,
+            "bytes_total": sum(item.placed_bytes for item in planned),
+            "objects_total": len(planned),
             "bytes_done": 0,
             "objects_done": 0,
         }
@@ -440,7 +440,10 @@ def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
 def record_download(item: DownloadItem, svc: Services) -> None:
     """Counts a downloaded object in the restore's progress (what the CLI shows)."""
     svc.catalog.add_progress(
-        item.target_cluster, catalog_key(item.restore_id), bytes_done=item.length, objects_done=1
+        item.target_cluster,
+        catalog_key(item.restore_id),
+        bytes_done=item.placed_bytes,
+        objects_done=1,
     )
 
 
@@ -451,12 +454,13 @@ def finalize(
     """Records the restored cluster: where each shard runs and what its checks found."""
     shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
     duration = now - context.started_at
+    record = svc.catalog.get(context.target_cluster, catalog_key(context.restore_id)) or {}
     summary = {
         "status": BackupStatus.COMPLETE.value,
         "completed_at": now,
         "duration_seconds": round(duration, 3),
         "bytes": context.bytes,
-        "objects": context.objects,
+        "objects": record.get("objects_total", context.objects),  # a chain's, as planned
         "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
         "shards": shards,
         "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",

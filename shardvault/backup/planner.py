@@ -59,6 +59,7 @@ def plan(
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
+    read = sum(listing.bytes for listing in listings)  # an incremental reads every block
     if phase == Phase.TAIL:  # the block maps the scan wrote go with the tail
         listings += blockmap_listings(results)
     total = sum(listing.sent_bytes for listing in listings)
@@ -82,6 +83,10 @@ def plan(
         "part_size": part_size,
         f"{phase}_bytes": total,
         f"{phase}_objects": len(objects),
+        # What the agents read from the databases (the data and the tail; block maps are
+        # written, not read), beside what they sent (``bytes``: an incremental's changes).
+        f"{phase}_read_bytes": read,
+        "read_bytes": read + (record.get("data_read_bytes", 0) if phase == Phase.TAIL else 0),
     }
     if phase == Phase.DATA:
         skew = skew_seconds(listings)

@@ -1,5 +1,11 @@
 """Demo clusters for the local stack: three nodes, each leading one shard and following
-another, with SQLite shards (the embedded default) or PostgreSQL instances."""
+another, with SQLite shards (the embedded default) or PostgreSQL instances.
+
+Terms:
+- *change*: the demo's writes between its full and its incremental backup: one contiguous
+  range of rows (1 % of each shard's rows) rewritten on every leader.
+- *digests*: per table of a shard, a hash of all its rows: a restored shard equals its source
+  when their digests are equal (the source taken with no write since its backup)."""
 
 from __future__ import annotations
 
@@ -17,11 +23,28 @@ class DemoCluster:
     engine: str
     agent_configs: list[dict[str, Any]]
     sources: dict[str, Path] = field(default_factory=dict)  # shard id -> leader's data
-    servers: list[Any] = field(default_factory=list)  # PostgreSQL instances to stop
+    servers: dict[str, Any] = field(default_factory=dict)  # shard id -> PostgreSQL instance
 
     def stop(self) -> None:
-        for server in self.servers:
+        for server in self.servers.values():
             server.stop()
+
+    def change(self, fraction: float = 0.01) -> int:
+        """Rewrites one contiguous range of ``fraction`` of each leader's rows; returns the
+        number of rows changed in all."""
+        changed = 0
+        for shard_id, source in self.sources.items():
+            if self.engine == "sqlite":
+                changed += change_sqlite(source, fraction)
+            else:
+                changed += change_postgres(self.servers[shard_id], fraction)
+        return changed
+
+    def digests(self) -> dict[str, dict[str, str]]:
+        """Each leader's table digests, by shard id."""
+        if self.engine == "sqlite":
+            return {shard_id: table_digests(path) for shard_id, path in self.sources.items()}
+        return {shard_id: pg_digests(server.psql) for shard_id, server in self.servers.items()}
 
 
 def make_sqlite_shard(path: Path, shard_id: str, size_mb: int) -> None:
@@ -77,7 +100,7 @@ def postgres_cluster(
     for i in range(nodes):
         node_id, shard_id = f"node-{i + 1}", f"shard-{i + 1}"
         instance = init_instance(root / "pg" / node_id)
-        cluster.servers.append(instance)
+        cluster.servers[shard_id] = instance
         pgbench_init(instance, scale)
         cluster.sources[shard_id] = instance.data_dir
         shard = {
@@ -130,3 +153,48 @@ def table_digests(db_path: Path) -> dict[str, str]:
                 digest.update(repr(row).encode())
             out[name] = digest.hexdigest()
         return out
+
+
+def change_sqlite(db_path: Path, fraction: float) -> int:
+    with sqlite3.connect(db_path) as db:
+        (rows,) = db.execute("SELECT max(id) FROM items").fetchone()
+        count = max(1, int(rows * fraction))
+        first = rows // 3  # a range inside the table, not at its end
+        db.execute(
+            "UPDATE items SET payload = randomblob(?) WHERE id BETWEEN ? AND ?",
+            (ROW_BYTES, first, first + count - 1),
+        )
+        return count
+
+
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+
+
+def change_postgres(server: Any, fraction: float) -> int:
+    rows = int(server.psql("SELECT max(aid) FROM pgbench_accounts"))
+    count = max(1, int(rows * fraction))
+    first = rows // 3
+    server.psql(
+        f"UPDATE pgbench_accounts SET abalance = abalance + 1 "
+        f"WHERE aid BETWEEN {first} AND {first + count - 1}"
+    )
+    return count
+
+
+def pg_digests(psql: Any) -> dict[str, str]:
+    """Row count and the sum of every row's hash, per pgbench table (``psql`` runs a query)."""
+    return {
+        name: psql(f"SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)), 0) FROM {name} t")
+        for name in PGBENCH_TABLES
+    }
+
+
+def restored_digests(engine: str, shard: dict[str, Any]) -> dict[str, str]:
+    """The table digests of a restored shard (its entry in the restore's summary): a SQLite
+    file, or the PostgreSQL server the restore left running."""
+    if engine == "sqlite":
+        (database,) = Path(shard["path"]).glob("*.db")  # the shard's directory holds one
+        return table_digests(database)
+    from shardvault.local.postgres import restored_instance
+
+    return pg_digests(restored_instance(shard).psql)

@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardvault.local.ports import free_port
 
@@ -371,6 +372,13 @@ def attach_instance(data_dir: Path, *, port: int | None = None) -> PostgresInsta
     instance = _prepare_files(data_dir, port, bin_dir)
     instance.start()
     return instance
+
+
+def restored_instance(shard: dict[str, Any]) -> PostgresInstance:
+    """The server a restore started for a shard (from the shard's entry in its summary)."""
+    path = Path(shard["path"])
+    socket_dir, log_path = Path(shard["socket_dir"]), path.with_name(f"{path.name}.log")
+    return PostgresInstance(path, shard["port"], socket_dir, find_pg_bin_dir(), log_path)
 
 
 def stop_server(data_dir: Path, mode: str = "fast") -> None:

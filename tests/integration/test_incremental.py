@@ -82,6 +82,11 @@ def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_targ
     for shard_id, source in cluster.sources.items():
         (db,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
         assert table_digests(db) == table_digests(source)
+    # Progress counts what the chain wrote, every member's objects, and ends at its totals.
+    (progress,) = target.records()
+    assert progress["bytes_done"] == progress["bytes_total"] == progress["bytes"]
+    assert progress["objects_done"] == progress["objects_total"] == progress["objects"]
+    assert progress["objects"] > records[last.record["backup_id"]]["objects"]
 
 
 def test_a_damaged_cache_is_not_trusted(make_cluster, policy_for):

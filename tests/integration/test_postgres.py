@@ -19,7 +19,7 @@ from shardvault.local import demo
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
-    find_pg_bin_dir,
+    restored_instance,
     start_pgbench,
     stop_process,
 )
@@ -43,7 +43,7 @@ def pg_cluster(stack, tmp_path):
     cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
     try:
         stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
-        yield cluster, built.servers
+        yield cluster, list(built.servers.values())  # shard-1, shard-2, ...
     finally:
         cluster.stop()
         built.stop()
@@ -173,14 +173,6 @@ def create_static_tables(servers) -> dict[str, str]:
             "FROM generate_series(1, 20000) g"
         )
     return {f"shard-{i + 1}": s.psql(STATIC_DIGEST) for i, s in enumerate(servers)}
-
-
-def restored_instance(shard: dict) -> PostgresInstance:
-    """The server a restore started for a shard (from its finish result)."""
-    return PostgresInstance(
-        Path(shard["path"]), shard["port"], Path(shard["socket_dir"]),
-        find_pg_bin_dir(), Path(shard["path"] + ".log"),
-    )  # fmt: skip
 
 
 def check_consistent_copy(
