@@ -43,6 +43,8 @@ from shardvault.planning import MiB
 
 console = Console()
 DEFAULT_STACK_DIR = Path("local-stack")
+DEFAULT_DATA_GIB = 100.0  # a cost forecast's data size when neither asked nor measured
+DEFAULT_DAILY_CHANGE = 0.05
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +155,18 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
     cost = sub.add_parser("cost", help="monthly cost forecast per cluster, against its budget")
     cost.add_argument("--policy", type=Path, help="the policy file (default: the example)")
     cost.add_argument("--cluster", help="one cluster of the policy")
-    cost.add_argument("--data-gib", type=float, default=100.0, help="data per cluster (GiB)")
-    cost.add_argument("--daily-change", type=float, default=0.05, help="fraction changed a day")
+    cost.add_argument(
+        "--data-gib",
+        type=float,
+        help="data per cluster, GiB (default: the newest full's stored size in the catalog, "
+        f"else {DEFAULT_DATA_GIB:g})",
+    )
+    cost.add_argument(
+        "--daily-change",
+        type=float,
+        help="fraction changed a day (default: the catalog's measured incrementals, else "
+        f"{DEFAULT_DAILY_CHANGE:g})",
+    )
     cost.add_argument(
         "--target", action="store_true", help="the modeled 1 TiB daily-incremental case"
     )
@@ -452,25 +464,53 @@ def run_cost(args: argparse.Namespace) -> int:
     import os
 
     from shardvault import costs
-    from shardvault.planning import GiB
     from shardvault.policy import load_policy
 
     if args.target:
         print_forecast(TARGET_TITLE, costs.target_forecast())
         return 0
     policy = load_policy(args.policy or EXAMPLE_POLICY)
-    forecasts = costs.forecast_clusters(
-        policy, round(args.data_gib * GiB), args.daily_change, args.cluster
-    )
-    for name, forecast in forecasts.items():
-        print_forecast(f"{name}: {args.data_gib:g} GiB, {args.daily_change:.0%} a day", forecast)
-    alerts = [a for name, f in forecasts.items() if (a := costs.budget_alert(name, f))]
+    catalog = bool(args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
+    records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster) if catalog else []
+    alerts = []
+    for name in [args.cluster] if args.cluster else sorted(policy.clusters):
+        title, forecast = cluster_forecast(policy.cluster(name), name, records, args)
+        print_forecast(title, forecast)
+        if alert := costs.budget_alert(name, forecast):
+            alerts.append(alert)
     for alert in alerts:
         console.print(f"[bold red]{alert}[/]")
-    if args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"):
-        records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
+    if catalog:
         print_spend(costs.recorded_spend(records))
     return 1 if alerts else 0
+
+
+def cluster_forecast(
+    cluster: Any, name: str, records: list[dict[str, Any]], args: argparse.Namespace
+) -> tuple[str, Any]:
+    """One cluster's forecast and its title: at the sizes asked, else at the sizes its
+    catalog measured (``costs.measured_sizes``), else at the defaults."""
+    from shardvault import costs
+    from shardvault.planning import GiB
+
+    measured = costs.measured_sizes(records, name)
+    data_bytes = None if args.data_gib is None else round(args.data_gib * GiB)
+    change = args.daily_change
+    source = []
+    if measured and data_bytes is None:
+        data_bytes = measured.full_bytes
+        source.append(f"full {measured.full_bytes / GiB:,.2f} GiB stored (measured)")
+    if measured and change is None and (daily := measured.daily_change(cluster.schedule)):
+        change = daily
+        source.append(
+            f"incrementals {measured.incremental_share:.2%} of it (median of "
+            f"{measured.incrementals} measured)"
+        )
+    data_bytes = round(DEFAULT_DATA_GIB * GiB) if data_bytes is None else data_bytes
+    change = DEFAULT_DAILY_CHANGE if change is None else change
+    asked = f"{round(data_bytes / GiB, 2):g} GiB, {round(change * 100, 2):g}% a day"
+    title = f"{name}: " + ("; ".join(source) + f" ({asked})" if source else asked)
+    return title, costs.monthly_forecast(cluster, data_bytes, change)
 
 
 def print_forecast(title: str, forecast: Any) -> None:

@@ -14,6 +14,12 @@ Terms:
   part at its request price, and objects are locked before they are verified).
 - *forecast*: a cluster's steady-state month: its schedule and retention are simulated until
   the oldest kept backup of the first months has expired, then one year is averaged.
+- *measured sizes*: what a cluster's catalog says its backups store: the newest full's stored
+  bytes, and each incremental's stored bytes as a share of its chain's full (data, WAL tail
+  and block map, compressed and sealed: what the bucket bills). A forecast from measured sizes
+  makes each scheduled incremental the median measured share of a full, whatever the
+  schedule's interval: the measured incrementals ran on that schedule (or by hand, minutes
+  apart, where a per-day rate would mean nothing).
 
 The orchestration counts below are estimates from the state machine, not measurements.
 """
@@ -41,7 +47,6 @@ from shardvault.policy import (
     ClusterPolicy,
     LockMode,
     ObjectLock,
-    Policy,
     Retention,
     Schedule,
     Vault,
@@ -60,7 +65,7 @@ from shardvault.prices import (
     RestoreTier,
     StorageClass,
 )
-from shardvault.retention import BackupRecord, decide
+from shardvault.retention import BackupRecord, decide, from_catalog
 from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
 
 
@@ -401,14 +406,68 @@ def monthly_forecast(
     )
 
 
-def forecast_clusters(
-    policy: Policy, data_bytes: int, daily_change: float, cluster: str | None = None
-) -> dict[str, Forecast]:
-    """Each cluster of the policy (or only ``cluster``) forecast at the same data size."""
-    names = [cluster] if cluster else sorted(policy.clusters)
-    return {
-        name: monthly_forecast(policy.cluster(name), data_bytes, daily_change) for name in names
-    }
+class MeasuredSizes(NamedTuple):
+    """A cluster's backups as its catalog measured them (see *measured sizes*)."""
+
+    full_bytes: int  # the newest full's stored bytes
+    incremental_share: float | None  # median incremental / its full; None: none measured
+    fulls: int
+    incrementals: int
+
+    def daily_change(self, schedule: Schedule) -> float | None:
+        """The share a forecast's incremental holds per day since its parent, such that one
+        incremental of this schedule's cadence holds the measured share."""
+        if self.incremental_share is None:
+            return None
+        return min(1.0, self.incremental_share / incremental_interval_days(schedule))
+
+
+def measured_sizes(items: Iterable[Mapping[str, Any]], cluster: str) -> MeasuredSizes | None:
+    """The cluster's measured sizes from its catalog items (None: no complete full yet)."""
+    backups = from_catalog(cluster, items)
+    by_id = {b.backup_id: b for b in backups}
+    fulls = [b for b in backups if b.kind == BackupKind.FULL and b.bytes]
+    if not fulls:
+        return None
+    shares = sorted(
+        b.bytes / root.bytes
+        for b in backups
+        if b.kind == BackupKind.INCREMENTAL and (root := _chain_full(b, by_id)) and root.bytes
+    )
+    newest = max(fulls, key=lambda b: b.completed_at)
+    median = shares[len(shares) // 2] if shares else None
+    return MeasuredSizes(newest.bytes, median, len(fulls), len(shares))
+
+
+def _chain_full(backup: BackupRecord, by_id: Mapping[str, BackupRecord]) -> BackupRecord | None:
+    """The full an incremental's chain starts with, if the catalog still holds the chain."""
+    while backup.kind == BackupKind.INCREMENTAL:
+        parent = by_id.get(backup.parent_id or "")
+        if parent is None:
+            return None
+        backup = parent
+    return backup
+
+
+def incremental_interval_days(schedule: Schedule) -> float:
+    """The median days between an incremental of the schedule and the backup before it."""
+    start = datetime(2026, 1, 1, tzinfo=schedule.zone)
+    fires = list(schedule.fires(start, start + timedelta(days=28)))
+    gaps = sorted(
+        (b - a) / DAY for (a, _), (b, due) in pairwise(fires) if due == BackupKind.INCREMENTAL
+    )
+    return gaps[len(gaps) // 2] if gaps else 1.0
+
+
+def forecast_measured(
+    cluster: ClusterPolicy, measured: MeasuredSizes, daily_change: float
+) -> Forecast:
+    """A forecast at the cluster's measured full size and, once an incremental was measured,
+    its measured incremental size (``daily_change`` until then)."""
+    change = measured.daily_change(cluster.schedule)
+    return monthly_forecast(
+        cluster, max(measured.full_bytes, 1), daily_change if change is None else change
+    )
 
 
 def _check_forecast_inputs(data_bytes: int, daily_change: float) -> None:

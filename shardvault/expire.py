@@ -17,10 +17,14 @@ from typing import Any
 
 from shardvault import costs
 from shardvault.errors import ExpiryFailed, InvalidRequest
-from shardvault.models import BackupStatus, recorded_stored_bytes
 from shardvault.planning import backup_prefix
-from shardvault.policy import BackupKind
-from shardvault.retention import BackupRecord, RetentionDecision, decide, deletion_batches
+from shardvault.retention import (
+    BackupRecord,
+    RetentionDecision,
+    decide,
+    deletion_batches,
+    from_catalog,
+)
 from shardvault.services import Services
 
 EXPIRED = "EXPIRED"
@@ -42,25 +46,7 @@ def clusters_to_check(requested: str | None, svc: Services) -> list[str]:
 
 def records(cluster: str, svc: Services) -> list[BackupRecord]:
     """The cluster's complete backups, as retention sees them."""
-    out = []
-    for r in svc.catalog.backups(cluster):
-        if r.get("status") != BackupStatus.COMPLETE:
-            continue
-        until = r.get("retain_until")
-        out.append(
-            BackupRecord(
-                backup_id=r["backup_id"],
-                cluster=cluster,
-                completed_at=datetime.fromtimestamp(r["completed_at"], UTC),
-                kind=BackupKind(r.get("kind", BackupKind.FULL)),
-                parent_id=r.get("parent_id"),
-                storage_class=r.get("storage_class", "STANDARD"),
-                retain_until=datetime.fromisoformat(until) if until else None,
-                bytes=recorded_stored_bytes(r),
-                objects=max(1, r.get("objects", 1)),
-            )
-        )
-    return out
+    return from_catalog(cluster, svc.catalog.backups(cluster))
 
 
 def decide_cluster(cluster: str, svc: Services, now: float) -> RetentionDecision:
@@ -109,19 +95,16 @@ def decide_all(requested: str | None, svc: Services, now: float) -> dict[str, An
 
 
 def budget_alert(cluster: str, svc: Services) -> str | None:
-    """The alert when the cluster's monthly forecast, at the size of its newest complete
-    backup, exceeds the policy's budget. Checked once a day, with retention, not on each
-    backup: a forecast simulates a year of the schedule."""
+    """The alert when the cluster's monthly forecast, at its measured sizes (its newest full,
+    its incrementals' median share of their full), exceeds the policy's budget. Checked once
+    a day, with retention, not on each backup: a forecast simulates a year of the schedule."""
     cluster_policy = svc.policy().cluster(cluster)
     if cluster_policy.budget_usd_per_month is None:
         return None
-    backups = records(cluster, svc)
-    if not backups:
+    measured = costs.measured_sizes(svc.catalog.backups(cluster), cluster)
+    if measured is None:
         return None
-    newest = max(backups, key=lambda b: b.completed_at)
-    forecast = costs.monthly_forecast(
-        cluster_policy, max(newest.bytes, 1), costs.DEFAULT_DAILY_CHANGE
-    )
+    forecast = costs.forecast_measured(cluster_policy, measured, costs.DEFAULT_DAILY_CHANGE)
     return costs.budget_alert(cluster, forecast)
 
 

@@ -17,15 +17,15 @@ Terms:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import AwareDatetime, Field, model_validator
 
 from shardvault.errors import ShardVaultError
-from shardvault.models import Frozen
+from shardvault.models import BackupStatus, Frozen, recorded_stored_bytes
 from shardvault.policy import BackupKind, Retention
 from shardvault.prices import STORAGE, StorageClass
 from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
@@ -56,6 +56,30 @@ class BackupRecord(Frozen):
         if (self.kind == BackupKind.INCREMENTAL) != (self.parent_id is not None):
             raise ValueError(f"backup {self.backup_id}: an incremental, and only it, has a parent")
         return self
+
+
+def from_catalog(cluster: str, items: Iterable[Mapping[str, Any]]) -> list[BackupRecord]:
+    """The cluster's complete backups among catalog items, as retention and costs see them:
+    failed, running and expired ones are not kept and cost nothing to keep."""
+    out = []
+    for r in items:
+        if r.get("status") != BackupStatus.COMPLETE or r.get("cluster", cluster) != cluster:
+            continue
+        until = r.get("retain_until")
+        out.append(
+            BackupRecord(
+                backup_id=r["backup_id"],
+                cluster=cluster,
+                completed_at=datetime.fromtimestamp(r["completed_at"], UTC),
+                kind=BackupKind(r.get("kind", BackupKind.FULL)),
+                parent_id=r.get("parent_id"),
+                storage_class=r.get("storage_class", "STANDARD"),
+                retain_until=datetime.fromisoformat(until) if until else None,
+                bytes=recorded_stored_bytes(r),
+                objects=max(1, r.get("objects", 1)),
+            )
+        )
+    return out
 
 
 class Rule(StrEnum):

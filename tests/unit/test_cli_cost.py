@@ -118,14 +118,15 @@ def test_the_catalogs_spend_by_cluster_and_class(
 ) -> None:
     gib = 2**30
     records = [
-        {"cluster": "big", "status": "COMPLETE", "location": "vault",
+        {"cluster": "big", "backup_id": "a", "completed_at": 1, "status": "COMPLETE",
+         "location": "vault", "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
+        {"cluster": "big", "backup_id": "b", "completed_at": 2, "status": "COMPLETE",
+         "location": "vault", "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
+        {"cluster": "big", "backup_id": "c", "completed_at": 3, "status": "COMPLETE",
+         "bytes": 10 * gib, "objects": 40},
+        {"cluster": "big", "backup_id": "d", "status": "EXPIRED", "location": "vault",
          "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
-        {"cluster": "big", "status": "COMPLETE", "location": "vault",
-         "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
-        {"cluster": "big", "status": "COMPLETE", "bytes": 10 * gib, "objects": 40},
-        {"cluster": "big", "status": "EXPIRED", "location": "vault",
-         "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
-        {"cluster": "big", "status": "FAILED", "bytes": 100 * gib},
+        {"cluster": "big", "backup_id": "e", "status": "FAILED", "bytes": 100 * gib},
     ]  # fmt: skip
     asked = []
     monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: asked.append(c) or records)
@@ -140,3 +141,46 @@ def test_the_catalogs_spend_by_cluster_and_class(
     assert ["big", "GLACIER_IR", "2", "200.0", "$0.80"] in rows
     assert ["big", "STANDARD", "1", "10.0", "$0.23"] in rows
     assert ["total", "", "", "", "$1.03"] in rows
+
+
+def test_with_a_catalog_the_forecast_uses_the_measured_sizes(
+    screen: Console, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest full's stored bytes and the median incremental (as a share of its chain's
+    full), not the defaults: what the cluster's backups really store."""
+    gib = 2**30
+    day = 86_400
+
+    def backup(backup_id, at, size, parent=None):
+        kind = {"kind": "incremental", "parent_id": parent} if parent else {}
+        return {"cluster": "big", "backup_id": backup_id, "completed_at": at * day,
+                "status": "COMPLETE", "stored_bytes": size, "bytes": 4 * size, **kind}  # fmt: skip
+
+    records = [
+        backup("old-full", 0, 50 * gib),
+        backup("full", 7, 80 * gib),
+        backup("i1", 8, 2 * gib, "full"),
+        backup("i2", 9, 4 * gib, "i1"),
+        backup("i3", 10, 40 * gib, "i2"),  # an outlier: the median ignores it
+        backup("orphan", 11, 70 * gib, "gone"),  # its chain left the catalog: not measured
+        {"cluster": "big", "backup_id": "f", "status": "FAILED", "bytes": 900 * gib},
+    ]
+    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: records)
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    path = policy_file(tmp_path, budget=10_000)
+
+    assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
+
+    text = screen.export_text()
+    assert "full 80.00 GiB stored (measured)" in text
+    assert "incrementals 5.00% of it (median of 3" in text
+    from shardvault.policy import load_policy
+
+    expected = costs.monthly_forecast(load_policy(path).cluster("big"), 80 * gib, 0.05)
+    forecast = cells(text.split("Kept now")[0])  # the forecast, not the spend table
+    assert forecast["total"] == [f"${expected.total_usd:,.2f}"]
+    # Asked sizes win over measured ones.
+    screen.file = io.StringIO()
+    assert cli.main(["cost", "--policy", str(path), "--cluster", "big", "--data-gib", "10"]) == 0
+    assert "(measured)" not in screen.export_text()
