@@ -28,6 +28,7 @@ import ctypes.util
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 import socket
@@ -109,6 +110,25 @@ class ShardFiles:
             start = seg.stream_offset - stream_offset
             os.pwrite(self._fd(seg.path), view[start : start + seg.length], seg.file_offset)
 
+    def write_scattered(self, pieces: list[tuple[int, memoryview]]) -> None:
+        """Writes many small pieces (a chain member's blocks, scattered over the shard) by
+        copying them into a temporary mapping of each file they touch: one ``mmap`` per file
+        and call rather than a ``pwrite`` per piece. Each system call releases and retakes
+        Python's lock, and with a dozen download threads tens of thousands of them cost more
+        than the download itself (a chain of 7 restored 3x slower than a full)."""
+        by_path: dict[str, list[tuple[int, memoryview]]] = defaultdict(list)
+        for stream_offset, data in pieces:
+            for seg in self.index.segments(stream_offset, len(data)):
+                start = seg.stream_offset - stream_offset
+                by_path[seg.path].append((seg.file_offset, data[start : start + seg.length]))
+        for path, writes in by_path.items():
+            low = min(at for at, _ in writes) // mmap.ALLOCATIONGRANULARITY
+            low *= mmap.ALLOCATIONGRANULARITY
+            high = max(at + len(data) for at, data in writes)
+            with mmap.mmap(self._fd(path), high - low, offset=low) as mapped:
+                for at, data in writes:
+                    mapped[at - low : at - low + len(data)] = data
+
     def flush_behind(self, stream_offset: int, length: int) -> None:
         """Starts writing a received range to disk, without waiting (see start_writeback)."""
         for seg in self.index.segments(stream_offset, length):
@@ -117,7 +137,8 @@ class ShardFiles:
     def _fd(self, path: str) -> int:
         with self.guard:
             if path not in self.handles:
-                self.handles[path] = os.open(self.root / path, os.O_WRONLY)
+                # Read and write: a shared mapping (write_scattered) needs both.
+                self.handles[path] = os.open(self.root / path, os.O_RDWR)
             return self.handles[path]
 
     def close(self) -> None:
@@ -640,11 +661,25 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
     return reads
 
 
+# Written ranges closer than this are flushed as one: starting writeback of a range walks
+# only its dirty pages, while one call per 8 KiB piece of a chain restore (tens of thousands)
+# cost more than the download itself.
+FLUSH_GAP = 1 << 20
+
+
 def written_ranges(item: DownloadItem, read: RangeRead) -> list[tuple[int, int]]:
-    """The stream ranges a read wrote: contiguous, or a chain member's scattered pieces."""
+    """The stream ranges a read wrote: contiguous, or a chain member's scattered pieces merged
+    where they lie within ``FLUSH_GAP`` of each other."""
     if read.placements is None:
         return [(item.stream_offset + read.plain_offset, read.plain_size)]
-    return [(t, n) for pieces in read.placements.values() for _, n, t in pieces]
+    pieces = sorted((t, t + n) for pieces in read.placements.values() for _, n, t in pieces)
+    merged: list[list[int]] = []
+    for start, end in pieces:
+        if merged and start <= merged[-1][1] + FLUSH_GAP:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end - start) for start, end in merged]
 
 
 def piece_placements(item: DownloadItem) -> dict[int, list[tuple[int, int, int]]] | None:
@@ -697,8 +732,9 @@ def fetch_range(
         if read.placements is None:
             files.write(item.stream_offset + offset, plain)
             return
-        for inside, length, target in read.placements[offset // item.frame_size]:
-            files.write(target, plain[inside : inside + length])
+        view = memoryview(plain)
+        pieces = read.placements[offset // item.frame_size]
+        files.write_scattered([(t, view[i : i + n]) for i, n, t in pieces])
 
     sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, where=item.key)
     crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)
