@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from shardvault.models import FileEntry
+from shardvault.streams import StreamIndex
 from shardvault_agent.blockmap import (
     BLOCK_SIZE,
     BlockMap,
@@ -80,7 +83,9 @@ def scan_capture(
 
 class DeltaReader:
     """Reads ``length`` bytes of a delta stream from ``offset``: the extents' bytes, in order,
-    read from the capture's files."""
+    read from the capture's files. Files stay open from one extent to the next (an incremental
+    after scattered writes has tens of thousands of 8 KiB extents) and are closed at the end;
+    a file that shrank or vanished since the listing reads as zeros, as in ``StreamReader``."""
 
     def __init__(
         self,
@@ -91,10 +96,11 @@ class DeltaReader:
         length: int,
         limiter: RateLimiter,
     ) -> None:
-        self.root, self.files, self.limiter = root, files, limiter
+        self.root, self.index, self.limiter = root, StreamIndex(files), limiter
         self.extents = extents
         self.starts = [0, *itertools.accumulate(n for _, n in extents)]
         self.offset, self.remaining = offset, length
+        self.handles: dict[str, BinaryIO | None] = {}
 
     def read(self, size: int) -> bytes:
         """Exactly ``size`` bytes (fewer only at the end of the range)."""
@@ -104,11 +110,35 @@ class DeltaReader:
             stream_offset, length = self.extents[i]
             inside = self.offset - self.starts[i]
             take = min(want, length - inside)
-            reader = StreamReader(self.root, self.files, stream_offset + inside, take, self.limiter)
-            pieces.append(read_exactly(reader, take))
+            pieces.append(self._stream_bytes(stream_offset + inside, take))
             self.offset, self.remaining, want = (
                 self.offset + take,
                 self.remaining - take,
                 want - take,
             )
+        if not self.remaining:
+            self.close()
         return b"".join(pieces)
+
+    def _stream_bytes(self, offset: int, length: int) -> bytes:
+        parts = []
+        for seg in self.index.segments(offset, length):
+            handle = self._handle(seg.path)
+            data = os.pread(handle.fileno(), seg.length, seg.file_offset) if handle else b""
+            parts.append(data + b"\0" * (seg.length - len(data)))
+        self.limiter.take(length)
+        return b"".join(parts)
+
+    def _handle(self, path: str) -> BinaryIO | None:
+        if path not in self.handles:
+            try:
+                self.handles[path] = open(self.root / path, "rb")  # noqa: SIM115 - closed by close()
+            except (FileNotFoundError, IsADirectoryError):
+                self.handles[path] = None
+        return self.handles[path]
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            if handle:
+                handle.close()
+        self.handles.clear()

@@ -66,3 +66,20 @@ def test_a_parent_of_another_block_size_is_ignored(tmp_path: Path):
     with BlockMap(tmp_path / "p.map") as parent:
         result = scan_capture(root, listing, limiter, parent, tmp_path / "c.map")
     assert result.extents == [(0, 4 * B)]
+
+
+def test_a_delta_read_spans_files_and_reads_a_vanished_file_as_zeros(tmp_path: Path):
+    """An extent may cross from one file into the next; a file dropped since the listing (a
+    table dropped during the backup) reads as zeros, which its WAL replay repairs."""
+    root, limiter = tmp_path / "data", RateLimiter(None)
+    files = {"a": os.urandom(2 * B), "b": os.urandom(2 * B), "gone": os.urandom(B)}
+    listing = capture(root, files)
+    (root / "gone").unlink()
+    extents = [(B + 10, 2 * B), (4 * B + 5, 100)]  # a's end into b; inside "gone"
+    delta = DeltaReader(root, listing, extents, 0, 2 * B + 100, limiter)
+
+    got = b"".join(iter(lambda: delta.read(3000), b""))
+
+    stream = files["a"] + files["b"]
+    assert got == stream[B + 10 : 3 * B + 10] + b"\0" * 100
+    assert delta.handles == {}  # every file closed once the range was read
