@@ -350,6 +350,10 @@ class Bench:
     def agent_log(self) -> Path:
         return self.stack.root / "agents" / f"{NODE_ID}.log"
 
+    @property
+    def restore_agent_log(self) -> Path:
+        return self.stack.root / "agents" / f"{RESTORE_NODE}.log"
+
 
 @dataclass
 class Round:
@@ -850,8 +854,7 @@ def shardvault_restore(
         cause = ops.readable_cause(execution.get("cause", ""))
         raise RuntimeError(
             f"ShardVault restore of {request.backup_id} {execution['status']}: "
-            f"{execution.get('error')}: {cause}. Restore agent log: "
-            f"{bench.stack.root / 'agents' / f'{RESTORE_NODE}.log'}"
+            f"{execution.get('error')}: {cause}. Restore agent log: {bench.restore_agent_log}"
         )
     summary = json.loads(execution["output"])
     checked = {}
@@ -872,8 +875,11 @@ def shardvault_restore(
         "objects": summary["objects"],
         "agent_peak_rss": peak_rss_bytes(bench.restore_agent_pid),
         "client_cpu_seconds": cpu["agent"] + cpu["self"],
+        "agent_cpu_seconds": cpu["agent"],
+        "control_plane_cpu_seconds": cpu["self"],
         "minio_cpu_seconds": cpu["minio"],
         "states": report.state_seconds(spans),
+        "restore_id": summary["restore_id"],
         **checked,
     }
 

@@ -318,6 +318,7 @@ def shardvault_split(bench: bvp.Bench, backup: bvp.ShardVaultBackup) -> dict[str
     return {
         "kind": manifest.kind.value,
         "depth": manifest.chain.depth if manifest.chain else 0,
+        "root_id": manifest.chain.root_id if manifest.chain else manifest.backup_id,
         "stream_bytes": stream_bytes,
         "data_bytes": data_bytes,
         "data_stored_bytes": sum(o.stored_bytes for o in data.objects),
@@ -397,14 +398,48 @@ def checked_restore(result: dict[str, Any], source: dict[str, str]) -> dict[str,
     return result | {"source_values": source, "data_matches": matches}
 
 
-def shardvault_restore(bench: bvp.Bench, backup_id: str, source: dict[str, str]) -> dict:
+def shardvault_restore(
+    bench: bvp.Bench, backup: dict[str, Any], source: dict[str, str]
+) -> dict[str, Any]:
+    """ShardVault's restore of ``backup`` (its backup run's result). ``bytes`` is what the
+    restore wrote, the backup's data and tail streams (the restore summary's ``bytes`` and
+    ``objects`` are the restored backup's own: for an incremental its delta, not its chain's;
+    kept as ``summary_bytes`` and ``summary_objects``)."""
     request = RestoreRequest(
         cluster=bvp.CLUSTER,
         target_cluster=bvp.RESTORE_CLUSTER,
-        backup_id=backup_id,
+        backup_id=backup["backup_id"],
         replace=True,
     )
-    return checked_restore(bvp.shardvault_restore(bench, request, source_values), source)
+    result = bvp.shardvault_restore(bench, request, source_values)
+    written = backup["stream_bytes"] + backup["wal_bytes"]
+    summary = {"summary_bytes": result["bytes"], "summary_objects": result["objects"]}
+    commands = report.agent_commands(bench.restore_agent_log.read_text(), result["restore_id"])
+    split = restore_commands(commands, backup["root_id"])
+    return checked_restore(result | summary | split | {"bytes": written}, source)
+
+
+def restore_commands(commands: list[dict[str, Any]], root_id: str) -> dict[str, Any]:
+    """The restore agent's commands (its log): prepare, finish, and the downloads, their
+    times summed over the objects of the chain's root (the full) and of its incrementals."""
+    downloads = [c for c in commands if c["command"] == "download"]
+    root, incrementals = 0.0, 0.0
+    for command in downloads:
+        seconds = command["end"] - command["start"]
+        # <prefix>/<cluster>/<backup id>/<shard>/<object>
+        if command["key"].split("/")[-3] == root_id:
+            root += seconds
+        else:
+            incrementals += seconds
+    seconds = {c["command"]: c["end"] - c["start"] for c in commands if c["command"] != "download"}
+    return {
+        "download_objects": len(downloads),
+        "download_wall": report.busy_seconds([(c["start"], c["end"]) for c in downloads]),
+        "download_sum_root": root,
+        "download_sum_incrementals": incrementals,
+        "prepare_seconds": seconds.get("prepare_restore"),
+        "finish_seconds": seconds.get("finish_restore"),
+    }
 
 
 def pgbackrest_restore(bench: bvp.Bench, label: str, source: dict[str, str]) -> dict:
@@ -417,8 +452,7 @@ class Chain:
     """What one round made: ShardVault's backups (ids, prefixes) and pgBackRest's labels."""
 
     index: int
-    sv_ids: list[str] = field(default_factory=list)
-    sv_prefixes: list[str] = field(default_factory=list)
+    sv_backups: list[dict[str, Any]] = field(default_factory=list)  # their results
     pgbr_labels: list[str] = field(default_factory=list)
 
 
@@ -430,8 +464,7 @@ def sv_step(
         bench, runs, name, chain.index,
         lambda: shardvault_backup(bench, depth > 0, depth) | (extra or {}),
     )  # fmt: skip
-    chain.sv_ids.append(result["backup_id"])
-    chain.sv_prefixes.append(result["prefix"])
+    chain.sv_backups.append(result)
     return result
 
 
@@ -467,14 +500,14 @@ def run_round(bench: bvp.Bench, chain: Chain, runs: dict) -> None:
     pgbr_step(bench, runs, chain, PGBR_FULL, 0)
     for depth in range(1, len(CHANGES) + 1):
         change_then_backups(bench, runs, chain, depth)
-    sv_chain_end, pgbr_chain_end = chain.sv_ids[-1], chain.pgbr_labels[-1]
+    sv_chain_end, pgbr_chain_end = chain.sv_backups[-1], chain.pgbr_labels[-1]
     source = source_values(bench.pg)  # no write since both 6th incrementals
     say(f"  source values: {source}")
     full = sv_step(bench, runs, chain, SV_FULL_AFTER, 0)
     rnd = chain.index
     restores = (
         (SV_RESTORE_CHAIN, lambda: shardvault_restore(bench, sv_chain_end, source)),
-        (SV_RESTORE_FULL, lambda: shardvault_restore(bench, full["backup_id"], source)),
+        (SV_RESTORE_FULL, lambda: shardvault_restore(bench, full, source)),
         (PGBR_RESTORE_CHAIN, lambda: pgbackrest_restore(bench, pgbr_chain_end, source)),
     )
     for name, restore in restores:
@@ -486,7 +519,7 @@ def run_memory_round(bench: bvp.Bench, chain: Chain, runs: dict) -> None:
     sv_step(bench, runs, chain, SV_FULL, 0)
     change_then_backups(bench, runs, chain, 1, with_peer=False)
     source = source_values(bench.pg)
-    last = chain.sv_ids[-1]
+    last = chain.sv_backups[-1]
     measure(
         bench, runs, SV_RESTORE_CHAIN, chain.index, lambda: shardvault_restore(bench, last, source)
     )
@@ -496,8 +529,8 @@ def clean_up_round(bench: bvp.Bench, chain: Chain) -> None:
     """Deletes the round's ShardVault backups and expires pgBackRest's earlier rounds' (disk
     space; not timed). pgBackRest never expires its newest backup with --set, so this round's
     chain stays until the next round ends; expiring a full expires its incrs with it."""
-    for prefix in chain.sv_prefixes:
-        delete_prefix(bench.store_s3, bench.store_bucket, prefix)
+    for backup in chain.sv_backups:
+        delete_prefix(bench.store_s3, bench.store_bucket, backup["prefix"])
     for backup in bench.pgbackrest.info()["backup"]:
         if backup["type"] == "full" and backup["label"] not in chain.pgbr_labels:
             bench.pgbackrest.expire(backup["label"])
@@ -546,6 +579,17 @@ def label(name: str) -> str:
     }[name]
 
 
+RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Finish")
+RESTORE_COMMANDS = (
+    "download_objects",
+    "download_wall",
+    "download_sum_root",
+    "download_sum_incrementals",
+    "agent_cpu_seconds",
+    "control_plane_cpu_seconds",
+)
+
+
 def median_or_none(tool_runs: list[dict[str, Any]], key: str) -> float | None:
     values = [run.get(key) for run in tool_runs]
     return None if any(v is None for v in values) else statistics.median(values)
@@ -568,6 +612,12 @@ def tool_summary(name: str, tool_runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
     if "data_matches" in tool_runs[0]:
         out["data_matches"] = all(run["data_matches"] for run in tool_runs)
+    if "data_matches" in tool_runs[0] and "states" in tool_runs[0]:  # ShardVault's restores
+        out["states"] = {
+            state: statistics.median(run["states"].get(state, 0.0) for run in tool_runs)
+            for state in RESTORE_STATES
+        }
+        out["commands"] = {key: median_or_none(tool_runs, key) for key in RESTORE_COMMANDS}
     return out
 
 
@@ -755,6 +805,29 @@ def time_split_table(summary: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def restore_split_table(summary: dict[str, Any]) -> str:
+    """ShardVault's restores by state of the execution, the restore agent's download
+    commands and the CPU (medians)."""
+    restores = [info for info in summary["tools"].values() if "states" in info]
+    rows = [
+        "| ShardVault restore (medians, s) | "
+        + " | ".join(RESTORE_STATES)
+        + " | download commands: objects; wall; summed, root full's objects; incrementals' "
+        "| CPU s: restore agent; control plane |",
+        "| --- |" + " --- |" * (len(RESTORE_STATES) + 2),
+    ]
+    for info in restores:
+        c = info["commands"]
+        rows.append(
+            f"| {info['label']} | "
+            + " | ".join(f"{info['states'][state]:.2f}" for state in RESTORE_STATES)
+            + f" | {c['download_objects']:.0f}; {c['download_wall']:.2f}; "
+            f"{c['download_sum_root']:.2f}; {c['download_sum_incrementals']:.2f} | "
+            f"{c['agent_cpu_seconds']:.1f}; {c['control_plane_cpu_seconds']:.1f} |"
+        )
+    return "\n".join(rows)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     parts = [
         "Backups:\n\n" + backups_table(summary),
@@ -767,6 +840,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "round):\n\n" + steps_table(summary)
         )
     parts.append("Where ShardVault's time goes:\n\n" + time_split_table(summary))
+    parts.append(restore_split_table(summary))
     return "\n\n".join(parts) + "\n"
 
 
