@@ -175,29 +175,16 @@ def say(message: str) -> None:
 
 
 # --- arguments ----------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_environment_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the data, the work directory and the agent: those ``setup`` reads, shared
+    with ``incremental_vs_peers.py``."""
     parser.add_argument("--scale", type=int, default=100, help="pgbench scale (100 ≈ 1.5 GiB)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each tool")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results dir")
-    parser.add_argument("--s3-chunk-mib", type=int, default=8, help="s3transfer part size")
-    parser.add_argument("--s3-concurrency", type=int, default=4, help="s3transfer threads")
-    parser.add_argument(
-        "--s3-signed-payload",
-        action="store_true",
-        help="s3transfer over HTTP with botocore's default SHA-256 payload signing (default: "
-        "unsigned payload with a CRC32 checksum, as s3transfer sends to S3 over HTTPS)",
-    )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="parent of the work directory (default: TMP)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--tools",
-        default=",".join(TOOLS),
-        help=f"comma-separated subset of {','.join(TOOLS)} (shardvault is always run: the "
-        "others upload its listing)",
-    )
     parser.add_argument(
         "--agent-state-dir",
         type=Path,
@@ -212,17 +199,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override an agent option, e.g. upload_parallelism=8 (repeatable)",
     )
-    args = parser.parse_args(argv)
+
+
+def check_environment_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.runs < 1 or args.scale < 1:
         parser.error("--runs and --scale must be at least 1")
+    if bad := [s for s in args.agent_set if "=" not in s]:
+        parser.error(f"--agent-set takes KEY=VALUE, not {', '.join(bad)}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_environment_arguments(parser)
+    parser.add_argument("--s3-chunk-mib", type=int, default=8, help="s3transfer part size")
+    parser.add_argument("--s3-concurrency", type=int, default=4, help="s3transfer threads")
+    parser.add_argument(
+        "--s3-signed-payload",
+        action="store_true",
+        help="s3transfer over HTTP with botocore's default SHA-256 payload signing (default: "
+        "unsigned payload with a CRC32 checksum, as s3transfer sends to S3 over HTTPS)",
+    )
+    parser.add_argument(
+        "--tools",
+        default=",".join(TOOLS),
+        help=f"comma-separated subset of {','.join(TOOLS)} (shardvault is always run: the "
+        "others upload its listing)",
+    )
+    args = parser.parse_args(argv)
+    check_environment_arguments(parser, args)
     chosen = {tool.strip() for tool in args.tools.split(",") if tool.strip()}
     if unknown := chosen - set(TOOLS):
         parser.error(f"unknown tools {', '.join(sorted(unknown))}; choose from {', '.join(TOOLS)}")
     if "pgbackrest-restore" in chosen and "pgbackrest" not in chosen:
         parser.error("pgbackrest-restore restores the round's pgbackrest backup: add pgbackrest")
     args.tools = [tool for tool in TOOLS if tool in chosen | {"shardvault"}]
-    if bad := [s for s in args.agent_set if "=" not in s]:
-        parser.error(f"--agent-set takes KEY=VALUE, not {', '.join(bad)}")
     return args
 
 
@@ -339,6 +349,10 @@ class Bench:
     @property
     def agent_log(self) -> Path:
         return self.stack.root / "agents" / f"{NODE_ID}.log"
+
+    @property
+    def restore_agent_log(self) -> Path:
+        return self.stack.root / "agents" / f"{RESTORE_NODE}.log"
 
 
 @dataclass
@@ -569,11 +583,14 @@ def shardvault_stored(
     record = ops.show_backup(bench.client, CLUSTER, manifest.backup_id)
     catalog = int(record["stored_bytes"])
     in_bucket = size_of(objects)
-    if len(objects) != manifest.objects or not in_bucket == manifest.stored_bytes == catalog:
+    # The manifest's ``objects`` counts the streams' objects; the shards' block maps are
+    # objects too (and in its ``stored_bytes``).
+    listed = sum(len(shard.objects) for shard in manifest.shards)
+    if len(objects) != listed or not in_bucket == manifest.stored_bytes == catalog:
         raise RuntimeError(
             f"backup {manifest.backup_id}: the store holds {len(objects)} objects of "
-            f"{in_bucket} bytes under {prefix} (besides the manifest), its manifest says "
-            f"{manifest.objects} objects of {manifest.stored_bytes} bytes and its catalog record "
+            f"{in_bucket} bytes under {prefix} (besides the manifest), its manifest names "
+            f"{listed} objects of {manifest.stored_bytes} bytes and its catalog record "
             f"{catalog} bytes: the stored bytes it reports are wrong."
         )
     return {
@@ -653,12 +670,24 @@ def timeline(bench: Bench, arn: str, backup_id: str) -> dict[str, Any]:
     }
 
 
-def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
+@dataclass
+class ShardVaultBackup:
+    """One timed ShardVault backup: its figures (``result``), its manifest and execution."""
+
+    result: dict[str, Any]
+    manifest: Manifest
+    prefix: str  # the backup's prefix in the store
+    arn: str
+
+
+def shardvault_backup(bench: Bench, request: BackupRequest) -> ShardVaultBackup:
+    """Runs ``request`` and times it (see the module docstring); the stored bytes are listed
+    and checked against the manifest and the catalog record."""
     pids = {"agent": bench.agent_pid, "minio": bench.store_minio_pid}
     before = cpu_snapshot(pids)
     bench.probe.drain()
     started = time.time()
-    arn = ops.start_backup(bench.client, BackupRequest(cluster=CLUSTER))
+    arn = ops.start_backup(bench.client, request)
     execution = wait_execution(arn)
     # start_backup called -> execution stopped (SUCCEEDED), by this machine's clock: moto runs
     # in this process. A slow poll adds nothing to it, and little load.
@@ -673,13 +702,9 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
     record = json.loads(execution["output"])
     manifest = load_manifest(bench.store_s3, bench.store_bucket, record["manifest_key"])
     data, tail = stream_of(manifest, Phase.DATA), stream_of(manifest, Phase.TAIL)
-    rnd.files = regular_files(data.files)
-    # Removed at the round's end (disk space; not timed): the restore reads it first.
-    rnd.backup_prefix = backup_prefix(
-        bench.stack.services().store.prefix, CLUSTER, manifest.backup_id
-    )
-    stored = shardvault_stored(bench, manifest, rnd.backup_prefix, record["manifest_key"])
-    return {
+    prefix = backup_prefix(bench.stack.services().store.prefix, CLUSTER, manifest.backup_id)
+    stored = shardvault_stored(bench, manifest, prefix, record["manifest_key"])
+    result = {
         "seconds": seconds,
         "execution_seconds": (execution["stopDate"] - execution["startDate"]).total_seconds(),
         "backup_id": manifest.backup_id,
@@ -690,7 +715,7 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
         "objects": record["objects"],
         "parts": record["parts"],
         "part_size": manifest.part_size,
-        "files": len(rnd.files),
+        "files": len(regular_files(data.files)),
         "shards": len(manifest.shards),
         "verification": record["verification"],
         "agent_peak_rss": peak_rss_bytes(bench.agent_pid),
@@ -698,8 +723,16 @@ def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
         "agent_cpu_seconds": cpu["agent"],
         "control_plane_cpu_seconds": cpu["self"],
         "minio_cpu_seconds": cpu["minio"],
-        **timeline(bench, arn, manifest.backup_id),
     }
+    return ShardVaultBackup(result, manifest, prefix, arn)
+
+
+def run_shardvault(bench: Bench, rnd: Round) -> dict[str, Any]:
+    backup = shardvault_backup(bench, BackupRequest(cluster=CLUSTER))
+    rnd.files = regular_files(stream_of(backup.manifest, Phase.DATA).files)
+    # Removed at the round's end (disk space; not timed): the restore reads it first.
+    rnd.backup_prefix = backup.prefix
+    return backup.result | timeline(bench, backup.arn, backup.manifest.backup_id)
 
 
 # --- the peers ----------------------------------------------------------------------------------
@@ -790,25 +823,50 @@ def amcheck(bin_dir: Path, socket_dir: Path, port: int, jobs: int) -> None:
         raise RuntimeError(f"pg_amcheck failed: {done.stdout}{done.stderr}")
 
 
-def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
-    """The round's backup restored into a one-node cluster: start of the execution to a running
-    server that recovered and passed pg_amcheck (the execution's end)."""
+# Runs on a restored server, after the timed part and before the server is stopped: what the
+# caller wants to know of the restored data (e.g. row counts to compare with the source).
+RestoredCheck = Callable[[PostgresInstance], dict[str, Any]]
+
+
+def restored_server(shard: dict[str, Any]) -> PostgresInstance:
+    """The server ShardVault's restore started for ``shard`` (an entry of its summary)."""
+    path = Path(shard["path"])
+    return PostgresInstance(
+        path, shard["port"], Path(shard["socket_dir"]), find_pg_bin_dir(), Path(f"{path}.log")
+    )
+
+
+def shardvault_restore(
+    bench: Bench, request: RestoreRequest, check: RestoredCheck | None = None
+) -> dict[str, Any]:
+    """Runs the restore ``request`` into the restore agent's one-node cluster: start of the
+    execution to a running server that recovered and passed pg_amcheck (the execution's end).
+    ``check`` then looks at the restored server (not timed); its answer is ``checked``."""
     restore_dir = Path(bench.restore_config["restore_dir"])
     pids = {"agent": bench.restore_agent_pid, "minio": bench.store_minio_pid}
     before = cpu_snapshot(pids)
     started = time.time()
-    request = RestoreRequest(cluster=CLUSTER, target_cluster=RESTORE_CLUSTER, replace=True)
     arn = ops.start_restore(bench.client, request)
     execution = wait_execution(arn)
     seconds = execution["stopDate"].timestamp() - started
     cpu = cpu_delta(before, cpu_snapshot(pids))
     if execution["status"] != "SUCCEEDED":
         cause = ops.readable_cause(execution.get("cause", ""))
-        raise RuntimeError(f"ShardVault restore {execution['status']}: {cause}")
+        raise RuntimeError(
+            f"ShardVault restore of {request.backup_id} {execution['status']}: "
+            f"{execution.get('error')}: {cause}. Restore agent log: {bench.restore_agent_log}"
+        )
     summary = json.loads(execution["output"])
-    for shard in summary["shards"]:
-        stop_postgres_at(Path(shard["path"]))
-    shutil.rmtree(restore_dir / SHARD_ID, ignore_errors=True)  # disk space; not timed
+    checked = {}
+    try:
+        if check:
+            checked = {
+                "checked": {s["shard_id"]: check(restored_server(s)) for s in summary["shards"]}
+            }
+    finally:
+        for shard in summary["shards"]:
+            stop_postgres_at(Path(shard["path"]))
+        shutil.rmtree(restore_dir / SHARD_ID, ignore_errors=True)  # disk space; not timed
     spans, _ = report.state_spans(execution_history(arn), RESTORE_STATES)
     return {
         "seconds": seconds,
@@ -817,40 +875,62 @@ def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
         "objects": summary["objects"],
         "agent_peak_rss": peak_rss_bytes(bench.restore_agent_pid),
         "client_cpu_seconds": cpu["agent"] + cpu["self"],
+        "agent_cpu_seconds": cpu["agent"],
+        "control_plane_cpu_seconds": cpu["self"],
         "minio_cpu_seconds": cpu["minio"],
         "states": report.state_seconds(spans),
+        "restore_id": summary["restore_id"],
+        **checked,
     }
 
 
-def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
-    """pgBackRest's restore of its round's backup into an empty directory, the server started
-    (recovery to the backup's consistent point, then promote) and checked by pg_amcheck."""
+def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
+    """The round's backup (the newest) restored into a one-node cluster."""
+    request = RestoreRequest(cluster=CLUSTER, target_cluster=RESTORE_CLUSTER, replace=True)
+    return shardvault_restore(bench, request)
+
+
+def pgbackrest_restore(
+    bench: Bench, label: str, check: RestoredCheck | None = None
+) -> dict[str, Any]:
+    """pgBackRest's restore of its backup ``label`` into an empty directory, the server started
+    (recovery to the backup's consistent point, then promote) and checked by pg_amcheck;
+    ``check`` then looks at the server (not timed), as for ``shardvault_restore``."""
     target = bench.root / "pgbackrest-restored"
     shutil.rmtree(target, ignore_errors=True)
     minio_before = process_cpu(bench.tls_minio.process.pid)
-    result = bench.pgbackrest.restore(rnd.pgbackrest_label, target)
+    result = bench.pgbackrest.restore(label, target)
     instance = attach_instance(target)  # starts it, waits until it accepts connections
+    checked = {}
     try:
         deadline = time.monotonic() + BACKUP_TIMEOUT
         while instance.psql("SELECT pg_is_in_recovery()") != "f":  # until promoted
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pgBackRest's restore of {rnd.pgbackrest_label} never promoted")
+                raise TimeoutError(f"pgBackRest's restore of {label} never promoted")
             time.sleep(0.05)
         jobs = AgentConfig.model_validate(bench.restore_config).validation_jobs
         amcheck(instance.bin_dir, instance.socket_dir, instance.port, jobs)
         seconds = result["seconds"] + (time.monotonic() - result["ended"])
+        if check:
+            checked = {"checked": {SHARD_ID: check(instance)}}
     finally:
         instance.stop()
         shutil.rmtree(target, ignore_errors=True)
+    backup = next(b for b in bench.pgbackrest.info()["backup"] if b["label"] == label)
     return {
         "seconds": seconds,
         "restore_seconds": result["seconds"],
-        "bytes": bench.pgbackrest.info()["backup"][-1]["info"]["size"],
+        "bytes": backup["info"]["size"],
         "stored_bytes": None,  # a restore stores nothing in the bucket
         "objects": None,  # not counted: the objects are its backup's (see pgbackrest)
         "client_cpu_seconds": result["client_cpu_seconds"],
         "minio_cpu_seconds": round(process_cpu(bench.tls_minio.process.pid) - minio_before, 2),
+        **checked,
     }
+
+
+def run_pgbackrest_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
+    return pgbackrest_restore(bench, rnd.pgbackrest_label)
 
 
 RUNNERS: dict[str, Callable[[Bench, Round], dict[str, Any]]] = {
@@ -902,11 +982,21 @@ def run_rounds(bench: Bench) -> dict[str, list[dict[str, Any]]]:
 
 
 # --- output -------------------------------------------------------------------------------------
-def write_results(bench: Bench, runs: dict, summary: dict, started: float) -> Path:
+def write_results(
+    bench: Bench,
+    runs: dict,
+    summary: dict,
+    started: float,
+    *,
+    name: str = "backup_vs_peers",
+    markdown: str | None = None,
+) -> Path:
+    """``<name>-<UTC time>.json`` (the command, machine, setup, every run, the summary) in
+    ``--out``, and the tables (``markdown``, by default ``report.markdown``) beside it."""
     out: Path = bench.args.out
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = out / f"backup_vs_peers-{stamp}.json"
+    path = out / f"{name}-{stamp}.json"
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
@@ -918,7 +1008,7 @@ def write_results(bench: Bench, runs: dict, summary: dict, started: float) -> Pa
         "summary": summary,
     }
     path.write_text(json.dumps(result, indent=1, default=str))
-    path.with_suffix(".md").write_text(report.markdown(summary))
+    path.with_suffix(".md").write_text(report.markdown(summary) if markdown is None else markdown)
     return path
 
 

@@ -261,11 +261,13 @@ class PgBackRest:
         out = subprocess.run(["pgbackrest", "version"], capture_output=True, text=True, check=True)
         return out.stdout.strip()
 
-    def backup_full(self) -> dict[str, Any]:
-        """One timed ``backup --type=full``; CPU of pgBackRest's processes included."""
+    def backup(self, backup_type: str = "full") -> dict[str, Any]:
+        """One timed ``backup --type=<backup_type>`` (full, diff or incr); CPU of pgBackRest's
+        processes included. ``bytes`` is the database's size; ``delta_bytes`` what this backup
+        copied (the files it found changed: all of them for a full)."""
         before = _children_cpu()
         started = time.monotonic()
-        self.run("backup", "--type=full")
+        self.run("backup", f"--type={backup_type}")
         seconds = time.monotonic() - started
         cpu = _children_cpu() - before
         last = self.info()["backup"][-1]
@@ -273,9 +275,14 @@ class PgBackRest:
             "seconds": seconds,
             "label": last["label"],
             "bytes": last["info"]["size"],
+            "delta_bytes": last["info"]["delta"],
             "repo_bytes": last["info"]["repository"]["size"],
+            "repo_delta_bytes": last["info"]["repository"]["delta"],
             "client_cpu_seconds": round(cpu, 2),
         }
+
+    def backup_full(self) -> dict[str, Any]:
+        return self.backup("full")
 
     def restore(self, label: str, target: Path) -> dict[str, Any]:
         """One timed ``restore`` of ``label`` into the empty directory ``target``: to the

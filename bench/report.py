@@ -102,11 +102,13 @@ def pair_ratios(
     return spread(values) if values else None
 
 
-def target_results(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def target_results(
+    runs: dict[str, list[dict[str, Any]]], targets: tuple[Target, ...] = TARGETS
+) -> list[dict[str, Any]]:
     """Each target whose two tools ran: its ratio of the medians, per round, and whether it
     held."""
     out = []
-    for target in TARGETS:
+    for target in targets:
         mine, theirs = runs.get(target.tool), runs.get(target.peer)
         if not (mine and theirs):
             continue
@@ -373,6 +375,11 @@ def _ratio_spread(values: dict[str, float] | None) -> str:
     return " / ".join(f"{values[k]:.2f}" for k in ("min", "median", "max"))
 
 
+def limit_text(limit: float) -> str:
+    """A target's limit: one decimal (0.8, 1.0), two below 0.1 (0.03)."""
+    return f"{limit:.1f}" if limit >= 0.1 else f"{limit:.2f}"
+
+
 def _mib(value: float) -> str:
     return f"{value / MiB:,.0f}"
 
@@ -473,7 +480,7 @@ def targets_table(summary: dict[str, Any]) -> str:
     ]
     rows += [
         f"| {t['target']} | {t['of_medians']:.2f} | {_ratio_spread(t['per_round'])} | "
-        f"≤ {t['limit']:.1f} | {t['held']} |"
+        f"≤ {limit_text(t['limit'])} | {t['held']} |"
         for t in summary.get("targets", [])
     ]
     return "\n".join(rows)
