@@ -632,25 +632,26 @@ def pair(runs: dict, mine: str, theirs: str, key: str) -> dict[str, Any] | None:
 
 
 def step_ratios(runs: dict) -> list[dict[str, Any]]:
-    """Per incremental: ShardVault ÷ pgBackRest for time, data stored and all stored; and
-    ShardVault's own time and data against its full."""
-    out = []
-    for depth in range(1, len(CHANGES) + 1):
-        mine, theirs = sv_incr(depth), pgbr_incr(depth)
-        if not runs.get(mine):
-            continue
-        out.append(
-            {
-                "depth": depth,
-                "change": CHANGE_TEXT[CHANGES[depth - 1]],
-                "seconds_vs_peer": pair(runs, mine, theirs, "seconds"),
-                "data_vs_peer": pair(runs, mine, theirs, "data_stored_bytes"),
-                "stored_vs_peer": pair(runs, mine, theirs, "stored_bytes"),
-                "seconds_vs_full": pair(runs, mine, SV_FULL, "seconds"),
-                "data_vs_full": pair(runs, mine, SV_FULL, "data_stored_bytes"),
-            }
-        )
-    return out
+    """Per backup of the chain (the full, then each incremental): ShardVault ÷ pgBackRest for
+    time, data stored and all stored; and ShardVault's own time and data against its full."""
+    steps = [(0, SV_FULL, PGBR_FULL, "full")]
+    steps += [
+        (depth, sv_incr(depth), pgbr_incr(depth), CHANGE_TEXT[change])
+        for depth, change in enumerate(CHANGES, start=1)
+    ]
+    return [
+        {
+            "depth": depth,
+            "change": change,
+            "seconds_vs_peer": pair(runs, mine, theirs, "seconds"),
+            "data_vs_peer": pair(runs, mine, theirs, "data_stored_bytes"),
+            "stored_vs_peer": pair(runs, mine, theirs, "stored_bytes"),
+            "seconds_vs_full": pair(runs, mine, SV_FULL, "seconds") if depth else None,
+            "data_vs_full": pair(runs, mine, SV_FULL, "data_stored_bytes") if depth else None,
+        }
+        for depth, mine, theirs, change in steps
+        if runs.get(mine) and (depth or runs.get(theirs))  # a full only beside pgBackRest's
+    ]
 
 
 def memory_results(runs: dict) -> list[dict[str, Any]]:
@@ -746,7 +747,7 @@ def _ratio(result: dict[str, Any] | None, digits: int = 2) -> str:
 
 def steps_table(summary: dict[str, Any]) -> str:
     rows = [
-        "| incremental | ShardVault ÷ pgBackRest: wall time | data stored | all stored | "
+        "| backup | ShardVault ÷ pgBackRest: wall time | data stored | all stored | "
         "ShardVault incremental ÷ its full: wall time | data stored |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -836,7 +837,7 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     if summary["steps"]:
         parts.append(
-            "Ratios per incremental (of the medians; in brackets min / median / max per "
+            "Ratios per backup of the chain (of the medians; in brackets min / median / max per "
             "round):\n\n" + steps_table(summary)
         )
     parts.append("Where ShardVault's time goes:\n\n" + time_split_table(summary))
