@@ -78,9 +78,16 @@ Measured, per backup:
   ``checkpoint`` (Validate, Flush, Checkpoint), ``scan`` (PrepareScan, Scan), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
   PlanTail, the tail's and block map's Upload map) and ``finalize`` (Release, Finalize).
+* *data bytes sent* (``data_bytes``, plaintext, before compression): ShardVault, the changed
+  blocks (a full: every block); pgBackRest, the files it copied.
 * *agent peak RSS*: ``VmHWM`` of each agent process (peak since it started).
 
-Per restore: its wall time, the bytes it wrote, whether the restored values equal the source's.
+Measured, per restore: its wall time (as above); the bytes it wrote (ShardVault: the restored
+backup's data and tail streams, since a restore summary's ``bytes`` and ``objects`` are the
+restored backup's own, for an incremental its delta; pgBackRest: the backup's size); whether
+the restored values equal the source's; for ShardVault, the seconds of each state of the
+execution and the restore agent's ``download`` commands (its log), summed over the objects
+of the chain's root and of its incrementals.
 
 Ratios are given of the medians, and per round (min / median / max of the rounds' ratios);
 the issue's targets (``TARGETS``, ``MEMORY_LIMIT``) say whether they held in every round or
@@ -392,7 +399,8 @@ def pgbackrest_backup(bench: bvp.Bench, backup_type: str, prior: str | None) -> 
 def checked_restore(result: dict[str, Any], source: dict[str, str]) -> dict[str, Any]:
     """The restore's result with ``data_matches``: every restored shard's values equal the
     source's."""
-    matches = all(values == source for values in result.get("checked", {}).values())
+    checked = result.get("checked", {})
+    matches = bool(checked) and all(values == source for values in checked.values())
     if not matches:
         say(f"  RESTORED DATA DIFFERS from the source: {result.get('checked')} vs {source}")
     return result | {"source_values": source, "data_matches": matches}
@@ -421,7 +429,8 @@ def shardvault_restore(
 
 def restore_commands(commands: list[dict[str, Any]], root_id: str) -> dict[str, Any]:
     """The restore agent's commands (its log): prepare, finish, and the downloads, their
-    times summed over the objects of the chain's root (the full) and of its incrementals."""
+    times summed over the objects of the chain's root (the full) and of its incrementals (the
+    restored backup's tail among them)."""
     downloads = [c for c in commands if c["command"] == "download"]
     root, incrementals = 0.0, 0.0
     for command in downloads:
@@ -449,7 +458,8 @@ def pgbackrest_restore(bench: bvp.Bench, label: str, source: dict[str, str]) -> 
 # --- rounds -------------------------------------------------------------------------------------
 @dataclass
 class Chain:
-    """What one round made: ShardVault's backups (ids, prefixes) and pgBackRest's labels."""
+    """What one round made: ShardVault's backups (their runs' results) and pgBackRest's
+    labels, in order."""
 
     index: int
     sv_backups: list[dict[str, Any]] = field(default_factory=list)  # their results
