@@ -78,9 +78,16 @@ Measured, per backup:
   ``checkpoint`` (Validate, Flush, Checkpoint), ``scan`` (PrepareScan, Scan), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
   PlanTail, the tail's and block map's Upload map) and ``finalize`` (Release, Finalize).
+* *data bytes sent* (``data_bytes``, plaintext, before compression): ShardVault, the changed
+  blocks (a full: every block); pgBackRest, the files it copied.
 * *agent peak RSS*: ``VmHWM`` of each agent process (peak since it started).
 
-Per restore: its wall time, the bytes it wrote, whether the restored values equal the source's.
+Measured, per restore: its wall time (as above); the bytes it wrote (ShardVault: the restored
+backup's data and tail streams, since a restore summary's ``bytes`` and ``objects`` are the
+restored backup's own, for an incremental its delta; pgBackRest: the backup's size); whether
+the restored values equal the source's; for ShardVault, the seconds of each state of the
+execution and the restore agent's ``download`` commands (its log), summed over the objects
+of the chain's root and of its incrementals.
 
 Ratios are given of the medians, and per round (min / median / max of the rounds' ratios);
 the issue's targets (``TARGETS``, ``MEMORY_LIMIT``) say whether they held in every round or
@@ -392,7 +399,8 @@ def pgbackrest_backup(bench: bvp.Bench, backup_type: str, prior: str | None) -> 
 def checked_restore(result: dict[str, Any], source: dict[str, str]) -> dict[str, Any]:
     """The restore's result with ``data_matches``: every restored shard's values equal the
     source's."""
-    matches = all(values == source for values in result.get("checked", {}).values())
+    checked = result.get("checked", {})
+    matches = bool(checked) and all(values == source for values in checked.values())
     if not matches:
         say(f"  RESTORED DATA DIFFERS from the source: {result.get('checked')} vs {source}")
     return result | {"source_values": source, "data_matches": matches}
@@ -421,7 +429,8 @@ def shardvault_restore(
 
 def restore_commands(commands: list[dict[str, Any]], root_id: str) -> dict[str, Any]:
     """The restore agent's commands (its log): prepare, finish, and the downloads, their
-    times summed over the objects of the chain's root (the full) and of its incrementals."""
+    times summed over the objects of the chain's root (the full) and of its incrementals (the
+    restored backup's tail among them)."""
     downloads = [c for c in commands if c["command"] == "download"]
     root, incrementals = 0.0, 0.0
     for command in downloads:
@@ -449,7 +458,8 @@ def pgbackrest_restore(bench: bvp.Bench, label: str, source: dict[str, str]) -> 
 # --- rounds -------------------------------------------------------------------------------------
 @dataclass
 class Chain:
-    """What one round made: ShardVault's backups (ids, prefixes) and pgBackRest's labels."""
+    """What one round made: ShardVault's backups (their runs' results) and pgBackRest's
+    labels, in order."""
 
     index: int
     sv_backups: list[dict[str, Any]] = field(default_factory=list)  # their results
@@ -632,25 +642,26 @@ def pair(runs: dict, mine: str, theirs: str, key: str) -> dict[str, Any] | None:
 
 
 def step_ratios(runs: dict) -> list[dict[str, Any]]:
-    """Per incremental: ShardVault ÷ pgBackRest for time, data stored and all stored; and
-    ShardVault's own time and data against its full."""
-    out = []
-    for depth in range(1, len(CHANGES) + 1):
-        mine, theirs = sv_incr(depth), pgbr_incr(depth)
-        if not runs.get(mine):
-            continue
-        out.append(
-            {
-                "depth": depth,
-                "change": CHANGE_TEXT[CHANGES[depth - 1]],
-                "seconds_vs_peer": pair(runs, mine, theirs, "seconds"),
-                "data_vs_peer": pair(runs, mine, theirs, "data_stored_bytes"),
-                "stored_vs_peer": pair(runs, mine, theirs, "stored_bytes"),
-                "seconds_vs_full": pair(runs, mine, SV_FULL, "seconds"),
-                "data_vs_full": pair(runs, mine, SV_FULL, "data_stored_bytes"),
-            }
-        )
-    return out
+    """Per backup of the chain (the full, then each incremental): ShardVault ÷ pgBackRest for
+    time, data stored and all stored; and ShardVault's own time and data against its full."""
+    steps = [(0, SV_FULL, PGBR_FULL, "full")]
+    steps += [
+        (depth, sv_incr(depth), pgbr_incr(depth), CHANGE_TEXT[change])
+        for depth, change in enumerate(CHANGES, start=1)
+    ]
+    return [
+        {
+            "depth": depth,
+            "change": change,
+            "seconds_vs_peer": pair(runs, mine, theirs, "seconds"),
+            "data_vs_peer": pair(runs, mine, theirs, "data_stored_bytes"),
+            "stored_vs_peer": pair(runs, mine, theirs, "stored_bytes"),
+            "seconds_vs_full": pair(runs, mine, SV_FULL, "seconds") if depth else None,
+            "data_vs_full": pair(runs, mine, SV_FULL, "data_stored_bytes") if depth else None,
+        }
+        for depth, mine, theirs, change in steps
+        if runs.get(mine) and (depth or runs.get(theirs))  # a full only beside pgBackRest's
+    ]
 
 
 def memory_results(runs: dict) -> list[dict[str, Any]]:
@@ -746,7 +757,7 @@ def _ratio(result: dict[str, Any] | None, digits: int = 2) -> str:
 
 def steps_table(summary: dict[str, Any]) -> str:
     rows = [
-        "| incremental | ShardVault ÷ pgBackRest: wall time | data stored | all stored | "
+        "| backup | ShardVault ÷ pgBackRest: wall time | data stored | all stored | "
         "ShardVault incremental ÷ its full: wall time | data stored |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -836,7 +847,7 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     if summary["steps"]:
         parts.append(
-            "Ratios per incremental (of the medians; in brackets min / median / max per "
+            "Ratios per backup of the chain (of the medians; in brackets min / median / max per "
             "round):\n\n" + steps_table(summary)
         )
     parts.append("Where ShardVault's time goes:\n\n" + time_split_table(summary))
