@@ -37,6 +37,7 @@ from rich.progress import (
 from rich.table import Table
 
 from shardvault import operations as ops
+from shardvault.costs import DEFAULT_DAILY_CHANGE
 from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
@@ -44,7 +45,6 @@ from shardvault.planning import MiB
 console = Console()
 DEFAULT_STACK_DIR = Path("local-stack")
 DEFAULT_DATA_GIB = 100.0  # a cost forecast's data size when neither asked nor measured
-DEFAULT_DAILY_CHANGE = 0.05
 
 
 def main(argv: list[str] | None = None) -> int:

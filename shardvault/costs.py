@@ -104,7 +104,7 @@ STAGING_HOURS = {
 # (promote.COPY_CONFIG).
 COPY_THRESHOLD = 5 * GiB
 COPY_PART_SIZE = 5 * GiB
-# The daily change a budget check assumes when it forecasts from one backup's size.
+# The daily change a forecast assumes until the cluster has a measured incremental.
 DEFAULT_DAILY_CHANGE = 0.05
 OVERHEAD_TARGET = 0.01  # the issue's: request overhead at most 1% of the storage cost
 MAX_SIMULATED_BACKUPS = 20_000

@@ -21,9 +21,9 @@ Terms:
   no vault manifest ever names an object the vault lacks.
 - *chain lock*: an incremental restores only with its ancestors' objects, so its promotion
   extends every ancestor's vault lock (objects, block map and manifest) to at least its own
-  retain-until, reads each back, and records the ancestor's new lock in its catalog item. A
-  vault copy of an incremental is never locked longer than what it needs to be restored, and
-  a child is not promoted while an ancestor is missing from the vault (``PromotionFailed``).
+  retain-until, reads each back, and records the ancestor's new lock in its catalog item: no
+  backup an incremental needs is locked for less time than the incremental itself, and a
+  child is not promoted while an ancestor is missing from the vault (``PromotionFailed``).
 """
 
 from __future__ import annotations
@@ -224,9 +224,9 @@ def hold_ancestors(svc: Services, cluster: str, manifest: Manifest, until: datet
                 f"backup {manifest.backup_id} is an incremental of {backup_id}, which is not in "
                 f"the vault ({record.get('promotion') or record.get('status') or 'no record'}): "
                 "a vault copy of it could not be restored on its own.",
-                fix=f"promote {backup_id} first (its promotion is retried by the next backup of "
-                "the cluster's schedule, or start a full backup); this backup stays complete "
-                "and restorable from the store.",
+                fix="start a full backup (a new chain): an incremental bound for the vault "
+                "continues only a parent already there, so its chain lost a vault copy since; "
+                "this backup stays complete and restorable from the store.",
             )
         held = datetime.fromisoformat(record["retain_until"])
         if held >= until:

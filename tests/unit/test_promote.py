@@ -177,3 +177,29 @@ def test_a_copy_already_in_the_vault_counts_only_while_its_lock_holds(svc, monke
     compliance = VAULT.model_copy(update={"lock_mode": LockMode.COMPLIANCE})
     assert promote.held_in_vault(svc, obj, compliance, until) is None  # a stricter mode asked
     assert promote.held_in_vault(svc, obj, VAULT, until + timedelta(days=1)) is None  # longer
+
+
+class OneRecordCatalog:
+    def __init__(self, record: dict) -> None:
+        self.record = record
+
+    def get(self, cluster: str, backup_id: str) -> dict | None:
+        return self.record if backup_id == self.record.get("backup_id") else None
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [
+        {"backup_id": "p", "status": "COMPLETE", "promotion": "FAILED"},
+        {"backup_id": "p", "status": "COMPLETE"},  # never promoted
+        {"backup_id": "other"},  # the catalog lost it
+    ],
+)
+def test_an_incremental_whose_chain_is_not_in_the_vault_is_not_promoted(parent) -> None:
+    """Its vault copy could not be restored: promotion fails by name before any manifest."""
+    svc = SimpleNamespace(catalog=OneRecordCatalog(parent))
+    child = SimpleNamespace(backup_id="c", chain=SimpleNamespace(ancestors=["p"]))
+    until = datetime.now(UTC) + timedelta(days=1)
+
+    with pytest.raises(PromotionFailed, match="incremental of p, which is not in the vault"):
+        promote.hold_ancestors(svc, "orders", child, until)
