@@ -28,7 +28,6 @@ import ctypes.util
 import hashlib
 import json
 import logging
-import mmap
 import os
 import shutil
 import socket
@@ -110,25 +109,6 @@ class ShardFiles:
             start = seg.stream_offset - stream_offset
             os.pwrite(self._fd(seg.path), view[start : start + seg.length], seg.file_offset)
 
-    def write_scattered(self, pieces: list[tuple[int, memoryview]]) -> None:
-        """Writes many small pieces (a chain member's blocks, scattered over the shard) by
-        copying them into a temporary mapping of each file they touch: one ``mmap`` per file
-        and call rather than a ``pwrite`` per piece. Each system call releases and retakes
-        Python's lock, and with a dozen download threads tens of thousands of them cost more
-        than the download itself (a chain of 7 restored 3x slower than a full)."""
-        by_path: dict[str, list[tuple[int, memoryview]]] = defaultdict(list)
-        for stream_offset, data in pieces:
-            for seg in self.index.segments(stream_offset, len(data)):
-                start = seg.stream_offset - stream_offset
-                by_path[seg.path].append((seg.file_offset, data[start : start + seg.length]))
-        for path, writes in by_path.items():
-            low = min(at for at, _ in writes) // mmap.ALLOCATIONGRANULARITY
-            low *= mmap.ALLOCATIONGRANULARITY
-            high = max(at + len(data) for at, data in writes)
-            with mmap.mmap(self._fd(path), high - low, offset=low) as mapped:
-                for at, data in writes:
-                    mapped[at - low : at - low + len(data)] = data
-
     def flush_behind(self, stream_offset: int, length: int) -> None:
         """Starts writing a received range to disk, without waiting (see start_writeback)."""
         for seg in self.index.segments(stream_offset, length):
@@ -137,8 +117,7 @@ class ShardFiles:
     def _fd(self, path: str) -> int:
         with self.guard:
             if path not in self.handles:
-                # Read and write: a shared mapping (write_scattered) needs both.
-                self.handles[path] = os.open(self.root / path, os.O_RDWR)
+                self.handles[path] = os.open(self.root / path, os.O_WRONLY)
             return self.handles[path]
 
     def close(self) -> None:
@@ -733,8 +712,8 @@ def fetch_range(
             files.write(item.stream_offset + offset, plain)
             return
         view = memoryview(plain)
-        pieces = read.placements[offset // item.frame_size]
-        files.write_scattered([(t, view[i : i + n]) for i, n, t in pieces])
+        for inside, length, target in read.placements[offset // item.frame_size]:
+            files.write(target, view[inside : inside + length])
 
     sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, where=item.key)
     crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)

@@ -1,6 +1,6 @@
 """Where a restore's bytes land: a chain member's scattered pieces (many small writes, some
-across file boundaries) end up exactly where a contiguous write of the same stream puts them,
-and the ranges flushed behind them cover every piece with few calls."""
+across file boundaries, in any order) end up exactly where a contiguous write of the same
+stream puts them, and the ranges flushed behind them cover every piece with few calls."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def test_scattered_pieces_land_where_a_contiguous_write_puts_them(tmp_path):
     files.close()
     cuts = sorted({0, len(stream), *random.Random(7).sample(range(1, len(stream)), 40)})
     spans = list(itertools.pairwise(cuts))
-    random.Random(8).shuffle(spans)  # in any order, in several calls
+    random.Random(8).shuffle(spans)  # in any order
     view = memoryview(stream)
     files = staged(pieces)
-    for batch in (spans[:15], spans[15:]):
-        files.write_scattered([(a, view[a:b]) for a, b in batch])
+    for a, b in spans:
+        files.write(a, view[a:b])
     files.close()
 
     assert contents(pieces) == contents(whole) == stream
