@@ -411,8 +411,7 @@ class MeasuredSizes(NamedTuple):
 
     full_bytes: int  # the newest full's stored bytes
     incremental_share: float | None  # median incremental / its full; None: none measured
-    fulls: int
-    incrementals: int
+    incrementals: int  # how many were measured
 
     def daily_change(self, schedule: Schedule) -> float | None:
         """The share a forecast's incremental holds per day since its parent, such that one
@@ -436,7 +435,7 @@ def measured_sizes(items: Iterable[Mapping[str, Any]], cluster: str) -> Measured
     )
     newest = max(fulls, key=lambda b: b.completed_at)
     median = shares[len(shares) // 2] if shares else None
-    return MeasuredSizes(newest.bytes, median, len(fulls), len(shares))
+    return MeasuredSizes(newest.bytes, median, len(shares))
 
 
 def _chain_full(backup: BackupRecord, by_id: Mapping[str, BackupRecord]) -> BackupRecord | None:

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from shardvault.errors import InvalidRequest
+from shardvault.extents import unpack_numbers
 from shardvault.prices import VAULT_CLASSES, StorageClass
 from shardvault.sqlcheck import check_validation_queries
 
@@ -609,6 +610,4 @@ class DownloadItem(Frozen):
         """The bytes this item writes into the restored shard (a restore's progress)."""
         if not self.pieces:
             return self.length
-        from shardvault.extents import unpack_numbers
-
         return sum(unpack_numbers(self.pieces)[2::4])
