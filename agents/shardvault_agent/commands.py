@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,12 +48,19 @@ from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
-from shardvault_agent.scan import DeltaReader, scan_capture
+from shardvault_agent.scan import (
+    DeltaReader,
+    PackHasher,
+    assemble_map,
+    scan_capture,
+    write_fragment,
+)
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import (
     Downloader,
     PartSender,
     pack_object,
+    read_range,
     stream_source,
     upload_object,
 )
@@ -253,6 +260,16 @@ class Commands:
     def _extents_path(self, backup_id: str, shard_id: str) -> Path:
         return self.backup_dir(backup_id) / f"{shard_id}.extents.json"
 
+    def _hashes_dir(self, backup_id: str, shard_id: str) -> Path:
+        """A full's hash fragments, one per data object (``scan.PackHasher``)."""
+        return self.backup_dir(backup_id) / "hashes" / shard_id
+
+    def _hashed_in_pack(self, backup_id: str, shard_id: str) -> bool:
+        """A full (its scan found no parent: every byte is sent) has its block map made of
+        its packs' hashes, not by a scan."""
+        saved = self._extents_path(backup_id, shard_id)
+        return saved.exists() and json.loads(saved.read_text())["delta_bytes"] is None
+
     def cached_map(self, shard_id: str, backup_id: str) -> Path:
         """Where this node keeps the block map of a backup it made, for the next incremental."""
         return self.config.state_dir / "blockmaps" / shard_id / f"{backup_id}.map"
@@ -294,21 +311,17 @@ class Commands:
         saved = self._extents_path(backup_id, shard_id)
         if saved.exists():  # a retried scan: the first one's answer
             return json.loads(saved.read_text())
-        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
         parent_path = self.parent_map(shard_id, parents.get(shard_id))
-        parent = BlockMap(parent_path) if parent_path else None
-        try:
+        if parent_path is None:  # a full: its objects hold the whole stream, its packs hash it
+            answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
+            write_json(saved, answer)
+            return answer
+        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
+        with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 Path(capture["root"]), capture["files"], limiter, parent,
                 self._map_path(backup_id, shard_id),
             )  # fmt: skip
-        finally:
-            if parent:
-                parent.close()
-        if parent_path is None:  # a full: its objects hold the whole stream
-            answer = {"extents": "", "delta_bytes": None, "scan_seconds": scan.scan_seconds}
-            write_json(saved, answer)
-            return answer
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {
             "extents": packed,
@@ -331,6 +344,9 @@ class Commands:
             result = self._listing_result(backup_id, Phase.TAIL, shards)
             for shard, listed in zip(shards, result["shards"], strict=True):
                 block_map = self._map_path(backup_id, shard.shard_id)
+                if self._hashed_in_pack(backup_id, shard.shard_id) and not block_map.exists():
+                    files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
+                    assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
                 listed["blockmap_bytes"] = block_map.stat().st_size if block_map.exists() else 0
             return result
 
@@ -376,9 +392,13 @@ class Commands:
         sealer = self.keys.sealer(self.encryption(item.backup_id))
         codec = FrameCodec(level=item.compression_level, sealer=sealer)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        with open(partial, "wb") as out:
-            packed = pack_object(item, self._source(item, capture, limiter), codec, out)
+        unfinished = path.with_suffix(".partial")
+        source, hasher = self._source(item, capture, limiter), self._hasher(item, capture, limiter)
+        with open(unfinished, "wb") as out:
+            packed = pack_object(item, hasher.tap(source) if hasher else source, codec, out)
+        if hasher is not None:  # kept before the summary: a pack with a summary has its hashes
+            hashes = self._hashes_dir(item.backup_id, item.shard_id)
+            write_fragment(hashes, item.stream_offset, item.length, hasher.fragment())
         sums = ObjectChecksums(
             key=item.key,
             parts=packed.parts,
@@ -388,13 +408,23 @@ class Commands:
             key_check=sealer.check if sealer else None,
         )
         result = sums.model_dump(mode="json")
-        partial.replace(path)
+        unfinished.replace(path)
         if item.phase == Phase.BLOCKMAP:
             self.keep_map(item)
         write_json(summary, result)
         if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
             shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
         return result
+
+    def _hasher(
+        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+    ) -> PackHasher | None:
+        """A full's data objects hash the blocks they read, for its block map."""
+        if item.phase != Phase.DATA or not self._hashed_in_pack(item.backup_id, item.shard_id):
+            return None
+        root, files = Path(capture["root"]), capture["files"]
+        read_at = partial(read_range, root, files, limiter=limiter)
+        return PackHasher(files, item.stream_offset, item.length, read_at)
 
     def _capture_of(self, item: ObjectPlan) -> dict[str, Any]:
         """What an object reads: a phase's capture, or the shard's block map file."""

@@ -9,11 +9,16 @@ Terms:
 - *delta stream*: the concatenation of the extents' bytes. An incremental's objects are cut
   from its delta stream exactly as a full's are cut from its stream, so planning, packing and
   the part size do not change; ``DeltaReader`` reads a range of it from the files.
+- *hash fragment*: a full reads every byte once, in its pack: ``PackHasher`` hashes the blocks
+  an object's pack reads (each block belongs to the object holding its first byte) and keeps
+  them as ``<offset>-<length>.hashes``; ``assemble_map`` joins the fragments of a shard into
+  its block map when the data is all packed. The map then describes exactly the bytes that
+  were uploaded, and a full no longer reads its data twice (a scan, then the pack).
 
 No file is skipped for an unchanged size and modification time: PostgreSQL rewrites pages in
 place within the same second and sets no mtime it promises, and SQLite snapshots are new files
 every time, so neither engine makes that shortcut safe. Every block is hashed (0.05 s per GiB
-of CPU; the read itself is the cost, and ``scan_seconds`` reports it).
+of CPU; the read itself is the cost, and an incremental's ``scan_seconds`` reports it).
 """
 
 from __future__ import annotations
@@ -22,17 +27,24 @@ import bisect
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import xxhash
+
+from shardvault.errors import CheckpointNotFound
 from shardvault.models import FileEntry
 from shardvault.streams import StreamIndex
 from shardvault_agent.blockmap import (
     BLOCK_SIZE,
+    HASH_SIZE,
     BlockMap,
     BlockMapWriter,
+    block_count,
     changes,
+    hash_blocks,
     merge_extents,
     scan_file,
 )
@@ -142,3 +154,123 @@ class DeltaReader:
             if handle:
                 handle.close()
         self.handles.clear()
+
+
+class PackHasher:
+    """Hashes, as a full's pack reads them, the blocks whose first byte lies in the object's
+    range of the stream. A block that runs past the range's end is completed by ``read_at``
+    (at most one block more is read); one that began before the range belongs to the object
+    before."""
+
+    def __init__(
+        self,
+        files: list[FileEntry],
+        offset: int,
+        length: int,
+        read_at: Callable[[int, int], bytes],
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
+        self.index, self.read_at, self.block_size = StreamIndex(files), read_at, block_size
+        self.sizes = {f.path: f.size for f in files}
+        self.position, self.end = offset, offset + length
+        self.pending = bytearray()  # the bytes read so far of a block of ours not yet complete
+        self.pending_end = 0  # where that block ends, as a stream offset
+        self.digests: list[bytes] = []
+
+    def tap(self, read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+        """``read`` that hashes what passes through it."""
+
+        def tapped(size: int) -> bytes:
+            data = read(size)
+            self.feed(data)
+            return data
+
+        return tapped
+
+    def feed(self, data: bytes) -> None:
+        view, start = memoryview(data), self.position
+        for seg in self.index.segments(start, len(data)):
+            at = seg.stream_offset - start
+            chunk = view[at : at + seg.length]
+            self._feed_segment(seg.stream_offset, seg.file_offset, self.sizes[seg.path], chunk)
+        self.position += len(data)
+
+    def _feed_segment(
+        self, stream_offset: int, file_offset: int, file_size: int, chunk: memoryview
+    ) -> None:
+        size, at, stop = self.block_size, file_offset, file_offset + len(chunk)
+        if at % size:  # inside a block: ours if it began in our range (``pending``)
+            block_end = min(at - at % size + size, file_size)
+            take = min(block_end, stop) - at
+            if self.pending:
+                self.pending += chunk[:take]
+                if at + take == block_end:
+                    self.digests.append(xxhash.xxh3_128_digest(bytes(self.pending)))
+                    self.pending.clear()
+            at += take
+        if at == stop:
+            return
+        # Whole blocks, the file's short last block among them when the chunk reaches it.
+        whole_end = stop if stop == file_size else at + (stop - at) // size * size
+        self.digests.append(hash_blocks(chunk[at - file_offset : whole_end - file_offset], size))
+        if whole_end < stop:  # a block of ours that continues in the next read
+            self.pending = bytearray(chunk[whole_end - file_offset :])
+            block_end = min(whole_end + size, file_size)
+            self.pending_end = stream_offset + (block_end - file_offset)
+
+    def fragment(self) -> bytes:
+        """The hashes of the range's blocks, once the pack has read all of it."""
+        if self.position != self.end:
+            raise ValueError(f"hashed to {self.position}, not to the range's end {self.end}")
+        if self.pending:  # a block that crosses into the next object: read its rest
+            self.pending += self.read_at(self.end, self.pending_end - self.end)
+            self.digests.append(xxhash.xxh3_128_digest(bytes(self.pending)))
+            self.pending.clear()
+        return b"".join(self.digests)
+
+
+def fragment_name(offset: int, length: int) -> str:
+    return f"{offset:020d}-{length:020d}.hashes"
+
+
+def write_fragment(directory: Path, offset: int, length: int, digests: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / fragment_name(offset, length)
+    path.with_suffix(".partial").write_bytes(digests)
+    path.with_suffix(".partial").replace(path)
+
+
+def assemble_map(
+    directory: Path, files: list[FileEntry], map_path: Path, block_size: int = BLOCK_SIZE
+) -> None:
+    """Joins a full's hash fragments into its block map. The fragments must tile the stream:
+    a missing one means a pack's hashes were lost, and a map of bytes read again now might
+    not describe the bytes that were uploaded, so the backup fails instead."""
+    fragments = sorted(directory.glob("*.hashes")) if directory.exists() else []
+    expected, digests = 0, []
+    for path in fragments:
+        offset, length = (int(part) for part in path.stem.split("-"))
+        if offset != expected:
+            break
+        digests.append(path.read_bytes())
+        expected = offset + length
+    stream_length = StreamIndex(files).length
+    if expected != stream_length:
+        raise CheckpointNotFound(
+            f"this agent kept the block hashes of bytes 0 to {expected} of {stream_length} of "
+            "the stream; the rest were lost (was its state directory cleared?).",
+            fix="retry the backup.",
+        )
+    hashes, at = b"".join(digests), 0
+    partial = map_path.with_suffix(".partial")
+    with open(partial, "wb") as out:
+        writer = BlockMapWriter(out, block_size)
+        for entry in files:
+            if entry.path.endswith("/"):
+                continue
+            count = block_count(entry.size, block_size) * HASH_SIZE
+            writer.add(entry.path, entry.size, hashes[at : at + count])
+            at += count
+    if at != len(hashes):
+        raise ValueError(f"{len(hashes) - at} bytes of block hashes left over")
+    partial.replace(map_path)

@@ -180,6 +180,13 @@ def stream_source(
     return lambda n: read_exactly(reader, n)
 
 
+def read_range(
+    root: Path, files: list[FileEntry], offset: int, length: int, limiter: RateLimiter
+) -> bytes:
+    """``length`` bytes of a stream from ``offset`` (zeros where a file ran short)."""
+    return stream_source(root, files, offset, length, limiter)(length)
+
+
 def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
     """Names an HTTP error answer; an expired URL ends the transfer (sign again)."""
     text = response.data.decode(errors="replace")

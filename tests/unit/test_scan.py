@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 from pathlib import Path
 
+import pytest
 from shardvault_agent.blockmap import BLOCK_SIZE, BlockMap
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.scan import DeltaReader, scan_capture
+from shardvault_agent.scan import (
+    DeltaReader,
+    PackHasher,
+    assemble_map,
+    scan_capture,
+    write_fragment,
+)
+from shardvault_agent.transfer import stream_source
 
+from shardvault.errors import CheckpointNotFound
 from shardvault.models import FileEntry
 
 B = BLOCK_SIZE
@@ -83,3 +94,58 @@ def test_a_delta_read_spans_files_and_reads_a_vanished_file_as_zeros(tmp_path: P
     stream = files["a"] + files["b"]
     assert got == stream[B + 10 : 3 * B + 10] + b"\0" * 100
     assert delta.handles == {}  # every file closed once the range was read
+
+
+def pack_hashed(root: Path, entries: list[FileEntry], cuts: list[int], reads: int) -> Path:
+    """Hashes the stream as packs of the objects between ``cuts`` would, reading ``reads``
+    bytes at a time, and assembles the fragments into a block map."""
+    hashes = root.parent / "hashes"
+    for offset, end in itertools.pairwise(cuts):
+        read = stream_source(root, entries, offset, end - offset, RateLimiter(None))
+        hasher = PackHasher(entries, offset, end - offset, lambda o, n: at(root, entries, o, n))
+        tapped, left = hasher.tap(read), end - offset
+        while left:
+            left -= len(tapped(min(reads, left)))
+        write_fragment(hashes, offset, end - offset, hasher.fragment())
+    assemble_map(hashes, entries, root.parent / "packed.map")
+    return root.parent / "packed.map"
+
+
+def at(root: Path, entries: list[FileEntry], offset: int, length: int) -> bytes:
+    return stream_source(root, entries, offset, length, RateLimiter(None))(length)
+
+
+def test_a_full_hashed_by_its_packs_has_the_block_map_a_scan_makes(tmp_path: Path):
+    # Files that end inside a block, an empty one, a directory; objects cut inside blocks and
+    # inside files, read in pieces smaller and larger than a block.
+    rng = random.Random(7)
+    files = {
+        "a": rng.randbytes(3 * BLOCK_SIZE + 100),
+        "b": b"",
+        "c": rng.randbytes(BLOCK_SIZE),
+        "d": rng.randbytes(5 * BLOCK_SIZE - 1),
+        "e": rng.randbytes(17),
+    }
+    entries = capture(tmp_path / "root", files)
+    entries.insert(2, FileEntry(path="dir/", size=0))
+    total = sum(len(data) for data in files.values())
+    scanned = tmp_path / "scanned.map"
+    scan_capture(tmp_path / "root", entries, RateLimiter(None), None, scanned)
+    for cuts, reads in [
+        ([0, total], 1 << 20),
+        ([0, 5000, BLOCK_SIZE * 3 + 50, BLOCK_SIZE * 4 + 200, total], 3000),
+        ([0, *sorted(rng.sample(range(1, total), 6)), total], 777),
+    ]:
+        for old in (tmp_path / "hashes").glob("*"):
+            old.unlink()
+        packed = pack_hashed(tmp_path / "root", entries, cuts, reads)
+        assert packed.read_bytes() == scanned.read_bytes(), cuts
+
+
+def test_a_lost_hash_fragment_fails_the_map_by_name(tmp_path: Path):
+    entries = capture(tmp_path / "root", {"a": os.urandom(3 * BLOCK_SIZE)})
+    hashes = tmp_path / "hashes"
+    write_fragment(hashes, 0, BLOCK_SIZE, b"\0" * 16)  # the second object's are missing
+    with pytest.raises(CheckpointNotFound, match="were lost"):
+        assemble_map(hashes, entries, tmp_path / "packed.map")
+    assert not (tmp_path / "packed.map").exists()
