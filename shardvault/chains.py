@@ -48,7 +48,24 @@ class Unclaimed:
 
     def claim(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """Removes and returns the unclaimed parts of ``[lo, hi)``."""
-        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        starts, ends = self.starts, self.ends
+        i = max(0, bisect.bisect_right(starts, lo) - 1)
+        # Fast paths for the common cases of a chain's scattered blocks: the range lies in one
+        # unclaimed interval, or wholly in a claimed gap.
+        if i < len(starts) and starts[i] <= lo and hi <= ends[i]:
+            if starts[i] == lo and ends[i] == hi:
+                del starts[i], ends[i]
+            elif starts[i] == lo:
+                starts[i] = hi
+            elif ends[i] == hi:
+                ends[i] = lo
+            else:
+                starts.insert(i + 1, hi)
+                ends.insert(i + 1, ends[i])
+                ends[i] = lo
+            return [(lo, hi)]
+        if (i >= len(starts) or ends[i] <= lo) and (i + 1 >= len(starts) or hi <= starts[i + 1]):
+            return []
         taken, keep_starts, keep_ends = [], [], []
         j = i
         while j < len(self.starts) and self.starts[j] < hi:
@@ -81,22 +98,17 @@ def resolve(chain: list[Member]) -> list[Piece]:
     index = StreamIndex(newest.files)
     where = {f.path: (start, f.size) for f, start in zip(newest.files, index.starts, strict=False)}
     unclaimed = Unclaimed(index.length)
-    pieces: list[Piece] = []
-    for member in reversed(chain):
-        member_index = StreamIndex(member.files)
-        extents = member.extents if member.extents is not None else [(0, member_index.length)]
+    # (member's place in the chain, delta offset, length, target): tuples sort fast, and a
+    # chain of scattered changes makes tens of thousands of pieces.
+    found: list[tuple[int, int, int, int]] = []
+    for order in range(len(chain) - 1, -1, -1):
+        member = chain[order]
+        targets = _Targets(member, where)
+        extents = member.extents if member.extents is not None else [(0, targets.length)]
         delta = 0
         for offset, length in extents:
-            for seg in member_index.segments(offset, length):
-                at = where.get(seg.path)
-                if at is not None and seg.file_offset < at[1]:
-                    start = at[0] + seg.file_offset
-                    end = start + min(seg.length, at[1] - seg.file_offset)
-                    base = delta + (seg.stream_offset - offset) - start
-                    pieces += [
-                        Piece(member.backup_id, base + a, b - a, a)
-                        for a, b in unclaimed.claim(start, end)
-                    ]
+            for start, end, base in targets.ranges(offset, length, delta):
+                found += [(order, base + a, b - a, a) for a, b in unclaimed.claim(start, end)]
             delta += length
         if unclaimed.empty:
             break
@@ -106,8 +118,37 @@ def resolve(chain: list[Member]) -> list[Piece]:
             "backup of its chain: the chain's manifests disagree.",
             fix="restore another backup; run a full backup of the cluster.",
         )
-    order = {m.backup_id: i for i, m in enumerate(chain)}
-    return merge(sorted(pieces, key=lambda p: (order[p.backup_id], p.delta_offset)))
+    found.sort()
+    return merge([Piece(chain[order].backup_id, d, n, t) for order, d, n, t in found])
+
+
+class _Targets:
+    """Where a member's stream ranges land in the newest member's stream, file by file."""
+
+    def __init__(self, member: Member, where: dict[str, tuple[int, int]]) -> None:
+        self.index = StreamIndex(member.files)
+        self.length = self.index.length
+        # Per file of the member: its start in the newest stream and its size there (None:
+        # the newest backup no longer has it).
+        self.places = [where.get(f.path) for f in member.files]
+
+    def ranges(self, offset: int, length: int, delta: int) -> list[tuple[int, int, int]]:
+        """``(start, end, base)`` in the newest stream for ``length`` bytes at ``offset`` of
+        the member's stream, which are at ``delta`` of its delta stream: a target ``t`` holds
+        the delta stream's byte ``base + t``."""
+        starts, out = self.index.starts, []
+        i = max(0, bisect.bisect_right(starts, offset) - 1)
+        end = offset + length
+        while i < len(self.places) and starts[i] < end:
+            lo, hi = max(offset, starts[i]), min(end, starts[i + 1])
+            place = self.places[i]
+            file_offset = lo - starts[i]
+            if hi > lo and place is not None and file_offset < place[1]:
+                start = place[0] + file_offset
+                stop = start + min(hi - lo, place[1] - file_offset)
+                out.append((start, stop, delta + (lo - offset) - start))
+            i += 1
+        return out
 
 
 def merge(pieces: list[Piece]) -> list[Piece]:

@@ -19,13 +19,11 @@ Extent = tuple[int, int]
 FIRST_GAP = 8192
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+def _put_varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
 
 
 def _varints(data: bytes) -> Iterator[int]:
@@ -45,7 +43,8 @@ def pack_extents(extents: list[Extent]) -> str:
     for offset, length in extents:
         if offset < end or length <= 0:
             raise ValueError(f"extent ({offset}, {length}) is out of order or empty")
-        raw += _varint(offset - end) + _varint(length)
+        _put_varint(raw, offset - end)
+        _put_varint(raw, length)
         end = offset + length
     return base64.b64encode(zlib.compress(bytes(raw), 6)).decode("ascii")
 
@@ -63,8 +62,10 @@ def unpack_extents(packed: str) -> list[Extent]:
 
 def pack_numbers(numbers: list[int]) -> str:
     """Non-negative integers, packed like extents (varints, zlib, base64)."""
-    raw = b"".join(_varint(n) for n in numbers)
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+    raw = bytearray()
+    for number in numbers:
+        _put_varint(raw, number)
+    return base64.b64encode(zlib.compress(bytes(raw), 6)).decode("ascii")
 
 
 def unpack_numbers(packed: str) -> list[int]:

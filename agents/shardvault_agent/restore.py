@@ -94,6 +94,10 @@ def room(config: AgentConfig) -> int | None:
     return free if cap is None else min(free, cap)
 
 
+Placements = dict[int, list[tuple[int, int, int]]]  # frame: (offset in frame, length, target)
+ResolvedPieces = dict[int, list[tuple[int, int, int, int]]]  # frame: (offset, length, fd, at)
+
+
 @dataclass
 class ShardFiles:
     """A staged shard's stream of one phase: writes land at the right place of each file."""
@@ -108,6 +112,21 @@ class ShardFiles:
         for seg in self.index.segments(stream_offset, len(data)):
             start = seg.stream_offset - stream_offset
             os.pwrite(self._fd(seg.path), view[start : start + seg.length], seg.file_offset)
+
+    def resolve_pieces(self, placements: Placements | None) -> ResolvedPieces | None:
+        """Per frame, its pieces as ``(offset in frame, length, file descriptor, file
+        offset)``: each piece is found in its files once, before the download, so that placing
+        a chain member's tens of thousands of 8 KiB pieces costs one ``pwrite`` each."""
+        if placements is None:
+            return None
+        resolved: ResolvedPieces = {}
+        for frame, pieces in placements.items():
+            runs = resolved[frame] = []
+            for inside, length, target in pieces:
+                for seg in self.index.segments(target, length):
+                    at = inside + seg.stream_offset - target
+                    runs.append((at, seg.length, self._fd(seg.path), seg.file_offset))
+        return resolved
 
     def flush_behind(self, stream_offset: int, length: int) -> None:
         """Starts writing a received range to disk, without waiting (see start_writeback)."""
@@ -335,9 +354,11 @@ class Restorer:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
         guard = threading.Lock()
 
+        pieces = files.resolve_pieces(piece_placements(item))
+
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
-            crc = fetch_range(self.downloader, url, item, read, files, sealer)
+            crc = fetch_range(self.downloader, url, item, read, files, sealer, pieces)
             for target, length in written_ranges(item, read):
                 files.flush_behind(target, length)
             with guard, record.open("a") as out:
@@ -607,7 +628,7 @@ class RangeRead:
     plain_size: int
     spans: list[FrameSpan] | None = None
     expected: str | None = None
-    placements: dict[int, list[tuple[int, int, int]]] | None = None  # a chain member's pieces
+    placements: Placements | None = None  # a chain member's pieces
 
 
 def planned_reads(item: DownloadItem) -> list[RangeRead]:
@@ -644,24 +665,35 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
 # only its dirty pages, while one call per 8 KiB piece of a chain restore (tens of thousands)
 # cost more than the download itself.
 FLUSH_GAP = 1 << 20
+# A merged range is flushed only when pieces fill at least this share of it: an incremental's
+# scattered blocks spread a read's few writes over much of a file, and starting writeback
+# there walks (and waits on) pages other reads are writing. Those are left to the fsync at
+# finish; a full's frames, and the root of a chain's, stay dense and are flushed as they land.
+FLUSH_DENSITY = 0.5
 
 
 def written_ranges(item: DownloadItem, read: RangeRead) -> list[tuple[int, int]]:
-    """The stream ranges a read wrote: contiguous, or a chain member's scattered pieces merged
-    where they lie within ``FLUSH_GAP`` of each other."""
+    """The stream ranges a read wrote whose writeback starts now: contiguous, or a chain
+    member's pieces merged where they lie within ``FLUSH_GAP`` of each other, where they
+    fill at least ``FLUSH_DENSITY`` of the merged range."""
     if read.placements is None:
         return [(item.stream_offset + read.plain_offset, read.plain_size)]
     pieces = sorted((t, t + n) for pieces in read.placements.values() for _, n, t in pieces)
-    merged: list[list[int]] = []
+    merged: list[list[int]] = []  # [start, end, bytes written]
     for start, end in pieces:
         if merged and start <= merged[-1][1] + FLUSH_GAP:
             merged[-1][1] = max(merged[-1][1], end)
+            merged[-1][2] += end - start
         else:
-            merged.append([start, end])
-    return [(start, end - start) for start, end in merged]
+            merged.append([start, end, end - start])
+    return [
+        (start, end - start)
+        for start, end, written in merged
+        if written >= FLUSH_DENSITY * (end - start)
+    ]
 
 
-def piece_placements(item: DownloadItem) -> dict[int, list[tuple[int, int, int]]] | None:
+def piece_placements(item: DownloadItem) -> Placements | None:
     """Per frame, where its needed bytes go: ``(offset in frame, length, stream offset)``."""
     if not item.pieces:
         return None
@@ -691,9 +723,11 @@ def fetch_range(
     read: RangeRead,
     files: ShardFiles,
     sealer: Sealer | None = None,
+    pieces: ResolvedPieces | None = None,
 ) -> str:
     """Fetches one read into the staged files; returns the stored bytes' CRC64NVME. Frames are
-    decoded and each checked against its plaintext checksum before it is written."""
+    decoded and each checked against its plaintext checksum before it is written; a chain
+    member's frames write only their ``pieces`` (``ShardFiles.resolve_pieces``)."""
     if read.spans is None:
         base = item.stream_offset + read.plain_offset
         crc = downloader.fetch(
@@ -708,12 +742,12 @@ def fetch_range(
         return crc
 
     def place(offset: int, plain: bytes) -> None:
-        if read.placements is None:
+        if pieces is None:
             files.write(item.stream_offset + offset, plain)
             return
-        view = memoryview(plain)
-        for inside, length, target in read.placements[offset // item.frame_size]:
-            files.write(target, view[inside : inside + length])
+        view, pwrite = memoryview(plain), os.pwrite
+        for inside, length, fd, at in pieces[offset // item.frame_size]:
+            pwrite(fd, view[inside : inside + length], at)
 
     sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, where=item.key)
     crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)

@@ -59,3 +59,14 @@ def test_pieces_close_together_are_flushed_as_one_range():
     read = Read({0: [(0, 8192, 0), (8192, 8192, 3 * 8192)], 1: [(0, 8192, far)]})
 
     assert written_ranges(None, read) == [(0, 4 * 8192), (far, 8192)]
+
+
+def test_scattered_pieces_are_left_to_the_fsync_at_finish():
+    # An incremental's blocks, one 8 KiB piece every 256 KiB: starting writeback over the
+    # span would walk 32 times the bytes written; a dense run among them is still flushed.
+    step = 32 * 8192
+    scattered = [(0, 8192, i * step) for i in range(40)]
+    dense = [(0, 8192, 100 * FLUSH_GAP + i * 8192) for i in range(64)]
+    read = Read({0: scattered, 1: dense})
+
+    assert written_ranges(None, read) == [(100 * FLUSH_GAP, 64 * 8192)]
