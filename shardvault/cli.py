@@ -514,32 +514,39 @@ def cluster_forecast(
 
 
 def print_forecast(title: str, forecast: Any) -> None:
-    from shardvault.costs import OVERHEAD_TARGET
+    from shardvault.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
     from shardvault.planning import TiB
 
     table = Table("a month", "USD", title=title)
     for label, usd in [
-        (f"storage in {forecast.storage_class}", forecast.storage_usd),
+        (f"storage (policy class {forecast.storage_class})", forecast.storage_usd),
+        ("  of which held beyond retention (paid minimum)", forecast.held_usd),
         ("  of which early-deletion charges", forecast.early_deletion_usd),
         ("S3 requests (upload, verify, promote)", forecast.requests_usd),
         ("Step Functions and DynamoDB", forecast.orchestration_usd),
         ("Lambda", forecast.lambda_usd),
-        ("request overhead: S3, orchestration, Lambda", forecast.request_overhead_usd),
+        ("idle agents (doorbell polls, inbox reads, heartbeats)", forecast.agents_usd),
+        ("request overhead: S3, orchestration, Lambda, idle agents", forecast.request_overhead_usd),
         ("staging copies at STANDARD until promoted", forecast.staging_usd),
-        ("idle agents (inbox polls, heartbeats)", forecast.agents_usd),
         ("total", forecast.total_usd),
     ]:
         table.add_row(label, f"${usd:,.2f}")
-    met = "green" if forecast.meets_overhead_target else "red"
-    table.add_row(
-        "request overhead / storage",
-        f"[{met}]{forecast.request_overhead_ratio:.2%}[/] (target: at most {OVERHEAD_TARGET:.0%})",
-    )
+    for label, ratio, target in [
+        (
+            "request overhead (idle agents included) / storage",
+            forecast.request_overhead_ratio,
+            OVERHEAD_TARGET,
+        ),
+        ("early-deletion charges / storage", forecast.early_deletion_share, EARLY_DELETION_TARGET),
+    ]:
+        met = "green" if ratio <= target else "red"
+        table.add_row(label, f"[{met}]{ratio:.2%}[/] (target: at most {target:.0%})")
     table.add_row("budget", budget_cell(forecast))
     table.add_row(
         "backups (fulls + incrementals)",
         f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}",
     )
+    table.add_row("backups landed per class (by lifetime)", forecast.landed_summary())
     table.add_row("objects made", f"{forecast.objects_per_month:,.0f}")
     table.add_row("kept in the vault (average)", f"{forecast.stored_bytes / TiB:,.2f} TiB")
     console.print(table)
