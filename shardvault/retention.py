@@ -132,10 +132,14 @@ class Held(Frozen):
     storage_class: StorageClass
     minimum_days: int
 
+    @property
+    def reason(self) -> str:
+        return f"paid minimum of {self.storage_class}"
+
     def describe(self) -> str:
         """How ``list``, ``show`` and retention's report say it, e.g. "held until
         2026-06-01: paid minimum of DEEP_ARCHIVE"."""
-        return f"held until {self.until.date()}: paid minimum of {self.storage_class}"
+        return f"held until {self.until.date()}: {self.reason}"
 
 
 class EarlyDeletion(Frozen):
