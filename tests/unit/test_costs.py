@@ -235,7 +235,8 @@ def test_the_target_cases_early_deletion_falls_from_55_percent_to_at_most_5() ->
     assert before.storage_usd == pytest.approx(40.28, abs=0.01)
     assert before.early_deletion_share == pytest.approx(0.553, abs=0.001)
     assert after.early_deletion_share <= costs.EARLY_DELETION_TARGET
-    assert after.meets_early_deletion_target and not before.meets_early_deletion_target
+    assert after.meets_early_deletion_target
+    assert not before.meets_early_deletion_target
     assert after.held_usd > 20  # the charge became storage held beyond retention
     assert after.total_usd <= before.total_usd
     assert after.landed_per_month == {StorageClass.DEEP_ARCHIVE: pytest.approx(30.5, abs=0.1)}
