@@ -27,6 +27,6 @@ class DecideRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(DecideRequest, event).request
     return {
-        **expire.decide_all(request.cluster, services(), time.time()),
+        **expire.decide_all(request.cluster, services(), time.time(), dry_run=request.dry_run),
         "dry_run": request.dry_run,
     }

@@ -426,8 +426,11 @@ def print_retention(result: dict[str, Any], dry_run: bool) -> None:
             table.add_row(k["backup_id"], "keep", ", ".join(k["why"]))
         for lk in d["locked"]:
             table.add_row(lk["backup_id"], "locked", f"Object Lock until {lk['until']}")
+        for h in d.get("held", []):
+            table.add_row(h["backup_id"], "held", f"expired by retention; {h['why']}")
         for b in d["expire"]:
-            table.add_row(b, verb, "no keep rule and no chain needs it")
+            why = "an earlier run's expiry, finished" if b in d.get("unfinished", []) else ""
+            table.add_row(b, verb, why or "no keep rule and no chain needs it")
         console.print(table)
         if d["unrestorable"]:
             console.print(f"[red]kept but unrestorable (chain broken)[/]: {d['unrestorable']}")
@@ -436,7 +439,9 @@ def print_retention(result: dict[str, Any], dry_run: bool) -> None:
     console.print(
         f"{verb} {len(result.get('expire', []))} backups: saves "
         f"${result.get('monthly_saving_usd', 0):.4f}/month; early-deletion charges "
-        f"${result.get('early_deletion_charge_usd', 0):.4f}"
+        f"${result.get('early_deletion_charge_usd', 0):.4f}; held until their paid minimum: "
+        f"${sum(d.get('held_monthly_usd', 0) for d in result.get('decisions', [])):.4f}/month "
+        "(billed whether deleted or not)"
     )
 
 
@@ -514,32 +519,39 @@ def cluster_forecast(
 
 
 def print_forecast(title: str, forecast: Any) -> None:
-    from shardvault.costs import OVERHEAD_TARGET
+    from shardvault.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
     from shardvault.planning import TiB
 
     table = Table("a month", "USD", title=title)
     for label, usd in [
-        (f"storage in {forecast.storage_class}", forecast.storage_usd),
+        (f"storage (policy class {forecast.storage_class})", forecast.storage_usd),
+        ("  of which held beyond retention (paid minimum)", forecast.held_usd),
         ("  of which early-deletion charges", forecast.early_deletion_usd),
         ("S3 requests (upload, verify, promote)", forecast.requests_usd),
         ("Step Functions and DynamoDB", forecast.orchestration_usd),
         ("Lambda", forecast.lambda_usd),
-        ("request overhead: S3, orchestration, Lambda", forecast.request_overhead_usd),
+        ("idle agents (doorbell polls, inbox reads, heartbeats)", forecast.agents_usd),
+        ("request overhead: S3, orchestration, Lambda, idle agents", forecast.request_overhead_usd),
         ("staging copies at STANDARD until promoted", forecast.staging_usd),
-        ("idle agents (inbox polls, heartbeats)", forecast.agents_usd),
         ("total", forecast.total_usd),
     ]:
         table.add_row(label, f"${usd:,.2f}")
-    met = "green" if forecast.meets_overhead_target else "red"
-    table.add_row(
-        "request overhead / storage",
-        f"[{met}]{forecast.request_overhead_ratio:.2%}[/] (target: at most {OVERHEAD_TARGET:.0%})",
-    )
+    for label, ratio, target in [
+        (
+            "request overhead (idle agents included) / storage",
+            forecast.request_overhead_ratio,
+            OVERHEAD_TARGET,
+        ),
+        ("early-deletion charges / storage", forecast.early_deletion_share, EARLY_DELETION_TARGET),
+    ]:
+        met = "green" if ratio <= target else "red"
+        table.add_row(label, f"[{met}]{ratio:.2%}[/] (target: at most {target:.0%})")
     table.add_row("budget", budget_cell(forecast))
     table.add_row(
         "backups (fulls + incrementals)",
         f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}",
     )
+    table.add_row("backups landed per class (by lifetime)", forecast.landed_summary())
     table.add_row("objects made", f"{forecast.objects_per_month:,.0f}")
     table.add_row("kept in the vault (average)", f"{forecast.stored_bytes / TiB:,.2f} TiB")
     console.print(table)
@@ -580,6 +592,15 @@ def stored_cell(record: dict[str, Any]) -> str:
     return f"{stored:,}{share}"
 
 
+def hold_note(record: dict[str, Any]) -> str:
+    """What retention's hold says of a complete backup it expired, e.g. "held until
+    2026-06-01: paid minimum of DEEP_ARCHIVE" (empty: not held)."""
+    if record.get("status") != "COMPLETE" or not record.get("held_until"):
+        return ""
+    until = record["held_until"][:10]
+    return f"held until {until}: {record.get('held_for', 'paid minimum of its class')}"
+
+
 def run_list(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
     by_id = {(r["cluster"], r["backup_id"]): r for r in records}
@@ -603,7 +624,7 @@ def run_list(args: argparse.Namespace) -> int:
             r["cluster"],
             r["backup_id"],
             backup_type(r).replace("incremental, depth ", "incr ").replace(", of ", " of "),
-            r.get("status", ""),
+            " ".join(filter(None, [r.get("status", ""), hold_note(r)])),
             f"{(read_bytes(r) if done else r.get('bytes_done', 0)) / MiB:,.1f}",
             f"{recorded_stored_bytes(r) / MiB:,.1f}" if done else "",
             share_of_full(r, by_id.get((r["cluster"], r.get("chain_root", "")))),
@@ -640,6 +661,8 @@ def run_show(args: argparse.Namespace) -> int:
     table.add_row("type", backup_type(record))
     share = share_of_full(record, chain_root_of(config, record))
     table.add_row("of its full's stored bytes", share)
+    if hold := hold_note(record):
+        table.add_row("retention", f"{hold} (expired, still restorable)")
     for key in sorted(record):
         table.add_row(key, str(record[key]))
     console.print(table)

@@ -5,15 +5,25 @@ Terms:
 - *overhead*: what making a backup costs once, apart from keeping it: S3 requests (multipart
   upload, verification, landing in the vault), Step Functions state transitions, Lambda time,
   DynamoDB writes of the agents' commands, and the hours its objects wait at STANDARD.
-- *request overhead*: the overhead without that wait (requests, orchestration, Lambda). The
-  issue's target is a request overhead of at most 1% of the monthly storage cost.
+- *request overhead*: every recurring control-plane cost, without the hours at STANDARD:
+  requests, orchestration, Lambda, and the idle agents' doorbell polls, inbox reads and
+  heartbeats (``agents_monthly_cost``). The issue's target is a request overhead of at most 1%
+  of the monthly storage cost.
+- *held beyond retention*: storage of backups retention has expired but holds until their
+  class's minimum billed duration has passed (``retention``: *held*); billed the same whether
+  deleted or not, so part of the storage cost, not an extra.
+- *early-deletion share*: early-deletion charges as a part of the storage cost (the issue's
+  target: at most 5%). With holds, what is left is incrementals deleted with their parent
+  before their own minimum, and clusters whose policy deletes before the paid minimum.
 - *landing*: how verified objects reach the vault's class. ``COPY`` (the default, what
   ``shardvault.promote`` does): uploaded and verified at STANDARD, then copied into the vault,
   where they are locked; the staging copy is deleted once the vault holds the backup.
   ``TRANSITION``: a lifecycle rule moves them. ``DIRECT``: uploaded into the class (every
   part at its request price, and objects are locked before they are verified).
 - *forecast*: a cluster's steady-state month: its schedule and retention are simulated until
-  the oldest kept backup of the first months has expired, then one year is averaged.
+  the oldest kept backup of the first months has expired, then one year is averaged. Each
+  simulated backup is priced in its lifetime class (``lifetimes.lifetime_class``, from when
+  the simulation expires it) and deleted when retention's hold ends.
 - *measured sizes*: what a cluster's catalog says its backups store: the newest full's stored
   bytes, and each incremental's stored bytes as a share of its chain's full (data, WAL tail
   and block map, compressed and sealed: what the bucket bills). A forecast from measured sizes
@@ -26,14 +36,15 @@ The orchestration counts below are estimates from the state machine, not measure
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import lru_cache
+from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any, NamedTuple
 
 from shardvault.errors import ShardVaultError
+from shardvault.lifetimes import LIFETIME_HORIZON, lifetime_class
 from shardvault.models import Frozen, recorded_stored_bytes
 from shardvault.planning import (
     GiB,
@@ -60,12 +71,13 @@ from shardvault.prices import (
     LAMBDA_GB_SECOND,
     LAMBDA_REQUEST,
     RESTORE,
+    SQS_REQUEST,
     STATE_TRANSITION,
     STORAGE,
     RestoreTier,
     StorageClass,
 )
-from shardvault.retention import BackupRecord, decide, from_catalog
+from shardvault.retention import BackupRecord, decide, from_catalog, hold_end
 from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
 
 
@@ -107,7 +119,16 @@ COPY_PART_SIZE = 5 * GiB
 # The daily change a forecast assumes until the cluster has a measured incremental.
 DEFAULT_DAILY_CHANGE = 0.05
 OVERHEAD_TARGET = 0.01  # the issue's: request overhead at most 1% of the storage cost
+EARLY_DELETION_TARGET = 0.05  # the issue's: early-deletion charges at most 5% of storage
+# The agent's idle defaults (agents/shardvault_agent): it long-polls its node's SQS doorbell
+# queue (WaitTimeSeconds=20: one request per 20 s while nothing rings), reads its inbox item
+# as a safety net every 60 s (a strongly consistent DynamoDB read) and writes its registry
+# heartbeat every 300 s (a DynamoDB write).
+AGENT_DOORBELL_WAIT_SECONDS = 20.0
+AGENT_INBOX_READ_SECONDS = 60.0
+AGENT_HEARTBEAT_SECONDS = 300.0
 MAX_SIMULATED_BACKUPS = 20_000
+NO_HOLDS = {"delete_before_paid_minimum": True}
 DAY = timedelta(days=1)
 YEAR = timedelta(days=12 * DAYS_PER_MONTH)
 
@@ -264,20 +285,27 @@ def price_restore(
 
 
 def agents_monthly_cost(
-    nodes: int, *, poll_interval_seconds: float = 0.5, heartbeat_interval_seconds: float = 5.0
+    nodes: int,
+    *,
+    doorbell_wait_seconds: float = AGENT_DOORBELL_WAIT_SECONDS,
+    inbox_read_seconds: float = AGENT_INBOX_READ_SECONDS,
+    heartbeat_seconds: float = AGENT_HEARTBEAT_SECONDS,
 ) -> float:
-    """Agents cost while idle: every inbox poll is a strongly consistent read, every heartbeat
-    a registry write (the defaults are the agent's)."""
+    """What ``nodes`` idle agents cost a month, the one place this is modelled: each long
+    poll of the doorbell queue is an SQS request, each safety read of the inbox a strongly
+    consistent read unit, each heartbeat a registry write unit (defaults: the agent's)."""
     seconds = DAYS_PER_MONTH * 86_400
-    reads = seconds / poll_interval_seconds * DYNAMODB_READ
-    return nodes * (reads + seconds / heartbeat_interval_seconds * DYNAMODB_WRITE)
+    polls = seconds / doorbell_wait_seconds * SQS_REQUEST
+    reads = seconds / inbox_read_seconds * DYNAMODB_READ
+    return nodes * (polls + reads + seconds / heartbeat_seconds * DYNAMODB_WRITE)
 
 
 # --- A cluster's month -------------------------------------------------------------------------
 class Forecast(Frozen):
     """A cluster's steady-state month on its policy (USD per month)."""
 
-    storage_class: StorageClass
+    storage_class: StorageClass  # the policy's
+    landed_per_month: dict[StorageClass, float]  # backups a month landing in each class
     data_bytes: int
     daily_change: float
     fulls_per_month: float
@@ -286,21 +314,33 @@ class Forecast(Frozen):
     stored_bytes: float  # average bytes kept in the vault
     storage_usd: float  # keeping them, early-deletion charges included
     early_deletion_usd: float  # (part of storage_usd)
+    held_usd: float  # held beyond retention until the paid minimum (part of storage_usd)
     requests_usd: float
     orchestration_usd: float
     lambda_usd: float
     staging_usd: float
-    agents_usd: float  # idle agents' polls and heartbeats: not tied to backups, not overhead
+    agents_usd: float  # idle agents' polls and heartbeats: not tied to backups, but recurring
     budget_usd: float | None
 
     @property
     def request_overhead_usd(self) -> float:
-        """Requests, orchestration and Lambda: what the issue's 1% target is about."""
-        return self.requests_usd + self.orchestration_usd + self.lambda_usd
+        """Every recurring control-plane cost: requests, orchestration, Lambda and the idle
+        agents. What the issue's 1% target is about."""
+        return self.requests_usd + self.orchestration_usd + self.lambda_usd + self.agents_usd
 
     @property
     def request_overhead_ratio(self) -> float:
+        """The request overhead, idle agents included, as a part of the storage cost."""
         return self.request_overhead_usd / self.storage_usd
+
+    @property
+    def early_deletion_share(self) -> float:
+        """Early-deletion charges as a part of the storage cost (which includes them)."""
+        return self.early_deletion_usd / self.storage_usd
+
+    @property
+    def meets_early_deletion_target(self) -> bool:
+        return self.early_deletion_share <= EARLY_DELETION_TARGET
 
     @property
     def meets_overhead_target(self) -> bool:
@@ -308,11 +348,12 @@ class Forecast(Frozen):
 
     @property
     def overhead_usd(self) -> float:
+        """The request overhead (idle agents included) and the staging copies."""
         return self.request_overhead_usd + self.staging_usd
 
     @property
     def total_usd(self) -> float:
-        return self.storage_usd + self.overhead_usd + self.agents_usd
+        return self.storage_usd + self.overhead_usd
 
     @property
     def over_budget(self) -> bool:
@@ -320,16 +361,22 @@ class Forecast(Frozen):
 
     def summary(self) -> str:
         return (
-            f"{self.data_bytes / TiB:g} TiB in {self.storage_class}, "
-            f"{self.fulls_per_month:.2f} fulls + {self.incrementals_per_month:.2f} "
-            f"incrementals and {self.objects_per_month:,.0f} objects a month, "
-            f"{self.stored_bytes / TiB:.2f} TiB kept: storage ${self.storage_usd:.2f}/month "
-            f"(early deletion ${self.early_deletion_usd:.2f}); request overhead "
+            f"{self.data_bytes / TiB:g} TiB, policy class {self.storage_class} (landed a "
+            f"month: {self.landed_summary()}), {self.fulls_per_month:.2f} fulls + "
+            f"{self.incrementals_per_month:.2f} incrementals and {self.objects_per_month:,.0f} "
+            f"objects a month, {self.stored_bytes / TiB:.2f} TiB kept: storage "
+            f"${self.storage_usd:.2f}/month (held beyond retention ${self.held_usd:.2f}; early "
+            f"deletion ${self.early_deletion_usd:.2f} = {self.early_deletion_share:.1%} of "
+            f"storage, target {EARLY_DELETION_TARGET:.0%}); request overhead "
             f"${self.request_overhead_usd:.2f}/month = requests ${self.requests_usd:.2f} + "
-            f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f}, "
-            f"{self.request_overhead_ratio:.2%} of storage (target {OVERHEAD_TARGET:.0%}); "
-            f"staging ${self.staging_usd:.2f}; idle agents ${self.agents_usd:.2f}/month"
+            f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f} + "
+            f"idle agents ${self.agents_usd:.2f}, {self.request_overhead_ratio:.2%} of storage "
+            f"(target {OVERHEAD_TARGET:.0%}); staging ${self.staging_usd:.2f}/month"
         )
+
+    def landed_summary(self) -> str:
+        """Backups a month per class they land in, e.g. 'DEEP_ARCHIVE 30.44'."""
+        return ", ".join(f"{c} {n:.2f}" for c, n in self.landed_per_month.items())
 
 
 class Lifetime(NamedTuple):
@@ -339,6 +386,23 @@ class Lifetime(NamedTuple):
     expired_at: datetime | None
     kind: BackupKind
     bytes: int
+    parent: int | None = None  # an incremental's parent: its index among the simulated
+
+    def span(self) -> timedelta:
+        """How long retention kept it; one still kept when the simulation ends (which runs
+        ``LIFETIME_HORIZON`` past the year) lived at least that long."""
+        if self.expired_at is None:
+            return LIFETIME_HORIZON
+        return self.expired_at - self.completed_at
+
+
+class Stay(NamedTuple):
+    """A simulated backup in its lifetime class: priced, and when it is deleted (None: after
+    the simulation)."""
+
+    life: Lifetime
+    cost: BackupCost
+    deleted_at: datetime | None
 
 
 def monthly_forecast(
@@ -358,11 +422,12 @@ def monthly_forecast(
     _check_forecast_inputs(data_bytes, daily_change)
     if part_size is None and cluster.upload.part_size_mib is not None:
         part_size = cluster.upload.part_size_mib * MiB
-    storage_class = cluster.vault.storage_class
     lives, end = simulate_lifetimes(cluster, data_bytes, daily_change)
     start = end - YEAR
-    costs = {
-        size: price_backup(
+
+    @cache
+    def price(size: int, storage_class: StorageClass) -> BackupCost:
+        return price_backup(
             size,
             storage_class,
             part_size=part_size,
@@ -370,33 +435,39 @@ def monthly_forecast(
             landing=landing,
             staging_hours=staging_hours,
         )
-        for size in {life.bytes for life in lives}
-    }
-    made = [(life, costs[life.bytes]) for life in lives if life.completed_at > start]
-    kept_days = [(_days_within(life, start, end), costs[life.bytes]) for life in lives]
+
+    stays = _stays(cluster, lives, price)
+    made = [(s.life, s.cost) for s in stays if start < s.life.completed_at <= end]
+    kept_days = [(_days_within(s.life.completed_at, s.deleted_at, start, end), s) for s in stays]
+    held_days = [(_days_within(s.life.expired_at, s.deleted_at, start, end), s) for s in stays]
     charges = sum(
         early_deletion_charge(
-            storage_class, life.bytes, costs[life.bytes].objects, (gone - life.completed_at) / DAY
+            s.cost.storage_class, s.life.bytes, s.cost.objects, (gone - s.life.completed_at) / DAY
         )
-        for life in lives
-        if (gone := life.expired_at) is not None and start < gone <= end
+        for s in stays
+        if (gone := s.deleted_at) is not None and start < gone <= end
     )
     months = YEAR / DAY / DAYS_PER_MONTH
 
     def per_month(values: Iterable[float]) -> float:
         return sum(values) / months
 
+    def storage(days: list[tuple[float, Stay]]) -> float:
+        return per_month(d / DAYS_PER_MONTH * s.cost.storage_usd_per_month for d, s in days)
+
+    landed = {c: per_month(cost.storage_class == c for _, cost in made) for c in StorageClass}
     return Forecast(
-        storage_class=storage_class,
+        storage_class=cluster.vault.storage_class,
+        landed_per_month={c: n for c, n in landed.items() if n},
         data_bytes=data_bytes,
         daily_change=daily_change,
         fulls_per_month=per_month(life.kind == BackupKind.FULL for life, _ in made),
         incrementals_per_month=per_month(life.kind == BackupKind.INCREMENTAL for life, _ in made),
         objects_per_month=per_month(cost.objects for _, cost in made),
-        stored_bytes=sum(days * cost.bytes for days, cost in kept_days) / (YEAR / DAY),
-        storage_usd=per_month(d / DAYS_PER_MONTH * c.storage_usd_per_month for d, c in kept_days)
-        + charges / months,
+        stored_bytes=sum(days * s.life.bytes for days, s in kept_days) / (YEAR / DAY),
+        storage_usd=storage(kept_days) + charges / months,
         early_deletion_usd=charges / months,
+        held_usd=storage(held_days),
         requests_usd=per_month(cost.requests_usd for _, cost in made),
         orchestration_usd=per_month(cost.orchestration_usd for _, cost in made),
         lambda_usd=per_month(cost.lambda_usd for _, cost in made),
@@ -483,10 +554,34 @@ def _check_forecast_inputs(data_bytes: int, daily_change: float) -> None:
         )
 
 
-def _days_within(life: Lifetime, start: datetime, end: datetime) -> float:
-    """Days of the window ``(start, end]`` the backup spent in the vault."""
-    gone = life.expired_at or end
-    return max(timedelta(0), min(gone, end) - max(life.completed_at, start)) / DAY
+def _stays(
+    cluster: ClusterPolicy,
+    lives: tuple[Lifetime, ...],
+    price: Callable[[int, StorageClass], BackupCost],
+) -> list[Stay]:
+    """Each simulated backup in its lifetime class, and when it is deleted: when retention
+    expires it, or, held (``retention``: *held*), once its class's minimum has passed or
+    with its parent, whichever comes first (parents come first in ``lives``)."""
+    stays: list[Stay] = []
+    for life in lives:
+        chosen = lifetime_class(cluster.vault, life.span(), life.bytes)
+        deleted = life.expired_at
+        if deleted is not None and not cluster.vault.delete_before_paid_minimum:
+            paid = life.completed_at + timedelta(days=STORAGE[chosen].minimum_days)
+            parent = None if life.parent is None else stays[life.parent].deleted_at
+            deleted = max(deleted, hold_end(paid, parent))
+        stays.append(Stay(life, price(life.bytes, chosen), deleted))
+    return stays
+
+
+def _days_within(
+    since: datetime | None, until: datetime | None, start: datetime, end: datetime
+) -> float:
+    """Days of the window ``(start, end]`` between ``since`` (None: never) and ``until``
+    (None: after the window)."""
+    if since is None:
+        return 0.0
+    return max(timedelta(0), min(until or end, end) - max(since, start)) / DAY
 
 
 @lru_cache(maxsize=32)
@@ -494,8 +589,11 @@ def simulate_lifetimes(
     cluster: ClusterPolicy, data_bytes: int, daily_change: float
 ) -> tuple[tuple[Lifetime, ...], datetime]:
     """Every backup the schedule makes, expired by retention run after each backup, from a
-    fixed start until a year past the warm-up; and the end of that year. An incremental holds
-    the change since its parent (the backup before it); the first backup is a full."""
+    fixed start until a year past the warm-up; and the end of that year. The simulation goes
+    on for ``LIFETIME_HORIZON`` past that end, so that every backup of the year is known to
+    expire or to outlive every class's minimum billed duration (``lifetimes.expected_lifetime``
+    gives the same lifetimes one at a time). An incremental holds the change since its parent
+    (the backup before it); the first backup is a full."""
     schedule, zone = cluster.schedule, cluster.schedule.zone
     start = datetime(2026, 1, 1, tzinfo=zone)  # fixed: forecasts are reproducible
     end = start + _warm_up(cluster, start) + YEAR
@@ -503,7 +601,7 @@ def simulate_lifetimes(
     live: list[BackupRecord] = []
     made: list[BackupRecord] = []
     expired: dict[str, datetime] = {}
-    for n, (at, due) in enumerate(schedule.fires(start, end)):
+    for n, (at, due) in enumerate(schedule.fires(start, end + LIFETIME_HORIZON)):
         if n >= MAX_SIMULATED_BACKUPS:
             raise CostError(
                 f"the schedule runs more than {MAX_SIMULATED_BACKUPS} backups in the forecast.",
@@ -528,10 +626,23 @@ def simulate_lifetimes(
                 bytes=size,
             )
         )
-        gone = set(decide([*live, made[-1]], cluster.retention, at, zone).expire)
+        # When retention expires each backup; holds come after (``_stays``): a held backup
+        # changes no keep decision.
+        decision = decide([*live, made[-1]], cluster.retention, at, zone, **NO_HOLDS)
+        gone = set(decision.expire)
         expired |= dict.fromkeys(gone, at)
         live = [b for b in [*live, made[-1]] if b.backup_id not in gone]
-    lives = tuple(Lifetime(b.completed_at, expired.get(b.backup_id), b.kind, b.bytes) for b in made)
+    index = {b.backup_id: n for n, b in enumerate(made)}
+    lives = tuple(
+        Lifetime(
+            b.completed_at,
+            expired.get(b.backup_id),
+            b.kind,
+            b.bytes,
+            None if b.parent_id is None else index[b.parent_id],
+        )
+        for b in made
+    )
     return lives, end
 
 

@@ -2,12 +2,19 @@
 
 Terms:
 - *decision*: ``shardvault.retention.decide`` over a cluster's complete backups and its keep
-  counts from the policy file: what is kept and why, what expires, what is still locked, the
-  monthly saving and any early-deletion charge (reported, never hidden).
-- *expire*: delete every version of a backup's objects and manifest (the vault is versioned:
-  a delete without a version id only adds a marker and the bytes stay billed), in batches of
-  at most 1,000 keys, the manifest last; then mark the catalog record ``EXPIRED``. A backup is
-  expired only after its Object Lock date, so S3 never has to refuse a deletion.
+  counts from the policy file: what is kept and why, what expires, what is held until its
+  class's paid minimum, what is still locked, the monthly saving and any early-deletion
+  charge (reported, never hidden).
+- *hold*: a real run records each held backup's end in its catalog item (``held_until``,
+  ``held_for``: "paid minimum of DEEP_ARCHIVE"), so ``list`` and ``show`` say why a backup
+  retention expired is still there; the item stays ``COMPLETE``, and restorable.
+- *expire*: mark the catalog record ``EXPIRING`` (no longer restorable), delete every version
+  of the backup's objects and manifest (the vault is versioned: a delete without a version id
+  only adds a marker and the bytes stay billed), in batches of at most 1,000 keys, the
+  manifest last; then mark it ``EXPIRED``. A backup is expired only after its Object Lock
+  date, so S3 never has to refuse a deletion. A run that stops between the mark and the last
+  deletion leaves an ``EXPIRING`` record: every later decision expires it again, whatever
+  retention or holds would say of a complete backup, so what is left is always removed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from shardvault.retention import (
 from shardvault.services import Services
 
 EXPIRED = "EXPIRED"
+EXPIRING = "EXPIRING"  # deletion started: finished by the next run if this one stops
 
 
 def clusters_to_check(requested: str | None, svc: Services) -> list[str]:
@@ -52,21 +60,56 @@ def records(cluster: str, svc: Services) -> list[BackupRecord]:
 def decide_cluster(cluster: str, svc: Services, now: float) -> RetentionDecision:
     policy = svc.policy().cluster(cluster)
     at = datetime.fromtimestamp(now, UTC)
-    return decide(records(cluster, svc), policy.retention, at, policy.schedule.zone)
+    return decide(
+        records(cluster, svc),
+        policy.retention,
+        at,
+        policy.schedule.zone,
+        delete_before_paid_minimum=policy.vault.delete_before_paid_minimum,
+    )
 
 
-def decision_summary(cluster: str, decision: RetentionDecision) -> dict[str, Any]:
+def unfinished(cluster: str, svc: Services) -> list[str]:
+    """Backups whose expiry started and did not finish (newest first)."""
+    items = [r for r in svc.catalog.backups(cluster) if r.get("status") == EXPIRING]
+    items.sort(key=lambda r: (r.get("completed_at", 0), r["backup_id"]), reverse=True)
+    return [r["backup_id"] for r in items]
+
+
+def record_holds(cluster: str, decision: RetentionDecision, svc: Services) -> None:
+    """Writes each held backup's end into its catalog item, for ``list`` and ``show``."""
+    for held in decision.held:
+        svc.catalog.update(
+            cluster,
+            held.backup_id,
+            held_until=held.until.isoformat(),
+            held_for=held.reason,
+        )
+
+
+def decision_summary(
+    cluster: str, decision: RetentionDecision, unfinished_ids: list[str] | None = None
+) -> dict[str, Any]:
+    """The decision as the workflow passes it on; ``expire`` also names the backups whose
+    expiry an earlier run left unfinished (``unfinished``), which come first."""
+    unfinished_ids = unfinished_ids or []
     return {
         "cluster": cluster,
         "keep": [
             {"backup_id": k.backup_id, "why": [f"{r.rule}:{r.detail}" for r in k.reasons]}
             for k in decision.keep
         ],
-        "expire": decision.expire,
+        "expire": [*unfinished_ids, *decision.expire],
+        "unfinished": unfinished_ids,
         "locked": [
             {"backup_id": lk.backup_id, "until": lk.retain_until.isoformat()}
             for lk in decision.locked
         ],
+        "held": [
+            {"backup_id": h.backup_id, "until": h.until.isoformat(), "why": h.describe()}
+            for h in decision.held
+        ],
+        "held_monthly_usd": round(decision.held_monthly_usd, 4),
         "unrestorable": decision.unrestorable,
         "monthly_saving_usd": round(decision.monthly_saving_usd, 4),
         "early_deletion_charge_usd": round(decision.early_deletion_charge_usd, 4),
@@ -74,11 +117,17 @@ def decision_summary(cluster: str, decision: RetentionDecision) -> dict[str, Any
     }
 
 
-def decide_all(requested: str | None, svc: Services, now: float) -> dict[str, Any]:
-    """Decisions for every cluster asked for, and the flat list of backups to expire."""
-    decisions = [
-        decision_summary(c, decide_cluster(c, svc, now)) for c in clusters_to_check(requested, svc)
-    ]
+def decide_all(
+    requested: str | None, svc: Services, now: float, *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Decisions for every cluster asked for, and the flat list of backups to expire. A real
+    run (not ``dry_run``) records the holds in the catalog."""
+    decisions = []
+    for cluster in clusters_to_check(requested, svc):
+        decision = decide_cluster(cluster, svc, now)
+        if not dry_run:
+            record_holds(cluster, decision, svc)
+        decisions.append(decision_summary(cluster, decision, unfinished(cluster, svc)))
     expiring = [{"cluster": d["cluster"], "backup_id": b} for d in decisions for b in d["expire"]]
     alerts = [a for c in clusters_to_check(requested, svc) if (a := budget_alert(c, svc))]
     for alert in alerts:
@@ -109,8 +158,10 @@ def budget_alert(cluster: str, svc: Services) -> str | None:
 
 
 def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> dict[str, Any]:
-    """Deletes every version of the backup's objects, wherever they are (vault and store),
-    manifests last, then marks it expired. Idempotent: a retry deletes what is left."""
+    """Marks the backup ``EXPIRING``, deletes every version of its objects, wherever they are
+    (vault and store), manifests last, then marks it expired. Idempotent: a retry, or the
+    next run (see *expire*), deletes what is left."""
+    svc.catalog.update(cluster, backup_id, status=EXPIRING, expiring_at=now)
     deleted = 0
     for s3, location in [(svc.store_s3, svc.store)] + (
         [(svc.vault_s3, svc.vault)] if svc.vault else []

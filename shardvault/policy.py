@@ -7,8 +7,13 @@ Terms:
 - *cadence*: when a cluster is backed up: a *full* cron expression and an optional
   *incremental* one, read in the schedule's time zone. When both fire at the same minute, the
   full runs. An incremental holds what changed since its *parent*, the backup before it.
-- *vault*: where verified backups land, in the policy's storage class, each object locked by
-  S3 Object Lock (*mode*, *minimum days*) as it lands.
+- *vault*: where verified backups land, in the policy's storage class (or, with
+  ``class_by_lifetime``, a class with a shorter minimum billed duration when that costs less
+  for the backup's expected lifetime: ``shardvault.lifetimes``), each object locked by S3
+  Object Lock (*mode*, *minimum days*) as it lands.
+- *paid minimum*: a class's minimum billed duration (30 days STANDARD_IA, 90 GLACIER_IR and
+  GLACIER, 180 DEEP_ARCHIVE). Retention holds an expired backup until it has passed
+  (``shardvault.retention``) unless ``delete_before_paid_minimum`` says otherwise.
 - *retention*: keep counts in the style of restic's ``forget`` (``shardvault.retention``).
 """
 
@@ -221,6 +226,23 @@ class Vault(Frozen):
         json_schema_extra={"shown_type": " | ".join(VAULT_CLASSES)},
     )
     object_lock: ObjectLock = Field(description="S3 Object Lock applied to every object.")
+    class_by_lifetime: bool = Field(
+        True,
+        strict=True,
+        description="true: each backup lands in the class that costs least for its expected "
+        "lifetime under retention (storage for the longer of that lifetime and the class's "
+        "minimum billed duration, plus the requests that land it), among storage_class and "
+        "the classes with a shorter minimum (shardvault/lifetimes.py); false: every backup "
+        "lands in storage_class.",
+    )
+    delete_before_paid_minimum: bool = Field(
+        False,
+        strict=True,
+        description="false: retention holds an expired backup (listed, restorable) until its "
+        "class's minimum billed duration has passed, since deleting it sooner is billed the "
+        "same; true: deletes it when retention expires it and pays the early-deletion charge "
+        "(for erasure duties).",
+    )
 
 
 class Retention(Frozen):

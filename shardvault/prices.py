@@ -135,3 +135,4 @@ LAMBDA_GB_SECOND = 0.0000133334  # arm64; UNCONFIRMED
 LAMBDA_REQUEST = 0.20 / 1_000_000  # UNCONFIRMED
 DYNAMODB_WRITE = 0.625 / 1_000_000  # on-demand write request unit
 DYNAMODB_READ = 0.125 / 1_000_000  # on-demand read request unit
+SQS_REQUEST = 0.40 / 1_000_000  # UNCONFIRMED: standard queue, per request (a long poll is one)

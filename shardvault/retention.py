@@ -12,6 +12,16 @@ Terms:
   deleted yet; a later run expires it.
 - *early deletion*: expiring a backup younger than its storage class's minimum billed duration;
   its charge is reported with the decision, never hidden.
+- *paid minimum*: S3 bills an object deleted before its class's minimum billed duration for
+  the days it has left, so deleting it sooner saves nothing. *paid until*: when the backup
+  landed in its class (promotion) plus that minimum.
+- *held*: not kept and not locked, but not deleted either: its paid minimum has not passed.
+  It stays in the catalog, listed and restorable, until the *hold's end*, and a later run
+  deletes it. Retention's choice of what to keep does not change, only the deletion date. A
+  held backup does not keep its parent (that would extend the parent beyond what was paid for
+  it): an incremental is held at most until its parent's own deletion, and is deleted, newest
+  first, in the run that deletes its parent. ``delete_before_paid_minimum`` in the policy
+  turns holds off (deletion when retention expires, early-deletion charge paid).
 """
 
 from __future__ import annotations
@@ -50,6 +60,13 @@ class BackupRecord(Frozen):
     retain_until: AwareDatetime | None = None  # Object Lock: the latest of its objects'
     bytes: int = Field(ge=0)
     objects: int = Field(1, ge=1)
+    landed_at: AwareDatetime | None = None  # in its class (promotion); None: at completion
+
+    @property
+    def paid_until(self) -> datetime:
+        """When its class's minimum billed duration has passed (see *paid minimum*)."""
+        landed = self.landed_at or self.completed_at
+        return landed + timedelta(days=STORAGE[self.storage_class].minimum_days)
 
     @model_validator(mode="after")
     def _parent_matches_kind(self) -> BackupRecord:
@@ -65,7 +82,7 @@ def from_catalog(cluster: str, items: Iterable[Mapping[str, Any]]) -> list[Backu
     for r in items:
         if r.get("status") != BackupStatus.COMPLETE or r.get("cluster", cluster) != cluster:
             continue
-        until = r.get("retain_until")
+        until, promoted = r.get("retain_until"), r.get("promoted_at")
         out.append(
             BackupRecord(
                 backup_id=r["backup_id"],
@@ -77,6 +94,7 @@ def from_catalog(cluster: str, items: Iterable[Mapping[str, Any]]) -> list[Backu
                 retain_until=datetime.fromisoformat(until) if until else None,
                 bytes=recorded_stored_bytes(r),
                 objects=max(1, r.get("objects", 1)),
+                landed_at=datetime.fromtimestamp(promoted, UTC) if promoted else None,
             )
         )
     return out
@@ -106,6 +124,24 @@ class Locked(Frozen):
     retain_until: datetime
 
 
+class Held(Frozen):
+    """Expired by retention, deleted only at ``until`` (see *held*)."""
+
+    backup_id: str
+    until: datetime
+    storage_class: StorageClass
+    minimum_days: int
+
+    @property
+    def reason(self) -> str:
+        return f"paid minimum of {self.storage_class}"
+
+    def describe(self) -> str:
+        """How ``list``, ``show`` and retention's report say it, e.g. "held until
+        2026-06-01: paid minimum of DEEP_ARCHIVE"."""
+        return f"held until {self.until.date()}: {self.reason}"
+
+
 class EarlyDeletion(Frozen):
     backup_id: str
     storage_class: StorageClass
@@ -119,10 +155,12 @@ class RetentionDecision(Frozen):
     keep: list[Kept]  # newest first
     expire: list[str]  # newest first: a deletion cut short never orphans a surviving incremental
     locked: list[Locked]
+    held: list[Held]  # newest first
     early_deletions: list[EarlyDeletion]
     unrestorable: list[str]  # kept or locked, but a backup of their chain is already gone
     monthly_saving_usd: float  # storage no longer billed once the expired backups are deleted
     early_deletion_charge_usd: float
+    held_monthly_usd: float  # storage of the held backups: billed whether deleted or not
 
 
 BUCKETS: dict[Rule, Callable[[datetime], str]] = {
@@ -143,9 +181,15 @@ def keep_counts(keep: Retention) -> dict[Rule, int]:
 
 
 def decide(
-    backups: Sequence[BackupRecord], keep: Retention, now: datetime, zone: tzinfo = UTC
+    backups: Sequence[BackupRecord],
+    keep: Retention,
+    now: datetime,
+    zone: tzinfo = UTC,
+    *,
+    delete_before_paid_minimum: bool = False,
 ) -> RetentionDecision:
-    """Which backups to keep (and why), expire, or leave locked; each cluster on its own."""
+    """Which backups to keep (and why), expire, hold until their paid minimum, or leave
+    locked; each cluster on its own."""
     if now.tzinfo is None:
         raise RetentionError("now has no time zone.", fix="pass an aware datetime.")
     _check_catalog(backups)
@@ -156,7 +200,9 @@ def decide(
     for group in clusters.values():
         reasons |= _reasons(group, keep, now, zone)
     newest_first = sorted(backups, key=lambda b: (b.completed_at, b.backup_id), reverse=True)
-    expired = [b for b in newest_first if b.backup_id not in reasons and not _locked(b, now)]
+    unkept = [b for b in newest_first if b.backup_id not in reasons and not _locked(b, now)]
+    holds = {} if delete_before_paid_minimum else _holds(backups, unkept, now)
+    expired = [b for b in unkept if b.backup_id not in holds]
     early = [e for e in (_early_deletion(b, now) for b in expired) if e is not None]
     return RetentionDecision(
         now=now,
@@ -171,13 +217,57 @@ def decide(
             for b in newest_first
             if b.backup_id not in reasons and _locked(b, now)
         ],
+        held=[
+            Held(
+                backup_id=b.backup_id,
+                until=holds[b.backup_id],
+                storage_class=b.storage_class,
+                minimum_days=STORAGE[b.storage_class].minimum_days,
+            )
+            for b in unkept
+            if b.backup_id in holds
+        ],
         early_deletions=early,
         unrestorable=_unrestorable(backups, reasons, now),
-        monthly_saving_usd=sum(
-            monthly_storage_cost(b.storage_class, b.bytes, b.objects) for b in expired
-        ),
+        monthly_saving_usd=_monthly_storage(expired),
         early_deletion_charge_usd=sum(e.charge_usd for e in early),
+        held_monthly_usd=_monthly_storage(b for b in unkept if b.backup_id in holds),
     )
+
+
+def _monthly_storage(backups: Iterable[BackupRecord]) -> float:
+    return sum(monthly_storage_cost(b.storage_class, b.bytes, b.objects) for b in backups)
+
+
+def hold_end(paid_until: datetime, parent_deleted_at: datetime | None) -> datetime:
+    """When a hold ends: at the paid minimum, or with the parent if it goes first (a held
+    incremental never extends its parent). ``parent_deleted_at`` None: a full, or a parent
+    that stays (kept, locked) as long as the child is held."""
+    if parent_deleted_at is None:
+        return paid_until
+    return min(paid_until, parent_deleted_at)
+
+
+def _holds(
+    backups: Sequence[BackupRecord], unkept: Sequence[BackupRecord], now: datetime
+) -> dict[str, datetime]:
+    """The unkept backups held, and until when (see *held*). Parents first: an incremental
+    whose parent is deleted by this run, or already gone, is not held."""
+    by_id = {b.backup_id: b for b in backups}
+    candidates = sorted(unkept, key=lambda b: (b.completed_at, b.backup_id))
+    deleted = {b.backup_id for b in candidates}  # until found held below
+    held: dict[str, datetime] = {}
+    for backup in candidates:
+        parent_end = None
+        if backup.kind == BackupKind.INCREMENTAL:
+            parent = by_id.get(backup.parent_id or "")
+            if parent is None or (parent.backup_id in deleted and parent.backup_id not in held):
+                continue
+            parent_end = held.get(parent.backup_id)  # None: the parent stays (kept, locked)
+        until = hold_end(backup.paid_until, parent_end)
+        if now < until:
+            held[backup.backup_id] = until
+    return held
 
 
 def _locked(backup: BackupRecord, now: datetime) -> bool:
@@ -233,7 +323,7 @@ def _unrestorable(
 
 
 def _early_deletion(backup: BackupRecord, now: datetime) -> EarlyDeletion | None:
-    age_days = (now - backup.completed_at) / timedelta(days=1)
+    age_days = (now - (backup.landed_at or backup.completed_at)) / timedelta(days=1)
     minimum = STORAGE[backup.storage_class].minimum_days
     if age_days >= minimum:
         return None

@@ -17,8 +17,10 @@ from __future__ import annotations
 import secrets
 import time
 from collections import defaultdict
+from datetime import UTC, datetime
 from typing import Any
 
+from shardvault import costs
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
 from shardvault.errors import (
     AgentUnavailable,
@@ -33,6 +35,7 @@ from shardvault.errors import (
     UnknownCluster,
 )
 from shardvault.keys import new_data_key
+from shardvault.lifetimes import backup_class
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
@@ -96,6 +99,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     vault = vault_target(request, svc, policy)
     kind, chain, parent = chain_for(request, svc, policy, vault)  # refused before the lock
+    vault = lifetime_vault(vault, request, svc, policy, kind, now)
     candidate = new_backup_id(now)
     encryption = chain_key(parent) if chain else data_key(policy, svc, request.cluster, candidate)
     backup_id = take_lock(svc, request, candidate)
@@ -286,6 +290,35 @@ def vault_target(
         return VaultTarget(**asked)
     check_not_weaker(request.vault, policy, request.cluster)
     return policy.model_copy(update=asked)
+
+
+def lifetime_vault(
+    vault: VaultTarget | None,
+    request: BackupRequest,
+    svc: Services,
+    cluster: ClusterPolicy | None,
+    kind: BackupKind,
+    now: float,
+) -> VaultTarget | None:
+    """The vault target in the backup's lifetime class (``lifetimes.backup_class``): the class
+    that costs least for how long the cluster's retention will keep a backup made now, at the
+    size the catalog measured for this kind (the newest full; an incremental, the median
+    share of its full). The policy's class stands when the policy forces it
+    (``class_by_lifetime: false``), when the request names it, and while the cluster has no
+    measured full to size the choice by."""
+    if vault is None or cluster is None or not cluster.vault.class_by_lifetime:
+        return vault
+    if request.vault is not None and request.vault.storage_class is not None:
+        return vault
+    measured = costs.measured_sizes(svc.catalog.backups(request.cluster), request.cluster)
+    if measured is None:
+        return vault
+    size = measured.full_bytes
+    if kind == BackupKind.INCREMENTAL and measured.incremental_share is not None:
+        size = round(size * measured.incremental_share)
+    made = datetime.fromtimestamp(now, UTC)
+    chosen = backup_class(cluster, made, max(size, 1), lock_days=vault.lock_days)
+    return vault.model_copy(update={"storage_class": chosen})
 
 
 def policy_vault(cluster: ClusterPolicy | None) -> VaultTarget | None:

@@ -5,11 +5,16 @@ else, and backups under Object Lock are reported as locked, not deleted."""
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime, timedelta
 
 import boto3
 
+from shardvault import cli, expire
 from shardvault import operations as ops
 from shardvault.models import VaultTarget
+from shardvault.prices import STORAGE, StorageClass
+from shardvault.tables import Catalog, table
 
 from .conftest import client_of
 
@@ -101,3 +106,103 @@ def test_a_cluster_forecast_over_its_budget_is_alerted(make_cluster, stack, tmp_
     messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
     bodies = [json.loads(m["Body"]) for m in messages]
     assert any(cluster.name in b.get("Message", "") for b in bodies)
+
+
+def vault_keys(cluster, backup_id: str) -> list[str]:
+    svc = cluster.stack.services()
+    pages = svc.vault_s3.get_paginator("list_object_versions").paginate(
+        Bucket=svc.vault.bucket, Prefix=f"{svc.vault.prefix}/{cluster.name}/{backup_id}/"
+    )
+    return [v["Key"] for page in pages for v in page.get("Versions", [])]
+
+
+def age(cluster, backup_id: str, days: float) -> None:
+    """Moves a promoted backup ``days`` into the past in the catalog, its Object Lock date
+    with it (the vault's own lock is left alone: a held backup is never deleted)."""
+    then = time.time() - days * 86_400
+    Catalog(table(cluster.stack.settings.catalog_table)).update(
+        cluster.name,
+        backup_id,
+        completed_at=then,
+        promoted_at=then,
+        retain_until=datetime.fromtimestamp(then + 86_400, UTC).isoformat(),
+    )
+
+
+def test_an_expired_backup_is_held_until_its_classs_paid_minimum(make_cluster, policy_for):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    policy_for(cluster.name)  # a vault (GLACIER_IR, 1-day lock), keep_daily: 1
+    old, new = (cluster.backup().record["backup_id"] for _ in range(2))
+    record = {r["backup_id"]: r for r in cluster.records()}[old]
+    assert record["location"] == "vault"
+    minimum = STORAGE[StorageClass(record["storage_class"])].minimum_days  # 30 or 90 days
+    age(cluster, old, days=10)  # kept by no rule, past its lock, short of its minimum
+    client = client_of(cluster.stack)
+
+    result = ops.run_retention(client, cluster.name, dry_run=False)
+
+    assert result.status == "SUCCEEDED", result.cause
+    (decision,) = result.record["decisions"]
+    assert decision["expire"] == []
+    assert [h["backup_id"] for h in decision["held"]] == [old]
+    # Nothing deleted: the backup is whole in the vault, listed and restorable, with its hold.
+    assert vault_keys(cluster, old)
+    after = {r["backup_id"]: r for r in cluster.records()}
+    assert after[old]["status"] == "COMPLETE"
+    until = datetime.fromisoformat(after[old]["held_until"])
+    landed = datetime.fromtimestamp(after[old]["promoted_at"], UTC)
+    assert until == landed + timedelta(days=minimum)
+    assert after[old]["held_for"] == f"paid minimum of {record['storage_class']}"
+    assert cli.hold_note(after[old]).startswith(f"held until {until.date()}: paid minimum of")
+    assert "held_until" not in after[new]
+
+
+def test_a_policy_for_erasure_deletes_before_the_paid_minimum(
+    make_cluster, stack, tmp_path, monkeypatch
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    path = tmp_path / "erasure.yaml"
+    path.write_text(
+        "version: 1\nclusters:\n"
+        f"  {cluster.name}:\n"
+        "    engine: sqlite\n"
+        "    schedule: {full: '0 2 * * *'}\n"
+        "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1},\n"
+        "            delete_before_paid_minimum: true}\n"
+        "    retention: {keep_daily: 1}\n"
+    )
+    monkeypatch.setattr(stack.settings, "policy_file", str(path))
+    old, _ = (cluster.backup().record["backup_id"] for _ in range(2))
+    age(cluster, old, days=10)
+
+    result = ops.run_retention(client_of(cluster.stack), cluster.name, dry_run=True)
+
+    assert result.status == "SUCCEEDED", result.cause
+    (decision,) = result.record["decisions"]
+    assert decision["expire"] == [old]
+    assert decision["held"] == []
+    assert [e["backup_id"] for e in decision["early_deletions"]] == [old]
+
+
+def test_an_expiry_cut_short_after_its_catalog_update_is_finished_by_the_next_run(
+    make_cluster, policy_for
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    old, new = (cluster.backup().record["backup_id"] for _ in range(2))
+    policy_for(cluster.name)  # declared now: neither backup is in the vault
+    # What a crash right after expire_backup's first catalog update leaves: the record says
+    # EXPIRING, every object is still there.
+    Catalog(table(cluster.stack.settings.catalog_table)).update(
+        cluster.name, old, status=expire.EXPIRING, expiring_at=time.time()
+    )
+    assert backup_keys(cluster, old)
+
+    result = ops.run_retention(client_of(cluster.stack), cluster.name, dry_run=False)
+
+    assert result.status == "SUCCEEDED", result.cause
+    (decision,) = result.record["decisions"]
+    assert decision["unfinished"] == [old]
+    assert backup_keys(cluster, old) == []
+    assert backup_keys(cluster, new)
+    status = {r["backup_id"]: r["status"] for r in cluster.records()}
+    assert status == {old: "EXPIRED", new: "COMPLETE"}

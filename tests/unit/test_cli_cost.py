@@ -48,22 +48,36 @@ def test_target_prints_the_modeled_1_tib_case(screen: Console) -> None:
     assert cli.main(["cost", "--target"]) == 0
     table = cells(screen.export_text())
     f = costs.target_forecast()
-    assert table["storage in DEEP_ARCHIVE"] == [f"${f.storage_usd:,.2f}"]
+    assert table["storage (policy class DEEP_ARCHIVE)"] == [f"${f.storage_usd:,.2f}"]
+    assert table["of which held beyond retention (paid minimum)"] == [f"${f.held_usd:,.2f}"]
     assert table["of which early-deletion charges"] == [f"${f.early_deletion_usd:,.2f}"]
     assert table["S3 requests (upload, verify, promote)"] == [f"${f.requests_usd:,.2f}"]
     assert table["Step Functions and DynamoDB"] == [f"${f.orchestration_usd:,.2f}"]
     assert table["Lambda"] == [f"${f.lambda_usd:,.2f}"]
-    assert table["request overhead: S3, orchestration, Lambda"] == [
+    assert table["idle agents (doorbell polls, inbox reads, heartbeats)"] == [
+        f"${f.agents_usd:,.2f}"
+    ]
+    assert table["request overhead: S3, orchestration, Lambda, idle agents"] == [
         f"${f.request_overhead_usd:,.2f}"
     ]
-    assert table["request overhead / storage"] == [
+    assert table["request overhead (idle agents included) / storage"] == [
         f"{f.request_overhead_ratio:.2%} (target: at most 1%)"
     ]
+    assert table["early-deletion charges / storage"] == [
+        f"{f.early_deletion_share:.2%} (target: at most 5%)"
+    ]
+    assert table["backups landed per class (by lifetime)"] == ["DEEP_ARCHIVE 30.50"]
     assert table["objects made"] == [f"{f.objects_per_month:,.0f}"]
     assert table["budget"] == ["none set"]
-    # The figures themselves (a change to the model or the prices shows here).
-    assert f.storage_usd == pytest.approx(40.28, abs=0.01)
-    assert f.request_overhead_usd == pytest.approx(0.33, abs=0.01)
+    # The figures themselves (a change to the model or the prices shows here): the $22.27 of
+    # early-deletion charges (55%) became storage held until DEEP_ARCHIVE's 180 days.
+    assert f.storage_usd == pytest.approx(39.83, abs=0.01)
+    assert f.held_usd == pytest.approx(21.69, abs=0.01)
+    assert f.early_deletion_usd == pytest.approx(0.13, abs=0.01)
+    assert f.agents_usd == pytest.approx(0.06, abs=0.01)
+    assert f.request_overhead_usd == pytest.approx(0.40, abs=0.01)
+    assert f.request_overhead_ratio == pytest.approx(0.0099, abs=0.0001)
+    assert f.total_usd == pytest.approx(40.59, abs=0.01)
 
 
 def test_a_cluster_over_budget_is_flagged_and_exits_1(screen: Console, tmp_path: Path) -> None:

@@ -168,63 +168,145 @@ def test_a_tier_the_class_lacks_is_refused_by_name() -> None:
 
 
 # --- A month of a policy -----------------------------------------------------------------------
-def cluster(schedule: str, retention: str, storage_class: str = "DEEP_ARCHIVE", extra: str = ""):
+def cluster(
+    schedule: str,
+    retention: str,
+    storage_class: str = "DEEP_ARCHIVE",
+    extra: str = "",
+    *,
+    vault: str = "",
+):
+    """``vault``: more fields of the vault, e.g. ", delete_before_paid_minimum: true"."""
     policy = parse_policy(
         "version: 1\nclusters:\n  c:\n    engine: postgres\n"
         f"    schedule: {schedule}\n"
-        f"    vault: {{storage_class: {storage_class}, object_lock: {{days: 7}}}}\n"
+        f"    vault: {{storage_class: {storage_class}, object_lock: {{days: 7}}{vault}}}\n"
         f"    retention: {retention}\n{extra}"
     )
     return policy.cluster("c")
 
 
+def prompt(policy):
+    """The cluster with holds off: deletion when retention expires, as before holds."""
+    vault = policy.vault.model_copy(update={"delete_before_paid_minimum": True})
+    return policy.model_copy(update={"vault": vault})
+
+
 def test_the_issues_target_request_overhead_is_at_most_1_percent_of_storage() -> None:
+    """Every recurring control-plane cost counted, the idle agent of the one node included."""
     forecast = costs.target_forecast()
-    print(
-        f"\nstorage ${forecast.storage_usd:.2f}/month; request overhead "
-        f"${forecast.request_overhead_usd:.2f}/month (requests ${forecast.requests_usd:.2f}, "
-        f"orchestration ${forecast.orchestration_usd:.2f}, Lambda ${forecast.lambda_usd:.2f}) "
-        f"= {forecast.request_overhead_ratio:.2%} of storage"
+    print(f"\n{forecast.summary()}")
+    assert forecast.agents_usd == costs.agents_monthly_cost(1) > 0
+    assert forecast.request_overhead_usd == pytest.approx(
+        forecast.requests_usd
+        + forecast.orchestration_usd
+        + forecast.lambda_usd
+        + forecast.agents_usd
+    )
+    assert forecast.request_overhead_ratio == pytest.approx(
+        forecast.request_overhead_usd / forecast.storage_usd
     )
     assert forecast.request_overhead_ratio <= 0.01
     assert forecast.meets_overhead_target
+    # Counted once in the total.
+    assert forecast.total_usd == pytest.approx(
+        forecast.storage_usd + forecast.request_overhead_usd + forecast.staging_usd
+    )
+
+
+def test_the_idle_agents_cost_their_doorbell_polls_inbox_reads_and_heartbeats() -> None:
+    # A month of 2,629,800 s: 131,490 long polls of 20 s at $0.40 per million, 43,830 strongly
+    # consistent reads at $0.125 per million and 8,766 writes at $0.625 per million.
+    per_node = 131_490 * 0.40e-6 + 43_830 * 0.125e-6 + 8_766 * 0.625e-6
+    assert costs.agents_monthly_cost(1) == pytest.approx(per_node, rel=1e-6)
+    assert costs.agents_monthly_cost(3) == pytest.approx(3 * per_node, rel=1e-6)
+    # A tighter cadence costs more: polls are the bulk.
+    assert costs.agents_monthly_cost(1, doorbell_wait_seconds=10) > 1.8 * per_node
+
+
+def test_the_target_cases_early_deletion_falls_from_55_percent_to_at_most_5() -> None:
+    """All in DEEP_ARCHIVE, as before; deleting dailies and weeklies when retention expired
+    them cost $22.27 of $40.28 in early-deletion charges (55%). Held until their 180 days,
+    that money buys storage they keep; what is left is incrementals deleted with their full."""
+    before = costs.monthly_forecast(prompt(costs.TARGET_CLUSTER), TiB, 0.05)
+    after = costs.target_forecast()
+    print(f"\nbefore: {before.summary()}\nafter: {after.summary()}")
+    assert before.early_deletion_usd == pytest.approx(22.27, abs=0.01)
+    assert before.storage_usd == pytest.approx(40.28, abs=0.01)
+    assert before.early_deletion_share == pytest.approx(0.553, abs=0.001)
+    assert after.early_deletion_share <= costs.EARLY_DELETION_TARGET
+    assert after.meets_early_deletion_target
+    assert not before.meets_early_deletion_target
+    assert after.held_usd > 20  # the charge became storage held beyond retention
+    assert after.total_usd <= before.total_usd
+    assert after.landed_per_month == {StorageClass.DEEP_ARCHIVE: pytest.approx(30.5, abs=0.1)}
 
 
 def test_the_modeled_1_tib_case_adds_up() -> None:
     forecast = costs.target_forecast()
     assert forecast.fulls_per_month == pytest.approx(52 / 12, rel=0.02)
     assert forecast.incrementals_per_month == pytest.approx((365 - 52) / 12, rel=0.02)
-    assert forecast.request_overhead_usd == pytest.approx(
-        forecast.requests_usd + forecast.orchestration_usd + forecast.lambda_usd
-    )
-    assert forecast.request_overhead_ratio == pytest.approx(
-        forecast.request_overhead_usd / forecast.storage_usd
-    )
     # Seven dailies, four weeklies and twelve monthly chains of a 1 TiB full and 51 GiB
-    # incrementals: some 18 TiB kept, at $1.01 a TiB-month.
-    assert 15 * TiB < forecast.stored_bytes < 20 * TiB
+    # incrementals, each kept at least the 180 days DEEP_ARCHIVE bills: some 39 TiB, at $1.01
+    # a TiB-month.
+    assert 35 * TiB < forecast.stored_bytes < 42 * TiB
     kept = forecast.storage_usd - forecast.early_deletion_usd
     assert kept == pytest.approx(forecast.stored_bytes / TiB * DEEP_TIB_MONTH, rel=0.01)
     # The archive sizes cut the request overhead, not the storage: the general sizes (8 MiB
     # parts and 256 MiB objects for each incremental) cost ten times as much in requests.
     general = costs.target_forecast(part_size=8 * MiB, object_size=256 * MiB)
-    assert forecast.request_overhead_usd < general.request_overhead_usd / 10
+    without_agents = forecast.request_overhead_usd - forecast.agents_usd
+    assert without_agents < (general.request_overhead_usd - general.agents_usd) / 10
     assert general.storage_usd == pytest.approx(forecast.storage_usd, rel=0.01)
 
 
 def test_deep_archive_charges_early_deletion_when_retention_is_shorter_than_180_days() -> None:
-    # Weekly fulls kept four weeks: each is deleted some 150 days short of its minimum.
-    short = costs.monthly_forecast(cluster('{full: "0 2 * * 0"}', "{keep_weekly: 4}"), TiB, 0.05)
+    # Weekly fulls kept four weeks, deleted then: each is some 150 days short of its minimum.
+    weekly, four = '{full: "0 2 * * 0"}', "{keep_weekly: 4}"
+    short = costs.monthly_forecast(prompt(cluster(weekly, four)), TiB, 0.05)
     owed = DEEP_TIB_MONTH * (180 - 28) / DAYS_PER_MONTH  # deleted at 28 days of 180
     assert short.early_deletion_usd == pytest.approx(short.fulls_per_month * owed, rel=0.01)
-    # Monthly fulls kept a year outlive the minimum: no charge.
+    # Monthly fulls kept a year outlive the minimum: no charge, nothing held.
     long = costs.monthly_forecast(cluster('{full: "0 2 1 * *"}', "{keep_monthly: 12}"), TiB, 0.05)
     assert long.early_deletion_usd == 0
+    assert long.held_usd == 0
     # GLACIER_IR bills 90 days: weeklies kept four weeks are charged there too.
-    instant = costs.monthly_forecast(
-        cluster('{full: "0 2 * * 0"}', "{keep_weekly: 4}", "GLACIER_IR"), TiB, 0.05
-    )
+    instant = costs.monthly_forecast(prompt(cluster(weekly, four, "GLACIER_IR")), TiB, 0.05)
     assert instant.early_deletion_usd > 0
+
+
+def test_held_weeklies_pay_their_minimum_as_storage_not_as_a_charge() -> None:
+    weekly, four = '{full: "0 2 * * 0"}', "{keep_weekly: 4}"
+    held = costs.monthly_forecast(cluster(weekly, four), TiB, 0.05)
+    deleted = costs.monthly_forecast(prompt(cluster(weekly, four)), TiB, 0.05)
+    assert held.early_deletion_usd == 0
+    # Each full held 152 days past its 28: the charge it would have paid.
+    assert held.held_usd == pytest.approx(deleted.early_deletion_usd, rel=0.02)
+    assert held.storage_usd == pytest.approx(deleted.storage_usd, rel=0.02)
+    assert held.stored_bytes > 5 * deleted.stored_bytes  # 180 days kept, not 28
+
+
+def test_the_policy_that_asks_for_prompt_deletion_is_forecast_with_its_charges() -> None:
+    weekly, four = '{full: "0 2 * * 0"}', "{keep_weekly: 4}"
+    erasing = cluster(weekly, four, vault=", delete_before_paid_minimum: true")
+    forecast = costs.monthly_forecast(erasing, TiB, 0.05)
+    assert forecast.held_usd == 0
+    assert forecast.early_deletion_share > 0.5
+
+
+def test_a_forecast_prices_small_short_lived_backups_in_the_class_their_life_suits() -> None:
+    # 1 MiB fulls kept a week (7-day lock): DEEP_ARCHIVE's $0.05 per thousand PUTs outweigh
+    # the storage of 180 days, so they land in STANDARD_IA; forced, they stay.
+    daily, seven = '{full: "0 2 * * *"}', "{keep_daily: 7}"
+    moved = costs.monthly_forecast(cluster(daily, seven), MiB, 0.05)
+    assert set(moved.landed_per_month) == {StorageClass.STANDARD_IA}
+    forced = cluster(daily, seven, vault=", class_by_lifetime: false")
+    kept = costs.monthly_forecast(forced, MiB, 0.05)
+    assert set(kept.landed_per_month) == {StorageClass.DEEP_ARCHIVE}
+    assert moved.storage_usd + moved.requests_usd < kept.storage_usd + kept.requests_usd
+    # 1 TiB of the same stays in DEEP_ARCHIVE: its minimum paid, still the cheapest.
+    big = costs.monthly_forecast(cluster(daily, seven), TiB, 0.05)
+    assert set(big.landed_per_month) == {StorageClass.DEEP_ARCHIVE}
 
 
 def test_the_policys_part_size_cuts_the_forecasts_objects() -> None:

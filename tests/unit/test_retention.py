@@ -5,8 +5,9 @@ restic's keep rules written differently (grouping by bucket), and what a user re
 holds: the newest backup survives, every chain a surviving backup needs survives, a rule keeps
 at most one backup per bucket and at most its count, nothing is deleted before its Object Lock
 date, expiring younger than the class's minimum billed duration is charged and said so, and
-deletions go in batches S3 accepts. Then a few hand-built histories with their expected
-decision, to read.
+deletions go in batches S3 accepts. Holds (a backup retention expired is deleted only once its
+class's paid minimum has passed) move deletions, never what is kept, and never keep a parent
+for a held child. Then a few hand-built histories with their expected decision, to read.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from shardvault.retention import (
 )
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)  # a Sunday, in ISO week 2026-W47
+PROMPT = {"delete_before_paid_minimum": True}  # no holds: deleted when retention expires
 GiB = 2**30
 ZONES = ["UTC", "Europe/Paris", "America/New_York", "Pacific/Auckland", "Asia/Kolkata"]
 
@@ -156,7 +158,7 @@ def test_the_decision_is_restics_rules_plus_chains_and_locks(
     backups: list[BackupRecord], keep: Retention, zone_name: str
 ) -> None:
     zone = ZoneInfo(zone_name)
-    decision = decide(backups, keep, NOW, zone)
+    decision = decide(backups, keep, NOW, zone, **PROMPT)
     kept, locked, expired = expected(backups, keep, zone)
     assert {k.backup_id for k in decision.keep} == kept
     assert {lk.backup_id for lk in decision.locked} == locked
@@ -201,6 +203,64 @@ def test_what_retention_must_never_do(
     # Expired newest first, so a deletion cut short never leaves a child without its parent.
     times = [by_id[b].completed_at for b in decision.expire]
     assert times == sorted(times, reverse=True)
+
+
+def paid_until(b: BackupRecord) -> datetime:
+    return b.completed_at + timedelta(days=STORAGE[b.storage_class].minimum_days)
+
+
+def expected_holds(backups: list[BackupRecord], expired: set[str]) -> dict[str, datetime]:
+    """The reference model of holds, recursive over chains: an expired backup is held until
+    its paid minimum, or its parent's hold's end if sooner; not at all once that has passed,
+    or when its parent is deleted now or already gone."""
+    by_id = {b.backup_id: b for b in backups}
+
+    def end(backup_id: str) -> datetime | None:  # None: deleted now
+        b = by_id[backup_id]
+        if backup_id not in expired:
+            return datetime.max.replace(tzinfo=UTC)  # stays (kept or locked)
+        until = paid_until(b)
+        if b.parent_id is not None:
+            parent = end(b.parent_id) if b.parent_id in by_id else None
+            if parent is None:
+                return None
+            until = min(until, parent)
+        return until if until > NOW else None
+
+    return {b: until for b in expired if (until := end(b)) is not None}
+
+
+@settings(max_examples=400, deadline=None)
+@given(histories(), retentions(), st.sampled_from(ZONES))
+def test_holds_move_deletions_to_the_paid_minimum_and_keep_nothing_more(
+    backups: list[BackupRecord], keep: Retention, zone_name: str
+) -> None:
+    zone = ZoneInfo(zone_name)
+    prompt = decide(backups, keep, NOW, zone, **PROMPT)
+    held = decide(backups, keep, NOW, zone)
+    by_id = {b.backup_id: b for b in backups}
+    # Retention's choice is unchanged: the same kept (for the same reasons) and locked.
+    assert held.keep == prompt.keep
+    assert held.locked == prompt.locked
+    # What it expired is either held (until when the model says) or deleted now.
+    holds = {h.backup_id: h.until for h in held.held}
+    assert holds == expected_holds(backups, set(prompt.expire))
+    assert set(held.expire) == set(prompt.expire) - set(holds)
+    assert [b for b in prompt.expire if b not in holds] == held.expire  # still newest first
+    for backup_id, until in holds.items():
+        b = by_id[backup_id]
+        assert NOW < until <= paid_until(b)
+        # Never deleted before a held child: the parent is held at least as long, or stays.
+        assert b.parent_id not in held.expire
+        if b.parent_id in holds:
+            assert until <= holds[b.parent_id]
+    # What the held backups cost a month: billed whether deleted or not.
+    assert held.held_monthly_usd == pytest.approx(
+        sum(
+            monthly_storage_cost(by_id[b].storage_class, by_id[b].bytes, by_id[b].objects)
+            for b in holds
+        )
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -293,7 +353,10 @@ def why(decision: RetentionDecision) -> dict[str, set[str]]:
 
 def test_two_days_and_two_weeks_keep_this_weeks_chain_and_last_sundays_full() -> None:
     decision = decide(
-        weekly_fulls_daily_incrementals(lock_days=7), Retention(keep_daily=2, keep_weekly=2), NOW
+        weekly_fulls_daily_incrementals(lock_days=7),
+        Retention(keep_daily=2, keep_weekly=2),
+        NOW,
+        **PROMPT,
     )
     assert why(decision) == {
         "f22": {"newest", "daily", "weekly"},  # newest of Nov 22 and of ISO week 47
@@ -328,6 +391,7 @@ def test_a_locked_incremental_keeps_its_chain_until_its_date() -> None:
         weekly_fulls_daily_incrementals(lock_days=10),
         Retention(keep_daily=2, keep_weekly=2),
         NOW + timedelta(days=2),
+        **PROMPT,
     )
     assert later.expire == ["i14", "i13", "i12", "i11", "i10", "i09", "f08"]
 
@@ -340,13 +404,13 @@ def test_days_are_counted_in_the_schedules_time_zone() -> None:
         backup("newest", datetime(2026, 11, 22, 0, 30, tzinfo=UTC)),
     ]
     keep = Retention(keep_daily=2)
-    assert decide(backups, keep, NOW, UTC).expire == ["early"]
-    assert decide(backups, keep, NOW, ZoneInfo("Europe/Paris")).expire == ["late"]
+    assert decide(backups, keep, NOW, UTC, **PROMPT).expire == ["early"]
+    assert decide(backups, keep, NOW, ZoneInfo("Europe/Paris"), **PROMPT).expire == ["late"]
 
 
 def test_deep_archive_deleted_after_days_is_charged_for_the_rest_of_180() -> None:
     backups = [backup(f"b{n}", NOW - timedelta(days=d)) for n, d in enumerate([200, 3, 0.1])]
-    decision = decide(backups, Retention(keep_daily=1), NOW)
+    decision = decide(backups, Retention(keep_daily=1), NOW, **PROMPT)
     assert decision.expire == ["b1", "b0"]
     (early,) = decision.early_deletions  # b0 is past 180 days: no charge
     assert early.backup_id == "b1"
@@ -354,6 +418,92 @@ def test_deep_archive_deleted_after_days_is_charged_for_the_rest_of_180() -> Non
     assert early.age_days == pytest.approx(3)
     # 177 of 180 days still due on 1 GiB (+ 32 KiB of archive metadata) at $0.00099/GB-month.
     assert early.charge_usd == pytest.approx(0.00099 * 177 / DAYS_PER_MONTH, rel=1e-3)
+
+
+def test_a_deep_archive_backup_is_held_until_its_180_days_unless_the_policy_deletes_early():
+    backups = [backup(f"b{n}", NOW - timedelta(days=d)) for n, d in enumerate([200, 3, 0.1])]
+    decision = decide(backups, Retention(keep_daily=1), NOW)
+    # b0 is past its 180 days: deleted; b1, 3 days old, is held 177 days more, not charged.
+    assert decision.expire == ["b0"]
+    (held,) = decision.held
+    assert held.backup_id == "b1"
+    assert held.until == NOW - timedelta(days=3) + timedelta(days=180)
+    assert held.describe() == "held until 2027-05-18: paid minimum of DEEP_ARCHIVE"
+    assert decision.early_deletions == []
+    assert decision.held_monthly_usd == pytest.approx(0.00099 + 40 * 2**10 / GiB * 0.023, rel=0.1)
+    # Kept as retention decided: the hold moves only the deletion.
+    assert [k.backup_id for k in decision.keep] == ["b2"]
+    # The day its minimum has passed, it goes.
+    later = decide(backups, Retention(keep_daily=1), held.until + timedelta(minutes=1))
+    assert "b1" in later.expire
+    assert later.held == []
+    # Erasure duties: the policy deletes when retention expires, and pays for it.
+    prompt = decide(backups, Retention(keep_daily=1), NOW, delete_before_paid_minimum=True)
+    assert prompt.expire == ["b1", "b0"]
+    assert prompt.held == []
+
+
+def test_the_hold_counts_from_when_the_backup_landed_in_its_class() -> None:
+    landed = NOW - timedelta(days=2)
+    backups = [
+        backup("old", NOW - timedelta(days=181), landed_at=landed),
+        backup("new", NOW - timedelta(hours=1)),
+    ]
+    (held,) = decide(backups, Retention(keep_daily=1), NOW).held
+    assert held.until == landed + timedelta(days=180)
+
+
+def test_an_incremental_is_held_no_longer_than_its_parent() -> None:
+    # A full 170 days old (10 days of its 180 left) and its incremental 100 days old: neither
+    # kept. The full is held 10 days; its child with it, not 80 (it never extends the parent).
+    full_at, child_at = NOW - timedelta(days=170), NOW - timedelta(days=100)
+    backups = [
+        backup("f", full_at),
+        backup("i", child_at, kind=BackupKind.INCREMENTAL, parent_id="f"),
+        backup("newest", NOW - timedelta(hours=1)),
+    ]
+    decision = decide(backups, Retention(keep_daily=1), NOW)
+    assert {h.backup_id: h.until for h in decision.held} == {
+        "i": full_at + timedelta(days=180),
+        "f": full_at + timedelta(days=180),
+    }
+    assert decision.expire == []
+    # Once the full's minimum has passed, both go, the child first, it charged its 70 days left.
+    later = decide(backups, Retention(keep_daily=1), full_at + timedelta(days=181))
+    assert later.expire == ["i", "f"]
+    assert [e.backup_id for e in later.early_deletions] == ["i"]
+
+
+def test_a_held_incremental_does_not_keep_its_parent_past_its_own_minimum() -> None:
+    # The parent (in GLACIER_IR, 90 days) has passed its minimum; its child (in DEEP_ARCHIVE)
+    # has not. The parent is deleted, so the child is not held: it goes first, charged.
+    backups = [
+        backup("f", NOW - timedelta(days=95), storage_class=StorageClass.GLACIER_IR),
+        backup("i", NOW - timedelta(days=94), kind=BackupKind.INCREMENTAL, parent_id="f"),
+        backup("newest", NOW - timedelta(hours=1)),
+    ]
+    decision = decide(backups, Retention(keep_daily=1), NOW)
+    assert decision.held == []
+    assert decision.expire == ["i", "f"]
+    assert [e.backup_id for e in decision.early_deletions] == ["i"]
+
+
+def test_an_incremental_whose_parent_is_kept_is_held_to_its_own_minimum() -> None:
+    # f is the newest of ISO week 45, j of week 46: both kept weekly. f's incremental i, in
+    # week 46 before j, is kept by no rule: held to its own 180 days (f stays anyway).
+    backups = [
+        backup("f", datetime(2026, 11, 8, 2, tzinfo=UTC)),
+        backup(
+            "i", datetime(2026, 11, 12, 2, tzinfo=UTC), kind=BackupKind.INCREMENTAL, parent_id="f"
+        ),
+        backup("j", datetime(2026, 11, 14, 2, tzinfo=UTC)),
+        backup("newest", NOW - timedelta(hours=1)),
+    ]
+    decision = decide(backups, Retention(keep_weekly=3), NOW)
+    assert why(decision)["f"] == {"weekly"}  # not kept for its held child
+    assert [(h.backup_id, h.until) for h in decision.held] == [
+        ("i", datetime(2026, 11, 12, 2, tzinfo=UTC) + timedelta(days=180))
+    ]
 
 
 def test_a_kept_backup_whose_chain_is_already_gone_is_reported() -> None:
