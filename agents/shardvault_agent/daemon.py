@@ -367,12 +367,20 @@ class Agent:
     def listen_loop(self) -> None:
         """Long-polls the doorbell and wakes the main loop on a ring. A doorbell that stops
         answering is said once; meanwhile the main loop polls the inbox as without one, and
-        the doorbell is tried again every ``idle_inbox_poll_seconds``."""
+        the doorbell is opened again (created, if it was deleted) every
+        ``idle_inbox_poll_seconds``."""
         assert self.doorbell is not None
+        reopen = False
         while not self.stopping.is_set():
             try:
+                if reopen:
+                    self.doorbell = Doorbell.open(
+                        self.sqs, self.config.node_id, self.config.doorbell_wait_seconds
+                    )
+                    reopen = False
                 rang = self.doorbell.listen()
             except DoorbellUnavailable as error:
+                reopen = True
                 if self.doorbell_works:
                     log.warning(
                         "doorbell unreadable (%s): the inbox is read every %g s while idle "

@@ -62,7 +62,12 @@ class Running:
         self.calls[f"{model.name}:{table}" if table else model.name] += 1
 
     def _start(self, _fn: Callable, item: dict[str, Any]) -> None:
+        """Takes the place of running the command: it is done at once (and leaves the inbox)."""
         self.picked_up.setdefault(item["command_id"], time.monotonic())
+        self.agent.inbox.remove("n1", item["command_id"], item["dispatch_id"])
+        with self.agent.lock:
+            self.agent.running.pop(daemon.command_key(item), None)
+            self.agent.answered[daemon.command_key(item)] = None
 
     def __enter__(self) -> Running:
         self.thread.start()
@@ -210,19 +215,27 @@ def test_an_agent_without_a_doorbell_polls_its_inbox_as_before(svc, tmp_path, ca
     assert caplog.text.count("no doorbell (") == 1
 
 
-def test_a_doorbell_that_stops_answering_is_said_once_and_the_inbox_polled(
+def test_a_doorbell_that_stops_answering_is_said_once_polled_around_and_opened_again(
     svc, tmp_path, caplog
 ) -> None:
-    agent = agent_of(tmp_path, doorbell_wait_seconds=1, idle_inbox_poll_seconds=1.0)
-    with caplog.at_level(logging.WARNING, "shardvault.agent"), Running(agent) as running:
-        sqs = boto3.client("sqs")
+    sqs = boto3.client("sqs")
+    agent = agent_of(
+        tmp_path, doorbell_wait_seconds=1, idle_inbox_poll_seconds=3.0, busy_window_seconds=1.0
+    )
+    with caplog.at_level(logging.INFO, "shardvault.agent"), Running(agent) as running:
         sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName="shardvault-doorbell-n1")["QueueUrl"])
         wait_for(lambda: "doorbell unreadable" in caplog.text, timeout=5)
-        time.sleep(3.0)  # the listener tries again every second
+        # Meanwhile the inbox is polled: a command nobody rang for is taken at once.
         svc.inbox.post("n1", "flush:b6", "flush", {}, "t-b6")
         posted = time.monotonic()
         wait_for(lambda: "flush:b6" in running.picked_up, timeout=2)
-    assert running.picked_up["flush:b6"] - posted < 0.7  # polled at poll_interval_seconds
+        assert running.picked_up["flush:b6"] - posted < 0.7
+        # Opened again (the queue is created anew), rings wake the agent again.
+        wait_for(lambda: "doorbell answers again" in caplog.text, timeout=10)
+        wait_for(lambda: not agent.busy(), timeout=5)  # idle: only a ring reads at once
+        dispatched = post(svc, "b10", sqs)
+        wait_for(lambda: "flush:b10" in running.picked_up, timeout=5)
+        assert running.picked_up["flush:b10"] - dispatched < 0.5
     assert caplog.text.count("doorbell unreadable") == 1
 
 
