@@ -1,7 +1,9 @@
 """IAM statement builders: each names its actions and its resources, nothing implied.
 
 *Object ARNs* confine S3 actions to a key prefix (``backups/*`` or ``_work/*``); *table
-statements* confine DynamoDB actions to one table and, when asked, to named indexes. Written
+statements* confine DynamoDB actions to one table and, when asked, to named indexes; *queue
+statements* confine SQS actions to queues of one name (or name pattern) in the stack's account
+and region. Written
 out rather than taken from ``grant_*`` helpers so that each function's access reads in one
 place and never grows by a library's choice.
 """
@@ -55,6 +57,13 @@ def index(table_: dynamodb.ITable, name: str, *actions: str) -> iam.PolicyStatem
 
 def table_read_write(table_: dynamodb.ITable) -> iam.PolicyStatement:
     return table(table_, TABLE_READ + TABLE_WRITE)
+
+
+def queues(scope: Stack, name: str, *actions: str) -> iam.PolicyStatement:
+    """``actions`` on the queues named ``name`` (which may end in ``*`` or hold a policy
+    variable) in the stack's account and region."""
+    arn = scope.format_arn(service="sqs", resource=name, arn_format=ArnFormat.NO_RESOURCE_NAME)
+    return iam.PolicyStatement(actions=list(actions), resources=[arn])
 
 
 def state_machine_arn(scope: Stack, name: str) -> str:

@@ -45,6 +45,7 @@ from infra.constants import (
     WORK_PREFIX,
 )
 from infra.policies import TABLE_READ, TABLE_WRITE
+from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
@@ -148,6 +149,8 @@ class ShardVaultStack(Stack):
             "dispatch",
             policies.table(tables.nodes, TABLE_READ),
             policies.table(tables.inbox, TABLE_WRITE),
+            # Rings a node's doorbell after each post (shardvault/dispatch.py: ring).
+            policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
         )
         grant(
             "plan_backup",
@@ -383,6 +386,7 @@ class ShardVaultStack(Stack):
 
     def _suppress_narrow_wildcards(self) -> None:
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
+        doorbells = f"{DOORBELL_PREFIX}\\*"
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
@@ -393,11 +397,13 @@ class ShardVaultStack(Stack):
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "
-                    "key granted.",
+                    "key granted; doorbell queues are created by the agents, one per node id, "
+                    "so their name prefix is the narrowest resource the dispatcher rings.",
                     "appliesTo": [
                         {"regex": f"/^Resource::<.+\\.Arn>\\/({prefixes})\\/\\*$/"},
                         {"regex": "/^Resource::arn:<AWS::Partition>:states:.+:execution:.+$/"},
                         "Action::kms:GenerateDataKey*",
+                        {"regex": f"/^Resource::arn:<AWS::Partition>:sqs:.+:{doorbells}$/"},
                     ],
                 }
             ],

@@ -4,16 +4,27 @@ The dispatcher runs as a ``.waitForTaskToken`` task: it writes the command with 
 token into the node's inbox and returns; the agent answers the token when the work is done.
 A command id is derived from the work it names, so a retried dispatch replaces the earlier
 inbox item and the agent finds any work it already did.
+
+*Ring*: after the post, the dispatcher sends one small message (``{"ring": <command id>}``,
+nothing secret) to the node's *doorbell* queue (``shardvault.models.doorbell_name``), which an
+idle agent long-polls, so it reads its inbox at once instead of every few seconds. A ring
+that fails does not fail the dispatch: the agent's safety poll finds the command (within its
+``idle_inbox_poll_seconds``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from pydantic import BaseModel
 
 from shardvault.errors import AgentUnavailable, InvalidRequest
+from shardvault.models import NodeRecord, doorbell_name
 from shardvault.services import Services
+
+log = logging.getLogger("shardvault.dispatch")
 
 # Validation already refused silent nodes; mid-backup, a late heartbeat (a busy host) is
 # tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
@@ -39,7 +50,11 @@ class DispatchRequest(BaseModel):
         return ":".join(part for part in (self.command, self.backup_id, key) if part)
 
 
-def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, str]:
+def dispatch(
+    request: DispatchRequest, svc: Services, now: float, sqs: Any | None = None
+) -> dict[str, str]:
+    """Posts the command to the node's inbox, then rings its doorbell with ``sqs`` (an SQS
+    client; None: no ring, the agent's safety poll finds the command)."""
     if request.command not in COMMANDS:
         raise InvalidRequest(
             f"unknown agent command {request.command!r}.",
@@ -47,7 +62,7 @@ def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, s
         )
     node = svc.nodes.get(request.node_id)
     max_age = svc.settings.heartbeat_max_age_seconds * SILENCE_GRACE
-    if node is None or node.status != "up" or now - node.heartbeat_at > max_age:
+    if node is None or node.status != "up" or node.is_silent(now, max_age):
         state = (
             "not registered" if node is None else f"last heard {now - node.heartbeat_at:.0f} s ago"
         )
@@ -65,4 +80,35 @@ def dispatch(request: DispatchRequest, svc: Services, now: float) -> dict[str, s
         {**args, "backup_id": request.backup_id},
         request.task_token,
     )
+    if sqs is not None:
+        ring(sqs, node, request.command_id)
     return {"node_id": request.node_id, "command_id": request.command_id}
+
+
+# Queue URLs by name, for this process's life: a queue's URL never changes (a recreated queue
+# gets the same one), and looking it up on every dispatch would double the doorbell's requests.
+_queue_urls: dict[str, str] = {}
+
+
+def ring(sqs: Any, node: NodeRecord, command_id: str) -> bool:
+    """Rings the node's doorbell when its agent has one (its record says so); True if rung.
+    Never raises: a failed ring only delays the command until the agent's safety poll. The
+    queue is looked up by its name, not by the URL in the record, which the agent wrote."""
+    name = doorbell_name(node.node_id)
+    if not node.doorbell or name is None:
+        return False
+    try:
+        if name not in _queue_urls:
+            _queue_urls[name] = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        sqs.send_message(QueueUrl=_queue_urls[name], MessageBody=json.dumps({"ring": command_id}))
+    except Exception as error:
+        _queue_urls.pop(name, None)  # the queue may have gone: look it up again next time
+        log.warning(
+            "doorbell of node %s not rung for %s (%s): its agent's safety poll will find the "
+            "command",
+            node.node_id,
+            command_id,
+            error,
+        )
+        return False
+    return True

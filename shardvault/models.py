@@ -62,6 +62,20 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+# --- Doorbells: one SQS queue per node (agents/shardvault_agent/doorbell.py) ------------------
+DOORBELL_PREFIX = "shardvault-doorbell-"
+SQS_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")  # SQS's rule for queue names
+
+
+def doorbell_name(node_id: str) -> str | None:
+    """The name of the node's doorbell queue: the prefix and the node id, which is unique in a
+    deployment and is the tag that confines an agent's IAM access to its own queue. None
+    when the node id cannot be part of a queue name (a '.' or more than 60 characters): that
+    node's agent has no doorbell and polls its inbox."""
+    name = DOORBELL_PREFIX + node_id
+    return name if SQS_QUEUE_NAME.match(name) else None
+
+
 class Role(StrEnum):
     LEADER = "leader"
     FOLLOWER = "follower"
@@ -98,8 +112,16 @@ class ShardInfo(Frozen):
     problem: str | None = None
 
 
+# A node is silent once its agent has missed this many of the heartbeats it promised.
+HEARTBEAT_MISSES = 3
+
+
 class NodeRecord(Frozen):
-    """What an agent registers about its node, refreshed by each heartbeat."""
+    """What an agent registers about its node, refreshed by each heartbeat.
+
+    ``heartbeat_every``: the heartbeat period the agent promised with this heartbeat (short
+    while busy, long while idle; 0 from an agent too old to say). ``doorbell``: the URL of the
+    node's doorbell queue, None when the agent has none (it then polls its inbox)."""
 
     node_id: str
     cluster: str
@@ -113,6 +135,14 @@ class NodeRecord(Frozen):
     # shard directories its restore_dir already holds.
     restore_free_bytes: int | None = None
     restore_occupied: list[str] = Field(default_factory=list)
+    heartbeat_every: Annotated[float, Field(ge=0)] = 0.0
+    doorbell: str | None = None
+
+    def is_silent(self, now: float, max_age: float) -> bool:
+        """Whether the agent has not heartbeated for longer than ``max_age`` seconds and than
+        ``HEARTBEAT_MISSES`` of the periods it promised: an idle agent heartbeats rarely
+        (``idle_heartbeat_seconds``) and is not silent for that. The one rule for silence."""
+        return now - self.heartbeat_at > max(max_age, HEARTBEAT_MISSES * self.heartbeat_every)
 
 
 class FileEntry(Frozen):

@@ -77,7 +77,9 @@ class AgentConfig(BaseModel):
     shards: list[ShardConfig] = Field(description="The shards this node holds.")
     state_dir: Path = Field(description="Where the agent keeps checkpoints, spool and snapshots.")
     poll_interval_seconds: float = Field(
-        0.5, gt=0, description="How often an idle agent reads its inbox."
+        0.5,
+        gt=0,
+        description="How often an idle agent without a working doorbell reads its inbox.",
     )
     busy_poll_interval_seconds: float = Field(
         0.05,
@@ -87,7 +89,25 @@ class AgentConfig(BaseModel):
     busy_window_seconds: float = Field(
         30.0, gt=0, description="How long after a command the agent counts as busy."
     )
-    heartbeat_interval_seconds: float = Field(5.0, gt=0, description="Registry heartbeat period.")
+    doorbell_wait_seconds: int = Field(
+        20,
+        ge=1,
+        le=20,
+        description="How long one listen to the doorbell queue waits for a ring (an SQS long "
+        "poll; 20 at most).",
+    )
+    idle_inbox_poll_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="While idle with a doorbell, how often the inbox is read anyway (a lost "
+        "ring delays a command at most this long).",
+    )
+    heartbeat_interval_seconds: float = Field(
+        5.0, gt=0, description="Registry heartbeat period while busy."
+    )
+    idle_heartbeat_seconds: float = Field(
+        300.0, gt=0, description="Registry heartbeat period while idle."
+    )
     task_heartbeat_seconds: float = Field(10.0, gt=0, description="Task-token heartbeat period.")
     max_parallel_commands: int = Field(4, ge=1, description="Commands run at once.")
     upload_parallelism: int = Field(4, ge=1, description="Parts of one object sent at once.")

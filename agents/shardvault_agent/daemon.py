@@ -1,10 +1,21 @@
 """The agent daemon: register, heartbeat, poll the inbox, run commands, answer task tokens.
 
-Threads: the main loop polls the node's inbox; a heartbeat thread refreshes the registry item
-and sends ``SendTaskHeartbeat`` for every running command (so a dead agent is noticed by the
-state machine within ``HeartbeatSeconds``); a pool runs commands. A command's outcome is
-answered with ``SendTaskSuccess`` or ``SendTaskFailure(error=<error class name>)`` and the
-inbox item is deleted only if no retry has replaced it.
+Threads: the main loop reads the node's inbox; a *listener* long-polls the node's doorbell
+queue (``doorbell.py``) and wakes the main loop when it rings; a heartbeat thread refreshes
+the registry item and sends ``SendTaskHeartbeat`` for every running command (so a dead agent
+is noticed by the state machine within ``HeartbeatSeconds``); a pool runs commands. A
+command's outcome is answered with ``SendTaskSuccess`` or ``SendTaskFailure(error=<error
+class name>)`` and the inbox item is deleted only if no retry has replaced it.
+
+Cadences. *Busy* (a command ran or a ring came within ``busy_window_seconds``): the inbox's
+ring count is read every ``busy_poll_interval_seconds`` and the inbox when it changed (and
+every ``FULL_READ_SECONDS``); the registry heartbeat every ``heartbeat_interval_seconds``.
+*Idle*, with a working doorbell: no read but one long poll of the doorbell per
+``doorbell_wait_seconds``, the inbox read on a ring and every ``idle_inbox_poll_seconds`` (the
+*safety poll*: a lost ring delays a command that long at most), the registry heartbeat every
+``idle_heartbeat_seconds``. Idle without a doorbell (it could not be created or read): the
+busy rule at ``poll_interval_seconds``. Each heartbeat says which period is in force
+(``NodeRecord.heartbeat_every``), so a rarely heard idle node is not judged silent.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
 from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile_safely
@@ -62,6 +74,9 @@ class Agent:
         self.inbox = Inbox(dynamodb.Table(inbox_table))
         self.catalog = Catalog(dynamodb.Table(catalog_table)) if catalog_table else None
         self.sfn = boto3.client("stepfunctions")
+        self.sqs = boto3.client("sqs")
+        self.doorbell: Doorbell | None = None  # opened by run()
+        self.doorbell_works = False  # its last listen answered: idle polls wait for rings
         sender = PartSender(
             http=urllib3.PoolManager(
                 maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)
@@ -84,8 +99,12 @@ class Agent:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.last_command = float("-inf")  # monotonic time of the last command seen
-        self.heard_rings = -1  # the inbox doorbell's count when the inbox was last read
+        self.heard_rings = -1  # the inbox's ring count when the inbox was last read
         self.next_full_read = 0.0  # monotonic time to read the inbox even if it did not ring
+        self.rung = threading.Event()  # the doorbell rang since the main loop last looked
+        self.wake = threading.Event()  # ends the main loop's wait (a ring, a lost doorbell, stop)
+        self.beat_now = threading.Event()  # asks the heartbeat thread for a heartbeat at once
+        self.last_beat = (float("-inf"), 0.0)  # (monotonic time, promised period) of the last one
 
     # --- registry ----------------------------------------------------------------------------
     def record(self, status: str = "up") -> NodeRecord:
@@ -102,7 +121,27 @@ class Agent:
             version=__version__,
             heartbeat_at=time.time(),
             status=status,
+            heartbeat_every=self.heartbeat_period(),
+            doorbell=self.doorbell.url if self.doorbell else None,
         )
+
+    def beat(self, status: str = "up") -> None:
+        """Writes the node's registry item (a heartbeat) and remembers the period it promised."""
+        record = self.record(status)
+        self.registry.put(record)
+        self.last_beat = (time.monotonic(), record.heartbeat_every)
+
+    def heartbeat_period(self) -> float:
+        """The registry heartbeat period in force: short while busy, long while idle."""
+        cfg = self.config
+        return cfg.heartbeat_interval_seconds if self.busy() else cfg.idle_heartbeat_seconds
+
+    def heartbeat_due(self) -> bool:
+        """Due when the period in force or the one promised last has passed: the shorter one,
+        so an agent that turns idle first says so (its promise was short) and one that turns
+        busy does not wait out its long idle period."""
+        at, promised = self.last_beat
+        return time.monotonic() - at >= min(promised, self.heartbeat_period())
 
     def shard_info(self, shard: ShardConfig) -> ShardInfo:
         try:
@@ -113,14 +152,18 @@ class Agent:
         return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_)
 
     def heartbeat_loop(self) -> None:
-        last_registry = 0.0
-        while not self.stopping.wait(
-            min(self.config.task_heartbeat_seconds, self.config.heartbeat_interval_seconds)
-        ):
-            if time.monotonic() - last_registry >= self.config.heartbeat_interval_seconds:
-                with contextlib.suppress(Exception):
-                    self.registry.put(self.record())
-                    last_registry = time.monotonic()
+        cfg = self.config
+        tick = min(
+            cfg.task_heartbeat_seconds, cfg.heartbeat_interval_seconds, cfg.idle_heartbeat_seconds
+        )
+        while True:
+            asked = self.beat_now.wait(tick)
+            self.beat_now.clear()
+            if self.stopping.is_set():
+                return
+            if asked or self.heartbeat_due():
+                with contextlib.suppress(Exception):  # tried again at the next tick
+                    self.beat()
             with self.lock:
                 tokens = [token for (_, _, token) in self.running]
             for token in tokens:
@@ -128,13 +171,24 @@ class Agent:
                     self.sfn.send_task_heartbeat(taskToken=token)
 
     # --- commands ----------------------------------------------------------------------------
-    def poll_once(self) -> None:
-        """Reads the doorbell; reads the inbox when it rang since the last read, and every
-        FULL_READ_SECONDS anyway (a post whose ring failed is still found)."""
-        rings, now = self.inbox.rings(self.config.node_id), time.monotonic()
-        if rings == self.heard_rings and now < self.next_full_read:
-            return
-        self.heard_rings, self.next_full_read = rings, now + FULL_READ_SECONDS
+    def poll_once(self, rang: bool = False) -> None:
+        """Reads the inbox when it is due (see the module's cadences). ``rang``: the doorbell
+        rang since the last poll: the inbox is read at once, the agent counts as busy and
+        heartbeats at once (a node woken by a backup is seen fresh)."""
+        now = time.monotonic()
+        if rang:
+            self.last_command = now
+            self.beat_now.set()
+        if self.waits_for_rings():
+            if not rang and now < self.next_full_read:
+                return
+            rings = self.heard_rings  # not read: reading it is what the doorbell saves
+        else:
+            rings = self.inbox.rings(self.config.node_id)
+            if rings == self.heard_rings and now < self.next_full_read and not rang:
+                return
+        self.heard_rings = rings
+        self.next_full_read = now + self.full_read_period()
         for item in self.inbox.pending(self.config.node_id):
             key = command_key(item)
             with self.lock:
@@ -179,18 +233,33 @@ class Agent:
                 while len(self.answered) > ANSWERED_MEMORY:
                     self.answered.popitem(last=False)
 
+    def busy(self) -> bool:
+        """A command runs, or one was seen (or rung for) within ``busy_window_seconds``."""
+        recent = time.monotonic() - self.last_command < self.config.busy_window_seconds
+        return bool(self.running) or recent
+
+    def waits_for_rings(self) -> bool:
+        """Idle with a working doorbell: the inbox is read on a ring or by the safety poll."""
+        return self.doorbell_works and not self.busy()
+
+    def full_read_period(self) -> float:
+        """How long the inbox may go unread when nothing rang."""
+        return self.config.idle_inbox_poll_seconds if self.waits_for_rings() else FULL_READ_SECONDS
+
     def poll_interval(self) -> float:
         """Fast while a backup runs (its commands come in bursts), slow when idle (each poll is
-        a paid read on AWS)."""
-        busy = (
-            self.running or time.monotonic() - self.last_command < self.config.busy_window_seconds
-        )
-        return self.config.busy_poll_interval_seconds if busy else self.config.poll_interval_seconds
+        a paid read on AWS); idle with a doorbell, until the safety poll (a ring wakes the
+        main loop sooner)."""
+        if self.busy():
+            return self.config.busy_poll_interval_seconds
+        if self.doorbell_works:
+            return max(0.0, self.next_full_read - time.monotonic())
+        return self.config.poll_interval_seconds
 
     def run_command(self, item: dict[str, Any]) -> dict[str, Any]:
         result = self.commands.run(item["command"], item.get("args", {}))
         if item["command"] in SHARDS_CHANGED_BY:
-            self.registry.put(self.record())  # before any answer: a backup may follow
+            self.beat()  # before any answer: a backup may follow
         return result
 
     def task_alive(self, token: str) -> bool:
@@ -257,19 +326,78 @@ class Agent:
         if self.config.low_priority:
             lower_priority()
         self.reconcile()
-        self.registry.put(self.record())
+        self.open_doorbell()
+        self.beat()
         beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
+        if self.doorbell is not None:
+            listener = threading.Thread(target=self.listen_loop, name="doorbell", daemon=True)
+            listener.start()
         log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
         while not self.stopping.is_set():
+            self.wake.clear()
+            rang = self.rung.is_set()
+            if rang:
+                self.rung.clear()  # before the read: a later ring's command is read too
             try:
-                self.poll_once()
+                self.poll_once(rang)
             except Exception as error:
                 log.warning("inbox poll failed: %s", error)
-            self.stopping.wait(self.poll_interval())
+            self.wake.wait(self.poll_interval())
         self.pool.shutdown(wait=True, cancel_futures=False)
         with contextlib.suppress(Exception):
-            self.registry.put(self.record(status="stopped"))
+            self.beat(status="stopped")
+
+    def open_doorbell(self) -> None:
+        """Creates or finds the node's doorbell queue; without one the agent polls its inbox
+        every ``poll_interval_seconds`` while idle, as before doorbells."""
+        try:
+            self.doorbell = Doorbell.open(
+                self.sqs, self.config.node_id, self.config.doorbell_wait_seconds
+            )
+        except DoorbellUnavailable as error:
+            log.warning(
+                "no doorbell (%s): the inbox is read every %g s while idle",
+                error,
+                self.config.poll_interval_seconds,
+            )
+            return
+        self.doorbell_works = True
+
+    def listen_loop(self) -> None:
+        """Long-polls the doorbell and wakes the main loop on a ring. A doorbell that stops
+        answering is said once; meanwhile the main loop polls the inbox as without one, and
+        the doorbell is opened again (created, if it was deleted) every
+        ``idle_inbox_poll_seconds``."""
+        assert self.doorbell is not None
+        reopen = False
+        while not self.stopping.is_set():
+            try:
+                if reopen:
+                    self.doorbell = Doorbell.open(
+                        self.sqs, self.config.node_id, self.config.doorbell_wait_seconds
+                    )
+                    reopen = False
+                rang = self.doorbell.listen()
+            except DoorbellUnavailable as error:
+                reopen = True
+                if self.doorbell_works:
+                    log.warning(
+                        "doorbell unreadable (%s): the inbox is read every %g s while idle "
+                        "until it answers again",
+                        error,
+                        self.config.poll_interval_seconds,
+                    )
+                self.doorbell_works = False
+                self.wake.set()  # a wait for the safety poll becomes a wait of poll_interval
+                self.stopping.wait(self.config.idle_inbox_poll_seconds)
+                continue
+            if not self.doorbell_works:
+                log.info("doorbell answers again")
+                self.doorbell_works = True
+            if rang:
+                self.rung.set()
+                self.wake.set()
 
     def reconcile(self) -> None:
         """Releases what the state directory holds of operations that have ended
@@ -282,6 +410,8 @@ class Agent:
 
     def stop(self, *_: object) -> None:
         self.stopping.set()
+        self.wake.set()  # ends the main loop's wait
+        self.beat_now.set()  # and the heartbeat thread
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)

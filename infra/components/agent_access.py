@@ -6,6 +6,10 @@ decided by ``dynamodb:LeadingKeys``: the partition key must equal the caller's p
 ``shardvault:node_id``. A caller without that tag matches no item. Agents never touch S3
 with their own credentials: they upload through URLs presigned by a function's role.
 
+Its *doorbell* (``shardvault-doorbell-<node id>``, an SQS queue the dispatcher rings after each
+post) is the agent's own too: it creates it at start and long-polls it, and the queue's ARN
+names the same principal tag, so an agent reaches no other node's doorbell.
+
 The tag comes from the *role*: each node gets its own role tagged with its node id (a role's
 tags are principal tags of its sessions), with an instance profile for EC2. EC2 attaches no
 session tags to instance-profile sessions, so one shared role could not tell nodes apart.
@@ -15,7 +19,7 @@ policy on any role or user tagged ``shardvault:node_id``.
 
 from __future__ import annotations
 
-from aws_cdk import Tags
+from aws_cdk import Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -24,6 +28,7 @@ from constructs import Construct
 
 from infra import policies
 from infra.constants import AGENT_POLICY_NAME, AGENT_ROLE_NAME, CLUSTER_TAG, NODE_ID_TAG
+from shardvault.models import DOORBELL_PREFIX
 
 INBOX_ACTIONS = (
     "dynamodb:Query",
@@ -34,6 +39,15 @@ INBOX_ACTIONS = (
 )
 NODE_RECORD_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
 TASK_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
+# shardvault_agent/doorbell.py: create the queue (or find it and set its attributes), listen,
+# delete the rings heard. No SendMessage: only the dispatcher rings.
+DOORBELL_ACTIONS = (
+    "sqs:CreateQueue",
+    "sqs:GetQueueUrl",
+    "sqs:SetQueueAttributes",
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+)
 # What a starting agent may read of the catalog (shardvault_agent/reconcile.py): the status of
 # an item it names by key, nothing else; it cannot list the table.
 CATALOG_STATUS_ATTRIBUTES = ("cluster", "backup_id", "status")
@@ -59,6 +73,12 @@ def catalog_statuses(catalog: dynamodb.ITable) -> iam.PolicyStatement:
     return statement
 
 
+def own_doorbell(scope: Construct) -> iam.PolicyStatement:
+    """The doorbell actions on the one queue whose name ends in the caller's node id."""
+    name = f"{DOORBELL_PREFIX}${{aws:PrincipalTag/{NODE_ID_TAG}}}"
+    return policies.queues(Stack.of(scope), name, *DOORBELL_ACTIONS)
+
+
 class AgentAccess(Construct):
     def __init__(
         self,
@@ -76,11 +96,12 @@ class AgentAccess(Construct):
             self,
             "Policy",
             managed_policy_name=AGENT_POLICY_NAME,
-            description="ShardVault agent: its own inbox items and node record, task answers, "
-            "backup statuses.",
+            description="ShardVault agent: its own inbox items, node record and doorbell, task "
+            "answers, backup statuses.",
             statements=[
                 own_items(inbox, INBOX_ACTIONS),
                 own_items(nodes, NODE_RECORD_ACTIONS),
+                own_doorbell(self),
                 catalog_statuses(catalog),
                 # Task tokens are the capability here: these actions take no resource ARN.
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),

@@ -365,7 +365,7 @@ def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -
         age = now - node.heartbeat_at
         if node.status != "up":
             problems.append(f"{node.node_id} (agent {node.status} {age:.0f} s ago)")
-        elif age > max_age:
+        elif node.is_silent(now, max_age):
             problems.append(f"{node.node_id} (silent for {age:.0f} s)")
     if problems:
         raise AgentUnavailable(

@@ -34,7 +34,7 @@ def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: f
         node = svc.nodes.get(source.node_id)
         if node is None or node.status != "up":
             silent.append(f"{source.node_id} (agent stopped)")
-        elif now - node.heartbeat_at > svc.settings.heartbeat_max_age_seconds:
+        elif node.is_silent(now, svc.settings.heartbeat_max_age_seconds):
             silent.append(f"{source.node_id} (silent for {now - node.heartbeat_at:.0f} s)")
     if not silent:
         return cause

@@ -1,8 +1,9 @@
 """The local stack: the AWS deployment's moving parts on one machine, with no AWS account.
 
 - moto's server, in this process, with its Step Functions interpreter executing the real ASL
-  files (``execute_state_machine``), plus DynamoDB, SNS and the S3 *work* bucket that the
-  Distributed Map's ItemReader reads plans from;
+  files (``execute_state_machine``), plus DynamoDB, SNS, SQS (each agent creates its node's
+  doorbell queue there, and the dispatcher rings it, as on AWS) and the S3 *work* bucket that
+  the Distributed Map's ItemReader reads plans from;
 - the Lambda handlers, served in-process by ``LambdaBridge``;
 - the *store*: MinIO when its binary is present (real S3 checksum semantics), else a bucket in
   moto's S3, verified by reading objects back since moto's checksums cannot be trusted;

@@ -39,6 +39,7 @@ from infra.constants import (
     WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack
+from shardvault.models import DOORBELL_PREFIX
 from tests.infra.template_queries import (
     actions,
     as_list,
@@ -288,8 +289,11 @@ def _function_statements(synth: Synthesized) -> dict[str, list[dict[str, Any]]]:
 
 
 def only_id(value: Any) -> str:
-    (logical_id,) = referenced_ids(value)
+    (logical_id,) = referenced_ids(value) - PSEUDO_PARAMETERS
     return logical_id
+
+
+PSEUDO_PARAMETERS = {"AWS::Partition", "AWS::Region", "AWS::AccountId"}
 
 
 def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
@@ -387,6 +391,11 @@ def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
             for resource in as_list(statement["Resource"]):
                 parts = resource.get("Fn::Join", ["", [resource]])[1]
                 suffix = "".join(p for p in parts if isinstance(p, str))
+                if not referenced_ids(resource) - PSEUDO_PARAMETERS:
+                    # An ARN of the stack's account and region by name alone (SQS queues):
+                    # the name is the target.
+                    out.add((action, suffix.rsplit(":", 1)[-1]))
+                    continue
                 out.add((action, names.get(only_id(resource), "?") + suffix))
     return out
 
@@ -426,6 +435,20 @@ def test_restore_function_gets_exactly_what_it_calls(synth: Synthesized, module:
 def test_dispatcher_reads_restore_layouts_from_the_work_prefix_only(synth: Synthesized) -> None:
     s3 = {g for g in grants(synth, "dispatch") if g[0].startswith("s3:")}
     assert s3 == {("s3:GetObject", "staging/_work/*")}  # args_key
+
+
+def test_only_the_dispatcher_rings_doorbells_and_only_doorbells(synth: Synthesized) -> None:
+    """It looks a node's doorbell up and sends to it; it may neither read, delete nor create
+    queues, nor reach a queue outside the stack's account and region."""
+    for module, statements in _function_statements(synth).items():
+        sqs = {g for g in grants(synth, module) if g[0].startswith("sqs:")}
+        if module == "dispatch":
+            doorbells = f"{DOORBELL_PREFIX}*"
+            assert sqs == {("sqs:GetQueueUrl", doorbells), ("sqs:SendMessage", doorbells)}
+            (ring,) = [s for s in statements if any(a.startswith("sqs:") for a in actions(s))]
+            assert referenced_ids(ring["Resource"]) == PSEUDO_PARAMETERS
+        else:
+            assert not sqs, module
 
 
 @needs_asl
@@ -683,7 +706,9 @@ def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> N
         "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"},
     }
     kms_statements = [s for s in statements if any(a.startswith("kms:") for a in actions(s))]
-    others = [a for s in statements if s not in dynamo + kms_statements for a in actions(s)]
+    sqs_statements = [s for s in statements if any(a.startswith("sqs:") for a in actions(s))]
+    known = dynamo + kms_statements + sqs_statements
+    others = [a for s in statements if s not in known for a in actions(s)]
     assert sorted(others) == [
         "states:SendTaskFailure",
         "states:SendTaskHeartbeat",
@@ -709,6 +734,28 @@ def test_agents_unwrap_data_keys_of_their_own_cluster_only(synth: Synthesized) -
         if t["Key"] == CLUSTER_TAG
     }
     assert clusters == {"orders"}  # node-1=orders; node-2 names no cluster: it unwraps nothing
+
+
+def test_agents_reach_their_own_doorbell_only(synth: Synthesized) -> None:
+    """The one queue named after the caller's node id (the tag that confines its table
+    access), in the stack's account and region: no wildcard, no other node's doorbell, and
+    no SendMessage (only the dispatcher rings)."""
+    _, statements = _agent_policy(synth)
+    (doorbell,) = [s for s in statements if any(a.startswith("sqs:") for a in actions(s))]
+    assert sorted(actions(doorbell)) == [
+        "sqs:CreateQueue",
+        "sqs:DeleteMessage",
+        "sqs:GetQueueUrl",
+        "sqs:ReceiveMessage",
+        "sqs:SetQueueAttributes",
+    ]
+    assert "Condition" not in doorbell
+    parts = doorbell["Resource"]["Fn::Join"][1]
+    assert referenced_ids(parts) == PSEUDO_PARAMETERS
+    assert parts[-1] == f":{DOORBELL_PREFIX}${{aws:PrincipalTag/{NODE_ID_TAG}}}"
+    assert "*" not in json.dumps(doorbell["Resource"])
+    assert parts[:2] == ["arn:", {"Ref": "AWS::Partition"}]
+    assert parts[2] == ":sqs:"
 
 
 def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Synthesized) -> None:

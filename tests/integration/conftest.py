@@ -24,8 +24,12 @@ from shardvault.models import BackupRequest, RestoreRequest
 from shardvault.store import open_uploads
 from shardvault.tables import Catalog, Inbox, table
 
+# Idle periods short too: a stopped agent is judged silent by the period it promised
+# (idle_heartbeat_seconds), and token-less commands (a cleanup's releases) are not rung.
 FAST_AGENT = {
     "heartbeat_interval_seconds": 0.5,
+    "idle_heartbeat_seconds": 0.5,
+    "idle_inbox_poll_seconds": 1.0,
     "task_heartbeat_seconds": 2,
     "poll_interval_seconds": 0.1,
 }

@@ -1,0 +1,310 @@
+"""Idle agents cost almost nothing: an idle agent long-polls its doorbell queue, reads its
+inbox on a ring and by a rare safety poll, and heartbeats rarely, promising that period; a
+command is still picked up within half a second of its dispatch.
+
+The agents run for real (threads, moto's DynamoDB and SQS) with the idle periods shortened
+(doorbell_wait_seconds, idle_inbox_poll_seconds, idle_heartbeat_seconds); calls are counted
+as they reach the services."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.client import BaseClient
+from botocore.exceptions import ClientError, EndpointConnectionError
+from shardvault_agent import daemon
+from shardvault_agent.config import AgentConfig
+
+from shardvault.backup.admission import check_nodes_available
+from shardvault.backup.failure import explain
+from shardvault.dispatch import DispatchRequest, dispatch
+from shardvault.errors import AgentUnavailable
+from shardvault.models import BackupContext, NodeRecord, Source, doorbell_name
+from shardvault.services import Services
+
+from .support import moto_services, sqlite_agent
+
+FAST_IDLE = {"doorbell_wait_seconds": 1, "idle_inbox_poll_seconds": 2.0}
+
+
+@pytest.fixture
+def svc(monkeypatch) -> Iterator[Services]:
+    with moto_services(monkeypatch) as services:
+        yield services
+
+
+class Running:
+    """An agent running in a thread, with every request it sends counted by operation."""
+
+    def __init__(self, agent: daemon.Agent) -> None:
+        self.agent = agent
+        self.calls: Counter[str] = Counter()
+        self.picked_up: dict[str, float] = {}  # command id -> monotonic time it was started
+        clients = [agent.registry.table.meta.client, agent.inbox.table.meta.client, agent.sqs]
+        for client in {
+            id(c): c for c in clients if isinstance(c, BaseClient)
+        }.values():  # each once
+            client.meta.events.register("before-parameter-build", self._count)
+        agent.pool.submit = self._start  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=agent.run, daemon=True)
+
+    def _count(self, model: Any, params: dict[str, Any], **_: Any) -> None:
+        table = params.get("TableName", "")
+        self.calls[f"{model.name}:{table}" if table else model.name] += 1
+
+    def _start(self, _fn: Callable, item: dict[str, Any]) -> None:
+        """Takes the place of running the command: it is done at once (and leaves the inbox)."""
+        self.picked_up.setdefault(item["command_id"], time.monotonic())
+        self.agent.inbox.remove("n1", item["command_id"], item["dispatch_id"])
+        with self.agent.lock:
+            self.agent.running.pop(daemon.command_key(item), None)
+            self.agent.answered[daemon.command_key(item)] = None
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        wait_for(lambda: self.calls["Query:i"] >= 1)  # registered and read its inbox once
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.agent.stop()
+        self.thread.join(timeout=10)
+        for thread in threading.enumerate():  # the listener ends within one long poll
+            if thread.name == "doorbell":
+                thread.join(timeout=5)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Waits until ``condition()``; returns the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def agent_of(tmp_path: Path, **config: Any) -> daemon.Agent:
+    return daemon.Agent(sqlite_agent(tmp_path, **config), nodes_table="n", inbox_table="i")
+
+
+def post(svc: Services, command_id: str, sqs: Any) -> float:
+    """Dispatches ``flush`` to node n1 as the state machine's dispatcher does; returns when."""
+    request = DispatchRequest(
+        task_token=f"t-{command_id}", node_id="n1", command="flush", backup_id=command_id
+    )
+    started = time.monotonic()
+    dispatch(request, svc, time.time(), sqs)
+    return started
+
+
+def test_the_idle_cadences_default_to_a_few_requests_a_minute() -> None:
+    fields = AgentConfig.model_fields
+    assert fields["doorbell_wait_seconds"].default == 20  # 3 long polls a minute
+    assert fields["idle_inbox_poll_seconds"].default == 60.0  # 1 inbox read a minute
+    assert fields["idle_heartbeat_seconds"].default == 300.0  # 1 heartbeat in 5 minutes
+
+
+def test_an_idle_agent_long_polls_and_reads_and_heartbeats_only_at_its_idle_periods(
+    svc, tmp_path
+) -> None:
+    agent = agent_of(tmp_path, **FAST_IDLE, idle_heartbeat_seconds=4.0)
+    with Running(agent) as running:
+        running.calls.clear()
+        time.sleep(8.5)
+        calls = dict(running.calls)
+    # In 8.5 s: one long poll a second, an inbox read every 2 s, a heartbeat every 4 s (the
+    # old agent: 17 reads of its doorbell item, 2 of its inbox and 17 heartbeats).
+    assert 7 <= calls.get("ReceiveMessage", 0) <= 10, calls
+    assert 3 <= calls.get("Query:i", 0) <= 5, calls
+    assert 1 <= calls.get("PutItem:n", 0) <= 3, calls
+    assert "GetItem:i" not in calls, calls  # the inbox's ring count is not read while idle
+    record = svc.nodes.get("n1")
+    assert record.heartbeat_every == 4.0  # the period it promised
+    assert (record.doorbell or "").endswith("/shardvault-doorbell-n1")
+
+
+def test_a_ring_has_an_idle_agent_read_its_inbox_at_once_and_heartbeat(svc, tmp_path) -> None:
+    sqs = boto3.client("sqs")
+    agent = agent_of(tmp_path, doorbell_wait_seconds=2)  # the safety poll: 60 s
+    with Running(agent) as running:
+        time.sleep(1.0)
+        before = svc.nodes.get("n1")
+        assert before.heartbeat_every == agent.config.idle_heartbeat_seconds
+        dispatched = post(svc, "b1", sqs)
+        wait_for(lambda: "flush:b1" in running.picked_up, timeout=5)
+        assert running.picked_up["flush:b1"] - dispatched < 0.5
+        # Woken, it says at once that it is busy (a backup may follow).
+        wait_for(lambda: svc.nodes.get("n1").heartbeat_at > before.heartbeat_at, timeout=0.5)
+        assert svc.nodes.get("n1").heartbeat_every == agent.config.heartbeat_interval_seconds
+    queue = sqs.get_queue_url(QueueName="shardvault-doorbell-n1")["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+    assert attributes["SqsManagedSseEnabled"] == "true"
+    assert attributes["MessageRetentionPeriod"] == "300"
+    assert attributes["ApproximateNumberOfMessages"] == "0"  # the ring was deleted
+
+
+class Unreachable:
+    """An SQS client whose every call fails as when the endpoint cannot be reached."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def fail(**_: Any) -> Any:
+            raise EndpointConnectionError(endpoint_url="https://sqs.example")
+
+        return fail
+
+
+def test_a_failed_ring_fails_no_dispatch_and_the_safety_poll_finds_the_command(
+    svc, tmp_path, caplog
+) -> None:
+    agent = agent_of(tmp_path, **FAST_IDLE)
+    with Running(agent) as running, caplog.at_level(logging.WARNING, "shardvault.dispatch"):
+        dispatched = post(svc, "b2", Unreachable())
+        took = wait_for(lambda: "flush:b2" in running.picked_up, timeout=5)
+    assert took < FAST_IDLE["idle_inbox_poll_seconds"] + 0.5
+    assert running.picked_up["flush:b2"] >= dispatched
+    assert "doorbell of node n1 not rung for flush:b2" in caplog.text
+
+
+def test_the_dispatcher_rings_with_the_command_id_only(svc, tmp_path) -> None:
+    sqs = boto3.client("sqs")
+    record = agent_of(tmp_path).record()
+    queue = sqs.create_queue(QueueName="shardvault-doorbell-n1")["QueueUrl"]
+    svc.nodes.put(record.model_copy(update={"doorbell": queue}))
+    post(svc, "b3", sqs)
+    (ring,) = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    assert json.loads(ring["Body"]) == {"ring": "flush:b3"}
+    # A node whose record names no doorbell (an older agent, or one without a queue) is
+    # not rung: its command waits in the inbox as before.
+    svc.nodes.put(record.model_copy(update={"doorbell": None}))
+    post(svc, "b4", sqs)
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
+
+
+class Refusing:
+    """An SQS client that refuses everything, as without the IAM permissions."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def refuse(**_: Any) -> Any:
+            error = {"Error": {"Code": "AccessDenied", "Message": "not authorized"}}
+            raise ClientError(error, name)
+
+        return refuse
+
+
+def test_an_agent_without_a_doorbell_polls_its_inbox_as_before(svc, tmp_path, caplog) -> None:
+    agent = agent_of(tmp_path, **FAST_IDLE)
+    agent.sqs = Refusing()
+    with caplog.at_level(logging.WARNING, "shardvault.agent"), Running(agent) as running:
+        running.calls.clear()
+        time.sleep(2.0)
+        polls = running.calls["GetItem:i"]
+        svc.inbox.post("n1", "flush:b5", "flush", {}, "t-b5")
+        posted = time.monotonic()
+        wait_for(lambda: "flush:b5" in running.picked_up, timeout=2)
+    assert 3 <= polls <= 5  # the ring count, every poll_interval_seconds (0.5 s)
+    assert running.picked_up["flush:b5"] - posted < 0.7
+    assert svc.nodes.get("n1").doorbell is None
+    assert caplog.text.count("no doorbell (") == 1
+
+
+def test_a_doorbell_that_stops_answering_is_said_once_polled_around_and_opened_again(
+    svc, tmp_path, caplog
+) -> None:
+    sqs = boto3.client("sqs")
+    agent = agent_of(
+        tmp_path, doorbell_wait_seconds=1, idle_inbox_poll_seconds=3.0, busy_window_seconds=1.0
+    )
+    with caplog.at_level(logging.INFO, "shardvault.agent"), Running(agent) as running:
+        sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName="shardvault-doorbell-n1")["QueueUrl"])
+        wait_for(lambda: "doorbell unreadable" in caplog.text, timeout=5)
+        # Meanwhile the inbox is polled: a command nobody rang for is taken at once.
+        svc.inbox.post("n1", "flush:b6", "flush", {}, "t-b6")
+        posted = time.monotonic()
+        wait_for(lambda: "flush:b6" in running.picked_up, timeout=2)
+        assert running.picked_up["flush:b6"] - posted < 0.7
+        # Opened again (the queue is created anew), rings wake the agent again.
+        wait_for(lambda: "doorbell answers again" in caplog.text, timeout=10)
+        wait_for(lambda: not agent.busy(), timeout=5)  # idle: only a ring reads at once
+        dispatched = post(svc, "b10", sqs)
+        wait_for(lambda: "flush:b10" in running.picked_up, timeout=5)
+        assert running.picked_up["flush:b10"] - dispatched < 0.5
+    assert caplog.text.count("doorbell unreadable") == 1
+
+
+def node(heartbeat_age: float, every: float = 0.0, now: float = 10_000.0) -> NodeRecord:
+    return NodeRecord(
+        node_id="n1",
+        cluster="c",
+        engine="sqlite",
+        shards=[],
+        free_bytes=0,
+        version="1",
+        heartbeat_at=now - heartbeat_age,
+        heartbeat_every=every,
+    )
+
+
+@pytest.mark.parametrize(
+    ("age", "every", "silent"),
+    [
+        (200.0, 300.0, False),  # idle: promised a heartbeat every 300 s
+        (899.0, 300.0, False),
+        (901.0, 300.0, True),  # three promised heartbeats missed
+        (31.0, 5.0, True),  # busy: the fixed 30 s is the longer
+        (31.0, 0.0, True),  # an older agent promised nothing: the fixed 30 s
+        (29.0, 0.0, False),
+    ],
+)
+def test_silence_is_judged_by_the_heartbeat_period_the_agent_promised(
+    svc, age, every, silent
+) -> None:
+    record = node(age, every)
+    assert record.is_silent(10_000.0, 30.0) is silent
+    # Validation of a backup or restore judges it so.
+    if silent:
+        with pytest.raises(AgentUnavailable, match="n1 \\(silent for"):
+            check_nodes_available([record], 10_000.0, 30.0)
+    else:
+        check_nodes_available([record], 10_000.0, 30.0)
+
+
+def test_the_dispatcher_judges_silence_by_the_promised_period(svc) -> None:
+    svc.nodes.put(node(400.0, 300.0, now=time.time()))  # idle, heard 400 s ago: alive
+    post(svc, "b7", None)
+    assert [i["command_id"] for i in svc.inbox.pending("n1")] == ["flush:b7"]
+    svc.nodes.put(node(3_700.0, 300.0, now=time.time()))  # silent even with the grace
+    with pytest.raises(AgentUnavailable, match="last heard 3700 s ago"):
+        post(svc, "b8", None)
+
+
+def test_a_failed_backup_names_a_node_silent_by_its_promise_only(svc) -> None:
+    context = BackupContext(
+        backup_id="b9",
+        cluster="c",
+        engine="sqlite",
+        sources=[Source(node_id="n1", shard_ids=["s1"])],
+        store_url="s3://store/backups",
+        started_at=0.0,
+    )
+    error = {"Error": "States.Timeout"}
+    svc.nodes.put(node(400.0, 300.0, now=time.time()))  # idle, on time
+    assert "stopped answering" not in explain(context, error, svc, time.time())
+    svc.nodes.put(node(1_000.0, 300.0, now=time.time()))
+    assert "The agent of n1 (silent for 1000 s) stopped answering" in explain(
+        context, error, svc, time.time()
+    )
+
+
+def test_doorbell_names_follow_sqs_rules() -> None:
+    assert doorbell_name("node-1_a") == "shardvault-doorbell-node-1_a"
+    assert doorbell_name("db1.example") is None  # '.' is no SQS name character
+    assert doorbell_name("n" * 60) is not None
+    assert doorbell_name("n" * 61) is None  # 81 characters
