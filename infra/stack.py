@@ -242,6 +242,8 @@ class ShardVaultStack(Stack):
             policies.list_prefix(bucket, BACKUPS_PREFIX),
             policies.table(self.tables.inbox, ("dynamodb:Query", *TABLE_WRITE)),
             policies.table(self.tables.nodes, ("dynamodb:GetItem",)),
+            # Rings the doorbell of each node a release or abort was posted to.
+            policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
         ]
 
     def _grant_vault_functions(self) -> None:

@@ -85,6 +85,18 @@ def dispatch(
     return {"node_id": request.node_id, "command_id": request.command_id}
 
 
+def ring_node(svc: Services, node_id: str, command_id: str) -> bool:
+    """Rings a node's doorbell after a post without a task token (a cleanup's release or
+    abort): its agent runs it now rather than at its next safety poll. Never raises: a
+    cleanup must not fail for a ring."""
+    try:
+        node, sqs = svc.nodes.get(node_id), svc.doorbells
+    except Exception as error:
+        log.warning("doorbell of node %s not rung for %s (%s)", node_id, command_id, error)
+        return False
+    return node is not None and ring(sqs, node, command_id)
+
+
 # Queue URLs by name, for this process's life: a queue's URL never changes (a recreated queue
 # gets the same one), and looking it up on every dispatch would double the doorbell's requests.
 _queue_urls: dict[str, str] = {}

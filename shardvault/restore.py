@@ -23,6 +23,7 @@ from typing import Any
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
 from shardvault.chains import Member, resolve
+from shardvault.dispatch import ring_node
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
@@ -527,13 +528,9 @@ def reap(
     restore_id = record["restore_id"]
     nodes = sorted(set(record.get("placement", {}).values()))
     for node_id in nodes:
-        svc.inbox.post(
-            node_id,
-            f"abort_restore:{restore_id}:reaped",
-            "abort_restore",
-            {"backup_id": restore_id},
-            "",
-        )
+        command_id = f"abort_restore:{restore_id}:reaped"
+        svc.inbox.post(node_id, command_id, "abort_restore", {"backup_id": restore_id}, "")
+        ring_node(svc, node_id, command_id)
     done = (
         f"the reaper told nodes {', '.join(nodes)} to stop what the restore started and remove "
         "what it placed"

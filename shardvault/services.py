@@ -87,6 +87,11 @@ class Services:
     def sfn(self) -> Any:
         return boto3.client("stepfunctions")
 
+    @cached_property
+    def doorbells(self) -> Any:
+        """SQS, to ring a node's doorbell after posting to its inbox (``dispatch.ring``)."""
+        return boto3.client("sqs")
+
     def work_key(self, backup_id: str, *parts: str) -> str:
         return "/".join([self.settings.work_prefix.rstrip("/"), backup_id, *parts])
 

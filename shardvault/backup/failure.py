@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shardvault.causes import failure_cause
+from shardvault.dispatch import ring_node
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupContext, BackupStatus
 from shardvault.planning import backup_prefix
@@ -83,6 +84,7 @@ def post_releases(context: BackupContext, svc: Services) -> None:
             {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
             "",
         )
+        ring_node(svc, source.node_id, f"release:{context.backup_id}:cleanup")
 
 
 TAKEN_OVER = {

@@ -437,12 +437,16 @@ def test_dispatcher_reads_restore_layouts_from_the_work_prefix_only(synth: Synth
     assert s3 == {("s3:GetObject", "staging/_work/*")}  # args_key
 
 
-def test_only_the_dispatcher_rings_doorbells_and_only_doorbells(synth: Synthesized) -> None:
-    """It looks a node's doorbell up and sends to it; it may neither read, delete nor create
-    queues, nor reach a queue outside the stack's account and region."""
+RINGERS = {"dispatch", "cleanup_backup", "reap_execution", "validate_backup"}
+
+
+def test_only_the_posters_ring_doorbells_and_only_doorbells(synth: Synthesized) -> None:
+    """The dispatcher and the cleanups that post releases or aborts look a node's doorbell up
+    and send to it; they may neither read, delete nor create queues, nor reach a queue
+    outside the stack's account and region. No other function touches SQS."""
     for module, statements in _function_statements(synth).items():
         sqs = {g for g in grants(synth, module) if g[0].startswith("sqs:")}
-        if module == "dispatch":
+        if module in RINGERS:
             doorbells = f"{DOORBELL_PREFIX}*"
             assert sqs == {("sqs:GetQueueUrl", doorbells), ("sqs:SendMessage", doorbells)}
             (ring,) = [s for s in statements if any(a.startswith("sqs:") for a in actions(s))]

@@ -24,11 +24,13 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from shardvault_agent import daemon
 from shardvault_agent.config import AgentConfig
 
+from shardvault import restore
 from shardvault.backup.admission import check_nodes_available
-from shardvault.backup.failure import explain
+from shardvault.backup.failure import explain, post_releases
 from shardvault.dispatch import DispatchRequest, dispatch
 from shardvault.errors import AgentUnavailable
 from shardvault.models import BackupContext, NodeRecord, Source, doorbell_name
+from shardvault.restore import catalog_key
 from shardvault.services import Services
 
 from .support import moto_services, sqlite_agent
@@ -186,6 +188,29 @@ def test_the_dispatcher_rings_with_the_command_id_only(svc, tmp_path) -> None:
     svc.nodes.put(record.model_copy(update={"doorbell": None}))
     post(svc, "b4", sqs)
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
+
+
+def test_the_cleanups_ring_the_nodes_they_post_releases_and_aborts_to(svc, tmp_path) -> None:
+    # A failed backup's releases and a reaped restore's aborts carry no task token; rung,
+    # an idle agent runs them now instead of at its next safety poll (60 s).
+    sqs = boto3.client("sqs")
+    record = agent_of(tmp_path).record()
+    queue = sqs.create_queue(QueueName="shardvault-doorbell-n1")["QueueUrl"]
+    svc.nodes.put(record.model_copy(update={"doorbell": queue}))
+    context = BackupContext.model_construct(
+        backup_id="b5", cluster="c", sources=[Source(node_id="n1", shard_ids=["s1"])]
+    )
+    post_releases(context, svc)
+    svc.catalog.put(
+        {"cluster": "t", "backup_id": catalog_key("r1"), "restore_id": "r1", "status": "RUNNING",
+         "execution_id": "arn:x", "placement": {"s1": "n1"}}
+    )  # fmt: skip
+    assert restore.reap("arn:x", "ABORTED", "t", svc, time.time())["reaped"]
+    rings = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    assert sorted(json.loads(m["Body"])["ring"] for m in rings) == [
+        "abort_restore:r1:reaped",
+        "release:b5:cleanup",
+    ]
 
 
 class Refusing:
