@@ -66,10 +66,11 @@ Measured, per backup:
 * *stored bytes* (``stored_bytes``): everything the backup added to its bucket: the three
   above. ShardVault's are listed from the store and must equal its manifest's and catalog
   record's ``stored_bytes`` (``backup_vs_peers.shardvault_stored``, else the run fails).
-* *bytes read* (``bytes_read``, plaintext): ShardVault, its scan reads the whole data stream
-  (every block hashed for the block map), its pack the delta (the changed blocks; a full: all
-  of them again), plus the tail; pgBackRest, the ``delta`` of ``pgbackrest info`` (the size
-  of the files it copied) — its WAL is read by ``archive-push``, outside the backup.
+* *bytes read* (``bytes_read``, plaintext): ShardVault, an incremental's scan reads the whole
+  data stream (every block hashed for the block map) and its pack the delta (the changed
+  blocks); a full reads its stream once (its packs hash what they read); plus the tail;
+  pgBackRest, the ``delta`` of ``pgbackrest info`` (the size of the files it copied) — its
+  WAL is read by ``archive-push``, outside the backup.
 * *scan*: the agent's own ``scan_seconds`` (read and hash every block, compare with the
   parent's map; from the data listing in the work bucket), the ``scan`` command's time in
   the agent's log (adds getting and checking the parent's map), and the ``Scan`` state's time
@@ -334,7 +335,9 @@ def shardvault_split(bench: bvp.Bench, backup: bvp.ShardVaultBackup) -> dict[str
         "blockmap_bytes": sum(o.length for o in maps),
         "blockmap_stored_bytes": blockmap_stored,
         "index_stored_bytes": blockmap_stored + backup.result["stored_manifest_bytes"],
-        "bytes_read": stream_bytes + data_bytes + tail_bytes,
+        # An incremental's scan reads the stream, its pack the delta; a full's pack reads the
+        # stream once and hashes it.
+        "bytes_read": (stream_bytes if manifest.chain else 0) + data_bytes + tail_bytes,
         "phases": phases(spans, end),
         "states": states,
         "scan_seconds": agent_scan_seconds(bench, manifest.backup_id),
