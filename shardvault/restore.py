@@ -18,6 +18,7 @@ import bisect
 import secrets
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
@@ -197,13 +198,19 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
     return sources
 
 
+# Requests a restore step makes side by side (a chain's manifests, the heads of its objects):
+# each waits on the store, not on this process.
+PARALLEL_READS = 8
+
+
 def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manifest, str]]:
-    """The chain's manifests with where each is read, root first (the restored one last)."""
-    found = [
-        (load_manifest(*source_of(svc, c.source), c.manifest_key), c.source) for c in context.chain
-    ]
-    newest = load_manifest(*source_of(svc, context.source), context.manifest_key)
-    return [*found, (newest, context.source)]
+    """The chain's manifests with where each is read, root first (the restored one last),
+    read side by side."""
+    places = [(c.source, c.manifest_key) for c in context.chain]
+    places.append((context.source, context.manifest_key))
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:
+        found = list(pool.map(lambda p: load_manifest(*source_of(svc, p[0]), p[1]), places))
+    return [(manifest, source) for manifest, (source, _) in zip(found, places, strict=True)]
 
 
 def chain_items(
@@ -392,15 +399,17 @@ def download_item(
 def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
-    frozen = requested = 0
-    for manifest, source in chain_manifests(context, svc):  # a full: itself alone
-        s3, bucket = source_of(svc, source)
-        for shard in manifest.shards:
-            for stream in shard.streams:
-                for obj in stream.objects:
-                    state = thaw_object(s3, bucket, obj.key, context.tier)
-                    frozen += state != "readable"
-                    requested += state == "requested"
+    objects = [
+        (*source_of(svc, source), obj.key)
+        for manifest, source in chain_manifests(context, svc)  # a full: itself alone
+        for shard in manifest.shards
+        for stream in shard.streams
+        for obj in stream.objects
+    ]
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:
+        states = list(pool.map(lambda o: thaw_object(*o, context.tier), objects))
+    frozen = sum(state != "readable" for state in states)
+    requested = states.count("requested")
     svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
     first = svc.settings.thaw_first_wait_seconds
     wait = min(first * 2**attempt, THAW_MAX_WAIT)
