@@ -98,6 +98,11 @@ LAMBDA_INVOCATIONS_PER_BACKUP = 20  # validate, plans, checks, finalize, dispatc
 LAMBDA_GB_SECONDS_PER_BACKUP = 10.0
 DYNAMODB_WRITES_PER_OBJECT = 4  # two commands written to an inbox, then deleted
 DYNAMODB_WRITES_PER_BACKUP = 20  # catalog record, lock, per-node commands
+# Each command dispatched to an agent rings its doorbell: the send, the agent's receive and
+# its delete. Two commands per object (pack, upload); per backup, about ten per node.
+SQS_REQUESTS_PER_COMMAND = 3
+COMMANDS_PER_OBJECT = 2
+COMMANDS_PER_BACKUP = 10
 # How long an object is billed at STANDARD before it lands. COPY: promotion deletes the staging
 # copy once the vault holds the backup, so for about as long as the backup takes to upload and
 # promote (an estimate: a 1 TiB full at 200 MiB/s uploads in 1.5 hours). Were it left to the
@@ -178,6 +183,7 @@ def price_backup(
     )
     transitions = TRANSITIONS_PER_BACKUP + TRANSITIONS_PER_OBJECT * objects
     writes = DYNAMODB_WRITES_PER_BACKUP + DYNAMODB_WRITES_PER_OBJECT * objects
+    rings = COMMANDS_PER_BACKUP + COMMANDS_PER_OBJECT * objects
     invocations = LAMBDA_INVOCATIONS_PER_BACKUP + LAMBDA_INVOCATIONS_PER_OBJECT * objects
     gb_seconds = LAMBDA_GB_SECONDS_PER_BACKUP + LAMBDA_GB_SECONDS_PER_OBJECT * objects
     hours = STAGING_HOURS[landing] if staging_hours is None else staging_hours
@@ -191,7 +197,9 @@ def price_backup(
         state_transitions=transitions,
         storage_usd_per_month=monthly_storage_cost(storage_class, size, objects),
         requests_usd=requests_usd,
-        orchestration_usd=transitions * STATE_TRANSITION + writes * DYNAMODB_WRITE,
+        orchestration_usd=transitions * STATE_TRANSITION
+        + writes * DYNAMODB_WRITE
+        + rings * SQS_REQUESTS_PER_COMMAND * SQS_REQUEST,
         lambda_usd=invocations * LAMBDA_REQUEST + gb_seconds * LAMBDA_GB_SECOND,
         staging_usd=monthly_storage_cost(StorageClass.STANDARD, size, objects)
         * hours

@@ -122,8 +122,12 @@ def test_orchestration_is_counted_per_object_and_per_backup() -> None:
     one = costs.price_backup(GiB, StorageClass.DEEP_ARCHIVE, object_size=256 * MiB)
     two = costs.price_backup(2 * GiB, StorageClass.DEEP_ARCHIVE, object_size=256 * MiB)
     per_object = (two.orchestration_usd - one.orchestration_usd) / 4
+    # Each object's commands ring the agent's doorbell: send, receive, delete.
+    rings = costs.COMMANDS_PER_OBJECT * costs.SQS_REQUESTS_PER_COMMAND * 0.40e-6
     assert per_object == pytest.approx(
-        costs.TRANSITIONS_PER_OBJECT * 0.025 / 1000 + costs.DYNAMODB_WRITES_PER_OBJECT * 0.625e-6
+        costs.TRANSITIONS_PER_OBJECT * 0.025 / 1000
+        + costs.DYNAMODB_WRITES_PER_OBJECT * 0.625e-6
+        + rings
     )
     assert two.lambda_usd > one.lambda_usd
 
