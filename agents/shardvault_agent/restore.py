@@ -354,7 +354,8 @@ class Restorer:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
         guard = threading.Lock()
 
-        pieces = files.resolve_pieces(piece_placements(item))
+        placements = {f: p for r in reads if r.placements for f, p in r.placements.items()}
+        pieces = files.resolve_pieces(placements or None)
 
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
