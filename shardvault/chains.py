@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardvault.errors import ParentUnavailable
 from shardvault.models import FileEntry
@@ -32,8 +33,7 @@ class Member:
     extents: list[tuple[int, int]] | None  # None: the whole stream (a full)
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):  # a tuple: a chain of scattered changes makes tens of thousands
     backup_id: str
     delta_offset: int
     length: int
@@ -119,7 +119,8 @@ def resolve(chain: list[Member]) -> list[Piece]:
             fix="restore another backup; run a full backup of the cluster.",
         )
     found.sort()
-    return merge([Piece(chain[order].backup_id, d, n, t) for order, d, n, t in found])
+    ids = [member.backup_id for member in chain]
+    return merge([Piece(ids[order], d, n, t) for order, d, n, t in found])
 
 
 class _Targets:
