@@ -699,12 +699,6 @@ def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
 
-def _spread(values: dict[str, float] | None, digits: int = 2) -> str:
-    if not values:
-        return "—"
-    return " / ".join(f"{values[k]:.{digits}f}" for k in ("min", "median", "max"))
-
-
 STORED_KEYS = ("data_stored_bytes", "wal_stored_bytes", "index_stored_bytes", "stored_bytes")
 
 
@@ -726,7 +720,7 @@ def backups_table(summary: dict[str, Any]) -> str:
         )
         cells = [
             info["label"],
-            _spread(info["seconds"], 1),
+            report.spread_text(info["seconds"], 1),
             _mib(info["bytes_read"], 0),
             _mib(info["data_bytes"], 1),
             *(_mib(info[key], 2) for key in STORED_KEYS),
@@ -744,7 +738,8 @@ def restores_table(summary: dict[str, Any]) -> str:
         "| --- | --- | --- | --- |",
     ]
     rows += [
-        f"| {info['label']} | {_spread(info['seconds'], 1)} | {_mib(info['bytes'], 0)} | "
+        f"| {info['label']} | {report.spread_text(info['seconds'], 1)} | "
+        f"{_mib(info['bytes'], 0)} | "
         f"{'yes' if info['data_matches'] else 'NO'} |"
         for info in summary["tools"].values()
         if "data_matches" in info
@@ -755,7 +750,7 @@ def restores_table(summary: dict[str, Any]) -> str:
 def _ratio(result: dict[str, Any] | None, digits: int = 2) -> str:
     if not result:
         return "—"
-    return f"{result['of_medians']:.{digits}f} ({_spread(result['per_round'], digits)})"
+    return f"{result['of_medians']:.{digits}f} ({report.spread_text(result['per_round'], digits)})"
 
 
 def steps_table(summary: dict[str, Any]) -> str:
@@ -774,15 +769,7 @@ def steps_table(summary: dict[str, Any]) -> str:
 
 
 def targets_table(summary: dict[str, Any]) -> str:
-    rows = [
-        "| target | of the medians | per round (min / median / max) | limit | held |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    rows += [
-        f"| {t['target']} | {t['of_medians']:.3f} | {_spread(t['per_round'], 3)} | "
-        f"≤ {report.limit_text(t['limit'])} | {t['held']} |"
-        for t in summary["targets"]
-    ]
+    rows = report.target_rows(summary, digits=3)
     rows += [
         f"| {m['agent']} peak RSS (VmHWM, whole run) | {m['peak_rss'] / 10**6:.0f} MB "
         f"({m['peak_rss'] / MiB:.0f} MiB) | — | < {MEMORY_LIMIT // 10**6} MB | "

@@ -369,10 +369,11 @@ def _s(value: float) -> str:
     return f"{value:.1f}"
 
 
-def _ratio_spread(values: dict[str, float] | None) -> str:
+def spread_text(values: dict[str, float] | None, digits: int = 2) -> str:
+    """min / median / max of a figure's rounds."""
     if not values:
         return "—"
-    return " / ".join(f"{values[k]:.2f}" for k in ("min", "median", "max"))
+    return " / ".join(f"{values[k]:.{digits}f}" for k in ("min", "median", "max"))
 
 
 def limit_text(limit: float) -> str:
@@ -409,7 +410,7 @@ def tools_table(summary: dict[str, Any]) -> str:
             f"{_mib1(info['stored_bytes'])} | {objects} | {_s(info['client_cpu_seconds'])} | "
             f"{_s(info['minio_cpu_seconds'])} | {_s(info['load_before']['min'])} to "
             f"{_s(info['load_before']['max'])} | {f'{ratio:.2f}' if ratio else '—'} | "
-            f"{_ratio_spread(pair)} |"
+            f"{spread_text(pair)} |"
         )
     return "\n".join(rows)
 
@@ -459,7 +460,7 @@ def ratios_text(summary: dict[str, Any]) -> str:
     tools, pairs = summary["tools"], summary.get("pair_ratios", {})
 
     def per_round(key: str) -> str:
-        return f" (per round: {_ratio_spread(pairs[key])})" if pairs.get(key) else ""
+        return f" (per round: {spread_text(pairs[key])})" if pairs.get(key) else ""
 
     lines = [
         f"- ShardVault ÷ {tools[key.split('/', 1)[1]]['label']}: {value:.2f}{per_round(key)}"
@@ -473,17 +474,20 @@ def ratios_text(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def targets_table(summary: dict[str, Any]) -> str:
-    rows = [
+def target_rows(summary: dict[str, Any], digits: int = 2) -> list[str]:
+    """The targets table's header and a row per target, ratios to ``digits`` places."""
+    return [
         "| target | of the medians | per round (min / median / max) | limit | held |",
         "| --- | --- | --- | --- | --- |",
-    ]
-    rows += [
-        f"| {t['target']} | {t['of_medians']:.2f} | {_ratio_spread(t['per_round'])} | "
-        f"≤ {limit_text(t['limit'])} | {t['held']} |"
+    ] + [
+        f"| {t['target']} | {t['of_medians']:.{digits}f} | "
+        f"{spread_text(t['per_round'], digits)} | ≤ {limit_text(t['limit'])} | {t['held']} |"
         for t in summary.get("targets", [])
     ]
-    return "\n".join(rows)
+
+
+def targets_table(summary: dict[str, Any]) -> str:
+    return "\n".join(target_rows(summary))
 
 
 def markdown(summary: dict[str, Any]) -> str:
