@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -68,6 +68,17 @@ class BlockMapWriter:
         if count != block_count(size, self.block_size):
             raise ValueError(f"{path}: {count} hashes for {size} bytes")
         self.out.write(ENTRY.pack(len(encoded)) + encoded + ENTRY_TAIL.pack(size, count) + hashes)
+
+
+def write_map(path: Path, block_size: int, hashed: Iterable[tuple[str, int, bytes]]) -> None:
+    """Writes a block map of ``(path, size, hashes)`` entries, in listing order, to ``path``
+    at once: through a ``.partial`` file, so a map that is there is whole."""
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb") as out:
+        writer = BlockMapWriter(out, block_size)
+        for name, size, hashes in hashed:
+            writer.add(name, size, hashes)
+    partial.replace(path)
 
 
 @dataclass(frozen=True)

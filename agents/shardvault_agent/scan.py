@@ -27,7 +27,7 @@ import bisect
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -41,12 +41,12 @@ from shardvault_agent.blockmap import (
     BLOCK_SIZE,
     HASH_SIZE,
     BlockMap,
-    BlockMapWriter,
     block_count,
     changes,
     hash_blocks,
     merge_extents,
     scan_file,
+    write_map,
 )
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import StreamReader, read_exactly
@@ -77,20 +77,26 @@ def scan_capture(
     if parent is not None and parent.block_size != block_size:
         parent = None
     started, extents, offset = time.monotonic(), [], 0
-    partial = map_path.with_suffix(".partial")
-    with open(partial, "wb") as out:
-        writer = BlockMapWriter(out, block_size)
-        for entry in files:
-            if entry.path.endswith("/"):
-                continue
+
+    def hashed() -> Iterator[tuple[str, int, bytes]]:
+        nonlocal offset
+        for entry in mapped_files(files):
             reader = StreamReader(root, [entry], 0, entry.size, limiter)
             hashes = scan_file(lambda n, r=reader: read_exactly(r, n), entry.size, block_size)
-            writer.add(entry.path, entry.size, hashes)
             before = parent.hashes(entry.path) if parent is not None else None
-            extents += [(offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)]
+            extents.extend(
+                (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
+            )
             offset += entry.size
-    partial.replace(map_path)
+            yield entry.path, entry.size, hashes
+
+    write_map(map_path, block_size, hashed())
     return ScanResult(merge_extents(extents), offset, round(time.monotonic() - started, 3))
+
+
+def mapped_files(files: list[FileEntry]) -> Iterator[FileEntry]:
+    """The entries a block map lists: files, not directories (``path/``)."""
+    return (entry for entry in files if not entry.path.endswith("/"))
 
 
 class DeltaReader:
@@ -261,16 +267,15 @@ def assemble_map(
             "the stream; the rest were lost (was its state directory cleared?).",
             fix="retry the backup.",
         )
-    hashes, at = b"".join(digests), 0
-    partial = map_path.with_suffix(".partial")
-    with open(partial, "wb") as out:
-        writer = BlockMapWriter(out, block_size)
-        for entry in files:
-            if entry.path.endswith("/"):
-                continue
+    hashes = b"".join(digests)
+
+    def split() -> Iterator[tuple[str, int, bytes]]:
+        at = 0
+        for entry in mapped_files(files):
             count = block_count(entry.size, block_size) * HASH_SIZE
-            writer.add(entry.path, entry.size, hashes[at : at + count])
+            yield entry.path, entry.size, hashes[at : at + count]
             at += count
-    if at != len(hashes):
-        raise ValueError(f"{len(hashes) - at} bytes of block hashes left over")
-    partial.replace(map_path)
+        if at != len(hashes):  # raised before the map is put in place
+            raise ValueError(f"{len(hashes) - at} bytes of block hashes left over")
+
+    write_map(map_path, block_size, split())
