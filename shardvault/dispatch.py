@@ -85,10 +85,19 @@ def dispatch(
     return {"node_id": request.node_id, "command_id": request.command_id}
 
 
+def post_untracked(
+    svc: Services, node_id: str, command_id: str, command: str, args: dict[str, Any]
+) -> None:
+    """Posts a command without a task token (a cleanup's release or abort: the agent answers
+    nobody) and rings the node's doorbell, so its agent runs it now rather than at its next
+    safety poll."""
+    svc.inbox.post(node_id, command_id, command, args, "")
+    ring_node(svc, node_id, command_id)
+
+
 def ring_node(svc: Services, node_id: str, command_id: str) -> bool:
-    """Rings a node's doorbell after a post without a task token (a cleanup's release or
-    abort): its agent runs it now rather than at its next safety poll. Never raises: a
-    cleanup must not fail for a ring."""
+    """Rings a node's doorbell, looking its record up. Never raises: a cleanup must not fail
+    for a ring."""
     try:
         node, sqs = svc.nodes.get(node_id), svc.doorbells
     except Exception as error:

@@ -24,7 +24,7 @@ from typing import Any
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
 from shardvault.chains import Member, resolve
-from shardvault.dispatch import ring_node
+from shardvault.dispatch import post_untracked
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
@@ -537,9 +537,10 @@ def reap(
     restore_id = record["restore_id"]
     nodes = sorted(set(record.get("placement", {}).values()))
     for node_id in nodes:
-        command_id = f"abort_restore:{restore_id}:reaped"
-        svc.inbox.post(node_id, command_id, "abort_restore", {"backup_id": restore_id}, "")
-        ring_node(svc, node_id, command_id)
+        post_untracked(
+            svc, node_id, f"abort_restore:{restore_id}:reaped", "abort_restore",
+            {"backup_id": restore_id},
+        )  # fmt: skip
     done = (
         f"the reaper told nodes {', '.join(nodes)} to stop what the restore started and remove "
         "what it placed"

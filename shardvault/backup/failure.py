@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shardvault.causes import failure_cause
-from shardvault.dispatch import ring_node
+from shardvault.dispatch import post_untracked
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupContext, BackupStatus
 from shardvault.planning import backup_prefix
@@ -77,14 +77,13 @@ def post_releases(context: BackupContext, svc: Services) -> None:
     silent node (its dispatch is refused), whose snapshot would otherwise outlive the backup
     once it comes back; an agent that already released finds nothing to do."""
     for source in context.sources:
-        svc.inbox.post(
+        post_untracked(
+            svc,
             source.node_id,
             f"release:{context.backup_id}:cleanup",
             "release",
             {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
-            "",
         )
-        ring_node(svc, source.node_id, f"release:{context.backup_id}:cleanup")
 
 
 TAKEN_OVER = {
