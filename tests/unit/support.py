@@ -15,6 +15,7 @@ from moto import mock_aws
 from shardvault_agent.config import AgentConfig, ShardConfig
 
 from shardvault.local.stack import create_tables
+from shardvault.models import NodeRecord, ShardInfo
 from shardvault.services import Services
 from shardvault.settings import Settings
 
@@ -46,4 +47,17 @@ def sqlite_agent(tmp_path: Path, rows: int = 0, **agent: Any) -> AgentConfig:
         shards=[ShardConfig(shard_id="s1", path=db)],
         state_dir=tmp_path / "state",
         **agent,
+    )
+
+
+def leader_node(cluster: str, heartbeat_at: float) -> NodeRecord:
+    """The registry record of ``<cluster>-n1``, an SQLite node leading shard s1."""
+    return NodeRecord(
+        node_id=f"{cluster}-n1",
+        cluster=cluster,
+        engine="sqlite",
+        shards=[ShardInfo(shard_id="s1", role="leader")],
+        free_bytes=2**30,
+        version="test",
+        heartbeat_at=heartbeat_at,
     )

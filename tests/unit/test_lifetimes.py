@@ -14,12 +14,12 @@ import pytest
 
 from shardvault import backup, costs, lifetimes
 from shardvault.lambda_support import parse
-from shardvault.models import BackupRequest, NodeRecord, ShardInfo
+from shardvault.models import BackupRequest
 from shardvault.policy import parse_policy
 from shardvault.prices import StorageClass
 from shardvault.services import Services
 
-from .support import moto_services
+from .support import leader_node, moto_services
 
 MiB, GiB, TiB = 2**20, 2**30, 2**40
 DAY = timedelta(days=1)
@@ -135,17 +135,7 @@ def svc(monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
     ).removeprefix("\nversion: 1\nclusters:\n")
     with moto_services(monkeypatch, vault_url="s3://vault/v", policy=text) as services:
         for cluster in ("small", "forced"):
-            services.nodes.put(
-                NodeRecord(
-                    node_id=f"{cluster}-n1",
-                    cluster=cluster,
-                    engine="sqlite",
-                    shards=[ShardInfo(shard_id="s1", role="leader")],
-                    free_bytes=2**30,
-                    version="test",
-                    heartbeat_at=time.time(),
-                )
-            )
+            services.nodes.put(leader_node(cluster, time.time()))
         yield services
 
 

@@ -20,14 +20,12 @@ from shardvault.lambda_support import parse
 from shardvault.models import (
     BackupContext,
     BackupRequest,
-    NodeRecord,
-    ShardInfo,
     VaultRequest,
     VaultTarget,
 )
 from shardvault.services import Services
 
-from .support import moto_services
+from .support import leader_node, moto_services
 
 POLICY = """
 version: 1
@@ -48,17 +46,7 @@ CLUSTERS = ("orders", "ledger", "adhoc")
 
 def register(svc: Services, now: float) -> None:
     for cluster in CLUSTERS:
-        svc.nodes.put(
-            NodeRecord(
-                node_id=f"{cluster}-n1",
-                cluster=cluster,
-                engine="sqlite",
-                shards=[ShardInfo(shard_id="s1", role="leader")],
-                free_bytes=2**30,
-                version="test",
-                heartbeat_at=now,
-            )
-        )
+        svc.nodes.put(leader_node(cluster, now))
 
 
 @pytest.fixture
