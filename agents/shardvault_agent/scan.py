@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import xxhash
-
 from shardvault.errors import CheckpointNotFound
 from shardvault.models import FileEntry
 from shardvault.streams import StreamIndex
@@ -42,6 +40,7 @@ from shardvault_agent.blockmap import (
     HASH_SIZE,
     BlockMap,
     block_count,
+    block_hash,
     changes,
     hash_blocks,
     merge_extents,
@@ -211,7 +210,7 @@ class PackHasher:
             if self.pending:
                 self.pending += chunk[:take]
                 if at + take == block_end:
-                    self.digests.append(xxhash.xxh3_128_digest(bytes(self.pending)))
+                    self.digests.append(block_hash(bytes(self.pending)))
                     self.pending.clear()
             at += take
         if at == stop:
@@ -230,7 +229,7 @@ class PackHasher:
             raise ValueError(f"hashed to {self.position}, not to the range's end {self.end}")
         if self.pending:  # a block that crosses into the next object: read its rest
             self.pending += self.read_at(self.end, self.pending_end - self.end)
-            self.digests.append(xxhash.xxh3_128_digest(bytes(self.pending)))
+            self.digests.append(block_hash(bytes(self.pending)))
             self.pending.clear()
         return b"".join(self.digests)
 

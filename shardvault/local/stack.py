@@ -49,6 +49,7 @@ import yaml
 from shardvault import lambda_support
 from shardvault.backup import REAPED_STATUSES
 from shardvault.errors import InvalidRequest
+from shardvault.local import moto_speedups
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
@@ -253,6 +254,7 @@ class LocalStack:
         self._log_functions_to(self.root / "functions.log")
         served = [*FUNCTIONS.values(), REAPER_FUNCTION]
         LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served}).install()
+        moto_speedups.install()
         self._server = ThreadedMotoServer(
             ip_address="127.0.0.1", port=self.moto_port, verbose=False
         )

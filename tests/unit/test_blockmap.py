@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from shardvault_agent.blockmap import (
     merge_extents,
     scan_file,
 )
+from xxhash import xxh3_128_digest
 
 
 def write_map(path: Path, files: dict[str, bytes]) -> None:
@@ -69,6 +71,38 @@ def test_scanning_reads_blocks_in_order_whatever_the_read_size() -> None:
     data = os.urandom(300 * BLOCK_SIZE + 17)
     source = io.BytesIO(data)
     assert scan_file(source.read, len(data)) == hash_blocks(data, BLOCK_SIZE)
+
+
+def write_version_1_map(path: Path, name: str, data: bytes) -> None:
+    """A map as agents wrote them before version 2: whole 16-byte xxh3-128 digests."""
+    digests = b"".join(
+        xxh3_128_digest(data[at : at + BLOCK_SIZE]) for at in range(0, len(data), BLOCK_SIZE)
+    )
+    encoded = name.encode()
+    count = len(digests) // 16
+    path.write_bytes(
+        struct.pack(">4sBI", b"SVBM", 1, BLOCK_SIZE)
+        + struct.pack(">H", len(encoded))
+        + encoded
+        + struct.pack(">QI", len(data), count)
+        + digests
+    )
+
+
+def test_a_version_1_parent_still_finds_exactly_the_changed_blocks(tmp_path: Path) -> None:
+    """A chain begun by an older agent goes on: its parent's 16-byte hashes are compared by
+    their first 8 bytes, so an unchanged block is not sent again and a changed one is."""
+    old = os.urandom(6 * BLOCK_SIZE + 300)
+    write_version_1_map(tmp_path / "v1", "rel", old)
+    new = bytearray(old)
+    new[2 * BLOCK_SIZE] ^= 1
+    with BlockMap(tmp_path / "v1") as parent:
+        assert bytes(parent.hashes("rel")) == hash_blocks(old, BLOCK_SIZE)
+        got = changes(hash_blocks(bytes(new), BLOCK_SIZE), parent.hashes("rel"), len(new),
+                      BLOCK_SIZE)  # fmt: skip
+        assert got == [(2 * BLOCK_SIZE, BLOCK_SIZE)]
+    write_map(tmp_path / "v2", {"rel": old})
+    assert (tmp_path / "v2").stat().st_size < (tmp_path / "v1").stat().st_size - 6 * 8
 
 
 @pytest.mark.parametrize("damage", [b"", b"SVBM", b"XXXX\x01\x00\x00\x20\x00", "cut"])

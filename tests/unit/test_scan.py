@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from shardvault_agent.blockmap import BLOCK_SIZE, BlockMap
+from shardvault_agent.blockmap import BLOCK_SIZE, HASH_SIZE, BlockMap
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import (
     DeltaReader,
@@ -145,7 +145,7 @@ def test_a_full_hashed_by_its_packs_has_the_block_map_a_scan_makes(tmp_path: Pat
 def test_a_lost_hash_fragment_fails_the_map_by_name(tmp_path: Path):
     entries = capture(tmp_path / "root", {"a": os.urandom(3 * BLOCK_SIZE)})
     hashes = tmp_path / "hashes"
-    write_fragment(hashes, 0, BLOCK_SIZE, b"\0" * 16)  # the second object's are missing
+    write_fragment(hashes, 0, BLOCK_SIZE, b"\0" * HASH_SIZE)  # the second object's are missing
     with pytest.raises(CheckpointNotFound, match="were lost"):
         assemble_map(hashes, entries, tmp_path / "packed.map")
     assert not (tmp_path / "packed.map").exists()

@@ -1,0 +1,46 @@
+"""The local stack's memoized moto hot spots answer as moto does, and follow a new stack."""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+from moto import backends
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+from moto.server import create_backend_app
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+from moto.stepfunctions.parser.asl.utils import json_path
+
+from shardvault.local import moto_speedups
+
+
+def test_memoized_answers_are_motos_and_a_new_session_gets_new_clients(monkeypatch) -> None:
+    moto_speedups.install()
+    moto_speedups.install()  # a second stack in the process: nothing wrapped twice
+    path = os.path.dirname(backends.__file__)
+    listed = sorted(
+        name for name in os.listdir(path)
+        if os.path.isdir(os.path.join(path, name)) and not name.startswith("__")
+    )  # fmt: skip
+    assert list(backends.list_of_moto_modules()) == listed
+
+    dispatcher = DomainDispatcherApplication(create_backend_app)
+    assert dispatcher.get_backend_for_host("dynamodb.us-east-1.amazonaws.com") == "dynamodb"
+    assert dispatcher.get_backend_for_host("sqs.us-east-1.amazonaws.com") == "sqs"
+
+    # A running stack's session (its Lambda bridge) is put back after the test.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", boto3.DEFAULT_SESSION)
+    monkeypatch.setenv("MOTO_PORT", "5999")
+    boto3.setup_default_session()
+    first = lambda_eval_utils.boto_client_for("us-east-1", "lambda")
+    assert lambda_eval_utils.boto_client_for("us-east-1", "lambda") is first
+    assert first.meta.endpoint_url == "http://localhost:5999"
+    boto3.setup_default_session()  # what LambdaBridge.install does for a new stack
+    assert lambda_eval_utils.boto_client_for("us-east-1", "lambda") is not first
+    monkeypatch.setenv("MOTO_PORT", "6001")
+    assert lambda_eval_utils.boto_client_for("us-east-1", "lambda").meta.endpoint_url == (
+        "http://localhost:6001"
+    )
+
+    assert json_path.extract_json("$.a.b", {"a": {"b": 7}}) == 7
+    assert json_path.extract_json("$.a.b", {"a": {"b": 8}}) == 8  # the parsed path, reused
