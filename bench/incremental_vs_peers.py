@@ -72,11 +72,13 @@ Measured, per backup:
   pgBackRest, the ``delta`` of ``pgbackrest info`` (the size of the files it copied) — its
   WAL is read by ``archive-push``, outside the backup.
 * *scan*: the agent's own ``scan_seconds`` (read and hash every block, compare with the
-  parent's map; from the data listing in the work bucket), the ``scan`` command's time in
-  the agent's log (adds getting and checking the parent's map), and the ``Scan`` state's time
-  in the execution history (adds the hops through Step Functions and the inbox).
+  parent's map; from the data listing in the work bucket), the ``checkpoint`` command's time
+  in the agent's log (the checkpoint, then the scan: adds getting and checking the parent's
+  map), and the ``Checkpoint`` state's time in the execution history (adds the hops through
+  Step Functions and the inbox).
 * *phases* of a ShardVault backup (from the execution history; they add up to its time):
-  ``checkpoint`` (Validate, Flush, Checkpoint), ``scan`` (PrepareScan, Scan), ``plan``
+  ``checkpoint`` (Validate, PrepareScan, Flush), ``scan`` (Checkpoint: each node's
+  checkpoint and scan, one command), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
   PlanTail, the tail's and block map's Upload map) and ``finalize`` (Release, Finalize).
 * *data bytes sent* (``data_bytes``, plaintext, before compression): ShardVault, the changed
@@ -284,14 +286,14 @@ def phases(spans: list[tuple[str, float, float]], end: float) -> dict[str, float
     first: dict[str, tuple[float, float]] = {}
     for name, entered, exited in spans:
         first.setdefault(name, (entered, exited))
-    checkpoint, scan, plan = first["Checkpoint"][1], first["Scan"][1], first["PlanData"][1]
+    flushed, checkpoint, plan = first["Flush"][1], first["Checkpoint"][1], first["PlanData"][1]
     data_upload = [s for s in spans if s[0] == "Upload" and s[2] <= first["Stop"][0]]
     uploaded = data_upload[0][2] if data_upload else plan
     release = first["Release"][0]
     return {
-        "checkpoint": checkpoint,
-        "scan": scan - checkpoint,
-        "plan": plan - scan,
+        "checkpoint": flushed,
+        "scan": checkpoint - flushed,
+        "plan": plan - checkpoint,
         "upload": uploaded - plan,
         "tail": release - uploaded,
         "finalize": end - release,
@@ -342,9 +344,9 @@ def shardvault_split(bench: bvp.Bench, backup: bvp.ShardVaultBackup) -> dict[str
         "states": states,
         "scan_seconds": agent_scan_seconds(bench, manifest.backup_id),
         "scan_command_seconds": sum(
-            c["end"] - c["start"] for c in commands if c["command"] == "scan"
+            c["end"] - c["start"] for c in commands if c["command"] == "checkpoint"
         ),
-        "scan_state_seconds": states.get("Scan"),
+        "scan_state_seconds": states.get("Checkpoint"),
         "agent": report.agent_split(commands),
     }
 
@@ -792,7 +794,7 @@ def time_split_table(summary: dict[str, Any]) -> str:
     rows = [
         "| ShardVault backup (medians, s) | "
         + " | ".join(names)
-        + " | agent: scan command | agent: pack wall | agent: upload wall |",
+        + " | agent: checkpoint + scan command | agent: pack wall | agent: upload wall |",
         "| --- |" + " --- |" * (len(names) + 3),
     ]
     for info in shardvault.values():

@@ -239,6 +239,10 @@ class Commands:
             )
 
     def do_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Takes each shard's checkpoint, then (when the command names the parents, as the
+        backup state machine's does) scans it: one command, one round trip, where there were
+        two. Without ``parents`` it answers with the listing alone, for a control plane that
+        still sends ``scan`` on its own."""
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
@@ -251,7 +255,9 @@ class Commands:
                 at = time.time()
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
-            return self._listing_result(backup_id, Phase.DATA, shards)
+            if "parents" not in args:
+                return self._listing_result(backup_id, Phase.DATA, shards)
+            return self._scanned(backup_id, shards, args["parents"])
 
     # --- scan (incrementals; see scan.py) -------------------------------------------------------
     def _map_path(self, backup_id: str, shard_id: str) -> Path:
@@ -296,14 +302,18 @@ class Commands:
         compares it with the parent's; returns the listings with each shard's changed extents
         (packed, coarsened to fit) and what the scan read and took."""
         backup_id, shards = args["backup_id"], self._shards(args)
-        parents = args.get("parents", {})
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            limiter, _ = self.limits(backup_id)
-            result = self._listing_result(backup_id, Phase.DATA, shards)
-            for shard, listed in zip(shards, result["shards"], strict=True):
-                listed.update(self._scan_shard(backup_id, shard.shard_id, parents, limiter))
-            return result
+            return self._scanned(backup_id, shards, args.get("parents", {}))
+
+    def _scanned(
+        self, backup_id: str, shards: list[ShardConfig], parents: dict[str, Any]
+    ) -> dict[str, Any]:
+        limiter, _ = self.limits(backup_id)
+        result = self._listing_result(backup_id, Phase.DATA, shards)
+        for shard, listed in zip(shards, result["shards"], strict=True):
+            listed.update(self._scan_shard(backup_id, shard.shard_id, parents, limiter))
+        return result
 
     def _scan_shard(
         self, backup_id: str, shard_id: str, parents: dict[str, Any], limiter: RateLimiter

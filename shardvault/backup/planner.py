@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardvault.errors import InvalidRequest
+from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import choose_part_size, plan_objects
 from shardvault.services import Services
@@ -57,6 +57,8 @@ def plan(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    if phase == Phase.DATA:
+        check_scanned(results)
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
     read = sum(listing.bytes for listing in listings)  # an incremental reads every block
@@ -120,6 +122,21 @@ def check_listings_match_sources(context: BackupContext, listings: list[ShardLis
             f"agents answered for shards {sorted(got)}, expected {sorted(expected)}.",
             fix="check that each agent's configuration names the shards it registered with.",
         )
+
+
+def check_scanned(results: list[dict[str, Any]]) -> None:
+    """Every shard's data listing carries its scan's answer (``extents``, ``delta_bytes``).
+    An agent older than this control plane checkpoints without scanning; planning its answer
+    would send an incremental's whole stream under extents that say nothing changed."""
+    for result in results:
+        for shard in result["shards"]:
+            if "extents" not in shard or "delta_bytes" not in shard:
+                raise UnknownCommand(
+                    f"the agent of node {result['node_id']} checkpointed shard "
+                    f"{shard['shard_id']} without scanning it: it is older than the control "
+                    "plane.",
+                    fix="upgrade shardvault-agent on that node, then retry the backup.",
+                )
 
 
 def skew_seconds(listings: list[ShardListing]) -> float:

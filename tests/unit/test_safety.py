@@ -14,7 +14,14 @@ from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.backup import check_listings_match_sources
-from shardvault.errors import CheckpointNotFound, ChecksumMismatch, EngineError, InvalidRequest
+from shardvault.backup.planner import check_scanned
+from shardvault.errors import (
+    CheckpointNotFound,
+    ChecksumMismatch,
+    EngineError,
+    InvalidRequest,
+    UnknownCommand,
+)
 from shardvault.materialize import StreamWriter
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, Source
 
@@ -97,6 +104,27 @@ def test_a_retried_checkpoint_returns_the_same_listing(sqlite_commands):
     assert sqlite_commands.do_checkpoint(args) == first
     sqlite_commands.do_release(args)
     assert not (sqlite_commands.config.state_dir / "snapshots" / "b2" / "s1").exists()
+
+
+def test_a_checkpoint_told_the_parents_answers_with_its_scan_as_a_separate_scan_would(
+    sqlite_commands,
+):
+    """One command where there were two: the listing carries the scan's answer (a full's:
+    every byte sent), and a control plane that still sends ``scan`` after a plain checkpoint
+    gets the same answer."""
+    merged = sqlite_commands.do_checkpoint({"backup_id": "b3", "shard_ids": ["s1"], "parents": {}})
+    (shard,) = merged["shards"]
+    assert shard["delta_bytes"] is None
+    assert shard["extents"] == ""
+    check_scanned([merged])
+
+    plain = sqlite_commands.do_checkpoint({"backup_id": "b4", "shard_ids": ["s1"]})
+    with pytest.raises(UnknownCommand, match="without scanning it: it is older"):
+        check_scanned([plain])  # planned, it would be an incremental that says nothing changed
+    scanned = sqlite_commands.do_scan({"backup_id": "b4", "shard_ids": ["s1"], "parents": {}})
+    check_scanned([scanned])
+    same = ("files", "extents", "delta_bytes", "scan_seconds")
+    assert {k: scanned["shards"][0][k] for k in same} == {k: shard[k] for k in same}
 
 
 def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):
