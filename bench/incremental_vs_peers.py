@@ -80,7 +80,8 @@ Measured, per backup:
   ``checkpoint`` (Validate, PrepareScan, Flush), ``scan`` (Checkpoint: each node's
   checkpoint and scan, one command), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
-  PlanTail, the tail's and block map's Upload map) and ``finalize`` (Release, Finalize).
+  PlanTail, the tail's Upload map; a full's block map goes with its tail, an
+  incremental's with its data) and ``finalize`` (Release, Finalize).
 * *data bytes sent* (``data_bytes``, plaintext, before compression): ShardVault, the changed
   blocks (a full: every block); pgBackRest, the files it copied.
 * *agent peak RSS*: ``VmHWM`` of each agent process (peak since it started).

@@ -338,6 +338,8 @@ class Commands:
             "delta_bytes": sum(n for _, n in extents),
             "scan_seconds": scan.scan_seconds,
             "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
+            # The scan wrote the map: it is uploaded with the data, not after Stop.
+            "blockmap_bytes": self._map_path(backup_id, shard_id).stat().st_size,
         }
         write_json(saved, answer)
         return answer
@@ -353,11 +355,15 @@ class Commands:
                 self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
             result = self._listing_result(backup_id, Phase.TAIL, shards)
             for shard, listed in zip(shards, result["shards"], strict=True):
+                # A full's map is joined from its packs' hashes now, and goes with the tail;
+                # an incremental's went with the data (its scan wrote it).
+                if not self._hashed_in_pack(backup_id, shard.shard_id):
+                    continue
                 block_map = self._map_path(backup_id, shard.shard_id)
-                if self._hashed_in_pack(backup_id, shard.shard_id) and not block_map.exists():
+                if not block_map.exists():
                     files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
                     assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
-                listed["blockmap_bytes"] = block_map.stat().st_size if block_map.exists() else 0
+                listed["blockmap_bytes"] = block_map.stat().st_size
             return result
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,9 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
 
 
 def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
-    """One listing per shard whose agent wrote a block map: the map file, sent as one stream
-    (phase ``blockmap``) through the same pipeline as the data."""
+    """One listing per shard whose agent's answer announces a block map (``blockmap_bytes``):
+    the map file, sent as one stream (phase ``blockmap``) through the same pipeline as the
+    data."""
     return [
         ShardListing(
             shard_id=shard["shard_id"],
@@ -62,9 +63,13 @@ def plan(
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
     read = sum(listing.bytes for listing in listings)  # an incremental reads every block
-    if phase == Phase.TAIL:  # the block maps the scan wrote go with the tail
-        listings += blockmap_listings(results)
-    total = sum(listing.sent_bytes for listing in listings)
+    # Block maps go with the phase whose answer announces them: an incremental's scan wrote
+    # its map (data), a full's map is joined from its packs' hashes at Stop (tail).
+    maps = blockmap_listings(results)
+    streamed = sum(listing.sent_bytes for listing in listings)
+    map_bytes = sum(listing.sent_bytes for listing in maps)
+    listings += maps
+    total = streamed + map_bytes
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     vault_class = context.vault.storage_class if context.vault else None
     part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
@@ -83,7 +88,8 @@ def plan(
     svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
     update: dict[str, Any] = {
         "part_size": part_size,
-        f"{phase}_bytes": total,
+        f"{phase}_bytes": streamed,  # the phase's own stream: what changed, for data
+        f"{phase}_blockmap_bytes": map_bytes,
         f"{phase}_objects": len(objects),
         # What the agents read from the databases (the data and the tail; block maps are
         # written, not read), beside what they sent (``bytes``: an incremental's changes).
@@ -99,7 +105,9 @@ def plan(
         }
     else:
         update |= {
-            "bytes_total": record.get("data_bytes", 0) + total,
+            "bytes_total": record.get("data_bytes", 0)
+            + record.get("data_blockmap_bytes", 0)
+            + total,
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
     svc.catalog.update(context.cluster, context.backup_id, **update)

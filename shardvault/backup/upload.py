@@ -137,7 +137,7 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
     missing."""
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
     planned = [item["object"]["key"] for item in svc.get_work(plan_key)]
-    # Every phase's results: the tail's plan also holds the block maps (results/blockmap/).
+    # Every phase's results: either plan may also hold block maps (results/blockmap/).
     results = svc.list_work(svc.work_key(context.backup_id, "results") + "/")
     done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
     missing = [key for key in planned if key not in done]

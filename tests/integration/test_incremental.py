@@ -53,6 +53,15 @@ def test_without_its_cache_the_agent_rebuilds_the_parents_map_from_the_store(
     assert child["kind"] == "incremental"
     assert child["data_bytes"] == 0  # nothing changed, and the store's map says so
 
+    # An incremental's own map (uploaded beside its data, not with its tail) serves the next.
+    shutil.rmtree(cache)
+    grandchild = cluster.backup(incremental=True)
+    assert grandchild.status == "SUCCEEDED", grandchild.cause
+    record = {r["backup_id"]: r for r in cluster.records()}[grandchild.record["backup_id"]]
+    assert record["parent_id"] == child["backup_id"]
+    assert record["data_bytes"] == 0
+    assert record["data_blockmap_bytes"] > 0
+
 
 def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_target, policy_for):
     from shardvault.local.demo import table_digests
