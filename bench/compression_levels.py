@@ -5,6 +5,8 @@ Usage::
 
     PYTHONPATH=.:agents .venv/bin/python bench/compression_levels.py [--scale 100] \\
         [--out bench/results]
+    PYTHONPATH=.:agents .venv/bin/python bench/compression_levels.py --scale 100 \\
+        --changes 3 --levels 1,2,3 --large-frames-every-level
 
 Terms:
 
@@ -13,7 +15,20 @@ Terms:
   ``pg_xact`` and the other small files; ``pg_wal`` and the skipped files left out).
 * *frame*: a consecutive 1 MiB (``--frame-mib``) slice of the stream, compressed on its own with
   one ``zstandard.ZstdCompressor`` per level reused across frames, as the product does. Its
-  last frame may be shorter.
+  last frame may be shorter. *Large frames* are ``--large-frame-mib`` (4 MiB) slices, joined
+  from consecutive frames: measured for the recommended level only, or for every level with
+  ``--large-frames-every-level``.
+* *levels*: ``--levels`` (default ``-3,-1,1,2,3,6``); a level this zstandard build rejects is
+  listed as unsupported and skipped.
+* *changes*: ``--changes N`` (0 to 3, default 0) rounds of the changes
+  ``bench/incremental_vs_peers.py`` makes between its incrementals, applied after ``pgbench -i``
+  with its own functions: per round, its 1 % update (``UPDATE pgbench_accounts SET abalance =
+  abalance + 1`` over one contiguous 1 % of the aids, round n at its n-th range, so each round
+  updates other rows), then its 10,000 transactions (``pgbench -n -c 4 -j 2 -t 2500``), each
+  followed by a ``CHECKPOINT`` as there. Why: the data a backup meets after updates compresses
+  differently from freshly loaded pgbench data: an update keeps the old row version and writes
+  the new one on another page (``pgbench -i`` fills its pages, fillfactor 100), so the tables
+  grow and mix dead and live rows, and the transactions add rows to ``pgbench_history``.
 * *stored*: what the product keeps of a frame: the zstd output, or the raw frame when
   compression does not *pay*, i.e. the output is at least :data:`PAYS_BELOW` (90 %) of the
   frame. *ratio* is raw bytes / stored bytes (higher is better).
@@ -35,17 +50,19 @@ Terms:
   = 640 MiB/s).
 
 Steps: start a PostgreSQL 15 instance (``shardvault.local.postgres``, as the postgres OS user),
-``pgbench -i -s SCALE``, ``CHECKPOINT``, stop it (so the files are stable), read the stream
-into memory as frames, then measure each level (compress, then decompress and compare), the
-recommended level with 4 MiB frames, ``--random-mib`` (256) MiB of ``os.urandom`` in 1 MiB
-frames, the pre-check, and xxh3-128 over 8 KiB blocks (one ``xxh3_128_digest`` call per block,
-sliced from a memoryview of each 1 MiB frame). The server is stopped and the work directory
-removed on the way out, also on failure, Ctrl-C or SIGTERM (``--keep`` keeps the directory).
+``pgbench -i -s SCALE``, the ``--changes`` rounds, ``CHECKPOINT``, stop it (so the files are
+stable), read the stream into memory as frames, then measure each level (compress, then
+decompress and compare), the recommended level (or every level) with 4 MiB frames,
+``--random-mib`` (256) MiB of ``os.urandom`` in 1 MiB frames, the pre-check, and xxh3-128 over
+8 KiB blocks (one ``xxh3_128_digest`` call per block, sliced from a memoryview of each 1 MiB
+frame). The server is stopped and the work directory removed on the way out, also on failure,
+Ctrl-C or SIGTERM (``--keep`` keeps the directory).
 
-Results go to ``--out`` as ``compression_levels-<time>.json`` and ``.md``; the tables are
-printed to stdout. Caveat: pgbench's tables are unusually compressible (blank-padded
-``filler`` columns), so ratios here are an upper bound for typical data, and the size gaps
-between levels may be wider on other data.
+Results go to ``--out`` as ``compression_levels-<time>.json`` and ``.md`` (``setup.changes`` is
+N, ``setup.change_rounds`` what each round did); the tables are printed to stdout. Caveat:
+pgbench's tables are unusually compressible (blank-padded ``filler`` columns), so ratios here
+are an upper bound for typical data, and the size gaps between levels may be wider on other
+data.
 """
 
 from __future__ import annotations
@@ -69,6 +86,13 @@ from typing import Any
 
 import xxhash
 import zstandard
+from incremental_vs_peers import (
+    UPDATE_AT,
+    contiguous_update,
+    pgbench_transactions,
+    wal_lsn,
+    wal_since,
+)
 from shardvault_agent.engines.postgres import listing
 
 from shardvault.local.postgres import (
@@ -93,13 +117,44 @@ def say(message: str) -> None:
 
 
 # --- arguments ----------------------------------------------------------------------------------
+def level_list(text: str) -> tuple[int, ...]:
+    """``--levels``: comma-separated zstd levels, e.g. ``1,2,3``."""
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers; write e.g. 1,2,3"
+        ) from None
+    if len(set(levels)) != len(levels):
+        raise argparse.ArgumentTypeError(f"{text!r} names a level twice; name each once")
+    return levels
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=100, help="pgbench scale (100 ≈ 1.5 GiB)")
+    parser.add_argument(
+        "--changes",
+        type=int,
+        default=0,
+        help=f"rounds (0 to {len(UPDATE_AT)}) of incremental_vs_peers.py's changes after "
+        "pgbench -i: a 1 %% contiguous update, then 10,000 pgbench transactions",
+    )
+    parser.add_argument(
+        "--levels",
+        type=level_list,
+        default=LEVELS,
+        help=f"zstd levels to measure (default {','.join(map(str, LEVELS))})",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results dir")
     parser.add_argument("--frame-mib", type=int, default=1, help="frame size (MiB)")
     parser.add_argument(
         "--large-frame-mib", type=int, default=4, help="the larger frame size compared (MiB)"
+    )
+    parser.add_argument(
+        "--large-frames-every-level",
+        action="store_true",
+        help="measure --large-frame-mib frames for every level, not only the recommended one",
     )
     parser.add_argument("--random-mib", type=int, default=256, help="MiB of os.urandom")
     parser.add_argument("--precheck-kib", type=int, default=64, help="pre-check prefix (KiB)")
@@ -125,6 +180,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             "--scale, --frame-mib, --random-mib, --precheck-kib and --repeats must be at least 1"
         )
+    if not 0 <= args.changes <= len(UPDATE_AT):
+        parser.error(
+            f"--changes must be 0 to {len(UPDATE_AT)}: each round updates its own 1 % of the "
+            f"accounts at one of incremental_vs_peers.py's {len(UPDATE_AT)} ranges (UPDATE_AT)"
+        )
     if args.large_frame_mib % args.frame_mib:
         parser.error("--large-frame-mib must be a multiple of --frame-mib (frames are joined)")
     if args.precheck_kib * KiB >= args.frame_mib * MiB:
@@ -133,13 +193,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # --- the data -----------------------------------------------------------------------------------
-def build_data_dir(data_dir: Path, scale: int) -> dict[str, Any]:
-    """initdb, ``pgbench -i -s scale``, CHECKPOINT, stop; the caller stops it on failure."""
+def change_round(pg: PostgresInstance, scale: int, nth: int) -> dict[str, Any]:
+    """Round ``nth`` (0-based) of ``--changes``: incremental_vs_peers.py's 1 % update at its
+    ``nth`` range, then its 10,000 pgbench transactions, each followed by a CHECKPOINT as there.
+    """
+    started, lsn = time.monotonic(), wal_lsn(pg)
+    update = contiguous_update(pg, scale, nth)
+    pg.psql("CHECKPOINT")
+    transactions = pgbench_transactions(pg)
+    pg.psql("CHECKPOINT")
+    return {
+        "round": nth + 1,
+        "update": update,
+        "transactions": transactions,
+        "wal_bytes": wal_since(pg, lsn),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def build_data_dir(data_dir: Path, scale: int, changes: int) -> dict[str, Any]:
+    """initdb, ``pgbench -i -s scale``, ``changes`` rounds of changes, CHECKPOINT, stop; the
+    caller stops it on failure."""
     say(f"initdb and pgbench -i -s {scale} in {data_dir}")
     pg: PostgresInstance = init_instance(data_dir)
     started = time.monotonic()
     pgbench_init(pg, scale)
     filled = time.monotonic()
+    loaded_bytes = int(pg.psql("SELECT pg_database_size('postgres')"))
+    rounds = []
+    for nth in range(changes):
+        rounds.append(change_round(pg, scale, nth))
+        say(f"  change round {nth + 1} of {changes}: {rounds[-1]}")
     pg.psql("CHECKPOINT")
     database_bytes = int(pg.psql("SELECT pg_database_size('postgres')"))
     version = pg.psql("SHOW server_version")
@@ -147,6 +231,9 @@ def build_data_dir(data_dir: Path, scale: int) -> dict[str, Any]:
     return {
         "postgres": version,
         "pgbench_init_seconds": round(filled - started, 1),
+        "changes": changes,
+        "change_rounds": rounds,
+        "loaded_database_bytes": loaded_bytes,
         "database_bytes": database_bytes,
     }
 
@@ -443,12 +530,33 @@ def _precheck_row(p: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _rounds(count: int) -> str:
+    return f"{count} round" if count == 1 else f"{count} rounds"
+
+
+def _changes_text(setup: dict[str, Any]) -> str:
+    """What ``--changes`` did to the data, for the report."""
+    if not setup["changes"]:
+        return "Data: as loaded by pgbench -i (--changes 0)."
+    transactions = sum(r["transactions"]["transactions"] or 0 for r in setup["change_rounds"])
+    return (
+        f"Data: after pgbench -i, {_rounds(setup['changes'])} of incremental_vs_peers.py's changes "
+        "(a 1 % contiguous UPDATE of pgbench_accounts, then pgbench -n -c 4 -j 2 -t 2500), "
+        f"{transactions:,} transactions in all; database "
+        f"{setup['loaded_database_bytes'] / GiB:.2f} GiB loaded, "
+        f"{setup['database_bytes'] / GiB:.2f} GiB after the changes."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     setup, machine, hashing = result["setup"], result["machine"], result["hashing"]
     recommended = result["recommended_level"]
+    changed = f" after {_rounds(setup['changes'])} of changes" if setup["changes"] else ""
     lines = [
-        f"# zstd levels on pgbench -s {setup['scale']} ({setup['stream_bytes'] / GiB:.2f} GiB "
-        f"stream, {setup['files']} files)",
+        f"# zstd levels on pgbench -s {setup['scale']}{changed} "
+        f"({setup['stream_bytes'] / GiB:.2f} GiB stream, {setup['files']} files)",
+        "",
+        _changes_text(setup),
         "",
         f"{machine['cpu_model']}, {machine['nproc']} CPUs (shared), Python {machine['python']}, "
         f"zstandard {machine['zstandard']} (libzstd {machine['libzstd']}), xxhash "
@@ -461,7 +569,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| compress MiB/s wall | decompress MiB/s CPU | decompress MiB/s wall |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *(_level_row(r, recommended) for r in result["levels"]),
-        _level_row(result["large_frames"], recommended),
+        *(_level_row(r, recommended) for r in result["large_frame_levels"]),
         "",
         f"Recommended level (the fewest stored bytes among levels compressing at "
         f"≥ {result['args']['min_mibps']:.0f} MiB/s CPU, sizes within "
@@ -497,9 +605,10 @@ def markdown(result: dict[str, Any]) -> str:
 def measure_levels(
     args: argparse.Namespace, frames: list[bytes], frame_bytes: int
 ) -> tuple[list[dict[str, Any]], dict[int, list[int]], list[int]]:
-    """Every supported level over the frames: summaries, per-frame sizes, unsupported levels."""
+    """Every supported level of ``--levels`` over the frames: summaries, per-frame sizes,
+    unsupported levels."""
     summaries, sizes, unsupported = [], {}, []
-    for level in LEVELS:
+    for level in args.levels:
         if not level_supported(level):
             unsupported.append(level)
             continue
@@ -510,8 +619,24 @@ def measure_levels(
     return summaries, sizes, unsupported
 
 
+def measure_large_frames(
+    args: argparse.Namespace, frames: list[bytes], levels: Sequence[int]
+) -> list[dict[str, Any]]:
+    """``levels`` over ``--large-frame-mib`` frames joined from ``frames``: their summaries."""
+    factor = args.large_frame_mib // args.frame_mib
+    summaries = []
+    for level in levels:
+        say(f"level {level}, {args.large_frame_mib} MiB frames")
+        result, _ = measure_best_of(
+            lambda: join_frames(frames, factor), level, args.large_frame_mib * MiB, args.repeats
+        )
+        summaries.append(result.summary())
+        say(f"  {summaries[-1]}")
+    return summaries
+
+
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
-    setup = {"scale": args.scale, **build_data_dir(data_dir, args.scale)}
+    setup = {"scale": args.scale, **build_data_dir(data_dir, args.scale, args.changes)}
     paths = backup_paths(data_dir)
     frame_bytes = args.frame_mib * MiB
     say(f"reading {len(paths)} files into {frame_bytes // MiB} MiB frames")
@@ -519,15 +644,12 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     setup |= {"files": len(paths), "stream_bytes": sum(map(len, frames)), "frames": len(frames)}
     levels, sizes, unsupported = measure_levels(args, frames, frame_bytes)
     recommended = recommend(levels, args.min_mibps, args.same_size_pct)
-    factor = args.large_frame_mib // args.frame_mib
-    say(f"level {recommended}, {args.large_frame_mib} MiB frames")
-    large, _ = measure_best_of(
-        lambda: join_frames(frames, factor), recommended, args.large_frame_mib * MiB, args.repeats
-    )
+    large_levels = [r["level"] for r in levels] if args.large_frames_every_level else [recommended]
+    large = measure_large_frames(args, frames, large_levels)
     random = random_frames(args.random_mib * MiB, frame_bytes)
     by_level = {r["level"]: r for r in levels}
     incompressible = []
-    for level in INCOMPRESSIBLE_LEVELS:
+    for level in (level for level in INCOMPRESSIBLE_LEVELS if level in by_level):
         say(f"incompressible frames and the pre-check, level {level}")
         pgbench_cpu = by_level[level]["compress_cpu_s"]
         incompressible.append(
@@ -541,7 +663,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         "levels": levels,
         "unsupported_levels": unsupported,
         "recommended_level": recommended,
-        "large_frames": large.summary(),
+        "large_frames": next(r for r in large if r["level"] == recommended),
+        "large_frame_levels": large,
         "incompressible": incompressible,
         "hashing": measure_hashing(frames),
     }
