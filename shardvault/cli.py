@@ -255,7 +255,8 @@ def backup_type(record: dict[str, Any]) -> str:
 
 def read_bytes(record: dict[str, Any]) -> int:
     """What the backup read from the databases: an incremental reads (and hashes) every block
-    and sends only the changed ones (``bytes``); records before incrementals hold ``bytes``."""
+    of the files that changed since its parent and sends only the changed blocks (``bytes``);
+    records before incrementals hold ``bytes``."""
     return int(record.get("read_bytes") or record.get("bytes", 0))
 
 
@@ -766,8 +767,9 @@ def print_reduction(full: dict[str, Any], incremental: dict[str, Any]) -> None:
     """What the incremental sent against its full: the data reduction the demo shows."""
     stored, of_full = recorded_stored_bytes(incremental), recorded_stored_bytes(full)
     console.print(
-        f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB (every block, "
-        f"hashed), sent {incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
+        f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB (every block "
+        f"of the files changed since the full, hashed), sent "
+        f"{incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
         f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
         f"{of_full / MiB:,.1f} MiB"
     )

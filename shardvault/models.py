@@ -179,6 +179,7 @@ class ShardListing(Frozen):
     extents: str = ""
     delta_bytes: int | None = None
     scan_seconds: float | None = None
+    unchanged_bytes: int = 0  # of files the scan found unchanged by identity: not read
 
     @property
     def bytes(self) -> int:

@@ -20,20 +20,31 @@ Terms:
   file did not have).
 - *changes*: the byte ranges of a file (block-aligned, merged when adjacent) that differ from
   the parent's; *extents* are the same ranges as offsets of the shard's stream.
+- *file identity*: a file's device, inode, mtime and ctime (nanoseconds), taken before any of
+  its bytes were read, or :data:`NO_IDENTITY` when it is not to be trusted (see
+  :func:`identity_of`). The kernel sets a file's ctime to the current time on every write,
+  truncate, rename or metadata change, and nothing can set it back (``utime`` sets mtime, and
+  ctime with it to now), so a file whose identity and size are what the parent recorded holds
+  the bytes the parent hashed: its blocks are not read again. A file changed within
+  :data:`RACY_SECONDS` before its identity was taken gets none: the clock behind ctime ticks
+  in milliseconds, and a write later in the same tick would leave ctime as recorded (git's
+  "racily clean" entries, pgBackRest's wait for the next second, for the same reason).
 
 Binary format (one file, read with ``mmap``): ``SVBM`` + version (u8) + block size (u32), then
-per file: path length (u16), path (UTF-8), size (u64), block count (u32), 8 bytes per block
-(version 2; 16 in version 1).
+per file: path length (u16), path (UTF-8), size (u64), block count (u32), its identity
+(device u64, inode u64, mtime and ctime i64 nanoseconds; all zero: none), 8 bytes per block.
+Version 1 had no identity and 16 bytes per block.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import xxhash
 
@@ -44,8 +55,28 @@ VERSION = 2
 HASH_SIZES = {1: 16, 2: HASH_SIZE}  # of each version this agent reads
 HEADER = struct.Struct(">4sBI")
 ENTRY = struct.Struct(">H")
-ENTRY_TAIL = struct.Struct(">QI")
+ENTRY_TAILS = {1: struct.Struct(">QI"), 2: struct.Struct(">QIQQqq")}  # size, count[, identity]
 READ_BLOCKS = 128  # blocks read at once: 1 MiB
+RACY_SECONDS = 2  # see *file identity*
+
+
+class FileIdentity(NamedTuple):
+    device: int
+    inode: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+NO_IDENTITY = FileIdentity(0, 0, 0, 0)
+
+
+def identity_of(stat: os.stat_result, now_ns: int) -> FileIdentity:
+    """``stat``'s identity, taken at ``now_ns`` (``time.time_ns()``), or ``NO_IDENTITY`` when
+    the file changed too recently for it to prove anything (or in the future: a clock moved)."""
+    newest = max(stat.st_mtime_ns, stat.st_ctime_ns)
+    if newest > now_ns - RACY_SECONDS * 1_000_000_000:
+        return NO_IDENTITY
+    return FileIdentity(stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 class BlockMapDamaged(ValueError):
@@ -76,22 +107,28 @@ class BlockMapWriter:
         self.out, self.block_size = out, block_size
         out.write(HEADER.pack(MAGIC, VERSION, block_size))
 
-    def add(self, path: str, size: int, hashes: bytes) -> None:
+    def add(
+        self, path: str, size: int, hashes: bytes, identity: FileIdentity = NO_IDENTITY
+    ) -> None:
         encoded = path.encode()
         count = len(hashes) // HASH_SIZE
         if count != block_count(size, self.block_size):
             raise ValueError(f"{path}: {count} hashes for {size} bytes")
-        self.out.write(ENTRY.pack(len(encoded)) + encoded + ENTRY_TAIL.pack(size, count) + hashes)
+        tail = ENTRY_TAILS[VERSION].pack(size, count, *identity)
+        self.out.write(ENTRY.pack(len(encoded)) + encoded + tail + hashes)
 
 
-def write_map(path: Path, block_size: int, hashed: Iterable[tuple[str, int, bytes]]) -> None:
-    """Writes a block map of ``(path, size, hashes)`` entries, in listing order, to ``path``
-    at once: through a ``.partial`` file, so a map that is there is whole."""
+Hashed = tuple[str, int, bytes, FileIdentity]  # a file's path, size, hashes and identity
+
+
+def write_map(path: Path, block_size: int, hashed: Iterable[Hashed]) -> None:
+    """Writes a block map of ``(path, size, hashes, identity)`` entries, in listing order, to
+    ``path`` at once: through a ``.partial`` file, so a map that is there is whole."""
     partial = path.with_suffix(".partial")
     with open(partial, "wb") as out:
         writer = BlockMapWriter(out, block_size)
-        for name, size, hashes in hashed:
-            writer.add(name, size, hashes)
+        for name, size, hashes, identity in hashed:
+            writer.add(name, size, hashes, identity)
     partial.replace(path)
 
 
@@ -100,6 +137,7 @@ class MapEntry:
     size: int
     offset: int  # of the first hash in the map file
     count: int
+    identity: FileIdentity = NO_IDENTITY
 
 
 class BlockMap:
@@ -124,6 +162,7 @@ class BlockMap:
             known = " or ".join(str(v) for v in HASH_SIZES)
             raise BlockMapDamaged(f"{path} is not a version-{known} block map")
         self.hash_size = hash_size = HASH_SIZES[version]
+        entry_tail = ENTRY_TAILS[version]
         entries, at = {}, HEADER.size
         try:
             while at < len(data):
@@ -131,11 +170,13 @@ class BlockMap:
                 at += ENTRY.size
                 name = bytes(data[at : at + length]).decode()
                 at += length
-                size, count = ENTRY_TAIL.unpack_from(data, at)
-                at += ENTRY_TAIL.size
+                size, count, *identity = entry_tail.unpack_from(data, at)
+                at += entry_tail.size
                 if count != block_count(size, block_size) or at + count * hash_size > len(data):
                     raise BlockMapDamaged(f"{path}: entry {name!r} is cut short")
-                entries[name] = MapEntry(size, at, count)
+                entries[name] = MapEntry(
+                    size, at, count, FileIdentity(*identity) if identity else NO_IDENTITY
+                )
                 at += count * hash_size
         except (struct.error, UnicodeDecodeError) as error:
             raise BlockMapDamaged(f"{path} is damaged at byte {at}: {error}") from error
@@ -151,6 +192,17 @@ class BlockMap:
             return view
         step = self.hash_size
         return b"".join(view[at : at + HASH_SIZE] for at in range(0, len(view), step))
+
+    def unchanged(self, path: str, size: int, identity: FileIdentity) -> bool:
+        """Whether ``path``, now of ``size`` bytes and ``identity``, holds the bytes this map
+        hashed: both identities real and equal (see *file identity*)."""
+        entry = self.entries.get(path)
+        return (
+            entry is not None
+            and identity != NO_IDENTITY
+            and entry.identity == identity
+            and entry.size == size
+        )
 
     def close(self) -> None:
         self._map.close()

@@ -52,6 +52,7 @@ from shardvault_agent.scan import (
     DeltaReader,
     PackHasher,
     assemble_map,
+    save_identities,
     scan_capture,
     write_fragment,
 )
@@ -126,6 +127,7 @@ class Commands:
             "files": [[f.path, f.size] for f in capture.files],
             "marker": capture.marker,
             "mutable": capture.mutable,
+            "trust_identity": capture.trust_identity,
             "checkpoint_at": at,
         }
         write_json(path, record)
@@ -322,21 +324,25 @@ class Commands:
         if saved.exists():  # a retried scan: the first one's answer
             return json.loads(saved.read_text())
         parent_path = self.parent_map(shard_id, parents.get(shard_id))
+        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
+        root, trusted = Path(capture["root"]), capture.get("trust_identity", False)
         if parent_path is None:  # a full: its objects hold the whole stream, its packs hash it
+            hashes_dir = self._hashes_dir(backup_id, shard_id)
+            save_identities(hashes_dir, root, capture["files"], trusted)
             answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
             write_json(saved, answer)
             return answer
-        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
-                Path(capture["root"]), capture["files"], limiter, parent,
-                self._map_path(backup_id, shard_id),
+                root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
+                trust_identity=trusted,
             )  # fmt: skip
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {
             "extents": packed,
             "delta_bytes": sum(n for _, n in extents),
             "scan_seconds": scan.scan_seconds,
+            "unchanged_bytes": scan.unchanged_bytes,
             "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
             # The scan wrote the map: it is uploaded with the data, not after Stop.
             "blockmap_bytes": self._map_path(backup_id, shard_id).stat().st_size,

@@ -15,16 +15,22 @@ Terms:
   its block map when the data is all packed. The map then describes exactly the bytes that
   were uploaded, and a full no longer reads its data twice (a scan, then the pack).
 
-No file is skipped for an unchanged size and modification time: PostgreSQL rewrites pages in
-place within the same second and sets no mtime it promises, and SQLite snapshots are new files
-every time, so neither engine makes that shortcut safe. Every block is hashed (0.05 s per GiB
-of CPU; the read itself is the cost, and an incremental's ``scan_seconds`` reports it).
+- *unchanged file*: one whose size and file identity (``blockmap``: device, inode, mtime and
+  ctime, taken before its first byte is read, none for a file changed in the last seconds)
+  equal what its parent's map recorded. Its blocks are not read: the parent's hashes are
+  copied into the new map, and nothing of it is sent. Size and mtime alone would not do
+  (PostgreSQL rewrites pages in place within the same second, and anyone may set an mtime);
+  ctime cannot be set back. Only engines whose capture says so (``Capture.trust_identity``:
+  PostgreSQL's live data directory) skip files; SQLite's snapshots are new files every time.
+  A cold table costs its ``stat``; every block of a changed file is read and hashed (0.05 s
+  per GiB of CPU; the read itself is the cost, and ``scan_seconds`` reports it).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -38,11 +44,15 @@ from shardvault.streams import StreamIndex
 from shardvault_agent.blockmap import (
     BLOCK_SIZE,
     HASH_SIZE,
+    NO_IDENTITY,
     BlockMap,
+    FileIdentity,
+    Hashed,
     block_count,
     block_hash,
     changes,
     hash_blocks,
+    identity_of,
     merge_extents,
     scan_file,
     write_map,
@@ -56,6 +66,7 @@ class ScanResult:
     extents: list[tuple[int, int]]
     stream_bytes: int
     scan_seconds: float
+    unchanged_bytes: int = 0  # of unchanged files: not read
 
     @property
     def delta_bytes(self) -> int:
@@ -69,28 +80,68 @@ def scan_capture(
     parent: BlockMap | None,
     map_path: Path,
     block_size: int = BLOCK_SIZE,
+    trust_identity: bool = False,
 ) -> ScanResult:
     """Hashes every block of the capture into a new block map at ``map_path`` and returns the
     extents that differ from ``parent`` (all of them without a parent, or with a parent of
-    another block size)."""
+    another block size). With ``trust_identity``, an unchanged file (see the module
+    docstring) is not read: its parent's hashes are its own."""
     if parent is not None and parent.block_size != block_size:
         parent = None
-    started, extents, offset = time.monotonic(), [], 0
+    started, extents, offset, unchanged = time.monotonic(), [], 0, 0
 
-    def hashed() -> Iterator[tuple[str, int, bytes]]:
-        nonlocal offset
+    def hashed() -> Iterator[Hashed]:
+        nonlocal offset, unchanged
         for entry in mapped_files(files):
-            reader = StreamReader(root, [entry], 0, entry.size, limiter)
-            hashes = scan_file(lambda n, r=reader: read_exactly(r, n), entry.size, block_size)
-            before = parent.hashes(entry.path) if parent is not None else None
-            extents.extend(
-                (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
-            )
+            identity = file_identity(root, entry, trust_identity)
+            if parent is not None and parent.unchanged(entry.path, entry.size, identity):
+                hashes = bytes(parent.hashes(entry.path) or b"")
+                unchanged += entry.size
+            else:
+                reader = StreamReader(root, [entry], 0, entry.size, limiter)
+                hashes = scan_file(lambda n, r=reader: read_exactly(r, n), entry.size, block_size)
+                before = parent.hashes(entry.path) if parent is not None else None
+                extents.extend(
+                    (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
+                )
             offset += entry.size
-            yield entry.path, entry.size, hashes
+            yield entry.path, entry.size, hashes, identity
 
     write_map(map_path, block_size, hashed())
-    return ScanResult(merge_extents(extents), offset, round(time.monotonic() - started, 3))
+    seconds = round(time.monotonic() - started, 3)
+    return ScanResult(merge_extents(extents), offset, seconds, unchanged)
+
+
+def file_identity(root: Path, entry: FileEntry, trusted: bool) -> FileIdentity:
+    """``entry``'s identity now, before its bytes are read; none unless ``trusted``, or when
+    the file is gone or no longer of its listed size (it is changing)."""
+    if not trusted:
+        return NO_IDENTITY
+    try:
+        stat = os.stat(root / entry.path)
+    except FileNotFoundError:
+        return NO_IDENTITY
+    return identity_of(stat, time.time_ns()) if stat.st_size == entry.size else NO_IDENTITY
+
+
+IDENTITIES = "identities.json"  # beside a full's hash fragments
+
+
+def save_identities(directory: Path, root: Path, files: list[FileEntry], trusted: bool) -> None:
+    """Takes the identities of a full's mapped files, in listing order, before its packs read
+    anything, and keeps them beside its hash fragments for ``assemble_map``."""
+    identities = [list(file_identity(root, entry, trusted)) for entry in mapped_files(files)]
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f"{IDENTITIES}.partial"
+    partial.write_text(json.dumps(identities))
+    partial.replace(directory / IDENTITIES)
+
+
+def _saved_identities(directory: Path, files: list[FileEntry]) -> list[FileIdentity]:
+    path = directory / IDENTITIES
+    if not path.exists():  # none taken (an older agent's checkpoint): nothing is skipped later
+        return [NO_IDENTITY for _ in mapped_files(files)]
+    return [FileIdentity(*identity) for identity in json.loads(path.read_text())]
 
 
 def mapped_files(files: list[FileEntry]) -> Iterator[FileEntry]:
@@ -267,12 +318,13 @@ def assemble_map(
             fix="retry the backup.",
         )
     hashes = b"".join(digests)
+    identities = _saved_identities(directory, files)
 
-    def split() -> Iterator[tuple[str, int, bytes]]:
+    def split() -> Iterator[Hashed]:
         at = 0
-        for entry in mapped_files(files):
+        for entry, identity in zip(mapped_files(files), identities, strict=True):
             count = block_count(entry.size, block_size) * HASH_SIZE
-            yield entry.path, entry.size, hashes[at : at + count]
+            yield entry.path, entry.size, hashes[at : at + count], identity
             at += count
         if at != len(hashes):  # raised before the map is put in place
             raise ValueError(f"{len(hashes) - at} bytes of block hashes left over")

@@ -32,6 +32,7 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
                     extents=shard.get("extents", ""),
                     delta_bytes=shard.get("delta_bytes"),
                     scan_seconds=shard.get("scan_seconds"),
+                    unchanged_bytes=shard.get("unchanged_bytes", 0),
                 )
             )
     return listings
@@ -62,7 +63,8 @@ def plan(
         check_scanned(results)
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
-    read = sum(listing.bytes for listing in listings)  # an incremental reads every block
+    # An incremental reads every block of the files its scan did not find unchanged.
+    read = sum(listing.bytes - listing.unchanged_bytes for listing in listings)
     # Block maps go with the phase whose answer announces them: an incremental's scan wrote
     # its map (data), a full's map is joined from its packs' hashes at Stop (tail).
     maps = blockmap_listings(results)

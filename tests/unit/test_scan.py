@@ -5,15 +5,17 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent.blockmap import BLOCK_SIZE, HASH_SIZE, BlockMap
+from shardvault_agent.blockmap import BLOCK_SIZE, HASH_SIZE, NO_IDENTITY, BlockMap, hash_blocks
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import (
     DeltaReader,
     PackHasher,
     assemble_map,
+    save_identities,
     scan_capture,
     write_fragment,
 )
@@ -149,3 +151,118 @@ def test_a_lost_hash_fragment_fails_the_map_by_name(tmp_path: Path):
     with pytest.raises(CheckpointNotFound, match="were lost"):
         assemble_map(hashes, entries, tmp_path / "packed.map")
     assert not (tmp_path / "packed.map").exists()
+
+
+# --- unchanged files: not read (see scan's module docstring) -----------------------------------
+def scanned(root: Path, files: dict[str, bytes], parent: Path | None, out: Path, trust=True):
+    listing = [FileEntry(path=p, size=(root / p).stat().st_size) for p in files]
+    if parent is None:
+        return scan_capture(root, listing, RateLimiter(None), None, out, trust_identity=trust)
+    with BlockMap(parent) as map_:
+        return scan_capture(root, listing, RateLimiter(None), map_, out, trust_identity=trust)
+
+
+@pytest.fixture
+def no_racy_margin(monkeypatch):
+    """Files written by the test a moment ago count as old enough to prove themselves; the
+    test then waits for the next tick of the clock behind ctime (``next_tick``) before it
+    changes one, which the margin does in a real scan."""
+    monkeypatch.setattr("shardvault_agent.blockmap.RACY_SECONDS", 0)
+
+
+def next_tick() -> None:
+    time.sleep(0.05)  # the coarse clock ticks every 1 to 10 ms
+
+
+def test_a_file_unchanged_since_the_parent_is_not_read_and_keeps_its_hashes(
+    tmp_path: Path, no_racy_margin
+):
+    root = tmp_path / "data"
+    files = {"base/1/cold": os.urandom(40 * B + 3), "base/1/hot": os.urandom(8 * B)}
+    capture(root, files)
+    scanned(root, files, None, tmp_path / "full.map")
+    next_tick()
+    with open(root / "base/1/hot", "r+b") as f:  # the hot table changes; the cold one does not
+        f.seek(2 * B)
+        f.write(b"changed")
+
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map")
+
+    assert incremental.unchanged_bytes == 40 * B + 3  # the cold file: one stat, no read
+    cold_offset = 0  # listing order: cold first
+    assert incremental.extents == [(cold_offset + 40 * B + 3 + 2 * B, B)]
+    with BlockMap(tmp_path / "incr.map") as new, BlockMap(tmp_path / "full.map") as old:
+        assert bytes(new.hashes("base/1/cold")) == bytes(old.hashes("base/1/cold"))
+        assert new.entries["base/1/cold"].identity == old.entries["base/1/cold"].identity
+    again = scanned(root, files, tmp_path / "incr.map", tmp_path / "again.map")
+    assert again.unchanged_bytes == 40 * B + 3 + 8 * B  # a skipped file's identity carries on
+    assert again.extents == []
+
+
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_read_and_found(
+    tmp_path: Path, no_racy_margin
+):
+    """Size and mtime are what a careless shortcut trusts, and both can be forged: ctime
+    moves with the write and cannot be set back, so the change is found."""
+    root = tmp_path / "data"
+    files = {"rel": os.urandom(16 * B)}
+    capture(root, files)
+    scanned(root, files, None, tmp_path / "full.map")
+    before = os.stat(root / "rel")
+    next_tick()
+    with open(root / "rel", "r+b") as f:
+        f.seek(9 * B)
+        f.write(os.urandom(B))  # same size
+    os.utime(root / "rel", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(root / "rel").st_mtime_ns == before.st_mtime_ns
+
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map")
+
+    assert incremental.unchanged_bytes == 0
+    assert incremental.extents == [(9 * B, B)]
+
+
+def test_a_file_changed_just_before_the_parents_scan_proves_nothing(tmp_path: Path):
+    """With the real margin, a file written a moment ago gets no identity (a write later in
+    the same clock tick would leave its ctime as recorded): the next scan reads it again."""
+    root = tmp_path / "data"
+    files = {"rel": os.urandom(4 * B)}
+    capture(root, files)
+    scanned(root, files, None, tmp_path / "full.map")
+    with BlockMap(tmp_path / "full.map") as full:
+        assert full.entries["rel"].identity == NO_IDENTITY
+
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map")
+
+    assert incremental.unchanged_bytes == 0
+
+
+def test_an_engine_that_does_not_trust_identities_reads_every_file(tmp_path: Path, no_racy_margin):
+    root = tmp_path / "data"
+    files = {"rel": os.urandom(4 * B)}
+    capture(root, files)
+    scanned(root, files, None, tmp_path / "full.map", trust=False)
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map", trust=False)
+    assert incremental.unchanged_bytes == 0
+    with BlockMap(tmp_path / "incr.map") as new:
+        assert new.entries["rel"].identity == NO_IDENTITY
+
+
+def test_a_full_records_the_identities_taken_before_its_packs_read(tmp_path: Path, no_racy_margin):
+    """A full's map is joined from its packs' hashes; the identities beside them were taken
+    at its scan, before any pack read: a file changed after that point proves nothing."""
+    root = tmp_path / "data"
+    files = {"a": os.urandom(3 * B), "b": os.urandom(2 * B)}
+    entries = capture(root, files)
+    hashes = tmp_path / "hashes"
+    save_identities(hashes, root, entries, trusted=True)
+    next_tick()
+    os.utime(root / "b")  # changed after the identities were taken (ctime moves)
+    data = b"".join(files.values())
+    write_fragment(hashes, 0, len(data), hash_blocks(data, B))
+
+    assemble_map(hashes, entries, tmp_path / "full.map")
+
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map")
+    assert incremental.unchanged_bytes == 3 * B  # "a" only
+    assert incremental.extents == []  # "b" was read, and its bytes had not changed

@@ -34,12 +34,16 @@ _reported: set[str] = set()  # problems already logged by size_or_zero
 
 @dataclass
 class Capture:
-    """Files captured for one shard phase: paths relative to ``root``."""
+    """Files captured for one shard phase: paths relative to ``root``. ``trust_identity``:
+    the engine changes its files only through the file system (never by writes to a mapped
+    file, which need not touch ctime), so an incremental may skip a file whose identity and
+    size are unchanged since its parent (``scan``: *unchanged file*)."""
 
     root: Path
     files: list[FileEntry]
     marker: dict[str, str] = field(default_factory=dict)
     mutable: bool = False
+    trust_identity: bool = False
 
 
 class EngineAdapter(Protocol):

@@ -175,8 +175,15 @@ class PostgresAdapter:
         with self.lock:
             self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal)
         marker = {"start_lsn": str(lsn), "start_wal": wal, "checkpoint_at": f"{started:.6f}"}
+        # PostgreSQL writes relation files with pwrite (never through a mapping), and any
+        # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
+        # since the parent's scan needs no reading.
         return Capture(
-            root=shard.data_dir, files=listing(shard.data_dir), marker=marker, mutable=True
+            root=shard.data_dir,
+            files=listing(shard.data_dir),
+            marker=marker,
+            mutable=True,
+            trust_identity=True,
         )
 
     def holds(self, shard: ShardConfig, backup_id: str) -> bool:
