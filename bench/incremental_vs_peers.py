@@ -128,7 +128,7 @@ from peers import (
 from report import MiB, Target
 
 from shardvault.local.postgres import PostgresInstance
-from shardvault.models import BackupKind, BackupRequest, Phase, RestoreRequest
+from shardvault.models import BackupKind, BackupRequest, Manifest, Phase, RestoreRequest
 
 # The chain's changes, in order: incremental n follows CHANGES[n - 1].
 UPDATE, TRANSACTIONS = "update", "transactions"
@@ -282,6 +282,12 @@ def measure(
     return result
 
 
+def scanned_bytes(bench: bvp.Bench, manifest: Manifest) -> int:
+    """What an incremental's scan read: its stream but the files it found unchanged."""
+    record = bench.stack.services().catalog.get(bvp.CLUSTER, manifest.backup_id) or {}
+    return int(record["data_read_bytes"])
+
+
 def phases(spans: list[tuple[str, float, float]], end: float) -> dict[str, float]:
     """Seconds per phase of a backup (see the module docstring); they add up to its time."""
     first: dict[str, tuple[float, float]] = {}
@@ -338,9 +344,12 @@ def shardvault_split(bench: bvp.Bench, backup: bvp.ShardVaultBackup) -> dict[str
         "blockmap_bytes": sum(o.length for o in maps),
         "blockmap_stored_bytes": blockmap_stored,
         "index_stored_bytes": blockmap_stored + backup.result["stored_manifest_bytes"],
-        # An incremental's scan reads the stream, its pack the delta; a full's pack reads the
-        # stream once and hashes it.
-        "bytes_read": (stream_bytes if manifest.chain else 0) + data_bytes + tail_bytes,
+        # An incremental's scan reads the files that changed since its parent (the catalog's
+        # data_read_bytes), its pack the delta; a full's pack reads the stream once and
+        # hashes it.
+        "bytes_read": (scanned_bytes(bench, manifest) if manifest.chain else 0)
+        + data_bytes
+        + tail_bytes,
         "phases": phases(spans, end),
         "states": states,
         "scan_seconds": agent_scan_seconds(bench, manifest.backup_id),

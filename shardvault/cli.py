@@ -768,7 +768,7 @@ def print_reduction(full: dict[str, Any], incremental: dict[str, Any]) -> None:
     stored, of_full = recorded_stored_bytes(incremental), recorded_stored_bytes(full)
     console.print(
         f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB (every block "
-        f"of the files changed since the full, hashed), sent "
+        f"of the files changed since its parent, hashed), sent "
         f"{incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
         f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
         f"{of_full / MiB:,.1f} MiB"

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shardvault.errors import InvalidRequest, PlanTooLarge
-from shardvault.models import DEFAULT_COMPRESSION_LEVEL, ObjectPlan, ShardListing
+from shardvault.models import DEFAULT_COMPRESSION_LEVEL, ObjectPlan, Phase, ShardListing
 from shardvault.prices import ARCHIVE_CLASSES
 
 KiB = 1024
@@ -152,11 +152,15 @@ def plan_objects(
     part_size: int,
     compression_level: int = DEFAULT_COMPRESSION_LEVEL,
 ) -> list[ObjectPlan]:
-    """Every object of a backup phase, in a deterministic order (shard, then offset)."""
-    object_size = object_size_for(part_size)
-    frame_size = frame_size_for(object_size)
+    """Every object of a backup phase, in a deterministic order (shard, then offset). A block
+    map is one object however large (a manifest records one per shard; a TiB's map is 1 GiB,
+    still 128 parts of 8 MiB)."""
     plans: list[ObjectPlan] = []
     for listing in sorted(listings, key=lambda item: item.shard_id):
+        object_size = object_size_for(part_size)
+        if listing.phase == Phase.BLOCKMAP:
+            object_size = max(object_size, listing.sent_bytes)
+        frame_size = frame_size_for(object_size)
         for i, (offset, length) in enumerate(cut_stream(listing.sent_bytes, object_size)):
             plans.append(
                 ObjectPlan(

@@ -26,9 +26,14 @@ Terms:
   truncate, rename or metadata change, and nothing can set it back (``utime`` sets mtime, and
   ctime with it to now), so a file whose identity and size are what the parent recorded holds
   the bytes the parent hashed: its blocks are not read again. A file changed within
-  :data:`RACY_SECONDS` before its identity was taken gets none: the clock behind ctime ticks
-  in milliseconds, and a write later in the same tick would leave ctime as recorded (git's
-  "racily clean" entries, pgBackRest's wait for the next second, for the same reason).
+  :data:`RACY_SECONDS` before its backup's checkpoint gets none, for two reasons. The clock
+  behind ctime ticks in milliseconds, so a write later in the same tick would leave ctime as
+  recorded (git's "racily clean" entries, pgBackRest's wait for the next second). And a
+  write sets ctime when it starts, before it copies its bytes: the checkpoint is where the
+  engine has finished the writes begun before it (PostgreSQL's waits for every buffer write
+  in progress), so a file whose newest change is older than the checkpoint is not being
+  written; a write begun since moves ctime past the checkpoint. Timestamps with no fraction
+  of a second (file systems that keep whole seconds) give none either.
 
 Binary format (one file, read with ``mmap``): ``SVBM`` + version (u8) + block size (u32), then
 per file: path length (u16), path (UTF-8), size (u64), block count (u32), its identity
@@ -70,11 +75,14 @@ class FileIdentity(NamedTuple):
 NO_IDENTITY = FileIdentity(0, 0, 0, 0)
 
 
-def identity_of(stat: os.stat_result, now_ns: int) -> FileIdentity:
-    """``stat``'s identity, taken at ``now_ns`` (``time.time_ns()``), or ``NO_IDENTITY`` when
-    the file changed too recently for it to prove anything (or in the future: a clock moved)."""
+def identity_of(stat: os.stat_result, checkpoint_ns: int) -> FileIdentity:
+    """``stat``'s identity, taken after its backup's checkpoint at ``checkpoint_ns`` (ns since
+    the epoch), or ``NO_IDENTITY`` when the file changed too close to the checkpoint, or after
+    it, to prove anything (see *file identity*)."""
     newest = max(stat.st_mtime_ns, stat.st_ctime_ns)
-    if newest > now_ns - RACY_SECONDS * 1_000_000_000:
+    if newest >= checkpoint_ns - RACY_SECONDS * 1_000_000_000:
+        return NO_IDENTITY
+    if stat.st_ctime_ns % 1_000_000_000 == 0:  # whole seconds: a tick a second wide
         return NO_IDENTITY
     return FileIdentity(stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
 

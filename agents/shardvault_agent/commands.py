@@ -254,6 +254,8 @@ class Commands:
                 held = self.engine.holds(shard, backup_id)
                 if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
                     continue  # a retried command: the checkpoint is already held
+                # Taken (again): what a lost checkpoint's scan saved describes other files.
+                self._discard_scan(backup_id, shard.shard_id)
                 at = time.time()
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
@@ -272,11 +274,28 @@ class Commands:
         """A full's hash fragments, one per data object (``scan.PackHasher``)."""
         return self.backup_dir(backup_id) / "hashes" / shard_id
 
+    def _discard_scan(self, backup_id: str, shard_id: str) -> None:
+        """Removes a shard's scan answer, block map and hash fragments (with the identities
+        beside them): they belong to one capture, and a checkpoint taken again replaces it."""
+        self._extents_path(backup_id, shard_id).unlink(missing_ok=True)
+        self._map_path(backup_id, shard_id).unlink(missing_ok=True)
+        shutil.rmtree(self._hashes_dir(backup_id, shard_id), ignore_errors=True)
+
+    def _saved_scan(self, backup_id: str, shard_id: str) -> dict[str, Any]:
+        saved = self._extents_path(backup_id, shard_id)
+        return json.loads(saved.read_text()) if saved.exists() else {}
+
     def _hashed_in_pack(self, backup_id: str, shard_id: str) -> bool:
         """A full (its scan found no parent: every byte is sent) has its block map made of
         its packs' hashes, not by a scan."""
-        saved = self._extents_path(backup_id, shard_id)
-        return saved.exists() and json.loads(saved.read_text())["delta_bytes"] is None
+        scan = self._saved_scan(backup_id, shard_id)
+        return bool(scan) and scan["delta_bytes"] is None
+
+    def _map_goes_with_tail(self, backup_id: str, shard_id: str) -> bool:
+        """A full's map (joined at Stop), or an incremental's scanned by a ``scan`` command:
+        a control plane that still sends one plans block maps with the tail only."""
+        scan = self._saved_scan(backup_id, shard_id)
+        return bool(scan) and (scan["delta_bytes"] is None or scan.get("map_with_tail", False))
 
     def cached_map(self, shard_id: str, backup_id: str) -> Path:
         """Where this node keeps the block map of a backup it made, for the next incremental."""
@@ -306,26 +325,38 @@ class Commands:
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            return self._scanned(backup_id, shards, args.get("parents", {}))
+            return self._scanned(backup_id, shards, args.get("parents", {}), map_with_data=False)
 
     def _scanned(
-        self, backup_id: str, shards: list[ShardConfig], parents: dict[str, Any]
+        self,
+        backup_id: str,
+        shards: list[ShardConfig],
+        parents: dict[str, Any],
+        map_with_data: bool = True,
     ) -> dict[str, Any]:
         limiter, _ = self.limits(backup_id)
         result = self._listing_result(backup_id, Phase.DATA, shards)
         for shard, listed in zip(shards, result["shards"], strict=True):
-            listed.update(self._scan_shard(backup_id, shard.shard_id, parents, limiter))
+            scan = self._scan_shard(backup_id, shard.shard_id, parents, limiter, map_with_data)
+            listed.update(scan)
         return result
 
     def _scan_shard(
-        self, backup_id: str, shard_id: str, parents: dict[str, Any], limiter: RateLimiter
+        self,
+        backup_id: str,
+        shard_id: str,
+        parents: dict[str, Any],
+        limiter: RateLimiter,
+        map_with_data: bool,
     ) -> dict[str, Any]:
         saved = self._extents_path(backup_id, shard_id)
         if saved.exists():  # a retried scan: the first one's answer
             return json.loads(saved.read_text())
         parent_path = self.parent_map(shard_id, parents.get(shard_id))
         capture = self.load_capture(backup_id, shard_id, Phase.DATA)
-        root, trusted = Path(capture["root"]), capture.get("trust_identity", False)
+        # Identities are judged against the checkpoint's time, for engines that trust them.
+        trusted = capture["checkpoint_at"] if capture.get("trust_identity") else None
+        root = Path(capture["root"])
         if parent_path is None:  # a full: its objects hold the whole stream, its packs hash it
             hashes_dir = self._hashes_dir(backup_id, shard_id)
             save_identities(hashes_dir, root, capture["files"], trusted)
@@ -335,7 +366,7 @@ class Commands:
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
-                trust_identity=trusted,
+                trusted_before=trusted,
             )  # fmt: skip
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {
@@ -344,9 +375,11 @@ class Commands:
             "scan_seconds": scan.scan_seconds,
             "unchanged_bytes": scan.unchanged_bytes,
             "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
-            # The scan wrote the map: it is uploaded with the data, not after Stop.
-            "blockmap_bytes": self._map_path(backup_id, shard_id).stat().st_size,
         }
+        if map_with_data:  # the scan wrote the map: it is uploaded with the data
+            answer["blockmap_bytes"] = self._map_path(backup_id, shard_id).stat().st_size
+        else:
+            answer["map_with_tail"] = True
         write_json(saved, answer)
         return answer
 
@@ -363,7 +396,7 @@ class Commands:
             for shard, listed in zip(shards, result["shards"], strict=True):
                 # A full's map is joined from its packs' hashes now, and goes with the tail;
                 # an incremental's went with the data (its scan wrote it).
-                if not self._hashed_in_pack(backup_id, shard.shard_id):
+                if not self._map_goes_with_tail(backup_id, shard.shard_id):
                     continue
                 block_map = self._map_path(backup_id, shard.shard_id)
                 if not block_map.exists():

@@ -16,7 +16,8 @@ Terms:
   were uploaded, and a full no longer reads its data twice (a scan, then the pack).
 
 - *unchanged file*: one whose size and file identity (``blockmap``: device, inode, mtime and
-  ctime, taken before its first byte is read, none for a file changed in the last seconds)
+  ctime, taken before its first byte is read; none for a file changed since shortly before
+  the backup's checkpoint)
   equal what its parent's map recorded. Its blocks are not read: the parent's hashes are
   copied into the new map, and nothing of it is sent. Size and mtime alone would not do
   (PostgreSQL rewrites pages in place within the same second, and anyone may set an mtime);
@@ -80,12 +81,13 @@ def scan_capture(
     parent: BlockMap | None,
     map_path: Path,
     block_size: int = BLOCK_SIZE,
-    trust_identity: bool = False,
+    trusted_before: float | None = None,
 ) -> ScanResult:
     """Hashes every block of the capture into a new block map at ``map_path`` and returns the
     extents that differ from ``parent`` (all of them without a parent, or with a parent of
-    another block size). With ``trust_identity``, an unchanged file (see the module
-    docstring) is not read: its parent's hashes are its own."""
+    another block size). With ``trusted_before`` (the checkpoint's time, for an engine whose
+    capture trusts identities), an unchanged file (see the module docstring) is not read:
+    its parent's hashes are its own."""
     if parent is not None and parent.block_size != block_size:
         parent = None
     started, extents, offset, unchanged = time.monotonic(), [], 0, 0
@@ -93,7 +95,7 @@ def scan_capture(
     def hashed() -> Iterator[Hashed]:
         nonlocal offset, unchanged
         for entry in mapped_files(files):
-            identity = file_identity(root, entry, trust_identity)
+            identity = file_identity(root, entry, trusted_before)
             if parent is not None and parent.unchanged(entry.path, entry.size, identity):
                 hashes = bytes(parent.hashes(entry.path) or b"")
                 unchanged += entry.size
@@ -112,25 +114,30 @@ def scan_capture(
     return ScanResult(merge_extents(extents), offset, seconds, unchanged)
 
 
-def file_identity(root: Path, entry: FileEntry, trusted: bool) -> FileIdentity:
-    """``entry``'s identity now, before its bytes are read; none unless ``trusted``, or when
-    the file is gone or no longer of its listed size (it is changing)."""
-    if not trusted:
+def file_identity(root: Path, entry: FileEntry, trusted_before: float | None) -> FileIdentity:
+    """``entry``'s identity now, before its bytes are read, judged against its checkpoint's
+    time ``trusted_before``; none without one, or when the file is gone or no longer of its
+    listed size (it is changing)."""
+    if trusted_before is None:
         return NO_IDENTITY
     try:
         stat = os.stat(root / entry.path)
     except FileNotFoundError:
         return NO_IDENTITY
-    return identity_of(stat, time.time_ns()) if stat.st_size == entry.size else NO_IDENTITY
+    if stat.st_size != entry.size:
+        return NO_IDENTITY
+    return identity_of(stat, int(trusted_before * 1_000_000_000))
 
 
 IDENTITIES = "identities.json"  # beside a full's hash fragments
 
 
-def save_identities(directory: Path, root: Path, files: list[FileEntry], trusted: bool) -> None:
+def save_identities(
+    directory: Path, root: Path, files: list[FileEntry], trusted_before: float | None
+) -> None:
     """Takes the identities of a full's mapped files, in listing order, before its packs read
     anything, and keeps them beside its hash fragments for ``assemble_map``."""
-    identities = [list(file_identity(root, entry, trusted)) for entry in mapped_files(files)]
+    identities = [list(file_identity(root, entry, trusted_before)) for entry in mapped_files(files)]
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / f"{IDENTITIES}.partial"
     partial.write_text(json.dumps(identities))

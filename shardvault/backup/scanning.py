@@ -2,9 +2,16 @@
 
 ``prepare_scan`` writes, per source node, the parent block map of each of its shards (the
 parent manifest's ``blockmap`` object, where it lives, its frame table and key check, the
-chain's wrapped key, and a presigned GET) to the work bucket; the Scan map hands each node its
-``args_key``. A full has no parent: its agents scan all the same (this backup's block maps
-are what the next incremental compares with) and every block counts as changed.
+chain's wrapped key, and a presigned GET) to the work bucket. A full has no parent: its
+agents scan all the same (this backup's block maps are what the next incremental compares
+with) and every block counts as changed.
+
+Each node scans in its Checkpoint command (``checkpoint_args_key`` names the parents), one
+round trip instead of two. An inline Map runs at most :data:`INLINE_MAP_CONCURRENCY` items at
+once, though: in a cluster of more nodes, the later nodes' checkpoints would wait for earlier
+nodes' scans, and the cut would spread over a scan's length. Such a backup is ``separate``:
+its Checkpoint commands name no parents, and a Scan map sends each node ``scan`` with its
+``args_key`` once every checkpoint is taken.
 """
 
 from __future__ import annotations
@@ -16,16 +23,30 @@ from shardvault.models import BackupContext, Manifest, object_place
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 
+INLINE_MAP_CONCURRENCY = 40  # Step Functions' most iterations of an inline Map at once
+
 
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     parents = parent_maps(context, svc)
+    separate = len(context.sources) > INLINE_MAP_CONCURRENCY
     nodes = []
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
         key = svc.work_key(context.backup_id, "scan", f"{source.node_id}.json")
         svc.put_work(key, args)
-        nodes.append({"node_id": source.node_id, "shard_ids": source.shard_ids, "args_key": key})
-    return {"nodes": nodes}
+        checkpoint_key = key
+        if separate:  # the Checkpoint command names no parents: it only checkpoints
+            checkpoint_key = svc.work_key(context.backup_id, "checkpoint", f"{source.node_id}.json")
+            svc.put_work(checkpoint_key, {})
+        nodes.append(
+            {
+                "node_id": source.node_id,
+                "shard_ids": source.shard_ids,
+                "checkpoint_args_key": checkpoint_key,
+                "args_key": key,
+            }
+        )
+    return {"nodes": nodes, "separate": separate}
 
 
 def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:

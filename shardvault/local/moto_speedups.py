@@ -61,25 +61,29 @@ def _cache_backend_for_host() -> None:
 
 
 def _cache_step_functions_clients() -> None:
+    from moto.core.models import botocore_stubber
     from moto.settings import moto_server_port
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
     from moto.stepfunctions.parser.asl.utils import boto_client
 
     uncached = boto_client.boto_client_for
-    clients: dict[tuple[str, str], Any] = {}
-    made_for: list[Any] = [None]  # the (default session, port) the clients were made for
+    clients: dict[tuple[str, str, str | None], Any] = {}
+    made_for: list[Any] = [None]  # the (session, port, stubbed) the clients were made for
     lock = threading.Lock()
 
     def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
-        # moto signs with fixed test credentials: a client depends on these alone.
-        now = (boto3.DEFAULT_SESSION, moto_server_port())
+        # moto signs with fixed test credentials: a client depends on these alone (stubbed:
+        # moto answers in-process, with no endpoint; else the server's port), and on the
+        # role the state runs as, should moto ever use it (5.2.5 does not).
+        now = (boto3.DEFAULT_SESSION, moto_server_port(), botocore_stubber.enabled)
+        key = (region, service, getattr(state_credentials, "role_arn", None))
         with lock:
             if made_for[0] != now:
                 clients.clear()
                 made_for[0] = now
-            if (region, service) not in clients:
-                clients[region, service] = uncached(region, service, state_credentials)
-            return clients[region, service]
+            if key not in clients:
+                clients[key] = uncached(region, service, state_credentials)
+            return clients[key]
 
     boto_client.boto_client_for = boto_client_for
     lambda_eval_utils.boto_client_for = boto_client_for  # imported by name there

@@ -31,6 +31,34 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     assert child["data_bytes"] < parent["data_bytes"] / 20
 
 
+def test_a_cluster_wider_than_an_inline_map_scans_apart_and_still_chains(
+    make_cluster, policy_for, monkeypatch
+):
+    """Past 40 nodes a Checkpoint map cannot run every node at once: each node then scans in
+    a ``scan`` command of its own, after every checkpoint (the threshold is lowered to 1 so
+    that 2 nodes show it), and its map goes with the tail."""
+    monkeypatch.setattr("shardvault.backup.scanning.INLINE_MAP_CONCURRENCY", 1)
+    cluster = make_cluster(nodes=2, size_mb=4)
+    policy_for(cluster.name)
+    full = cluster.backup()
+    assert full.status == "SUCCEEDED", full.cause
+    for db in cluster.sources.values():
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE items SET payload = randomblob(100) WHERE rowid = 2")
+
+    incremental = cluster.backup(incremental=True)
+
+    assert incremental.status == "SUCCEEDED", incremental.cause
+    records = {r["backup_id"]: r for r in cluster.records()}
+    child, parent = records[incremental.record["backup_id"]], records[full.record["backup_id"]]
+    assert child["kind"] == "incremental"
+    assert 0 < child["data_bytes"] < parent["data_bytes"] / 20
+    assert child["data_blockmap_bytes"] == 0  # scanned apart: the maps went with the tail
+    assert child["tail_blockmap_bytes"] > 0
+    logs = "".join(p.read_text() for p in cluster.stack.root.glob("agents/*.log"))
+    assert f"scan:{child['backup_id']}" in logs
+
+
 def test_without_its_cache_the_agent_rebuilds_the_parents_map_from_the_store(
     make_cluster, policy_for
 ):

@@ -182,3 +182,19 @@ def test_segments_of_a_range_are_exactly_the_bytes_of_that_range(sizes, data):
         bytes([int(seg.path[1:])]) * seg.length for seg in index.segments(offset, length)
     )
     assert rebuilt == stream[offset : offset + length]
+
+
+def test_a_block_map_is_one_object_however_large():
+    """A manifest records one block map object per shard: the map of a 600 GiB shard (600
+    MiB) beside a small incremental's 256 MiB objects must not be cut in three, or the next
+    incremental would get a third of its parent's map."""
+    data = listing("s1", [300 * MiB])
+    block_map = listing("s1", [600 * MiB], Phase.BLOCKMAP)
+
+    objects = plan([data, block_map], part_size=8 * MiB)
+
+    maps = [o for o in objects if o.phase == Phase.BLOCKMAP]
+    assert [(m.stream_offset, m.length) for m in maps] == [(0, 600 * MiB)]
+    assert maps[0].part_count == 75
+    assert maps[0].length // maps[0].frame_size <= 4096  # its frame table still fits a result
+    assert len([o for o in objects if o.phase == Phase.DATA]) == 2  # data objects: as before

@@ -3,6 +3,8 @@ answers, released checkpoints, tablespaces."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,50 @@ def test_a_checkpoint_told_the_parents_answers_with_its_scan_as_a_separate_scan_
     check_scanned([scanned])
     same = ("files", "extents", "delta_bytes", "scan_seconds")
     assert {k: scanned["shards"][0][k] for k in same} == {k: shard[k] for k in same}
+
+
+def test_a_checkpoint_taken_again_is_scanned_again(sqlite_commands):
+    """An agent restarted in the middle of a Checkpoint command runs it again. A checkpoint it
+    no longer holds (PostgreSQL's backup mode dies with the session) is taken anew, and the
+    scan answer saved for the lost one, extents of other bytes, must not answer for it."""
+    args = {"backup_id": "b6", "shard_ids": ["s1"], "parents": {}}
+    sqlite_commands.do_checkpoint(args)
+    backup_dir = sqlite_commands.backup_dir("b6")
+    # What a lost incremental's scan left behind: its answer and its block map.
+    stale = {"extents": "c3RhbGU=", "delta_bytes": 5, "scan_seconds": 0.1}
+    (backup_dir / "s1.extents.json").write_text(json.dumps(stale))
+    (backup_dir / "s1.map").write_bytes(b"SVBM")
+    shard = sqlite_commands.shards()["s1"]
+    shutil.rmtree(sqlite_commands.engine._snapshot_dir("b6", shard))  # the hold is lost
+    assert not sqlite_commands.engine.holds(shard, "b6")
+
+    again = sqlite_commands.do_checkpoint(args)
+
+    (answer,) = again["shards"]
+    assert (answer["extents"], answer["delta_bytes"]) == ("", None)  # this capture's scan
+    assert not (backup_dir / "s1.map").exists()
+
+
+@pytest.mark.parametrize("flow", ["checkpoint+scan", "scan command"])
+def test_stop_announces_an_incrementals_map_only_to_a_control_plane_that_plans_it_there(
+    sqlite_commands, flow
+):
+    """A control plane that scans in the Checkpoint command plans an incremental's map with
+    the data (the scan's answer announces it); one that still sends ``scan`` plans maps with
+    the tail only, and would otherwise never upload it."""
+    args = {"backup_id": "b7", "shard_ids": ["s1"]}
+    sqlite_commands.do_checkpoint(args)
+    backup_dir = sqlite_commands.backup_dir("b7")
+    answer = {"extents": "", "delta_bytes": 0, "scan_seconds": 0.1}  # as a scan saved it
+    if flow == "scan command":
+        answer["map_with_tail"] = True
+    (backup_dir / "s1.extents.json").write_text(json.dumps(answer))
+    (backup_dir / "s1.map").write_bytes(b"the map of this incremental")
+
+    (stopped,) = sqlite_commands.do_stop(args)["shards"]
+
+    announced = stopped.get("blockmap_bytes")
+    assert announced == (len(b"the map of this incremental") if flow == "scan command" else None)
 
 
 def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):

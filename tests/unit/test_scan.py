@@ -154,12 +154,21 @@ def test_a_lost_hash_fragment_fails_the_map_by_name(tmp_path: Path):
 
 
 # --- unchanged files: not read (see scan's module docstring) -----------------------------------
-def scanned(root: Path, files: dict[str, bytes], parent: Path | None, out: Path, trust=True):
+def scanned(
+    root: Path,
+    files: dict[str, bytes],
+    parent: Path | None,
+    out: Path,
+    trust: bool = True,
+    checkpoint_at: float | None = None,
+):
+    """A scan as an agent makes it after a checkpoint at ``checkpoint_at`` (default: now)."""
     listing = [FileEntry(path=p, size=(root / p).stat().st_size) for p in files]
+    at = (checkpoint_at or time.time()) if trust else None
     if parent is None:
-        return scan_capture(root, listing, RateLimiter(None), None, out, trust_identity=trust)
+        return scan_capture(root, listing, RateLimiter(None), None, out, trusted_before=at)
     with BlockMap(parent) as map_:
-        return scan_capture(root, listing, RateLimiter(None), map_, out, trust_identity=trust)
+        return scan_capture(root, listing, RateLimiter(None), map_, out, trusted_before=at)
 
 
 @pytest.fixture
@@ -237,6 +246,25 @@ def test_a_file_changed_just_before_the_parents_scan_proves_nothing(tmp_path: Pa
     assert incremental.unchanged_bytes == 0
 
 
+def test_a_file_written_after_the_checkpoint_proves_nothing(tmp_path: Path, no_racy_margin):
+    """A write sets ctime as it starts and may still be copying bytes when the scan reads: a
+    file whose newest change is not older than the checkpoint gets no identity."""
+    root = tmp_path / "data"
+    files = {"rel": os.urandom(4 * B)}
+    capture(root, files)
+    next_tick()
+    checkpoint_at = time.time()
+    next_tick()
+    os.utime(root / "rel")  # a change after the checkpoint, before the scan's stat
+    scanned(root, files, None, tmp_path / "full.map", checkpoint_at=checkpoint_at)
+    with BlockMap(tmp_path / "full.map") as full:
+        assert full.entries["rel"].identity == NO_IDENTITY
+
+    incremental = scanned(root, files, tmp_path / "full.map", tmp_path / "incr.map")
+
+    assert incremental.unchanged_bytes == 0
+
+
 def test_an_engine_that_does_not_trust_identities_reads_every_file(tmp_path: Path, no_racy_margin):
     root = tmp_path / "data"
     files = {"rel": os.urandom(4 * B)}
@@ -255,7 +283,7 @@ def test_a_full_records_the_identities_taken_before_its_packs_read(tmp_path: Pat
     files = {"a": os.urandom(3 * B), "b": os.urandom(2 * B)}
     entries = capture(root, files)
     hashes = tmp_path / "hashes"
-    save_identities(hashes, root, entries, trusted=True)
+    save_identities(hashes, root, entries, trusted_before=time.time())
     next_tick()
     os.utime(root / "b")  # changed after the identities were taken (ctime moves)
     data = b"".join(files.values())
