@@ -16,15 +16,15 @@ Terms:
   were uploaded, and a full no longer reads its data twice (a scan, then the pack).
 
 - *unchanged file*: one whose size and file identity (``blockmap``: device, inode, mtime and
-  ctime, taken before its first byte is read; none for a file changed since shortly before
-  the backup's checkpoint)
-  equal what its parent's map recorded. Its blocks are not read: the parent's hashes are
-  copied into the new map, and nothing of it is sent. Size and mtime alone would not do
-  (PostgreSQL rewrites pages in place within the same second, and anyone may set an mtime);
-  ctime cannot be set back. Only engines whose capture says so (``Capture.trust_identity``:
-  PostgreSQL's live data directory) skip files; SQLite's snapshots are new files every time.
-  A cold table costs its ``stat``; every block of a changed file is read and hashed (0.05 s
-  per GiB of CPU; the read itself is the cost, and ``scan_seconds`` reports it).
+  ctime, taken before its first byte is read; none for a file changed since shortly before the
+  backup's checkpoint) equal what its parent's map recorded. Its blocks are not read: the
+  parent's hashes are copied into the new map, and nothing of it is sent. Size and mtime alone
+  would not do (PostgreSQL rewrites pages in place within the same second, and anyone may set an
+  mtime); ctime cannot be set back. Only engines whose capture says so
+  (``Capture.trust_identity``: PostgreSQL's live data directory) skip files; SQLite's snapshots
+  are new files every time. A cold table costs its ``stat``; every block of a changed file is
+  read and hashed (0.05 s per GiB of CPU; the read itself is the cost, and ``scan_seconds``
+  reports it).
 """
 
 from __future__ import annotations
