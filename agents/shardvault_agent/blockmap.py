@@ -102,10 +102,8 @@ def block_hash(block: bytes | memoryview) -> bytes:
 
 def hash_blocks(data: bytes | memoryview, block_size: int) -> bytes:
     """The concatenated block hashes of ``data``'s blocks."""
-    view, digest = memoryview(data), xxhash.xxh3_128_digest
-    return b"".join(
-        digest(view[i : i + block_size])[:HASH_SIZE] for i in range(0, len(view), block_size)
-    )
+    view = memoryview(data)
+    return b"".join(block_hash(view[i : i + block_size]) for i in range(0, len(view), block_size))
 
 
 class BlockMapWriter:

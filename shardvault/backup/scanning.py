@@ -34,15 +34,12 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
         key = svc.work_key(context.backup_id, "scan", f"{source.node_id}.json")
         svc.put_work(key, args)
-        checkpoint_key = key
-        if separate:  # the Checkpoint command names no parents: it only checkpoints
-            checkpoint_key = svc.work_key(context.backup_id, "checkpoint", f"{source.node_id}.json")
-            svc.put_work(checkpoint_key, {})
         nodes.append(
             {
                 "node_id": source.node_id,
                 "shard_ids": source.shard_ids,
-                "checkpoint_args_key": checkpoint_key,
+                # None: the Checkpoint command names no parents, it only checkpoints.
+                "checkpoint_args_key": None if separate else key,
                 "args_key": key,
             }
         )
