@@ -442,6 +442,15 @@ class Commands:
         summary = path.with_suffix(".json")
         if summary.exists() and path.exists():
             return json.loads(summary.read_text())
+        try:
+            return self._pack(item, path, summary)
+        finally:
+            # Released meanwhile (the reaper's or the failure path's release removes the
+            # directory under a pack, which may then fail): leave nothing, whatever it wrote.
+            if self._tombstone(item.backup_id).exists():
+                shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+
+    def _pack(self, item: ObjectPlan, path: Path, summary: Path) -> dict[str, Any]:
         limiter, _ = self.limits(item.backup_id)
         capture = self._capture_of(item)
         sealer = self.keys.sealer(self.encryption(item.backup_id))
@@ -467,8 +476,6 @@ class Commands:
         if item.phase == Phase.BLOCKMAP:
             self.keep_map(item)
         write_json(summary, result)
-        if self._tombstone(item.backup_id).exists():  # released meanwhile: leave nothing
-            shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
         return result
 
     def _hasher(

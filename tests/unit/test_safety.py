@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from shardvault_agent import commands as commands_module
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import ShardConfig
 from shardvault_agent.engines.postgres import refuse_tablespaces
@@ -25,7 +26,7 @@ from shardvault.errors import (
     UnknownCommand,
 )
 from shardvault.materialize import StreamWriter
-from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, Source
+from shardvault.models import BackupContext, FileEntry, ObjectPlan, Phase, ShardListing, Source
 
 from .support import sqlite_agent
 
@@ -171,6 +172,31 @@ def test_stop_announces_an_incrementals_map_only_to_a_control_plane_that_plans_i
 
     announced = stopped.get("blockmap_bytes")
     assert announced == (len(b"the map of this incremental") if flow == "scan command" else None)
+
+
+def test_a_pack_the_release_overtakes_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A release (the reaper's, or the failure path's) may run while a pack still reads: it
+    removes the backup's directory under the pack, which then fails. What the pack wrote
+    after that (a full's block hashes) must go too, or it outlives the backup."""
+    config = sqlite_agent(tmp_path, rows=300)
+    cmds = Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
+    args = {"backup_id": "b8", "shard_ids": ["s1"]}
+    (listing,) = cmds.do_checkpoint({**args, "parents": {}})["shards"]
+    plan = ObjectPlan(
+        backup_id="b8", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
+        key="k", stream_offset=0, length=listing["bytes"], part_size=8 << 20, part_count=1,
+    )  # fmt: skip
+    packing = commands_module.pack_object
+
+    def released_while_packing(*pack_args, **kwargs):
+        packed = packing(*pack_args, **kwargs)
+        cmds.do_release(args)
+        return packed
+
+    monkeypatch.setattr(commands_module, "pack_object", released_while_packing)
+    with pytest.raises(FileNotFoundError, match="partial"):  # its packed copy went
+        cmds.do_pack({"object": plan.model_dump(mode="json")})
+    assert not cmds.backup_dir("b8").exists()
 
 
 def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):
