@@ -4,6 +4,7 @@ product's report (the agent's log, the restore directory, the catalog item)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import time
@@ -100,6 +101,24 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def fill_up(filler: Path) -> None:
+    """Takes every free byte of ``filler``'s filesystem. The restore writes meanwhile, so the
+    free space can shrink between reading it and taking it: then take what is left."""
+    with open(filler, "wb") as out:
+        for _ in range(50):
+            stat = os.statvfs(filler.parent)
+            free = stat.f_bavail * stat.f_frsize
+            if not free:
+                return
+            try:
+                os.posix_fallocate(out.fileno(), os.fstat(out.fileno()).st_size, free)
+                return
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+    raise AssertionError(f"could not fill the disk under {filler}")
+
+
 def test_a_full_disk_during_a_restore_is_named_and_not_retried(
     make_cluster, make_target, small_disk
 ):
@@ -114,9 +133,7 @@ def test_a_full_disk_during_a_restore_is_named_and_not_retried(
         assert time.monotonic() < deadline, "the restore never laid out its staging"
         time.sleep(0.05)
     filler = restore_dir / "filler"  # someone else fills the disk while the restore writes
-    with open(filler, "wb") as out:
-        free = os.statvfs(restore_dir).f_bavail * os.statvfs(restore_dir).f_frsize
-        os.posix_fallocate(out.fileno(), 0, free)
+    fill_up(filler)
 
     from shardvault import operations as ops
 
