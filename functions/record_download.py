@@ -9,9 +9,11 @@ from shardvault.models import DownloadItem
 
 class RecordDownloadRequest(BaseModel):
     object: DownloadItem
+    bytes: int | None = None  # what the node wrote (None: a state machine before it said)
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> None:
-    restore.record_download(parse(RecordDownloadRequest, event).object, services())
+    request = parse(RecordDownloadRequest, event)
+    restore.record_download(request.object, request.bytes, services())

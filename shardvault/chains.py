@@ -6,6 +6,9 @@ Terms:
   stream). A member's objects hold its *delta stream*: the bytes of its extents, in order.
 - *piece*: ``length`` bytes at ``delta_offset`` of one member's delta stream, written at
   ``target`` of the newest member's stream (the one restored).
+- *placement*: a piece seen through the member's stored objects: ``(frame, offset in the
+  frame, length, target)``, so a node fetches only the frames an object contributes and
+  writes each frame's pieces (``object_placements``).
 
 Resolution, newest member first: each member's extents, mapped per file onto the newest
 listing (files the newest backup no longer has are dropped; bytes past a file's newest size
@@ -19,10 +22,19 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shardvault.errors import ParentUnavailable
-from shardvault.models import FileEntry
+from shardvault.extents import unpack_extents
+from shardvault.models import (
+    BackupKind,
+    FileEntry,
+    Manifest,
+    ManifestStream,
+    Phase,
+    pack_files,
+    unpack_files,
+)
 from shardvault.streams import StreamIndex
 
 
@@ -152,6 +164,48 @@ class _Targets:
         return out
 
 
+@dataclass(frozen=True)
+class MemberObject:
+    """A stored object of one member's data stream: ``length`` bytes of its delta stream
+    from ``stream_offset``, in frames of ``frame_size`` plaintext bytes."""
+
+    backup_id: str
+    key: str
+    stream_offset: int
+    length: int
+    frame_size: int
+
+
+def object_placements(
+    pieces: list[Piece], objects: list[MemberObject]
+) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Per object key, the placements of its bytes (see the module docstring), in the order
+    of ``pieces``; an object no piece reads is absent."""
+    held: dict[str, tuple[list[MemberObject], list[int]]] = {}
+    for obj in sorted(objects, key=lambda o: o.stream_offset):
+        own, starts = held.setdefault(obj.backup_id, ([], []))
+        own.append(obj)
+        starts.append(obj.stream_offset)
+    out: dict[str, list[tuple[int, int, int, int]]] = {}
+    for piece in pieces:
+        own, starts = held.get(piece.backup_id, ([], []))
+        at, left, target = piece.delta_offset, piece.length, piece.target
+        while left:
+            obj = own[bisect.bisect_right(starts, at) - 1] if own else None
+            inside = at - obj.stream_offset if obj else -1
+            if obj is None or not 0 <= inside < obj.length:
+                raise ParentUnavailable(
+                    f"byte {at} of backup {piece.backup_id}'s changes is in none of its objects: "
+                    "the chain's manifests disagree.",
+                    fix="restore another backup; run a full backup of the cluster.",
+                )
+            frame, offset = divmod(inside, obj.frame_size)
+            take = min(left, obj.frame_size - offset, obj.length - inside)
+            out.setdefault(obj.key, []).append((frame, offset, take, target))
+            at, left, target = at + take, left - take, target + take
+    return out
+
+
 def merge(pieces: list[Piece]) -> list[Piece]:
     merged: list[Piece] = []
     for piece in pieces:
@@ -168,3 +222,56 @@ def merge(pieces: list[Piece]) -> list[Piece]:
         else:
             merged.append(piece)
     return merged
+
+
+# --- the chain as a node receives it ----------------------------------------------------------
+def data_stream(manifest: Manifest, shard_id: str) -> ManifestStream:
+    shard = next(s for s in manifest.shards if s.shard_id == shard_id)
+    return next(s for s in shard.streams if s.phase == Phase.DATA)
+
+
+def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
+    """A shard's chain, root first, as the restore's prepare step hands it to the node that
+    restores the shard: per member its data stream's files (packed), its extents (None: the
+    root, whose objects hold the whole stream; "": nothing changed in this shard) and its
+    objects. The node places the chain itself (``place_chain``): a chain of scattered changes
+    makes millions of placements, too many for a task's input."""
+    members = []
+    for manifest in chain:
+        stream = data_stream(manifest, shard_id)
+        members.append(
+            {
+                "backup_id": manifest.backup_id,
+                "files": pack_files(stream.files),
+                "extents": None if manifest.kind == BackupKind.FULL else stream.extents,
+                "objects": [
+                    {
+                        "key": o.key,
+                        "stream_offset": o.stream_offset,
+                        "length": o.length,
+                        "frame_size": o.frame_size,
+                    }
+                    for o in stream.objects
+                ],
+            }
+        )
+    return members
+
+
+def place_chain(members: list[dict[str, Any]]) -> dict[str, list[tuple[int, int, int, int]]]:
+    """Per object key of a chain (``chain_args``), the placements of its bytes in the newest
+    member's stream."""
+    chain = [
+        Member(
+            m["backup_id"],
+            unpack_files(m["files"]),
+            None if m["extents"] is None else unpack_extents(m["extents"]) if m["extents"] else [],
+        )
+        for m in members
+    ]
+    objects = [
+        MemberObject(m["backup_id"], o["key"], o["stream_offset"], o["length"], o["frame_size"])
+        for m in members
+        for o in m["objects"]
+    ]
+    return object_placements(resolve(chain), objects)

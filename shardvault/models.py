@@ -631,14 +631,19 @@ class DownloadItem(Frozen):
     frames: str = ""
     place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames
     key_check: str | None = None  # sealed frames (the wrapped key travels in the layout)
-    # A chain member's object: only some frames are needed, and each frame's needed bytes go
-    # to scattered places: (frame, offset in frame, length, stream offset) packed as
-    # shardvault.extents.pack_numbers. "": every frame, placed from stream_offset on.
+    # A chain member's object: the node placed its bytes when it prepared the shard
+    # (shardvault.chains.object_placements over the chain the prepare step names); only the
+    # frames it contributes are fetched. An agent too old to know this field refuses the item
+    # rather than write the object at stream_offset.
+    from_chain: bool = False
+    # The same from a control plane that resolved the chain itself (kept so that its restores
+    # finish on upgraded agents): (frame, offset in frame, length, stream offset) packed as
+    # shardvault.extents.pack_numbers.
     pieces: str = ""
 
     @property
     def placed_bytes(self) -> int:
-        """The bytes this item writes into the restored shard (a restore's progress)."""
+        """The plaintext bytes this item fetches at most (a restore's progress)."""
         if not self.pieces:
             return self.length
         return sum(unpack_numbers(self.pieces)[2::4])

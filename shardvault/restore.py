@@ -14,16 +14,14 @@ Validation reads only (catalog, registry, manifest): a bad request changes nothi
 
 from __future__ import annotations
 
-import bisect
 import secrets
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
-from shardvault.chains import Member, resolve
+from shardvault.chains import chain_args, data_stream
 from shardvault.dispatch import post_untracked
 from shardvault.errors import (
     BackupNotFound,
@@ -34,7 +32,6 @@ from shardvault.errors import (
     TargetNotReady,
     UnknownCluster,
 )
-from shardvault.extents import pack_numbers, unpack_extents
 from shardvault.models import (
     BackupKind,
     BackupStatus,
@@ -214,49 +211,16 @@ def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manife
 
 
 def chain_items(
-    context: RestoreContext,
-    chain: list[tuple[Manifest, str]],
-    shard_id: str,
-    node_id: str,
+    context: RestoreContext, chain: list[tuple[Manifest, str]], shard_id: str, node_id: str
 ) -> list[DownloadItem]:
-    """The data objects of one shard of a chain, each with only the frames it contributes
-    and, per frame, where its bytes go (``chains.resolve``)."""
-    members, held = [], {}
-    for manifest, source in chain:
-        shard = next(s for s in manifest.shards if s.shard_id == shard_id)
-        stream = next(s for s in shard.streams if s.phase == Phase.DATA)
-        extents = unpack_extents(stream.extents) if stream.extents else None
-        if manifest.kind == BackupKind.INCREMENTAL and extents is None:
-            extents = []  # nothing changed in this shard
-        members.append(Member(manifest.backup_id, stream.files, extents))
-        objects = sorted(stream.objects, key=lambda o: o.stream_offset)
-        held[manifest.backup_id] = (manifest, source, objects, [o.stream_offset for o in objects])
-    by_object: dict[str, list[int]] = defaultdict(list)
-    placed: dict[str, tuple[Manifest, str, ObjectResult]] = {}
-    for piece in resolve(members):
-        manifest, source, objects, starts = held[piece.backup_id]
-        at, left, target = piece.delta_offset, piece.length, piece.target
-        while left:
-            obj = objects[bisect.bisect_right(starts, at) - 1]
-            inside = at - obj.stream_offset
-            frame, offset = divmod(inside, obj.frame_size)
-            take = min(left, obj.frame_size - offset, obj.length - inside)
-            by_object[obj.key] += [frame, offset, take, target]
-            placed[obj.key] = (manifest, source, obj)
-            at, left, target = at + take, left - take, target + take
+    """Every data object of a shard's chain; the node fetches of each only the frames it
+    contributes, as it placed them at prepare."""
     return [
         download_item(
-            context,
-            manifest,
-            shard_id,
-            node_id,
-            Phase.DATA,
-            obj,
-            source,
-            pieces=pack_numbers(numbers),
+            context, manifest, shard_id, node_id, Phase.DATA, obj, source, from_chain=True
         )
-        for key, numbers in by_object.items()
-        for manifest, source, obj in [placed[key]]
+        for manifest, source in chain
+        for obj in data_stream(manifest, shard_id).objects
     ]
 
 
@@ -271,17 +235,17 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
-    if manifest.kind == BackupKind.INCREMENTAL:
-        chain = chain_manifests(context, svc)
-        for shard in manifest.shards:
-            planned += chain_items(context, chain, shard.shard_id, node_of[shard.shard_id])
+    chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
+    for shard in manifest.shards if chain else []:
+        planned += chain_items(context, chain, shard.shard_id, node_of[shard.shard_id])
     items = [{"object": item.model_dump(mode="json")} for item in planned]
     plan_key = svc.work_key(context.restore_id, "downloads.json")
     svc.put_work(plan_key, items)
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
-            prepare_key(svc, context, assignment.node_id), prepare_args(shards, manifest.encryption)
+            prepare_key(svc, context, assignment.node_id),
+            prepare_args(shards, manifest.encryption, chain),
         )
     svc.catalog.put(
         {
@@ -295,7 +259,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "started_at": context.started_at,
             "execution_id": context.execution_id,
             "placement": {p.shard_id: p.node_id for p in context.placements},
-            "bytes_total": sum(item.placed_bytes for item in planned),
+            "bytes_total": context.bytes,  # every byte of the restored streams, once
             "objects_total": len(planned),
             "bytes_done": 0,
             "objects_done": 0,
@@ -312,13 +276,18 @@ def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
     return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
 
 
-def prepare_args(shards: list[ManifestShard], encryption: Encryption | None) -> dict[str, Any]:
+def prepare_args(
+    shards: list[ManifestShard],
+    encryption: Encryption | None,
+    chain: list[tuple[Manifest, str]],
+) -> dict[str, Any]:
     """What a node needs to lay out its shards before any byte arrives: every stream's files
-    (packed) and the byte ranges of its objects."""
+    (packed) and the byte ranges of its objects; for an incremental, its chain."""
     return {
         "shards": [
             {
                 "shard_id": shard.shard_id,
+                **({"chain": chain_args([m for m, _ in chain], shard.shard_id)} if chain else {}),
                 "marker": shard.marker,
                 # The wrapped data key (never the key): the node unwraps it itself.
                 "encryption": encryption.model_dump(mode="json") if encryption else None,
@@ -368,10 +337,10 @@ def download_item(
     phase: Phase,
     obj: ObjectResult,
     source: str,
-    pieces: str = "",
+    from_chain: bool = False,
 ) -> DownloadItem:
     """One object for one target node, as its backup's manifest records it. A chain
-    member's object gives its ``pieces``: it is placed by them, not from its offset."""
+    member's object is placed as the node resolved the chain, not from its offset."""
     return DownloadItem(
         restore_id=context.restore_id,
         target_cluster=context.target_cluster,
@@ -379,7 +348,7 @@ def download_item(
         shard_id=shard_id,
         phase=phase,
         key=obj.key,
-        stream_offset=0 if pieces else obj.stream_offset,
+        stream_offset=0 if from_chain else obj.stream_offset,
         length=obj.length,
         part_size=obj.part_size,
         part_count=obj.part_count,
@@ -391,7 +360,7 @@ def download_item(
         frame_size=obj.frame_size,
         frames=obj.frames,
         place=object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
-        pieces=pieces,
+        from_chain=from_chain,
     )
 
 
@@ -447,12 +416,13 @@ def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 
-def record_download(item: DownloadItem, svc: Services) -> None:
-    """Counts a downloaded object in the restore's progress (what the CLI shows)."""
+def record_download(item: DownloadItem, written: int | None, svc: Services) -> None:
+    """Counts a downloaded object in the restore's progress (what the CLI shows): the bytes
+    the node says it wrote (a chain member's object writes only its placements)."""
     svc.catalog.add_progress(
         item.target_cluster,
         catalog_key(item.restore_id),
-        bytes_done=item.placed_bytes,
+        bytes_done=item.placed_bytes if written is None else written,
         objects_done=1,
     )
 

@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 import threading
+from array import array
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shardvault import errors
+from shardvault.chains import place_chain
 from shardvault.checksums import combine, to_b64
 from shardvault.errors import (
     ChecksumMismatch,
@@ -286,6 +288,9 @@ class Restorer:
         }
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
+        shard = dict(shard)
+        if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
+            self._save_placements(restore_id, place_chain(chain))
         root = self.staging(restore_id, shard["shard_id"])
         root.mkdir(parents=True, exist_ok=True)
         for stream in shard["streams"]:
@@ -298,6 +303,24 @@ class Restorer:
                 with open(path, "ab") as handle:  # sparse: no byte is written twice
                     handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
+
+    def _save_placements(
+        self, restore_id: str, placements: dict[str, list[tuple[int, int, int, int]]]
+    ) -> None:
+        """Each chain object's placements, as flat 64-bit numbers (read back per download)."""
+        for key, found in placements.items():
+            path = self._object_done(restore_id, key).with_suffix(".placements")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(array("q", (n for p in found for n in p)).tobytes())
+
+    def _chain_placements(self, item: DownloadItem) -> Placements:
+        """Where a chain object's needed bytes go, per frame, as prepare placed them; empty
+        when newer backups of the chain replaced all of its bytes."""
+        path = self._object_done(item.restore_id, item.key).with_suffix(".placements")
+        numbers = array("q")
+        if path.exists():
+            numbers.frombytes(path.read_bytes())
+        return group_placements(numbers.tolist())
 
     # --- download ----------------------------------------------------------------------------
     def download(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -333,9 +356,15 @@ class Restorer:
             raise kind(failure["message"], fix=failure["fix"])
 
     def _download(self, item: DownloadItem, url: str) -> dict[str, Any]:
+        """Answers ``bytes``: what it wrote into the shard (the restore's progress)."""
+        if item.from_chain:
+            placements: Placements | None = self._chain_placements(item)
+        else:
+            placements = piece_placements(item)
+        written = item.length if placements is None else placed_bytes(placements)
         done_marker = self._object_done(item.restore_id, item.key)
         if done_marker.with_suffix(".ok").exists():
-            return {"key": item.key, "bytes": item.length, "resumed": True}
+            return {"key": item.key, "bytes": written, "resumed": True}
         layout = self._layout(item.restore_id, item.shard_id)
         stream = next(s for s in layout["streams"] if s["phase"] == item.phase)
         files = ShardFiles(
@@ -344,7 +373,7 @@ class Restorer:
         record = done_marker.with_suffix(".parts")
         record.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(record)
-        reads = planned_reads(item)
+        reads = planned_reads(item, placements)
         encryption = layout.get("encryption")
         sealer = self.keys.sealer(
             Encryption.model_validate(encryption) if encryption else None, item.key_check
@@ -354,8 +383,7 @@ class Restorer:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
         guard = threading.Lock()
 
-        placements = {f: p for r in reads if r.placements for f, p in r.placements.items()}
-        pieces = files.resolve_pieces(placements or None)
+        pieces = files.resolve_pieces(placements)
 
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
@@ -375,7 +403,7 @@ class Restorer:
             if self._aborted(item.restore_id).exists():  # aborted meanwhile: leave nothing
                 shutil.rmtree(self.state(item.restore_id), ignore_errors=True)
         whole = combine((done[r.number], r.size) for r in reads) if reads else to_b64(0)
-        if not item.pieces and whole != item.crc64nvme:  # some frames only: each was checked
+        if placements is None and whole != item.crc64nvme:  # some frames: each was checked
             record.unlink(missing_ok=True)  # a retry must fetch it all again
             raise ChecksumMismatch(
                 f"object {item.key} of shard {item.shard_id} arrived with CRC64NVME {whole}; the "
@@ -383,7 +411,7 @@ class Restorer:
                 fix="the object is damaged or replaced in the store: restore another backup.",
             )
         done_marker.with_suffix(".ok").touch()
-        return {"key": item.key, "bytes": item.length, "resumed": len(todo) < len(reads)}
+        return {"key": item.key, "bytes": written, "resumed": len(todo) < len(reads)}
 
     # --- whole objects (a parent's block map) ---------------------------------------------
     def fetch_object_plain(self, source: dict[str, Any], dest: Path) -> Path:
@@ -632,8 +660,9 @@ class RangeRead:
     placements: Placements | None = None  # a chain member's pieces
 
 
-def planned_reads(item: DownloadItem) -> list[RangeRead]:
-    """The ranged GETs of an object: whole frames, about a part's worth each."""
+def planned_reads(item: DownloadItem, placements: Placements | None = None) -> list[RangeRead]:
+    """The ranged GETs of an object: whole frames, about a part's worth each; with
+    ``placements`` (a chain member's object), only the frames they name."""
     if not item.frames:
         return [
             RangeRead(r.part_number, r.offset, r.size, r.offset, r.size, None,
@@ -641,7 +670,6 @@ def planned_reads(item: DownloadItem) -> list[RangeRead]:
             for r in (part_ranges(item.length, item.part_size) if item.length else [])
         ]  # fmt: skip
     spans = frame_spans(unpack_frames(item.frames), item.frame_size, item.length)
-    placements = piece_placements(item)
     if placements is not None:  # a chain member's object: only the frames it contributes
         spans = [s for s in spans if s.index in placements]
     groups = [g for run in consecutive(spans) for g in fetch_ranges(run, item.part_size)]
@@ -695,10 +723,18 @@ def written_ranges(item: DownloadItem, read: RangeRead) -> list[tuple[int, int]]
 
 
 def piece_placements(item: DownloadItem) -> Placements | None:
-    """Per frame, where its needed bytes go: ``(offset in frame, length, stream offset)``."""
-    if not item.pieces:
-        return None
-    numbers = unpack_numbers(item.pieces)
+    """The ``pieces`` an older control plane sent with a chain member's object (None: the
+    object is placed from its stream offset, or by ``from_chain``)."""
+    return group_placements(unpack_numbers(item.pieces)) if item.pieces else None
+
+
+def placed_bytes(placements: Placements) -> int:
+    return sum(length for pieces in placements.values() for _, length, _ in pieces)
+
+
+def group_placements(numbers: list[int]) -> Placements:
+    """Flat ``frame, offset in frame, length, stream offset`` numbers, per frame: where each
+    frame's needed bytes go."""
     placements: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for i in range(0, len(numbers), 4):
         frame, offset, length, target = numbers[i : i + 4]

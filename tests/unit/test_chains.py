@@ -8,9 +8,10 @@ import random
 
 import pytest
 
-from shardvault.chains import Member, Piece, resolve
+from shardvault.chains import Member, Piece, place_chain, resolve
 from shardvault.errors import ParentUnavailable
-from shardvault.models import FileEntry
+from shardvault.extents import pack_extents
+from shardvault.models import FileEntry, pack_files
 
 B = 8192
 
@@ -139,10 +140,8 @@ def changed_extents(before: dict[str, bytes], after: dict[str, bytes]) -> list[t
     return extents
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_any_chain_rebuilds_its_newest_stream(seed: int):
-    # Random chains: files grow, shrink, vanish and appear, bytes change anywhere; whatever the
-    # fast paths of the resolution take, the pieces rebuild the newest backup byte for byte.
+def random_chain(seed: int) -> tuple[list[Member], dict[str, dict[str, bytes]]]:
+    """Files grow, shrink, vanish and appear, bytes change anywhere."""
     rng = random.Random(seed)
     state = {f"f{i}": rng.randbytes(rng.randrange(0, 60)) for i in range(rng.randrange(1, 6))}
     contents = {"m0": dict(state)}
@@ -170,4 +169,60 @@ def test_any_chain_rebuilds_its_newest_stream(seed: int):
         contents[f"m{k}"] = dict(state)
         listing = [FileEntry(path=p, size=len(d)) for p, d in state.items()]
         chain.append(Member(f"m{k}", listing, changed_extents(before, state)))
-    assert rebuild(chain, contents) == b"".join(state.values())
+    return chain, contents
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_chain_rebuilds_its_newest_stream(seed: int):
+    # Whatever the fast paths of the resolution take, the pieces rebuild the newest backup
+    # byte for byte.
+    chain, contents = random_chain(seed)
+    assert rebuild(chain, contents) == b"".join(contents[chain[-1].backup_id].values())
+
+
+def delta_stream(member: Member, contents: dict[str, dict[str, bytes]]) -> bytes:
+    stream = b"".join(contents[member.backup_id][f.path] for f in member.files)
+    extents = member.extents if member.extents is not None else [(0, len(stream))]
+    return b"".join(stream[o : o + n] for o, n in extents)
+
+
+def as_args(member: Member, objects: list[dict[str, int | str]]) -> dict[str, object]:
+    """A member as the restore's prepare step sends it (``chains.chain_args``)."""
+    return {
+        "backup_id": member.backup_id,
+        "files": pack_files(member.files),
+        "extents": None if member.extents is None else pack_extents(member.extents),
+        "objects": objects,
+    }
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_node_places_any_chain_through_its_objects_frames(seed: int):
+    # What a node does at prepare (place_chain): each member's delta stream is cut into
+    # objects and frames as a backup stores it; the placements of each object's frames
+    # rebuild the newest stream byte for byte, and name no frame an object does not have.
+    chain, contents = random_chain(seed)
+    rng = random.Random(seed)
+    args, objects = [], {}
+    for member in chain:
+        delta, cut, own = delta_stream(member, contents), 0, []
+        while cut < len(delta):
+            length = min(len(delta) - cut, rng.randrange(1, 40))
+            key = f"{member.backup_id}/{len(own)}"
+            frame_size = rng.choice([1, 3, 8])
+            own.append(
+                {"key": key, "stream_offset": cut, "length": length, "frame_size": frame_size}
+            )
+            objects[key] = delta[cut : cut + length]
+            cut += length
+        args.append(as_args(member, own))
+    newest = b"".join(contents[chain[-1].backup_id].values())
+    out = bytearray(len(newest))
+    sizes = {o["key"]: o["frame_size"] for a in args for o in a["objects"]}
+    for key, placements in place_chain(args).items():
+        for frame, offset, length, target in placements:
+            assert offset + length <= sizes[key]  # within its frame
+            start = frame * sizes[key] + offset
+            assert start + length <= len(objects[key])
+            out[target : target + length] = objects[key][start : start + length]
+    assert bytes(out) == newest
