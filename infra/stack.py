@@ -383,7 +383,8 @@ class ShardVaultStack(Stack):
         grant("finalize_restore", publish)
         grant("cleanup_restore", publish, policies.table(tables.inbox, ("dynamodb:Query",)))
         # The dispatcher inlines from the work bucket (args_key) a node's restore layout and the
-        # presigned URLs of a transfer.
+        # presigned URLs of a transfer; arguments too large for an inbox item it hands over as
+        # a presigned GET URL of their work object, authorized by this same read.
         grant("dispatch", policies.objects(bucket, WORK_PREFIX, "s3:GetObject"))
 
     def _suppress_narrow_wildcards(self) -> None:

@@ -58,44 +58,35 @@ class Unclaimed:
     def __init__(self, length: int) -> None:
         self.starts, self.ends = ([0], [length]) if length else ([], [])
 
-    def claim(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Removes and returns the unclaimed parts of ``[lo, hi)``."""
+    def take(self, ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Removes the unclaimed parts of ``ranges`` (``(start, end, tag)``, sorted and
+        disjoint) and returns them, each with its range's tag. One sweep over both lists,
+        copying the untouched runs between them as slices: a chain of scattered changes
+        claims tens of thousands of ranges per member."""
         starts, ends = self.starts, self.ends
-        i = max(0, bisect.bisect_right(starts, lo) - 1)
-        # Fast paths for the common cases of a chain's scattered blocks: the range lies in one
-        # unclaimed interval, or wholly in a claimed gap.
-        if i < len(starts) and starts[i] <= lo and hi <= ends[i]:
-            if starts[i] == lo and ends[i] == hi:
-                del starts[i], ends[i]
-            elif starts[i] == lo:
-                starts[i] = hi
-            elif ends[i] == hi:
-                ends[i] = lo
-            else:
-                starts.insert(i + 1, hi)
-                ends.insert(i + 1, ends[i])
-                ends[i] = lo
-            return [(lo, hi)]
-        if (i >= len(starts) or ends[i] <= lo) and (i + 1 >= len(starts) or hi <= starts[i + 1]):
-            return []
-        taken, keep_starts, keep_ends = [], [], []
-        j = i
-        while j < len(self.starts) and self.starts[j] < hi:
-            start, end = self.starts[j], self.ends[j]
-            a, b = max(start, lo), min(end, hi)
-            if a < b:
-                taken.append((a, b))
+        kept_starts: list[int] = []
+        kept_ends: list[int] = []
+        taken: list[tuple[int, int, int]] = []
+        i = 0
+        for lo, hi, tag in ranges:
+            j = bisect.bisect_right(ends, lo, i)  # intervals ending at or before lo: kept
+            kept_starts += starts[i:j]
+            kept_ends += ends[i:j]
+            i = j
+            while i < len(starts) and starts[i] < hi:
+                start, end = starts[i], ends[i]
+                a, b = max(start, lo), min(end, hi)
                 if start < a:
-                    keep_starts.append(start)
-                    keep_ends.append(a)
-                if b < end:
-                    keep_starts.append(b)
-                    keep_ends.append(end)
-            else:
-                keep_starts.append(start)
-                keep_ends.append(end)
-            j += 1
-        self.starts[i:j], self.ends[i:j] = keep_starts, keep_ends
+                    kept_starts.append(start)
+                    kept_ends.append(a)
+                taken.append((a, b, tag))
+                if b < end:  # the interval goes on past this range: later ranges may take it
+                    starts[i] = b
+                    break
+                i += 1
+        kept_starts += starts[i:]
+        kept_ends += ends[i:]
+        self.starts, self.ends = kept_starts, kept_ends
         return taken
 
     @property
@@ -117,11 +108,12 @@ def resolve(chain: list[Member]) -> list[Piece]:
         member = chain[order]
         targets = _Targets(member, where)
         extents = member.extents if member.extents is not None else [(0, targets.length)]
-        delta = 0
+        ranges, delta = [], 0
         for offset, length in extents:
-            for start, end, base in targets.ranges(offset, length, delta):
-                found += [(order, base + a, b - a, a) for a, b in unclaimed.claim(start, end)]
+            ranges += targets.ranges(offset, length, delta)
             delta += length
+        ranges.sort()
+        found += [(order, base + a, b - a, a) for a, b, base in unclaimed.take(ranges)]
         if unclaimed.empty:
             break
     if not unclaimed.empty:
@@ -176,17 +168,16 @@ class MemberObject:
     frame_size: int
 
 
-def object_placements(
-    pieces: list[Piece], objects: list[MemberObject]
-) -> dict[str, list[tuple[int, int, int, int]]]:
-    """Per object key, the placements of its bytes (see the module docstring), in the order
-    of ``pieces``; an object no piece reads is absent."""
+def object_placements(pieces: list[Piece], objects: list[MemberObject]) -> dict[str, list[int]]:
+    """Per object key, the placements of its bytes (see the module docstring) as flat
+    numbers, four per placement, in the order of ``pieces``; an object no piece reads is
+    absent."""
     held: dict[str, tuple[list[MemberObject], list[int]]] = {}
     for obj in sorted(objects, key=lambda o: o.stream_offset):
         own, starts = held.setdefault(obj.backup_id, ([], []))
         own.append(obj)
         starts.append(obj.stream_offset)
-    out: dict[str, list[tuple[int, int, int, int]]] = {}
+    out: dict[str, list[int]] = {}
     for piece in pieces:
         own, starts = held.get(piece.backup_id, ([], []))
         at, left, target = piece.delta_offset, piece.length, piece.target
@@ -201,7 +192,7 @@ def object_placements(
                 )
             frame, offset = divmod(inside, obj.frame_size)
             take = min(left, obj.frame_size - offset, obj.length - inside)
-            out.setdefault(obj.key, []).append((frame, offset, take, target))
+            out.setdefault(obj.key, []).extend((frame, offset, take, target))
             at, left, target = at + take, left - take, target + take
     return out
 
@@ -258,7 +249,7 @@ def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
     return members
 
 
-def place_chain(members: list[dict[str, Any]]) -> dict[str, list[tuple[int, int, int, int]]]:
+def place_chain(members: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Per object key of a chain (``chain_args``), the placements of its bytes in the newest
     member's stream."""
     chain = [

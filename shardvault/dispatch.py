@@ -5,6 +5,12 @@ token into the node's inbox and returns; the agent answers the token when the wo
 A command id is derived from the work it names, so a retried dispatch replaces the earlier
 inbox item and the agent finds any work it already did.
 
+*Arguments by URL*: an inbox item is a DynamoDB item (at most 400 KB). Arguments kept in the
+work bucket (``args_key``) are inlined when small; larger ones (a node's restore layout of a
+shard of many files, the extents of a long chain of scattered changes) go as a presigned GET
+URL of their work object (``args_url``, ``args_size``), which the agent reads before it runs
+the command.
+
 *Ring*: after the post, the dispatcher sends one small message (``{"ring": <command id>}``,
 nothing secret) to the node's *doorbell* queue (``shardvault.models.doorbell_name``), which an
 idle agent long-polls, so it reads its inbox at once instead of every few seconds. A ring
@@ -29,6 +35,7 @@ log = logging.getLogger("shardvault.dispatch")
 # Validation already refused silent nodes; mid-backup, a late heartbeat (a busy host) is
 # tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
 SILENCE_GRACE = 4
+INLINE_ARGS_BYTES = 96 * 1024  # well under an inbox item's 400 KB, with the rest of the item
 BACKUP_COMMANDS = {"flush", "checkpoint", "scan", "pack", "upload", "stop", "release"}
 RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
 COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS)
@@ -72,7 +79,7 @@ def dispatch(
         )
     args = dict(request.args)
     if key := args.pop("args_key", None):
-        args |= svc.get_work(key)
+        args |= work_args(svc, key)
     svc.inbox.post(
         request.node_id,
         request.command_id,
@@ -83,6 +90,15 @@ def dispatch(
     if sqs is not None:
         ring(sqs, node, request.command_id)
     return {"node_id": request.node_id, "command_id": request.command_id}
+
+
+def work_args(svc: Services, key: str) -> dict[str, Any]:
+    """A work object's arguments, inlined, or by URL when they are too large for an inbox
+    item (see the module docstring)."""
+    body = svc.get_work_bytes(key)
+    if len(body) <= INLINE_ARGS_BYTES:
+        return json.loads(body)
+    return {"args_url": svc.work_url(key), "args_size": len(body)}
 
 
 def post_untracked(

@@ -109,8 +109,18 @@ class Services:
         return key
 
     def get_work(self, key: str) -> Any:
-        body = self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"]
-        return json.loads(body.read())
+        return json.loads(self.get_work_bytes(key))
+
+    def get_work_bytes(self, key: str) -> bytes:
+        return self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"].read()
+
+    def work_url(self, key: str) -> str:
+        """A presigned GET URL of a work object (for an agent: it holds no credentials)."""
+        return self.work_s3.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self.settings.work_bucket, "Key": key},
+            ExpiresIn=self.settings.url_ttl_seconds,
+        )
 
     def list_work(self, prefix: str) -> list[str]:
         keys: list[str] = []

@@ -99,7 +99,23 @@ class Commands:
             raise UnknownCommand(
                 f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
             )
-        return handler(args)
+        return handler(self._fetched_args(args))
+
+    def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The command's arguments, those too large for its inbox item read from the store
+        through their presigned URL (``shardvault.dispatch.work_args``)."""
+        url = args.get("args_url")
+        if not url:
+            return args
+        size = int(args["args_size"])
+        body = bytearray(size)
+
+        def write(position: int, chunk: bytes) -> None:
+            body[position : position + len(chunk)] = chunk
+
+        self.restorer.downloader.fetch(url, "the command's arguments", 0, size, write)
+        rest = {k: v for k, v in args.items() if k not in ("args_url", "args_size")}
+        return json.loads(body) | rest
 
     # --- state on disk -------------------------------------------------------------------------
     @property

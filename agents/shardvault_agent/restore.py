@@ -22,6 +22,7 @@ verification pass after the last byte.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import ctypes.util
@@ -33,8 +34,7 @@ import shutil
 import socket
 import threading
 from array import array
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +96,10 @@ def room(config: AgentConfig) -> int | None:
     return free if cap is None else min(free, cap)
 
 
-Placements = dict[int, list[tuple[int, int, int]]]  # frame: (offset in frame, length, target)
-ResolvedPieces = dict[int, list[tuple[int, int, int, int]]]  # frame: (offset, length, fd, at)
+# A chain member's object's placements: flat ``frame, offset in frame, length, stream offset``
+# numbers (``chains.object_placements``), resolved to files once per object:
+Pieces = dict[int, list[tuple[int, int, int, int]]]  # frame: (offset in frame, length, fd, at)
+Write = tuple[int, int, int]  # fd, file offset, length
 
 
 @dataclass
@@ -115,25 +117,35 @@ class ShardFiles:
             start = seg.stream_offset - stream_offset
             os.pwrite(self._fd(seg.path), view[start : start + seg.length], seg.file_offset)
 
-    def resolve_pieces(self, placements: Placements | None) -> ResolvedPieces | None:
+    def resolve(self, numbers: Sequence[int]) -> Pieces:
         """Per frame, its pieces as ``(offset in frame, length, file descriptor, file
-        offset)``: each piece is found in its files once, before the download, so that placing
-        a chain member's tens of thousands of 8 KiB pieces costs one ``pwrite`` each."""
-        if placements is None:
-            return None
-        resolved: ResolvedPieces = {}
-        for frame, pieces in placements.items():
-            runs = resolved[frame] = []
-            for inside, length, target in pieces:
-                for seg in self.index.segments(target, length):
-                    at = inside + seg.stream_offset - target
-                    runs.append((at, seg.length, self._fd(seg.path), seg.file_offset))
+        offset)``, from flat placements: each piece is found in its files once, before the
+        download, so that placing a chain member's tens of thousands of 8 KiB pieces costs one
+        ``pwrite`` each. A piece inside one file (nearly all) takes one bisect."""
+        starts, files = self.index.starts, self.index.files
+        fds: dict[int, int] = {}
+        resolved: Pieces = {}
+        for i in range(0, len(numbers), 4):
+            frame, inside, length, target = numbers[i : i + 4]
+            runs = resolved.setdefault(frame, [])
+            k = bisect.bisect_right(starts, target) - 1
+            if target + length <= starts[k + 1]:
+                fd = fds.get(k)
+                if fd is None:
+                    fd = fds[k] = self._fd(files[k].path)
+                runs.append((inside, length, fd, target - starts[k]))
+                continue
+            for seg in self.index.segments(target, length):
+                at = inside + seg.stream_offset - target
+                runs.append((at, seg.length, self._fd(seg.path), seg.file_offset))
         return resolved
 
-    def flush_behind(self, stream_offset: int, length: int) -> None:
-        """Starts writing a received range to disk, without waiting (see start_writeback)."""
-        for seg in self.index.segments(stream_offset, length):
-            start_writeback(self._fd(seg.path), seg.file_offset, seg.length)
+    def writes(self, stream_offset: int, length: int) -> list[Write]:
+        """Where a contiguous range of the stream lands, file by file."""
+        return [
+            (self._fd(seg.path), seg.file_offset, seg.length)
+            for seg in self.index.segments(stream_offset, length)
+        ]
 
     def _fd(self, path: str) -> int:
         with self.guard:
@@ -304,23 +316,21 @@ class Restorer:
                     handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
 
-    def _save_placements(
-        self, restore_id: str, placements: dict[str, list[tuple[int, int, int, int]]]
-    ) -> None:
-        """Each chain object's placements, as flat 64-bit numbers (read back per download)."""
-        for key, found in placements.items():
+    def _save_placements(self, restore_id: str, placements: dict[str, list[int]]) -> None:
+        """Each chain object's placements, as 64-bit numbers (read back per download)."""
+        for key, numbers in placements.items():
             path = self._object_done(restore_id, key).with_suffix(".placements")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(array("q", (n for p in found for n in p)).tobytes())
+            path.write_bytes(array("q", numbers).tobytes())
 
-    def _chain_placements(self, item: DownloadItem) -> Placements:
-        """Where a chain object's needed bytes go, per frame, as prepare placed them; empty
-        when newer backups of the chain replaced all of its bytes."""
+    def _chain_placements(self, item: DownloadItem) -> list[int]:
+        """Where a chain object's needed bytes go, as prepare placed them (flat numbers, see
+        ``Pieces``); none when newer backups of the chain replaced all of its bytes."""
         path = self._object_done(item.restore_id, item.key).with_suffix(".placements")
         numbers = array("q")
         if path.exists():
             numbers.frombytes(path.read_bytes())
-        return group_placements(numbers.tolist())
+        return numbers.tolist()
 
     # --- download ----------------------------------------------------------------------------
     def download(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -358,10 +368,10 @@ class Restorer:
     def _download(self, item: DownloadItem, url: str) -> dict[str, Any]:
         """Answers ``bytes``: what it wrote into the shard (the restore's progress)."""
         if item.from_chain:
-            placements: Placements | None = self._chain_placements(item)
-        else:
-            placements = piece_placements(item)
-        written = item.length if placements is None else placed_bytes(placements)
+            placements: list[int] | None = self._chain_placements(item)
+        else:  # an older control plane's pieces, or none: placed from its stream offset
+            placements = unpack_numbers(item.pieces) if item.pieces else None
+        written = item.length if placements is None else sum(placements[2::4])
         done_marker = self._object_done(item.restore_id, item.key)
         if done_marker.with_suffix(".ok").exists():
             return {"key": item.key, "bytes": written, "resumed": True}
@@ -373,23 +383,22 @@ class Restorer:
         record = done_marker.with_suffix(".parts")
         record.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(record)
-        reads = planned_reads(item, placements)
         encryption = layout.get("encryption")
         sealer = self.keys.sealer(
             Encryption.model_validate(encryption) if encryption else None, item.key_check
         )
+        pieces = None if placements is None else files.resolve(placements)  # opens files
+        reads = planned_reads(item, pieces)
         todo = [r for r in reads if r.number not in done]
         if done:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
         guard = threading.Lock()
 
-        pieces = files.resolve_pieces(placements)
-
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
             crc = fetch_range(self.downloader, url, item, read, files, sealer, pieces)
-            for target, length in written_ranges(item, read):
-                files.flush_behind(target, length)
+            for fd, offset, length in written_ranges(item, read, files, pieces):
+                start_writeback(fd, offset, length)
             with guard, record.open("a") as out:
                 out.write(f"{read.number} {crc}\n")
             done[read.number] = crc
@@ -403,7 +412,7 @@ class Restorer:
             if self._aborted(item.restore_id).exists():  # aborted meanwhile: leave nothing
                 shutil.rmtree(self.state(item.restore_id), ignore_errors=True)
         whole = combine((done[r.number], r.size) for r in reads) if reads else to_b64(0)
-        if placements is None and whole != item.crc64nvme:  # some frames: each was checked
+        if pieces is None and whole != item.crc64nvme:  # some frames only: each was checked
             record.unlink(missing_ok=True)  # a retry must fetch it all again
             raise ChecksumMismatch(
                 f"object {item.key} of shard {item.shard_id} arrived with CRC64NVME {whole}; the "
@@ -657,12 +666,11 @@ class RangeRead:
     plain_size: int
     spans: list[FrameSpan] | None = None
     expected: str | None = None
-    placements: Placements | None = None  # a chain member's pieces
 
 
-def planned_reads(item: DownloadItem, placements: Placements | None = None) -> list[RangeRead]:
+def planned_reads(item: DownloadItem, pieces: Pieces | None = None) -> list[RangeRead]:
     """The ranged GETs of an object: whole frames, about a part's worth each; with
-    ``placements`` (a chain member's object), only the frames they name."""
+    ``pieces`` (a chain member's object), only the frames they name."""
     if not item.frames:
         return [
             RangeRead(r.part_number, r.offset, r.size, r.offset, r.size, None,
@@ -670,8 +678,8 @@ def planned_reads(item: DownloadItem, placements: Placements | None = None) -> l
             for r in (part_ranges(item.length, item.part_size) if item.length else [])
         ]  # fmt: skip
     spans = frame_spans(unpack_frames(item.frames), item.frame_size, item.length)
-    if placements is not None:  # a chain member's object: only the frames it contributes
-        spans = [s for s in spans if s.index in placements]
+    if pieces is not None:  # a chain member's object: only the frames it contributes
+        spans = [s for s in spans if s.index in pieces]
     groups = [g for run in consecutive(spans) for g in fetch_ranges(run, item.part_size)]
     reads = []
     for number, group in enumerate(groups, start=1):
@@ -684,7 +692,6 @@ def planned_reads(item: DownloadItem, placements: Placements | None = None) -> l
                 first.plain_offset,
                 last.plain_offset + last.plain_size - first.plain_offset,
                 group,
-                placements={s.index: placements[s.index] for s in group} if placements else None,
             )
         )
     return reads
@@ -701,45 +708,32 @@ FLUSH_GAP = 1 << 20
 FLUSH_DENSITY = 0.5
 
 
-def written_ranges(item: DownloadItem, read: RangeRead) -> list[tuple[int, int]]:
-    """The stream ranges a read wrote whose writeback starts now: contiguous, or a chain
-    member's pieces merged where they lie within ``FLUSH_GAP`` of each other, where they
-    fill at least ``FLUSH_DENSITY`` of the merged range."""
-    if read.placements is None:
-        return [(item.stream_offset + read.plain_offset, read.plain_size)]
-    pieces = sorted((t, t + n) for pieces in read.placements.values() for _, n, t in pieces)
-    merged: list[list[int]] = []  # [start, end, bytes written]
-    for start, end in pieces:
-        if merged and start <= merged[-1][1] + FLUSH_GAP:
-            merged[-1][1] = max(merged[-1][1], end)
-            merged[-1][2] += end - start
+def written_ranges(
+    item: DownloadItem, read: RangeRead, files: ShardFiles, pieces: Pieces | None
+) -> list[Write]:
+    """The file ranges a read wrote whose writeback starts now: all of a contiguous read; of a
+    chain member's pieces, runs merged where they lie within ``FLUSH_GAP`` of each other in
+    a file, where they fill at least ``FLUSH_DENSITY`` of the merged run."""
+    if pieces is None or read.spans is None:
+        return files.writes(item.stream_offset + read.plain_offset, read.plain_size)
+    return dense_runs((fd, at, n) for span in read.spans for _, n, fd, at in pieces[span.index])
+
+
+def dense_runs(writes: Iterable[Write]) -> list[Write]:
+    merged: list[list[int]] = []  # [fd, start, end, bytes written]
+    for fd, start, length in sorted(writes):
+        end = start + length
+        last = merged[-1] if merged else None
+        if last and last[0] == fd and start <= last[2] + FLUSH_GAP:
+            last[2] = max(last[2], end)
+            last[3] += length
         else:
-            merged.append([start, end, end - start])
+            merged.append([fd, start, end, length])
     return [
-        (start, end - start)
-        for start, end, written in merged
+        (fd, start, end - start)
+        for fd, start, end, written in merged
         if written >= FLUSH_DENSITY * (end - start)
     ]
-
-
-def piece_placements(item: DownloadItem) -> Placements | None:
-    """The ``pieces`` an older control plane sent with a chain member's object (None: the
-    object is placed from its stream offset, or by ``from_chain``)."""
-    return group_placements(unpack_numbers(item.pieces)) if item.pieces else None
-
-
-def placed_bytes(placements: Placements) -> int:
-    return sum(length for pieces in placements.values() for _, length, _ in pieces)
-
-
-def group_placements(numbers: list[int]) -> Placements:
-    """Flat ``frame, offset in frame, length, stream offset`` numbers, per frame: where each
-    frame's needed bytes go."""
-    placements: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for i in range(0, len(numbers), 4):
-        frame, offset, length, target = numbers[i : i + 4]
-        placements[frame].append((offset, length, target))
-    return dict(placements)
 
 
 def consecutive(spans: list[FrameSpan]) -> list[list[FrameSpan]]:
@@ -760,11 +754,11 @@ def fetch_range(
     read: RangeRead,
     files: ShardFiles,
     sealer: Sealer | None = None,
-    pieces: ResolvedPieces | None = None,
+    pieces: Pieces | None = None,
 ) -> str:
     """Fetches one read into the staged files; returns the stored bytes' CRC64NVME. Frames are
     decoded and each checked against its plaintext checksum before it is written; a chain
-    member's frames write only their ``pieces`` (``ShardFiles.resolve_pieces``)."""
+    member's frames write only their ``pieces`` (``ShardFiles.resolve``)."""
     if read.spans is None:
         base = item.stream_offset + read.plain_offset
         crc = downloader.fetch(

@@ -126,6 +126,48 @@ def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_targ
     assert progress["objects"] > records[last.record["backup_id"]]["objects"]
 
 
+def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
+    make_cluster, make_target, policy_for, monkeypatch
+):
+    """A node's prepare arguments hold its shards' chains (every member's files, extents and
+    objects): a long chain of scattered changes outgrows an inbox item (DynamoDB, 400 KB), so
+    the dispatcher hands large arguments over as a presigned URL of their work object. The
+    inline limit is lowered to 64 bytes so that a small chain shows it."""
+    from shardvault.local.demo import table_digests
+    from shardvault.tables import Inbox
+
+    monkeypatch.setattr("shardvault.dispatch.INLINE_ARGS_BYTES", 64)
+    posted: list[tuple[str, dict]] = []
+    post = Inbox.post
+
+    def recording(self, node_id, command_id, command, args, token):
+        posted.append((command, args))
+        return post(self, node_id, command_id, command, args, token)
+
+    monkeypatch.setattr(Inbox, "post", recording)
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    (source,) = cluster.sources.values()
+    with sqlite3.connect(source) as conn:
+        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 13 = 0")
+    last = cluster.backup(incremental=True)
+    assert last.status == "SUCCEEDED", last.cause
+
+    target = make_target(nodes=1)
+    restored = target.restore(cluster.name, backup_id=last.record["backup_id"])
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    (db,) = target.restore_dir(0).glob("*/*.db")
+    assert table_digests(db) == table_digests(source)
+    prepares = [args for command, args in posted if command == "prepare_restore"]
+    assert prepares
+    for args in prepares:
+        assert "shards" not in args
+        assert args["args_size"] > 64
+        assert args["args_url"].startswith("http")
+
+
 def test_a_damaged_cache_is_not_trusted(make_cluster, policy_for):
     """A cached block map whose bytes changed on the node (a disk, a hand) would make changed
     blocks look unchanged: it is checked against the manifest and fetched again."""

@@ -219,8 +219,9 @@ def test_a_node_places_any_chain_through_its_objects_frames(seed: int):
     newest = b"".join(contents[chain[-1].backup_id].values())
     out = bytearray(len(newest))
     sizes = {o["key"]: o["frame_size"] for a in args for o in a["objects"]}
-    for key, placements in place_chain(args).items():
-        for frame, offset, length, target in placements:
+    for key, numbers in place_chain(args).items():
+        for i in range(0, len(numbers), 4):
+            frame, offset, length, target = numbers[i : i + 4]
             assert offset + length <= sizes[key]  # within its frame
             start = frame * sizes[key] + offset
             assert start + length <= len(objects[key])

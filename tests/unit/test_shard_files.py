@@ -8,7 +8,7 @@ import itertools
 import os
 import random
 
-from shardvault_agent.restore import FLUSH_GAP, ShardFiles, written_ranges
+from shardvault_agent.restore import FLUSH_GAP, ShardFiles, dense_runs
 
 from shardvault.models import FileEntry
 from shardvault.streams import StreamIndex
@@ -48,25 +48,47 @@ def test_scattered_pieces_land_where_a_contiguous_write_puts_them(tmp_path):
     assert contents(pieces) == contents(whole) == stream
 
 
-class Read:
-    def __init__(self, placements) -> None:
-        self.placements = placements
+def test_pieces_resolved_to_files_land_where_a_contiguous_write_puts_them(tmp_path):
+    # A chain member's placements (frame, offset in frame, length, stream offset), some
+    # across file boundaries and around the empty file: resolved once, each piece one pwrite.
+    stream = os.urandom(sum(size for _, size in FILES))
+    cuts = sorted({0, len(stream), *random.Random(9).sample(range(1, len(stream)), 30)})
+    frame_size = 4096
+    numbers: list[int] = []
+    delta = b""  # the member's bytes, in the order its object holds them
+    for start, end in random.Random(10).sample(list(itertools.pairwise(cuts)), len(cuts) - 1):
+        at = start
+        while at < end:  # a piece never crosses a frame of the object
+            frame, inside = divmod(len(delta), frame_size)
+            take = min(end - at, frame_size - inside)
+            numbers += [frame, inside, take, at]
+            delta += stream[at : at + take]
+            at += take
+    files = staged(tmp_path)
+    pieces = files.resolve(numbers)
+    for frame, runs in pieces.items():
+        plain = memoryview(delta)[frame * frame_size : (frame + 1) * frame_size]
+        for inside, length, fd, at in runs:
+            os.pwrite(fd, plain[inside : inside + length], at)
+    files.close()
+
+    assert contents(tmp_path) == stream
 
 
 def test_pieces_close_together_are_flushed_as_one_range():
     far = 10 * FLUSH_GAP
-    # frame -> (offset in frame, length, stream offset)
-    read = Read({0: [(0, 8192, 0), (8192, 8192, 3 * 8192)], 1: [(0, 8192, far)]})
+    # (fd, file offset, length): two pieces of one file close together, one far, and one of
+    # another file at the same offsets
+    writes = [(3, 0, 8192), (3, 3 * 8192, 8192), (3, far, 8192), (4, 8192, 8192)]
 
-    assert written_ranges(None, read) == [(0, 4 * 8192), (far, 8192)]
+    assert dense_runs(writes) == [(3, 0, 4 * 8192), (3, far, 8192), (4, 8192, 8192)]
 
 
 def test_scattered_pieces_are_left_to_the_fsync_at_finish():
     # An incremental's blocks, one 8 KiB piece every 256 KiB: starting writeback over the
     # span would walk 32 times the bytes written; a dense run among them is still flushed.
     step = 32 * 8192
-    scattered = [(0, 8192, i * step) for i in range(40)]
-    dense = [(0, 8192, 100 * FLUSH_GAP + i * 8192) for i in range(64)]
-    read = Read({0: scattered, 1: dense})
+    scattered = [(3, i * step, 8192) for i in range(40)]
+    dense = [(3, 100 * FLUSH_GAP + i * 8192, 8192) for i in range(64)]
 
-    assert written_ranges(None, read) == [(100 * FLUSH_GAP, 64 * 8192)]
+    assert dense_runs(scattered + dense) == [(3, 100 * FLUSH_GAP, 64 * 8192)]
