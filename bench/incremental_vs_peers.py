@@ -30,15 +30,19 @@ restore run once per tool so that noise from the shared machine hits both alike:
    key range (``UPDATE_AT``). Incrementals 1 and 2 are the issue's two cases; 3 to 6 make the
    chain a restore has to assemble. After each change, untimed: ``CHECKPOINT``, so that
    neither tool's checkpoint has more dirty pages to write than the other's.
-3. *source values*: right after both 6th incrementals (no write in between) the source's
-   ``count(*)``, ``sum(abalance)``, ``sum(aid * abalance)`` of ``pgbench_accounts``, the count
-   and ``sum(delta)`` of ``pgbench_history`` and the balance sums of tellers and branches.
-4. *full after the chain*: a ShardVault full of that same data.
+3. *full after the chain*: right after both 6th incrementals (no write in between), a
+   ShardVault full of that same data, before anything reads the tables: a read sets hint bits
+   and prunes pages, so a full taken after step 4 would hold pages that the chains' restores
+   have to hint and prune during their recovery and ``pg_amcheck`` (logged as full pages,
+   with checksums on) and its restore would not.
+4. *source values*: the source's ``count(*)``, ``sum(abalance)``, ``sum(aid * abalance)`` of
+   ``pgbench_accounts``, the count and ``sum(delta)`` of ``pgbench_history`` and the balance
+   sums of tellers and branches.
 5. *restores*, each into an empty directory, timed to a recovered, running server that passed
    ``pg_amcheck --all`` (as ``backup_vs_peers.py`` times them): ShardVault's restore of its 6th
-   incremental (the chain: full + 6), ShardVault's restore of the full of step 4, pgBackRest's
+   incremental (the chain: full + 6), ShardVault's restore of the full of step 3, pgBackRest's
    restore of its 6th incr. After each (untimed) the restored server's values are compared
-   with the source values of step 3: a backup restores to its own end point, and nothing
+   with the source values of step 4: a backup restores to its own end point, and nothing
    was written between the backups and the capture.
 
 ``--memory-only`` runs, per round, only a ShardVault full, the 1 % update, an incremental and
@@ -526,9 +530,13 @@ def run_round(bench: bvp.Bench, chain: Chain, runs: dict) -> None:
     for depth in range(1, len(CHANGES) + 1):
         change_then_backups(bench, runs, chain, depth)
     sv_chain_end, pgbr_chain_end = chain.sv_backups[-1], chain.pgbr_labels[-1]
-    source = source_values(bench.pg)  # no write since both 6th incrementals
-    say(f"  source values: {source}")
+    # The full of the same data is taken before anything reads the tables: a read sets hint
+    # bits and prunes pages (PostgreSQL writes both, logged as full pages with checksums on),
+    # so a full taken after the reads below would hold different pages, which its restore's
+    # recovery and pg_amcheck would not have to hint and prune as the chains' restores do.
     full = sv_step(bench, runs, chain, SV_FULL_AFTER, 0)
+    source = source_values(bench.pg)  # no write since both 6th incrementals and the full
+    say(f"  source values: {source}")
     rnd = chain.index
     restores = (
         (SV_RESTORE_CHAIN, lambda: shardvault_restore(bench, sv_chain_end, source)),
@@ -604,7 +612,8 @@ def label(name: str) -> str:
     }[name]
 
 
-RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Finish")
+# Download#2: a chain's second download wave, its newer members' objects (0 for a full).
+RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Download#2", "Finish")
 RESTORE_COMMANDS = (
     "download_objects",
     "download_wall",

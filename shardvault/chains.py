@@ -16,6 +16,13 @@ are cut), claim the bytes no newer member claimed. A block absent from a member'
 unchanged since its parent (its hash was equal), so the older member holds the same bytes;
 the root holds every byte. Stream offsets differ between members (files grow and shrink), so
 everything is matched by file path and offset in the file, never by stream offset.
+
+*Layered* resolution (``root_first``): the root's pieces are every byte it maps, not only the
+bytes no newer member claimed, and the newer members' claimed pieces are written over them
+after the root's have all landed (the restore state machine's second download wave). A root's
+frames then land whole, as a full's do, instead of as tens of thousands of pieces between the
+changed blocks of a chain of scattered changes; the changed blocks are written twice. Without
+the waves' order a layered placement is wrong, so a node uses it only when told.
 """
 
 from __future__ import annotations
@@ -94,9 +101,16 @@ class Unclaimed:
         return not self.starts
 
 
-def resolve(chain: list[Member]) -> list[Piece]:
+def resolve(chain: list[Member], root_first: bool = False) -> list[Piece]:
     """The pieces that make the newest member's stream, root first in ``chain``; sorted by
-    member (oldest first) and delta offset, adjacent ones merged."""
+    member (oldest first) and delta offset, adjacent ones merged. ``root_first``: layered
+    (see the module docstring), the root's pieces are all it maps."""
+    return resolve_layers(chain, root_first)[0]
+
+
+def resolve_layers(chain: list[Member], root_first: bool) -> tuple[list[Piece], list[Piece]]:
+    """``resolve``'s pieces, and of the root's, those no newer member overwrites: the bytes
+    the root supplies to the restored stream (layered, fewer than it writes)."""
     newest = chain[-1]
     index = StreamIndex(newest.files)
     where = {f.path: (start, f.size) for f, start in zip(newest.files, index.starts, strict=False)}
@@ -104,7 +118,10 @@ def resolve(chain: list[Member]) -> list[Piece]:
     # (member's place in the chain, delta offset, length, target): tuples sort fast, and a
     # chain of scattered changes makes tens of thousands of pieces.
     found: list[tuple[int, int, int, int]] = []
+    kept: list[Piece] = []
     for order in range(len(chain) - 1, -1, -1):
+        if unclaimed.empty and not (root_first and order == 0):
+            continue
         member = chain[order]
         targets = _Targets(member, where)
         extents = member.extents if member.extents is not None else [(0, targets.length)]
@@ -113,9 +130,11 @@ def resolve(chain: list[Member]) -> list[Piece]:
             ranges += targets.ranges(offset, length, delta)
             delta += length
         ranges.sort()
-        found += [(order, base + a, b - a, a) for a, b, base in unclaimed.take(ranges)]
-        if unclaimed.empty:
-            break
+        taken = unclaimed.take(ranges)
+        if order == 0 and root_first:
+            kept = [Piece(member.backup_id, base + a, b - a, a) for a, b, base in taken]
+            taken = ranges
+        found += [(order, base + a, b - a, a) for a, b, base in taken]
     if not unclaimed.empty:
         raise ParentUnavailable(
             f"bytes {unclaimed.starts[0]}-{unclaimed.ends[0]} of the restored stream are in no "
@@ -124,7 +143,7 @@ def resolve(chain: list[Member]) -> list[Piece]:
         )
     found.sort()
     ids = [member.backup_id for member in chain]
-    return merge([Piece(ids[order], d, n, t) for order, d, n, t in found])
+    return merge([Piece(ids[order], d, n, t) for order, d, n, t in found]), kept
 
 
 class _Targets:
@@ -197,6 +216,21 @@ def object_placements(pieces: list[Piece], objects: list[MemberObject]) -> dict[
     return out
 
 
+def supplied_bytes(pieces: list[Piece], objects: list[MemberObject]) -> dict[str, int]:
+    """Per object key of one member, how many bytes of ``pieces`` (that member's) it holds."""
+    own = sorted(objects, key=lambda o: o.stream_offset)
+    starts = [o.stream_offset for o in own]
+    out = dict.fromkeys((o.key for o in own), 0)
+    for piece in pieces:
+        at, end = piece.delta_offset, piece.delta_offset + piece.length
+        i = max(0, bisect.bisect_right(starts, at) - 1)
+        while at < end and i < len(own):
+            stop = min(end, own[i].stream_offset + own[i].length)
+            out[own[i].key] += max(0, stop - at)
+            at, i = max(at, stop), i + 1
+    return out
+
+
 def merge(pieces: list[Piece]) -> list[Piece]:
     merged: list[Piece] = []
     for piece in pieces:
@@ -249,9 +283,18 @@ def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
     return members
 
 
-def place_chain(members: list[dict[str, Any]]) -> dict[str, list[int]]:
-    """Per object key of a chain (``chain_args``), the placements of its bytes in the newest
-    member's stream."""
+class Placed(NamedTuple):
+    """A chain placed by the node that restores it: per object key, its placements (flat
+    numbers, ``object_placements``), and how many bytes of the restored stream it supplies
+    (its progress; layered, the root writes more than it supplies)."""
+
+    placements: dict[str, list[int]]
+    supplied: dict[str, int]
+
+
+def place_chain(members: list[dict[str, Any]], root_first: bool = False) -> Placed:
+    """A chain (``chain_args``) placed in the newest member's stream; ``root_first``:
+    layered (see the module docstring)."""
     chain = [
         Member(
             m["backup_id"],
@@ -265,4 +308,10 @@ def place_chain(members: list[dict[str, Any]]) -> dict[str, list[int]]:
         for m in members
         for o in m["objects"]
     ]
-    return object_placements(resolve(chain), objects)
+    pieces, root_kept = resolve_layers(chain, root_first)
+    placements = object_placements(pieces, objects)
+    supplied = {key: sum(numbers[2::4]) for key, numbers in placements.items()}
+    if root_first:
+        root = chain[0].backup_id
+        supplied |= supplied_bytes(root_kept, [o for o in objects if o.backup_id == root])
+    return Placed(placements, supplied)

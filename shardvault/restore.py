@@ -231,16 +231,21 @@ def shard_size(shard: ManifestShard) -> int:
 # --- plan --------------------------------------------------------------------------------------
 def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     """Writes what each node prepares and the download items, and records the restore as
-    running in the catalog (the first side effect)."""
+    running in the catalog (the first side effect). A chain downloads in two waves: every
+    object but the newer members' (the root's, the restored backup's WAL tail), then the
+    newer members' objects (``overlay_key``), whose changed blocks overwrite the root's."""
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
     chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
+    overlay: list[DownloadItem] = []
     for shard in manifest.shards if chain else []:
-        planned += chain_items(context, chain, shard.shard_id, node_of[shard.shard_id])
-    items = [{"object": item.model_dump(mode="json")} for item in planned]
-    plan_key = svc.work_key(context.restore_id, "downloads.json")
-    svc.put_work(plan_key, items)
+        node_id = node_of[shard.shard_id]
+        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
+        overlay += chain_items(context, chain[1:], shard.shard_id, node_id)
+    plan_key = put_items(svc, context, "downloads.json", planned)
+    # The chain's newer members, over the root: the second download wave.
+    overlay_key = put_items(svc, context, "overlay.json", overlay) if overlay else None
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
@@ -260,7 +265,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "execution_id": context.execution_id,
             "placement": {p.shard_id: p.node_id for p in context.placements},
             "bytes_total": context.bytes,  # every byte of the restored streams, once
-            "objects_total": len(planned),
+            "objects_total": len(planned) + len(overlay),
             "bytes_done": 0,
             "objects_done": 0,
         }
@@ -269,7 +274,22 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         {**a.model_dump(mode="json"), "args_key": prepare_key(svc, context, a.node_id)}
         for a in context.assignments
     ]
-    return {"plan_key": plan_key, "objects": len(items), "nodes": nodes}
+    return {
+        "plan_key": plan_key,
+        "objects": len(planned),
+        "overlay_key": overlay_key,
+        "overlay_objects": len(overlay),
+        "nodes": nodes,
+    }
+
+
+def put_items(
+    svc: Services, context: RestoreContext, name: str, planned: list[DownloadItem]
+) -> str:
+    """Writes a download wave's items where its map reads them; returns their key."""
+    key = svc.work_key(context.restore_id, name)
+    svc.put_work(key, [{"object": item.model_dump(mode="json")} for item in planned])
+    return key
 
 
 def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
@@ -287,7 +307,16 @@ def prepare_args(
         "shards": [
             {
                 "shard_id": shard.shard_id,
-                **({"chain": chain_args([m for m, _ in chain], shard.shard_id)} if chain else {}),
+                **(
+                    {
+                        "chain": chain_args([m for m, _ in chain], shard.shard_id),
+                        # The root's objects download before the newer members' (two
+                        # waves): the node lays the root down whole (chains: layered).
+                        "chain_root_first": True,
+                    }
+                    if chain
+                    else {}
+                ),
                 "marker": shard.marker,
                 # The wrapped data key (never the key): the node unwraps it itself.
                 "encryption": encryption.model_dump(mode="json") if encryption else None,

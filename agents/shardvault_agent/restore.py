@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shardvault import errors
-from shardvault.chains import place_chain
+from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
 from shardvault.errors import (
     ChecksumMismatch,
@@ -301,8 +301,10 @@ class Restorer:
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
         shard = dict(shard)
+        # Layered only when the control plane downloads the root's objects first (two waves).
+        root_first = bool(shard.pop("chain_root_first", False))
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
-            self._save_placements(restore_id, place_chain(chain))
+            self._save_placements(restore_id, place_chain(chain, root_first))
         root = self.staging(restore_id, shard["shard_id"])
         root.mkdir(parents=True, exist_ok=True)
         for stream in shard["streams"]:
@@ -312,25 +314,29 @@ class Restorer:
                     path.mkdir(parents=True, exist_ok=True)
                     continue
                 path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "ab") as handle:  # sparse: no byte is written twice
+                with open(path, "ab") as handle:  # sparse until its bytes arrive
                     handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
 
-    def _save_placements(self, restore_id: str, placements: dict[str, list[int]]) -> None:
-        """Each chain object's placements, as 64-bit numbers (read back per download)."""
-        for key, numbers in placements.items():
-            path = self._object_done(restore_id, key).with_suffix(".placements")
+    def _save_placements(self, restore_id: str, placed: Placed) -> None:
+        """Each chain object's placements, as 64-bit numbers, and the bytes it supplies
+        (read back per download)."""
+        for key, numbers in placed.placements.items():
+            path = self._object_done(restore_id, key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(array("q", numbers).tobytes())
+            path.with_suffix(".placements").write_bytes(array("q", numbers).tobytes())
+            path.with_suffix(".supplied").write_text(str(placed.supplied[key]))
 
-    def _chain_placements(self, item: DownloadItem) -> list[int]:
+    def _chain_placements(self, item: DownloadItem) -> tuple[list[int], int]:
         """Where a chain object's needed bytes go, as prepare placed them (flat numbers, see
-        ``Pieces``); none when newer backups of the chain replaced all of its bytes."""
-        path = self._object_done(item.restore_id, item.key).with_suffix(".placements")
+        ``Pieces``), and how many bytes of the restored stream they supply; none when newer
+        backups of the chain replaced all of its bytes."""
+        path = self._object_done(item.restore_id, item.key)
         numbers = array("q")
-        if path.exists():
-            numbers.frombytes(path.read_bytes())
-        return numbers.tolist()
+        if path.with_suffix(".placements").exists():
+            numbers.frombytes(path.with_suffix(".placements").read_bytes())
+            return numbers.tolist(), int(path.with_suffix(".supplied").read_text())
+        return [], 0
 
     # --- download ----------------------------------------------------------------------------
     def download(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -366,12 +372,16 @@ class Restorer:
             raise kind(failure["message"], fix=failure["fix"])
 
     def _download(self, item: DownloadItem, url: str) -> dict[str, Any]:
-        """Answers ``bytes``: what it wrote into the shard (the restore's progress)."""
+        """Answers ``bytes``: the bytes of the restored streams it supplied (the restore's
+        progress; a layered chain's root writes more, which newer members overwrite)."""
+        placements: list[int] | None = None  # None: placed whole from its stream offset
         if item.from_chain:
-            placements: list[int] | None = self._chain_placements(item)
-        else:  # an older control plane's pieces, or none: placed from its stream offset
-            placements = unpack_numbers(item.pieces) if item.pieces else None
-        written = item.length if placements is None else sum(placements[2::4])
+            placements, written = self._chain_placements(item)
+        elif item.pieces:  # an older control plane's pieces
+            placements = unpack_numbers(item.pieces)
+            written = sum(placements[2::4])
+        else:
+            written = item.length
         done_marker = self._object_done(item.restore_id, item.key)
         if done_marker.with_suffix(".ok").exists():
             return {"key": item.key, "bytes": written, "resumed": True}

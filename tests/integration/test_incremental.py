@@ -91,12 +91,31 @@ def test_without_its_cache_the_agent_rebuilds_the_parents_map_from_the_store(
     assert record["data_blockmap_bytes"] > 0
 
 
-def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_target, policy_for):
+def test_a_restore_of_an_incremental_assembles_its_chain(
+    make_cluster, make_target, policy_for, monkeypatch
+):
+    from shardvault import restore as restore_module
     from shardvault.local.demo import table_digests
+    from shardvault.tables import Inbox
 
+    events: list[tuple[str, str]] = []  # ("asked" or "done", object key), in order
+    post, record_download = Inbox.post, restore_module.record_download
+
+    def asking(self, node_id, command_id, command, args, token):
+        if command == "download":
+            events.append(("asked", args["object"]["key"]))
+        return post(self, node_id, command_id, command, args, token)
+
+    def done(item, written, svc):
+        events.append(("done", item.key))
+        return record_download(item, written, svc)
+
+    monkeypatch.setattr(Inbox, "post", asking)
+    monkeypatch.setattr(restore_module, "record_download", done)
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
-    assert cluster.backup().status == "SUCCEEDED"
+    full = cluster.backup()
+    assert full.status == "SUCCEEDED"
     for step in range(3):  # three incrementals, each after some changes
         for db in cluster.sources.values():
             with sqlite3.connect(db) as conn:
@@ -124,6 +143,15 @@ def test_a_restore_of_an_incremental_assembles_its_chain(make_cluster, make_targ
     assert progress["bytes_done"] == progress["bytes_total"] == progress["bytes"]
     assert progress["objects_done"] == progress["objects_total"] == progress["objects"]
     assert progress["objects"] > records[last.record["backup_id"]]["objects"]
+    # The nodes laid the full's objects down whole: no newer member's object was asked for
+    # before all of the full's had landed (the second download wave), else a full's frame
+    # could overwrite a newer block.
+    root = full.record["backup_id"]
+    roots_done = [i for i, (what, key) in enumerate(events) if what == "done" and root in key]
+    newer_asked = [i for i, (what, key) in enumerate(events) if what == "asked" and root not in key]
+    assert len(roots_done) >= 2  # an object per shard at least
+    assert len(newer_asked) >= 6  # three incrementals, two shards
+    assert max(roots_done) < min(newer_asked)
 
 
 def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(

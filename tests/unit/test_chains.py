@@ -20,11 +20,19 @@ def files(**sizes: int) -> list[FileEntry]:
     return [FileEntry(path=p, size=s) for p, s in sizes.items()]
 
 
-def rebuild(chain: list[Member], contents: dict[str, dict[str, bytes]]) -> bytes:
-    """What a restore writes: each piece's bytes from its member's delta stream."""
+def rebuild(
+    chain: list[Member], contents: dict[str, dict[str, bytes]], root_first: bool = False
+) -> bytes:
+    """What a restore writes: each piece's bytes from its member's delta stream, in any order
+    (the download map's), except that ``root_first`` (layered) writes the root's pieces
+    before all others (the restore's first download wave)."""
     newest = chain[-1]
     out = bytearray(sum(f.size for f in newest.files))
-    for piece in resolve(chain):
+    pieces = resolve(chain, root_first)
+    random.Random(len(pieces)).shuffle(pieces)
+    if root_first:
+        pieces.sort(key=lambda p: p.backup_id != chain[0].backup_id)  # stable: root first
+    for piece in pieces:
         member = next(m for m in chain if m.backup_id == piece.backup_id)
         stream = b"".join(contents[member.backup_id][f.path] for f in member.files)
         extents = member.extents if member.extents is not None else [(0, len(stream))]
@@ -172,12 +180,31 @@ def random_chain(seed: int) -> tuple[list[Member], dict[str, dict[str, bytes]]]:
     return chain, contents
 
 
+@pytest.mark.parametrize("root_first", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_any_chain_rebuilds_its_newest_stream(seed: int):
+def test_any_chain_rebuilds_its_newest_stream(seed: int, root_first: bool):
     # Whatever the fast paths of the resolution take, the pieces rebuild the newest backup
-    # byte for byte.
+    # byte for byte, written in any order (layered: the root's first).
     chain, contents = random_chain(seed)
-    assert rebuild(chain, contents) == b"".join(contents[chain[-1].backup_id].values())
+    expected = b"".join(contents[chain[-1].backup_id].values())
+    assert rebuild(chain, contents, root_first) == expected
+
+
+def test_a_layered_root_lands_whole_under_the_changed_blocks():
+    # The root's pieces are its whole stream, one piece, where an exclusive resolution cuts
+    # it around every block a newer member changed; the newer members' pieces are the same.
+    base = Member("full", files(a=8 * B), None)
+    chain = [
+        base,
+        Member("i1", files(a=8 * B), [(1 * B, B), (5 * B, B)]),
+        Member("i2", files(a=8 * B), [(3 * B, B)]),
+    ]
+    exclusive, layered = resolve(chain), resolve(chain, root_first=True)
+    assert [p for p in layered if p.backup_id == "full"] == [Piece("full", 0, 8 * B, 0)]
+    assert len([p for p in exclusive if p.backup_id == "full"]) == 4
+    assert [p for p in layered if p.backup_id != "full"] == [
+        p for p in exclusive if p.backup_id != "full"
+    ]
 
 
 def delta_stream(member: Member, contents: dict[str, dict[str, bytes]]) -> bytes:
@@ -196,8 +223,9 @@ def as_args(member: Member, objects: list[dict[str, int | str]]) -> dict[str, ob
     }
 
 
+@pytest.mark.parametrize("root_first", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_a_node_places_any_chain_through_its_objects_frames(seed: int):
+def test_a_node_places_any_chain_through_its_objects_frames(seed: int, root_first: bool):
     # What a node does at prepare (place_chain): each member's delta stream is cut into
     # objects and frames as a backup stores it; the placements of each object's frames
     # rebuild the newest stream byte for byte, and name no frame an object does not have.
@@ -219,7 +247,14 @@ def test_a_node_places_any_chain_through_its_objects_frames(seed: int):
     newest = b"".join(contents[chain[-1].backup_id].values())
     out = bytearray(len(newest))
     sizes = {o["key"]: o["frame_size"] for a in args for o in a["objects"]}
-    for key, numbers in place_chain(args).items():
+    chain_placed = place_chain(args, root_first)
+    # Each object supplies the bytes no newer member overwrites: together, the stream once.
+    assert sum(chain_placed.supplied.values()) == len(newest)
+    placed = list(chain_placed.placements.items())
+    rng.shuffle(placed)  # the download map's order; layered: the root's objects first
+    if root_first:
+        placed.sort(key=lambda kv: not kv[0].startswith(f"{chain[0].backup_id}/"))
+    for key, numbers in placed:
         for i in range(0, len(numbers), 4):
             frame, offset, length, target = numbers[i : i + 4]
             assert offset + length <= sizes[key]  # within its frame
