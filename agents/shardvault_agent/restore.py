@@ -305,6 +305,8 @@ class Restorer:
         root_first = bool(shard.pop("chain_root_first", False))
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
             self._save_placements(restore_id, place_chain(chain, root_first))
+            if root_first:  # what a newer member's object waits for (see _refuse_early)
+                shard["root_objects"] = [o["key"] for o in chain[0]["objects"]]
         root = self.staging(restore_id, shard["shard_id"])
         root.mkdir(parents=True, exist_ok=True)
         for stream in shard["streams"]:
@@ -386,6 +388,7 @@ class Restorer:
         if done_marker.with_suffix(".ok").exists():
             return {"key": item.key, "bytes": written, "resumed": True}
         layout = self._layout(item.restore_id, item.shard_id)
+        self._refuse_early(item, layout)
         stream = next(s for s in layout["streams"] if s["phase"] == item.phase)
         files = ShardFiles(
             self.staging(item.restore_id, item.shard_id), StreamIndex(unpack_files(stream["files"]))
@@ -431,6 +434,26 @@ class Restorer:
             )
         done_marker.with_suffix(".ok").touch()
         return {"key": item.key, "bytes": written, "resumed": len(todo) < len(reads)}
+
+    def _refuse_early(self, item: DownloadItem, layout: dict[str, Any]) -> None:
+        """A layered chain's root objects are written whole, over any newer block: a newer
+        member's object written before all of them would be overwritten. The state machine
+        orders them (two download waves); this makes the order a checked rule."""
+        roots = layout.get("root_objects") or []
+        if not item.from_chain or item.key in roots:
+            return
+        missing = [
+            k
+            for k in roots
+            if not self._object_done(item.restore_id, k).with_suffix(".ok").exists()
+        ]
+        if missing:
+            raise DownloadIncomplete(
+                f"object {item.key} of a newer backup in shard {item.shard_id}'s chain came "
+                f"before {len(missing)} of the full's objects, e.g. {missing[0]}, were in: they "
+                "would overwrite its blocks.",
+                fix="the restore failed: start it again.",
+            )
 
     # --- whole objects (a parent's block map) ---------------------------------------------
     def fetch_object_plain(self, source: dict[str, Any], dest: Path) -> Path:

@@ -253,3 +253,37 @@ def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
     records = {r["backup_id"]: r for r in cluster.records()}
     recorded = datetime.fromisoformat(records[full.record["backup_id"]]["retain_until"])
     assert recorded >= child_until
+
+
+def test_a_newer_backups_object_before_the_fulls_objects_is_refused(
+    make_cluster, make_target, policy_for, monkeypatch
+):
+    """A node lays a chain's full down whole, over any newer block: a newer backup's object
+    written first would be overwritten. The state machine orders them (two download waves);
+    with its waves reversed here, the node refuses by name rather than restore wrong data."""
+    from shardvault import restore as restore_module
+
+    plan = restore_module.plan
+
+    def reversed_waves(context, svc):
+        planned = plan(context, svc)
+        planned["plan_key"], planned["overlay_key"] = planned["overlay_key"], planned["plan_key"]
+        return planned
+
+    monkeypatch.setattr(restore_module, "plan", reversed_waves)
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    (source,) = cluster.sources.values()
+    with sqlite3.connect(source) as conn:
+        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 7 = 0")
+    last = cluster.backup(incremental=True)
+    assert last.status == "SUCCEEDED", last.cause
+
+    target = make_target(nodes=1)
+    restored = target.restore(cluster.name, backup_id=last.record["backup_id"])
+
+    assert restored.status == "FAILED"
+    assert restored.error == "DownloadIncomplete"
+    assert "came before" in restored.cause
+    assert not list(target.restore_dir(0).glob("*/*.db"))  # nothing half-restored in place
