@@ -84,7 +84,14 @@ class AgentConfig(BaseModel):
     busy_poll_interval_seconds: float = Field(
         0.05,
         gt=0,
-        description="How often the inbox is read while a backup runs (commands come in bursts).",
+        description="How often the inbox is read while a backup runs (commands come in bursts) "
+        "and no doorbell works.",
+    )
+    busy_ring_poll_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="While busy with a working doorbell, how often the inbox is read anyway (a "
+        "ring wakes the agent at once; a lost ring delays a command at most this long).",
     )
     busy_window_seconds: float = Field(
         30.0, gt=0, description="How long after a command the agent counts as busy."

@@ -76,6 +76,7 @@ def test_a_good_config_is_accepted_and_check_creates_nothing(tmp_path, capsys):
     [
         "poll_interval_seconds",
         "busy_poll_interval_seconds",
+        "busy_ring_poll_seconds",
         "busy_window_seconds",
         "heartbeat_interval_seconds",
         "task_heartbeat_seconds",

@@ -153,6 +153,26 @@ def test_a_ring_has_an_idle_agent_read_its_inbox_at_once_and_heartbeat(svc, tmp_
     assert attributes["ApproximateNumberOfMessages"] == "0"  # the ring was deleted
 
 
+def test_a_busy_agent_with_a_doorbell_picks_up_rung_commands_at_once_and_polls_slowly(
+    svc, tmp_path
+) -> None:
+    # Busy, the agent used to read its ring count every 50 ms (20 reads a second: half of a
+    # restoring agent's CPU); with a doorbell the ring wakes it, and the poll is a safety net.
+    sqs = boto3.client("sqs")
+    agent = agent_of(tmp_path, doorbell_wait_seconds=1, busy_ring_poll_seconds=1.0)
+    with Running(agent) as running:
+        post(svc, "b1", sqs)
+        wait_for(lambda: "flush:b1" in running.picked_up, timeout=5)
+        assert agent.busy()
+        running.calls.clear()
+        time.sleep(3.0)
+        polls = running.calls.get("GetItem:i", 0)
+        dispatched = post(svc, "b2", sqs)
+        wait_for(lambda: "flush:b2" in running.picked_up, timeout=5)
+    assert 2 <= polls <= 4, running.calls  # once a second, not 60 times in 3 s
+    assert running.picked_up["flush:b2"] - dispatched < 0.5
+
+
 class Unreachable:
     """An SQS client whose every call fails as when the endpoint cannot be reached."""
 
