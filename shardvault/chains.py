@@ -216,21 +216,6 @@ def object_placements(pieces: list[Piece], objects: list[MemberObject]) -> dict[
     return out
 
 
-def supplied_bytes(pieces: list[Piece], objects: list[MemberObject]) -> dict[str, int]:
-    """Per object key of one member, how many bytes of ``pieces`` (that member's) it holds."""
-    own = sorted(objects, key=lambda o: o.stream_offset)
-    starts = [o.stream_offset for o in own]
-    out = dict.fromkeys((o.key for o in own), 0)
-    for piece in pieces:
-        at, end = piece.delta_offset, piece.delta_offset + piece.length
-        i = max(0, bisect.bisect_right(starts, at) - 1)
-        while at < end and i < len(own):
-            stop = min(end, own[i].stream_offset + own[i].length)
-            out[own[i].key] += max(0, stop - at)
-            at, i = max(at, stop), i + 1
-    return out
-
-
 def merge(pieces: list[Piece]) -> list[Piece]:
     merged: list[Piece] = []
     for piece in pieces:
@@ -311,7 +296,8 @@ def place_chain(members: list[dict[str, Any]], root_first: bool = False) -> Plac
     pieces, root_kept = resolve_layers(chain, root_first)
     placements = object_placements(pieces, objects)
     supplied = {key: sum(numbers[2::4]) for key, numbers in placements.items()}
-    if root_first:
-        root = chain[0].backup_id
-        supplied |= supplied_bytes(root_kept, [o for o in objects if o.backup_id == root])
+    if root_first:  # the root supplies only what no newer member overwrites
+        kept = object_placements(root_kept, objects)
+        root = {o.key for o in objects if o.backup_id == chain[0].backup_id}
+        supplied |= {key: sum(kept.get(key, [])[2::4]) for key in root & placements.keys()}
     return Placed(placements, supplied)

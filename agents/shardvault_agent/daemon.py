@@ -253,9 +253,9 @@ class Agent:
         """Fast while a backup runs (its commands come in bursts) unless a doorbell rings for
         them, slow when idle (each poll is a paid read on AWS); idle with a doorbell, until
         the safety poll (a ring wakes the main loop sooner)."""
-        if self.busy() and self.doorbell_works:
-            return self.config.busy_ring_poll_seconds
         if self.busy():
+            if self.doorbell_works:
+                return self.config.busy_ring_poll_seconds
             return self.config.busy_poll_interval_seconds
         if self.doorbell_works:
             return max(0.0, self.next_full_read - time.monotonic())

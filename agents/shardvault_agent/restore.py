@@ -377,13 +377,11 @@ class Restorer:
         """Answers ``bytes``: the bytes of the restored streams it supplied (the restore's
         progress; a layered chain's root writes more, which newer members overwrite)."""
         placements: list[int] | None = None  # None: placed whole from its stream offset
+        written = item.placed_bytes
         if item.from_chain:
             placements, written = self._chain_placements(item)
         elif item.pieces:  # an older control plane's pieces
             placements = unpack_numbers(item.pieces)
-            written = sum(placements[2::4])
-        else:
-            written = item.length
         done_marker = self._object_done(item.restore_id, item.key)
         if done_marker.with_suffix(".ok").exists():
             return {"key": item.key, "bytes": written, "resumed": True}

@@ -9,6 +9,33 @@ import pytest
 pytestmark = pytest.mark.minio
 
 
+def record_posts(monkeypatch, record) -> None:
+    """Calls ``record(command, args)`` for every command posted to an inbox, then posts it."""
+    from shardvault.tables import Inbox
+
+    post = Inbox.post
+
+    def recording(self, node_id, command_id, command, args, token):
+        record(command, args)
+        return post(self, node_id, command_id, command, args, token)
+
+    monkeypatch.setattr(Inbox, "post", recording)
+
+
+def scattered_incremental(make_cluster, policy_for, every: int):
+    """A one-node cluster backed up whole, then incrementally after every ``every``-th row
+    changed; returns its source database and the incremental."""
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    (source,) = cluster.sources.values()
+    with sqlite3.connect(source) as conn:
+        conn.execute(f"UPDATE items SET payload = randomblob(200) WHERE rowid % {every} = 0")
+    last = cluster.backup(incremental=True)
+    assert last.status == "SUCCEEDED", last.cause
+    return cluster, source, last
+
+
 def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     cluster = make_cluster(nodes=1, size_mb=8)
     policy_for(cluster.name)
@@ -96,21 +123,19 @@ def test_a_restore_of_an_incremental_assembles_its_chain(
 ):
     from shardvault import restore as restore_module
     from shardvault.local.demo import table_digests
-    from shardvault.tables import Inbox
 
     events: list[tuple[str, str]] = []  # ("asked" or "done", object key), in order
-    post, record_download = Inbox.post, restore_module.record_download
+    record_download = restore_module.record_download
 
-    def asking(self, node_id, command_id, command, args, token):
+    def asking(command, args):
         if command == "download":
             events.append(("asked", args["object"]["key"]))
-        return post(self, node_id, command_id, command, args, token)
 
     def done(item, written, svc):
         events.append(("done", item.key))
         return record_download(item, written, svc)
 
-    monkeypatch.setattr(Inbox, "post", asking)
+    record_posts(monkeypatch, asking)
     monkeypatch.setattr(restore_module, "record_download", done)
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
@@ -162,25 +187,11 @@ def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
     the dispatcher hands large arguments over as a presigned URL of their work object. The
     inline limit is lowered to 64 bytes so that a small chain shows it."""
     from shardvault.local.demo import table_digests
-    from shardvault.tables import Inbox
 
     monkeypatch.setattr("shardvault.dispatch.INLINE_ARGS_BYTES", 64)
     posted: list[tuple[str, dict]] = []
-    post = Inbox.post
-
-    def recording(self, node_id, command_id, command, args, token):
-        posted.append((command, args))
-        return post(self, node_id, command_id, command, args, token)
-
-    monkeypatch.setattr(Inbox, "post", recording)
-    cluster = make_cluster(nodes=1, size_mb=2)
-    policy_for(cluster.name)
-    assert cluster.backup().status == "SUCCEEDED"
-    (source,) = cluster.sources.values()
-    with sqlite3.connect(source) as conn:
-        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 13 = 0")
-    last = cluster.backup(incremental=True)
-    assert last.status == "SUCCEEDED", last.cause
+    record_posts(monkeypatch, lambda command, args: posted.append((command, args)))
+    cluster, source, last = scattered_incremental(make_cluster, policy_for, every=13)
 
     target = make_target(nodes=1)
     restored = target.restore(cluster.name, backup_id=last.record["backup_id"])
@@ -271,14 +282,7 @@ def test_a_newer_backups_object_before_the_fulls_objects_is_refused(
         return planned
 
     monkeypatch.setattr(restore_module, "plan", reversed_waves)
-    cluster = make_cluster(nodes=1, size_mb=2)
-    policy_for(cluster.name)
-    assert cluster.backup().status == "SUCCEEDED"
-    (source,) = cluster.sources.values()
-    with sqlite3.connect(source) as conn:
-        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 7 = 0")
-    last = cluster.backup(incremental=True)
-    assert last.status == "SUCCEEDED", last.cause
+    cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
 
     target = make_target(nodes=1)
     restored = target.restore(cluster.name, backup_id=last.record["backup_id"])
