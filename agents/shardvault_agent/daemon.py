@@ -11,8 +11,8 @@ Cadences. *Busy* (a command ran or a ring came within ``busy_window_seconds``): 
 read on a ring, and its ring count every ``busy_ring_poll_seconds`` (every
 ``busy_poll_interval_seconds`` without a working doorbell) and the inbox when it changed (and
 every ``FULL_READ_SECONDS``); the registry heartbeat every ``heartbeat_interval_seconds``. A
-busy agent with a doorbell does not poll fast: at 20 reads a second the polls took half of a
-restoring agent's CPU (and as much again of the local stack's).
+busy agent with a doorbell does not poll fast: at 20 reads a second the polls took about half
+of a restoring agent's CPU in a trial (docs/ARCHITECTURE.md, *The agent*).
 *Idle*, with a working doorbell: no read but one long poll of the doorbell per
 ``doorbell_wait_seconds``, the inbox read on a ring and every ``idle_inbox_poll_seconds`` (the
 *safety poll*: a lost ring delays a command that long at most), the registry heartbeat every
