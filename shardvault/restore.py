@@ -174,13 +174,19 @@ def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[Nod
     return nodes
 
 
+# Requests a restore step makes side by side (a chain's manifests, the heads of its objects):
+# each waits on the store, not on this process.
+PARALLEL_READS = 8
+
+
 def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
-    """Where each ancestor of an incremental is read, root first; each manifest is read now,
-    so a missing or damaged ancestor refuses the restore before anything is placed."""
+    """Where each ancestor of an incremental is read, root first; each manifest is read now
+    (side by side), so a missing or damaged ancestor refuses the restore before anything is
+    placed."""
     if manifest.chain is None:
         return []
     sources = []
-    for backup_id in manifest.chain.ancestors:
+    for backup_id in manifest.chain.ancestors:  # the catalog's table is not shared by threads
         record = svc.catalog.get(manifest.cluster, backup_id) or {}
         if record.get("status") != BackupStatus.COMPLETE:
             raise ParentUnavailable(
@@ -190,14 +196,14 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
             )
         source = "vault" if record.get("location") == "vault" and svc.vault else "store"
         key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
-        load_manifest(*source_of(svc, source), key)
         sources.append(ChainSource(backup_id=backup_id, manifest_key=key, source=source))
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:  # the store's client is
+        reads = [
+            pool.submit(load_manifest, *source_of(svc, s.source), s.manifest_key) for s in sources
+        ]
+        for read in reads:  # root first: the oldest damaged manifest is the one named
+            read.result()
     return sources
-
-
-# Requests a restore step makes side by side (a chain's manifests, the heads of its objects):
-# each waits on the store, not on this process.
-PARALLEL_READS = 8
 
 
 def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manifest, str]]:

@@ -10,6 +10,11 @@ Terms:
 - *state*: ``state_dir/restores/<restore_id>/``: the layout of each shard, the parts each
   object has received (so a retried or resumed download fetches only what is missing), the
   objects verified whole, and what ``finish_restore`` started (so ``abort_restore`` can undo it).
+- *placement* (a chain's): where each of its objects' bytes land (``chains.place_chain``);
+  computed in the background from prepare on, so that prepare answers at once and the first
+  downloads start while it runs (a chain of scattered changes takes a few tenths of a second
+  to place); each download of the shard waits for it. The chain is kept in the state too, so
+  a restarted agent places it again.
 - *adopted shard*: a shard this node restored and checked, recorded in
   ``state_dir/adopted.json``; the agent holds it as if it were in its configuration (it is
   registered, and backups of the new cluster read it), so a restored cluster is protected
@@ -35,7 +40,7 @@ import socket
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +201,9 @@ class Restorer:
         self._turns: dict[str, threading.Lock] = {}
         self._turns_guard = threading.Lock()
         self._adoption_guard = threading.Lock()  # adopted.json: one writer at a time
+        self._placing: dict[tuple[str, str], Future[None]] = {}  # (restore, shard): running
+        self._placing_guard = threading.Lock()
+        self._placer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="place")
 
     def _turn(self, restore_id: str) -> threading.Lock:
         with self._turns_guard:
@@ -304,7 +312,9 @@ class Restorer:
         # Layered only when the control plane downloads the root's objects first (two waves).
         root_first = bool(shard.pop("chain_root_first", False))
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
-            self._save_placements(restore_id, place_chain(chain, root_first))
+            placing = {"chain": chain, "root_first": root_first}
+            write_json(self._chain_path(restore_id, shard["shard_id"]), placing)
+            self._start_placing(restore_id, shard["shard_id"], placing)
             if root_first:  # what a newer member's object waits for (see _refuse_early)
                 shard["root_objects"] = [o["key"] for o in chain[0]["objects"]]
         root = self.staging(restore_id, shard["shard_id"])
@@ -319,6 +329,52 @@ class Restorer:
                 with open(path, "ab") as handle:  # sparse until its bytes arrive
                     handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
+
+    # --- a chain's placement (in the background) ---------------------------------------------
+    def _chain_path(self, restore_id: str, shard_id: str) -> Path:
+        return self.state(restore_id) / f"{shard_id}.chain.json"
+
+    def _placed_marker(self, restore_id: str, shard_id: str) -> Path:
+        return self.state(restore_id) / f"{shard_id}.placed"
+
+    def _start_placing(
+        self, restore_id: str, shard_id: str, placing: dict[str, Any] | None
+    ) -> Future[None]:
+        with self._placing_guard:
+            job = self._placing.get((restore_id, shard_id))
+            if job is None and self._placed_marker(restore_id, shard_id).exists():
+                job = Future()  # placed meanwhile: the job marks, then leaves the table
+                job.set_result(None)
+            elif job is None:
+                job = self._placer.submit(self._place, restore_id, shard_id, placing)
+                self._placing[(restore_id, shard_id)] = job
+            return job
+
+    def _place(self, restore_id: str, shard_id: str, placing: dict[str, Any] | None) -> None:
+        """Places a shard's chain and saves each object's placements; ``placing`` None: read
+        back from the state (an agent restarted since prepare). A chain that does not hold
+        every byte fails the restore on this node (recorded, as a damaged object does)."""
+        try:
+            if placing is None:
+                placing = json.loads(self._chain_path(restore_id, shard_id).read_text())
+            placed = place_chain(placing["chain"], placing["root_first"])
+            with self._turn(restore_id):  # an abort undoes under the same turn: none is left
+                if not self._aborted(restore_id).exists():
+                    self._save_placements(restore_id, placed)
+                    self._placed_marker(restore_id, shard_id).touch()
+        except ShardVaultError as error:
+            self._record_failure(restore_id, error)
+            raise
+        finally:
+            with self._placing_guard:
+                self._placing.pop((restore_id, shard_id), None)
+
+    def _await_placement(self, restore_id: str, shard_id: str) -> None:
+        """Returns once the shard's chain is placed (at once when it is), or raises why not."""
+        self._refuse_aborted(restore_id)
+        if not self._placed_marker(restore_id, shard_id).exists():
+            self._start_placing(restore_id, shard_id, None).result()
+        self._refuse_aborted(restore_id)
 
     def _save_placements(self, restore_id: str, placed: Placed) -> None:
         """Each chain object's placements, as 64-bit numbers, and the bytes it supplies
@@ -379,6 +435,7 @@ class Restorer:
         placements: list[int] | None = None  # None: placed whole from its stream offset
         written = item.placed_bytes
         if item.from_chain:
+            self._await_placement(item.restore_id, item.shard_id)
             placements, written = self._chain_placements(item)
         elif item.pieces:  # an older control plane's pieces
             placements = unpack_numbers(item.pieces)

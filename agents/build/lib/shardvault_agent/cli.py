@@ -1,0 +1,71 @@
+"""``shardvault-agent``: run the agent daemon, or check its configuration.
+
+``check`` and ``run`` refuse the same things, before anything starts: an invalid file (every
+problem by its field path, with its fix) and a host the configuration cannot run on
+(``check_host``: directories the agent cannot write, shard data missing). Errors go to stderr
+with exit status 2, without a traceback.
+
+The tables come from ``--nodes-table``/``--inbox-table``/``--catalog-table`` or
+``SHARDVAULT_NODES_TABLE``, ``SHARDVAULT_INBOX_TABLE`` and ``SHARDVAULT_CATALOG_TABLE`` (read
+only at start, for ``reconcile``); AWS endpoints and credentials from the usual AWS variables
+(``AWS_ENDPOINT_URL`` reaches the local stack). No S3 credentials are needed or used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from shardvault.errors import ShardVaultError
+from shardvault_agent.config import check_host, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardvault-agent", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "check"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--config", type=Path, required=True, help="agent YAML config")
+        cmd.add_argument(
+            "--nodes-table", default=os.environ.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes")
+        )
+        cmd.add_argument(
+            "--inbox-table", default=os.environ.get("SHARDVAULT_INBOX_TABLE", "shardvault-inbox")
+        )
+        cmd.add_argument(
+            "--catalog-table",
+            default=os.environ.get("SHARDVAULT_CATALOG_TABLE"),
+            help="the catalog, read at start to release what ended backups left (optional)",
+        )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_config(args.config)
+        check_host(config)
+        if args.command == "check":
+            shards = len(config.shards)
+            print(
+                f"config ok: node {config.node_id} of cluster {config.cluster}, {shards} shard(s)"
+            )
+            return 0
+        from shardvault_agent.daemon import Agent
+
+        agent = Agent(
+            config,
+            nodes_table=args.nodes_table,
+            inbox_table=args.inbox_table,
+            catalog_table=args.catalog_table,
+        )
+        agent.install_signal_handlers()
+        agent.run()
+        return 0
+    except ShardVaultError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,633 @@
+"""The commands an agent runs for the backup state machine, each idempotent.
+
+A *capture* (files, root, marker) is saved under ``state_dir/backups/<backup_id>/`` the
+moment it is taken, so later commands (pack, upload, stop) and a retried command find
+it; release deletes that directory. Uploaded parts are recorded as they finish, so a retried
+upload sends only the parts still missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import boto3
+
+from shardvault.checksums import crc64nvme_of_stream
+from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
+from shardvault.extents import pack_within, unpack_extents
+from shardvault.models import (
+    Encryption,
+    FileEntry,
+    ObjectChecksums,
+    ObjectPlan,
+    PartChecksum,
+    Phase,
+    UploadedPart,
+    UploadLimits,
+    pack_files,
+)
+from shardvault.pipeline import (
+    FrameCodec,
+    frame_spans,
+    pack_frames,
+    plaintext_crc,
+    unpack_frames,
+)
+from shardvault_agent.blockmap import BlockMap
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import Capture, EngineAdapter
+from shardvault_agent.keys import DataKeys
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.restore import Restorer
+from shardvault_agent.scan import (
+    DeltaReader,
+    PackHasher,
+    assemble_map,
+    save_identities,
+    scan_capture,
+    write_fragment,
+)
+from shardvault_agent.statefiles import write_json
+from shardvault_agent.transfer import (
+    Downloader,
+    PartSender,
+    pack_object,
+    read_range,
+    stream_source,
+    upload_object,
+)
+
+MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
+EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
+KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
+
+
+class Commands:
+    def __init__(
+        self,
+        config: AgentConfig,
+        engine: EngineAdapter,
+        limiter: RateLimiter,
+        sender: PartSender,
+        keys: DataKeys | None = None,
+    ) -> None:
+        self.config, self.engine, self.limiter, self.sender = config, engine, limiter, sender
+        self.keys = keys or DataKeys(lambda: boto3.client("kms"))
+        self.locks: dict[str, threading.Lock] = {}
+        self.locks_guard = threading.Lock()
+        self.backup_limiters: dict[str, RateLimiter] = {}
+
+    @cached_property
+    def restorer(self) -> Restorer:
+        downloader = Downloader(self.sender.http, self.config.part_attempts, self.limiter)
+        return Restorer(self.config, downloader, self.keys)
+
+    def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
+            self, f"do_{name}", None
+        )
+        if handler is None:
+            raise UnknownCommand(
+                f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
+            )
+        return handler(self._fetched_args(args))
+
+    def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The command's arguments, those too large for its inbox item read from the store
+        through their presigned URL (``shardvault.dispatch.work_args``)."""
+        url = args.get("args_url")
+        if not url:
+            return args
+        size = int(args["args_size"])
+        body = bytearray(size)
+
+        def write(position: int, chunk: bytes) -> None:
+            body[position : position + len(chunk)] = chunk
+
+        self.restorer.downloader.fetch(url, "the command's arguments", 0, size, write)
+        rest = {k: v for k, v in args.items() if k not in ("args_url", "args_size")}
+        return json.loads(body) | rest
+
+    # --- state on disk -------------------------------------------------------------------------
+    @property
+    def backups_dir(self) -> Path:
+        return self.config.state_dir / "backups"
+
+    def backup_dir(self, backup_id: str) -> Path:
+        return self.backups_dir / backup_id
+
+    def held_backups(self) -> set[str]:
+        """Backups this node holds state of: its captures, and the engine's own (snapshots)."""
+        captured = {p.name for p in self.backups_dir.glob("*") if p.is_dir()}
+        return captured | self.engine.held_backups()
+
+    def _capture_path(self, backup_id: str, shard_id: str, phase: Phase) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.{phase}.json"
+
+    def save_capture(
+        self, backup_id: str, shard_id: str, phase: Phase, capture: Capture, at: float
+    ) -> None:
+        path = self._capture_path(backup_id, shard_id, phase)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "root": str(capture.root),
+            "files": [[f.path, f.size] for f in capture.files],
+            "marker": capture.marker,
+            "mutable": capture.mutable,
+            "trust_identity": capture.trust_identity,
+            "checkpoint_at": at,
+        }
+        write_json(path, record)
+
+    def load_capture(self, backup_id: str, shard_id: str, phase: Phase) -> dict[str, Any]:
+        path = self._capture_path(backup_id, shard_id, phase)
+        if not path.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no {phase} capture of shard {shard_id} for backup {backup_id}.",
+                fix="retry the backup (the agent may have been restarted or released it).",
+            )
+        record = json.loads(path.read_text())
+        record["files"] = [FileEntry(path=p, size=s) for p, s in record["files"]]
+        return record
+
+    def _limits_path(self, backup_id: str) -> Path:
+        return self.backup_dir(backup_id) / "upload-limits.json"
+
+    def save_limits(self, backup_id: str, limits: dict[str, Any] | None) -> None:
+        """Keeps the policy's upload limits the checkpoint command brought, for the backup's
+        pack and upload commands (they survive an agent restart like the captures)."""
+        checked = UploadLimits.model_validate(limits or {})
+        write_json(self._limits_path(backup_id), checked.model_dump(mode="json"))
+
+    def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
+        """The rate limiter and the parts sent at once for a backup: the stricter of the
+        policy's (sent with the checkpoint) and this agent's configuration."""
+        path = self._limits_path(backup_id)
+        limits = (
+            UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
+        )
+        parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
+        rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
+        if rate is None or (own is not None and own <= rate):
+            return self.limiter, parallelism
+        with self.locks_guard:  # one bucket per backup, shared by all its readers
+            limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
+        return limiter, parallelism
+
+    def _encryption_path(self, backup_id: str) -> Path:
+        return self.backup_dir(backup_id) / "encryption.json"
+
+    def save_encryption(self, backup_id: str, encryption: dict[str, Any] | None) -> None:
+        """Keeps the backup's wrapped data key (never the key itself) for its pack commands."""
+        path = self._encryption_path(backup_id)
+        if encryption:
+            write_json(path, Encryption.model_validate(encryption).model_dump(mode="json"))
+        else:
+            path.unlink(missing_ok=True)
+
+    def encryption(self, backup_id: str) -> Encryption | None:
+        path = self._encryption_path(backup_id)
+        return Encryption.model_validate_json(path.read_text()) if path.exists() else None
+
+    def shards(self) -> dict[str, ShardConfig]:
+        """The shards this node holds: its configuration's, and those it restored and adopted
+        (a configured shard of the same id wins)."""
+        adopted = self.restorer.adopted_shards() if self.config.restore_dir else []
+        return {s.shard_id: s for s in [*adopted, *self.config.shards]}
+
+    def _shards(self, args: dict[str, Any]) -> list[ShardConfig]:
+        shards = self.shards()
+        missing = [s for s in args.get("shard_ids", []) if s not in shards]
+        if missing:
+            raise InvalidRequest(
+                f"node {self.config.node_id} has no shard {', '.join(missing)}.",
+                fix="check the agent config; the registry and the config disagree.",
+            )
+        return [shards[s] for s in args.get("shard_ids", [])]
+
+    def _listing_result(
+        self, backup_id: str, phase: Phase, shards: list[ShardConfig]
+    ) -> dict[str, Any]:
+        out = []
+        for shard in shards:
+            record = self.load_capture(backup_id, shard.shard_id, phase)
+            packed = pack_files(record["files"])
+            if len(packed) > MAX_LISTING_CHARS:
+                raise ListingTooLarge(
+                    f"shard {shard.shard_id} lists {len(record['files'])} files ({len(packed)} "
+                    "characters packed), more than one task result holds.",
+                    fix="split the shard, or upgrade to a version that pages listings.",
+                )
+            out.append(
+                {
+                    "shard_id": shard.shard_id,
+                    "files": packed,
+                    "marker": record["marker"],
+                    "checkpoint_at": record["checkpoint_at"],
+                    "mutable": record["mutable"],
+                    "bytes": sum(f.size for f in record["files"]),
+                }
+            )
+        return {"node_id": self.config.node_id, "shards": out}
+
+    # --- commands ------------------------------------------------------------------------------
+    def do_flush(self, args: dict[str, Any]) -> dict[str, Any]:
+        shards = self._shards(args)
+        for shard in shards:
+            self.engine.flush(shard)
+        return {"node_id": self.config.node_id, "flushed": [s.shard_id for s in shards]}
+
+    def _tombstone(self, backup_id: str) -> Path:
+        return self.config.state_dir / "released" / backup_id
+
+    def _refuse_released(self, backup_id: str) -> None:
+        if self._tombstone(backup_id).exists():
+            raise CheckpointNotFound(
+                f"backup {backup_id} was already released on this node.",
+                fix="nothing to do: that backup has ended; start a new one.",
+            )
+
+    def do_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Takes each shard's checkpoint, then (when the command names the parents, as the
+        backup state machine's does) scans it: one command, one round trip, where there were
+        two. Without ``parents`` it answers with the listing alone, for a control plane that
+        still sends ``scan`` on its own."""
+        backup_id, shards = args["backup_id"], self._shards(args)
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            self.save_limits(backup_id, args.get("upload"))
+            self.save_encryption(backup_id, args.get("encryption"))
+            for shard in shards:
+                held = self.engine.holds(shard, backup_id)
+                if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
+                    continue  # a retried command: the checkpoint is already held
+                # Taken (again): what a lost checkpoint's scan saved describes other files.
+                self._discard_scan(backup_id, shard.shard_id)
+                at = time.time()
+                capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
+                self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
+            if "parents" not in args:
+                return self._listing_result(backup_id, Phase.DATA, shards)
+            return self._scanned(backup_id, shards, args["parents"])
+
+    # --- scan (incrementals; see scan.py) -------------------------------------------------------
+    def _map_path(self, backup_id: str, shard_id: str) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.map"
+
+    def _extents_path(self, backup_id: str, shard_id: str) -> Path:
+        return self.backup_dir(backup_id) / f"{shard_id}.extents.json"
+
+    def _hashes_dir(self, backup_id: str, shard_id: str) -> Path:
+        """A full's hash fragments, one per data object (``scan.PackHasher``)."""
+        return self.backup_dir(backup_id) / "hashes" / shard_id
+
+    def _discard_scan(self, backup_id: str, shard_id: str) -> None:
+        """Removes a shard's scan answer, block map and hash fragments (with the identities
+        beside them): they belong to one capture, and a checkpoint taken again replaces it."""
+        self._extents_path(backup_id, shard_id).unlink(missing_ok=True)
+        self._map_path(backup_id, shard_id).unlink(missing_ok=True)
+        shutil.rmtree(self._hashes_dir(backup_id, shard_id), ignore_errors=True)
+
+    def _saved_scan(self, backup_id: str, shard_id: str) -> dict[str, Any]:
+        saved = self._extents_path(backup_id, shard_id)
+        return json.loads(saved.read_text()) if saved.exists() else {}
+
+    def _hashed_in_pack(self, backup_id: str, shard_id: str) -> bool:
+        """A full (its scan found no parent: every byte is sent) has its block map made of
+        its packs' hashes, not by a scan."""
+        scan = self._saved_scan(backup_id, shard_id)
+        return bool(scan) and scan["delta_bytes"] is None
+
+    def _map_goes_with_tail(self, backup_id: str, shard_id: str) -> bool:
+        """A full's map (joined at Stop), or an incremental's scanned by a ``scan`` command:
+        a control plane that still sends one plans block maps with the tail only."""
+        scan = self._saved_scan(backup_id, shard_id)
+        return bool(scan) and (scan["delta_bytes"] is None or scan.get("map_with_tail", False))
+
+    def cached_map(self, shard_id: str, backup_id: str) -> Path:
+        """Where this node keeps the block map of a backup it made, for the next incremental."""
+        return self.config.state_dir / "blockmaps" / shard_id / f"{backup_id}.map"
+
+    def parent_map(self, shard_id: str, parent: dict[str, Any] | None) -> Path | None:
+        """The parent's block map: the cached file when its CRC64NVME is the plaintext CRC the
+        manifest records for the map (its frames'), else fetched from the store and decoded
+        through the pipeline. The cache is read whole to be checked: correctness never
+        depends on it. None: no parent (a full)."""
+        if not parent:
+            return None
+        path = self.cached_map(shard_id, parent["backup_id"])
+        obj = parent["object"]
+        spans = frame_spans(unpack_frames(obj["frames"]), obj["frame_size"], obj["length"])
+        if path.exists():
+            with open(path, "rb") as cached:
+                if crc64nvme_of_stream(cached) == plaintext_crc(spans):
+                    return path
+        fetched = self.restorer.fetch_object_plain(parent, path.with_suffix(".fetching"))
+        return fetched.replace(path)
+
+    def do_scan(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Hashes every block of each shard's capture into this backup's block map and
+        compares it with the parent's; returns the listings with each shard's changed extents
+        (packed, coarsened to fit) and what the scan read and took."""
+        backup_id, shards = args["backup_id"], self._shards(args)
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            return self._scanned(backup_id, shards, args.get("parents", {}), map_with_data=False)
+
+    def _scanned(
+        self,
+        backup_id: str,
+        shards: list[ShardConfig],
+        parents: dict[str, Any],
+        map_with_data: bool = True,
+    ) -> dict[str, Any]:
+        limiter, _ = self.limits(backup_id)
+        result = self._listing_result(backup_id, Phase.DATA, shards)
+        for shard, listed in zip(shards, result["shards"], strict=True):
+            scan = self._scan_shard(backup_id, shard.shard_id, parents, limiter, map_with_data)
+            listed.update(scan)
+        return result
+
+    def _scan_shard(
+        self,
+        backup_id: str,
+        shard_id: str,
+        parents: dict[str, Any],
+        limiter: RateLimiter,
+        map_with_data: bool,
+    ) -> dict[str, Any]:
+        saved = self._extents_path(backup_id, shard_id)
+        if saved.exists():  # a retried scan: the first one's answer
+            return json.loads(saved.read_text())
+        parent_path = self.parent_map(shard_id, parents.get(shard_id))
+        capture = self.load_capture(backup_id, shard_id, Phase.DATA)
+        # Identities are judged against the checkpoint's time, for engines that trust them.
+        trusted = capture["checkpoint_at"] if capture.get("trust_identity") else None
+        root = Path(capture["root"])
+        if parent_path is None:  # a full: its objects hold the whole stream, its packs hash it
+            hashes_dir = self._hashes_dir(backup_id, shard_id)
+            save_identities(hashes_dir, root, capture["files"], trusted)
+            answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
+            write_json(saved, answer)
+            return answer
+        with BlockMap(parent_path) as parent:
+            scan = scan_capture(
+                root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
+                trusted_before=trusted,
+            )  # fmt: skip
+        packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
+        answer = {
+            "extents": packed,
+            "delta_bytes": sum(n for _, n in extents),
+            "scan_seconds": scan.scan_seconds,
+            "unchanged_bytes": scan.unchanged_bytes,
+            "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
+        }
+        if map_with_data:  # the scan wrote the map: it is uploaded with the data
+            answer["blockmap_bytes"] = self._map_path(backup_id, shard_id).stat().st_size
+        else:
+            answer["map_with_tail"] = True
+        write_json(saved, answer)
+        return answer
+
+    def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
+        backup_id, shards = args["backup_id"], self._shards(args)
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            for shard in shards:
+                if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
+                    continue
+                capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
+                self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
+            result = self._listing_result(backup_id, Phase.TAIL, shards)
+            for shard, listed in zip(shards, result["shards"], strict=True):
+                # A full's map is joined from its packs' hashes now, and goes with the tail;
+                # an incremental's went with the data (its scan wrote it).
+                if not self._map_goes_with_tail(backup_id, shard.shard_id):
+                    continue
+                block_map = self._map_path(backup_id, shard.shard_id)
+                if not block_map.exists():
+                    files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
+                    assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
+                listed["blockmap_bytes"] = block_map.stat().st_size
+            return result
+
+    def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Releases everything held for the backup and leaves a tombstone, so that a
+        checkpoint still in flight, or replayed after a restart, gives up instead of taking
+        a checkpoint nobody will release. The lock makes release wait for such a checkpoint."""
+        backup_id = args["backup_id"]
+        tombstone = self._tombstone(backup_id)
+        tombstone.parent.mkdir(parents=True, exist_ok=True)
+        tombstone.touch()
+        with self._lock(backup_id):
+            for shard in self._shards(args):
+                self.engine.release(shard, backup_id)
+            shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
+        with self.locks_guard:
+            self.backup_limiters.pop(backup_id, None)
+        return {"node_id": self.config.node_id, "released": True}
+
+    def _lock(self, backup_id: str) -> threading.Lock:
+        """One lock per backup: checkpoint, stop and release of a backup never overlap."""
+        with self.locks_guard:
+            return self.locks.setdefault(backup_id, threading.Lock())
+
+    def _packed_path(self, item: ObjectPlan) -> Path:
+        """The packed copy of an object (its stored bytes), until every part is uploaded."""
+        digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
+        return self.backup_dir(item.backup_id) / "packed" / f"{digest}.bin"
+
+    def do_pack(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Reads the object's range of the stream once, through the part pipeline (frames,
+        zstd, sealing), into a packed copy; returns the stored bytes' checksums and the frame
+        table. A retried pack returns what the first one packed: the URLs signed next are
+        bound to those bytes."""
+        item = ObjectPlan.model_validate(args["object"])
+        self._refuse_released(item.backup_id)
+        path = self._packed_path(item)
+        summary = path.with_suffix(".json")
+        if summary.exists() and path.exists():
+            return json.loads(summary.read_text())
+        try:
+            return self._pack(item, path, summary)
+        finally:
+            # Released meanwhile (the reaper's or the failure path's release removes the
+            # directory under a pack, which may then fail): leave nothing, whatever it wrote.
+            if self._tombstone(item.backup_id).exists():
+                shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+
+    def _pack(self, item: ObjectPlan, path: Path, summary: Path) -> dict[str, Any]:
+        limiter, _ = self.limits(item.backup_id)
+        capture = self._capture_of(item)
+        sealer = self.keys.sealer(self.encryption(item.backup_id))
+        codec = FrameCodec(level=item.compression_level, sealer=sealer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        unfinished = path.with_suffix(".partial")
+        source, hasher = self._source(item, capture, limiter), self._hasher(item, capture, limiter)
+        with open(unfinished, "wb") as out:
+            packed = pack_object(item, hasher.tap(source) if hasher else source, codec, out)
+        if hasher is not None:  # kept before the summary: a pack with a summary has its hashes
+            hashes = self._hashes_dir(item.backup_id, item.shard_id)
+            write_fragment(hashes, item.stream_offset, item.length, hasher.fragment())
+        sums = ObjectChecksums(
+            key=item.key,
+            parts=packed.parts,
+            crc64nvme=packed.crc64nvme,
+            stored_length=packed.stored_length,
+            frames=pack_frames(packed.frames),
+            key_check=sealer.check if sealer else None,
+        )
+        result = sums.model_dump(mode="json")
+        unfinished.replace(path)
+        if item.phase == Phase.BLOCKMAP:
+            self.keep_map(item)
+        write_json(summary, result)
+        return result
+
+    def _hasher(
+        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+    ) -> PackHasher | None:
+        """A full's data objects hash the blocks they read, for its block map."""
+        if item.phase != Phase.DATA or not self._hashed_in_pack(item.backup_id, item.shard_id):
+            return None
+        root, files = Path(capture["root"]), capture["files"]
+        read_at = partial(read_range, root, files, limiter=limiter)
+        return PackHasher(files, item.stream_offset, item.length, read_at)
+
+    def _capture_of(self, item: ObjectPlan) -> dict[str, Any]:
+        """What an object reads: a phase's capture, or the shard's block map file."""
+        if item.phase != Phase.BLOCKMAP:
+            return self.load_capture(item.backup_id, item.shard_id, item.phase)
+        path = self._map_path(item.backup_id, item.shard_id)
+        if not path.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no block map of shard {item.shard_id} for {item.backup_id}.",
+                fix="retry the backup (the agent may have been restarted or released it).",
+            )
+        return {
+            "root": str(path.parent),
+            "files": [FileEntry(path=path.name, size=path.stat().st_size)],
+        }
+
+    def keep_map(self, item: ObjectPlan) -> None:
+        """Keeps a packed block map for the next incremental (checked against the manifest
+        before it is used: ``parent_map``); older ones go."""
+        cache = self.cached_map(item.shard_id, item.backup_id)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._map_path(item.backup_id, item.shard_id), cache.with_suffix(".tmp"))
+        cache.with_suffix(".tmp").replace(cache)
+        kept = sorted(cache.parent.glob("*.map"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEPT_MAPS]:
+            old.unlink(missing_ok=True)
+
+    def _source(
+        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+    ) -> Callable[[int], bytes]:
+        """What an object holds: a range of its shard's stream, or, for an incremental's data,
+        of its delta stream (the changed extents the scan found)."""
+        root, files = Path(capture["root"]), capture["files"]
+        extents = self._extents_path(item.backup_id, item.shard_id)
+        packed = json.loads(extents.read_text())["extents"] if extents.exists() else ""
+        if item.phase == Phase.DATA and packed:
+            changed = unpack_extents(packed)
+            delta = DeltaReader(root, files, changed, item.stream_offset, item.length, limiter)
+            return delta.read
+        return stream_source(root, files, item.stream_offset, item.length, limiter)
+
+    def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Sends the packed copy's parts that have a URL and are not yet stored."""
+        item = ObjectPlan.model_validate(args["object"])
+        sums = ObjectChecksums.model_validate(args["checksums"])
+        urls = {p["part_number"]: p["url"] for p in args["parts"]}
+        self._refuse_released(item.backup_id)  # a late command must not recreate its state
+        digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
+        record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        done = {p.part_number: p for p in _read_parts(record)}
+        if all(p.part_number in done for p in sums.parts):  # a retried upload that had ended
+            return {"parts": [done[n].model_dump(mode="json") for n in sorted(done)]}
+        packed = self._packed_path(item)
+        if not packed.exists():
+            raise CheckpointNotFound(
+                f"this agent holds no packed copy of {item.key} for backup {item.backup_id}.",
+                fix="retry the backup (the agent's state_dir was lost or released).",
+            )
+        limiter, parallelism = self.limits(item.backup_id)
+
+        def open_part(part: PartChecksum) -> BinaryIO:
+            handle = open(packed, "rb")  # noqa: SIM115 (closed by _Limited's with)
+            handle.seek((part.part_number - 1) * item.part_size)
+            return _Limited(handle, part.size, limiter)
+
+        def on_part(part: UploadedPart) -> None:
+            with record.open("a") as out:
+                out.write(part.model_dump_json() + "\n")
+
+        try:
+            uploaded = upload_object(
+                item.key, sums.parts, urls, open_part, self.sender, parallelism, done, on_part
+            )
+        finally:
+            if self._tombstone(item.backup_id).exists():
+                # Released while this upload ran: leave nothing behind that release removed.
+                shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+        if len(uploaded) == len(sums.parts):  # all stored: the copy is not needed again
+            packed.unlink(missing_ok=True)
+        return {"parts": [p.model_dump(mode="json") for p in uploaded]}
+
+    # --- restore (``backup_id`` is the restore's id) -------------------------------------------
+    def do_prepare_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.prepare(args)
+
+    def do_download(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.restorer.download(args)
+
+    def do_finish_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.finish(args)
+
+    def do_abort_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock(args["backup_id"]):
+            return self.restorer.abort(args)
+
+
+def _read_parts(path: Path) -> list[UploadedPart]:
+    if not path.exists():
+        return []
+    return [
+        UploadedPart.model_validate_json(line)
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+class _Limited:
+    """``size`` bytes of an open file from where it stands, whose reads pay the rate limiter
+    (a packed copy's bytes count like the source's)."""
+
+    def __init__(self, handle: BinaryIO, size: int, limiter: RateLimiter) -> None:
+        self.handle, self.remaining, self.limiter = handle, size, limiter
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.remaining if size < 0 else min(size, self.remaining)
+        data = self.handle.read(want)
+        self.remaining -= len(data)
+        self.limiter.take(len(data))
+        return data
+
+    def __enter__(self) -> _Limited:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()

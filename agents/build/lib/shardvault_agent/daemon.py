@@ -1,0 +1,434 @@
+"""The agent daemon: register, heartbeat, poll the inbox, run commands, answer task tokens.
+
+Threads: the main loop reads the node's inbox; a *listener* long-polls the node's doorbell
+queue (``doorbell.py``) and wakes the main loop when it rings; a heartbeat thread refreshes
+the registry item and sends ``SendTaskHeartbeat`` for every running command (so a dead agent
+is noticed by the state machine within ``HeartbeatSeconds``); a pool runs commands. A
+command's outcome is answered with ``SendTaskSuccess`` or ``SendTaskFailure(error=<error
+class name>)`` and the inbox item is deleted only if no retry has replaced it.
+
+Cadences. *Busy* (a command ran or a ring came within ``busy_window_seconds``): the inbox is
+read on a ring, and its ring count every ``busy_ring_poll_seconds`` (every
+``busy_poll_interval_seconds`` without a working doorbell) and the inbox when it changed (and
+every ``FULL_READ_SECONDS``); the registry heartbeat every ``heartbeat_interval_seconds``. A
+busy agent with a doorbell does not poll fast: at 20 reads a second the polls took about half
+of a restoring agent's CPU in a trial (docs/ARCHITECTURE.md, *The agent*).
+*Idle*, with a working doorbell: no read but one long poll of the doorbell per
+``doorbell_wait_seconds``, the inbox read on a ring and every ``idle_inbox_poll_seconds`` (the
+*safety poll*: a lost ring delays a command that long at most), the registry heartbeat every
+``idle_heartbeat_seconds``. Idle without a doorbell (it could not be created or read): the
+busy rule at ``poll_interval_seconds``. Each heartbeat says which period is in force
+(``NodeRecord.heartbeat_every``), so a rarely heard idle node is not judged silent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import urllib3
+
+from shardvault.errors import ShardVaultError
+from shardvault.models import NodeRecord, ShardInfo
+from shardvault.tables import Catalog, Inbox, NodeRegistry
+from shardvault_agent import __version__, restore
+from shardvault_agent.commands import Commands
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
+from shardvault_agent.engines import adapter_for
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.reconcile import reconcile_safely
+from shardvault_agent.transfer import Faults, PartSender
+
+log = logging.getLogger("shardvault.agent")
+MAX_CAUSE = 32_000
+ANSWERED_MEMORY = 10_000
+FULL_READ_SECONDS = 5.0
+TOKEN_RECHECK_WAITS = (0.2, 0.5, 1.0, 2.0)  # before a token nobody knows counts as ended
+# Commands that change the shards a node holds (a restored shard is adopted, an aborted one
+# dropped): the registry is updated at once rather than at the next heartbeat.
+SHARDS_CHANGED_BY = frozenset({"finish_restore", "abort_restore"})
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nodes_table: str,
+        inbox_table: str,
+        catalog_table: str | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = adapter_for(config)
+        dynamodb = boto3.resource("dynamodb")
+        self.registry = NodeRegistry(dynamodb.Table(nodes_table))
+        self.inbox = Inbox(dynamodb.Table(inbox_table))
+        self.catalog = Catalog(dynamodb.Table(catalog_table)) if catalog_table else None
+        self.sfn = boto3.client("stepfunctions")
+        self.sqs = boto3.client("sqs")
+        self.doorbell: Doorbell | None = None  # opened by run()
+        self.doorbell_works = False  # its last listen answered: idle polls wait for rings
+        sender = PartSender(
+            http=urllib3.PoolManager(
+                maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)
+            ),
+            attempts=config.part_attempts,
+            faults=Faults.from_env(),
+        )
+        self.commands = Commands(
+            config, self.engine, RateLimiter(config.rate_limit_bytes_per_second), sender
+        )
+        self.pool = ThreadPoolExecutor(
+            max_workers=config.max_parallel_commands, thread_name_prefix="command"
+        )
+        # Commands by (command_id, dispatch_id, token): a retried dispatch may reuse the token
+        # (moto does), but each post has its own dispatch id.
+        self.running: dict[tuple[str, str, str], str] = {}
+        # Answered commands, remembered so a poll that read the inbox just before an item was
+        # deleted does not run it again (bounded: only the latest are needed).
+        self.answered: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.last_command = float("-inf")  # monotonic time of the last command seen
+        self.heard_rings = -1  # the inbox's ring count when the inbox was last read
+        self.next_full_read = 0.0  # monotonic time to read the inbox even if it did not ring
+        self.rung = threading.Event()  # the doorbell rang since the main loop last looked
+        self.wake = threading.Event()  # ends the main loop's wait (a ring, a lost doorbell, stop)
+        self.beat_now = threading.Event()  # asks the heartbeat thread for a heartbeat at once
+        self.last_beat = (float("-inf"), 0.0)  # (monotonic time, promised period) of the last one
+
+    # --- registry ----------------------------------------------------------------------------
+    def record(self, status: str = "up") -> NodeRecord:
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        return NodeRecord(
+            node_id=cfg.node_id,
+            cluster=cfg.cluster,
+            engine=cfg.engine,
+            shards=[self.shard_info(s) for s in self.commands.shards().values()],
+            free_bytes=shutil.disk_usage(cfg.state_dir).free,
+            restore_free_bytes=restore.room(cfg),
+            restore_occupied=restore.occupied(cfg.restore_dir),
+            version=__version__,
+            heartbeat_at=time.time(),
+            status=status,
+            heartbeat_every=self.heartbeat_period(),
+            doorbell=self.doorbell.url if self.doorbell else None,
+        )
+
+    def beat(self, status: str = "up") -> None:
+        """Writes the node's registry item (a heartbeat) and remembers the period it promised."""
+        record = self.record(status)
+        self.registry.put(record)
+        self.last_beat = (time.monotonic(), record.heartbeat_every)
+
+    def heartbeat_period(self) -> float:
+        """The registry heartbeat period in force: short while busy, long while idle."""
+        cfg = self.config
+        return cfg.heartbeat_interval_seconds if self.busy() else cfg.idle_heartbeat_seconds
+
+    def heartbeat_due(self) -> bool:
+        """Due when the period in force or the one promised last has passed: the shorter one,
+        so an agent that turns idle first says so (its promise was short) and one that turns
+        busy does not wait out its long idle period."""
+        at, promised = self.last_beat
+        return time.monotonic() - at >= min(promised, self.heartbeat_period())
+
+    def shard_info(self, shard: ShardConfig) -> ShardInfo:
+        try:
+            self.engine.check(shard)
+        except ShardVaultError as error:  # registered with its problem: backups refuse it
+            return ShardInfo(shard_id=shard.shard_id, role=shard.role, problem=str(error))
+        bytes_ = self.engine.shard_bytes(shard)
+        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_)
+
+    def heartbeat_loop(self) -> None:
+        cfg = self.config
+        tick = min(
+            cfg.task_heartbeat_seconds, cfg.heartbeat_interval_seconds, cfg.idle_heartbeat_seconds
+        )
+        while True:
+            asked = self.beat_now.wait(tick)
+            self.beat_now.clear()
+            if self.stopping.is_set():
+                return
+            if asked or self.heartbeat_due():
+                with contextlib.suppress(Exception):  # tried again at the next tick
+                    self.beat()
+            with self.lock:
+                tokens = [token for (_, _, token) in self.running]
+            for token in tokens:
+                with contextlib.suppress(Exception):  # the task may have ended meanwhile
+                    self.sfn.send_task_heartbeat(taskToken=token)
+
+    # --- commands ----------------------------------------------------------------------------
+    def poll_once(self, rang: bool = False) -> None:
+        """Reads the inbox when it is due (see the module's cadences). ``rang``: the doorbell
+        rang since the last poll: the inbox is read at once, the agent counts as busy and
+        heartbeats at once (a node woken by a backup is seen fresh)."""
+        now = time.monotonic()
+        if rang:
+            self.last_command = now
+            self.beat_now.set()
+        if self.waits_for_rings():
+            if not rang and now < self.next_full_read:
+                return
+            rings = self.heard_rings  # not read: reading it is what the doorbell saves
+        else:
+            rings = self.inbox.rings(self.config.node_id)
+            if rings == self.heard_rings and now < self.next_full_read and not rang:
+                return
+        self.heard_rings = rings
+        self.next_full_read = now + self.full_read_period()
+        for item in self.inbox.pending(self.config.node_id):
+            key = command_key(item)
+            with self.lock:
+                if key in self.running or key in self.answered:
+                    continue
+                self.running[key] = item["command"]
+            self.last_command = time.monotonic()
+            self.pool.submit(self.execute, item)
+
+    def execute(self, item: dict[str, Any]) -> None:
+        token, started = item["task_token"], time.monotonic()
+        try:
+            if not token:
+                # Posted by the control plane outside any execution (the reaper's release
+                # after an execution was aborted or timed out): run it; nobody waits for it.
+                self.run_command(item)
+                log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
+                return
+            if not self.task_alive(token):
+                # Its task ended while the command waited (e.g. an agent restarted with a
+                # week-old inbox): running it could take a checkpoint nobody releases.
+                log.info("%s skipped: its task has ended", item["command_id"])
+                return
+            result = self.run_command(item)
+            self._answer(
+                token,
+                lambda: self.sfn.send_task_success(taskToken=token, output=json.dumps(result)),
+            )
+            log.info("%s done in %.2f s", item["command_id"], time.monotonic() - started)
+        except Exception as error:  # every failure is answered, never swallowed
+            name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
+            log.warning("%s failed: %s: %s", item["command_id"], name, error)
+            if token:
+                self.note_failure(item, name, str(error))  # before the answer: see tables.py
+                self.fail(token, name, str(error))
+        finally:
+            with contextlib.suppress(Exception):
+                self.inbox.remove(self.config.node_id, item["command_id"], item["dispatch_id"])
+            with self.lock:
+                self.running.pop(command_key(item), None)
+                self.answered[command_key(item)] = None
+                while len(self.answered) > ANSWERED_MEMORY:
+                    self.answered.popitem(last=False)
+
+    def busy(self) -> bool:
+        """A command runs, or one was seen (or rung for) within ``busy_window_seconds``."""
+        recent = time.monotonic() - self.last_command < self.config.busy_window_seconds
+        return bool(self.running) or recent
+
+    def waits_for_rings(self) -> bool:
+        """Idle with a working doorbell: the inbox is read on a ring or by the safety poll."""
+        return self.doorbell_works and not self.busy()
+
+    def full_read_period(self) -> float:
+        """How long the inbox may go unread when nothing rang."""
+        return self.config.idle_inbox_poll_seconds if self.waits_for_rings() else FULL_READ_SECONDS
+
+    def poll_interval(self) -> float:
+        """Fast while a backup runs (its commands come in bursts) unless a doorbell rings for
+        them, slow when idle (each poll is a paid read on AWS); idle with a doorbell, until
+        the safety poll (a ring wakes the main loop sooner)."""
+        if self.busy():
+            if self.doorbell_works:
+                return self.config.busy_ring_poll_seconds
+            return self.config.busy_poll_interval_seconds
+        if self.doorbell_works:
+            return max(0.0, self.next_full_read - time.monotonic())
+        return self.config.poll_interval_seconds
+
+    def run_command(self, item: dict[str, Any]) -> dict[str, Any]:
+        result = self.commands.run(item["command"], item.get("args", {}))
+        if item["command"] in SHARDS_CHANGED_BY:
+            self.beat()  # before any answer: a backup may follow
+        return result
+
+    def task_alive(self, token: str) -> bool:
+        """A heartbeat tells whether the task still waits for this token. "No such task" is
+        asked again over a few seconds before it counts: the local stack (moto) accepts
+        heartbeats only once the dispatching Lambda has returned, and an agent woken by the
+        doorbell can ask before that; on AWS a dead token stays dead, and waiting costs only
+        the command that is skipped anyway."""
+        unknown = (self.sfn.exceptions.TaskDoesNotExist, self.sfn.exceptions.InvalidToken)
+        for wait in (0.0, *TOKEN_RECHECK_WAITS):
+            time.sleep(wait)
+            try:
+                self.sfn.send_task_heartbeat(taskToken=token)
+                return True
+            except self.sfn.exceptions.TaskTimedOut:
+                return False
+            except unknown:
+                continue
+            except Exception as error:  # cannot tell (e.g. throttled): run it, the answer decides
+                log.info("task heartbeat failed: %s", error)
+                return True
+        return False
+
+    def note_failure(self, item: dict[str, Any], name: str, cause: str) -> None:
+        try:
+            self.inbox.note_failure(self.config.node_id, item, name, cause[:MAX_CAUSE])
+        except Exception as error:  # the answer below still carries the cause on AWS
+            log.warning("could not note the failure of %s: %s", item["command_id"], error)
+
+    def fail(self, token: str, name: str, cause: str) -> None:
+        self._answer(
+            token,
+            lambda: self.sfn.send_task_failure(
+                taskToken=token, error=name[:256], cause=cause[:MAX_CAUSE]
+            ),
+        )
+
+    def _answer(self, token: str, send, attempts: int = 4) -> None:
+        """Sends an answer, retrying throttling and network errors. An answer the service
+        refuses as invalid (e.g. an output too large) becomes a named failure instead, so the
+        task does not die later as an anonymous timeout."""
+        ended = (
+            self.sfn.exceptions.TaskTimedOut,
+            self.sfn.exceptions.TaskDoesNotExist,
+            self.sfn.exceptions.InvalidToken,
+        )
+        for attempt in range(attempts):
+            try:
+                send()
+                return
+            except ended as error:  # a task that timed out or was retried takes no answers
+                log.info("answer not taken: %s", error)
+                return
+            except self.sfn.exceptions.InvalidOutput as error:
+                log.warning("answer refused: %s", error)
+                self.fail(token, "AnswerRefused", f"the agent's answer was refused: {error}")
+                return
+            except Exception as error:
+                log.info("answer failed (try %d): %s", attempt + 1, error)
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+
+    # --- life cycle --------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.config.low_priority:
+            lower_priority()
+        self.reconcile()
+        self.open_doorbell()
+        self.beat()
+        beat = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        if self.doorbell is not None:
+            listener = threading.Thread(target=self.listen_loop, name="doorbell", daemon=True)
+            listener.start()
+        log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
+        while not self.stopping.is_set():
+            self.wake.clear()
+            rang = self.rung.is_set()
+            if rang:
+                self.rung.clear()  # before the read: a later ring's command is read too
+            try:
+                self.poll_once(rang)
+            except Exception as error:
+                log.warning("inbox poll failed: %s", error)
+            self.wake.wait(self.poll_interval())
+        self.pool.shutdown(wait=True, cancel_futures=False)
+        with contextlib.suppress(Exception):
+            self.beat(status="stopped")
+
+    def open_doorbell(self) -> None:
+        """Creates or finds the node's doorbell queue; without one the agent polls its inbox
+        every ``poll_interval_seconds`` while idle, as before doorbells."""
+        try:
+            self.doorbell = Doorbell.open(
+                self.sqs, self.config.node_id, self.config.doorbell_wait_seconds
+            )
+        except DoorbellUnavailable as error:
+            log.warning(
+                "no doorbell (%s): the inbox is read every %g s while idle",
+                error,
+                self.config.poll_interval_seconds,
+            )
+            return
+        self.doorbell_works = True
+
+    def listen_loop(self) -> None:
+        """Long-polls the doorbell and wakes the main loop on a ring. A doorbell that stops
+        answering is said once; meanwhile the main loop polls the inbox as without one, and
+        the doorbell is opened again (created, if it was deleted) every
+        ``idle_inbox_poll_seconds``."""
+        assert self.doorbell is not None
+        reopen = False
+        while not self.stopping.is_set():
+            try:
+                if reopen:
+                    self.doorbell = Doorbell.open(
+                        self.sqs, self.config.node_id, self.config.doorbell_wait_seconds
+                    )
+                    reopen = False
+                rang = self.doorbell.listen()
+            except DoorbellUnavailable as error:
+                reopen = True
+                if self.doorbell_works:
+                    log.warning(
+                        "doorbell unreadable (%s): the inbox is read every %g s while idle "
+                        "until it answers again",
+                        error,
+                        self.config.poll_interval_seconds,
+                    )
+                self.doorbell_works = False
+                self.wake.set()  # a wait for the safety poll becomes a wait of poll_interval
+                self.stopping.wait(self.config.idle_inbox_poll_seconds)
+                continue
+            if not self.doorbell_works:
+                log.info("doorbell answers again")
+                self.doorbell_works = True
+            if rang:
+                self.rung.set()
+                self.wake.set()
+
+    def reconcile(self) -> None:
+        """Releases what the state directory holds of operations that have ended
+        (``reconcile``); without a catalog table, the inbox's token-less commands do it."""
+        if self.catalog is None:
+            log.info("no catalog table given: state_dir is not reconciled at start")
+            return
+        catalog, cluster = self.catalog, self.config.cluster
+        reconcile_safely(self.commands, lambda key: catalog.status(cluster, key))
+
+    def stop(self, *_: object) -> None:
+        self.stopping.set()
+        self.wake.set()  # ends the main loop's wait
+        self.beat_now.set()  # and the heartbeat thread
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+
+def command_key(item: dict[str, Any]) -> tuple[str, str, str]:
+    return item["command_id"], item["dispatch_id"], item["task_token"]
+
+
+def lower_priority() -> None:
+    """Nice 10 for CPU; best-effort class, lowest level for IO where ``ionice`` exists."""
+    os.nice(10)
+    if shutil.which("ionice"):
+        subprocess.run(["ionice", "-c2", "-n7", "-p", str(os.getpid())], check=False)

@@ -1,0 +1,97 @@
+"""The engine interface.
+
+- *check*: the shard's data is where its configuration entry says (a database, not just a
+  path); raises ``ShardDataMissing`` naming the fix. It reads only: no adapter ever creates a
+  file in a source, so a misspelled path fails by name instead of backing up an empty database.
+- *shard_bytes*: the shard's size for the registry; 0 (logged once) when its data is missing,
+  since the heartbeat must go on; flush and checkpoint refuse such a shard by name.
+- *flush*: make recent writes durable in the engine's files (cheap; run on all nodes first).
+- *checkpoint*: fix a consistent set of files to copy and return its listing; the engine
+  keeps them restorable (a snapshot, or a backup mode with WAL retained) until release.
+- *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
+  on its own (PostgreSQL's backup label and WAL). Empty for engines that snapshot.
+- *release*: give back everything the checkpoint held. Safe to call at any point, twice.
+- *held_backups*: the backups whose checkpoints the engine keeps on disk across an agent
+  restart (SQLite's snapshots; PostgreSQL's backup mode dies with the agent's session), so a
+  starting agent can release those whose backup has ended (``reconcile``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from shardvault.errors import ShardDataMissing
+from shardvault.models import FileEntry
+from shardvault_agent.config import ShardConfig
+
+log = logging.getLogger("shardvault.agent")
+_reported: set[str] = set()  # problems already logged by size_or_zero
+
+
+@dataclass
+class Capture:
+    """Files captured for one shard phase: paths relative to ``root``. ``trust_identity``:
+    the engine changes its files only through the file system (never by writes to a mapped
+    file, which need not touch ctime), so an incremental may skip a file whose identity and
+    size are unchanged since its parent (``scan``: *unchanged file*)."""
+
+    root: Path
+    files: list[FileEntry]
+    marker: dict[str, str] = field(default_factory=dict)
+    mutable: bool = False
+    trust_identity: bool = False
+
+
+class EngineAdapter(Protocol):
+    def check(self, shard: ShardConfig) -> None: ...
+
+    def shard_bytes(self, shard: ShardConfig) -> int: ...
+
+    def flush(self, shard: ShardConfig) -> None: ...
+
+    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+
+    def holds(self, shard: ShardConfig, backup_id: str) -> bool: ...
+
+    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+
+    def release(self, shard: ShardConfig, backup_id: str) -> None: ...
+
+    def held_backups(self) -> set[str]: ...
+
+
+def list_tree(
+    root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False
+) -> list[FileEntry]:
+    """Regular files under ``root`` in sorted order, plus directories that would otherwise be
+    lost (as ``path/`` with size 0), so a restore recreates the tree exactly."""
+    entries: list[FileEntry] = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if any(skip_dir(p.as_posix()) for p in Path(rel).parents if p.as_posix() != "."):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            entries.append(FileEntry(path=rel + "/", size=0))
+        elif path.is_file() and not skip_file(rel):
+            try:
+                entries.append(FileEntry(path=rel, size=path.stat().st_size))
+            except FileNotFoundError:
+                continue  # removed while listing; the engine's log recreates or drops it
+    return entries
+
+
+def size_or_zero(adapter: EngineAdapter, shard: ShardConfig, measure: Callable[[], int]) -> int:
+    """``measure()`` for a shard whose data is where its entry says; 0 when it is not, logged
+    the first time (the heartbeat asks every few seconds and must not stop for one shard)."""
+    try:
+        adapter.check(shard)
+        return measure()
+    except (ShardDataMissing, OSError) as error:  # OSError: removed since the check
+        if str(error) not in _reported:
+            _reported.add(str(error))
+            log.warning("shard %s counted as 0 bytes: %s", shard.shard_id, error)
+        return 0

@@ -1,0 +1,322 @@
+"""PostgreSQL: one shard per instance, copied with the non-exclusive low-level backup API.
+
+- check: ``data_dir`` is a directory holding ``PG_VERSION``. Every connection then confirms
+  that ``conninfo`` reaches the instance of ``data_dir`` (``SHOW data_directory`` is the same
+  directory, symlinks followed) before anything else is done on it: otherwise the agent would
+  take one server's backup mode and copy another's files.
+- flush: ``CHECKPOINT``.
+- checkpoint: on a connection held until stop, a temporary physical replication slot that
+  reserves WAL from now on (so no segment the copy needs is recycled, and nothing is left
+  behind if the agent dies: the slot dies with the session), then ``pg_backup_start``. The
+  listing is the data directory minus what PostgreSQL documents as safe to omit.
+- stop: ``pg_backup_stop``; the tail is the backup label (and tablespace map) plus every WAL
+  segment from the start to the stop LSN, copied from ``pg_wal`` while the slot holds them,
+  so the backup restores on its own without a WAL archive.
+- release: end the backup if it is still running and close the session (dropping the slot).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
+from shardvault.models import FileEntry
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import Capture, list_tree, size_or_zero
+
+# Directories whose contents are omitted (the directory itself is kept): see "Backing Up the
+# Data Directory" in PostgreSQL's "Making a Base Backup Using the Low Level API".
+EMPTY_DIRS = frozenset(
+    {
+        "pg_wal",
+        "pg_replslot",
+        "pg_dynshmem",
+        "pg_notify",
+        "pg_serial",
+        "pg_snapshots",
+        "pg_stat_tmp",
+        "pg_subtrans",
+    }
+)
+DATA_DIR_FIX = (
+    "correct 'data_dir' in the agent config: the instance's data directory, as "
+    "'SHOW data_directory' answers over the shard's conninfo."
+)
+SKIP_FILES = frozenset({"postmaster.pid", "postmaster.opts", "backup_label", "tablespace_map"})
+RELATION_FILE = re.compile(
+    r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
+)
+
+
+def skip_dir(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return rel in EMPTY_DIRS or name.startswith("pgsql_tmp")
+
+
+def unlogged_relations(root: Path) -> set[tuple[str, str]]:
+    """Relations with an init fork are unlogged: only the init fork is copied."""
+    return {
+        (p.parent.relative_to(root).as_posix(), p.name[: -len("_init")])
+        for p in root.glob("base/*/*_init")
+    }
+
+
+def listing(root: Path) -> list[FileEntry]:
+    unlogged = unlogged_relations(root)
+
+    def skip_file(rel: str) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        if rel in SKIP_FILES or name == "pg_internal.init" or name.startswith("pgsql_tmp"):
+            return True
+        match = RELATION_FILE.match(rel)
+        return bool(match and match["fork"] != "_init" and (match["db"], match["node"]) in unlogged)
+
+    return list_tree(root, skip_dir=skip_dir, skip_file=skip_file)
+
+
+@dataclass
+class HeldBackup:
+    connection: psycopg.Connection
+    start_lsn: str
+    start_wal: str
+    stopped: bool = False
+
+
+class PostgresAdapter:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.held: dict[tuple[str, str], HeldBackup] = {}
+        self.lock = threading.Lock()
+
+    def check(self, shard: ShardConfig) -> None:
+        data_dir = shard.data_dir
+        where = f"PostgreSQL shard {shard.shard_id}: data_dir {data_dir}"
+        try:
+            if data_dir is None or not data_dir.exists():
+                raise ShardDataMissing(f"{where} does not exist.", fix=DATA_DIR_FIX)
+            if not data_dir.is_dir():
+                raise ShardDataMissing(f"{where} is not a directory.", fix=DATA_DIR_FIX)
+            if not (data_dir / "PG_VERSION").is_file():
+                raise ShardDataMissing(
+                    f"{where} holds no PG_VERSION: it is not a PostgreSQL data directory.",
+                    fix=DATA_DIR_FIX,
+                )
+        except PermissionError:
+            raise ShardDataMissing(
+                f"{where} cannot be read by the agent's user.",
+                fix="run the agent as a user that can read the data directory (e.g. postgres).",
+            ) from None
+
+    def _connect(self, shard: ShardConfig) -> psycopg.Connection:
+        """A session on the shard's instance, once it is confirmed to be the instance of
+        ``data_dir``."""
+        self.check(shard)
+        try:
+            conn = psycopg.connect(
+                shard.conninfo, autocommit=True, application_name="shardvault-agent"
+            )
+        except psycopg.Error as error:
+            raise EngineError(
+                f"cannot connect to PostgreSQL of shard {shard.shard_id}: {error}".strip(),
+                fix="check 'conninfo' in the agent config and that the server is running.",
+            ) from None
+        try:
+            refuse_other_instance(conn, shard)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def shard_bytes(self, shard: ShardConfig) -> int:
+        base = shard.data_dir / "base"
+        return size_or_zero(
+            self, shard, lambda: sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
+        )
+
+    def flush(self, shard: ShardConfig) -> None:
+        with self._connect(shard) as conn:
+            conn.execute("CHECKPOINT")
+
+    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+        self.check(shard)
+        refuse_tablespaces(shard)
+        self.release(shard, backup_id)  # a retried checkpoint starts over
+        conn = self._connect(shard)  # refuses another instance before the slot is taken
+        slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
+        slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
+        try:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+        except psycopg.Error as error:
+            conn.close()
+            raise EngineError(
+                f"cannot create a replication slot on shard {shard.shard_id}: {error}".strip(),
+                fix="raise max_replication_slots (one free slot per running backup) and let the "
+                "agent's user have the REPLICATION attribute.",
+            ) from None
+        try:
+            started = time.time()
+            lsn = conn.execute(
+                "SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)
+            ).fetchone()[0]
+            wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
+        except psycopg.Error as error:
+            conn.close()
+            raise EngineError(
+                f"pg_backup_start failed on shard {shard.shard_id}: {error}",
+                fix="check the server log; wal_level must be replica or logical.",
+            ) from None
+        with self.lock:
+            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal)
+        marker = {"start_lsn": str(lsn), "start_wal": wal, "checkpoint_at": f"{started:.6f}"}
+        # PostgreSQL writes relation files with pwrite (never through a mapping), and any
+        # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
+        # since the parent's scan needs no reading.
+        return Capture(
+            root=shard.data_dir,
+            files=listing(shard.data_dir),
+            marker=marker,
+            mutable=True,
+            trust_identity=True,
+        )
+
+    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
+        held = self.held.get((backup_id, shard.shard_id))
+        return held is not None and not held.connection.closed
+
+    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+        held = self.held.get((backup_id, shard.shard_id))
+        if held is None or held.connection.closed:
+            raise CheckpointNotFound(
+                f"shard {shard.shard_id} is not in backup mode for {backup_id} "
+                "(was the agent restarted?).",
+                fix="retry the backup; PostgreSQL ended the backup when the session closed.",
+            )
+        conn = held.connection
+        try:
+            lsn, label, spcmap = conn.execute(
+                "SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)"
+            ).fetchone()
+            held.stopped = True
+            stop_wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
+            self._wait_flushed(conn, str(lsn))
+        except psycopg.Error as error:
+            raise EngineError(
+                f"pg_backup_stop failed on shard {shard.shard_id}: {error}",
+                fix="check the server log.",
+            ) from None
+        tail = work_dir / "tail" / shard.shard_id
+        shutil.rmtree(tail, ignore_errors=True)
+        (tail / "pg_wal").mkdir(parents=True)
+        (tail / "backup_label").write_text(label)
+        if spcmap:
+            (tail / "tablespace_map").write_text(spcmap)
+        for name in wal_segments(shard.data_dir / "pg_wal", held.start_wal, stop_wal):
+            shutil.copyfile(shard.data_dir / "pg_wal" / name, tail / "pg_wal" / name)
+        files = [f for f in list_tree(tail) if not f.path.endswith("/")]
+        marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
+        # The WAL is copied: end the session now, which drops the slot holding the WAL.
+        self.release(shard, backup_id)
+        return Capture(root=tail, files=files, marker=marker, mutable=False)
+
+    @staticmethod
+    def _wait_flushed(conn: psycopg.Connection, lsn: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[
+                0
+            ]:
+                return
+            time.sleep(0.05)
+
+    def held_backups(self) -> set[str]:
+        return set()  # backup mode and its slot end with the session: nothing outlives the agent
+
+    def release(self, shard: ShardConfig, backup_id: str) -> None:
+        with self.lock:
+            held = self.held.pop((backup_id, shard.shard_id), None)
+        if held is None or held.connection.closed:
+            return
+        try:
+            if not held.stopped:
+                held.connection.execute("SELECT pg_backup_stop(false)")
+        except psycopg.Error:
+            pass  # closing the session below aborts the backup anyway
+        finally:
+            held.connection.close()
+
+
+START_TIME_SLACK = 2.0  # seconds from postmaster.pid's (truncated) start time to the server's
+
+
+def refuse_other_instance(conn: psycopg.Connection, shard: ShardConfig) -> None:
+    """Refuses a session on another instance than the one whose files ``data_dir`` holds."""
+    try:
+        served = conn.execute("SHOW data_directory").fetchone()[0]
+        same, reached = same_directory(Path(served), shard.data_dir), f"the instance of {served}"
+    except psycopg.errors.InsufficientPrivilege:
+        # A role without pg_read_all_settings: the port and the postmaster's start time, which
+        # any role may read, against what data_dir's postmaster.pid records for its server.
+        started, port = conn.execute(
+            "SELECT extract(epoch FROM pg_postmaster_start_time()), current_setting('port')"
+        ).fetchone()
+        same = same_postmaster(shard.data_dir, float(started), int(port))
+        reached = f"another instance (port {port})"
+    if not same:
+        raise ShardDataMissing(
+            f"PostgreSQL shard {shard.shard_id}: its conninfo reaches {reached}, not that of "
+            f"data_dir {shard.data_dir}.",
+            fix="point data_dir and conninfo at the same instance: data_dir is what 'SHOW "
+            "data_directory' answers over conninfo.",
+        )
+
+
+def same_postmaster(data_dir: Path, started: float, port: int) -> bool:
+    """Whether the server running on ``data_dir`` (its postmaster.pid: line 3 the start time in
+    whole seconds, written just before the server notes its own; line 4 the port) listens on
+    ``port`` and started at ``started``."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text(errors="replace").splitlines()
+        recorded, recorded_port = int(lines[2]), int(lines[3])
+    except (OSError, IndexError, ValueError):
+        return False
+    return recorded_port == port and 0 <= started - recorded < START_TIME_SLACK
+
+
+def same_directory(a: Path, b: Path) -> bool:
+    """Both paths name one directory on this host (symlinks followed)."""
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them is not on this host
+        return False
+
+
+def refuse_tablespaces(shard: ShardConfig) -> None:
+    """Tablespaces live outside the data directory (symlinks in ``pg_tblspc``) and are not
+    copied yet: refuse rather than record a backup that restores without their data."""
+    links = sorted(p.name for p in (shard.data_dir / "pg_tblspc").glob("*"))
+    if links:
+        raise EngineError(
+            f"shard {shard.shard_id} has tablespaces ({', '.join(links)}), which this version "
+            "does not back up.",
+            fix="move those tables into the default tablespace, or back up this instance "
+            "with another tool until tablespace support lands.",
+        )
+
+
+def wal_segments(pg_wal: Path, first: str, last: str) -> list[str]:
+    """WAL segment names from ``first`` to ``last`` inclusive, on the same timeline."""
+    timeline = first[:8]
+    names = sorted(p.name for p in pg_wal.iterdir() if re.fullmatch(r"[0-9A-F]{24}", p.name))
+    segments = [n for n in names if n[:8] == timeline and first <= n <= last]
+    if not segments or segments[0] != first or segments[-1] != last:
+        raise EngineError(
+            f"WAL segments {first}..{last} are not all in {pg_wal}.", fix="retry the backup."
+        )
+    return segments

@@ -1,0 +1,29 @@
+"""A token bucket shared by every reader of one agent: caps the bytes read per second so a
+backup runs at any hour without an IO spike (WalB's lesson: there are no more "nights")."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class RateLimiter:
+    def __init__(self, bytes_per_second: int | None, burst_seconds: float = 0.25) -> None:
+        self.rate = bytes_per_second
+        self.capacity = (bytes_per_second or 0) * burst_seconds
+        self.tokens = self.capacity
+        self.updated = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        """Blocks until ``n`` bytes may be read (never when unlimited)."""
+        if not self.rate:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+            self.tokens -= n
+            wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)

@@ -1,0 +1,339 @@
+"""Scan: which bytes of a shard's stream changed since its parent backup.
+
+Terms:
+- *scan*: reading every file of a capture once, hashing its blocks (``blockmap``), writing
+  this backup's block map and comparing each file with the parent's map. Reading is allowed;
+  uploading unchanged bytes is not.
+- *extents*: the changed byte ranges as ``(stream_offset, length)``, in stream order, merged.
+  A full backup's extents are the whole stream (no parent: every block is new).
+- *delta stream*: the concatenation of the extents' bytes. An incremental's objects are cut
+  from its delta stream exactly as a full's are cut from its stream, so planning, packing and
+  the part size do not change; ``DeltaReader`` reads a range of it from the files.
+- *hash fragment*: a full reads every byte once, in its pack: ``PackHasher`` hashes the blocks
+  an object's pack reads (each block belongs to the object holding its first byte) and keeps
+  them as ``<offset>-<length>.hashes``; ``assemble_map`` joins the fragments of a shard into
+  its block map when the data is all packed. The map then describes exactly the bytes that
+  were uploaded, and a full no longer reads its data twice (a scan, then the pack).
+
+- *unchanged file*: one whose size and file identity (``blockmap``: device, inode, mtime and
+  ctime, taken before its first byte is read; none for a file changed since shortly before the
+  backup's checkpoint) equal what its parent's map recorded. Its blocks are not read: the
+  parent's hashes are copied into the new map, and nothing of it is sent. Size and mtime alone
+  would not do (PostgreSQL rewrites pages in place within the same second, and anyone may set an
+  mtime); ctime cannot be set back. Only engines whose capture says so
+  (``Capture.trust_identity``: PostgreSQL's live data directory) skip files; SQLite's snapshots
+  are new files every time. A cold table costs its ``stat``; every block of a changed file is
+  read and hashed (0.05 s per GiB of CPU; the read itself is the cost, and ``scan_seconds``
+  reports it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from shardvault.errors import CheckpointNotFound
+from shardvault.models import FileEntry
+from shardvault.streams import StreamIndex
+from shardvault_agent.blockmap import (
+    BLOCK_SIZE,
+    HASH_SIZE,
+    NO_IDENTITY,
+    BlockMap,
+    FileIdentity,
+    Hashed,
+    block_count,
+    block_hash,
+    changes,
+    hash_blocks,
+    identity_of,
+    merge_extents,
+    scan_file,
+    write_map,
+)
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.transfer import StreamReader, read_exactly
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    extents: list[tuple[int, int]]
+    stream_bytes: int
+    scan_seconds: float
+    unchanged_bytes: int = 0  # of unchanged files: not read
+
+    @property
+    def delta_bytes(self) -> int:
+        return sum(length for _, length in self.extents)
+
+
+def scan_capture(
+    root: Path,
+    files: list[FileEntry],
+    limiter: RateLimiter,
+    parent: BlockMap | None,
+    map_path: Path,
+    block_size: int = BLOCK_SIZE,
+    trusted_before: float | None = None,
+) -> ScanResult:
+    """Hashes every block of the capture into a new block map at ``map_path`` and returns the
+    extents that differ from ``parent`` (all of them without a parent, or with a parent of
+    another block size). With ``trusted_before`` (the checkpoint's time, for an engine whose
+    capture trusts identities), an unchanged file (see the module docstring) is not read:
+    its parent's hashes are its own."""
+    if parent is not None and parent.block_size != block_size:
+        parent = None
+    started, extents, offset, unchanged = time.monotonic(), [], 0, 0
+
+    def hashed() -> Iterator[Hashed]:
+        nonlocal offset, unchanged
+        for entry in mapped_files(files):
+            identity = file_identity(root, entry, trusted_before)
+            if parent is not None and parent.unchanged(entry.path, entry.size, identity):
+                hashes = bytes(parent.hashes(entry.path) or b"")
+                unchanged += entry.size
+            else:
+                reader = StreamReader(root, [entry], 0, entry.size, limiter)
+                hashes = scan_file(lambda n, r=reader: read_exactly(r, n), entry.size, block_size)
+                before = parent.hashes(entry.path) if parent is not None else None
+                extents.extend(
+                    (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
+                )
+            offset += entry.size
+            yield entry.path, entry.size, hashes, identity
+
+    write_map(map_path, block_size, hashed())
+    seconds = round(time.monotonic() - started, 3)
+    return ScanResult(merge_extents(extents), offset, seconds, unchanged)
+
+
+def file_identity(root: Path, entry: FileEntry, trusted_before: float | None) -> FileIdentity:
+    """``entry``'s identity now, before its bytes are read, judged against its checkpoint's
+    time ``trusted_before``; none without one, or when the file is gone or no longer of its
+    listed size (it is changing)."""
+    if trusted_before is None:
+        return NO_IDENTITY
+    try:
+        stat = os.stat(root / entry.path)
+    except FileNotFoundError:
+        return NO_IDENTITY
+    if stat.st_size != entry.size:
+        return NO_IDENTITY
+    return identity_of(stat, int(trusted_before * 1_000_000_000))
+
+
+IDENTITIES = "identities.json"  # beside a full's hash fragments
+
+
+def save_identities(
+    directory: Path, root: Path, files: list[FileEntry], trusted_before: float | None
+) -> None:
+    """Takes the identities of a full's mapped files, in listing order, before its packs read
+    anything, and keeps them beside its hash fragments for ``assemble_map``."""
+    identities = [list(file_identity(root, entry, trusted_before)) for entry in mapped_files(files)]
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f"{IDENTITIES}.partial"
+    partial.write_text(json.dumps(identities))
+    partial.replace(directory / IDENTITIES)
+
+
+def _saved_identities(directory: Path, files: list[FileEntry]) -> list[FileIdentity]:
+    path = directory / IDENTITIES
+    if not path.exists():  # none taken (an older agent's checkpoint): nothing is skipped later
+        return [NO_IDENTITY for _ in mapped_files(files)]
+    return [FileIdentity(*identity) for identity in json.loads(path.read_text())]
+
+
+def mapped_files(files: list[FileEntry]) -> Iterator[FileEntry]:
+    """The entries a block map lists: files, not directories (``path/``)."""
+    return (entry for entry in files if not entry.path.endswith("/"))
+
+
+class DeltaReader:
+    """Reads ``length`` bytes of a delta stream from ``offset``: the extents' bytes, in order,
+    read from the capture's files. Files stay open from one extent to the next (an incremental
+    after scattered writes has tens of thousands of 8 KiB extents) and are closed at the end;
+    a file that shrank or vanished since the listing reads as zeros, as in ``StreamReader``."""
+
+    def __init__(
+        self,
+        root: Path,
+        files: list[FileEntry],
+        extents: list[tuple[int, int]],
+        offset: int,
+        length: int,
+        limiter: RateLimiter,
+    ) -> None:
+        self.root, self.index, self.limiter = root, StreamIndex(files), limiter
+        self.extents = extents
+        self.starts = [0, *itertools.accumulate(n for _, n in extents)]
+        self.offset, self.remaining = offset, length
+        self.handles: dict[str, BinaryIO | None] = {}
+
+    def read(self, size: int) -> bytes:
+        """Exactly ``size`` bytes (fewer only at the end of the range)."""
+        want, pieces = min(size, self.remaining), []
+        while want > 0:
+            i = bisect.bisect_right(self.starts, self.offset) - 1
+            stream_offset, length = self.extents[i]
+            inside = self.offset - self.starts[i]
+            take = min(want, length - inside)
+            pieces.append(self._stream_bytes(stream_offset + inside, take))
+            self.offset, self.remaining, want = (
+                self.offset + take,
+                self.remaining - take,
+                want - take,
+            )
+        if not self.remaining:
+            self.close()
+        return b"".join(pieces)
+
+    def _stream_bytes(self, offset: int, length: int) -> bytes:
+        parts = []
+        for seg in self.index.segments(offset, length):
+            handle = self._handle(seg.path)
+            data = os.pread(handle.fileno(), seg.length, seg.file_offset) if handle else b""
+            parts.append(data + b"\0" * (seg.length - len(data)))
+        self.limiter.take(length)
+        return b"".join(parts)
+
+    def _handle(self, path: str) -> BinaryIO | None:
+        if path not in self.handles:
+            try:
+                self.handles[path] = open(self.root / path, "rb")  # noqa: SIM115 - closed by close()
+            except (FileNotFoundError, IsADirectoryError):
+                self.handles[path] = None
+        return self.handles[path]
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            if handle:
+                handle.close()
+        self.handles.clear()
+
+
+class PackHasher:
+    """Hashes, as a full's pack reads them, the blocks whose first byte lies in the object's
+    range of the stream. A block that runs past the range's end is completed by ``read_at``
+    (at most one block more is read); one that began before the range belongs to the object
+    before."""
+
+    def __init__(
+        self,
+        files: list[FileEntry],
+        offset: int,
+        length: int,
+        read_at: Callable[[int, int], bytes],
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
+        self.index, self.read_at, self.block_size = StreamIndex(files), read_at, block_size
+        self.sizes = {f.path: f.size for f in files}
+        self.position, self.end = offset, offset + length
+        self.pending = bytearray()  # the bytes read so far of a block of ours not yet complete
+        self.pending_end = 0  # where that block ends, as a stream offset
+        self.digests: list[bytes] = []
+
+    def tap(self, read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+        """``read`` that hashes what passes through it."""
+
+        def tapped(size: int) -> bytes:
+            data = read(size)
+            self.feed(data)
+            return data
+
+        return tapped
+
+    def feed(self, data: bytes) -> None:
+        view, start = memoryview(data), self.position
+        for seg in self.index.segments(start, len(data)):
+            at = seg.stream_offset - start
+            chunk = view[at : at + seg.length]
+            self._feed_segment(seg.stream_offset, seg.file_offset, self.sizes[seg.path], chunk)
+        self.position += len(data)
+
+    def _feed_segment(
+        self, stream_offset: int, file_offset: int, file_size: int, chunk: memoryview
+    ) -> None:
+        size, at, stop = self.block_size, file_offset, file_offset + len(chunk)
+        if at % size:  # inside a block: ours if it began in our range (``pending``)
+            block_end = min(at - at % size + size, file_size)
+            take = min(block_end, stop) - at
+            if self.pending:
+                self.pending += chunk[:take]
+                if at + take == block_end:
+                    self.digests.append(block_hash(bytes(self.pending)))
+                    self.pending.clear()
+            at += take
+        if at == stop:
+            return
+        # Whole blocks, the file's short last block among them when the chunk reaches it.
+        whole_end = stop if stop == file_size else at + (stop - at) // size * size
+        self.digests.append(hash_blocks(chunk[at - file_offset : whole_end - file_offset], size))
+        if whole_end < stop:  # a block of ours that continues in the next read
+            self.pending = bytearray(chunk[whole_end - file_offset :])
+            block_end = min(whole_end + size, file_size)
+            self.pending_end = stream_offset + (block_end - file_offset)
+
+    def fragment(self) -> bytes:
+        """The hashes of the range's blocks, once the pack has read all of it."""
+        if self.position != self.end:
+            raise ValueError(f"hashed to {self.position}, not to the range's end {self.end}")
+        if self.pending:  # a block that crosses into the next object: read its rest
+            self.pending += self.read_at(self.end, self.pending_end - self.end)
+            self.digests.append(block_hash(bytes(self.pending)))
+            self.pending.clear()
+        return b"".join(self.digests)
+
+
+def fragment_name(offset: int, length: int) -> str:
+    return f"{offset:020d}-{length:020d}.hashes"
+
+
+def write_fragment(directory: Path, offset: int, length: int, digests: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / fragment_name(offset, length)
+    path.with_suffix(".partial").write_bytes(digests)
+    path.with_suffix(".partial").replace(path)
+
+
+def assemble_map(
+    directory: Path, files: list[FileEntry], map_path: Path, block_size: int = BLOCK_SIZE
+) -> None:
+    """Joins a full's hash fragments into its block map. The fragments must tile the stream:
+    a missing one means a pack's hashes were lost, and a map of bytes read again now might
+    not describe the bytes that were uploaded, so the backup fails instead."""
+    fragments = sorted(directory.glob("*.hashes")) if directory.exists() else []
+    expected, digests = 0, []
+    for path in fragments:
+        offset, length = (int(part) for part in path.stem.split("-"))
+        if offset != expected:
+            break
+        digests.append(path.read_bytes())
+        expected = offset + length
+    stream_length = StreamIndex(files).length
+    if expected != stream_length:
+        raise CheckpointNotFound(
+            f"this agent kept the block hashes of bytes 0 to {expected} of {stream_length} of "
+            "the stream; the rest were lost (was its state directory cleared?).",
+            fix="retry the backup.",
+        )
+    hashes = b"".join(digests)
+    identities = _saved_identities(directory, files)
+
+    def split() -> Iterator[Hashed]:
+        at = 0
+        for entry, identity in zip(mapped_files(files), identities, strict=True):
+            count = block_count(entry.size, block_size) * HASH_SIZE
+            yield entry.path, entry.size, hashes[at : at + count], identity
+            at += count
+        if at != len(hashes):  # raised before the map is put in place
+            raise ValueError(f"{len(hashes) - at} bytes of block hashes left over")
+
+    write_map(map_path, block_size, split())

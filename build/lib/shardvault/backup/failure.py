@@ -1,0 +1,154 @@
+"""Cleanup: what a failed or abandoned backup leaves behind is removed.
+
+- ``cleanup``: the workflow's failure path: open uploads aborted, partial objects deleted, a
+  release posted to each source node, the backup marked failed with its cause (``explain``),
+  the lock released.
+- ``clean_up_abandoned``: the same for a backup whose execution ended without running its
+  failure path, called by the reaper and by validation taking over the lock (``TAKEN_OVER``).
+- *reaping*: after an execution is aborted or times out (``REAPED_STATUSES``), ``reap`` finds
+  its backup and cleans it up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from shardvault.causes import failure_cause
+from shardvault.dispatch import post_untracked
+from shardvault.errors import InvalidRequest
+from shardvault.models import BackupContext, BackupStatus
+from shardvault.planning import backup_prefix
+from shardvault.services import Services
+from shardvault.store import abort_uploads, delete_prefix
+
+
+def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> str:
+    """The failure's cause (``shardvault.causes``), plus the nodes whose agents went silent: a
+    timeout or a missing object is most often a dead agent, and the operator needs to know
+    where to look."""
+    nodes = [source.node_id for source in context.sources]
+    cause = failure_cause(error, svc, context.backup_id, nodes)
+    silent = []
+    for source in context.sources:
+        node = svc.nodes.get(source.node_id)
+        if node is None or node.status != "up":
+            silent.append(f"{source.node_id} (agent stopped)")
+        elif node.is_silent(now, svc.settings.heartbeat_max_age_seconds):
+            silent.append(f"{source.node_id} (silent for {now - node.heartbeat_at:.0f} s)")
+    if not silent:
+        return cause
+    return (
+        f"{cause} The agent of {', '.join(silent)} stopped answering. Fix: restart the agent on "
+        "that node (shardvault-agent run), then start the backup again."
+    )
+
+
+def cleanup(
+    context: BackupContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """The failure path: no open multipart upload, no partial object, every source node told
+    to release, the backup marked failed with its cause, the lock released, and a
+    notification sent."""
+    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+    aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
+    deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+    post_releases(context, svc)
+    outcome = {
+        "status": BackupStatus.FAILED.value,
+        "failed_at": now,
+        "error": error.get("Error", "States.Runtime"),
+        "cause": explain(context, error, svc, now)[:2000],
+        "aborted_uploads": aborted,
+        "deleted_objects": deleted,
+    }
+    svc.catalog.update(context.cluster, context.backup_id, **outcome)
+    svc.catalog.unlock(context.cluster, context.backup_id)
+    svc.notify(
+        f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome}
+    )
+    return outcome
+
+
+def post_releases(context: BackupContext, svc: Services) -> None:
+    """A ``release`` in every source node's inbox *without* a task token: the agent runs it
+    whenever it next reads its inbox and answers nobody. The workflow's own release skips a
+    silent node (its dispatch is refused), whose snapshot would otherwise outlive the backup
+    once it comes back; an agent that already released finds nothing to do."""
+    for source in context.sources:
+        post_untracked(
+            svc,
+            source.node_id,
+            f"release:{context.backup_id}:cleanup",
+            "release",
+            {"shard_ids": source.shard_ids, "backup_id": context.backup_id, "failed": True},
+        )
+
+
+TAKEN_OVER = {
+    "Error": "ExecutionEnded",
+    "Cause": "its execution ended without finishing or cleaning up (stopped, timed out or "
+    "lost); the next backup of the cluster cleaned up after it. Fix: nothing to do; see the "
+    "execution's history for why it ended.",
+}
+
+
+def clean_up_abandoned(
+    cluster: str, backup_id: str, error: dict[str, str], svc: Services, now: float
+) -> dict:
+    """Cleans up after a backup whose execution ended without running its failure path."""
+    record = svc.catalog.get(cluster, backup_id)
+    if record and record.get("status") == BackupStatus.RUNNING:
+        context = recorded_context(record)
+        if context is not None:
+            return cleanup(context, error, svc, now)
+        # An older version's record without a usable context: what needs none.
+        prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
+        abort_uploads(svc.store_s3, svc.store.bucket, prefix)
+        delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+        svc.catalog.update(
+            cluster,
+            backup_id,
+            status=BackupStatus.FAILED.value,
+            error=error["Error"],
+            cause=error["Cause"],
+        )
+    svc.catalog.unlock(cluster, backup_id)
+    return {"status": BackupStatus.FAILED.value}
+
+
+def recorded_context(record: dict[str, Any]) -> BackupContext | None:
+    """The context validation stored with a backup's record; None when there is none or it no
+    longer parses (written by an older version): cleanup must not stop at it."""
+    try:
+        return BackupContext.model_validate_json(record.get("context") or "")
+    except (ValidationError, InvalidRequest):  # the models' own checks raise InvalidRequest
+        return None
+
+
+# --- reaping -------------------------------------------------------------------------------
+REAPED_STATUSES = frozenset({"ABORTED", "TIMED_OUT"})
+
+
+def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: float) -> dict:
+    """After an execution was aborted or timed out (it skipped the failure path): the same
+    cleanup (which also posts the releases). A backup that already ended is left alone."""
+    if status not in REAPED_STATUSES:
+        return {"reaped": False, "why": f"status {status}"}
+    record = next(
+        (r for r in svc.catalog.backups(cluster) if r.get("execution_id") == execution_arn), None
+    )
+    if record is None or record.get("status") != BackupStatus.RUNNING:
+        return {"reaped": False, "why": "no running backup of that execution"}
+    error = reaped_error(status, "its backup was cleaned up by the reaper", "backup")
+    return {"reaped": True, **clean_up_abandoned(cluster, record["backup_id"], error, svc, now)}
+
+
+def reaped_error(status: str, what_was_done: str, workflow: str) -> dict[str, str]:
+    """The error a reaped execution is recorded with, as its failure path would have it."""
+    return {
+        "Error": f"States.{status.title().replace('_', '')}",
+        "Cause": f"the execution was {status.lower().replace('_', ' ')}; {what_was_done}. Fix: "
+        f"start the {workflow} again (and raise the state machine's timeout if it timed out).",
+    }

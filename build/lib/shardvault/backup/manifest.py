@@ -1,0 +1,182 @@
+"""Finalize: the manifest, built from the listings and verified objects, stored beside the
+objects; the backup recorded as complete with its summary and cost estimate; the lock
+released.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from shardvault.backup.planner import skew_seconds
+from shardvault.errors import UploadIncomplete
+from shardvault.models import (
+    BackupContext,
+    BackupStatus,
+    Encryption,
+    Manifest,
+    ManifestShard,
+    ManifestStream,
+    ObjectResult,
+    Phase,
+    ShardListing,
+    VaultTarget,
+)
+from shardvault.planning import backup_prefix
+from shardvault.services import Services
+
+
+def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any]:
+    """Builds the manifest from the listings and verified objects, stores it beside the
+    objects, records the backup as complete and releases the cluster's lock."""
+    manifest = build_manifest(context, svc, now)
+    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+    manifest_key = f"{prefix}manifest.json"
+    svc.store_s3.put_object(
+        Bucket=svc.store.bucket,
+        Key=manifest_key,
+        Body=manifest.model_dump_json(indent=1).encode(),
+        ContentType="application/json",
+        ChecksumAlgorithm="CRC64NVME",
+    )
+    summary = manifest_summary(manifest, manifest_key) | cost_estimate(manifest, context.vault)
+    svc.catalog.update(context.cluster, context.backup_id, **summary)
+    svc.catalog.unlock(context.cluster, context.backup_id)
+    svc.notify(f"ShardVault backup {context.backup_id} complete", summary)
+    return summary
+
+
+def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifest:
+    listings = [
+        ShardListing.model_validate(svc.get_work(key))
+        for key in svc.list_work(svc.work_key(context.backup_id, "listings") + "/")
+    ]
+    results = [
+        ObjectResult.model_validate(svc.get_work(key))
+        for key in svc.list_work(svc.work_key(context.backup_id, "results") + "/")
+    ]
+    by_stream: dict[tuple[str, Phase], list[ObjectResult]] = defaultdict(list)
+    for result in results:
+        by_stream[(result.shard_id, result.phase)].append(result)
+    shards: dict[str, ManifestShard] = {}
+    maps = {r.shard_id: r for r in results if r.phase == Phase.BLOCKMAP}
+    # The shards' data and tails: what a restore places (block maps are the backup's index).
+    streamed_results = [r for r in results if r.phase != Phase.BLOCKMAP]
+    streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
+    for listing in sorted(streamed, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
+        objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
+        check_stream_complete(listing, objects)
+        stream = ManifestStream(
+            phase=listing.phase, files=listing.files, objects=objects, extents=listing.extents
+        )
+        if listing.shard_id in shards:
+            shard = shards[listing.shard_id]
+            marker = {**shard.marker, **listing.marker}
+            shards[listing.shard_id] = shard.model_copy(
+                update={"streams": [*shard.streams, stream], "marker": marker}
+            )
+        else:
+            shards[listing.shard_id] = ManifestShard(
+                shard_id=listing.shard_id,
+                node_id=listing.node_id,
+                marker=listing.marker,
+                checkpoint_at=listing.checkpoint_at,
+                streams=[stream],
+                blockmap=maps.get(listing.shard_id),
+            )
+    data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
+    return Manifest(
+        backup_id=context.backup_id,
+        cluster=context.cluster,
+        engine=context.engine,
+        started_at=context.started_at,
+        completed_at=now,
+        checkpoint_skew_seconds=skew_seconds(data_listings),
+        part_size=results[0].part_size if results else 0,
+        shards=list(shards.values()),
+        bytes=sum(r.length for r in streamed_results),
+        objects=len(streamed_results),
+        parts=sum(r.part_count for r in streamed_results),
+        verification=verification_summary(results),
+        stored_bytes=sum(r.stored_bytes for r in results),
+        encryption=sealed_with(context, results),
+        kind=context.kind,
+        chain=context.chain,
+    )
+
+
+def sealed_with(context: BackupContext, results: list[ObjectResult]) -> Encryption | None:
+    """The backup's wrapped data key, with the check value its agents reported: every object
+    of an encrypted backup must have been sealed, and with the same key."""
+    if context.encryption is None:
+        return None
+    checks = {r.key_check for r in results}
+    if None in checks or len(checks) > 1:
+        raise UploadIncomplete(
+            f"backup {context.backup_id} is to be encrypted, but its objects report key checks "
+            f"{sorted(str(c) for c in checks)}: some were stored unsealed or under another key.",
+            fix="upgrade every agent of the cluster (a version that seals frames), then start "
+            "the backup again.",
+        )
+    return context.encryption.model_copy(update={"key_check": checks.pop() if checks else None})
+
+
+def check_stream_complete(listing: ShardListing, objects: list[ObjectResult]) -> None:
+    """A manifest must never point at a stream with a gap: every byte is in some object."""
+    offset = 0
+    for obj in objects:
+        if obj.stream_offset != offset:
+            raise UploadIncomplete(
+                f"stream {listing.shard_id}/{listing.phase} has a gap at byte {offset}."
+            )
+        offset += obj.length
+    if offset != listing.sent_bytes:
+        raise UploadIncomplete(
+            f"stream {listing.shard_id}/{listing.phase} covers {offset} of {listing.sent_bytes} "
+            "bytes."
+        )
+
+
+def verification_summary(results: list[ObjectResult]) -> str:
+    by = defaultdict(int)
+    for result in results:
+        by[result.verified_by] += 1
+    detail = ", ".join(f"{n} by {how}" for how, n in sorted(by.items()))
+    return f"all {len(results)} objects verified (CRC64NVME{': ' + detail if detail else ''})"
+
+
+def cost_estimate(manifest: Manifest, vault: VaultTarget | None) -> dict[str, Any]:
+    """What the backup costs to make and, a month, to keep (``shardvault.costs``)."""
+    from shardvault.costs import price_backup
+    from shardvault.prices import StorageClass
+
+    # A class the price table lacks (a non-AWS store's own) is priced as STANDARD.
+    known = {c.value for c in StorageClass}
+    name = vault.storage_class if vault and vault.storage_class in known else "STANDARD"
+    storage_class = StorageClass(name)
+    stored = manifest.bytes if manifest.stored_bytes is None else manifest.stored_bytes
+    cost = price_backup(stored, storage_class, part_size=manifest.part_size)
+    return {
+        "estimated_storage_usd_per_month": round(cost.storage_usd_per_month, 6),
+        "estimated_overhead_usd": round(cost.overhead_usd, 6),
+    }
+
+
+def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
+    duration = manifest.completed_at - manifest.started_at
+    return {
+        "status": BackupStatus.COMPLETE.value,
+        "completed_at": manifest.completed_at,
+        "duration_seconds": round(duration, 3),
+        "bytes": manifest.bytes,
+        "stored_bytes": manifest.stored_bytes,
+        "format": manifest.format,
+        "objects": manifest.objects,
+        "parts": manifest.parts,
+        "nodes": sorted({s.node_id for s in manifest.shards}),
+        "shards": [s.shard_id for s in manifest.shards],
+        "checkpoint_skew_seconds": manifest.checkpoint_skew_seconds,
+        "verification": manifest.verification,
+        "manifest_key": manifest_key,
+        "throughput_mib_s": round(manifest.bytes / max(duration, 1e-9) / 2**20, 2),
+    }

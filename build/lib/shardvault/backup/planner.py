@@ -1,0 +1,155 @@
+"""Plan: what the agents' checkpoint (phase ``data``) or stop (phase ``tail``) answers become.
+
+Each answer is checked against the backup's sources, turned into shard listings, and cut into
+an object plan (``shardvault.planning``); both are written to the work bucket, where the
+Upload map reads the plan and Finalize the listings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardvault.errors import InvalidRequest, UnknownCommand
+from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
+from shardvault.planning import choose_part_size, plan_objects
+from shardvault.services import Services
+
+
+def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
+    """Agents' scan/checkpoint/stop results (one per node) to shard listings."""
+    listings = []
+    for result in results:
+        for shard in result["shards"]:
+            listings.append(
+                ShardListing(
+                    shard_id=shard["shard_id"],
+                    node_id=result["node_id"],
+                    phase=phase,
+                    files=unpack_files(shard["files"]),
+                    marker=shard.get("marker", {}),
+                    checkpoint_at=shard.get("checkpoint_at", 0.0),
+                    mutable=shard.get("mutable", False),
+                    extents=shard.get("extents", ""),
+                    delta_bytes=shard.get("delta_bytes"),
+                    scan_seconds=shard.get("scan_seconds"),
+                    unchanged_bytes=shard.get("unchanged_bytes", 0),
+                )
+            )
+    return listings
+
+
+def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
+    """One listing per shard whose agent's answer announces a block map (``blockmap_bytes``):
+    the map file, sent as one stream (phase ``blockmap``) through the same pipeline as the
+    data."""
+    return [
+        ShardListing(
+            shard_id=shard["shard_id"],
+            node_id=result["node_id"],
+            phase=Phase.BLOCKMAP,
+            files=[FileEntry(path=f"{shard['shard_id']}.map", size=shard["blockmap_bytes"])],
+        )
+        for result in results
+        for shard in result["shards"]
+        if shard.get("blockmap_bytes")
+    ]
+
+
+def plan(
+    context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
+) -> dict:
+    """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    if phase == Phase.DATA:
+        check_scanned(results)
+    listings = listings_from_results(results, phase)
+    check_listings_match_sources(context, listings)
+    # An incremental reads every block of the files its scan did not find unchanged.
+    read = sum(listing.bytes - listing.unchanged_bytes for listing in listings)
+    # Block maps go with the phase whose answer announces them: an incremental's scan wrote
+    # its map (data), a full's map is joined from its packs' hashes at Stop (tail).
+    maps = blockmap_listings(results)
+    streamed = sum(listing.sent_bytes for listing in listings)
+    map_bytes = sum(listing.sent_bytes for listing in maps)
+    listings += maps
+    total = streamed + map_bytes
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    vault_class = context.vault.storage_class if context.vault else None
+    part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
+    objects = plan_objects(
+        backup_id=context.backup_id,
+        cluster=context.cluster,
+        prefix=svc.store.prefix,
+        listings=listings,
+        part_size=part_size,
+        compression_level=context.compression_level,
+    )
+    for listing in listings:
+        key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
+        svc.put_work(key, listing.model_dump(mode="json"))
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
+    update: dict[str, Any] = {
+        "part_size": part_size,
+        f"{phase}_bytes": streamed,  # the phase's own stream: what changed, for data
+        f"{phase}_blockmap_bytes": map_bytes,
+        f"{phase}_objects": len(objects),
+        # What the agents read from the databases (the data and the tail; block maps are
+        # written, not read), beside what they sent (``bytes``: an incremental's changes).
+        f"{phase}_read_bytes": read,
+        "read_bytes": read + (record.get("data_read_bytes", 0) if phase == Phase.TAIL else 0),
+    }
+    if phase == Phase.DATA:
+        skew = skew_seconds(listings)
+        update |= {
+            "checkpoint_skew_seconds": skew,
+            "bytes_total": total,
+            "objects_total": len(objects),
+        }
+    else:
+        update |= {
+            "bytes_total": record.get("data_bytes", 0)
+            + record.get("data_blockmap_bytes", 0)
+            + total,
+            "objects_total": record.get("data_objects", 0) + len(objects),
+        }
+    svc.catalog.update(context.cluster, context.backup_id, **update)
+    return {
+        "phase": phase.value,
+        "plan_key": plan_key,
+        "objects": len(objects),
+        "bytes": total,
+        "part_size": part_size,
+    }
+
+
+def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:
+    """Each shard is listed once, by the node it was asked of: an agent's answer is data from
+    a database host, and is checked before it shapes a plan."""
+    expected = {(shard, s.node_id) for s in context.sources for shard in s.shard_ids}
+    got = [(listing.shard_id, listing.node_id) for listing in listings]
+    if sorted(got) != sorted(expected):
+        raise InvalidRequest(
+            f"agents answered for shards {sorted(got)}, expected {sorted(expected)}.",
+            fix="check that each agent's configuration names the shards it registered with.",
+        )
+
+
+def check_scanned(results: list[dict[str, Any]]) -> None:
+    """Every shard's data listing carries its scan's answer (``extents``, ``delta_bytes``).
+    An agent older than this control plane checkpoints without scanning; planning its answer
+    would send an incremental's whole stream under extents that say nothing changed."""
+    for result in results:
+        for shard in result["shards"]:
+            if "extents" not in shard or "delta_bytes" not in shard:
+                raise UnknownCommand(
+                    f"the agent of node {result['node_id']} checkpointed shard "
+                    f"{shard['shard_id']} without scanning it: it is older than the control "
+                    "plane.",
+                    fix="upgrade shardvault-agent on that node, then retry the backup.",
+                )
+
+
+def skew_seconds(listings: list[ShardListing]) -> float:
+    """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
+    times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
+    return round(max(times) - min(times), 6) if times else 0.0

@@ -1,0 +1,153 @@
+"""Upload: the control plane's side of each planned object, and the check after the Map.
+
+Per object: the agent packs it (``shardvault.pipeline``: its stream range read once into
+compressed, optionally sealed frames, checksummed per part of the stored bytes) -> ``sign``
+creates the multipart upload and signs a URL per part, bound to that part's checksum, into the
+work bucket -> the agent uploads its packed copy -> ``complete`` completes the upload and
+``verify_object`` checks the stored object against the agent's checksum. After the
+Upload map, ``check_uploads`` confirms every planned object of the phase has a verified result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from shardvault.causes import agent_note
+from shardvault.errors import ChecksumMismatch, UploadIncomplete
+from shardvault.models import (
+    BackupContext,
+    ObjectChecksums,
+    ObjectPlan,
+    ObjectResult,
+    Phase,
+    UploadedPart,
+)
+from shardvault.services import Services
+from shardvault.store import (
+    complete_upload,
+    create_upload,
+    presign_part,
+    readback_checksum,
+    stored_checksum,
+    uploaded_parts,
+)
+
+
+def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Services) -> dict:
+    """Creates the multipart upload (once) and signs a URL per part still missing, each bound
+    to that part's checksum, so the URL accepts those bytes and no others. The URLs go to the
+    work bucket (``urls_key``) for the dispatcher: execution history never holds one."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    if upload_id:
+        done = uploaded_parts(s3, bucket, item.key, upload_id)
+    else:
+        upload_id, done = create_upload(s3, bucket, item.key), {}
+    ttl = svc.settings.url_ttl_seconds
+    parts = [
+        {
+            "part_number": p.part_number,
+            "url": presign_part(s3, bucket, item.key, upload_id, p.part_number, p.crc64nvme, ttl),
+        }
+        for p in sums.parts
+        if p.part_number not in done
+    ]
+    return {
+        "upload_id": upload_id,
+        "urls_key": svc.put_urls(item.backup_id, item.key, {"parts": parts}),
+        "checksums": sums.model_dump(mode="json"),
+        "expires_at": time.time() + ttl,
+    }
+
+
+def complete(
+    item: ObjectPlan,
+    sums: ObjectChecksums,
+    upload_id: str,
+    uploaded: list[UploadedPart],
+    svc: Services,
+) -> ObjectResult:
+    """Completes the upload with the agent's full-object checksum, then verifies the stored
+    object against it and records the result."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    known = {p.part_number: p for p in uploaded}
+    missing = [p for p in sums.parts if p.part_number not in known]
+    if missing:
+        etags = uploaded_parts(s3, bucket, item.key, upload_id)
+        known |= {
+            p.part_number: UploadedPart(
+                part_number=p.part_number, etag=etags[p.part_number], crc64nvme=p.crc64nvme
+            )
+            for p in missing
+            if p.part_number in etags
+        }
+    # A retry after S3 completed the upload finds no upload: verification below decides.
+    with contextlib.suppress(s3.exceptions.NoSuchUpload):
+        complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
+    verified_by = verify_object(svc, item.key, sums.crc64nvme, sums.stored_length)
+    result = ObjectResult(
+        key=item.key,
+        node_id=item.node_id,
+        shard_id=item.shard_id,
+        phase=item.phase,
+        index=item.index,
+        stream_offset=item.stream_offset,
+        length=item.length,
+        part_size=item.part_size,
+        part_count=len(sums.parts),
+        crc64nvme=sums.crc64nvme,
+        verified_by=verified_by,
+        part_crc64nvme=[p.crc64nvme for p in sorted(sums.parts, key=lambda p: p.part_number)],
+        stored_length=sums.stored_length,
+        frame_size=item.frame_size,
+        frames=sums.frames,
+        key_check=sums.key_check,
+    )
+    key = svc.work_key(
+        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
+    )
+    svc.put_work(key, result.model_dump(mode="json"))
+    svc.catalog.add_progress(item.cluster, item.backup_id, bytes_done=item.length, objects_done=1)
+    return result
+
+
+def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
+    """Verifies a stored object by its checksum attribute (no download); reads it back when
+    the store cannot report one or reports another (some S3 servers compute it wrongly)."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    if svc.settings.verify_mode == "attributes":
+        crc, stored_size = stored_checksum(s3, bucket, key)
+        if crc == expected and stored_size == size:
+            return "attributes"
+    crc, stored_size = readback_checksum(s3, bucket, key)
+    if crc != expected or stored_size != size:
+        raise ChecksumMismatch(
+            f"object {key} holds {stored_size} bytes with CRC64NVME {crc}; the agent read "
+            f"{size} bytes with CRC64NVME {expected}.",
+            fix="the backup is failed and its objects removed; retry it. If this repeats, check "
+            "the store and the network path between the agent and the store.",
+        )
+    return "readback"
+
+
+def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[str, Any]:
+    """Every planned object of the phase has a verified result. The Distributed Map fails when
+    an object's task fails; this also holds where a Map does not (moto's), and names what is
+    missing."""
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    planned = [item["object"]["key"] for item in svc.get_work(plan_key)]
+    # Every phase's results: either plan may also hold block maps (results/blockmap/).
+    results = svc.list_work(svc.work_key(context.backup_id, "results") + "/")
+    done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
+    missing = [key for key in planned if key not in done]
+    if missing:
+        nodes = [source.node_id for source in context.sources]
+        note = agent_note(svc, context.backup_id, nodes, "")
+        raise UploadIncomplete(
+            f"{len(missing)} of {len(planned)} {phase} objects were not uploaded and verified "
+            f"(first: {missing[0]})" + (f"; the agent reported: {note}" if note else "") + ".",
+            fix="see the failed object's task in the execution (Upload map run) for its cause; "
+            "the backup was cleaned up and can be retried.",
+        )
+    return {"phase": phase.value, "objects": len(planned)}

@@ -1,0 +1,58 @@
+"""Why an operation failed, said truthfully.
+
+The *error* is what Step Functions recorded for the failed state (``{"Error", "Cause"}``); its
+*cause* is the text that says what happened and what to do. Three sources, in this order:
+
+1. the cause in the error itself (a Lambda's error payload, or an agent's ``SendTaskFailure``
+   cause on AWS);
+2. the agents' *failure notes* (``Inbox.note_failure``): an agent writes each failure's cause
+   next to its commands before it answers, because the local stack (moto) keeps only the
+   error's name;
+3. what the error's name alone says: a timeout is a timeout; any other name with no cause
+   anywhere is reported as exactly that, never as a made-up reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shardvault.services import Services
+
+TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
+
+
+def readable_cause(cause: str) -> str:
+    """A Lambda error's cause is its JSON payload: keep the message, drop the stack trace."""
+    try:
+        parsed = json.loads(cause)
+    except ValueError:
+        return cause
+    return parsed.get("errorMessage", cause) if isinstance(parsed, dict) else cause
+
+
+def agent_note(svc: Services, operation_id: str, node_ids: list[str], error: str) -> str:
+    """The earliest failure note of the operation on these nodes of the recorded ``error``
+    (``error=""``: of any error); "" when there is none. A note of another error (a retried
+    part that later succeeded) says nothing about this failure."""
+    notes = [note for node in node_ids for note in svc.inbox.failures(node, operation_id)]
+    matching = [note for note in notes if not error or note.get("error") == error]
+    if not matching:
+        return ""
+    first = min(matching, key=lambda note: note.get("failed_at", 0))
+    return f"{first['cause']} (node {first['node_id']}, {first['command']})"
+
+
+def failure_cause(
+    error: dict[str, Any], svc: Services, operation_id: str, node_ids: list[str]
+) -> str:
+    """The cause of ``error``: its own, else the agents' note, else what its name says."""
+    name = str(error.get("Error") or "States.Runtime")
+    cause = readable_cause(str(error.get("Cause") or ""))
+    if cause:
+        return cause
+    if note := agent_note(svc, operation_id, node_ids, name):
+        return note
+    if name in TIMEOUTS:
+        return "a task timed out: its agent neither answered nor heartbeated in time."
+    return f"{name}, with no cause recorded by the state that failed."

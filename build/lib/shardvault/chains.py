@@ -1,0 +1,303 @@
+"""Chains: which backup of a chain holds each byte a restore of its newest backup writes.
+
+Terms:
+- *member*: one backup of a chain, seen through one shard's data stream: its files (its own
+  listing) and its extents (``None`` for the full at the root: its objects hold the whole
+  stream). A member's objects hold its *delta stream*: the bytes of its extents, in order.
+- *piece*: ``length`` bytes at ``delta_offset`` of one member's delta stream, written at
+  ``target`` of the newest member's stream (the one restored).
+- *placement*: a piece seen through the member's stored objects: ``(frame, offset in the
+  frame, length, target)``, so a node fetches only the frames an object contributes and
+  writes each frame's pieces (``object_placements``).
+
+Resolution, newest member first: each member's extents, mapped per file onto the newest
+listing (files the newest backup no longer has are dropped; bytes past a file's newest size
+are cut), claim the bytes no newer member claimed. A block absent from a member's extents was
+unchanged since its parent (its hash was equal), so the older member holds the same bytes;
+the root holds every byte. Stream offsets differ between members (files grow and shrink), so
+everything is matched by file path and offset in the file, never by stream offset.
+
+*Layered* resolution (``root_first``): the root's pieces are every byte it maps, not only the
+bytes no newer member claimed, and the newer members' claimed pieces are written over them
+after the root's have all landed (the restore state machine's second download wave). A root's
+frames then land whole, as a full's do, instead of as tens of thousands of pieces between the
+changed blocks of a chain of scattered changes; the changed blocks are written twice. Without
+the waves' order a layered placement is wrong, so a node uses it only when told.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from shardvault.errors import ParentUnavailable
+from shardvault.extents import unpack_extents
+from shardvault.models import (
+    BackupKind,
+    FileEntry,
+    Manifest,
+    ManifestStream,
+    Phase,
+    pack_files,
+    unpack_files,
+)
+from shardvault.streams import StreamIndex
+
+
+@dataclass(frozen=True)
+class Member:
+    backup_id: str
+    files: list[FileEntry]
+    extents: list[tuple[int, int]] | None  # None: the whole stream (a full)
+
+
+class Piece(NamedTuple):  # a tuple: a chain of scattered changes makes tens of thousands
+    backup_id: str
+    delta_offset: int
+    length: int
+    target: int
+
+
+class Unclaimed:
+    """Disjoint ranges ``[start, end)`` not yet claimed, sorted."""
+
+    def __init__(self, length: int) -> None:
+        self.starts, self.ends = ([0], [length]) if length else ([], [])
+
+    def take(self, ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Removes the unclaimed parts of ``ranges`` (``(start, end, tag)``, sorted and
+        disjoint) and returns them, each with its range's tag. One sweep over both lists,
+        copying the untouched runs between them as slices: a chain of scattered changes
+        claims tens of thousands of ranges per member."""
+        starts, ends = self.starts, self.ends
+        kept_starts: list[int] = []
+        kept_ends: list[int] = []
+        taken: list[tuple[int, int, int]] = []
+        i = 0
+        for lo, hi, tag in ranges:
+            j = bisect.bisect_right(ends, lo, i)  # intervals ending at or before lo: kept
+            kept_starts += starts[i:j]
+            kept_ends += ends[i:j]
+            i = j
+            while i < len(starts) and starts[i] < hi:
+                start, end = starts[i], ends[i]
+                a, b = max(start, lo), min(end, hi)
+                if start < a:
+                    kept_starts.append(start)
+                    kept_ends.append(a)
+                taken.append((a, b, tag))
+                if b < end:  # the interval goes on past this range: later ranges may take it
+                    starts[i] = b
+                    break
+                i += 1
+        kept_starts += starts[i:]
+        kept_ends += ends[i:]
+        self.starts, self.ends = kept_starts, kept_ends
+        return taken
+
+    @property
+    def empty(self) -> bool:
+        return not self.starts
+
+
+def resolve(chain: list[Member], root_first: bool = False) -> list[Piece]:
+    """The pieces that make the newest member's stream, root first in ``chain``; sorted by
+    member (oldest first) and delta offset, adjacent ones merged. ``root_first``: layered
+    (see the module docstring), the root's pieces are all it maps."""
+    return resolve_layers(chain, root_first)[0]
+
+
+def resolve_layers(chain: list[Member], root_first: bool) -> tuple[list[Piece], list[Piece]]:
+    """``resolve``'s pieces, and of the root's, those no newer member overwrites: the bytes
+    the root supplies to the restored stream (layered, fewer than it writes)."""
+    newest = chain[-1]
+    index = StreamIndex(newest.files)
+    where = {f.path: (start, f.size) for f, start in zip(newest.files, index.starts, strict=False)}
+    unclaimed = Unclaimed(index.length)
+    # (member's place in the chain, delta offset, length, target): tuples sort fast, and a
+    # chain of scattered changes makes tens of thousands of pieces.
+    found: list[tuple[int, int, int, int]] = []
+    kept: list[Piece] = []
+    for order in range(len(chain) - 1, -1, -1):
+        if unclaimed.empty and not (root_first and order == 0):
+            continue
+        member = chain[order]
+        targets = _Targets(member, where)
+        extents = member.extents if member.extents is not None else [(0, targets.length)]
+        ranges, delta = [], 0
+        for offset, length in extents:
+            ranges += targets.ranges(offset, length, delta)
+            delta += length
+        ranges.sort()
+        taken = unclaimed.take(ranges)
+        if order == 0 and root_first:
+            kept = [Piece(member.backup_id, base + a, b - a, a) for a, b, base in taken]
+            taken = ranges
+        found += [(order, base + a, b - a, a) for a, b, base in taken]
+    if not unclaimed.empty:
+        raise ParentUnavailable(
+            f"bytes {unclaimed.starts[0]}-{unclaimed.ends[0]} of the restored stream are in no "
+            "backup of its chain: the chain's manifests disagree.",
+            fix="restore another backup; run a full backup of the cluster.",
+        )
+    found.sort()
+    ids = [member.backup_id for member in chain]
+    return merge([Piece(ids[order], d, n, t) for order, d, n, t in found]), kept
+
+
+class _Targets:
+    """Where a member's stream ranges land in the newest member's stream, file by file."""
+
+    def __init__(self, member: Member, where: dict[str, tuple[int, int]]) -> None:
+        self.index = StreamIndex(member.files)
+        self.length = self.index.length
+        # Per file of the member: its start in the newest stream and its size there (None:
+        # the newest backup no longer has it).
+        self.places = [where.get(f.path) for f in member.files]
+
+    def ranges(self, offset: int, length: int, delta: int) -> list[tuple[int, int, int]]:
+        """``(start, end, base)`` in the newest stream for ``length`` bytes at ``offset`` of
+        the member's stream, which are at ``delta`` of its delta stream: a target ``t`` holds
+        the delta stream's byte ``base + t``."""
+        starts, out = self.index.starts, []
+        i = max(0, bisect.bisect_right(starts, offset) - 1)
+        end = offset + length
+        while i < len(self.places) and starts[i] < end:
+            lo, hi = max(offset, starts[i]), min(end, starts[i + 1])
+            place = self.places[i]
+            file_offset = lo - starts[i]
+            if hi > lo and place is not None and file_offset < place[1]:
+                start = place[0] + file_offset
+                stop = start + min(hi - lo, place[1] - file_offset)
+                out.append((start, stop, delta + (lo - offset) - start))
+            i += 1
+        return out
+
+
+@dataclass(frozen=True)
+class MemberObject:
+    """A stored object of one member's data stream: ``length`` bytes of its delta stream
+    from ``stream_offset``, in frames of ``frame_size`` plaintext bytes."""
+
+    backup_id: str
+    key: str
+    stream_offset: int
+    length: int
+    frame_size: int
+
+
+def object_placements(pieces: list[Piece], objects: list[MemberObject]) -> dict[str, list[int]]:
+    """Per object key, the placements of its bytes (see the module docstring) as flat
+    numbers, four per placement, in the order of ``pieces``; an object no piece reads is
+    absent."""
+    held: dict[str, tuple[list[MemberObject], list[int]]] = {}
+    for obj in sorted(objects, key=lambda o: o.stream_offset):
+        own, starts = held.setdefault(obj.backup_id, ([], []))
+        own.append(obj)
+        starts.append(obj.stream_offset)
+    out: dict[str, list[int]] = {}
+    for piece in pieces:
+        own, starts = held.get(piece.backup_id, ([], []))
+        at, left, target = piece.delta_offset, piece.length, piece.target
+        while left:
+            obj = own[bisect.bisect_right(starts, at) - 1] if own else None
+            inside = at - obj.stream_offset if obj else -1
+            if obj is None or not 0 <= inside < obj.length:
+                raise ParentUnavailable(
+                    f"byte {at} of backup {piece.backup_id}'s changes is in none of its objects: "
+                    "the chain's manifests disagree.",
+                    fix="restore another backup; run a full backup of the cluster.",
+                )
+            frame, offset = divmod(inside, obj.frame_size)
+            take = min(left, obj.frame_size - offset, obj.length - inside)
+            out.setdefault(obj.key, []).extend((frame, offset, take, target))
+            at, left, target = at + take, left - take, target + take
+    return out
+
+
+def merge(pieces: list[Piece]) -> list[Piece]:
+    merged: list[Piece] = []
+    for piece in pieces:
+        last = merged[-1] if merged else None
+        if (
+            last
+            and last.backup_id == piece.backup_id
+            and last.delta_offset + last.length == piece.delta_offset
+            and last.target + last.length == piece.target
+        ):
+            merged[-1] = Piece(
+                last.backup_id, last.delta_offset, last.length + piece.length, last.target
+            )
+        else:
+            merged.append(piece)
+    return merged
+
+
+# --- the chain as a node receives it ----------------------------------------------------------
+def data_stream(manifest: Manifest, shard_id: str) -> ManifestStream:
+    shard = next(s for s in manifest.shards if s.shard_id == shard_id)
+    return next(s for s in shard.streams if s.phase == Phase.DATA)
+
+
+def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
+    """A shard's chain, root first, as the restore's prepare step hands it to the node that
+    restores the shard: per member its data stream's files (packed), its extents (None: the
+    root, whose objects hold the whole stream; "": nothing changed in this shard) and its
+    objects. The node places the chain itself (``place_chain``): a chain of scattered changes
+    makes millions of placements, too many for a task's input."""
+    members = []
+    for manifest in chain:
+        stream = data_stream(manifest, shard_id)
+        members.append(
+            {
+                "backup_id": manifest.backup_id,
+                "files": pack_files(stream.files),
+                "extents": None if manifest.kind == BackupKind.FULL else stream.extents,
+                "objects": [
+                    {
+                        "key": o.key,
+                        "stream_offset": o.stream_offset,
+                        "length": o.length,
+                        "frame_size": o.frame_size,
+                    }
+                    for o in stream.objects
+                ],
+            }
+        )
+    return members
+
+
+class Placed(NamedTuple):
+    """A chain placed by the node that restores it: per object key, its placements (flat
+    numbers, ``object_placements``), and how many bytes of the restored stream it supplies
+    (its progress; layered, the root writes more than it supplies)."""
+
+    placements: dict[str, list[int]]
+    supplied: dict[str, int]
+
+
+def place_chain(members: list[dict[str, Any]], root_first: bool = False) -> Placed:
+    """A chain (``chain_args``) placed in the newest member's stream; ``root_first``:
+    layered (see the module docstring)."""
+    chain = [
+        Member(
+            m["backup_id"],
+            unpack_files(m["files"]),
+            None if m["extents"] is None else unpack_extents(m["extents"]) if m["extents"] else [],
+        )
+        for m in members
+    ]
+    objects = [
+        MemberObject(m["backup_id"], o["key"], o["stream_offset"], o["length"], o["frame_size"])
+        for m in members
+        for o in m["objects"]
+    ]
+    pieces, root_kept = resolve_layers(chain, root_first)
+    placements = object_placements(pieces, objects)
+    supplied = {key: sum(numbers[2::4]) for key, numbers in placements.items()}
+    if root_first:  # the root supplies only what no newer member overwrites
+        kept = object_placements(root_kept, objects)
+        root = {o.key for o in objects if o.backup_id == chain[0].backup_id}
+        supplied |= {key: sum(kept.get(key, [])[2::4]) for key in root & placements.keys()}
+    return Placed(placements, supplied)

@@ -1,0 +1,844 @@
+"""``shardvault``: run backups and inspect them, against AWS or the local stack.
+
+  shardvault demo [--engine sqlite|postgres]   set up the local stack, back up a 3-node cluster
+  shardvault local up                          run the local stack until Ctrl-C or local down
+  shardvault local down                        stop the stack 'local up' runs in --dir
+  shardvault backup CLUSTER [--wait]           start a backup (and follow it)
+  shardvault list [CLUSTER]                    backups in the catalog
+  shardvault show CLUSTER BACKUP_ID            one backup, in full
+  shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
+  shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
+  shardvault schedule --policy FILE            start scheduled backups (the local stack)
+  shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
+      [--cluster NAME] [--data-gib N] [--daily-change F]   (exit 1 when a cluster is over)
+
+Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
+(the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from shardvault import operations as ops
+from shardvault.costs import DEFAULT_DAILY_CHANGE
+from shardvault.errors import InvalidRequest, ShardVaultError
+from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
+from shardvault.planning import MiB
+
+console = Console()
+DEFAULT_STACK_DIR = Path("local-stack")
+DEFAULT_DATA_GIB = 100.0  # a cost forecast's data size when neither asked nor measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if getattr(args, "stack_env", None):
+            ops.load_env_file(args.stack_env)
+        return args.run(args) or 0
+    except ShardVaultError as error:
+        console.print(f"[bold red]{error.name}[/]: {error.message}")
+        if error.fix:
+            console.print(f"[yellow]Fix[/]: {error.fix}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="shardvault", description=__doc__.splitlines()[0])
+    sub = root.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="local end-to-end backup of a 3-node cluster")
+    demo.add_argument("--engine", choices=["sqlite", "postgres"], default="sqlite")
+    demo.add_argument("--size-mb", type=int, default=240, help="SQLite data size (MiB)")
+    demo.add_argument("--pgbench-scale", type=int, default=20, help="PostgreSQL data per node")
+    demo.add_argument("--dir", type=Path, default=DEFAULT_STACK_DIR)
+    demo.add_argument("--no-minio", action="store_true", help="use moto's S3 as the store")
+    demo.set_defaults(run=run_demo)
+
+    local = sub.add_parser("local", help="the local stack")
+    local.add_argument("action", choices=["up", "down"])
+    local.add_argument("--dir", type=Path, default=DEFAULT_STACK_DIR)
+    local.add_argument("--no-minio", action="store_true", help="up: use moto's S3 as the store")
+    local.set_defaults(run=run_local)
+
+    backup = sub.add_parser("backup", help="start a backup of a cluster")
+    backup.add_argument("cluster")
+    backup.add_argument("--wait", action="store_true", help="follow it to the end")
+    backup.add_argument("--part-size-mib", type=int, help="the one size knob (default: chosen)")
+    backup.add_argument(
+        "--incremental",
+        action="store_true",
+        help="send only the blocks changed since the cluster's newest backup (the policy's "
+        "incremental settings say when a full is made instead)",
+    )
+    backup.set_defaults(run=run_backup)
+
+    lister = sub.add_parser("list", help="list backups")
+    lister.add_argument("cluster", nargs="?")
+    lister.set_defaults(run=run_list)
+
+    show = sub.add_parser("show", help="show one backup")
+    show.add_argument("cluster")
+    show.add_argument("backup_id")
+    show.set_defaults(run=run_show)
+
+    nodes = sub.add_parser("nodes", help="registered nodes, or remove a decommissioned one")
+    nodes.add_argument("cluster", nargs="?")
+    nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
+    nodes.set_defaults(run=run_nodes)
+
+    restore, retention, schedule = add_vault_parsers(sub)
+
+    for cmd in (backup, lister, show, nodes, restore, retention, schedule):
+        cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
+    return root
+
+
+def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
+    """The commands past a backup: restore, retention, schedules and costs."""
+    restore = sub.add_parser("restore", help="restore a backup into a (new) cluster")
+    restore.add_argument("cluster", help="the cluster the backup was taken of")
+    restore.add_argument("--into", required=True, metavar="TARGET", help="the target cluster")
+    restore.add_argument("--backup-id", default="latest", help="a backup id, or latest")
+    restore.add_argument("--plan-only", action="store_true", help="show the placement only")
+    restore.add_argument("--replace", action="store_true", help="restore over existing data")
+    restore.add_argument("--tier", choices=[t.value for t in RetrievalTier], default="Standard")
+    restore.add_argument(
+        "--pin", action="append", default=[], metavar="SHARD=NODE", help="place a shard"
+    )
+    restore.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="SQL",
+        help="a validation query: one read-only statement that must return true",
+    )
+    restore.add_argument(
+        "--heapallindexed",
+        action="store_true",
+        help="PostgreSQL: pg_amcheck --heapallindexed (every heap tuple found in its indexes)",
+    )
+    restore.add_argument("--wait", action="store_true", help="follow it to the end")
+    restore.set_defaults(run=run_restore)
+
+    retention = sub.add_parser("retention", help="expire backups by the policy's keep counts")
+    retention.add_argument("cluster", nargs="?", help="one cluster (default: every cluster)")
+    retention.add_argument(
+        "--dry-run", action="store_true", help="decide and print, delete nothing"
+    )
+    retention.set_defaults(run=run_retention)
+
+    schedule = sub.add_parser("schedule", help="run the policy's schedules (local stack)")
+    schedule.add_argument("--policy", type=Path, required=True, help="the policy file")
+    schedule.add_argument("--interval", type=float, default=20.0, help="seconds between ticks")
+    schedule.set_defaults(run=run_schedule)
+
+    cost = sub.add_parser("cost", help="monthly cost forecast per cluster, against its budget")
+    cost.add_argument("--policy", type=Path, help="the policy file (default: the example)")
+    cost.add_argument("--cluster", help="one cluster of the policy")
+    cost.add_argument(
+        "--data-gib",
+        type=float,
+        help="data per cluster, GiB (default: the newest full's stored size in the catalog, "
+        f"else {DEFAULT_DATA_GIB:g})",
+    )
+    cost.add_argument(
+        "--daily-change",
+        type=float,
+        help="fraction changed a day (default: the catalog's measured incrementals, else "
+        f"{DEFAULT_DAILY_CHANGE:g})",
+    )
+    cost.add_argument(
+        "--target", action="store_true", help="the modeled 1 TiB daily-incremental case"
+    )
+    cost.add_argument(
+        "--stack-env", type=Path, help="a local stack's stack.env: also what the catalog holds"
+    )
+    cost.set_defaults(run=run_cost)
+
+    return restore, retention, schedule
+
+
+# --- backup, list, show ------------------------------------------------------------------------
+def run_backup(args: argparse.Namespace) -> int:
+    config = ops.ClientConfig.from_env()
+    part_size = args.part_size_mib * MiB if args.part_size_mib else None
+    request = BackupRequest(
+        cluster=args.cluster, part_size=part_size, incremental=args.incremental, requested_by="cli"
+    )
+    execution = ops.start_backup(config, request)
+    console.print(f"started [bold]{execution}[/]")
+    if not args.wait:
+        return 0
+    outcome = follow(config, execution)
+    return 0 if outcome.status == "SUCCEEDED" else 1
+
+
+def chain_root_of(config: ops.ClientConfig, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The full an incremental's chain starts with (None for a full, or when it is gone)."""
+    root = record.get("chain_root")
+    if record.get("kind") != "incremental" or not root:
+        return None
+    try:
+        return ops.show_backup(config, record["cluster"], root)
+    except InvalidRequest:
+        return None
+
+
+def follow(
+    config: ops.ClientConfig,
+    execution: str,
+    wait: Callable[..., ops.Progress] = ops.wait_backup,
+    what: str = "backup",
+) -> ops.Progress:
+    """Shows bytes done, rate and ETA until the execution ends; then its summary or error."""
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        first = "checkpointing" if what == "backup" else "preparing"
+        task = bar.add_task(first, total=None)
+
+        def update(p: ops.Progress) -> None:
+            moving = "uploading" if what == "backup" else "downloading"
+            phase = moving if p.bytes_total else first
+            if frozen := (p.record or {}).get("frozen"):
+                phase = f"waiting for {frozen} archived objects to thaw;"
+            bar.update(
+                task,
+                description=f"{phase} {p.objects_done}/{p.objects_total} objects",
+                completed=p.bytes_done,
+                total=p.bytes_total or None,
+            )
+
+        outcome = wait(config, execution, update)
+    if outcome.status == "SUCCEEDED" and what == "backup":
+        record = outcome.record or {}
+        print_summary(record, chain_root_of(config, record))
+    elif outcome.status == "SUCCEEDED":
+        print_restore(outcome.record or {})
+    else:
+        console.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(outcome.cause)
+    return outcome
+
+
+def backup_type(record: dict[str, Any]) -> str:
+    """``full``, or ``incremental`` with its depth in the chain and its parent."""
+    if record.get("kind") != "incremental":
+        return "full"
+    return f"incremental, depth {record.get('depth')}, of {record.get('parent_id')}"
+
+
+def read_bytes(record: dict[str, Any]) -> int:
+    """What the backup read from the databases: an incremental reads (and hashes) every block
+    of the files that changed since its parent and sends only the changed blocks (``bytes``);
+    records before incrementals hold ``bytes``."""
+    return int(record.get("read_bytes") or record.get("bytes", 0))
+
+
+def share_of_full(record: dict[str, Any], root: dict[str, Any] | None) -> str:
+    """An incremental's stored bytes as a share of its chain's full's; fulls are 100 %."""
+    if record.get("kind") != "incremental":
+        return "100 %" if "bytes" in record else ""
+    if not root or not recorded_stored_bytes(root):
+        return "?"  # its full is gone from the catalog
+    return f"{recorded_stored_bytes(record) / recorded_stored_bytes(root):.1%}"
+
+
+def sized(count: int) -> str:
+    return f"{count:,} ({count / MiB:,.1f} MiB)"
+
+
+def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
+    table = Table(title="Backup complete", show_header=False)
+    rows = [
+        ("backup id", record.get("backup_id", "")),
+        ("type", backup_type(record)),
+        ("nodes", ", ".join(record.get("nodes", []))),
+        ("shards", ", ".join(record.get("shards", []))),
+        ("bytes read", sized(read_bytes(record))),
+    ]
+    if record.get("kind") == "incremental":
+        rows.append(("changed bytes sent", sized(record.get("bytes", 0))))
+    rows += [
+        ("bytes stored", stored_cell(record)),
+        ("of its full's stored bytes", share_of_full(record, root)),
+        ("objects", str(record.get("objects", ""))),
+        ("parts", str(record.get("parts", ""))),
+        ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
+        ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
+        ("checkpoint skew", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
+        ("verification", record.get("verification", "")),
+        ("manifest", record.get("manifest_key", "")),
+        (
+            "estimated cost",
+            f"${record.get('estimated_storage_usd_per_month', 0):.4f}/month to keep, "
+            f"${record.get('estimated_overhead_usd', 0):.4f} to make",
+        ),
+    ]
+    if record.get("location") == "vault":
+        rows += [
+            ("vault", f"{record.get('storage_class')}, {record.get('lock_mode')} lock"),
+            ("retain until", record.get("retain_until", "")),
+            ("vault manifest", record.get("vault_manifest_key", "")),
+        ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+# --- restore -----------------------------------------------------------------------------------
+def run_restore(args: argparse.Namespace) -> int:
+    pins = parse_pins(args.pin)
+    config = ops.ClientConfig.from_env()
+    request = RestoreRequest(
+        cluster=args.cluster,
+        target_cluster=args.into,
+        backup_id=args.backup_id,
+        tier=args.tier,
+        placement=pins,
+        replace=args.replace,
+        plan_only=args.plan_only,
+        validation_queries=args.check,
+        heapallindexed=args.heapallindexed,
+        requested_by="cli",
+    )
+    execution = ops.start_restore(config, request)
+    console.print(f"started [bold]{execution}[/]")
+    if args.plan_only:
+        outcome = ops.wait_restore(config, execution)
+        if outcome.status == "SUCCEEDED":
+            print_plan(outcome.record or {})
+            return 0
+        console.print(f"[bold red]plan {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(outcome.cause)
+        return 1
+    if not args.wait:
+        return 0
+    outcome = follow(config, execution, ops.wait_restore, "restore")
+    return 0 if outcome.status == "SUCCEEDED" else 1
+
+
+def parse_pins(texts: list[str]) -> dict[str, str]:
+    """``--pin SHARD=NODE`` options as a placement. A shard pinned to two nodes is refused by
+    name (a dict would silently keep the last); the same pin given twice is accepted."""
+    pins: dict[str, str] = {}
+    for text in texts:
+        shard, node = parse_pin(text)
+        if pins.get(shard, node) != node:
+            raise InvalidRequest(
+                f"shard {shard} is pinned to two nodes: --pin {shard}={pins[shard]} and "
+                f"--pin {text}.",
+                fix=f"keep one --pin for {shard}.",
+            )
+        pins[shard] = node
+    return pins
+
+
+def parse_pin(text: str) -> tuple[str, str]:
+    shard, sep, node = text.partition("=")
+    if not sep or not shard or not node:
+        raise InvalidRequest(f"--pin {text!r} is not SHARD=NODE.", fix="write e.g. shard-1=node-2.")
+    return shard, node
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    table = Table(
+        "shard",
+        "target node",
+        "bytes",
+        title=f"Restore plan: {plan.get('cluster')} / {plan.get('backup_id')} into "
+        f"{plan.get('target_cluster')}",
+    )
+    for p in plan.get("placements", []):
+        table.add_row(p["shard_id"], p["node_id"], f"{p['bytes'] / MiB:.1f} MiB")
+    console.print(table)
+
+
+def print_restore(summary: dict[str, Any]) -> None:
+    table = Table(show_header=False, title="Restore complete")
+    rows = [
+        ("restore id", summary.get("restore_id", "")),
+        ("from", f"{summary.get('source_cluster')} / {summary.get('backup_id')}"),
+        ("into", summary.get("target_cluster", "")),
+        ("bytes", f"{summary.get('bytes', 0):,} ({summary.get('bytes', 0) / MiB:.1f} MiB)"),
+        ("objects", str(summary.get("objects", ""))),
+        ("duration", f"{summary.get('duration_seconds', 0):.2f} s"),
+        ("throughput", f"{summary.get('throughput_mib_s', 0):.1f} MiB/s"),
+        ("validation", summary.get("validation", "")),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+    shards = Table("shard", "node", "where", "checks", title="Restored shards")
+    for s in summary.get("shards", []):
+        where = f"port {s['port']}" if s.get("port") else s.get("path", "")
+        checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
+        shards.add_row(s["shard_id"], s["node_id"], where, checks)
+    console.print(shards)
+    if summary.get("validation") == "passed":
+        target = summary.get("target_cluster", "")
+        console.print(
+            f"The agents of {target} hold these shards now: backups of {target} include "
+            "them, with no change to the agents' configuration."
+        )
+
+
+# --- retention ---------------------------------------------------------------------------------
+def run_retention(args: argparse.Namespace) -> int:
+    outcome = ops.run_retention(ops.ClientConfig.from_env(), args.cluster, args.dry_run)
+    if outcome.status != "SUCCEEDED":
+        console.print(f"[bold red]retention {outcome.status}[/]: [bold]{outcome.error}[/]")
+        console.print(outcome.cause)
+        return 1
+    print_retention(outcome.record or {}, args.dry_run)
+    return 0
+
+
+def print_retention(result: dict[str, Any], dry_run: bool) -> None:
+    verb = "would expire" if dry_run else "expired"
+    for d in result.get("decisions", []):
+        table = Table("backup", "decision", "why", title=f"Retention of {d['cluster']}")
+        for k in d["keep"]:
+            table.add_row(k["backup_id"], "keep", ", ".join(k["why"]))
+        for lk in d["locked"]:
+            table.add_row(lk["backup_id"], "locked", f"Object Lock until {lk['until']}")
+        for h in d.get("held", []):
+            table.add_row(h["backup_id"], "held", f"expired by retention; {h['why']}")
+        for b in d["expire"]:
+            why = "an earlier run's expiry, finished" if b in d.get("unfinished", []) else ""
+            table.add_row(b, verb, why or "no keep rule and no chain needs it")
+        console.print(table)
+        if d["unrestorable"]:
+            console.print(f"[red]kept but unrestorable (chain broken)[/]: {d['unrestorable']}")
+    for alert in result.get("budget_alerts", []):
+        console.print(f"[bold red]{alert}[/]")
+    console.print(
+        f"{verb} {len(result.get('expire', []))} backups: saves "
+        f"${result.get('monthly_saving_usd', 0):.4f}/month; early-deletion charges "
+        f"${result.get('early_deletion_charge_usd', 0):.4f}; held until their paid minimum: "
+        f"${sum(d.get('held_monthly_usd', 0) for d in result.get('decisions', [])):.4f}/month "
+        "(billed whether deleted or not)"
+    )
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    import logging
+
+    from shardvault import scheduler
+    from shardvault.policy import load_policy
+
+    policy = load_policy(args.policy)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    console.print(f"scheduling {', '.join(sorted(policy.clusters))}; Ctrl-C stops")
+    scheduler.run(policy, ops.ClientConfig.from_env(), args.interval)
+    return 0
+
+
+# --- cost --------------------------------------------------------------------------------------
+EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "shardvault.yaml"
+TARGET_TITLE = "The issue's target: 1 TiB, fulls on Sundays, incrementals daily (5%/day)"
+
+
+def run_cost(args: argparse.Namespace) -> int:
+    """Forecasts (and, with a catalog configured, what its backups cost now); 1 when a cluster
+    is forecast over its budget."""
+    import os
+
+    from shardvault import costs
+    from shardvault.policy import load_policy
+
+    if args.target:
+        print_forecast(TARGET_TITLE, costs.target_forecast())
+        return 0
+    policy = load_policy(args.policy or EXAMPLE_POLICY)
+    catalog = bool(args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
+    records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster) if catalog else []
+    alerts = []
+    for name in [args.cluster] if args.cluster else sorted(policy.clusters):
+        title, forecast = cluster_forecast(policy.cluster(name), name, records, args)
+        print_forecast(title, forecast)
+        if alert := costs.budget_alert(name, forecast):
+            alerts.append(alert)
+    for alert in alerts:
+        console.print(f"[bold red]{alert}[/]")
+    if catalog:
+        print_spend(costs.recorded_spend(records))
+    return 1 if alerts else 0
+
+
+def cluster_forecast(
+    cluster: Any, name: str, records: list[dict[str, Any]], args: argparse.Namespace
+) -> tuple[str, Any]:
+    """One cluster's forecast and its title: at the sizes asked, else at the sizes its
+    catalog measured (``costs.measured_sizes``), else at the defaults."""
+    from shardvault import costs
+    from shardvault.planning import GiB
+
+    measured = costs.measured_sizes(records, name)
+    data_bytes = None if args.data_gib is None else round(args.data_gib * GiB)
+    change = args.daily_change
+    source = []
+    if measured and data_bytes is None:
+        data_bytes = measured.full_bytes
+        source.append(f"full {measured.full_bytes / GiB:,.2f} GiB stored (measured)")
+    if measured and change is None and (daily := measured.daily_change(cluster.schedule)):
+        change = daily
+        source.append(
+            f"incrementals {measured.incremental_share:.2%} of it (median of "
+            f"{measured.incrementals} measured)"
+        )
+    data_bytes = round(DEFAULT_DATA_GIB * GiB) if data_bytes is None else data_bytes
+    change = DEFAULT_DAILY_CHANGE if change is None else change
+    asked = f"{round(data_bytes / GiB, 2):g} GiB, {round(change * 100, 2):g}% a day"
+    title = f"{name}: " + ("; ".join(source) + f" ({asked})" if source else asked)
+    return title, costs.monthly_forecast(cluster, data_bytes, change)
+
+
+def print_forecast(title: str, forecast: Any) -> None:
+    from shardvault.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
+    from shardvault.planning import TiB
+
+    table = Table("a month", "USD", title=title)
+    for label, usd in [
+        (f"storage (policy class {forecast.storage_class})", forecast.storage_usd),
+        ("  of which held beyond retention (paid minimum)", forecast.held_usd),
+        ("  of which early-deletion charges", forecast.early_deletion_usd),
+        ("S3 requests (upload, verify, promote)", forecast.requests_usd),
+        ("Step Functions and DynamoDB", forecast.orchestration_usd),
+        ("Lambda", forecast.lambda_usd),
+        ("idle agents (doorbell polls, inbox reads, heartbeats)", forecast.agents_usd),
+        ("request overhead: S3, orchestration, Lambda, idle agents", forecast.request_overhead_usd),
+        ("staging copies at STANDARD until promoted", forecast.staging_usd),
+        ("total", forecast.total_usd),
+    ]:
+        table.add_row(label, f"${usd:,.2f}")
+    for label, ratio, target in [
+        (
+            "request overhead (idle agents included) / storage",
+            forecast.request_overhead_ratio,
+            OVERHEAD_TARGET,
+        ),
+        ("early-deletion charges / storage", forecast.early_deletion_share, EARLY_DELETION_TARGET),
+    ]:
+        met = "green" if ratio <= target else "red"
+        table.add_row(label, f"[{met}]{ratio:.2%}[/] (target: at most {target:.0%})")
+    table.add_row("budget", budget_cell(forecast))
+    table.add_row(
+        "backups (fulls + incrementals)",
+        f"{forecast.fulls_per_month:.1f} + {forecast.incrementals_per_month:.1f}",
+    )
+    table.add_row("backups landed per class (by lifetime)", forecast.landed_summary())
+    table.add_row("objects made", f"{forecast.objects_per_month:,.0f}")
+    table.add_row("kept in the vault (average)", f"{forecast.stored_bytes / TiB:,.2f} TiB")
+    console.print(table)
+
+
+def budget_cell(forecast: Any) -> str:
+    if forecast.budget_usd is None:
+        return "none set"
+    left = forecast.budget_usd - forecast.total_usd
+    if left < 0:
+        return f"[bold red]${forecast.budget_usd:,.2f}: over by ${-left:,.2f}[/]"
+    return f"[green]${forecast.budget_usd:,.2f}: ${left:,.2f} to spare[/]"
+
+
+def print_spend(spend: list[Any]) -> None:
+    from shardvault.planning import GiB
+
+    table = Table(
+        "cluster", "class", "backups", "GiB", "USD / month", title="Kept now (the catalog)"
+    )
+    for row in spend:
+        table.add_row(
+            row.cluster,
+            row.storage_class,
+            str(row.backups),
+            f"{row.bytes / GiB:,.1f}",
+            f"${row.usd_per_month:,.2f}",
+        )
+    table.add_row("total", "", "", "", f"${sum(r.usd_per_month for r in spend):,.2f}")
+    console.print(table)
+
+
+def stored_cell(record: dict[str, Any]) -> str:
+    """Bytes in the store (compressed, sealed: what was uploaded) and their share of the bytes
+    read."""
+    stored, read = recorded_stored_bytes(record), read_bytes(record)
+    share = f" ({stored / read:.1%} of read)" if read else ""
+    return f"{stored:,}{share}"
+
+
+def hold_note(record: dict[str, Any]) -> str:
+    """What retention's hold says of a complete backup it expired, e.g. "held until
+    2026-06-01: paid minimum of DEEP_ARCHIVE" (empty: not held)."""
+    if record.get("status") != "COMPLETE" or not record.get("held_until"):
+        return ""
+    until = record["held_until"][:10]
+    return f"held until {until}: {record.get('held_for', 'paid minimum of its class')}"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
+    by_id = {(r["cluster"], r["backup_id"]): r for r in records}
+    table = Table(
+        "cluster",
+        "backup id",
+        "type",
+        "status",
+        "MiB read",
+        "MiB uploaded",
+        "of its full",
+        "objects",
+        "duration",
+        "started",
+    )
+    for r in records:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("started_at", 0)))
+        duration = f"{r['duration_seconds']:.1f} s" if "duration_seconds" in r else ""
+        done = "bytes" in r
+        table.add_row(
+            r["cluster"],
+            r["backup_id"],
+            backup_type(r).replace("incremental, depth ", "incr ").replace(", of ", " of "),
+            " ".join(filter(None, [r.get("status", ""), hold_note(r)])),
+            f"{(read_bytes(r) if done else r.get('bytes_done', 0)) / MiB:,.1f}",
+            f"{recorded_stored_bytes(r) / MiB:,.1f}" if done else "",
+            share_of_full(r, by_id.get((r["cluster"], r.get("chain_root", "")))),
+            str(r.get("objects", "")),
+            duration,
+            started,
+        )
+    console.print(table)
+    return 0
+
+
+def run_nodes(args: argparse.Namespace) -> int:
+    config = ops.ClientConfig.from_env()
+    if args.remove:
+        node = ops.remove_node(config, args.remove)
+        console.print(f"removed node {node.node_id} of cluster {node.cluster}")
+        return 0
+    table = Table("cluster", "node", "engine", "status", "last heartbeat", "shards", "free")
+    now = time.time()
+    for n in ops.list_nodes(config, args.cluster):
+        shards = ", ".join(f"{s.shard_id} ({s.role})" for s in n.shards)
+        age = f"{now - n.heartbeat_at:.0f} s ago"
+        table.add_row(
+            n.cluster, n.node_id, n.engine, n.status, age, shards, f"{n.free_bytes / 2**30:.1f} GiB"
+        )
+    console.print(table)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    config = ops.ClientConfig.from_env()
+    record = ops.show_backup(config, args.cluster, args.backup_id)
+    table = Table(show_header=False, title=f"{args.cluster} / {args.backup_id}")
+    table.add_row("type", backup_type(record))
+    share = share_of_full(record, chain_root_of(config, record))
+    table.add_row("of its full's stored bytes", share)
+    if hold := hold_note(record):
+        table.add_row("retention", f"{hold} (expired, still restorable)")
+    for key in sorted(record):
+        table.add_row(key, str(record[key]))
+    console.print(table)
+    return 0
+
+
+# --- local stack and demo ----------------------------------------------------------------------
+def run_local(args: argparse.Namespace) -> int:
+    """``local up`` runs the stack until Ctrl-C or ``local down`` (SIGTERM, handled as Ctrl-C
+    so the stack stops its agents and MinIO); ``local down`` stops the one in ``--dir``."""
+    from shardvault.local.stack import LocalStack, stop_running_stack
+
+    root = args.dir.resolve()
+    if args.action == "down":
+        pid = stop_running_stack(root)
+        console.print(f"local stack in {root} (pid {pid}) stopped")
+        return 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with LocalStack(root, use_minio=not args.no_minio) as stack:
+            console.print(
+                f"local stack up: control plane {stack.endpoint}, "
+                f"store {stack.settings.store_endpoint}"
+            )
+            console.print(
+                f"use: shardvault backup CLUSTER --wait --stack-env {stack.root / 'stack.env'}"
+            )
+            console.print(f"stop: Ctrl-C, or shardvault local down --dir {root}")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("local stack stopped")
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from shardvault.local import demo
+    from shardvault.local.stack import LocalStack
+
+    root = args.dir.resolve()
+    started = time.monotonic()
+    with LocalStack(root, use_minio=not args.no_minio) as stack:
+        store = (
+            "MinIO " + stack.settings.store_endpoint
+            if stack.settings.verify_mode == "attributes"
+            else "moto S3 (read-back verification)"
+        )
+        console.print(f"[bold]local stack[/]: control plane {stack.endpoint}; store: {store}")
+        with console.status("creating the demo cluster's data"):
+            if args.engine == "sqlite":
+                cluster = demo.sqlite_cluster(root, size_mb=args.size_mb)
+            else:
+                cluster = demo.postgres_cluster(root, scale=args.pgbench_scale)
+        try:
+            for config in cluster.agent_configs:
+                stack.start_agent(config)
+            stack.wait_for_nodes([c["node_id"] for c in cluster.agent_configs])
+            console.print(
+                f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, "
+                f"engine {cluster.engine}, agents registered"
+            )
+            config = stack.client_config()
+            full = demo_backup(config, cluster.name, incremental=False)
+            if full is None:
+                return 1
+            with console.status("changing 1 % of each shard's rows"):
+                rows = cluster.change(0.01)
+            console.print(
+                f"[bold]change[/]: {rows:,} rows rewritten, one contiguous range in each shard"
+            )
+            incremental = demo_backup(config, cluster.name, incremental=True)
+            if incremental is None:
+                return 1
+            print_reduction(full, incremental)
+            source = cluster.digests()  # no write since the incremental: what it must restore
+            if not restore_demo(stack, cluster, root, incremental["backup_id"], source):
+                return 1
+        finally:
+            cluster.stop()
+    console.print(
+        f"demo finished in {time.monotonic() - started:.1f} s; logs in {root} "
+        "(functions.log, agents/*.log, minio.log)"
+    )
+    return 0
+
+
+DEMO_CHECKS = {  # a query each restored shard must answer true
+    "sqlite": "SELECT count(*) > 0 FROM items",
+    "postgres": "SELECT count(*) > 0 FROM pgbench_accounts",
+}
+
+
+def demo_backup(config: ops.ClientConfig, cluster: str, *, incremental: bool) -> dict | None:
+    """One backup of the demo cluster, followed; its record, or None when it failed."""
+    request = BackupRequest(cluster=cluster, incremental=incremental, requested_by="demo")
+    outcome = follow(config, ops.start_backup(config, request))
+    return outcome.record if outcome.status == "SUCCEEDED" else None
+
+
+def print_reduction(full: dict[str, Any], incremental: dict[str, Any]) -> None:
+    """What the incremental sent against its full: the data reduction the demo shows."""
+    stored, of_full = recorded_stored_bytes(incremental), recorded_stored_bytes(full)
+    console.print(
+        f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB (every block "
+        f"of the files changed since its parent, hashed), sent "
+        f"{incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
+        f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
+        f"{of_full / MiB:,.1f} MiB"
+    )
+
+
+def restore_demo(
+    stack: Any, cluster: Any, root: Path, backup_id: str, source: dict[str, dict[str, str]]
+) -> bool:
+    """Restores ``backup_id`` into a new cluster of two nodes (three shards: one node takes
+    two), each shard checked by its engine and then compared, table by table, with its
+    source's digests; restored servers are stopped at the end."""
+    from shardvault.local import demo
+
+    target = f"{cluster.name}-restored"
+    targets = demo.restore_targets(root, name=target, engine=cluster.engine, nodes=2)
+    for config in targets:
+        stack.start_agent(config)
+    try:
+        stack.wait_for_nodes([c["node_id"] for c in targets])
+        console.print(f"[bold]cluster {target}[/]: 2 empty nodes, agents registered")
+        config = stack.client_config()
+        request = RestoreRequest(
+            cluster=cluster.name,
+            backup_id=backup_id,
+            target_cluster=target,
+            replace=True,  # a demo run again in the same directory restores over the last one
+            validation_queries=[DEMO_CHECKS[cluster.engine]],
+            requested_by="demo",
+        )
+        outcome = follow(config, ops.start_restore(config, request), ops.wait_restore, "restore")
+        shards = (outcome.record or {}).get("shards", [])
+        try:
+            equal = outcome.status == "SUCCEEDED" and compare_with_source(
+                cluster.engine, shards, source
+            )
+        finally:
+            stop_restored_servers(shards)
+        return equal
+    finally:
+        for config in targets:
+            stack.stop_agent(config["node_id"])
+
+
+def compare_with_source(
+    engine: str, shards: list[dict[str, Any]], source: dict[str, dict[str, str]]
+) -> bool:
+    """Prints, per restored shard, whether every table equals its source's; True if all do."""
+    from shardvault.local.demo import restored_digests
+
+    table = Table("shard", "node", "tables", "equal to the source", title="Restored data")
+    equal = True
+    for shard in shards:
+        restored = restored_digests(engine, shard)
+        expected = source.get(shard["shard_id"], {})
+        same = restored == expected
+        equal = equal and same
+        verdict = "[green]yes[/]" if same else "[bold red]NO[/]"
+        table.add_row(shard["shard_id"], shard.get("node_id", ""), str(len(restored)), verdict)
+    console.print(table)
+    return equal and len(shards) == len(source)
+
+
+def stop_restored_servers(shards: list[dict[str, Any]]) -> None:
+    from shardvault.local.postgres import stop_server
+
+    for shard in shards:
+        if shard.get("port"):
+            stop_server(Path(shard["path"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

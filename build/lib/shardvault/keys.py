@@ -1,0 +1,50 @@
+"""Data keys of client-side encryption, made by the control plane without ever seeing one.
+
+A *data key* (AES-256) seals the frames of one chain of backups (``shardvault.pipeline``). KMS
+makes it with ``GenerateDataKeyWithoutPlaintext``: the control plane receives only the key
+wrapped under the deployment's KMS key, bound to an *encryption context* that names the
+cluster and the chain. Agents unwrap it themselves (``kms:Decrypt``, which their role allows
+only for their own cluster's context), so no plaintext key is in a task input or output, the
+execution history, a log, a trace or the catalog.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from shardvault.errors import InvalidRequest, KeyUnavailable
+from shardvault.models import Encryption
+from shardvault.services import Services
+
+CLUSTER_CONTEXT = "shardvault:cluster"
+CHAIN_CONTEXT = "shardvault:chain"
+
+
+def new_data_key(svc: Services, cluster: str, chain_id: str) -> Encryption:
+    """A fresh data key for the chain that starts with backup ``chain_id``, wrapped by KMS."""
+    key_id = svc.settings.data_key_id
+    if not key_id:
+        raise InvalidRequest(
+            f"the policy asks to encrypt cluster {cluster!r} (encryption: kms), but this "
+            "deployment has no KMS key for data keys.",
+            fix="deploy the stack with its data key (DATA_KEY_ID), or set encryption: none "
+            "for the cluster in the policy file.",
+        )
+    context = {CLUSTER_CONTEXT: cluster, CHAIN_CONTEXT: chain_id}
+    try:
+        response = svc.kms.generate_data_key_without_plaintext(
+            KeyId=key_id, KeySpec="AES_256", EncryptionContext=context
+        )
+    except (ClientError, BotoCoreError) as error:
+        raise KeyUnavailable(
+            f"KMS did not make a data key for cluster {cluster!r} with key {key_id}: {error}.",
+            fix="check that the KMS key exists, is enabled, and that the backup workflow's "
+            "role may call kms:GenerateDataKeyWithoutPlaintext on it.",
+        ) from error
+    return Encryption(
+        key_id=response["KeyId"],
+        wrapped_key=base64.b64encode(response["CiphertextBlob"]).decode("ascii"),
+        context=context,
+    )

@@ -1,0 +1,1 @@
+"""The local stack: the AWS deployment on one machine (moto, MinIO, agent processes)."""

@@ -1,0 +1,300 @@
+"""A MinIO server for the local stack and the tests: real S3 semantics on loopback.
+
+Terms:
+
+* *binary*: the ``minio`` executable, built from source at a pinned version by
+  ``scripts/setup.sh`` (``go install``), found by :func:`find_minio_binary`.
+* *server*: one ``minio server`` process serving one *data directory* (a single drive) on
+  ``127.0.0.1:<port>``, with its web console on a second loopback port.
+* *root credentials*: the server's only account (``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``).
+  The secret key is fresh per start unless given, and is never written to logs or reprs.
+* *ready*: ``GET /minio/health/ready`` answers 200, i.e. the server accepts S3 requests.
+* *parent-death signal*: a signal the kernel sends a child when the process that started it
+  dies, however it dies (``prctl(PR_SET_PDEATHSIG)``, Linux). MinIO and the local stack's
+  agents get SIGTERM this way, so none outlives a stack or test that was killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import secrets
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardvault.local.ports import free_port
+
+PINNED_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
+INSTALL_COMMAND = f"GOFLAGS=-mod=mod go install {PINNED_MODULE}"
+BINARY_ENV = "SHARDVAULT_MINIO_BIN"
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+# Auto-picked ports can be taken between free_port() and MinIO's bind; retry on a new one.
+PORT_ATTEMPTS = 3
+_PORT_IN_USE = re.compile(r"address already in use|port .* in use", re.IGNORECASE)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child receive SIGTERM when this process dies (None where
+    there is no ``prctl``: there a killed parent leaves its children running).
+
+    The kernel sends it when the *thread* that started the child ends, so start children
+    from a thread that lives as long as they should (the local stack starts them from the
+    caller's). The function is looked up here, in the parent: the child only calls it."""
+    if _prctl is None:
+        return None
+    parent = os.getpid()
+    prctl = _prctl
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
+
+
+class MinioNotFound(RuntimeError):
+    """No MinIO binary: the message says how to get one."""
+
+    def __init__(self, message: str = "MinIO binary not found.") -> None:
+        super().__init__(
+            f"{message} Fix: run scripts/setup.sh (it builds MinIO), or run "
+            f"'{INSTALL_COMMAND}', or set {BINARY_ENV} to a minio executable."
+        )
+
+
+class MinioStartError(RuntimeError):
+    """The server exited or did not become ready; the message carries its log tail."""
+
+
+def _executable(path: str | os.PathLike[str] | None) -> Path | None:
+    if path and Path(path).is_file() and os.access(path, os.X_OK):
+        return Path(path)
+    return None
+
+
+def go_bin_dirs() -> list[Path]:
+    """Where ``go install`` puts binaries: ``GOBIN`` if set, else the first GOPATH's ``bin``."""
+    default = [Path.home() / "go" / "bin"]
+    go = shutil.which("go")
+    if go is None:
+        return default
+    try:
+        out = subprocess.run(
+            [go, "env", "GOBIN", "GOPATH"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return default
+    gobin, gopath = [*out, "", ""][:2]
+    dirs = [Path(gobin)] if gobin else []
+    first_gopath = gopath.split(os.pathsep)[0]
+    dirs.append(Path(first_gopath) / "bin" if first_gopath else default[0])
+    return dirs
+
+
+def find_minio_binary() -> Path | None:
+    """``$SHARDVAULT_MINIO_BIN``, else ``minio`` on PATH, else the one ``go install`` built.
+
+    An explicit ``$SHARDVAULT_MINIO_BIN`` is the only candidate when set: a wrong setting must
+    not be papered over by some other binary.
+    """
+    explicit = os.environ.get(BINARY_ENV)
+    if explicit:
+        return _executable(explicit)
+    on_path = _executable(shutil.which("minio"))
+    if on_path:
+        return on_path
+    for directory in go_bin_dirs():
+        built = _executable(directory / "minio")
+        if built:
+            return built
+    return None
+
+
+def require_minio_binary() -> Path:
+    """The binary, or :class:`MinioNotFound` saying what was looked at."""
+    binary = find_minio_binary()
+    if binary is not None:
+        return binary
+    explicit = os.environ.get(BINARY_ENV)
+    if explicit:
+        raise MinioNotFound(f"{BINARY_ENV}={explicit} is not an executable file.")
+    places = ", ".join(str(d / "minio") for d in go_bin_dirs())
+    raise MinioNotFound(f"MinIO binary not found (looked on PATH and at {places}).")
+
+
+@dataclass
+class MinioServer:
+    """A running ``minio server``; :meth:`stop` it (or use it as a context manager)."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    data_dir: Path
+    process: subprocess.Popen = field(repr=False)
+    log_path: Path | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    def is_running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL if MinIO has not exited within ``timeout`` seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> MinioServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _log_tail(log_path: Path, offset: int, lines: int = 40) -> str:
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log empty)"
+
+
+def _probe_opener(https: bool) -> urllib.request.OpenerDirector:
+    # No proxies: CI machines often set HTTP(S)_PROXY, and loopback must not go through one.
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if https:
+        # The probe only asks our own child process whether it is up; certificate names are
+        # the clients' business (they get the CA from certs_dir).
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers)
+
+
+def _wait_ready(server: MinioServer, timeout: float) -> bool:
+    """True once ready; False if the process exited or the timeout passed."""
+    opener = _probe_opener(server.endpoint.startswith("https:"))
+    url = f"{server.endpoint}/minio/health/ready"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            return False
+        try:
+            with opener.open(url, timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:  # refused while starting, 503 until the drive is up, timeouts
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _spawn(
+    binary: Path,
+    data_dir: Path,
+    port: int,
+    env: dict[str, str],
+    certs_dir: Path | None,
+    log_path: Path,
+) -> subprocess.Popen:
+    console_port = free_port()
+    while console_port == port:
+        console_port = free_port()
+    cmd = [
+        str(binary),
+        "server",
+        str(data_dir),
+        "--address",
+        f"127.0.0.1:{port}",
+        "--console-address",
+        f"127.0.0.1:{console_port}",
+        "--quiet",
+    ]
+    if certs_dir is not None:
+        cmd += ["--certs-dir", str(certs_dir)]
+    with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec
+        )
+
+
+def start_minio(
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    access_key: str = "shardvault",
+    secret_key: str | None = None,
+    certs_dir: Path | None = None,
+    log_path: Path | None = None,
+    timeout: float = READY_TIMEOUT,
+) -> MinioServer:
+    """Start ``minio server data_dir`` on loopback and return once it is ready.
+
+    ``port``: fixed S3 port, else a free one (retried if another process wins it).
+    ``secret_key``: fresh random per start unless given.
+    ``certs_dir``: MinIO's ``--certs-dir``; with a ``public.crt`` in it the endpoint is https.
+    ``log_path``: server output (appended); default ``<data_dir>.log`` beside the data dir.
+    """
+    binary = require_minio_binary()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or data_dir.with_name(f"{data_dir.name}.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    secret_key = secret_key or secrets.token_hex(20)
+    env = {**os.environ, "MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key}
+    https = certs_dir is not None and (certs_dir / "public.crt").is_file()
+    scheme = "https" if https else "http"
+
+    attempts = 1 if port else PORT_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        chosen = port or free_port()
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        started = time.monotonic()
+        process = _spawn(binary, data_dir, chosen, env, certs_dir, log_path)
+        server = MinioServer(
+            f"{scheme}://127.0.0.1:{chosen}", access_key, secret_key, data_dir, process, log_path
+        )
+        if _wait_ready(server, timeout):
+            return server
+        exited = process.poll()
+        server.stop()
+        tail = _log_tail(log_path, offset)
+        if exited is not None and attempt < attempts and _PORT_IN_USE.search(tail):
+            continue
+        state = (
+            f"exited with code {exited}"
+            if exited is not None
+            else f"was not ready after {time.monotonic() - started:.0f}s"
+        )
+        raise MinioStartError(
+            f"MinIO ({binary}) on 127.0.0.1:{chosen} {state}. Log {log_path}:\n{tail}"
+        )
+    raise AssertionError("unreachable")

@@ -1,0 +1,649 @@
+"""The data that crosses process boundaries: requests, node records, listings, plans, manifests.
+
+Terms:
+- *cluster*: a set of nodes backed up together; *node*: one database host running an agent.
+- *shard*: a unit of data with one leader and optional followers; one source is read per shard.
+- *listing*: the files of one shard at a checkpoint, in a fixed order, with their sizes.
+- *stream*: the concatenation of a listing's files in that order. Objects are contiguous byte
+  ranges of a stream, so many small files pack into one object and a large file may span
+  objects. A shard has two streams: ``data`` (captured at the checkpoint) and ``tail`` (what
+  the engine hands over when the checkpoint stops, e.g. PostgreSQL's backup label and WAL).
+- *manifest*: the self-describing record of a verified backup, stored beside its objects. It
+  is the source of truth; the catalog table is only an index of manifests.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import gzip
+import json
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
+
+from shardvault.errors import InvalidRequest
+from shardvault.extents import unpack_numbers
+from shardvault.prices import VAULT_CLASSES, StorageClass
+from shardvault.sqlcheck import check_validation_queries
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# 2: objects hold frames (``shardvault.pipeline``): compressed, checked per frame. Format 1
+# objects hold the stream's bytes as they are; restores read both. 3: block maps per shard,
+# kind and chain (incrementals).
+MANIFEST_FORMAT = 3
+# bench/compression_levels.py --changes 3: on pgbench data after updates level 3 stores 6 %
+# less than levels 1 and 2, at 1.2 GB/s of one core (level 1: 1.6 GB/s); fresh data, the same.
+DEFAULT_COMPRESSION_LEVEL = 3
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def check_name(kind: str, value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise InvalidRequest(
+            f"{kind} {value!r} is not a valid name.",
+            fix=f"use 1-63 characters of a-z, 0-9, '.', '_' or '-' for the {kind}, "
+            "starting with a letter or digit.",
+        )
+    return value
+
+
+# --- Doorbells: one SQS queue per node (agents/shardvault_agent/doorbell.py) ------------------
+DOORBELL_PREFIX = "shardvault-doorbell-"
+SQS_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")  # SQS's rule for queue names
+
+
+def doorbell_name(node_id: str) -> str | None:
+    """The name of the node's doorbell queue: the prefix and the node id, which is unique in a
+    deployment and is the tag that confines an agent's IAM access to its own queue. None
+    when the node id cannot be part of a queue name (a '.' or more than 60 characters): that
+    node's agent has no doorbell and polls its inbox."""
+    name = DOORBELL_PREFIX + node_id
+    return name if SQS_QUEUE_NAME.match(name) else None
+
+
+class Role(StrEnum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+class Phase(StrEnum):
+    DATA = "data"
+    TAIL = "tail"
+    BLOCKMAP = "blockmap"  # the shard's block map file: one object, never placed by a restore
+
+
+class Engine(StrEnum):
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+
+
+class BackupKind(StrEnum):
+    FULL = "full"
+    INCREMENTAL = "incremental"
+
+
+class BackupStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+
+
+class ShardInfo(Frozen):
+    shard_id: str
+    role: Role
+    bytes: int = 0
+    # Why the agent cannot read this shard's data now (its engine's check), e.g. a database
+    # file that disappeared after the agent started: validation refuses the backup by name.
+    problem: str | None = None
+
+
+# A node is silent once its agent has missed this many of the heartbeats it promised.
+HEARTBEAT_MISSES = 3
+
+
+class NodeRecord(Frozen):
+    """What an agent registers about its node, refreshed by each heartbeat.
+
+    ``heartbeat_every``: the heartbeat period the agent promised with this heartbeat (short
+    while busy, long while idle; 0 from an agent too old to say). ``doorbell``: the URL of the
+    node's doorbell queue, None when the agent has none (it then polls its inbox)."""
+
+    node_id: str
+    cluster: str
+    engine: Engine
+    shards: list[ShardInfo]
+    free_bytes: int
+    version: str
+    heartbeat_at: float
+    status: str = "up"  # "up" while the agent runs, "stopped" after a clean shutdown
+    # Restores: room for restored shards (None: this node accepts no restores), and the
+    # shard directories its restore_dir already holds.
+    restore_free_bytes: int | None = None
+    restore_occupied: list[str] = Field(default_factory=list)
+    heartbeat_every: Annotated[float, Field(ge=0)] = 0.0
+    doorbell: str | None = None
+
+    def is_silent(self, now: float, max_age: float) -> bool:
+        """Whether the agent has not heartbeated for longer than ``max_age`` seconds and than
+        ``HEARTBEAT_MISSES`` of the periods it promised: an idle agent heartbeats rarely
+        (``idle_heartbeat_seconds``) and is not silent for that. The one rule for silence."""
+        return now - self.heartbeat_at > max(max_age, HEARTBEAT_MISSES * self.heartbeat_every)
+
+
+class FileEntry(Frozen):
+    path: str  # relative to the shard's root, '/'-separated; a trailing '/' is a directory
+    size: Annotated[int, Field(ge=0)]
+
+    @field_validator("path")
+    @classmethod
+    def _relative_inside_root(cls, value: str) -> str:
+        """Paths come from agents: none may point outside the shard's root on restore."""
+        parts = value.rstrip("/").split("/")
+        if (
+            not value
+            or value.startswith("/")
+            or "\\" in value
+            or any(p in ("", ".", "..") for p in parts)
+        ):
+            raise ValueError(f"file path {value!r} is not a plain relative path")
+        return value
+
+
+class ShardListing(Frozen):
+    """The files of one shard's stream, as the agent captured them."""
+
+    shard_id: str
+    node_id: str
+    phase: Phase
+    files: list[FileEntry]
+    marker: dict[str, str] = Field(default_factory=dict)  # e.g. {"start_lsn": "0/2000028"}
+    checkpoint_at: float = 0.0
+    mutable: bool = False  # True when files may change while being read (a live data dir)
+    # An incremental's data: the changed ranges the agent's scan found (shardvault.extents),
+    # whose bytes (the *delta stream*) are what its objects hold. "": the whole stream.
+    extents: str = ""
+    delta_bytes: int | None = None
+    scan_seconds: float | None = None
+    unchanged_bytes: int = 0  # of files the scan found unchanged by identity: not read
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def sent_bytes(self) -> int:
+        """The bytes its objects hold: the delta stream's, or the whole stream's."""
+        return self.bytes if self.delta_bytes is None else self.delta_bytes
+
+
+def pack_files(files: list[FileEntry]) -> str:
+    """Compact wire form of a file list (gzip of JSON pairs, base64): task results are small."""
+    raw = json.dumps([[f.path, f.size] for f in files], separators=(",", ":")).encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=6)).decode("ascii")
+
+
+def unpack_files(packed: str) -> list[FileEntry]:
+    pairs = json.loads(gzip.decompress(base64.b64decode(packed)))
+    return [FileEntry(path=p, size=s) for p, s in pairs]
+
+
+def recorded_stored_bytes(record: Mapping[str, Any]) -> int:
+    """What the store holds for a backup's catalog record (compressed, sealed): its
+    ``stored_bytes``; records of backups made before compression hold only ``bytes``."""
+    return int(record.get("stored_bytes") or record.get("bytes", 0))
+
+
+class LockMode(StrEnum):
+    """S3 Object Lock modes, weakest first: ``GOVERNANCE`` (principals allowed to bypass
+    governance retention may delete early), ``COMPLIANCE`` (nobody can, the root user
+    included). A vault copy is always locked in one of them."""
+
+    GOVERNANCE = "GOVERNANCE"
+    COMPLIANCE = "COMPLIANCE"
+
+
+LOCK_DAYS_MAX = 36_500  # a hundred years: the policy file and requests share the bound
+
+
+def lock_strength(mode: LockMode) -> int:
+    """Higher is stricter: a request may raise a lock mode, never lower it."""
+    return list(LockMode).index(mode)
+
+
+def vault_class_fix(value: object) -> str:
+    """How to correct a storage class that is not a vault class (policy file and request)."""
+    fix = f"use one of {', '.join(VAULT_CLASSES)}"
+    if isinstance(value, str) and value.upper() in VAULT_CLASSES:
+        fix = f"write it in capitals: {value.upper()}"
+    elif value == StorageClass.STANDARD:
+        fix += " (STANDARD is where backups are staged before they are promoted)"
+    return fix
+
+
+def _vault_class(value: object) -> object:
+    if value is None or value in VAULT_CLASSES:
+        return value
+    raise InvalidRequest(
+        f"vault.storage_class {value!r} is not a vault storage class.",
+        fix=vault_class_fix(value) + ", or leave storage_class out to use the policy's.",
+    )
+
+
+def _lock_mode(value: object) -> object:
+    if value is None or value in list(LockMode):
+        return value
+    modes = " or ".join(LockMode)
+    fix = f"use {modes}, or leave lock_mode out to use the policy's"
+    if isinstance(value, str) and value.upper() in list(LockMode):
+        fix = f"write it in capitals: {value.upper()}"
+    elif isinstance(value, str) and value.upper() in ("NONE", "OFF", "NO", "FALSE", "DISABLED", ""):
+        fix = f"a copy in the vault is always locked: {fix}"
+    raise InvalidRequest(f"vault.lock_mode {value!r} is not an Object Lock mode.", fix=fix + ".")
+
+
+def _lock_days(value: object) -> object:
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= LOCK_DAYS_MAX
+    ):
+        return value
+    raise InvalidRequest(
+        f"vault.lock_days {value!r} is not a number of days from 1 to {LOCK_DAYS_MAX}.",
+        fix=f"write a whole number from 1 to {LOCK_DAYS_MAX} without quotes, or leave "
+        "lock_days out to use the policy's.",
+    )
+
+
+class VaultRequest(Frozen):
+    """A backup request's ``vault``: how its cluster's vault copy should be made stricter.
+
+    A field left out (or null) takes the cluster's value in the policy file, or, for a cluster
+    the policy does not name, ``VaultTarget``'s default. Each field is checked here, when the
+    request is parsed (before Validate takes a lock or writes a record): a vault class, a lock
+    mode that locks, days in bounds, no unknown field. ``backup.vault_target`` then refuses a
+    request weaker than the policy."""
+
+    storage_class: Annotated[StorageClass | None, BeforeValidator(_vault_class)] = None
+    lock_mode: Annotated[LockMode | None, BeforeValidator(_lock_mode)] = None
+    lock_days: Annotated[int | None, BeforeValidator(_lock_days)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """Named here rather than as pydantic's 'extra inputs': the fix lists the fields."""
+        if isinstance(data, BaseModel):
+            return data
+        if not isinstance(data, dict):
+            raise InvalidRequest(
+                f"vault {data!r} is not a mapping of fields.",
+                fix='write it as e.g. {"lock_mode": "COMPLIANCE", "lock_days": 90}, or leave '
+                "vault out to use the policy's.",
+            )
+        known = list(cls.model_fields)
+        for name in data:
+            if name not in known:
+                guess = difflib.get_close_matches(str(name), known, n=1)
+                meant = f" (did you mean {guess[0]}?)" if guess else ""
+                raise InvalidRequest(
+                    f"vault has no field {name!r}{meant}.",
+                    fix=f"remove it; the fields of vault are {', '.join(known)}.",
+                )
+        return data
+
+
+class VaultTarget(VaultRequest):
+    """Where a verified backup is promoted: the vault's storage class and Object Lock, every
+    field decided (``backup.vault_target``). A request may give one: it asks for each field."""
+
+    storage_class: Annotated[StorageClass, BeforeValidator(_vault_class)] = (
+        StorageClass.DEEP_ARCHIVE
+    )
+    lock_mode: Annotated[LockMode, BeforeValidator(_lock_mode)] = LockMode.GOVERNANCE
+    lock_days: Annotated[int, BeforeValidator(_lock_days)] = 30
+
+
+class BackupRequest(Frozen):
+    """The input of the backup state machine (what the CLI, console or a schedule sends).
+    ``vault`` makes the policy file's vault for this backup stricter (``VaultRequest``)."""
+
+    cluster: str
+    vault: VaultRequest | None = None
+    part_size: int | None = None  # bytes; None chooses it from the data size
+    # Send only the blocks changed since the cluster's newest backup (its chain's policy
+    # decides when a full is due instead). Strict: "yes" from a console is not a boolean.
+    incremental: StrictBool = False
+    requested_by: str = "cli"
+    execution_id: str = ""
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_name("cluster", value)
+
+
+class Source(Frozen):
+    """The node a backup reads, and the shards it reads there (it leads them)."""
+
+    node_id: str
+    shard_ids: list[str]
+
+
+class UploadLimits(Frozen):
+    """The policy's upload settings for one backup, sent to its agents with the checkpoint
+    command: each agent applies the stricter of these and its own configuration (None: the
+    agent's own)."""
+
+    rate_limit_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
+    parallelism: Annotated[int, Field(ge=1)] | None = None
+
+
+class Encryption(Frozen):
+    """How a backup's frames are sealed: AES-256-GCM under a *data key*, one per chain.
+
+    Only the key wrapped by KMS (``wrapped_key``, base64 of KMS's ciphertext blob) is ever
+    written down (task inputs, the manifest, the catalog's context); it opens only through
+    ``kms:Decrypt`` with exactly ``context``, which names the cluster, and which the agents of
+    that cluster alone are allowed. The plaintext key lives in an agent's memory while it
+    packs or restores, nowhere else."""
+
+    key_id: str  # the KMS key that wrapped it
+    wrapped_key: str
+    context: dict[str, str]  # the KMS encryption context: {"shardvault:cluster": ..., ...}
+    key_check: str | None = None  # shardvault.pipeline.key_check, recorded once a frame is sealed
+
+
+class ChainLink(Frozen):
+    """Where an incremental sits: its parent, the full its chain starts with, its depth (the
+    full is 0), and the backups a restore reads, root first (this one excluded)."""
+
+    parent_id: str
+    root_id: str
+    depth: int
+    ancestors: list[str]
+
+
+class BackupContext(Frozen):
+    """What validation decided; passed along the state machine as ``$.backup``."""
+
+    backup_id: str
+    cluster: str
+    engine: Engine
+    sources: list[Source]
+    store_url: str
+    started_at: float
+    part_size: int | None = None
+    execution_id: str = ""
+    vault: VaultTarget | None = None  # None: the backup stays in the store
+    upload: UploadLimits = Field(default_factory=UploadLimits)
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
+    encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
+    kind: BackupKind = BackupKind.FULL
+    chain: ChainLink | None = None  # incrementals only
+
+
+class ObjectPlan(Frozen):
+    """One object to upload: a byte range of one shard's stream, cut into parts."""
+
+    backup_id: str
+    cluster: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    index: int
+    key: str
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int  # of the stream's bytes; the stored object's count follows its packing
+    mutable: bool = False
+    frame_size: int = 1024 * 1024  # plaintext per frame (shardvault.pipeline.frame_size_for)
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL
+
+    @property
+    def place(self) -> str:
+        return object_place(self.cluster, self.backup_id, self.shard_id, self.phase, self.index)
+
+
+def object_place(cluster: str, backup_id: str, shard_id: str, phase: Phase, index: int) -> str:
+    """An object's identity inside its backup, bound into each sealed frame (its key changes
+    when it is promoted into the vault; this does not)."""
+    return f"{cluster}/{backup_id}/{shard_id}/{phase}/{index:05d}"
+
+
+class PartChecksum(Frozen):
+    part_number: Annotated[int, Field(ge=1, le=10_000)]
+    size: int
+    crc64nvme: str
+
+
+class ObjectChecksums(Frozen):
+    """What the agent packed for an object before any byte was uploaded: the stored bytes'
+    checksums per part and whole, their length and the frame table."""
+
+    key: str
+    parts: list[PartChecksum]
+    crc64nvme: str  # full-object
+    stored_length: int
+    frames: str  # shardvault.pipeline.pack_frames
+    key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
+
+
+class UploadedPart(Frozen):
+    part_number: int
+    etag: str
+    crc64nvme: str
+
+
+class ObjectResult(Frozen):
+    """A completed and verified object, as recorded for the manifest."""
+
+    key: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    index: int
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int
+    crc64nvme: str
+    verified_by: str  # "attributes" (no download) or "readback"
+    # Each part's CRC64NVME, in order. Empty in manifests written before it was recorded; the
+    # whole-object checksum still holds.
+    part_crc64nvme: list[str] = Field(default_factory=list)
+    # Format 2: the stored object is frames (``frames`` packed, ``frame_size`` plaintext
+    # each) of ``stored_length`` bytes; ``length`` stays the stream bytes it holds. Format 1
+    # objects (no frames) store the stream's bytes as they are.
+    stored_length: int | None = None
+    frame_size: int = 0
+    frames: str = ""
+    key_check: str | None = None  # sealed frames: the data key's check value
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.length if self.stored_length is None else self.stored_length
+
+
+class ManifestStream(Frozen):
+    phase: Phase
+    files: list[FileEntry]
+    objects: list[ObjectResult]
+    # An incremental's data: the changed ranges its objects hold (shardvault.extents); "":
+    # its objects hold the whole stream.
+    extents: str = ""
+
+
+class ManifestShard(Frozen):
+    shard_id: str
+    node_id: str
+    marker: dict[str, str]
+    checkpoint_at: float
+    streams: list[ManifestStream]
+    # The shard's block map at this backup (an object of phase "blockmap"), which the next
+    # incremental compares with; never placed by a restore. None before format 3.
+    blockmap: ObjectResult | None = None
+
+    @property
+    def objects(self) -> list[ObjectResult]:
+        """Every object the store holds for the shard: its streams' and its block map."""
+        streamed = [o for stream in self.streams for o in stream.objects]
+        return streamed + ([self.blockmap] if self.blockmap else [])
+
+
+class Manifest(Frozen):
+    format: int = MANIFEST_FORMAT
+    backup_id: str
+    cluster: str
+    engine: Engine
+    started_at: float
+    completed_at: float
+    checkpoint_skew_seconds: float
+    part_size: int
+    shards: list[ManifestShard]
+    bytes: int  # of the shards' streams
+    objects: int
+    parts: int
+    verification: str
+    stored_bytes: int | None = None  # what the store holds (compressed); None in format 1
+    encryption: Encryption | None = None  # sealed frames: the wrapped data key
+    kind: BackupKind = BackupKind.FULL
+    chain: ChainLink | None = None  # an incremental's parent, root, depth and ancestors
+
+
+# --- Restore -----------------------------------------------------------------------------------
+class RetrievalTier(StrEnum):
+    """How fast archived objects are thawed (S3 RestoreObject tiers)."""
+
+    EXPEDITED = "Expedited"
+    STANDARD = "Standard"
+    BULK = "Bulk"
+
+
+class RestoreRequest(Frozen):
+    """The input of the restore state machine (from the console, the CLI or a test).
+
+    ``backup_id`` may be ``latest`` (the newest verified backup of ``cluster``). ``placement``
+    pins shards to target nodes (``{"shard-a": "node-2"}``); unpinned shards are placed by size.
+    """
+
+    cluster: str
+    target_cluster: str
+    backup_id: str = "latest"
+    tier: RetrievalTier = RetrievalTier.STANDARD
+    placement: dict[str, str] = Field(default_factory=dict)
+    # Strict: pydantic would read "yes", "no", "off" or 1 from a console as booleans.
+    replace: StrictBool = False  # restore over shard directories the target already holds
+    plan_only: StrictBool = False  # validate and place, show the plan, move nothing
+    validation_queries: list[str] = Field(default_factory=list)  # see shardvault.sqlcheck
+    heapallindexed: StrictBool = False  # PostgreSQL: pg_amcheck --heapallindexed (deeper)
+    requested_by: str = "cli"
+    execution_id: str = ""
+
+    @field_validator("cluster", "target_cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_name("cluster", value)
+
+    @field_validator("validation_queries")
+    @classmethod
+    def _read_only_queries(cls, value: list[str]) -> list[str]:
+        return check_validation_queries(value)
+
+
+class ShardPlacement(Frozen):
+    shard_id: str
+    node_id: str
+    bytes: int
+
+
+class NodeAssignment(Frozen):
+    """The shards one target node restores."""
+
+    node_id: str
+    shard_ids: list[str]
+    bytes: int
+
+
+class ChainSource(Frozen):
+    """Where a restore reads one backup of the chain it restores (the newest's ancestors)."""
+
+    backup_id: str
+    manifest_key: str
+    source: str  # "store" or "vault"
+
+
+class RestoreContext(Frozen):
+    """What restore validation decided; passed along the state machine as ``$.restore``."""
+
+    restore_id: str
+    cluster: str
+    backup_id: str
+    manifest_key: str
+    engine: Engine
+    target_cluster: str
+    placements: list[ShardPlacement]
+    assignments: list[NodeAssignment]
+    bytes: int
+    objects: int
+    tier: RetrievalTier
+    replace: bool
+    plan_only: bool
+    validation_queries: list[str] = Field(default_factory=list)
+    heapallindexed: bool = False
+    started_at: float
+    execution_id: str = ""
+    source: str = "store"  # where the backup's objects are read: "store" or "vault"
+    chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
+
+
+class DownloadItem(Frozen):
+    """One object for one target node to fetch into a restored shard."""
+
+    restore_id: str
+    target_cluster: str
+    node_id: str
+    shard_id: str
+    phase: Phase
+    key: str
+    stream_offset: int
+    length: int
+    part_size: int
+    part_count: int
+    crc64nvme: str
+    part_crc64nvme: list[str] = Field(default_factory=list)
+    source: str = "store"
+    stored_length: int | None = None  # see ObjectResult
+    frame_size: int = 0
+    frames: str = ""
+    place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames
+    key_check: str | None = None  # sealed frames (the wrapped key travels in the layout)
+    # A chain member's object: the node placed its bytes when it prepared the shard
+    # (shardvault.chains.object_placements over the chain the prepare step names); only the
+    # frames it contributes are fetched. An agent too old to know this field refuses the item
+    # rather than write the object at stream_offset.
+    from_chain: bool = False
+    # The same from a control plane that resolved the chain itself (kept so that its restores
+    # finish on upgraded agents): (frame, offset in frame, length, stream offset) packed as
+    # shardvault.extents.pack_numbers.
+    pieces: str = ""
+
+    @property
+    def placed_bytes(self) -> int:
+        """The plaintext bytes this item fetches at most (a restore's progress)."""
+        if not self.pieces:
+            return self.length
+        return sum(unpack_numbers(self.pieces)[2::4])

@@ -1,0 +1,248 @@
+"""What the CLI does, as plain functions: start a backup, follow it, list and show backups.
+
+They talk to Step Functions and the catalog only, so they work the same against AWS and the
+local stack; which one is chosen by ``ClientConfig`` (from the environment or ``stack.env``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from shardvault.causes import readable_cause
+from shardvault.errors import InvalidRequest
+from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
+from shardvault.tables import Catalog, NodeRegistry, table
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    state_machine_arn: str
+    catalog_table: str
+    nodes_table: str = "shardvault-nodes"
+    restore_state_machine_arn: str = ""
+    retention_state_machine_arn: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
+        missing = [
+            k
+            for k in ("SHARDVAULT_STATE_MACHINE_ARN", "SHARDVAULT_CATALOG_TABLE")
+            if not env.get(k)
+        ]
+        if missing:
+            raise InvalidRequest(
+                f"{', '.join(missing)} not set.",
+                fix="pass --stack-env local-stack/stack.env for the local stack, or set them from "
+                "the ShardVault stack's outputs for AWS.",
+            )
+        return cls(
+            env["SHARDVAULT_STATE_MACHINE_ARN"],
+            env["SHARDVAULT_CATALOG_TABLE"],
+            env.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"),
+            env.get("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_RETENTION_STATE_MACHINE_ARN", ""),
+        )
+
+
+def load_env_file(path: Path) -> None:
+    """Loads ``KEY=value`` lines (a local stack's ``stack.env``) into the environment."""
+    if not path.exists():
+        raise InvalidRequest(
+            f"{path} does not exist.", fix="start the local stack first ('shardvault local up')."
+        )
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            os.environ[key] = value
+
+
+@dataclass
+class Progress:
+    status: str
+    bytes_done: int = 0
+    bytes_total: int = 0
+    objects_done: int = 0
+    objects_total: int = 0
+    record: dict[str, Any] | None = None
+    error: str = ""
+    cause: str = ""
+
+
+def start_backup(config: ClientConfig, request: BackupRequest) -> str:
+    sfn = boto3.client("stepfunctions")
+    name = f"{request.cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    payload = request.model_dump(exclude_none=True, exclude={"execution_id"})
+    return sfn.start_execution(
+        stateMachineArn=config.state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+
+
+def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    """The backup's state: the execution's status, and bytes and objects uploaded so far from
+    its catalog record (merged with the summary once it succeeded)."""
+    catalog = Catalog(table(config.catalog_table))
+    return execution_progress(execution_arn, "cluster", catalog.backups)
+
+
+def execution_progress(
+    execution_arn: str, cluster_field: str, records: Callable[[str], list[dict[str, Any]]]
+) -> Progress:
+    """An execution's status and output (or error), with the counts of the catalog record
+    it wrote: ``records(cluster)`` lists the records of the cluster its input names."""
+    sfn = boto3.client("stepfunctions")
+    execution = sfn.describe_execution(executionArn=execution_arn)
+    progress = Progress(status=execution["status"])
+    if execution["status"] == "SUCCEEDED":
+        progress.record = json.loads(execution.get("output") or "{}")
+    elif execution["status"] in TERMINAL:
+        progress.error = execution.get("error", "")
+        progress.cause = readable_cause(execution.get("cause", ""))
+    request = json.loads(execution.get("input") or "{}")
+    cluster = request.get(cluster_field, "") if isinstance(request, dict) else ""
+    record = next(
+        (
+            r
+            for r in (records(cluster) if cluster else [])
+            if r.get("execution_id") == execution_arn
+        ),
+        None,
+    )
+    if record:
+        progress.record = {**record, **(progress.record or {})}
+        progress.bytes_done = record.get("bytes_done", 0)
+        progress.bytes_total = record.get("bytes_total", 0)
+        progress.objects_done = record.get("objects_done", 0)
+        progress.objects_total = record.get("objects_total", 0)
+        if progress.status in TERMINAL and record.get("status") == "FAILED":
+            # The failure path's cause: it names silent agents and carries an agent's cause
+            # where the execution's lost it (shardvault.causes).
+            progress.error = progress.error or record.get("error", "")
+            progress.cause = record.get("cause") or progress.cause
+    return progress
+
+
+def wait_backup(
+    config: ClientConfig,
+    execution_arn: str,
+    on_progress: Callable[[Progress], None] = lambda _: None,
+    interval: float = 0.5,
+    timeout: float = 3600,
+) -> Progress:
+    return wait_for(lambda: backup_progress(config, execution_arn), on_progress, interval, timeout)
+
+
+def wait_for(
+    poll: Callable[[], Progress],
+    on_progress: Callable[[Progress], None],
+    interval: float,
+    timeout: float,
+) -> Progress:
+    """Polls until the execution ends (or ``timeout`` passes: its progress then is running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = poll()
+        on_progress(progress)
+        if progress.status in TERMINAL or time.monotonic() > deadline:
+            return progress
+        time.sleep(interval)
+
+
+def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, Any]]:
+    catalog = Catalog(table(config.catalog_table))
+    records = catalog.backups(cluster) if cluster else catalog.all_backups()
+    return sorted(records, key=lambda r: (r["cluster"], r["backup_id"]))
+
+
+def list_nodes(config: ClientConfig, cluster: str | None) -> list[NodeRecord]:
+    registry = NodeRegistry(table(config.nodes_table))
+    clusters = [cluster] if cluster else registry.clusters()
+    return [node for name in clusters for node in registry.in_cluster(name)]
+
+
+def remove_node(config: ClientConfig, node_id: str) -> NodeRecord:
+    """Forgets a decommissioned node, so validation stops waiting for its agent."""
+    registry = NodeRegistry(table(config.nodes_table))
+    node = registry.get(node_id)
+    if node is None:
+        raise InvalidRequest(
+            f"no node {node_id} is registered.", fix="list nodes with 'shardvault nodes'."
+        )
+    registry.remove(node_id)
+    return node
+
+
+def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str, Any]:
+    record = Catalog(table(config.catalog_table)).get(cluster, backup_id)
+    if record is None:
+        raise InvalidRequest(
+            f"no backup {backup_id} of cluster {cluster}.",
+            fix="list backups with 'shardvault list'.",
+        )
+    return record
+
+
+# --- restore -------------------------------------------------------------------------------------
+def start_restore(config: ClientConfig, request: RestoreRequest) -> str:
+    if not config.restore_state_machine_arn:
+        raise InvalidRequest(
+            "SHARDVAULT_RESTORE_STATE_MACHINE_ARN is not set.",
+            fix="set it from the ShardVault stack's RestoreStateMachineArn output, or pass "
+            "--stack-env for the local stack.",
+        )
+    sfn = boto3.client("stepfunctions")
+    name = f"{request.target_cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    payload = request.model_dump(mode="json", exclude={"execution_id"})
+    return sfn.start_execution(
+        stateMachineArn=config.restore_state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+
+
+def restore_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    """The restore's state: the execution's status, and bytes and objects downloaded so far
+    from its catalog record (``record`` once it succeeded: the summary, or the plan)."""
+    catalog = Catalog(table(config.catalog_table))
+    return execution_progress(execution_arn, "target_cluster", catalog.restores)
+
+
+def wait_restore(
+    config: ClientConfig,
+    execution_arn: str,
+    on_progress: Callable[[Progress], None] = lambda _: None,
+    interval: float = 0.5,
+    timeout: float = 3600,
+) -> Progress:
+    return wait_for(lambda: restore_progress(config, execution_arn), on_progress, interval, timeout)
+
+
+def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
+    return Catalog(table(config.catalog_table)).restores(cluster)
+
+
+# --- retention -----------------------------------------------------------------------------------
+def run_retention(
+    config: ClientConfig, cluster: str | None, dry_run: bool, timeout: float = 3600
+) -> Progress:
+    """Runs the retention state machine (one cluster or all) and waits for its decision."""
+    if not config.retention_state_machine_arn:
+        raise InvalidRequest(
+            "SHARDVAULT_RETENTION_STATE_MACHINE_ARN is not set.",
+            fix="set it from the ShardVault stack's RetentionStateMachineArn output, or pass "
+            "--stack-env for the local stack.",
+        )
+    sfn = boto3.client("stepfunctions")
+    payload = {"dry_run": dry_run, **({"cluster": cluster} if cluster else {})}
+    name = f"retention-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    arn = sfn.start_execution(
+        stateMachineArn=config.retention_state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+    return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)

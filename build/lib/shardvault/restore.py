@@ -1,0 +1,552 @@
+"""The restore workflow's steps (the Lambdas of ``statemachines/restore.asl.json``).
+
+Terms:
+- *source*: the backup, read from its manifest; *target*: the cluster restored into, whose
+  agents registered with a ``restore_dir`` (and report its room and the shards it holds).
+- *placement*: which target node restores which shard (``shardvault.placement``).
+- *thaw*: objects in an archive storage class are restored (RestoreObject) at the requested
+  tier before they can be read; the state machine polls with growing waits.
+- *download item*: one object for one node; the node fetches its parts with a presigned GET
+  URL (agents hold no store credentials) and checks each part and the object as it writes.
+
+Validation reads only (catalog, registry, manifest): a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
+from shardvault.causes import failure_cause
+from shardvault.chains import chain_args, data_stream
+from shardvault.dispatch import post_untracked
+from shardvault.errors import (
+    BackupNotFound,
+    BackupNotRestorable,
+    EngineMismatch,
+    ParentUnavailable,
+    TargetNotEmpty,
+    TargetNotReady,
+    UnknownCluster,
+)
+from shardvault.models import (
+    BackupKind,
+    BackupStatus,
+    ChainSource,
+    DownloadItem,
+    Encryption,
+    Manifest,
+    ManifestShard,
+    NodeRecord,
+    ObjectResult,
+    Phase,
+    RestoreContext,
+    RestoreRequest,
+    RetrievalTier,
+    object_place,
+    pack_files,
+)
+from shardvault.placement import assignments, place
+from shardvault.readback import load_manifest
+from shardvault.services import Services
+from shardvault.tables import RESTORE_PREFIX
+
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR reads at once
+THAW_DAYS = 2  # how long a thawed copy stays readable: the restore must finish in time
+THAW_MAX_WAIT = 3600
+
+
+def new_restore_id(now: float) -> str:
+    return "r" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
+
+
+def catalog_key(restore_id: str) -> str:
+    return f"{RESTORE_PREFIX}{restore_id}"
+
+
+# --- validate ----------------------------------------------------------------------------------
+def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
+    """Resolves the backup, checks the target and places the shards, or raises a named error.
+    Nothing is written."""
+    record = resolve_backup(request, svc)
+    source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
+    s3, bucket = source_of(svc, source)
+    manifest = load_manifest(s3, bucket, manifest_key)
+    chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
+    nodes = target_nodes(request, svc, now)
+    if wrong := [n for n in nodes if n.engine != manifest.engine]:
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} is of a {manifest.engine} cluster, but target node(s) "
+            + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
+            + " run another engine.",
+            fix=f"restore into a cluster whose agents have 'engine: {manifest.engine}'.",
+        )
+    shard_bytes = {s.shard_id: shard_size(s) for s in manifest.shards}
+    room = {n.node_id: n.restore_free_bytes or 0 for n in nodes}
+    placements = place(shard_bytes, room, request.placement)
+    if not request.replace:
+        held = {n.node_id: set(n.restore_occupied) for n in nodes}
+        if busy := [p for p in placements if p.shard_id in held[p.node_id]]:
+            raise TargetNotEmpty(
+                "target node(s) already hold data for "
+                + ", ".join(f"shard {p.shard_id} on {p.node_id}" for p in busy)
+                + ".",
+                fix='set "replace": true to restore over it (the old data is deleted), or clear '
+                "those directories in the nodes' restore_dir.",
+            )
+    return RestoreContext(
+        restore_id=new_restore_id(now),
+        cluster=request.cluster,
+        backup_id=manifest.backup_id,
+        manifest_key=manifest_key,
+        engine=manifest.engine,
+        target_cluster=request.target_cluster,
+        placements=placements,
+        assignments=assignments(placements),
+        bytes=sum(shard_bytes.values()),  # what it writes (an incremental's chain included)
+        objects=manifest.objects,  # the newest backup's; Plan counts a chain's objects
+        tier=request.tier,
+        replace=request.replace,
+        plan_only=request.plan_only,
+        validation_queries=request.validation_queries,
+        heapallindexed=request.heapallindexed,
+        started_at=now,
+        execution_id=request.execution_id,
+        source=source,
+        chain=chain,
+    )
+
+
+def source_of(svc: Services, source: str) -> tuple[Any, str]:
+    """The client and bucket a backup is read from: the vault once promoted, else the store."""
+    if source == "vault":
+        return svc.vault_s3, svc.vault.bucket
+    return svc.store_s3, svc.store.bucket
+
+
+def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
+    """The catalog record of the requested backup (``latest``: the newest complete one)."""
+    backups = svc.catalog.backups(request.cluster)
+    if request.backup_id == "latest":
+        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+        if not complete:
+            raise BackupNotFound(
+                f"cluster {request.cluster!r} has no complete backup"
+                + (f" ({len(backups)} failed or running)." if backups else "."),
+                fix="check the cluster name ('shardvault list'), or run a backup first.",
+            )
+        return max(complete, key=lambda b: b["backup_id"])
+    record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
+    if record is None:
+        known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"
+        raise BackupNotFound(
+            f"cluster {request.cluster!r} has no backup {request.backup_id!r} (latest: {known}).",
+            fix="pick a backup id from 'shardvault list CLUSTER', or use \"latest\".",
+        )
+    if record.get("status") != BackupStatus.COMPLETE or not record.get("manifest_key"):
+        raise BackupNotRestorable(
+            f"backup {request.backup_id} is {record.get('status', 'unknown')}, not COMPLETE"
+            + (f": {record['cause']}" if record.get("cause") else "."),
+            fix="restore a complete, verified backup ('shardvault list' shows their status).",
+        )
+    return record
+
+
+def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[NodeRecord]:
+    nodes = svc.nodes.in_cluster(request.target_cluster)
+    if not nodes:
+        raise UnknownCluster(
+            f"no agent has registered for target cluster {request.target_cluster!r}.",
+            fix="start agents with 'cluster: "
+            f"{request.target_cluster}' and a restore_dir on the target nodes.",
+        )
+    check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
+    unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
+    if unready:
+        raise TargetNotReady(
+            f"target node(s) {', '.join(unready)} accept no restores (no restore_dir).",
+            fix="set restore_dir in those agents' configuration and restart them.",
+        )
+    return nodes
+
+
+def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
+    """Where each ancestor of an incremental is read, root first; each manifest is read now,
+    so a missing or damaged ancestor refuses the restore before anything is placed."""
+    if manifest.chain is None:
+        return []
+    sources = []
+    for backup_id in manifest.chain.ancestors:
+        record = svc.catalog.get(manifest.cluster, backup_id) or {}
+        if record.get("status") != BackupStatus.COMPLETE:
+            raise ParentUnavailable(
+                f"backup {manifest.backup_id} is an incremental whose ancestor {backup_id} is "
+                f"{record.get('status', 'gone').lower()}: its chain cannot be restored.",
+                fix="restore another backup ('shardvault list'), e.g. the newest full.",
+            )
+        source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+        key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
+        load_manifest(*source_of(svc, source), key)
+        sources.append(ChainSource(backup_id=backup_id, manifest_key=key, source=source))
+    return sources
+
+
+# Requests a restore step makes side by side (a chain's manifests, the heads of its objects):
+# each waits on the store, not on this process.
+PARALLEL_READS = 8
+
+
+def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manifest, str]]:
+    """The chain's manifests with where each is read, root first (the restored one last),
+    read side by side."""
+    places = [(c.source, c.manifest_key) for c in context.chain]
+    places.append((context.source, context.manifest_key))
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:
+        found = list(pool.map(lambda p: load_manifest(*source_of(svc, p[0]), p[1]), places))
+    return [(manifest, source) for manifest, (source, _) in zip(found, places, strict=True)]
+
+
+def chain_items(
+    context: RestoreContext, chain: list[tuple[Manifest, str]], shard_id: str, node_id: str
+) -> list[DownloadItem]:
+    """Every data object of a shard's chain; the node fetches of each only the frames it
+    contributes, as it placed them at prepare."""
+    return [
+        download_item(
+            context, manifest, shard_id, node_id, Phase.DATA, obj, source, from_chain=True
+        )
+        for manifest, source in chain
+        for obj in data_stream(manifest, shard_id).objects
+    ]
+
+
+def shard_size(shard: ManifestShard) -> int:
+    return sum(f.size for s in shard.streams for f in s.files)
+
+
+# --- plan --------------------------------------------------------------------------------------
+def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
+    """Writes what each node prepares and the download items, and records the restore as
+    running in the catalog (the first side effect). A chain downloads in two waves: every
+    object but the newer members' (the root's, the restored backup's WAL tail), then the
+    newer members' objects (``overlay_key``), whose changed blocks overwrite the root's."""
+    manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
+    node_of = {p.shard_id: p.node_id for p in context.placements}
+    planned = download_items(context, manifest, node_of)
+    chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
+    overlay: list[DownloadItem] = []
+    for shard in manifest.shards if chain else []:
+        node_id = node_of[shard.shard_id]
+        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
+        overlay += chain_items(context, chain[1:], shard.shard_id, node_id)
+    plan_key = put_items(svc, context, "downloads.json", planned)
+    # The chain's newer members, over the root: the second download wave.
+    overlay_key = put_items(svc, context, "overlay.json", overlay) if overlay else None
+    for assignment in context.assignments:
+        shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
+        svc.put_work(
+            prepare_key(svc, context, assignment.node_id),
+            prepare_args(shards, manifest.encryption, chain),
+        )
+    svc.catalog.put(
+        {
+            "cluster": context.target_cluster,
+            "backup_id": catalog_key(context.restore_id),
+            "restore_id": context.restore_id,
+            "status": BackupStatus.RUNNING.value,
+            "source_cluster": context.cluster,
+            "source_backup_id": context.backup_id,
+            "engine": context.engine.value,
+            "started_at": context.started_at,
+            "execution_id": context.execution_id,
+            "placement": {p.shard_id: p.node_id for p in context.placements},
+            "bytes_total": context.bytes,  # every byte of the restored streams, once
+            "objects_total": len(planned) + len(overlay),
+            "bytes_done": 0,
+            "objects_done": 0,
+        }
+    )
+    nodes = [
+        {**a.model_dump(mode="json"), "args_key": prepare_key(svc, context, a.node_id)}
+        for a in context.assignments
+    ]
+    return {
+        "plan_key": plan_key,
+        "objects": len(planned),
+        "overlay_key": overlay_key,
+        "overlay_objects": len(overlay),
+        "nodes": nodes,
+    }
+
+
+def put_items(
+    svc: Services, context: RestoreContext, name: str, planned: list[DownloadItem]
+) -> str:
+    """Writes a download wave's items where its map reads them; returns their key."""
+    key = svc.work_key(context.restore_id, name)
+    svc.put_work(key, [{"object": item.model_dump(mode="json")} for item in planned])
+    return key
+
+
+def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
+    return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
+
+
+def prepare_args(
+    shards: list[ManifestShard],
+    encryption: Encryption | None,
+    chain: list[tuple[Manifest, str]],
+) -> dict[str, Any]:
+    """What a node needs to lay out its shards before any byte arrives: every stream's files
+    (packed) and the byte ranges of its objects; for an incremental, its chain."""
+    return {
+        "shards": [
+            {
+                "shard_id": shard.shard_id,
+                **(
+                    {
+                        "chain": chain_args([m for m, _ in chain], shard.shard_id),
+                        # The root's objects download before the newer members' (two
+                        # waves): the node lays the root down whole (chains: layered).
+                        "chain_root_first": True,
+                    }
+                    if chain
+                    else {}
+                ),
+                "marker": shard.marker,
+                # The wrapped data key (never the key): the node unwraps it itself.
+                "encryption": encryption.model_dump(mode="json") if encryption else None,
+                "streams": [
+                    {
+                        "phase": stream.phase.value,
+                        "files": pack_files(stream.files),
+                        "objects": [
+                            {"key": o.key, "stream_offset": o.stream_offset, "length": o.length}
+                            for o in stream.objects
+                        ],
+                    }
+                    for stream in shard.streams
+                ],
+            }
+            for shard in shards
+        ]
+    }
+
+
+def download_items(
+    context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
+) -> list[DownloadItem]:
+    return [
+        download_item(
+            context,
+            manifest,
+            shard.shard_id,
+            node_of[shard.shard_id],
+            stream.phase,
+            obj,
+            context.source,
+        )
+        for shard in manifest.shards
+        for stream in shard.streams
+        # An incremental's data comes from its whole chain (chain_items).
+        if not (manifest.kind == BackupKind.INCREMENTAL and stream.phase == Phase.DATA)
+        for obj in stream.objects
+    ]
+
+
+def download_item(
+    context: RestoreContext,
+    manifest: Manifest,
+    shard_id: str,
+    node_id: str,
+    phase: Phase,
+    obj: ObjectResult,
+    source: str,
+    from_chain: bool = False,
+) -> DownloadItem:
+    """One object for one target node, as its backup's manifest records it. A chain
+    member's object is placed as the node resolved the chain, not from its offset."""
+    return DownloadItem(
+        restore_id=context.restore_id,
+        target_cluster=context.target_cluster,
+        node_id=node_id,
+        shard_id=shard_id,
+        phase=phase,
+        key=obj.key,
+        stream_offset=0 if from_chain else obj.stream_offset,
+        length=obj.length,
+        part_size=obj.part_size,
+        part_count=obj.part_count,
+        crc64nvme=obj.crc64nvme,
+        part_crc64nvme=obj.part_crc64nvme,
+        key_check=obj.key_check,
+        source=source,
+        stored_length=obj.stored_length,
+        frame_size=obj.frame_size,
+        frames=obj.frames,
+        place=object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
+        from_chain=from_chain,
+    )
+
+
+# --- thaw --------------------------------------------------------------------------------------
+def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
+    """Requests a restore of every archived object not yet thawed; returns how many are still
+    frozen and how long to wait before asking again (doubling, up to an hour)."""
+    objects = [
+        (*source_of(svc, source), obj.key)
+        for manifest, source in chain_manifests(context, svc)  # a full: itself alone
+        for shard in manifest.shards
+        for stream in shard.streams
+        for obj in stream.objects
+    ]
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:
+        states = list(pool.map(lambda o: thaw_object(*o, context.tier), objects))
+    frozen = sum(state != "readable" for state in states)
+    requested = states.count("requested")
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
+    first = svc.settings.thaw_first_wait_seconds
+    wait = min(first * 2**attempt, THAW_MAX_WAIT)
+    return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}
+
+
+def thaw_object(s3: Any, bucket: str, key: str, tier: RetrievalTier) -> str:
+    """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
+    head = s3.head_object(Bucket=bucket, Key=key)
+    if head.get("StorageClass") not in ARCHIVE_CLASSES:
+        return "readable"
+    status = head.get("Restore") or ""
+    if 'ongoing-request="false"' in status:
+        return "readable"  # thawed
+    if status:
+        return "thawing"
+    s3.restore_object(
+        Bucket=bucket,
+        Key=key,
+        RestoreRequest={"Days": THAW_DAYS, "GlacierJobParameters": {"Tier": tier.value}},
+    )
+    return "requested"
+
+
+# --- sign --------------------------------------------------------------------------------------
+def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
+    """A presigned GET URL of one object (the agent reads ranges of it), written to the work
+    bucket for the dispatcher: a URL never enters the execution's history."""
+    s3, bucket = source_of(svc, item.source)
+    url = s3.generate_presigned_url(
+        "get_object",
+        Params={"Bucket": bucket, "Key": item.key},
+        ExpiresIn=svc.settings.url_ttl_seconds,
+    )
+    return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
+
+
+def record_download(item: DownloadItem, written: int | None, svc: Services) -> None:
+    """Counts a downloaded object in the restore's progress (what the CLI shows): the bytes
+    the node says it wrote (a chain member's object writes only its placements)."""
+    svc.catalog.add_progress(
+        item.target_cluster,
+        catalog_key(item.restore_id),
+        bytes_done=item.placed_bytes if written is None else written,
+        objects_done=1,
+    )
+
+
+# --- finalize and cleanup ----------------------------------------------------------------------
+def finalize(
+    context: RestoreContext, results: list[dict[str, Any]], svc: Services, now: float
+) -> dict[str, Any]:
+    """Records the restored cluster: where each shard runs and what its checks found."""
+    shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
+    duration = now - context.started_at
+    record = svc.catalog.get(context.target_cluster, catalog_key(context.restore_id)) or {}
+    summary = {
+        "status": BackupStatus.COMPLETE.value,
+        "completed_at": now,
+        "duration_seconds": round(duration, 3),
+        "bytes": context.bytes,
+        "objects": record.get("objects_total", context.objects),  # a chain's, as planned
+        "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
+        "shards": shards,
+        "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",
+    }
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **summary)
+    svc.notify(
+        f"ShardVault restore {context.restore_id} complete",
+        {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
+    )
+    return {
+        "restore_id": context.restore_id,
+        "target_cluster": context.target_cluster,
+        "source_cluster": context.cluster,
+        "backup_id": context.backup_id,
+        **summary,
+    }
+
+
+def cleanup(
+    context: RestoreContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """The failure path, after the nodes removed what they had written: the restore marked
+    failed with its cause, and a notification."""
+    nodes = [a.node_id for a in context.assignments]
+    return mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
+
+
+def mark_failed(
+    target_cluster: str,
+    restore_id: str,
+    error: dict[str, Any],
+    svc: Services,
+    now: float,
+    nodes: list[str],
+) -> dict[str, Any]:
+    outcome = {
+        "status": BackupStatus.FAILED.value,
+        "failed_at": now,
+        "error": error.get("Error", "States.Runtime"),
+        "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
+    }
+    svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
+    svc.notify(f"ShardVault restore {restore_id} FAILED", {"restore_id": restore_id, **outcome})
+    return outcome
+
+
+# --- reaping -----------------------------------------------------------------------------------
+def reap(
+    execution_arn: str, status: str, target_cluster: str, svc: Services, now: float
+) -> dict[str, Any]:
+    """After a restore execution was aborted or timed out (it skipped AbortOnNodes and
+    Cleanup): an abort posted to every target node's inbox without a task token (the agent
+    stops what the restore started, removes what it placed and its staging, and answers
+    nobody), and the restore marked failed. A restore that already ended is left alone, and
+    so is one stopped before Plan: nothing was placed yet and no record names it."""
+    if status not in REAPED_STATUSES:
+        return {"reaped": False, "why": f"status {status}"}
+    record = next(
+        (r for r in svc.catalog.restores(target_cluster) if r.get("execution_id") == execution_arn),
+        None,
+    )
+    if record is None or record.get("status") != BackupStatus.RUNNING:
+        return {"reaped": False, "why": "no running restore of that execution"}
+    restore_id = record["restore_id"]
+    nodes = sorted(set(record.get("placement", {}).values()))
+    for node_id in nodes:
+        post_untracked(
+            svc, node_id, f"abort_restore:{restore_id}:reaped", "abort_restore",
+            {"backup_id": restore_id},
+        )  # fmt: skip
+    done = (
+        f"the reaper told nodes {', '.join(nodes)} to stop what the restore started and remove "
+        "what it placed"
+    )
+    error = reaped_error(status, done, "restore")
+    return {
+        "reaped": True,
+        "nodes": nodes,
+        **mark_failed(target_cluster, restore_id, error, svc, now, nodes),
+    }

@@ -1,0 +1,84 @@
+"""The sweep: removes from the store what no running backup owns and no manifest names.
+
+Every failure path cleans up after itself, but a crash of the control plane itself (a Lambda
+killed mid-cleanup, an EventBridge event lost) can still leave open multipart uploads (billed
+for their parts, invisible in a listing of objects) and partial objects. The daily retention
+run sweeps them, so cleanup converges whatever happened:
+
+- an *orphan upload* is an open multipart upload under ``<prefix>/<cluster>/<backup_id>/``
+  whose backup is not RUNNING in the catalog;
+- an *orphan prefix* is a backup prefix without ``manifest.json`` whose backup is not RUNNING
+  (a prefix with a manifest is a backup, even if the catalog lost its record: never swept).
+
+Both must be older than the settings' ``sweep_grace_seconds`` (6 hours): a backup writes its
+catalog record before its first upload, but the sweep does not bet on clocks and listing
+order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from shardvault.models import BackupStatus
+from shardvault.planning import backup_prefix, store_root
+from shardvault.readback import manifest_key
+from shardvault.services import Services
+from shardvault.store import delete_prefix, open_uploads
+
+
+def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]:
+    """Aborts orphan uploads and deletes orphan prefixes (or, with ``dry_run``, lists them)."""
+    s3, bucket, root = svc.store_s3, svc.store.bucket, store_root(svc.store.prefix)
+    grace_seconds = svc.settings.sweep_grace_seconds
+    statuses: dict[str, dict[str, str]] = {}
+
+    def running(cluster: str, backup_id: str) -> bool:
+        if cluster not in statuses:
+            statuses[cluster] = {
+                r["backup_id"]: r.get("status", "") for r in svc.catalog.backups(cluster)
+            }
+        return statuses[cluster].get(backup_id) == BackupStatus.RUNNING
+
+    aborted = []
+    for upload in open_uploads(s3, bucket, root):
+        owner = backup_of(upload["Key"], root)
+        young = now - upload["Initiated"].timestamp() < grace_seconds
+        if owner is None or young or running(*owner):
+            continue
+        aborted.append(upload["Key"])
+        if not dry_run:
+            s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    deleted: dict[str, int] = {}
+    for (cluster, backup_id), newest in backup_prefixes(s3, bucket, root).items():
+        prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
+        if now - newest < grace_seconds or running(cluster, backup_id):
+            continue
+        if has_manifest(s3, bucket, manifest_key(svc.store.prefix, cluster, backup_id)):
+            continue
+        deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
+    return {"dry_run": dry_run, "aborted_uploads": aborted, "deleted_prefixes": deleted}
+
+
+def backup_of(key: str, root: str) -> tuple[str, str] | None:
+    """``(cluster, backup_id)`` of a key ``<root><cluster>/<backup_id>/...``."""
+    if not key.startswith(root):
+        return None
+    parts = key.removeprefix(root).split("/")
+    return (parts[0], parts[1]) if len(parts) > 2 else None
+
+
+def backup_prefixes(s3: Any, bucket: str, root: str) -> dict[tuple[str, str], float]:
+    """Every backup prefix in the store, with the time (epoch seconds) of its newest object."""
+    newest: dict[tuple[str, str], float] = defaultdict(float)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
+        for obj in page.get("Contents", []):
+            owner = backup_of(obj["Key"], root)
+            if owner is not None:
+                newest[owner] = max(newest[owner], obj["LastModified"].timestamp())
+    return dict(newest)
+
+
+def has_manifest(s3: Any, bucket: str, key: str) -> bool:
+    found = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return bool(found.get("KeyCount"))

@@ -1,0 +1,310 @@
+"""DynamoDB access: the node registry, the agents' command inboxes and the backup catalog.
+
+- *Nodes*: one item per node (``node_id``), written only by that node's agent; queried by
+  cluster through the ``by_cluster`` index.
+- *Inbox*: commands for a node (``node_id``, ``command_id``), each with the Step Functions
+  task token the agent answers. An agent may read and write only its own partition. The
+  partition's *doorbell* item (``command_id`` = ``#doorbell``) counts the posts: an agent
+  reads that one small item on each poll and reads the whole partition only when it rang. A
+  command stays in the inbox while it runs (it is how a restarted agent finds its work), so
+  reading the partition on every poll would read every running command's arguments (part
+  URLs, checksums: tens of KB each) 20 times a second: paid read units on AWS, and most of
+  the local control plane's CPU.
+- *Failure notes*: when a command fails, its agent also writes the error and its cause into
+  its own partition (``command_id`` = ``#failed:<command id>``). Step Functions keeps the
+  cause of ``SendTaskFailure``, but moto keeps only the error's name, and a cause that does
+  not arrive must not be made up: the failure path reads these notes (``shardvault.causes``).
+  Items whose ``command_id`` starts with ``#`` are never commands.
+- *Catalog*: one item per backup (``cluster``, ``backup_id``) plus one lock item per cluster
+  while a backup runs. The catalog indexes the manifests in the store and can be rebuilt from
+  them; it is never the only copy of anything.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import boto3
+from boto3.dynamodb.conditions import Attr, Key
+from botocore.exceptions import ClientError
+
+from shardvault.models import NodeRecord
+
+LOCK_KEY = "#lock"
+DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
+FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
+RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
+
+
+def is_backup(sort_key: str) -> bool:
+    return sort_key != LOCK_KEY and not sort_key.startswith(RESTORE_PREFIX)
+
+
+INBOX_TTL_SECONDS = 7 * 24 * 3600
+
+
+def plain(value: Any) -> Any:
+    """DynamoDB's Decimals back to ints and floats, recursively."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def dynamo(value: Any) -> Any:
+    """Floats to Decimals, recursively (the resource API refuses floats)."""
+    if isinstance(value, float):
+        return Decimal(str(value))
+    if isinstance(value, dict):
+        return {k: dynamo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [dynamo(v) for v in value]
+    return value
+
+
+def query_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every item a query matches, across pages."""
+    items: list[dict[str, Any]] = []
+    while True:
+        page = dynamo_table.query(**kwargs)
+        items += page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def table(name: str) -> Any:
+    return boto3.resource("dynamodb").Table(name)
+
+
+class NodeRegistry:
+    def __init__(self, nodes_table: Any) -> None:
+        self.table = nodes_table
+
+    def put(self, record: NodeRecord) -> None:
+        self.table.put_item(Item=dynamo(record.model_dump(mode="json")))
+
+    def get(self, node_id: str) -> NodeRecord | None:
+        item = self.table.get_item(Key={"node_id": node_id}, ConsistentRead=True).get("Item")
+        return NodeRecord.model_validate(plain(item)) if item else None
+
+    def remove(self, node_id: str) -> None:
+        self.table.delete_item(Key={"node_id": node_id})
+
+    def in_cluster(self, cluster: str) -> list[NodeRecord]:
+        items = query_all(
+            self.table, IndexName="by_cluster", KeyConditionExpression=Key("cluster").eq(cluster)
+        )
+        return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
+
+    def clusters(self) -> list[str]:
+        """Every cluster with a registered node (for error messages that suggest names)."""
+        names: set[str] = set()
+        kwargs: dict[str, Any] = {
+            "ProjectionExpression": "#c",
+            "ExpressionAttributeNames": {"#c": "cluster"},
+        }
+        while True:
+            page = self.table.scan(**kwargs)
+            names |= {i["cluster"] for i in page.get("Items", [])}
+            if "LastEvaluatedKey" not in page:
+                return sorted(names)
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+class Inbox:
+    def __init__(self, inbox_table: Any) -> None:
+        self.table = inbox_table
+
+    def post(self, node_id: str, command_id: str, command: str, args: dict, token: str) -> None:
+        """Writes (or replaces, on a retry) a command with the task token to answer. Each
+        post has its own ``dispatch_id``: a retry may carry the same token (moto reuses it)."""
+        now = time.time()
+        self.table.put_item(
+            Item=dynamo(
+                {
+                    "node_id": node_id,
+                    "command_id": command_id,
+                    "dispatch_id": uuid.uuid4().hex,
+                    "command": command,
+                    "args": args,
+                    "task_token": token,
+                    "posted_at": now,
+                    "expires_at": int(now + INBOX_TTL_SECONDS),
+                }
+            )
+        )
+        self.ring(node_id)  # after the command is in: an agent that hears it will find it
+
+    def ring(self, node_id: str) -> None:
+        self.table.update_item(
+            Key={"node_id": node_id, "command_id": DOORBELL_KEY},
+            UpdateExpression="ADD rings :one",
+            ExpressionAttributeValues={":one": 1},
+        )
+
+    def rings(self, node_id: str) -> int:
+        """How many posts the node's inbox has had (0 before the first): one small read."""
+        item = self.table.get_item(
+            Key={"node_id": node_id, "command_id": DOORBELL_KEY},
+            ConsistentRead=True,
+            ProjectionExpression="rings",
+        ).get("Item")
+        return int(item["rings"]) if item else 0
+
+    def pending(self, node_id: str) -> list[dict[str, Any]]:
+        # Command ids start with a letter; "#..." items (doorbell, failure notes) sort before
+        # "$", so the key condition leaves them out without reading them.
+        condition = Key("node_id").eq(node_id) & Key("command_id").gt("$")
+        return [
+            plain(i)
+            for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
+            if not i["command_id"].startswith("#")  # the doorbell, failure notes
+        ]
+
+    def note_failure(self, node_id: str, item: dict[str, Any], error: str, cause: str) -> None:
+        """Written by the agent before it answers ``SendTaskFailure``: the operation's failure
+        path then finds the cause even where the answer's cause is lost."""
+        now = time.time()
+        self.table.put_item(
+            Item=dynamo(
+                {
+                    "node_id": node_id,
+                    "command_id": f"{FAILURE_PREFIX}{item['command_id']}",
+                    "operation_id": item.get("args", {}).get("backup_id", ""),
+                    "command": item["command"],
+                    "error": error,
+                    "cause": cause,
+                    "failed_at": now,
+                    "expires_at": int(now + INBOX_TTL_SECONDS),
+                }
+            )
+        )
+
+    def failures(self, node_id: str, operation_id: str) -> list[dict[str, Any]]:
+        """The failure notes of one operation (a backup or restore id) on one node."""
+        condition = Key("node_id").eq(node_id) & Key("command_id").begins_with(FAILURE_PREFIX)
+        return [
+            plain(i)
+            for i in query_all(self.table, KeyConditionExpression=condition, ConsistentRead=True)
+            if i.get("operation_id") == operation_id
+        ]
+
+    def remove(self, node_id: str, command_id: str, dispatch_id: str) -> None:
+        """Deletes a command unless a retry has posted it anew meanwhile."""
+        try:
+            self.table.delete_item(
+                Key={"node_id": node_id, "command_id": command_id},
+                ConditionExpression=Attr("dispatch_id").eq(dispatch_id),
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+
+class Catalog:
+    def __init__(self, catalog_table: Any) -> None:
+        self.table = catalog_table
+
+    def try_lock(self, cluster: str, backup_id: str, execution_id: str) -> dict[str, Any] | None:
+        """Takes the cluster's backup lock; returns the current holder if it is taken."""
+        try:
+            self.table.put_item(
+                Item={
+                    "cluster": cluster,
+                    "backup_id": LOCK_KEY,
+                    "holder": backup_id,
+                    "execution_id": execution_id,
+                    "locked_at": Decimal(str(time.time())),
+                },
+                ConditionExpression=Attr("cluster").not_exists(),
+            )
+            return None
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        return self.lock_holder(cluster) or {}
+
+    def lock_holder(self, cluster: str) -> dict[str, Any] | None:
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": LOCK_KEY}, ConsistentRead=True
+        )
+        return plain(item.get("Item")) if item.get("Item") else None
+
+    def unlock(self, cluster: str, backup_id: str) -> None:
+        try:
+            self.table.delete_item(
+                Key={"cluster": cluster, "backup_id": LOCK_KEY},
+                ConditionExpression=Attr("holder").eq(backup_id),
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def put(self, record: dict[str, Any]) -> None:
+        self.table.put_item(Item=dynamo(record))
+
+    def update(self, cluster: str, backup_id: str, **fields: Any) -> None:
+        names = {f"#{k}": k for k in fields}
+        values = {f":{k}": dynamo(v) for k, v in fields.items()}
+        self.table.update_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
+
+    def add_progress(
+        self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int
+    ) -> None:
+        self.table.update_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            UpdateExpression="ADD bytes_done :b, objects_done :o",
+            ExpressionAttributeValues={":b": bytes_done, ":o": objects_done},
+        )
+
+    def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": backup_id}, ConsistentRead=True
+        )
+        return plain(item.get("Item")) if item.get("Item") else None
+
+    def status(self, cluster: str, backup_id: str) -> str | None:
+        """Only the ``status`` of one item (None: no such item): all an agent may read of
+        the catalog (its IAM grant is limited to these attributes)."""
+        item = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": backup_id},
+            ConsistentRead=True,
+            ProjectionExpression="#s",
+            ExpressionAttributeNames={"#s": "status"},
+        ).get("Item")
+        return item.get("status") if item else None
+
+    def backups(self, cluster: str) -> list[dict[str, Any]]:
+        items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
+        return [plain(i) for i in items if is_backup(i["backup_id"])]
+
+    def restores(self, cluster: str) -> list[dict[str, Any]]:
+        """Restores into ``cluster`` (items keyed ``restore#<restore_id>``)."""
+        items = query_all(
+            self.table,
+            KeyConditionExpression=Key("cluster").eq(cluster)
+            & Key("backup_id").begins_with(RESTORE_PREFIX),
+        )
+        return [plain(i) for i in items]
+
+    def all_backups(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = self.table.scan(**kwargs)
+            items += [plain(i) for i in page.get("Items", []) if is_backup(i["backup_id"])]
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
