@@ -1,7 +1,8 @@
-"""A node places a restored chain in the background from prepare on: prepare answers before the
-chain is placed, every download of the shard waits for it, an agent restarted since prepare
-places it again from its state, and a chain that does not hold every byte fails the restore on
-the node by name (as a damaged object does), for every later command too."""
+"""A node lays a restored shard down in the background from prepare on (its files at their final
+sizes and, for a chain, each object's placements): every download and finish of the shard
+waits for it, an agent restarted since prepare lays it down again from its state, and what
+cannot be laid down (a chain that does not hold every byte, a file that cannot be created)
+fails the restore on the node by name, for every later command too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from shardvault_agent.config import AgentConfig
 from shardvault_agent.restore import Restorer
 
 from shardvault.chains import place_chain
-from shardvault.errors import ParentUnavailable
+from shardvault.errors import ParentUnavailable, TargetNotReady
 from shardvault.extents import pack_extents
 from shardvault.models import FileEntry, pack_files
 
@@ -69,10 +70,14 @@ def saved(node: Restorer) -> dict[str, bytes]:
     }
 
 
-def test_a_chain_is_placed_after_prepare_and_again_after_a_restart(tmp_path):
+def test_a_shard_is_laid_down_after_prepare_and_again_after_a_restart(tmp_path):
     node = restorer(tmp_path)
     prepare(node, CHAIN)
-    node._await_placement("r1", "s1")
+    node._await_laid("r1", "s1")
+    staging = node.staging("r1", "s1")
+    assert {f.path: (staging / f.path).stat().st_size for f in FILES} == {
+        f.path: f.size for f in FILES
+    }
     placed = saved(node)
     assert len(placed) == 2  # the full's object and the incremental's
     expected = place_chain(CHAIN, root_first=True)
@@ -80,13 +85,14 @@ def test_a_chain_is_placed_after_prepare_and_again_after_a_restart(tmp_path):
         len(v) for v in expected.placements.values()
     )
 
-    # An agent restarted before its placement was saved: the next download places it again.
-    node._placed_marker("r1", "s1").unlink()
-    for path in (node.state("r1") / "objects").glob("*.placements"):
+    # An agent restarted before the shard was laid down: the next download lays it down again.
+    node._laid_marker("r1", "s1").unlink()
+    for path in [*(node.state("r1") / "objects").glob("*.placements"), staging / "base/2"]:
         path.unlink()
     restarted = restorer(tmp_path)
-    restarted._await_placement("r1", "s1")
+    restarted._await_laid("r1", "s1")
     assert saved(restarted) == placed
+    assert (staging / "base/2").stat().st_size == FILES[1].size
 
 
 def test_a_chain_that_misses_bytes_fails_the_restore_by_name(tmp_path):
@@ -97,15 +103,29 @@ def test_a_chain_that_misses_bytes_fails_the_restore_by_name(tmp_path):
     prepare(node, damaged)  # answers: the chain is placed in the background
 
     with pytest.raises(ParentUnavailable, match="none of its objects"):
-        node._await_placement("r1", "s1")
+        node._await_laid("r1", "s1")
     with pytest.raises(ParentUnavailable, match="none of its objects"):
         node.finish({"backup_id": "r1", "shard_ids": ["s1"]})  # recorded for every command
-    assert not node._placed_marker("r1", "s1").exists()
+    assert not node._laid_marker("r1", "s1").exists()
 
 
-def test_an_aborted_restore_leaves_no_placements(tmp_path):
+def test_a_file_that_cannot_be_created_fails_the_restore_by_name(tmp_path):
+    node = restorer(tmp_path)
+    staging = node.staging("r1", "s1")
+    staging.mkdir(parents=True)
+    (staging / "base").write_text("a file where the shard has a directory")
+    prepare(node, CHAIN)
+
+    with pytest.raises(TargetNotReady, match="could not create shard s1's files"):
+        node._await_laid("r1", "s1")
+    with pytest.raises(TargetNotReady, match="could not create"):
+        node.finish({"backup_id": "r1", "shard_ids": ["s1"]})
+
+
+def test_an_aborted_restore_is_not_laid_down(tmp_path):
     node = restorer(tmp_path)
     node.abort({"backup_id": "r1"})
     node.state("r1").mkdir(parents=True)
-    node._place("r1", "s1", {"chain": CHAIN, "root_first": True})  # a job that ran late
+    node._lay_down("r1", "s1", {"streams": []}, {"chain": CHAIN, "root_first": True})  # late
     assert not (node.state("r1") / "objects").exists()
+    assert not node.staging("r1", "s1").exists()
