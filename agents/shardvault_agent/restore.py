@@ -4,19 +4,12 @@ Terms:
 - *restore_dir*: where this node keeps restored shards, one directory per shard
   (``restore_dir/<shard_id>``), configured per agent.
 - *staging*: ``restore_dir/.incoming/<restore_id>/<shard_id>``: the files are created there
-  at their final sizes (laid down, below) and filled in place by ``download``; only
+  at their final sizes by ``prepare_restore`` and filled in place by ``download``; only
   ``finish_restore`` moves a complete, verified shard to its final directory and starts it,
   so nothing half-restored is ever started.
 - *state*: ``state_dir/restores/<restore_id>/``: the layout of each shard, the parts each
   object has received (so a retried or resumed download fetches only what is missing), the
   objects verified whole, and what ``finish_restore`` started (so ``abort_restore`` can undo it).
-- *laying down* a shard: creating its files in staging at their final sizes and, for a chain,
-  placing it (``chains.place_chain``: where each of its objects' bytes land). It runs in the
-  background from prepare on: prepare answers once the layout is recorded, and the work (a
-  thousand files of a PostgreSQL shard, a few tenths of a second each for files and for a
-  chain of scattered changes) overlaps the control plane's steps to the first download. Each
-  download and finish of the shard waits for it; the layout and chain are kept in the state,
-  so a restarted agent lays the shard down again.
 - *adopted shard*: a shard this node restored and checked, recorded in
   ``state_dir/adopted.json``; the agent holds it as if it were in its configuration (it is
   registered, and backups of the new cluster read it), so a restored cluster is protected
@@ -42,7 +35,7 @@ import socket
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,10 +196,6 @@ class Restorer:
         self._turns: dict[str, threading.Lock] = {}
         self._turns_guard = threading.Lock()
         self._adoption_guard = threading.Lock()  # adopted.json: one writer at a time
-        # Shards being laid down (``_lay_down``), by (restore, shard): one at a time.
-        self._laying: dict[tuple[str, str], Future[None]] = {}
-        self._laying_guard = threading.Lock()
-        self._layer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lay-down")
 
     def _turn(self, restore_id: str) -> threading.Lock:
         with self._turns_guard:
@@ -311,90 +300,25 @@ class Restorer:
         }
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
-        """Records the shard's layout (which marks it prepared) and starts laying it down."""
         shard = dict(shard)
         # Layered only when the control plane downloads the root's objects first (two waves).
         root_first = bool(shard.pop("chain_root_first", False))
-        placing = None
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
-            placing = {"chain": chain, "root_first": root_first}
-            write_json(self._chain_path(restore_id, shard["shard_id"]), placing)
+            self._save_placements(restore_id, place_chain(chain, root_first))
             if root_first:  # what a newer member's object waits for (see _refuse_early)
                 shard["root_objects"] = [o["key"] for o in chain[0]["objects"]]
-        self.staging(restore_id, shard["shard_id"]).mkdir(parents=True, exist_ok=True)
+        root = self.staging(restore_id, shard["shard_id"])
+        root.mkdir(parents=True, exist_ok=True)
+        for stream in shard["streams"]:
+            for entry in unpack_files(stream["files"]):
+                path = root / entry.path
+                if entry.path.endswith("/"):
+                    path.mkdir(parents=True, exist_ok=True)
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "ab") as handle:  # sparse until its bytes arrive
+                    handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
-        self._start_laying(restore_id, shard["shard_id"], shard, placing)
-
-    # --- laying a shard down (in the background) ----------------------------------------------
-    def _chain_path(self, restore_id: str, shard_id: str) -> Path:
-        return self.state(restore_id) / f"{shard_id}.chain.json"
-
-    def _laid_marker(self, restore_id: str, shard_id: str) -> Path:
-        return self.state(restore_id) / f"{shard_id}.laid"
-
-    def _start_laying(
-        self,
-        restore_id: str,
-        shard_id: str,
-        layout: dict[str, Any] | None = None,
-        placing: dict[str, Any] | None = None,
-    ) -> Future[None]:
-        with self._laying_guard:
-            job = self._laying.get((restore_id, shard_id))
-            if job is None and self._laid_marker(restore_id, shard_id).exists():
-                job = Future()  # laid meanwhile: the job marks it, then leaves the table
-                job.set_result(None)
-            elif job is None:
-                job = self._layer.submit(self._lay_down, restore_id, shard_id, layout, placing)
-                self._laying[(restore_id, shard_id)] = job
-            return job
-
-    def _lay_down(
-        self,
-        restore_id: str,
-        shard_id: str,
-        layout: dict[str, Any] | None,
-        placing: dict[str, Any] | None,
-    ) -> None:
-        """Creates the shard's files at their final sizes and places its chain, if it is one
-        (each object's placements saved). ``layout`` and ``placing`` None: read back from the
-        state (an agent restarted since prepare). A chain that does not hold every byte fails
-        the restore on this node (recorded, as a damaged object does)."""
-        try:
-            with self._turn(restore_id):  # an abort undoes under the same turn: none is left
-                if self._aborted(restore_id).exists():
-                    return
-                layout = layout or self._layout(restore_id, shard_id)
-                staging = self.staging(restore_id, shard_id)
-                try:
-                    create_files(staging, layout["streams"])
-                except OSError as error:
-                    raise TargetNotReady(
-                        f"node {self.config.node_id} could not create shard {shard_id}'s files "
-                        f"in {staging}: {error}.",
-                        fix="check that the agent may write to restore_dir and that it has "
-                        "room, then start the restore again.",
-                    ) from error
-                chain_path = self._chain_path(restore_id, shard_id)
-                if placing is None and chain_path.exists():
-                    placing = json.loads(chain_path.read_text())
-                if placing is not None:
-                    placed = place_chain(placing["chain"], placing["root_first"])
-                    self._save_placements(restore_id, placed)
-                self._laid_marker(restore_id, shard_id).touch()
-        except ShardVaultError as error:
-            self._record_failure(restore_id, error)
-            raise
-        finally:
-            with self._laying_guard:
-                self._laying.pop((restore_id, shard_id), None)
-
-    def _await_laid(self, restore_id: str, shard_id: str) -> None:
-        """Returns once the shard is laid down (at once when it is), or raises why not."""
-        self._refuse_aborted(restore_id)
-        if not self._laid_marker(restore_id, shard_id).exists():
-            self._start_laying(restore_id, shard_id).result()
-        self._refuse_aborted(restore_id)
 
     def _save_placements(self, restore_id: str, placed: Placed) -> None:
         """Each chain object's placements, as 64-bit numbers, and the bytes it supplies
@@ -454,7 +378,6 @@ class Restorer:
         progress; a layered chain's root writes more, which newer members overwrite)."""
         placements: list[int] | None = None  # None: placed whole from its stream offset
         written = item.placed_bytes
-        self._await_laid(item.restore_id, item.shard_id)
         if item.from_chain:
             placements, written = self._chain_placements(item)
         elif item.pieces:  # an older control plane's pieces
@@ -566,7 +489,6 @@ class Restorer:
         self._raise_recorded_failure(restore_id)
         results = []
         for shard_id in args["shard_ids"]:
-            self._await_laid(restore_id, shard_id)  # a shard without objects: its empty files
             with self._turn(restore_id):
                 self._refuse_aborted(restore_id)
                 results.append(self._finish_shard(restore_id, shard_id, args))
@@ -719,20 +641,6 @@ def adoptable(engine: Engine, shard_id: str, result: dict[str, Any]) -> dict[str
 
 
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # opening a database may create them
-
-
-def create_files(root: Path, streams: list[dict[str, Any]]) -> None:
-    """A shard's files (and directories) under ``root`` at their final sizes, sparse until
-    their bytes arrive; files already there keep what they hold (a retry)."""
-    for stream in streams:
-        for entry in unpack_files(stream["files"]):
-            path = root / entry.path
-            if entry.path.endswith("/"):
-                path.mkdir(parents=True, exist_ok=True)
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as handle:
-                handle.truncate(entry.size)
 
 
 def sqlite_databases(root: Path) -> list[Path]:
