@@ -1,7 +1,0 @@
-"""ShardVault node agent: registers its node, polls its inbox and runs backup commands.
-
-The agent holds no S3 credentials: it reads the database's files and sends them to the store
-through presigned URLs, each bound to the checksum of the bytes it may carry.
-"""
-
-__version__ = "0.1.0"
