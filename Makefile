@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint unit bench
+.PHONY: setup demo test lint unit bench wheels
 
 setup:
 	bash scripts/setup.sh
@@ -22,3 +22,9 @@ test: setup lint
 
 bench: setup
 	$(BIN)/python bench/backup_vs_peers.py
+
+# Wheels of both packages and of every dependency at its pinned version, for hosts that install
+# the agent without a checkout: pip install --no-index --find-links dist shardvault-agent
+wheels: setup
+	rm -rf dist
+	$(BIN)/pip wheel --quiet --wheel-dir dist -r requirements.txt -r agents/requirements.txt ./ ./agents

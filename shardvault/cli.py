@@ -41,6 +41,7 @@ from shardvault.costs import DEFAULT_DAILY_CHANGE
 from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
+from shardvault.versions import installed
 
 console = Console()
 DEFAULT_STACK_DIR = Path("local-stack")
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="shardvault", description=__doc__.splitlines()[0])
+    root.add_argument("--version", action="version", version=f"%(prog)s {installed('shardvault')}")
     sub = root.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="local end-to-end backup of a 3-node cluster")

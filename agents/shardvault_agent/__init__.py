@@ -4,4 +4,6 @@ The agent holds no S3 credentials: it reads the database's files and sends them 
 through presigned URLs, each bound to the checksum of the bytes it may carry.
 """
 
-__version__ = "0.1.0"
+from shardvault.versions import installed
+
+__version__ = installed("shardvault-agent")  # registered with the node (agents/pyproject.toml)

@@ -20,11 +20,15 @@ import sys
 from pathlib import Path
 
 from shardvault.errors import ShardVaultError
+from shardvault.versions import installed
 from shardvault_agent.config import check_host, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardvault-agent", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {installed('shardvault-agent')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "check"):
         cmd = sub.add_parser(name)
