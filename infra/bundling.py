@@ -1,7 +1,7 @@
 """Local bundling of the Lambda code asset: the repository's packages plus wheels, no Docker.
 
-The *asset* is one directory shared by every function: ``shardvault/`` and ``functions/``
-copied from the repository, plus the wheels of ``requirements-lambda.txt`` installed for the
+The *asset* is one directory shared by every function: ``shardvault/`` (but its client side,
+``CLIENT_ONLY``) and ``functions/`` copied from the repository, plus the wheels of ``requirements-lambda.txt`` installed for the
 functions' *platform* (CPU architecture and Python version). The *dependency cache* keeps each
 such install under ``.cache/lambda-deps/<key>``, the key being a hash of the requirements file
 and the platform, so that a second synth links files instead of calling pip. The asset's hash
@@ -27,11 +27,24 @@ from aws_cdk import aws_lambda as lambda_
 from infra.constants import LAMBDA_REQUIREMENTS, LAMBDA_SOURCE_DIRS, REPO_ROOT
 
 # Bump when the layout of the asset changes, so that stale cached assets are not reused.
-BUNDLE_FORMAT = "1"
+BUNDLE_FORMAT = "2"
 DEPENDENCY_CACHE = REPO_ROOT / ".cache" / "lambda-deps"
 # Never pulled: local bundling always succeeds or raises, so CDK never falls back to Docker.
 UNUSED_IMAGE = DockerImage.from_registry("local-bundling-only")
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+# The client side of the shared package: the CLI, what it calls, the local stack and its
+# scheduler. No handler imports them, and they would import what the asset does not ship
+# (rich, moto): left out, they cannot be reached in a function's code either.
+CLIENT_ONLY = (
+    "shardvault/cli.py",
+    "shardvault/operations.py",
+    "shardvault/scheduler.py",
+    "shardvault/local",
+)
+
+
+def shipped(relative: str) -> bool:
+    """Whether a repository path (posix, relative) goes into the asset."""
+    return not any(relative == c or relative.startswith(f"{c}/") for c in CLIENT_ONLY)
 
 
 class BundlingError(RuntimeError):
@@ -63,7 +76,7 @@ def _source_files(root: Path, dirs: Iterable[str]) -> Iterator[Path]:
             continue  # a package not written yet: the asset holds whatever exists
         for path in sorted(base.rglob("*")):
             ignored = "__pycache__" in path.parts or path.suffix == ".pyc"
-            if path.is_file() and not ignored:
+            if path.is_file() and not ignored and shipped(path.relative_to(root).as_posix()):
                 yield path
 
 
@@ -128,9 +141,10 @@ def build_asset(output: Path, root: Path, requirements: Path, platform: Platform
     """Fills ``output`` with the dependencies and the repository's packages (these last)."""
     deps = cached_dependencies(requirements, platform)
     shutil.copytree(deps, output, copy_function=_link_or_copy, dirs_exist_ok=True)
-    for name in LAMBDA_SOURCE_DIRS:
-        if (root / name).is_dir():
-            shutil.copytree(root / name, output / name, ignore=IGNORED, dirs_exist_ok=True)
+    for path in _source_files(root, LAMBDA_SOURCE_DIRS):
+        target = output / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
 
 
 @jsii.implements(ILocalBundling)
