@@ -14,6 +14,10 @@
 
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
+
+Exit status: 0 done; 1 failed (a backup or restore followed with --wait that failed, a cost
+over its budget); 2 a usage error (the arguments do not parse); 3 refused (a named error, on
+stderr with its fix, before anything started).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from shardvault.planning import MiB
 from shardvault.versions import installed
 
 console = Console()
+errors = Console(stderr=True)  # refusals and their fixes: stdout stays what a script parses
+REFUSED = 3  # argparse exits 2 on a usage error
 DEFAULT_STACK_DIR = Path("local-stack")
 DEFAULT_DATA_GIB = 100.0  # a cost forecast's data size when neither asked nor measured
 
@@ -55,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             ops.load_env_file(args.stack_env)
         return args.run(args) or 0
     except ShardVaultError as error:
-        console.print(f"[bold red]{error.name}[/]: {error.message}")
+        errors.print(f"[bold red]{error.name}[/]: {error.message}")
         if error.fix:
-            console.print(f"[yellow]Fix[/]: {error.fix}")
-        return 2
+            errors.print(f"[yellow]Fix[/]: {error.fix}")
+        return REFUSED
     except KeyboardInterrupt:
         return 130
 
@@ -187,6 +193,7 @@ def run_backup(args: argparse.Namespace) -> int:
     request = BackupRequest(
         cluster=args.cluster, part_size=part_size, incremental=args.incremental, requested_by="cli"
     )
+    ops.check_cluster(config, request.cluster)  # an unknown name: refused now, not in the run
     execution = ops.start_backup(config, request)
     console.print(f"started [bold]{execution}[/]")
     if not args.wait:

@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 
+from shardvault.backup.admission import registered_nodes
 from shardvault.causes import readable_cause
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
@@ -76,6 +77,12 @@ class Progress:
     record: dict[str, Any] | None = None
     error: str = ""
     cause: str = ""
+
+
+def check_cluster(config: ClientConfig, cluster: str) -> None:
+    """Refuses a cluster no agent has registered for (``UnknownCluster``), as the backup's
+    Validate step would, before an execution starts: a script learns it from the exit status."""
+    registered_nodes(NodeRegistry(table(config.nodes_table)), cluster)
 
 
 def start_backup(config: ClientConfig, request: BackupRequest) -> str:

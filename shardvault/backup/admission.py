@@ -55,6 +55,7 @@ from shardvault.models import (
 from shardvault.planning import MiB, check_part_size
 from shardvault.policy import ClusterPolicy, Incremental
 from shardvault.services import Services
+from shardvault.tables import NodeRegistry
 
 RUNNING_EXECUTION = "RUNNING"
 
@@ -63,20 +64,25 @@ def new_backup_id(now: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
+def registered_nodes(registry: NodeRegistry, cluster: str) -> list[NodeRecord]:
+    """The cluster's registered nodes; none is ``UnknownCluster``, naming those there are."""
+    nodes = registry.in_cluster(cluster)
+    if not nodes:
+        known = ", ".join(registry.clusters()) or "none"
+        raise UnknownCluster(
+            f"no agent has registered for cluster {cluster!r} (registered clusters: {known}).",
+            fix=f"check the cluster name, or start the agents with 'cluster: {cluster}' in "
+            "their configuration.",
+        )
+    return nodes
+
+
 def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext:
     """Checks the request against the registry and takes the cluster's lock, or raises a named
     error before any side effect."""
     if request.part_size is not None:
         check_part_size(request.part_size)
-    nodes = svc.nodes.in_cluster(request.cluster)
-    if not nodes:
-        known = ", ".join(svc.nodes.clusters()) or "none"
-        raise UnknownCluster(
-            f"no agent has registered for cluster {request.cluster!r} (registered clusters: "
-            f"{known}).",
-            fix="check the cluster name, or start the agents with 'cluster: "
-            f"{request.cluster}' in their configuration.",
-        )
+    nodes = registered_nodes(svc.nodes, request.cluster)
     check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
     engines = {n.engine for n in nodes}
     if len(engines) > 1:

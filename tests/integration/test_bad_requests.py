@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 
@@ -45,6 +47,32 @@ def test_unknown_cluster(stack):
     progress = run_raw(stack, {"cluster": "no-such-cluster"})
     assert_rejected(progress, "UnknownCluster", "no-such-cluster", "start the agents")
     assert time.monotonic() - started < 10  # at once, not after a timeout
+
+
+def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
+    """A script sees the refusal in the exit status (3: refused; 2 is a usage error) and on
+    stderr, and no execution was started to fail later."""
+    refused = subprocess.run(
+        [sys.executable, "-m", "shardvault.cli", "backup", "no-such-cluster", "--stack-env",
+         str(stack.root / "stack.env")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )  # fmt: skip
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "UnknownCluster" in refused.stderr
+    assert "no-such-cluster" in refused.stderr
+    assert refused.stdout == ""
+    executions = boto3.client("stepfunctions").list_executions(
+        stateMachineArn=stack.state_machine_arn
+    )["executions"]
+    assert not [e for e in executions if e["name"].startswith("no-such-cluster")]
+
+    usage = subprocess.run(
+        [sys.executable, "-m", "shardvault.cli", "backup"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert usage.returncode == 2
+    assert "required: cluster" in usage.stderr
 
 
 def test_a_cluster_whose_agents_hold_no_shards(stack, make_target):

@@ -105,9 +105,9 @@ def test_local_down_stops_the_stack_that_local_up_runs_and_its_minio(root: Path)
         assert running_stack_pid(root) == up.pid
 
         second = cli("local", "up", "--dir", root)
-        assert second.returncode == 2
-        assert f"a local stack already runs in {root} (pid {up.pid})" in second.stdout
-        assert "shardvault local down" in second.stdout
+        assert second.returncode == 3  # refused
+        assert f"a local stack already runs in {root} (pid {up.pid})" in second.stderr
+        assert "shardvault local down" in second.stderr
         assert minio_of(root), "the refused stack stopped the running one's MinIO"
 
         down = cli("local", "down", "--dir", root)
@@ -123,8 +123,8 @@ def test_local_down_stops_the_stack_that_local_up_runs_and_its_minio(root: Path)
             up.wait()
 
     again = cli("local", "down", "--dir", root)
-    assert again.returncode == 2
-    assert f"no local stack runs in {root}" in again.stdout
+    assert again.returncode == 3
+    assert f"no local stack runs in {root}" in again.stderr
 
 
 def test_a_killed_stack_takes_minio_and_its_agents_with_it(root: Path) -> None:

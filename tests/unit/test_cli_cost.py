@@ -28,6 +28,7 @@ def screen(monkeypatch: pytest.MonkeyPatch) -> Console:
     """What the command prints, as plain text (wide: no figure wraps)."""
     console = Console(width=160, record=True, file=io.StringIO())
     monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(cli, "errors", console)
     monkeypatch.delenv("SHARDVAULT_CATALOG_TABLE", raising=False)
     return console
 
@@ -98,10 +99,10 @@ def test_a_cluster_within_budget_exits_0(screen: Console, tmp_path: Path) -> Non
     assert budget.endswith("to spare")
 
 
-def test_a_bad_policy_is_named_by_field_and_exits_2(screen: Console, tmp_path: Path) -> None:
+def test_a_bad_policy_is_named_by_field_and_refused(screen: Console, tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"
     bad.write_text("version: 1\nclusters: {a: {engine: mysql}}\n")
-    assert cli.main(["cost", "--policy", str(bad)]) == 2
+    assert cli.main(["cost", "--policy", str(bad)]) == cli.REFUSED
     text = screen.export_text()
     assert "PolicyError" in text
     assert "clusters.a.engine: Input should be 'sqlite' or 'postgres', got 'mysql'" in text
@@ -117,10 +118,10 @@ def test_a_bad_policy_is_named_by_field_and_exits_2(screen: Console, tmp_path: P
         (["--daily-change", "2"], "CostError", "daily change of 2.0"),
     ],
 )
-def test_bad_arguments_are_named_and_exit_2(
+def test_bad_arguments_are_named_and_refused(
     screen: Console, args: list[str], error: str, says: str
 ) -> None:
-    assert cli.main(["cost", *args]) == 2
+    assert cli.main(["cost", *args]) == cli.REFUSED
     text = screen.export_text()
     assert f"{error}: " in text
     assert says in text

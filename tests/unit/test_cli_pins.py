@@ -35,6 +35,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RestoreRequest]:
 def output(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     text = io.StringIO()
     monkeypatch.setattr(cli, "console", Console(file=text, width=200))
+    monkeypatch.setattr(cli, "errors", Console(file=text, width=200))
     return text
 
 
@@ -45,7 +46,7 @@ def restore(*pins: str) -> int:
 def test_a_shard_pinned_to_two_nodes_is_refused_by_name_before_anything_starts(
     started: list[RestoreRequest], output: io.StringIO
 ) -> None:
-    assert restore("shard-1=node-1", "shard-2=node-2", "shard-1=node-3") == 2
+    assert restore("shard-1=node-1", "shard-2=node-2", "shard-1=node-3") == cli.REFUSED
     assert started == []
     said = output.getvalue()
     assert "InvalidRequest" in said
@@ -64,6 +65,6 @@ def test_the_same_pin_twice_is_accepted(started: list[RestoreRequest], output: i
 def test_a_pin_without_a_node_is_refused(
     started: list[RestoreRequest], output: io.StringIO
 ) -> None:
-    assert restore("shard-1") == 2
+    assert restore("shard-1") == cli.REFUSED
     assert started == []
     assert "is not SHARD=NODE" in output.getvalue()
