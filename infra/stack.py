@@ -58,7 +58,7 @@ class ShardVaultStack(Stack):
         self.policy = deployed_policy(self)
         self.storage = Storage(self, "Storage")
         self.tables = Tables(self, "Tables")
-        self.notifications = Notifications(self, "Notifications")
+        self.notifications = Notifications(self, "Notifications", alert_emails(self))
         # Wraps the data keys of clusters whose policy says encryption: kms (shardvault/keys.py).
         self.data_key = kms.Key(
             self,
@@ -465,6 +465,23 @@ def agent_nodes(scope: Construct) -> dict[str, str | None]:
             )
         nodes[node] = cluster or None
     return nodes
+
+
+EMAIL = re.compile(r"[^@\s,]+@[^@\s,]+\.[^@\s,]+")
+
+
+def alert_emails(scope: Construct) -> tuple[str, ...]:
+    """Addresses from the CDK context ``alertEmail`` (one, or several comma-separated):
+    subscribed to the notifications topic, which the alarms and failed backups publish to."""
+    value = scope.node.try_get_context("alertEmail") or ""
+    emails = tuple(e.strip() for e in str(value).split(",") if e.strip())
+    bad = [e for e in emails if not EMAIL.fullmatch(e)]
+    if bad:
+        raise ValueError(
+            f"alertEmail: {bad[0]!r} is not an e-mail address; give one or several, "
+            "comma-separated (-c alertEmail=oncall@example.com)."
+        )
+    return emails
 
 
 def deployed_policy(scope: Construct) -> Policy:

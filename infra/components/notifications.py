@@ -12,11 +12,12 @@ from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 
 class Notifications(Construct):
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, emails: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         self.key = kms.Key(
             self,
@@ -32,6 +33,10 @@ class Notifications(Construct):
             enforce_ssl=True,
         )
         self._allow_cloudwatch_alarms()
+        # Someone to wake: without a subscriber every alarm and failed night reaches no one.
+        # AWS mails each address a confirmation link first; until it is followed, nothing.
+        for email in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(email))
 
     def _allow_cloudwatch_alarms(self) -> None:
         stack = Stack.of(self)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aws_cdk import Token
+from aws_cdk import App, Token
 from aws_cdk.assertions import Annotations, Match, Template
 
 from infra.app import build_app
@@ -38,7 +38,7 @@ from infra.constants import (
     SUBSTITUTION_KEYS,
     WORK_BUCKET_PLACEHOLDER,
 )
-from infra.stack import ShardVaultStack
+from infra.stack import ShardVaultStack, alert_emails
 from shardvault.models import DOORBELL_PREFIX
 from tests.infra.template_queries import (
     actions,
@@ -76,6 +76,7 @@ ALLOWED_CFN_LINT_WARNINGS = {
 
 
 AGENT_NODES = ["node-1=orders", "node-2"]
+ALERT_EMAILS = "oncall@example.com,dba@example.org"
 
 
 @dataclass
@@ -89,7 +90,8 @@ class Synthesized:
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     outdir = tmp_path_factory.mktemp("cdk.out")
-    _, stack = build_app(outdir=str(outdir), context={"agentNodes": AGENT_NODES})
+    context = {"agentNodes": AGENT_NODES, "alertEmail": ALERT_EMAILS}
+    _, stack = build_app(outdir=str(outdir), context=context)
     template = Template.from_stack(stack)
     return Synthesized(stack, template, template.to_json(), outdir)
 
@@ -327,6 +329,24 @@ PUBLISHERS = {
     "decide_retention",  # budget alerts
     "reap_execution",
 }
+
+
+def test_the_alert_addresses_are_subscribed_to_the_notifications_topic(
+    synth: Synthesized,
+) -> None:
+    subscriptions = resources_of(synth, "AWS::SNS::Subscription").values()
+    (topic,) = resources_of(synth, "AWS::SNS::Topic")
+    assert sorted(
+        s["Properties"]["Endpoint"]
+        for s in subscriptions
+        if s["Properties"]["Protocol"] == "email" and s["Properties"]["TopicArn"] == {"Ref": topic}
+    ) == sorted(ALERT_EMAILS.split(","))
+
+
+@pytest.mark.parametrize("value", ["oncall", "a@b.c,not an address", "x@y"])
+def test_a_bad_alert_address_is_refused_at_synth(value: str) -> None:
+    with pytest.raises(ValueError, match="is not an e-mail address"):
+        alert_emails(App(context={"alertEmail": value}))
 
 
 def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
