@@ -4,8 +4,8 @@
   shardvault local up                          run the local stack until Ctrl-C or local down
   shardvault local down                        stop the stack 'local up' runs in --dir
   shardvault backup CLUSTER [--wait]           start a backup (and follow it)
-  shardvault list [CLUSTER]                    backups in the catalog
-  shardvault show CLUSTER BACKUP_ID            one backup, in full
+  shardvault list [CLUSTER] [--json]           backups in the catalog
+  shardvault show CLUSTER BACKUP_ID [--json]   one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
@@ -23,6 +23,7 @@ stderr with its fix, before anything started).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -113,6 +114,11 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("cluster", nargs="?")
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
     nodes.set_defaults(run=run_nodes)
+
+    for reader in (lister, show, nodes):
+        reader.add_argument(
+            "--json", action="store_true", help="print JSON for scripts (see README: --json)"
+        )
 
     restore, retention, schedule = add_vault_parsers(sub)
 
@@ -611,9 +617,33 @@ def hold_note(record: dict[str, Any]) -> str:
     return f"held until {until}: {record.get('held_for', 'paid minimum of its class')}"
 
 
+def emit_json(data: Any) -> int:
+    """``--json``: one JSON document on stdout, nothing else (no colours, no wrapping)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+def backup_json(record: dict[str, Any], root: dict[str, Any] | None) -> dict[str, Any]:
+    """A backup's catalog record with what the table shows computed: ``read_bytes`` (from
+    the databases), ``stored_bytes`` (in the store, after compression), and for an
+    incremental ``share_of_full`` (its stored bytes over its chain's full's; None when the
+    full is gone from the catalog)."""
+    out = dict(record) | {"read_bytes": read_bytes(record)}
+    if "bytes" in record:
+        out["stored_bytes"] = recorded_stored_bytes(record)
+    if record.get("kind") == "incremental":
+        full = recorded_stored_bytes(root) if root else 0
+        out["share_of_full"] = recorded_stored_bytes(record) / full if full else None
+    return out
+
+
 def run_list(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
     by_id = {(r["cluster"], r["backup_id"]): r for r in records}
+    if args.json:
+        return emit_json(
+            [backup_json(r, by_id.get((r["cluster"], r.get("chain_root", "")))) for r in records]
+        )
     table = Table(
         "cluster",
         "backup id",
@@ -652,9 +682,12 @@ def run_nodes(args: argparse.Namespace) -> int:
         node = ops.remove_node(config, args.remove)
         console.print(f"removed node {node.node_id} of cluster {node.cluster}")
         return 0
+    found = ops.list_nodes(config, args.cluster)
+    if args.json:
+        return emit_json([n.model_dump(mode="json") for n in found])
     table = Table("cluster", "node", "engine", "status", "last heartbeat", "shards", "free")
     now = time.time()
-    for n in ops.list_nodes(config, args.cluster):
+    for n in found:
         shards = ", ".join(f"{s.shard_id} ({s.role})" for s in n.shards)
         age = f"{now - n.heartbeat_at:.0f} s ago"
         table.add_row(
@@ -667,6 +700,8 @@ def run_nodes(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     config = ops.ClientConfig.from_env()
     record = ops.show_backup(config, args.cluster, args.backup_id)
+    if args.json:
+        return emit_json(backup_json(record, chain_root_of(config, record)))
     table = Table(show_header=False, title=f"{args.cluster} / {args.backup_id}")
     table.add_row("type", backup_type(record))
     share = share_of_full(record, chain_root_of(config, record))

@@ -1,0 +1,58 @@
+"""``--json`` on the read commands gives scripts one JSON document on stdout: the catalog's
+record of each backup with what the table shows computed (bytes read and stored, an
+incremental's share of its full), and the registered nodes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.minio
+
+
+def cli_json(stack, *args: str):
+    done = subprocess.run(
+        [sys.executable, "-m", "shardvault.cli", *args, "--json", "--stack-env",
+         str(stack.root / "stack.env")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "40"},  # narrow: JSON must not wrap
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_list_show_and_nodes_print_json(make_cluster, policy_for):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)
+    full = cluster.backup()
+    assert full.status == "SUCCEEDED"
+    (source,) = cluster.sources.values()
+    with sqlite3.connect(source) as conn:
+        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
+    incremental = cluster.backup(incremental=True)
+    assert incremental.status == "SUCCEEDED", incremental.cause
+    full_id, incr_id = full.record["backup_id"], incremental.record["backup_id"]
+
+    listed = {r["backup_id"]: r for r in cli_json(cluster.stack, "list", cluster.name)}
+    assert set(listed) == {full_id, incr_id}
+    assert listed[full_id]["kind"] == "full"
+    assert "share_of_full" not in listed[full_id]
+    incr = listed[incr_id]
+    assert (incr["kind"], incr["parent_id"], incr["depth"]) == ("incremental", full_id, 1)
+    assert 0 < incr["stored_bytes"] < listed[full_id]["stored_bytes"]
+    assert incr["share_of_full"] == incr["stored_bytes"] / listed[full_id]["stored_bytes"]
+    assert incr["read_bytes"] >= incr["bytes"]
+    records = {r["backup_id"]: r for r in cluster.records()}  # the catalog, read directly
+    assert incr["status"] == records[incr_id]["status"] == "COMPLETE"
+
+    shown = cli_json(cluster.stack, "show", cluster.name, incr_id)
+    assert shown == incr
+
+    (node,) = cli_json(cluster.stack, "nodes", cluster.name)
+    assert node["node_id"] == cluster.configs[0]["node_id"]
+    assert node["cluster"] == cluster.name
+    assert [s["shard_id"] for s in node["shards"]] == list(cluster.sources)
