@@ -95,6 +95,7 @@ class ShardVaultStack(Stack):
             policy=self.policy,
             backup=self.workflows["backup"].state_machine,
             retention=self.workflows["retention"].state_machine,
+            alarms_to=self.notifications.topic,
         )
         self.agents = AgentAccess(
             self,

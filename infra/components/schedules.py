@@ -19,9 +19,12 @@ import json
 import re
 
 from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagSuppressions
@@ -62,6 +65,7 @@ class Schedules(Construct):
         policy: Policy,
         backup: sfn.IStateMachine,
         retention: sfn.IStateMachine,
+        alarms_to: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         key = kms.Key(self, "DeadLetterKey", enable_key_rotation=True)
@@ -73,6 +77,8 @@ class Schedules(Construct):
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
+        if alarms_to is not None:
+            self._alarm_on_dead_letters(alarms_to)
         self.role = iam.Role(
             self,
             "Role",
@@ -149,3 +155,23 @@ class Schedules(Construct):
                 ),
             ),
         )
+
+    def _alarm_on_dead_letters(self, topic: sns.ITopic) -> None:
+        """A scheduled run that could not even start (after the schedule's retries) lands in
+        the dead-letter queue and starts no execution, so no execution alarm fires: this one
+        does, when a message is there."""
+        alarm = cloudwatch.Alarm(
+            self,
+            "DeadLettersAlarm",
+            alarm_description="ShardVault schedules: a scheduled backup or retention run "
+            "could not be started (see the dead-letter queue's messages for the cluster and "
+            "the cause).",
+            metric=self.dead_letters.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(5), statistic="Maximum"
+            ),
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(topic))

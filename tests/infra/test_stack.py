@@ -628,6 +628,33 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
         assert properties["ScheduleExpression"].startswith("cron(")
 
 
+def test_a_dead_lettered_schedule_start_alarms_the_notifications_topic(
+    synth: Synthesized,
+) -> None:
+    """A schedule that could not start its run starts no execution, so only this alarm on its
+    dead-letter queue can tell anyone."""
+    (topic,) = resources_of(synth, "AWS::SNS::Topic")
+    dead_letters = {
+        target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]
+        for target in (
+            s["Properties"]["Target"]
+            for s in resources_of(synth, "AWS::Scheduler::Schedule").values()
+        )
+    }
+    alarms = [
+        a["Properties"]
+        for a in resources_of(synth, "AWS::CloudWatch::Alarm").values()
+        if a["Properties"].get("Namespace") == "AWS/SQS"
+    ]
+    (alarm,) = alarms
+    assert alarm["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    (dimension,) = alarm["Dimensions"]
+    assert referenced_ids(dimension["Value"]) == dead_letters
+    assert alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["AlarmActions"] == [{"Ref": topic}]
+
+
 def test_tables(synth: Synthesized) -> None:
     tables = list(resources_of(synth, "AWS::DynamoDB::Table").values())
     by_keys = {
