@@ -42,10 +42,11 @@ from rich.progress import (
 from rich.table import Table
 
 from shardvault import operations as ops
-from shardvault.costs import DEFAULT_DAILY_CHANGE
+from shardvault.costs import DEFAULT_DAILY_CHANGE, StoredPart, restore_options
 from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
+from shardvault.prices import StorageClass
 from shardvault.versions import installed
 
 console = Console()
@@ -348,6 +349,7 @@ def run_restore(args: argparse.Namespace) -> int:
         outcome = ops.wait_restore(config, execution)
         if outcome.status == "SUCCEEDED":
             print_plan(outcome.record or {})
+            print_restore_options(config, outcome.record or {}, args.tier)
             return 0
         console.print(f"[bold red]plan {outcome.status}[/]: [bold]{outcome.error}[/]")
         console.print(outcome.cause)
@@ -391,6 +393,50 @@ def print_plan(plan: dict[str, Any]) -> None:
     )
     for p in plan.get("placements", []):
         table.add_row(p["shard_id"], p["node_id"], f"{p['bytes'] / MiB:.1f} MiB")
+    console.print(table)
+
+
+def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> list[dict]:
+    """The catalog records of a backup and, for an incremental, of every ancestor (a restore
+    reads them all), newest first."""
+    records = [ops.show_backup(config, cluster, backup_id)]
+    while records[-1].get("kind") == "incremental" and records[-1].get("parent_id"):
+        records.append(ops.show_backup(config, cluster, records[-1]["parent_id"]))
+    return records
+
+
+def stored_part(record: dict[str, Any]) -> StoredPart:
+    """Where a backup is read from: its vault class once promoted (read back from the vault
+    at promotion), else the staging bucket's STANDARD."""
+    in_vault = record.get("location") == "vault" and record.get("storage_class")
+    storage_class = StorageClass(record["storage_class"]) if in_vault else StorageClass.STANDARD
+    return StoredPart(storage_class, recorded_stored_bytes(record), int(record.get("objects", 0)))
+
+
+def print_restore_options(config: ops.ClientConfig, plan: dict[str, Any], chosen: str) -> None:
+    """Before anything moves: per retrieval tier, what the restore will cost and how long the
+    thaw of its archived objects takes (``costs.restore_options``)."""
+    records = chain_records(config, plan["cluster"], plan["backup_id"])
+    options = restore_options(stored_part(r) for r in records)
+    table = Table(
+        "retrieval tier",
+        "cost",
+        "thaw before the first byte",
+        title=f"Reading {len(records)} backup(s) "
+        f"({sum(recorded_stored_bytes(r) for r in records) / MiB:,.1f} MiB stored)",
+    )
+    for option in options:
+        name = option.tier.value.capitalize() if option.tier else "read directly (no thaw)"
+        mark = " (--tier)" if option.tier and option.tier.value == chosen.upper() else ""
+        hours = option.ready_within_hours
+        thaw = (
+            "none"
+            if not hours
+            else f"up to {hours * 60:.0f} min"
+            if hours < 1
+            else (f"up to {hours:g} h")
+        )
+        table.add_row(name + mark, f"${option.usd:,.4f}", thaw)
     console.print(table)
 
 

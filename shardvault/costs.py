@@ -292,6 +292,41 @@ def price_restore(
     )
 
 
+class StoredPart(NamedTuple):
+    """What one backup of a restored chain keeps in the store: its class, bytes and objects."""
+
+    storage_class: StorageClass
+    bytes: int
+    objects: int
+
+
+class RestoreOption(NamedTuple):
+    """Restoring a chain at one retrieval tier (None: nothing archived, read directly)."""
+
+    tier: RestoreTier | None
+    usd: float
+    ready_within_hours: float  # the thaw, before any byte moves
+
+
+def restore_options(parts: Iterable[StoredPart]) -> list[RestoreOption]:
+    """What restoring a backup (with its chain: every member is read) costs and how long
+    its thaw takes, per retrieval tier every archived member offers, cheapest last."""
+    parts = list(parts)
+    archived = {p.storage_class for p in parts if p.storage_class in ARCHIVE_CLASSES}
+    if not archived:
+        usd = sum(price_restore(p.storage_class, p.bytes, p.objects).total_usd for p in parts)
+        return [RestoreOption(None, usd, 0.0)]
+    tiers = [t for t in RestoreTier if all((c, t) in RESTORE for c in archived)]
+    return [
+        RestoreOption(
+            tier,
+            sum(price_restore(*p, tier=tier).total_usd for p in parts),
+            max(RESTORE[(c, tier)].ready_within_hours for c in archived),
+        )
+        for tier in tiers
+    ]
+
+
 def agents_monthly_cost(
     nodes: int,
     *,
