@@ -6,7 +6,7 @@ Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}
 import time
 
 from shardvault import backup
-from shardvault.errors import InvalidRequest
+from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.lambda_support import logger, parse, services, tracer
 from shardvault.models import BackupRequest
 
@@ -21,4 +21,8 @@ def lambda_handler(event: dict, context: object) -> dict:
             fix="start the execution with a JSON object naming the cluster.",
         )
     request = parse(BackupRequest, {**request, "execution_id": event.get("execution_id", "")})
-    return backup.validate(request, services(), time.time()).model_dump(mode="json")
+    try:
+        return backup.validate(request, services(), time.time()).model_dump(mode="json")
+    except ShardVaultError as error:
+        backup.notify_refusal(request, error, services())  # a schedule's refusal wakes someone
+        raise

@@ -518,7 +518,10 @@ def mark_failed(
         "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
     }
     svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
-    svc.notify(f"ShardVault restore {restore_id} FAILED", {"restore_id": restore_id, **outcome})
+    svc.notify(
+        f"ShardVault restore into {target_cluster} FAILED ({restore_id})",
+        {"target_cluster": target_cluster, "restore_id": restore_id, **outcome},
+    )
     return outcome
 
 

@@ -15,7 +15,8 @@ step function re-exported here):
 - ``upload``: per object, ``sign`` and ``complete`` (with ``verify_object``); after the Upload
   map, ``check_uploads``.
 - ``manifest``: the manifest, the summary and cost estimate, the lock released (``finalize``).
-- ``failure``: the failure path (``cleanup``), cleanup after an abandoned execution
+- ``failure``: the failure path (``cleanup``), a refused scheduled run's notice
+  (``notify_refusal``), cleanup after an abandoned execution
   (``clean_up_abandoned``, also used by ``admission`` to take over a lock) and reaping
   (``reap``).
 
@@ -35,6 +36,7 @@ from shardvault.backup.failure import (
     TAKEN_OVER,
     clean_up_abandoned,
     cleanup,
+    notify_refusal,
     reap,
     reaped_error,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "cleanup",
     "complete",
     "finalize",
+    "notify_refusal",
     "plan",
     "reap",
     "reaped_error",

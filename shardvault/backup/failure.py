@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from shardvault.causes import failure_cause
 from shardvault.dispatch import post_untracked
-from shardvault.errors import InvalidRequest
-from shardvault.models import BackupContext, BackupStatus
+from shardvault.errors import InvalidRequest, ShardVaultError
+from shardvault.models import BackupContext, BackupRequest, BackupStatus
 from shardvault.planning import backup_prefix
 from shardvault.services import Services
 from shardvault.store import abort_uploads, delete_prefix
@@ -66,9 +66,30 @@ def cleanup(
     svc.catalog.update(context.cluster, context.backup_id, **outcome)
     svc.catalog.unlock(context.cluster, context.backup_id)
     svc.notify(
-        f"ShardVault backup {context.backup_id} FAILED", {"backup_id": context.backup_id, **outcome}
+        f"ShardVault backup of {context.cluster} FAILED ({context.backup_id})",
+        {"cluster": context.cluster, "backup_id": context.backup_id, **outcome},
     )
     return outcome
+
+
+def notify_refusal(request: BackupRequest, error: ShardVaultError, svc: Services) -> bool:
+    """A scheduled run refused by validation (an agent down, a backup already running): no one
+    watches a schedule and a refused run has no backup to record, so the refusal is sent to the
+    notifications topic naming the cluster, the cause and the fix (a run asked for by a person
+    shows its refusal to that person). Returns whether it was sent."""
+    if not request.requested_by.startswith("schedule"):
+        return False
+    return svc.notify(
+        f"ShardVault: scheduled backup of {request.cluster} refused ({error.name})",
+        {
+            "cluster": request.cluster,
+            "requested_by": request.requested_by,
+            "execution_id": request.execution_id,
+            "error": error.name,
+            "cause": error.message,
+            "fix": error.fix,
+        },
+    )
 
 
 def post_releases(context: BackupContext, svc: Services) -> None:

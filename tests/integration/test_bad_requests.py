@@ -49,6 +49,29 @@ def test_unknown_cluster(stack):
     assert time.monotonic() - started < 10  # at once, not after a timeout
 
 
+def test_a_refused_scheduled_run_is_sent_to_the_notifications_topic(stack):
+    """Nobody watches a schedule: its refused run reaches the topic, naming the cluster, the
+    cause and the fix; a refusal a person asked for (the CLI) is shown to that person only."""
+    sns, sqs = boto3.client("sns"), boto3.client("sqs")
+    queue = sqs.create_queue(QueueName=f"alerts-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]
+    sns.subscribe(TopicArn=stack.settings.topic_arn, Protocol="sqs", Endpoint=arn["QueueArn"])
+
+    manual = run_raw(stack, {"cluster": "nosuch-by-hand", "requested_by": "cli"})
+    scheduled = run_raw(stack, {"cluster": "nosuch-nightly", "requested_by": "schedule:full"})
+
+    assert_rejected(manual, "UnknownCluster")
+    assert_rejected(scheduled, "UnknownCluster")
+    messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    notices = [json.loads(json.loads(m["Body"])["Message"]) for m in messages]
+    (notice,) = notices
+    assert notice["cluster"] == "nosuch-nightly"
+    assert notice["requested_by"] == "schedule:full"
+    assert notice["error"] == "UnknownCluster"
+    assert "nosuch-nightly" in notice["cause"]
+    assert notice["fix"]
+
+
 def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
     """A script sees the refusal in the exit status (3: refused; 2 is a usage error) and on
     stderr, and no execution was started to fail later."""
