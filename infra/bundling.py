@@ -3,10 +3,10 @@
 The *asset* is one directory shared by every function: ``shardvault/`` (but its client side,
 ``CLIENT_ONLY``) and ``functions/`` copied from the repository, plus the wheels of
 ``requirements-lambda.txt`` installed for the functions' *platform* (CPU architecture and
-Python version). The *dependency cache* keeps each
-such install under ``.cache/lambda-deps/<key>``, the key being a hash of the requirements file
-and the platform, so that a second synth links files instead of calling pip. The asset's hash
-is computed from the same inputs, so an unchanged asset already in ``cdk.out`` is not rebuilt.
+Python version). The *dependency cache* keeps each such install under
+``.cache/lambda-deps/<key>``, the key being a hash of the requirements file and the platform,
+so that a second synth links files instead of calling pip. The asset's hash is computed from
+the same inputs, so an unchanged asset already in ``cdk.out`` is not rebuilt.
 """
 
 from __future__ import annotations

@@ -428,16 +428,14 @@ def print_restore_options(config: ops.ClientConfig, plan: dict[str, Any], chosen
     for option in options:
         name = option.tier.value.capitalize() if option.tier else "read directly (no thaw)"
         mark = " (--tier)" if option.tier and option.tier.value == chosen.upper() else ""
-        hours = option.ready_within_hours
-        thaw = (
-            "none"
-            if not hours
-            else f"up to {hours * 60:.0f} min"
-            if hours < 1
-            else (f"up to {hours:g} h")
-        )
-        table.add_row(name + mark, f"${option.usd:,.4f}", thaw)
+        table.add_row(name + mark, f"${option.usd:,.4f}", thaw_text(option.ready_within_hours))
     console.print(table)
+
+
+def thaw_text(hours: float) -> str:
+    if not hours:
+        return "none"
+    return f"up to {hours * 60:.0f} min" if hours < 1 else f"up to {hours:g} h"
 
 
 def print_restore(summary: dict[str, Any]) -> None:

@@ -197,7 +197,7 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
         source = "vault" if record.get("location") == "vault" and svc.vault else "store"
         key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
         sources.append(ChainSource(backup_id=backup_id, manifest_key=key, source=source))
-    with ThreadPoolExecutor(PARALLEL_READS) as pool:  # the store's client is
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
         reads = [
             pool.submit(load_manifest, *source_of(svc, s.source), s.manifest_key) for s in sources
         ]
