@@ -25,6 +25,9 @@ bench: setup
 
 # Wheels of both packages and of every dependency at its pinned version, for hosts that install
 # the agent without a checkout: pip install --no-index --find-links dist shardvault-agent
-wheels: setup
+# Needs only python3 and the package index (not the test setup: no PostgreSQL, no MinIO).
+wheels:
 	rm -rf dist
-	$(BIN)/pip wheel --quiet --wheel-dir dist -r requirements.txt -r agents/requirements.txt ./ ./agents
+	python3 -m venv .cache/wheels-venv
+	.cache/wheels-venv/bin/pip wheel --quiet --wheel-dir dist \
+		-r requirements.txt -r agents/requirements.txt ./ ./agents
