@@ -533,6 +533,7 @@ def run_cost(args: argparse.Namespace) -> int:
 
     if args.target:
         print_forecast(TARGET_TITLE, costs.target_forecast())
+        print_deployment_cost()
         return 0
     policy = load_policy(args.policy or EXAMPLE_POLICY)
     catalog = bool(args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
@@ -543,11 +544,23 @@ def run_cost(args: argparse.Namespace) -> int:
         print_forecast(title, forecast)
         if alert := costs.budget_alert(name, forecast):
             alerts.append(alert)
+    print_deployment_cost()
     for alert in alerts:
         console.print(f"[bold red]{alert}[/]")
     if catalog:
         print_spend(costs.recorded_spend(records))
     return 1 if alerts else 0
+
+
+def print_deployment_cost() -> None:
+    """The deployment's own month, shared by its clusters (in no cluster's forecast)."""
+    from shardvault import costs
+
+    console.print(
+        f"the deployment itself (shared by every cluster): "
+        f"${costs.deployment_monthly_cost():,.2f} a month ({costs.DEPLOYMENT_KMS_KEYS} KMS "
+        f"keys, {costs.DEPLOYMENT_ALARMS} alarms)"
+    )
 
 
 def cluster_forecast(

@@ -63,11 +63,13 @@ from shardvault.policy import (
     Vault,
 )
 from shardvault.prices import (
+    ALARM_MONTH,
     ARCHIVE_CLASSES,
     DAYS_PER_MONTH,
     DYNAMODB_READ,
     DYNAMODB_WRITE,
     GB,
+    KMS_KEY_MONTH,
     LAMBDA_GB_SECOND,
     LAMBDA_REQUEST,
     RESTORE,
@@ -129,6 +131,11 @@ EARLY_DELETION_TARGET = 0.05  # the issue's: early-deletion charges at most 5% o
 # queue (WaitTimeSeconds=20: one request per 20 s while nothing rings), reads its inbox item
 # as a safety net every 60 s (a strongly consistent DynamoDB read) and writes its registry
 # heartbeat every 300 s (a DynamoDB write).
+# What the stack holds that costs a month whether or not anything is backed up (infra/: the
+# notifications topic's key, the schedules' dead-letter key, the data key; two alarms per
+# state machine and one on the dead letters). tests/infra checks these against the template.
+DEPLOYMENT_KMS_KEYS = 3
+DEPLOYMENT_ALARMS = 7
 AGENT_DOORBELL_WAIT_SECONDS = 20.0
 AGENT_INBOX_READ_SECONDS = 60.0
 AGENT_HEARTBEAT_SECONDS = 300.0
@@ -341,6 +348,12 @@ def agents_monthly_cost(
     polls = seconds / doorbell_wait_seconds * SQS_REQUEST
     reads = seconds / inbox_read_seconds * DYNAMODB_READ
     return nodes * (polls + reads + seconds / heartbeat_seconds * DYNAMODB_WRITE)
+
+
+def deployment_monthly_cost() -> float:
+    """What the deployment costs a month before any cluster: its customer-managed KMS keys
+    and alarms. Shared by every cluster it backs up, so in no cluster's forecast."""
+    return DEPLOYMENT_KMS_KEYS * KMS_KEY_MONTH + DEPLOYMENT_ALARMS * ALARM_MONTH
 
 
 # --- A cluster's month -------------------------------------------------------------------------

@@ -136,3 +136,7 @@ LAMBDA_REQUEST = 0.20 / 1_000_000  # UNCONFIRMED
 DYNAMODB_WRITE = 0.625 / 1_000_000  # on-demand write request unit
 DYNAMODB_READ = 0.125 / 1_000_000  # on-demand read request unit
 SQS_REQUEST = 0.40 / 1_000_000  # UNCONFIRMED: standard queue, per request (a long poll is one)
+
+# The deployment itself, whatever it backs up.
+KMS_KEY_MONTH = 1.00  # UNCONFIRMED: a customer-managed key, per month (requests apart)
+ALARM_MONTH = 0.10  # UNCONFIRMED: a standard-resolution metric alarm, per month

@@ -655,6 +655,15 @@ def test_a_dead_lettered_schedule_start_alarms_the_notifications_topic(
     assert alarm["AlarmActions"] == [{"Ref": topic}]
 
 
+def test_the_cost_models_deployment_line_counts_what_the_stack_holds(synth: Synthesized) -> None:
+    """``shardvault cost`` prints the deployment's own month from these counts: a key or an
+    alarm added to the stack must be added there too."""
+    from shardvault import costs
+
+    assert len(resources_of(synth, "AWS::KMS::Key")) == costs.DEPLOYMENT_KMS_KEYS
+    assert len(resources_of(synth, "AWS::CloudWatch::Alarm")) == costs.DEPLOYMENT_ALARMS
+
+
 def test_tables(synth: Synthesized) -> None:
     tables = list(resources_of(synth, "AWS::DynamoDB::Table").values())
     by_keys = {

@@ -81,6 +81,20 @@ def test_target_prints_the_modeled_1_tib_case(screen: Console) -> None:
     assert f.total_usd == pytest.approx(40.59, abs=0.01)
 
 
+def test_the_deployments_own_month_is_printed_apart_from_every_cluster(screen: Console) -> None:
+    """Keys and alarms cost whether or not anything is backed up; they are shared, so they
+    are in no cluster's forecast (nor its budget), but they are shown."""
+    assert cli.main(["cost", "--target"]) == 0
+    assert costs.deployment_monthly_cost() == pytest.approx(
+        costs.DEPLOYMENT_KMS_KEYS * 1.00 + costs.DEPLOYMENT_ALARMS * 0.10
+    )
+    text = " ".join(screen.export_text().split())
+    assert (
+        f"the deployment itself (shared by every cluster): "
+        f"${costs.deployment_monthly_cost():,.2f} a month" in text
+    )
+
+
 def test_a_cluster_over_budget_is_flagged_and_exits_1(screen: Console, tmp_path: Path) -> None:
     path = policy_file(tmp_path, budget=1)
     assert cli.main(["cost", "--policy", str(path), "--data-gib", "500"]) == 1
