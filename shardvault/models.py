@@ -192,9 +192,11 @@ class ShardListing(Frozen):
 
 
 def pack_files(files: list[FileEntry]) -> str:
-    """Compact wire form of a file list (gzip of JSON pairs, base64): task results are small."""
+    """Compact wire form of a file list (gzip of JSON pairs, base64): task results are small.
+    The same list always packs to the same text (``mtime=0``: gzip's header would otherwise
+    hold the second it was made), so packed lists compare equal."""
     raw = json.dumps([[f.path, f.size] for f in files], separators=(",", ":")).encode()
-    return base64.b64encode(gzip.compress(raw, compresslevel=6)).decode("ascii")
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
 
 
 def unpack_files(packed: str) -> list[FileEntry]:

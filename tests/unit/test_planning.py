@@ -198,3 +198,18 @@ def test_a_block_map_is_one_object_however_large():
     assert maps[0].part_count == 75
     assert maps[0].length // maps[0].frame_size <= 4096  # its frame table still fits a result
     assert len([o for o in objects if o.phase == Phase.DATA]) == 2  # data objects: as before
+
+
+def test_a_file_list_packs_to_the_same_text_whenever_it_is_packed(monkeypatch) -> None:
+    """Packed lists are compared (a checkpoint's listing with a scan's): gzip's header time
+    must not make the same list differ a second later."""
+    import time
+
+    from shardvault.models import FileEntry, pack_files, unpack_files
+
+    files = [FileEntry(path="base/1/1259", size=8192), FileEntry(path="global/pg_control", size=1)]
+    first = pack_files(files)
+    later = time.time() + 5
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert pack_files(files) == first
+    assert unpack_files(first) == files
