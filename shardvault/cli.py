@@ -42,11 +42,10 @@ from rich.progress import (
 from rich.table import Table
 
 from shardvault import operations as ops
-from shardvault.costs import DEFAULT_DAILY_CHANGE, StoredPart, restore_options
+from shardvault.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
 from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
-from shardvault.prices import StorageClass
 from shardvault.versions import installed
 
 console = Console()
@@ -276,13 +275,19 @@ def read_bytes(record: dict[str, Any]) -> int:
     return int(record.get("read_bytes") or record.get("bytes", 0))
 
 
+def full_share(record: dict[str, Any], root: dict[str, Any] | None) -> float | None:
+    """An incremental's stored bytes over its chain's full's; None when the full is gone from
+    the catalog."""
+    full = recorded_stored_bytes(root) if root else 0
+    return recorded_stored_bytes(record) / full if full else None
+
+
 def share_of_full(record: dict[str, Any], root: dict[str, Any] | None) -> str:
-    """An incremental's stored bytes as a share of its chain's full's; fulls are 100 %."""
+    """``full_share`` as the table shows it; fulls are 100 %."""
     if record.get("kind") != "incremental":
         return "100 %" if "bytes" in record else ""
-    if not root or not recorded_stored_bytes(root):
-        return "?"  # its full is gone from the catalog
-    return f"{recorded_stored_bytes(record) / recorded_stored_bytes(root):.1%}"
+    share = full_share(record, root)
+    return "?" if share is None else f"{share:.1%}"
 
 
 def sized(count: int) -> str:
@@ -403,14 +408,6 @@ def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> lis
     while records[-1].get("kind") == "incremental" and records[-1].get("parent_id"):
         records.append(ops.show_backup(config, cluster, records[-1]["parent_id"]))
     return records
-
-
-def stored_part(record: dict[str, Any]) -> StoredPart:
-    """Where a backup is read from: its vault class once promoted (read back from the vault
-    at promotion), else the staging bucket's STANDARD."""
-    in_vault = record.get("location") == "vault" and record.get("storage_class")
-    storage_class = StorageClass(record["storage_class"]) if in_vault else StorageClass.STANDARD
-    return StoredPart(storage_class, recorded_stored_bytes(record), int(record.get("objects", 0)))
 
 
 def print_restore_options(config: ops.ClientConfig, plan: dict[str, Any], chosen: str) -> None:
@@ -689,8 +686,7 @@ def backup_json(record: dict[str, Any], root: dict[str, Any] | None) -> dict[str
     if "bytes" in record:
         out["stored_bytes"] = recorded_stored_bytes(record)
     if record.get("kind") == "incremental":
-        full = recorded_stored_bytes(root) if root else 0
-        out["share_of_full"] = recorded_stored_bytes(record) / full if full else None
+        out["share_of_full"] = full_share(record, root)
     return out
 
 

@@ -131,14 +131,14 @@ EARLY_DELETION_TARGET = 0.05  # the issue's: early-deletion charges at most 5% o
 # queue (WaitTimeSeconds=20: one request per 20 s while nothing rings), reads its inbox item
 # as a safety net every 60 s (a strongly consistent DynamoDB read) and writes its registry
 # heartbeat every 300 s (a DynamoDB write).
+AGENT_DOORBELL_WAIT_SECONDS = 20.0
+AGENT_INBOX_READ_SECONDS = 60.0
+AGENT_HEARTBEAT_SECONDS = 300.0
 # What the stack holds that costs a month whether or not anything is backed up (infra/: the
 # notifications topic's key, the schedules' dead-letter key, the data key; two alarms per
 # state machine and one on the dead letters). tests/infra checks these against the template.
 DEPLOYMENT_KMS_KEYS = 3
 DEPLOYMENT_ALARMS = 7
-AGENT_DOORBELL_WAIT_SECONDS = 20.0
-AGENT_INBOX_READ_SECONDS = 60.0
-AGENT_HEARTBEAT_SECONDS = 300.0
 MAX_SIMULATED_BACKUPS = 20_000
 NO_HOLDS = {"delete_before_paid_minimum": True}
 DAY = timedelta(days=1)
@@ -313,6 +313,14 @@ class RestoreOption(NamedTuple):
     tier: RestoreTier | None
     usd: float
     ready_within_hours: float  # the thaw, before any byte moves
+
+
+def stored_part(record: Mapping[str, Any]) -> StoredPart:
+    """A catalog record as a restore reads it: the class it is billed in (``recorded_class``:
+    its vault class once promoted, else the staging bucket's STANDARD), bytes and objects."""
+    return StoredPart(
+        recorded_class(record), recorded_stored_bytes(record), int(record.get("objects", 0))
+    )
 
 
 def restore_options(parts: Iterable[StoredPart]) -> list[RestoreOption]:
@@ -774,7 +782,7 @@ def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
     for record in records:
         if record.get("status") != "COMPLETE":
             continue
-        key = (str(record["cluster"]), _recorded_class(record))
+        key = (str(record["cluster"]), recorded_class(record))
         size, objects = recorded_stored_bytes(record), max(1, int(record.get("objects", 1)))
         was = totals.get(key, Spend(*key, 0, 0, 0.0))
         totals[key] = Spend(
@@ -786,7 +794,7 @@ def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
     return [totals[key] for key in sorted(totals)]
 
 
-def _recorded_class(record: Mapping[str, Any]) -> StorageClass:
+def recorded_class(record: Mapping[str, Any]) -> StorageClass:
     """The class a backup is billed in; a class the price table lacks (a non-AWS store's own)
     is priced as STANDARD."""
     name = record.get("storage_class") if record.get("location") == "vault" else None
