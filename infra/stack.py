@@ -103,7 +103,7 @@ class ShardVaultStack(Stack):
             inbox=self.tables.inbox,
             nodes=self.tables.nodes,
             catalog=self.tables.catalog,
-            node_clusters=agent_nodes(self),
+            node_clusters=agent_nodes(self, self.policy),
             data_key=self.data_key,
         )
         self._outputs()
@@ -449,11 +449,13 @@ def data_key_statement(
     return iam.PolicyStatement(actions=[action], resources=[key.key_arn], conditions=conditions)
 
 
-def agent_nodes(scope: Construct) -> dict[str, str | None]:
+def agent_nodes(scope: Construct, policy: Policy) -> dict[str, str | None]:
     """Node ids from the CDK context ``agentNodes`` (a JSON list or a comma-separated string),
-    each optionally with its cluster (``node-1=orders``): one agent role and instance profile
-    is made for each, tagged with both; a node's agent may unwrap data keys of its own
-    cluster only, so a node without one cannot back up or restore an encrypted cluster."""
+    each optionally with its cluster (``node-1=orders``; without one, the cluster whose
+    policy ``nodes`` list it): one agent role and instance profile is made for each, tagged
+    with both; a node's agent may unwrap data keys of its own cluster only, so a node without
+    one cannot back up or restore an encrypted cluster. A cluster that disagrees with the
+    policy's membership fails the synth."""
     value = scope.node.try_get_context("agentNodes") or []
     entries = [n.strip() for n in (value.split(",") if isinstance(value, str) else value)]
     nodes = {}
@@ -464,7 +466,13 @@ def agent_nodes(scope: Construct) -> dict[str, str | None]:
                 f"agentNodes: {entry!r} is not a node id, or node=cluster (each 1-63 of a-z, "
                 "0-9, '.', '_', '-')."
             )
-        nodes[node] = cluster or None
+        member_of = policy.cluster_of(node)
+        if cluster and member_of and cluster != member_of:
+            raise ValueError(
+                f"agentNodes: {entry!r} puts node {node!r} in cluster {cluster!r}, but the "
+                f"policy lists it under {member_of!r}; give it one cluster in both."
+            )
+        nodes[node] = cluster or member_of
     return nodes
 
 

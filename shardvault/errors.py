@@ -50,6 +50,10 @@ class ShardWithManyLeaders(ShardVaultError):
     """Several nodes claim leadership of one shard (split brain): refusing to pick one."""
 
 
+class NotAMember(ShardVaultError):
+    """An agent claims a cluster the deployment's policy does not give its node."""
+
+
 class MixedEngines(ShardVaultError):
     """Nodes of one cluster report different database engines."""
 

@@ -143,6 +143,19 @@ def _cluster_name(value: str) -> str:
         raise invalid(error.message, error.fix) from None
 
 
+def _node_ids(value: list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    try:
+        names = [check_name("node", v) for v in value]
+    except InvalidRequest as error:
+        raise invalid(error.message, error.fix) from None
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise invalid(f"{', '.join(twice)} listed twice", "list each node once")
+    return names
+
+
 def _vault_class(value: Any) -> Any:
     """Before the enum's own check, whose fix would offer STANDARD (not a vault class)."""
     if value in VAULT_CLASSES:
@@ -346,6 +359,13 @@ class ClusterPolicy(Frozen):
     budget_usd_per_month: float | None = Field(
         None, gt=0, strict=True, description="Monthly budget in USD; null: none."
     )
+    nodes: Annotated[list[str] | None, AfterValidator(_node_ids)] = Field(
+        None,
+        min_length=1,
+        description="The cluster's node ids: only these agents may take part in its backups "
+        "and restores, whatever cluster their configuration claims (shardvault.membership); "
+        "null: any agent that registers under the cluster's name.",
+    )
 
 
 class Policy(Frozen):
@@ -353,6 +373,25 @@ class Policy(Frozen):
     clusters: dict[Annotated[str, AfterValidator(_cluster_name)], ClusterPolicy] = Field(
         min_length=1, description="The clusters, by name."
     )
+
+    @model_validator(mode="after")
+    def _one_cluster_per_node(self) -> Policy:
+        owners: dict[str, list[str]] = {}
+        for name, cluster in self.clusters.items():
+            for node in cluster.nodes or ():
+                owners.setdefault(node, []).append(name)
+        shared = {n: c for n, c in owners.items() if len(c) > 1}
+        if shared:
+            node, clusters = sorted(shared.items())[0]
+            raise invalid(
+                f"node {node!r} is listed under clusters {', '.join(clusters)}",
+                "list each node under one cluster: a node's agent serves one cluster",
+            )
+        return self
+
+    def cluster_of(self, node_id: str) -> str | None:
+        """The cluster whose ``nodes`` list the node (None: no cluster lists it)."""
+        return next((n for n, c in self.clusters.items() if node_id in (c.nodes or ())), None)
 
     def cluster(self, name: str) -> ClusterPolicy:
         if name not in self.clusters:

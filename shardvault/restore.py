@@ -32,6 +32,7 @@ from shardvault.errors import (
     TargetNotReady,
     UnknownCluster,
 )
+from shardvault.membership import check_members
 from shardvault.models import (
     BackupKind,
     BackupStatus,
@@ -164,6 +165,7 @@ def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[Nod
             fix="start agents with 'cluster: "
             f"{request.target_cluster}' and a restore_dir on the target nodes.",
         )
+    check_members(request.target_cluster, nodes, svc.policy())
     check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
     unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
     if unready:

@@ -36,6 +36,7 @@ from shardvault.errors import (
 )
 from shardvault.keys import new_data_key
 from shardvault.lifetimes import backup_class
+from shardvault.membership import check_members
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
@@ -83,6 +84,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     if request.part_size is not None:
         check_part_size(request.part_size)
     nodes = registered_nodes(svc.nodes, request.cluster)
+    check_members(request.cluster, nodes, svc.policy())
     check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
     engines = {n.engine for n in nodes}
     if len(engines) > 1:

@@ -26,6 +26,7 @@ from infra.constants import (
     BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     CLUSTER_TAG,
+    DEFAULT_POLICY,
     FUNCTIONS,
     NODE_ID_TAG,
     PROMOTED_TAG,
@@ -38,8 +39,9 @@ from infra.constants import (
     SUBSTITUTION_KEYS,
     WORK_BUCKET_PLACEHOLDER,
 )
-from infra.stack import ShardVaultStack, alert_emails
+from infra.stack import ShardVaultStack, agent_nodes, alert_emails
 from shardvault.models import DOORBELL_PREFIX
+from shardvault.policy import load_policy
 from tests.infra.template_queries import (
     actions,
     as_list,
@@ -347,6 +349,19 @@ def test_the_alert_addresses_are_subscribed_to_the_notifications_topic(
 def test_a_bad_alert_address_is_refused_at_synth(value: str) -> None:
     with pytest.raises(ValueError, match="is not an e-mail address"):
         alert_emails(App(context={"alertEmail": value}))
+
+
+def test_agent_nodes_take_their_cluster_from_the_policy_and_may_not_contradict_it() -> None:
+    """The policy decides membership (shardvault.membership): a node it lists is tagged with
+    that cluster (what lets its agent unwrap the cluster's data keys), and a context that
+    puts it elsewhere fails the synth."""
+    policy = load_policy(DEFAULT_POLICY).model_copy(deep=True)
+    orders = policy.clusters["orders"].model_copy(update={"nodes": ["node-1", "node-2"]})
+    policy = policy.model_copy(update={"clusters": {**policy.clusters, "orders": orders}})
+    app = App(context={"agentNodes": "node-1,node-2=orders,node-3"})
+    assert agent_nodes(app, policy) == {"node-1": "orders", "node-2": "orders", "node-3": None}
+    with pytest.raises(ValueError, match="policy lists it under 'orders'"):
+        agent_nodes(App(context={"agentNodes": "node-1=sessions"}), policy)
 
 
 def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:

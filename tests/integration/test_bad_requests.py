@@ -189,3 +189,17 @@ def test_a_shard_whose_database_went_missing_is_refused_by_name(make_cluster):
     assert_rejected(progress, "ShardDataMissing", "shard-2", str(source))
     assert not source.exists()
     assert_unchanged(cluster)
+
+
+def test_the_policy_decides_which_agents_take_part(make_cluster, policy_for):
+    """An agent's claim of a cluster is refused by name when the policy's nodes list leaves
+    its node out, and a listed node that has not registered refuses the backup too."""
+    cluster = make_cluster(nodes=2, size_mb=1)
+    first, second = (c["node_id"] for c in cluster.configs)
+    policy_for(cluster.name, nodes=f"[{first}]")
+    assert_rejected(cluster.backup(), "NotAMember", second, "not in its policy's nodes")
+    policy_for(cluster.name, nodes=f"[{first}, {second}, {cluster.name}-node-9]")
+    assert_rejected(cluster.backup(), "NotAMember", f"{cluster.name}-node-9", "not registered")
+    assert_unchanged(cluster)
+    policy_for(cluster.name, nodes=f"[{first}, {second}]")
+    assert cluster.backup().status == "SUCCEEDED"

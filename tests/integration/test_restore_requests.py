@@ -166,3 +166,17 @@ def test_a_validation_query_that_could_write_is_refused_before_anything_runs(
     assert_rejected(progress, "InvalidRequest", named, "read-only statement")
     assert_unchanged(target)
     assert not Path("/tmp/shardvault-pwned").exists()
+
+
+def test_a_node_the_policy_gives_another_cluster_receives_no_restore(
+    backed_up, make_target, policy_for
+):
+    """An agent writes its own claim: one whose node the policy lists under the backed-up
+    cluster cannot join a restore target (a compromised node asking for another's data)."""
+    target = make_target(nodes=2)
+    intruder = target.configs[1]["node_id"]
+    members = [c["node_id"] for c in backed_up.configs]
+    policy_for(backed_up.name, nodes=f"[{', '.join([*members, intruder])}]")
+    progress = target.restore(backed_up.name)
+    assert_rejected(progress, "NotAMember", intruder, f"lists it under {backed_up.name!r}")
+    assert_unchanged(target)
