@@ -24,5 +24,5 @@ def lambda_handler(event: dict, context: object) -> dict:
     try:
         return backup.validate(request, services(), time.time()).model_dump(mode="json")
     except ShardVaultError as error:
-        backup.notify_refusal(request, error, services())  # a schedule's refusal wakes someone
+        backup.report_refusal(request, error, services(), time.time())  # wakes someone
         raise

@@ -19,6 +19,8 @@ import difflib
 import gzip
 import json
 import re
+import secrets
+import time
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
@@ -101,6 +103,12 @@ class BackupStatus(StrEnum):
     RUNNING = "RUNNING"
     COMPLETE = "COMPLETE"
     FAILED = "FAILED"
+    REFUSED = "REFUSED"  # a scheduled run that validation refused: it never started
+
+
+def new_backup_id(now: float) -> str:
+    """A backup's id: its start time in UTC (so ids sort by time) and a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
 class ShardInfo(Frozen):

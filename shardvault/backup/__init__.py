@@ -16,7 +16,7 @@ step function re-exported here):
   map, ``check_uploads``.
 - ``manifest``: the manifest, the summary and cost estimate, the lock released (``finalize``).
 - ``failure``: the failure path (``cleanup``), a refused scheduled run's notice
-  (``notify_refusal``), cleanup after an abandoned execution
+  (``report_refusal``), cleanup after an abandoned execution
   (``clean_up_abandoned``, also used by ``admission`` to take over a lock) and reaping
   (``reap``).
 
@@ -36,9 +36,9 @@ from shardvault.backup.failure import (
     TAKEN_OVER,
     clean_up_abandoned,
     cleanup,
-    notify_refusal,
     reap,
     reaped_error,
+    report_refusal,
 )
 from shardvault.backup.manifest import finalize
 from shardvault.backup.planner import check_listings_match_sources, plan
@@ -54,10 +54,10 @@ __all__ = [
     "cleanup",
     "complete",
     "finalize",
-    "notify_refusal",
     "plan",
     "reap",
     "reaped_error",
+    "report_refusal",
     "sign",
     "take_lock",
     "upload_limits",

@@ -14,7 +14,6 @@ Terms:
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -52,6 +51,7 @@ from shardvault.models import (
     VaultRequest,
     VaultTarget,
     lock_strength,
+    new_backup_id,
 )
 from shardvault.planning import MiB, check_part_size
 from shardvault.policy import ClusterPolicy, Incremental
@@ -59,10 +59,6 @@ from shardvault.services import Services
 from shardvault.tables import NodeRegistry
 
 RUNNING_EXECUTION = "RUNNING"
-
-
-def new_backup_id(now: float) -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
 def registered_nodes(registry: NodeRegistry, cluster: str) -> list[NodeRecord]:

@@ -5,6 +5,7 @@
   the lock released.
 - ``clean_up_abandoned``: the same for a backup whose execution ended without running its
   failure path, called by the reaper and by validation taking over the lock (``TAKEN_OVER``).
+- ``report_refusal``: a scheduled run that validation refused, recorded and notified.
 - *reaping*: after an execution is aborted or times out (``REAPED_STATUSES``), ``reap`` finds
   its backup and cleans it up.
 """
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 from shardvault.causes import failure_cause
 from shardvault.dispatch import post_untracked
 from shardvault.errors import InvalidRequest, ShardVaultError
-from shardvault.models import BackupContext, BackupRequest, BackupStatus
+from shardvault.models import BackupContext, BackupRequest, BackupStatus, new_backup_id
 from shardvault.planning import backup_prefix
 from shardvault.services import Services
 from shardvault.store import abort_uploads, delete_prefix
@@ -72,17 +73,36 @@ def cleanup(
     return outcome
 
 
-def notify_refusal(request: BackupRequest, error: ShardVaultError, svc: Services) -> bool:
+def report_refusal(
+    request: BackupRequest, error: ShardVaultError, svc: Services, now: float
+) -> bool:
     """A scheduled run refused by validation (an agent down, a backup already running): no one
-    watches a schedule and a refused run has no backup to record, so the refusal is sent to the
-    notifications topic naming the cluster, the cause and the fix (a run asked for by a person
-    shows its refusal to that person). Returns whether it was sent."""
+    watches a schedule, so the night that did not happen is recorded in the catalog (status
+    REFUSED, with the cause: ``list`` shows it, and the cluster's newest complete backup keeps
+    ageing) and sent to the notifications topic naming the cluster, the cause and the fix. A
+    run a person asked for shows its refusal to that person only. Returns whether it was
+    reported."""
     if not request.requested_by.startswith("schedule"):
         return False
+    backup_id = new_backup_id(now)
+    svc.catalog.put(
+        {
+            "cluster": request.cluster,
+            "backup_id": backup_id,
+            "status": BackupStatus.REFUSED.value,
+            "started_at": now,
+            "requested_by": request.requested_by,
+            "execution_id": request.execution_id,
+            "kind": "incremental" if request.incremental else "full",
+            "error": error.name,
+            "cause": f"{error.message} Fix: {error.fix}" if error.fix else error.message,
+        }
+    )
     return svc.notify(
         f"ShardVault: scheduled backup of {request.cluster} refused ({error.name})",
         {
             "cluster": request.cluster,
+            "backup_id": backup_id,
             "requested_by": request.requested_by,
             "execution_id": request.execution_id,
             "error": error.name,

@@ -70,6 +70,14 @@ def test_a_refused_scheduled_run_is_sent_to_the_notifications_topic(stack):
     assert notice["error"] == "UnknownCluster"
     assert "nosuch-nightly" in notice["cause"]
     assert notice["fix"]
+    # ... and recorded: the night that did not happen is in the catalog, under its cluster.
+    catalog = stack.services().catalog
+    assert catalog.backups("nosuch-by-hand") == []
+    (record,) = catalog.backups("nosuch-nightly")
+    assert record["status"] == "REFUSED"
+    assert record["backup_id"] == notice["backup_id"]
+    assert record["error"] == "UnknownCluster"
+    assert "nosuch-nightly" in record["cause"] and "Fix:" in record["cause"]
 
 
 def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
