@@ -77,7 +77,8 @@ def test_a_refused_scheduled_run_is_sent_to_the_notifications_topic(stack):
     assert record["status"] == "REFUSED"
     assert record["backup_id"] == notice["backup_id"]
     assert record["error"] == "UnknownCluster"
-    assert "nosuch-nightly" in record["cause"] and "Fix:" in record["cause"]
+    assert "nosuch-nightly" in record["cause"]
+    assert "Fix:" in record["cause"]
 
 
 def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
