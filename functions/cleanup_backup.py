@@ -6,7 +6,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.models import BackupContext
 
 
@@ -21,5 +21,6 @@ class CleanupRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(CleanupRequest, event)
     outcome = backup.cleanup(request.backup, request.error, services(), time.time())
+    log_outcome("backup", request.backup.cluster, outcome)
     metrics.add_metric(name="BackupsFailed", unit=MetricUnit.Count, value=1)
     return outcome

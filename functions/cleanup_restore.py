@@ -7,7 +7,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import restore
-from shardvault.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.models import RestoreContext
 
 
@@ -22,5 +22,6 @@ class CleanupRestoreRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(CleanupRestoreRequest, event)
     outcome = restore.cleanup(request.restore, request.error, services(), time.time())
+    log_outcome("restore", request.restore.target_cluster, outcome)
     metrics.add_metric(name="RestoresFailed", unit=MetricUnit.Count, value=1)
     return outcome

@@ -6,7 +6,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.models import BackupContext
 
 
@@ -20,6 +20,7 @@ class FinalizeRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(FinalizeRequest, event)
     summary = backup.finalize(request.backup, services(), time.time())
+    log_outcome("backup", request.backup.cluster, summary)
     metrics.add_metric(name="BackupsSucceeded", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="BackupBytes", unit=MetricUnit.Bytes, value=summary["bytes"])
     return summary

@@ -6,7 +6,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import restore
-from shardvault.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.models import RestoreContext
 
 
@@ -21,5 +21,6 @@ class FinalizeRestoreRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(FinalizeRestoreRequest, event)
     summary = restore.finalize(request.restore, request.results, services(), time.time())
+    log_outcome("restore", request.restore.target_cluster, summary)
     metrics.add_metric(name="RestoresSucceeded", unit=MetricUnit.Count, value=1)
     return summary

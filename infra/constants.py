@@ -87,6 +87,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("sweep_store", "SweepStoreFunctionArn", 900),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
+    # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.
+    FunctionSpec("watch_clusters", None, 120),
 )
 
 WORK_BUCKET_PLACEHOLDER = "WorkBucket"

@@ -26,6 +26,7 @@ from constructs import Construct
 from infra import policies
 from infra.components.agent_access import AgentAccess
 from infra.components.functions import BackupFunctions
+from infra.components.monitoring import Monitoring
 from infra.components.notifications import Notifications
 from infra.components.schedules import Schedules
 from infra.components.storage import Storage
@@ -47,6 +48,7 @@ from infra.constants import (
 from infra.policies import TABLE_READ, TABLE_WRITE
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
+from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800
@@ -96,6 +98,15 @@ class ShardVaultStack(Stack):
             backup=self.workflows["backup"].state_machine,
             retention=self.workflows["retention"].state_machine,
             alarms_to=self.notifications.topic,
+        )
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            policy=self.policy,
+            functions=self.functions.functions,
+            log_groups=self.functions.log_groups,
+            machines={n: w.state_machine for n, w in self.workflows.items()},
+            topic=self.notifications.topic,
         )
         self.agents = AgentAccess(
             self,
@@ -188,6 +199,16 @@ class ShardVaultStack(Stack):
             policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),  # the plan and results
             policies.list_prefix(bucket, WORK_PREFIX),
             policies.table(tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
+        )
+        grant(
+            "watch_clusters",  # shardvault/watch.py
+            policies.table(tables.catalog, ("dynamodb:Query",)),  # each cluster's backups
+            policies.table(tables.nodes, ("dynamodb:Scan",)),  # every registered agent
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],  # PutMetricData names no resource: the namespace binds it
+                conditions={"StringEquals": {"cloudwatch:namespace": WATCH_NAMESPACE}},
+            ),
         )
         self._grant_complete_upload(bucket)
         self._grant_finalize_and_cleanup(bucket)

@@ -530,7 +530,7 @@ def run_cost(args: argparse.Namespace) -> int:
 
     if args.target:
         print_forecast(TARGET_TITLE, costs.target_forecast())
-        print_deployment_cost()
+        print_deployment_cost(1)
         return 0
     policy = load_policy(args.policy or EXAMPLE_POLICY)
     catalog = bool(args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
@@ -541,7 +541,7 @@ def run_cost(args: argparse.Namespace) -> int:
         print_forecast(title, forecast)
         if alert := costs.budget_alert(name, forecast):
             alerts.append(alert)
-    print_deployment_cost()
+    print_deployment_cost(len(policy.clusters))
     for alert in alerts:
         console.print(f"[bold red]{alert}[/]")
     if catalog:
@@ -549,14 +549,18 @@ def run_cost(args: argparse.Namespace) -> int:
     return 1 if alerts else 0
 
 
-def print_deployment_cost() -> None:
+def print_deployment_cost(clusters: int) -> None:
     """The deployment's own month, shared by its clusters (in no cluster's forecast)."""
     from shardvault import costs
 
+    month = costs.deployment_month(clusters)
     console.print(
-        f"the deployment itself (shared by every cluster): "
-        f"${costs.deployment_monthly_cost():,.2f} a month ({costs.DEPLOYMENT_KMS_KEYS} KMS "
-        f"keys, {costs.DEPLOYMENT_ALARMS} alarms)"
+        f"the deployment itself (shared by its {clusters} cluster(s)): "
+        f"${month.total_usd:,.2f} a month ({month.kms_keys} KMS keys ${month.keys_usd:,.2f}, "
+        f"{month.alarm_metrics} alarm metrics ${month.alarms_usd:,.2f}, "
+        f"{month.custom_metrics} custom metrics ${month.metrics_usd:,.2f}, "
+        f"{month.dashboards} dashboard ${month.dashboards_usd:,.2f} (an account's first three "
+        f"are free), the watch ${month.watch_usd:,.2f})"
     )
 
 

@@ -65,6 +65,8 @@ from shardvault.policy import (
 from shardvault.prices import (
     ALARM_MONTH,
     ARCHIVE_CLASSES,
+    CUSTOM_METRIC_MONTH,
+    DASHBOARD_MONTH,
     DAYS_PER_MONTH,
     DYNAMODB_READ,
     DYNAMODB_WRITE,
@@ -72,6 +74,7 @@ from shardvault.prices import (
     KMS_KEY_MONTH,
     LAMBDA_GB_SECOND,
     LAMBDA_REQUEST,
+    PUT_METRIC_DATA_REQUEST,
     RESTORE,
     SQS_REQUEST,
     STATE_TRANSITION,
@@ -81,6 +84,7 @@ from shardvault.prices import (
 )
 from shardvault.retention import BackupRecord, decide, from_catalog, hold_end
 from shardvault.storage_costs import early_deletion_charge, monthly_storage_cost
+from shardvault.watch import WATCH_MINUTES
 
 
 class Landing(StrEnum):
@@ -134,11 +138,21 @@ EARLY_DELETION_TARGET = 0.05  # the issue's: early-deletion charges at most 5% o
 AGENT_DOORBELL_WAIT_SECONDS = 20.0
 AGENT_INBOX_READ_SECONDS = 60.0
 AGENT_HEARTBEAT_SECONDS = 300.0
-# What the stack holds that costs a month whether or not anything is backed up (infra/: the
-# notifications topic's key, the schedules' dead-letter key, the data key; two alarms per
-# state machine and one on the dead letters). tests/infra checks these against the template.
+# What the stack holds that costs a month whether or not anything is backed up (infra/): the
+# notifications topic's key, the schedules' dead-letter key, the data key; alarm metrics: two
+# per state machine, the dead letters, silent agents and the two functions no workflow runs
+# (FunctionErrors sums one metric each); custom metrics: the functions' six outcome metrics and
+# silent agents; the dashboard. Each cluster of the policy adds its backup-age metric and
+# alarm. tests/infra checks these against the template.
 DEPLOYMENT_KMS_KEYS = 3
-DEPLOYMENT_ALARMS = 7
+DEPLOYMENT_ALARM_METRICS = 10
+DEPLOYMENT_CUSTOM_METRICS = 7
+DEPLOYMENT_DASHBOARDS = 1
+PER_CLUSTER_ALARM_METRICS = 1
+PER_CLUSTER_CUSTOM_METRICS = 1
+# The watch (shardvault/watch.py): a run every WATCH_MINUTES, of about a second at 512 MB,
+# and one PutMetricData call.
+WATCH_GB_SECONDS = 0.5
 MAX_SIMULATED_BACKUPS = 20_000
 NO_HOLDS = {"delete_before_paid_minimum": True}
 DAY = timedelta(days=1)
@@ -358,10 +372,50 @@ def agents_monthly_cost(
     return nodes * (polls + reads + seconds / heartbeat_seconds * DYNAMODB_WRITE)
 
 
-def deployment_monthly_cost() -> float:
-    """What the deployment costs a month before any cluster: its customer-managed KMS keys
-    and alarms. Shared by every cluster it backs up, so in no cluster's forecast."""
-    return DEPLOYMENT_KMS_KEYS * KMS_KEY_MONTH + DEPLOYMENT_ALARMS * ALARM_MONTH
+class DeploymentMonth(Frozen):
+    """What the deployment costs a month before any backup (USD), shared by its clusters."""
+
+    clusters: int
+    kms_keys: int
+    alarm_metrics: int
+    custom_metrics: int
+    dashboards: int
+    keys_usd: float
+    alarms_usd: float
+    metrics_usd: float
+    dashboards_usd: float
+    watch_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return (
+            self.keys_usd
+            + self.alarms_usd
+            + self.metrics_usd
+            + self.dashboards_usd
+            + self.watch_usd
+        )
+
+
+def deployment_month(clusters: int) -> DeploymentMonth:
+    """The deployment's own month with ``clusters`` clusters in its policy: keys, alarms,
+    custom metrics, the dashboard and the watch. In no cluster's forecast (nor budget)."""
+    alarm_metrics = DEPLOYMENT_ALARM_METRICS + PER_CLUSTER_ALARM_METRICS * clusters
+    custom_metrics = DEPLOYMENT_CUSTOM_METRICS + PER_CLUSTER_CUSTOM_METRICS * clusters
+    runs = DAYS_PER_MONTH * 24 * 60 / WATCH_MINUTES
+    return DeploymentMonth(
+        clusters=clusters,
+        kms_keys=DEPLOYMENT_KMS_KEYS,
+        alarm_metrics=alarm_metrics,
+        custom_metrics=custom_metrics,
+        dashboards=DEPLOYMENT_DASHBOARDS,
+        keys_usd=DEPLOYMENT_KMS_KEYS * KMS_KEY_MONTH,
+        alarms_usd=alarm_metrics * ALARM_MONTH,
+        metrics_usd=custom_metrics * CUSTOM_METRIC_MONTH,
+        dashboards_usd=DEPLOYMENT_DASHBOARDS * DASHBOARD_MONTH,
+        watch_usd=runs
+        * (LAMBDA_REQUEST + WATCH_GB_SECONDS * LAMBDA_GB_SECOND + PUT_METRIC_DATA_REQUEST),
+    )
 
 
 # --- A cluster's month -------------------------------------------------------------------------

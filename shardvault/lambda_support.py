@@ -3,7 +3,7 @@ start, and parsing of events into typed models with errors a person can act on."
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from pydantic import BaseModel, ValidationError
@@ -35,6 +35,23 @@ def use_settings(settings: Settings) -> None:
     store's keys then never enter the process environment, which child processes inherit."""
     global _services  # noqa: PLW0603
     _services = Services(settings)
+
+
+def log_outcome(workflow: str, cluster: str, summary: dict[str, Any]) -> None:
+    """The one log line per finished run (message ``outcome``) that the dashboard's table
+    counts by cluster (infra/components/monitoring.py: OUTCOMES_QUERY)."""
+    logger.info(
+        "outcome",
+        extra={
+            "workflow": workflow,
+            "cluster": cluster,
+            "outcome": str(summary.get("status", "")).lower(),
+            "error": summary.get("error"),
+            "bytes": summary.get("bytes", 0),
+            "stored_bytes": summary.get("stored_bytes"),
+            "duration_seconds": summary.get("duration_seconds"),
+        },
+    )
 
 
 def parse(model: type[M], data: object) -> M:

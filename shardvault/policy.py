@@ -20,10 +20,12 @@ Terms:
 from __future__ import annotations
 
 import difflib
+import math
 import types
 from collections.abc import Hashable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -216,6 +218,30 @@ class Schedule(Frozen):
                 due[at] = kind
         yield from sorted(due.items())
 
+    def longest_gap_hours(self) -> float:
+        """The longest wait between two scheduled backups over a year (months and leap days
+        differ), from at most ``GAP_SAMPLE`` runs of each expression: a schedule that runs
+        that often has shown its longest gap well before."""
+        start = datetime(2026, 1, 1, tzinfo=self.zone)
+        horizon = start + timedelta(days=366)
+        times: set[datetime] = set()
+        for expr in filter(None, (self.full, self.incremental)):
+            runs = croniter(expr, start)
+            own = []
+            for _ in range(GAP_SAMPLE):
+                at = runs.get_next(datetime)
+                if at > horizon:
+                    break
+                own.append(at)
+            horizon = own[-1] if len(own) == GAP_SAMPLE else horizon
+            times |= set(own)
+        ordered = sorted(t for t in times if t <= horizon)
+        gaps = [(b - a).total_seconds() / 3600 for a, b in pairwise(ordered)]
+        return max(gaps, default=366 * 24.0)
+
+
+GAP_SAMPLE = 2000
+
 
 class ObjectLock(Frozen):
     mode: LockMode = Field(
@@ -359,6 +385,14 @@ class ClusterPolicy(Frozen):
     budget_usd_per_month: float | None = Field(
         None, gt=0, strict=True, description="Monthly budget in USD; null: none."
     )
+    rpo_hours: float | None = Field(
+        None,
+        gt=0,
+        strict=True,
+        description="Hours the cluster may go without a new complete backup before its alarm "
+        "fires (the age the watch publishes, shardvault.watch); null: the schedule's longest "
+        "gap between two backups plus a quarter (30 for a nightly schedule).",
+    )
     nodes: Annotated[list[str] | None, AfterValidator(_node_ids)] = Field(
         None,
         min_length=1,
@@ -366,6 +400,9 @@ class ClusterPolicy(Frozen):
         "and restores, whatever cluster their configuration claims (shardvault.membership); "
         "null: any agent that registers under the cluster's name.",
     )
+
+
+RPO_SLACK = 1.25  # the default RPO: the schedule's longest gap, and a quarter more
 
 
 class Policy(Frozen):
@@ -388,6 +425,14 @@ class Policy(Frozen):
                 "list each node under one cluster: a node's agent serves one cluster",
             )
         return self
+
+    def rpo_hours(self, name: str) -> float:
+        """The cluster's recovery point objective in hours: its ``rpo_hours``, or its
+        schedule's longest gap plus a quarter (a late or retried night is not yet a miss)."""
+        cluster = self.cluster(name)
+        if cluster.rpo_hours is not None:
+            return cluster.rpo_hours
+        return math.ceil(cluster.schedule.longest_gap_hours() * RPO_SLACK)
 
     def cluster_of(self, node_id: str) -> str | None:
         """The cluster whose ``nodes`` list the node (None: no cluster lists it)."""

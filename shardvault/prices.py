@@ -139,4 +139,7 @@ SQS_REQUEST = 0.40 / 1_000_000  # UNCONFIRMED: standard queue, per request (a lo
 
 # The deployment itself, whatever it backs up.
 KMS_KEY_MONTH = 1.00  # UNCONFIRMED: a customer-managed key, per month (requests apart)
-ALARM_MONTH = 0.10  # UNCONFIRMED: a standard-resolution metric alarm, per month
+ALARM_MONTH = 0.10  # UNCONFIRMED: a standard-resolution metric alarm, per metric, per month
+CUSTOM_METRIC_MONTH = 0.30  # UNCONFIRMED: a custom metric (first 10,000 of an account)
+DASHBOARD_MONTH = 3.00  # UNCONFIRMED: a dashboard (an account's first three are free)
+PUT_METRIC_DATA_REQUEST = 0.01 / 1000  # UNCONFIRMED

@@ -76,6 +76,10 @@ class Services:
         return boto3.client("kms")
 
     @cached_property
+    def cloudwatch(self) -> Any:
+        return boto3.client("cloudwatch")
+
+    @cached_property
     def work_s3(self) -> Any:
         return s3_client()
 

@@ -103,6 +103,18 @@ class NodeRegistry:
         )
         return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
 
+    def everyone(self) -> list[NodeRecord]:
+        """Every registered node, of every cluster (one scan)."""
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = self.table.scan(**kwargs)
+            items += page.get("Items", [])
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
+
     def clusters(self) -> list[str]:
         """Every cluster with a registered node (for error messages that suggest names)."""
         names: set[str] = set()

@@ -41,6 +41,7 @@ class BackupFunctions(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         code = lambda_code(Platform.for_lambda(ARCHITECTURE, PYTHON_VERSION))
+        self.log_groups: dict[str, logs.ILogGroup] = {}
         self.functions: dict[str, lambda_.Function] = {
             spec.module: self._function(spec, code, dict(environment), log_retention)
             for spec in FUNCTIONS
@@ -61,6 +62,7 @@ class BackupFunctions(Construct):
             description=f"ShardVault {spec.module}: only what this function calls.",
         )
         log_group = logs.LogGroup(self, f"{name}Logs", retention=retention)
+        self.log_groups[spec.module] = log_group
         log_group.grant_write(role)  # instead of AWSLambdaBasicExecutionRole (any log group)
         function = lambda_.Function(
             self,
@@ -100,7 +102,8 @@ class BackupFunctions(Construct):
                     "id": "AwsSolutions-IAM5",
                     "reason": "Active tracing: xray:PutTraceSegments and "
                     "xray:PutTelemetryRecords support no resource-level permissions, so "
-                    "CDK grants them on '*'.",
+                    "CDK grants them on '*'; so does cloudwatch:PutMetricData (the watch's), "
+                    "bound to the ShardVault namespace by its condition instead.",
                     "appliesTo": ["Resource::*"],
                 }
             ],

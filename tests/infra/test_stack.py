@@ -307,7 +307,12 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
             assert statement["Effect"] == "Allow"
             wild = [a for a in actions(statement) if "*" in a and a not in allowed_star_actions]
             assert not wild, f"{module}: {wild}"
-            if statement["Resource"] == "*":  # only X-Ray, which has no resource ARNs
+            if statement["Resource"] == "*":  # X-Ray and metrics have no resource ARNs
+                if actions(statement) == ["cloudwatch:PutMetricData"]:  # the watch's
+                    assert statement["Condition"] == {
+                        "StringEquals": {"cloudwatch:namespace": "ShardVault"}
+                    }, module
+                    continue
                 assert all(a.startswith("xray:") for a in actions(statement)), module
             for resource in as_list(statement["Resource"]):
                 text = json.dumps(resource)
@@ -424,6 +429,9 @@ def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
             if action.startswith(("logs:", "xray:")):
                 continue
             for resource in as_list(statement["Resource"]):
+                if resource == "*":  # PutMetricData: bound by its namespace condition
+                    out.add((action, "*"))
+                    continue
                 parts = resource.get("Fn::Join", ["", [resource]])[1]
                 suffix = "".join(p for p in parts if isinstance(p, str))
                 if not referenced_ids(resource) - PSEUDO_PARAMETERS:
@@ -670,13 +678,90 @@ def test_a_dead_lettered_schedule_start_alarms_the_notifications_topic(
     assert alarm["AlarmActions"] == [{"Ref": topic}]
 
 
+def test_the_watch_reads_backups_and_agents_and_writes_its_own_metrics_only(
+    synth: Synthesized,
+) -> None:
+    assert grants(synth, "watch_clusters") == {
+        ("dynamodb:Query", "catalog"),
+        ("dynamodb:Scan", "nodes"),
+        ("cloudwatch:PutMetricData", "*"),  # in the ShardVault namespace only (checked above)
+    }
+    (rule,) = [
+        r["Properties"]
+        for r in resources_of(synth, "AWS::Events::Rule").values()
+        if "ScheduleExpression" in r["Properties"]
+    ]
+    assert rule["ScheduleExpression"] == "rate(15 minutes)"
+    watcher = {m: i for i, m in function_ids(synth).items()}["watch_clusters"]
+    assert referenced_ids(rule["Targets"][0]["Arn"]) == {watcher}
+
+
+def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_alarm(
+    synth: Synthesized,
+) -> None:
+    """The watch's metrics and the errors of the functions no workflow runs each reach the
+    topic; each cluster of the policy has its own backup-age alarm at its RPO."""
+    (topic,) = resources_of(synth, "AWS::SNS::Topic")
+    alarms = [a["Properties"] for a in resources_of(synth, "AWS::CloudWatch::Alarm").values()]
+    policy = load_policy(DEFAULT_POLICY)
+    ages = {
+        a["Dimensions"][0]["Value"]: a
+        for a in alarms
+        if a.get("MetricName") == "NewestBackupAgeHours"
+    }
+    assert set(ages) == set(policy.clusters)
+    for cluster, alarm in ages.items():
+        # Nightly: the longest gap and a quarter (Europe/Paris: 25 h across a DST change).
+        assert alarm["Threshold"] == policy.rpo_hours(cluster) in (30, 32)
+        assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+        assert cluster in alarm["AlarmDescription"]
+        assert alarm["AlarmActions"] == [{"Ref": topic}]
+    (silent,) = [a for a in alarms if a.get("MetricName") == "SilentAgents"]
+    assert silent["EvaluationPeriods"] == 2  # a restart between two watches is no alarm
+    assert silent["AlarmActions"] == [{"Ref": topic}]
+    (errors,) = [a for a in alarms if "Metrics" in a]
+    errored = {
+        only_id(m["MetricStat"]["Metric"]["Dimensions"][0]["Value"])
+        for m in errors["Metrics"]
+        if "MetricStat" in m
+    }
+    by_id = function_ids(synth)
+    assert {by_id[i] for i in errored} == {"reap_execution", "watch_clusters"}
+    assert errors["AlarmActions"] == [{"Ref": topic}]
+
+
+def test_the_dashboard_shows_ages_outcomes_and_executions(synth: Synthesized) -> None:
+    (dashboard,) = resources_of(synth, "AWS::CloudWatch::Dashboard").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for shown in (
+        "NewestBackupAgeHours",
+        "SilentAgents",
+        "BackupsSucceeded",
+        "BackupsFailed",
+        "RestoresSucceeded",
+        "BackupBytes",
+        "ExecutionsFailed",
+        "ExecutionTime",
+        "message = 'outcome'",
+        "orders RPO",
+    ):
+        assert shown in body, shown
+
+
 def test_the_cost_models_deployment_line_counts_what_the_stack_holds(synth: Synthesized) -> None:
     """``shardvault cost`` prints the deployment's own month from these counts: a key or an
     alarm added to the stack must be added there too."""
     from shardvault import costs
 
-    assert len(resources_of(synth, "AWS::KMS::Key")) == costs.DEPLOYMENT_KMS_KEYS
-    assert len(resources_of(synth, "AWS::CloudWatch::Alarm")) == costs.DEPLOYMENT_ALARMS
+    month = costs.deployment_month(len(load_policy(DEFAULT_POLICY).clusters))
+    assert len(resources_of(synth, "AWS::KMS::Key")) == month.kms_keys
+    alarms = resources_of(synth, "AWS::CloudWatch::Alarm").values()
+    billed = sum(len(a["Properties"].get("Metrics", [])) or 1 for a in alarms)
+    billed -= sum(  # the expression of a metric-math alarm is no metric
+        1 for a in alarms for m in a["Properties"].get("Metrics", []) if "Expression" in m
+    )
+    assert billed == month.alarm_metrics
+    assert len(resources_of(synth, "AWS::CloudWatch::Dashboard")) == month.dashboards
 
 
 def test_tables(synth: Synthesized) -> None:
@@ -719,7 +804,9 @@ def test_alarms_on_failed_and_timed_out_executions_notify_the_topic(synth: Synth
     alarms = [a["Properties"] for a in resources_of(synth, "AWS::CloudWatch::Alarm").values()]
     for machine_id, _ in machines(synth).values():
         mine = {
-            a["MetricName"]: a for a in alarms if referenced_ids(a["Dimensions"]) == {machine_id}
+            a["MetricName"]: a
+            for a in alarms
+            if referenced_ids(a.get("Dimensions", [])) == {machine_id}
         }
         assert set(mine) == {"ExecutionsFailed", "ExecutionsTimedOut"}
         for properties in mine.values():
@@ -931,7 +1018,11 @@ def test_cdk_app_synthesizes_without_aws_credentials(tmp_path: Path) -> None:
 
 
 def test_aborted_and_timed_out_backups_and_restores_are_reaped(synth: Synthesized) -> None:
-    (rule,) = resources_of(synth, "AWS::Events::Rule").values()
+    (rule,) = [
+        r
+        for r in resources_of(synth, "AWS::Events::Rule").values()
+        if "EventPattern" in r["Properties"]
+    ]
     pattern = rule["Properties"]["EventPattern"]
     assert pattern["detail"]["status"] == ["ABORTED", "TIMED_OUT"]
     named = machines(synth)

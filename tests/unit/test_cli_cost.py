@@ -82,16 +82,23 @@ def test_target_prints_the_modeled_1_tib_case(screen: Console) -> None:
 
 
 def test_the_deployments_own_month_is_printed_apart_from_every_cluster(screen: Console) -> None:
-    """Keys and alarms cost whether or not anything is backed up; they are shared, so they
-    are in no cluster's forecast (nor its budget), but they are shown."""
-    assert cli.main(["cost", "--target"]) == 0
-    assert costs.deployment_monthly_cost() == pytest.approx(
-        costs.DEPLOYMENT_KMS_KEYS * 1.00 + costs.DEPLOYMENT_ALARMS * 0.10
+    """Keys, alarms, metrics and the dashboard cost whether or not anything is backed up; they
+    are shared, so they are in no cluster's forecast (nor its budget), but they are shown, and
+    each cluster adds its backup-age metric and alarm."""
+    assert cli.main(["cost"]) == 0  # the example policy: two clusters
+    one, two = costs.deployment_month(1), costs.deployment_month(2)
+    assert one.total_usd == pytest.approx(
+        costs.DEPLOYMENT_KMS_KEYS * 1.00
+        + (costs.DEPLOYMENT_ALARM_METRICS + 1) * 0.10
+        + (costs.DEPLOYMENT_CUSTOM_METRICS + 1) * 0.30
+        + 3.00
+        + one.watch_usd
     )
+    assert two.total_usd - one.total_usd == pytest.approx(0.10 + 0.30)
+    assert one.watch_usd < 0.10  # 2,880 short runs and PutMetricData calls
     text = " ".join(screen.export_text().split())
-    assert (
-        f"the deployment itself (shared by every cluster): "
-        f"${costs.deployment_monthly_cost():,.2f} a month" in text
+    assert f"the deployment itself (shared by its 2 cluster(s)): ${two.total_usd:,.2f} a month" in (
+        text
     )
 
 

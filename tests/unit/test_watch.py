@@ -1,0 +1,44 @@
+"""The backup age the watch publishes: from the newest complete backup, or (none complete)
+from the first recorded attempt, so a cluster that fails or is refused every night ages."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardvault.watch import backup_age_hours
+from tests.unit.support import moto_services
+
+HOUR = 3600.0
+
+
+def record(backup_id: str, status: str, started_at: float, **fields: float) -> dict:
+    return {
+        "cluster": "a",
+        "backup_id": backup_id,
+        "status": status,
+        "started_at": started_at,
+        **fields,
+    }
+
+
+def test_the_age_runs_from_the_newest_complete_backup_or_the_first_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 1_800_000_000.0
+    with moto_services(monkeypatch) as svc:
+        assert backup_age_hours(svc, "a", now) is None  # never attempted
+        svc.catalog.put(record("20270115T000000Z-aaaaaa", "FAILED", now - 50 * HOUR))
+        svc.catalog.put(record("20270116T000000Z-bbbbbb", "REFUSED", now - 26 * HOUR))
+        assert backup_age_hours(svc, "a", now) == pytest.approx(50)
+        svc.catalog.put(
+            record(
+                "20270116T010000Z-cccccc", "COMPLETE", now - 30 * HOUR, completed_at=now - 29 * HOUR
+            )
+        )
+        svc.catalog.put(
+            record(
+                "20270116T020000Z-dddddd", "COMPLETE", now - 10 * HOUR, completed_at=now - 9 * HOUR
+            )
+        )
+        svc.catalog.put(record("20270117T000000Z-eeeeee", "FAILED", now - 1 * HOUR))
+        assert backup_age_hours(svc, "a", now) == pytest.approx(9)
