@@ -43,6 +43,8 @@ from infra.constants import (
     RESTORE_STATE_MACHINE_NAME,
     RETENTION_ASL,
     RETENTION_STATE_MACHINE_NAME,
+    VERIFY_ASL,
+    VERIFY_STATE_MACHINE_NAME,
     WORK_PREFIX,
 )
 from infra.policies import TABLE_READ, TABLE_WRITE
@@ -87,6 +89,7 @@ class ShardVaultStack(Stack):
                 ("backup", BACKUP_ASL, BACKUP_STATE_MACHINE_NAME),
                 ("restore", RESTORE_ASL, RESTORE_STATE_MACHINE_NAME),
                 ("retention", RETENTION_ASL, RETENTION_STATE_MACHINE_NAME),
+                ("verify", VERIFY_ASL, VERIFY_STATE_MACHINE_NAME),
             )
         }
         self.workflow = self.workflows["backup"]
@@ -329,6 +332,17 @@ class ShardVaultStack(Stack):
             policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
             policies.table(self.tables.catalog, ("dynamodb:Query",)),  # which backups run
         )
+        grant(
+            "verify_backup",  # shardvault/verify.py: reads only, and records the outcome
+            policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:GetItem")),
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
+            *[
+                policies.objects(store, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectAttributes")
+                for store in (bucket, vault)
+            ],
+            # A missing object is then NoSuchKey, not AccessDenied: verify names it missing.
+            *[policies.list_prefix(store, BACKUPS_PREFIX) for store in (bucket, vault)],
+        )
         expire_role = self.functions.functions["expire_backup"].role
         assert expire_role is not None
         self.storage.deny_vault_deletes_except(expire_role)
@@ -444,6 +458,7 @@ class ShardVaultStack(Stack):
             "BackupStateMachineArn": self.workflows["backup"].state_machine.state_machine_arn,
             "RestoreStateMachineArn": self.workflows["restore"].state_machine.state_machine_arn,
             "RetentionStateMachineArn": self.workflows["retention"].state_machine.state_machine_arn,
+            "VerifyStateMachineArn": self.workflows["verify"].state_machine.state_machine_arn,
             "VaultBucketName": self.storage.vault.bucket_name,
             "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,

@@ -8,6 +8,8 @@
   shardvault show CLUSTER BACKUP_ID [--json]   one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
+  shardvault verify CLUSTER [BACKUP_ID]        check a backup and its chain in the store
+      [--read-data PERCENT] [--json]             (exit 1 when damaged)
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
   shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
       [--cluster NAME] [--data-gib N] [--daily-change F]   (exit 1 when a cluster is over)
@@ -15,9 +17,9 @@
 Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
 
-Exit status: 0 done; 1 failed (a backup or restore followed with --wait that failed, a cost
-over its budget); 2 a usage error (the arguments do not parse); 3 refused (a named error, on
-stderr with its fix, before anything started).
+Exit status: 0 done; 1 failed (a backup or restore followed with --wait that failed, a backup
+that verify found damaged, a cost over its budget); 2 a usage error (the arguments do not
+parse); 3 refused (a named error, on stderr with its fix, before anything started).
 """
 
 from __future__ import annotations
@@ -115,14 +117,27 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
     nodes.set_defaults(run=run_nodes)
 
-    for reader in (lister, show, nodes):
+    verify = sub.add_parser("verify", help="check a backup and its chain in the store")
+    verify.add_argument("cluster")
+    verify.add_argument("backup_id", nargs="?", default="latest", help="default: latest")
+    verify.add_argument(
+        "--read-data",
+        type=float,
+        default=0.0,
+        metavar="PERCENT",
+        help="also download this share of the objects and check their bytes (archived ones "
+        "are skipped: they need a thaw)",
+    )
+    verify.set_defaults(run=run_verify)
+
+    for reader in (lister, show, nodes, verify):
         reader.add_argument(
             "--json", action="store_true", help="print JSON for scripts (see README: --json)"
         )
 
     restore, retention, schedule = add_vault_parsers(sub)
 
-    for cmd in (backup, lister, show, nodes, restore, retention, schedule):
+    for cmd in (backup, lister, show, nodes, restore, retention, schedule, verify):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -464,6 +479,48 @@ def print_restore(summary: dict[str, Any]) -> None:
         )
 
 
+# --- verify ------------------------------------------------------------------------------------
+# A verify refused before it read anything (exit 3), as opposed to a backup found damaged (1).
+VERIFY_REFUSALS = {"InvalidRequest", "BackupNotFound", "BackupNotRestorable"}
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    if not 0 <= args.read_data <= 100:
+        raise InvalidRequest(
+            f"--read-data {args.read_data:g} is not a percentage.",
+            fix="give 0 to 100, e.g. --read-data 5 to read back one object in twenty.",
+        )
+    outcome = ops.run_verify(
+        ops.ClientConfig.from_env(), args.cluster, args.backup_id, args.read_data
+    )
+    if outcome.status != "SUCCEEDED":
+        if args.json:
+            emit_json({"result": "failed", "error": outcome.error, "cause": outcome.cause})
+        else:
+            errors.print(f"[bold red]{outcome.error or outcome.status}[/]: {outcome.cause}")
+        return REFUSED if outcome.error in VERIFY_REFUSALS else 1
+    result = outcome.record or {}
+    if args.json:
+        return emit_json(result)
+    table = Table("backup", "where", "objects", "MiB", "read back", "skipped (archived)")
+    for c in result.get("chain", []):
+        table.add_row(
+            c["backup_id"],
+            c["location"],
+            str(c["objects"]),
+            f"{c['bytes'] / MiB:,.1f}",
+            str(c["read"]),
+            str(c["skipped"]),
+        )
+    console.print(table)
+    console.print(
+        f"[green]ok[/]: backup {result['backup_id']} of {result['cluster']} and its chain hold "
+        f"every object as their manifests say ({result['objects']} objects by checksum "
+        f"attributes, {result['read']} read back)"
+    )
+    return 0
+
+
 # --- retention ---------------------------------------------------------------------------------
 def run_retention(args: argparse.Namespace) -> int:
     outcome = ops.run_retention(ops.ClientConfig.from_env(), args.cluster, args.dry_run)
@@ -765,6 +822,13 @@ def run_show(args: argparse.Namespace) -> int:
     table.add_row("of its full's stored bytes", share)
     if hold := hold_note(record):
         table.add_row("retention", f"{hold} (expired, still restorable)")
+    if verified := record.get("verify"):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("verified_at", 0)))
+        table.add_row(
+            "last verified",
+            f"{verified['result']} at {when} ({verified['objects']} objects with their chain, "
+            f"{verified['read']} read back)",
+        )
     for key in sorted(record):
         table.add_row(key, str(record[key]))
     console.print(table)

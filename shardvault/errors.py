@@ -183,6 +183,11 @@ class RestoreValidationFailed(ShardVaultError):
     """A restored shard failed its engine checks or a validation query."""
 
 
+class BackupDamaged(ShardVaultError):
+    """Verification found a backup (or an ancestor it needs) missing objects, or holding
+    objects other than its manifest says."""
+
+
 # --- Vault ---------------------------------------------------------------------------------------
 class PromotionFailed(ShardVaultError):
     """A verified backup could not be copied into the vault (it stays in the store)."""

@@ -32,6 +32,7 @@ class ClientConfig:
     nodes_table: str = "shardvault-nodes"
     restore_state_machine_arn: str = ""
     retention_state_machine_arn: str = ""
+    verify_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -52,6 +53,7 @@ class ClientConfig:
             env.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes"),
             env.get("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_RETENTION_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_VERIFY_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -251,5 +253,29 @@ def run_retention(
     name = f"retention-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
     arn = sfn.start_execution(
         stateMachineArn=config.retention_state_machine_arn, name=name, input=json.dumps(payload)
+    )["executionArn"]
+    return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)
+
+
+# --- verify ------------------------------------------------------------------------------------
+def run_verify(
+    config: ClientConfig,
+    cluster: str,
+    backup_id: str,
+    read_data_percent: float,
+    timeout: float = 3600,
+) -> Progress:
+    """Runs the verify state machine on one backup (and its chain) and waits for it."""
+    if not config.verify_state_machine_arn:
+        raise InvalidRequest(
+            "SHARDVAULT_VERIFY_STATE_MACHINE_ARN is not set.",
+            fix="set it from the ShardVault stack's VerifyStateMachineArn output, or pass "
+            "--stack-env for the local stack.",
+        )
+    sfn = boto3.client("stepfunctions")
+    payload = {"cluster": cluster, "backup_id": backup_id, "read_data_percent": read_data_percent}
+    name = f"verify-{cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"[:80]
+    arn = sfn.start_execution(
+        stateMachineArn=config.verify_state_machine_arn, name=name, input=json.dumps(payload)
     )["executionArn"]
     return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)

@@ -83,6 +83,7 @@ FUNCTIONS = {
     "DecideRetentionFunctionArn": "decide_retention",
     "ExpireBackupFunctionArn": "expire_backup",
     "SweepStoreFunctionArn": "sweep_store",
+    "VerifyBackupFunctionArn": "verify_backup",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -189,6 +190,7 @@ class LocalStack:
     state_machine_arn: str = ""
     restore_state_machine_arn: str = ""
     retention_state_machine_arn: str = ""
+    verify_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -231,6 +233,7 @@ class LocalStack:
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
         self.retention_state_machine_arn = self._create_state_machine("retention")
+        self.verify_state_machine_arn = self._create_state_machine("verify")
         self._reaper = ExecutionReaper(
             [self.state_machine_arn, self.restore_state_machine_arn]
         ).start()
@@ -311,6 +314,7 @@ class LocalStack:
             self.settings.nodes_table,
             self.restore_state_machine_arn,
             self.retention_state_machine_arn,
+            self.verify_state_machine_arn,
         )
 
     def store_client(self) -> Any:
@@ -358,6 +362,7 @@ class LocalStack:
             "SHARDVAULT_STATE_MACHINE_ARN": self.state_machine_arn,
             "SHARDVAULT_RESTORE_STATE_MACHINE_ARN": self.restore_state_machine_arn,
             "SHARDVAULT_RETENTION_STATE_MACHINE_ARN": self.retention_state_machine_arn,
+            "SHARDVAULT_VERIFY_STATE_MACHINE_ARN": self.verify_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

@@ -37,6 +37,8 @@ from infra.constants import (
     RETENTION_STATE_MACHINE_NAME,
     STATE_MACHINES_DIR,
     SUBSTITUTION_KEYS,
+    VERIFY_ASL,
+    VERIFY_STATE_MACHINE_NAME,
     WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack, agent_nodes, alert_emails
@@ -106,6 +108,7 @@ MACHINES = {
     BACKUP_STATE_MACHINE_NAME: BACKUP_ASL,
     RESTORE_STATE_MACHINE_NAME: RESTORE_ASL,
     RETENTION_STATE_MACHINE_NAME: RETENTION_ASL,
+    VERIFY_STATE_MACHINE_NAME: VERIFY_ASL,
 }
 
 
@@ -694,6 +697,17 @@ def test_the_watch_reads_backups_and_agents_and_writes_its_own_metrics_only(
     assert rule["ScheduleExpression"] == "rate(15 minutes)"
     watcher = {m: i for i, m in function_ids(synth).items()}["watch_clusters"]
     assert referenced_ids(rule["Targets"][0]["Arn"]) == {watcher}
+
+
+def test_verify_reads_backups_and_writes_only_its_outcome(synth: Synthesized) -> None:
+    reads = {
+        (action, f"{store}/backups/*")
+        for store in ("staging", "vault")
+        for action in ("s3:GetObject", "s3:GetObjectAttributes")
+    }
+    lists = {("s3:ListBucket", store) for store in ("staging", "vault")}
+    catalog = {(a, "catalog") for a in ("dynamodb:Query", "dynamodb:GetItem")}
+    assert grants(synth, "verify_backup") == reads | lists | catalog | UPDATE_CATALOG
 
 
 def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_alarm(

@@ -1,0 +1,226 @@
+"""Verify: a backup is in the store as its manifest says, checked without a restore.
+
+What ``shardvault verify`` runs (the verify state machine's one step, ``verify_backup``): the
+backup's record, its manifest and, for an incremental, every ancestor's (a restore needs the
+whole chain), each read from where the catalog says the backup is (the vault once promoted,
+else the staging store). The outcome is recorded in the backup's catalog record
+(``verified_at``, ``verify``), so ``show`` says when a backup was last found whole.
+
+Terms:
+- *manifest consistency*: the manifest names the backup and cluster of its record, its
+  objects lie under the backup's own prefix, no key repeats, and its counts (objects, bytes,
+  stored bytes) add up to its objects'.
+- *by attributes*: each object's size and full-object CRC64NVME as the store reports them
+  (``GetObjectAttributes``: no download, and it works on archived objects), against the
+  manifest's.
+- *read data*: a sample of ``read_data_percent`` of the objects (at least one when above 0,
+  chosen at random) is downloaded and checksummed, as restic's ``check --read-data-subset``;
+  an archived object (GLACIER, DEEP_ARCHIVE) cannot be read before a thaw and is counted as
+  skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+from botocore.exceptions import ClientError
+from pydantic import Field
+
+from shardvault.errors import BackupDamaged, ShardVaultError
+from shardvault.models import Frozen, Manifest, RestoreRequest, check_name
+from shardvault.readback import load_manifest
+from shardvault.restore import resolve_backup, source_of
+from shardvault.services import Services
+from shardvault.store import readback_checksum, stored_checksum
+
+PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
+ARCHIVED = ("GLACIER", "DEEP_ARCHIVE")
+MAX_PROBLEMS = 20  # named in the outcome; the count says how many more
+
+
+class VerifyRequest(Frozen):
+    """The verify state machine's input."""
+
+    cluster: str
+    backup_id: str = "latest"
+    read_data_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
+
+    def model_post_init(self, _: Any) -> None:
+        check_name("cluster", self.cluster)
+
+
+class Checked(Frozen):
+    """One backup of the chain, as verified."""
+
+    backup_id: str
+    location: str  # "vault" or "store"
+    objects: int
+    bytes: int  # stored bytes checked by attributes
+    read: int = 0  # objects read back
+    skipped: int = 0  # sampled, but archived: not readable before a thaw
+
+
+def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
+    """Verifies the backup and its ancestors; records and returns the outcome, or raises
+    ``BackupDamaged`` (after recording it) naming the first problems."""
+    record = resolve_backup(
+        RestoreRequest(
+            cluster=request.cluster, target_cluster=request.cluster, backup_id=request.backup_id
+        ),
+        svc,
+    )
+    checked: list[Checked] = []
+    problems: list[str] = []
+    manifest = verify_one(record, request, svc, checked, problems)
+    for ancestor in manifest.chain.ancestors if manifest and manifest.chain else []:
+        parent = svc.catalog.get(request.cluster, ancestor) or {}
+        if not parent:
+            problems.append(f"{ancestor} (an ancestor of the chain) has no catalog record")
+            continue
+        verify_one(parent, request, svc, checked, problems)
+    outcome = {
+        "backup_id": record["backup_id"],
+        "cluster": request.cluster,
+        "verified_at": now,
+        "result": "damaged" if problems else "ok",
+        "chain": [c.model_dump() for c in checked],
+        "objects": sum(c.objects for c in checked),
+        "read": sum(c.read for c in checked),
+        "skipped": sum(c.skipped for c in checked),
+        "problems": problems[:MAX_PROBLEMS],
+        "more_problems": max(0, len(problems) - MAX_PROBLEMS),
+    }
+    svc.catalog.update(
+        request.cluster,
+        record["backup_id"],
+        verified_at=now,
+        verify={k: v for k, v in outcome.items() if k not in ("chain", "cluster", "backup_id")},
+    )
+    if problems:
+        raise BackupDamaged(
+            f"backup {record['backup_id']} of {request.cluster} failed verification: "
+            + "; ".join(problems[:3])
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+            + ".",
+            fix="restore from another backup ('shardvault list'); run a new full backup so the "
+            "cluster has an intact one, and look at the store for what removed or changed "
+            "these objects.",
+        )
+    return outcome
+
+
+def verify_one(
+    record: dict[str, Any],
+    request: VerifyRequest,
+    svc: Services,
+    checked: list[Checked],
+    problems: list[str],
+) -> Manifest | None:
+    """Verifies one backup of the chain; appends what it checked and what it found."""
+    backup_id = record["backup_id"]
+    if record.get("status") != "COMPLETE":
+        problems.append(f"{backup_id} is {record.get('status', 'unknown')}, not COMPLETE")
+        return None
+    location = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    key = record["vault_manifest_key"] if location == "vault" else record["manifest_key"]
+    s3, bucket = source_of(svc, location)
+    try:
+        manifest = load_manifest(s3, bucket, key)
+    except ShardVaultError as error:
+        problems.append(f"{backup_id}: {error.message}")
+        return None
+    problems += [f"{backup_id}: {p}" for p in consistency_problems(manifest, record, key)]
+    objects = [o for shard in manifest.shards for o in shard.objects]
+    with ThreadPoolExecutor(PARALLEL_HEADS) as pool:  # boto3 clients may be shared by threads
+        found = list(pool.map(lambda o: attribute_problem(s3, bucket, o.key, o), objects))
+    problems += [f"{backup_id}: {p}" for p in found if p]
+    read, skipped = read_sample(s3, bucket, objects, request.read_data_percent, problems)
+    checked.append(
+        Checked(
+            backup_id=backup_id,
+            location=location,
+            objects=len(objects),
+            bytes=sum(o.stored_bytes for o in objects),
+            read=read,
+            skipped=skipped,
+        )
+    )
+    return manifest
+
+
+def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -> list[str]:
+    """What makes a manifest disagree with its record or with itself."""
+    problems = []
+    if manifest.backup_id != record["backup_id"] or manifest.cluster != record["cluster"]:
+        problems.append(f"its manifest names backup {manifest.backup_id} of {manifest.cluster}")
+    prefix = key.rsplit("/", 1)[0] + "/"
+    objects = [o for shard in manifest.shards for o in shard.objects]
+    keys = [o.key for o in objects]
+    if len(set(keys)) != len(keys):
+        problems.append("its manifest names an object twice")
+    outside = [k for k in keys if not k.startswith(prefix)]
+    if outside:
+        problems.append(f"its manifest names {outside[0]}, outside the backup's prefix")
+    streamed = [o for shard in manifest.shards for s in shard.streams for o in s.objects]
+    if len(streamed) != manifest.objects:
+        problems.append(f"its manifest counts {manifest.objects} objects but lists {len(streamed)}")
+    if sum(o.length for o in streamed) != manifest.bytes:
+        problems.append("its manifest's byte count differs from its objects' lengths")
+    return problems
+
+
+def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
+    """'' when the store holds ``key`` with the manifest's size and checksum. An object whose
+    store reports no full-object CRC64NVME (every object ShardVault writes has one; a stored
+    object replaced without one has not) is read back instead, unless archived."""
+    try:
+        crc, size = stored_checksum(s3, bucket, key)
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return f"{key} is missing"
+        return f"{key} cannot be read ({code})"
+    if size != obj.stored_bytes:
+        return f"{key} holds {size} bytes, the manifest says {obj.stored_bytes}"
+    if crc is None:
+        if is_frozen(s3.head_object(Bucket=bucket, Key=key)):
+            return f"{key} has no CRC64NVME checksum attribute and is archived (unreadable)"
+        crc, size = readback_checksum(s3, bucket, key)
+    if crc != obj.crc64nvme or size != obj.stored_bytes:
+        return (
+            f"{key} holds {size} bytes with CRC64NVME {crc}, the manifest says "
+            f"{obj.stored_bytes} bytes with {obj.crc64nvme}"
+        )
+    return ""
+
+
+def is_frozen(head: dict[str, Any]) -> bool:
+    """An archived object that is not thawed: its bytes cannot be read."""
+    thawed = 'ongoing-request="false"' in head.get("Restore", "")
+    return head.get("StorageClass") in ARCHIVED and not thawed
+
+
+def read_sample(
+    s3: Any, bucket: str, objects: list[Any], percent: float, problems: list[str]
+) -> tuple[int, int]:
+    """Reads back a random ``percent`` of the objects (at least one when above 0); returns how
+    many were read and how many were skipped as archived."""
+    if percent <= 0 or not objects:
+        return 0, 0
+    sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
+    read = skipped = 0
+    for obj in sample:
+        if is_frozen(s3.head_object(Bucket=bucket, Key=obj.key)):
+            skipped += 1
+            continue
+        crc, size = readback_checksum(s3, bucket, obj.key)
+        read += 1
+        if crc != obj.crc64nvme or size != obj.stored_bytes:
+            problems.append(
+                f"{obj.key} reads back as {size} bytes with CRC64NVME {crc}; the manifest says "
+                f"{obj.stored_bytes} bytes with {obj.crc64nvme}"
+            )
+    return read, skipped
