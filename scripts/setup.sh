@@ -98,6 +98,17 @@ step_postgres() {
     finish "installed ${missing[*]}"
 }
 
+step_systemd() {
+    begin systemd
+    # The tests check the agent's unit (agents/systemd/) with systemd-analyze.
+    if command -v systemd-analyze >/dev/null; then
+        finish "systemd-analyze present"
+        return
+    fi
+    apt_install systemd
+    finish "installed systemd (for systemd-analyze)"
+}
+
 step_venv() {
     begin venv
     if [ -x "$VENV/bin/python" ]; then
@@ -226,6 +237,7 @@ step_minio() {
 }
 
 step_postgres
+step_systemd
 step_venv
 step_pip
 step_minio

@@ -1,4 +1,7 @@
-"""``shardvault-agent``: run the agent daemon, or check its configuration.
+"""``shardvault-agent``: run the agent, check its configuration, or write its environment.
+
+``init`` writes the environment file (its tables and region) from the deployment
+(``shardvault_agent.bootstrap``).
 
 ``check`` and ``run`` refuse the same things, before anything starts: an invalid file (every
 problem by its field path, with its fix) and a host the configuration cannot run on
@@ -30,6 +33,8 @@ from botocore.exceptions import (
 
 from shardvault.errors import ShardVaultError
 from shardvault.versions import installed
+from shardvault_agent import bootstrap
+from shardvault_agent.bootstrap import DEFAULT_ENV_FILE, DEFAULT_STACK
 from shardvault_agent.config import check_host, load_config
 
 
@@ -53,7 +58,17 @@ def main(argv: list[str] | None = None) -> int:
             default=os.environ.get("SHARDVAULT_CATALOG_TABLE"),
             help="the catalog, read at start to release what ended backups left (optional)",
         )
+    init = sub.add_parser("init", help="write the agent's environment file from the stack")
+    source = init.add_mutually_exclusive_group()
+    source.add_argument(
+        "--stack", default=DEFAULT_STACK, help=f"the ShardVault stack (default {DEFAULT_STACK})"
+    )
+    source.add_argument("--stack-env", type=Path, help="a local stack's stack.env instead")
+    init.add_argument("--out", type=Path, default=DEFAULT_ENV_FILE, help="the file to write")
+    init.add_argument("--force", action="store_true", help="replace an existing file")
     args = parser.parse_args(argv)
+    if args.command == "init":
+        return run_init(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials in ..."
     try:
@@ -84,6 +99,45 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run_init(args: argparse.Namespace) -> int:
+    """Writes the environment file; errors as ``run``'s: one line on stderr, exit 2."""
+    try:
+        if args.stack_env:
+            values = bootstrap.from_stack_env(args.stack_env)
+        else:
+            values = bootstrap.from_stack(args.stack)
+        bootstrap.write_env_file(args.out, values, force=args.force)
+    except ShardVaultError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as error:
+        print(f"error: {stack_error(error, args.stack)}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.out}: "
+        + ", ".join(f"{k}={v}" for k, v in values.items() if not k.startswith("AWS_SECRET"))
+    )
+    return 0
+
+
+def stack_error(error: BotoCoreError | ClientError, stack: str) -> str:
+    """One line naming why the stack's outputs could not be read, and the fix."""
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        message = error.response.get("Error", {}).get("Message", "")
+        if code == "ValidationError" and "does not exist" in message:
+            return (
+                f"no stack {stack!r} in this region. Fix: pass --stack with the ShardVault "
+                "stack's name, and set AWS_DEFAULT_REGION to its region."
+            )
+        if code in DENIED:
+            return (
+                f"this AWS identity may not describe stack {stack!r} ({code}). Fix: run init "
+                "with the stack's agent role (an instance profile), or with --stack-env."
+            )
+    return aws_start_error(error, None)
+
+
 # What AWS answers an identity that may not do something, or whose credentials are not valid.
 DENIED = {
     "AccessDenied",
@@ -94,9 +148,13 @@ DENIED = {
 }
 
 
-def aws_start_error(error: BotoCoreError | ClientError, args: argparse.Namespace) -> str:
+def aws_start_error(error: BotoCoreError | ClientError, args: argparse.Namespace | None) -> str:
     """One line naming why the agent could not reach its tables, and the fix."""
-    tables = f"nodes table {args.nodes_table!r}, inbox table {args.inbox_table!r}"
+    tables = (
+        f"nodes table {args.nodes_table!r}, inbox table {args.inbox_table!r}"
+        if args
+        else "its tables"
+    )
     if isinstance(error, NoRegionError):
         return (
             "no AWS region is set. Fix: set AWS_DEFAULT_REGION (or the AWS profile's region) "
@@ -114,10 +172,9 @@ def aws_start_error(error: BotoCoreError | ClientError, args: argparse.Namespace
     code = error.response.get("Error", {}).get("Code", "")
     if code == "ResourceNotFoundException":
         return (
-            f"a table the agent uses does not exist in this region ({tables}). Fix: pass "
-            "--nodes-table and --inbox-table (or SHARDVAULT_NODES_TABLE and "
-            "SHARDVAULT_INBOX_TABLE) with the stack's outputs NodesTableName and "
-            "InboxTableName."
+            f"a table the agent uses does not exist in this region ({tables}). Fix: write "
+            "them with 'shardvault-agent init' (from the stack's outputs) and load that file "
+            "(the systemd unit's EnvironmentFile), or pass --nodes-table and --inbox-table."
         )
     if code in DENIED:
         return (

@@ -79,6 +79,14 @@ def own_doorbell(scope: Construct) -> iam.PolicyStatement:
     return policies.queues(Stack.of(scope), name, *DOORBELL_ACTIONS)
 
 
+def own_stack_arn(scope: Construct) -> str:
+    """This stack's ARN (its id, a generated suffix, is the wildcard's only part)."""
+    stack = Stack.of(scope)
+    return stack.format_arn(
+        service="cloudformation", resource="stack", resource_name=f"{stack.stack_name}/*"
+    )
+
+
 class AgentAccess(Construct):
     def __init__(
         self,
@@ -103,6 +111,11 @@ class AgentAccess(Construct):
                 own_items(nodes, NODE_RECORD_ACTIONS),
                 own_doorbell(self),
                 catalog_statuses(catalog),
+                # shardvault-agent init: the stack's outputs (table names), this stack only.
+                iam.PolicyStatement(
+                    actions=["cloudformation:DescribeStacks"],
+                    resources=[own_stack_arn(self)],
+                ),
                 # Task tokens are the capability here: these actions take no resource ARN.
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),
                 # Data keys of the node's own cluster only (its role's cluster tag).
@@ -129,8 +142,12 @@ class AgentAccess(Construct):
                     "id": "AwsSolutions-IAM5",
                     "reason": "states:SendTaskSuccess, SendTaskFailure and SendTaskHeartbeat "
                     "support no resource-level permissions; the task token an agent receives "
-                    "in its own inbox item is what lets it answer one task.",
-                    "appliesTo": ["Resource::*"],
+                    "in its own inbox item is what lets it answer one task. A stack's ARN ends "
+                    "in its generated id: '<name>/*' is this stack only.",
+                    "appliesTo": [
+                        "Resource::*",
+                        {"regex": "/^Resource::arn:<AWS::Partition>:cloudformation:.+$/"},
+                    ],
                 }
             ],
         )

@@ -883,7 +883,10 @@ def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> N
     }
     kms_statements = [s for s in statements if any(a.startswith("kms:") for a in actions(s))]
     sqs_statements = [s for s in statements if any(a.startswith("sqs:") for a in actions(s))]
-    known = dynamo + kms_statements + sqs_statements
+    (describe,) = [s for s in statements if "cloudformation:DescribeStacks" in actions(s)]
+    assert actions(describe) == ["cloudformation:DescribeStacks"]  # init: this stack's outputs
+    assert describe["Resource"]["Fn::Join"][1][-1] == ":stack/ShardVault/*"
+    known = [*dynamo, *kms_statements, *sqs_statements, describe]
     others = [a for s in statements if s not in known for a in actions(s)]
     assert sorted(others) == [
         "states:SendTaskFailure",
