@@ -138,6 +138,9 @@ class ShardVaultStack(Stack):
             "DATA_KEY_ID": self.data_key.key_arn,
             "POWERTOOLS_SERVICE_NAME": POWERTOOLS_SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": POWERTOOLS_METRICS_NAMESPACE,
+            # No handler returns a presigned URL or a key today (they go to the work bucket);
+            # traces keep no responses at all, so none ever can, whatever a handler returns.
+            "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
         }
 
     def _grant_functions(self) -> None:

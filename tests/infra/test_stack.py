@@ -72,6 +72,7 @@ EXPECTED_ENVIRONMENT = {
     "DATA_KEY_ID",
     "POWERTOOLS_SERVICE_NAME",
     "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_TRACER_CAPTURE_RESPONSE",
 }
 # cfn-lint warnings that CDK itself produces, each with why it is harmless.
 ALLOWED_CFN_LINT_WARNINGS = {
@@ -281,6 +282,8 @@ def test_functions_get_every_setting_they_read(synth: Synthesized) -> None:
         assert variables["WORK_PREFIX"] == "_work/"
         assert variables["POWERTOOLS_SERVICE_NAME"] == "shardvault"
         assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "ShardVault"
+        # X-Ray keeps no handler's response: a URL or key returned would be in the trace.
+        assert variables["POWERTOOLS_TRACER_CAPTURE_RESPONSE"] == "false"
         store = variables["STORE_URL"]["Fn::Join"][1]
         assert store[0] == "s3://"
         assert store[2] == "/backups"

@@ -63,3 +63,41 @@ def test_every_import_is_declared(package: str, pyproject: str, own: set[str]) -
     have = declared(ROOT / pyproject)
     missing = sorted(name for name, dists in needs.items() if not dists & have)
     assert not missing, f"{pyproject} does not declare the distributions of {missing}"
+
+
+def pins(*files: str) -> dict[str, str]:
+    """name -> exact version of each ``name==version`` line of the files."""
+    found: dict[str, str] = {}
+    for file in files:
+        for raw in (ROOT / file).read_text().splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if "==" in line:
+                name, version = line.split("==", 1)
+                name = re.split(r"\[", name, maxsplit=1)[0].lower()
+                assert found.get(name, version) == version, f"{name} pinned twice, differently"
+                found[name] = version
+    return found
+
+
+RUNTIME = ("requirements.txt", "agents/requirements.txt")
+
+
+def test_the_constraints_file_is_the_runtime_pins() -> None:
+    """``pip install -c constraints.txt ./ ./agents`` installs what the tests ran with."""
+    assert pins("constraints.txt") == pins(*RUNTIME)
+
+
+@pytest.mark.parametrize("pyproject", ["pyproject.toml", "agents/pyproject.toml"])
+def test_every_declared_range_admits_the_pinned_version(pyproject: str) -> None:
+    """A floor above the pin would make the tested versions uninstallable; every declared
+    dependency is pinned (the pins are what the tests ran with)."""
+    from packaging.requirements import Requirement
+
+    pinned = pins(*RUNTIME)
+    for text in tomllib.loads((ROOT / pyproject).read_text())["project"]["dependencies"]:
+        requirement = Requirement(text)
+        name = requirement.name.lower()
+        if name == "shardvault":
+            continue  # the shared core: this repository
+        assert name in pinned, f"{pyproject}: {name} is declared but not pinned"
+        assert requirement.specifier.contains(pinned[name]), (text, pinned[name])
