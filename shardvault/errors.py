@@ -130,6 +130,11 @@ class ShardDataMissing(ShardVaultError):
     database, or a ``data_dir`` of another instance than the one ``conninfo`` reaches."""
 
 
+class ShardNotReady(ShardVaultError):
+    """A shard's engine cannot be backed up now (a setting, a privilege, a server that does
+    not answer), as its agent reports it with each heartbeat."""
+
+
 # --- Restore (validation errors are raised before any side effect) -----------------------------
 class BackupNotFound(ShardVaultError):
     """The backup named for a restore is not in the catalog (or the cluster has none)."""

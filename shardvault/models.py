@@ -115,9 +115,12 @@ class ShardInfo(Frozen):
     shard_id: str
     role: Role
     bytes: int = 0
-    # Why the agent cannot read this shard's data now (its engine's check), e.g. a database
-    # file that disappeared after the agent started: validation refuses the backup by name.
+    # Why the agent cannot back this shard up now (its engine's check), e.g. a database file
+    # that disappeared after the agent started, or a server without a free replication slot:
+    # validation refuses the backup by name. ``problem_error``: the check's error class
+    # (ShardDataMissing, EngineError; None from an agent too old to say).
     problem: str | None = None
+    problem_error: str | None = None
 
 
 # A node is silent once its agent has missed this many of the heartbeats it promised.

@@ -40,7 +40,7 @@ import boto3
 import urllib3
 
 from shardvault.errors import ShardVaultError
-from shardvault.models import NodeRecord, ShardInfo
+from shardvault.models import NodeRecord, Role, ShardInfo
 from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
 from shardvault_agent.commands import Commands
@@ -147,10 +147,18 @@ class Agent:
         return time.monotonic() - at >= min(promised, self.heartbeat_period())
 
     def shard_info(self, shard: ShardConfig) -> ShardInfo:
+        """The shard as registered; a shard this node leads (what a backup reads) is checked
+        for what a backup needs of its engine too, and registered with its problem."""
+        check = self.engine.check_ready if shard.role == Role.LEADER else self.engine.check
         try:
-            self.engine.check(shard)
+            check(shard)
         except ShardVaultError as error:  # registered with its problem: backups refuse it
-            return ShardInfo(shard_id=shard.shard_id, role=shard.role, problem=str(error))
+            return ShardInfo(
+                shard_id=shard.shard_id,
+                role=shard.role,
+                problem=str(error),
+                problem_error=error.name,
+            )
         bytes_ = self.engine.shard_bytes(shard)
         return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_)
 

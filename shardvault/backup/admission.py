@@ -29,6 +29,7 @@ from shardvault.errors import (
     NoShards,
     ParentUnavailable,
     ShardDataMissing,
+    ShardNotReady,
     ShardWithManyLeaders,
     ShardWithoutLeader,
     UnknownCluster,
@@ -380,20 +381,29 @@ def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -
 
 
 def check_sources_readable(nodes: list[NodeRecord], sources: list[Source]) -> None:
-    """Every shard a backup would read has its data where its agent's configuration says:
-    a missing database must fail by name, never back up as an empty one."""
+    """Every shard a backup would read has its data where its agent's configuration says (a
+    missing database must fail by name, never back up as an empty one), and an engine ready
+    for the backup (``ShardNotReady``: settings, privileges, a server that answers)."""
     chosen = {(s.node_id, shard) for s in sources for shard in s.shard_ids}
-    problems = [
-        f"{node.node_id}/{shard.shard_id}: {shard.problem}"
+    found = [
+        (shard.problem_error, f"{node.node_id}/{shard.shard_id}: {shard.problem}")
         for node in nodes
         for shard in node.shards
         if shard.problem and (node.node_id, shard.shard_id) in chosen
     ]
-    if problems:
+    missing = [p for error, p in found if error in (None, ShardDataMissing.__name__)]
+    if missing:
         raise ShardDataMissing(
-            "the agents report shards whose data they cannot read: " + "; ".join(problems),
+            "the agents report shards whose data they cannot read: " + "; ".join(missing),
             fix="correct each shard's path or data_dir in its agent's configuration (or bring "
             "the data back), then start the backup again.",
+        )
+    if found:
+        raise ShardNotReady(
+            "the agents report shards their engine cannot back up now: "
+            + "; ".join(p for _, p in found),
+            fix="change what each names on its server; the agent's next heartbeat reports "
+            "it, then start the backup again.",
         )
 
 

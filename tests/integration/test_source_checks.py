@@ -21,7 +21,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.postgres import PostgresAdapter
 from shardvault_agent.engines.sqlite import SqliteAdapter
 
-from shardvault.errors import ShardDataMissing
+from shardvault.errors import EngineError, ShardDataMissing
 from shardvault.local.postgres import PostgresInstance, init_instance
 
 
@@ -200,3 +200,32 @@ def test_a_role_that_cannot_read_data_directory_is_checked_by_the_postmasters_st
         wrong.checkpoint(other, "b1", tmp_path / "work")
     untouched(a)
     untouched(b)
+
+
+def test_a_server_a_backup_cannot_use_is_named_before_one_starts(servers, pg_adapter):
+    """What the leader's agent reports with each heartbeat (check_ready), so validation
+    refuses the backup by name (ShardNotReady) instead of failing at its checkpoint: no free
+    replication slot, a role without REPLICATION or pg_backup_start, a server that is down."""
+    server = servers[0]
+    adapter, shard = pg_adapter(server.data_dir, server.conninfo)
+    adapter.check_ready(shard)  # the test server is ready: nothing to say
+
+    free = int(server.psql("SHOW max_replication_slots"))
+    for i in range(free):
+        server.psql(f"SELECT pg_create_physical_replication_slot('filler_{i}')")
+    try:
+        with pytest.raises(EngineError, match="no replication slot is free"):
+            adapter.check_ready(shard)
+    finally:
+        for i in range(free):
+            server.psql(f"SELECT pg_drop_replication_slot('filler_{i}')")
+    adapter.check_ready(shard)
+
+    server.psql("CREATE ROLE plain LOGIN")
+    try:
+        plain, as_plain = pg_adapter(server.data_dir, f"{server.conninfo} user=plain")
+        with pytest.raises(EngineError, match=r"lacks REPLICATION.*may not run pg_backup_start"):
+            plain.check_ready(as_plain)
+    finally:
+        server.psql("DROP ROLE plain")
+    untouched(server)

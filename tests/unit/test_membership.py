@@ -1,12 +1,15 @@
-"""The policy, not an agent's own claim, decides which nodes take part in a cluster."""
+"""Who takes part in a backup: the policy, not an agent's own claim, decides which nodes
+belong to a cluster; and the shards a backup would read must have their data and an engine
+ready for it."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardvault.errors import NotAMember
+from shardvault.backup.admission import check_sources_readable
+from shardvault.errors import NotAMember, ShardDataMissing, ShardNotReady
 from shardvault.membership import check_members
-from shardvault.models import NodeRecord
+from shardvault.models import NodeRecord, ShardInfo, Source
 from shardvault.policy import PolicyError, parse_policy
 
 CLUSTER = """
@@ -75,3 +78,25 @@ def test_a_listed_node_that_has_not_registered_is_named() -> None:
 def test_bad_node_lists_are_refused(clusters: dict[str, str], problem: str) -> None:
     with pytest.raises(PolicyError, match=problem):
         policy(**clusters)
+
+
+# --- the shards a backup would read: their data, and their engine's readiness ---------------
+def leader_with(problem: str | None, error: str | None) -> NodeRecord:
+    return node("n1", "a").model_copy(
+        update={
+            "shards": [
+                ShardInfo(shard_id="s1", role="leader", problem=problem, problem_error=error)
+            ]
+        }
+    )
+
+
+def test_an_engine_that_cannot_back_up_is_refused_as_not_ready() -> None:
+    sources = [Source(node_id="n1", shard_ids=["s1"])]
+    check_sources_readable([leader_with(None, None)], sources)
+    with pytest.raises(ShardNotReady, match="n1/s1: no replication slot is free"):
+        check_sources_readable([leader_with("no replication slot is free", "EngineError")], sources)
+    # Missing data keeps its own name, as does a problem from an agent too old to say which.
+    for error in ("ShardDataMissing", None):
+        with pytest.raises(ShardDataMissing, match="cannot read: n1/s1: gone"):
+            check_sources_readable([leader_with("gone", error)], sources)

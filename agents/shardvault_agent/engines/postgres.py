@@ -89,6 +89,16 @@ class HeldBackup:
     stopped: bool = False
 
 
+# What a backup needs of the server (PostgresAdapter.check_ready), in one round trip.
+READINESS = """
+SELECT current_setting('wal_level'),
+       current_setting('max_replication_slots')::int
+           - (SELECT count(*) FROM pg_replication_slots),
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+       has_function_privilege('pg_backup_start(text, boolean)', 'EXECUTE')
+"""
+
+
 class PostgresAdapter:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -113,6 +123,41 @@ class PostgresAdapter:
                 f"{where} cannot be read by the agent's user.",
                 fix="run the agent as a user that can read the data directory (e.g. postgres).",
             ) from None
+
+    def check_ready(self, shard: ShardConfig) -> None:
+        """``check``, then what the backup will ask of the server: that it answers (as the
+        instance of ``data_dir``), ``wal_level`` above minimal (``pg_backup_start``), a free
+        replication slot (the backup holds one), and a role that may take a slot and run
+        ``pg_backup_start``."""
+        conn = self._connect(shard)
+        try:
+            wal_level, free_slots, replicates, may_backup = conn.execute(READINESS).fetchone()
+        except psycopg.Error as error:
+            raise EngineError(
+                f"PostgreSQL shard {shard.shard_id}: its settings cannot be read: {error}".strip(),
+                fix="check that the agent's role may connect and read settings.",
+            ) from None
+        finally:
+            conn.close()
+        problems = []
+        if wal_level == "minimal":
+            problems.append("wal_level is minimal (set replica, and restart the server)")
+        if free_slots < 1:
+            problems.append(
+                "no replication slot is free (raise max_replication_slots, or drop unused slots)"
+            )
+        if not replicates:
+            problems.append("the agent's role lacks REPLICATION (ALTER ROLE ... REPLICATION)")
+        if not may_backup:
+            problems.append(
+                "the agent's role may not run pg_backup_start (GRANT EXECUTE ON FUNCTION "
+                "pg_backup_start, pg_backup_stop to it)"
+            )
+        if problems:
+            raise EngineError(
+                f"PostgreSQL shard {shard.shard_id} cannot be backed up: " + "; ".join(problems),
+                fix="change what is named on the server; the agent's next heartbeat reports it.",
+            )
 
     def _connect(self, shard: ShardConfig) -> psycopg.Connection:
         """A session on the shard's instance, once it is confirmed to be the instance of

@@ -31,6 +31,9 @@ class SqliteAdapter:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
 
+    def check_ready(self, shard: ShardConfig) -> None:
+        self.check(shard)  # a readable database file is all a SQLite backup needs
+
     def check(self, shard: ShardConfig) -> None:
         path = shard.path
         where = f"SQLite shard {shard.shard_id}: path {path}"
