@@ -103,8 +103,15 @@ class AgentConfig(BaseModel):
         description="How long one listen to the doorbell queue waits for a ring (an SQS long "
         "poll; 20 at most).",
     )
+    idle_listen_pause_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="While idle, the pause between two listens to the doorbell: each listen is "
+        "a paid SQS request, and a ring waits in the queue, so a command posted to an idle "
+        "agent starts at most this much later (busy agents listen without a pause).",
+    )
     idle_inbox_poll_seconds: float = Field(
-        60.0,
+        300.0,
         gt=0,
         description="While idle with a doorbell, how often the inbox is read anyway (a lost "
         "ring delays a command at most this long).",

@@ -411,6 +411,9 @@ class Agent:
             if rang:
                 self.rung.set()
                 self.wake.set()
+            elif not self.busy():
+                # Idle: a ring posted meanwhile waits in the queue for the next listen.
+                self.stopping.wait(self.config.idle_listen_pause_seconds)
 
     def reconcile(self) -> None:
         """Releases what the state directory holds of operations that have ended

@@ -122,6 +122,8 @@ def agent_config(
         "engine": engine,
         "shards": shards,
         "state_dir": str(root / "agent-state" / node_id),
+        # The local stack's requests cost nothing: idle agents listen without a pause.
+        "idle_listen_pause_seconds": 0,
     }
 
 

@@ -219,13 +219,25 @@ def test_the_issues_target_request_overhead_is_at_most_1_percent_of_storage() ->
 
 
 def test_the_idle_agents_cost_their_doorbell_polls_inbox_reads_and_heartbeats() -> None:
-    # A month of 2,629,800 s: 131,490 long polls of 20 s at $0.40 per million, 43,830 strongly
-    # consistent reads at $0.125 per million and 8,766 writes at $0.625 per million.
-    per_node = 131_490 * 0.40e-6 + 43_830 * 0.125e-6 + 8_766 * 0.625e-6
+    # A month of 2,629,800 s: 87,660 long polls (20 s each, and a 10 s pause) at $0.40 per
+    # million, 8,766 strongly consistent reads at $0.125 per million and 8,766 writes at
+    # $0.625 per million.
+    per_node = 87_660 * 0.40e-6 + 8_766 * 0.125e-6 + 8_766 * 0.625e-6
     assert costs.agents_monthly_cost(1) == pytest.approx(per_node, rel=1e-6)
+    assert costs.agents_monthly_cost(1) <= 0.05  # the issue's bound for an idle agent
     assert costs.agents_monthly_cost(3) == pytest.approx(3 * per_node, rel=1e-6)
     # A tighter cadence costs more: polls are the bulk.
-    assert costs.agents_monthly_cost(1, doorbell_wait_seconds=10) > 1.8 * per_node
+    assert costs.agents_monthly_cost(1, listen_pause_seconds=0) > 1.3 * per_node
+
+
+def test_the_cost_model_uses_the_agents_own_idle_defaults() -> None:
+    from shardvault_agent.config import AgentConfig
+
+    fields = AgentConfig.model_fields
+    assert fields["doorbell_wait_seconds"].default == costs.AGENT_DOORBELL_WAIT_SECONDS
+    assert fields["idle_listen_pause_seconds"].default == costs.AGENT_LISTEN_PAUSE_SECONDS
+    assert fields["idle_inbox_poll_seconds"].default == costs.AGENT_INBOX_READ_SECONDS
+    assert fields["idle_heartbeat_seconds"].default == costs.AGENT_HEARTBEAT_SECONDS
 
 
 def test_the_target_cases_early_deletion_falls_from_55_percent_to_at_most_5() -> None:

@@ -1,6 +1,7 @@
-"""Idle agents cost almost nothing: an idle agent long-polls its doorbell queue, reads its
-inbox on a ring and by a rare safety poll, and heartbeats rarely, promising that period; a
-command is still picked up within half a second of its dispatch.
+"""Idle agents cost almost nothing: an idle agent long-polls its doorbell queue with a pause
+between two polls, reads its inbox on a ring and by a rare safety poll, and heartbeats
+rarely, promising that period; a command is still picked up within the pause and half a
+second of its dispatch, and a busy agent's at once.
 
 The agents run for real (threads, moto's DynamoDB and SQS) with the idle periods shortened
 (doorbell_wait_seconds, idle_inbox_poll_seconds, idle_heartbeat_seconds); calls are counted
@@ -35,7 +36,11 @@ from shardvault.services import Services
 
 from .support import moto_services, sqlite_agent
 
-FAST_IDLE = {"doorbell_wait_seconds": 1, "idle_inbox_poll_seconds": 2.0}
+FAST_IDLE = {
+    "doorbell_wait_seconds": 1,
+    "idle_inbox_poll_seconds": 2.0,
+    "idle_listen_pause_seconds": 0,
+}
 
 
 @pytest.fixture
@@ -94,6 +99,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> float:
 
 
 def agent_of(tmp_path: Path, **config: Any) -> daemon.Agent:
+    """An agent of node n1; idle, it listens without a pause unless ``config`` gives one."""
+    config = {"idle_listen_pause_seconds": 0, **config}
     return daemon.Agent(sqlite_agent(tmp_path, **config), nodes_table="n", inbox_table="i")
 
 
@@ -109,8 +116,9 @@ def post(svc: Services, command_id: str, sqs: Any) -> float:
 
 def test_the_idle_cadences_default_to_a_few_requests_a_minute() -> None:
     fields = AgentConfig.model_fields
-    assert fields["doorbell_wait_seconds"].default == 20  # 3 long polls a minute
-    assert fields["idle_inbox_poll_seconds"].default == 60.0  # 1 inbox read a minute
+    assert fields["doorbell_wait_seconds"].default == 20  # with the pause: 2 polls a minute
+    assert fields["idle_listen_pause_seconds"].default == 10.0
+    assert fields["idle_inbox_poll_seconds"].default == 300.0  # 1 inbox read in 5 minutes
     assert fields["idle_heartbeat_seconds"].default == 300.0  # 1 heartbeat in 5 minutes
 
 
@@ -151,6 +159,21 @@ def test_a_ring_has_an_idle_agent_read_its_inbox_at_once_and_heartbeat(svc, tmp_
     assert attributes["SqsManagedSseEnabled"] == "true"
     assert attributes["MessageRetentionPeriod"] == "300"
     assert attributes["ApproximateNumberOfMessages"] == "0"  # the ring was deleted
+
+
+def test_an_idle_agent_pauses_between_listens_and_a_ring_waits_for_the_next(svc, tmp_path) -> None:
+    """The pause halves an idle agent's SQS requests (the bulk of its idle cost); a command
+    rung during a pause waits in the queue and starts at the next listen, within the pause."""
+    sqs = boto3.client("sqs")
+    agent = agent_of(tmp_path, doorbell_wait_seconds=1, idle_listen_pause_seconds=1.0)
+    with Running(agent) as running:
+        running.calls.clear()
+        time.sleep(6.2)
+        listens = running.calls.get("ReceiveMessage", 0)
+        dispatched = post(svc, "b1", sqs)
+        wait_for(lambda: "flush:b1" in running.picked_up, timeout=5)
+    assert 2 <= listens <= 4, running.calls  # one per 2 s (1 s wait, 1 s pause), not 6
+    assert running.picked_up["flush:b1"] - dispatched < 1.0 + 0.5
 
 
 def test_a_busy_agent_with_a_doorbell_picks_up_rung_commands_at_once_and_polls_slowly(
