@@ -133,12 +133,13 @@ OVERHEAD_TARGET = 0.01  # the issue's: request overhead at most 1% of the storag
 EARLY_DELETION_TARGET = 0.05  # the issue's: early-deletion charges at most 5% of storage
 # The agent's idle defaults (agents/shardvault_agent): it long-polls its node's SQS doorbell
 # queue (WaitTimeSeconds=20) with a 10 s pause between two polls (one request per 30 s while
-# nothing rings), reads its inbox as a safety net every 300 s (a strongly consistent
-# DynamoDB read) and writes its registry heartbeat every 300 s (a DynamoDB write): about
-# $0.042 a month an agent, the issue's bound being $0.05.
+# nothing rings), reads its inbox as a safety net every 45 s (a strongly consistent
+# DynamoDB read: a lost ring must not outlast the workflows' 60 s task heartbeat) and writes
+# its registry heartbeat every 300 s (a DynamoDB write): $0.047 a month an agent, the
+# issue's bound being $0.05.
 AGENT_DOORBELL_WAIT_SECONDS = 20.0
 AGENT_LISTEN_PAUSE_SECONDS = 10.0
-AGENT_INBOX_READ_SECONDS = 300.0
+AGENT_INBOX_READ_SECONDS = 45.0
 AGENT_HEARTBEAT_SECONDS = 300.0
 # What the stack holds that costs a month whether or not anything is backed up (infra/): the
 # notifications topic's key, the schedules' dead-letter key, the data key; alarm metrics: two

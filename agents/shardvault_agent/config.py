@@ -111,10 +111,11 @@ class AgentConfig(BaseModel):
         "agent starts at most this much later (busy agents listen without a pause).",
     )
     idle_inbox_poll_seconds: float = Field(
-        300.0,
+        45.0,
         gt=0,
         description="While idle with a doorbell, how often the inbox is read anyway (a lost "
-        "ring delays a command at most this long).",
+        "ring delays a command at most this long: below the workflows' 60 s task heartbeat, "
+        "which fails a command nobody picked up).",
     )
     heartbeat_interval_seconds: float = Field(
         5.0, gt=0, description="Registry heartbeat period while busy."

@@ -118,8 +118,33 @@ def test_the_idle_cadences_default_to_a_few_requests_a_minute() -> None:
     fields = AgentConfig.model_fields
     assert fields["doorbell_wait_seconds"].default == 20  # with the pause: 2 polls a minute
     assert fields["idle_listen_pause_seconds"].default == 10.0
-    assert fields["idle_inbox_poll_seconds"].default == 300.0  # 1 inbox read in 5 minutes
+    assert fields["idle_inbox_poll_seconds"].default == 45.0  # below the 60 s task heartbeat
     assert fields["idle_heartbeat_seconds"].default == 300.0  # 1 heartbeat in 5 minutes
+
+
+def test_a_lost_ring_is_found_before_a_workflow_gives_up_on_the_command() -> None:
+    """A command whose ring was lost is found by the safety read (after at most a listen and
+    its pause, or the read's period); the workflows fail a task that sends no heartbeat
+    within HeartbeatSeconds, so the agent's idle defaults must stay below every one."""
+    root = Path(__file__).resolve().parents[2] / "statemachines"
+
+    def heartbeats(states: dict[str, Any]) -> Iterator[int]:
+        for state in states.values():
+            if "HeartbeatSeconds" in state:
+                yield state["HeartbeatSeconds"]
+            for nested in ("Iterator", "ItemProcessor"):
+                if nested in state:
+                    yield from heartbeats(state[nested]["States"])
+
+    shortest = min(
+        h
+        for path in root.glob("*.asl.json")
+        for h in heartbeats(json.loads(path.read_text())["States"])
+    )
+    fields = AgentConfig.model_fields
+    pause = fields["idle_listen_pause_seconds"].default
+    assert fields["idle_inbox_poll_seconds"].default + pause < shortest
+    assert fields["doorbell_wait_seconds"].default + pause < shortest
 
 
 def test_an_idle_agent_long_polls_and_reads_and_heartbeats_only_at_its_idle_periods(
