@@ -8,6 +8,7 @@
   shardvault show CLUSTER BACKUP_ID [--json]   one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
+  shardvault check CLUSTER [--policy FILE]     will the next backup run? (exit 1: no)
   shardvault verify CLUSTER [BACKUP_ID]        check a backup and its chain in the store
       [--read-data PERCENT] [--json]             (exit 1 when damaged)
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
@@ -18,8 +19,9 @@ Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_
 (the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
 
 Exit status: 0 done; 1 failed (a backup or restore followed with --wait that failed, a backup
-that verify found damaged, a cost over its budget); 2 a usage error (the arguments do not
-parse); 3 refused (a named error, on stderr with its fix, before anything started).
+that verify found damaged, a check that failed, a cost over its budget); 2 a usage error (the
+arguments do not parse); 3 refused (a named error, on stderr with its fix, before anything
+started).
 """
 
 from __future__ import annotations
@@ -117,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
     nodes.set_defaults(run=run_nodes)
 
+    check = sub.add_parser("check", help="will the cluster's next backup run? (and its RPO)")
+    check.add_argument("cluster")
+    check.add_argument(
+        "--policy", type=Path, help="the deployment's policy file: membership and the RPO"
+    )
+    check.set_defaults(run=run_check)
+
     verify = sub.add_parser("verify", help="check a backup and its chain in the store")
     verify.add_argument("cluster")
     verify.add_argument("backup_id", nargs="?", default="latest", help="default: latest")
@@ -130,14 +139,14 @@ def parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(run=run_verify)
 
-    for reader in (lister, show, nodes, verify):
+    for reader in (lister, show, nodes, verify, check):
         reader.add_argument(
             "--json", action="store_true", help="print JSON for scripts (see README: --json)"
         )
 
     restore, retention, schedule = add_vault_parsers(sub)
 
-    for cmd in (backup, lister, show, nodes, restore, retention, schedule, verify):
+    for cmd in (backup, lister, show, nodes, restore, retention, schedule, verify, check):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 
@@ -477,6 +486,30 @@ def print_restore(summary: dict[str, Any]) -> None:
             f"The agents of {target} hold these shards now: backups of {target} include "
             "them, with no change to the agents' configuration."
         )
+
+
+# --- check -------------------------------------------------------------------------------------
+def run_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passes, 1 when one fails (each says its fix)."""
+    from shardvault.policy import load_policy
+
+    policy = load_policy(args.policy) if args.policy else None
+    found = ops.check_readiness(ops.ClientConfig.from_env(), args.cluster, policy)
+    failed = [f for f in found if not f.ok]
+    if args.json:
+        emit_json(
+            {
+                "cluster": args.cluster,
+                "ok": not failed,
+                "checks": [f.model_dump() for f in found],
+            }
+        )
+        return 1 if failed else 0
+    table = Table("check", "", "found", "fix", title=f"Check of {args.cluster}")
+    for f in found:
+        table.add_row(f.check, "[green]ok[/]" if f.ok else "[bold red]FAIL[/]", f.detail, f.fix)
+    console.print(table)
+    return 1 if failed else 0
 
 
 # --- verify ------------------------------------------------------------------------------------

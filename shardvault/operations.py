@@ -279,3 +279,16 @@ def run_verify(
         stateMachineArn=config.verify_state_machine_arn, name=name, input=json.dumps(payload)
     )["executionArn"]
     return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)
+
+
+# --- check -------------------------------------------------------------------------------------
+def check_readiness(config: ClientConfig, cluster: str, policy: Any) -> list[Any]:
+    """``shardvault check``: the cluster's findings (``shardvault.readiness``), from the
+    registry and the catalog as they are now."""
+    from shardvault.readiness import findings
+    from shardvault.settings import Settings
+
+    nodes = NodeRegistry(table(config.nodes_table)).in_cluster(cluster)
+    records = Catalog(table(config.catalog_table)).backups(cluster)
+    max_age = Settings.model_fields["heartbeat_max_age_seconds"].default
+    return findings(cluster, nodes, records, policy, time.time(), max_age)

@@ -1,0 +1,144 @@
+"""Readiness: what ``shardvault check CLUSTER`` says of a cluster before its next backup.
+
+Each *finding* is one check, passed or not, with what it saw and, when not, the fix. The
+checks are the rules Validate applies (``shardvault.backup.admission``,
+``shardvault.membership``) run on what the agents' registry holds now, so a check that passes
+is a refusal the next backup will not meet; then what only the catalog tells: the age of the
+newest complete backup against the cluster's RPO, and what its last verification found.
+The engine's own readiness (``wal_level``, a free replication slot, the role's privileges, a
+server that answers) is in the registry: each leader's agent checks it with every heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shardvault.backup.admission import (
+    check_nodes_available,
+    check_sources_readable,
+    choose_sources,
+)
+from shardvault.errors import MixedEngines, ShardVaultError, UnknownCluster
+from shardvault.membership import check_members
+from shardvault.models import BackupStatus, Frozen, NodeRecord
+from shardvault.policy import Policy
+
+
+class Finding(Frozen):
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def findings(
+    cluster: str,
+    nodes: list[NodeRecord],
+    records: list[dict[str, Any]],
+    policy: Policy | None,
+    now: float,
+    max_age: float,
+) -> list[Finding]:
+    """Every check of the cluster, in the order a backup meets them."""
+    if not nodes:
+        error = UnknownCluster(
+            f"no agent has registered for cluster {cluster!r}.",
+            fix=f"start the agents with 'cluster: {cluster}' in their configuration.",
+        )
+        return [refused("agents registered", error)]
+    out = [Finding(check="agents registered", ok=True, detail=", ".join(n.node_id for n in nodes))]
+    membership = attempt("membership (policy nodes)", lambda: check_members(cluster, nodes, policy))
+    listed = policy is not None and cluster in policy.clusters and policy.clusters[cluster].nodes
+    if membership.ok and not listed:
+        membership = membership.model_copy(
+            update={"detail": "no nodes list: any agent registered under the name takes part"}
+        )
+    out.append(membership)
+    out.append(attempt("agents up", lambda: check_nodes_available(nodes, now, max_age)))
+    out.append(attempt("one engine", lambda: one_engine(cluster, nodes)))
+    sources = attempt("one leader per shard", lambda: choose_sources(nodes))
+    out.append(sources)
+    if sources.ok:
+        chosen = choose_sources(nodes)
+        out.append(
+            attempt(
+                "shards readable, engines ready",
+                lambda: check_sources_readable(nodes, chosen),
+            )
+        )
+    out += backup_findings(cluster, records, policy, now)
+    return out
+
+
+def one_engine(cluster: str, nodes: list[NodeRecord]) -> str:
+    engines = {n.engine.value for n in nodes}
+    if len(engines) > 1:
+        raise MixedEngines(
+            f"nodes of cluster {cluster!r} report engines {', '.join(sorted(engines))}.",
+            fix="give each engine its own cluster name in the agents' configuration.",
+        )
+    return engines.pop()
+
+
+def backup_findings(
+    cluster: str, records: list[dict[str, Any]], policy: Policy | None, now: float
+) -> list[Finding]:
+    """The newest complete backup's age against the RPO, and its last verification."""
+    complete = [r for r in records if r.get("status") == BackupStatus.COMPLETE]
+    newest = max(complete, key=lambda r: r.get("completed_at", 0), default=None)
+    if policy is None or cluster not in policy.clusters:
+        out = [
+            Finding(
+                check="in the policy",
+                ok=False,
+                detail="the policy file does not declare the cluster (or none was given): "
+                "no schedule, no RPO",
+                fix="pass the deployment's policy with --policy, or declare the cluster in it.",
+            )
+        ]
+    else:
+        rpo = policy.rpo_hours(cluster)
+        age = (now - newest["completed_at"]) / 3600 if newest else None
+        out = [
+            Finding(
+                check=f"newest complete backup within the RPO ({rpo:g} h)",
+                ok=age is not None and age <= rpo,
+                detail=f"{newest['backup_id']}, {age:.1f} h old" if newest else "none",
+                fix=""
+                if age is not None and age <= rpo
+                else "run 'shardvault backup "
+                f"{cluster} --wait', and 'shardvault list {cluster}' for why runs failed.",
+            )
+        ]
+    verified = (newest or {}).get("verify")
+    if newest is not None:
+        out.append(
+            Finding(
+                check="newest backup's last verification",
+                ok=not verified or verified.get("result") == "ok",
+                detail=(verified or {}).get("result", "never verified"),
+                fix=""
+                if not verified or verified.get("result") == "ok"
+                else "see "
+                f"'shardvault show {cluster} {newest['backup_id']}' and run a new full backup.",
+            )
+        )
+    return out
+
+
+def attempt(check: str, run: Callable[[], Any]) -> Finding:
+    """One of Validate's rules as a finding: passed, or refused with its message and fix."""
+    try:
+        result = run()
+    except ShardVaultError as error:
+        return refused(check, error)
+    if isinstance(result, list):  # the sources: which node leads which shards
+        detail = "; ".join(f"{s.node_id}: {', '.join(s.shard_ids)}" for s in result) or "none"
+    else:
+        detail = str(result) if result else "ok"
+    return Finding(check=check, ok=True, detail=detail)
+
+
+def refused(check: str, error: ShardVaultError) -> Finding:
+    return Finding(check=check, ok=False, detail=f"{error.name}: {error.message}", fix=error.fix)
