@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 from botocore.exceptions import ClientError
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from shardvault.errors import BackupDamaged, ShardVaultError
+from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.models import Frozen, Manifest, RestoreRequest, check_name
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
@@ -48,8 +48,10 @@ class VerifyRequest(Frozen):
     backup_id: str = "latest"
     read_data_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
 
-    def model_post_init(self, _: Any) -> None:
-        check_name("cluster", self.cluster)
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_name("cluster", value)
 
 
 class Checked(Frozen):
@@ -72,6 +74,12 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         ),
         svc,
     )
+    if record.get("status") != "COMPLETE":
+        raise BackupNotRestorable(
+            f"backup {record['backup_id']} is {record.get('status', 'unknown')}, not COMPLETE: "
+            "there is nothing whole to verify.",
+            fix="verify a complete backup ('shardvault list' shows their status).",
+        )
     checked: list[Checked] = []
     problems: list[str] = []
     manifest = verify_one(record, request, svc, checked, problems)

@@ -19,7 +19,13 @@ from pydantic import ValidationError
 from shardvault.causes import failure_cause
 from shardvault.dispatch import post_untracked
 from shardvault.errors import InvalidRequest, ShardVaultError
-from shardvault.models import BackupContext, BackupRequest, BackupStatus, new_backup_id
+from shardvault.models import (
+    BackupContext,
+    BackupKind,
+    BackupRequest,
+    BackupStatus,
+    new_backup_id,
+)
 from shardvault.planning import backup_prefix
 from shardvault.services import Services
 from shardvault.store import abort_uploads, delete_prefix
@@ -93,7 +99,7 @@ def report_refusal(
             "started_at": now,
             "requested_by": request.requested_by,
             "execution_id": request.execution_id,
-            "kind": "incremental" if request.incremental else "full",
+            "kind": (BackupKind.INCREMENTAL if request.incremental else BackupKind.FULL).value,
             "error": error.name,
             "cause": f"{error.message} Fix: {error.fix}" if error.fix else error.message,
         }
