@@ -31,3 +31,5 @@ wheels:
 	python3 -m venv .cache/wheels-venv
 	.cache/wheels-venv/bin/pip wheel --quiet --wheel-dir dist \
 		-r requirements.txt -r agents/requirements.txt ./ ./agents
+	# The packages' build backend: installing from a checkout with --no-index builds them.
+	.cache/wheels-venv/bin/pip wheel --quiet --wheel-dir dist "setuptools>=68"
