@@ -4,7 +4,8 @@ real ASL, the Lambda handlers in process).
 
 Usage::
 
-    .venv/bin/python bench/fleet_sim.py --nodes 3 --nodes 40 --nodes 100 --nodes 300
+    .venv/bin/python bench/fleet_sim.py --nodes 3 --nodes 40 --nodes 100 --nodes 300 \
+        --pg-listing 10
 
 The nodes are *fake agents that answer at once*: each is registered in the node registry with
 one shard, and one thread reads the inbox table and answers every command with what a real
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import tempfile
 import threading
 import time
@@ -194,11 +196,40 @@ def simulate(stack: LocalStack, nodes: int) -> dict[str, Any]:
     }
 
 
+def pg_listing(scale: int) -> dict[str, int]:
+    """What one real PostgreSQL shard's listing weighs in a task result: a data directory after
+    ``pgbench -i -s SCALE``, its files (``pg_wal`` apart, as a checkpoint lists them) packed
+    as an agent packs them."""
+    from shardvault.local.postgres import find_pg_bin_dir, init_instance, run_as_postgres
+    from shardvault.models import FileEntry
+
+    with tempfile.TemporaryDirectory() as root:
+        instance = init_instance(Path(root) / "pg")
+        try:
+            pgbench = str(find_pg_bin_dir() / "pgbench")
+            where = ["-h", str(instance.socket_dir), "-p", str(instance.port), "-U", "postgres"]
+            command = run_as_postgres([pgbench, "-i", "-s", str(scale), *where, "postgres"])
+            subprocess.run(command, check=True, capture_output=True, cwd="/")
+            files = [
+                FileEntry(path=p.relative_to(instance.data_dir).as_posix(), size=p.stat().st_size)
+                for p in instance.data_dir.rglob("*")
+                if p.is_file() and "pg_wal" not in p.relative_to(instance.data_dir).parts
+            ]
+        finally:
+            instance.stop(mode="immediate")
+    return {"pgbench_scale": scale, "files": len(files), "packed_chars": len(pack_files(files))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, action="append", required=True)
+    parser.add_argument("--nodes", type=int, action="append", default=[])
+    parser.add_argument(
+        "--pg-listing", type=int, metavar="SCALE", help="also weigh a real PostgreSQL listing"
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = parser.parse_args()
+    if args.pg_listing:
+        print(json.dumps(pg_listing(args.pg_listing)), flush=True)
     results = []
     with tempfile.TemporaryDirectory() as root, LocalStack(Path(root), use_minio=False) as stack:
         for n in args.nodes:
