@@ -35,6 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+)
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -47,7 +54,7 @@ from rich.table import Table
 
 from shardvault import operations as ops
 from shardvault.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
-from shardvault.errors import InvalidRequest, ShardVaultError
+from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
 from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
 from shardvault.planning import MiB
 from shardvault.versions import installed
@@ -70,8 +77,37 @@ def main(argv: list[str] | None = None) -> int:
         if error.fix:
             errors.print(f"[yellow]Fix[/]: {error.fix}")
         return REFUSED
+    except (BotoCoreError, ClientError) as error:  # AWS configuration: one line, no traceback
+        errors.print(f"[bold red]AWS[/]: {aws_problem(error)}")
+        return REFUSED
     except KeyboardInterrupt:
         return 130
+
+
+def aws_problem(error: BotoCoreError | ClientError) -> str:
+    """What AWS refused the CLI, and the fix, in one line."""
+    if isinstance(error, NoRegionError):
+        return (
+            "no AWS region is set. Fix: set AWS_DEFAULT_REGION (or the profile's region) to "
+            "the ShardVault stack's region."
+        )
+    if isinstance(error, NoCredentialsError):
+        return "no AWS credentials were found. Fix: set AWS_PROFILE, or log in (aws sso login)."
+    if isinstance(error, EndpointConnectionError):
+        return f"AWS cannot be reached ({error}). Fix: check the network and the region."
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in AWS_DENIED_CODES:
+            return (
+                f"this AWS identity may not do that ({code}: {error}). Fix: use an identity "
+                "allowed to start the stack's executions and read its tables."
+            )
+        if code in ("ResourceNotFoundException", "StateMachineDoesNotExist"):
+            return (
+                f"{error}. Fix: set SHARDVAULT_* from the stack's outputs (the table and state "
+                "machine names are generated), and AWS_DEFAULT_REGION to its region."
+            )
+    return f"{error}."
 
 
 def parser() -> argparse.ArgumentParser:

@@ -200,3 +200,16 @@ class PromotionFailed(ShardVaultError):
 
 class ExpiryFailed(ShardVaultError):
     """The store refused to delete some objects of an expiring backup."""
+
+
+# What AWS answers an identity that may not do something, or whose credentials are not valid
+# (the CLI and the agent's start each say so in one line, with their own fix).
+AWS_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "ExpiredTokenException",
+    }
+)

@@ -31,7 +31,7 @@ from botocore.exceptions import (
     NoRegionError,
 )
 
-from shardvault.errors import ShardVaultError
+from shardvault.errors import AWS_DENIED_CODES, ShardVaultError
 from shardvault.versions import installed
 from shardvault_agent import bootstrap
 from shardvault_agent.bootstrap import DEFAULT_ENV_FILE, DEFAULT_STACK
@@ -138,14 +138,7 @@ def stack_error(error: BotoCoreError | ClientError, stack: str) -> str:
     return aws_start_error(error, None)
 
 
-# What AWS answers an identity that may not do something, or whose credentials are not valid.
-DENIED = {
-    "AccessDenied",
-    "AccessDeniedException",
-    "UnrecognizedClientException",
-    "InvalidClientTokenId",
-    "ExpiredTokenException",
-}
+DENIED = AWS_DENIED_CODES
 
 
 def aws_start_error(error: BotoCoreError | ClientError, args: argparse.Namespace | None) -> str:
