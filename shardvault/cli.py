@@ -316,9 +316,14 @@ def follow(
     elif outcome.status == "SUCCEEDED":
         print_restore(outcome.record or {})
     else:
-        console.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
-        console.print(outcome.cause)
+        print_failure(what, outcome)
     return outcome
+
+
+def print_failure(what: str, outcome: ops.Progress) -> None:
+    """A followed run that failed: its error and cause, on stderr (stdout is the output)."""
+    errors.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
+    errors.print(outcome.cause)
 
 
 def backup_type(record: dict[str, Any]) -> str:
@@ -416,8 +421,7 @@ def run_restore(args: argparse.Namespace) -> int:
             print_plan(outcome.record or {})
             print_restore_options(config, outcome.record or {}, args.tier)
             return 0
-        console.print(f"[bold red]plan {outcome.status}[/]: [bold]{outcome.error}[/]")
-        console.print(outcome.cause)
+        print_failure("plan", outcome)
         return 1
     if not args.wait:
         return 0
@@ -594,8 +598,7 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_retention(args: argparse.Namespace) -> int:
     outcome = ops.run_retention(ops.ClientConfig.from_env(), args.cluster, args.dry_run)
     if outcome.status != "SUCCEEDED":
-        console.print(f"[bold red]retention {outcome.status}[/]: [bold]{outcome.error}[/]")
-        console.print(outcome.cause)
+        print_failure("retention", outcome)
         return 1
     print_retention(outcome.record or {}, args.dry_run)
     return 0
