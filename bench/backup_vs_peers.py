@@ -642,25 +642,13 @@ def wait_execution(arn: str, timeout: float = BACKUP_TIMEOUT) -> dict[str, Any]:
         time.sleep(POLL)
 
 
-def execution_history(arn: str) -> list[dict[str, Any]]:
-    sfn = boto3.client("stepfunctions")
-    events: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
-    while True:
-        page = sfn.get_execution_history(**kwargs)
-        events += page["events"]
-        if "nextToken" not in page:
-            return events
-        kwargs["nextToken"] = page["nextToken"]
-
-
 def stream_of(manifest: Manifest, phase: Phase) -> ManifestStream:
     return next(s for shard in manifest.shards for s in shard.streams if s.phase == phase)
 
 
 def timeline(bench: Bench, arn: str, backup_id: str) -> dict[str, Any]:
     """Where the backup's time went: state machine phases and the agent's commands."""
-    spans, end = report.state_spans(execution_history(arn), TOP_LEVEL_STATES)
+    spans, end = report.state_spans(ops.execution_history(arn), TOP_LEVEL_STATES)
     commands = report.agent_commands(bench.agent_log.read_text(), backup_id)
     return {
         "phases": report.phase_split(spans, end),
@@ -867,7 +855,7 @@ def shardvault_restore(
         for shard in summary["shards"]:
             stop_postgres_at(Path(shard["path"]))
         shutil.rmtree(restore_dir / SHARD_ID, ignore_errors=True)  # disk space; not timed
-    spans, _ = report.state_spans(execution_history(arn), RESTORE_STATES)
+    spans, _ = report.state_spans(ops.execution_history(arn), RESTORE_STATES)
     return {
         "seconds": seconds,
         "bytes": summary["bytes"],

@@ -39,7 +39,7 @@ import boto3
 from shardvault import operations as ops
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest, NodeRecord, ShardInfo, pack_files
-from shardvault.tables import Inbox, plain
+from shardvault.tables import Inbox, plain, scan_all
 
 CLUSTER = "fleet"
 SETTLE_SECONDS = 0.3
@@ -107,13 +107,7 @@ class FakeAgents:
     def run(self) -> None:
         table = self.inbox.table
         while not self.stop.is_set():
-            items, kwargs = [], {}
-            while True:
-                page = table.scan(**kwargs)
-                items += page.get("Items", [])
-                if "LastEvaluatedKey" not in page:
-                    break
-                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            items = scan_all(table)
             # The doorbell counters and failure notes start with "#". A command is answered
             # once its dispatch has returned: moto drops an answer that comes before its task
             # waits for it (a real agent is never that fast).
@@ -148,17 +142,6 @@ class FakeAgents:
         self.thread.join(timeout=30)
 
 
-def history(arn: str) -> list[dict[str, Any]]:
-    sfn = boto3.client("stepfunctions")
-    events, kwargs = [], {"executionArn": arn}
-    while True:
-        page = sfn.get_execution_history(**kwargs)
-        events += page["events"]
-        if "nextToken" not in page:
-            return events
-        kwargs["nextToken"] = page["nextToken"]
-
-
 def largest_state(events: list[dict[str, Any]]) -> int:
     """The largest input or output a state received or gave, in bytes."""
     sizes = [0]
@@ -181,7 +164,7 @@ def simulate(stack: LocalStack, nodes: int) -> dict[str, Any]:
         arn = ops.start_backup(client, BackupRequest(cluster=cluster, requested_by="sim"))
         progress = ops.wait_backup(client, arn, interval=0.5, timeout=3600)
         wall = time.time() - started
-    events = history(arn)
+    events = ops.execution_history(arn)
     checkpoints = sorted(agents.checkpoints)
     return {
         "nodes": nodes,

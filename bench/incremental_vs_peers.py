@@ -131,6 +131,7 @@ from peers import (
 )
 from report import MiB, Target
 
+from shardvault import operations as ops
 from shardvault.local.postgres import PostgresInstance
 from shardvault.models import BackupKind, BackupRequest, Manifest, Phase, RestoreRequest
 
@@ -333,7 +334,7 @@ def shardvault_split(bench: bvp.Bench, backup: bvp.ShardVaultBackup) -> dict[str
     data_bytes = sum(o.length for o in data.objects)
     tail_bytes = sum(o.length for o in tail.objects)
     blockmap_stored = sum(o.stored_bytes for o in maps)
-    spans, end = report.state_spans(bvp.execution_history(backup.arn), bvp.TOP_LEVEL_STATES)
+    spans, end = report.state_spans(ops.execution_history(backup.arn), bvp.TOP_LEVEL_STATES)
     states = report.state_seconds(spans)
     commands = report.agent_commands(bench.agent_log.read_text(), manifest.backup_id)
     return {

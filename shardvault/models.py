@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -62,6 +63,10 @@ def check_name(kind: str, value: str) -> str:
             "starting with a letter or digit.",
         )
     return value
+
+
+# A cluster's name in a request: refused as InvalidRequest (with its fix) when malformed.
+ClusterName = Annotated[str, AfterValidator(lambda value: check_name("cluster", value))]
 
 
 # --- Doorbells: one SQS queue per node (agents/shardvault_agent/doorbell.py) ------------------
@@ -154,6 +159,11 @@ class NodeRecord(Frozen):
         ``HEARTBEAT_MISSES`` of the periods it promised: an idle agent heartbeats rarely
         (``idle_heartbeat_seconds``) and is not silent for that. The one rule for silence."""
         return now - self.heartbeat_at > max(max_age, HEARTBEAT_MISSES * self.heartbeat_every)
+
+    def is_unavailable(self, now: float, max_age: float) -> bool:
+        """Stopped, or silent: a node a backup cannot use (validation refuses it, the watch
+        counts it)."""
+        return self.status != "up" or self.is_silent(now, max_age)
 
 
 class FileEntry(Frozen):
@@ -333,7 +343,7 @@ class BackupRequest(Frozen):
     """The input of the backup state machine (what the CLI, console or a schedule sends).
     ``vault`` makes the policy file's vault for this backup stricter (``VaultRequest``)."""
 
-    cluster: str
+    cluster: ClusterName
     vault: VaultRequest | None = None
     part_size: int | None = None  # bytes; None chooses it from the data size
     # Send only the blocks changed since the cluster's newest backup (its chain's policy
@@ -341,11 +351,6 @@ class BackupRequest(Frozen):
     incremental: StrictBool = False
     requested_by: str = "cli"
     execution_id: str = ""
-
-    @field_validator("cluster")
-    @classmethod
-    def _cluster_name(cls, value: str) -> str:
-        return check_name("cluster", value)
 
 
 class Source(Frozen):
@@ -553,8 +558,8 @@ class RestoreRequest(Frozen):
     pins shards to target nodes (``{"shard-a": "node-2"}``); unpinned shards are placed by size.
     """
 
-    cluster: str
-    target_cluster: str
+    cluster: ClusterName
+    target_cluster: ClusterName
     backup_id: str = "latest"
     tier: RetrievalTier = RetrievalTier.STANDARD
     placement: dict[str, str] = Field(default_factory=dict)
@@ -565,11 +570,6 @@ class RestoreRequest(Frozen):
     heapallindexed: StrictBool = False  # PostgreSQL: pg_amcheck --heapallindexed (deeper)
     requested_by: str = "cli"
     execution_id: str = ""
-
-    @field_validator("cluster", "target_cluster")
-    @classmethod
-    def _cluster_name(cls, value: str) -> str:
-        return check_name("cluster", value)
 
     @field_validator("validation_queries")
     @classmethod

@@ -87,13 +87,50 @@ def check_cluster(config: ClientConfig, cluster: str) -> None:
     registered_nodes(NodeRegistry(table(config.nodes_table)), cluster)
 
 
-def start_backup(config: ClientConfig, request: BackupRequest) -> str:
-    sfn = boto3.client("stepfunctions")
-    name = f"{request.cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
-    payload = request.model_dump(exclude_none=True, exclude={"execution_id"})
-    return sfn.start_execution(
-        stateMachineArn=config.state_machine_arn, name=name, input=json.dumps(payload)
+def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:
+    """Starts an execution of one of the stack's state machines (``machine``: BACKUP, RESTORE,
+    RETENTION, VERIFY), named ``<prefix>-<time>-<random>``; a machine the configuration does
+    not name is refused with the variable and the stack output that give it."""
+    if not machine_arn:
+        variable = (
+            "SHARDVAULT_STATE_MACHINE_ARN"
+            if machine == "BACKUP"
+            else (f"SHARDVAULT_{machine}_STATE_MACHINE_ARN")
+        )
+        raise InvalidRequest(
+            f"{variable} is not set.",
+            fix=f"set it from the ShardVault stack's {machine.title()}StateMachineArn output, "
+            "or pass --stack-env for the local stack.",
+        )
+    name = f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"[:80]
+    return boto3.client("stepfunctions").start_execution(
+        stateMachineArn=machine_arn, name=name, input=json.dumps(payload)
     )["executionArn"]
+
+
+def run_to_end(execution_arn: str, timeout: float) -> Progress:
+    """Waits for an execution that keeps no catalog progress (retention, verify)."""
+    return wait_for(
+        lambda: execution_progress(execution_arn, "", lambda _: []), lambda _: None, 0.5, timeout
+    )
+
+
+def execution_history(execution_arn: str) -> list[dict[str, Any]]:
+    """Every event of an execution's history, across pages."""
+    sfn = boto3.client("stepfunctions")
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"executionArn": execution_arn, "maxResults": 1000}
+    while True:
+        page = sfn.get_execution_history(**kwargs)
+        events += page["events"]
+        if "nextToken" not in page:
+            return events
+        kwargs["nextToken"] = page["nextToken"]
+
+
+def start_backup(config: ClientConfig, request: BackupRequest) -> str:
+    payload = request.model_dump(exclude_none=True, exclude={"execution_id"})
+    return start_execution(config.state_machine_arn, "BACKUP", request.cluster, payload)
 
 
 def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
@@ -202,18 +239,10 @@ def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str,
 
 # --- restore -------------------------------------------------------------------------------------
 def start_restore(config: ClientConfig, request: RestoreRequest) -> str:
-    if not config.restore_state_machine_arn:
-        raise InvalidRequest(
-            "SHARDVAULT_RESTORE_STATE_MACHINE_ARN is not set.",
-            fix="set it from the ShardVault stack's RestoreStateMachineArn output, or pass "
-            "--stack-env for the local stack.",
-        )
-    sfn = boto3.client("stepfunctions")
-    name = f"{request.target_cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
     payload = request.model_dump(mode="json", exclude={"execution_id"})
-    return sfn.start_execution(
-        stateMachineArn=config.restore_state_machine_arn, name=name, input=json.dumps(payload)
-    )["executionArn"]
+    return start_execution(
+        config.restore_state_machine_arn, "RESTORE", request.target_cluster, payload
+    )
 
 
 def restore_progress(config: ClientConfig, execution_arn: str) -> Progress:
@@ -242,19 +271,9 @@ def run_retention(
     config: ClientConfig, cluster: str | None, dry_run: bool, timeout: float = 3600
 ) -> Progress:
     """Runs the retention state machine (one cluster or all) and waits for its decision."""
-    if not config.retention_state_machine_arn:
-        raise InvalidRequest(
-            "SHARDVAULT_RETENTION_STATE_MACHINE_ARN is not set.",
-            fix="set it from the ShardVault stack's RetentionStateMachineArn output, or pass "
-            "--stack-env for the local stack.",
-        )
-    sfn = boto3.client("stepfunctions")
     payload = {"dry_run": dry_run, **({"cluster": cluster} if cluster else {})}
-    name = f"retention-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
-    arn = sfn.start_execution(
-        stateMachineArn=config.retention_state_machine_arn, name=name, input=json.dumps(payload)
-    )["executionArn"]
-    return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)
+    arn = start_execution(config.retention_state_machine_arn, "RETENTION", "retention", payload)
+    return run_to_end(arn, timeout)
 
 
 # --- verify ------------------------------------------------------------------------------------
@@ -266,19 +285,9 @@ def run_verify(
     timeout: float = 3600,
 ) -> Progress:
     """Runs the verify state machine on one backup (and its chain) and waits for it."""
-    if not config.verify_state_machine_arn:
-        raise InvalidRequest(
-            "SHARDVAULT_VERIFY_STATE_MACHINE_ARN is not set.",
-            fix="set it from the ShardVault stack's VerifyStateMachineArn output, or pass "
-            "--stack-env for the local stack.",
-        )
-    sfn = boto3.client("stepfunctions")
     payload = {"cluster": cluster, "backup_id": backup_id, "read_data_percent": read_data_percent}
-    name = f"verify-{cluster}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"[:80]
-    arn = sfn.start_execution(
-        stateMachineArn=config.verify_state_machine_arn, name=name, input=json.dumps(payload)
-    )["executionArn"]
-    return wait_for(lambda: execution_progress(arn, "", lambda _: []), lambda _: None, 0.5, timeout)
+    arn = start_execution(config.verify_state_machine_arn, "VERIFY", f"verify-{cluster}", payload)
+    return run_to_end(arn, timeout)
 
 
 # --- check -------------------------------------------------------------------------------------

@@ -57,10 +57,13 @@ def findings(
     out.append(membership)
     out.append(attempt("agents up", lambda: check_nodes_available(nodes, now, max_age)))
     out.append(attempt("one engine", lambda: one_engine(cluster, nodes)))
-    sources = attempt("one leader per shard", lambda: choose_sources(nodes))
-    out.append(sources)
-    if sources.ok:
+    try:
         chosen = choose_sources(nodes)
+    except ShardVaultError as error:  # without sources, what they hold is not checked
+        out.append(refused("one leader per shard", error))
+    else:
+        leaders = "; ".join(f"{s.node_id}: {', '.join(s.shard_ids)}" for s in chosen) or "none"
+        out.append(Finding(check="one leader per shard", ok=True, detail=leaders))
         out.append(
             attempt(
                 "shards readable, engines ready",
@@ -133,11 +136,7 @@ def attempt(check: str, run: Callable[[], Any]) -> Finding:
         result = run()
     except ShardVaultError as error:
         return refused(check, error)
-    if isinstance(result, list):  # the sources: which node leads which shards
-        detail = "; ".join(f"{s.node_id}: {', '.join(s.shard_ids)}" for s in result) or "none"
-    else:
-        detail = str(result) if result else "ok"
-    return Finding(check=check, ok=True, detail=detail)
+    return Finding(check=check, ok=True, detail=str(result) if result else "ok")
 
 
 def refused(check: str, error: ShardVaultError) -> Finding:

@@ -53,9 +53,9 @@ from shardvault.models import (
 from shardvault.placement import assignments, place
 from shardvault.readback import load_manifest
 from shardvault.services import Services
+from shardvault.store import readable_now
 from shardvault.tables import RESTORE_PREFIX
 
-ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR reads at once
 THAW_DAYS = 2  # how long a thawed copy stays readable: the restore must finish in time
 THAW_MAX_WAIT = 3600
 
@@ -425,12 +425,9 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
 def thaw_object(s3: Any, bucket: str, key: str, tier: RetrievalTier) -> str:
     """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
     head = s3.head_object(Bucket=bucket, Key=key)
-    if head.get("StorageClass") not in ARCHIVE_CLASSES:
+    if readable_now(head):  # not archived, or thawed
         return "readable"
-    status = head.get("Restore") or ""
-    if 'ongoing-request="false"' in status:
-        return "readable"  # thawed
-    if status:
+    if head.get("Restore"):
         return "thawing"
     s3.restore_object(
         Bucket=bucket,

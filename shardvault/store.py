@@ -17,6 +17,7 @@ from botocore.config import Config
 from shardvault.checksums import crc64nvme_of_chunks
 from shardvault.errors import InvalidRequest
 from shardvault.models import UploadedPart
+from shardvault.prices import ARCHIVE_CLASSES
 
 CHECKSUM_HEADER = "x-amz-checksum-crc64nvme"
 
@@ -107,6 +108,14 @@ def complete_upload(
             ]
         },
     )
+
+
+def readable_now(head: dict[str, Any]) -> bool:
+    """Whether an object's bytes can be read now, by its ``HeadObject``: not archived
+    (GLACIER_IR reads at once), or archived and thawed."""
+    if head.get("StorageClass") not in ARCHIVE_CLASSES:
+        return True
+    return 'ongoing-request="false"' in (head.get("Restore") or "")
 
 
 def stored_checksum(s3: Any, bucket: str, key: str) -> tuple[str | None, int]:

@@ -68,6 +68,17 @@ def dynamo(value: Any) -> Any:
     return value
 
 
+def scan_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every item a scan reads, across pages."""
+    items: list[dict[str, Any]] = []
+    while True:
+        page = dynamo_table.scan(**kwargs)
+        items += page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
 def query_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
     """Every item a query matches, across pages."""
     items: list[dict[str, Any]] = []
@@ -105,29 +116,15 @@ class NodeRegistry:
 
     def everyone(self) -> list[NodeRecord]:
         """Every registered node, of every cluster (one scan)."""
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {}
-        while True:
-            page = self.table.scan(**kwargs)
-            items += page.get("Items", [])
-            if "LastEvaluatedKey" not in page:
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = scan_all(self.table)
         return sorted((NodeRecord.model_validate(plain(i)) for i in items), key=lambda n: n.node_id)
 
     def clusters(self) -> list[str]:
         """Every cluster with a registered node (for error messages that suggest names)."""
-        names: set[str] = set()
-        kwargs: dict[str, Any] = {
-            "ProjectionExpression": "#c",
-            "ExpressionAttributeNames": {"#c": "cluster"},
-        }
-        while True:
-            page = self.table.scan(**kwargs)
-            names |= {i["cluster"] for i in page.get("Items", [])}
-            if "LastEvaluatedKey" not in page:
-                return sorted(names)
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = scan_all(
+            self.table, ProjectionExpression="#c", ExpressionAttributeNames={"#c": "cluster"}
+        )
+        return sorted({i["cluster"] for i in items})
 
 
 class Inbox:
@@ -312,11 +309,4 @@ class Catalog:
         return [plain(i) for i in items]
 
     def all_backups(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {}
-        while True:
-            page = self.table.scan(**kwargs)
-            items += [plain(i) for i in page.get("Items", []) if is_backup(i["backup_id"])]
-            if "LastEvaluatedKey" not in page:
-                return items
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return [plain(i) for i in scan_all(self.table) if is_backup(i["backup_id"])]

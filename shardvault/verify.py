@@ -27,31 +27,25 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 from botocore.exceptions import ClientError
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
-from shardvault.models import Frozen, Manifest, RestoreRequest, check_name
+from shardvault.models import ClusterName, Frozen, Manifest, RestoreRequest
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
-from shardvault.store import readback_checksum, stored_checksum
+from shardvault.store import readable_now, readback_checksum, stored_checksum
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
-ARCHIVED = ("GLACIER", "DEEP_ARCHIVE")
 MAX_PROBLEMS = 20  # named in the outcome; the count says how many more
 
 
 class VerifyRequest(Frozen):
     """The verify state machine's input."""
 
-    cluster: str
+    cluster: ClusterName
     backup_id: str = "latest"
     read_data_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
-
-    @field_validator("cluster")
-    @classmethod
-    def _cluster_name(cls, value: str) -> str:
-        return check_name("cluster", value)
 
 
 class Checked(Frozen):
@@ -194,7 +188,7 @@ def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
     if size != obj.stored_bytes:
         return f"{key} holds {size} bytes, the manifest says {obj.stored_bytes}"
     if crc is None:
-        if is_frozen(s3.head_object(Bucket=bucket, Key=key)):
+        if not readable_now(s3.head_object(Bucket=bucket, Key=key)):
             return f"{key} has no CRC64NVME checksum attribute and is archived (unreadable)"
         crc, size = readback_checksum(s3, bucket, key)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
@@ -203,12 +197,6 @@ def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
             f"{obj.stored_bytes} bytes with {obj.crc64nvme}"
         )
     return ""
-
-
-def is_frozen(head: dict[str, Any]) -> bool:
-    """An archived object that is not thawed: its bytes cannot be read."""
-    thawed = 'ongoing-request="false"' in head.get("Restore", "")
-    return head.get("StorageClass") in ARCHIVED and not thawed
 
 
 def read_sample(
@@ -221,7 +209,7 @@ def read_sample(
     sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
     read = skipped = 0
     for obj in sample:
-        if is_frozen(s3.head_object(Bucket=bucket, Key=obj.key)):
+        if not readable_now(s3.head_object(Bucket=bucket, Key=obj.key)):
             skipped += 1
             continue
         crc, size = readback_checksum(s3, bucket, obj.key)

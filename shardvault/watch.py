@@ -48,7 +48,7 @@ def observe(svc: Services, now: float) -> Observation:
     silent = [
         f"{node.cluster}/{node.node_id}"
         for node in svc.nodes.everyone()
-        if node.status != "up" or node.is_silent(now, max_age)
+        if node.is_unavailable(now, max_age)
     ]
     return Observation(backup_age_hours=ages, silent_nodes=silent)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from shardvault import operations as ops
@@ -92,6 +94,18 @@ class Cluster:
 
     def agent_log(self, node_id: str) -> str:
         return (self.stack.root / "agents" / f"{node_id}.log").read_text()
+
+    def full_then_incremental(self) -> tuple[str, str]:
+        """A full backup, a change to every 50th row of the first shard, and an incremental:
+        the ids of the two, both succeeded."""
+        full = self.backup()
+        assert full.status == "SUCCEEDED", full.cause
+        source = next(iter(self.sources.values()))
+        with sqlite3.connect(source) as conn:
+            conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
+        incremental = self.backup(incremental=True)
+        assert incremental.status == "SUCCEEDED", incremental.cause
+        return full.record["backup_id"], incremental.record["backup_id"]
 
     def stop(self) -> None:
         for config in self.configs:
@@ -183,21 +197,10 @@ def make_cluster(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Cl
         cluster.stop()
 
 
-def execution_history(arn: str) -> list[dict[str, Any]]:
-    sfn = boto3.client("stepfunctions")
-    events, kwargs = [], {"executionArn": arn}
-    while True:
-        page = sfn.get_execution_history(**kwargs)
-        events += page["events"]
-        if "nextToken" not in page:
-            return events
-        kwargs["nextToken"] = page["nextToken"]
-
-
 def entered_states(arn: str) -> list[str]:
     return [
         e["stateEnteredEventDetails"]["name"]
-        for e in execution_history(arn)
+        for e in ops.execution_history(arn)
         if "stateEnteredEventDetails" in e
     ]
 
@@ -226,3 +229,14 @@ def policy_for(stack, tmp_path, monkeypatch):
         monkeypatch.setattr(stack.settings, "policy_file", str(path))
 
     return write
+
+
+def run_cli(stack: LocalStack, *args: str, columns: int = 200) -> subprocess.CompletedProcess:
+    """``shardvault ARGS`` against the stack, as a script runs it: a bare environment (no AWS
+    variables but the stack's env file) and ``columns`` wide."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardvault.cli", *args,
+         "--stack-env", str(stack.root / "stack.env")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": str(columns)},
+    )  # fmt: skip

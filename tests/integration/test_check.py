@@ -5,17 +5,12 @@ check passes, 1 (naming the check and its fix) when one fails."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from .conftest import run_cli
 
 
 def check_cli(stack, cluster: str, policy) -> tuple[int, dict]:
-    done = subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", "check", cluster, "--policy", str(policy),
-         "--json", "--stack-env", str(stack.root / "stack.env")],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    done = run_cli(stack, "check", cluster, "--policy", str(policy), "--json")
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, json.loads(done.stdout)
 

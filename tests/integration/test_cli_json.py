@@ -5,22 +5,16 @@ incremental's share of its full), and the registered nodes."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import subprocess
-import sys
 
 import pytest
+
+from .conftest import run_cli
 
 pytestmark = pytest.mark.minio
 
 
 def cli_json(stack, *args: str):
-    done = subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", *args, "--json", "--stack-env",
-         str(stack.root / "stack.env")],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "40"},  # narrow: JSON must not wrap
-    )  # fmt: skip
+    done = run_cli(stack, *args, "--json", columns=40)  # narrow: JSON must not wrap
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -28,14 +22,7 @@ def cli_json(stack, *args: str):
 def test_list_show_and_nodes_print_json(make_cluster, policy_for):
     cluster = make_cluster(nodes=1, size_mb=2)
     policy_for(cluster.name)
-    full = cluster.backup()
-    assert full.status == "SUCCEEDED"
-    (source,) = cluster.sources.values()
-    with sqlite3.connect(source) as conn:
-        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
-    incremental = cluster.backup(incremental=True)
-    assert incremental.status == "SUCCEEDED", incremental.cause
-    full_id, incr_id = full.record["backup_id"], incremental.record["backup_id"]
+    full_id, incr_id = cluster.full_then_incremental()
 
     listed = {r["backup_id"]: r for r in cli_json(cluster.stack, "list", cluster.name)}
     assert set(listed) == {full_id, incr_id}

@@ -16,7 +16,6 @@ from shardvault import operations as ops
 from shardvault.local.demo import table_digests
 from shardvault.models import Manifest
 from shardvault.readback import load_manifest
-from tests.integration.conftest import execution_history
 
 pytestmark = pytest.mark.minio
 
@@ -83,8 +82,8 @@ def test_a_bucket_reader_without_the_key_finds_no_plaintext(make_cluster, make_t
 
     # The key in the clear is nowhere it could leak from: history, catalog, logs, work bucket.
     places = {
-        "backup history": json.dumps(execution_history(backup_execution), default=str),
-        "restore history": json.dumps(execution_history(restore_execution), default=str),
+        "backup history": json.dumps(ops.execution_history(backup_execution), default=str),
+        "restore history": json.dumps(ops.execution_history(restore_execution), default=str),
         "catalog": json.dumps(cluster.records() + target.records(), default=str),
         "agent logs": "".join(cluster.agent_log(c["node_id"]) for c in cluster.configs)
         + target.agent_log(0),

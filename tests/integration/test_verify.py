@@ -5,33 +5,21 @@ backup's catalog record, and a changed object is named with exit status 1."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
-import sys
 
 from shardvault.readback import load_manifest
 
+from .conftest import run_cli
+
 
 def verify_cli(stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", "verify", *args, "--stack-env",
-         str(stack.root / "stack.env")],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )  # fmt: skip
+    return run_cli(stack, "verify", *args)
 
 
 def test_verify_checks_a_chain_in_the_vault_and_names_a_changed_object(make_cluster, policy_for):
     cluster = make_cluster(nodes=1, size_mb=2)
     policy_for(cluster.name)  # a vault in GLACIER_IR: readable without a thaw
-    full = cluster.backup()
-    assert full.status == "SUCCEEDED", full.cause
-    (source,) = cluster.sources.values()
-    with sqlite3.connect(source) as conn:
-        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
-    incremental = cluster.backup(incremental=True)
-    assert incremental.status == "SUCCEEDED", incremental.cause
-    full_id, incr_id = full.record["backup_id"], incremental.record["backup_id"]
+    full_id, incr_id = cluster.full_then_incremental()
 
     done = verify_cli(cluster.stack, cluster.name, "--read-data", "100", "--json")
     assert done.returncode == 0, done.stderr
