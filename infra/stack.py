@@ -50,6 +50,7 @@ from infra.constants import (
 from infra.policies import TABLE_READ, TABLE_WRITE
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
+from shardvault.services import ANSWERS_DIR
 from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
@@ -424,25 +425,36 @@ class ShardVaultStack(Stack):
         # The dispatcher inlines from the work bucket (args_key) a node's restore layout and the
         # presigned URLs of a transfer; arguments too large for an inbox item it hands over as
         # a presigned GET URL of their work object, authorized by this same read.
-        grant("dispatch", policies.objects(bucket, WORK_PREFIX, "s3:GetObject"))
+        # It also signs, per listing command, a PUT of the node's answer: under answers/ only,
+        # so that URL cannot replace a plan, a layout or another work object.
+        grant(
+            "dispatch",
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),
+            iam.PolicyStatement(
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects(f"{WORK_PREFIX}*/{ANSWERS_DIR}/*")],
+            ),
+        )
 
     def _suppress_narrow_wildcards(self) -> None:
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
         doorbells = f"{DOORBELL_PREFIX}\\*"
+        answers = f"(\\/{ANSWERS_DIR}\\/\\*)?"  # the dispatcher's answer URLs
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
                 {
                     "id": "AwsSolutions-IAM5",
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
-                    "prefix (backups/ for data, _work/ for work objects) is the narrowest "
+                    "prefix (backups/ for data, _work/ for work objects, _work/*/answers/ for "
+                    "the agents' answers) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "
                     "key granted; doorbell queues are created by the agents, one per node id, "
                     "so their name prefix is the narrowest resource the dispatcher rings.",
                     "appliesTo": [
-                        {"regex": f"/^Resource::<.+\\.Arn>\\/({prefixes})\\/\\*$/"},
+                        {"regex": f"/^Resource::<.+\\.Arn>\\/({prefixes})\\/\\*{answers}$/"},
                         {"regex": "/^Resource::arn:<AWS::Partition>:states:.+:execution:.+$/"},
                         "Action::kms:GenerateDataKey*",
                         {"regex": f"/^Resource::arn:<AWS::Partition>:sqs:.+:{doorbells}$/"},

@@ -11,6 +11,15 @@ shard of many files, the extents of a long chain of scattered changes) go as a p
 URL of their work object (``args_url``, ``args_size``), which the agent reads before it runs
 the command.
 
+*Answers by URL*: the commands whose answers list a node's files (``ANSWERED``: checkpoint,
+scan, stop) get a presigned PUT of one work object (``answer_url``, the key
+``Services.answer_key`` names). The agent puts its answer there and answers its task token
+with the answer's size and CRC64NVME alone, so that the execution's state, which a Map gathers
+from every node, carries a few dozen bytes a node instead of every listing (256 KiB bound a
+cluster at about 50 PostgreSQL nodes). The plan step reads the answers back and refuses one
+that is not what the token vouched for (``shardvault.backup.answers``). An agent that does not
+know the URL answers inline, as before.
+
 *Ring*: after the post, the dispatcher sends one small message (``{"ring": <command id>}``,
 nothing secret) to the node's *doorbell* queue (``shardvault.models.doorbell_name``), which an
 idle agent long-polls, so it reads its inbox at once instead of every few seconds. A ring
@@ -39,6 +48,11 @@ INLINE_ARGS_BYTES = 96 * 1024  # well under an inbox item's 400 KB, with the res
 BACKUP_COMMANDS = {"flush", "checkpoint", "scan", "pack", "upload", "stop", "release"}
 RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
 COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS)
+# The listing commands, and the phase whose listing each answers.
+ANSWERED = {"checkpoint": "data", "scan": "data", "stop": "tail"}
+# As long as the listing commands' tasks wait (their TimeoutSeconds in backup.asl.json): an
+# answer put later than that is one nobody reads.
+ANSWER_URL_TTL_SECONDS = 7200
 
 
 class DispatchRequest(BaseModel):
@@ -80,6 +94,9 @@ def dispatch(
     args = dict(request.args)
     if key := args.pop("args_key", None):
         args |= work_args(svc, key)
+    if phase := ANSWERED.get(request.command):
+        answer_key = svc.answer_key(request.backup_id, phase, request.node_id)
+        args["answer_url"] = svc.work_put_url(answer_key, ANSWER_URL_TTL_SECONDS)
     svc.inbox.post(
         request.node_id,
         request.command_id,

@@ -108,7 +108,13 @@ class UploadIncomplete(ShardVaultError):
 
 
 class ListingTooLarge(ShardVaultError):
-    """A checkpoint's file listing does not fit in one task result."""
+    """A checkpoint's file listing does not fit in one task result (an agent answering
+    inline, to a control plane that gives it no answer URL)."""
+
+
+class AnswerMismatch(ShardVaultError):
+    """An agent's answer in the work bucket is missing, too large, or not the one its task
+    token vouched for (checksum, size or node)."""
 
 
 # --- Agent-side --------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ from shardvault.store import StoreLocation, s3_client
 from shardvault.tables import Catalog, Inbox, NodeRegistry, table
 
 log = logging.getLogger("shardvault.services")
+# Under an operation's work prefix: the agents' answers of listing commands, one per phase and
+# node. The dispatcher may sign PUTs here and nowhere else (infra/stack.py).
+ANSWERS_DIR = "answers"
 
 
 @dataclass
@@ -124,6 +127,20 @@ class Services:
             "get_object",
             Params={"Bucket": self.settings.work_bucket, "Key": key},
             ExpiresIn=self.settings.url_ttl_seconds,
+        )
+
+    def answer_key(self, operation_id: str, phase: str, node_id: str) -> str:
+        """Where a node's agent hands its answer of a listing command (``dispatch.ANSWERED``)."""
+        return self.work_key(operation_id, ANSWERS_DIR, phase, f"{node_id}.json")
+
+    def work_put_url(self, key: str, ttl_seconds: int) -> str:
+        """A presigned PUT of one work object, for an agent's answer. It cannot bind the
+        content (the agent has not produced it yet): the answer's reader checks the object
+        against the checksum the agent sent through its task token instead."""
+        return self.work_s3.generate_presigned_url(
+            "put_object",
+            Params={"Bucket": self.settings.work_bucket, "Key": key},
+            ExpiresIn=ttl_seconds,
         )
 
     def list_work(self, prefix: str) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import boto3
 
-from shardvault.checksums import crc64nvme_of_stream
+from shardvault.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
 from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
 from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
@@ -66,9 +66,23 @@ from shardvault_agent.transfer import (
     upload_object,
 )
 
-MAX_LISTING_CHARS = 200_000  # leaves room in the 256 KiB task result for the rest
+MAX_LISTING_CHARS = 200_000  # an inline answer: room in the 256 KiB task result for the rest
 EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
 KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
+
+
+def check_fits_task_result(result: dict[str, Any]) -> None:
+    """An answer sent inline (a control plane that gives no answer URL) must fit in the task
+    result: a listing too long for it is refused by name."""
+    for shard in result.get("shards", []):
+        packed = shard.get("files", "") if isinstance(shard, dict) else ""
+        if len(packed) > MAX_LISTING_CHARS:
+            raise ListingTooLarge(
+                f"shard {shard['shard_id']} lists {len(packed)} characters of files "
+                "(packed), more than one task result holds.",
+                fix="upgrade the ShardVault stack: it takes listings of any length through "
+                "the work bucket.",
+            )
 
 
 class Commands:
@@ -99,7 +113,22 @@ class Commands:
             raise UnknownCommand(
                 f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
             )
-        return handler(self._fetched_args(args))
+        result = handler(self._fetched_args(args))
+        if url := args.get("answer_url"):
+            return self._hand_answer(name, url, result)
+        check_fits_task_result(result)
+        return result
+
+    def _hand_answer(self, command: str, url: str, answer: dict[str, Any]) -> dict[str, Any]:
+        """Puts a listing command's answer in the work bucket through its URL and returns the
+        receipt the task token carries (``shardvault.backup.answers``)."""
+        body = json.dumps(answer, separators=(",", ":")).encode()
+        self.sender.send_answer(url, body, f"the answer of {command}")
+        return {
+            "node_id": self.config.node_id,
+            "answer_bytes": len(body),
+            "answer_crc64nvme": crc64nvme_of_bytes(body),
+        }
 
     def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The command's arguments, those too large for its inbox item read from the store
@@ -220,17 +249,10 @@ class Commands:
         out = []
         for shard in shards:
             record = self.load_capture(backup_id, shard.shard_id, phase)
-            packed = pack_files(record["files"])
-            if len(packed) > MAX_LISTING_CHARS:
-                raise ListingTooLarge(
-                    f"shard {shard.shard_id} lists {len(record['files'])} files ({len(packed)} "
-                    "characters packed), more than one task result holds.",
-                    fix="split the shard, or upgrade to a version that pages listings.",
-                )
             out.append(
                 {
                     "shard_id": shard.shard_id,
-                    "files": packed,
+                    "files": pack_files(record["files"]),
                     "marker": record["marker"],
                     "checkpoint_at": record["checkpoint_at"],
                     "mutable": record["mutable"],

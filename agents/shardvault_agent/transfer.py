@@ -60,11 +60,14 @@ class InjectedFault(ConnectionError):
 class Faults:
     """Test-only fault injection: fail the first ``part_failures`` tries of every part; wait
     ``first_try_delay`` seconds before the first try of every part (URLs expire); flip a bit
-    of the body the first try of every part sends (``corrupt_part``: damage on the way)."""
+    of the body the first try of every part sends (``corrupt_part``: damage on the way); put
+    answers that differ from their receipts (``corrupt_answer``: an answer replaced in the
+    work bucket)."""
 
     part_failures: int = 0
     first_try_delay: float = 0.0
     corrupt_part: bool = False
+    corrupt_answer: bool = False
     _seen: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -79,6 +82,7 @@ class Faults:
             part_failures=int(spec.get("upload_part", 0)),
             first_try_delay=float(spec.get("first_try_delay", 0)),
             corrupt_part=spec.get("corrupt_part") == "1",
+            corrupt_answer=spec.get("corrupt_answer") == "1",
         )
 
     def before_part(self, key: str, part_number: int) -> bool:
@@ -199,7 +203,8 @@ def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
 
 @dataclass
 class PartSender:
-    """Uploads parts through presigned URLs, retried by the agent's one policy."""
+    """Uploads parts, and the listing commands' answers, through presigned URLs, retried by
+    the agent's one policy."""
 
     http: urllib3.PoolManager
     attempts: int
@@ -209,11 +214,34 @@ class PartSender:
     def send(
         self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]
     ) -> UploadedPart:
-        what = f"part {part.part_number} of {key}"
+        def opened() -> BinaryIO:
+            if not self.faults.before_part(key, part.part_number):
+                return body()
+            with body() as intact:
+                return self.faults.damaged(intact)
+
+        headers = {"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme}
+        etag = self._put(url, headers, opened, f"part {part.part_number} of {key}")
+        return UploadedPart(part_number=part.part_number, etag=etag, crc64nvme=part.crc64nvme)
+
+    def send_answer(self, url: str, body: bytes, what: str) -> None:
+        """Puts a command's answer (``shardvault.dispatch``: answers by URL). The URL binds no
+        checksum; the control plane checks the object against the one the task answer sends."""
+
+        def opened() -> BinaryIO:
+            intact = io.BytesIO(body)
+            return self.faults.damaged(intact) if self.faults.corrupt_answer else intact
+
+        self._put(url, {"Content-Length": str(len(body))}, opened, what)
+
+    def _put(
+        self, url: str, headers: dict[str, str], body: Callable[[], BinaryIO], what: str
+    ) -> str:
+        """PUTs ``body()`` (opened again for each try); returns the stored object's ETag."""
         try:
             for attempt in retrying(self.attempts, self.sleep):
                 with attempt:
-                    return self._try(key, part, url, body, what)
+                    return self._try(url, headers, body, what)
         except TryAgain as last:
             raise PartUploadFailed(
                 f"{what} failed after {self.attempts} tries: {last.why}",
@@ -222,28 +250,18 @@ class PartSender:
         raise AssertionError("unreachable")  # retrying() ends in a return or a raise
 
     def _try(
-        self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO], what: str
-    ) -> UploadedPart:
+        self, url: str, headers: dict[str, str], body: Callable[[], BinaryIO], what: str
+    ) -> str:
         try:
-            damage = self.faults.before_part(key, part.part_number)
             with body() as stream:
                 response = self.http.request(
-                    "PUT",
-                    url,
-                    body=self.faults.damaged(stream) if damage else stream,
-                    headers={"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme},
-                    retries=False,
-                    timeout=TIMEOUT,
+                    "PUT", url, body=stream, headers=headers, retries=False, timeout=TIMEOUT
                 )
         except (urllib3.exceptions.HTTPError, OSError) as error:
             log.info("%s: try failed: %s: %s", what, type(error).__name__, error)
             raise TryAgain(f"{type(error).__name__}: {error}") from error
         if response.status == 200:
-            return UploadedPart(
-                part_number=part.part_number,
-                etag=response.headers["ETag"],
-                crc64nvme=part.crc64nvme,
-            )
+            return response.headers["ETag"]
         why = _status_error(response, what)
         log.info("%s: try failed: %s", what, why)
         if response.status in RETRYABLE_STATUS or (

@@ -11,6 +11,8 @@ Where each step lives (modules are named for what they hold, so no module is sha
 step function re-exported here):
 - ``admission``: the request checked against the registry and the policy file, the cluster's
   lock taken, the backup recorded as RUNNING (``validate``, ``take_lock``, ``vault_target``).
+- ``answers``: the agents' answers of listing commands, read back from the work bucket by
+  their receipts (``read_answers``).
 - ``planner``: the agents' answers to shard listings and an object plan (``plan``).
 - ``upload``: per object, ``sign`` and ``complete`` (with ``verify_object``); after the Upload
   map, ``check_uploads``.
@@ -21,7 +23,8 @@ step function re-exported here):
   (``reap``).
 
 Dependencies inside the package go one way: ``admission`` uses ``failure``; ``manifest`` uses
-``planner``. Callers use the names re-exported here (``from shardvault import backup``).
+``planner``; ``planner`` uses ``answers``. Callers use the names re-exported here (``from
+shardvault import backup``).
 """
 
 from shardvault.backup.admission import (

@@ -1,5 +1,8 @@
 """Plan: what the agents' checkpoint (phase ``data``) or stop (phase ``tail``) answers become.
 
+The answers are read from the work bucket when the agents handed them there
+(``shardvault.backup.answers``).
+
 Each answer is checked against the backup's sources, turned into shard listings, and cut into
 an object plan (``shardvault.planning``); both are written to the work bucket, where the
 Upload map reads the plan and Finalize the listings.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardvault.backup.answers import read_answers
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import choose_part_size, plan_objects
@@ -59,6 +63,7 @@ def plan(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    results = read_answers(svc, context.backup_id, phase, results)
     if phase == Phase.DATA:
         check_scanned(results)
     listings = listings_from_results(results, phase)

@@ -323,7 +323,8 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
             for resource in as_list(statement["Resource"]):
                 text = json.dumps(resource)
                 if "/*" in text and "s3:" in json.dumps(actions(statement)):
-                    assert text.endswith(('"/backups/*"]]}', '"/_work/*"]]}')), (module, text)
+                    narrow = ('"/backups/*"]]}', '"/_work/*"]]}', '"/_work/*/answers/*"]]}')
+                    assert text.endswith(narrow), (module, text)
 
 
 def test_signing_role_can_create_and_upload_parts(synth: Synthesized) -> None:
@@ -481,9 +482,12 @@ def test_restore_function_gets_exactly_what_it_calls(synth: Synthesized, module:
     assert grants(synth, module) == RESTORE_GRANTS[module]
 
 
-def test_dispatcher_reads_restore_layouts_from_the_work_prefix_only(synth: Synthesized) -> None:
+def test_dispatcher_reads_work_objects_and_signs_answers_only(synth: Synthesized) -> None:
     s3 = {g for g in grants(synth, "dispatch") if g[0].startswith("s3:")}
-    assert s3 == {("s3:GetObject", "staging/_work/*")}  # args_key
+    assert s3 == {
+        ("s3:GetObject", "staging/_work/*"),  # args_key
+        ("s3:PutObject", "staging/_work/*/answers/*"),  # the answer URLs it signs
+    }
 
 
 RINGERS = {"dispatch", "cleanup_backup", "reap_execution", "validate_backup"}

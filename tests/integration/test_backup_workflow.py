@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import boto3
 
 from functions.reap_execution import lambda_handler
+from shardvault import operations as ops
 from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.local.lambda_bridge import LambdaContext
 from shardvault.materialize import materialize
@@ -82,8 +84,6 @@ def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cl
         env={"SHARDVAULT_AGENT_FAULTS": "upload_part=1000"},
     )
     execution = cluster.start_backup()
-    from shardvault import operations as ops
-
     progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
     assert progress.status == "FAILED"
     states = entered_states(execution)
@@ -172,3 +172,50 @@ def test_an_aborted_execution_is_reaped_and_leaves_nothing_behind(make_cluster, 
     # Reaping twice, or a backup that ended normally, changes nothing.
     again = lambda_handler(event, LambdaContext(function_name="shardvault-reap_execution"))
     assert again["reaped"] is False
+
+
+def _listing_answers(arn: str) -> list[dict]:
+    """What the agents answered their listing commands (checkpoint, stop), as the execution's
+    history keeps it."""
+    return [
+        json.loads(e["stateExitedEventDetails"]["output"])
+        for e in ops.execution_history(arn)
+        if e.get("stateExitedEventDetails", {}).get("name") in ("CheckpointNode", "StopNode")
+    ]
+
+
+def test_listings_go_through_the_work_bucket_and_the_history_keeps_receipts(make_cluster):
+    """A Map gathers every node's answer into the execution's state (256 KiB): the agents put
+    their listings in the work bucket, and the history holds a receipt of each."""
+    cluster = make_cluster(nodes=2, size_mb=4)
+    execution = cluster.start_backup()
+    progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
+    assert progress.status == "SUCCEEDED", progress.cause
+    answers = _listing_answers(execution)
+    assert len(answers) == 4  # two nodes, checkpoint and stop
+    for answer in answers:
+        assert set(answer) == {"node_id", "answer_bytes", "answer_crc64nvme"}
+    svc = cluster.stack.services()
+    backup_id = progress.record["backup_id"]
+    for phase in ("data", "tail"):
+        read = []  # each shard from its leader: once in all the answers of a phase
+        for config in cluster.configs:
+            kept = svc.get_work(svc.answer_key(backup_id, phase, config["node_id"]))
+            assert kept["node_id"] == config["node_id"]
+            read += [s["shard_id"] for s in kept["shards"] if s["files"]]
+        assert sorted(read) == sorted(cluster.sources)
+
+
+def test_an_answer_that_is_not_its_receipts_fails_the_backup_and_is_cleaned_up(make_cluster):
+    cluster = make_cluster(nodes=2, size_mb=4, env={"SHARDVAULT_AGENT_FAULTS": "corrupt_answer=1"})
+    execution = cluster.start_backup()
+    progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
+    assert progress.status == "FAILED"
+    assert "Upload" not in entered_states(execution)  # nothing was planned from it
+    (record,) = cluster.records()
+    assert record["status"] == "FAILED"
+    assert record["error"] == "AnswerMismatch"
+    assert "is not the one its agent sent" in record["cause"]
+    assert cluster.store_keys() == []
+    assert cluster.held_checkpoints() == []
+    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None

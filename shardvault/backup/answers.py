@@ -1,0 +1,79 @@
+"""Answers: what the agents' listing commands (checkpoint, scan, stop) answered, read back.
+
+An agent given an ``answer_url`` (``shardvault.dispatch``) puts its *answer* (its shards'
+listings) in the work bucket there, and answers its task token with a *receipt*:
+``{"node_id", "answer_bytes", "answer_crc64nvme"}``. The receipt comes through Step Functions,
+sent with the agent's own credentials; the object through a URL that whoever holds it could
+use until it expires. So an answer is taken only when the object is the one its receipt
+describes (size and checksum) and names the node that sent it. An answer that came inline (an
+agent older than answer URLs) is taken as it is, as it always was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.errors import AnswerMismatch
+from shardvault.models import Phase
+from shardvault.services import Services
+
+# A packed listing is about 4.5 bytes a file: this is room for ten million files on a node,
+# and keeps the plan step (which holds every node's answer) far inside its memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+def is_receipt(result: dict[str, Any]) -> bool:
+    return "answer_crc64nvme" in result
+
+
+def read_answers(
+    svc: Services, operation_id: str, phase: Phase, results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The nodes' answers for ``phase``: each receipt replaced by the answer it vouches for."""
+    return [
+        read_answer(svc, operation_id, phase, result) if is_receipt(result) else result
+        for result in results
+    ]
+
+
+def read_answer(
+    svc: Services, operation_id: str, phase: Phase, receipt: dict[str, Any]
+) -> dict[str, Any]:
+    node_id = str(receipt["node_id"])
+    key = svc.answer_key(operation_id, phase, node_id)
+    size, crc = int(receipt["answer_bytes"]), str(receipt["answer_crc64nvme"])
+    fix = "retry the backup; if it happens again, look for another writer of the work bucket."
+    if size > MAX_ANSWER_BYTES:
+        raise AnswerMismatch(
+            f"node {node_id} answered with {size} bytes of listings, more than the plan step "
+            f"reads ({MAX_ANSWER_BYTES}).",
+            fix="split the node's shards across more nodes, or raise MAX_ANSWER_BYTES with "
+            "the plan function's memory.",
+        )
+    try:
+        body = svc.get_work_bytes(key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+            raise
+        raise AnswerMismatch(
+            f"node {node_id} answered its {phase} command, but its answer is not in the "
+            "work bucket.",
+            fix=fix,
+        ) from None
+    if len(body) != size or crc64nvme_of_bytes(body) != crc:
+        raise AnswerMismatch(
+            f"the {phase} answer of node {node_id} in the work bucket is not the one its "
+            f"agent sent ({len(body)} bytes where it sent {size}, or another checksum).",
+            fix=fix,
+        )
+    answer = json.loads(body)
+    if answer.get("node_id") != node_id:
+        raise AnswerMismatch(
+            f"the {phase} answer kept for node {node_id} names node {answer.get('node_id')}.",
+            fix=fix,
+        )
+    return answer
