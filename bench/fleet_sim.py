@@ -8,9 +8,12 @@ Usage::
         --pg-listing 10
 
 The nodes are *fake agents that answer at once*: each is registered in the node registry with
-one shard, and one thread reads the inbox table and answers every command with what a real
-agent sends for a shard that holds no file (flush, checkpoint with its scan, stop, release), so
-no object is planned and what is measured is the control plane alone:
+one shard, and one thread reads the inbox table and answers every command as a real agent
+does (flush, checkpoint with its scan, stop, release; the listing commands' answers put in the
+work bucket through their answer URLs, a receipt sent with the token). Each shard lists no
+file, or with ``--pg-listing SCALE`` the files of a real PostgreSQL data directory after
+``pgbench -i -s SCALE``, sized 0: the listings are as long as a real node's, and no object is
+planned, so what is measured is the control plane alone:
 
 - the backup execution's history events (AWS fails a Standard execution past 25,000) and
   the largest state it carried (AWS's limit is 256 KiB), from its history;
@@ -35,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import urllib3
 
 from shardvault import operations as ops
+from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.local.stack import LocalStack
-from shardvault.models import BackupRequest, NodeRecord, ShardInfo, pack_files
+from shardvault.models import BackupRequest, FileEntry, NodeRecord, ShardInfo, pack_files
 from shardvault.tables import Inbox, plain, scan_all
 
 CLUSTER = "fleet"
@@ -67,11 +72,11 @@ def register(stack: LocalStack, cluster: str, nodes: int) -> list[str]:
     return ids
 
 
-def listing(shard_id: str) -> dict[str, Any]:
-    """A shard that holds no file, as a full's checkpoint (with its scan) answers it."""
+def listing(shard_id: str, files: list[FileEntry]) -> dict[str, Any]:
+    """A shard of ``files``, as a full's checkpoint (with its scan) answers it."""
     return {
         "shard_id": shard_id,
-        "files": pack_files([]),
+        "files": pack_files(files),
         "marker": {},
         "checkpoint_at": time.time(),
         "mutable": False,
@@ -82,12 +87,14 @@ def listing(shard_id: str) -> dict[str, Any]:
     }
 
 
-def answer(command: str, node_id: str, args: dict[str, Any]) -> dict[str, Any]:
+def answer(
+    command: str, node_id: str, args: dict[str, Any], files: list[FileEntry]
+) -> dict[str, Any]:
     shards = args.get("shard_ids", [])
     if command == "flush":
         return {"node_id": node_id, "flushed": shards}
     if command in ("checkpoint", "scan", "stop"):
-        return {"node_id": node_id, "shards": [listing(s) for s in shards]}
+        return {"node_id": node_id, "shards": [listing(s, files) for s in shards]}
     if command == "release":
         return {"node_id": node_id, "released": True}
     raise ValueError(f"the simulation has no answer to {command!r}")
@@ -96,9 +103,12 @@ def answer(command: str, node_id: str, args: dict[str, Any]) -> dict[str, Any]:
 class FakeAgents:
     """One thread answering every inbox item at once; notes when each checkpoint was answered."""
 
-    def __init__(self, stack: LocalStack) -> None:
+    def __init__(self, stack: LocalStack, files: list[FileEntry]) -> None:
         self.inbox = Inbox(stack.services().inbox.table)
         self.sfn = boto3.client("stepfunctions")
+        self.http = urllib3.PoolManager()
+        self.files = files
+        self.answer_bytes = 0
         self.stop = threading.Event()
         self.checkpoints: list[float] = []
         self.answered = 0
@@ -126,12 +136,23 @@ class FakeAgents:
         command, node_id = item["command"], item["node_id"]
         token = item.get("task_token")
         if token:
-            output = answer(command, node_id, item.get("args") or {})
+            args = item.get("args") or {}
+            output = answer(command, node_id, args, self.files)
+            if url := args.get("answer_url"):  # as a real agent does (shardvault.dispatch)
+                output = self.hand(url, output)
             self.sfn.send_task_success(taskToken=token, output=json.dumps(output, default=str))
         if command == "checkpoint":
             self.checkpoints.append(time.time())
         self.answered += 1
         self.inbox.remove(node_id, item["command_id"], item["dispatch_id"])
+
+    def hand(self, url: str, output: dict[str, Any]) -> dict[str, Any]:
+        body = json.dumps(output, separators=(",", ":")).encode()
+        response = self.http.request("PUT", url, body=body)
+        assert response.status == 200, response.data
+        self.answer_bytes = max(self.answer_bytes, len(body))
+        receipt = {"answer_bytes": len(body), "answer_crc64nvme": crc64nvme_of_bytes(body)}
+        return {"node_id": output["node_id"], **receipt}
 
     def __enter__(self) -> FakeAgents:
         self.thread.start()
@@ -154,11 +175,12 @@ def largest_state(events: list[dict[str, Any]]) -> int:
     return max(sizes)
 
 
-def simulate(stack: LocalStack, nodes: int) -> dict[str, Any]:
-    """One full backup of a cluster of ``nodes`` fake nodes (its own cluster name)."""
+def simulate(stack: LocalStack, nodes: int, files: list[FileEntry]) -> dict[str, Any]:
+    """One full backup of a cluster of ``nodes`` fake nodes (its own cluster name), each
+    shard listing ``files``."""
     cluster = f"{CLUSTER}{nodes}"
     register(stack, cluster, nodes)
-    with FakeAgents(stack) as agents:
+    with FakeAgents(stack, files) as agents:
         client = stack.client_config()
         started = time.time()
         arn = ops.start_backup(client, BackupRequest(cluster=cluster, requested_by="sim"))
@@ -176,15 +198,14 @@ def simulate(stack: LocalStack, nodes: int) -> dict[str, Any]:
         "checkpoint_spread_s": round(checkpoints[-1] - checkpoints[0], 2) if checkpoints else None,
         "wall_s": round(wall, 2),
         "commands_answered": agents.answered,
+        "largest_answer_bytes": agents.answer_bytes,
     }
 
 
-def pg_listing(scale: int) -> dict[str, int]:
-    """What one real PostgreSQL shard's listing weighs in a task result: a data directory after
-    ``pgbench -i -s SCALE``, its files (``pg_wal`` apart, as a checkpoint lists them) packed
-    as an agent packs them."""
+def pg_listing(scale: int) -> list[FileEntry]:
+    """One real PostgreSQL shard's files: a data directory after ``pgbench -i -s SCALE``
+    (``pg_wal`` apart, as a checkpoint lists them)."""
     from shardvault.local.postgres import find_pg_bin_dir, init_instance, run_as_postgres
-    from shardvault.models import FileEntry
 
     with tempfile.TemporaryDirectory() as root:
         instance = init_instance(Path(root) / "pg")
@@ -200,7 +221,7 @@ def pg_listing(scale: int) -> dict[str, int]:
             ]
         finally:
             instance.stop(mode="immediate")
-    return {"pgbench_scale": scale, "files": len(files), "packed_chars": len(pack_files(files))}
+    return files
 
 
 def main() -> None:
@@ -211,12 +232,17 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = parser.parse_args()
+    files: list[FileEntry] = []
     if args.pg_listing:
-        print(json.dumps(pg_listing(args.pg_listing)), flush=True)
+        real = pg_listing(args.pg_listing)
+        weight = {"pgbench_scale": args.pg_listing, "files": len(real)}
+        print(json.dumps(weight | {"packed_chars": len(pack_files(real))}), flush=True)
+        # The same paths, sized 0: as long, and nothing is planned for the fakes to upload.
+        files = [FileEntry(path=f.path, size=0) for f in real]
     results = []
     with tempfile.TemporaryDirectory() as root, LocalStack(Path(root), use_minio=False) as stack:
         for n in args.nodes:
-            result = simulate(stack, n)
+            result = simulate(stack, n, files)
             print(json.dumps(result), flush=True)
             results.append(result)
     if args.out:
