@@ -16,6 +16,7 @@ BACKUP_ASL = STATE_MACHINES_DIR / "backup.asl.json"
 RESTORE_ASL = STATE_MACHINES_DIR / "restore.asl.json"
 RETENTION_ASL = STATE_MACHINES_DIR / "retention.asl.json"
 VERIFY_ASL = STATE_MACHINES_DIR / "verify.asl.json"
+PROBE_ASL = STATE_MACHINES_DIR / "probe.asl.json"
 # The deployment's policy file (CDK context ``policy`` overrides): clusters, schedules, vault.
 DEFAULT_POLICY = REPO_ROOT / "examples" / "shardvault.yaml"
 LAMBDA_REQUIREMENTS = REPO_ROOT / "requirements-lambda.txt"
@@ -29,6 +30,7 @@ BACKUP_STATE_MACHINE_NAME = f"{STACK_NAME}-backup"
 RESTORE_STATE_MACHINE_NAME = f"{STACK_NAME}-restore"
 RETENTION_STATE_MACHINE_NAME = f"{STACK_NAME}-retention"
 VERIFY_STATE_MACHINE_NAME = f"{STACK_NAME}-verify"
+PROBE_STATE_MACHINE_NAME = f"{STACK_NAME}-probe"
 
 WORK_PREFIX = "_work/"  # control objects: plans, listings, per-object results
 BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
@@ -89,6 +91,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("sweep_store", "SweepStoreFunctionArn", 900),
     # Heads every object of a backup's chain, reads a sample back (shardvault/verify.py).
     FunctionSpec("verify_backup", "VerifyBackupFunctionArn", 900, 1024),
+    # shardvault check: each agent's round trip to the store (shardvault/probe.py).
+    FunctionSpec("probe_store", "ProbeStoreFunctionArn"),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.

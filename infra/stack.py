@@ -39,6 +39,8 @@ from infra.constants import (
     DEFAULT_POLICY,
     POWERTOOLS_METRICS_NAMESPACE,
     POWERTOOLS_SERVICE_NAME,
+    PROBE_ASL,
+    PROBE_STATE_MACHINE_NAME,
     RESTORE_ASL,
     RESTORE_STATE_MACHINE_NAME,
     RETENTION_ASL,
@@ -50,6 +52,7 @@ from infra.constants import (
 from infra.policies import TABLE_READ, TABLE_WRITE
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
+from shardvault.probe import PROBE_DIR
 from shardvault.services import ANSWERS_DIR
 from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
@@ -91,6 +94,7 @@ class ShardVaultStack(Stack):
                 ("restore", RESTORE_ASL, RESTORE_STATE_MACHINE_NAME),
                 ("retention", RETENTION_ASL, RETENTION_STATE_MACHINE_NAME),
                 ("verify", VERIFY_ASL, VERIFY_STATE_MACHINE_NAME),
+                ("probe", PROBE_ASL, PROBE_STATE_MACHINE_NAME),
             )
         }
         self.workflow = self.workflows["backup"]
@@ -347,6 +351,16 @@ class ShardVaultStack(Stack):
             # A missing object is then NoSuchKey, not AccessDenied: verify names it missing.
             *[policies.list_prefix(store, BACKUPS_PREFIX) for store in (bucket, vault)],
         )
+        grant(
+            "probe_store",  # shardvault/probe.py: signs each agent's probe, then deletes it
+            policies.table(self.tables.nodes, ("dynamodb:Query",), indexes=(NODES_BY_CLUSTER,)),
+            policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
+            iam.PolicyStatement(
+                actions=["s3:PutObject", "s3:GetObject", "s3:DeleteObject"],
+                resources=[bucket.arn_for_objects(f"{WORK_PREFIX}*/{PROBE_DIR}/*")],
+            ),
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the URLs, for the dispatcher
+        )
         expire_role = self.functions.functions["expire_backup"].role
         assert expire_role is not None
         self.storage.deny_vault_deletes_except(expire_role)
@@ -439,7 +453,8 @@ class ShardVaultStack(Stack):
     def _suppress_narrow_wildcards(self) -> None:
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
         doorbells = f"{DOORBELL_PREFIX}\\*"
-        answers = f"(\\/{ANSWERS_DIR}\\/\\*)?"  # the dispatcher's answer URLs
+        # The dispatcher's answer URLs and the probe's objects, under a work prefix.
+        answers = f"(\\/({ANSWERS_DIR}|{PROBE_DIR})\\/\\*)?"
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
@@ -447,7 +462,7 @@ class ShardVaultStack(Stack):
                     "id": "AwsSolutions-IAM5",
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
                     "prefix (backups/ for data, _work/ for work objects, _work/*/answers/ for "
-                    "the agents' answers) is the narrowest "
+                    "the agents' answers, _work/*/probe/ for the store probes) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "
@@ -474,6 +489,7 @@ class ShardVaultStack(Stack):
             "RestoreStateMachineArn": self.workflows["restore"].state_machine.state_machine_arn,
             "RetentionStateMachineArn": self.workflows["retention"].state_machine.state_machine_arn,
             "VerifyStateMachineArn": self.workflows["verify"].state_machine.state_machine_arn,
+            "ProbeStateMachineArn": self.workflows["probe"].state_machine.state_machine_arn,
             "VaultBucketName": self.storage.vault.bucket_name,
             "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,

@@ -160,6 +160,11 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--policy", type=Path, help="the deployment's policy file: membership and the RPO"
     )
+    check.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip each agent's round trip to the store (the probe state machine)",
+    )
     check.set_defaults(run=run_check)
 
     verify = sub.add_parser("verify", help="check a backup and its chain in the store")
@@ -534,7 +539,9 @@ def run_check(args: argparse.Namespace) -> int:
     from shardvault.policy import load_policy
 
     policy = load_policy(args.policy) if args.policy else None
-    found = ops.check_readiness(ops.ClientConfig.from_env(), args.cluster, policy)
+    found = ops.check_readiness(
+        ops.ClientConfig.from_env(), args.cluster, policy, probe=not args.no_probe
+    )
     failed = [f for f in found if not f.ok]
     if args.json:
         emit_json(

@@ -47,7 +47,8 @@ SILENCE_GRACE = 4
 INLINE_ARGS_BYTES = 96 * 1024  # well under an inbox item's 400 KB, with the rest of the item
 BACKUP_COMMANDS = {"flush", "checkpoint", "scan", "pack", "upload", "stop", "release"}
 RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
-COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS)
+CHECK_COMMANDS = {"probe"}  # shardvault check: the agent's round trip to the store
+COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS | CHECK_COMMANDS)
 # The listing commands, and the phase whose listing each answers.
 ANSWERED = {"checkpoint": "data", "scan": "data", "stop": "tail"}
 # As long as the listing commands' tasks wait (their TimeoutSeconds in backup.asl.json): an

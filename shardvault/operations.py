@@ -33,6 +33,7 @@ class ClientConfig:
     restore_state_machine_arn: str = ""
     retention_state_machine_arn: str = ""
     verify_state_machine_arn: str = ""
+    probe_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -54,6 +55,7 @@ class ClientConfig:
             env.get("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_RETENTION_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_VERIFY_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_PROBE_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -89,7 +91,7 @@ def check_cluster(config: ClientConfig, cluster: str) -> None:
 
 def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:
     """Starts an execution of one of the stack's state machines (``machine``: BACKUP, RESTORE,
-    RETENTION, VERIFY), named ``<prefix>-<time>-<random>``; a machine the configuration does
+    RETENTION, VERIFY, PROBE), named ``<prefix>-<time>-<random>``; a machine the configuration does
     not name is refused with the variable and the stack output that give it."""
     if not machine_arn:
         variable = (
@@ -291,13 +293,29 @@ def run_verify(
 
 
 # --- check -------------------------------------------------------------------------------------
-def check_readiness(config: ClientConfig, cluster: str, policy: Any) -> list[Any]:
+def check_readiness(
+    config: ClientConfig, cluster: str, policy: Any, probe: bool = True
+) -> list[Any]:
     """``shardvault check``: the cluster's findings (``shardvault.readiness``), from the
-    registry and the catalog as they are now."""
-    from shardvault.readiness import findings
+    registry and the catalog as they are now; with ``probe``, then each agent's round trip to
+    the store (the probe state machine)."""
+    from shardvault.readiness import findings, probe_findings, probe_not_run
     from shardvault.settings import Settings
 
     nodes = NodeRegistry(table(config.nodes_table)).in_cluster(cluster)
     records = Catalog(table(config.catalog_table)).backups(cluster)
     max_age = Settings.model_fields["heartbeat_max_age_seconds"].default
-    return findings(cluster, nodes, records, policy, time.time(), max_age)
+    found = findings(cluster, nodes, records, policy, time.time(), max_age)
+    if not probe or not nodes:
+        return found
+    if not config.probe_state_machine_arn:
+        return [*found, probe_not_run()]
+    return found + probe_findings(run_probe(config, cluster))
+
+
+def run_probe(config: ClientConfig, cluster: str, timeout: float = 900) -> Progress:
+    """Runs the probe state machine (``shardvault.probe``) and waits for it."""
+    arn = start_execution(
+        config.probe_state_machine_arn, "PROBE", f"probe-{cluster}", {"cluster": cluster}
+    )
+    return run_to_end(arn, timeout)

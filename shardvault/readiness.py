@@ -7,6 +7,8 @@ is a refusal the next backup will not meet; then what only the catalog tells: th
 newest complete backup against the cluster's RPO, and what its last verification found.
 The engine's own readiness (``wal_level``, a free replication slot, the role's privileges, a
 server that answers) is in the registry: each leader's agent checks it with every heartbeat.
+Last, what only the agents can tell: each one's round trip to the store (``shardvault.probe``),
+one finding per node.
 """
 
 from __future__ import annotations
@@ -141,3 +143,47 @@ def attempt(check: str, run: Callable[[], Any]) -> Finding:
 
 def refused(check: str, error: ShardVaultError) -> Finding:
     return Finding(check=check, ok=False, detail=f"{error.name}: {error.message}", fix=error.fix)
+
+
+ROUND_TRIP = "store round trip"
+
+
+def probe_findings(progress: Any) -> list[Finding]:
+    """One finding per probed node, from the probe state machine's run (``progress``: an
+    ``operations.Progress``); one failed finding when the probe itself could not run."""
+    if progress.status != "SUCCEEDED":
+        return [
+            Finding(
+                check=ROUND_TRIP,
+                ok=False,
+                detail=f"{progress.error or progress.status}: {progress.cause}",
+                fix="see the error; 'shardvault check --no-probe' checks the rest meanwhile.",
+            )
+        ]
+    out = []
+    for node in (progress.record or {}).get("nodes", []):
+        check = f"{ROUND_TRIP} ({node['node_id']})"
+        if node["ok"]:
+            detail = f"put {node['put_seconds']:.2f} s, read back {node['get_seconds']:.2f} s"
+            out.append(Finding(check=check, ok=True, detail=detail))
+            continue
+        out.append(
+            Finding(
+                check=check,
+                ok=False,
+                detail=f"{node['error']}: {node['cause']}",
+                fix="check the node's path to the store (DNS, proxy, firewall, TLS trust) and "
+                "its agent's log, which names each failed try.",
+            )
+        )
+    return out
+
+
+def probe_not_run() -> Finding:
+    return Finding(
+        check=ROUND_TRIP,
+        ok=False,
+        detail="not tried: SHARDVAULT_PROBE_STATE_MACHINE_ARN is not set",
+        fix="set it from the stack's ProbeStateMachineArn output (or pass --stack-env for the "
+        "local stack), or pass --no-probe to check the rest.",
+    )

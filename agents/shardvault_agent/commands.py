@@ -8,6 +8,7 @@ upload sends only the parts still missing.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shutil
@@ -22,7 +23,13 @@ from typing import Any, BinaryIO
 import boto3
 
 from shardvault.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
-from shardvault.errors import CheckpointNotFound, InvalidRequest, ListingTooLarge, UnknownCommand
+from shardvault.errors import (
+    CheckpointNotFound,
+    InvalidRequest,
+    ListingTooLarge,
+    StoreObjectDamaged,
+    UnknownCommand,
+)
 from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
     Encryption,
@@ -262,6 +269,32 @@ class Commands:
         return {"node_id": self.config.node_id, "shards": out}
 
     # --- commands ------------------------------------------------------------------------------
+    def do_probe(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``shardvault check``'s round trip (``shardvault.probe``): puts the probe's bytes
+        through their checksum-bound URL and reads them back through the other, as a backup's
+        parts and a restore's ranges go."""
+        body = base64.b64decode(args["body"])
+        started = time.monotonic()
+        self.sender.send_probe(args["put_url"], body, args["crc64nvme"])
+        stored = time.monotonic()
+        read = bytearray(len(body))
+
+        def write(position: int, chunk: bytes) -> None:
+            read[position : position + len(chunk)] = chunk
+
+        self.restorer.downloader.fetch(args["get_url"], "the probe object", 0, len(body), write)
+        if bytes(read) != body:
+            raise StoreObjectDamaged(
+                "the probe object read back differs from the bytes this node put.",
+                fix="check what stands between this node and the store (a proxy that rewrites "
+                "bodies, a cache); backups from this node cannot be trusted until it is fixed.",
+            )
+        return {
+            "node_id": self.config.node_id,
+            "put_seconds": round(stored - started, 3),
+            "get_seconds": round(time.monotonic() - stored, 3),
+        }
+
     def do_flush(self, args: dict[str, Any]) -> dict[str, Any]:
         shards = self._shards(args)
         for shard in shards:

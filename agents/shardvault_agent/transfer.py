@@ -234,6 +234,11 @@ class PartSender:
 
         self._put(url, {"Content-Length": str(len(body))}, opened, what)
 
+    def send_probe(self, url: str, body: bytes, crc64nvme: str) -> None:
+        """Puts ``shardvault check``'s probe through a URL bound to its checksum, as a part's."""
+        headers = {"Content-Length": str(len(body)), CHECKSUM_HEADER: crc64nvme}
+        self._put(url, headers, lambda: io.BytesIO(body), "the probe object")
+
     def _put(
         self, url: str, headers: dict[str, str], body: Callable[[], BinaryIO], what: str
     ) -> str:

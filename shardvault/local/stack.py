@@ -84,6 +84,7 @@ FUNCTIONS = {
     "ExpireBackupFunctionArn": "expire_backup",
     "SweepStoreFunctionArn": "sweep_store",
     "VerifyBackupFunctionArn": "verify_backup",
+    "ProbeStoreFunctionArn": "probe_store",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -191,6 +192,7 @@ class LocalStack:
     restore_state_machine_arn: str = ""
     retention_state_machine_arn: str = ""
     verify_state_machine_arn: str = ""
+    probe_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -234,6 +236,7 @@ class LocalStack:
         self.restore_state_machine_arn = self._create_state_machine("restore")
         self.retention_state_machine_arn = self._create_state_machine("retention")
         self.verify_state_machine_arn = self._create_state_machine("verify")
+        self.probe_state_machine_arn = self._create_state_machine("probe")
         self._reaper = ExecutionReaper(
             [self.state_machine_arn, self.restore_state_machine_arn]
         ).start()
@@ -315,6 +318,7 @@ class LocalStack:
             self.restore_state_machine_arn,
             self.retention_state_machine_arn,
             self.verify_state_machine_arn,
+            self.probe_state_machine_arn,
         )
 
     def store_client(self) -> Any:
@@ -363,6 +367,7 @@ class LocalStack:
             "SHARDVAULT_RESTORE_STATE_MACHINE_ARN": self.restore_state_machine_arn,
             "SHARDVAULT_RETENTION_STATE_MACHINE_ARN": self.retention_state_machine_arn,
             "SHARDVAULT_VERIFY_STATE_MACHINE_ARN": self.verify_state_machine_arn,
+            "SHARDVAULT_PROBE_STATE_MACHINE_ARN": self.probe_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

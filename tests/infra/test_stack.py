@@ -29,6 +29,8 @@ from infra.constants import (
     DEFAULT_POLICY,
     FUNCTIONS,
     NODE_ID_TAG,
+    PROBE_ASL,
+    PROBE_STATE_MACHINE_NAME,
     PROMOTED_TAG,
     REPO_ROOT,
     RESTORE_ASL,
@@ -110,6 +112,7 @@ MACHINES = {
     RESTORE_STATE_MACHINE_NAME: RESTORE_ASL,
     RETENTION_STATE_MACHINE_NAME: RETENTION_ASL,
     VERIFY_STATE_MACHINE_NAME: VERIFY_ASL,
+    PROBE_STATE_MACHINE_NAME: PROBE_ASL,
 }
 
 
@@ -323,7 +326,12 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
             for resource in as_list(statement["Resource"]):
                 text = json.dumps(resource)
                 if "/*" in text and "s3:" in json.dumps(actions(statement)):
-                    narrow = ('"/backups/*"]]}', '"/_work/*"]]}', '"/_work/*/answers/*"]]}')
+                    narrow = (
+                        '"/backups/*"]]}',
+                        '"/_work/*"]]}',
+                        '"/_work/*/answers/*"]]}',
+                        '"/_work/*/probe/*"]]}',
+                    )
                     assert text.endswith(narrow), (module, text)
 
 
@@ -404,6 +412,9 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
             # a failed backup's partial objects (validate_backup: an abandoned backup's;
             # sweep_store: what no running backup owns and no manifest names)
             assert deletes == {"s3:DeleteObject"}
+        elif module == "probe_store":  # shardvault check's probes, once read back
+            deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
+            assert deleted == {("s3:DeleteObject", "staging/_work/*/probe/*")}
         elif module == "promote_backup":  # the staging copy, once the vault holds the backup
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
             assert deleted == {("s3:DeleteObject", "staging/backups/*")}  # never the vault
@@ -715,6 +726,17 @@ def test_verify_reads_backups_and_writes_only_its_outcome(synth: Synthesized) ->
     lists = {("s3:ListBucket", store) for store in ("staging", "vault")}
     catalog = {(a, "catalog") for a in ("dynamodb:Query", "dynamodb:GetItem")}
     assert grants(synth, "verify_backup") == reads | lists | catalog | UPDATE_CATALOG
+
+
+def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesized) -> None:
+    probes = {(a, "staging/_work/*/probe/*") for a in ("s3:PutObject", "s3:GetObject")}
+    assert grants(synth, "probe_store") == probes | {
+        ("s3:DeleteObject", "staging/_work/*/probe/*"),
+        ("s3:PutObject", "staging/_work/*"),  # the URLs, for the dispatcher (args_key)
+        ("dynamodb:Query", "nodes"),  # the cluster's agents (its index)
+        ("dynamodb:Query", "nodes/index/by_cluster"),
+        ("dynamodb:Query", "inbox"),  # the agents' failure notes
+    }
 
 
 def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_alarm(

@@ -32,11 +32,33 @@ def test_check_names_what_the_next_backup_would_meet(make_cluster, policy_for, t
     assert cluster.backup().status == "SUCCEEDED"
     code, result = check_cli(cluster.stack, cluster.name, policy)
     assert (code, failed(result)) == (0, {})
-    leaders = {c["check"]: c["detail"] for c in result["checks"]}["one leader per shard"]
-    assert cluster.configs[0]["node_id"] in leaders
+    found = {c["check"]: c["detail"] for c in result["checks"]}
+    assert cluster.configs[0]["node_id"] in found["one leader per shard"]
+    # Each agent put a probe into the store and read it back; nothing of it is left there.
+    for config in cluster.configs:
+        assert found[f"store round trip ({config['node_id']})"].startswith("put ")
+    assert probe_objects(cluster) == []
 
     stopped = cluster.configs[1]["node_id"]
     cluster.stack.stop_agent(stopped)
     code, result = check_cli(cluster.stack, cluster.name, policy)
     assert code == 1
     assert stopped in failed(result)["agents up"]
+    assert failed(result)[f"store round trip ({stopped})"].startswith("AgentUnavailable: ")
+    assert f"store round trip ({cluster.configs[0]['node_id']})" not in failed(result)
+    assert probe_objects(cluster) == []
+
+    # --no-probe: the registry's and the catalog's checks alone.
+    done = run_cli(
+        cluster.stack, "check", cluster.name, "--policy", str(policy), "--json", "--no-probe"
+    )
+    assert not any(
+        c["check"].startswith("store round trip") for c in json.loads(done.stdout)["checks"]
+    )
+
+
+def probe_objects(cluster) -> list[str]:
+    """The store's probe objects, listed from the store itself."""
+    svc = cluster.stack.services()
+    listed = svc.store_s3.list_objects_v2(Bucket=svc.store.bucket, Prefix="_work/")
+    return [o["Key"] for o in listed.get("Contents", []) if "/probe/" in o["Key"]]
