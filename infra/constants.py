@@ -66,6 +66,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("dispatch", "DispatchFunctionArn"),
     FunctionSpec("plan_backup", "PlanBackupFunctionArn"),
     FunctionSpec("prepare_scan", "PrepareScanFunctionArn"),
+    # After each per-node Distributed Map: the first node's own error (shardvault/fanout.py).
+    FunctionSpec("check_nodes", "CheckNodesFunctionArn"),
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
     # These two read objects back when an attribute check cannot verify them: more time.
     FunctionSpec("complete_upload", "CompleteUploadFunctionArn", 300, 1024),

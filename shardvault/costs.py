@@ -94,9 +94,10 @@ class Landing(StrEnum):
 
 
 # Per object: the Map item's start and end, NotSignedYet, Checksum, Sign, Transfer, Complete,
-# and a retry now and then. Per backup: Accept to Finalize with the inline Maps over nodes.
+# and a retry now and then. Per backup: Accept to Finalize with the per-node Maps over a few
+# nodes and their four checks (shardvault/fanout.py).
 TRANSITIONS_PER_OBJECT = 8
-TRANSITIONS_PER_BACKUP = 40
+TRANSITIONS_PER_BACKUP = 44
 # Per object: two dispatches (0.1 s at 0.5 GB), sign (0.3 s at 0.5 GB), complete (0.5 s at 1 GB).
 LAMBDA_INVOCATIONS_PER_OBJECT = 4
 LAMBDA_GB_SECONDS_PER_OBJECT = 0.75

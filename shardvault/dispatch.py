@@ -95,6 +95,8 @@ def dispatch(
     args = dict(request.args)
     if key := args.pop("args_key", None):
         args |= work_args(svc, key)
+    if args.pop("scan_args", False):  # a backup's Checkpoint or Scan: the node's parents
+        args |= work_args(svc, svc.scan_args_key(request.backup_id, request.node_id))
     if phase := ANSWERED.get(request.command):
         answer_key = svc.answer_key(request.backup_id, phase, request.node_id)
         args["answer_url"] = svc.work_put_url(answer_key, ANSWER_URL_TTL_SECONDS)

@@ -129,6 +129,10 @@ class Services:
             ExpiresIn=self.settings.url_ttl_seconds,
         )
 
+    def scan_args_key(self, backup_id: str, node_id: str) -> str:
+        """A node's scan arguments (its shards' parent block maps: ``backup.scanning``)."""
+        return self.work_key(backup_id, "scan", f"{node_id}.json")
+
     def answer_key(self, operation_id: str, phase: str, node_id: str) -> str:
         """Where a node's agent hands its answer of a listing command (``dispatch.ANSWERED``)."""
         return self.work_key(operation_id, ANSWERS_DIR, phase, f"{node_id}.json")

@@ -6,44 +6,35 @@ chain's wrapped key, and a presigned GET) to the work bucket. A full has no pare
 agents scan all the same (this backup's block maps are what the next incremental compares
 with) and every block counts as changed.
 
-Each node scans in its Checkpoint command (``checkpoint_args_key`` names the parents), one
-round trip instead of two. An inline Map runs at most :data:`INLINE_MAP_CONCURRENCY` items at
-once, though: in a cluster of more nodes, the later nodes' checkpoints would wait for earlier
-nodes' scans, and the cut would spread over a scan's length. Such a backup is ``separate``:
-its Checkpoint commands name no parents, and a Scan map sends each node ``scan`` with its
-``args_key`` once every checkpoint is taken.
+Each node scans in its Checkpoint command (``scan_args``: the dispatcher adds the parents), one
+round trip instead of two. A per-node Map runs at most ``NODE_MAP_CONCURRENCY`` nodes at once
+(``shardvault.fanout``), though: in a cluster of more nodes, the later nodes' checkpoints would
+wait for earlier nodes' scans, and the cut would spread over a scan's length. Such a backup is
+``separate``: its Checkpoint commands name no parents, and a Scan map sends each node ``scan``
+with them once every checkpoint is taken.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from shardvault import fanout
 from shardvault.errors import ParentUnavailable
 from shardvault.models import BackupContext, Manifest, object_place
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 
-INLINE_MAP_CONCURRENCY = 40  # Step Functions' most iterations of an inline Map at once
-
 
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
+    """Writes each source node's scan arguments where the dispatcher finds them by the node
+    (``Services.scan_args_key``: the state carries no key per node); says whether the nodes
+    scan in their Checkpoint command (``with_checkpoint``) or in a Scan step apart."""
     parents = parent_maps(context, svc)
-    separate = len(context.sources) > INLINE_MAP_CONCURRENCY
-    nodes = []
+    separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
-        key = svc.work_key(context.backup_id, "scan", f"{source.node_id}.json")
-        svc.put_work(key, args)
-        nodes.append(
-            {
-                "node_id": source.node_id,
-                "shard_ids": source.shard_ids,
-                # None: the Checkpoint command names no parents, it only checkpoints.
-                "checkpoint_args_key": None if separate else key,
-                "args_key": key,
-            }
-        )
-    return {"nodes": nodes, "separate": separate}
+        svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args)
+    return {"separate": separate, "with_checkpoint": not separate}
 
 
 def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:

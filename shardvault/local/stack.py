@@ -66,6 +66,7 @@ FUNCTIONS = {
     "DispatchFunctionArn": "dispatch",
     "PlanBackupFunctionArn": "plan_backup",
     "PrepareScanFunctionArn": "prepare_scan",
+    "CheckNodesFunctionArn": "check_nodes",
     "SignPartsFunctionArn": "sign_parts",
     "CompleteUploadFunctionArn": "complete_upload",
     "CheckUploadsFunctionArn": "check_uploads",

@@ -44,6 +44,7 @@ from infra.constants import (
     WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack, agent_nodes, alert_emails
+from shardvault.fanout import NODE_MAP_CONCURRENCY
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import load_policy
 from tests.infra.template_queries import (
@@ -547,14 +548,35 @@ def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing
     path: Path,
 ) -> None:
     """What the state machine's role is granted for a Distributed Map: s3:GetObject under
-    _work/ of the staging bucket (its plan), no s3:PutObject (a ResultWriter would need it)."""
+    _work/ of the staging bucket (its plan), no s3:PutObject (a ResultWriter would need it).
+    The per-node Maps (shardvault/fanout.py) take their items from the state; each child
+    catches its own failure, so that the check after the Map fails with the node's error."""
     for state in distributed_maps(path):
+        assert "ResultWriter" not in state
+        if "ItemsPath" in state:  # a per-node Map
+            processor = state["ItemProcessor"]
+            first = processor["States"][processor["StartAt"]]
+            assert first["Catch"][0]["ErrorEquals"] == ["States.ALL"]
+            assert state["MaxConcurrency"] == NODE_MAP_CONCURRENCY
+            continue
         reader = state["ItemReader"]
         assert reader["Resource"] == "arn:aws:states:::s3:getObject"
         assert reader["Parameters"]["Bucket"] == f"${{{WORK_BUCKET_PLACEHOLDER}}}"
-        assert "ResultWriter" not in state
-    expected = {"backup.asl.json": 1, "restore.asl.json": 1, "retention.asl.json": 0}
+    expected = {"backup.asl.json": 7, "restore.asl.json": 1, "retention.asl.json": 0}
     assert len(distributed_maps(path)) == expected.get(path.name, len(distributed_maps(path)))
+
+
+@needs_asl
+def test_a_backups_per_node_maps_are_distributed_and_checked() -> None:
+    """Past 40 nodes inline Maps run in waves, and at ~620 nodes their history events exceed
+    AWS's 25,000: every per-node step of a backup is a Distributed Map."""
+    states = json.loads(BACKUP_ASL.read_text())["States"]
+    for name in ("Flush", "Checkpoint", "Scan", "Stop", "Release", "ReleaseAfterFailure"):
+        assert states[name]["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED", name
+    for name in ("Flush", "Checkpoint", "Scan", "Stop"):  # Release's children note a failure
+        check = states[states[name]["Next"]]
+        assert check["Parameters"]["FunctionName"] == "${CheckNodesFunctionArn}", name
+        assert check["Catch"][0]["Next"] == "ReleaseAfterFailure"
 
 
 # --- storage, tables, topic, alarms ------------------------------------------------------------

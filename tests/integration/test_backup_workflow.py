@@ -176,11 +176,12 @@ def test_an_aborted_execution_is_reaped_and_leaves_nothing_behind(make_cluster, 
 
 def _listing_answers(arn: str) -> list[dict]:
     """What the agents answered their listing commands (checkpoint, stop), as the execution's
-    history keeps it."""
+    state carries it to the plan steps."""
     return [
-        json.loads(e["stateExitedEventDetails"]["output"])
+        answer
         for e in ops.execution_history(arn)
-        if e.get("stateExitedEventDetails", {}).get("name") in ("CheckpointNode", "StopNode")
+        if e.get("stateEnteredEventDetails", {}).get("name") in ("PlanData", "PlanTail")
+        for answer in json.loads(e["stateEnteredEventDetails"]["input"])["results"]
     ]
 
 

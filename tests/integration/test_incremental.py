@@ -58,13 +58,13 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     assert child["data_bytes"] < parent["data_bytes"] / 20
 
 
-def test_a_cluster_wider_than_an_inline_map_scans_apart_and_still_chains(
+def test_a_cluster_wider_than_a_node_map_scans_apart_and_still_chains(
     make_cluster, policy_for, monkeypatch
 ):
-    """Past 40 nodes a Checkpoint map cannot run every node at once: each node then scans in
+    """Past 1,000 nodes a Checkpoint map cannot run every node at once: each node then scans in
     a ``scan`` command of its own, after every checkpoint (the threshold is lowered to 1 so
     that 2 nodes show it), and its map goes with the tail."""
-    monkeypatch.setattr("shardvault.backup.scanning.INLINE_MAP_CONCURRENCY", 1)
+    monkeypatch.setattr("shardvault.fanout.NODE_MAP_CONCURRENCY", 1)
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
     full = cluster.backup()

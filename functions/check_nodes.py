@@ -1,0 +1,17 @@
+"""Lambda: after a per-node Distributed Map, fail with the first node's own error
+(``shardvault.fanout``)."""
+
+from pydantic import BaseModel
+
+from shardvault import fanout
+from shardvault.lambda_support import logger, parse, tracer
+
+
+class CheckNodesRequest(BaseModel):
+    results: list[dict]
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict, context: object) -> dict:
+    return fanout.raise_first_failure(parse(CheckNodesRequest, event).results)

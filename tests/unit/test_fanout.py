@@ -1,0 +1,44 @@
+"""After a per-node Distributed Map, the backup fails with the first failed node's own error
+(its name for Retry and Catch, its cause for the record), not the Map's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from functions.check_nodes import lambda_handler
+from shardvault.fanout import NodeStepFailed, raise_first_failure
+from shardvault.local.lambda_bridge import LambdaContext
+
+
+def test_nodes_that_all_answered_pass() -> None:
+    assert raise_first_failure([{"node_id": "n1", "flushed": ["s1"]}, {"node_id": "n2"}]) == {
+        "nodes": 2
+    }
+
+
+def test_the_first_failed_node_fails_the_step_under_its_own_error_name() -> None:
+    results = [
+        {"node_id": "n1", "flushed": ["s1"]},
+        {"node_id": "n2", "error": {"Error": "EngineError", "Cause": "pg_backup_start failed"}},
+        {"node_id": "n3", "error": {"Error": "AgentUnavailable", "Cause": "silent"}},
+    ]
+    with pytest.raises(NodeStepFailed, match="pg_backup_start failed") as failed:
+        raise_first_failure(results)
+    assert type(failed.value).__name__ == "EngineError"  # what Lambda reports as the error
+
+
+def test_a_dispatchers_error_payload_is_unwrapped_not_nested() -> None:
+    payload = json.dumps({"errorMessage": "the agent of node n2 is unavailable", "trace": []})
+    results = [{"node_id": "n2", "error": {"Error": "AgentUnavailable", "Cause": payload}}]
+    with pytest.raises(NodeStepFailed) as failed:
+        raise_first_failure(results)
+    assert str(failed.value) == "the agent of node n2 is unavailable"
+
+
+def test_the_handler_raises_for_step_functions() -> None:
+    event = {"results": [{"node_id": "n1", "error": {"Error": "States.Timeout", "Cause": ""}}]}
+    with pytest.raises(NodeStepFailed) as failed:
+        lambda_handler(event, LambdaContext("check_nodes"))
+    assert type(failed.value).__name__ == "States.Timeout"
