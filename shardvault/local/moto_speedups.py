@@ -12,6 +12,11 @@ fifth of its CPU in answers that never change while it runs:
 - jsonpath_ng's ``parse``, as the interpreter calls it: a new parser, with its grammar tables,
   for every path it evaluates (``InputPath``, ``ResultPath``, each ``.$`` parameter).
 
+And one that grows with the ASL rather than the requests: moto starts a Distributed Map's
+``MaxConcurrency`` worker threads whatever its item count, so a 3-node backup's per-node step
+(``MaxConcurrency`` 1,000: ``shardvault.fanout``) started 1,000 threads, five times a backup.
+:func:`install` starts no more workers than there are items, as AWS runs no more children.
+
 On the local stack that CPU is taken from the agents, which share the machine (two cores in
 the benchmarks); on AWS none of it exists. :func:`install` memoizes the four. The results are
 the same objects moto would compute again: the module list and URL patterns are fixed once
@@ -32,11 +37,12 @@ import boto3
 
 @functools.cache  # once per process: a second call would wrap the wrappers
 def install() -> None:
-    """Memoizes the hot spots above."""
+    """Memoizes the hot spots above, and caps a Distributed Map's workers at its items."""
     _cache_module_list()
     _cache_backend_for_host()
     _cache_step_functions_clients()
     _cache_json_paths()
+    _cap_map_workers()
 
 
 def _cache_module_list() -> None:
@@ -95,3 +101,21 @@ def _cache_json_paths() -> None:
 
     json_path.parse = functools.lru_cache(maxsize=1024)(json_path.parse)
     result_path.parse = functools.lru_cache(maxsize=1024)(result_path.parse)
+
+
+def _cap_map_workers() -> None:
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
+
+    component = distributed.DistributedIterationComponent
+    uncapped = component._map_run
+
+    def _map_run(self: Any, env: Any, eval_input: Any) -> None:
+        items = env.stack[-1]  # what _map_run pops: the Map's items
+        record = eval_input.map_run_record
+        if isinstance(items, list) and record.max_concurrency > len(items):
+            record.max_concurrency = max(1, len(items))
+        uncapped(self, env, eval_input)
+
+    component._map_run = _map_run  # type: ignore[method-assign]

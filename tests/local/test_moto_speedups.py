@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import boto3
 from moto import backends
@@ -44,3 +45,38 @@ def test_memoized_answers_are_motos_and_a_new_session_gets_new_clients(monkeypat
 
     assert json_path.extract_json("$.a.b", {"a": {"b": 7}}) == 7
     assert json_path.extract_json("$.a.b", {"a": {"b": 8}}) == 8  # the parsed path, reused
+
+
+def test_a_distributed_map_starts_no_more_workers_than_it_has_items(monkeypatch) -> None:
+    """MaxConcurrency 1,000 (the per-node Maps) over 3 nodes: 3 workers, not 1,000 threads."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
+
+    moto_speedups.install()
+    component = distributed.DistributedIterationComponent
+    launched: list[int] = []
+    monkeypatch.setattr(distributed, "JobPool", FakeJobPool)
+    record = SimpleNamespace(max_concurrency=1000)
+    env = SimpleNamespace(stack=[["n1", "n2", "n3"]])
+    this = SimpleNamespace(
+        _get_iteration_program=lambda: None, _launch_worker=lambda **_: launched.append(1)
+    )
+    component._map_run(this, env, SimpleNamespace(map_run_record=record))
+    assert len(launched) == 3
+    assert record.max_concurrency == 3
+    assert env.stack == [[]]  # the (fake) pool's outputs, as moto leaves them
+
+
+class FakeJobPool:
+    def __init__(self, job_program: object, job_inputs: list) -> None:
+        self.inputs = job_inputs
+
+    def await_jobs(self) -> None:
+        pass
+
+    def get_worker_exception(self) -> None:
+        return None
+
+    def get_closed_jobs(self) -> list:
+        return []
