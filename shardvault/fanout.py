@@ -11,14 +11,16 @@ and the agent's error (``AgentUnavailable``, ``EngineError``...) would be lost w
 does not fail at all. So each child catches its own failure and returns it as data
 (``{"node_id", "error": {"Error", "Cause"}}``), and the step after the Map
 (``raise_first_failure``, the ``check_nodes`` function) fails the workflow with the first
-node's error, by its own name and cause, into the same failure path as before.
+node's error, by its own name and cause, into the same failure path as before (an error the
+interpreter names, ``States.Timeout``, becomes ``NodeTimeout``: tasks may not report
+``States.`` names).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from shardvault.causes import readable_cause
+from shardvault.causes import TIMEOUTS, readable_cause
 
 NODE_MAP_CONCURRENCY = 1000  # the per-node Maps' MaxConcurrency (statemachines/*.asl.json)
 
@@ -34,13 +36,21 @@ def failure(name: str, message: str) -> NodeStepFailed:
 
 
 def raise_first_failure(results: list[dict[str, Any]]) -> dict[str, int]:
-    """Raises the first failed node's error (its name, and its cause naming the node); returns
-    the count of nodes when none failed."""
+    """Raises the first failed node's error (its name and cause); returns the count of nodes
+    when none failed."""
     failed = [r for r in results if isinstance(r, dict) and r.get("error")]
-    if failed:
-        first = failed[0]
-        error = first["error"]
-        name = str(error.get("Error") or "States.TaskFailed")
-        # A Lambda's cause is its error payload: keep its message, or it would be wrapped twice.
-        raise failure(name, readable_cause(str(error.get("Cause") or "")))
-    return {"nodes": len(results)}
+    if not failed:
+        return {"nodes": len(results)}
+    node_id, error = failed[0].get("node_id", "?"), failed[0]["error"]
+    name = str(error.get("Error") or "States.TaskFailed")
+    # A Lambda's cause is its error payload: keep its message, or it would be wrapped twice.
+    cause = readable_cause(str(error.get("Cause") or ""))
+    if name.startswith("States."):
+        # Names under States. are the interpreter's own; a task may not report them.
+        reserved, name = name, "Node" + name.removeprefix("States.")
+        if not cause and reserved in TIMEOUTS:
+            cause = (
+                f"the command to node {node_id} timed out ({reserved}): its agent neither "
+                "answered nor heartbeated in time."
+            )
+    raise failure(name, cause)

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import base64
 import os
-import secrets
-import time
 from typing import Any, Literal
 
 from shardvault.causes import failure_cause
 from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.errors import UnknownCluster
 from shardvault.membership import claim_problem
-from shardvault.models import ClusterName, Frozen
+from shardvault.models import ClusterName, Frozen, new_backup_id
 from shardvault.services import Services
 
 PROBE_URL_TTL_SECONDS = 900  # the probe state machine's own timeout
@@ -63,15 +61,13 @@ def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
             fix="start the cluster's agents (and list them under the cluster's 'nodes' in the "
             "policy, if it has such a list).",
         )
-    probe_id = (
-        "probe-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
-    )
+    probe_id = f"probe-{new_backup_id(now)}"
+    s3, bucket = svc.store_s3, svc.store.bucket
     out = []
     for node in members:
         key = probe_key(svc, probe_id, node.node_id)
         body = f"shardvault probe of {node.node_id}, {probe_id}\n".encode() + os.urandom(32)
         crc = crc64nvme_of_bytes(body)
-        s3, bucket = svc.store_s3, svc.store.bucket
         urls = {
             "body": base64.b64encode(body).decode(),
             "crc64nvme": crc,

@@ -37,8 +37,11 @@ def test_a_dispatchers_error_payload_is_unwrapped_not_nested() -> None:
     assert str(failed.value) == "the agent of node n2 is unavailable"
 
 
-def test_the_handler_raises_for_step_functions() -> None:
+def test_the_handler_raises_for_step_functions_under_a_name_a_task_may_report() -> None:
+    """States.* names are the interpreter's own: a node's timeout is raised as NodeTimeout,
+    with a cause that names the node when the timeout had none."""
     event = {"results": [{"node_id": "n1", "error": {"Error": "States.Timeout", "Cause": ""}}]}
     with pytest.raises(NodeStepFailed) as failed:
         lambda_handler(event, LambdaContext("check_nodes"))
-    assert type(failed.value).__name__ == "States.Timeout"
+    assert type(failed.value).__name__ == "NodeTimeout"
+    assert "the command to node n1 timed out (States.Timeout)" in str(failed.value)
