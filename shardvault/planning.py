@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shardvault.errors import InvalidRequest, PlanTooLarge
+from shardvault.fanout import NODE_MAP_CONCURRENCY
 from shardvault.models import DEFAULT_COMPRESSION_LEVEL, ObjectPlan, Phase, ShardListing
 from shardvault.prices import ARCHIVE_CLASSES
 
@@ -141,6 +142,35 @@ def store_root(prefix: str) -> str:
 def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
     """Where a backup's objects and manifest live in the store."""
     return f"{store_root(prefix)}{cluster}/{backup_id}/"
+
+
+# The Upload map's width (its MaxConcurrencyPath), from the plan: objects in flight per node
+# (one packing while another uploads; an agent runs max_parallel_commands, 4 by default), at
+# least the Map's old fixed width for a small cluster, at most the per-node Maps' width (the
+# account's Lambda concurrency is shared: shardvault.fanout).
+UPLOAD_OBJECTS_PER_NODE = 2
+UPLOAD_CONCURRENCY_FLOOR = 8
+UPLOAD_CONCURRENCY_CEILING = NODE_MAP_CONCURRENCY
+
+
+def upload_concurrency(objects: list[ObjectPlan]) -> int:
+    """How many objects the Upload map moves at once: it grows with the nodes that send."""
+    nodes = len({o.node_id for o in objects})
+    wanted = max(UPLOAD_CONCURRENCY_FLOOR, UPLOAD_OBJECTS_PER_NODE * nodes)
+    return min(UPLOAD_CONCURRENCY_CEILING, wanted)
+
+
+def interleave_by_node(objects: list[ObjectPlan]) -> list[ObjectPlan]:
+    """The objects taken from each node in turn, each node's in their order: the Upload map
+    starts items in plan order, so a plan grouped by shard would keep its window on one node
+    at a time while the others wait."""
+    queues: dict[str, list[ObjectPlan]] = {}
+    for plan in objects:
+        queues.setdefault(plan.node_id, []).append(plan)
+    out: list[ObjectPlan] = []
+    for turn in range(max((len(q) for q in queues.values()), default=0)):
+        out += [queue[turn] for queue in queues.values() if turn < len(queue)]
+    return out
 
 
 def plan_objects(

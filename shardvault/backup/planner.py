@@ -15,7 +15,12 @@ from typing import Any
 from shardvault.backup.answers import read_answers
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
-from shardvault.planning import choose_part_size, plan_objects
+from shardvault.planning import (
+    choose_part_size,
+    interleave_by_node,
+    plan_objects,
+    upload_concurrency,
+)
 from shardvault.services import Services
 
 
@@ -80,13 +85,15 @@ def plan(
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     vault_class = context.vault.storage_class if context.vault else None
     part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
-    objects = plan_objects(
-        backup_id=context.backup_id,
-        cluster=context.cluster,
-        prefix=svc.store.prefix,
-        listings=listings,
-        part_size=part_size,
-        compression_level=context.compression_level,
+    objects = interleave_by_node(
+        plan_objects(
+            backup_id=context.backup_id,
+            cluster=context.cluster,
+            prefix=svc.store.prefix,
+            listings=listings,
+            part_size=part_size,
+            compression_level=context.compression_level,
+        )
     )
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
@@ -124,6 +131,7 @@ def plan(
         "objects": len(objects),
         "bytes": total,
         "part_size": part_size,
+        "upload_concurrency": upload_concurrency(objects),
     }
 
 

@@ -16,14 +16,18 @@ from shardvault.planning import (
     S3_MAX_PART_SIZE,
     S3_MAX_PARTS,
     S3_MIN_PART_SIZE,
+    UPLOAD_CONCURRENCY_CEILING,
+    UPLOAD_CONCURRENCY_FLOOR,
     GiB,
     MiB,
     TiB,
     check_part_size,
     choose_part_size,
+    interleave_by_node,
     object_size_for,
     part_ranges,
     plan_objects,
+    upload_concurrency,
 )
 from shardvault.streams import StreamIndex
 
@@ -213,3 +217,20 @@ def test_a_file_list_packs_to_the_same_text_whenever_it_is_packed(monkeypatch) -
     monkeypatch.setattr(time, "time", lambda: later)
     assert pack_files(files) == first
     assert unpack_files(first) == files
+
+
+def test_the_upload_map_takes_each_node_in_turn_and_grows_with_the_nodes() -> None:
+    """The Upload map starts items in plan order with a window of upload_concurrency: objects
+    grouped by shard would keep the window on one node while the others wait."""
+    size = object_size_for(8 * MiB)
+    objects = plan([listing("a", [3 * size]), listing("b", [2 * size])], part_size=8 * MiB)
+    assert [o.node_id for o in objects] == ["node-a"] * 3 + ["node-b"] * 2  # by shard
+    turns = interleave_by_node(objects)
+    assert [(o.node_id, o.index) for o in turns] == [
+        ("node-a", 0), ("node-b", 0), ("node-a", 1), ("node-b", 1), ("node-a", 2)
+    ]  # fmt: skip
+    assert sorted(turns, key=lambda o: o.key) == sorted(objects, key=lambda o: o.key)
+    assert upload_concurrency(objects) == UPLOAD_CONCURRENCY_FLOOR  # a small cluster: 8
+    wide = [o.model_copy(update={"node_id": f"n{i}"}) for i, o in enumerate(objects * 120)]
+    assert upload_concurrency(wide[:200]) == 400  # two objects in flight a node
+    assert upload_concurrency(wide) == UPLOAD_CONCURRENCY_CEILING  # 600 nodes: the ceiling
