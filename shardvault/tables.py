@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from decimal import Decimal
@@ -32,6 +33,13 @@ from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
 
 from shardvault.models import NodeRecord
+
+log = logging.getLogger("shardvault.tables")
+THROTTLED = {
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+}
 
 LOCK_KEY = "#lock"
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
@@ -271,12 +279,23 @@ class Catalog:
 
     def add_progress(
         self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int
-    ) -> None:
-        self.table.update_item(
-            Key={"cluster": cluster, "backup_id": backup_id},
-            UpdateExpression="ADD bytes_done :b, objects_done :o",
-            ExpressionAttributeValues={":b": bytes_done, ":o": objects_done},
-        )
+    ) -> bool:
+        """Counts an object done on the operation's item. Progress is for display: with a
+        thousand objects in flight, all on one item, DynamoDB may throttle the item's
+        partition, and a count it refuses (after boto3's retries) is dropped, not turned into
+        a failed object. Returns whether it was counted."""
+        try:
+            self.table.update_item(
+                Key={"cluster": cluster, "backup_id": backup_id},
+                UpdateExpression="ADD bytes_done :b, objects_done :o",
+                ExpressionAttributeValues={":b": bytes_done, ":o": objects_done},
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in THROTTLED:
+                raise
+            log.warning("progress of %s/%s not counted: %s", cluster, backup_id, error)
+            return False
+        return True
 
     def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
         item = self.table.get_item(
