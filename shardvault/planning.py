@@ -22,8 +22,9 @@ default sizes, those costs were 8% of the storage bill. Their parts grow up to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from shardvault.errors import InvalidRequest, PlanTooLarge
 from shardvault.fanout import NODE_MAP_CONCURRENCY
@@ -144,30 +145,38 @@ def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
     return f"{store_root(prefix)}{cluster}/{backup_id}/"
 
 
-# The Upload map's width (its MaxConcurrencyPath), from the plan: objects in flight per node
-# (one packing while another uploads; an agent runs max_parallel_commands, 4 by default), at
-# least the Map's old fixed width for a small cluster, at most the per-node Maps' width (the
-# account's Lambda concurrency is shared: shardvault.fanout).
-UPLOAD_OBJECTS_PER_NODE = 2
-UPLOAD_CONCURRENCY_FLOOR = 8
-UPLOAD_CONCURRENCY_CEILING = NODE_MAP_CONCURRENCY
+# A transfer map's width (the Upload and Download maps' MaxConcurrencyPath), from the plan:
+# objects in flight per node (one packing while another uploads; an agent runs
+# max_parallel_commands, 4 by default), at least the maps' old fixed width for a small
+# cluster, at most the per-node Maps' width (the account's Lambda concurrency is shared:
+# shardvault.fanout).
+OBJECTS_IN_FLIGHT_PER_NODE = 2
+TRANSFER_CONCURRENCY_FLOOR = 8
+TRANSFER_CONCURRENCY_CEILING = NODE_MAP_CONCURRENCY
 
 
-def upload_concurrency(objects: list[ObjectPlan]) -> int:
-    """How many objects the Upload map moves at once: it grows with the nodes that send."""
-    nodes = len({o.node_id for o in objects})
-    wanted = max(UPLOAD_CONCURRENCY_FLOOR, UPLOAD_OBJECTS_PER_NODE * nodes)
-    return min(UPLOAD_CONCURRENCY_CEILING, wanted)
+class OnANode(Protocol):
+    node_id: str
 
 
-def interleave_by_node(objects: list[ObjectPlan]) -> list[ObjectPlan]:
-    """The objects taken from each node in turn, each node's in their order: the Upload map
+Item = TypeVar("Item", bound=OnANode)
+
+
+def transfer_concurrency(items: Sequence[OnANode]) -> int:
+    """How many objects a transfer map moves at once: it grows with the nodes that move them."""
+    nodes = len({item.node_id for item in items})
+    wanted = max(TRANSFER_CONCURRENCY_FLOOR, OBJECTS_IN_FLIGHT_PER_NODE * nodes)
+    return min(TRANSFER_CONCURRENCY_CEILING, wanted)
+
+
+def interleave_by_node(items: Sequence[Item]) -> list[Item]:
+    """The items taken from each node in turn, each node's in their order: a transfer map
     starts items in plan order, so a plan grouped by shard would keep its window on one node
-    at a time while the others wait."""
-    queues: dict[str, list[ObjectPlan]] = {}
-    for plan in objects:
-        queues.setdefault(plan.node_id, []).append(plan)
-    out: list[ObjectPlan] = []
+    while the others wait."""
+    queues: dict[str, list[Item]] = {}
+    for item in items:
+        queues.setdefault(item.node_id, []).append(item)
+    out: list[Item] = []
     for turn in range(max((len(q) for q in queues.values()), default=0)):
         out += [queue[turn] for queue in queues.values() if turn < len(queue)]
     return out

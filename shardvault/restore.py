@@ -51,6 +51,7 @@ from shardvault.models import (
     pack_files,
 )
 from shardvault.placement import assignments, place
+from shardvault.planning import interleave_by_node, transfer_concurrency
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.store import readable_now
@@ -251,9 +252,12 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         node_id = node_of[shard.shard_id]
         planned += chain_items(context, chain[:1], shard.shard_id, node_id)
         overlay += chain_items(context, chain[1:], shard.shard_id, node_id)
-    plan_key = put_items(svc, context, "downloads.json", planned)
+    # Each node's objects in turn: the Download map starts items in plan order.
+    plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
     # The chain's newer members, over the root: the second download wave.
-    overlay_key = put_items(svc, context, "overlay.json", overlay) if overlay else None
+    overlay_key = (
+        put_items(svc, context, "overlay.json", interleave_by_node(overlay)) if overlay else None
+    )
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
@@ -288,6 +292,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         "overlay_key": overlay_key,
         "overlay_objects": len(overlay),
         "nodes": nodes,
+        "download_concurrency": transfer_concurrency(context.assignments),
     }
 
 

@@ -19,7 +19,7 @@ from shardvault.planning import (
     choose_part_size,
     interleave_by_node,
     plan_objects,
-    upload_concurrency,
+    transfer_concurrency,
 )
 from shardvault.services import Services
 
@@ -131,7 +131,7 @@ def plan(
         "objects": len(objects),
         "bytes": total,
         "part_size": part_size,
-        "upload_concurrency": upload_concurrency(objects),
+        "upload_concurrency": transfer_concurrency(objects),
     }
 
 

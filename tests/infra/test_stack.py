@@ -486,7 +486,12 @@ RESTORE_GRANTS = {
 
 
 def test_restore_calls_exactly_the_restore_functions() -> None:
-    assert set(modules_called(RESTORE_ASL)) == set(RESTORE_GRANTS) | {"dispatch"}
+    shared = {"dispatch", "check_nodes"}  # a command to a node; a per-node Map's check
+    assert set(modules_called(RESTORE_ASL)) == set(RESTORE_GRANTS) | shared
+
+
+def test_the_per_node_check_calls_nothing(synth: Synthesized) -> None:
+    assert grants(synth, "check_nodes") == set()  # it reads its input and raises
 
 
 @pytest.mark.parametrize("module", sorted(RESTORE_GRANTS))
@@ -562,7 +567,7 @@ def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing
         reader = state["ItemReader"]
         assert reader["Resource"] == "arn:aws:states:::s3:getObject"
         assert reader["Parameters"]["Bucket"] == f"${{{WORK_BUCKET_PLACEHOLDER}}}"
-    expected = {"backup.asl.json": 7, "restore.asl.json": 1, "retention.asl.json": 0}
+    expected = {"backup.asl.json": 7, "restore.asl.json": 4, "retention.asl.json": 0}
     assert len(distributed_maps(path)) == expected.get(path.name, len(distributed_maps(path)))
 
 

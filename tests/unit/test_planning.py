@@ -16,8 +16,8 @@ from shardvault.planning import (
     S3_MAX_PART_SIZE,
     S3_MAX_PARTS,
     S3_MIN_PART_SIZE,
-    UPLOAD_CONCURRENCY_CEILING,
-    UPLOAD_CONCURRENCY_FLOOR,
+    TRANSFER_CONCURRENCY_CEILING,
+    TRANSFER_CONCURRENCY_FLOOR,
     GiB,
     MiB,
     TiB,
@@ -27,7 +27,7 @@ from shardvault.planning import (
     object_size_for,
     part_ranges,
     plan_objects,
-    upload_concurrency,
+    transfer_concurrency,
 )
 from shardvault.streams import StreamIndex
 
@@ -220,7 +220,7 @@ def test_a_file_list_packs_to_the_same_text_whenever_it_is_packed(monkeypatch) -
 
 
 def test_the_upload_map_takes_each_node_in_turn_and_grows_with_the_nodes() -> None:
-    """The Upload map starts items in plan order with a window of upload_concurrency: objects
+    """The Upload map starts items in plan order with a window of transfer_concurrency: objects
     grouped by shard would keep the window on one node while the others wait."""
     size = object_size_for(8 * MiB)
     objects = plan([listing("a", [3 * size]), listing("b", [2 * size])], part_size=8 * MiB)
@@ -230,7 +230,7 @@ def test_the_upload_map_takes_each_node_in_turn_and_grows_with_the_nodes() -> No
         ("node-a", 0), ("node-b", 0), ("node-a", 1), ("node-b", 1), ("node-a", 2)
     ]  # fmt: skip
     assert sorted(turns, key=lambda o: o.key) == sorted(objects, key=lambda o: o.key)
-    assert upload_concurrency(objects) == UPLOAD_CONCURRENCY_FLOOR  # a small cluster: 8
+    assert transfer_concurrency(objects) == TRANSFER_CONCURRENCY_FLOOR  # a small cluster: 8
     wide = [o.model_copy(update={"node_id": f"n{i}"}) for i, o in enumerate(objects * 120)]
-    assert upload_concurrency(wide[:200]) == 400  # two objects in flight a node
-    assert upload_concurrency(wide) == UPLOAD_CONCURRENCY_CEILING  # 600 nodes: the ceiling
+    assert transfer_concurrency(wide[:200]) == 400  # two objects in flight a node
+    assert transfer_concurrency(wide) == TRANSFER_CONCURRENCY_CEILING  # 600 nodes: the ceiling
