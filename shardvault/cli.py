@@ -9,6 +9,7 @@
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
   shardvault check CLUSTER [--policy FILE]     will the next backup run? (exit 1: no)
+      [--no-probe] [--json]                      (and each agent's round trip to the store)
   shardvault verify CLUSTER [BACKUP_ID]        check a backup and its chain in the store
       [--read-data PERCENT] [--json]             (exit 1 when damaged)
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
