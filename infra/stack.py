@@ -52,7 +52,7 @@ from infra.constants import (
 from infra.policies import TABLE_READ, TABLE_WRITE
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
-from shardvault.probe import PROBE_DIR
+from shardvault.probe import PROBES_DIR
 from shardvault.services import ANSWERS_DIR
 from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
@@ -355,10 +355,15 @@ class ShardVaultStack(Stack):
             "probe_store",  # shardvault/probe.py: signs each agent's probe, then deletes it
             policies.table(self.tables.nodes, ("dynamodb:Query",), indexes=(NODES_BY_CLUSTER,)),
             policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
-            iam.PolicyStatement(
-                actions=["s3:PutObject", "s3:GetObject", "s3:DeleteObject"],
-                resources=[bucket.arn_for_objects(f"{WORK_PREFIX}*/{PROBE_DIR}/*")],
+            policies.objects(
+                bucket,
+                f"{WORK_PREFIX}{PROBES_DIR}/",
+                "s3:PutObject",
+                "s3:GetObject",
+                "s3:DeleteObject",
             ),
+            # The leftovers of a probe that died: found by listing, deleted by the next probe.
+            policies.list_prefix(bucket, f"{WORK_PREFIX}{PROBES_DIR}/"),
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the URLs, for the dispatcher
         )
         expire_role = self.functions.functions["expire_backup"].role
@@ -451,10 +456,11 @@ class ShardVaultStack(Stack):
         )
 
     def _suppress_narrow_wildcards(self) -> None:
-        prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX))
+        probes = f"{WORK_PREFIX}{PROBES_DIR}/"
+        prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX, probes))
         doorbells = f"{DOORBELL_PREFIX}\\*"
         # The dispatcher's answer URLs and the probe's objects, under a work prefix.
-        answers = f"(\\/({ANSWERS_DIR}|{PROBE_DIR})\\/\\*)?"
+        answers = f"(\\/{ANSWERS_DIR}\\/\\*)?"
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
@@ -462,7 +468,7 @@ class ShardVaultStack(Stack):
                     "id": "AwsSolutions-IAM5",
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
                     "prefix (backups/ for data, _work/ for work objects, _work/*/answers/ for "
-                    "the agents' answers, _work/*/probe/ for the store probes) is the narrowest "
+                    "the agents' answers, _work/probes/ for the store probes) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "

@@ -8,9 +8,10 @@ CRC64NVME, as a part's URL is bound, and a presigned GET of the same object), th
 and reads them back (its ``probe`` command) and ``finish`` deletes the objects and says, per
 node, what the round trip found.
 
-Probe objects live under the work prefix of the store's bucket (``_work/<probe id>/probe/``):
-on AWS that is the staging bucket the backups go to, whose lifecycle rule expires work objects,
-so a probe whose execution died before ``finish`` is removed all the same.
+Probe objects live under the work prefix of the store's bucket (``_work/probes/<probe id>/``):
+on AWS that is the staging bucket the backups go to. A probe whose execution died before
+``finish`` leaves its objects; the next probe's ``plan`` deletes every probe object older than
+a probe lives (``sweep_stale``), and on AWS the work lifecycle rule expires them as well.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from shardvault.models import ClusterName, Frozen, new_backup_id
 from shardvault.services import Services
 
 PROBE_URL_TTL_SECONDS = 900  # the probe state machine's own timeout
-PROBE_DIR = "probe"  # under a probe's work prefix; the only keys the probe function may write
+PROBES_DIR = "probes"  # under the work prefix; the only keys the probe function may write
+STALE_PROBE_SECONDS = PROBE_URL_TTL_SECONDS  # older than this, a probe object is a leftover
 
 
 class ProbeRequest(Frozen):
@@ -43,8 +45,29 @@ class ProbeStep(Frozen):
     results: list[dict[str, Any]] = []
 
 
+def probes_prefix(svc: Services) -> str:
+    return f"{svc.settings.work_prefix.rstrip('/')}/{PROBES_DIR}/"
+
+
 def probe_key(svc: Services, probe_id: str, node_id: str) -> str:
-    return f"{svc.settings.work_prefix.rstrip('/')}/{probe_id}/{PROBE_DIR}/{node_id}"
+    return f"{probes_prefix(svc)}{probe_id}/{node_id}"
+
+
+def sweep_stale(svc: Services, now: float) -> list[str]:
+    """Deletes the probe objects a probe that died before ``finish`` left (older than a probe
+    lives); returns their keys."""
+    pages = svc.store_s3.get_paginator("list_objects_v2").paginate(
+        Bucket=svc.store.bucket, Prefix=probes_prefix(svc)
+    )
+    stale = [
+        o["Key"]
+        for page in pages
+        for o in page.get("Contents", [])
+        if o["LastModified"].timestamp() < now - STALE_PROBE_SECONDS
+    ]
+    for key in stale:
+        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=key)
+    return stale
 
 
 def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
@@ -61,6 +84,7 @@ def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
             fix="start the cluster's agents (and list them under the cluster's 'nodes' in the "
             "policy, if it has such a list).",
         )
+    sweep_stale(svc, now)
     probe_id = f"probe-{new_backup_id(now)}"
     s3, bucket = svc.store_s3, svc.store.bucket
     out = []

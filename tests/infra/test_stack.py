@@ -331,7 +331,7 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
                         '"/backups/*"]]}',
                         '"/_work/*"]]}',
                         '"/_work/*/answers/*"]]}',
-                        '"/_work/*/probe/*"]]}',
+                        '"/_work/probes/*"]]}',
                     )
                     assert text.endswith(narrow), (module, text)
 
@@ -415,7 +415,7 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
             assert deletes == {"s3:DeleteObject"}
         elif module == "probe_store":  # shardvault check's probes, once read back
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
-            assert deleted == {("s3:DeleteObject", "staging/_work/*/probe/*")}
+            assert deleted == {("s3:DeleteObject", "staging/_work/probes/*")}
         elif module == "promote_backup":  # the staging copy, once the vault holds the backup
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
             assert deleted == {("s3:DeleteObject", "staging/backups/*")}  # never the vault
@@ -756,9 +756,10 @@ def test_verify_reads_backups_and_writes_only_its_outcome(synth: Synthesized) ->
 
 
 def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesized) -> None:
-    probes = {(a, "staging/_work/*/probe/*") for a in ("s3:PutObject", "s3:GetObject")}
+    probes = {(a, "staging/_work/probes/*") for a in ("s3:PutObject", "s3:GetObject")}
     assert grants(synth, "probe_store") == probes | {
-        ("s3:DeleteObject", "staging/_work/*/probe/*"),
+        ("s3:DeleteObject", "staging/_work/probes/*"),
+        ("s3:ListBucket", "staging"),  # only under _work/probes/: the leftovers to delete
         ("s3:PutObject", "staging/_work/*"),  # the URLs, for the dispatcher (args_key)
         ("dynamodb:Query", "nodes"),  # the cluster's agents (its index)
         ("dynamodb:Query", "nodes/index/by_cluster"),

@@ -60,5 +60,19 @@ def test_check_names_what_the_next_backup_would_meet(make_cluster, policy_for, t
 def probe_objects(cluster) -> list[str]:
     """The store's probe objects, listed from the store itself."""
     svc = cluster.stack.services()
-    listed = svc.store_s3.list_objects_v2(Bucket=svc.store.bucket, Prefix="_work/")
-    return [o["Key"] for o in listed.get("Contents", []) if "/probe/" in o["Key"]]
+    listed = svc.store_s3.list_objects_v2(Bucket=svc.store.bucket, Prefix="_work/probes/")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_a_probe_that_died_is_cleaned_up_by_the_next(make_cluster, monkeypatch):
+    """A probe whose execution died before its last step leaves its objects; the next probe
+    deletes every probe object older than a probe lives (here: any)."""
+    cluster = make_cluster(nodes=1, size_mb=1)
+    svc = cluster.stack.services()
+    leftover = "_work/probes/probe-20260101T000000Z-dead00/some-node"
+    svc.store_s3.put_object(Bucket=svc.store.bucket, Key=leftover, Body=b"left by a crash")
+    monkeypatch.setattr("shardvault.probe.STALE_PROBE_SECONDS", -1)
+    done = run_cli(cluster.stack, "check", cluster.name, "--json")
+    found = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert found[f"store round trip ({cluster.configs[0]['node_id']})"]["ok"]
+    assert probe_objects(cluster) == []  # the leftover, and this probe's own
