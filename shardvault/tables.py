@@ -78,20 +78,19 @@ def dynamo(value: Any) -> Any:
 
 def scan_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
     """Every item a scan reads, across pages."""
-    items: list[dict[str, Any]] = []
-    while True:
-        page = dynamo_table.scan(**kwargs)
-        items += page.get("Items", [])
-        if "LastEvaluatedKey" not in page:
-            return items
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    return every_page(dynamo_table.scan, kwargs)
 
 
 def query_all(dynamo_table: Any, **kwargs: Any) -> list[dict[str, Any]]:
     """Every item a query matches, across pages."""
+    return every_page(dynamo_table.query, kwargs)
+
+
+def every_page(read: Any, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every item of a paged read (a table's ``scan`` or ``query``) with these arguments."""
     items: list[dict[str, Any]] = []
     while True:
-        page = dynamo_table.query(**kwargs)
+        page = read(**kwargs)
         items += page.get("Items", [])
         if "LastEvaluatedKey" not in page:
             return items
