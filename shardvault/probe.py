@@ -26,6 +26,7 @@ from shardvault.errors import UnknownCluster
 from shardvault.membership import claim_problem
 from shardvault.models import ClusterName, Frozen, new_backup_id
 from shardvault.services import Services
+from shardvault.store import presign_get, presign_put
 
 PROBE_URL_TTL_SECONDS = 900  # the probe state machine's own timeout
 PROBES_DIR = "probes"  # under the work prefix; the only keys the probe function may write
@@ -95,14 +96,8 @@ def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
         urls = {
             "body": base64.b64encode(body).decode(),
             "crc64nvme": crc,
-            "put_url": s3.generate_presigned_url(
-                "put_object",
-                Params={"Bucket": bucket, "Key": key, "ChecksumCRC64NVME": crc},
-                ExpiresIn=PROBE_URL_TTL_SECONDS,
-            ),
-            "get_url": s3.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=PROBE_URL_TTL_SECONDS
-            ),
+            "put_url": presign_put(s3, bucket, key, PROBE_URL_TTL_SECONDS, crc),
+            "get_url": presign_get(s3, bucket, key, PROBE_URL_TTL_SECONDS),
         }
         out.append({"node_id": node.node_id, "args_key": svc.put_urls(probe_id, key, urls)})
     return {"probe_id": probe_id, "nodes": out}

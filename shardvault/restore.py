@@ -54,7 +54,7 @@ from shardvault.placement import assignments, place
 from shardvault.planning import interleave_by_node, transfer_concurrency
 from shardvault.readback import load_manifest
 from shardvault.services import Services
-from shardvault.store import readable_now
+from shardvault.store import presign_get, readable_now
 from shardvault.tables import RESTORE_PREFIX
 
 THAW_DAYS = 2  # how long a thawed copy stays readable: the restore must finish in time
@@ -447,11 +447,7 @@ def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     """A presigned GET URL of one object (the agent reads ranges of it), written to the work
     bucket for the dispatcher: a URL never enters the execution's history."""
     s3, bucket = source_of(svc, item.source)
-    url = s3.generate_presigned_url(
-        "get_object",
-        Params={"Bucket": bucket, "Key": item.key},
-        ExpiresIn=svc.settings.url_ttl_seconds,
-    )
+    url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds)
     return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 
 from shardvault.settings import Settings
-from shardvault.store import StoreLocation, s3_client
+from shardvault.store import StoreLocation, presign_get, presign_put, s3_client
 from shardvault.tables import Catalog, Inbox, NodeRegistry, table
 
 log = logging.getLogger("shardvault.services")
@@ -123,10 +123,8 @@ class Services:
 
     def work_url(self, key: str) -> str:
         """A presigned GET URL of a work object (for an agent: it holds no credentials)."""
-        return self.work_s3.generate_presigned_url(
-            "get_object",
-            Params={"Bucket": self.settings.work_bucket, "Key": key},
-            ExpiresIn=self.settings.url_ttl_seconds,
+        return presign_get(
+            self.work_s3, self.settings.work_bucket, key, self.settings.url_ttl_seconds
         )
 
     def scan_args_key(self, backup_id: str, node_id: str) -> str:
@@ -141,11 +139,7 @@ class Services:
         """A presigned PUT of one work object, for an agent's answer. It cannot bind the
         content (the agent has not produced it yet): the answer's reader checks the object
         against the checksum the agent sent through its task token instead."""
-        return self.work_s3.generate_presigned_url(
-            "put_object",
-            Params={"Bucket": self.settings.work_bucket, "Key": key},
-            ExpiresIn=ttl_seconds,
-        )
+        return presign_put(self.work_s3, self.settings.work_bucket, key, ttl_seconds)
 
     def list_work(self, prefix: str) -> list[str]:
         keys: list[str] = []

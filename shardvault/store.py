@@ -66,6 +66,21 @@ def create_upload(s3: Any, bucket: str, key: str) -> str:
     return response["UploadId"]
 
 
+def presign_get(s3: Any, bucket: str, key: str, ttl: int) -> str:
+    """A URL that reads one object (by ranges, if the reader asks)."""
+    return s3.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl
+    )
+
+
+def presign_put(s3: Any, bucket: str, key: str, ttl: int, crc_b64: str | None = None) -> str:
+    """A URL that writes one object: with ``crc_b64``, only the bytes of that CRC64NVME."""
+    params = {"Bucket": bucket, "Key": key}
+    if crc_b64 is not None:
+        params["ChecksumCRC64NVME"] = crc_b64
+    return s3.generate_presigned_url("put_object", Params=params, ExpiresIn=ttl)
+
+
 def presign_part(
     s3: Any, bucket: str, key: str, upload_id: str, part_number: int, crc_b64: str, ttl: int
 ) -> str:

@@ -23,6 +23,7 @@ from shardvault.errors import ParentUnavailable
 from shardvault.models import BackupContext, Manifest, object_place
 from shardvault.readback import load_manifest
 from shardvault.services import Services
+from shardvault.store import presign_get
 
 
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
@@ -58,10 +59,7 @@ def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, An
         if shard.blockmap is None:
             continue
         obj = shard.blockmap
-        url = s3.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": obj.key},
-            ExpiresIn=svc.settings.url_ttl_seconds,
-        )  # fmt: skip
+        url = presign_get(s3, bucket, obj.key, svc.settings.url_ttl_seconds)
         maps[shard.shard_id] = {
             "backup_id": parent_id,
             "object": obj.model_dump(mode="json"),
