@@ -55,7 +55,7 @@ def read_answer(
             "the plan function's memory.",
         )
     try:
-        body = svc.get_work_bytes(key)
+        stored = svc.work_s3.get_object(Bucket=svc.settings.work_bucket, Key=key)
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
             raise
@@ -64,10 +64,14 @@ def read_answer(
             "work bucket.",
             fix=fix,
         ) from None
-    if len(body) != size or crc64nvme_of_bytes(body) != crc:
+    # The size first: an object replaced by a larger one is refused before it is read.
+    length = stored["ContentLength"]
+    body = stored["Body"].read() if length == size else b""
+    if length != size or crc64nvme_of_bytes(body) != crc:
+        stored["Body"].close()
         raise AnswerMismatch(
             f"the {phase} answer of node {node_id} in the work bucket is not the one its "
-            f"agent sent ({len(body)} bytes where it sent {size}, or another checksum).",
+            f"agent sent ({length} bytes where it sent {size}, or another checksum).",
             fix=fix,
         )
     answer = json.loads(body)
