@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shardvault.errors import AgentUnavailable, InvalidRequest
-from shardvault.models import NodeRecord, doorbell_name
+from shardvault.models import NodeRecord, Phase, doorbell_name
 from shardvault.services import Services
 
 log = logging.getLogger("shardvault.dispatch")
@@ -50,9 +50,9 @@ RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_rest
 CHECK_COMMANDS = {"probe"}  # shardvault check: the agent's round trip to the store
 COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS | CHECK_COMMANDS)
 # The listing commands, and the phase whose listing each answers.
-ANSWERED = {"checkpoint": "data", "scan": "data", "stop": "tail"}
-# As long as the listing commands' tasks wait (their TimeoutSeconds in backup.asl.json): an
-# answer put later than that is one nobody reads.
+ANSWERED = {"checkpoint": Phase.DATA, "scan": Phase.DATA, "stop": Phase.TAIL}
+# As long as the listing commands' tasks wait (their TimeoutSeconds in backup.asl.json, which
+# tests/infra holds equal): an answer put later than that is one nobody reads.
 ANSWER_URL_TTL_SECONDS = 7200
 
 

@@ -91,14 +91,11 @@ def check_cluster(config: ClientConfig, cluster: str) -> None:
 
 def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:
     """Starts an execution of one of the stack's state machines (``machine``: BACKUP, RESTORE,
-    RETENTION, VERIFY, PROBE), named ``<prefix>-<time>-<random>``; a machine the configuration does
-    not name is refused with the variable and the stack output that give it."""
+    RETENTION, VERIFY, PROBE), named ``<prefix>-<time>-<random>``; a machine the configuration
+    does not name is refused with the variable and the stack output that give it."""
     if not machine_arn:
-        variable = (
-            "SHARDVAULT_STATE_MACHINE_ARN"
-            if machine == "BACKUP"
-            else (f"SHARDVAULT_{machine}_STATE_MACHINE_ARN")
-        )
+        infix = "" if machine == "BACKUP" else f"{machine}_"
+        variable = f"SHARDVAULT_{infix}STATE_MACHINE_ARN"
         raise InvalidRequest(
             f"{variable} is not set.",
             fix=f"set it from the ShardVault stack's {machine.title()}StateMachineArn output, "
@@ -111,7 +108,7 @@ def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[s
 
 
 def run_to_end(execution_arn: str, timeout: float) -> Progress:
-    """Waits for an execution that keeps no catalog progress (retention, verify)."""
+    """Waits for an execution that keeps no catalog progress (retention, verify, probe)."""
     return wait_for(
         lambda: execution_progress(execution_arn, "", lambda _: []), lambda _: None, 0.5, timeout
     )

@@ -41,7 +41,7 @@ class ProbeStep(Frozen):
     """The probe function's input: ``plan`` from the request, ``finish`` with the results."""
 
     phase: Literal["plan", "finish"]
-    request: dict[str, Any]
+    request: dict[str, Any] = {}
     probe_id: str = ""
     results: list[dict[str, Any]] = []
 

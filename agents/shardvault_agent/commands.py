@@ -82,7 +82,7 @@ def check_fits_task_result(result: dict[str, Any]) -> None:
     """An answer sent inline (a control plane that gives no answer URL) must fit in the task
     result: a listing too long for it is refused by name."""
     for shard in result.get("shards", []):
-        packed = shard.get("files", "") if isinstance(shard, dict) else ""
+        packed = shard.get("files", "")  # a listing command's (finish_restore's have none)
         if len(packed) > MAX_LISTING_CHARS:
             raise ListingTooLarge(
                 f"shard {shard['shard_id']} lists {len(packed)} characters of files "

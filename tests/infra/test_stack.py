@@ -44,6 +44,7 @@ from infra.constants import (
     WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack, agent_nodes, alert_emails
+from shardvault.dispatch import ANSWER_URL_TTL_SECONDS, ANSWERED
 from shardvault.fanout import NODE_MAP_CONCURRENCY
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import load_policy
@@ -569,6 +570,19 @@ def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing
         assert reader["Parameters"]["Bucket"] == f"${{{WORK_BUCKET_PLACEHOLDER}}}"
     expected = {"backup.asl.json": 7, "restore.asl.json": 4, "retention.asl.json": 0}
     assert len(distributed_maps(path)) == expected.get(path.name, len(distributed_maps(path)))
+
+
+@needs_asl
+def test_an_answer_url_lives_as_long_as_its_task_waits() -> None:
+    """The dispatcher signs each listing command's answer PUT for ANSWER_URL_TTL_SECONDS: the
+    tasks that wait for those answers time out then, not before nor after."""
+    states = json.loads(BACKUP_ASL.read_text())["States"]
+    for name, command in (("Checkpoint", "checkpoint"), ("Scan", "scan"), ("Stop", "stop")):
+        processor = states[name]["ItemProcessor"]
+        task = processor["States"][processor["StartAt"]]
+        assert task["Parameters"]["Payload"]["command"] == command
+        assert command in ANSWERED
+        assert task["TimeoutSeconds"] == ANSWER_URL_TTL_SECONDS, name
 
 
 @needs_asl
