@@ -18,12 +18,13 @@ planned, so what is measured is the control plane alone:
 - the backup execution's history events (AWS fails a Standard execution past 25,000) and
   the largest state it carried (AWS's limit is 256 KiB), from its history;
 - the time from the execution's start to the last checkpoint answered, and from the first
-  checkpoint answered to the last (what an inline Map's 40-wide waves cost);
+  checkpoint answered to the last (the spread of the Checkpoint step);
 - the wall time of the backup.
 
-moto's interpreter is not AWS's: it runs a Map's iterations one after another where AWS runs
-40 at once, so times here are an upper bound of the control plane's own work; the history
-events are AWS's events, as moto records them.
+moto's interpreter is not AWS's: it runs a Map's children about one after another where AWS
+runs up to the Map's MaxConcurrency at once, so times here are an upper bound of the control
+plane's own work; the history events are AWS's events, as moto records them (a Distributed
+Map's children apart, as AWS keeps them).
 """
 
 from __future__ import annotations
