@@ -252,7 +252,7 @@ def test_a_failed_ring_fails_no_dispatch_and_the_safety_poll_finds_the_command(
     with Running(agent) as running, caplog.at_level(logging.WARNING, "shardvault.dispatch"):
         dispatched = post(svc, "b2", Unreachable())
         took = wait_for(lambda: "flush:b2" in running.picked_up, timeout=5)
-    assert took < FAST_IDLE["idle_inbox_poll_seconds"] + 0.5
+    assert took < FAST_IDLE["idle_inbox_poll_seconds"] + PROMPTLY
     assert running.picked_up["flush:b2"] >= dispatched
     assert "doorbell of node n1 not rung for flush:b2" in caplog.text
 
