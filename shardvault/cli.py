@@ -365,6 +365,17 @@ def sized(count: int) -> str:
     return f"{count:,} ({count / MiB:,.1f} MiB)"
 
 
+def cut_cell(record: dict[str, Any]) -> str:
+    """Where a restore of the backup stops every node: its restore point, and the skew."""
+    if record.get("cut_name") is None:
+        return "none (each node restores to the end of its own tail)"
+    cell = f"restore point {record['cut_name']}, skew {record['cut_skew_seconds'] * 1000:.1f} ms"
+    late = record.get("cut_late_seconds") or 0
+    if late > 0:
+        cell += f" (a node came {late * 1000:.0f} ms after the cut instant)"
+    return cell
+
+
 def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
     table = Table(title="Backup complete", show_header=False)
     rows = [
@@ -383,7 +394,8 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
         ("parts", str(record.get("parts", ""))),
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
         ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
-        ("checkpoint skew", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
+        ("cut", cut_cell(record)),
+        ("checkpoint spread", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
         ("verification", record.get("verification", "")),
         ("manifest", record.get("manifest_key", "")),
         (

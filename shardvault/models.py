@@ -411,6 +411,7 @@ class BackupContext(Frozen):
     encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # incrementals only
+    cut_margin_seconds: float = 0.0  # from the Stop step's start to the cut (shardvault.cut)
 
 
 class ObjectPlan(Frozen):
@@ -540,6 +541,10 @@ class Manifest(Frozen):
     encryption: Encryption | None = None  # sealed frames: the wrapped data key
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # an incremental's parent, root, depth and ancestors
+    # The cluster's cut (shardvault.cut): the restore point every shard's tail reaches (a
+    # restore recovers to it) and the spread of its creation times; None: no shard cut.
+    cut_name: str | None = None
+    cut_skew_seconds: float | None = None
 
 
 # --- Restore -----------------------------------------------------------------------------------

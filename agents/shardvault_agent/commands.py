@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +24,7 @@ from typing import Any, BinaryIO
 import boto3
 
 from shardvault.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
+from shardvault.cut import CutRequest
 from shardvault.errors import (
     CheckpointNotFound,
     InvalidRequest,
@@ -456,13 +458,20 @@ class Commands:
 
     def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
         backup_id, shards = args["backup_id"], self._shards(args)
+        cut = CutRequest.model_validate(args["cut"]) if args.get("cut") else None
+
+        def stop(shard: ShardConfig) -> None:
+            if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
+                return  # a retried stop: this shard's tail is captured
+            capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id), cut)
+            self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
+
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            for shard in shards:
-                if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
-                    continue
-                capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id))
-                self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
+            # Side by side: each shard ends its backup, then all cut at the one instant.
+            with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
+                for future in [pool.submit(stop, shard) for shard in shards]:
+                    future.result()
             result = self._listing_result(backup_id, Phase.TAIL, shards)
             for shard, listed in zip(shards, result["shards"], strict=True):
                 # A full's map is joined from its packs' hashes now, and goes with the tail;

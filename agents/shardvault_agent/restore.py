@@ -33,6 +33,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ from typing import Any
 from shardvault import errors
 from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
+from shardvault.cut import check_restore_point_name
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
@@ -843,21 +845,27 @@ def finish_postgres(
     restorer: Restorer, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
 ) -> dict[str, Any]:
     """Starts the restored copy on a free port of ``restore_ports``: recovery replays the
-    WAL in the backup up to its end point (the backup label tells where). Then pg_amcheck
+    WAL in the backup to the cluster's restore point (``shardvault.cut``; a backup without
+    one: to the end of its tail, past the end point the backup label names). Then pg_amcheck
     on every database and the validation queries (``checks``)."""
     from shardvault.local.postgres import attach_instance
 
+    cut = restorer._layout(restore_id, shard_id).get("marker", {}).get("cut_name")
     with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
         conf.write(
             "\n# shardvault restore: a copy must not archive its WAL into its source's archive\n"
             "archive_mode = 'off'\n"
         )
+        if cut is not None:
+            conf.write(recovery_to_cut(check_restore_point_name(cut)))
+    if cut is not None:
+        (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
     taken = {i["port"] for i in restorer._started(restore_id).values() if i.get("port")}
     taken |= ports_of_servers(restorer.restore_dir)
     port = free_port_in(restorer.config.restore_ports, restorer, taken)
     restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
     instance = attach_instance(root, port=port)
-    recovered = instance.psql("SELECT pg_is_in_recovery()") == "f"
+    recovered = promoted(instance, RECOVERY_SECONDS)
     checks = {"recovered": "ok" if recovered else "in recovery"}
     checks |= postgres_checks(
         instance,
@@ -874,6 +882,33 @@ def finish_postgres(
         "checks": checks,
         "checks_passed": all(v == "ok" for v in checks.values()),
     }
+
+
+RECOVERY_SECONDS = 600  # to replay a backup's tail to its restore point, and promote
+
+
+def recovery_to_cut(name: str) -> str:
+    """The settings that recover a restored copy to its backup's restore point and open it.
+    The tail's WAL is in ``pg_wal`` already; targeted recovery insists on a restore_command,
+    so it is given one that finds nothing (PostgreSQL then reads ``pg_wal``)."""
+    return (
+        "# shardvault restore: recover to the cluster's cut, then open for writes\n"
+        f"recovery_target_name = '{name}'\n"
+        "recovery_target_action = 'promote'\n"
+        "restore_command = 'false'\n"
+    )
+
+
+def promoted(instance: Any, timeout: float) -> bool:
+    """Waits until the server has left recovery (reached its target and promoted); False
+    if it has not after ``timeout`` seconds. A server in targeted recovery accepts read-only
+    connections before it is done."""
+    deadline = time.monotonic() + timeout
+    while instance.psql("SELECT pg_is_in_recovery()") != "f":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def ports_of_servers(restore_dir: Path) -> set[int]:

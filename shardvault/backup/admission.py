@@ -21,6 +21,7 @@ from typing import Any
 
 from shardvault import costs
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
+from shardvault.cut import cut_margin_seconds
 from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
@@ -125,6 +126,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         encryption=encryption,
         kind=kind,
         chain=chain,
+        cut_margin_seconds=cut_margin_seconds(len(sources)),
     )
     svc.catalog.put(
         {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from shardvault.backup.planner import skew_seconds
+from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.errors import UploadIncomplete
 from shardvault.models import (
     BackupContext,
@@ -85,6 +85,7 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
                 blockmap=maps.get(listing.shard_id),
             )
     data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
+    cut = cut_summary([listing for listing in listings if listing.phase == Phase.TAIL])
     return Manifest(
         backup_id=context.backup_id,
         cluster=context.cluster,
@@ -92,6 +93,8 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         started_at=context.started_at,
         completed_at=now,
         checkpoint_skew_seconds=skew_seconds(data_listings),
+        cut_name=cut.get("cut_name"),
+        cut_skew_seconds=cut.get("cut_skew_seconds"),
         part_size=results[0].part_size if results else 0,
         shards=list(shards.values()),
         bytes=sum(r.length for r in streamed_results),
@@ -176,6 +179,8 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "nodes": sorted({s.node_id for s in manifest.shards}),
         "shards": [s.shard_id for s in manifest.shards],
         "checkpoint_skew_seconds": manifest.checkpoint_skew_seconds,
+        "cut_name": manifest.cut_name,
+        "cut_skew_seconds": manifest.cut_skew_seconds,
         "verification": manifest.verification,
         "manifest_key": manifest_key,
         "throughput_mib_s": round(manifest.bytes / max(duration, 1e-9) / 2**20, 2),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault.backup.answers import read_answers
+from shardvault.cut import cut_skew_seconds
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import (
@@ -118,6 +119,7 @@ def plan(
             "objects_total": len(objects),
         }
     else:
+        update |= cut_summary(listings)
         update |= {
             "bytes_total": record.get("data_bytes", 0)
             + record.get("data_blockmap_bytes", 0)
@@ -162,7 +164,23 @@ def check_scanned(results: list[dict[str, Any]]) -> None:
                 )
 
 
+def cut_summary(tails: list[ShardListing]) -> dict[str, Any]:
+    """The cluster's cut as the shards' tails recorded it (``shardvault.cut``): its restore
+    point's name, the skew of its creation times, and how late the latest shard came to it;
+    nothing when no shard cut (SQLite, an agent older than cuts)."""
+    cut = [listing.marker for listing in tails if "cut_at" in listing.marker]
+    if not cut:
+        return {}
+    return {
+        "cut_name": cut[0]["cut_name"],
+        "cut_skew_seconds": cut_skew_seconds([float(m["cut_at"]) for m in cut]),
+        "cut_late_seconds": max(float(m.get("cut_late_seconds", 0)) for m in cut),
+        "cut_shards": len(cut),
+    }
+
+
 def skew_seconds(listings: list[ShardListing]) -> float:
-    """Spread of the nodes' checkpoint times: how far apart the per-node cuts were taken."""
+    """Spread of the nodes' checkpoint times (``pg_backup_start``): when each node's copy
+    began, not where its restored state ends (the cut does that)."""
     times = [listing.checkpoint_at for listing in listings if listing.checkpoint_at]
     return round(max(times) - min(times), 6) if times else 0.0

@@ -9,9 +9,11 @@ history), which only a consistent copy does.
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from shardvault import operations as ops
@@ -293,3 +295,85 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
     for shard in output(restored)["shards"]:
         assert shard["checks"]["pg_amcheck --all"] == "ok", shard
         check_consistent_copy(restored_instance(shard), shard["shard_id"], static, source_history)
+
+
+class Marks:
+    """A row with the writer's clock every few milliseconds on each server, until stopped:
+    where a restored copy's newest row lies tells where its recovery stopped."""
+
+    EVERY = 0.005
+
+    def __init__(self, servers: list[PostgresInstance]) -> None:
+        for server in servers:
+            server.psql("CREATE TABLE cut_marks (at double precision NOT NULL)")
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._write, args=(s,)) for s in servers]
+
+    def _write(self, server: PostgresInstance) -> None:
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            while not self.stopping.wait(self.EVERY):
+                conn.execute("INSERT INTO cut_marks VALUES (extract(epoch FROM clock_timestamp()))")
+
+    def __enter__(self) -> Marks:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def lsn(text: str) -> int:
+    high, low = text.split("/")
+    return int(high, 16) << 32 | int(low, 16)
+
+
+def newest_mark(server: PostgresInstance) -> float:
+    return float(server.psql("SELECT max(at) FROM cut_marks"))
+
+
+def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
+    """Under writes on all three nodes, the backup ends with one restore point per node at
+    one instant (its name, skew and instants recorded); the restore recovers every node to it:
+    each node's newest row was written just before its restore point, none after, so the
+    nodes' restored states lie within the reported skew of each other. Without the cut each
+    node would stop at the end of its own backup (pg_backup_stop), a second earlier here."""
+    cluster, servers = pg_cluster
+    with Marks(servers):
+        time.sleep(0.5)
+        backup = cluster.backup()
+        time.sleep(0.5)  # rows after the cut: none may come back
+    assert backup.status == "SUCCEEDED", backup.cause
+    record = next(r for r in cluster.records() if r["backup_id"] == backup.record["backup_id"])
+    assert record["cut_name"] == record["backup_id"]
+    svc = cluster.stack.services()
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    assert manifest.cut_name == record["backup_id"]
+    cut_at = {s.shard_id: float(s.marker["cut_at"]) for s in manifest.shards}
+    assert manifest.cut_skew_seconds == pytest.approx(
+        max(cut_at.values()) - min(cut_at.values()), abs=1e-5
+    )
+    assert record["cut_skew_seconds"] == manifest.cut_skew_seconds
+    assert record["cut_skew_seconds"] < 0.25  # one machine, one clock: scheduling alone
+    # The cut came after every node's backup had ended (its margin), past its stop point.
+    assert all(lsn(s.marker["cut_lsn"]) > lsn(s.marker["stop_lsn"]) for s in manifest.shards)
+
+    target = make_target(nodes=3, engine="postgres")
+    restored = target.restore(cluster.name, backup_id=record["backup_id"])
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    newest = {}
+    for shard in output(restored)["shards"]:
+        assert shard["checks"]["recovered"] == "ok", shard
+        instance = restored_instance(shard)
+        newest[shard["shard_id"]] = newest_mark(instance)
+        # Recovered to the cut and opened: on a new timeline, writable.
+        assert instance.psql("SELECT pg_is_in_recovery()") == "f"
+        assert instance.psql("SELECT timeline_id FROM pg_control_checkpoint()") != "1"
+    for shard_id, mark in newest.items():
+        assert mark <= cut_at[shard_id], (shard_id, mark, cut_at)  # nothing after the cut
+        assert mark > cut_at[shard_id] - 0.2, (shard_id, mark, cut_at)  # and all before it
+    spread = max(newest.values()) - min(newest.values())
+    assert spread <= record["cut_skew_seconds"] + 0.2, (newest, record["cut_skew_seconds"])

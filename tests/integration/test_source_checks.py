@@ -205,7 +205,8 @@ def test_a_role_that_cannot_read_data_directory_is_checked_by_the_postmasters_st
 def test_a_server_a_backup_cannot_use_is_named_before_one_starts(servers, pg_adapter):
     """What the leader's agent reports with each heartbeat (check_ready), so validation
     refuses the backup by name (ShardNotReady) instead of failing at its checkpoint: no free
-    replication slot, a role without REPLICATION or pg_backup_start, a server that is down."""
+    replication slot, a role without REPLICATION, pg_backup_start or pg_create_restore_point,
+    a server that is down."""
     server = servers[0]
     adapter, shard = pg_adapter(server.data_dir, server.conninfo)
     adapter.check_ready(shard)  # the test server is ready: nothing to say
@@ -226,6 +227,16 @@ def test_a_server_a_backup_cannot_use_is_named_before_one_starts(servers, pg_ada
         plain, as_plain = pg_adapter(server.data_dir, f"{server.conninfo} user=plain")
         with pytest.raises(EngineError, match=r"lacks REPLICATION.*may not run pg_backup_start"):
             plain.check_ready(as_plain)
+        # The backup's grants without the cut's: the restore point is named alone.
+        server.psql("ALTER ROLE plain REPLICATION")
+        server.psql("GRANT EXECUTE ON FUNCTION pg_backup_start, pg_backup_stop TO plain")
+        with pytest.raises(EngineError, match=r"backed up: [^;]*restore point \(GRANT") as refused:
+            plain.check_ready(as_plain)
+        assert "REPLICATION" not in str(refused.value).split("GRANT EXECUTE")[0]
+        server.psql("GRANT EXECUTE ON FUNCTION pg_create_restore_point TO plain")
+        plain.check_ready(as_plain)
     finally:
+        server.psql("REVOKE ALL ON FUNCTION pg_backup_start, pg_backup_stop FROM plain")
+        server.psql("REVOKE ALL ON FUNCTION pg_create_restore_point FROM plain")
         server.psql("DROP ROLE plain")
     untouched(server)

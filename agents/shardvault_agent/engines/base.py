@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from shardvault.cut import CutRequest
 from shardvault.errors import ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import ShardConfig
@@ -63,7 +64,13 @@ class EngineAdapter(Protocol):
 
     def holds(self, shard: ShardConfig, backup_id: str) -> bool: ...
 
-    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+    def stop(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
+    ) -> Capture:
+        """Ends the shard's backup and captures its tail; ``cut``: then, at the cut's
+        instant, marks the cluster's cut in the shard's log (``shardvault.cut``), and the tail
+        reaches it. An engine without such marks ignores ``cut``."""
+        ...
 
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 

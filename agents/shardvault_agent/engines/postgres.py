@@ -9,9 +9,11 @@
   reserves WAL from now on (so no segment the copy needs is recycled, and nothing is left
   behind if the agent dies: the slot dies with the session), then ``pg_backup_start``. The
   listing is the data directory minus what PostgreSQL documents as safe to omit.
-- stop: ``pg_backup_stop``; the tail is the backup label (and tablespace map) plus every WAL
-  segment from the start to the stop LSN, copied from ``pg_wal`` while the slot holds them,
-  so the backup restores on its own without a WAL archive.
+- stop: ``pg_backup_stop``, then at the cut's instant the cluster's restore point
+  (``shardvault.cut``); the tail is the backup label (and tablespace map) plus every WAL
+  segment from the start to the restore point (to the stop LSN without a cut), copied from
+  ``pg_wal`` while the slot holds them, so the backup restores on its own without a WAL
+  archive.
 - release: end the backup if it is still running and close the session (dropping the slot).
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import psycopg
 
+from shardvault.cut import CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
@@ -95,7 +98,8 @@ SELECT current_setting('wal_level'),
        current_setting('max_replication_slots')::int
            - (SELECT count(*) FROM pg_replication_slots),
        (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
-       has_function_privilege('pg_backup_start(text, boolean)', 'EXECUTE')
+       has_function_privilege('pg_backup_start(text, boolean)', 'EXECUTE'),
+       has_function_privilege('pg_create_restore_point(text)', 'EXECUTE')
 """
 
 
@@ -127,11 +131,13 @@ class PostgresAdapter:
     def check_ready(self, shard: ShardConfig) -> None:
         """``check``, then what the backup will ask of the server: that it answers (as the
         instance of ``data_dir``), ``wal_level`` above minimal (``pg_backup_start``), a free
-        replication slot (the backup holds one), and a role that may take a slot and run
-        ``pg_backup_start``."""
+        replication slot (the backup holds one), and a role that may take a slot, run
+        ``pg_backup_start`` and create the cut's restore point."""
         conn = self._connect(shard)
         try:
-            wal_level, free_slots, replicates, may_backup = conn.execute(READINESS).fetchone()
+            wal_level, free_slots, replicates, may_backup, may_cut = conn.execute(
+                READINESS
+            ).fetchone()
         except psycopg.Error as error:
             raise EngineError(
                 f"PostgreSQL shard {shard.shard_id}: its settings cannot be read: {error}".strip(),
@@ -152,6 +158,11 @@ class PostgresAdapter:
             problems.append(
                 "the agent's role may not run pg_backup_start (GRANT EXECUTE ON FUNCTION "
                 "pg_backup_start, pg_backup_stop to it)"
+            )
+        if not may_cut:
+            problems.append(
+                "the agent's role may not create the backup's restore point (GRANT EXECUTE ON "
+                "FUNCTION pg_create_restore_point(text) to it)"
             )
         if problems:
             raise EngineError(
@@ -235,7 +246,9 @@ class PostgresAdapter:
         held = self.held.get((backup_id, shard.shard_id))
         return held is not None and not held.connection.closed
 
-    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def stop(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
+    ) -> Capture:
         held = self.held.get((backup_id, shard.shard_id))
         if held is None or held.connection.closed:
             raise CheckpointNotFound(
@@ -250,35 +263,50 @@ class PostgresAdapter:
             ).fetchone()
             held.stopped = True
             stop_wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
-            self._wait_flushed(conn, str(lsn))
         except psycopg.Error as error:
             raise EngineError(
                 f"pg_backup_stop failed on shard {shard.shard_id}: {error}",
                 fix="check the server log.",
             ) from None
+        marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
+        end = str(lsn)
+        if cut is not None:
+            marker |= restore_point(conn, shard, cut)
+            end = marker["cut_lsn"]
+        last_wal, last_bytes = self._wait_flushed(conn, end)
         tail = work_dir / "tail" / shard.shard_id
         shutil.rmtree(tail, ignore_errors=True)
         (tail / "pg_wal").mkdir(parents=True)
         (tail / "backup_label").write_text(label)
         if spcmap:
             (tail / "tablespace_map").write_text(spcmap)
-        for name in wal_segments(shard.data_dir / "pg_wal", held.start_wal, stop_wal):
-            shutil.copyfile(shard.data_dir / "pg_wal" / name, tail / "pg_wal" / name)
+        for name in wal_segments(shard.data_dir / "pg_wal", held.start_wal, last_wal):
+            source, copy = shard.data_dir / "pg_wal" / name, tail / "pg_wal" / name
+            if name == last_wal and cut is not None:
+                copy_wal_up_to(source, copy, last_bytes)
+            else:
+                shutil.copyfile(source, copy)
         files = [f for f in list_tree(tail) if not f.path.endswith("/")]
-        marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
         # The WAL is copied: end the session now, which drops the slot holding the WAL.
         self.release(shard, backup_id)
         return Capture(root=tail, files=files, marker=marker, mutable=False)
 
     @staticmethod
-    def _wait_flushed(conn: psycopg.Connection, lsn: str, timeout: float = 30.0) -> None:
+    def _wait_flushed(conn: psycopg.Connection, lsn: str, timeout: float = 30.0) -> tuple[str, int]:
+        """Waits until the WAL up to ``lsn`` is on disk; returns the segment that holds the
+        byte before ``lsn`` and how many of its bytes reach ``lsn``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[
                 0
             ]:
-                return
-            time.sleep(0.05)
+                break
+            time.sleep(0.02)
+        name, offset = conn.execute(
+            "SELECT file_name, file_offset FROM pg_walfile_name_offset(%s::pg_lsn)", (lsn,)
+        ).fetchone()
+        # At a segment's boundary the function names the segment before, at offset 0: all of it.
+        return name, int(offset) or WHOLE_SEGMENT
 
     def held_backups(self) -> set[str]:
         return set()  # backup mode and its slot end with the session: nothing outlives the agent
@@ -295,6 +323,50 @@ class PostgresAdapter:
             pass  # closing the session below aborts the backup anyway
         finally:
             held.connection.close()
+
+
+WHOLE_SEGMENT = -1  # copy_wal_up_to: the segment's every byte
+
+
+def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
+    """At the cut's instant, the cluster's restore point in this shard's WAL (see
+    ``shardvault.cut``), its WAL made durable at once; the marker fields that record it."""
+    late = time.time() - cut.at
+    if late < 0:
+        time.sleep(-late)
+    try:
+        lsn, created = conn.execute(
+            "SELECT pg_create_restore_point(%s), extract(epoch FROM clock_timestamp())",
+            (cut.name,),
+        ).fetchone()
+        # A restore point is not flushed by itself: a transaction's commit flushes it now
+        # (with synchronous_commit off, _wait_flushed waits for the WAL writer instead).
+        conn.execute("SELECT txid_current()")
+    except psycopg.Error as error:
+        raise EngineError(
+            f"cannot create restore point {cut.name} on shard {shard.shard_id}: {error}".strip(),
+            fix="GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) to the agent's role.",
+        ) from None
+    return {
+        "cut_name": cut.name,
+        "cut_lsn": str(lsn),
+        "cut_at": f"{float(created):.6f}",
+        "cut_late_seconds": f"{max(0.0, late):.6f}",
+    }
+
+
+def copy_wal_up_to(source: Path, copy: Path, length: int) -> None:
+    """Copies a WAL segment's first ``length`` bytes (all of them: ``WHOLE_SEGMENT``) and
+    pads it with zeros to its size. The segment the cut ends in is still being written: past
+    the cut its file holds a recycled segment's old records, which would cost a backup 16 MB
+    of incompressible bytes; recovery reads zeros as the end of the WAL."""
+    size = source.stat().st_size
+    if length == WHOLE_SEGMENT or length >= size:
+        shutil.copyfile(source, copy)
+        return
+    with open(source, "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read(length))
+        dst.truncate(size)
 
 
 START_TIME_SLACK = 2.0  # seconds from postmaster.pid's (truncated) start time to the server's

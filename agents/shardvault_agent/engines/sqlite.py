@@ -2,7 +2,8 @@
 
 check = the file exists and starts with SQLite's header; flush = WAL checkpoint (TRUNCATE);
 checkpoint = an online-backup snapshot of the database into the agent's work directory, which
-then never changes; stop has no tail; release deletes the snapshot.
+then never changes; stop has no tail and no cut (SQLite's log has no named points: each
+shard is cut at its snapshot); release deletes the snapshot.
 
 The source is always opened by URI with ``mode=rw`` or ``mode=ro``, never created: a plain
 ``sqlite3.connect`` of a misspelled path creates an empty database there, which would then be
@@ -18,6 +19,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from shardvault.cut import CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
@@ -107,7 +109,9 @@ class SqliteAdapter:
     def holds(self, shard: ShardConfig, backup_id: str) -> bool:
         return self._snapshot_dir(backup_id, shard).exists()
 
-    def stop(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def stop(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
+    ) -> Capture:
         if not self.holds(shard, backup_id):
             raise CheckpointNotFound(
                 f"no snapshot of shard {shard.shard_id} for backup {backup_id}.",

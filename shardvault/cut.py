@@ -1,0 +1,75 @@
+"""The cluster's cut: one named point in every node's WAL, taken at one shared instant.
+
+A PostgreSQL node restored from its own backup is consistent with itself wherever its WAL
+replay stops; a cluster whose shards reference each other needs every node stopped at the
+same moment. Each backup therefore ends with a *cut*:
+
+- *restore point*: ``pg_create_restore_point(<name>)`` on every source shard, named after
+  the backup; a restore recovers every node to it (``recovery_target_name``). It is created
+  after ``pg_backup_stop``: PostgreSQL refuses a recovery target before the end of the base
+  backup (the point where its copy becomes consistent).
+- *cut instant*: when every node creates its restore point, by its own clock: the moment the
+  backup's Stop step began (``$$.State.EnteredTime``, the same for every node) plus a
+  *margin* that lets every node's stop command arrive and end its backup first. One node
+  needs no margin. Nodes keep their clocks in step (NTP/chrony); their offset is part of the
+  skew below, and not visible to ShardVault.
+- *cut skew*: the spread of the times the nodes' restore points were created (each node's
+  ``clock_timestamp()`` beside its restore point): how far apart, at most, the nodes'
+  restored states are. A node whose command arrived after the instant is *late*: it cuts at
+  once, and the skew shows it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from pydantic import field_validator
+
+from shardvault.errors import InvalidRequest
+from shardvault.models import Frozen
+
+CUT_MARGIN_SECONDS = 1.0  # for a few nodes: a stop command's dispatch and pg_backup_stop
+CUT_MARGIN_PER_NODE_SECONDS = 0.002  # Distributed Map children start at hundreds a second
+# What PostgreSQL allows in a restore point's name (fewer than 64 bytes), and what can be
+# written into a configuration file without quoting: a backup id is far inside it.
+RESTORE_POINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
+
+
+def cut_margin_seconds(nodes: int) -> float:
+    """How long after its Stop step began a backup of ``nodes`` source nodes cuts."""
+    return 0.0 if nodes <= 1 else CUT_MARGIN_SECONDS + CUT_MARGIN_PER_NODE_SECONDS * nodes
+
+
+def check_restore_point_name(name: str) -> str:
+    if not RESTORE_POINT_NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"{name!r} cannot name a restore point: letters, digits and . _ : - only, at most "
+            "63 characters.",
+            fix="restore to a backup's own restore point (its backup id).",
+        )
+    return name
+
+
+class CutRequest(Frozen):
+    """What a stop command is told of the cut: the restore point's name and its instant."""
+
+    name: str
+    entered: str  # the Stop step's start, ISO 8601 (Step Functions' $$.State.EnteredTime)
+    margin_seconds: float = 0.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_restore_point_name(value)
+
+    @property
+    def at(self) -> float:
+        """The cut instant, in seconds since the epoch."""
+        entered = datetime.fromisoformat(self.entered.replace("Z", "+00:00"))
+        return entered.timestamp() + self.margin_seconds
+
+
+def cut_skew_seconds(times: list[float]) -> float | None:
+    """The spread of the nodes' restore points' creation times; None without any."""
+    return round(max(times) - min(times), 6) if times else None

@@ -1,0 +1,59 @@
+"""The cluster's cut: its instant, its restore point's name, and what a backup records of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardvault.backup.planner import cut_summary
+from shardvault.cli import cut_cell
+from shardvault.cut import CutRequest, cut_margin_seconds
+from shardvault.errors import InvalidRequest
+from shardvault.models import Phase, ShardListing
+
+
+def test_every_node_computes_the_same_instant_from_the_stop_steps_start() -> None:
+    # Step Functions writes EnteredTime with a Z; moto with +00:00: the same instant.
+    aws = CutRequest(name="b1", entered="2026-11-25T04:00:00.250Z", margin_seconds=1.006)
+    moto = CutRequest(name="b1", entered="2026-11-25T04:00:00.250000+00:00", margin_seconds=1.006)
+    assert aws.at == moto.at == pytest.approx(1795579201.256)
+
+
+def test_one_node_cuts_at_once_and_a_wider_cluster_waits_longer() -> None:
+    assert cut_margin_seconds(1) == 0.0
+    assert cut_margin_seconds(3) == pytest.approx(1.006)
+    assert cut_margin_seconds(1000) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("name", ["", "x' ; archive_command = 'rm", "a" * 64, "-leading"])
+def test_a_name_that_could_not_be_written_into_a_config_file_is_refused(name: str) -> None:
+    with pytest.raises(InvalidRequest, match="cannot name a restore point"):
+        CutRequest(name=name, entered="2026-11-25T04:00:00Z")
+
+
+def tail(shard: str, **marker: str) -> ShardListing:
+    return ShardListing(shard_id=shard, node_id=f"n-{shard}", phase=Phase.TAIL, files=[],
+                        marker={"stop_lsn": "0/3000100", **marker})  # fmt: skip
+
+
+def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> None:
+    summary = cut_summary(
+        [
+            tail("s1", cut_name="b1", cut_at="100.000500", cut_late_seconds="0.000000"),
+            tail("s2", cut_name="b1", cut_at="100.012500", cut_late_seconds="0.250000"),
+        ]
+    )
+    assert summary == {
+        "cut_name": "b1",
+        "cut_skew_seconds": 0.012,
+        "cut_late_seconds": 0.25,
+        "cut_shards": 2,
+    }
+    assert (
+        cut_cell(summary)
+        == "restore point b1, skew 12.0 ms (a node came 250 ms after the cut instant)"
+    )
+
+
+def test_a_backup_without_a_cut_says_where_its_nodes_restore_to() -> None:
+    assert cut_summary([tail("s1"), tail("s2")]) == {}
+    assert cut_cell({}) == "none (each node restores to the end of its own tail)"
