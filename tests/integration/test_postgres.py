@@ -377,3 +377,15 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
         assert mark > cut_at[shard_id] - 0.2, (shard_id, mark, cut_at)  # and all before it
     spread = max(newest.values()) - min(newest.values())
     assert spread <= record["cut_skew_seconds"] + 0.2, (newest, record["cut_skew_seconds"])
+
+    # The copies, on their new timeline, are backed up and restored in turn (their backup's
+    # WAL is on timeline 2; recovery finds no history file for it, and needs none).
+    client = client_of(target.stack)
+    execution = ops.start_backup(client, BackupRequest(cluster=target.name))
+    again = ops.wait_backup(client, execution, interval=0.2, timeout=600)
+    assert again.status == "SUCCEEDED", again.cause
+    second = make_target(nodes=1, engine="postgres")
+    restored_again = second.restore(target.name, backup_id=again.record["backup_id"])
+    assert restored_again.status == "SUCCEEDED", restored_again.cause
+    for shard in output(restored_again)["shards"]:
+        assert newest_mark(restored_instance(shard)) == newest[shard["shard_id"]]
