@@ -368,7 +368,7 @@ def sized(count: int) -> str:
 def cut_cell(record: dict[str, Any]) -> str:
     """Where a restore of the backup stops every node: its restore point, and the skew."""
     if record.get("cut_name") is None:
-        return "none (each node restores to the end of its own tail)"
+        return "none (each shard restores to where its own copy ends)"
     cell = f"restore point {record['cut_name']}, skew {record['cut_skew_seconds'] * 1000:.1f} ms"
     late = record.get("cut_late_seconds") or 0
     if late > 0:

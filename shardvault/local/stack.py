@@ -615,8 +615,13 @@ class ExecutionReaper:
         pages = self.sfn.get_paginator("list_executions")
         for arn in self.state_machine_arns:
             for status in sorted(REAPED_STATUSES):
-                for page in pages.paginate(stateMachineArn=arn, statusFilter=status):
-                    yield from page["executions"]
+                try:
+                    for page in pages.paginate(stateMachineArn=arn, statusFilter=status):
+                        yield from page["executions"]
+                except self.sfn.exceptions.StateMachineDoesNotExist:
+                    # moto was reset under the stack (a test's own mock_aws): nothing of this
+                    # stack is left to reap, and saying so every poll only buries real logs.
+                    continue
 
     def reap_ended(self) -> list[str]:
         """Invokes the reaper for each ended execution not handled yet, once it has been seen

@@ -56,4 +56,4 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
 
 def test_a_backup_without_a_cut_says_where_its_nodes_restore_to() -> None:
     assert cut_summary([tail("s1"), tail("s2")]) == {}
-    assert cut_cell({}) == "none (each node restores to the end of its own tail)"
+    assert cut_cell({}) == "none (each shard restores to where its own copy ends)"
