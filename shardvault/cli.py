@@ -365,6 +365,13 @@ def sized(count: int) -> str:
     return f"{count:,} ({count / MiB:,.1f} MiB)"
 
 
+def recovered_to(shard: dict[str, Any]) -> str:
+    """Where a restored shard's recovery stopped: the backup's cut, or its own copy's end."""
+    if shard.get("recovered_to"):
+        return f"restore point {shard['recovered_to']}"
+    return "end of its copy"
+
+
 def cut_cell(record: dict[str, Any]) -> str:
     """Where a restore of the backup stops every node: its restore point, and the skew."""
     if record.get("cut_name") is None:
@@ -532,11 +539,11 @@ def print_restore(summary: dict[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)
-    shards = Table("shard", "node", "where", "checks", title="Restored shards")
+    shards = Table("shard", "node", "where", "recovered to", "checks", title="Restored shards")
     for s in summary.get("shards", []):
         where = f"port {s['port']}" if s.get("port") else s.get("path", "")
         checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
-        shards.add_row(s["shard_id"], s["node_id"], where, checks)
+        shards.add_row(s["shard_id"], s["node_id"], where, recovered_to(s), checks)
     console.print(shards)
     if summary.get("validation") == "passed":
         target = summary.get("target_cluster", "")

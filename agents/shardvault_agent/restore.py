@@ -879,6 +879,7 @@ def finish_postgres(
         "path": str(root),
         "port": port,
         "socket_dir": str(instance.socket_dir),
+        "recovered_to": cut,  # the cluster's restore point; None: the end of the tail's WAL
         "checks": checks,
         "checks_passed": all(v == "ok" for v in checks.values()),
     }

@@ -367,6 +367,7 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
     newest = {}
     for shard in output(restored)["shards"]:
         assert shard["checks"]["recovered"] == "ok", shard
+        assert shard["recovered_to"] == record["backup_id"]
         instance = restored_instance(shard)
         newest[shard["shard_id"]] = newest_mark(instance)
         # Recovered to the cut and opened: on a new timeline, writable.

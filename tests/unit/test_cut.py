@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to
+from shardvault_agent.restore import recovery_to_cut
 
 from shardvault.backup.planner import cut_summary
 from shardvault.cli import cut_cell
@@ -57,3 +59,25 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
 def test_a_backup_without_a_cut_says_where_its_nodes_restore_to() -> None:
     assert cut_summary([tail("s1"), tail("s2")]) == {}
     assert cut_cell({}) == "none (each shard restores to where its own copy ends)"
+
+
+def test_the_last_segment_is_kept_up_to_the_cut_and_zero_past_it(tmp_path) -> None:
+    segment = tmp_path / "000000010000000000000003"
+    segment.write_bytes(b"W" * 8192 + b"old recycled WAL" * 1024)  # 24 KiB "segment"
+    copy = tmp_path / "copy"
+    copy_wal_up_to(segment, copy, 8192 + 40)
+    data = copy.read_bytes()
+    assert len(data) == segment.stat().st_size  # a segment keeps its size
+    assert data[:8232] == segment.read_bytes()[:8232]
+    assert data[8232:] == bytes(len(data) - 8232)  # recovery reads zeros as the WAL's end
+    copy_wal_up_to(segment, copy, WHOLE_SEGMENT)  # the cut on a boundary: all of it
+    assert copy.read_bytes() == segment.read_bytes()
+
+
+def test_a_restored_copy_recovers_to_the_named_point_and_opens() -> None:
+    settings = recovery_to_cut("20261125T041736Z-ccb959")
+    assert "recovery_target_name = '20261125T041736Z-ccb959'\n" in settings
+    assert "recovery_target_action = 'promote'\n" in settings
+    # Targeted recovery requires a restore_command; this one finds nothing, so the WAL is
+    # read from pg_wal, where the tail put it.
+    assert "restore_command = 'false'\n" in settings
