@@ -864,7 +864,10 @@ def finish_postgres(
     taken |= ports_of_servers(restorer.restore_dir)
     port = free_port_in(restorer.config.restore_ports, restorer, taken)
     restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
-    instance = attach_instance(root, port=port)
+    try:
+        instance = attach_instance(root, port=port)
+    except RuntimeError as error:  # the server did not come up: its log is in the message
+        raise short_of_cut(str(error), shard_id, cut) or error from None
     recovered = promoted(instance, RECOVERY_SECONDS)
     checks = {"recovered": "ok" if recovered else "in recovery"}
     checks |= postgres_checks(
@@ -897,6 +900,18 @@ def recovery_to_cut(name: str) -> str:
         f"recovery_target_name = '{name}'\n"
         "recovery_target_action = 'promote'\n"
         "restore_command = 'false'\n"
+    )
+
+
+def short_of_cut(log: str, shard_id: str, cut: str | None) -> ShardVaultError | None:
+    """The named error for a server that stopped because its WAL ended before the backup's
+    restore point (PostgreSQL says so in its log, then exits); None for any other failure."""
+    if cut is None or "recovery ended before configured recovery target was reached" not in log:
+        return None
+    return RestoreValidationFailed(
+        f"shard {shard_id}: the WAL in its backup ends before the backup's restore point {cut}, "
+        "so it cannot be recovered to the cluster's cut.",
+        fix="the backup's tail is incomplete: restore another backup, and report this one.",
     )
 
 

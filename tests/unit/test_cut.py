@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to
-from shardvault_agent.restore import recovery_to_cut
+from shardvault_agent.restore import recovery_to_cut, short_of_cut
 
 from shardvault.backup.planner import cut_summary
 from shardvault.cli import cut_cell
 from shardvault.cut import CutRequest, cut_margin_seconds
-from shardvault.errors import InvalidRequest
+from shardvault.errors import InvalidRequest, RestoreValidationFailed
 from shardvault.models import Phase, ShardListing
 
 
@@ -81,3 +81,17 @@ def test_a_restored_copy_recovers_to_the_named_point_and_opens() -> None:
     # Targeted recovery requires a restore_command; this one finds nothing, so the WAL is
     # read from pg_wal, where the tail put it.
     assert "restore_command = 'false'\n" in settings
+
+
+def test_a_copy_whose_wal_ends_before_the_cut_is_refused_by_name() -> None:
+    log = (
+        "pg_ctl: could not start server\nServer log x.log:\n"
+        "LOG:  redo done at 0/4000110\n"
+        "FATAL:  recovery ended before configured recovery target was reached\n"
+    )
+    refused = short_of_cut(log, "shard-2", "20261125T041736Z-ccb959")
+    assert isinstance(refused, RestoreValidationFailed)
+    assert "shard shard-2" in refused.message
+    assert "restore point 20261125T041736Z-ccb959" in refused.message
+    assert short_of_cut("FATAL:  could not bind IPv4 address", "shard-2", "b1") is None
+    assert short_of_cut(log, "shard-2", None) is None  # no cut asked for: not this failure
