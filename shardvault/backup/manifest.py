@@ -85,7 +85,8 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
                 blockmap=maps.get(listing.shard_id),
             )
     data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
-    cut = cut_summary([listing for listing in listings if listing.phase == Phase.TAIL])
+    tails = [listing for listing in listings if listing.phase == Phase.TAIL]
+    cut = cut_summary(tails, context.backup_id)
     return Manifest(
         backup_id=context.backup_id,
         cluster=context.cluster,

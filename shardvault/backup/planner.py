@@ -119,7 +119,7 @@ def plan(
             "objects_total": len(objects),
         }
     else:
-        update |= cut_summary(listings)
+        update |= cut_summary(listings, context.backup_id)
         update |= {
             "bytes_total": record.get("data_bytes", 0)
             + record.get("data_blockmap_bytes", 0)
@@ -164,17 +164,30 @@ def check_scanned(results: list[dict[str, Any]]) -> None:
                 )
 
 
-def cut_summary(tails: list[ShardListing]) -> dict[str, Any]:
+def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
     """The cluster's cut as the shards' tails recorded it (``shardvault.cut``): its restore
     point's name, the skew of its creation times, and how late the latest shard came to it;
-    nothing when no shard cut (SQLite, an agent older than cuts)."""
-    cut = [listing.marker for listing in tails if "cut_at" in listing.marker]
+    nothing when no shard cut (SQLite, an agent older than cuts). A tail's marker is an
+    agent's answer: one naming another point, or times that are not numbers, is refused."""
+    cut = [listing for listing in tails if "cut_at" in listing.marker]
     if not cut:
         return {}
+    try:
+        times = [float(listing.marker["cut_at"]) for listing in cut]
+        late = [float(listing.marker.get("cut_late_seconds", 0)) for listing in cut]
+    except ValueError:
+        times = []
+    wrong = [t.shard_id for t in cut if t.marker.get("cut_name") != backup_id]
+    if wrong or not times:
+        raise InvalidRequest(
+            f"the tails of shards {wrong or [t.shard_id for t in cut]} do not record the "
+            f"backup's restore point {backup_id} as agents of this version do.",
+            fix="check that each agent's version matches the control plane's; retry the backup.",
+        )
     return {
-        "cut_name": cut[0]["cut_name"],
-        "cut_skew_seconds": cut_skew_seconds([float(m["cut_at"]) for m in cut]),
-        "cut_late_seconds": max(float(m.get("cut_late_seconds", 0)) for m in cut),
+        "cut_name": backup_id,
+        "cut_skew_seconds": cut_skew_seconds(times),
+        "cut_late_seconds": max(late),
         "cut_shards": len(cut),
     }
 

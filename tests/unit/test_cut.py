@@ -42,7 +42,8 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
         [
             tail("s1", cut_name="b1", cut_at="100.000500", cut_late_seconds="0.000000"),
             tail("s2", cut_name="b1", cut_at="100.012500", cut_late_seconds="0.250000"),
-        ]
+        ],
+        "b1",
     )
     assert summary == {
         "cut_name": "b1",
@@ -57,7 +58,16 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
 
 
 def test_a_backup_without_a_cut_says_where_its_nodes_restore_to() -> None:
-    assert cut_summary([tail("s1"), tail("s2")]) == {}
+    assert cut_summary([tail("s1"), tail("s2")], "b1") == {}
+
+
+@pytest.mark.parametrize(
+    "marker", [{"cut_name": "b0", "cut_at": "100.0"}, {"cut_name": "b1", "cut_at": "soon"}]
+)
+def test_a_tail_that_records_another_point_or_no_time_is_refused(marker: dict) -> None:
+    tails = [tail("s1", cut_name="b1", cut_at="100.0"), tail("s2", **marker)]
+    with pytest.raises(InvalidRequest, match="restore point b1"):
+        cut_summary(tails, "b1")
     assert cut_cell({}) == "none (each shard restores to where its own copy ends)"
 
 

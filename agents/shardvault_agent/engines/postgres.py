@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import threading
@@ -339,14 +340,16 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
             "SELECT pg_create_restore_point(%s), extract(epoch FROM clock_timestamp())",
             (cut.name,),
         ).fetchone()
-        # A restore point is not flushed by itself: a transaction's commit flushes it now
-        # (with synchronous_commit off, _wait_flushed waits for the WAL writer instead).
-        conn.execute("SELECT txid_current()")
     except psycopg.Error as error:
         raise EngineError(
             f"cannot create restore point {cut.name} on shard {shard.shard_id}: {error}".strip(),
             fix="GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) to the agent's role.",
         ) from None
+    # A restore point is not flushed by itself: a transaction's commit flushes it now. Where
+    # that cannot be (synchronous_commit off, a read-only default), _wait_flushed waits for
+    # the WAL writer instead.
+    with contextlib.suppress(psycopg.Error):
+        conn.execute("SELECT txid_current()")
     return {
         "cut_name": cut.name,
         "cut_lsn": str(lsn),
