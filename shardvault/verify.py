@@ -9,7 +9,8 @@ else the staging store). The outcome is recorded in the backup's catalog record
 Terms:
 - *manifest consistency*: the manifest names the backup and cluster of its record, its
   objects lie under the backup's own prefix, no key repeats, and its counts (objects, bytes,
-  stored bytes) add up to its objects'.
+  stored bytes) add up to its objects'; a PostgreSQL shard's tail lists its WAL without a
+  gap from the backup's first segment to its last (``pgwal``).
 - *by attributes*: each object's size and full-object CRC64NVME as the store reports them
   (``GetObjectAttributes``: no download, and it works on archived objects), against the
   manifest's.
@@ -30,7 +31,8 @@ from botocore.exceptions import ClientError
 from pydantic import Field
 
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
-from shardvault.models import ClusterName, Frozen, Manifest, RestoreRequest
+from shardvault.models import ClusterName, Engine, Frozen, Manifest, Phase, RestoreRequest
+from shardvault.pgwal import tail_problems
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
@@ -171,6 +173,24 @@ def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -
         problems.append(f"its manifest counts {manifest.objects} objects but lists {len(streamed)}")
     if sum(o.length for o in streamed) != manifest.bytes:
         problems.append("its manifest's byte count differs from its objects' lengths")
+    if manifest.engine == Engine.POSTGRES:
+        problems += wal_problems(manifest)
+    return problems
+
+
+def wal_problems(manifest: Manifest) -> list[str]:
+    """Each PostgreSQL shard's tail holds its WAL without a gap, from the backup's first
+    segment to its last (``pgwal``: continuity)."""
+    problems = []
+    for shard in manifest.shards:
+        wal = {
+            f.path.removeprefix("pg_wal/"): f.size
+            for stream in shard.streams
+            if stream.phase == Phase.TAIL
+            for f in stream.files
+            if f.path.startswith("pg_wal/")
+        }
+        problems += tail_problems(shard.shard_id, shard.marker, wal)
     return problems
 
 

@@ -28,6 +28,7 @@ from shardvault.local.postgres import (
 from shardvault.materialize import materialize
 from shardvault.models import BackupRequest
 from shardvault.readback import load_manifest
+from shardvault.verify import VerifyRequest, verify
 
 from .conftest import FAST_AGENT, Cluster, client_of, names, output
 
@@ -359,6 +360,9 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
     assert record["cut_skew_seconds"] < 0.25  # one machine, one clock: scheduling alone
     # The cut came after every node's backup had ended (its margin), past its stop point.
     assert all(lsn(s.marker["cut_lsn"]) > lsn(s.marker["stop_lsn"]) for s in manifest.shards)
+    # Verify finds every tail's WAL whole, from the backup's first segment to the cut's.
+    request = VerifyRequest(cluster=cluster.name, backup_id=record["backup_id"])
+    assert verify(request, svc, time.time())["result"] == "ok"
 
     target = make_target(nodes=3, engine="postgres")
     restored = target.restore(cluster.name, backup_id=record["backup_id"])
