@@ -49,7 +49,7 @@ import yaml
 from shardvault import lambda_support
 from shardvault.backup import REAPED_STATUSES
 from shardvault.errors import InvalidRequest
-from shardvault.local import moto_speedups
+from shardvault.local import moto_fidelity, moto_speedups
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
@@ -262,6 +262,7 @@ class LocalStack:
         served = [*FUNCTIONS.values(), REAPER_FUNCTION]
         LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served}).install()
         moto_speedups.install()
+        moto_fidelity.install()
         self._server = ThreadedMotoServer(
             ip_address="127.0.0.1", port=self.moto_port, verbose=False
         )

@@ -14,6 +14,7 @@ import pytest
 from moto import mock_aws
 from shardvault_agent.config import AgentConfig, ShardConfig
 
+from shardvault.local import moto_fidelity
 from shardvault.local.stack import create_tables
 from shardvault.models import NodeRecord, ShardInfo
 from shardvault.services import Services
@@ -28,6 +29,7 @@ def moto_services(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Iterator[
     or override the defaults (e.g. ``store_url``; no bucket is created)."""
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    moto_fidelity.install()  # item writes atomic, as DynamoDB's (the agents write from threads)
     with mock_aws():
         create_tables(boto3.client("dynamodb"), **TABLES)
         defaults = {**TABLES, "work_bucket": "w", "store_url": "s3://store/backups"}
