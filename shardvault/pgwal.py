@@ -66,10 +66,15 @@ def tail_problems(shard_id: str, marker: dict[str, str], wal: dict[str, int]) ->
     return problems
 
 
+def lsn_number(lsn: str) -> int:
+    """An LSN as PostgreSQL writes it (``X/Y``, hex) as one number: LSNs compare as these."""
+    high, low = lsn.split("/")
+    return int(high, 16) << 32 | int(low, 16)
+
+
 def segment_holding(on_timeline: int, lsn: str, segment_size: int) -> str:
     """The name of the segment that holds the byte before ``lsn`` (``X/Y``): where a record
     ending at ``lsn`` ends."""
-    high, low = lsn.split("/")
-    number = ((int(high, 16) << 32 | int(low, 16)) - 1) // segment_size
+    number = (lsn_number(lsn) - 1) // segment_size
     per_step = 0x100000000 // segment_size
     return f"{on_timeline:08X}{number // per_step:08X}{number % per_step:08X}"

@@ -174,9 +174,9 @@ def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
         return {}
     try:
         times = [float(listing.marker["cut_at"]) for listing in cut]
-        late = [float(listing.marker.get("cut_late_seconds", 0)) for listing in cut]
+        late = max(float(listing.marker.get("cut_late_seconds", 0)) for listing in cut)
     except ValueError:
-        times = []
+        times, late = [], 0.0
     wrong = [t.shard_id for t in cut if t.marker.get("cut_name") != backup_id]
     if wrong or not times:
         raise InvalidRequest(
@@ -187,7 +187,7 @@ def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
     return {
         "cut_name": backup_id,
         "cut_skew_seconds": cut_skew_seconds(times),
-        "cut_late_seconds": max(late),
+        "cut_late_seconds": late,
         "cut_shards": len(cut),
     }
 

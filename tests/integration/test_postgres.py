@@ -27,6 +27,7 @@ from shardvault.local.postgres import (
 )
 from shardvault.materialize import materialize
 from shardvault.models import BackupRequest
+from shardvault.pgwal import lsn_number
 from shardvault.readback import load_manifest
 from shardvault.verify import VerifyRequest, verify
 
@@ -326,11 +327,6 @@ class Marks:
             thread.join()
 
 
-def lsn(text: str) -> int:
-    high, low = text.split("/")
-    return int(high, 16) << 32 | int(low, 16)
-
-
 def newest_mark(server: PostgresInstance) -> float:
     return float(server.psql("SELECT max(at) FROM cut_marks"))
 
@@ -359,7 +355,9 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
     assert record["cut_skew_seconds"] == manifest.cut_skew_seconds
     assert record["cut_skew_seconds"] < 0.25  # one machine, one clock: scheduling alone
     # The cut came after every node's backup had ended (its margin), past its stop point.
-    assert all(lsn(s.marker["cut_lsn"]) > lsn(s.marker["stop_lsn"]) for s in manifest.shards)
+    assert all(
+        lsn_number(s.marker["cut_lsn"]) > lsn_number(s.marker["stop_lsn"]) for s in manifest.shards
+    )
     # Verify finds every tail's WAL whole, from the backup's first segment to the cut's.
     request = VerifyRequest(cluster=cluster.name, backup_id=record["backup_id"])
     assert verify(request, svc, time.time())["result"] == "ok"

@@ -21,9 +21,10 @@ from shardvault.local.postgres import (
     ensure_traversable,
     init_instance,
 )
+from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # Debian's: what the server's user can run
-SEGMENT = 16 * 1024 * 1024
+SEGMENT = DEFAULT_SEGMENT_SIZE
 
 
 def archiving_server(tmp_path: Path, max_bytes: int) -> tuple[PostgresInstance, Path]:
@@ -66,10 +67,6 @@ def wait_archived(server: PostgresInstance, segment: str, timeout: float = 30) -
     while archiver(server)[0] < segment:
         assert time.monotonic() < deadline, f"{segment} not archived: {archiver(server)}"
         time.sleep(0.1)
-
-
-def segment_number(name: str) -> int:
-    return int(name[8:16], 16) * (0x100000000 // SEGMENT) + int(name[16:24], 16)
 
 
 def check_in_sequence(spool: Path, last: str) -> list[str]:
