@@ -539,11 +539,16 @@ def print_restore(summary: dict[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)
-    shards = Table("shard", "node", "where", "recovered to", "checks", title="Restored shards")
-    for s in summary.get("shards", []):
+    restored = summary.get("shards", [])
+    # Only a cut's restore says where recovery stopped: SQLite shards have nothing to add.
+    cut = any(s.get("recovered_to") for s in restored)
+    columns = ["shard", "node", "where", *(["recovered to"] if cut else []), "checks"]
+    shards = Table(*columns, title="Restored shards")
+    for s in restored:
         where = f"port {s['port']}" if s.get("port") else s.get("path", "")
         checks = ", ".join(f"{k}: {v}" for k, v in s.get("checks", {}).items())
-        shards.add_row(s["shard_id"], s["node_id"], where, recovered_to(s), checks)
+        cells = [s["shard_id"], s["node_id"], where, *([recovered_to(s)] if cut else []), checks]
+        shards.add_row(*cells)
     console.print(shards)
     if summary.get("validation") == "passed":
         target = summary.get("target_cluster", "")
