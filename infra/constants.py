@@ -99,6 +99,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.
     FunctionSpec("watch_clusters", None, 120),
+    # Invoked by the agents themselves: continuous WAL archiving (shardvault/archive.py).
+    FunctionSpec("archive_wal", None),
 )
 
 WORK_BUCKET_PLACEHOLDER = "WorkBucket"

@@ -50,6 +50,7 @@ from infra.constants import (
     WORK_PREFIX,
 )
 from infra.policies import TABLE_READ, TABLE_WRITE
+from shardvault.archive import ARCHIVE_DIR
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
 from shardvault.probe import PROBES_DIR
@@ -124,6 +125,7 @@ class ShardVaultStack(Stack):
             catalog=self.tables.catalog,
             node_clusters=agent_nodes(self, self.policy),
             data_key=self.data_key,
+            archive_function=self.functions.functions["archive_wal"],
         )
         self._outputs()
 
@@ -366,6 +368,21 @@ class ShardVaultStack(Stack):
             policies.list_prefix(bucket, f"{WORK_PREFIX}{PROBES_DIR}/"),
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the URLs, for the dispatcher
         )
+        wal = f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"  # every cluster's WAL archive, nothing else
+        grant(
+            "archive_wal",  # shardvault/archive.py: signs and records the agents' WAL batches
+            policies.table(self.tables.nodes, ("dynamodb:GetItem",)),  # the caller's claim
+            policies.table(self.tables.inbox, ("dynamodb:GetItem",)),  # its request item
+            # The presigned PUT is authorized as this role: WAL batches, nowhere else; then
+            # each batch's stored checksum, and its index beside it.
+            policies.objects(bucket, wal, "s3:PutObject", "s3:GetObject", "s3:GetObjectAttributes"),
+            policies.list_prefix(bucket, BACKUPS_PREFIX),  # a missing batch is NoSuchKey
+            data_key_statement(
+                self.data_key,
+                "kms:GenerateDataKeyWithoutPlaintext",
+                {"StringLike": {CLUSTER_KEY: "*"}},
+            ),
+        )
         expire_role = self.functions.functions["expire_backup"].role
         assert expire_role is not None
         self.storage.deny_vault_deletes_except(expire_role)
@@ -459,16 +476,17 @@ class ShardVaultStack(Stack):
         probes = f"{WORK_PREFIX}{PROBES_DIR}/"
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX, probes))
         doorbells = f"{DOORBELL_PREFIX}\\*"
-        # The dispatcher's answer URLs and the probe's objects, under a work prefix.
-        answers = f"(\\/{ANSWERS_DIR}\\/\\*)?"
+        # The dispatcher's answer URLs under a work prefix; the WAL archives under the backups'.
+        answers = f"(\\/({ANSWERS_DIR}|{ARCHIVE_DIR})\\/\\*)?"
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
                 {
                     "id": "AwsSolutions-IAM5",
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
-                    "prefix (backups/ for data, _work/ for work objects, _work/*/answers/ for "
-                    "the agents' answers, _work/probes/ for the store probes) is the narrowest "
+                    "prefix (backups/ for data, backups/*/_wal/ for WAL archives, _work/ for work "
+                    "objects, _work/*/answers/ for the agents' answers, _work/probes/ for the "
+                    "store probes) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "
@@ -491,6 +509,7 @@ class ShardVaultStack(Stack):
             "CatalogTableName": self.tables.catalog.table_name,
             "NodesTableName": self.tables.nodes.table_name,
             "InboxTableName": self.tables.inbox.table_name,
+            "ArchiveFunctionName": self.functions.functions["archive_wal"].function_name,
             "BackupStateMachineArn": self.workflows["backup"].state_machine.state_machine_arn,
             "RestoreStateMachineArn": self.workflows["restore"].state_machine.state_machine_arn,
             "RetentionStateMachineArn": self.workflows["retention"].state_machine.state_machine_arn,

@@ -141,6 +141,11 @@ class ShardNotReady(ShardVaultError):
     not answer), as its agent reports it with each heartbeat."""
 
 
+class ArchiveRefused(ShardVaultError):
+    """The WAL archive function refused an agent's call, or could not be reached: the spool
+    keeps the WAL until a later try succeeds."""
+
+
 # --- Restore (validation errors are raised before any side effect) -----------------------------
 class BackupNotFound(ShardVaultError):
     """The backup named for a restore is not in the catalog (or the cluster has none)."""

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardvault.archive import batch_place
 from shardvault.checksums import crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch
 from shardvault.models import FileEntry, Manifest, ManifestStream, ObjectResult
@@ -117,3 +118,34 @@ def materialize(manifest: Manifest, s3: Any, bucket: str, target: Path) -> dict[
             read_stream(s3, bucket, manifest, stream, root)
         roots[shard.shard_id] = root
     return roots
+
+
+def read_batch(s3: Any, bucket: str, index: dict[str, Any], sealer: Any = None) -> dict[str, bytes]:
+    """A WAL batch of the archive (``shardvault.archive``), read back per its index: each WAL
+    file's bytes by name, every frame checked against its CRC64NVME and the object against its
+    stored checksum. ``sealer``: the batch's data key (``pipeline.Sealer``), if sealed."""
+    length = sum(f["size"] for f in index["files"])
+    spans = frame_spans(unpack_frames(index["frames"]), index["frame_size"], length)
+    plain = bytearray(length)
+
+    def put(offset: int, data: bytes) -> None:
+        plain[offset : offset + len(data)] = data
+
+    place = batch_place(index["cluster"], index["shard_id"], index["batch_id"])
+    sink = FrameSink(spans, FrameCodec(sealer=sealer), place, put, where=index["key"])
+    body = s3.get_object(Bucket=bucket, Key=index["key"])["Body"]
+    crc, size = 0, 0
+    for chunk in body.iter_chunks(CHUNK):
+        sink.receive(size, chunk)
+        crc, size = crc64nvme(chunk, crc), size + len(chunk)
+    if to_b64(crc) != index["crc64nvme"] or size != index["stored_length"] or not sink.complete:
+        raise ChecksumMismatch(
+            f"WAL batch {index['key']}: read {size} bytes with CRC64NVME {to_b64(crc)}, its "
+            f"index says {index['stored_length']} bytes with {index['crc64nvme']}.",
+            fix="the batch is damaged in the store.",
+        )
+    files, at = {}, 0
+    for entry in index["files"]:
+        files[entry["name"]] = bytes(plain[at : at + entry["size"]])
+        at += entry["size"]
+    return files

@@ -24,11 +24,9 @@ Terms:
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import os
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -39,6 +37,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shardvault.checksums import combine, crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch, FrameUnreadable, WrongKey
+from shardvault.frames import FrameInfo, pack_frames, unpack_frames
 from shardvault.models import DEFAULT_COMPRESSION_LEVEL, PartChecksum
 from shardvault.planning import frame_size_for
 
@@ -46,24 +45,6 @@ RAW, ZSTD = 0, 1
 RAW_THRESHOLD = 0.97  # a frame must shrink by 3 % to be stored compressed
 DEFAULT_LEVEL = DEFAULT_COMPRESSION_LEVEL
 NONCE_SIZE, TAG_SIZE, KEY_SIZE = 12, 16, 32
-FRAME_ENTRY = struct.Struct(">IQ")  # stored size, plaintext CRC64NVME
-
-
-@dataclass(frozen=True)
-class FrameInfo:
-    stored_size: int
-    crc64nvme: int  # of the plaintext
-
-
-def pack_frames(frames: list[FrameInfo]) -> str:
-    """The frame table's wire form: 12 bytes per frame, base64."""
-    raw = b"".join(FRAME_ENTRY.pack(f.stored_size, f.crc64nvme) for f in frames)
-    return base64.b64encode(raw).decode("ascii")
-
-
-def unpack_frames(packed: str) -> list[FrameInfo]:
-    raw = base64.b64decode(packed)
-    return [FrameInfo(*FRAME_ENTRY.unpack_from(raw, i)) for i in range(0, len(raw), 12)]
 
 
 @dataclass(frozen=True)

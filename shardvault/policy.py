@@ -346,6 +346,25 @@ class Compression(Frozen):
     )
 
 
+class Archive(Frozen):
+    max_delay_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        strict=False,
+        description="Continuous WAL archiving: the longest a WAL file waits in the agent's "
+        "spool for others to share its object (fewer requests; the archive's RPO is "
+        "PostgreSQL's archive_timeout plus this). A batch that reaches 256 MiB goes at once.",
+    )
+    key_seconds: float = Field(
+        86400.0,
+        ge=60,
+        strict=False,
+        description="With encryption: kms, how long an agent seals WAL batches under one data "
+        "key before it asks for a new one.",
+    )
+
+
 class Incremental(Frozen):
     max_chain: int = Field(
         6,
@@ -375,6 +394,9 @@ class ClusterPolicy(Frozen):
     )
     incremental: Incremental = Field(
         default_factory=Incremental, description="How incremental backups chain."
+    )
+    archive: Archive = Field(
+        default_factory=Archive, description="How agents archive WAL continuously."
     )
     encryption: Literal["none", "kms"] = Field(
         "none",

@@ -10,6 +10,9 @@ run sweeps them, so cleanup converges whatever happened:
 - an *orphan prefix* is a backup prefix without ``manifest.json`` whose backup is not RUNNING
   (a prefix with a manifest is a backup, even if the catalog lost its record: never swept).
 
+A cluster's WAL archive (``<cluster>/_wal/``, ``shardvault.archive``) is no backup prefix: the
+sweep never touches it.
+
 Both must be older than the settings' ``sweep_grace_seconds`` (6 hours): a backup writes its
 catalog record before its first upload, but the sweep does not bet on clocks and listing
 order.
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from shardvault.archive import ARCHIVE_DIR
 from shardvault.models import BackupStatus
 from shardvault.planning import backup_prefix, store_root
 from shardvault.readback import manifest_key
@@ -61,11 +65,14 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
 
 
 def backup_of(key: str, root: str) -> tuple[str, str] | None:
-    """``(cluster, backup_id)`` of a key ``<root><cluster>/<backup_id>/...``."""
+    """``(cluster, backup_id)`` of a key ``<root><cluster>/<backup_id>/...``; None for a key
+    outside any backup (the WAL archive's included)."""
     if not key.startswith(root):
         return None
     parts = key.removeprefix(root).split("/")
-    return (parts[0], parts[1]) if len(parts) > 2 else None
+    if len(parts) <= 2 or parts[1] == ARCHIVE_DIR:
+        return None
+    return parts[0], parts[1]
 
 
 def backup_prefixes(s3: Any, bucket: str, root: str) -> dict[tuple[str, str], float]:

@@ -33,6 +33,7 @@ OUTPUTS = {
     "NodesTableName": "SHARDVAULT_NODES_TABLE",
     "InboxTableName": "SHARDVAULT_INBOX_TABLE",
     "CatalogTableName": "SHARDVAULT_CATALOG_TABLE",
+    "ArchiveFunctionName": "SHARDVAULT_ARCHIVE_FUNCTION",
 }
 # What an agent takes of a local stack's stack.env: its tables and how to reach the control
 # plane (moto's endpoint and its placeholder credentials), nothing of the store.

@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
             default=os.environ.get("SHARDVAULT_CATALOG_TABLE"),
             help="the catalog, read at start to release what ended backups left (optional)",
         )
+        cmd.add_argument(
+            "--archive-function",
+            default=os.environ.get("SHARDVAULT_ARCHIVE_FUNCTION"),
+            help="the WAL archive's function, for shards with a wal_spool_dir (optional)",
+        )
     init = sub.add_parser("init", help="write the agent's environment file from the stack")
     source = init.add_mutually_exclusive_group()
     source.add_argument(
@@ -87,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes_table=args.nodes_table,
             inbox_table=args.inbox_table,
             catalog_table=args.catalog_table,
+            archive_function=args.archive_function,
         )
         agent.install_signal_handlers()
         agent.run()

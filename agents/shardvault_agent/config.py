@@ -61,6 +61,12 @@ class ShardConfig(BaseModel):
     path: Path | None = Field(None, description="SQLite: the database file.")
     data_dir: Path | None = Field(None, description="PostgreSQL: the data directory.")
     conninfo: str | None = Field(None, description="PostgreSQL: a libpq connection string.")
+    wal_spool_dir: Path | None = Field(
+        None,
+        description="PostgreSQL, continuous archiving: the directory the server's "
+        "archive_command (shardvault-wal-push --spool DIR) fills; the agent stores what it "
+        "finds there and then removes it (None: no archiving).",
+    )
 
     @field_validator("shard_id")
     @classmethod
@@ -131,6 +137,12 @@ class AgentConfig(BaseModel):
         None, ge=1, description="Cap on bytes read per second (None: no cap)."
     )
     low_priority: bool = Field(False, description="Lower CPU (nice) and IO (ionice) priority.")
+    archive_parallelism: int = Field(
+        2, ge=1, description="WAL batches of the shards' spools stored at once."
+    )
+    archive_poll_seconds: float = Field(
+        1.0, gt=0, description="How often the agent looks into its shards' WAL spools."
+    )
     restore_dir: Path | None = Field(
         None,
         description="Where restored shards go, one directory each (None: no restores here).",

@@ -43,6 +43,7 @@ from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, Role, ShardInfo
 from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
+from shardvault_agent.archiver import Archiver, Spool, lambda_invoker
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
@@ -69,6 +70,7 @@ class Agent:
         nodes_table: str,
         inbox_table: str,
         catalog_table: str | None = None,
+        archive_function: str | None = None,
     ) -> None:
         self.config = config
         self.engine = adapter_for(config)
@@ -93,6 +95,7 @@ class Agent:
         self.pool = ThreadPoolExecutor(
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
+        self.archiver = self.make_archiver(archive_function, inbox_table, sender)
         # Commands by (command_id, dispatch_id, token): a retried dispatch may reuse the token
         # (moto does), but each post has its own dispatch id.
         self.running: dict[tuple[str, str, str], str] = {}
@@ -108,6 +111,37 @@ class Agent:
         self.wake = threading.Event()  # ends the main loop's wait (a ring, a lost doorbell, stop)
         self.beat_now = threading.Event()  # asks the heartbeat thread for a heartbeat at once
         self.last_beat = (float("-inf"), 0.0)  # (monotonic time, promised period) of the last one
+
+    def make_archiver(
+        self, function: str | None, inbox_table: str, sender: PartSender
+    ) -> Archiver | None:
+        """The WAL archiver of the leader shards with a spool (None: no shard has one)."""
+        spools = [
+            Spool(s.shard_id, s.wal_spool_dir)
+            for s in self.config.shards
+            if s.wal_spool_dir is not None and s.role == Role.LEADER
+        ]
+        if not spools:
+            return None
+        if not function:
+            log.warning(
+                "shards %s have a wal_spool_dir but no archive function is named "
+                "(--archive-function, SHARDVAULT_ARCHIVE_FUNCTION, which shardvault-agent init "
+                "writes): their WAL stays in the spool",
+                ", ".join(s.shard_id for s in spools),
+            )
+            return None
+        return Archiver(
+            node_id=self.config.node_id,
+            spools=spools,
+            state_dir=self.config.state_dir,
+            invoke=lambda_invoker(boto3.client("lambda"), function),
+            inbox=boto3.resource("dynamodb").Table(inbox_table),
+            sender=sender,
+            keys=self.commands.keys,
+            parallelism=self.config.archive_parallelism,
+            poll_seconds=self.config.archive_poll_seconds,
+        )
 
     # --- registry ----------------------------------------------------------------------------
     def record(self, status: str = "up") -> NodeRecord:
@@ -346,6 +380,8 @@ class Agent:
         if self.doorbell is not None:
             listener = threading.Thread(target=self.listen_loop, name="doorbell", daemon=True)
             listener.start()
+        if self.archiver is not None:
+            threading.Thread(target=self.archiver.run, name="archiver", daemon=True).start()
         log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
         while not self.stopping.is_set():
             self.wake.clear()
@@ -426,6 +462,8 @@ class Agent:
 
     def stop(self, *_: object) -> None:
         self.stopping.set()
+        if self.archiver is not None:
+            self.archiver.stop()
         self.wake.set()  # ends the main loop's wait
         self.beat_now.set()  # and the heartbeat thread
 

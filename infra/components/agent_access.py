@@ -23,6 +23,7 @@ from aws_cdk import Stack, Tags
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
@@ -98,6 +99,7 @@ class AgentAccess(Construct):
         catalog: dynamodb.ITable,
         node_clusters: dict[str, str | None],
         data_key: kms.IKey,
+        archive_function: lambda_.IFunction,
     ) -> None:
         super().__init__(scope, construct_id)
         self.policy = iam.ManagedPolicy(
@@ -115,6 +117,11 @@ class AgentAccess(Construct):
                 iam.PolicyStatement(
                     actions=["cloudformation:DescribeStacks"],
                     resources=[own_stack_arn(self)],
+                ),
+                # Continuous WAL archiving: the archive function signs what the node wrote into
+                # its own inbox items (shardvault/archive.py); no other function.
+                iam.PolicyStatement(
+                    actions=["lambda:InvokeFunction"], resources=[archive_function.function_arn]
                 ),
                 # Task tokens are the capability here: these actions take no resource ARN.
                 iam.PolicyStatement(actions=list(TASK_ACTIONS), resources=["*"]),

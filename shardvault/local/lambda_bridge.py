@@ -5,6 +5,9 @@ handler on the default boto3 session answers those calls by running the Python h
 the named function directly, with the same payload and the same error shape Lambda uses
 (``FunctionError`` plus ``{"errorType", "errorMessage"}``), so Retry and Catch by error name
 behave as they do on AWS. No Docker is needed.
+
+Agents invoke one function themselves (the WAL archive's), over HTTP from their own processes:
+``serve_http`` answers those invocations in moto's server the same way.
 """
 
 from __future__ import annotations
@@ -86,6 +89,25 @@ class LambdaBridge:
         if error:
             response["FunctionError"] = error
         return AWSResponse(params.get("url", ""), 200, {}, None), response
+
+    def serve_http(self) -> None:
+        """Answers ``Invoke`` requests that reach moto's server (from other processes) for the
+        functions served here, instead of moto's Lambda, which would need Docker."""
+        from moto.awslambda.models import LambdaBackend
+
+        bridge, original = self, LambdaBackend.invoke
+
+        def invoke(backend: Any, function_name: str, qualifier: Any, body: Any, *rest: Any):
+            name = function_name.split(":function:", 1)[-1].split(":", 1)[0]
+            if name not in bridge.modules:
+                return original(backend, function_name, qualifier, body, *rest)
+            payload = json.loads(body or "{}")
+            result, error = bridge.invoke(name, payload)
+            if error:
+                rest[-1]["x-amz-function-error"] = error  # the response headers
+            return json.dumps(result).encode()
+
+        LambdaBackend.invoke = invoke
 
     def install(self) -> None:
         """Registers on the default boto3 session: every client created from now on uses it."""

@@ -97,6 +97,8 @@ NAMES = {
 }
 # Invoked by an EventBridge rule on AWS (no ASL names it): here by ExecutionReaper.
 REAPER_FUNCTION = "reap_execution"
+# Invoked by the agents themselves (shardvault.archive): through moto's server here.
+ARCHIVE_FUNCTION = "archive_wal"
 LOCAL_POLICY = Path(__file__).with_name("policy.yaml")
 PID_FILE = "stack.pid"
 log = logging.getLogger("shardvault.local.stack")
@@ -259,8 +261,10 @@ class LocalStack:
         os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         self._log_functions_to(self.root / "functions.log")
-        served = [*FUNCTIONS.values(), REAPER_FUNCTION]
-        LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served}).install()
+        served = [*FUNCTIONS.values(), REAPER_FUNCTION, ARCHIVE_FUNCTION]
+        bridge = LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served})
+        bridge.install()
+        bridge.serve_http()
         moto_speedups.install()
         moto_fidelity.install()
         self._server = ThreadedMotoServer(
@@ -373,6 +377,7 @@ class LocalStack:
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,
+            "SHARDVAULT_ARCHIVE_FUNCTION": f"shardvault-{ARCHIVE_FUNCTION}",
             "SHARDVAULT_STORE_URL": self.settings.store_url,
             "SHARDVAULT_STORE_ENDPOINT": self.settings.store_endpoint or "",
         }
@@ -392,6 +397,7 @@ class LocalStack:
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,  # reconcile at start
+            "SHARDVAULT_ARCHIVE_FUNCTION": f"shardvault-{ARCHIVE_FUNCTION}",
             **(extra or {}),
         }
 

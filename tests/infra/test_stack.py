@@ -333,6 +333,7 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
                         '"/_work/*"]]}',
                         '"/_work/*/answers/*"]]}',
                         '"/_work/probes/*"]]}',
+                        '"/backups/*/_wal/*"]]}',
                     )
                     assert text.endswith(narrow), (module, text)
 
@@ -781,6 +782,28 @@ def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesize
     }
 
 
+def test_the_wal_archive_signs_and_records_wal_batches_only(synth: Synthesized) -> None:
+    wal = "staging/backups/*/_wal/*"
+    assert {g for g in grants(synth, "archive_wal") if not g[0].startswith("kms:")} == {
+        ("s3:PutObject", wal),  # the presigned PUT of a batch, and its index
+        ("s3:GetObject", wal),
+        ("s3:GetObjectAttributes", wal),  # the stored checksum, never the agent's word
+        ("s3:ListBucket", "staging"),  # only under backups/: a missing batch is NoSuchKey
+        ("dynamodb:GetItem", "nodes"),  # the caller's registration
+        ("dynamodb:GetItem", "inbox"),  # the request the node wrote into its own items
+    }
+
+
+def test_agents_may_invoke_the_wal_archive_and_no_other_function(synth: Synthesized) -> None:
+    _, statements = _agent_policy(synth)
+    invoking = [s for s in statements if any(a.startswith("lambda:") for a in actions(s))]
+    (statement,) = invoking
+    assert actions(statement) == ["lambda:InvokeFunction"]
+    (target,) = as_list(statement["Resource"])
+    assert referenced_ids(target) == {only_id_of_kind(synth, "AWS::Lambda::Function", "ArchiveWal")}
+    assert "ArchiveFunctionName" in synth.json["Outputs"]
+
+
 def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_alarm(
     synth: Synthesized,
 ) -> None:
@@ -811,7 +834,7 @@ def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_a
         if "MetricStat" in m
     }
     by_id = function_ids(synth)
-    assert {by_id[i] for i in errored} == {"reap_execution", "watch_clusters"}
+    assert {by_id[i] for i in errored} == {"reap_execution", "watch_clusters", "archive_wal"}
     assert errors["AlarmActions"] == [{"Ref": topic}]
 
 
@@ -957,7 +980,8 @@ def test_agent_table_access_is_confined_to_its_own_node(synth: Synthesized) -> N
     (describe,) = [s for s in statements if "cloudformation:DescribeStacks" in actions(s)]
     assert actions(describe) == ["cloudformation:DescribeStacks"]  # init: this stack's outputs
     assert describe["Resource"]["Fn::Join"][1][-1] == ":stack/ShardVault/*"
-    known = [*dynamo, *kms_statements, *sqs_statements, describe]
+    (invoke,) = [s for s in statements if "lambda:InvokeFunction" in actions(s)]
+    known = [*dynamo, *kms_statements, *sqs_statements, describe, invoke]
     others = [a for s in statements if s not in known for a in actions(s)]
     assert sorted(others) == [
         "states:SendTaskFailure",
@@ -1017,7 +1041,7 @@ def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Sy
             for a in actions(s)
             if a.startswith("kms:") and "Data" in json.dumps(s["Resource"])
         }
-        if module == "validate_backup":
+        if module in {"validate_backup", "archive_wal"}:  # a backup's key; a WAL batch's
             assert data_key_actions == {"kms:GenerateDataKeyWithoutPlaintext"}
         else:
             assert not data_key_actions, (module, kms_actions)

@@ -215,12 +215,13 @@ def policy_for(stack, tmp_path, monkeypatch):
 
     def write(cluster: str, **options: str) -> None:
         """``options``: more fields of the cluster's entry, e.g. ``encryption="kms"``."""
+        engine = options.pop("engine", "sqlite")
         path = tmp_path / "policy.yaml"
         path.write_text(
             "version: 1\n"
             "clusters:\n"
             f"  {cluster}:\n"
-            "    engine: sqlite\n"
+            f"    engine: {engine}\n"
             "    schedule: {full: '0 2 * * *'}\n"
             "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
             "    retention: {keep_daily: 1}\n"

@@ -83,8 +83,9 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     make_cluster, policy_for, monkeypatch
 ):
     """Leftovers of a crash nothing cleaned up: an open upload and a partial object of a
-    backup that is not running. The sweep removes them, and keeps a running backup's upload
-    and a backup whose catalog record was lost (its manifest says it is a backup)."""
+    backup that is not running. The sweep removes them, and keeps a running backup's upload,
+    a backup whose catalog record was lost (its manifest says it is a backup) and the
+    cluster's WAL archive (no manifest: it is no backup)."""
     from shardvault.lambda_support import services
 
     cluster = make_cluster(nodes=1, size_mb=1)
@@ -97,6 +98,8 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     s3.put_object(
         Bucket=bucket, Key=f"{root}/20200101T000000Z-dead01/shard-1/data-00000", Body=b"x"
     )
+    wal = f"{root}/_wal/shard-1/000000010000000000000001--000000010000000000000001--{'a' * 32}.wal"
+    s3.put_object(Bucket=bucket, Key=wal, Body=b"w")
     live = f"{root}/20200101T000000Z-live00/shard-1/data-00000"
     svc.catalog.put(
         {"cluster": cluster.name, "backup_id": "20200101T000000Z-live00", "status": "RUNNING"}
@@ -124,5 +127,6 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     assert bucket_uploads(cluster, "live00") == [live]  # its backup is running
     assert not [k for k in cluster.store_keys() if "dead01" in k]
     assert [k for k in cluster.store_keys() if kept.record["backup_id"] in k]  # has a manifest
+    assert wal in cluster.store_keys()  # the WAL archive is no backup
     with pytest.raises(s3.exceptions.NoSuchUpload):
         s3.list_parts(Bucket=bucket, Key=crashed, UploadId=orphan_upload)

@@ -15,6 +15,7 @@ OUTPUTS = {
     "NodesTableName": "ShardVault-TablesNodes-1A2B",
     "InboxTableName": "ShardVault-TablesInbox-3C4D",
     "CatalogTableName": "ShardVault-TablesCatalog-5E6F",
+    "ArchiveFunctionName": "ShardVault-ArchiveWal-7A8B",
     "VaultBucketName": "shardvault-vault-xyz",
 }
 
@@ -41,6 +42,7 @@ def test_the_tables_and_region_come_from_the_stacks_outputs() -> None:
         "SHARDVAULT_NODES_TABLE": "ShardVault-TablesNodes-1A2B",
         "SHARDVAULT_INBOX_TABLE": "ShardVault-TablesInbox-3C4D",
         "SHARDVAULT_CATALOG_TABLE": "ShardVault-TablesCatalog-5E6F",
+        "SHARDVAULT_ARCHIVE_FUNCTION": "ShardVault-ArchiveWal-7A8B",
         "AWS_DEFAULT_REGION": "eu-west-3",
     }
 

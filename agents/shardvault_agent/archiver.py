@@ -1,0 +1,340 @@
+"""Continuous WAL archiving: the agent stores what PostgreSQL left in its shards' spools.
+
+Terms (see ``shardvault.archive`` for the batch, the request and the store's layout):
+- *spool*: a leader shard's ``wal_spool_dir``, where ``shardvault-wal-push`` (the server's
+  ``archive_command``) leaves each WAL file durably.
+- *pending batch*: a batch packed into ``state_dir/archive/<batch id>/`` (``batch.json`` and the
+  packed ``object``) and not yet recorded. It survives a restart: the agent finishes it first,
+  and its files are in no other batch meanwhile.
+
+A batch goes once its files reach the batch bound, or once its oldest file has waited the
+policy's ``archive.max_delay_seconds``. For each batch: write the request into the node's
+inbox partition, ask the archive function to sign it, PUT the packed object through the URL
+(the transfers' one retry policy), ask the function to record it, and only then delete its
+files from the spool. A crash anywhere before the record leaves the files in the spool and
+the pending batch in the state directory, so nothing is lost: the batch is sent again (the
+same key, the same bytes). A crash after the record but before the deletion sends those files
+again in a new batch: the archive may hold a WAL file twice, never miss one.
+
+Settings (the zstd level, the delay, the data key) come from the function and are asked for
+again every ``settings_seconds`` and when the data key's ``key_seconds`` run out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardvault.archive import (
+    BATCH_MAX_BYTES,
+    REQUEST_PREFIX,
+    WAL_FILE,
+    Batch,
+    WalFile,
+    batch_place,
+)
+from shardvault.errors import ArchiveRefused
+from shardvault.models import DEFAULT_COMPRESSION_LEVEL, Encryption
+from shardvault.pipeline import FrameCodec, pack, pack_frames
+from shardvault.planning import frame_size_for
+from shardvault_agent.keys import DataKeys
+from shardvault_agent.transfer import PartSender
+
+log = logging.getLogger("shardvault.agent.archive")
+SETTINGS_SECONDS = 300.0  # the policy is read again this often (an edit counts within 5 min)
+DEFAULT_DELAY = 60.0
+FAILURE_PAUSE = 5.0  # after a batch failed, before the spool is looked at again
+
+
+@dataclass
+class Settings:
+    cluster: str
+    level: int
+    max_delay_seconds: float
+    encryption: Encryption | None
+    read_at: float
+    key_until: float
+
+    def stale(self, now: float) -> bool:
+        return now - self.read_at >= SETTINGS_SECONDS or now >= self.key_until
+
+
+@dataclass(frozen=True)
+class Spool:
+    shard_id: str
+    path: Path
+
+
+class Archiver:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        spools: list[Spool],
+        state_dir: Path,
+        invoke: Callable[[dict[str, Any]], dict[str, Any]],
+        inbox: Any,
+        sender: PartSender,
+        keys: DataKeys,
+        parallelism: int = 2,
+        poll_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_id, self.spools, self.root = node_id, spools, state_dir / "archive"
+        self.invoke, self.inbox, self.sender, self.keys = invoke, inbox, sender, keys
+        self.parallelism, self.poll_seconds, self.clock = parallelism, poll_seconds, clock
+        self.settings: Settings | None = None
+        self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="archive")
+        self.in_flight: dict[str, tuple[Batch, Future]] = {}
+        self.paused_until = 0.0
+        self.stopping = threading.Event()
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Archives until ``stop``: pending batches first, then whatever the spools hold."""
+        while not self.stopping.is_set():
+            try:
+                self.tick()
+            except Exception as error:  # the spool keeps the WAL: try again later
+                log.warning("archiving paused: %s", error)
+                self.paused_until = self.clock() + FAILURE_PAUSE
+            self.stopping.wait(self.poll_seconds)
+        self.pool.shutdown(wait=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def tick(self) -> None:
+        """One look: finished batches reaped, pending ones resumed, ready ones packed."""
+        self._reap()
+        now = self.clock()
+        if now < self.paused_until:
+            return
+        settings = self._settings(now)
+        for batch in self.pending():
+            if batch.batch_id not in self.in_flight and self._room():
+                self._start(batch)
+        for spool in self.spools:
+            while self._room():
+                files = self.ready(spool, settings.max_delay_seconds, now)
+                if not files:
+                    break
+                self._start(self.pack(spool, files, settings))
+
+    def _room(self) -> bool:
+        return len(self.in_flight) < self.parallelism
+
+    def _start(self, batch: Batch) -> None:
+        self.in_flight[batch.batch_id] = (batch, self.pool.submit(self.send, batch))
+
+    def _reap(self) -> None:
+        for batch_id, (batch, future) in list(self.in_flight.items()):
+            if not future.done():
+                continue
+            del self.in_flight[batch_id]
+            error = future.exception()
+            if error is not None:
+                log.warning(
+                    "WAL batch %s of shard %s (%s..%s) not archived, tried again in %g s: %s",
+                    batch_id,
+                    batch.shard_id,
+                    batch.files[0].name,
+                    batch.files[-1].name,
+                    FAILURE_PAUSE,
+                    error,
+                )
+                self.paused_until = self.clock() + FAILURE_PAUSE
+
+    def _settings(self, now: float) -> Settings:
+        if self.settings is None or self.settings.stale(now):
+            answer = self.call({"action": "settings"})
+            encryption = answer.get("encryption")
+            key_seconds = answer.get("key_seconds") or 86400.0
+            self.settings = Settings(
+                cluster=answer["cluster"],
+                level=answer.get("level") or DEFAULT_COMPRESSION_LEVEL,
+                max_delay_seconds=answer.get("max_delay_seconds") or DEFAULT_DELAY,
+                encryption=Encryption.model_validate(encryption) if encryption else None,
+                read_at=now,
+                key_until=now + key_seconds,
+            )
+        return self.settings
+
+    # --- choosing and packing ----------------------------------------------------------------
+    def held(self) -> set[str]:
+        """Names of the WAL files some pending batch holds (never put in a second batch)."""
+        names: set[str] = set()
+        for batch in self.pending():
+            names.update(f.name for f in batch.files)
+        return names
+
+    def ready(self, spool: Spool, max_delay: float, now: float) -> list[Path]:
+        """The spool's files for the next batch, oldest names first and up to the bound, if
+        the batch is full or its oldest file has waited ``max_delay``; else none."""
+        held = self.held()
+        files = sorted(
+            (p for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name) and p.name not in held),
+            key=lambda p: p.name,
+        )
+        taken, size, oldest = [], 0, now
+        for path in files:
+            stat = path.stat()
+            if taken and size + stat.st_size > BATCH_MAX_BYTES:
+                return taken  # full
+            taken.append(path)
+            size += stat.st_size
+            oldest = min(oldest, stat.st_mtime)
+        return taken if taken and now - oldest >= max_delay else []
+
+    def pack(self, spool: Spool, files: list[Path], settings: Settings) -> Batch:
+        """Packs ``files`` into a pending batch (written whole before it counts)."""
+        batch_id = secrets.token_hex(16)
+        work = self.root / f".{batch_id}"
+        work.mkdir(parents=True)
+        entries = [WalFile(name=p.name, size=p.stat().st_size) for p in files]
+        length = sum(e.size for e in entries)
+        sealer = self.keys.sealer(settings.encryption) if settings.encryption else None
+        codec = FrameCodec(settings.level, sealer)
+        frame_size = frame_size_for(length)
+        reader = _Concatenated(files)
+        try:
+            with open(work / "object", "wb") as out:
+                packed = pack(
+                    reader.read,
+                    length,
+                    frame_size,
+                    2 * BATCH_MAX_BYTES,  # one part: a batch is one PUT
+                    codec,
+                    out,
+                    batch_place(settings.cluster, spool.shard_id, batch_id),
+                )
+        finally:
+            reader.close()
+        encryption = None
+        if settings.encryption is not None and sealer is not None:
+            encryption = settings.encryption.model_copy(update={"key_check": sealer.check})
+        batch = Batch(
+            batch_id=batch_id,
+            shard_id=spool.shard_id,
+            files=entries,
+            frame_size=frame_size,
+            frames=pack_frames(packed.frames),
+            stored_length=packed.stored_length,
+            crc64nvme=packed.crc64nvme,
+            encryption=encryption,
+        )
+        (work / "batch.json").write_text(batch.model_dump_json())
+        work.rename(self.root / batch_id)  # now pending: a restart finishes it
+        return batch
+
+    def pending(self) -> list[Batch]:
+        if not self.root.is_dir():
+            return []
+        batches = []
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith("."):  # a pack that died (packs run in this thread only)
+                shutil.rmtree(path, ignore_errors=True)  # its files are still in the spool
+                continue
+            try:
+                batches.append(Batch.model_validate_json((path / "batch.json").read_text()))
+            except FileNotFoundError:  # recorded and removed just now by its sender
+                continue
+        return batches
+
+    # --- sending -----------------------------------------------------------------------------
+    def send(self, batch: Batch) -> None:
+        """Request, sign, upload, record; then the spool lets the files go."""
+        request = f"{REQUEST_PREFIX}{batch.batch_id}"
+        self.inbox.put_item(
+            Item={"node_id": self.node_id, "command_id": request, "batch": batch.model_dump_json()}
+        )
+        signed = self.call({"action": "sign", "batch_id": batch.batch_id})
+        path = self.root / batch.batch_id / "object"
+        what = f"WAL batch {batch.files[0].name}..{batch.files[-1].name}"
+        self.sender.send_file(signed["url"], path, batch.stored_length, batch.crc64nvme, what)
+        self.call({"action": "record", "batch_id": batch.batch_id})
+        spool = next(s.path for s in self.spools if s.shard_id == batch.shard_id)
+        for entry in batch.files:
+            (spool / entry.name).unlink(missing_ok=True)
+        shutil.rmtree(self.root / batch.batch_id, ignore_errors=True)
+        self.inbox.delete_item(Key={"node_id": self.node_id, "command_id": request})
+        log.info(
+            "archived %d WAL file(s) of shard %s, %s..%s: %d bytes stored of %d",
+            len(batch.files),
+            batch.shard_id,
+            batch.files[0].name,
+            batch.files[-1].name,
+            batch.stored_length,
+            batch.plain_length,
+        )
+
+    def call(self, event: dict[str, Any]) -> dict[str, Any]:
+        answer = self.invoke({**event, "node_id": self.node_id})
+        if "errorType" in answer:
+            raise ArchiveRefused(
+                f"the archive function refused {event['action']}: {answer['errorType']}: "
+                f"{answer.get('errorMessage', '')}",
+                fix="see the message; the spool keeps the WAL until it is archived.",
+            )
+        return answer
+
+    def spool_report(self) -> dict[str, dict[str, float]]:
+        """Per shard: bytes and files waiting, and the oldest one's age (for the heartbeat)."""
+        now, report = self.clock(), {}
+        for spool in self.spools:
+            stats = [p.stat() for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name)]
+            report[spool.shard_id] = {
+                "bytes": sum(s.st_size for s in stats),
+                "files": len(stats),
+                "oldest_seconds": max((now - s.st_mtime for s in stats), default=0.0),
+            }
+        return report
+
+
+class _Concatenated:
+    """Reads files back to back as one stream."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths, self.current = list(paths), None
+
+    def read(self, size: int) -> bytes:
+        chunks = []
+        while size:
+            if self.current is None:
+                if not self.paths:
+                    break
+                self.current = open(self.paths.pop(0), "rb")  # noqa: SIM115 - closed below
+            chunk = self.current.read(size)
+            if not chunk:
+                self.current.close()
+                self.current = None
+                continue
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+
+
+def lambda_invoker(client: Any, function_name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Invokes the archive function; its answer, or Lambda's error shape on a failure."""
+
+    def invoke(event: dict[str, Any]) -> dict[str, Any]:
+        response = client.invoke(FunctionName=function_name, Payload=json.dumps(event).encode())
+        answer = json.loads(response["Payload"].read() or b"{}")
+        if response.get("FunctionError") and "errorType" not in answer:
+            answer = {"errorType": response["FunctionError"], "errorMessage": str(answer)}
+        return answer
+
+    return invoke

@@ -1,0 +1,318 @@
+"""The WAL archive: the WAL files a node's agent stores as PostgreSQL writes them (continuous
+archiving, issue 11), and what the control plane checks before it signs or records their upload.
+
+Terms:
+- *WAL file*: what PostgreSQL's ``archive_command`` hands to the agent's spool
+  (``shardvault_agent.walspool``): a segment, a timeline history file, a backup history file
+  or a partial segment.
+- *batch*: WAL files of one shard, in name order, stored as one object: their bytes back to
+  back, packed through the part pipeline (frames, zstd, sealed under the cluster's WAL data key
+  when its policy says ``encryption: kms``). A batch holds at most ``BATCH_MAX_BYTES`` of
+  plaintext, so it is one PUT; many segments share one object when they arrive faster than
+  the policy's ``archive.max_delay_seconds`` (fewer requests, and the RPO stays bounded).
+- *request*: what an agent asks about one batch. It writes the batch's description into its
+  own inbox partition (item ``#archive:<batch id>``), where ``dynamodb:LeadingKeys`` proves
+  which node wrote it, then invokes the archive function with its node id and the batch id.
+  The function reads the description from that item, never from the invocation, so a node
+  can ask only about batches it described itself; the batch id (128 random bits, readable by
+  that node alone) keeps the answer's URL from anyone who did not write the item.
+- *sign*: the function checks the request (the node is a member of its cluster by the policy
+  and leads the shard; every name is a WAL file's; sizes and frames agree) and answers a PUT
+  URL bound to the stored bytes' CRC64NVME.
+- *record*: after the upload, the function reads the stored object's checksum and size from
+  the store (never the agent's word) and writes the batch's *index* beside it: its files,
+  frames and key. The store alone describes the archive: a restore lists it, no catalog needed.
+
+Store layout, beside the cluster's backups (the sweep leaves ``_wal`` alone)::
+
+    <root><cluster>/_wal/<shard>/<first file>--<last file>--<batch id>.wal   the batch
+    <root><cluster>/_wal/<shard>/<first file>--<last file>--<batch id>.json  its index
+
+Names sort as PostgreSQL's do, so a listing of a shard's archive is in WAL order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Literal
+
+from botocore.exceptions import ClientError
+from pydantic import Field, ValidationError, field_validator
+
+from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
+from shardvault.frames import unpack_frames
+from shardvault.keys import new_data_key
+from shardvault.membership import claim_problem
+from shardvault.models import Encryption, Frozen, NodeRecord, Role, check_name
+from shardvault.planning import store_root
+from shardvault.services import Services
+from shardvault.store import presign_put, stored_checksum
+
+ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
+REQUEST_PREFIX = "#archive:"  # inbox items the command poller skips ("#...")
+BATCH_MAX_BYTES = 256 * 1024 * 1024  # plaintext of one batch: 16 segments of 16 MiB, one PUT
+MAX_FILES = 4096  # a batch of small history files stays a small request
+URL_TTL_SECONDS = 900  # a batch is packed before it is signed: its upload starts at once
+INDEX_FORMAT = 1
+MISSING = ("NoSuchKey", "404", "NotFound")  # how S3 and MinIO say an object is not there
+# Segments (24 hex digits), timeline history files, backup history files, partial segments:
+# the names shardvault_agent.walspool accepts.
+WAL_FILE = re.compile(r"^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$|^[0-9A-F]{8}\.history$")
+BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class WalFile(Frozen):
+    name: str
+    size: int = Field(ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _wal_name(cls, value: str) -> str:
+        if not WAL_FILE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a WAL file's name")
+        return value
+
+
+class Batch(Frozen):
+    """An agent's description of one packed batch (the request item's ``batch``)."""
+
+    batch_id: str
+    shard_id: str
+    files: list[WalFile] = Field(min_length=1, max_length=MAX_FILES)
+    frame_size: int = Field(gt=0)
+    frames: str  # the frame table (shardvault.frames.pack_frames)
+    stored_length: int = Field(ge=0)
+    crc64nvme: str  # of the stored bytes, base64
+    encryption: Encryption | None = None
+
+    @field_validator("batch_id")
+    @classmethod
+    def _batch_id(cls, value: str) -> str:
+        if not BATCH_ID.fullmatch(value):
+            raise ValueError("a batch id is 32 lowercase hex digits")
+        return value
+
+    @field_validator("shard_id")
+    @classmethod
+    def _shard_id(cls, value: str) -> str:
+        return check_name("shard_id", value)
+
+    @property
+    def plain_length(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class ArchiveCall(Frozen):
+    """The archive function's input: what to do, for which node, about which batch."""
+
+    action: Literal["settings", "sign", "record"]
+    node_id: str
+    batch_id: str | None = None
+
+
+def batch_place(cluster: str, shard_id: str, batch_id: str) -> str:
+    """Where a batch's frames belong, for their seal's associated data (``pipeline.Sealer``):
+    a frame moved to another batch, shard or cluster does not open."""
+    return f"{cluster}/{ARCHIVE_DIR}/{shard_id}/{batch_id}"
+
+
+def batch_key(prefix: str, cluster: str, batch: Batch) -> str:
+    first, last = batch.files[0].name, batch.files[-1].name
+    return (
+        f"{store_root(prefix)}{cluster}/{ARCHIVE_DIR}/{batch.shard_id}/"
+        f"{first}--{last}--{batch.batch_id}.wal"
+    )
+
+
+def index_key(object_key: str) -> str:
+    return object_key.removesuffix(".wal") + ".json"
+
+
+def archive_prefix(prefix: str, cluster: str, shard_id: str) -> str:
+    return f"{store_root(prefix)}{cluster}/{ARCHIVE_DIR}/{shard_id}/"
+
+
+def batch_problems(batch: Batch) -> list[str]:
+    """What makes a described batch one the function will not sign."""
+    problems = []
+    names = [f.name for f in batch.files]
+    if names != sorted(names) or len(set(names)) != len(names):
+        problems.append("its files are not in name order, each once")
+    if batch.plain_length > BATCH_MAX_BYTES:
+        problems.append(f"it holds {batch.plain_length:,} bytes, over {BATCH_MAX_BYTES:,}")
+    try:
+        frames = unpack_frames(batch.frames)
+    except ValueError:
+        return [*problems, "its frame table does not decode"]
+    expected = -(-batch.plain_length // batch.frame_size)
+    if len(frames) != expected:
+        problems.append(f"it has {len(frames)} frames where its files make {expected}")
+    if sum(f.stored_size for f in frames) != batch.stored_length:
+        problems.append("its frames' stored sizes do not add up to its stored length")
+    return problems
+
+
+# --- the function's steps ---------------------------------------------------------------------
+def member_node(svc: Services, node_id: str) -> NodeRecord:
+    """The registered node, if the policy lets it take part in its cluster."""
+    node = svc.nodes.get(node_id)
+    if node is None:
+        raise NotAMember(
+            f"node {node_id!r} is not registered: only a running agent archives WAL.",
+            fix="start the node's agent (shardvault-agent run) with its configuration.",
+        )
+    policy = svc.policy()
+    problem = claim_problem(node.cluster, node_id, policy) if policy else ""
+    if problem:
+        raise NotAMember(
+            f"node {node_id} may not archive WAL for cluster {node.cluster!r}: {problem}.",
+            fix="list the node under its cluster's 'nodes' in the policy file, or correct the "
+            "agent's 'cluster' (the policy decides membership).",
+        )
+    return node
+
+
+def settings(svc: Services, node_id: str) -> dict[str, Any]:
+    """What the node's cluster policy says of archiving: the zstd level, the longest a WAL file
+    waits in the spool for others to share its object, and the data key to seal batches with
+    (a fresh one, wrapped, when the policy says ``encryption: kms``; the agent asks again for a
+    new one after ``key_seconds``)."""
+    node = member_node(svc, node_id)
+    policy = svc.policy()
+    cluster = policy.clusters.get(node.cluster) if policy else None  # absent: the defaults
+    encryption = None
+    if cluster is not None and cluster.encryption == "kms":
+        chain = f"wal/{node_id}/{int(time.time())}"
+        encryption = new_data_key(svc, node.cluster, chain).model_dump()
+    archive = cluster.archive if cluster is not None else None
+    return {
+        "cluster": node.cluster,
+        "level": cluster.compression.level if cluster is not None else None,
+        "max_delay_seconds": archive.max_delay_seconds if archive else None,
+        "key_seconds": archive.key_seconds if archive else None,
+        "batch_max_bytes": BATCH_MAX_BYTES,
+        "encryption": encryption,
+    }
+
+
+def requested_batch(svc: Services, node_id: str, batch_id: str | None) -> Batch:
+    """The batch the node described in its own inbox partition."""
+    if batch_id is None or not BATCH_ID.fullmatch(batch_id):
+        raise InvalidRequest(
+            "an archive call names no batch, or not by its 32 hex digits.",
+            fix="call sign and record with the batch id of a request item.",
+        )
+    item = svc.inbox.table.get_item(
+        Key={"node_id": node_id, "command_id": f"{REQUEST_PREFIX}{batch_id}"},
+        ConsistentRead=True,
+    ).get("Item")
+    if item is None or "batch" not in item:
+        raise InvalidRequest(
+            f"node {node_id} has no archive request {batch_id}.",
+            fix="write the batch into the node's inbox item #archive:<batch id> before asking.",
+        )
+    try:
+        batch = Batch.model_validate_json(item["batch"])
+    except ValidationError as error:
+        raise InvalidRequest(
+            f"archive request {batch_id} of node {node_id} is malformed: "
+            + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            + ".",
+            fix="this is an agent defect: upgrade the agent (its spool keeps the WAL meanwhile).",
+        ) from None
+    if batch.batch_id != batch_id:
+        raise InvalidRequest(
+            f"archive request {batch_id} describes batch {batch.batch_id}.",
+            fix="write each batch under its own id.",
+        )
+    return batch
+
+
+def checked_batch(svc: Services, node: NodeRecord, batch_id: str | None) -> Batch:
+    batch = requested_batch(svc, node.node_id, batch_id)
+    led = {s.shard_id for s in node.shards if s.role == Role.LEADER}
+    if batch.shard_id not in led:
+        raise ShardNotReady(
+            f"node {node.node_id} asks to archive WAL of shard {batch.shard_id}, which it does "
+            "not lead: only a shard's leader archives its WAL.",
+            fix="set archive_command on the shard's primary only, or correct the agent's "
+            "shard role.",
+        )
+    problems = batch_problems(batch)
+    if problems:
+        raise InvalidRequest(
+            f"archive batch {batch.batch_id} of node {node.node_id} is malformed: "
+            + "; ".join(problems)
+            + ".",
+            fix="this is an agent defect: upgrade the agent (its spool keeps the WAL meanwhile).",
+        )
+    return batch
+
+
+def sign(svc: Services, node_id: str, batch_id: str | None) -> dict[str, Any]:
+    """A PUT URL for the batch's object that takes only its bytes (their CRC64NVME)."""
+    node = member_node(svc, node_id)
+    batch = checked_batch(svc, node, batch_id)
+    key = batch_key(svc.store.prefix, node.cluster, batch)
+    url = presign_put(svc.store_s3, svc.store.bucket, key, URL_TTL_SECONDS, batch.crc64nvme)
+    return {"key": key, "url": url}
+
+
+def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dict[str, Any]:
+    """Checks the stored object against the batch (from the store's own checksum and size)
+    and writes its index; returns the index's key. Recording again writes the same index."""
+    node = member_node(svc, node_id)
+    batch = checked_batch(svc, node, batch_id)
+    key = batch_key(svc.store.prefix, node.cluster, batch)
+    s3, bucket = svc.store_s3, svc.store.bucket
+    try:
+        crc, size = stored_checksum(s3, bucket, key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in MISSING:
+            raise
+        crc, size = None, -1  # not uploaded: refused below like any other object
+    if crc != batch.crc64nvme or size != batch.stored_length:
+        raise ChecksumMismatch(
+            f"archive batch {key} is not stored as described: the store holds {size} bytes "
+            f"with CRC64NVME {crc}, the agent packed {batch.stored_length} with "
+            f"{batch.crc64nvme}.",
+            fix="the agent uploads the batch again (its spool keeps the WAL until it is recorded).",
+        )
+    index = {
+        "format": INDEX_FORMAT,
+        "cluster": node.cluster,
+        "node_id": node.node_id,
+        "archived_at": now,
+        "key": key,
+        **batch.model_dump(mode="json"),
+    }
+    s3.put_object(
+        Bucket=bucket,
+        Key=index_key(key),
+        Body=json.dumps(index, separators=(",", ":")).encode(),
+        ContentType="application/json",
+    )
+    return {"key": key, "index": index_key(key), "files": len(batch.files)}
+
+
+def call(svc: Services, event: ArchiveCall, now: float) -> dict[str, Any]:
+    if event.action == "settings":
+        return settings(svc, event.node_id)
+    if event.action == "sign":
+        return sign(svc, event.node_id, event.batch_id)
+    return record(svc, event.node_id, event.batch_id, now)
+
+
+def archived_batches(svc: Services, cluster: str, shard_id: str) -> list[dict[str, Any]]:
+    """The recorded batches of a shard's archive, in WAL order (their indexes)."""
+    s3, bucket = svc.store_s3, svc.store.bucket
+    prefix = archive_prefix(svc.store.prefix, cluster, shard_id)
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+        if o["Key"].endswith(".json")
+    ]
+    return [json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in sorted(keys)]
