@@ -1,0 +1,154 @@
+"""The agent's WAL archiver (shardvault_agent.archiver), against fakes of the archive function,
+the inbox table and the uploads: which spooled files make a batch and when, and what a failure
+at each step leaves (the spool keeps every file until its batch is recorded)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shardvault_agent import archiver as archiver_module
+from shardvault_agent.archiver import Archiver, Spool
+
+from shardvault.errors import ArchiveRefused
+
+SEGMENT = 64 * 1024  # small segments: the rules do not depend on the size
+
+
+class Function:
+    """The archive function as an agent sees it; ``refuse`` makes one action fail."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.refuse: str | None = None
+
+    def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(event["action"])
+        if event["action"] == self.refuse:
+            return {"errorType": "ChecksumMismatch", "errorMessage": "not stored as described"}
+        if event["action"] == "settings":
+            return {"cluster": "c", "level": 1, "max_delay_seconds": 5.0, "encryption": None}
+        return {"url": "https://store.example/put", "key": "k"}
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+
+    def put_item(self, Item: dict[str, Any]) -> None:  # boto3's argument names
+        self.items[Item["command_id"]] = Item
+
+    def delete_item(self, Key: dict[str, Any]) -> None:
+        self.items.pop(Key["command_id"], None)
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str]] = []
+
+    def send_file(self, url: str, path: Path, size: int, crc64nvme: str, what: str) -> None:
+        assert path.stat().st_size == size
+        self.sent.append((size, crc64nvme))
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    path = tmp_path / "spool"
+    path.mkdir()
+    return path
+
+
+def spooled(spool: Path, first: int, count: int, age: float = 0.0) -> list[str]:
+    names = []
+    for number in range(first, first + count):
+        path = spool / f"0000000100000000000000{number:02X}"
+        path.write_bytes(os.urandom(256) * (SEGMENT // 256))
+        then = time.time() - age
+        os.utime(path, (then, then))
+        names.append(path.name)
+    return names
+
+
+def make(tmp_path: Path, spool: Path, function: Function | None = None) -> Archiver:
+    return Archiver(
+        node_id="n1",
+        spools=[Spool("s1", spool)],
+        state_dir=tmp_path / "state",
+        invoke=function or Function(),
+        inbox=Inbox(),
+        sender=Sender(),
+        keys=None,  # type: ignore[arg-type] - not sealed: the settings name no key
+        parallelism=1,
+    )
+
+
+def test_a_batch_waits_for_the_delay_unless_it_is_full(tmp_path, spool, monkeypatch) -> None:
+    archiver = make(tmp_path, spool)
+    now = time.time()
+    spooled(spool, 1, 2, age=1.0)
+    assert archiver.ready(archiver.spools[0], 5.0, now) == []  # young and not full: waits
+    assert len(archiver.ready(archiver.spools[0], 0.5, now)) == 2  # waited long enough
+    monkeypatch.setattr(archiver_module, "BATCH_MAX_BYTES", 3 * SEGMENT)
+    spooled(spool, 3, 3, age=1.0)
+    full = archiver.ready(archiver.spools[0], 5.0, now)  # 5 spooled, 3 fit: goes at once
+    assert [p.name[-2:] for p in full] == ["01", "02", "03"]
+
+
+def test_archived_files_leave_the_spool_only_once_recorded(tmp_path, spool) -> None:
+    function = Function()
+    archiver = make(tmp_path, spool, function)
+    spooled(spool, 1, 3, age=10.0)
+    archiver.tick()
+    archiver.pool.shutdown(wait=True)
+    archiver._reap()
+    assert function.calls == ["settings", "sign", "record"]
+    assert list(spool.iterdir()) == []
+    assert list((tmp_path / "state" / "archive").iterdir()) == []
+    assert archiver.inbox.items == {}  # the request item is gone too
+    ((size, _),) = archiver.sender.sent
+    assert size < 3 * SEGMENT  # compressed: each segment repeats 256 random bytes
+
+
+def test_a_batch_the_function_refuses_to_record_stays_pending_with_its_files(
+    tmp_path, spool
+) -> None:
+    function = Function()
+    function.refuse = "record"
+    archiver = make(tmp_path, spool, function)
+    names = spooled(spool, 1, 2, age=10.0)
+    archiver.tick()
+    archiver.pool.shutdown(wait=True)
+    archiver._reap()
+    assert sorted(p.name for p in spool.iterdir()) == names  # nothing lost
+    (pending,) = archiver.pending()
+    assert [f.name for f in pending.files] == names
+    assert archiver.paused_until > time.time()  # tried again later, not in a hot loop
+    # Restarted (a new agent), with one more file spooled meanwhile: the pending batch is
+    # sent again whole, and its files are in no second batch.
+    function.refuse = None
+    spooled(spool, 3, 1, age=10.0)
+    again = make(tmp_path, spool, function)
+    again.tick()
+    again.pool.shutdown(wait=True)
+    assert len(again.sender.sent) == 1
+    assert [p.name[-2:] for p in spool.iterdir()] == ["03"]  # the next batch's
+
+
+def test_a_pack_that_died_leaves_nothing_the_next_look_keeps(tmp_path, spool) -> None:
+    archiver = make(tmp_path, spool)
+    dead = tmp_path / "state" / "archive" / ".0123456789abcdef0123456789abcdef"
+    dead.mkdir(parents=True)
+    (dead / "object").write_bytes(b"half")
+    assert archiver.pending() == []
+    assert not dead.exists()
+
+
+def test_a_refusal_is_named_with_the_functions_error(tmp_path, spool) -> None:
+    function = Function()
+    function.refuse = "settings"
+    archiver = make(tmp_path, spool, function)
+    with pytest.raises(ArchiveRefused, match="ChecksumMismatch"):
+        archiver.tick()
