@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from botocore.exceptions import ClientError
@@ -45,7 +46,8 @@ from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, Shar
 from shardvault.frames import unpack_frames
 from shardvault.keys import new_data_key
 from shardvault.membership import claim_problem
-from shardvault.models import Encryption, Frozen, NodeRecord, Role, check_name
+from shardvault.models import Encryption, FileEntry, Frozen, NodeRecord, Role, check_name
+from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_number, timeline
 from shardvault.planning import store_root
 from shardvault.services import Services
 from shardvault.store import presign_put, stored_checksum
@@ -66,6 +68,9 @@ BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
 class WalFile(Frozen):
     name: str
     size: int = Field(ge=0)
+    # When PostgreSQL handed it to the spool (the spool file's mtime, epoch seconds): the
+    # archive holds no WAL written after its newest file's push (a restore's upper bound).
+    pushed_at: float = 0.0
 
     @field_validator("name")
     @classmethod
@@ -305,14 +310,77 @@ def call(svc: Services, event: ArchiveCall, now: float) -> dict[str, Any]:
     return record(svc, event.node_id, event.batch_id, now)
 
 
-def archived_batches(svc: Services, cluster: str, shard_id: str) -> list[dict[str, Any]]:
-    """The recorded batches of a shard's archive, in WAL order (their indexes)."""
+def archived_batches(
+    svc: Services, cluster: str, shard_id: str, since: str = ""
+) -> list[dict[str, Any]]:
+    """The recorded batches of a shard's archive, in WAL order (their indexes); with
+    ``since``, only those whose last file is not before it (named in the key: no read)."""
     s3, bucket = svc.store_s3, svc.store.bucket
     prefix = archive_prefix(svc.store.prefix, cluster, shard_id)
     keys = [
         o["Key"]
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         for o in page.get("Contents", [])
-        if o["Key"].endswith(".json")
+        if o["Key"].endswith(".json") and o["Key"].removeprefix(prefix).split("--")[1] >= since
     ]
     return [json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for k in sorted(keys)]
+
+
+# --- what a point-in-time restore reads -------------------------------------------------------
+WAL_DIR = ".shardvault-wal"  # in a restored shard: the archive's WAL its recovery reads
+
+
+@dataclass(frozen=True)
+class ShardArchive:
+    """What a shard's archive offers a restore from one backup: the batches that hold the WAL
+    from ``first`` (the segment the backup's own WAL ends in) on, without a gap, to ``last``;
+    ``reaches``: when the newest of those was pushed (nothing written later is archived)."""
+
+    shard_id: str
+    first: str
+    last: str | None
+    reaches: float
+    batches: list[dict[str, Any]]
+
+
+def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
+    """The run of archived segments on ``first``'s timeline from ``first`` on, without a gap,
+    and the batches that hold it (in WAL order)."""
+    pushed: dict[str, float] = {}
+    for index in indexes:
+        for entry in index["files"]:
+            pushed[entry["name"]] = max(pushed.get(entry["name"], 0.0), entry.get("pushed_at", 0))
+    run, number = [], segment_number(first)
+    tli = timeline(first)
+    per_step = 0x100000000 // DEFAULT_SEGMENT_SIZE
+    while (name := f"{tli:08X}{number // per_step:08X}{number % per_step:08X}") in pushed:
+        run.append(name)
+        number += 1
+    wanted = set(run)
+    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}]
+    return ShardArchive(
+        shard_id=shard_id,
+        first=first,
+        last=run[-1] if run else None,
+        reaches=max((pushed[n] for n in run), default=0.0),
+        batches=batches,
+    )
+
+
+def wal_stream(batches: list[dict[str, Any]]) -> tuple[list[FileEntry], list[int]]:
+    """The restored shard's WAL stream: each batch's files under ``WAL_DIR`` (a file a later
+    batch holds again goes under ``WAL_DIR/dup/<batch id>/``, never over the first copy), and
+    each batch's offset in the stream."""
+    files: list[FileEntry] = [FileEntry(path=f"{WAL_DIR}/", size=0)]
+    offsets, seen, offset = [], set(), 0
+    for index in batches:
+        offsets.append(offset)
+        for entry in index["files"]:
+            name = entry["name"]
+            path = f"{WAL_DIR}/{name}"
+            if name in seen:
+                path = f"{WAL_DIR}/dup/{index['batch_id']}/{name}"
+            seen.add(name)
+            files.append(FileEntry(path=path, size=entry["size"]))
+            offset += entry["size"]
+    return files, offsets

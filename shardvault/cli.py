@@ -217,6 +217,18 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         action="store_true",
         help="PostgreSQL: pg_amcheck --heapallindexed (every heap tuple found in its indexes)",
     )
+    target = restore.add_mutually_exclusive_group()
+    target.add_argument(
+        "--target-time",
+        metavar="TIME",
+        help="PostgreSQL point-in-time restore from the WAL archive: replay every shard to this "
+        "instant (ISO 8601 with its offset, e.g. '2026-11-23 14:02:59+00')",
+    )
+    target.add_argument(
+        "--target-latest",
+        action="store_true",
+        help="PostgreSQL: replay each shard's WAL archive to its end",
+    )
     restore.add_argument("--wait", action="store_true", help="follow it to the end")
     restore.set_defaults(run=run_restore)
 
@@ -423,6 +435,12 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
 
 
 # --- restore -----------------------------------------------------------------------------------
+def restore_target(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.target_time:
+        return {"time": args.target_time.strip().replace(" ", "T", 1)}
+    return {"latest": True} if args.target_latest else None
+
+
 def run_restore(args: argparse.Namespace) -> int:
     pins = parse_pins(args.pin)
     config = ops.ClientConfig.from_env()
@@ -436,6 +454,7 @@ def run_restore(args: argparse.Namespace) -> int:
         plan_only=args.plan_only,
         validation_queries=args.check,
         heapallindexed=args.heapallindexed,
+        target=restore_target(args),
         requested_by="cli",
     )
     execution = ops.start_restore(config, request)

@@ -155,6 +155,15 @@ class BackupNotRestorable(ShardVaultError):
     """The backup exists but did not complete and verify (failed or still running)."""
 
 
+class TargetOutOfRange(ShardVaultError):
+    """A point-in-time restore's target is outside what the backups and the WAL archive can
+    reach (before the oldest backup, past the archived WAL, or across a gap in it)."""
+
+
+class TargetUnsupported(ShardVaultError):
+    """A point-in-time target for an engine without a WAL archive (SQLite)."""
+
+
 class EngineMismatch(ShardVaultError):
     """The target cluster runs another database engine than the backup's."""
 

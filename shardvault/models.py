@@ -22,11 +22,13 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -92,6 +94,9 @@ class Phase(StrEnum):
     DATA = "data"
     TAIL = "tail"
     BLOCKMAP = "blockmap"  # the shard's block map file: one object, never placed by a restore
+    # A point-in-time restore's WAL from the archive (shardvault.archive): its batches, placed
+    # beside the restored data for the recovery's restore_command. Never in a manifest.
+    WAL = "wal"
 
 
 class Engine(StrEnum):
@@ -556,11 +561,54 @@ class RetrievalTier(StrEnum):
     BULK = "Bulk"
 
 
+class RestoreTarget(Frozen):
+    """Where a point-in-time restore stops (PostgreSQL, from the WAL archive): at ``time`` (an
+    instant with its offset, e.g. ``2026-11-23T14:02:59+00:00``: every node replays its WAL
+    to it), or, with ``latest``, at the end of each shard's archived WAL."""
+
+    time: AwareDatetime | None = None
+    latest: StrictBool = False
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _a_time_with_its_offset(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.tzinfo is None:
+            raise InvalidRequest(
+                f"target time {value!r} is not an instant: it needs a date, a time and an "
+                "offset from UTC.",
+                fix="write it as ISO 8601 with its offset, e.g. '2026-11-23 14:02:59+00'.",
+            )
+        return parsed
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RestoreTarget:
+        if (self.time is None) == (not self.latest):
+            raise InvalidRequest(
+                "a restore target names a time or the latest WAL, exactly one.",
+                fix='set target to {"time": "<ISO 8601 with offset>"} or {"latest": true}.',
+            )
+        return self
+
+    @property
+    def epoch(self) -> float | None:
+        return self.time.timestamp() if self.time is not None else None
+
+    def describe(self) -> str:
+        return "the end of the archive" if self.latest else self.time.isoformat()
+
+
 class RestoreRequest(Frozen):
     """The input of the restore state machine (from the console, the CLI or a test).
 
-    ``backup_id`` may be ``latest`` (the newest verified backup of ``cluster``). ``placement``
-    pins shards to target nodes (``{"shard-a": "node-2"}``); unpinned shards are placed by size.
+    ``backup_id`` may be ``latest`` (the newest verified backup of ``cluster``; with a
+    ``target``, the newest that completed before it). ``placement`` pins shards to target nodes
+    (``{"shard-a": "node-2"}``); unpinned shards are placed by size.
     """
 
     cluster: ClusterName
@@ -573,6 +621,7 @@ class RestoreRequest(Frozen):
     plan_only: StrictBool = False  # validate and place, show the plan, move nothing
     validation_queries: list[str] = Field(default_factory=list)  # see shardvault.sqlcheck
     heapallindexed: StrictBool = False  # PostgreSQL: pg_amcheck --heapallindexed (deeper)
+    target: RestoreTarget | None = None  # point-in-time recovery from the WAL archive
     requested_by: str = "cli"
     execution_id: str = ""
 
@@ -626,6 +675,7 @@ class RestoreContext(Frozen):
     execution_id: str = ""
     source: str = "store"  # where the backup's objects are read: "store" or "vault"
     chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
+    target: RestoreTarget | None = None  # a point-in-time restore's target (validated)
 
 
 class DownloadItem(Frozen):
@@ -649,6 +699,8 @@ class DownloadItem(Frozen):
     frames: str = ""
     place: str = ""  # the backup object's identity (ObjectPlan.place), bound into its frames
     key_check: str | None = None  # sealed frames (the wrapped key travels in the layout)
+    # A WAL batch's own data key (wrapped), which is not its shard's backup's.
+    encryption: Encryption | None = None
     # A chain member's object: the node placed its bytes when it prepared the shard
     # (shardvault.chains.object_placements over the chain the prepare step names); only the
     # frames it contributes are fetched. An agent too old to know this field refuses the item

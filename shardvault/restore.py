@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from shardvault import pitr
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
 from shardvault.chains import chain_args, data_stream
@@ -39,6 +40,7 @@ from shardvault.models import (
     ChainSource,
     DownloadItem,
     Encryption,
+    FileEntry,
     Manifest,
     ManifestShard,
     NodeRecord,
@@ -46,6 +48,7 @@ from shardvault.models import (
     Phase,
     RestoreContext,
     RestoreRequest,
+    RestoreTarget,
     RetrievalTier,
     object_place,
     pack_files,
@@ -73,12 +76,19 @@ def catalog_key(restore_id: str) -> str:
 def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
     """Resolves the backup, checks the target and places the shards, or raises a named error.
     Nothing is written."""
-    record = resolve_backup(request, svc)
+    if request.target is not None:
+        backups = svc.catalog.backups(request.cluster)
+        record = pitr.base_backup(request, backups)
+    else:
+        record = resolve_backup(request, svc)
     source = "vault" if record.get("location") == "vault" and svc.vault else "store"
     manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
     s3, bucket = source_of(svc, source)
     manifest = load_manifest(s3, bucket, manifest_key)
     chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
+    if request.target is not None:  # the archive reaches the target, or refused by name
+        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+        pitr.archives(svc, request, manifest, min(float(b["completed_at"]) for b in complete))
     nodes = target_nodes(request, svc, now)
     if wrong := [n for n in nodes if n.engine != manifest.engine]:
         raise EngineMismatch(
@@ -120,6 +130,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         execution_id=request.execution_id,
         source=source,
         chain=chain,
+        target=request.target,
     )
 
 
@@ -252,6 +263,9 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         node_id = node_of[shard.shard_id]
         planned += chain_items(context, chain[:1], shard.shard_id, node_id)
         overlay += chain_items(context, chain[1:], shard.shard_id, node_id)
+    wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
+    for _, items in wal.values():
+        planned += items
     # Each node's objects in turn: the Download map starts items in plan order.
     plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
     # The chain's newer members, over the root: the second download wave.
@@ -262,7 +276,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
             prepare_key(svc, context, assignment.node_id),
-            prepare_args(shards, manifest.encryption, chain),
+            prepare_args(shards, manifest.encryption, chain, wal, context.target),
         )
     svc.catalog.put(
         {
@@ -276,7 +290,8 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "started_at": context.started_at,
             "execution_id": context.execution_id,
             "placement": {p.shard_id: p.node_id for p in context.placements},
-            "bytes_total": context.bytes,  # every byte of the restored streams, once
+            # Every byte of the restored streams, once, and the archive's WAL it replays.
+            "bytes_total": context.bytes + sum(i.length for _, w in wal.values() for i in w),
             "objects_total": len(planned) + len(overlay),
             "bytes_done": 0,
             "objects_done": 0,
@@ -313,9 +328,13 @@ def prepare_args(
     shards: list[ManifestShard],
     encryption: Encryption | None,
     chain: list[tuple[Manifest, str]],
+    wal: dict[str, tuple[list[FileEntry], list[DownloadItem]]] | None = None,
+    target: RestoreTarget | None = None,
 ) -> dict[str, Any]:
     """What a node needs to lay out its shards before any byte arrives: every stream's files
-    (packed) and the byte ranges of its objects; for an incremental, its chain."""
+    (packed) and the byte ranges of its objects; for an incremental, its chain; for a
+    point-in-time restore, the archive's WAL and where recovery stops."""
+    wal = wal or {}
     return {
         "shards": [
             {
@@ -343,10 +362,22 @@ def prepare_args(
                         ],
                     }
                     for stream in shard.streams
-                ],
+                ]
+                + [wal_stream_args(*wal[shard.shard_id])] * (shard.shard_id in wal),
+                **({"recovery": pitr.recovery(target)} if target else {}),
             }
             for shard in shards
         ]
+    }
+
+
+def wal_stream_args(files: list[FileEntry], items: list[DownloadItem]) -> dict[str, Any]:
+    return {
+        "phase": Phase.WAL.value,
+        "files": pack_files(files),
+        "objects": [
+            {"key": i.key, "stream_offset": i.stream_offset, "length": i.length} for i in items
+        ],
     }
 
 

@@ -200,7 +200,11 @@ class Archiver:
         batch_id = secrets.token_hex(16)
         work = self.root / f".{batch_id}"
         work.mkdir(parents=True)
-        entries = [WalFile(name=p.name, size=p.stat().st_size) for p in files]
+        stats = [p.stat() for p in files]
+        entries = [
+            WalFile(name=p.name, size=st.st_size, pushed_at=st.st_mtime)
+            for p, st in zip(files, stats, strict=True)
+        ]
         length = sum(e.size for e in entries)
         sealer = self.keys.sealer(settings.encryption) if settings.encryption else None
         codec = FrameCodec(settings.level, sealer)

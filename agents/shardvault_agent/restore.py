@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import threading
@@ -38,10 +39,12 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from shardvault import errors
+from shardvault.archive import WAL_DIR
 from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
 from shardvault.cut import check_restore_point_name
@@ -52,6 +55,7 @@ from shardvault.errors import (
     ShardVaultError,
     TargetNotEmpty,
     TargetNotReady,
+    TargetOutOfRange,
     TargetTooSmall,
 )
 from shardvault.extents import unpack_numbers
@@ -398,7 +402,9 @@ class Restorer:
         done = _read_done(record)
         encryption = layout.get("encryption")
         sealer = self.keys.sealer(
-            Encryption.model_validate(encryption) if encryption else None, item.key_check
+            item.encryption  # a WAL batch's own key
+            or (Encryption.model_validate(encryption) if encryption else None),
+            item.key_check,
         )
         pieces = None if placements is None else files.resolve(placements)  # opens files
         reads = planned_reads(item, pieces)
@@ -850,15 +856,19 @@ def finish_postgres(
     on every database and the validation queries (``checks``)."""
     from shardvault.local.postgres import attach_instance
 
-    cut = restorer._layout(restore_id, shard_id).get("marker", {}).get("cut_name")
+    layout = restorer._layout(restore_id, shard_id)
+    cut = layout.get("marker", {}).get("cut_name")
+    target = layout.get("recovery")  # a point-in-time restore (shardvault.pitr)
     with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
         conf.write(
             "\n# shardvault restore: a copy must not archive its WAL into its source's archive\n"
             "archive_mode = 'off'\n"
         )
-        if cut is not None:
+        if target is not None:
+            conf.write(recovery_to_target(root / WAL_DIR, target.get("target_time")))
+        elif cut is not None:
             conf.write(recovery_to_cut(check_restore_point_name(cut)))
-    if cut is not None:
+    if cut is not None or target is not None:
         (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
     taken = {i["port"] for i in restorer._started(restore_id).values() if i.get("port")}
     taken |= ports_of_servers(restorer.restore_dir)
@@ -866,9 +876,11 @@ def finish_postgres(
     restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
     try:
         instance = attach_instance(root, port=port)
-    except RuntimeError as error:  # the server did not come up: its log is in the message
-        raise short_of_cut(str(error), shard_id, cut) or error from None
-    recovered = promoted(instance, RECOVERY_SECONDS)
+        recovered = promoted(instance, RECOVERY_SECONDS)
+    except RuntimeError as error:  # the server stopped: its log is in the message
+        raise short_of_target(str(error), shard_id, cut, target) or error from None
+    if target is not None:
+        shutil.rmtree(root / WAL_DIR, ignore_errors=True)  # replayed: not part of the copy
     checks = {"recovered": "ok" if recovered else "in recovery"}
     checks |= postgres_checks(
         instance,
@@ -882,7 +894,9 @@ def finish_postgres(
         "path": str(root),
         "port": port,
         "socket_dir": str(instance.socket_dir),
-        "recovered_to": cut,  # the cluster's restore point; None: the end of the tail's WAL
+        # The target time, the end of the archive, the cluster's restore point, or (None)
+        # the end of the tail's WAL.
+        "recovered_to": recovered_to(cut, target),
         "checks": checks,
         "checks_passed": all(v == "ok" for v in checks.values()),
     }
@@ -903,10 +917,48 @@ def recovery_to_cut(name: str) -> str:
     )
 
 
-def short_of_cut(log: str, shard_id: str, cut: str | None) -> ShardVaultError | None:
-    """The named error for a server that stopped because its WAL ended before the backup's
-    restore point (PostgreSQL says so in its log, then exits); None for any other failure."""
-    if cut is None or "recovery ended before configured recovery target was reached" not in log:
+def recovery_to_target(wal_dir: Path, target_time: str | None) -> str:
+    """The settings that replay the archive's WAL (placed in ``wal_dir``) to ``target_time``
+    (ISO 8601 with its offset), or to the archive's end (None), and open the copy."""
+    # restore_command is a shell command: the directory is quoted for the shell, then for
+    # postgresql.conf. It comes from this node's configuration, never from a request.
+    command = f"cp {shlex.quote(str(wal_dir))}/%f %p".replace("'", "''")
+    lines = [
+        "# shardvault restore: replay the archive's WAL, then open for writes\n",
+        f"restore_command = '{command}'\n",
+        "recovery_target_timeline = 'latest'\n",
+    ]
+    if target_time is not None:
+        when = datetime.fromisoformat(target_time)  # refuses anything but a time
+        lines += [
+            f"recovery_target_time = '{when.isoformat()}'\n",
+            "recovery_target_action = 'promote'\n",
+        ]
+    return "".join(lines)
+
+
+def recovered_to(cut: str | None, target: dict[str, Any] | None) -> str | None:
+    if target is not None:
+        return target.get("target_time") or "the end of the WAL archive"
+    return cut
+
+
+def short_of_target(
+    log: str, shard_id: str, cut: str | None, target: dict[str, Any] | None
+) -> ShardVaultError | None:
+    """The named error for a server that stopped because its WAL ended before its target
+    (PostgreSQL says so in its log, then exits); None for any other failure."""
+    if "recovery ended before configured recovery target was reached" not in log:
+        return None
+    if target is not None:
+        return TargetOutOfRange(
+            f"shard {shard_id}: its archived WAL ends before {target.get('target_time')}: "
+            "PostgreSQL found no transaction after the target in it (the archive stops "
+            "short of the target, or nothing was committed after it).",
+            fix="choose an earlier target, or restore with --target-latest (the end of the "
+            "archive); if the target is recent, wait for the archive to catch up.",
+        )
+    if cut is None:
         return None
     return RestoreValidationFailed(
         f"shard {shard_id}: the WAL in its backup ends before the backup's restore point {cut}, "
@@ -920,11 +972,16 @@ def promoted(instance: Any, timeout: float) -> bool:
     if it has not after ``timeout`` seconds. A server in targeted recovery accepts read-only
     connections before it is done."""
     deadline = time.monotonic() + timeout
-    while instance.psql("SELECT pg_is_in_recovery()") != "f":
+    while True:
+        try:
+            if instance.psql("SELECT pg_is_in_recovery()") == "f":
+                return True
+        except Exception as error:  # the server stopped in recovery: say why from its log
+            time.sleep(0.5)  # its last lines are written as it exits
+            raise RuntimeError(f"{error}\nServer log:\n{instance.log_tail(60)}") from None
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
-    return True
 
 
 def ports_of_servers(restore_dir: Path) -> set[int]:

@@ -8,24 +8,37 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from shardvault_agent import walspool
 
+from shardvault import archive
 from shardvault import operations as ops
 from shardvault.local import demo
-from shardvault.local.postgres import stop_server
+from shardvault.local.postgres import (
+    PostgresInstance,
+    _give_to_postgres,
+    ensure_traversable,
+    stop_server,
+)
+from shardvault.local.postgres import init_instance as init_postgres
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest, RestoreRequest
 from shardvault.store import open_uploads
 from shardvault.tables import Catalog, Inbox, table
 
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the WAL push runs as the server's user, as on a host
+ARCHIVE_MARKER = "archive-marker-7f3a"  # in the rows ArchivingNode writes
 # Idle periods short too: a stopped agent is judged silent by the period it promised
 # (idle_heartbeat_seconds), and token-less commands (a cleanup's releases) are not rung.
 FAST_AGENT = {
@@ -230,6 +243,113 @@ def policy_for(stack, tmp_path, monkeypatch):
         monkeypatch.setattr(stack.settings, "policy_file", str(path))
 
     return write
+
+
+class ArchivingNode:
+    """One PostgreSQL node, the leader of shard-1 of its own cluster, whose archive_command
+    pushes into its agent's spool (the system's python3, as the server's user)."""
+
+    def __init__(self, stack: Any, tmp_path: Path, delay: float, **policy: str) -> None:
+        self.stack, self.cluster = stack, f"wal{next(names)}"
+        self.node_id, self.shard_id = f"{self.cluster}-n1", "shard-1"
+        self.spool = tmp_path / "spool"
+        self.spool.mkdir()
+        _give_to_postgres(self.spool)
+        client = tmp_path / "push" / "walspool.py"
+        client.parent.mkdir()
+        shutil.copyfile(walspool.__file__, client)
+        ensure_traversable(client.parent)
+        command = f"{SYSTEM_PYTHON} {client} --spool {self.spool} --max-bytes {1 << 34} %p"
+        self.server: PostgresInstance = init_postgres(
+            tmp_path / "pg", settings={"archive_mode": "on", "archive_command": command}
+        )
+        self.config = demo.agent_config(
+            tmp_path,
+            self.cluster,
+            self.node_id,
+            "postgres",
+            [
+                {
+                    "shard_id": self.shard_id,
+                    "role": "leader",
+                    "data_dir": str(self.server.data_dir),
+                    "conninfo": self.server.conninfo,
+                    "wal_spool_dir": str(self.spool),
+                }
+            ],
+        )
+        self.config.update(FAST_AGENT | {"archive_poll_seconds": 0.2})
+        self.policy = {"engine": "postgres", "archive": f"{{max_delay_seconds: {delay}}}", **policy}
+
+    def start_agent(self) -> None:
+        self.stack.start_agent(self.config)
+        self.stack.wait_for_nodes([self.node_id])
+
+    def stop(self) -> None:
+        self.stack.stop_agent(self.node_id)
+        self.server.stop()
+
+    def write_segments(self, count: int) -> str:
+        """Fills ``count`` segments with rows that carry the marker; the last one's name."""
+        self.server.psql(
+            f"CREATE TABLE IF NOT EXISTS filler (n int, note text DEFAULT '{ARCHIVE_MARKER}')"
+        )
+        last = ""
+        for _ in range(count):
+            self.server.psql("INSERT INTO filler (n) SELECT generate_series(1, 2000)")
+            last = self.server.psql("SELECT pg_walfile_name(pg_switch_wal())")
+        return last
+
+    def backup(self) -> ops.Progress:
+        client = client_of(self.stack)
+        execution = ops.start_backup(client, BackupRequest(cluster=self.cluster))
+        return ops.wait_backup(client, execution, interval=0.2, timeout=600)
+
+    def batches(self) -> list[dict[str, Any]]:
+        return archive.archived_batches(self.stack.services(), self.cluster, self.shard_id)
+
+    def archived(self) -> list[str]:
+        return sorted(f["name"] for b in self.batches() for f in b["files"])
+
+    def wait_archived(self, last: str, timeout: float = 60) -> list[str]:
+        """Waits until ``last`` is in the store and the spool is empty."""
+        deadline = time.monotonic() + timeout
+        while True:
+            names_ = self.archived()
+            spooled = [p.name for p in self.spool.iterdir()]
+            if last in names_ and not spooled:
+                return names_
+            assert time.monotonic() < deadline, (last, names_[-3:], spooled)
+            time.sleep(0.2)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What archiving may leave behind once it is done: nothing."""
+        state = Path(self.config["state_dir"]) / "archive"
+        inbox = table(self.stack.settings.inbox_table)
+        items = inbox.query(
+            KeyConditionExpression=boto3.dynamodb.conditions.Key("node_id").eq(self.node_id)
+        )["Items"]
+        return {
+            "state": sorted(p.name for p in state.iterdir()) if state.exists() else [],
+            "requests": [
+                i["command_id"] for i in items if i["command_id"].startswith(archive.REQUEST_PREFIX)
+            ],
+        }
+
+
+@pytest.fixture
+def archiving(stack, tmp_path, policy_for):
+    made: list[ArchivingNode] = []
+
+    def make(delay: float = 0.5, **policy: str) -> ArchivingNode:
+        node = ArchivingNode(stack, tmp_path, delay, **policy)
+        policy_for(node.cluster, **node.policy)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        node.stop()
 
 
 def run_cli(stack: LocalStack, *args: str, columns: int = 200) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to
-from shardvault_agent.restore import recovery_to_cut, short_of_cut
+from shardvault_agent.restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
 from shardvault.cli import cut_cell
@@ -99,9 +99,9 @@ def test_a_copy_whose_wal_ends_before_the_cut_is_refused_by_name() -> None:
         "LOG:  redo done at 0/4000110\n"
         "FATAL:  recovery ended before configured recovery target was reached\n"
     )
-    refused = short_of_cut(log, "shard-2", "20261125T041736Z-ccb959")
+    refused = short_of_target(log, "shard-2", "20261125T041736Z-ccb959", None)
     assert isinstance(refused, RestoreValidationFailed)
     assert "shard shard-2" in refused.message
     assert "restore point 20261125T041736Z-ccb959" in refused.message
-    assert short_of_cut("FATAL:  could not bind IPv4 address", "shard-2", "b1") is None
-    assert short_of_cut(log, "shard-2", None) is None  # no cut asked for: not this failure
+    assert short_of_target("FATAL:  could not bind IPv4 address", "shard-2", "b1", None) is None
+    assert short_of_target(log, "shard-2", None, None) is None  # no cut asked for: not this failure

@@ -1,0 +1,106 @@
+"""Point-in-time restores (shardvault.pitr): a backup, then the WAL archive replayed to a
+target, on a real PostgreSQL whose WAL the agent archives continuously.
+
+Checked in the restored server itself: a marker row written every quarter second after the
+backup, each stamped with the source's clock; a restore to a time between two markers holds
+every marker up to the earlier one and none after it."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+
+from shardvault.local.postgres import restored_instance
+
+from .conftest import output
+
+MARKS = 12
+
+
+def write_marks(node, count: int = MARKS) -> list[datetime]:
+    """Marker rows 0..count-1, a quarter second apart, a segment switch every third; their
+    commit times by the source's clock."""
+    node.server.psql("CREATE TABLE IF NOT EXISTS marks (n int PRIMARY KEY, at timestamptz)")
+    for n in range(count):
+        node.server.psql(f"INSERT INTO marks VALUES ({n}, clock_timestamp())")
+        if n % 3 == 2:
+            node.server.psql("SELECT pg_switch_wal()")
+        time.sleep(0.25)
+    rows = node.server.psql("SELECT at FROM marks ORDER BY n").splitlines()
+    return [datetime.fromisoformat(r) for r in rows]
+
+
+def settle(node) -> None:
+    """Everything written so far in the archive: a last segment switched and stored."""
+    node.server.psql("INSERT INTO marks VALUES (1000, clock_timestamp())")  # a commit after all
+    last = node.server.psql("SELECT pg_walfile_name(pg_switch_wal())")
+    node.wait_archived(last)
+    time.sleep(0.1)
+
+
+def restored_marks(progress) -> list[int]:
+    summary = output(progress)
+    (shard,) = summary["shards"]
+    return [int(n) for n in restored_instance(shard).psql("SELECT n FROM marks ORDER BY n").split()]
+
+
+@pytest.fixture
+def archived(archiving):
+    node = archiving(delay=0.2)
+    node.start_agent()
+    node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz)")
+    backup = node.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    times = write_marks(node)
+    settle(node)
+    return node, backup, times
+
+
+def test_a_restore_to_a_time_holds_what_was_committed_up_to_it_and_nothing_after(
+    archived, make_target
+) -> None:
+    node, _, times = archived
+    target = times[6] + (times[7] - times[6]) / 2
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"time": target.isoformat()})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == list(range(7))
+    (shard,) = output(progress)["shards"]
+    assert shard["recovered_to"] == target.isoformat()
+    assert shard["checks"]["pg_amcheck --all"] == "ok"
+
+
+def test_a_restore_to_the_latest_wal_holds_every_archived_commit(archived, make_target) -> None:
+    node, _, _ = archived
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"latest": True})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == [*range(MARKS), 1000]
+
+
+def test_a_target_outside_the_archive_is_refused_naming_the_range(archived, make_target) -> None:
+    node, backup, times = archived
+    into = make_target(nodes=1, engine="postgres")
+    before = datetime.fromtimestamp(float(backup.record["completed_at"]) - 3600).astimezone()
+    after = times[-1].replace(year=times[-1].year + 1)
+    for when, phrase in ((before, "no complete backup"), (after, "restorable range is from")):
+        progress = into.restore(node.cluster, target={"time": when.isoformat()})
+        assert progress.status == "FAILED"
+        assert progress.error == "TargetOutOfRange", progress.cause
+        assert phrase in progress.cause, progress.cause
+        assert into.records() == []  # refused before anything was written
+
+
+def test_a_sqlite_cluster_says_it_has_no_point_in_time(make_cluster, make_target) -> None:
+    cluster = make_cluster(nodes=1, size_mb=1)
+    assert cluster.backup().status == "SUCCEEDED"
+    into = make_target(nodes=1)
+    progress = into.restore(cluster.name, target={"latest": True})
+    assert progress.error == "TargetUnsupported", progress.cause
+    assert "keeps no WAL archive" in progress.cause
