@@ -1,0 +1,109 @@
+"""Point-in-time restores' choices (shardvault.pitr, shardvault.archive): which backup, which
+archived WAL, and where the archive stops reaching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from shardvault_agent.restore import recovery_to_target
+
+from shardvault import pitr
+from shardvault.archive import WAL_DIR, shard_archive, wal_stream
+from shardvault.errors import TargetOutOfRange, TargetUnsupported
+from shardvault.models import Engine, Manifest, ManifestShard, RestoreRequest
+
+SEG = 16 * 1024 * 1024
+
+
+def name(number: int, tli: int = 1) -> str:
+    return f"{tli:08X}{number // 256:08X}{number % 256:08X}"
+
+
+def index(batch_id: str, numbers: list[int], pushed: float = 0.0) -> dict:
+    return {
+        "batch_id": batch_id,
+        "files": [{"name": name(n), "size": SEG, "pushed_at": pushed + n} for n in numbers],
+    }
+
+
+def test_the_archive_reaches_as_far_as_its_segments_run_without_a_gap() -> None:
+    indexes = [index("a", [3, 4]), index("b", [5, 6]), index("c", [8, 9]), index("z", [1])]
+    found = shard_archive("s1", name(4), indexes)
+    assert (found.first, found.last) == (name(4), name(6))
+    assert found.reaches == 6.0  # the push of segment 6: 7 is missing, 8 and 9 do not count
+    assert [b["batch_id"] for b in found.batches] == ["a", "b"]
+    assert shard_archive("s1", name(7), indexes).last is None  # its first segment is missing
+
+
+def test_the_run_crosses_the_high_parts_step() -> None:
+    found = shard_archive("s1", name(255), [index("a", [255, 256, 257])])
+    assert found.last == name(257) == "000000010000000100000001"
+
+
+def test_a_file_two_batches_hold_is_placed_once_and_its_copy_aside() -> None:
+    files, offsets = wal_stream([index("a", [3, 4]), index("b", [4, 5])])
+    assert [f.path for f in files] == [
+        f"{WAL_DIR}/",
+        f"{WAL_DIR}/{name(3)}",
+        f"{WAL_DIR}/{name(4)}",
+        f"{WAL_DIR}/dup/b/{name(4)}",
+        f"{WAL_DIR}/{name(5)}",
+    ]
+    assert offsets == [0, 2 * SEG]
+
+
+BACKUPS = [
+    {"backup_id": "20261123T010000Z-aaaaaa", "status": "COMPLETE", "completed_at": 1000.0},
+    {"backup_id": "20261123T020000Z-bbbbbb", "status": "COMPLETE", "completed_at": 2000.0},
+    {"backup_id": "20261123T030000Z-cccccc", "status": "FAILED", "completed_at": 2500.0},
+]
+
+
+def request(**fields) -> RestoreRequest:
+    return RestoreRequest.model_validate({"cluster": "c", "target_cluster": "t", **fields})
+
+
+def test_the_base_is_the_newest_complete_backup_before_the_target() -> None:
+    at = {"time": "1970-01-01T00:40:00+00:00"}  # 2400 s
+    assert pitr.base_backup(request(target=at), BACKUPS)["backup_id"].endswith("bbbbbb")
+    early = {"time": "1970-01-01T00:20:00+00:00"}  # 1200 s: only the first had completed
+    assert pitr.base_backup(request(target=early), BACKUPS)["backup_id"].endswith("aaaaaa")
+    latest = pitr.base_backup(request(target={"latest": True}), BACKUPS)
+    assert latest["backup_id"].endswith("bbbbbb")
+
+
+def test_a_target_before_every_backup_or_the_named_one_is_refused() -> None:
+    before = {"time": "1970-01-01T00:10:00+00:00"}  # 600 s
+    with pytest.raises(TargetOutOfRange, match="the oldest completed at 1970-01-01T00:16:40"):
+        pitr.base_backup(request(target=before), BACKUPS)
+    named = request(target={"time": "1970-01-01T00:20:00+00:00"}, backup_id=BACKUPS[1]["backup_id"])
+    with pytest.raises(TargetOutOfRange, match="bbbbbb that completed before"):
+        pitr.base_backup(named, BACKUPS)
+
+
+def manifest(marker: dict[str, str]) -> Manifest:
+    shard = ManifestShard(shard_id="s1", node_id="n1", marker=marker, checkpoint_at=0, streams=[])
+    return Manifest.model_construct(
+        backup_id="b1", cluster="c", engine=Engine.POSTGRES, shards=[shard]
+    )
+
+
+def test_the_first_segment_is_the_one_the_backups_wal_ends_in() -> None:
+    cut = {"start_wal": name(2), "cut_lsn": "0/5000100", "stop_wal": name(4)}
+    assert pitr.first_segment(manifest(cut), "s1") == name(5)
+    assert pitr.first_segment(manifest({"stop_wal": name(4)}), "s1") == name(4)
+    with pytest.raises(TargetUnsupported, match="older than point-in-time"):
+        pitr.first_segment(manifest({}), "s1")
+
+
+def test_recovery_reads_the_placed_archive_and_stops_at_the_target() -> None:
+    wal_dir = Path("/srv/re stored/s1") / WAL_DIR
+    text = recovery_to_target(wal_dir, "2026-11-23T14:02:59+00:00")
+    # Quoted for the shell, then for postgresql.conf (a quote doubled).
+    assert f"restore_command = 'cp ''{wal_dir}''/%f %p'\n" in text
+    assert "recovery_target_time = '2026-11-23T14:02:59+00:00'\n" in text
+    assert "recovery_target_action = 'promote'\n" in text
+    assert "recovery_target_time =" not in recovery_to_target(wal_dir, None)  # to the end
+    with pytest.raises(ValueError, match="Invalid isoformat"):
+        recovery_to_target(wal_dir, "2026-11-23'; restore_command = 'rm -rf /")
