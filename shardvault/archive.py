@@ -46,8 +46,22 @@ from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, Shar
 from shardvault.frames import unpack_frames
 from shardvault.keys import new_data_key
 from shardvault.membership import claim_problem
-from shardvault.models import Encryption, FileEntry, Frozen, NodeRecord, Role, check_name
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_number, timeline
+from shardvault.models import (
+    Encryption,
+    FileEntry,
+    Frozen,
+    Manifest,
+    NodeRecord,
+    Role,
+    check_name,
+)
+from shardvault.pgwal import (
+    DEFAULT_SEGMENT_SIZE,
+    SEGMENT_NAME,
+    segment_holding,
+    segment_number,
+    timeline,
+)
 from shardvault.planning import store_root
 from shardvault.services import Services
 from shardvault.store import presign_put, stored_checksum
@@ -343,6 +357,18 @@ class ShardArchive:
     batches: list[dict[str, Any]]
 
 
+def wal_from(manifest: Manifest, shard_id: str) -> str | None:
+    """The segment a backup's own WAL of the shard ends in (the cut's, or the stop's): where a
+    point-in-time restore from it starts reading the archive, and what the archive must keep
+    for it; None for a shard without WAL (SQLite) or a backup older than cuts and stops."""
+    shard = next(s for s in manifest.shards if s.shard_id == shard_id)
+    marker = shard.marker
+    start = marker.get("start_wal")
+    if start and marker.get("cut_lsn"):
+        return segment_holding(timeline(start), marker["cut_lsn"], DEFAULT_SEGMENT_SIZE)
+    return marker.get("stop_wal") or None
+
+
 def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
     """The run of archived segments on ``first``'s timeline from ``first`` on, without a gap,
     and the batches that hold it (in WAL order)."""
@@ -384,3 +410,41 @@ def wal_stream(batches: list[dict[str, Any]]) -> tuple[list[FileEntry], list[int
             files.append(FileEntry(path=path, size=entry["size"]))
             offset += entry["size"]
     return files, offsets
+
+
+# --- expiry -------------------------------------------------------------------------------------
+def batch_names(key: str) -> tuple[str, str] | None:
+    """The first and last file a batch's key names (its object's or its index's)."""
+    parts = key.rsplit("/", 1)[-1].split("--")
+    return (parts[0], parts[1]) if len(parts) == 3 else None
+
+
+def expired_keys(keys: list[str], cutoffs: dict[str, str]) -> list[str]:
+    """Of a cluster's archive keys, those of batches no kept backup needs: every file a
+    segment of one timeline (or a backup history file, named after one), before the segment
+    its shard's oldest kept backup starts from (``cutoffs``, by shard). Timeline history files
+    (``<timeline>.history``: they sort between two timelines' segments, so a batch of one
+    timeline holds none) are never expired: a few bytes each, and a recovery across timelines
+    reads them. A shard without a cutoff keeps everything."""
+    expired = []
+    for key in keys:
+        shard_id = key.rsplit("/", 2)[-2]
+        names = batch_names(key)
+        cutoff = cutoffs.get(shard_id)
+        if names is None or cutoff is None:
+            continue
+        first, last = (name[:24] for name in names)  # a backup history file: its segment's
+        segments = SEGMENT_NAME.fullmatch(first) and SEGMENT_NAME.fullmatch(last)
+        if segments and timeline(first) == timeline(last) and last < cutoff:
+            expired.append(key)
+    return expired
+
+
+def cutoffs(backups: list[dict[str, Any]]) -> dict[str, str]:
+    """Per shard, where the archive's oldest needed WAL begins: the oldest complete backup's
+    ``wal_from`` (nothing, so everything kept, when that backup predates the record)."""
+    complete = [b for b in backups if b.get("status") == "COMPLETE"]
+    if not complete:
+        return {}
+    oldest = min(complete, key=lambda b: b["backup_id"])
+    return dict(oldest.get("wal_from") or {})

@@ -378,7 +378,10 @@ def sized(count: int) -> str:
 
 
 def recovered_to(shard: dict[str, Any]) -> str:
-    """Where a restored shard's recovery stopped: the backup's cut, or its own copy's end."""
+    """Where a restored shard's recovery stopped: a point-in-time target, the backup's cut,
+    or its own copy's end."""
+    if shard.get("recovery_target"):
+        return str(shard["recovered_to"])
     if shard.get("recovered_to"):
         return f"restore point {shard['recovered_to']}"
     return "end of its copy"

@@ -29,6 +29,7 @@ from shardvault.archive import (
     archived_batches,
     batch_place,
     shard_archive,
+    wal_from,
     wal_stream,
 )
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
@@ -44,7 +45,6 @@ from shardvault.models import (
     RestoreRequest,
     RestoreTarget,
 )
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_holding, timeline
 from shardvault.services import Services
 
 
@@ -78,18 +78,14 @@ def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[
 
 def first_segment(manifest: Manifest, shard_id: str) -> str:
     """The segment the backup's own WAL of the shard ends in: the archive's must start there."""
-    shard = next(s for s in manifest.shards if s.shard_id == shard_id)
-    marker = shard.marker
-    start = marker.get("start_wal")
-    if start and marker.get("cut_lsn"):
-        return segment_holding(timeline(start), marker["cut_lsn"], DEFAULT_SEGMENT_SIZE)
-    if marker.get("stop_wal"):
-        return marker["stop_wal"]
-    raise TargetUnsupported(
-        f"backup {manifest.backup_id} records no WAL position for shard {shard_id}: it was "
-        "taken by an agent older than point-in-time restores.",
-        fix="restore it without a target, or take a new backup and restore from that one.",
-    )
+    first = wal_from(manifest, shard_id)
+    if first is None:
+        raise TargetUnsupported(
+            f"backup {manifest.backup_id} records no WAL position for shard {shard_id}: it was "
+            "taken by an agent older than point-in-time restores.",
+            fix="restore it without a target, or take a new backup and restore from that one.",
+        )
+    return first
 
 
 def archives(

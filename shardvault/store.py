@@ -178,6 +178,13 @@ def abort_uploads(s3: Any, bucket: str, prefix: str) -> int:
     return len(uploads)
 
 
+def delete_keys(s3: Any, bucket: str, keys: list[str]) -> None:
+    """Deletes the objects of ``keys`` in batches of up to 1,000."""
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": k} for k in keys[start : start + 1000]]
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+
+
 def delete_prefix(s3: Any, bucket: str, prefix: str) -> int:
     """Deletes every object under ``prefix`` in batches of up to 1,000 keys."""
     deleted = 0

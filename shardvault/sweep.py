@@ -11,7 +11,8 @@ run sweeps them, so cleanup converges whatever happened:
   (a prefix with a manifest is a backup, even if the catalog lost its record: never swept).
 
 A cluster's WAL archive (``<cluster>/_wal/``, ``shardvault.archive``) is no backup prefix: the
-sweep never touches it.
+sweep deletes from it only the batches no kept backup needs (``archive.expired_keys``: WAL
+before the oldest complete backup's own).
 
 Both must be older than the settings' ``sweep_grace_seconds`` (6 hours): a backup writes its
 catalog record before its first upload, but the sweep does not bet on clocks and listing
@@ -23,12 +24,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from shardvault.archive import ARCHIVE_DIR
+from shardvault import archive
 from shardvault.models import BackupStatus
 from shardvault.planning import backup_prefix, store_root
 from shardvault.readback import manifest_key
 from shardvault.services import Services
-from shardvault.store import delete_prefix, open_uploads
+from shardvault.store import delete_keys, delete_prefix, open_uploads
 
 
 def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]:
@@ -54,14 +55,27 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
         if not dry_run:
             s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
     deleted: dict[str, int] = {}
-    for (cluster, backup_id), newest in backup_prefixes(s3, bucket, root).items():
+    prefixes, archives = store_listing(s3, bucket, root)
+    for (cluster, backup_id), newest in prefixes.items():
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
         if now - newest < grace_seconds or running(cluster, backup_id):
             continue
         if has_manifest(s3, bucket, manifest_key(svc.store.prefix, cluster, backup_id)):
             continue
         deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
-    return {"dry_run": dry_run, "aborted_uploads": aborted, "deleted_prefixes": deleted}
+    expired_wal = {}
+    for cluster, keys in archives.items():
+        expired = archive.expired_keys(keys, archive.cutoffs(svc.catalog.backups(cluster)))
+        if expired:
+            expired_wal[cluster] = len(expired)
+            if not dry_run:
+                delete_keys(s3, bucket, expired)
+    return {
+        "dry_run": dry_run,
+        "aborted_uploads": aborted,
+        "deleted_prefixes": deleted,
+        "expired_wal": expired_wal,
+    }
 
 
 def backup_of(key: str, root: str) -> tuple[str, str] | None:
@@ -70,20 +84,27 @@ def backup_of(key: str, root: str) -> tuple[str, str] | None:
     if not key.startswith(root):
         return None
     parts = key.removeprefix(root).split("/")
-    if len(parts) <= 2 or parts[1] == ARCHIVE_DIR:
+    if len(parts) <= 2 or parts[1] == archive.ARCHIVE_DIR:
         return None
     return parts[0], parts[1]
 
 
-def backup_prefixes(s3: Any, bucket: str, root: str) -> dict[tuple[str, str], float]:
-    """Every backup prefix in the store, with the time (epoch seconds) of its newest object."""
+def store_listing(
+    s3: Any, bucket: str, root: str
+) -> tuple[dict[tuple[str, str], float], dict[str, list[str]]]:
+    """One listing of the store: every backup prefix, with the time (epoch seconds) of its
+    newest object; and every cluster's WAL archive keys."""
     newest: dict[tuple[str, str], float] = defaultdict(float)
+    archives: dict[str, list[str]] = defaultdict(list)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
         for obj in page.get("Contents", []):
+            parts = obj["Key"].removeprefix(root).split("/")
+            if len(parts) > 3 and parts[1] == archive.ARCHIVE_DIR:
+                archives[parts[0]].append(obj["Key"])
             owner = backup_of(obj["Key"], root)
             if owner is not None:
                 newest[owner] = max(newest[owner], obj["LastModified"].timestamp())
-    return dict(newest)
+    return dict(newest), dict(archives)
 
 
 def has_manifest(s3: Any, bucket: str, key: str) -> bool:

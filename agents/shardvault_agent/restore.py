@@ -897,6 +897,11 @@ def finish_postgres(
         # The target time, the end of the archive, the cluster's restore point, or (None)
         # the end of the tail's WAL.
         "recovered_to": recovered_to(cut, target),
+        "recovery_target": None
+        if target is None
+        else "time"
+        if target.get("target_time")
+        else "latest",
         "checks": checks,
         "checks_passed": all(v == "ok" for v in checks.values()),
     }

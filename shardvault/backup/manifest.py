@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from shardvault.archive import wal_from
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.errors import UploadIncomplete
 from shardvault.models import (
@@ -182,6 +183,10 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "checkpoint_skew_seconds": manifest.checkpoint_skew_seconds,
         "cut_name": manifest.cut_name,
         "cut_skew_seconds": manifest.cut_skew_seconds,
+        # Per shard, the WAL segment its own WAL ends in: the archive keeps what follows.
+        "wal_from": {
+            s.shard_id: first for s in manifest.shards if (first := wal_from(manifest, s.shard_id))
+        },
         "verification": manifest.verification,
         "manifest_key": manifest_key,
         "throughput_mib_s": round(manifest.bytes / max(duration, 1e-9) / 2**20, 2),

@@ -8,6 +8,7 @@ page addresses, the spool and state directories, the node's inbox partition."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
@@ -17,6 +18,8 @@ import boto3
 import pytest
 from shardvault_agent.keys import DataKeys
 
+from shardvault import archive
+from shardvault import operations as ops
 from shardvault.errors import FrameUnreadable
 from shardvault.materialize import read_batch
 from shardvault.models import Encryption
@@ -24,6 +27,7 @@ from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_n
 from shardvault.pipeline import Sealer
 
 from .conftest import ARCHIVE_MARKER as MARKER
+from .conftest import client_of
 
 
 def segments_in_sequence(files: dict[str, bytes]) -> list[str]:
@@ -122,3 +126,48 @@ def test_an_agent_killed_while_archiving_loses_no_wal_file(archiving) -> None:
     segments_in_sequence(read_all(node.stack, node.batches()))
     assert node.server.psql("SELECT failed_count FROM pg_stat_archiver") == "0"
     assert node.leftovers() == {"state": [], "requests": []}
+
+
+def test_the_daily_run_expires_the_wal_no_kept_backup_needs(archiving, monkeypatch) -> None:
+    """WAL before the oldest complete backup's own goes with the retention run's sweep (a dry
+    run only counts it); what follows it, and every history file, stays."""
+    from shardvault.lambda_support import services
+
+    node = archiving(delay=0.2)
+    node.start_agent()
+    before = node.write_segments(3)
+    node.wait_archived(before)
+    backup = node.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    wal_from = backup.record["wal_from"][node.shard_id]
+    after = node.write_segments(2)
+    node.wait_archived(after)
+    old = [b["key"] for b in node.batches() if b["files"][-1]["name"] < wal_from]
+    listing = [[f["name"] for f in b["files"]] for b in node.batches()]
+    assert old  # the segments written before the backup
+    history = "00000002.history"  # as a restore's promotion archives it: never expired
+    svc = node.stack.services()
+    key = f"{archive.archive_prefix(svc.store.prefix, node.cluster, node.shard_id)}"
+    kept_index = f"{key}{history}--{history}--{'b' * 32}.json"
+    body = {"key": kept_index, "files": [{"name": history, "size": 0}]}
+    svc.store_s3.put_object(Bucket=svc.store.bucket, Key=kept_index, Body=json.dumps(body))
+    monkeypatch.setattr(services().settings, "sweep_grace_seconds", 0.0)
+    client = client_of(node.stack)
+
+    dry = ops.run_retention(client, node.cluster, dry_run=True)
+
+    assert dry.status == "SUCCEEDED", dry.cause
+    assert dry.record["sweep"]["expired_wal"] == {node.cluster: 2 * len(old)}, (
+        wal_from,
+        listing,
+    )  # object and index
+    assert {b["key"] for b in node.batches()} >= set(old)
+
+    real = ops.run_retention(client, node.cluster, dry_run=False)
+
+    assert real.status == "SUCCEEDED", real.cause
+    kept = node.batches()
+    assert not {b["key"] for b in kept} & set(old)
+    assert min(f["name"] for b in kept for f in b["files"] if len(f["name"]) == 24) <= wal_from
+    assert after in node.archived()
+    assert kept_index in {b["key"] for b in kept}  # the history file's batch stays
