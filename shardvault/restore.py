@@ -363,7 +363,7 @@ def prepare_args(
                     }
                     for stream in shard.streams
                 ]
-                + [wal_stream_args(*wal[shard.shard_id])] * (shard.shard_id in wal),
+                + ([wal_stream_args(*wal[shard.shard_id])] if shard.shard_id in wal else []),
                 **({"recovery": pitr.recovery(target)} if target else {}),
             }
             for shard in shards
