@@ -131,6 +131,16 @@ class ShardInfo(Frozen):
     # (ShardDataMissing, EngineError; None from an agent too old to say).
     problem: str | None = None
     problem_error: str | None = None
+    # Continuous archiving (shardvault_agent.archiver): the WAL waiting in the shard's spool
+    # at the heartbeat, and how long its oldest file had waited (None: no spool).
+    wal_spool_bytes: int | None = None
+    wal_spool_oldest_seconds: float | None = None
+
+    def spool_stalled_for(self, now: float, heartbeat_at: float) -> float:
+        """How long the spool's oldest file has waited by ``now`` (0: an empty spool)."""
+        if not self.wal_spool_bytes or self.wal_spool_oldest_seconds is None:
+            return 0.0
+        return self.wal_spool_oldest_seconds + max(0.0, now - heartbeat_at)
 
 
 # A node is silent once its agent has missed this many of the heartbeats it promised.

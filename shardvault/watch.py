@@ -16,6 +16,10 @@ Terms:
   that missed their heartbeats (``NodeRecord.is_silent``, the rule validation refuses a
   backup by). One metric, not one per cluster or node: custom metrics are billed each, and
   ``shardvault nodes`` names them.
+- *stalled WAL spools* (``StalledWalSpools``, the whole deployment): shards whose WAL spool's
+  oldest file has waited more than ``SPOOL_STALL_SECONDS`` (by its agent's last heartbeat):
+  the archive is not keeping up, or not running, and PostgreSQL keeps the WAL the spool
+  refuses in ``pg_wal`` until the disk fills. The alarm fires long before that.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ WATCH_MINUTES = 15
 NAMESPACE = "ShardVault"
 BACKUP_AGE_METRIC = "NewestBackupAgeHours"
 SILENT_AGENTS_METRIC = "SilentAgents"
+STALLED_SPOOLS_METRIC = "StalledWalSpools"
+SPOOL_STALL_SECONDS = 900.0  # 15 times the default archive delay: stalled, not batching
 CLUSTER_DIMENSION = "Cluster"
 
 
@@ -38,6 +44,7 @@ class Observation(Frozen):
 
     backup_age_hours: dict[str, float]  # by cluster; a cluster never attempted is absent
     silent_nodes: list[str]  # "cluster/node"
+    stalled_spools: list[str] = []  # "cluster/node/shard"
 
 
 def observe(svc: Services, now: float) -> Observation:
@@ -45,12 +52,15 @@ def observe(svc: Services, now: float) -> Observation:
     clusters = sorted(policy.clusters) if policy else []
     ages = {name: age for name in clusters if (age := backup_age_hours(svc, name, now)) is not None}
     max_age = svc.settings.heartbeat_max_age_seconds
-    silent = [
-        f"{node.cluster}/{node.node_id}"
-        for node in svc.nodes.everyone()
-        if node.is_unavailable(now, max_age)
+    nodes = svc.nodes.everyone()
+    silent = [f"{n.cluster}/{n.node_id}" for n in nodes if n.is_unavailable(now, max_age)]
+    stalled = [
+        f"{n.cluster}/{n.node_id}/{s.shard_id}"
+        for n in nodes
+        for s in n.shards
+        if s.spool_stalled_for(now, n.heartbeat_at) > SPOOL_STALL_SECONDS
     ]
-    return Observation(backup_age_hours=ages, silent_nodes=silent)
+    return Observation(backup_age_hours=ages, silent_nodes=silent, stalled_spools=stalled)
 
 
 def backup_age_hours(svc: Services, cluster: str, now: float) -> float | None:
@@ -76,7 +86,13 @@ def publish(observation: Observation, svc: Services, now: float) -> None:
             "Timestamp": at,
             "Value": len(observation.silent_nodes),
             "Unit": "Count",
-        }
+        },
+        {
+            "MetricName": STALLED_SPOOLS_METRIC,
+            "Timestamp": at,
+            "Value": len(observation.stalled_spools),
+            "Unit": "Count",
+        },
     ]
     data += [
         {

@@ -291,17 +291,15 @@ class Archiver:
             )
         return answer
 
-    def spool_report(self) -> dict[str, dict[str, float]]:
-        """Per shard: bytes and files waiting, and the oldest one's age (for the heartbeat)."""
-        now, report = self.clock(), {}
-        for spool in self.spools:
-            stats = [p.stat() for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name)]
-            report[spool.shard_id] = {
-                "bytes": sum(s.st_size for s in stats),
-                "files": len(stats),
-                "oldest_seconds": max((now - s.st_mtime for s in stats), default=0.0),
-            }
-        return report
+
+def spool_state(path: Path, now: float) -> tuple[int, float]:
+    """Bytes of WAL waiting in a spool, and how long its oldest file has waited (the
+    heartbeat's report; the watch alarms on a spool that does not drain)."""
+    try:
+        stats = [p.stat() for p in path.iterdir() if WAL_FILE.fullmatch(p.name)]
+    except OSError:  # a file archived meanwhile, or the spool gone: say nothing is waiting
+        return 0, 0.0
+    return sum(s.st_size for s in stats), max((now - s.st_mtime for s in stats), default=0.0)
 
 
 class _Concatenated:

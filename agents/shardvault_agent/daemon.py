@@ -43,7 +43,7 @@ from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, Role, ShardInfo
 from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import __version__, restore
-from shardvault_agent.archiver import Archiver, Spool, lambda_invoker
+from shardvault_agent.archiver import Archiver, Spool, lambda_invoker, spool_state
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
@@ -194,7 +194,11 @@ class Agent:
                 problem_error=error.name,
             )
         bytes_ = self.engine.shard_bytes(shard)
-        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_)
+        spool = {}
+        if shard.wal_spool_dir is not None:
+            waiting, oldest = spool_state(shard.wal_spool_dir, time.time())
+            spool = {"wal_spool_bytes": waiting, "wal_spool_oldest_seconds": round(oldest, 1)}
+        return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_, **spool)
 
     def heartbeat_loop(self) -> None:
         cfg = self.config

@@ -8,6 +8,8 @@
     older than its RPO (``Policy.rpo_hours``);
   - ``SilentAgents``: a registered agent stopped or missed its heartbeats on two watches in a
     row (a restart is not an alarm);
+  - ``StalledWalSpools``: a shard's WAL spool has not drained for 15 minutes on two watches
+    in a row (its archive is down or falling behind; PostgreSQL's disk fills next);
   - ``FunctionErrors``: a function that no workflow runs (the reaper, the watch) failed. A
     function a workflow runs is retried by it, and a failure it cannot retry fails the
     execution, which the workflows' own alarms report.
@@ -36,6 +38,7 @@ from shardvault.watch import (
     CLUSTER_DIMENSION,
     NAMESPACE,
     SILENT_AGENTS_METRIC,
+    STALLED_SPOOLS_METRIC,
     WATCH_MINUTES,
 )
 
@@ -85,6 +88,22 @@ class Monitoring(Construct):
             "then restart it (or remove a decommissioned node with 'shardvault nodes "
             "--remove').",
             self.silent_agents_metric(),
+            threshold=1,
+            evaluation_periods=2,
+        )
+        self.stalled_spools = self._alarm(
+            "StalledWalSpools",
+            "ShardVault: a shard's WAL spool has held a file for over 15 minutes on two "
+            "watches in a row: its agent does not archive (down, no archive function, or the "
+            "store unreachable), and once the spool is full PostgreSQL keeps its WAL in pg_wal "
+            "until the disk fills. See the agent's log; 'shardvault nodes --json' shows each "
+            "shard's spool.",
+            cloudwatch.Metric(
+                namespace=NAMESPACE,
+                metric_name=STALLED_SPOOLS_METRIC,
+                statistic="Maximum",
+                period=WATCH_PERIOD,
+            ),
             threshold=1,
             evaluation_periods=2,
         )

@@ -804,7 +804,7 @@ def test_agents_may_invoke_the_wal_archive_and_no_other_function(synth: Synthesi
     assert "ArchiveFunctionName" in synth.json["Outputs"]
 
 
-def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_alarm(
+def test_each_cluster_alarms_past_its_rpo_and_silent_agents_stalled_spools_and_lone_functions(
     synth: Synthesized,
 ) -> None:
     """The watch's metrics and the errors of the functions no workflow runs each reach the
@@ -827,6 +827,10 @@ def test_each_cluster_alarms_past_its_rpo_and_silent_agents_and_lone_functions_a
     (silent,) = [a for a in alarms if a.get("MetricName") == "SilentAgents"]
     assert silent["EvaluationPeriods"] == 2  # a restart between two watches is no alarm
     assert silent["AlarmActions"] == [{"Ref": topic}]
+    (stalled,) = [a for a in alarms if a.get("MetricName") == "StalledWalSpools"]
+    assert stalled["EvaluationPeriods"] == 2
+    assert stalled["Threshold"] == 1
+    assert stalled["AlarmActions"] == [{"Ref": topic}]
     (errors,) = [a for a in alarms if "Metrics" in a]
     errored = {
         only_id(m["MetricStat"]["Metric"]["Dimensions"][0]["Value"])

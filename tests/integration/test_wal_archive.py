@@ -25,6 +25,7 @@ from shardvault.materialize import read_batch
 from shardvault.models import Encryption
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 from shardvault.pipeline import Sealer
+from shardvault.watch import SPOOL_STALL_SECONDS, observe
 
 from .conftest import ARCHIVE_MARKER as MARKER
 from .conftest import client_of
@@ -171,3 +172,20 @@ def test_the_daily_run_expires_the_wal_no_kept_backup_needs(archiving, monkeypat
     assert min(f["name"] for b in kept for f in b["files"] if len(f["name"]) == 24) <= wal_from
     assert after in node.archived()
     assert kept_index in {b["key"] for b in kept}  # the history file's batch stays
+
+
+def test_a_spool_nobody_archives_is_reported_and_counted_stalled(archiving) -> None:
+    node = archiving(delay=0.2)
+    node.stack.start_agent(node.config, {"SHARDVAULT_ARCHIVE_FUNCTION": ""})  # not set up
+    node.stack.wait_for_nodes([node.node_id])
+    node.write_segments(2)
+    svc = node.stack.services()
+    deadline = time.monotonic() + 30
+    while not (shard := svc.nodes.get(node.node_id).shards[0]).wal_spool_bytes:
+        assert time.monotonic() < deadline, "the heartbeat never reported the spool"
+        time.sleep(0.2)
+    assert shard.wal_spool_bytes >= 2 * DEFAULT_SEGMENT_SIZE  # nothing archived, nothing lost
+    log = (node.stack.root / "agents" / f"{node.node_id}.log").read_text()
+    assert "no archive function is named" in log
+    later = time.time() + SPOOL_STALL_SECONDS + 60
+    assert observe(svc, later).stalled_spools == [f"{node.cluster}/{node.node_id}/shard-1"]

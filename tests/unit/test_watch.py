@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shardvault.watch import backup_age_hours
-from tests.unit.support import moto_services
+from shardvault.models import ShardInfo
+from shardvault.watch import SPOOL_STALL_SECONDS, backup_age_hours, observe
+from tests.unit.support import leader_node, moto_services
 
 HOUR = 3600.0
 
@@ -42,3 +43,28 @@ def test_the_age_runs_from_the_newest_complete_backup_or_the_first_attempt(
         )
         svc.catalog.put(record("20270117T000000Z-eeeeee", "FAILED", now - 1 * HOUR))
         assert backup_age_hours(svc, "a", now) == pytest.approx(9)
+
+
+def test_a_spool_that_has_not_drained_for_15_minutes_counts_as_stalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 1_800_000_000.0
+    node = leader_node("a", heartbeat_at=now - 100)
+
+    def spooled(shard_id: str, waiting: int, oldest: float) -> ShardInfo:
+        return ShardInfo(
+            shard_id=shard_id,
+            role="leader",
+            wal_spool_bytes=waiting,
+            wal_spool_oldest_seconds=oldest,
+        )
+
+    shards = [
+        spooled("stuck", 16 << 20, SPOOL_STALL_SECONDS - 50),  # + 100 s since the heartbeat
+        spooled("busy", 16 << 20, SPOOL_STALL_SECONDS - 150),  # waiting, but not long
+        spooled("drained", 0, 0.0),
+        ShardInfo(shard_id="plain", role="leader"),  # no spool
+    ]
+    with moto_services(monkeypatch) as svc:
+        svc.nodes.put(node.model_copy(update={"shards": shards}))
+        assert observe(svc, now).stalled_spools == ["a/a-n1/stuck"]
