@@ -645,6 +645,11 @@ def run_verify(args: argparse.Namespace) -> int:
         f"every object as their manifests say ({result['objects']} objects by checksum "
         f"attributes, {result['read']} read back)"
     )
+    for shard_id, wal in sorted((result.get("wal_archive") or {}).items()):
+        console.print(
+            f"[green]ok[/]: shard {shard_id}'s WAL archive runs without a gap from {wal['from']} "
+            f"to {wal['to']} ({wal['batches']} batches): a point-in-time restore reaches it"
+        )
     return 0
 
 

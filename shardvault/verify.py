@@ -14,6 +14,10 @@ Terms:
 - *by attributes*: each object's size and full-object CRC64NVME as the store reports them
   (``GetObjectAttributes``: no download, and it works on archived objects), against the
   manifest's.
+- *WAL archive* (PostgreSQL, continuous archiving): each shard's archive runs without a gap
+  from the segment the backup's own WAL ends in to the newest segment it holds on that
+  timeline (what a point-in-time restore from this backup replays), and every batch is in
+  the store with its index's size and checksum, by attributes.
 - *read data*: a sample of ``read_data_percent`` of the objects (at least one when above 0,
   chosen at random) is downloaded and checksummed, as restic's ``check --read-data-subset``;
   an archived object (GLACIER, DEEP_ARCHIVE) cannot be read before a thaw and is counted as
@@ -30,9 +34,10 @@ from typing import Annotated, Any
 from botocore.exceptions import ClientError
 from pydantic import Field
 
+from shardvault.archive import archived_batches, shard_archive, wal_from
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.models import ClusterName, Engine, Frozen, Manifest, Phase, RestoreRequest
-from shardvault.pgwal import tail_problems
+from shardvault.pgwal import SEGMENT_NAME, tail_problems, timeline
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
@@ -85,6 +90,7 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
             problems.append(f"{ancestor} (an ancestor of the chain) has no catalog record")
             continue
         verify_one(parent, request, svc, checked, problems)
+    archives = archive_problems(svc, manifest, problems) if manifest else {}
     outcome = {
         "backup_id": record["backup_id"],
         "cluster": request.cluster,
@@ -94,6 +100,7 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         "objects": sum(c.objects for c in checked),
         "read": sum(c.read for c in checked),
         "skipped": sum(c.skipped for c in checked),
+        "wal_archive": archives,
         "problems": problems[:MAX_PROBLEMS],
         "more_problems": max(0, len(problems) - MAX_PROBLEMS),
     }
@@ -192,6 +199,55 @@ def wal_problems(manifest: Manifest) -> list[str]:
         }
         problems += tail_problems(shard.shard_id, shard.marker, wal)
     return problems
+
+
+def archive_problems(
+    svc: Services, manifest: Manifest, problems: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Per shard with a WAL archive after the backup: what a point-in-time restore from it
+    could replay (``from`` .. ``to``); appends a gap, and a batch the store does not hold as
+    its index says, to ``problems``."""
+    found: dict[str, dict[str, Any]] = {}
+    s3, bucket = svc.store_s3, svc.store.bucket
+    for shard in manifest.shards if manifest.engine == Engine.POSTGRES else []:
+        first = wal_from(manifest, shard.shard_id)
+        indexes = (
+            archived_batches(svc, manifest.cluster, shard.shard_id, since=first) if first else []
+        )
+        if not first or not indexes:
+            continue  # not archived
+        run = shard_archive(shard.shard_id, first, indexes)
+        held = [
+            f["name"]
+            for i in indexes
+            for f in i["files"]
+            if SEGMENT_NAME.fullmatch(f["name"]) and timeline(f["name"]) == timeline(first)
+        ]
+        newest = max(held, default=first)
+        if run.last is None or run.last < newest:
+            stops = run.last or f"before {first}"
+            problems.append(
+                f"shard {shard.shard_id}'s WAL archive misses segments after {stops} (it holds "
+                f"WAL up to {newest}): a point-in-time restore from {manifest.backup_id} "
+                "cannot pass the gap"
+            )
+        for index in indexes:
+            problem = batch_problem(s3, bucket, index)
+            if problem:
+                problems.append(f"shard {shard.shard_id}'s WAL archive: {problem}")
+        found[shard.shard_id] = {"from": first, "to": run.last, "batches": len(indexes)}
+    return found
+
+
+def batch_problem(s3: Any, bucket: str, index: dict[str, Any]) -> str:
+    """'' when the store holds the batch with its index's size and checksum."""
+    try:
+        crc, size = stored_checksum(s3, bucket, index["key"])
+    except ClientError as error:
+        return f"{index['key']} is missing ({error.response['Error'].get('Code')})"
+    if (crc, size) != (index["crc64nvme"], index["stored_length"]):
+        return f"{index['key']} is {size} bytes with CRC64NVME {crc}, not as its index says"
+    return ""
 
 
 def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:

@@ -20,11 +20,12 @@ from shardvault_agent.keys import DataKeys
 
 from shardvault import archive
 from shardvault import operations as ops
-from shardvault.errors import FrameUnreadable
+from shardvault.errors import BackupDamaged, FrameUnreadable
 from shardvault.materialize import read_batch
 from shardvault.models import Encryption
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 from shardvault.pipeline import Sealer
+from shardvault.verify import VerifyRequest, verify
 from shardvault.watch import SPOOL_STALL_SECONDS, observe
 
 from .conftest import ARCHIVE_MARKER as MARKER
@@ -189,3 +190,26 @@ def test_a_spool_nobody_archives_is_reported_and_counted_stalled(archiving) -> N
     assert "no archive function is named" in log
     later = time.time() + SPOOL_STALL_SECONDS + 60
     assert observe(svc, later).stalled_spools == [f"{node.cluster}/{node.node_id}/shard-1"]
+
+
+def test_verify_checks_the_archive_a_point_in_time_restore_replays(archiving) -> None:
+    node = archiving(delay=0.2)
+    node.start_agent()
+    assert node.backup().status == "SUCCEEDED"
+    written = []
+    for _ in range(3):  # a batch each
+        written.append(node.write_segments(1))
+        node.wait_archived(written[-1])
+    svc = node.stack.services()
+    request = VerifyRequest(cluster=node.cluster)
+    whole = verify(request, svc, time.time())
+    assert whole["result"] == "ok"
+    assert whole["wal_archive"][node.shard_id]["to"] == written[-1]
+    (middle,) = [b for b in node.batches() if written[1] in {f["name"] for f in b["files"]}]
+    bucket = svc.store.bucket
+    svc.store_s3.delete_object(Bucket=bucket, Key=middle["key"])
+    with pytest.raises(BackupDamaged, match=f"{middle['key']} is missing"):
+        verify(request, svc, time.time())
+    svc.store_s3.delete_object(Bucket=bucket, Key=archive.index_key(middle["key"]))
+    with pytest.raises(BackupDamaged, match="WAL archive misses segments after"):
+        verify(request, svc, time.time())
