@@ -74,7 +74,8 @@ URL_TTL_SECONDS = 900  # a batch is packed before it is signed: its upload start
 INDEX_FORMAT = 1
 MISSING = ("NoSuchKey", "404", "NotFound")  # how S3 and MinIO say an object is not there
 # Segments (24 hex digits), timeline history files, backup history files, partial segments:
-# the names shardvault_agent.walspool accepts.
+# the names shardvault_agent.walspool accepts (it imports nothing of ShardVault's: a unit test
+# holds the two patterns equal).
 WAL_FILE = re.compile(r"^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$|^[0-9A-F]{8}\.history$")
 BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -129,6 +130,7 @@ class ArchiveCall(Frozen):
     action: Literal["settings", "sign", "record"]
     node_id: str
     batch_id: str | None = None
+    new_key: bool = False  # settings: the agent's data key ran out (or it has none)
 
 
 def batch_place(cluster: str, shard_id: str, batch_id: str) -> str:
@@ -193,16 +195,18 @@ def member_node(svc: Services, node_id: str) -> NodeRecord:
     return node
 
 
-def settings(svc: Services, node_id: str) -> dict[str, Any]:
+def settings(svc: Services, node_id: str, new_key: bool = False) -> dict[str, Any]:
     """What the node's cluster policy says of archiving: the zstd level, the longest a WAL file
-    waits in the spool for others to share its object, and the data key to seal batches with
-    (a fresh one, wrapped, when the policy says ``encryption: kms``; the agent asks again for a
-    new one after ``key_seconds``)."""
+    waits in the spool for others to share its object, and whether batches are sealed; with
+    ``new_key`` (the agent's key ran out after ``key_seconds``, or it has none) and
+    ``encryption: kms``, a fresh data key, wrapped (one KMS request a day per agent, not one
+    per batch)."""
     node = member_node(svc, node_id)
     policy = svc.policy()
     cluster = policy.clusters.get(node.cluster) if policy else None  # absent: the defaults
+    encrypt = cluster is not None and cluster.encryption == "kms"
     encryption = None
-    if cluster is not None and cluster.encryption == "kms":
+    if encrypt and new_key:
         chain = f"wal/{node_id}/{int(time.time())}"
         encryption = new_data_key(svc, node.cluster, chain).model_dump()
     archive = cluster.archive if cluster is not None else None
@@ -212,6 +216,7 @@ def settings(svc: Services, node_id: str) -> dict[str, Any]:
         "max_delay_seconds": archive.max_delay_seconds if archive else None,
         "key_seconds": archive.key_seconds if archive else None,
         "batch_max_bytes": BATCH_MAX_BYTES,
+        "encrypt": encrypt,
         "encryption": encryption,
     }
 
@@ -318,7 +323,7 @@ def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dic
 
 def call(svc: Services, event: ArchiveCall, now: float) -> dict[str, Any]:
     if event.action == "settings":
-        return settings(svc, event.node_id)
+        return settings(svc, event.node_id, event.new_key)
     if event.action == "sign":
         return sign(svc, event.node_id, event.batch_id)
     return record(svc, event.node_id, event.batch_id, now)

@@ -13,11 +13,13 @@ inbox partition, ask the archive function to sign it, PUT the packed object thro
 (the transfers' one retry policy), ask the function to record it, and only then delete its
 files from the spool. A crash anywhere before the record leaves the files in the spool and
 the pending batch in the state directory, so nothing is lost: the batch is sent again (the
-same key, the same bytes). A crash after the record but before the deletion sends those files
-again in a new batch: the archive may hold a WAL file twice, never miss one.
+same key, the same bytes, recorded again); the pending batch goes only after its files. A file
+PostgreSQL pushes again after a crash of its own goes in a new batch: the archive may hold a
+WAL file twice, never miss one.
 
-Settings (the zstd level, the delay, the data key) come from the function and are asked for
-again every ``settings_seconds`` and when the data key's ``key_seconds`` run out.
+Settings (the zstd level, the delay, whether to seal) come from the function, asked for again
+every ``SETTINGS_SECONDS``; a new data key only when the one in use has run the policy's
+``archive.key_seconds``.
 """
 
 from __future__ import annotations
@@ -155,18 +157,28 @@ class Archiver:
                 self.paused_until = self.clock() + FAILURE_PAUSE
 
     def _settings(self, now: float) -> Settings:
-        if self.settings is None or self.settings.stale(now):
-            answer = self.call({"action": "settings"})
-            encryption = answer.get("encryption")
-            key_seconds = answer.get("key_seconds") or 86400.0
-            self.settings = Settings(
-                cluster=answer["cluster"],
-                level=answer.get("level") or DEFAULT_COMPRESSION_LEVEL,
-                max_delay_seconds=answer.get("max_delay_seconds") or DEFAULT_DELAY,
-                encryption=Encryption.model_validate(encryption) if encryption else None,
-                read_at=now,
-                key_until=now + key_seconds,
-            )
+        """The policy's settings, read again every ``SETTINGS_SECONDS``; a new data key only
+        when the one in use ran out (or there is none)."""
+        old = self.settings
+        if old is not None and not old.stale(now):
+            return old
+        new_key = old is None or old.encryption is None or now >= old.key_until
+        answer = self.call({"action": "settings", "new_key": new_key})
+        encryption, key_until = None, float("inf")  # not sealed: no key runs out
+        if answer.get("encrypt"):
+            if answer.get("encryption"):
+                encryption = Encryption.model_validate(answer["encryption"])
+                key_until = now + (answer.get("key_seconds") or 86400.0)
+            elif old is not None:  # sealed as before, under the key in use
+                encryption, key_until = old.encryption, old.key_until
+        self.settings = Settings(
+            cluster=answer["cluster"],
+            level=answer.get("level") or DEFAULT_COMPRESSION_LEVEL,
+            max_delay_seconds=answer.get("max_delay_seconds") or DEFAULT_DELAY,
+            encryption=encryption,
+            read_at=now,
+            key_until=key_until,
+        )
         return self.settings
 
     # --- choosing and packing ----------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from shardvault_agent import walspool
 
 from shardvault import archive
 from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
@@ -151,3 +152,8 @@ def test_settings_follow_the_clusters_policy(svc) -> None:
     assert answer["max_delay_seconds"] == 60.0
     assert answer["batch_max_bytes"] == archive.BATCH_MAX_BYTES
     assert answer["encryption"] is None  # the policy says encryption: none
+    assert answer["encrypt"] is False
+
+
+def test_the_agents_push_and_the_archive_take_the_same_wal_names() -> None:
+    assert archive.WAL_FILE.pattern == walspool.WAL_FILE.pattern

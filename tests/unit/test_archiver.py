@@ -152,3 +152,28 @@ def test_a_refusal_is_named_with_the_functions_error(tmp_path, spool) -> None:
     archiver = make(tmp_path, spool, function)
     with pytest.raises(ArchiveRefused, match="ChecksumMismatch"):
         archiver.tick()
+
+
+def test_the_settings_are_read_again_but_a_data_key_is_asked_for_once_a_day(
+    tmp_path, spool, monkeypatch
+) -> None:
+    asked: list[bool] = []
+    wrapped = {"key_id": "k", "wrapped_key": "d3JhcHBlZA==", "context": {"shardvault:cluster": "c"}}
+
+    def function(event: dict[str, Any]) -> dict[str, Any]:
+        asked.append(event["new_key"])
+        key = wrapped if event["new_key"] else None
+        return {"cluster": "c", "encrypt": True, "encryption": key, "key_seconds": 86400.0}
+
+    archiver = make(tmp_path, spool)
+    archiver.invoke = function
+    clock = [1000.0]
+    first = archiver._settings(clock[0])
+    clock[0] += archiver_module.SETTINGS_SECONDS + 1  # the policy again, the same key
+    again = archiver._settings(clock[0])
+    clock[0] += 86400  # the key ran out
+    renewed = archiver._settings(clock[0])
+    assert asked == [True, False, True]
+    assert first.encryption == again.encryption == renewed.encryption
+    assert renewed.key_until == clock[0] + 86400
+    assert archiver._settings(clock[0] + 1) is renewed  # no call within SETTINGS_SECONDS
