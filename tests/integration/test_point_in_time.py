@@ -48,7 +48,12 @@ def restored_marks(progress) -> list[int]:
 
 @pytest.fixture
 def archived(archiving):
-    node = archiving(delay=0.2)
+    return backed_up_and_archived(archiving)
+
+
+def backed_up_and_archived(archiving, **policy: str):
+    """A node backed up, then MARKS markers written and archived after the backup."""
+    node = archiving(delay=0.2, **policy)
     node.start_agent()
     node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz)")
     backup = node.backup()
@@ -104,3 +109,17 @@ def test_a_sqlite_cluster_says_it_has_no_point_in_time(make_cluster, make_target
     progress = into.restore(cluster.name, target={"latest": True})
     assert progress.error == "TargetUnsupported", progress.cause
     assert "keeps no WAL archive" in progress.cause
+
+
+def test_a_sealed_cluster_restores_to_a_time_through_each_batchs_own_key(
+    archiving, make_target
+) -> None:
+    node, _, times = backed_up_and_archived(archiving, encryption="kms")
+    assert all(b["encryption"] for b in node.batches())  # sealed, each under its data key
+    target = times[3] + (times[4] - times[3]) / 2
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"time": target.isoformat()})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == list(range(4))
