@@ -373,6 +373,7 @@ class ShardVaultStack(Stack):
             "archive_wal",  # shardvault/archive.py: signs and records the agents' WAL batches
             policies.table(self.tables.nodes, ("dynamodb:GetItem",)),  # the caller's claim
             policies.table(self.tables.inbox, ("dynamodb:GetItem",)),  # its request item
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # #archive counters
             # The presigned PUT is authorized as this role: WAL batches, nowhere else; then
             # each batch's stored checksum, and its index beside it.
             policies.objects(bucket, wal, "s3:PutObject", "s3:GetObject", "s3:GetObjectAttributes"),

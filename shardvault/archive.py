@@ -34,6 +34,7 @@ Names sort as PostgreSQL's do, so a listing of a shard's archive is in WAL order
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ from shardvault.planning import store_root
 from shardvault.services import Services
 from shardvault.store import presign_put, stored_checksum
 
+log = logging.getLogger("shardvault.archive")
 ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
 REQUEST_PREFIX = "#archive:"  # inbox items the command poller skips ("#...")
 BATCH_MAX_BYTES = 256 * 1024 * 1024  # plaintext of one batch: 16 segments of 16 MiB, one PUT
@@ -318,6 +320,12 @@ def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dic
         Body=json.dumps(index, separators=(",", ":")).encode(),
         ContentType="application/json",
     )
+    try:  # for the cost model only: a batch recorded again may count twice, none is lost
+        svc.catalog.count_archived(
+            node.cluster, stored_bytes=batch.stored_length, wal_bytes=batch.plain_length, now=now
+        )
+    except ClientError as error:
+        log.warning("archive of %s not counted: %s", node.cluster, error)
     return {"key": key, "index": index_key(key), "files": len(batch.files)}
 
 
@@ -445,11 +453,21 @@ def expired_keys(keys: list[str], cutoffs: dict[str, str]) -> list[str]:
     return expired
 
 
-def cutoffs(backups: list[dict[str, Any]]) -> dict[str, str]:
-    """Per shard, where the archive's oldest needed WAL begins: the oldest complete backup's
-    ``wal_from`` (nothing, so everything kept, when that backup predates the record)."""
-    complete = [b for b in backups if b.get("status") == "COMPLETE"]
+def cutoffs(
+    backups: list[dict[str, Any]], window_days: float | None = None, now: float = 0.0
+) -> dict[str, str]:
+    """Per shard, where the archive's oldest needed WAL begins: the ``wal_from`` of the base a
+    restore to the window's start would use (the newest complete backup that completed
+    before it), or, without a window, of the oldest complete backup. Nothing (everything kept)
+    when that backup predates the record."""
+    complete = sorted(
+        (b for b in backups if b.get("status") == "COMPLETE"), key=lambda b: b["backup_id"]
+    )
     if not complete:
         return {}
-    oldest = min(complete, key=lambda b: b["backup_id"])
-    return dict(oldest.get("wal_from") or {})
+    base = complete[0]
+    if window_days is not None:
+        start = now - window_days * 86400
+        before = [b for b in complete if float(b.get("completed_at", 0)) <= start]
+        base = before[-1] if before else base
+    return dict(base.get("wal_from") or {})

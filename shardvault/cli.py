@@ -725,7 +725,8 @@ def run_cost(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster) if catalog else []
     alerts = []
     for name in [args.cluster] if args.cluster else sorted(policy.clusters):
-        title, forecast = cluster_forecast(policy.cluster(name), name, records, args)
+        totals = ops.archive_totals(ops.ClientConfig.from_env(), name) if catalog else None
+        title, forecast = cluster_forecast(policy.cluster(name), name, records, args, totals)
         print_forecast(title, forecast)
         if alert := costs.budget_alert(name, forecast):
             alerts.append(alert)
@@ -753,10 +754,17 @@ def print_deployment_cost(clusters: int) -> None:
 
 
 def cluster_forecast(
-    cluster: Any, name: str, records: list[dict[str, Any]], args: argparse.Namespace
+    cluster: Any,
+    name: str,
+    records: list[dict[str, Any]],
+    args: argparse.Namespace,
+    archive_totals: dict[str, Any] | None = None,
 ) -> tuple[str, Any]:
     """One cluster's forecast and its title: at the sizes asked, else at the sizes its
-    catalog measured (``costs.measured_sizes``), else at the defaults."""
+    catalog measured (``costs.measured_sizes``), else at the defaults; with its WAL archive's
+    growth as measured (``costs.measured_wal``), if it archives."""
+    import time
+
     from shardvault import costs
     from shardvault.planning import GiB
 
@@ -776,13 +784,16 @@ def cluster_forecast(
     data_bytes = round(DEFAULT_DATA_GIB * GiB) if data_bytes is None else data_bytes
     change = DEFAULT_DAILY_CHANGE if change is None else change
     asked = f"{round(data_bytes / GiB, 2):g} GiB, {round(change * 100, 2):g}% a day"
+    wal = costs.measured_wal(archive_totals, time.time())
+    if wal:
+        source.append(f"WAL archive {wal.stored_bytes_per_day / GiB:,.2f} GiB a day (measured)")
     title = f"{name}: " + ("; ".join(source) + f" ({asked})" if source else asked)
-    return title, costs.monthly_forecast(cluster, data_bytes, change)
+    return title, costs.monthly_forecast(cluster, data_bytes, change, wal=wal)
 
 
 def print_forecast(title: str, forecast: Any) -> None:
     from shardvault.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
-    from shardvault.planning import TiB
+    from shardvault.planning import GiB, TiB
 
     table = Table("a month", "USD", title=title)
     for label, usd in [
@@ -795,6 +806,17 @@ def print_forecast(title: str, forecast: Any) -> None:
         ("idle agents (doorbell polls, inbox reads, heartbeats)", forecast.agents_usd),
         ("request overhead: S3, orchestration, Lambda, idle agents", forecast.request_overhead_usd),
         ("staging copies at STANDARD until promoted", forecast.staging_usd),
+        *(
+            [
+                (
+                    f"WAL archive at STANDARD ({forecast.wal_bytes / GiB:,.1f} GiB kept)",
+                    forecast.wal_storage_usd,
+                ),
+                ("WAL archive requests (PUTs, checks, function, items)", forecast.wal_requests_usd),
+            ]
+            if forecast.wal_usd
+            else []
+        ),
         ("total", forecast.total_usd),
     ]:
         table.add_row(label, f"${usd:,.2f}")

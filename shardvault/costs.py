@@ -446,6 +446,11 @@ class Forecast(Frozen):
     staging_usd: float
     agents_usd: float  # idle agents' polls and heartbeats: not tied to backups, but recurring
     budget_usd: float | None
+    # Continuous WAL archiving (PostgreSQL): the archive kept in the staging bucket (STANDARD)
+    # over its window, and its requests (PUTs, checks, the archive function, its items).
+    wal_bytes: float = 0.0  # average bytes kept
+    wal_storage_usd: float = 0.0
+    wal_requests_usd: float = 0.0
 
     @property
     def request_overhead_usd(self) -> float:
@@ -477,8 +482,12 @@ class Forecast(Frozen):
         return self.request_overhead_usd + self.staging_usd
 
     @property
+    def wal_usd(self) -> float:
+        return self.wal_storage_usd + self.wal_requests_usd
+
+    @property
     def total_usd(self) -> float:
-        return self.storage_usd + self.overhead_usd
+        return self.storage_usd + self.overhead_usd + self.wal_usd
 
     @property
     def over_budget(self) -> bool:
@@ -529,6 +538,11 @@ class Stay(NamedTuple):
     cost: BackupCost
     deleted_at: datetime | None
 
+    @property
+    def kept_days(self) -> float:
+        """Days from its completion to its deletion (0: not deleted within the simulation)."""
+        return (self.deleted_at - self.life.completed_at) / DAY if self.deleted_at else 0.0
+
 
 def monthly_forecast(
     cluster: ClusterPolicy,
@@ -540,6 +554,7 @@ def monthly_forecast(
     landing: Landing = Landing.COPY,
     staging_hours: float | None = None,
     nodes: int = 1,
+    wal: WalGrowth | None = None,
 ) -> Forecast:
     """A cluster of ``data_bytes`` whose data changes by ``daily_change`` (a fraction) a day,
     backed up and expired by its policy, averaged over a year in steady state. Parts are the
@@ -581,6 +596,11 @@ def monthly_forecast(
         return per_month(d / DAYS_PER_MONTH * s.cost.storage_usd_per_month for d, s in days)
 
     landed = {c: per_month(cost.storage_class == c for _, cost in made) for c in StorageClass}
+    # The archive's window: the policy's, else back to the oldest kept backup (the longest
+    # stay), plus the gap before it to the base a restore there starts from.
+    window = cluster.archive.window_days or max((s.kept_days for s in stays), default=0.0)
+    window += cluster.schedule.longest_gap_hours() / 24  # back to the base before it
+    wal_month = archive_month(wal, window) if wal else None
     return Forecast(
         storage_class=cluster.vault.storage_class,
         landed_per_month={c: n for c, n in landed.items() if n},
@@ -599,6 +619,53 @@ def monthly_forecast(
         staging_usd=per_month(cost.staging_usd for _, cost in made),
         agents_usd=agents_monthly_cost(nodes),
         budget_usd=cluster.budget_usd_per_month,
+        **(wal_month or {}),
+    )
+
+
+class WalGrowth(NamedTuple):
+    """How fast a cluster's WAL archive grows, as measured (``measured_wal``)."""
+
+    stored_bytes_per_day: float
+    batches_per_day: float
+
+
+# Per recorded WAL batch: its PUT and its index's, the stored checksum read back, three calls
+# of the archive function (about 0.1 s at 512 MB each) and the request item written and deleted.
+WAL_PUTS_PER_BATCH, WAL_GETS_PER_BATCH = 2, 1
+WAL_LAMBDA_CALLS_PER_BATCH, WAL_LAMBDA_GB_SECONDS_PER_BATCH = 3, 0.15
+WAL_DYNAMODB_WRITES_PER_BATCH = 3  # the request item, its deletion, the archive's counters
+
+
+def archive_month(growth: WalGrowth, window_days: float) -> dict[str, float]:
+    """The archive's month: ``window_days`` of WAL kept at STANDARD, and its requests."""
+    kept = growth.stored_bytes_per_day * window_days
+    standard = STORAGE[StorageClass.STANDARD]
+    batches = growth.batches_per_day * DAYS_PER_MONTH
+    per_batch = (
+        WAL_PUTS_PER_BATCH * standard.put
+        + WAL_GETS_PER_BATCH * standard.get
+        + WAL_LAMBDA_CALLS_PER_BATCH * LAMBDA_REQUEST
+        + WAL_LAMBDA_GB_SECONDS_PER_BATCH * LAMBDA_GB_SECOND
+        + WAL_DYNAMODB_WRITES_PER_BATCH * DYNAMODB_WRITE
+    )
+    return {
+        "wal_bytes": kept,
+        "wal_storage_usd": kept / GiB * standard.storage_gb_month,
+        "wal_requests_usd": batches * per_batch,
+    }
+
+
+def measured_wal(totals: Mapping[str, Any] | None, now: float) -> WalGrowth | None:
+    """The archive's growth from its counters (``Catalog.archive_totals``): what it recorded
+    since its first batch, a day's worth at a time; None before a day of it."""
+    if not totals:
+        return None
+    days = (now - float(totals.get("first_at", now))) / 86400
+    if days < 1:
+        return None
+    return WalGrowth(
+        float(totals.get("stored_bytes", 0)) / days, float(totals.get("batches", 0)) / days
     )
 
 

@@ -208,6 +208,11 @@ def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, An
     return sorted(records, key=lambda r: (r["cluster"], r["backup_id"]))
 
 
+def archive_totals(config: ClientConfig, cluster: str) -> dict[str, Any] | None:
+    """The cluster's WAL archive counters (``Catalog.count_archived``); None: never archived."""
+    return Catalog(table(config.catalog_table)).archive_totals(cluster)
+
+
 def list_nodes(config: ClientConfig, cluster: str | None) -> list[NodeRecord]:
     registry = NodeRegistry(table(config.nodes_table))
     clusters = [cluster] if cluster else registry.clusters()

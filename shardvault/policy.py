@@ -363,6 +363,14 @@ class Archive(Frozen):
         description="With encryption: kms, how long an agent seals WAL batches under one data "
         "key before it asks for a new one.",
     )
+    window_days: float | None = Field(
+        None,
+        gt=0,
+        strict=False,
+        description="How far back a time can be restored to: the daily run expires the WAL no "
+        "target inside the window needs; null: back to the oldest kept backup (all of its WAL "
+        "is kept, as pgBackRest keeps archive for every kept full).",
+    )
 
 
 class Incremental(Frozen):

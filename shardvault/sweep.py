@@ -64,8 +64,12 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
             continue
         deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
     expired_wal = {}
+    policy = svc.policy()
     for cluster, keys in archives.items():
-        expired = archive.expired_keys(keys, archive.cutoffs(svc.catalog.backups(cluster)))
+        entry = policy.clusters.get(cluster) if policy else None
+        window = entry.archive.window_days if entry else None
+        cuts = archive.cutoffs(svc.catalog.backups(cluster), window, now)
+        expired = archive.expired_keys(keys, cuts)
         if expired:
             expired_wal[cluster] = len(expired)
             if not dry_run:

@@ -42,13 +42,16 @@ THROTTLED = {
 }
 
 LOCK_KEY = "#lock"
+ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
 RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
 
 
 def is_backup(sort_key: str) -> bool:
-    return sort_key != LOCK_KEY and not sort_key.startswith(RESTORE_PREFIX)
+    """Backup ids start with their date; '#' items (the lock, the archive's counters) and
+    restores are no backups."""
+    return not sort_key.startswith(("#", RESTORE_PREFIX))
 
 
 INBOX_TTL_SECONDS = 7 * 24 * 3600
@@ -275,6 +278,28 @@ class Catalog:
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
         )
+
+    def count_archived(
+        self, cluster: str, *, stored_bytes: int, wal_bytes: int, now: float
+    ) -> None:
+        """Adds one recorded WAL batch to the cluster's archive counters: what the cost model
+        measures the archive's daily growth from (``archive_totals``)."""
+        self.table.update_item(
+            Key={"cluster": cluster, "backup_id": ARCHIVE_KEY},
+            UpdateExpression="ADD stored_bytes :s, wal_bytes :w, batches :one "
+            "SET first_at = if_not_exists(first_at, :now), last_at = :now",
+            ExpressionAttributeValues={
+                ":s": stored_bytes,
+                ":w": wal_bytes,
+                ":one": 1,
+                ":now": Decimal(str(now)),
+            },
+        )
+
+    def archive_totals(self, cluster: str) -> dict[str, Any] | None:
+        """The cluster's archive counters (``count_archived``); None if it never archived."""
+        item = self.table.get_item(Key={"cluster": cluster, "backup_id": ARCHIVE_KEY}).get("Item")
+        return plain(item) if item else None
 
     def add_progress(
         self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int

@@ -791,6 +791,7 @@ def test_the_wal_archive_signs_and_records_wal_batches_only(synth: Synthesized) 
         ("s3:ListBucket", "staging"),  # only under backups/: a missing batch is NoSuchKey
         ("dynamodb:GetItem", "nodes"),  # the caller's registration
         ("dynamodb:GetItem", "inbox"),  # the request the node wrote into its own items
+        ("dynamodb:UpdateItem", "catalog"),  # the archive's counters (the cost model)
     }
 
 

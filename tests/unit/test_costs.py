@@ -12,7 +12,7 @@ import pytest
 
 from shardvault import costs
 from shardvault.costs import CostError, Landing
-from shardvault.policy import parse_policy
+from shardvault.policy import load_policy, parse_policy
 from shardvault.prices import DAYS_PER_MONTH, RestoreTier, StorageClass
 from shardvault.promote import COPY_CONFIG
 
@@ -371,3 +371,27 @@ def test_no_alert_within_budget_or_without_one(room: float | None) -> None:
     forecast = costs.target_forecast()
     budget = None if room is None else forecast.total_usd + room
     assert costs.budget_alert("c", forecast.model_copy(update={"budget_usd": budget})) is None
+
+
+def test_the_wal_archive_costs_its_window_at_standard_and_its_requests() -> None:
+    policy = load_policy(Path(__file__).parents[2] / "examples" / "shardvault.yaml")
+    name = sorted(policy.clusters)[0]
+    cluster = policy.clusters[name]
+    growth = costs.WalGrowth(stored_bytes_per_day=GiB, batches_per_day=1440)
+    without = costs.monthly_forecast(cluster, 100 * GiB, 0.05)
+    archived = costs.monthly_forecast(cluster, 100 * GiB, 0.05, wal=growth)
+    assert without.wal_usd == 0
+    assert archived.total_usd == pytest.approx(without.total_usd + archived.wal_usd)
+    windowed = cluster.model_copy(
+        update={"archive": cluster.archive.model_copy(update={"window_days": 7.0})}
+    )
+    week = costs.monthly_forecast(windowed, 100 * GiB, 0.05, wal=growth)
+    days = 7 + cluster.schedule.longest_gap_hours() / 24
+    assert week.wal_bytes == pytest.approx(days * GiB)
+    assert week.wal_storage_usd == pytest.approx(days * 0.023)
+    assert archived.wal_bytes > week.wal_bytes  # back to the oldest kept backup by default
+    # 1,440 batches a day: two PUTs and a check each, three function calls, three writes.
+    # $1.0e-5 of PUTs, 4e-7 a check, 6e-7 + 2e-6 the function, 1.9e-6 the items: 1.49e-5.
+    assert week.wal_requests_usd == pytest.approx(1440 * costs.DAYS_PER_MONTH * 1.4875e-5, rel=0.01)
+    assert costs.measured_wal({"first_at": 0, "stored_bytes": 2 * GiB, "batches": 10}, 2 * 86400)
+    assert costs.measured_wal({"first_at": 0, "stored_bytes": 1, "batches": 1}, 3600) is None

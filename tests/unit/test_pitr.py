@@ -9,7 +9,7 @@ import pytest
 from shardvault_agent.restore import recovery_to_target
 
 from shardvault import pitr
-from shardvault.archive import WAL_DIR, shard_archive, wal_stream
+from shardvault.archive import WAL_DIR, cutoffs, expired_keys, shard_archive, wal_stream
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
 from shardvault.models import Engine, Manifest, ManifestShard, RestoreRequest
 
@@ -107,3 +107,23 @@ def test_recovery_reads_the_placed_archive_and_stops_at_the_target() -> None:
     assert "recovery_target_time =" not in recovery_to_target(wal_dir, None)  # to the end
     with pytest.raises(ValueError, match="Invalid isoformat"):
         recovery_to_target(wal_dir, "2026-11-23'; restore_command = 'rm -rf /")
+
+
+def test_the_archive_keeps_what_a_restore_inside_its_window_needs() -> None:
+    day = 86400.0
+    backups = [
+        {"backup_id": f"2026112{i}T000000Z-aaaaaa", "status": "COMPLETE",
+         "completed_at": i * day, "wal_from": {"s1": name(10 * i)}}
+        for i in range(1, 6)
+    ]  # fmt: skip
+    assert cutoffs(backups) == {"s1": name(10)}  # back to the oldest kept backup
+    # A window of 2.5 days on day 5.5: a target at day 3 starts from the day-3 backup.
+    assert cutoffs(backups, window_days=2.5, now=5.5 * day) == {"s1": name(30)}
+    assert cutoffs([{**backups[0], "wal_from": None}]) == {}  # before the record: keep all
+    keys = [
+        f"r/c/_wal/s1/{name(3)}--{name(9)}--{'a' * 32}.wal",
+        f"r/c/_wal/s1/{name(9)}--{name(11)}--{'b' * 32}.wal",
+        f"r/c/_wal/s1/00000002.history--00000002.history--{'c' * 32}.json",
+        f"r/c/_wal/s1/{name(8)}--{name(9)}.00000028.backup--{'d' * 32}.json",
+    ]
+    assert expired_keys(keys, {"s1": name(10)}) == [keys[0], keys[3]]
