@@ -76,6 +76,7 @@ def test_a_restore_to_a_time_holds_what_was_committed_up_to_it_and_nothing_after
     assert restored_marks(progress) == list(range(7))
     (shard,) = output(progress)["shards"]
     assert shard["recovered_to"] == target.isoformat()
+    assert shard["recovery_target"] == "time"  # what the CLI's table shows as it is
     assert shard["checks"]["pg_amcheck --all"] == "ok"
 
 
