@@ -763,8 +763,6 @@ def cluster_forecast(
     """One cluster's forecast and its title: at the sizes asked, else at the sizes its
     catalog measured (``costs.measured_sizes``), else at the defaults; with its WAL archive's
     growth as measured (``costs.measured_wal``), if it archives."""
-    import time
-
     from shardvault import costs
     from shardvault.planning import GiB
 

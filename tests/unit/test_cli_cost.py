@@ -4,6 +4,7 @@ when over), a bad policy named with its field path (exit 2), and the catalog's s
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,7 @@ def test_the_catalogs_spend_by_cluster_and_class(
     ]  # fmt: skip
     asked = []
     monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: asked.append(c) or records)
+    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: None)  # no WAL archive
     monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
     monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
     path = policy_file(tmp_path, budget=10_000)
@@ -202,6 +204,7 @@ def test_with_a_catalog_the_forecast_uses_the_measured_sizes(
         {"cluster": "big", "backup_id": "f", "status": "FAILED", "bytes": 900 * gib},
     ]
     monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: records)
+    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: None)  # no WAL archive
     monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
     monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
     path = policy_file(tmp_path, budget=10_000)
@@ -220,3 +223,29 @@ def test_with_a_catalog_the_forecast_uses_the_measured_sizes(
     screen.file = io.StringIO()
     assert cli.main(["cost", "--policy", str(path), "--cluster", "big", "--data-gib", "10"]) == 0
     assert "(measured)" not in screen.export_text()
+
+
+def test_a_clusters_wal_archive_is_priced_from_its_measured_growth(
+    screen: Console, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    totals = {"first_at": now - 10 * 86_400, "stored_bytes": 20 * 2**30, "batches": 14_400}
+    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: [])
+    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: totals)
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    path = policy_file(tmp_path, budget=10_000)
+
+    assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
+
+    text = screen.export_text()
+    assert "WAL archive 2.00 GiB a day (measured)" in text
+    forecast = cells(text.split("Kept now")[0])
+    (row,) = [label for label in forecast if label.startswith("WAL archive at STANDARD")]
+    growth = costs.WalGrowth(2 * 2**30, 1440)
+    from shardvault.policy import load_policy
+
+    cluster = load_policy(path).cluster("big")
+    expected = costs.monthly_forecast(cluster, 10 * 2**30, 0.05, wal=growth)
+    assert forecast[row] == [f"${expected.wal_storage_usd:,.2f}"]
+    assert expected.wal_storage_usd > 0
