@@ -8,7 +8,7 @@ written. Tests use it to prove a backup byte for byte, without agents.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -94,18 +94,27 @@ def read_object(
         def receive(_: int, chunk: bytes) -> None:
             writer.write(memoryview(chunk))
 
-    body = s3.get_object(Bucket=bucket, Key=obj.key)["Body"]
-    crc, size = 0, 0
-    for chunk in body.iter_chunks(CHUNK):
-        receive(size, chunk)
-        crc, size = crc64nvme(chunk, crc), size + len(chunk)
-    if to_b64(crc) != obj.crc64nvme or size != obj.stored_bytes:
+    crc, size = stream_object(s3, bucket, obj.key, receive)
+    if crc != obj.crc64nvme or size != obj.stored_bytes:
         raise ChecksumMismatch(
-            f"object {obj.key}: read {size} bytes with CRC64NVME {to_b64(crc)}, the manifest "
+            f"object {obj.key}: read {size} bytes with CRC64NVME {crc}, the manifest "
             f"says {obj.stored_bytes} bytes with {obj.crc64nvme}.",
             fix="the object is corrupt in the store: restore from another backup.",
         )
     return size
+
+
+def stream_object(
+    s3: Any, bucket: str, key: str, receive: Callable[[int, bytes], None]
+) -> tuple[str, int]:
+    """Hands an object's stored bytes to ``receive(position, chunk)`` as they arrive; returns
+    their CRC64NVME and size."""
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    crc, size = 0, 0
+    for chunk in body.iter_chunks(CHUNK):
+        receive(size, chunk)
+        crc, size = crc64nvme(chunk, crc), size + len(chunk)
+    return to_b64(crc), size
 
 
 def materialize(manifest: Manifest, s3: Any, bucket: str, target: Path) -> dict[str, Path]:
@@ -133,14 +142,10 @@ def read_batch(s3: Any, bucket: str, index: dict[str, Any], sealer: Any = None) 
 
     place = batch_place(index["cluster"], index["shard_id"], index["batch_id"])
     sink = FrameSink(spans, FrameCodec(sealer=sealer), place, put, where=index["key"])
-    body = s3.get_object(Bucket=bucket, Key=index["key"])["Body"]
-    crc, size = 0, 0
-    for chunk in body.iter_chunks(CHUNK):
-        sink.receive(size, chunk)
-        crc, size = crc64nvme(chunk, crc), size + len(chunk)
-    if to_b64(crc) != index["crc64nvme"] or size != index["stored_length"] or not sink.complete:
+    crc, size = stream_object(s3, bucket, index["key"], sink.receive)
+    if crc != index["crc64nvme"] or size != index["stored_length"] or not sink.complete:
         raise ChecksumMismatch(
-            f"WAL batch {index['key']}: read {size} bytes with CRC64NVME {to_b64(crc)}, its "
+            f"WAL batch {index['key']}: read {size} bytes with CRC64NVME {crc}, its "
             f"index says {index['stored_length']} bytes with {index['crc64nvme']}.",
             fix="the batch is damaged in the store.",
         )

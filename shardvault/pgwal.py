@@ -75,6 +75,10 @@ def lsn_number(lsn: str) -> int:
 def segment_holding(on_timeline: int, lsn: str, segment_size: int) -> str:
     """The name of the segment that holds the byte before ``lsn`` (``X/Y``): where a record
     ending at ``lsn`` ends."""
-    number = (lsn_number(lsn) - 1) // segment_size
+    return segment_name(on_timeline, (lsn_number(lsn) - 1) // segment_size, segment_size)
+
+
+def segment_name(on_timeline: int, number: int, segment_size: int = DEFAULT_SEGMENT_SIZE) -> str:
+    """The name of segment ``number`` of a timeline (``segment_number``'s inverse)."""
     per_step = 0x100000000 // segment_size
     return f"{on_timeline:08X}{number // per_step:08X}{number % per_step:08X}"

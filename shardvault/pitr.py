@@ -24,14 +24,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from shardvault.archive import (
-    ShardArchive,
-    archived_batches,
-    batch_place,
-    shard_archive,
-    wal_from,
-    wal_stream,
-)
+from shardvault.archive import ShardArchive, after_backup, batch_place, wal_from, wal_stream
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
 from shardvault.models import (
     BackupStatus,
@@ -76,6 +69,15 @@ def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[
     return max(before, key=lambda b: b["backup_id"])
 
 
+def shard_after(svc: Services, manifest: Manifest, shard_id: str) -> ShardArchive:
+    """The shard's archive from the base on (``archive.after_backup``), which a target needs."""
+    archive = after_backup(svc, manifest, shard_id)
+    if archive is None:
+        first_segment(manifest, shard_id)  # says why, by name
+    assert archive is not None
+    return archive
+
+
 def first_segment(manifest: Manifest, shard_id: str) -> str:
     """The segment the backup's own WAL of the shard ends in: the archive's must start there."""
     first = wal_from(manifest, shard_id)
@@ -102,9 +104,7 @@ def archives(
         )
     found = []
     for shard in manifest.shards:
-        first = first_segment(manifest, shard.shard_id)
-        indexes = archived_batches(svc, manifest.cluster, shard.shard_id, since=first)
-        found.append(shard_archive(shard.shard_id, first, indexes))
+        found.append(shard_after(svc, manifest, shard.shard_id))
     reach = min((a.reaches for a in found), default=0.0)
     restorable = f"from {when(oldest_backup)} to {when(reach)}" if reach else "nothing"
     empty = [a for a in found if a.last is None]
@@ -175,8 +175,6 @@ def plan_wal(
     have grown since validation: more WAL, never less)."""
     planned = {}
     for shard in manifest.shards:
-        first = first_segment(manifest, shard.shard_id)
-        indexes = archived_batches(svc, manifest.cluster, shard.shard_id, since=first)
-        archive = shard_archive(shard.shard_id, first, indexes)
+        archive = shard_after(svc, manifest, shard.shard_id)
         planned[shard.shard_id] = wal_items(context, archive, node_of[shard.shard_id])
     return planned

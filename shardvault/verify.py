@@ -34,7 +34,7 @@ from typing import Annotated, Any
 from botocore.exceptions import ClientError
 from pydantic import Field
 
-from shardvault.archive import archived_batches, shard_archive, wal_from
+from shardvault.archive import after_backup
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.models import ClusterName, Engine, Frozen, Manifest, Phase, RestoreRequest
 from shardvault.pgwal import SEGMENT_NAME, tail_problems, timeline
@@ -210,13 +210,10 @@ def archive_problems(
     found: dict[str, dict[str, Any]] = {}
     s3, bucket = svc.store_s3, svc.store.bucket
     for shard in manifest.shards if manifest.engine == Engine.POSTGRES else []:
-        first = wal_from(manifest, shard.shard_id)
-        indexes = (
-            archived_batches(svc, manifest.cluster, shard.shard_id, since=first) if first else []
-        )
-        if not first or not indexes:
-            continue  # not archived
-        run = shard_archive(shard.shard_id, first, indexes)
+        run = after_backup(svc, manifest, shard.shard_id)
+        if run is None or not run.indexes:
+            continue  # a backup older than cuts and stops, or a shard not archived
+        first, indexes = run.first, run.indexes
         held = [
             f["name"]
             for i in indexes

@@ -122,15 +122,19 @@ class Archiver:
         if now < self.paused_until:
             return
         settings = self._settings(now)
-        for batch in self.pending():
+        pending = self.pending()  # read once a look: packs below add to ``held``
+        for batch in pending:
             if batch.batch_id not in self.in_flight and self._room():
                 self._start(batch)
+        held = {f.name for batch in pending for f in batch.files}
         for spool in self.spools:
             while self._room():
-                files = self.ready(spool, settings.max_delay_seconds, now)
+                files = self.ready(spool, settings.max_delay_seconds, now, held)
                 if not files:
                     break
-                self._start(self.pack(spool, files, settings))
+                batch = self.pack(spool, files, settings)
+                held.update(f.name for f in batch.files)
+                self._start(batch)
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.parallelism
@@ -189,10 +193,13 @@ class Archiver:
             names.update(f.name for f in batch.files)
         return names
 
-    def ready(self, spool: Spool, max_delay: float, now: float) -> list[Path]:
+    def ready(
+        self, spool: Spool, max_delay: float, now: float, held: set[str] | None = None
+    ) -> list[Path]:
         """The spool's files for the next batch, oldest names first and up to the bound, if
-        the batch is full or its oldest file has waited ``max_delay``; else none."""
-        held = self.held()
+        the batch is full or its oldest file has waited ``max_delay``; else none. ``held``:
+        the names pending batches hold (read from the state directory when not given)."""
+        held = self.held() if held is None else held
         files = sorted(
             (p for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name) and p.name not in held),
             key=lambda p: p.name,
@@ -315,7 +322,9 @@ def spool_state(path: Path, now: float) -> tuple[int, float]:
 
 
 class _Concatenated:
-    """Reads files back to back as one stream."""
+    """Reads files back to back as one stream. Not ``transfer.StreamReader``: it reads a file
+    that vanished as zeros (a data file's engine repairs it from its log), which would archive
+    zeros under a WAL file's name; here a missing file fails the pack, and the files stay."""
 
     def __init__(self, paths: list[Path]) -> None:
         self.paths, self.current = list(paths), None

@@ -897,11 +897,7 @@ def finish_postgres(
         # The target time, the end of the archive, the cluster's restore point, or (None)
         # the end of the tail's WAL.
         "recovered_to": recovered_to(cut, target),
-        "recovery_target": None
-        if target is None
-        else "time"
-        if target.get("target_time")
-        else "latest",
+        "recovery_target": recovery_kind(target),
         "checks": checks,
         "checks_passed": all(v == "ok" for v in checks.values()),
     }
@@ -940,6 +936,13 @@ def recovery_to_target(wal_dir: Path, target_time: str | None) -> str:
             "recovery_target_action = 'promote'\n",
         ]
     return "".join(lines)
+
+
+def recovery_kind(target: dict[str, Any] | None) -> str | None:
+    """A point-in-time restore's kind of target (None: none, the backup's own end or cut)."""
+    if target is None:
+        return None
+    return "time" if target.get("target_time") else "latest"
 
 
 def recovered_to(cut: str | None, target: dict[str, Any] | None) -> str | None:

@@ -40,6 +40,26 @@ def policy_file(tmp_path: Path, name: str = "big", budget: float = 1) -> Path:
     return path
 
 
+def with_catalog(
+    monkeypatch: pytest.MonkeyPatch,
+    records: list[dict],
+    archive: dict | None = None,
+    asked: list[str] | None = None,
+) -> None:
+    """A catalog for ``cost``: these backup records and WAL archive counters (None: the
+    cluster never archived); ``asked`` collects the clusters listed."""
+
+    def list_backups(config: object, cluster: str) -> list[dict]:
+        if asked is not None:
+            asked.append(cluster)
+        return records
+
+    monkeypatch.setattr(cli.ops, "list_backups", list_backups)
+    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: archive)
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+
+
 def cells(text: str) -> dict[str, list[str]]:
     """A printed table's rows: first cell -> the other cells."""
     rows = (line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│"))
@@ -165,11 +185,8 @@ def test_the_catalogs_spend_by_cluster_and_class(
          "storage_class": "GLACIER_IR", "bytes": 100 * gib, "objects": 400},
         {"cluster": "big", "backup_id": "e", "status": "FAILED", "bytes": 100 * gib},
     ]  # fmt: skip
-    asked = []
-    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: asked.append(c) or records)
-    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: None)  # no WAL archive
-    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
-    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    asked: list[str] = []
+    with_catalog(monkeypatch, records, asked=asked)
     path = policy_file(tmp_path, budget=10_000)
     assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
     assert asked == ["big"]
@@ -203,10 +220,7 @@ def test_with_a_catalog_the_forecast_uses_the_measured_sizes(
         backup("orphan", 11, 70 * gib, "gone"),  # its chain left the catalog: not measured
         {"cluster": "big", "backup_id": "f", "status": "FAILED", "bytes": 900 * gib},
     ]
-    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: records)
-    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: None)  # no WAL archive
-    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
-    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    with_catalog(monkeypatch, records)
     path = policy_file(tmp_path, budget=10_000)
 
     assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
@@ -230,10 +244,7 @@ def test_a_clusters_wal_archive_is_priced_from_its_measured_growth(
 ) -> None:
     now = time.time()
     totals = {"first_at": now - 10 * 86_400, "stored_bytes": 20 * 2**30, "batches": 14_400}
-    monkeypatch.setattr(cli.ops, "list_backups", lambda config, c: [])
-    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: totals)
-    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
-    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    with_catalog(monkeypatch, [], archive=totals)
     path = policy_file(tmp_path, budget=10_000)
 
     assert cli.main(["cost", "--policy", str(path), "--cluster", "big"]) == 0
