@@ -59,9 +59,9 @@ from shardvault.models import (
 )
 from shardvault.pgwal import (
     DEFAULT_SEGMENT_SIZE,
+    HISTORY_NAME,
     SEGMENT_NAME,
     segment_holding,
-    segment_name,
     segment_number,
     timeline,
 )
@@ -369,7 +369,9 @@ WAL_DIR = ".shardvault-wal"  # in a restored shard: the archive's WAL its recove
 class ShardArchive:
     """What a shard's archive offers a restore from one backup: the batches that hold the WAL
     from ``first`` (the segment the backup's own WAL ends in) on, without a gap, to ``last``;
-    ``reaches``: when the newest of those was pushed (nothing written later is archived)."""
+    ``reaches``: when the newest of those was pushed (nothing written later is archived);
+    ``newest``: the newest segment the archive holds on the run's timelines (past ``last``
+    when a gap stops the run)."""
 
     shard_id: str
     first: str
@@ -377,6 +379,7 @@ class ShardArchive:
     reaches: float
     batches: list[dict[str, Any]]
     indexes: list[dict[str, Any]]  # every batch read (the run's and any past a gap)
+    newest: str | None = None
 
 
 def wal_from(manifest: Manifest, shard_id: str) -> str | None:
@@ -391,19 +394,46 @@ def wal_from(manifest: Manifest, shard_id: str) -> str | None:
     return marker.get("stop_wal") or None
 
 
+def newer_timelines(on_timeline: int, names: set[str]) -> set[int]:
+    """The timelines after ``on_timeline`` whose history files ``names`` hold: a promotion
+    (a failover, a restore in place) starts one and archives its history file first."""
+    return {timeline(n) for n in names if HISTORY_NAME.fullmatch(n) and timeline(n) > on_timeline}
+
+
 def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
-    """The run of archived segments on ``first``'s timeline from ``first`` on, without a gap,
-    and the batches that hold it (in WAL order)."""
+    """The run of archived segments from ``first`` on, without a gap, and the batches that
+    hold it (in WAL order).
+
+    The run crosses into newer timelines: a segment is found on ``first``'s timeline or any
+    newer one whose history file is archived, the newest timeline's copy named. A promoted
+    server goes on writing the segment its old timeline was in when it was promoted, under its
+    new timeline's name, while its old timeline's copy of that segment stays unfinished (never
+    archived, or archived as ``.partial``). Which copy recovery reads is PostgreSQL's choice
+    (``recovery_target_timeline = 'latest'``: it follows the history files, which the run's
+    batches include); this check only proves that no segment number is missing."""
+    names = {entry["name"] for index in indexes for entry in index["files"]}
+    lineage = {timeline(first)} | newer_timelines(timeline(first), names)
+    held: dict[int, str] = {}  # segment number: the newest timeline's copy's name
     pushed: dict[str, float] = {}
     for index in indexes:
         for entry in index["files"]:
-            pushed[entry["name"]] = max(pushed.get(entry["name"], 0.0), entry.get("pushed_at", 0))
-    run, number, tli = [], segment_number(first), timeline(first)
-    while (name := segment_name(tli, number)) in pushed:
-        run.append(name)
+            name = entry["name"]
+            pushed[name] = max(pushed.get(name, 0.0), entry.get("pushed_at", 0))
+            if SEGMENT_NAME.fullmatch(name) and timeline(name) in lineage:
+                number = segment_number(name)
+                held[number] = max(held.get(number, name), name)
+    run, number = [], segment_number(first)
+    while number in held:
+        run.append(held[number])
         number += 1
-    wanted = set(run)
-    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}]
+    numbers = set(range(segment_number(first), number))
+    wanted = {
+        n
+        for n in names
+        if (SEGMENT_NAME.fullmatch(n) and timeline(n) in lineage and segment_number(n) in numbers)
+        or (HISTORY_NAME.fullmatch(n) and timeline(n) in lineage)
+    }
+    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}] if run else []
     return ShardArchive(
         shard_id=shard_id,
         first=first,
@@ -411,6 +441,7 @@ def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> S
         reaches=max((pushed[n] for n in run), default=0.0),
         batches=batches,
         indexes=indexes,
+        newest=held[max(held)] if held else None,
     )
 
 

@@ -225,6 +225,19 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "instant (ISO 8601 with its offset, e.g. '2026-11-23 14:02:59+00')",
     )
     target.add_argument(
+        "--target-lsn",
+        metavar="LSN",
+        help="PostgreSQL, a cluster of one shard: replay its WAL archive to this position "
+        "(e.g. '0/3000060')",
+    )
+    target.add_argument(
+        "--target-name",
+        metavar="NAME",
+        help="PostgreSQL: replay every shard's WAL archive to the restore point of this name "
+        "(pg_create_restore_point, or a backup id: every backup's cut); from the newest "
+        "backup, or the one --backup-id names",
+    )
+    target.add_argument(
         "--target-latest",
         action="store_true",
         help="PostgreSQL: replay each shard's WAL archive to its end",
@@ -380,10 +393,11 @@ def sized(count: int) -> str:
 def recovered_to(shard: dict[str, Any]) -> str:
     """Where a restored shard's recovery stopped: a point-in-time target, the backup's cut,
     or its own copy's end."""
-    if shard.get("recovery_target"):
-        return str(shard["recovered_to"])
-    if shard.get("recovered_to"):
-        return f"restore point {shard['recovered_to']}"
+    kind, where = shard.get("recovery_target"), shard.get("recovered_to")
+    if kind:
+        return {"name": f"restore point {where}", "lsn": f"LSN {where}"}.get(kind, str(where))
+    if where:
+        return f"restore point {where}"
     return "end of its copy"
 
 
@@ -441,6 +455,10 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
 def restore_target(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.target_time:
         return {"time": args.target_time.strip().replace(" ", "T", 1)}
+    if args.target_lsn:
+        return {"lsn": args.target_lsn.strip()}
+    if args.target_name:
+        return {"name": args.target_name}
     return {"latest": True} if args.target_latest else None
 
 

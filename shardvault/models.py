@@ -40,6 +40,7 @@ from pydantic import (
 
 from shardvault.errors import InvalidRequest
 from shardvault.extents import unpack_numbers
+from shardvault.pgwal import LSN
 from shardvault.prices import VAULT_CLASSES, StorageClass
 from shardvault.sqlcheck import check_validation_queries
 
@@ -572,11 +573,16 @@ class RetrievalTier(StrEnum):
 
 
 class RestoreTarget(Frozen):
-    """Where a point-in-time restore stops (PostgreSQL, from the WAL archive): at ``time`` (an
-    instant with its offset, e.g. ``2026-11-23T14:02:59+00:00``: every node replays its WAL
-    to it), or, with ``latest``, at the end of each shard's archived WAL."""
+    """Where a point-in-time restore stops (PostgreSQL, from the WAL archive), exactly one of:
+    ``time``, an instant with its offset (e.g. ``2026-11-23T14:02:59+00:00``: every node
+    replays its WAL to it); ``lsn``, a position in the WAL (``X/Y`` as PostgreSQL writes it:
+    one shard's WAL, so a cluster of one shard only); ``name``, a restore point
+    (``pg_create_restore_point``: every backup's cut is one, named after the backup, and an
+    operator's own marks are others); ``latest``, the end of each shard's archived WAL."""
 
     time: AwareDatetime | None = None
+    lsn: str | None = None
+    name: str | None = None
     latest: StrictBool = False
 
     @field_validator("time", mode="before")
@@ -596,12 +602,33 @@ class RestoreTarget(Frozen):
             )
         return parsed
 
+    @field_validator("lsn")
+    @classmethod
+    def _an_lsn(cls, value: str | None) -> str | None:
+        if value is not None and not LSN.fullmatch(value):
+            raise InvalidRequest(
+                f"target LSN {value!r} is not a WAL position.",
+                fix="write it as PostgreSQL does, two hex numbers: e.g. '0/3000060' (from "
+                "pg_current_wal_lsn(), or a server log).",
+            )
+        return value.upper() if value else value
+
+    @field_validator("name")
+    @classmethod
+    def _a_restore_point(cls, value: str | None) -> str | None:
+        from shardvault.cut import check_restore_point_name  # cut imports this module
+
+        return check_restore_point_name(value) if value is not None else value
+
     @model_validator(mode="after")
     def _one_target(self) -> RestoreTarget:
-        if (self.time is None) == (not self.latest):
+        named = [self.time is not None, self.lsn is not None, self.name is not None, self.latest]
+        if sum(named) != 1:
             raise InvalidRequest(
-                "a restore target names a time or the latest WAL, exactly one.",
-                fix='set target to {"time": "<ISO 8601 with offset>"} or {"latest": true}.',
+                "a restore target names a time, an LSN, a restore point or the latest WAL, "
+                "exactly one.",
+                fix='set target to {"time": "<ISO 8601 with offset>"}, {"lsn": "X/Y"}, '
+                '{"name": "<restore point>"} or {"latest": true}.',
             )
         return self
 
@@ -609,8 +636,19 @@ class RestoreTarget(Frozen):
     def epoch(self) -> float | None:
         return self.time.timestamp() if self.time is not None else None
 
+    @property
+    def kind(self) -> str:
+        """``time``, ``lsn``, ``name`` or ``latest``."""
+        if self.time is not None:
+            return "time"
+        return "lsn" if self.lsn else "name" if self.name else "latest"
+
     def describe(self) -> str:
-        return "the end of the archive" if self.latest else self.time.isoformat()
+        if self.time is not None:
+            return self.time.isoformat()
+        if self.lsn is not None:
+            return f"LSN {self.lsn}"
+        return f"restore point {self.name!r}" if self.name else "the end of the archive"
 
 
 class RestoreRequest(Frozen):

@@ -4,6 +4,10 @@ Terms:
 - *segment name*: 24 hex digits, the timeline (8), then the segment number's high and low
   parts (8 each); the low part counts up to ``0x100000000 // segment size`` before the high
   part steps (256 segments of 16 MiB per high step).
+- *timeline*: a promotion (a failover, a restore in place) starts a new timeline, numbered
+  after the newest one the server knows; its *history file* (``<timeline>.history``) names
+  the timelines before it and where it branched from each. Segments of a new timeline are
+  named after it, from the segment the promotion happened in.
 - *continuity*: a run of segments of one timeline misses none between its first and last.
   A backup's tail must hold every segment from its start (the backup label's ``START WAL``,
   the marker's ``start_wal``) to where recovery stops (the cut's segment, or ``stop_wal``);
@@ -16,6 +20,8 @@ import re
 from itertools import pairwise
 
 SEGMENT_NAME = re.compile(r"^[0-9A-F]{24}$")
+HISTORY_NAME = re.compile(r"^[0-9A-F]{8}\.history$")  # a timeline's history file
+LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")  # a WAL position, as PostgreSQL writes it
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 
 
@@ -70,6 +76,11 @@ def lsn_number(lsn: str) -> int:
     """An LSN as PostgreSQL writes it (``X/Y``, hex) as one number: LSNs compare as these."""
     high, low = lsn.split("/")
     return int(high, 16) << 32 | int(low, 16)
+
+
+def lsn_text(number: int) -> str:
+    """``lsn_number``'s inverse."""
+    return f"{number >> 32:X}/{number & 0xFFFFFFFF:X}"
 
 
 def segment_holding(on_timeline: int, lsn: str, segment_size: int) -> str:

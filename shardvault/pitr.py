@@ -3,9 +3,15 @@ target (PostgreSQL; issue 11).
 
 Terms:
 - *target*: ``RestoreTarget``: a time (every shard replays its WAL to that instant, so the
-  restored cluster is cut at one moment), or ``latest`` (each shard to the end of its archive).
-- *base*: the backup a point-in-time restore starts from: the newest complete one that
-  completed before the target (or the one the request names, if it did).
+  restored cluster is cut at one moment), an LSN (a cluster of one shard), a restore point
+  (every shard replays to the point of that name), or ``latest`` (each shard to the end of
+  its archive).
+- *base*: the backup a point-in-time restore starts from, the newest complete one that can
+  reach the target, or the one the request names if it can: for a time, completed before
+  it; for an LSN, its WAL ends in an earlier segment; for a restore point, the backup of
+  that name (every backup's cut is a restore point named after it), else the newest (as
+  pgBackRest does: PostgreSQL finds the point in the WAL after the base, and a point older
+  than the newest backup needs the request to name an older base).
 - *first segment*: per shard, the WAL segment the base's own WAL ends in (its cut's, or its
   stop's); the restore needs the archive from there on, without a gap.
 - *restorable range*: from the oldest complete backup's completion to the time the archive
@@ -38,6 +44,7 @@ from shardvault.models import (
     RestoreRequest,
     RestoreTarget,
 )
+from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
 from shardvault.services import Services
 
 
@@ -46,27 +53,52 @@ def when(epoch: float) -> str:
 
 
 def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[str, Any]:
-    """The newest complete backup that completed before the target (or the named one, if it
-    did)."""
+    """The backup a point-in-time restore starts from (see the module docstring, *base*), or
+    the one the request names if it qualifies."""
     target = request.target
     assert target is not None
     complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
-    before = [
-        b for b in complete if target.latest or float(b.get("completed_at", 0)) <= target.epoch
-    ]
+    if target.kind == "lsn":
+        before = before_lsn(request, complete)
+    elif target.kind == "time":
+        before = [b for b in complete if float(b.get("completed_at", 0)) <= (target.epoch or 0)]
+    else:  # latest, or a restore point: PostgreSQL finds it in the WAL after the base
+        before = complete
+    if target.kind == "name" and request.backup_id == "latest":
+        named = [b for b in complete if b["backup_id"] == target.name]
+        before = named or before  # a backup's own cut: restore from that backup
     if request.backup_id != "latest":
         before = [b for b in before if b["backup_id"] == request.backup_id]
     if not before:
         oldest = min((float(b.get("completed_at", 0)) for b in complete), default=None)
         named = "" if request.backup_id == "latest" else f" {request.backup_id}"
         raise TargetOutOfRange(
-            f"cluster {request.cluster!r} has no complete backup{named} that completed before "
-            f"{target.describe()}"
+            f"cluster {request.cluster!r} has no complete backup{named} "
+            + ("that completed" if target.kind == "time" else "whose WAL ends")
+            + f" before {target.describe()}"
             + (f": the oldest completed at {when(oldest)}." if oldest else "."),
             fix="choose a later target (shardvault list shows each backup's completion), or "
             "restore a backup without a target.",
         )
     return max(before, key=lambda b: b["backup_id"])
+
+
+def before_lsn(request: RestoreRequest, complete: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The complete backups whose own WAL ends in a segment before the target LSN's: a
+    recovery can stop there (PostgreSQL refuses a target before its base's end). An LSN is a
+    place in one shard's WAL: a cluster of several shards is refused by name."""
+    target = request.target
+    assert target is not None
+    assert target.lsn is not None
+    shards = max((len(b.get("wal_from") or {}) for b in complete), default=1)
+    one_shard_for_lsn(request.cluster, shards)
+    at = lsn_number(target.lsn) // DEFAULT_SEGMENT_SIZE
+    return [
+        b
+        for b in complete
+        if (first := next(iter((b.get("wal_from") or {}).values()), None)) is not None
+        and segment_number(first) < at
+    ]
 
 
 def shard_after(svc: Services, manifest: Manifest, shard_id: str) -> ShardArchive:
@@ -102,6 +134,8 @@ def archives(
             "it restores to its backups only.",
             fix="restore a backup without a target (--target-time, --target-latest).",
         )
+    if target.lsn is not None:
+        one_shard_for_lsn(request.cluster, len(manifest.shards))
     found = []
     for shard in manifest.shards:
         found.append(shard_after(svc, manifest, shard.shard_id))
@@ -116,6 +150,8 @@ def archives(
             fix="set up continuous archiving on those shards (README: 'Continuous WAL "
             "archiving'), then take a backup; restore without a target meanwhile.",
         )
+    if target.lsn is not None:
+        past_lsn(target, found[0], manifest)
     if target.epoch is not None and target.epoch > reach:
         short = min(found, key=lambda a: a.reaches)
         raise TargetOutOfRange(
@@ -126,6 +162,32 @@ def archives(
             "the target (PostgreSQL closes a segment every archive_timeout).",
         )
     return found
+
+
+def one_shard_for_lsn(cluster: str, shards: int) -> None:
+    if shards > 1:
+        raise TargetUnsupported(
+            f"an LSN is a position in one shard's WAL, and cluster {cluster!r} has {shards} "
+            "shards, each with its own.",
+            fix="restore every shard to a time (--target-time) or a restore point (--target-name).",
+        )
+
+
+def past_lsn(target: RestoreTarget, archive: ShardArchive, manifest: Manifest) -> None:
+    """Refuses an LSN past the end of the shard's archived run, naming the range: from where
+    the base's own WAL ends to the end of the run's last segment."""
+    assert target.lsn is not None
+    assert archive.last is not None
+    end = (segment_number(archive.last) + 1) * DEFAULT_SEGMENT_SIZE
+    if lsn_number(target.lsn) >= end:
+        (shard,) = manifest.shards  # one shard (before_lsn)
+        first = shard.marker.get("cut_lsn") or shard.marker.get("stop_lsn") or "?"
+        raise TargetOutOfRange(
+            f"{target.describe()} is past the WAL archive of shard {archive.shard_id}: it runs "
+            f"without a gap to {archive.last}; the restorable range is LSN {first} "
+            f"to {lsn_text(end)}.",
+            fix="choose an LSN inside the range, or wait until the archive holds WAL past it.",
+        )
 
 
 def wal_items(
@@ -165,7 +227,12 @@ def wal_items(
 
 def recovery(target: RestoreTarget) -> dict[str, Any]:
     """What the restoring node's recovery is told (``finish_postgres``)."""
-    return {"target_time": target.time.isoformat() if target.time else None, "wal_dir": True}
+    return {
+        "target_time": target.time.isoformat() if target.time else None,
+        "target_lsn": target.lsn,
+        "target_name": target.name,
+        "wal_dir": True,
+    }
 
 
 def plan_wal(

@@ -16,8 +16,9 @@ Terms:
   manifest's.
 - *WAL archive* (PostgreSQL, continuous archiving): each shard's archive runs without a gap
   from the segment the backup's own WAL ends in to the newest segment it holds on that
-  timeline (what a point-in-time restore from this backup replays), and every batch is in
-  the store with its index's size and checksum, by attributes.
+  timeline and the newer ones it was promoted into (what a point-in-time restore from this
+  backup replays), and every batch is in the store with its index's size and checksum, by
+  attributes.
 - *read data*: a sample of ``read_data_percent`` of the objects (at least one when above 0,
   chosen at random) is downloaded and checksummed, as restic's ``check --read-data-subset``;
   an archived object (GLACIER, DEEP_ARCHIVE) cannot be read before a thaw and is counted as
@@ -37,7 +38,7 @@ from pydantic import Field
 from shardvault.archive import after_backup
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.models import ClusterName, Engine, Frozen, Manifest, Phase, RestoreRequest
-from shardvault.pgwal import SEGMENT_NAME, tail_problems, timeline
+from shardvault.pgwal import segment_number, tail_problems
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
@@ -214,14 +215,8 @@ def archive_problems(
         if run is None or not run.indexes:
             continue  # a backup older than cuts and stops, or a shard not archived
         first, indexes = run.first, run.indexes
-        held = [
-            f["name"]
-            for i in indexes
-            for f in i["files"]
-            if SEGMENT_NAME.fullmatch(f["name"]) and timeline(f["name"]) == timeline(first)
-        ]
-        newest = max(held, default=first)
-        if run.last is None or run.last < newest:
+        newest = run.newest or first
+        if run.last is None or segment_number(run.last) < segment_number(newest):
             stops = run.last or f"before {first}"
             problems.append(
                 f"shard {shard.shard_id}'s WAL archive misses segments after {stops} (it holds "

@@ -60,6 +60,7 @@ from shardvault.errors import (
 )
 from shardvault.extents import unpack_numbers
 from shardvault.models import DownloadItem, Encryption, Engine, unpack_files
+from shardvault.pgwal import LSN
 from shardvault.pipeline import (
     FrameCodec,
     FrameSink,
@@ -865,7 +866,7 @@ def finish_postgres(
             "archive_mode = 'off'\n"
         )
         if target is not None:
-            conf.write(recovery_to_target(root / WAL_DIR, target.get("target_time")))
+            conf.write(recovery_to_target(root / WAL_DIR, target))
         elif cut is not None:
             conf.write(recovery_to_cut(check_restore_point_name(cut)))
     if cut is not None or target is not None:
@@ -918,9 +919,11 @@ def recovery_to_cut(name: str) -> str:
     )
 
 
-def recovery_to_target(wal_dir: Path, target_time: str | None) -> str:
-    """The settings that replay the archive's WAL (placed in ``wal_dir``) to ``target_time``
-    (ISO 8601 with its offset), or to the archive's end (None), and open the copy."""
+def recovery_to_target(wal_dir: Path, target: dict[str, Any]) -> str:
+    """The settings that replay the archive's WAL (placed in ``wal_dir``) to the target
+    (``shardvault.pitr.recovery``: a time, an LSN, a restore point, or none: the archive's
+    end), then open the copy. Each value is checked again here before it is written into
+    ``postgresql.auto.conf``: a time parsed, an LSN and a name matched whole."""
     # restore_command is a shell command: the directory is quoted for the shell, then for
     # postgresql.conf. It comes from this node's configuration, never from a request.
     command = f"cp {shlex.quote(str(wal_dir))}/%f %p".replace("'", "''")
@@ -929,25 +932,37 @@ def recovery_to_target(wal_dir: Path, target_time: str | None) -> str:
         f"restore_command = '{command}'\n",
         "recovery_target_timeline = 'latest'\n",
     ]
-    if target_time is not None:
-        when = datetime.fromisoformat(target_time)  # refuses anything but a time
-        lines += [
-            f"recovery_target_time = '{when.isoformat()}'\n",
-            "recovery_target_action = 'promote'\n",
-        ]
+    setting = recovery_setting(target)
+    if setting is not None:
+        lines += [f"{setting[0]} = '{setting[1]}'\n", "recovery_target_action = 'promote'\n"]
     return "".join(lines)
+
+
+def recovery_setting(target: dict[str, Any]) -> tuple[str, str] | None:
+    """The one ``recovery_target_*`` setting of a target, checked; None: the archive's end."""
+    if target.get("target_time"):
+        return "recovery_target_time", datetime.fromisoformat(target["target_time"]).isoformat()
+    if target.get("target_lsn"):
+        if not LSN.fullmatch(target["target_lsn"]):
+            raise ValueError(f"{target['target_lsn']!r} is not an LSN")
+        return "recovery_target_lsn", target["target_lsn"]
+    if target.get("target_name"):
+        return "recovery_target_name", check_restore_point_name(target["target_name"])
+    return None
 
 
 def recovery_kind(target: dict[str, Any] | None) -> str | None:
     """A point-in-time restore's kind of target (None: none, the backup's own end or cut)."""
     if target is None:
         return None
-    return "time" if target.get("target_time") else "latest"
+    setting = recovery_setting(target)
+    return setting[0].removeprefix("recovery_target_") if setting else "latest"
 
 
 def recovered_to(cut: str | None, target: dict[str, Any] | None) -> str | None:
     if target is not None:
-        return target.get("target_time") or "the end of the WAL archive"
+        setting = recovery_setting(target)
+        return setting[1] if setting else "the end of the WAL archive"
     return cut
 
 
@@ -959,19 +974,35 @@ def short_of_target(
     if "recovery ended before configured recovery target was reached" not in log:
         return None
     if target is not None:
-        return TargetOutOfRange(
-            f"shard {shard_id}: its archived WAL ends before {target.get('target_time')}: "
-            "PostgreSQL found no transaction after the target in it (the archive stops "
-            "short of the target, or nothing was committed after it).",
-            fix="choose an earlier target, or restore with --target-latest (the end of the "
-            "archive); if the target is recent, wait for the archive to catch up.",
-        )
+        return target_not_reached(shard_id, target)
     if cut is None:
         return None
     return RestoreValidationFailed(
         f"shard {shard_id}: the WAL in its backup ends before the backup's restore point {cut}, "
         "so it cannot be recovered to the cluster's cut.",
         fix="the backup's tail is incomplete: restore another backup, and report this one.",
+    )
+
+
+def target_not_reached(shard_id: str, target: dict[str, Any]) -> ShardVaultError:
+    kind, value = recovery_setting(target) or ("", "")
+    if kind == "recovery_target_name":
+        return TargetOutOfRange(
+            f"shard {shard_id}: its archived WAL after the backup holds no restore point "
+            f"named {value!r}.",
+            fix="check the name (pg_create_restore_point's argument, or a backup id); a point "
+            "made before the newest backup needs an older base: name it with --backup-id.",
+        )
+    return TargetOutOfRange(
+        f"shard {shard_id}: its archived WAL ends before {value}: PostgreSQL "
+        + (
+            "found no transaction after the target in it (the archive stops short of the "
+            "target, or nothing was committed after it)."
+            if kind == "recovery_target_time"
+            else "did not reach that position in it."
+        ),
+        fix="choose an earlier target, or restore with --target-latest (the end of the "
+        "archive); if the target is recent, wait for the archive to catch up.",
     )
 
 

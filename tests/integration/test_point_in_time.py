@@ -19,11 +19,11 @@ from .conftest import output
 MARKS = 12
 
 
-def write_marks(node, count: int = MARKS) -> list[datetime]:
-    """Marker rows 0..count-1, a quarter second apart, a segment switch every third; their
-    commit times by the source's clock."""
+def write_marks(node, count: int = MARKS, start: int = 0) -> list[datetime]:
+    """Marker rows start..count-1, a quarter second apart, a segment switch every third;
+    the commit times of all markers so far by the source's clock."""
     node.server.psql("CREATE TABLE IF NOT EXISTS marks (n int PRIMARY KEY, at timestamptz)")
-    for n in range(count):
+    for n in range(start, count):
         node.server.psql(f"INSERT INTO marks VALUES ({n}, clock_timestamp())")
         if n % 3 == 2:
             node.server.psql("SELECT pg_switch_wal()")
@@ -101,6 +101,77 @@ def test_a_target_outside_the_archive_is_refused_naming_the_range(archived, make
         assert progress.error == "TargetOutOfRange", progress.cause
         assert phrase in progress.cause, progress.cause
         assert into.records() == []  # refused before anything was written
+
+
+def test_a_restore_to_a_restore_point_or_an_lsn_stops_there(archiving, make_target) -> None:
+    node = archiving(delay=0.2)
+    node.start_agent()
+    node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz)")
+    assert node.backup().status == "SUCCEEDED"
+    write_marks(node, 4)
+    node.server.psql("SELECT pg_create_restore_point('before-four')")  # an operator's mark
+    write_marks(node, 8, start=4)
+    lsn = node.server.psql("SELECT pg_current_wal_insert_lsn()")  # just after marker 7
+    write_marks(node, start=8)
+    settle(node)
+
+    by_name = make_target(nodes=1, engine="postgres").restore(
+        node.cluster, target={"name": "before-four"}
+    )
+    assert by_name.status == "SUCCEEDED", by_name.cause
+    assert restored_marks(by_name) == list(range(4))
+    (shard,) = output(by_name)["shards"]
+    assert (shard["recovery_target"], shard["recovered_to"]) == ("name", "before-four")
+
+    by_lsn = make_target(nodes=1, engine="postgres").restore(node.cluster, target={"lsn": lsn})
+    assert by_lsn.status == "SUCCEEDED", by_lsn.cause
+    assert restored_marks(by_lsn) == list(range(8))
+
+    unknown = make_target(nodes=1, engine="postgres").restore(
+        node.cluster, target={"name": "never-made"}
+    )
+    assert unknown.error == "TargetOutOfRange", unknown.cause
+    assert "holds no restore point named 'never-made'" in unknown.cause
+
+
+def test_a_restore_follows_the_archive_across_a_promotion(archiving, make_target) -> None:
+    """The source is promoted after its backup (as a failover or a restore in place does):
+    the archive goes on in a new timeline, and a restore to a time after the promotion
+    replays the old timeline to it, then the new one."""
+    node = archiving(delay=0.2)
+    node.start_agent()
+    node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz)")
+    assert node.backup().status == "SUCCEEDED"
+    write_marks(node, 6)
+    promote_in_place(node)
+    times = write_marks(node, start=6)
+    settle(node)
+    assert "00000002.history" in node.archived()
+    target = times[8] + (times[9] - times[8]) / 2
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"time": target.isoformat()})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == list(range(9))
+    (shard,) = output(progress)["shards"]
+    # Promoted once more at the target: the copy's own timeline is the third.
+    assert restored_instance(shard).psql("SELECT timeline_id FROM pg_control_checkpoint()") == "3"
+
+
+def promote_in_place(node) -> None:
+    """Stops the source and starts it in archive recovery from its own pg_wal: at its end
+    PostgreSQL promotes it into timeline 2 (and archives the history file)."""
+    node.server.stop()
+    with open(node.server.data_dir / "postgresql.auto.conf", "a") as conf:
+        conf.write("restore_command = 'false'\n")
+    (node.server.data_dir / "recovery.signal").touch()
+    node.server.start()
+    deadline = time.monotonic() + 60
+    while node.server.psql("SELECT pg_is_in_recovery()") != "f":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert node.server.psql("SELECT timeline_id FROM pg_control_checkpoint()") == "2"
 
 
 def test_a_sqlite_cluster_says_it_has_no_point_in_time(make_cluster, make_target) -> None:
