@@ -4,6 +4,7 @@ restore points are on the nodes of one cluster, each node busy with pgbench.
 Usage::
 
     .venv/bin/python bench/cut_skew.py --nodes 3 --backups 10 --scale 10
+    .venv/bin/python bench/cut_skew.py --nodes 3 --backups 20 --scale 10 --commit-lock 4242
 
 The local stack (moto's Step Functions running the real ASL, MinIO as the store) and one real
 PostgreSQL per node, each filled by ``pgbench -i`` and written to by ``pgbench -c 2`` for the
@@ -16,6 +17,14 @@ node came to the cut instant, and the spread of its ``pg_backup_start`` calls (t
 transactions per second over the run. All nodes share one machine and one clock: the skew
 measured here is the agents' scheduling and PostgreSQL's latency under load, with no clock
 offset between hosts (NTP keeps those to a millisecond or a few on a LAN; it adds to the skew).
+
+With ``--commit-lock KEY`` the cluster's policy sets ``cut: {commit_lock: KEY}`` (the commit
+pause, ``shardvault.cut``) and a *distributed writer* runs beside pgbench: rounds of one row
+committed on every node, each round holding the lock shared on every node
+(``pg_try_advisory_lock_shared``; a refusal lets go of all and retries after 1 ms), as the
+README asks of an application's distributed commits. Per backup it reads whether the cut was
+paused (every node held the lock at one shared moment) and the longest node's pause, and
+checks afterwards that pgbench, which takes no lock, went on.
 """
 
 from __future__ import annotations
@@ -24,9 +33,12 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from shardvault import operations as ops
 from shardvault.local import demo
@@ -35,6 +47,57 @@ from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest
 
 FAST_AGENT = {"heartbeat_interval_seconds": 1.0, "poll_interval_seconds": 0.05}
+POLICY = """version: 1
+clusters:
+  cut:
+    engine: postgres
+    schedule: {{full: '0 2 * * *'}}
+    vault: {{storage_class: GLACIER_IR, object_lock: {{mode: GOVERNANCE, days: 1}}}}
+    retention: {{keep_daily: 1}}
+    cut: {{commit_lock: {key}}}
+"""
+
+
+class DistributedWriter:
+    """Rounds of one row committed on every server under the commit lock (module docstring);
+    ``rounds``: how many were committed."""
+
+    def __init__(self, servers: list[Any], key: int) -> None:
+        for server in servers:
+            server.psql("CREATE TABLE IF NOT EXISTS rounds (n int PRIMARY KEY)")
+        self.servers, self.key, self.rounds = servers, key, 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._commit)
+
+    def _commit(self) -> None:
+        conns = [psycopg.connect(s.conninfo, autocommit=True) for s in self.servers]
+        try:
+            while not self.stopping.is_set():
+                held = []
+                for conn in conns:
+                    if not conn.execute(
+                        "SELECT pg_try_advisory_lock_shared(%s)", (self.key,)
+                    ).fetchone()[0]:
+                        break
+                    held.append(conn)
+                if len(held) == len(conns):
+                    for conn in conns:
+                        conn.execute("INSERT INTO rounds VALUES (%s)", (self.rounds,))
+                    self.rounds += 1
+                for conn in held:
+                    conn.execute("SELECT pg_advisory_unlock_shared(%s)", (self.key,))
+                if len(held) < len(conns):
+                    time.sleep(0.001)
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -55,7 +118,13 @@ def transactions(server: Any) -> int:
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     cluster = demo.postgres_cluster(root, name="cut", nodes=args.nodes, scale=args.scale)
-    with LocalStack(root / "stack") as stack:
+    stack_args: dict[str, Any] = {}
+    if args.commit_lock is not None:
+        (root / "policy.yaml").write_text(POLICY.format(key=args.commit_lock))
+        stack_args["policy_file"] = root / "policy.yaml"
+    servers = list(cluster.servers.values())
+    writer = DistributedWriter(servers, args.commit_lock) if args.commit_lock is not None else None
+    with LocalStack(root / "stack", **stack_args) as stack:
         for config in cluster.agent_configs:
             stack.start_agent(config | FAST_AGENT)
         stack.wait_for_nodes([c["node_id"] for c in cluster.agent_configs])
@@ -63,8 +132,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         seconds = 600
         loads = [start_pgbench(s, clients=2, seconds=seconds) for s in cluster.servers.values()]
         backups = []
-        servers = list(cluster.servers.values())
         try:
+            if writer:
+                writer.start()
             time.sleep(2)  # the load is running
             started, before = time.monotonic(), [transactions(s) for s in servers]
             for i in range(args.backups):
@@ -87,12 +157,17 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         "cut_late_seconds": float(record.get("cut_late_seconds") or 0),
                         "checkpoint_spread_seconds": float(record["checkpoint_skew_seconds"]),
                         "duration_seconds": float(record["duration_seconds"]),
+                        "cut_paused": record.get("cut_paused"),
+                        "cut_pause_seconds": record.get("cut_pause_seconds"),
                     }
                 )
                 print(json.dumps(backups[-1]), flush=True)
             elapsed = time.monotonic() - started
             written = [transactions(s) - b for s, b in zip(servers, before, strict=True)]
+            rounds = writer.rounds if writer else None
         finally:
+            if writer:
+                writer.stop()
             for load in loads:
                 stop_process(load)
             cluster.stop()
@@ -104,6 +179,19 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "late": spread([b["cut_late_seconds"] for b in backups]),
         "checkpoint_spread": spread([b["checkpoint_spread_seconds"] for b in backups]),
         "pgbench_tps_per_node": [round(n / elapsed) for n in written],
+        **(pauses(backups, rounds / elapsed) if rounds is not None else {}),
+    }
+
+
+def pauses(backups: list[dict[str, Any]], rounds_per_second: float) -> dict[str, Any]:
+    """The commit pauses: how many cuts were paused, the longest node's pause per backup
+    (min, median, p90, p99, max), and the distributed writer's rounds a second."""
+    lengths = sorted(float(b["cut_pause_seconds"] or 0) for b in backups)
+    p99 = lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))]
+    return {
+        "cuts_paused": sum(1 for b in backups if b["cut_paused"] is True),
+        "pause": spread(lengths) | {"p99_ms": round(p99 * 1000, 2)},
+        "distributed_rounds_per_second": round(rounds_per_second),
     }
 
 
@@ -112,6 +200,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--backups", type=int, default=10)
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale per node")
+    parser.add_argument(
+        "--commit-lock",
+        type=int,
+        metavar="KEY",
+        help="the policy's cut.commit_lock, with a distributed writer that honours it",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:

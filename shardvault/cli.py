@@ -409,6 +409,11 @@ def cut_cell(record: dict[str, Any]) -> str:
     late = record.get("cut_late_seconds") or 0
     if late > 0:
         cell += f" (a node came {late * 1000:.0f} ms after the cut instant)"
+    paused, pause = record.get("cut_paused"), record.get("cut_pause_seconds") or 0
+    if paused is True:
+        cell += f"; commits paused at most {pause * 1000:.1f} ms"
+    elif paused is False:
+        cell += "; commit pause not held on every node at once: best-effort"
     return cell
 
 

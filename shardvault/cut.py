@@ -17,6 +17,18 @@ same moment. Each backup therefore ends with a *cut*:
   ``clock_timestamp()`` beside its restore point): how far apart, at most, the nodes'
   restored states are. A node whose command arrived after the instant is *late*: it cuts at
   once, and the skew shows it.
+- *commit pause* (opt-in, the policy's ``cut.commit_lock``): PostgreSQL has no switch that
+  holds every commit, so the cut pauses the commits that ask to be paused, as Citus pauses
+  its distributed commits. An application's distributed commit holds the advisory lock
+  ``commit_lock`` shared on every node it commits on (``pg_advisory_lock_shared``) from
+  before its first ``COMMIT PREPARED`` to after its last; each node takes it exclusively
+  ``PAUSE_LEAD_SECONDS`` before the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for
+  commits under way), creates its restore point at the instant, and lets go. If every node
+  held the lock at one shared moment (the latest node's lock came before the earliest
+  node's release), no such commit lies on one node's side of the cut and another's: the cut
+  is *paused* (consistent for those commits). The *pause* is how long a node held commits
+  (from asking for the lock to letting go); the longest node's is recorded. A node that
+  cannot take the lock in time cuts without it: the cut is then best-effort, and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from shardvault.errors import InvalidRequest
 from shardvault.models import Frozen
@@ -34,6 +46,11 @@ from shardvault.models import Frozen
 # few hundred a second. A late node is shown (cut_late_seconds), not refused.
 CUT_MARGIN_SECONDS = 1.0
 CUT_MARGIN_PER_NODE_SECONDS = 0.002
+# The commit pause: taken this long before the instant, so that every node holds it when the
+# instant comes (the skew of the nodes' wake-up is a few ms, docs/BENCHMARKS.md); a lock not
+# granted within the timeout (a distributed commit that does not end) leaves a best-effort cut.
+PAUSE_LEAD_SECONDS = 0.005
+LOCK_TIMEOUT_SECONDS = 0.05
 # What PostgreSQL allows in a restore point's name (fewer than 64 bytes), and what can be
 # written into a configuration file without quoting: a backup id is far inside it.
 RESTORE_POINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
@@ -60,6 +77,7 @@ class CutRequest(Frozen):
     name: str
     entered: str  # the Stop step's start, ISO 8601 (Step Functions' $$.State.EnteredTime)
     margin_seconds: float = 0.0
+    commit_lock: int | None = Field(None, ge=-(2**63), lt=2**63)  # None: no commit pause
 
     @field_validator("name")
     @classmethod
@@ -76,3 +94,15 @@ class CutRequest(Frozen):
 def cut_skew_seconds(times: list[float]) -> float | None:
     """The spread of the nodes' restore points' creation times; None without any."""
     return round(max(times) - min(times), 6) if times else None
+
+
+def pause_summary(pauses: list[tuple[float, float, float]]) -> dict[str, object]:
+    """What the nodes' commit pauses (each ``(asked, locked, released)``, epoch seconds; empty
+    for a node that got no lock) made of the cut: paused when every node held the lock at one
+    shared moment, and the longest pause; nothing when no pause was asked."""
+    if not pauses:
+        return {}
+    held = [p for p in pauses if p[1] > 0]
+    shared = len(held) == len(pauses) and max(p[1] for p in held) < min(p[2] for p in held)
+    longest = max((p[2] - p[0] for p in held), default=0.0)
+    return {"cut_paused": shared, "cut_pause_seconds": round(longest, 6)}

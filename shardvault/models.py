@@ -428,6 +428,7 @@ class BackupContext(Frozen):
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # incrementals only
     cut_margin_seconds: float = 0.0  # from the Stop step's start to the cut (shardvault.cut)
+    cut_commit_lock: int | None = None  # the policy's cut.commit_lock: None, no commit pause
 
 
 class ObjectPlan(Frozen):
@@ -561,6 +562,11 @@ class Manifest(Frozen):
     # restore recovers to it) and the spread of its creation times; None: no shard cut.
     cut_name: str | None = None
     cut_skew_seconds: float | None = None
+    cut_late_seconds: float | None = None  # how late the latest node came to the instant
+    # The commit pause (policy cut.commit_lock): None, none asked; True, every node held
+    # the commit lock at one shared moment around its restore point; False, best-effort.
+    cut_paused: bool | None = None
+    cut_pause_seconds: float | None = None  # the longest node's pause
 
 
 # --- Restore -----------------------------------------------------------------------------------

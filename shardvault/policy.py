@@ -346,6 +346,20 @@ class Compression(Frozen):
     )
 
 
+class Cut(Frozen):
+    commit_lock: int | None = Field(
+        None,
+        ge=-(2**63),
+        lt=2**63,
+        strict=True,
+        description="PostgreSQL: the advisory lock key your application's distributed commits "
+        "hold shared on every node they commit on (pg_advisory_lock_shared, from before the "
+        "first COMMIT PREPARED to after the last); each backup's cut holds it exclusively for "
+        "a few milliseconds on every node around its restore point, so no such commit lands "
+        "on one node's side of the cut and another's. null: no pause, a best-effort cut.",
+    )
+
+
 class Archive(Frozen):
     max_delay_seconds: float = Field(
         60.0,
@@ -405,6 +419,9 @@ class ClusterPolicy(Frozen):
     )
     archive: Archive = Field(
         default_factory=Archive, description="How agents archive WAL continuously."
+    )
+    cut: Cut = Field(
+        default_factory=Cut, description="How a backup cuts every node at one instant."
     )
     encryption: Literal["none", "kms"] = Field(
         "none",

@@ -127,6 +127,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         kind=kind,
         chain=chain,
         cut_margin_seconds=cut_margin_seconds(len(sources)),
+        cut_commit_lock=policy.cut.commit_lock if policy else None,
     )
     svc.catalog.put(
         {

@@ -97,6 +97,9 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         checkpoint_skew_seconds=skew_seconds(data_listings),
         cut_name=cut.get("cut_name"),
         cut_skew_seconds=cut.get("cut_skew_seconds"),
+        cut_late_seconds=cut.get("cut_late_seconds"),
+        cut_paused=cut.get("cut_paused"),
+        cut_pause_seconds=cut.get("cut_pause_seconds"),
         part_size=results[0].part_size if results else 0,
         shards=list(shards.values()),
         bytes=sum(r.length for r in streamed_results),
@@ -183,6 +186,9 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "checkpoint_skew_seconds": manifest.checkpoint_skew_seconds,
         "cut_name": manifest.cut_name,
         "cut_skew_seconds": manifest.cut_skew_seconds,
+        "cut_late_seconds": manifest.cut_late_seconds,
+        "cut_paused": manifest.cut_paused,
+        "cut_pause_seconds": manifest.cut_pause_seconds,
         # Per shard, the WAL segment its own WAL ends in: the archive keeps what follows.
         "wal_from": {
             s.shard_id: first for s in manifest.shards if (first := wal_from(manifest, s.shard_id))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault.backup.answers import read_answers
-from shardvault.cut import cut_skew_seconds
+from shardvault.cut import cut_skew_seconds, pause_summary
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import (
@@ -175,8 +175,9 @@ def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
     try:
         times = [float(listing.marker["cut_at"]) for listing in cut]
         late = max(float(listing.marker.get("cut_late_seconds", 0)) for listing in cut)
+        pauses = [pause_of(listing.marker) for listing in cut if "cut_pause" in listing.marker]
     except ValueError:
-        times, late = [], 0.0
+        times, late, pauses = [], 0.0, []
     wrong = [t.shard_id for t in cut if t.marker.get("cut_name") != backup_id]
     if wrong or not times:
         raise InvalidRequest(
@@ -189,7 +190,15 @@ def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
         "cut_skew_seconds": cut_skew_seconds(times),
         "cut_late_seconds": late,
         "cut_shards": len(cut),
+        **pause_summary(pauses),
     }
+
+
+def pause_of(marker: dict[str, str]) -> tuple[float, float, float]:
+    """A tail's commit pause as its marker records it: ``asked locked released`` (epoch
+    seconds; locked 0: no lock was granted)."""
+    asked, locked, released = (float(v) for v in marker["cut_pause"].split())
+    return asked, locked, released
 
 
 def skew_seconds(listings: list[ShardListing]) -> float:

@@ -327,26 +327,80 @@ class Marks:
             thread.join()
 
 
+COMMIT_LOCK = 4242
+
+
+class DistributedCommits:
+    """Rounds of one row committed on every server, as an application's distributed commit
+    does under the cut's commit pause (README: *The cut*): the commit lock taken shared on
+    every server (``pg_try_advisory_lock_shared``: on a refusal, let go of all and retry, never
+    hold one while waiting on another), the round's row committed on each in turn, the locks
+    let go. A cut that pauses these commits restores every server with the same rounds."""
+
+    def __init__(self, servers: list[PostgresInstance]) -> None:
+        for server in servers:
+            server.psql("CREATE TABLE rounds (n int PRIMARY KEY)")
+        self.servers, self.stopping, self.done = servers, threading.Event(), 0
+        self.thread = threading.Thread(target=self._commit)
+
+    def _commit(self) -> None:
+        conns = [psycopg.connect(s.conninfo, autocommit=True) for s in self.servers]
+        try:
+            while not self.stopping.is_set():
+                held = []
+                for conn in conns:
+                    got = conn.execute("SELECT pg_try_advisory_lock_shared(%s)", (COMMIT_LOCK,))
+                    if not got.fetchone()[0]:
+                        break
+                    held.append(conn)
+                if len(held) == len(conns):
+                    for conn in conns:
+                        conn.execute("INSERT INTO rounds VALUES (%s)", (self.done,))
+                    self.done += 1
+                for conn in held:
+                    conn.execute("SELECT pg_advisory_unlock_shared(%s)", (COMMIT_LOCK,))
+                if len(held) < len(conns):
+                    time.sleep(0.001)
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def __enter__(self) -> DistributedCommits:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
 def newest_mark(server: PostgresInstance) -> float:
     return float(server.psql("SELECT max(at) FROM cut_marks"))
 
 
-def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
+def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_for):
     """Under writes on all three nodes, the backup ends with one restore point per node at
     one instant (its name, skew and instants recorded); the restore recovers every node to it:
     each node's newest row was written just before its restore point, none after, so the
     nodes' restored states lie within the reported skew of each other. Without the cut each
-    node would stop at the end of its own backup (pg_backup_stop), a second earlier here."""
+    node would stop at the end of its own backup (pg_backup_stop), a second earlier here.
+    The policy's commit lock pauses the distributed commits around the cut: every node comes
+    back with the same rounds of them."""
     cluster, servers = pg_cluster
-    with Marks(servers):
+    policy_for(cluster.name, engine="postgres", cut=f"{{commit_lock: {COMMIT_LOCK}}}")
+    with Marks(servers), DistributedCommits(servers) as commits:
         time.sleep(0.5)
         backup = cluster.backup()
         time.sleep(0.5)  # rows after the cut: none may come back
     assert backup.status == "SUCCEEDED", backup.cause
+    assert commits.done > 100  # the commits went on through the backup
     record = next(r for r in cluster.records() if r["backup_id"] == backup.record["backup_id"])
     assert record["cut_name"] == record["backup_id"]
+    assert record["cut_paused"] is True, record
+    assert 0 < record["cut_pause_seconds"] < 0.1, record
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    assert record["location"] == "vault"  # the policy's vault
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
     assert manifest.cut_name == record["backup_id"]
     cut_at = {s.shard_id: float(s.marker["cut_at"]) for s in manifest.shards}
     assert manifest.cut_skew_seconds == pytest.approx(
@@ -380,6 +434,11 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target):
         assert mark > cut_at[shard_id] - 0.2, (shard_id, mark, cut_at)  # and all before it
     spread = max(newest.values()) - min(newest.values())
     assert spread <= record["cut_skew_seconds"] + 0.2, (newest, record["cut_skew_seconds"])
+    rounds = {
+        shard["shard_id"]: restored_instance(shard).psql("SELECT count(*), max(n) FROM rounds")
+        for shard in output(restored)["shards"]
+    }
+    assert len(set(rounds.values())) == 1, rounds  # no round on one side of the cut only
 
     # The copies, on their new timeline, are backed up and restored in turn (their backup's
     # WAL is on timeline 2; recovery finds no history file for it, and needs none).

@@ -57,12 +57,49 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
     )
 
 
+def paused(shard: str, asked: float, locked: float, released: float) -> ShardListing:
+    cut_pause = f"{asked:.6f} {locked:.6f} {released:.6f}"
+    return tail(shard, cut_name="b1", cut_at=f"{released - 0.001:.6f}", cut_pause=cut_pause)
+
+
+def test_a_pause_every_node_held_at_one_moment_makes_the_cut_paused() -> None:
+    summary = cut_summary(
+        [paused("s1", 100.000, 100.002, 100.009), paused("s2", 100.001, 100.004, 100.012)], "b1"
+    )
+    assert summary["cut_paused"] is True
+    assert summary["cut_pause_seconds"] == pytest.approx(0.011)  # s2: asked to let go
+    assert cut_cell(summary).endswith("; commits paused at most 11.0 ms")
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        (100.010, 100.020, 100.030),  # locked after s1 had let go: no shared moment
+        (100.001, 0.0, 100.051),  # its lock never granted (a commit under way)
+    ],
+)
+def test_a_pause_not_held_everywhere_at_once_leaves_a_best_effort_cut(second) -> None:
+    summary = cut_summary([paused("s1", 100.000, 100.002, 100.009), paused("s2", *second)], "b1")
+    assert summary["cut_paused"] is False
+    assert cut_cell(summary).endswith("best-effort")
+
+
+def test_a_cut_without_a_pause_asked_records_none() -> None:
+    summary = cut_summary([tail("s1", cut_name="b1", cut_at="100.0")], "b1")
+    assert "cut_paused" not in summary
+
+
 def test_a_backup_without_a_cut_says_where_its_nodes_restore_to() -> None:
     assert cut_summary([tail("s1"), tail("s2")], "b1") == {}
 
 
 @pytest.mark.parametrize(
-    "marker", [{"cut_name": "b0", "cut_at": "100.0"}, {"cut_name": "b1", "cut_at": "soon"}]
+    "marker",
+    [
+        {"cut_name": "b0", "cut_at": "100.0"},
+        {"cut_name": "b1", "cut_at": "soon"},
+        {"cut_name": "b1", "cut_at": "100.0", "cut_pause": "100.0 100.1"},
+    ],
 )
 def test_a_tail_that_records_another_point_or_no_time_is_refused(marker: dict) -> None:
     tails = [tail("s1", cut_name="b1", cut_at="100.0"), tail("s2", **marker)]

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import shutil
 import threading
@@ -29,11 +30,13 @@ from pathlib import Path
 
 import psycopg
 
-from shardvault.cut import CutRequest
+from shardvault.cut import LOCK_TIMEOUT_SECONDS, PAUSE_LEAD_SECONDS, CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, list_tree, size_or_zero
+
+log = logging.getLogger("shardvault.agent.postgres")
 
 # Directories whose contents are omitted (the directory itself is kept): see "Backing Up the
 # Data Directory" in PostgreSQL's "Making a Base Backup Using the Low Level API".
@@ -331,10 +334,14 @@ WHOLE_SEGMENT = -1  # copy_wal_up_to: the segment's every byte
 
 def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
     """At the cut's instant, the cluster's restore point in this shard's WAL (see
-    ``shardvault.cut``), its WAL made durable at once; the marker fields that record it."""
+    ``shardvault.cut``), its WAL made durable at once, inside the commit pause when the
+    policy asks for one; the marker fields that record it."""
+    pause = CommitPause(conn, cut.commit_lock) if cut.commit_lock is not None else None
+    if pause is not None:
+        wait_until(cut.at - PAUSE_LEAD_SECONDS)
+        pause.hold()
     late = time.time() - cut.at
-    if late < 0:
-        time.sleep(-late)
+    wait_until(cut.at)
     try:
         lsn, created = conn.execute(
             "SELECT pg_create_restore_point(%s), extract(epoch FROM clock_timestamp())",
@@ -345,6 +352,9 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
             f"cannot create restore point {cut.name} on shard {shard.shard_id}: {error}".strip(),
             fix="GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) to the agent's role.",
         ) from None
+    finally:
+        if pause is not None:
+            pause.let_go()
     # A restore point is not flushed by itself: a transaction's commit flushes it now. Where
     # that cannot be (synchronous_commit off, a read-only default), _wait_flushed waits for
     # the WAL writer instead.
@@ -355,7 +365,45 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
         "cut_lsn": str(lsn),
         "cut_at": f"{float(created):.6f}",
         "cut_late_seconds": f"{max(0.0, late):.6f}",
+        **({"cut_pause": pause.recorded()} if pause is not None else {}),
     }
+
+
+def wait_until(instant: float) -> None:
+    if (ahead := instant - time.time()) > 0:
+        time.sleep(ahead)
+
+
+class CommitPause:
+    """The cut's commit pause on one node (``shardvault.cut``): the commit lock held
+    exclusively from just before the instant to just after the restore point. Asking for it
+    queues the distributed commits that come after (PostgreSQL grants no shared lock past a
+    waiting exclusive one) while those under way finish; not granted within
+    ``LOCK_TIMEOUT_SECONDS``, the node cuts without it."""
+
+    def __init__(self, conn: psycopg.Connection, key: int) -> None:
+        self.conn, self.key = conn, key
+        self.asked = self.locked = self.released = 0.0
+
+    def hold(self) -> None:
+        self.asked = time.time()
+        try:
+            self.conn.execute(f"SET lock_timeout = {int(LOCK_TIMEOUT_SECONDS * 1000)}")
+            self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+            self.locked = time.time()
+        except psycopg.Error as error:  # lock_timeout: a commit under way did not end
+            log.warning("commit pause not taken (lock %d): %s", self.key, error)
+
+    def let_go(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            if self.locked:
+                self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+            self.conn.execute("RESET lock_timeout")
+        self.released = time.time()
+
+    def recorded(self) -> str:
+        """``asked locked released`` (epoch seconds; locked 0: not granted)."""
+        return f"{self.asked:.6f} {self.locked:.6f} {self.released:.6f}"
 
 
 def copy_wal_up_to(source: Path, copy: Path, length: int) -> None:
