@@ -21,14 +21,17 @@ same moment. Each backup therefore ends with a *cut*:
   holds every commit, so the cut pauses the commits that ask to be paused, as Citus pauses
   its distributed commits. An application's distributed commit holds the advisory lock
   ``commit_lock`` shared on every node it commits on (``pg_advisory_lock_shared``) from
-  before its first ``COMMIT PREPARED`` to after its last; each node takes it exclusively
+  before its first ``COMMIT PREPARED`` to after its last; each node asks for it exclusively
   ``PAUSE_LEAD_SECONDS`` before the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for
-  commits under way), creates its restore point at the instant, and lets go. If every node
-  held the lock at one shared moment (the latest node's lock came before the earliest
-  node's release), no such commit lies on one node's side of the cut and another's: the cut
-  is *paused* (consistent for those commits). The *pause* is how long a node held commits
-  (from asking for the lock to letting go); the longest node's is recorded. A node that
-  cannot take the lock in time cuts without it: the cut is then best-effort, and says so.
+  commits under way), creates its restore point at the instant, and lets go
+  ``PAUSE_HOLD_SECONDS`` after it: every node lets go at the same instant by its clock, so
+  nodes whose wake-up or lock came up to that much late still share a moment with the others.
+  If every node held the lock at one shared moment (the latest node's lock came before the
+  earliest node's release), no such commit lies on one node's side of the cut and another's:
+  the cut is *paused* (consistent for those commits). The *pause* is how long a node held
+  commits (from asking for the lock to letting go: about the lead and the hold); the longest
+  node's is recorded. A node that cannot take the lock in time cuts without it: the cut is
+  then best-effort, and says so.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ from shardvault.models import Frozen
 # few hundred a second. A late node is shown (cut_late_seconds), not refused.
 CUT_MARGIN_SECONDS = 1.0
 CUT_MARGIN_PER_NODE_SECONDS = 0.002
-# The commit pause: taken this long before the instant, so that every node holds it when the
-# instant comes (the skew of the nodes' wake-up is a few ms, docs/BENCHMARKS.md); a lock not
-# granted within the timeout (a distributed commit that does not end) leaves a best-effort cut.
-PAUSE_LEAD_SECONDS = 0.005
+# The commit pause: asked for this long before the instant (a lock is granted in well under a
+# millisecond when no commit holds it) and held this long after it, which covers the nodes'
+# wake-up skew (median 2 ms, p90 9 ms under load, docs/BENCHMARKS.md); a lock not granted
+# within the timeout (a distributed commit that does not end) leaves a best-effort cut.
+PAUSE_LEAD_SECONDS = 0.002
+PAUSE_HOLD_SECONDS = 0.010
 LOCK_TIMEOUT_SECONDS = 0.05
 # What PostgreSQL allows in a restore point's name (fewer than 64 bytes), and what can be
 # written into a configuration file without quoting: a backup id is far inside it.

@@ -180,7 +180,7 @@ def past_lsn(target: RestoreTarget, archive: ShardArchive, manifest: Manifest) -
     assert archive.last is not None
     end = (segment_number(archive.last) + 1) * DEFAULT_SEGMENT_SIZE
     if lsn_number(target.lsn) >= end:
-        (shard,) = manifest.shards  # one shard (before_lsn)
+        (shard,) = manifest.shards  # one shard: one_shard_for_lsn
         first = shard.marker.get("cut_lsn") or shard.marker.get("stop_lsn") or "?"
         raise TargetOutOfRange(
             f"{target.describe()} is past the WAL archive of shard {archive.shard_id}: it runs "

@@ -536,11 +536,13 @@ class Restorer:
             # backup label); other engines get it here, before the shard counts as restored.
             sync_tree(staged)
         aside = self.restore_dir / INCOMING / restore_id / f"{shard_id}.replaced"
+        replaced: dict[str, Any] = {}
         if staged.exists():
             if final.exists():
+                replaced = self._stop_replaced(final)
                 final.rename(aside)  # put back by abort_restore, deleted once checks pass
             staged.rename(final)
-        self._note_started(restore_id, shard_id, {"path": str(final)})
+        self._note_started(restore_id, shard_id, {"path": str(final), **replaced})
         engine = self.config.engine
         finisher = finish_postgres if engine == Engine.POSTGRES else finish_sqlite
         result = finisher(self, restore_id, shard_id, final, args)
@@ -554,10 +556,23 @@ class Restorer:
                 "one.",
             )
         shutil.rmtree(aside, ignore_errors=True)
-        note = {"path": str(final), "port": result.get("port"), "result": result}
+        note = {"path": str(final), "port": result.get("port"), "result": result, **replaced}
         self._note_started(restore_id, shard_id, note)
         self._adopt(restore_id, shard_id, result)
         return result
+
+    def _stop_replaced(self, final: Path) -> dict[str, Any]:
+        """Stops the server a replaced shard runs (an earlier restore's copy): its files move
+        aside, and its socket and port would keep the new copy from starting. Returns what
+        ``_undo`` needs to start it again if this restore fails."""
+        from shardvault.local.postgres import stop_server
+
+        port = running_port(final) if self.config.engine == Engine.POSTGRES else None
+        if port is None:
+            return {}
+        log.info("stopping the server of %s (port %d): the restore replaces it", final, port)
+        stop_server(final)
+        return {"replaced_port": port}
 
     # --- adoption ----------------------------------------------------------------------------
     @property
@@ -629,6 +644,8 @@ class Restorer:
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
                 aside.rename(final)
+                if info.get("replaced_port"):
+                    restart_replaced(final, info["replaced_port"])
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.state(restore_id), ignore_errors=True)
 
@@ -1026,12 +1043,40 @@ def promoted(instance: Any, timeout: float) -> bool:
 def ports_of_servers(restore_dir: Path) -> set[int]:
     """Ports of the servers running from restore_dir: a server that listens only on its Unix
     socket leaves its TCP port free for a bind, but its port number is still taken."""
-    ports = set()
-    for pid_file in restore_dir.glob("*/postmaster.pid"):
-        lines = pid_file.read_text(errors="replace").splitlines()
-        if len(lines) > 3 and lines[3].strip().isdigit():  # line 4: the port
-            ports.add(int(lines[3]))
-    return ports
+    ports = {server_port(p) for p in restore_dir.glob("*/postmaster.pid")}
+    return {p for p in ports if p is not None}
+
+
+def server_port(pid_file: Path) -> int | None:
+    """The port a ``postmaster.pid`` names (its 4th line), None when unreadable."""
+    lines = pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
+    return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
+
+
+def running_port(data_dir: Path) -> int | None:
+    """The port of the server running from ``data_dir``, None when none runs (no
+    ``postmaster.pid``, or its process is gone)."""
+    pid_file = data_dir / "postmaster.pid"
+    lines = pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
+    if not lines or not lines[0].strip().isdigit():
+        return None
+    try:
+        os.kill(int(lines[0]), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's (the server's)
+    return server_port(pid_file)
+
+
+def restart_replaced(final: Path, port: int) -> None:
+    """Starts the copy a failed restore had replaced (and stopped) again, on its port."""
+    from shardvault.local.postgres import attach_instance
+
+    try:
+        attach_instance(final, port=port)
+    except RuntimeError as error:  # put back whole; report, do not fail the undo
+        log.warning("could not start the replaced copy %s again: %s", final, error)
 
 
 def free_port_in(ports: tuple[int, int], restorer: Restorer, taken: set[int]) -> int:

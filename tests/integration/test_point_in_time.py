@@ -7,6 +7,7 @@ every marker up to the earlier one and none after it."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from datetime import datetime
 
@@ -88,6 +89,33 @@ def test_a_restore_to_the_latest_wal_holds_every_archived_commit(archived, make_
 
     assert progress.status == "SUCCEEDED", progress.cause
     assert restored_marks(progress) == [*range(MARKS), 1000]
+
+
+def test_a_restore_with_replace_replaces_the_running_copy_of_an_earlier_one(
+    archived, make_target
+) -> None:
+    node, _, times = archived
+    into = make_target(nodes=1, engine="postgres")
+    target = times[2] + (times[3] - times[2]) / 2
+    first = into.restore(node.cluster, target={"time": target.isoformat()})
+    assert first.status == "SUCCEEDED", first.cause
+    (copy,) = output(first)["shards"]
+    assert restored_marks(first) == list(range(3))
+
+    again = into.restore(node.cluster, target={"latest": True}, replace=True)
+
+    assert again.status == "SUCCEEDED", again.cause  # the running copy kept it from starting
+    assert restored_marks(again) == [*range(MARKS), 1000]
+    assert servers_of(copy["path"]) == 1  # the first copy's server was stopped, not left
+
+
+def servers_of(data_dir: str) -> int:
+    """How many PostgreSQL servers were started on ``data_dir`` and still run."""
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "stat=,args="], capture_output=True, text=True, check=True
+    )
+    lines = ps.stdout.splitlines()  # a zombie (Z) was stopped; only its parent must reap it
+    return sum(1 for line in lines if not line.startswith("Z") and f" -D {data_dir} " in line)
 
 
 def test_a_target_outside_the_archive_is_refused_naming_the_range(archived, make_target) -> None:

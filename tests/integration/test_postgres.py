@@ -378,6 +378,20 @@ def newest_mark(server: PostgresInstance) -> float:
     return float(server.psql("SELECT max(at) FROM cut_marks"))
 
 
+def paused_backup(cluster: Cluster, tries: int = 3) -> dict:
+    """The catalog record of a backup whose cut paused the distributed commits: a loaded
+    machine may leave one best-effort (a node's lock came after another let go), which the
+    record says; the next backup tries again."""
+    for _ in range(tries):
+        backup = cluster.backup()
+        assert backup.status == "SUCCEEDED", backup.cause
+        record = next(r for r in cluster.records() if r["backup_id"] == backup.record["backup_id"])
+        assert isinstance(record["cut_paused"], bool), record
+        if record["cut_paused"]:
+            return record
+    raise AssertionError(f"no cut of {tries} paused the commits: {record}")
+
+
 def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_for):
     """Under writes on all three nodes, the backup ends with one restore point per node at
     one instant (its name, skew and instants recorded); the restore recovers every node to it:
@@ -390,13 +404,10 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
     policy_for(cluster.name, engine="postgres", cut=f"{{commit_lock: {COMMIT_LOCK}}}")
     with Marks(servers), DistributedCommits(servers) as commits:
         time.sleep(0.5)
-        backup = cluster.backup()
+        record = paused_backup(cluster)
         time.sleep(0.5)  # rows after the cut: none may come back
-    assert backup.status == "SUCCEEDED", backup.cause
     assert commits.done > 100  # the commits went on through the backup
-    record = next(r for r in cluster.records() if r["backup_id"] == backup.record["backup_id"])
     assert record["cut_name"] == record["backup_id"]
-    assert record["cut_paused"] is True, record
     assert 0 < record["cut_pause_seconds"] < 0.1, record
     svc = cluster.stack.services()
     assert record["location"] == "vault"  # the policy's vault

@@ -30,7 +30,12 @@ from pathlib import Path
 
 import psycopg
 
-from shardvault.cut import LOCK_TIMEOUT_SECONDS, PAUSE_LEAD_SECONDS, CutRequest
+from shardvault.cut import (
+    LOCK_TIMEOUT_SECONDS,
+    PAUSE_HOLD_SECONDS,
+    PAUSE_LEAD_SECONDS,
+    CutRequest,
+)
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
@@ -354,6 +359,7 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
         ) from None
     finally:
         if pause is not None:
+            wait_until(cut.at + PAUSE_HOLD_SECONDS)
             pause.let_go()
     # A restore point is not flushed by itself: a transaction's commit flushes it now. Where
     # that cannot be (synchronous_commit off, a read-only default), _wait_flushed waits for
@@ -376,7 +382,7 @@ def wait_until(instant: float) -> None:
 
 class CommitPause:
     """The cut's commit pause on one node (``shardvault.cut``): the commit lock held
-    exclusively from just before the instant to just after the restore point. Asking for it
+    exclusively from just before the instant to ``PAUSE_HOLD_SECONDS`` after it. Asking for it
     queues the distributed commits that come after (PostgreSQL grants no shared lock past a
     waiting exclusive one) while those under way finish; not granted within
     ``LOCK_TIMEOUT_SECONDS``, the node cuts without it."""
