@@ -168,7 +168,8 @@ def test_the_daily_run_expires_the_wal_no_kept_backup_needs(archiving, monkeypat
     dry = ops.run_retention(client, node.cluster, dry_run=True)
 
     assert dry.status == "SUCCEEDED", dry.cause
-    assert dry.record["sweep"]["expired_wal"] == {node.cluster: 2 * len(old)}, (
+    # The sweep is store-wide: other clusters' archives (earlier tests') may expire too.
+    assert dry.record["sweep"]["expired_wal"].get(node.cluster) == 2 * len(old), (
         wal_from,
         listing,
     )  # object and index
