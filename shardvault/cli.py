@@ -56,7 +56,13 @@ from rich.table import Table
 from shardvault import operations as ops
 from shardvault.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
-from shardvault.models import BackupRequest, RestoreRequest, RetrievalTier, recorded_stored_bytes
+from shardvault.models import (
+    BackupRequest,
+    RestoreRequest,
+    RestoreTarget,
+    RetrievalTier,
+    recorded_stored_bytes,
+)
 from shardvault.planning import MiB
 from shardvault.versions import installed
 
@@ -533,6 +539,13 @@ def print_plan(plan: dict[str, Any]) -> None:
     for p in plan.get("placements", []):
         table.add_row(p["shard_id"], p["node_id"], f"{p['bytes'] / MiB:.1f} MiB")
     console.print(table)
+    if target := plan.get("target"):
+        console.print(
+            f"Point in time: from backup {plan.get('backup_id')}, replaying the archive to "
+            f"{RestoreTarget.model_validate(target).describe()}: "
+            f"{plan.get('wal_batches', 0):,} batch(es) of WAL "
+            f"({plan.get('wal_bytes', 0) / MiB:,.1f} MiB) downloaded."
+        )
 
 
 def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> list[dict]:

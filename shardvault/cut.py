@@ -20,8 +20,9 @@ same moment. Each backup therefore ends with a *cut*:
 - *commit pause* (opt-in, the policy's ``cut.commit_lock``): PostgreSQL has no switch that
   holds every commit, so the cut pauses the commits that ask to be paused, as Citus pauses
   its distributed commits. An application's distributed commit holds the advisory lock
-  ``commit_lock`` shared on every node it commits on (``pg_advisory_lock_shared``) from
-  before its first ``COMMIT PREPARED`` to after its last; each node asks for it exclusively
+  ``commit_lock`` shared on every node it commits on from before its first ``COMMIT
+  PREPARED`` to after its last, taking it with ``pg_try_advisory_lock_shared`` (refused while
+  an exclusive request waits: it lets go of all and retries); each node asks for it exclusively
   ``PAUSE_LEAD_SECONDS`` before the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for
   commits under way), creates its restore point at the instant, and lets go
   ``PAUSE_HOLD_SECONDS`` after it: every node lets go at the same instant by its clock, so

@@ -730,6 +730,8 @@ class RestoreContext(Frozen):
     source: str = "store"  # where the backup's objects are read: "store" or "vault"
     chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
     target: RestoreTarget | None = None  # a point-in-time restore's target (validated)
+    wal_batches: int = 0  # a point-in-time restore's archive batches, all shards'
+    wal_bytes: int = 0  # and the WAL they hold
 
 
 class DownloadItem(Frozen):

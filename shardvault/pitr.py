@@ -164,6 +164,13 @@ def archives(
     return found
 
 
+def replayed(found: list[ShardArchive]) -> tuple[int, int]:
+    """How many archive batches a restore downloads, and their WAL's bytes: every shard's run
+    from its base on (PostgreSQL reads as far as its target needs; the rest is fetched too)."""
+    batches = [b for archive in found for b in archive.batches]
+    return len(batches), sum(f["size"] for b in batches for f in b["files"])
+
+
 def one_shard_for_lsn(cluster: str, shards: int) -> None:
     if shards > 1:
         raise TargetUnsupported(

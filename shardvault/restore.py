@@ -86,9 +86,12 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     s3, bucket = source_of(svc, source)
     manifest = load_manifest(s3, bucket, manifest_key)
     chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
+    wal_batches, wal_bytes = 0, 0
     if request.target is not None:  # the archive reaches the target, or refused by name
         complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
-        pitr.archives(svc, request, manifest, min(float(b["completed_at"]) for b in complete))
+        oldest = min(float(b["completed_at"]) for b in complete)
+        found = pitr.archives(svc, request, manifest, oldest)
+        wal_batches, wal_bytes = pitr.replayed(found)
     nodes = target_nodes(request, svc, now)
     if wrong := [n for n in nodes if n.engine != manifest.engine]:
         raise EngineMismatch(
@@ -131,6 +134,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         source=source,
         chain=chain,
         target=request.target,
+        wal_batches=wal_batches,
+        wal_bytes=wal_bytes,
     )
 
 

@@ -84,6 +84,10 @@ def test_a_restore_to_a_time_holds_what_was_committed_up_to_it_and_nothing_after
 def test_a_restore_to_the_latest_wal_holds_every_archived_commit(archived, make_target) -> None:
     node, _, _ = archived
     into = make_target(nodes=1, engine="postgres")
+    plan = into.restore(node.cluster, target={"latest": True}, plan_only=True)
+    assert plan.status == "SUCCEEDED", plan.cause
+    archived_wal = sum(f["size"] for b in node.batches() for f in b["files"])
+    assert 0 < plan.record["wal_bytes"] <= archived_wal  # what it will download, said first
 
     progress = into.restore(node.cluster, target={"latest": True})
 

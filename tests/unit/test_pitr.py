@@ -63,6 +63,11 @@ def test_the_run_follows_a_promotion_into_the_newer_timeline() -> None:
     )
 
 
+def test_a_plan_says_how_much_wal_it_downloads() -> None:
+    found = shard_archive("s1", name(4), [index("a", [3, 4]), index("b", [5]), index("c", [9])])
+    assert pitr.replayed([found]) == (2, 3 * SEG)  # batches a and b: the run's
+
+
 def test_a_segment_both_timelines_hold_is_the_newer_ones() -> None:
     indexes = [index("a", [4, 5, 6]), history("h", 2), index("b", [6, 7], tli=2)]
     found = shard_archive("s1", name(4), indexes)
