@@ -22,7 +22,8 @@ With ``--commit-lock KEY`` the cluster's policy sets ``cut: {commit_lock: KEY}``
 pause, ``shardvault.cut``) and a *distributed writer* runs beside pgbench: rounds of one row
 committed on every node, each round holding the lock shared on every node
 (``pg_try_advisory_lock_shared``; a refusal lets go of all and retries after 1 ms), as the
-README asks of an application's distributed commits. Per backup it reads whether the cut was
+README asks of an application's distributed commits, at most ``--distributed-rate`` rounds a
+second (100), in a process of its own. Per backup it reads whether the cut was
 paused (every node held the lock at one shared moment) and the longest node's pause, and
 checks afterwards that pgbench, which takes no lock, went on.
 """
@@ -31,9 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,45 +60,57 @@ clusters:
 
 
 class DistributedWriter:
-    """Rounds of one row committed on every server under the commit lock (module docstring);
+    """Rounds of one row committed on every server under the commit lock (module docstring),
+    in a process of its own: a thread would take the interpreter from the local stack's
+    Lambda handlers in this process, and the nodes' stop commands would come late for it.
     ``rounds``: how many were committed."""
 
-    def __init__(self, servers: list[Any], key: int) -> None:
+    def __init__(self, servers: list[Any], key: int, rate: float) -> None:
         for server in servers:
             server.psql("CREATE TABLE IF NOT EXISTS rounds (n int PRIMARY KEY)")
-        self.servers, self.key, self.rounds = servers, key, 0
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._commit)
+        spawn = multiprocessing.get_context("spawn")
+        self.done, self.stopping = spawn.Value("q", 0), spawn.Event()
+        self.process = spawn.Process(
+            target=commit_rounds,
+            args=([s.conninfo for s in servers], key, rate, self.done, self.stopping),
+        )
 
-    def _commit(self) -> None:
-        conns = [psycopg.connect(s.conninfo, autocommit=True) for s in self.servers]
-        try:
-            while not self.stopping.is_set():
-                held = []
-                for conn in conns:
-                    if not conn.execute(
-                        "SELECT pg_try_advisory_lock_shared(%s)", (self.key,)
-                    ).fetchone()[0]:
-                        break
-                    held.append(conn)
-                if len(held) == len(conns):
-                    for conn in conns:
-                        conn.execute("INSERT INTO rounds VALUES (%s)", (self.rounds,))
-                    self.rounds += 1
-                for conn in held:
-                    conn.execute("SELECT pg_advisory_unlock_shared(%s)", (self.key,))
-                if len(held) < len(conns):
-                    time.sleep(0.001)
-        finally:
-            for conn in conns:
-                conn.close()
+    @property
+    def rounds(self) -> int:
+        return int(self.done.value)
 
     def start(self) -> None:
-        self.thread.start()
+        self.process.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join()
+        self.process.join(timeout=30)
+
+
+def commit_rounds(conninfos: list[str], key: int, rate: float, done: Any, stopping: Any) -> None:
+    """Rounds at ``rate`` a second at most (0: as fast as they go)."""
+    conns = [psycopg.connect(c, autocommit=True) for c in conninfos]
+    started = time.monotonic()
+    try:
+        while not stopping.is_set():
+            if rate and (ahead := started + done.value / rate - time.monotonic()) > 0:
+                time.sleep(ahead)
+            held = []
+            for conn in conns:
+                if not conn.execute("SELECT pg_try_advisory_lock_shared(%s)", (key,)).fetchone()[0]:
+                    break
+                held.append(conn)
+            if len(held) == len(conns):
+                for conn in conns:
+                    conn.execute("INSERT INTO rounds VALUES (%s)", (done.value,))
+                done.value += 1
+            for conn in held:
+                conn.execute("SELECT pg_advisory_unlock_shared(%s)", (key,))
+            if len(held) < len(conns):
+                time.sleep(0.001)
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -123,7 +136,11 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         (root / "policy.yaml").write_text(POLICY.format(key=args.commit_lock))
         stack_args["policy_file"] = root / "policy.yaml"
     servers = list(cluster.servers.values())
-    writer = DistributedWriter(servers, args.commit_lock) if args.commit_lock is not None else None
+    writer = (
+        DistributedWriter(servers, args.commit_lock, args.distributed_rate)
+        if args.commit_lock is not None
+        else None
+    )
     with LocalStack(root / "stack", **stack_args) as stack:
         for config in cluster.agent_configs:
             stack.start_agent(config | FAST_AGENT)
@@ -205,6 +222,14 @@ def main() -> None:
         type=int,
         metavar="KEY",
         help="the policy's cut.commit_lock, with a distributed writer that honours it",
+    )
+    parser.add_argument(
+        "--distributed-rate",
+        type=float,
+        default=100.0,
+        metavar="N",
+        help="with --commit-lock: the distributed writer's rounds a second, at most (0: as fast "
+        "as they go)",
     )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = parser.parse_args()
