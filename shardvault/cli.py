@@ -413,7 +413,7 @@ def cut_cell(record: dict[str, Any]) -> str:
         return "none (each shard restores to where its own copy ends)"
     cell = f"restore point {record['cut_name']}, skew {record['cut_skew_seconds'] * 1000:.1f} ms"
     late = record.get("cut_late_seconds") or 0
-    if late > 0:
+    if late >= 0.001:  # below a millisecond: the agents' wake-up, not lateness worth a word
         cell += f" (a node came {late * 1000:.0f} ms after the cut instant)"
     paused, pause = record.get("cut_paused"), record.get("cut_pause_seconds") or 0
     if paused is True:
