@@ -232,9 +232,14 @@ def main() -> None:
         "as they go)",
     )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as root:
-        result = run(args, Path(root))
+    if args.keep:  # the agents' logs stay there, to split a late node's time
+        args.keep.mkdir(parents=True, exist_ok=True)
+        result = run(args, args.keep)
+    else:
+        with tempfile.TemporaryDirectory() as root:
+            result = run(args, Path(root))
     summary = {k: v for k, v in result.items() if k != "backups"}
     print(json.dumps(summary, indent=2))
     if args.out:
