@@ -37,13 +37,12 @@ same moment. Each backup therefore ends with a *cut*:
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from shardvault.errors import InvalidRequest
 from shardvault.models import Frozen
+from shardvault.pgwal import check_restore_point_name
 
 # Chosen, not measured on AWS: the margin covers a stop command's dispatch and its
 # pg_backup_stop. 1 s covered every stop of 3 nodes in the local benchmark until a
@@ -60,24 +59,11 @@ CUT_MARGIN_PER_NODE_SECONDS = 0.002
 PAUSE_LEAD_SECONDS = 0.002
 PAUSE_HOLD_SECONDS = 0.010
 LOCK_TIMEOUT_SECONDS = 0.05
-# What PostgreSQL allows in a restore point's name (fewer than 64 bytes), and what can be
-# written into a configuration file without quoting: a backup id is far inside it.
-RESTORE_POINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
 
 
 def cut_margin_seconds(nodes: int) -> float:
     """How long after its Stop step began a backup of ``nodes`` source nodes cuts."""
     return 0.0 if nodes <= 1 else CUT_MARGIN_SECONDS + CUT_MARGIN_PER_NODE_SECONDS * nodes
-
-
-def check_restore_point_name(name: str) -> str:
-    if not RESTORE_POINT_NAME.fullmatch(name):
-        raise InvalidRequest(
-            f"{name!r} cannot name a restore point: letters, digits and . _ : - only, at most "
-            "63 characters.",
-            fix="restore to a backup's own restore point (its backup id).",
-        )
-    return name
 
 
 class CutRequest(Frozen):

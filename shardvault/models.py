@@ -40,7 +40,7 @@ from pydantic import (
 
 from shardvault.errors import InvalidRequest
 from shardvault.extents import unpack_numbers
-from shardvault.pgwal import LSN
+from shardvault.pgwal import LSN, check_restore_point_name
 from shardvault.prices import VAULT_CLASSES, StorageClass
 from shardvault.sqlcheck import check_validation_queries
 
@@ -622,8 +622,6 @@ class RestoreTarget(Frozen):
     @field_validator("name")
     @classmethod
     def _a_restore_point(cls, value: str | None) -> str | None:
-        from shardvault.cut import check_restore_point_name  # cut imports this module
-
         return check_restore_point_name(value) if value is not None else value
 
     @model_validator(mode="after")

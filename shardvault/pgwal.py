@@ -19,10 +19,25 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 
+from shardvault.errors import InvalidRequest
+
 SEGMENT_NAME = re.compile(r"^[0-9A-F]{24}$")
 HISTORY_NAME = re.compile(r"^[0-9A-F]{8}\.history$")  # a timeline's history file
 LSN = re.compile(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")  # a WAL position, as PostgreSQL writes it
+# What PostgreSQL allows in a restore point's name (fewer than 64 bytes), and what can be
+# written into a configuration file without quoting: a backup id is far inside it.
+RESTORE_POINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
+
+
+def check_restore_point_name(name: str) -> str:
+    if not RESTORE_POINT_NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"{name!r} cannot name a restore point: letters, digits and . _ : - only, at most "
+            "63 characters.",
+            fix="restore to a backup's own restore point (its backup id).",
+        )
+    return name
 
 
 def timeline(name: str) -> int:

@@ -47,7 +47,6 @@ from shardvault import errors
 from shardvault.archive import WAL_DIR
 from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
-from shardvault.cut import check_restore_point_name
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
@@ -60,7 +59,7 @@ from shardvault.errors import (
 )
 from shardvault.extents import unpack_numbers
 from shardvault.models import DownloadItem, Encryption, Engine, unpack_files
-from shardvault.pgwal import LSN
+from shardvault.pgwal import LSN, check_restore_point_name
 from shardvault.pipeline import (
     FrameCodec,
     FrameSink,
@@ -1043,21 +1042,25 @@ def promoted(instance: Any, timeout: float) -> bool:
 def ports_of_servers(restore_dir: Path) -> set[int]:
     """Ports of the servers running from restore_dir: a server that listens only on its Unix
     socket leaves its TCP port free for a bind, but its port number is still taken."""
-    ports = {server_port(p) for p in restore_dir.glob("*/postmaster.pid")}
+    ports = {server_port(pid_lines(p)) for p in restore_dir.glob("*/postmaster.pid")}
     return {p for p in ports if p is not None}
 
 
-def server_port(pid_file: Path) -> int | None:
+def pid_lines(pid_file: Path) -> list[str]:
+    """A ``postmaster.pid``'s lines: the server's process id, its data directory, its start
+    time, its port, ...; none when there is no such file."""
+    return pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
+
+
+def server_port(lines: list[str]) -> int | None:
     """The port a ``postmaster.pid`` names (its 4th line), None when unreadable."""
-    lines = pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
     return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
 
 
 def running_port(data_dir: Path) -> int | None:
     """The port of the server running from ``data_dir``, None when none runs (no
     ``postmaster.pid``, or its process is gone)."""
-    pid_file = data_dir / "postmaster.pid"
-    lines = pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
+    lines = pid_lines(data_dir / "postmaster.pid")
     if not lines or not lines[0].strip().isdigit():
         return None
     try:
@@ -1066,7 +1069,7 @@ def running_port(data_dir: Path) -> int | None:
         return None
     except PermissionError:
         pass  # alive, another user's (the server's)
-    return server_port(pid_file)
+    return server_port(lines)
 
 
 def restart_replaced(final: Path, port: int) -> None:

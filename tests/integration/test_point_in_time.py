@@ -33,6 +33,11 @@ def write_marks(node, count: int = MARKS, start: int = 0) -> list[datetime]:
     return [datetime.fromisoformat(r) for r in rows]
 
 
+def after(times: list[datetime], n: int) -> datetime:
+    """Halfway between marker ``n``'s commit and the next one's: a restore to it holds 0..n."""
+    return times[n] + (times[n + 1] - times[n]) / 2
+
+
 def settle(node) -> None:
     """Everything written so far in the archive: a last segment switched and stored."""
     node.server.psql("INSERT INTO marks VALUES (1000, clock_timestamp())")  # a commit after all
@@ -68,7 +73,7 @@ def test_a_restore_to_a_time_holds_what_was_committed_up_to_it_and_nothing_after
     archived, make_target
 ) -> None:
     node, _, times = archived
-    target = times[6] + (times[7] - times[6]) / 2
+    target = after(times, 6)
     into = make_target(nodes=1, engine="postgres")
 
     progress = into.restore(node.cluster, target={"time": target.isoformat()})
@@ -100,7 +105,7 @@ def test_a_restore_with_replace_replaces_the_running_copy_of_an_earlier_one(
 ) -> None:
     node, _, times = archived
     into = make_target(nodes=1, engine="postgres")
-    target = times[2] + (times[3] - times[2]) / 2
+    target = after(times, 2)
     first = into.restore(node.cluster, target={"time": target.isoformat()})
     assert first.status == "SUCCEEDED", first.cause
     (copy,) = output(first)["shards"]
@@ -179,7 +184,7 @@ def test_a_restore_follows_the_archive_across_a_promotion(archiving, make_target
     times = write_marks(node, start=6)
     settle(node)
     assert "00000002.history" in node.archived()
-    target = times[8] + (times[9] - times[8]) / 2
+    target = after(times, 8)
     into = make_target(nodes=1, engine="postgres")
 
     progress = into.restore(node.cluster, target={"time": target.isoformat()})
@@ -220,7 +225,7 @@ def test_a_sealed_cluster_restores_to_a_time_through_each_batchs_own_key(
 ) -> None:
     node, _, times = backed_up_and_archived(archiving, encryption="kms")
     assert all(b["encryption"] for b in node.batches())  # sealed, each under its data key
-    target = times[3] + (times[4] - times[3]) / 2
+    target = after(times, 3)
     into = make_target(nodes=1, engine="postgres")
 
     progress = into.restore(node.cluster, target={"time": target.isoformat()})
