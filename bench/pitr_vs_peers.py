@@ -97,7 +97,7 @@ from peers import (
 )
 
 from shardvault import archive
-from shardvault.local.postgres import PostgresInstance, _give_to_postgres
+from shardvault.local.postgres import PostgresInstance, give_to_postgres
 from shardvault.models import BackupRequest, Manifest, RestoreRequest
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
 
@@ -194,7 +194,7 @@ def archive_both(bench: bvp.Bench, cleanup: contextlib.ExitStack) -> Pitr:
     root = bench.root
     spool = root / "spool"
     spool.mkdir()
-    _give_to_postgres(spool)
+    give_to_postgres(spool)
     pgbackrest = PitrPgBackRest(
         bench.pgbackrest.base,
         bench.tls_minio,

@@ -110,10 +110,10 @@ from shardvault.local import demo
 from shardvault.local.minio import MinioServer
 from shardvault.local.postgres import (
     PostgresInstance,
-    _give_to_postgres,
     attach_instance,
     ensure_traversable,
     find_pg_bin_dir,
+    give_to_postgres,
     init_instance,
     pgbench_init,
     start_pgbench,
@@ -366,7 +366,7 @@ class ShardVaultArchiving:
 
     def archive_command(self) -> str:
         self.spool.mkdir()
-        _give_to_postgres(self.spool)  # the push writes as the server's user
+        give_to_postgres(self.spool)  # the push writes as the server's user
         return (
             f"{SYSTEM_PYTHON} {self.env.push_client} --spool {self.spool} "
             f"--max-bytes {SPOOL_MAX_BYTES} %p"
@@ -444,7 +444,7 @@ class AsyncPgBackRest(PgBackRest):
         if self.spool_path is None:
             raise RuntimeError("async archive-push needs a spool path")
         self.spool_path.mkdir(parents=True, exist_ok=True)
-        _give_to_postgres(self.spool_path)
+        give_to_postgres(self.spool_path)
         super().write_config()
 
 

@@ -1065,10 +1065,9 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         console.print(f"[bold]local stack[/]: control plane {stack.endpoint}; store: {store}")
         with console.status("creating the demo cluster's data"):
-            if args.engine == "sqlite":
-                cluster = demo.sqlite_cluster(root, size_mb=args.size_mb)
-            else:
-                cluster = demo.postgres_cluster(root, scale=args.pgbench_scale)
+            cluster = demo.demo_cluster(
+                args.engine, root, size_mb=args.size_mb, scale=args.pgbench_scale
+            )
         try:
             for config in cluster.agent_configs:
                 stack.start_agent(config)

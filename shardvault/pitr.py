@@ -31,12 +31,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shardvault.archive import ShardArchive, after_backup, batch_place, wal_from, wal_stream
+from shardvault.engines import traits
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
 from shardvault.models import (
     BackupStatus,
     DownloadItem,
     Encryption,
-    Engine,
     FileEntry,
     Manifest,
     Phase,
@@ -128,7 +128,7 @@ def archives(
     """Every shard's archive from the base on; refuses a target it does not reach, by name."""
     target = request.target
     assert target is not None
-    if manifest.engine != Engine.POSTGRES:
+    if not traits(manifest.engine).point_in_time:
         raise TargetUnsupported(
             f"cluster {request.cluster!r} runs {manifest.engine}, which keeps no WAL archive: "
             "it restores to its backups only.",

@@ -36,8 +36,9 @@ from botocore.exceptions import ClientError
 from pydantic import Field
 
 from shardvault.archive import after_backup
+from shardvault.engines import traits
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
-from shardvault.models import ClusterName, Engine, Frozen, Manifest, Phase, RestoreRequest
+from shardvault.models import ClusterName, Frozen, Manifest, Phase, RestoreRequest
 from shardvault.pgwal import segment_number, tail_problems
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
@@ -181,7 +182,7 @@ def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -
         problems.append(f"its manifest counts {manifest.objects} objects but lists {len(streamed)}")
     if sum(o.length for o in streamed) != manifest.bytes:
         problems.append("its manifest's byte count differs from its objects' lengths")
-    if manifest.engine == Engine.POSTGRES:
+    if traits(manifest.engine).logged_tail:
         problems += wal_problems(manifest)
     return problems
 
@@ -210,7 +211,7 @@ def archive_problems(
     its index says, to ``problems``."""
     found: dict[str, dict[str, Any]] = {}
     s3, bucket = svc.store_s3, svc.store.bucket
-    for shard in manifest.shards if manifest.engine == Engine.POSTGRES else []:
+    for shard in manifest.shards if traits(manifest.engine).point_in_time else []:
         run = after_backup(svc, manifest, shard.shard_id)
         if run is None or not run.indexes:
             continue  # a backup older than cuts and stops, or a shard not archived

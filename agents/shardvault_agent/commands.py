@@ -112,7 +112,7 @@ class Commands:
     @cached_property
     def restorer(self) -> Restorer:
         downloader = Downloader(self.sender.http, self.config.part_attempts, self.limiter)
-        return Restorer(self.config, downloader, self.keys)
+        return Restorer(self.config, self.engine, downloader, self.keys)
 
     def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(

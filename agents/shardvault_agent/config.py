@@ -197,7 +197,9 @@ class AgentConfig(BaseModel):
 
 
 def _engine_fields(engine: Engine | None, shards: list[ShardConfig]) -> list[InitErrorDetails]:
-    needs = {Engine.SQLITE: ("path",), Engine.POSTGRES: ("data_dir", "conninfo")}.get(engine, ())
+    from shardvault_agent.engines import adapter_class  # the adapters import this module
+
+    needs = adapter_class(engine).shard_fields if engine is not None else ()
     return [
         InitErrorDetails(
             type=invalid(

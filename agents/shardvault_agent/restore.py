@@ -30,21 +30,16 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import shutil
-import socket
 import threading
-import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from shardvault import errors
-from shardvault.archive import WAL_DIR
 from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
 from shardvault.errors import (
@@ -54,12 +49,10 @@ from shardvault.errors import (
     ShardVaultError,
     TargetNotEmpty,
     TargetNotReady,
-    TargetOutOfRange,
     TargetTooSmall,
 )
 from shardvault.extents import unpack_numbers
-from shardvault.models import DownloadItem, Encryption, Engine, unpack_files
-from shardvault.pgwal import LSN, check_restore_point_name
+from shardvault.models import DownloadItem, Encryption, unpack_files
 from shardvault.pipeline import (
     FrameCodec,
     FrameSink,
@@ -71,8 +64,9 @@ from shardvault.pipeline import (
 )
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
-from shardvault_agent.checks import postgres_checks, raise_if_refused, sqlite_checks
+from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import EngineAdapter, Finishing
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import Downloader
@@ -194,8 +188,10 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 class Restorer:
-    def __init__(self, config: AgentConfig, downloader: Downloader, keys: DataKeys) -> None:
-        self.config, self.downloader, self.keys = config, downloader, keys
+    def __init__(
+        self, config: AgentConfig, engine: EngineAdapter, downloader: Downloader, keys: DataKeys
+    ) -> None:
+        self.config, self.engine, self.downloader, self.keys = config, engine, downloader, keys
         # Finish and abort of one restore may run at once (the reaper's abort arrives while a
         # finish is starting a server): each shard's finish and the abort take turns, so an
         # abort never misses a server that is starting.
@@ -530,10 +526,8 @@ class Restorer:
                 fix="the restore failed: start it again (it resumes what was downloaded).",
             )
         final, staged = self.final(shard_id), self.staging(restore_id, shard_id)
-        if staged.exists() and self.config.engine != Engine.POSTGRES:
-            # PostgreSQL fsyncs its whole data directory when recovery starts (it finds a
-            # backup label); other engines get it here, before the shard counts as restored.
-            sync_tree(staged)
+        if staged.exists() and not self.engine.fsyncs_restored_files:
+            sync_tree(staged)  # before the shard counts as restored
         aside = self.restore_dir / INCOMING / restore_id / f"{shard_id}.replaced"
         replaced: dict[str, Any] = {}
         if staged.exists():
@@ -542,9 +536,7 @@ class Restorer:
                 final.rename(aside)  # put back by abort_restore, deleted once checks pass
             staged.rename(final)
         self._note_started(restore_id, shard_id, {"path": str(final), **replaced})
-        engine = self.config.engine
-        finisher = finish_postgres if engine == Engine.POSTGRES else finish_sqlite
-        result = finisher(self, restore_id, shard_id, final, args)
+        result = self.engine.finish(self._finishing(restore_id, shard_id, final, args))
         raise_if_refused(shard_id, result["checks"])
         if not result["checks_passed"]:
             raise RestoreValidationFailed(
@@ -560,17 +552,32 @@ class Restorer:
         self._adopt(restore_id, shard_id, result)
         return result
 
+    def _finishing(
+        self, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
+    ) -> Finishing:
+        def note_port(port: int) -> None:
+            self._note_started(restore_id, shard_id, {"path": str(root), "port": port})
+
+        return Finishing(
+            restore_id=restore_id,
+            shard_id=shard_id,
+            root=root,
+            layout=self._layout(restore_id, shard_id),
+            validation_queries=args.get("validation_queries", []),
+            heapallindexed=bool(args.get("heapallindexed")),
+            ports_given={i["port"] for i in self._started(restore_id).values() if i.get("port")},
+            note_port=note_port,
+        )
+
     def _stop_replaced(self, final: Path) -> dict[str, Any]:
         """Stops the server a replaced shard runs (an earlier restore's copy): its files move
         aside, and its socket and port would keep the new copy from starting. Returns what
         ``_undo`` needs to start it again if this restore fails."""
-        from shardvault.local.postgres import stop_server
-
-        port = running_port(final) if self.config.engine == Engine.POSTGRES else None
+        port = self.engine.serving(final)
         if port is None:
             return {}
         log.info("stopping the server of %s (port %d): the restore replaces it", final, port)
-        stop_server(final)
+        self.engine.stop_server(final)
         return {"replaced_port": port}
 
     # --- adoption ----------------------------------------------------------------------------
@@ -588,7 +595,7 @@ class Restorer:
         return [ShardConfig.model_validate(e["shard"]) for e in self.adopted().values()]
 
     def _adopt(self, restore_id: str, shard_id: str, result: dict[str, Any]) -> None:
-        shard = adoptable(self.config.engine, shard_id, result)
+        shard = self.engine.adoptable(shard_id, result)
         if shard is None:
             log.warning("shard %s not adopted: its directory holds no single database", shard_id)
             return
@@ -624,8 +631,6 @@ class Restorer:
         return {"node_id": self.config.node_id, "aborted": True}
 
     def _undo(self, restore_id: str) -> None:
-        from shardvault.local.postgres import stop_server
-
         incoming = self.restore_dir / INCOMING / restore_id
         adopted = self.adopted()
         for shard_id, info in self._started(restore_id).items():
@@ -636,42 +641,17 @@ class Restorer:
                 # at reconcile after the node was away).
                 continue
             final = Path(info["path"])
-            if info.get("port") and self.config.engine == Engine.POSTGRES:
-                stop_server(final, mode="immediate")
+            if info.get("port"):
+                self.engine.stop_server(final, immediate=True)
             shutil.rmtree(final, ignore_errors=True)
             self._unadopt(restore_id, shard_id)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
                 aside.rename(final)
                 if info.get("replaced_port"):
-                    restart_replaced(final, info["replaced_port"])
+                    self.engine.start_server(final, info["replaced_port"])
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.state(restore_id), ignore_errors=True)
-
-
-def adoptable(engine: Engine, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None:
-    """The configuration an agent needs to back up a restored shard (``ShardConfig``
-    fields): PostgreSQL connects over the socket of the server the restore started (as the
-    ``postgres`` role, the one its checks used); SQLite reads the shard's one database file."""
-    root = Path(result["path"])
-    if engine == Engine.POSTGRES:
-        conninfo = (
-            f"host={result['socket_dir']} port={result['port']} user=postgres dbname=postgres"
-        )
-        return {"shard_id": shard_id, "data_dir": str(root), "conninfo": conninfo}
-    databases = sqlite_databases(root)
-    if len(databases) != 1:
-        return None
-    return {"shard_id": shard_id, "path": str(databases[0])}
-
-
-SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # opening a database may create them
-
-
-def sqlite_databases(root: Path) -> list[Path]:
-    return sorted(
-        p for p in root.iterdir() if p.is_file() and not p.name.endswith(SQLITE_SIDE_FILES)
-    )
 
 
 def sync_tree(root: Path) -> None:
@@ -845,256 +825,3 @@ def fetch_range(
             fix="the object is damaged or replaced in the store: restore another backup.",
         )
     return crc
-
-
-# --- engines -----------------------------------------------------------------------------------
-def finish_sqlite(
-    restorer: Restorer, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
-) -> dict[str, Any]:
-    checks: dict[str, str] = {}
-    databases = sqlite_databases(root)
-    for db in databases:
-        checks |= sqlite_checks(db, args.get("validation_queries", []))
-    return {
-        "shard_id": shard_id,
-        "node_id": restorer.config.node_id,
-        "path": str(root),
-        "checks": checks,
-        "checks_passed": bool(databases) and all(v == "ok" for v in checks.values()),
-    }
-
-
-def finish_postgres(
-    restorer: Restorer, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
-) -> dict[str, Any]:
-    """Starts the restored copy on a free port of ``restore_ports``: recovery replays the
-    WAL in the backup to the cluster's restore point (``shardvault.cut``; a backup without
-    one: to the end of its tail, past the end point the backup label names). Then pg_amcheck
-    on every database and the validation queries (``checks``)."""
-    from shardvault.local.postgres import attach_instance
-
-    layout = restorer._layout(restore_id, shard_id)
-    cut = layout.get("marker", {}).get("cut_name")
-    target = layout.get("recovery")  # a point-in-time restore (shardvault.pitr)
-    with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
-        conf.write(
-            "\n# shardvault restore: a copy must not archive its WAL into its source's archive\n"
-            "archive_mode = 'off'\n"
-        )
-        if target is not None:
-            conf.write(recovery_to_target(root / WAL_DIR, target))
-        elif cut is not None:
-            conf.write(recovery_to_cut(check_restore_point_name(cut)))
-    if cut is not None or target is not None:
-        (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
-    taken = {i["port"] for i in restorer._started(restore_id).values() if i.get("port")}
-    taken |= ports_of_servers(restorer.restore_dir)
-    port = free_port_in(restorer.config.restore_ports, restorer, taken)
-    restorer._note_started(restore_id, shard_id, {"path": str(root), "port": port})
-    try:
-        instance = attach_instance(root, port=port)
-        recovered = promoted(instance, RECOVERY_SECONDS)
-    except RuntimeError as error:  # the server stopped: its log is in the message
-        raise short_of_target(str(error), shard_id, cut, target) or error from None
-    if target is not None:
-        shutil.rmtree(root / WAL_DIR, ignore_errors=True)  # replayed: not part of the copy
-    checks = {"recovered": "ok" if recovered else "in recovery"}
-    checks |= postgres_checks(
-        instance,
-        args.get("validation_queries", []),
-        jobs=restorer.config.validation_jobs,
-        heapallindexed=bool(args.get("heapallindexed")),
-    )
-    return {
-        "shard_id": shard_id,
-        "node_id": restorer.config.node_id,
-        "path": str(root),
-        "port": port,
-        "socket_dir": str(instance.socket_dir),
-        # The target time, the end of the archive, the cluster's restore point, or (None)
-        # the end of the tail's WAL.
-        "recovered_to": recovered_to(cut, target),
-        "recovery_target": recovery_kind(target),
-        "checks": checks,
-        "checks_passed": all(v == "ok" for v in checks.values()),
-    }
-
-
-RECOVERY_SECONDS = 600  # to replay a backup's tail to its restore point, and promote
-
-
-def recovery_to_cut(name: str) -> str:
-    """The settings that recover a restored copy to its backup's restore point and open it.
-    The tail's WAL is in ``pg_wal`` already; targeted recovery insists on a restore_command,
-    so it is given one that finds nothing (PostgreSQL then reads ``pg_wal``)."""
-    return (
-        "# shardvault restore: recover to the cluster's cut, then open for writes\n"
-        f"recovery_target_name = '{name}'\n"
-        "recovery_target_action = 'promote'\n"
-        "restore_command = 'false'\n"
-    )
-
-
-def recovery_to_target(wal_dir: Path, target: dict[str, Any]) -> str:
-    """The settings that replay the archive's WAL (placed in ``wal_dir``) to the target
-    (``shardvault.pitr.recovery``: a time, an LSN, a restore point, or none: the archive's
-    end), then open the copy. Each value is checked again here before it is written into
-    ``postgresql.auto.conf``: a time parsed, an LSN and a name matched whole."""
-    # restore_command is a shell command: the directory is quoted for the shell, then for
-    # postgresql.conf. It comes from this node's configuration, never from a request.
-    command = f"cp {shlex.quote(str(wal_dir))}/%f %p".replace("'", "''")
-    lines = [
-        "# shardvault restore: replay the archive's WAL, then open for writes\n",
-        f"restore_command = '{command}'\n",
-        "recovery_target_timeline = 'latest'\n",
-    ]
-    setting = recovery_setting(target)
-    if setting is not None:
-        lines += [f"{setting[0]} = '{setting[1]}'\n", "recovery_target_action = 'promote'\n"]
-    return "".join(lines)
-
-
-def recovery_setting(target: dict[str, Any]) -> tuple[str, str] | None:
-    """The one ``recovery_target_*`` setting of a target, checked; None: the archive's end."""
-    if target.get("target_time"):
-        return "recovery_target_time", datetime.fromisoformat(target["target_time"]).isoformat()
-    if target.get("target_lsn"):
-        if not LSN.fullmatch(target["target_lsn"]):
-            raise ValueError(f"{target['target_lsn']!r} is not an LSN")
-        return "recovery_target_lsn", target["target_lsn"]
-    if target.get("target_name"):
-        return "recovery_target_name", check_restore_point_name(target["target_name"])
-    return None
-
-
-def recovery_kind(target: dict[str, Any] | None) -> str | None:
-    """A point-in-time restore's kind of target (None: none, the backup's own end or cut)."""
-    if target is None:
-        return None
-    setting = recovery_setting(target)
-    return setting[0].removeprefix("recovery_target_") if setting else "latest"
-
-
-def recovered_to(cut: str | None, target: dict[str, Any] | None) -> str | None:
-    if target is not None:
-        setting = recovery_setting(target)
-        return setting[1] if setting else "the end of the WAL archive"
-    return cut
-
-
-def short_of_target(
-    log: str, shard_id: str, cut: str | None, target: dict[str, Any] | None
-) -> ShardVaultError | None:
-    """The named error for a server that stopped because its WAL ended before its target
-    (PostgreSQL says so in its log, then exits); None for any other failure."""
-    if "recovery ended before configured recovery target was reached" not in log:
-        return None
-    if target is not None:
-        return target_not_reached(shard_id, target)
-    if cut is None:
-        return None
-    return RestoreValidationFailed(
-        f"shard {shard_id}: the WAL in its backup ends before the backup's restore point {cut}, "
-        "so it cannot be recovered to the cluster's cut.",
-        fix="the backup's tail is incomplete: restore another backup, and report this one.",
-    )
-
-
-def target_not_reached(shard_id: str, target: dict[str, Any]) -> ShardVaultError:
-    kind, value = recovery_setting(target) or ("", "")
-    if kind == "recovery_target_name":
-        return TargetOutOfRange(
-            f"shard {shard_id}: its archived WAL after the backup holds no restore point "
-            f"named {value!r}.",
-            fix="check the name (pg_create_restore_point's argument, or a backup id); a point "
-            "made before the newest backup needs an older base: name it with --backup-id.",
-        )
-    return TargetOutOfRange(
-        f"shard {shard_id}: its archived WAL ends before {value}: PostgreSQL "
-        + (
-            "found no transaction after the target in it (the archive stops short of the "
-            "target, or nothing was committed after it)."
-            if kind == "recovery_target_time"
-            else "did not reach that position in it."
-        ),
-        fix="choose an earlier target, or restore with --target-latest (the end of the "
-        "archive); if the target is recent, wait for the archive to catch up.",
-    )
-
-
-def promoted(instance: Any, timeout: float) -> bool:
-    """Waits until the server has left recovery (reached its target and promoted); False
-    if it has not after ``timeout`` seconds. A server in targeted recovery accepts read-only
-    connections before it is done."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if instance.psql("SELECT pg_is_in_recovery()") == "f":
-                return True
-        except Exception as error:  # the server stopped in recovery: say why from its log
-            time.sleep(0.5)  # its last lines are written as it exits
-            raise RuntimeError(f"{error}\nServer log:\n{instance.log_tail(60)}") from None
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-def ports_of_servers(restore_dir: Path) -> set[int]:
-    """Ports of the servers running from restore_dir: a server that listens only on its Unix
-    socket leaves its TCP port free for a bind, but its port number is still taken."""
-    ports = {server_port(pid_lines(p)) for p in restore_dir.glob("*/postmaster.pid")}
-    return {p for p in ports if p is not None}
-
-
-def pid_lines(pid_file: Path) -> list[str]:
-    """A ``postmaster.pid``'s lines: the server's process id, its data directory, its start
-    time, its port, ...; none when there is no such file."""
-    return pid_file.read_text(errors="replace").splitlines() if pid_file.exists() else []
-
-
-def server_port(lines: list[str]) -> int | None:
-    """The port a ``postmaster.pid`` names (its 4th line), None when unreadable."""
-    return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
-
-
-def running_port(data_dir: Path) -> int | None:
-    """The port of the server running from ``data_dir``, None when none runs (no
-    ``postmaster.pid``, or its process is gone)."""
-    lines = pid_lines(data_dir / "postmaster.pid")
-    if not lines or not lines[0].strip().isdigit():
-        return None
-    try:
-        os.kill(int(lines[0]), 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, another user's (the server's)
-    return server_port(lines)
-
-
-def restart_replaced(final: Path, port: int) -> None:
-    """Starts the copy a failed restore had replaced (and stopped) again, on its port."""
-    from shardvault.local.postgres import attach_instance
-
-    try:
-        attach_instance(final, port=port)
-    except RuntimeError as error:  # put back whole; report, do not fail the undo
-        log.warning("could not start the replaced copy %s again: %s", final, error)
-
-
-def free_port_in(ports: tuple[int, int], restorer: Restorer, taken: set[int]) -> int:
-    """The first port of the range nothing listens on and this restore has not given out."""
-    low, high = ports
-    for port in range(low, high + 1):
-        if port in taken:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise TargetTooSmall(
-        f"node {restorer.config.node_id} has no free port in restore_ports {low}-{high}.",
-        fix="widen restore_ports in the agent's configuration.",
-    )

@@ -113,6 +113,14 @@ def postgres_cluster(
     return cluster
 
 
+def demo_cluster(engine: str, root: Path, *, size_mb: int, scale: int) -> DemoCluster:
+    """The demo's cluster of ``engine``: SQLite files of ``size_mb`` in all, or PostgreSQL
+    servers filled by pgbench at ``scale``."""
+    if engine == "sqlite":
+        return sqlite_cluster(root, size_mb=size_mb)
+    return postgres_cluster(root, scale=scale)
+
+
 def agent_config(
     root: Path, cluster: str, node_id: str, engine: str, shards: list[dict]
 ) -> dict[str, Any]:

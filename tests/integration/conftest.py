@@ -27,8 +27,8 @@ from shardvault import operations as ops
 from shardvault.local import demo
 from shardvault.local.postgres import (
     PostgresInstance,
-    _give_to_postgres,
     ensure_traversable,
+    give_to_postgres,
     stop_server,
 )
 from shardvault.local.postgres import init_instance as init_postgres
@@ -254,7 +254,7 @@ class ArchivingNode:
         self.node_id, self.shard_id = f"{self.cluster}-n1", "shard-1"
         self.spool = tmp_path / "spool"
         self.spool.mkdir()
-        _give_to_postgres(self.spool)
+        give_to_postgres(self.spool)
         client = tmp_path / "push" / "walspool.py"
         client.parent.mkdir()
         shutil.copyfile(walspool.__file__, client)

@@ -17,8 +17,8 @@ from shardvault_agent import walspool
 
 from shardvault.local.postgres import (
     PostgresInstance,
-    _give_to_postgres,
     ensure_traversable,
+    give_to_postgres,
     init_instance,
 )
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
@@ -31,7 +31,7 @@ def archiving_server(tmp_path: Path, max_bytes: int) -> tuple[PostgresInstance, 
     assert SYSTEM_PYTHON.exists(), "the WAL push runs with the system's python3 (apt python3)"
     spool = tmp_path / "spool"
     spool.mkdir()
-    _give_to_postgres(spool)
+    give_to_postgres(spool)
     client = tmp_path / "walspool.py"
     shutil.copyfile(walspool.__file__, client)
     ensure_traversable(client.parent)

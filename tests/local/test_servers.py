@@ -15,16 +15,16 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
-
-from shardvault.local.minio import BINARY_ENV, MinioNotFound, start_minio
-from shardvault.local.ports import port_open
-from shardvault.local.postgres import (
+from shardvault_agent.engines.pgserver import (
     BIN_ENV,
     SOCKET_PATH_MAX,
     PostgresNotFound,
     PostgresPermissionError,
-    init_instance,
 )
+
+from shardvault.local.minio import BINARY_ENV, MinioNotFound, start_minio
+from shardvault.local.ports import port_open
+from shardvault.local.postgres import init_instance
 
 
 def test_minio_serves_objects_and_closes_its_port_on_stop(tmp_path_factory):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from shardvault_agent import checks
 from shardvault_agent.checks import REFUSED, raise_if_refused
+from shardvault_agent.engines import postgres_checks, sqlite_checks
 
 from shardvault.errors import InvalidRequest
 from shardvault.local.postgres import init_instance
@@ -35,7 +36,7 @@ def bypass_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_read_only_query_passes_and_leaves_nothing_behind(server) -> None:
     hba = (server.data_dir / "pg_hba.conf").read_bytes()
-    result = checks.postgres_checks(server, ["SELECT count(*) = 100 FROM orders"], jobs=1)
+    result = postgres_checks.postgres_checks(server, ["SELECT count(*) = 100 FROM orders"], jobs=1)
     assert result == {"pg_amcheck --all": "ok", "SELECT count(*) = 100 FROM orders": "ok"}
     assert server.psql("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'shardvault%'") == "0"
     assert server.psql("SELECT count(*) FROM pg_extension WHERE extname = 'amcheck'") == "0"
@@ -53,7 +54,7 @@ def test_hostile_queries_are_refused_by_the_engine(server, tmp_path, monkeypatch
         f"COPY (SELECT 1) TO PROGRAM 'touch {witness}'": "privilege",
         "SELECT set_config('role', 'postgres', false) IS NOT NULL": "privilege",
     }
-    result = checks.postgres_checks(server, list(hostile), jobs=1)
+    result = postgres_checks.postgres_checks(server, list(hostile), jobs=1)
     for query, kind in hostile.items():
         assert result[query].startswith(REFUSED), (query, result[query])
         assert kind in result[query]
@@ -75,14 +76,14 @@ def test_two_statements_in_one_query_are_refused(server, monkeypatch) -> None:
         "SELECT true; COMMIT; START TRANSACTION READ WRITE; DELETE FROM open_to_all; COMMIT; "
         "SELECT true"
     )
-    result = checks.postgres_checks(server, [query], jobs=1)
+    result = postgres_checks.postgres_checks(server, [query], jobs=1)
     assert result[query] != "ok"
     assert server.psql("SELECT count(*) FROM open_to_all") == "100"
 
 
 def test_a_query_that_runs_too_long_is_cancelled(server, monkeypatch) -> None:
-    monkeypatch.setattr(checks, "QUERY_TIMEOUT_SECONDS", 1)
-    result = checks.postgres_checks(server, ["SELECT pg_sleep(30) IS NOT NULL"], jobs=1)
+    monkeypatch.setattr(postgres_checks, "QUERY_TIMEOUT_SECONDS", 1)
+    result = postgres_checks.postgres_checks(server, ["SELECT pg_sleep(30) IS NOT NULL"], jobs=1)
     assert "longer than 1 s" in result["SELECT pg_sleep(30) IS NOT NULL"]
 
 
@@ -101,7 +102,7 @@ def test_sqlite_refuses_everything_but_reads(tmp_path: Path, monkeypatch) -> Non
         f"ATTACH DATABASE '{tmp_path / 'other.db'}' AS other",
         "SELECT 1; DELETE FROM items",
     ]
-    result = checks.sqlite_checks(db, queries)
+    result = sqlite_checks.sqlite_checks(db, queries)
     assert result[f"integrity_check {db.name}"] == "ok"
     assert result[f"{db.name}: SELECT count(*) = 1 FROM items"] == "ok"
     for query in queries[1:]:

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines import adapter_class
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.restore import adoptable
 from shardvault_agent.transfer import Faults
 
 from shardvault.models import Engine
@@ -75,6 +75,13 @@ def test_a_configured_shard_wins_over_an_adopted_one_of_the_same_id(tmp_path):
     commands.restorer._adopt("r1", "shard-1", restored_shard(tmp_path / "r", "copy.db"))
 
     assert commands.shards() == {"shard-1": configured}
+
+
+def adoptable(engine: Engine, shard_id: str, result: dict) -> dict | None:
+    config = AgentConfig(
+        node_id="t-node-1", cluster="t", engine=engine, shards=[], state_dir=Path("/nx")
+    )
+    return adapter_class(engine)(config).adoptable(shard_id, result)
 
 
 def test_what_an_agent_needs_to_back_up_each_engines_restored_shard(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to
-from shardvault_agent.restore import recovery_to_cut, short_of_target
+from shardvault_agent.engines.postgres_restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
 from shardvault.cli import cut_cell

@@ -1,15 +1,28 @@
-"""Engine adapters: how to flush, checkpoint, stop and release one database engine's shards."""
+"""Engine adapters: everything the agent knows of one database engine, backup and restore
+(``engines.base`` defines the interface; one module per engine implements it)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from shardvault.models import Engine
-from shardvault_agent.config import AgentConfig
-from shardvault_agent.engines.base import EngineAdapter
+
+if TYPE_CHECKING:
+    from shardvault_agent.config import AgentConfig
+    from shardvault_agent.engines.base import EngineAdapter
+
+# Imported on first use: an agent loads only its own engine's module (and its client library).
+ADAPTERS = {
+    Engine.SQLITE: "shardvault_agent.engines.sqlite:SqliteAdapter",
+    Engine.POSTGRES: "shardvault_agent.engines.postgres:PostgresAdapter",
+}
+
+
+def adapter_class(engine: Engine) -> type[EngineAdapter]:
+    module, _, name = ADAPTERS[engine].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def adapter_for(config: AgentConfig) -> EngineAdapter:
-    if config.engine == Engine.SQLITE:
-        from shardvault_agent.engines.sqlite import SqliteAdapter
-
-        return SqliteAdapter(config)
-    from shardvault_agent.engines.postgres import PostgresAdapter
-
-    return PostgresAdapter(config)
+    return adapter_class(config.engine)(config)

@@ -1,4 +1,10 @@
-"""The engine interface.
+"""The engine interface: everything ShardVault knows of an engine, both directions.
+
+Adding an engine is one module here that implements ``EngineAdapter`` (and its tests), plus
+its name in ``shardvault.models.Engine`` and ``engines.ADAPTERS``; nothing outside this
+package tests an engine's name.
+
+Backup:
 
 - *check*: the shard's data is where its configuration entry says (a database, not just a
   path); raises ``ShardDataMissing`` naming the fix. It reads only: no adapter ever creates a
@@ -14,6 +20,19 @@
 - *held_backups*: the backups whose checkpoints the engine keeps on disk across an agent
   restart (SQLite's snapshots; PostgreSQL's backup mode dies with the agent's session), so a
   starting agent can release those whose backup has ended (``reconcile``).
+
+Restore (``shardvault_agent.restore`` places the files; the adapter makes them a database):
+
+- *fsyncs_restored_files*: the engine makes a restored copy's files durable itself when it
+  starts (PostgreSQL fsyncs its data directory when recovery begins from a backup label);
+  otherwise the restore fsyncs the placed files before the shard counts as restored.
+- *finish*: turn placed files into a checked, running copy (``Finishing``): recover and start
+  a server where the engine has one, run the engine's checks and the policy's validation
+  queries; returns the shard's result, ``checks`` among it.
+- *adoptable*: the ``ShardConfig`` fields with which this node backs up the copy it finished.
+- *serving* / *stop_server* / *start_server*: the server that runs from a shard's directory
+  (an earlier restore's copy that a restore with ``replace`` moves aside, or this restore's
+  copy that an abort removes). Engines without a server answer None and do nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +41,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from shardvault.cut import CutRequest
 from shardvault.errors import ShardDataMissing
@@ -47,7 +66,27 @@ class Capture:
     trust_identity: bool = False
 
 
+@dataclass
+class Finishing:
+    """One shard to finish on this node: its files are complete at ``root``. ``layout``: what
+    prepare laid out (the backup's ``marker``, a point-in-time ``recovery`` target).
+    ``ports_given``: ports this restore gave its other shards' servers; ``note_port``
+    records a server's port before it starts, so an abort stops a server that is starting."""
+
+    restore_id: str
+    shard_id: str
+    root: Path
+    layout: dict[str, Any]
+    validation_queries: list[str]
+    heapallindexed: bool
+    ports_given: set[int]
+    note_port: Callable[[int], None]
+
+
 class EngineAdapter(Protocol):
+    shard_fields: ClassVar[tuple[str, ...]]  # the ShardConfig fields its shards must set
+    fsyncs_restored_files: ClassVar[bool]
+
     def check(self, shard: ShardConfig) -> None: ...
 
     def check_ready(self, shard: ShardConfig) -> None:
@@ -75,6 +114,19 @@ class EngineAdapter(Protocol):
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 
     def held_backups(self) -> set[str]: ...
+
+    # --- restore ---------------------------------------------------------------------------
+    def finish(self, job: Finishing) -> dict[str, Any]: ...
+
+    def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def serving(self, root: Path) -> int | None:
+        """The port of the server running from ``root``; None when none runs."""
+        ...
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None: ...
+
+    def start_server(self, root: Path, port: int) -> None: ...
 
 
 def list_tree(

@@ -15,6 +15,9 @@
   ``pg_wal`` while the slot holds them, so the backup restores on its own without a WAL
   archive.
 - release: end the backup if it is still running and close the session (dropping the slot).
+
+Restore: ``engines.postgres_restore`` (recovery to the cut or a target, the checks), with the
+server control of ``engines.pgserver``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -39,7 +43,9 @@ from shardvault.cut import (
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, list_tree, size_or_zero
+from shardvault_agent.engines import postgres_restore
+from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault_agent.engines.pgserver import stop_server
 
 log = logging.getLogger("shardvault.agent.postgres")
 
@@ -113,6 +119,10 @@ SELECT current_setting('wal_level'),
 
 
 class PostgresAdapter:
+    shard_fields = ("data_dir", "conninfo")
+    # Recovery from a backup label fsyncs the whole data directory before it replays.
+    fsyncs_restored_files = True
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.held: dict[tuple[str, str], HeldBackup] = {}
@@ -332,6 +342,22 @@ class PostgresAdapter:
             pass  # closing the session below aborts the backup anyway
         finally:
             held.connection.close()
+
+    # --- restore (engines.postgres_restore) -----------------------------------------------
+    def finish(self, job: Finishing) -> dict[str, Any]:
+        return postgres_restore.finish(self.config, job)
+
+    def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
+        return postgres_restore.adoptable(shard_id, result)
+
+    def serving(self, root: Path) -> int | None:
+        return postgres_restore.running_port(root)
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
+        stop_server(root, mode="immediate" if immediate else "fast")
+
+    def start_server(self, root: Path, port: int) -> None:
+        postgres_restore.restart_replaced(root, port)
 
 
 WHOLE_SEGMENT = -1  # copy_wal_up_to: the segment's every byte

@@ -18,18 +18,23 @@ import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 from shardvault.cut import CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, size_or_zero
+from shardvault_agent.engines.base import Capture, Finishing, size_or_zero
+from shardvault_agent.engines.sqlite_checks import sqlite_checks
 
 HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 PATH_FIX = "correct 'path' in the agent config: the shard's database file, which must exist."
 
 
 class SqliteAdapter:
+    shard_fields = ("path",)
+    fsyncs_restored_files = False  # a database file is only read by whoever opens it
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
 
@@ -127,3 +132,42 @@ class SqliteAdapter:
 
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "snapshots").glob("*") if p.is_dir()}
+
+    # --- restore ---------------------------------------------------------------------------
+    def finish(self, job: Finishing) -> dict[str, Any]:
+        """Checks each restored database (``PRAGMA integrity_check``) and runs the validation
+        queries on it: a restored SQLite shard is just its file, nothing to start."""
+        checks: dict[str, str] = {}
+        databases = sqlite_databases(job.root)
+        for db in databases:
+            checks |= sqlite_checks(db, job.validation_queries)
+        return {
+            "shard_id": job.shard_id,
+            "node_id": self.config.node_id,
+            "path": str(job.root),
+            "checks": checks,
+            "checks_passed": bool(databases) and all(v == "ok" for v in checks.values()),
+        }
+
+    def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None:
+        """The shard's one database file; None when the directory holds more or none."""
+        databases = sqlite_databases(Path(result["path"]))
+        if len(databases) != 1:
+            return None
+        return {"shard_id": shard_id, "path": str(databases[0])}
+
+    def serving(self, root: Path) -> int | None:
+        return None  # no server: nothing runs from a restored file
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
+        return None
+
+    def start_server(self, root: Path, port: int) -> None:
+        return None
+
+
+SIDE_FILES = ("-wal", "-shm", "-journal")  # opening a database may create them
+
+
+def sqlite_databases(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_file() and not p.name.endswith(SIDE_FILES))

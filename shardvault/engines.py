@@ -1,0 +1,34 @@
+"""What the control plane knows of each engine: the few traits that change a check or a plan.
+
+Everything else about an engine (how to flush, checkpoint, stop and release it, how to finish
+and check a restored copy, its server) is the agent's, one adapter per engine
+(``shardvault_agent.engines``). Terms:
+
+- *logged tail*: a backup's tail holds the engine's write-ahead log as ``pg_wal/<segment>``
+  files, from the backup's first segment to its last (PostgreSQL); verify checks them for a
+  gap (``pgwal``).
+- *point in time*: the engine archives its log continuously (``shardvault.archive``), so a
+  restore may replay past a backup to a time, a position or a named point (``shardvault.pitr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardvault.models import Engine
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    logged_tail: bool
+    point_in_time: bool
+
+
+TRAITS = {
+    Engine.SQLITE: EngineTraits(logged_tail=False, point_in_time=False),
+    Engine.POSTGRES: EngineTraits(logged_tail=True, point_in_time=True),
+}
+
+
+def traits(engine: Engine) -> EngineTraits:
+    return TRAITS[engine]
