@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine for ShardVault's tests and local stack:
 #
-#   * PostgreSQL 15 server programs and pgBackRest (Debian packages),
+#   * PostgreSQL 15 server programs and pgBackRest, MariaDB 10.11 (server, client and
+#     mariabackup; no service) (Debian packages),
 #   * a Python venv (.venv) with requirements-dev.txt and the two packages (editable),
 #   * MinIO, built from source at a pinned version with `go install` (Go from Debian if absent).
 #
@@ -96,6 +97,30 @@ step_postgres() {
     apt_install "${missing[@]}"
     [ -x "$PG_BIN/initdb" ] || die "$PG_BIN/initdb still missing after apt-get install"
     finish "installed ${missing[*]}"
+}
+
+step_mariadb() {
+    begin mariadb
+    # The server, client and backup programs only: not the mariadb-server package, whose
+    # service would start a server on port 3306 that nothing uses (tests run their own).
+    local missing=()
+    command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server-core)
+    command -v mariadb-admin >/dev/null || missing+=(mariadb-client)
+    command -v mariabackup >/dev/null || missing+=(mariadb-backup)
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt_install "${missing[@]}"
+    fi
+    # Servers run as the mysql OS user when we are root (mariadbd refuses root otherwise);
+    # the mariadb-server package would create it.
+    if [ "$(id -u)" -eq 0 ] && ! id mysql >/dev/null 2>&1; then
+        useradd --system --no-create-home --shell /usr/sbin/nologin mysql >>"$STEP_LOG" 2>&1 ||
+            die "could not create the mysql user"
+    fi
+    if [ ${#missing[@]} -eq 0 ]; then
+        finish "MariaDB and mariabackup present"
+    else
+        finish "installed ${missing[*]}"
+    fi
 }
 
 step_systemd() {
@@ -237,6 +262,7 @@ step_minio() {
 }
 
 step_postgres
+step_mariadb
 step_systemd
 step_venv
 step_pip

@@ -9,6 +9,8 @@ and check a restored copy, its server) is the agent's, one adapter per engine
   gap (``pgwal``).
 - *point in time*: the engine archives its log continuously (``shardvault.archive``), so a
   restore may replay past a backup to a time, a position or a named point (``shardvault.pitr``).
+- *runs queries*: a restored copy answers the request's validation queries (command hooks
+  know no query language: their finish hook checks the copy).
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from shardvault.models import Engine
 
 @dataclass(frozen=True)
 class EngineTraits:
-    logged_tail: bool
-    point_in_time: bool
+    logged_tail: bool = False
+    point_in_time: bool = False
+    runs_queries: bool = True
 
 
 TRAITS = {
-    Engine.SQLITE: EngineTraits(logged_tail=False, point_in_time=False),
+    Engine.SQLITE: EngineTraits(),
     Engine.POSTGRES: EngineTraits(logged_tail=True, point_in_time=True),
+    Engine.MARIADB: EngineTraits(),
+    Engine.HOOKS: EngineTraits(runs_queries=False),
 }
 
 

@@ -122,6 +122,18 @@ class EngineError(ShardVaultError):
     """The database engine refused a flush, checkpoint or release."""
 
 
+class HookFailed(EngineError):
+    """A command hook (the ``hooks`` engine) exited non-zero, or could not start."""
+
+
+class HookTimedOut(EngineError):
+    """A command hook ran past ``hooks.timeout_seconds`` and was killed."""
+
+
+class HookOutputInvalid(EngineError):
+    """A checkpoint hook printed something other than its JSON object."""
+
+
 class CheckpointNotFound(ShardVaultError):
     """A command refers to a checkpoint this agent does not hold (e.g. after a restart)."""
 

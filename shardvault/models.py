@@ -103,6 +103,8 @@ class Phase(StrEnum):
 class Engine(StrEnum):
     SQLITE = "sqlite"
     POSTGRES = "postgres"
+    MARIADB = "mariadb"
+    HOOKS = "hooks"  # command hooks: any other store (shardvault_agent.engines.hooks)
 
 
 class BackupKind(StrEnum):

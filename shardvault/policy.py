@@ -406,7 +406,9 @@ class Incremental(Frozen):
 
 
 class ClusterPolicy(Frozen):
-    engine: Engine = Field(description="Database engine of the cluster: postgres or sqlite.")
+    engine: Engine = Field(
+        description="Database engine of the cluster: postgres, mariadb, sqlite or hooks."
+    )
     schedule: Schedule = Field(description="When backups run.")
     vault: Vault = Field(description="Where verified backups land and how they are locked.")
     retention: Retention = Field(description="Which backups are kept; the rest expire.")

@@ -24,10 +24,12 @@ from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_err
 from shardvault.causes import failure_cause
 from shardvault.chains import chain_args, data_stream
 from shardvault.dispatch import post_untracked
+from shardvault.engines import traits
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
     EngineMismatch,
+    InvalidRequest,
     ParentUnavailable,
     TargetNotEmpty,
     TargetNotReady,
@@ -99,6 +101,12 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
             + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
             + " run another engine.",
             fix=f"restore into a cluster whose agents have 'engine: {manifest.engine}'.",
+        )
+    if request.validation_queries and not traits(manifest.engine).runs_queries:
+        raise InvalidRequest(
+            f"backup {manifest.backup_id} is of a {manifest.engine} cluster, which runs no "
+            "validation queries.",
+            fix="restore without validation queries; the agents' finish hook checks the copy.",
         )
     shard_bytes = {s.shard_id: shard_size(s) for s in manifest.shards}
     room = {n.node_id: n.restore_free_bytes or 0 for n in nodes}

@@ -59,8 +59,9 @@ class ShardConfig(BaseModel):
     shard_id: str = Field(description="The shard's name, the same on every node that holds it.")
     role: Role = Field(Role.LEADER, description="leader or follower; backups read leaders.")
     path: Path | None = Field(None, description="SQLite: the database file.")
-    data_dir: Path | None = Field(None, description="PostgreSQL: the data directory.")
+    data_dir: Path | None = Field(None, description="PostgreSQL, MariaDB: the data directory.")
     conninfo: str | None = Field(None, description="PostgreSQL: a libpq connection string.")
+    socket: Path | None = Field(None, description="MariaDB: the server's Unix socket.")
     wal_spool_dir: Path | None = Field(
         None,
         description="PostgreSQL, continuous archiving: the directory the server's "
@@ -74,12 +75,54 @@ class ShardConfig(BaseModel):
         return valid_name("shard_id", value)
 
 
+class HookCommands(BaseModel):
+    """The commands of the ``hooks`` engine (``engines.hooks`` defines what each must do)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: list[str] = Field(
+        default_factory=list,
+        description='hooks: fixes the shard\'s files and prints {"directory": ..., '
+        '"marker": {...}} as JSON (an argument list, run without a shell).',
+    )
+    release: list[str] = Field(
+        default_factory=list,
+        description="hooks: gives back what checkpoint held (may run twice).",
+    )
+    flush: list[str] = Field(
+        default_factory=list, description="hooks: optional, before checkpoint."
+    )
+    finish: list[str] = Field(
+        default_factory=list,
+        description="hooks: optional, checks a restored shard (exit 0: it passed).",
+    )
+    timeout_seconds: float = Field(
+        300, gt=0, description="hooks: a hook running longer is killed (HookTimedOut)."
+    )
+
+    @field_validator("checkpoint", "release", "flush", "finish")
+    @classmethod
+    def _absolute_program(cls, command: list[str], info: ValidationInfo) -> list[str]:
+        if command and not Path(command[0]).is_absolute():
+            raise invalid(
+                f"the {info.field_name} hook's program {command[0]!r} is not an absolute path",
+                "name the program by its absolute path (hooks run without a shell or PATH "
+                "lookup), e.g. ['/usr/local/bin/snapshot', 'create']",
+            )
+        return command
+
+
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node_id: str = Field(description="Unique name of this node.")
     cluster: str = Field(description="Cluster this node belongs to.")
-    engine: Engine = Field(description="postgres or sqlite.")
+    engine: Engine = Field(description="postgres, mariadb, sqlite or hooks (command hooks).")
+    hooks: HookCommands | None = Field(
+        None,
+        validate_default=True,
+        description="hooks: the commands that flush, checkpoint, release and finish shards.",
+    )
     shards: list[ShardConfig] = Field(description="The shards this node holds.")
     state_dir: Path = Field(description="Where the agent keeps checkpoints, spool and snapshots.")
     poll_interval_seconds: float = Field(
@@ -167,6 +210,22 @@ class AgentConfig(BaseModel):
     def _valid_name(cls, value: str, info: ValidationInfo) -> str:
         return valid_name(info.field_name or "name", value)
 
+    @field_validator("hooks")
+    @classmethod
+    def _hooks_where_needed(
+        cls, hooks: HookCommands | None, info: ValidationInfo
+    ) -> HookCommands | None:
+        from shardvault_agent.engines import adapter_class  # the adapters import this module
+
+        engine = info.data.get("engine")
+        needs = engine is not None and info.field_name in adapter_class(engine).config_fields
+        if needs and (hooks is None or not hooks.checkpoint or not hooks.release):
+            raise invalid(
+                f"{engine} agents need hooks.checkpoint and hooks.release",
+                "add a 'hooks' section naming the commands (README: Command hooks)",
+            )
+        return hooks
+
     @field_validator("restore_ports")
     @classmethod
     def _ordered_ports(cls, ports: tuple[int, int]) -> tuple[int, int]:
@@ -188,7 +247,7 @@ class AgentConfig(BaseModel):
             *_engine_fields(info.data.get("engine"), shards),
             *_repeats(shards, "shard_id", "a node holds each shard once (its role says how)"),
             *_repeats(shards, "path", "each shard is its own database file"),
-            *_repeats(shards, "data_dir", "each shard is its own PostgreSQL instance"),
+            *_repeats(shards, "data_dir", "each shard is its own server"),
         ]
         if problems:
             # Raised as a ValidationError so pydantic reports each problem at its own path.

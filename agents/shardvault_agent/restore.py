@@ -505,7 +505,10 @@ class Restorer:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def _note_started(self, restore_id: str, shard_id: str, info: dict[str, Any]) -> None:
-        started = self._started(restore_id) | {shard_id: info}
+        """Adds ``info`` to what this restore started of the shard (its path, the server
+        it started, the server it replaced, its result)."""
+        started = self._started(restore_id)
+        started[shard_id] = started.get(shard_id, {}) | info
         write_json(self.state(restore_id) / "started.json", started)
 
     def _finish_shard(self, restore_id: str, shard_id: str, args: dict[str, Any]) -> dict:
@@ -547,16 +550,15 @@ class Restorer:
                 "one.",
             )
         shutil.rmtree(aside, ignore_errors=True)
-        note = {"path": str(final), "port": result.get("port"), "result": result, **replaced}
-        self._note_started(restore_id, shard_id, note)
+        self._note_started(restore_id, shard_id, {"result": result})
         self._adopt(restore_id, shard_id, result)
         return result
 
     def _finishing(
         self, restore_id: str, shard_id: str, root: Path, args: dict[str, Any]
     ) -> Finishing:
-        def note_port(port: int) -> None:
-            self._note_started(restore_id, shard_id, {"path": str(root), "port": port})
+        def note_server(server: dict[str, Any]) -> None:
+            self._note_started(restore_id, shard_id, {"path": str(root), "server": server})
 
         return Finishing(
             restore_id=restore_id,
@@ -565,20 +567,22 @@ class Restorer:
             layout=self._layout(restore_id, shard_id),
             validation_queries=args.get("validation_queries", []),
             heapallindexed=bool(args.get("heapallindexed")),
-            ports_given={i["port"] for i in self._started(restore_id).values() if i.get("port")},
-            note_port=note_port,
+            servers_given=[
+                i["server"] for i in self._started(restore_id).values() if "server" in i
+            ],
+            note_server=note_server,
         )
 
     def _stop_replaced(self, final: Path) -> dict[str, Any]:
         """Stops the server a replaced shard runs (an earlier restore's copy): its files move
         aside, and its socket and port would keep the new copy from starting. Returns what
         ``_undo`` needs to start it again if this restore fails."""
-        port = self.engine.serving(final)
-        if port is None:
+        server = self.engine.serving(final)
+        if server is None:
             return {}
-        log.info("stopping the server of %s (port %d): the restore replaces it", final, port)
+        log.info("stopping the server of %s (%s): the restore replaces it", final, server)
         self.engine.stop_server(final)
-        return {"replaced_port": port}
+        return {"replaced": server}
 
     # --- adoption ----------------------------------------------------------------------------
     @property
@@ -641,15 +645,15 @@ class Restorer:
                 # at reconcile after the node was away).
                 continue
             final = Path(info["path"])
-            if info.get("port"):
+            if info.get("server"):
                 self.engine.stop_server(final, immediate=True)
             shutil.rmtree(final, ignore_errors=True)
             self._unadopt(restore_id, shard_id)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
                 aside.rename(final)
-                if info.get("replaced_port"):
-                    self.engine.start_server(final, info["replaced_port"])
+                if info.get("replaced"):
+                    self.engine.start_server(final, info["replaced"])
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.state(restore_id), ignore_errors=True)
 

@@ -25,6 +25,7 @@ from shardvault_agent import walspool
 from shardvault import archive
 from shardvault import operations as ops
 from shardvault.local import demo
+from shardvault.local.mariadb import stop_server as stop_mariadb
 from shardvault.local.postgres import (
     PostgresInstance,
     ensure_traversable,
@@ -177,6 +178,8 @@ def make_target(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Tar
             stack.stop_agent(config["node_id"])
             for pid_file in Path(config["restore_dir"]).glob("*/postmaster.pid"):
                 stop_server(pid_file.parent, mode="immediate")  # restored servers
+            for pid_file in Path(config["restore_dir"]).glob("*/mariadbd.pid"):
+                stop_mariadb(pid_file.parent, immediate=True)
 
 
 @pytest.fixture

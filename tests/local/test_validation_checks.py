@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from shardvault_agent import checks
 from shardvault_agent.checks import REFUSED, raise_if_refused
-from shardvault_agent.engines import postgres_checks, sqlite_checks
+from shardvault_agent.engines import mariadb_checks, postgres_checks, sqlite_checks
 
 from shardvault.errors import InvalidRequest
+from shardvault.local.mariadb import init_server
+from shardvault.local.mariadb import stop_server as stop_mariadb
 from shardvault.local.postgres import init_instance
 
 
@@ -109,3 +111,53 @@ def test_sqlite_refuses_everything_but_reads(tmp_path: Path, monkeypatch) -> Non
         assert result[f"{db.name}: {query}"].startswith(REFUSED), query
     assert db.read_bytes() == before
     assert not (tmp_path / "other.db").exists()
+
+
+@pytest.fixture(scope="module")
+def maria(tmp_path_factory: pytest.TempPathFactory):
+    server = init_server(tmp_path_factory.mktemp("maria") / "data")
+    server.sql("CREATE DATABASE shop")
+    server.sql(
+        "CREATE TABLE orders (id INT PRIMARY KEY, total INT); "
+        "INSERT INTO orders SELECT seq, seq FROM seq_1_to_100",
+        database="shop",
+    )
+    try:
+        yield server
+    finally:
+        stop_mariadb(server.data_dir)
+
+
+def test_mariadb_runs_reads_as_a_select_only_account_and_refuses_the_rest(
+    maria, tmp_path, monkeypatch
+) -> None:
+    bypass_gate(monkeypatch)
+    outfile = tmp_path / "out.txt"
+    read = "SELECT COUNT(*) = 100 FROM shop.orders"
+    semicolon = "SELECT 'a;b' = 'a;b'"  # one statement: its ';' is in a literal
+    hostile = [
+        "DELETE FROM shop.orders",
+        "SELECT 1; DELETE FROM shop.orders",
+        f"SELECT * FROM shop.orders INTO OUTFILE '{outfile}'",
+        "CREATE USER intruder",
+        "SELECT LOAD_FILE('/etc/hostname') IS NOT NULL",
+    ]
+    result = mariadb_checks.mariadb_checks(maria, [read, semicolon, *hostile])
+    assert result["mariadb-check --all-databases"] == "ok"
+    assert result[read] == "ok"
+    assert result[semicolon] == "ok"
+    for query in hostile:
+        assert result[query] != "ok", query
+    assert result["DELETE FROM shop.orders"].startswith(REFUSED)
+    assert result["CREATE USER intruder"].startswith(REFUSED)
+    assert not outfile.exists()
+    assert maria.sql("SELECT COUNT(*) FROM shop.orders") == "100"
+    assert maria.sql("SELECT COUNT(*) FROM mysql.user WHERE user LIKE 'shardvault%'") == "0"
+    assert maria.sql("SELECT COUNT(*) FROM mysql.user WHERE user = 'intruder'") == "0"
+
+
+def test_mariadb_ends_a_query_that_runs_too_long(maria, monkeypatch) -> None:
+    monkeypatch.setattr(mariadb_checks, "QUERY_TIMEOUT_SECONDS", 1)
+    query = "SELECT SLEEP(30) = 0 FROM shop.orders LIMIT 1"
+    result = mariadb_checks.mariadb_checks(maria, [query])
+    assert "longer than 1 s" in result[query], result[query]

@@ -4,7 +4,7 @@ import typing
 from pathlib import Path
 
 from pydantic import BaseModel
-from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.config import AgentConfig, HookCommands, ShardConfig
 
 from shardvault.policy import ClusterPolicy, Policy, fields_table
 
@@ -12,7 +12,7 @@ README = (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def test_every_agent_option_is_documented_with_its_default():
-    for prefix, model in (("", AgentConfig), ("shards[].", ShardConfig)):
+    for prefix, model in (("", AgentConfig), ("shards[].", ShardConfig), ("hooks.", HookCommands)):
         for name, field in model.model_fields.items():
             row = next(
                 (line for line in README.splitlines() if line.startswith(f"| `{prefix}{name}` |")),

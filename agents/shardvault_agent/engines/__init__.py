@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 ADAPTERS = {
     Engine.SQLITE: "shardvault_agent.engines.sqlite:SqliteAdapter",
     Engine.POSTGRES: "shardvault_agent.engines.postgres:PostgresAdapter",
+    Engine.MARIADB: "shardvault_agent.engines.mariadb:MariadbAdapter",
+    Engine.HOOKS: "shardvault_agent.engines.hooks:HooksAdapter",
 }
 
 

@@ -70,8 +70,9 @@ class Capture:
 class Finishing:
     """One shard to finish on this node: its files are complete at ``root``. ``layout``: what
     prepare laid out (the backup's ``marker``, a point-in-time ``recovery`` target).
-    ``ports_given``: ports this restore gave its other shards' servers; ``note_port``
-    records a server's port before it starts, so an abort stops a server that is starting."""
+    ``servers_given``: how this restore's other shards' servers are reached (the adapter's
+    own notes, e.g. their ports); ``note_server`` records a server's note before it starts,
+    so an abort stops a server that is starting."""
 
     restore_id: str
     shard_id: str
@@ -79,12 +80,13 @@ class Finishing:
     layout: dict[str, Any]
     validation_queries: list[str]
     heapallindexed: bool
-    ports_given: set[int]
-    note_port: Callable[[int], None]
+    servers_given: list[dict[str, Any]]
+    note_server: Callable[[dict[str, Any]], None]
 
 
 class EngineAdapter(Protocol):
     shard_fields: ClassVar[tuple[str, ...]]  # the ShardConfig fields its shards must set
+    config_fields: ClassVar[tuple[str, ...]]  # the AgentConfig sections its agents must set
     fsyncs_restored_files: ClassVar[bool]
 
     def check(self, shard: ShardConfig) -> None: ...
@@ -120,13 +122,17 @@ class EngineAdapter(Protocol):
 
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None: ...
 
-    def serving(self, root: Path) -> int | None:
-        """The port of the server running from ``root``; None when none runs."""
+    def serving(self, root: Path) -> dict[str, Any] | None:
+        """How the server running from ``root`` is reached (what ``start_server`` needs to
+        start it again); None when none runs."""
         ...
 
     def stop_server(self, root: Path, *, immediate: bool = False) -> None: ...
 
-    def start_server(self, root: Path, port: int) -> None: ...
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        """Starts the server of ``root`` again as ``serving`` described it; best effort (a
+        failure is logged: it runs while a failed restore is undone)."""
+        ...
 
 
 def list_tree(

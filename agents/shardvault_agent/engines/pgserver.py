@@ -19,18 +19,24 @@ Terms:
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import re
 import shlex
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from shardvault_agent.engines import serveruser
+from shardvault_agent.engines.serveruser import (
+    NotTraversable,
+    ServerUserMissing,
+    as_root,
+    make_dirs,
+    user_ids,
+)
 
 BIN_ENV = "SHARDVAULT_PG_BIN"
 PG_USER = "postgres"
@@ -51,8 +57,7 @@ class PostgresNotFound(RuntimeError):
         )
 
 
-class PostgresPermissionError(PermissionError):
-    """The postgres OS user cannot reach the instance's directory."""
+PostgresPermissionError = NotTraversable  # the postgres OS user cannot reach a directory
 
 
 class PostgresCommandError(subprocess.CalledProcessError):
@@ -99,10 +104,6 @@ def find_pg_bin_dir() -> Path:
 
 
 # --- running as the postgres user -------------------------------------------------------------
-def as_root() -> bool:
-    return os.geteuid() == 0
-
-
 def run_as_postgres(cmd: list[str]) -> list[str]:
     """``cmd`` prefixed with ``runuser -u postgres --`` when running as root."""
     return ["runuser", "-u", PG_USER, "--", *cmd] if as_root() else list(cmd)
@@ -122,13 +123,11 @@ def run_program(cmd: list[str], *, as_server_user: bool = False) -> str:
 def postgres_ids() -> tuple[int, int, set[int]]:
     """uid, primary gid and all group ids of the postgres user."""
     try:
-        user = pwd.getpwnam(PG_USER)
-    except KeyError:
+        return user_ids(PG_USER)
+    except ServerUserMissing:
         raise PostgresNotFound(
             f"There is no '{PG_USER}' OS user to run servers as (we are root)."
         ) from None
-    groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if PG_USER in g.gr_mem}
-    return user.pw_uid, user.pw_gid, groups
 
 
 def give_to_postgres(path: Path) -> None:
@@ -137,51 +136,10 @@ def give_to_postgres(path: Path) -> None:
         os.chown(path, uid, gid)
 
 
-def _searchable_by(st: os.stat_result, uid: int, groups: set[int]) -> bool:
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid in groups:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
-
-
-def _under_temp(path: Path) -> bool:
-    temp = Path(tempfile.gettempdir()).resolve()
-    return path != temp and path.is_relative_to(temp)
-
-
 def ensure_traversable(path: Path, created: frozenset[Path] = frozenset()) -> None:
-    """Makes sure the postgres user can reach ``path`` (as root; a no-op otherwise).
-
-    Ancestors we just ``created`` and our own directories under the temp dir (pytest's
-    ``/tmp/pytest-of-root`` is 0700) get search permission for others: ``o+x`` lets the
-    postgres user pass through without listing them. Anything else (``/root`` is typically
-    0700) is not ours to loosen: that is a :class:`PostgresPermissionError` saying what to do.
-    """
-    if not as_root():
-        return
-    uid, _, groups = postgres_ids()
-    for directory in reversed([path, *path.parents]):
-        st = directory.stat()
-        if _searchable_by(st, uid, groups):
-            continue
-        if directory in created or (st.st_uid == os.geteuid() and _under_temp(directory)):
-            directory.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
-            continue
-        raise PostgresPermissionError(
-            f"The '{PG_USER}' OS user cannot reach {path}: {directory} is "
-            f"{stat.filemode(st.st_mode)} (owner uid {st.st_uid}). Fix: put PostgreSQL "
-            f"instances under a traversable directory such as {tempfile.gettempdir()}, or "
-            f"grant search permission with 'chmod o+x {directory}'."
-        )
-
-
-def make_dirs(path: Path) -> frozenset[Path]:
-    """``mkdir -p``; returns the directories it created."""
-    path = path.absolute()
-    missing = [d for d in [path, *path.parents] if not d.exists()]
-    path.mkdir(parents=True, exist_ok=True)
-    return frozenset(missing)
+    """Makes sure the postgres user can reach ``path`` (``serveruser.ensure_traversable``)."""
+    postgres_ids()  # a missing user is PostgresNotFound, with its fix
+    serveruser.ensure_traversable(path, PG_USER, created)
 
 
 # --- instances --------------------------------------------------------------------------------

@@ -120,6 +120,7 @@ SELECT current_setting('wal_level'),
 
 class PostgresAdapter:
     shard_fields = ("data_dir", "conninfo")
+    config_fields = ()
     # Recovery from a backup label fsyncs the whole data directory before it replays.
     fsyncs_restored_files = True
 
@@ -350,14 +351,15 @@ class PostgresAdapter:
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return postgres_restore.adoptable(shard_id, result)
 
-    def serving(self, root: Path) -> int | None:
-        return postgres_restore.running_port(root)
+    def serving(self, root: Path) -> dict[str, Any] | None:
+        port = postgres_restore.running_port(root)
+        return None if port is None else {"port": port}
 
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         stop_server(root, mode="immediate" if immediate else "fast")
 
-    def start_server(self, root: Path, port: int) -> None:
-        postgres_restore.restart_replaced(root, port)
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        postgres_restore.restart_replaced(root, server["port"])
 
 
 WHOLE_SEGMENT = -1  # copy_wal_up_to: the segment's every byte

@@ -59,9 +59,9 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
             conf.write(recovery_to_cut(check_restore_point_name(cut)))
     if cut is not None or target is not None:
         (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
-    taken = job.ports_given | ports_of_servers(root.parent)
+    taken = {s["port"] for s in job.servers_given if "port" in s} | ports_of_servers(root.parent)
     port = free_port_in(config.restore_ports, config.node_id, taken)
-    job.note_port(port)
+    job.note_server({"port": port})
     try:
         instance = attach_instance(root, port=port)
         recovered = promoted(instance, RECOVERY_SECONDS)

@@ -33,6 +33,7 @@ PATH_FIX = "correct 'path' in the agent config: the shard's database file, which
 
 class SqliteAdapter:
     shard_fields = ("path",)
+    config_fields = ()
     fsyncs_restored_files = False  # a database file is only read by whoever opens it
 
     def __init__(self, config: AgentConfig) -> None:
@@ -156,13 +157,13 @@ class SqliteAdapter:
             return None
         return {"shard_id": shard_id, "path": str(databases[0])}
 
-    def serving(self, root: Path) -> int | None:
+    def serving(self, root: Path) -> dict[str, Any] | None:
         return None  # no server: nothing runs from a restored file
 
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         return None
 
-    def start_server(self, root: Path, port: int) -> None:
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
         return None
 
 

@@ -1,0 +1,243 @@
+"""MariaDB (and the same tool family as MySQL's XtraBackup): one shard per server, copied hot
+with ``mariabackup``.
+
+- check: ``data_dir`` is a directory holding the ``mysql`` system database. Every statement
+  then confirms that ``socket`` reaches the server of ``data_dir`` (``@@datadir`` is the same
+  directory) before anything else is done on it.
+- flush: ``FLUSH NO_WRITE_TO_BINLOG ENGINE LOGS`` (InnoDB's redo log on disk).
+- checkpoint: ``mariabackup --backup`` into the agent's state directory
+  (``state_dir/mariabackup/<backup>/<shard>``): InnoDB's files copied while the server runs,
+  its redo log followed until the copy ends, then a short ``BACKUP STAGE`` lock for the
+  non-transactional tables; the copy is consistent at its end (the marker's ``to_lsn``) once
+  prepared, and never changes after, so it is uploaded as it is. A copy on local disk first
+  (not ``--stream``): a stream cannot be split into the plan's objects and parts before it
+  ends, and a retried part must read the same bytes again.
+- stop: no tail (the redo log the copy needs is inside it) and no cut: MariaDB's log has no
+  named points, so each shard is cut where its copy ends.
+- release: the copy is deleted. Copies survive an agent restart (``held_backups``), so a
+  starting agent releases those whose backup has ended.
+
+Restore: the placed files are fsynced, ``mariabackup --prepare`` applies the copied redo log
+(the copy is then a clean data directory), a server is started on it (``engines.mariaserver``)
+and ``mariadb-check --all-databases`` (``CHECK TABLE``) and the validation queries run
+(``engines.mariadb_checks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from shardvault.cut import CutRequest
+from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault_agent.engines.mariadb_checks import mariadb_checks
+from shardvault_agent.engines.mariaserver import (
+    MariadbServer,
+    client_user,
+    program,
+    run,
+    running_pid,
+    socket_for,
+    stop_server,
+)
+
+log = logging.getLogger("shardvault.agent.mariadb")
+DATA_DIR_FIX = (
+    "correct 'data_dir' in the agent config: the server's data directory, as "
+    "'SELECT @@datadir' answers over the shard's socket."
+)
+BACKUP_SECONDS = 6 * 3600  # a copy that takes longer is stuck: the backup fails by name
+PREPARE_SECONDS = 3600
+
+
+class MariadbAdapter:
+    shard_fields = ("data_dir", "socket")
+    config_fields = ()
+    fsyncs_restored_files = False  # prepare and the server read the placed files as they are
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    # --- backup ----------------------------------------------------------------------------
+    def check(self, shard: ShardConfig) -> None:
+        data_dir = shard.data_dir
+        where = f"MariaDB shard {shard.shard_id}: data_dir {data_dir}"
+        try:
+            if data_dir is None or not data_dir.is_dir():
+                raise ShardDataMissing(f"{where} is not a directory.", fix=DATA_DIR_FIX)
+            if not (data_dir / "mysql").is_dir():
+                raise ShardDataMissing(
+                    f"{where} holds no mysql system database: it is not a MariaDB data directory.",
+                    fix=DATA_DIR_FIX,
+                )
+        except PermissionError:
+            raise ShardDataMissing(
+                f"{where} cannot be read by the agent's user.",
+                fix="run the agent as a user that can read the data directory (e.g. mysql).",
+            ) from None
+
+    def _server(self, shard: ShardConfig) -> MariadbServer:
+        """The shard's server, once it is confirmed to be the server of ``data_dir``."""
+        self.check(shard)
+        assert shard.data_dir is not None
+        assert shard.socket is not None
+        server = MariadbServer(shard.data_dir, shard.socket)
+        try:
+            datadir = Path(server.sql("SELECT @@datadir"))
+        except RuntimeError as error:
+            raise EngineError(
+                f"cannot reach MariaDB of shard {shard.shard_id}: {error}",
+                fix="check 'socket' in the agent config, that the server is running, and "
+                f"that MariaDB has an account for the agent's OS user ({client_user()}) "
+                "IDENTIFIED VIA unix_socket.",
+            ) from None
+        if not same_directory(datadir, shard.data_dir):
+            raise ShardDataMissing(
+                f"MariaDB shard {shard.shard_id}: the server on socket {shard.socket} runs "
+                f"from {datadir}, not from data_dir {shard.data_dir}.",
+                fix=DATA_DIR_FIX,
+            )
+        return server
+
+    def check_ready(self, shard: ShardConfig) -> None:
+        """``check``, a server that answers as the server of ``data_dir``, and
+        ``mariabackup`` on this host."""
+        self._server(shard)
+        try:
+            program("mariabackup")
+        except RuntimeError as error:
+            raise EngineError(str(error), fix="install mariadb-backup on this host.") from None
+
+    def shard_bytes(self, shard: ShardConfig) -> int:
+        def measure() -> int:
+            assert shard.data_dir is not None
+            return sum(
+                (Path(d) / f).stat().st_size
+                for d, _, files in os.walk(shard.data_dir)
+                for f in files
+            )
+
+        return size_or_zero(self, shard, measure)
+
+    def flush(self, shard: ShardConfig) -> None:
+        self._sql(shard, "FLUSH NO_WRITE_TO_BINLOG ENGINE LOGS")
+
+    def _sql(self, shard: ShardConfig, statement: str) -> str:
+        try:
+            return self._server(shard).sql(statement)
+        except RuntimeError as error:
+            raise EngineError(
+                f"MariaDB shard {shard.shard_id}: {error}",
+                fix="check the server's log; the agent's account needs RELOAD, PROCESS, "
+                "LOCK TABLES and BINLOG MONITOR (what mariabackup needs).",
+            ) from None
+
+    def _copy_dir(self, backup_id: str, shard: ShardConfig) -> Path:
+        return self.config.state_dir / "mariabackup" / backup_id / shard.shard_id
+
+    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+        server = self._server(shard)
+        copy = self._copy_dir(backup_id, shard)
+        shutil.rmtree(copy, ignore_errors=True)  # a retried checkpoint starts over
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        command = [program("mariabackup"), "--no-defaults", "--backup", f"--target-dir={copy}"]
+        command += [f"--socket={server.socket}", f"--user={client_user()}"]
+        command += [f"--datadir={shard.data_dir}", "--parallel=2"]
+        try:
+            run(command, timeout=BACKUP_SECONDS)
+        except (RuntimeError, OSError) as error:
+            self.release(shard, backup_id)  # a partial copy must not count as held
+            raise EngineError(
+                f"mariabackup of shard {shard.shard_id} failed: {error}",
+                fix="see the server's log and mariabackup's message; check free space in "
+                "state_dir.",
+            ) from None
+        marker = {"copied_at": f"{started:.6f}", **checkpoints(copy)}
+        return Capture(root=copy, files=list_tree(copy), marker=marker, mutable=False)
+
+    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
+        return (self._copy_dir(backup_id, shard) / "xtrabackup_checkpoints").is_file()
+
+    def stop(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
+    ) -> Capture:
+        if not self.holds(shard, backup_id):
+            raise CheckpointNotFound(
+                f"no mariabackup copy of shard {shard.shard_id} for backup {backup_id}.",
+                fix="retry the backup.",
+            )
+        return Capture(root=self._copy_dir(backup_id, shard), files=[])
+
+    def release(self, shard: ShardConfig, backup_id: str) -> None:
+        copy = self._copy_dir(backup_id, shard)
+        shutil.rmtree(copy, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
+            copy.parent.rmdir()
+
+    def held_backups(self) -> set[str]:
+        return {p.name for p in (self.config.state_dir / "mariabackup").glob("*") if p.is_dir()}
+
+    # --- restore ---------------------------------------------------------------------------
+    def finish(self, job: Finishing) -> dict[str, Any]:
+        root = job.root
+        try:
+            command = [program("mariabackup"), "--no-defaults", "--prepare"]
+            run([*command, f"--target-dir={root}"], timeout=PREPARE_SECONDS)
+        except RuntimeError as error:
+            raise EngineError(
+                f"mariabackup --prepare of shard {job.shard_id} failed: {error}",
+                fix="the backup may be damaged: restore another backup, and report this one.",
+            ) from None
+        server = MariadbServer(root, socket_for(root))
+        job.note_server({"socket": str(server.socket)})
+        server.start()
+        checks = mariadb_checks(server, job.validation_queries)
+        return {
+            "shard_id": job.shard_id,
+            "node_id": self.config.node_id,
+            "path": str(root),
+            "socket": str(server.socket),
+            "checks": checks,
+            "checks_passed": all(v == "ok" for v in checks.values()),
+        }
+
+    def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
+        return {"shard_id": shard_id, "data_dir": result["path"], "socket": result["socket"]}
+
+    def serving(self, root: Path) -> dict[str, Any] | None:
+        return {"socket": str(socket_for(root))} if running_pid(root) is not None else None
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
+        stop_server(root, immediate=immediate)
+
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        try:
+            MariadbServer(root, Path(server["socket"])).start()
+        except RuntimeError as error:  # put back whole; report, do not fail the undo
+            log.warning("could not start the replaced copy %s again: %s", root, error)
+
+
+def checkpoints(copy: Path) -> dict[str, str]:
+    """The copy's LSNs from ``xtrabackup_checkpoints`` (``to_lsn``: where it is consistent
+    once prepared)."""
+    found = {}
+    for line in (copy / "xtrabackup_checkpoints").read_text().splitlines():
+        key, _, value = (part.strip() for part in line.partition("="))
+        if key in {"backup_type", "from_lsn", "to_lsn", "last_lsn"}:
+            found[key] = value
+    return found
+
+
+def same_directory(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
