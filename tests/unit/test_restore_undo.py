@@ -1,0 +1,78 @@
+"""A restore that replaces a running copy and then fails its checks puts the copy back and
+starts its server again: what the node noted while finishing (the server it started, the
+server it replaced) survives until the abort reads it. The engine is a recording stand-in:
+the restore's bookkeeping is under test, not a server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from shardvault_agent.commands import Commands
+from shardvault_agent.config import AgentConfig
+from shardvault_agent.engines.base import Finishing
+from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.transfer import Faults
+
+from shardvault.errors import RestoreValidationFailed
+
+
+class RecordingEngine(SqliteAdapter):
+    """A server-running engine whose copy fails its checks after its server started."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        super().__init__(config)
+        self.calls: list[tuple[str, Any]] = []
+
+    def serving(self, root: Path) -> dict[str, Any] | None:
+        return {"port": 7} if (root / "old.db").exists() else None
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
+        self.calls.append(("stop", root.name, immediate))
+
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        self.calls.append(("start", sorted(p.name for p in root.iterdir()), server))
+
+    def finish(self, job: Finishing) -> dict[str, Any]:
+        job.note_server({"port": 8})
+        return {"shard_id": job.shard_id, "checks": {"check": "bad"}, "checks_passed": False}
+
+
+def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
+    config = AgentConfig(
+        node_id="n1",
+        cluster="t",
+        engine="sqlite",
+        shards=[],
+        state_dir=tmp_path / "state",
+        restore_dir=tmp_path / "restored",
+    )
+    engine = RecordingEngine(config)
+    commands = Commands(
+        config, engine, RateLimiter(None), SimpleNamespace(faults=Faults(), http=None)
+    )
+    restorer = commands.restorer
+    final = restorer.final("s1")
+    final.mkdir(parents=True)
+    (final / "old.db").write_text("the earlier copy")
+    staged = restorer.staging("r1", "s1")
+    staged.mkdir(parents=True)
+    (staged / "new.db").write_text("this restore's copy")
+    restorer.state("r1").mkdir(parents=True)
+    (restorer.state("r1") / "s1.layout.json").write_text(json.dumps({"streams": []}))
+
+    with pytest.raises(RestoreValidationFailed):
+        restorer.finish({"backup_id": "r1", "shard_ids": ["s1"]})
+    restorer.abort({"backup_id": "r1"})
+
+    assert engine.calls == [
+        ("stop", "s1", False),  # the earlier copy's server, before its files moved aside
+        ("stop", "s1", True),  # this restore's server, at the abort
+        ("start", ["old.db"], {"port": 7}),  # the earlier copy, back in place
+    ]
+    assert (final / "old.db").read_text() == "the earlier copy"
+    assert not staged.exists()
