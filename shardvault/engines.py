@@ -9,8 +9,9 @@ and check a restored copy, its server) is the agent's, one adapter per engine
   gap (``pgwal``).
 - *point in time*: the engine archives its log continuously (``shardvault.archive``), so a
   restore may replay past a backup to a time, a position or a named point (``shardvault.pitr``).
-- *runs queries*: a restored copy answers the request's validation queries (command hooks
-  know no query language: their finish hook checks the copy).
+- *runs queries*: a restored copy answers the request's validation queries (RocksDB and
+  command hooks know no query language: a digest of every pair, or the finish hook, checks
+  the copy).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TRAITS = {
     Engine.SQLITE: EngineTraits(),
     Engine.POSTGRES: EngineTraits(logged_tail=True, point_in_time=True),
     Engine.MARIADB: EngineTraits(),
+    Engine.ROCKSDB: EngineTraits(runs_queries=False),
     Engine.HOOKS: EngineTraits(runs_queries=False),
 }
 

@@ -104,6 +104,7 @@ class Engine(StrEnum):
     SQLITE = "sqlite"
     POSTGRES = "postgres"
     MARIADB = "mariadb"
+    ROCKSDB = "rocksdb"
     HOOKS = "hooks"  # command hooks: any other store (shardvault_agent.engines.hooks)
 
 

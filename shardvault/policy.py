@@ -407,7 +407,7 @@ class Incremental(Frozen):
 
 class ClusterPolicy(Frozen):
     engine: Engine = Field(
-        description="Database engine of the cluster: postgres, mariadb, sqlite or hooks."
+        description="Database engine of the cluster: postgres, mariadb, sqlite, rocksdb or hooks."
     )
     schedule: Schedule = Field(description="When backups run.")
     vault: Vault = Field(description="Where verified backups land and how they are locked.")

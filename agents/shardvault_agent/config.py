@@ -117,7 +117,9 @@ class AgentConfig(BaseModel):
 
     node_id: str = Field(description="Unique name of this node.")
     cluster: str = Field(description="Cluster this node belongs to.")
-    engine: Engine = Field(description="postgres, mariadb, sqlite or hooks (command hooks).")
+    engine: Engine = Field(
+        description="postgres, mariadb, sqlite, rocksdb or hooks (command hooks)."
+    )
     hooks: HookCommands | None = Field(
         None,
         validate_default=True,

@@ -147,7 +147,7 @@ def test_a_bad_policy_is_named_by_field_and_refused(screen: Console, tmp_path: P
     assert cli.main(["cost", "--policy", str(bad)]) == cli.REFUSED
     text = screen.export_text()
     assert "PolicyError" in text
-    engines = "'sqlite', 'postgres', 'mariadb' or 'hooks'"
+    engines = "'sqlite', 'postgres', 'mariadb', 'rocksdb' or 'hooks'"
     assert f"clusters.a.engine: Input should be {engines}, got 'mysql'" in text
     assert "clusters.a.vault: Field required. Fix: add vault" in text
 

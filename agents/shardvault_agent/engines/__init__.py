@@ -17,6 +17,7 @@ ADAPTERS = {
     Engine.SQLITE: "shardvault_agent.engines.sqlite:SqliteAdapter",
     Engine.POSTGRES: "shardvault_agent.engines.postgres:PostgresAdapter",
     Engine.MARIADB: "shardvault_agent.engines.mariadb:MariadbAdapter",
+    Engine.ROCKSDB: "shardvault_agent.engines.rocksdb:RocksdbAdapter",
     Engine.HOOKS: "shardvault_agent.engines.hooks:HooksAdapter",
 }
 
