@@ -116,13 +116,13 @@ def test_sqlite_refuses_everything_but_reads(tmp_path: Path, monkeypatch) -> Non
 @pytest.fixture(scope="module")
 def maria(tmp_path_factory: pytest.TempPathFactory):
     server = init_server(tmp_path_factory.mktemp("maria") / "data")
-    server.sql("CREATE DATABASE shop")
-    server.sql(
-        "CREATE TABLE orders (id INT PRIMARY KEY, total INT); "
-        "INSERT INTO orders SELECT seq, seq FROM seq_1_to_100",
-        database="shop",
-    )
     try:
+        server.sql("CREATE DATABASE shop")
+        server.sql(
+            "CREATE TABLE orders (id INT PRIMARY KEY, total INT); "
+            "INSERT INTO orders SELECT seq, seq FROM seq_1_to_100",
+            database="shop",
+        )
         yield server
     finally:
         stop_mariadb(server.data_dir)

@@ -6,10 +6,11 @@ test servers on it (``shardvault.local.mariadb``).
 Terms:
 
 * *server*: one ``mariadbd`` on a *data directory*, listening only on a Unix *socket* in a
-  directory beside it (``<name>.sock/mariadb.sock``; ``skip-networking``, so servers never
-  fight over TCP ports), logging to ``<name>.err`` beside it, its process id in
-  ``<data dir>/mariadbd.pid``. It starts with ``--no-defaults``: nothing in the host's
-  option files changes a restored copy.
+  directory beside it (``<name>.sock/mariadb.sock``, or under the temp directory where that
+  path is too long for a socket; ``skip-networking``, so servers never fight over TCP
+  ports), logging to ``<name>.err`` beside it, its process id in ``<data dir>/mariadbd.pid``.
+  It starts with ``--no-defaults``: nothing in the host's option files changes a restored
+  copy.
 * *mysql user*: the OS account servers run as when we are root (``mariadbd --user``); its
   files must be its own. As non-root everything runs as the current user.
 * *client*: the ``mariadb`` program as the agent's OS user over the socket, authenticated by
@@ -20,10 +21,12 @@ Terms:
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +80,14 @@ def run(cmd: list[str], *, timeout: float | None = None) -> str:
 
 
 def socket_for(data_dir: Path) -> Path:
+    """``<data dir>.sock/mariadb.sock`` beside the data directory; where that path is too long
+    for a socket, a directory under the temp directory named after the data directory's path
+    (so the same data directory always has the same socket, and ``serving`` finds it)."""
     socket = data_dir.with_name(f"{data_dir.name}.sock") / "mariadb.sock"
-    if len(os.fsencode(socket)) > SOCKET_PATH_MAX:
-        raise RuntimeError(
-            f"the socket path {socket} is longer than {SOCKET_PATH_MAX} bytes. Fix: put the "
-            "agent's restore_dir (or the server's data directory) at a shorter path."
-        )
-    return socket
+    if len(os.fsencode(socket)) <= SOCKET_PATH_MAX:
+        return socket
+    digest = hashlib.sha256(os.fsencode(data_dir.absolute())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"shardvault-mariadb-{digest}" / "mariadb.sock"
 
 
 @dataclass
@@ -183,11 +187,14 @@ def zombie(pid: int) -> bool:
 
 def stop_server(data_dir: Path, *, immediate: bool = False, timeout: float = 60) -> None:
     """Stops the server running from ``data_dir`` (SIGTERM: a clean shutdown; ``immediate``:
-    SIGKILL, InnoDB recovers at the next start); a no-op when none runs."""
+    SIGKILL, InnoDB recovers at the next start), and removes its socket's directory if that
+    is one of ours under the temp directory; a no-op when none runs."""
     pid = running_pid(data_dir)
-    if pid is None:
-        return
-    os.kill(pid, signal.SIGKILL if immediate else signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while running_pid(data_dir) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL if immediate else signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while running_pid(data_dir) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    socket = socket_for(data_dir)
+    if socket.parent.name.startswith("shardvault-mariadb-"):
+        shutil.rmtree(socket.parent, ignore_errors=True)
