@@ -59,7 +59,11 @@ class ShardConfig(BaseModel):
     shard_id: str = Field(description="The shard's name, the same on every node that holds it.")
     role: Role = Field(Role.LEADER, description="leader or follower; backups read leaders.")
     path: Path | None = Field(None, description="SQLite: the database file.")
-    data_dir: Path | None = Field(None, description="PostgreSQL, MariaDB: the data directory.")
+    data_dir: Path | None = Field(
+        None,
+        description="PostgreSQL, MariaDB: the data directory; RocksDB: the database directory; "
+        "hooks: the directory the hooks act on.",
+    )
     conninfo: str | None = Field(None, description="PostgreSQL: a libpq connection string.")
     socket: Path | None = Field(None, description="MariaDB: the server's Unix socket.")
     wal_spool_dir: Path | None = Field(
