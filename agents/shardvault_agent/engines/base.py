@@ -1,8 +1,9 @@
 """The engine interface: everything ShardVault knows of an engine, both directions.
 
 Adding an engine is one module here that implements ``EngineAdapter`` (and its tests), plus
-its name in ``shardvault.models.Engine`` and ``engines.ADAPTERS``; nothing outside this
-package tests an engine's name.
+its name in ``shardvault.models.Engine`` and ``engines.ADAPTERS`` and the traits the control
+plane knows of it (``shardvault.engines.TRAITS``); nothing outside this package tests an
+engine's name (``tests/unit/test_engine_seam.py`` checks all of that).
 
 Backup:
 
