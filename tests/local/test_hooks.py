@@ -141,3 +141,14 @@ def test_hooks_are_absolute_programs_and_required(tmp_path):
         AgentConfig(
             engine="hooks", hooks={"checkpoint": ["snap"], "release": ["/bin/true"]}, **base
         )
+
+
+def test_a_hook_that_cannot_run_is_reported_before_any_backup(node, tmp_path):
+    make, released, _ = node
+    adapter = make("print('{}')")
+    shard = adapter.config.shards[0]
+    adapter.check_ready(shard)
+    (tmp_path / "release").chmod(0o644)
+    with pytest.raises(HookFailed, match=r"release hook's program .* not executable"):
+        adapter.check_ready(shard)
+    assert not released.exists()

@@ -66,7 +66,17 @@ class HooksAdapter:
             )
 
     def check_ready(self, shard: ShardConfig) -> None:
+        """``check``, and every configured hook a program this agent may run: a backup is
+        refused by name before a hook that cannot start is reached."""
         self.check(shard)
+        for name in ("flush", "checkpoint", "release", "finish"):
+            command = getattr(self.hooks, name)
+            if command and not os.access(command[0], os.X_OK):
+                raise HookFailed(
+                    f"the {name} hook's program {command[0]} does not exist or is not "
+                    "executable by the agent's user.",
+                    fix=f"{HOOKS_FIX}: install the program, or chmod +x it",
+                )
 
     def shard_bytes(self, shard: ShardConfig) -> int:
         def measure() -> int:
