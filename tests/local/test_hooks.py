@@ -31,14 +31,14 @@ def node(tmp_path: Path):
     (data / "000001.sst").write_bytes(b"sst" * 1000)
     released = tmp_path / "released"
 
-    def adapter(checkpoint_body: str, timeout: float = 30) -> HooksAdapter:
+    def adapter(checkpoint_body: str, timeout: float = 30, release_fails: bool = False):
+        record = (
+            f"pathlib.Path({str(released)!r}).open('a').write("
+            "os.environ['SHARDVAULT_BACKUP_ID'] + '\\n')"
+        )
         hooks = {
             "checkpoint": script(tmp_path / "checkpoint", checkpoint_body),
-            "release": script(
-                tmp_path / "release",
-                f"pathlib.Path({str(released)!r}).open('a').write("
-                "os.environ['SHARDVAULT_BACKUP_ID'] + '\\n')",
-            ),
+            "release": script(tmp_path / "release", "sys.exit(4)" if release_fails else record),
             "timeout_seconds": timeout,
         }
         config = AgentConfig(
@@ -152,3 +152,11 @@ def test_a_hook_that_cannot_run_is_reported_before_any_backup(node, tmp_path):
     with pytest.raises(HookFailed, match=r"release hook's program .* not executable"):
         adapter.check_ready(shard)
     assert not released.exists()
+
+
+def test_a_release_that_fails_after_a_failed_checkpoint_is_kept_for_later(node, tmp_path):
+    make, _, _ = node
+    adapter = make("sys.exit(3)", release_fails=True)
+    with pytest.raises(HookFailed, match=r"checkpoint hook .* exited with 3"):
+        adapter.checkpoint(adapter.config.shards[0], "b1", tmp_path / "work")
+    assert adapter.held_backups() == {"b1"}  # a starting agent's reconcile releases it again

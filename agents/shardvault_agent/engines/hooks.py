@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -40,11 +41,13 @@ from shardvault.errors import (
     HookOutputInvalid,
     HookTimedOut,
     ShardDataMissing,
+    ShardVaultError,
 )
 from shardvault_agent.config import AgentConfig, HookCommands, ShardConfig
 from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
 from shardvault_agent.statefiles import write_json
 
+log = logging.getLogger("shardvault.agent.hooks")
 HOOKS_FIX = "correct the command in the agent config's 'hooks', or the store it acts on"
 
 
@@ -108,7 +111,10 @@ class HooksAdapter:
             write_json(held, {"directory": str(directory), "marker": marker})
             files = list_tree(directory)
         except BaseException:
-            self.release(shard, backup_id)
+            try:
+                self.release(shard, backup_id)
+            except ShardVaultError as error:  # the checkpoint's error is the one to report
+                log.warning("release after a failed checkpoint failed (kept for later): %s", error)
             raise
         return Capture(root=directory, files=files, marker=marker, mutable=False)
 
