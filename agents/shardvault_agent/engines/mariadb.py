@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class MariadbAdapter:
         command += [f"--datadir={shard.data_dir}", "--parallel=2"]
         try:
             run(command, timeout=BACKUP_SECONDS)
-        except (RuntimeError, OSError) as error:
+        except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # a timeout too
             self.release(shard, backup_id)  # a partial copy must not count as held
             raise EngineError(
                 f"mariabackup of shard {shard.shard_id} failed: {error}",
@@ -191,7 +192,7 @@ class MariadbAdapter:
         try:
             command = [program("mariabackup"), "--no-defaults", "--prepare"]
             run([*command, f"--target-dir={root}"], timeout=PREPARE_SECONDS)
-        except RuntimeError as error:
+        except (RuntimeError, subprocess.SubprocessError) as error:
             raise EngineError(
                 f"mariabackup --prepare of shard {job.shard_id} failed: {error}",
                 fix="the backup may be damaged: restore another backup, and report this one.",
