@@ -978,9 +978,11 @@ def write_results(
     *,
     name: str = "backup_vs_peers",
     markdown: str | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> Path:
     """``<name>-<UTC time>.json`` (the command, machine, setup, every run, the summary) in
-    ``--out``, and the tables (``markdown``, by default ``report.markdown``) beside it."""
+    ``--out``, and the tables (``markdown``, by default ``report.markdown``) beside it.
+    ``machine``: what describes the machine, by default ``machine_info``."""
     out: Path = bench.args.out
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -990,7 +992,7 @@ def write_results(
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "wall_seconds": round(time.time() - started, 1),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(bench.args).items()},
-        "machine": machine_info(bench),
+        "machine": machine_info(bench) if machine is None else machine,
         "setup": bench.setup,
         "runs": runs,
         "summary": summary,

@@ -1183,26 +1183,6 @@ def machine(bench: MariaBench) -> dict[str, Any]:
     }
 
 
-def write_results(bench: MariaBench, runs: dict, summary: dict, started: float, text: str) -> Path:
-    out: Path = bench.args.out
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = out / f"mariadb_vs_peers-{stamp}.json"
-    result = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_seconds": round(time.time() - started, 1),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(bench.args).items()},
-        "machine": machine(bench),
-        "setup": bench.setup,
-        "runs": runs,
-        "summary": summary,
-    }
-    path.write_text(json.dumps(result, indent=1, default=str))
-    path.with_suffix(".md").write_text(text)
-    return path
-
-
 # --- main ---------------------------------------------------------------------------------------
 def make_workdir(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> Path:
     """``backup_vs_peers.make_workdir`` under ``--workdir``, which is created here if absent
@@ -1230,7 +1210,15 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_rounds(bench)
         summary = summarize(runs)
         text = markdown(bench, summary)
-        path = write_results(bench, runs, summary, started, text)
+        path = bvp.write_results(
+            bench,  # a MariaBench: args (out) and setup are all write_results reads of it
+            runs,
+            summary,
+            started,
+            name="mariadb_vs_peers",
+            markdown=text,
+            machine=machine(bench),
+        )
         say("stopping everything")
     print(text)
     print(f"Raw results: {path}; benchmark wall time {time.time() - started:.0f} s.")

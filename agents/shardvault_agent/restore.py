@@ -561,7 +561,6 @@ class Restorer:
             self._note_started(restore_id, shard_id, {"path": str(root), "server": server})
 
         return Finishing(
-            restore_id=restore_id,
             shard_id=shard_id,
             root=root,
             layout=self._layout(restore_id, shard_id),

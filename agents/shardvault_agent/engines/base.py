@@ -39,6 +39,7 @@ Restore (``shardvault_agent.restore`` places the files; the adapter makes them a
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,6 @@ class Finishing:
     own notes, e.g. their ports); ``note_server`` records a server's note before it starts,
     so an abort stops a server that is starting."""
 
-    restore_id: str
     shard_id: str
     root: Path
     layout: dict[str, Any]
@@ -154,6 +154,11 @@ def list_tree(
             except FileNotFoundError:
                 continue  # removed while listing; the engine's log recreates or drops it
     return entries
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of every file under ``root``."""
+    return sum((Path(d) / f).stat().st_size for d, _, files in os.walk(root) for f in files)
 
 
 def size_or_zero(adapter: EngineAdapter, shard: ShardConfig, measure: Callable[[], int]) -> int:

@@ -44,7 +44,7 @@ from shardvault.errors import (
     ShardVaultError,
 )
 from shardvault_agent.config import AgentConfig, HookCommands, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero, tree_bytes
 from shardvault_agent.statefiles import write_json
 
 log = logging.getLogger("shardvault.agent.hooks")
@@ -82,15 +82,7 @@ class HooksAdapter:
                 )
 
     def shard_bytes(self, shard: ShardConfig) -> int:
-        def measure() -> int:
-            assert shard.data_dir is not None
-            return sum(
-                (Path(d) / f).stat().st_size
-                for d, _, files in os.walk(shard.data_dir)
-                for f in files
-            )
-
-        return size_or_zero(self, shard, measure)
+        return size_or_zero(self, shard, lambda: tree_bytes(shard.data_dir))
 
     def flush(self, shard: ShardConfig) -> None:
         if self.hooks.flush:

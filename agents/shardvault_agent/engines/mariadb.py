@@ -37,7 +37,7 @@ from typing import Any
 from shardvault.cut import CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero, tree_bytes
 from shardvault_agent.engines.mariadb_checks import mariadb_checks
 from shardvault_agent.engines.mariaserver import (
     MariadbServer,
@@ -117,15 +117,7 @@ class MariadbAdapter:
             raise EngineError(str(error), fix="install mariadb-backup on this host.") from None
 
     def shard_bytes(self, shard: ShardConfig) -> int:
-        def measure() -> int:
-            assert shard.data_dir is not None
-            return sum(
-                (Path(d) / f).stat().st_size
-                for d, _, files in os.walk(shard.data_dir)
-                for f in files
-            )
-
-        return size_or_zero(self, shard, measure)
+        return size_or_zero(self, shard, lambda: tree_bytes(shard.data_dir))
 
     def flush(self, shard: ShardConfig) -> None:
         self._sql(shard, "FLUSH NO_WRITE_TO_BINLOG ENGINE LOGS")

@@ -66,24 +66,17 @@ def check_account(server: MariadbServer) -> Iterator[Path]:
         options.touch(mode=0o600)
         options.write_text(f"[client]\nuser={name}\npassword={password}\nsocket={server.socket}\n")
         account = f"'{name}'@'localhost'"
-        admin_sql(
-            server,
-            f"CREATE USER {account} IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS 1;\n"
-            f"GRANT SELECT ON *.* TO {account};\n",
-        )
+        try:
+            server.sql(
+                f"CREATE USER {account} IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS 1;"
+                f" GRANT SELECT ON *.* TO {account};"
+            )
+        except RuntimeError:  # its message may echo the statement, password and all
+            raise RuntimeError("the validation queries' account could not be created") from None
         try:
             yield options
         finally:
-            admin_sql(server, f"DROP USER IF EXISTS {account};\n")
-
-
-def admin_sql(server: MariadbServer, statements: str) -> None:
-    command = [program("mariadb"), *server.client_args(), "--batch"]
-    done = subprocess.run(
-        command, input=statements, capture_output=True, text=True, check=False, cwd="/"
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the check account could not be set up: {done.stderr.strip()}")
+            server.sql(f"DROP USER IF EXISTS {account};")
 
 
 def account_query(options: Path, query: str) -> str:

@@ -31,8 +31,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardvault_agent.engines.pgserver import SOCKET_PATH_MAX
-from shardvault_agent.engines.serveruser import as_root, ensure_traversable, give_to
+from shardvault_agent.engines.serveruser import (
+    SOCKET_PATH_MAX,
+    as_root,
+    ensure_traversable,
+    give_to,
+)
 
 MARIADB_USER = "mysql"
 START_TIMEOUT = 120
@@ -67,11 +71,11 @@ def client_user() -> str:
     return "root" if as_root() else getpass.getuser()
 
 
-def run(cmd: list[str], *, timeout: float | None = None) -> str:
-    """Runs a MariaDB program (never through a shell); raises ``RuntimeError`` with what it
-    printed when it fails."""
+def run(cmd: list[str], *, timeout: float | None = None, stdin: str | None = None) -> str:
+    """Runs a MariaDB program (never through a shell), ``stdin`` on its standard input;
+    raises ``RuntimeError`` with what it printed when it fails."""
     done = subprocess.run(
-        cmd, capture_output=True, text=True, cwd="/", check=False, timeout=timeout
+        cmd, input=stdin, capture_output=True, text=True, cwd="/", check=False, timeout=timeout
     )
     if done.returncode != 0:
         output = (done.stderr.strip() or done.stdout.strip())[-2000:]
@@ -108,11 +112,11 @@ class MariadbServer:
     def client_args(self) -> list[str]:
         return ["--no-defaults", f"--socket={self.socket}", f"--user={client_user()}"]
 
-    def sql(self, statement: str, database: str | None = None) -> str:
-        """Runs one statement; returns its rows tab-separated, one a line, stripped."""
+    def sql(self, statements: str, database: str | None = None) -> str:
+        """Runs statements, given on the client's standard input (never its command line,
+        which any local user can read); returns the rows tab-separated, one a line."""
         cmd = [program("mariadb"), *self.client_args(), "--batch", "--skip-column-names"]
-        cmd += [*([database] if database else []), "-e", statement]
-        return run(cmd).strip()
+        return run([*cmd, *([database] if database else [])], stdin=statements).strip()
 
     def answers(self) -> bool:
         ping = [program("mariadb-admin"), *self.client_args(), "--silent", "ping"]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from shardvault_agent.engines import serveruser
 from shardvault_agent.engines.serveruser import (
+    SOCKET_PATH_MAX,
     NotTraversable,
     ServerUserMissing,
     as_root,
@@ -42,8 +43,6 @@ BIN_ENV = "SHARDVAULT_PG_BIN"
 PG_USER = "postgres"
 PG_ROOT = Path("/usr/lib/postgresql")
 START_TIMEOUT = 120
-# sun_path is 108 bytes including the NUL; PostgreSQL refuses longer socket paths.
-SOCKET_PATH_MAX = 107
 SOCKET_NAME_MAX = len("/.s.PGSQL.65535")
 
 

@@ -13,6 +13,9 @@ import stat
 import tempfile
 from pathlib import Path
 
+# sun_path is 108 bytes including the NUL: servers refuse longer socket paths.
+SOCKET_PATH_MAX = 107
+
 
 class ServerUserMissing(RuntimeError):
     """No OS account to run a server as."""
