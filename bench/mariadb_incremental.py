@@ -26,7 +26,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from shardvault_agent.engines.mariaserver import MariadbServer, client_user, program
+from shardvault_agent.engines.mariaserver import MariadbServer
 
 from shardvault.local.mariadb import init_server, stop_server
 
@@ -34,9 +34,7 @@ BLOCK = 16 * 1024
 
 
 def copy(server: MariadbServer, dest: Path, *extra: str) -> None:
-    command = [program("mariabackup"), "--no-defaults", "--backup", f"--target-dir={dest}"]
-    command += [f"--socket={server.socket}", f"--user={client_user()}"]
-    command += [f"--datadir={server.data_dir}", *extra]
+    command = server.backup_command(f"--target-dir={dest}", *extra)
     subprocess.run(command, check=True, capture_output=True)
 
 

@@ -703,16 +703,7 @@ def zstd_program() -> str | None:
 
 def mariabackup_stream(server: MariadbServer) -> list[str]:
     """The peer's backup command, connected as the agent's mariabackup is."""
-    return [
-        program("mariabackup"),
-        "--no-defaults",
-        "--backup",
-        "--stream=mbstream",
-        "--parallel=2",
-        f"--socket={server.socket}",
-        f"--user={client_user()}",
-        f"--datadir={server.data_dir}",
-    ]
+    return server.backup_command("--stream=mbstream", "--parallel=2")
 
 
 def reap(process: subprocess.Popen, timeout: float = EXIT_TIMEOUT) -> float:

@@ -141,11 +141,11 @@ class MariadbAdapter:
         shutil.rmtree(copy, ignore_errors=True)  # a retried checkpoint starts over
         copy.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        command = [program("mariabackup"), "--no-defaults", "--backup", f"--target-dir={copy}"]
-        command += [f"--socket={server.socket}", f"--user={client_user()}"]
-        command += [f"--datadir={shard.data_dir}", "--parallel=2"]
         try:
-            run(command, timeout=BACKUP_SECONDS)
+            run(
+                server.backup_command(f"--target-dir={copy}", "--parallel=2"),
+                timeout=BACKUP_SECONDS,
+            )
         except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # a timeout too
             self.release(shard, backup_id)  # a partial copy must not count as held
             raise EngineError(

@@ -118,6 +118,13 @@ class MariadbServer:
         cmd = [program("mariadb"), *self.client_args(), "--batch", "--skip-column-names"]
         return run([*cmd, *([database] if database else [])], stdin=statements).strip()
 
+    def backup_command(self, *options: str) -> list[str]:
+        """``mariabackup --backup`` of this server, connected as the client is; ``options``
+        say where the copy goes (``--target-dir``, ``--stream``) and how."""
+        command = [program("mariabackup"), "--no-defaults", "--backup", *options]
+        return [*command, f"--socket={self.socket}", f"--user={client_user()}",
+                f"--datadir={self.data_dir}"]  # fmt: skip
+
     def answers(self) -> bool:
         ping = [program("mariadb-admin"), *self.client_args(), "--silent", "ping"]
         return subprocess.run(ping, capture_output=True, cwd="/", check=False).returncode == 0
