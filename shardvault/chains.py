@@ -17,12 +17,15 @@ unchanged since its parent (its hash was equal), so the older member holds the s
 the root holds every byte. Stream offsets differ between members (files grow and shrink), so
 everything is matched by file path and offset in the file, never by stream offset.
 
-*Layered* resolution (``root_first``): the root's pieces are every byte it maps, not only the
-bytes no newer member claimed, and the newer members' claimed pieces are written over them
-after the root's have all landed (the restore state machine's second download wave). A root's
-frames then land whole, as a full's do, instead of as tens of thousands of pieces between the
-changed blocks of a chain of scattered changes; the changed blocks are written twice. Without
-the waves' order a layered placement is wrong, so a node uses it only when told.
+*Layered* resolution (``layered``): the root's pieces are every byte it maps, not only the
+bytes no newer member claimed, so its frames land whole, as a full's do, instead of as tens of
+thousands of pieces between the changed blocks of a chain of scattered changes. The newer
+members' claimed pieces split in two: those the root also writes are *patches*, laid into the
+root's frame buffers before each frame is written (every byte written once; the node keeps a
+newer member's stored frames until the root's arrive: the restore's first download wave holds
+the newer members' objects, the second the root's); the rest (files or blocks the root does
+not have) are written as they arrive. Without the waves' order a layered placement is wrong, so
+a node uses it only when told.
 """
 
 from __future__ import annotations
@@ -101,14 +104,14 @@ class Unclaimed:
         return not self.starts
 
 
-def resolve(chain: list[Member], root_first: bool = False) -> list[Piece]:
+def resolve(chain: list[Member], layered: bool = False) -> list[Piece]:
     """The pieces that make the newest member's stream, root first in ``chain``; sorted by
-    member (oldest first) and delta offset, adjacent ones merged. ``root_first``: layered
-    (see the module docstring), the root's pieces are all it maps."""
-    return resolve_layers(chain, root_first)[0]
+    member (oldest first) and delta offset, adjacent ones merged. ``layered`` (see the module
+    docstring): the root's pieces are all it maps."""
+    return resolve_layers(chain, layered)[0]
 
 
-def resolve_layers(chain: list[Member], root_first: bool) -> tuple[list[Piece], list[Piece]]:
+def resolve_layers(chain: list[Member], layered: bool) -> tuple[list[Piece], list[Piece]]:
     """``resolve``'s pieces, and of the root's, those no newer member overwrites: the bytes
     the root supplies to the restored stream (layered, fewer than it writes)."""
     newest = chain[-1]
@@ -120,7 +123,7 @@ def resolve_layers(chain: list[Member], root_first: bool) -> tuple[list[Piece], 
     found: list[tuple[int, int, int, int]] = []
     kept: list[Piece] = []
     for order in range(len(chain) - 1, -1, -1):
-        if unclaimed.empty and not (root_first and order == 0):
+        if unclaimed.empty and not (layered and order == 0):
             continue
         member = chain[order]
         targets = _Targets(member, where)
@@ -131,7 +134,7 @@ def resolve_layers(chain: list[Member], root_first: bool) -> tuple[list[Piece], 
             delta += length
         ranges.sort()
         taken = unclaimed.take(ranges)
-        if order == 0 and root_first:
+        if order == 0 and layered:
             kept = [Piece(member.backup_id, base + a, b - a, a) for a, b, base in taken]
             taken = ranges
         found += [(order, base + a, b - a, a) for a, b, base in taken]
@@ -270,16 +273,18 @@ def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
 
 class Placed(NamedTuple):
     """A chain placed by the node that restores it: per object key, its placements (flat
-    numbers, ``object_placements``), and how many bytes of the restored stream it supplies
-    (its progress; layered, the root writes more than it supplies)."""
+    numbers, ``object_placements``) written as its frames arrive, its patches (the same,
+    layered only: laid into the root's frames), and how many bytes of the restored stream it
+    supplies (its progress; layered, the root writes more than it supplies)."""
 
     placements: dict[str, list[int]]
     supplied: dict[str, int]
+    patches: dict[str, list[int]] = {}
 
 
-def place_chain(members: list[dict[str, Any]], root_first: bool = False) -> Placed:
-    """A chain (``chain_args``) placed in the newest member's stream; ``root_first``:
-    layered (see the module docstring)."""
+def place_chain(members: list[dict[str, Any]], layered: bool = False) -> Placed:
+    """A chain (``chain_args``) placed in the newest member's stream; ``layered``: see the
+    module docstring."""
     chain = [
         Member(
             m["backup_id"],
@@ -293,11 +298,55 @@ def place_chain(members: list[dict[str, Any]], root_first: bool = False) -> Plac
         for m in members
         for o in m["objects"]
     ]
-    pieces, root_kept = resolve_layers(chain, root_first)
-    placements = object_placements(pieces, objects)
-    supplied = {key: sum(numbers[2::4]) for key, numbers in placements.items()}
-    if root_first:  # the root supplies only what no newer member overwrites
-        kept = object_placements(root_kept, objects)
-        root = {o.key for o in objects if o.backup_id == chain[0].backup_id}
-        supplied |= {key: sum(kept.get(key, [])[2::4]) for key in root & placements.keys()}
-    return Placed(placements, supplied)
+    pieces, root_kept = resolve_layers(chain, layered)
+    if not layered:
+        placements = object_placements(pieces, objects)
+        return Placed(placements, {key: sum(n[2::4]) for key, n in placements.items()})
+    root_id = chain[0].backup_id
+    root = [p for p in pieces if p.backup_id == root_id]
+    covered, uncovered = split_by_cover([p for p in pieces if p.backup_id != root_id], root)
+    placements = object_placements(root + uncovered, objects)
+    patches = object_placements(covered, objects)
+    supplied = {
+        key: sum(placements.get(key, [])[2::4]) + sum(patches.get(key, [])[2::4])
+        for key in placements.keys() | patches.keys()
+    }
+    # The root supplies only what no newer member overwrites.
+    kept = object_placements(root_kept, objects)
+    supplied |= {
+        o.key: sum(kept.get(o.key, [])[2::4])
+        for o in objects
+        if o.backup_id == root_id and o.key in placements
+    }
+    return Placed(placements, supplied, patches)
+
+
+def split_by_cover(pieces: list[Piece], cover: list[Piece]) -> tuple[list[Piece], list[Piece]]:
+    """``pieces`` cut where ``cover``'s targets begin and end: the parts that fall on bytes
+    ``cover`` writes, and the rest."""
+    spans = merge_spans(sorted((p.target, p.target + p.length) for p in cover))
+    starts, ends = [a for a, _ in spans], [b for _, b in spans]
+    covered: list[Piece] = []
+    uncovered: list[Piece] = []
+    for piece in sorted(pieces, key=lambda p: p.target):
+        at, end = piece.target, piece.target + piece.length
+        i = bisect.bisect_right(ends, at)  # the first span ending past ``at``
+        while at < end:
+            inside = i < len(starts) and starts[i] <= at
+            stop = min(end, ends[i] if inside else starts[i] if i < len(starts) else end)
+            part = Piece(piece.backup_id, piece.delta_offset + at - piece.target, stop - at, at)
+            (covered if inside else uncovered).append(part)
+            at = stop
+            i += inside
+    return covered, uncovered
+
+
+def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ``[start, end)`` spans with the touching or overlapping ones joined."""
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -241,7 +241,9 @@ def fetch_ranges(spans: list[FrameSpan], target: int) -> Iterator[list[FrameSpan
 
 class FrameSink:
     """Receives a ranged read of stored bytes chunk by chunk and hands each complete frame's
-    plaintext to ``write(plain_offset, plain)``. A retried read starts again at position 0."""
+    plaintext to ``write(plain_offset, plain)``. A retried read starts again at position 0.
+    ``wanted``: the indexes of the frames to open; the others are passed over unopened (a
+    chain member's frames kept stored for later, ``shardvault_agent.overlay``)."""
 
     def __init__(
         self,
@@ -250,9 +252,11 @@ class FrameSink:
         object_place: str,
         write: Callable[[int, bytes], None],
         where: str = "",
+        wanted: Container[int] | None = None,
     ) -> None:
         self.spans, self.codec, self.object_place, self.write = spans, codec, object_place, write
         self.where = where  # the object's key, for errors
+        self.wanted = wanted
         self.start = spans[0].stored_offset if spans else 0
         self._reset()
 
@@ -269,8 +273,9 @@ class FrameSink:
                 return
             stored = bytes(self.buffer[: span.stored_size])
             del self.buffer[: span.stored_size]
-            place = frame_place(self.object_place, span.index)
-            self.write(span.plain_offset, self.codec.decode(stored, span, place, self.where))
+            if self.wanted is None or span.index in self.wanted:
+                place = frame_place(self.object_place, span.index)
+                self.write(span.plain_offset, self.codec.decode(stored, span, place, self.where))
             self.next += 1
 
     @property

@@ -265,25 +265,26 @@ def shard_size(shard: ManifestShard) -> int:
 def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     """Writes what each node prepares and the download items, and records the restore as
     running in the catalog (the first side effect). A chain downloads in two waves: every
-    object but the newer members' (the root's, the restored backup's WAL tail), then the
-    newer members' objects (``overlay_key``), whose changed blocks overwrite the root's."""
+    object but the root's (the newer members', the restored backup's WAL tail), then the
+    root's objects (``second_wave_key``), into whose frames each node lays the newer members'
+    changed blocks (``shardvault.chains``, layered)."""
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
     chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
-    overlay: list[DownloadItem] = []
+    second: list[DownloadItem] = []
     for shard in manifest.shards if chain else []:
         node_id = node_of[shard.shard_id]
-        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
-        overlay += chain_items(context, chain[1:], shard.shard_id, node_id)
+        planned += chain_items(context, chain[1:], shard.shard_id, node_id)
+        second += chain_items(context, chain[:1], shard.shard_id, node_id)
     wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
     for _, items in wal.values():
         planned += items
     # Each node's objects in turn: the Download map starts items in plan order.
     plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
-    # The chain's newer members, over the root: the second download wave.
-    overlay_key = (
-        put_items(svc, context, "overlay.json", interleave_by_node(overlay)) if overlay else None
+    # The chain's root, patched with the newer members' blocks: the second download wave.
+    second_key = (
+        put_items(svc, context, "second-wave.json", interleave_by_node(second)) if second else None
     )
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
@@ -305,7 +306,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "placement": {p.shard_id: p.node_id for p in context.placements},
             # Every byte of the restored streams, once, and the archive's WAL it replays.
             "bytes_total": context.bytes + sum(i.length for _, w in wal.values() for i in w),
-            "objects_total": len(planned) + len(overlay),
+            "objects_total": len(planned) + len(second),
             "bytes_done": 0,
             "objects_done": 0,
         }
@@ -317,8 +318,8 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     return {
         "plan_key": plan_key,
         "objects": len(planned),
-        "overlay_key": overlay_key,
-        "overlay_objects": len(overlay),
+        "second_wave_key": second_key,
+        "second_wave_objects": len(second),
         "nodes": nodes,
         "download_concurrency": transfer_concurrency(context.assignments),
     }
@@ -355,9 +356,10 @@ def prepare_args(
                 **(
                     {
                         "chain": chain_args([m for m, _ in chain], shard.shard_id),
-                        # The root's objects download before the newer members' (two
-                        # waves): the node lays the root down whole (chains: layered).
-                        "chain_root_first": True,
+                        # The newer members' objects download before the root's (two
+                        # waves): the node lays the root down whole, their changed blocks
+                        # laid into its frames (chains: layered).
+                        "chain_layered": True,
                     }
                     if chain
                     else {}

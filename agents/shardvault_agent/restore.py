@@ -33,7 +33,7 @@ import os
 import shutil
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +68,7 @@ from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
 from shardvault_agent.keys import DataKeys
+from shardvault_agent.overlay import Overlay, save_index
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import Downloader
 
@@ -97,8 +98,9 @@ def room(config: AgentConfig) -> int | None:
 
 
 # A chain member's object's placements: flat ``frame, offset in frame, length, stream offset``
-# numbers (``chains.object_placements``), resolved to files once per object:
-Pieces = dict[int, list[tuple[int, int, int, int]]]  # frame: (offset in frame, length, fd, at)
+# numbers (``chains.object_placements``), resolved to files once per object, per frame:
+# (offset in frame, length, fd, offset in the file, stream offset).
+Pieces = dict[int, list[tuple[int, int, int, int, int]]]
 Write = tuple[int, int, int]  # fd, file offset, length
 
 
@@ -119,9 +121,10 @@ class ShardFiles:
 
     def resolve(self, numbers: Sequence[int]) -> Pieces:
         """Per frame, its pieces as ``(offset in frame, length, file descriptor, file
-        offset)``, from flat placements: each piece is found in its files once, before the
-        download, so that placing a chain member's tens of thousands of 8 KiB pieces costs one
-        ``pwrite`` each. A piece inside one file (nearly all) takes one bisect."""
+        offset, stream offset)``, from flat placements: each piece is found in its files once,
+        before the download, so that placing a chain member's tens of thousands of 8 KiB
+        pieces costs one ``pwrite`` each. A piece inside one file (nearly all) takes one
+        bisect."""
         starts, files = self.index.starts, self.index.files
         fds: dict[int, int] = {}
         resolved: Pieces = {}
@@ -133,11 +136,13 @@ class ShardFiles:
                 fd = fds.get(k)
                 if fd is None:
                     fd = fds[k] = self._fd(files[k].path)
-                runs.append((inside, length, fd, target - starts[k]))
+                runs.append((inside, length, fd, target - starts[k], target))
                 continue
             for seg in self.index.segments(target, length):
                 at = inside + seg.stream_offset - target
-                runs.append((at, seg.length, self._fd(seg.path), seg.file_offset))
+                runs.append(
+                    (at, seg.length, self._fd(seg.path), seg.file_offset, seg.stream_offset)
+                )
         return resolved
 
     def writes(self, stream_offset: int, length: int) -> list[Write]:
@@ -198,6 +203,9 @@ class Restorer:
         self._turns: dict[str, threading.Lock] = {}
         self._turns_guard = threading.Lock()
         self._adoption_guard = threading.Lock()  # adopted.json: one writer at a time
+        # Each layered chain's overlay, shared by the downloads of its root's objects.
+        self._overlays: dict[tuple[str, str], Overlay] = {}
+        self._overlays_guard = threading.Lock()
 
     def _turn(self, restore_id: str) -> threading.Lock:
         with self._turns_guard:
@@ -303,12 +311,19 @@ class Restorer:
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
         shard = dict(shard)
-        # Layered only when the control plane downloads the root's objects first (two waves).
-        root_first = bool(shard.pop("chain_root_first", False))
+        # Layered only when the control plane downloads the newer members' objects first
+        # (two waves). An older control plane's waves put the root first: placed exclusively,
+        # a chain restores right in any order.
+        layered = bool(shard.pop("chain_layered", False))
+        shard.pop("chain_root_first", None)
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
-            self._save_placements(restore_id, place_chain(chain, root_first))
-            if root_first:  # what a newer member's object waits for (see _refuse_early)
-                shard["root_objects"] = [o["key"] for o in chain[0]["objects"]]
+            placed = place_chain(chain, layered)
+            self._save_placements(restore_id, placed)
+            if placed.patches:  # what the root's objects wait for (see _refuse_early)
+                keys = sorted(placed.patches)
+                save_index(self._patch_index(restore_id, shard["shard_id"]), keys, placed.patches)
+                shard["patched_objects"] = [o["key"] for o in chain[0]["objects"]]
+                shard["patch_objects"] = keys
         root = self.staging(restore_id, shard["shard_id"])
         root.mkdir(parents=True, exist_ok=True)
         for stream in shard["streams"]:
@@ -322,25 +337,60 @@ class Restorer:
                     handle.truncate(entry.size)
         write_json(self.state(restore_id) / f"{shard['shard_id']}.layout.json", shard)
 
+    def _patch_index(self, restore_id: str, shard_id: str) -> Path:
+        return self.state(restore_id) / f"{shard_id}.patchindex"
+
     def _save_placements(self, restore_id: str, placed: Placed) -> None:
-        """Each chain object's placements, as 64-bit numbers, and the bytes it supplies
-        (read back per download)."""
-        for key, numbers in placed.placements.items():
+        """Each chain object's placements and patches, as 64-bit numbers, and the bytes it
+        supplies (read back per download)."""
+        for key, supplied in placed.supplied.items():
             path = self._object_done(restore_id, key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.with_suffix(".placements").write_bytes(array("q", numbers).tobytes())
-            path.with_suffix(".supplied").write_text(str(placed.supplied[key]))
+            for suffix, numbers in (
+                (".placements", placed.placements),
+                (".patches", placed.patches),
+            ):
+                if key in numbers:
+                    path.with_suffix(suffix).write_bytes(array("q", numbers[key]).tobytes())
+            path.with_suffix(".supplied").write_text(str(supplied))
 
-    def _chain_placements(self, item: DownloadItem) -> tuple[list[int], int]:
+    def _chain_placements(self, item: DownloadItem) -> tuple[list[int], list[int], int]:
         """Where a chain object's needed bytes go, as prepare placed them (flat numbers, see
-        ``Pieces``), and how many bytes of the restored stream they supply; none when newer
-        backups of the chain replaced all of its bytes."""
+        ``Pieces``), its patches (kept for the root's frames, ``overlay``), and how many
+        bytes of the restored stream they supply; none when newer backups of the chain
+        replaced all of its bytes."""
         path = self._object_done(item.restore_id, item.key)
-        numbers = array("q")
-        if path.with_suffix(".placements").exists():
-            numbers.frombytes(path.with_suffix(".placements").read_bytes())
-            return numbers.tolist(), int(path.with_suffix(".supplied").read_text())
-        return [], 0
+        found = []
+        for suffix in (".placements", ".patches"):
+            numbers = array("q")
+            if path.with_suffix(suffix).exists():
+                numbers.frombytes(path.with_suffix(suffix).read_bytes())
+            found.append(numbers.tolist())
+        supplied = path.with_suffix(".supplied")
+        return found[0], found[1], int(supplied.read_text()) if supplied.exists() else 0
+
+    def _overlay(self, restore_id: str, shard_id: str, layout: dict[str, Any]) -> Overlay:
+        """The shard's overlay, opened once for the downloads of its root's objects."""
+        encryption = layout.get("encryption")
+
+        def sealer_of(item: DownloadItem) -> Sealer | None:
+            wrapped = Encryption.model_validate(encryption) if encryption else None
+            return self.keys.sealer(wrapped, item.key_check)
+
+        with self._overlays_guard:
+            overlay = self._overlays.get((restore_id, shard_id))
+            if overlay is None:
+                overlay = self._overlays[(restore_id, shard_id)] = Overlay(
+                    self._patch_index(restore_id, shard_id),
+                    lambda key: self._object_done(restore_id, key).with_suffix(".spool"),
+                    sealer_of,
+                )
+            return overlay
+
+    def _close_overlays(self, restore_id: str) -> None:
+        with self._overlays_guard:
+            for key in [k for k in self._overlays if k[0] == restore_id]:
+                self._overlays.pop(key).close()
 
     # --- download ----------------------------------------------------------------------------
     def download(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -377,11 +427,13 @@ class Restorer:
 
     def _download(self, item: DownloadItem, url: str) -> dict[str, Any]:
         """Answers ``bytes``: the bytes of the restored streams it supplied (the restore's
-        progress; a layered chain's root writes more, which newer members overwrite)."""
+        progress; a layered chain's root writes more, which newer members' patches
+        replace)."""
         placements: list[int] | None = None  # None: placed whole from its stream offset
+        patches: list[int] = []
         written = item.placed_bytes
         if item.from_chain:
-            placements, written = self._chain_placements(item)
+            placements, patches, written = self._chain_placements(item)
         elif item.pieces:  # an older control plane's pieces
             placements = unpack_numbers(item.pieces)
         done_marker = self._object_done(item.restore_id, item.key)
@@ -403,7 +455,14 @@ class Restorer:
             item.key_check,
         )
         pieces = None if placements is None else files.resolve(placements)  # opens files
-        reads = planned_reads(item, pieces)
+        overlay = (
+            self._overlay(item.restore_id, item.shard_id, layout)
+            if item.key in layout.get("patched_objects", ())
+            else None
+        )
+        spool = self._spool(item, done_marker) if patches else None
+        frames = None if pieces is None else pieces.keys() | set(patches[0::4])
+        reads = planned_reads(item, frames)
         todo = [r for r in reads if r.number not in done]
         if done:
             log.info("%s: resuming, %d of %d reads already here", item.key, len(done), len(reads))
@@ -411,7 +470,9 @@ class Restorer:
 
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
-            crc = fetch_range(self.downloader, url, item, read, files, sealer, pieces)
+            crc = fetch_range(
+                self.downloader, url, item, read, files, sealer, pieces, spool, overlay
+            )
             for fd, offset, length in written_ranges(item, read, files, pieces):
                 start_writeback(fd, offset, length)
             with guard, record.open("a") as out:
@@ -424,6 +485,8 @@ class Restorer:
                     future.result()
         finally:
             files.close()  # durability comes at finish, once per shard (see sync_tree)
+            if spool is not None:
+                os.close(spool)
             if self._aborted(item.restore_id).exists():  # aborted meanwhile: leave nothing
                 shutil.rmtree(self.state(item.restore_id), ignore_errors=True)
         whole = combine((done[r.number], r.size) for r in reads) if reads else to_b64(0)
@@ -437,23 +500,29 @@ class Restorer:
         done_marker.with_suffix(".ok").touch()
         return {"key": item.key, "bytes": written, "resumed": len(todo) < len(reads)}
 
+    @staticmethod
+    def _spool(item: DownloadItem, done_marker: Path) -> int:
+        """Opens the spool of a newer member's object whose frames patch the root's (see
+        ``overlay``), beside the item that says how to open them."""
+        done_marker.with_suffix(".item").write_text(item.model_dump_json())
+        return os.open(done_marker.with_suffix(".spool"), os.O_WRONLY | os.O_CREAT, 0o600)
+
     def _refuse_early(self, item: DownloadItem, layout: dict[str, Any]) -> None:
-        """A layered chain's root objects are written whole, over any newer block: a newer
-        member's object written before all of them would be overwritten. The state machine
-        orders them (two download waves); this makes the order a checked rule."""
-        roots = layout.get("root_objects") or []
-        if not item.from_chain or item.key in roots:
+        """A layered chain's root objects are written with the newer members' blocks laid in:
+        a root object written before all of those have arrived would miss some. The state
+        machine orders them (two download waves); this makes the order a checked rule."""
+        if item.key not in layout.get("patched_objects", ()):
             return
         missing = [
             k
-            for k in roots
+            for k in layout.get("patch_objects", [])
             if not self._object_done(item.restore_id, k).with_suffix(".ok").exists()
         ]
         if missing:
             raise DownloadIncomplete(
-                f"object {item.key} of a newer backup in shard {item.shard_id}'s chain came "
-                f"before {len(missing)} of the full's objects, e.g. {missing[0]}, were in: they "
-                "would overwrite its blocks.",
+                f"object {item.key} of the full at the root of shard {item.shard_id}'s chain "
+                f"came before {len(missing)} of the newer backups' objects, e.g. {missing[0]}, "
+                "were in: it would be written without their blocks.",
                 fix="the restore failed: start it again.",
             )
 
@@ -491,6 +560,7 @@ class Restorer:
         restore_id = args["backup_id"]
         self._refuse_aborted(restore_id)
         self._raise_recorded_failure(restore_id)
+        self._close_overlays(restore_id)  # every object is in: no more patches to lay in
         results = []
         for shard_id in args["shard_ids"]:
             with self._turn(restore_id):
@@ -629,6 +699,7 @@ class Restorer:
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
         self._aborted(restore_id).touch()
+        self._close_overlays(restore_id)
         with self._turn(restore_id):
             self._undo(restore_id)
         return {"node_id": self.config.node_id, "aborted": True}
@@ -707,9 +778,9 @@ class RangeRead:
     expected: str | None = None
 
 
-def planned_reads(item: DownloadItem, pieces: Pieces | None = None) -> list[RangeRead]:
+def planned_reads(item: DownloadItem, frames: Container[int] | None = None) -> list[RangeRead]:
     """The ranged GETs of an object: whole frames, about a part's worth each; with
-    ``pieces`` (a chain member's object), only the frames they name."""
+    ``frames`` (a chain member's object), only those."""
     if not item.frames:
         return [
             RangeRead(r.part_number, r.offset, r.size, r.offset, r.size, None,
@@ -717,8 +788,8 @@ def planned_reads(item: DownloadItem, pieces: Pieces | None = None) -> list[Rang
             for r in (part_ranges(item.length, item.part_size) if item.length else [])
         ]  # fmt: skip
     spans = frame_spans(unpack_frames(item.frames), item.frame_size, item.length)
-    if pieces is not None:  # a chain member's object: only the frames it contributes
-        spans = [s for s in spans if s.index in pieces]
+    if frames is not None:  # a chain member's object: only the frames it contributes
+        spans = [s for s in spans if s.index in frames]
     groups = [g for run in consecutive(spans) for g in fetch_ranges(run, item.part_size)]
     reads = []
     for number, group in enumerate(groups, start=1):
@@ -755,7 +826,9 @@ def written_ranges(
     a file, where they fill at least ``FLUSH_DENSITY`` of the merged run."""
     if pieces is None or read.spans is None:
         return files.writes(item.stream_offset + read.plain_offset, read.plain_size)
-    return dense_runs((fd, at, n) for span in read.spans for _, n, fd, at in pieces[span.index])
+    return dense_runs(
+        (fd, at, n) for span in read.spans for _, n, fd, at, _ in pieces.get(span.index, ())
+    )
 
 
 def dense_runs(writes: Iterable[Write]) -> list[Write]:
@@ -794,10 +867,15 @@ def fetch_range(
     files: ShardFiles,
     sealer: Sealer | None = None,
     pieces: Pieces | None = None,
+    spool: int | None = None,
+    overlay: Overlay | None = None,
 ) -> str:
     """Fetches one read into the staged files; returns the stored bytes' CRC64NVME. Frames are
     decoded and each checked against its plaintext checksum before it is written; a chain
-    member's frames write only their ``pieces`` (``ShardFiles.resolve``)."""
+    member's frames write only their ``pieces`` (``ShardFiles.resolve``), a layered root's
+    with the newer members' patches laid in (``overlay``). ``spool``: the stored bytes are
+    kept there too, at their offsets in the object (a newer member's frames that patch the
+    root's, opened when those are written)."""
     if read.spans is None:
         base = item.stream_offset + read.plain_offset
         crc = downloader.fetch(
@@ -816,11 +894,21 @@ def fetch_range(
             files.write(item.stream_offset + offset, plain)
             return
         view, pwrite = memoryview(plain), os.pwrite
-        for inside, length, fd, at in pieces[offset // item.frame_size]:
-            pwrite(fd, view[inside : inside + length], at)
+        for inside, length, fd, at, target in pieces[offset // item.frame_size]:
+            if overlay is None:
+                pwrite(fd, view[inside : inside + length], at)
+            else:
+                overlay.write(fd, view[inside : inside + length], at, target)
 
-    sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, where=item.key)
-    crc = downloader.fetch(url, item.key, read.offset, read.size, sink.receive)
+    wanted = None if pieces is None else pieces.keys()  # frames only spooled stay unopened
+    sink = FrameSink(read.spans, FrameCodec(sealer=sealer), item.place, place, item.key, wanted)
+
+    def receive(position: int, chunk: bytes) -> None:
+        if spool is not None:
+            os.pwrite(spool, chunk, read.offset + position)
+        sink.receive(position, chunk)
+
+    crc = downloader.fetch(url, item.key, read.offset, read.size, receive)
     if not sink.complete:  # the store sent the bytes asked for, but not whole frames
         raise ChecksumMismatch(
             f"bytes {read.offset}-{read.offset + read.size - 1} of {item.key} do not hold the "

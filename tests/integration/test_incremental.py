@@ -168,15 +168,15 @@ def test_a_restore_of_an_incremental_assembles_its_chain(
     assert progress["bytes_done"] == progress["bytes_total"] == progress["bytes"]
     assert progress["objects_done"] == progress["objects_total"] == progress["objects"]
     assert progress["objects"] > records[last.record["backup_id"]]["objects"]
-    # The nodes laid the full's objects down whole: no newer member's object was asked for
-    # before all of the full's had landed (the second download wave), else a full's frame
-    # could overwrite a newer block.
+    # The nodes laid the full's objects down whole with the newer blocks laid in: no object
+    # of the full was asked for before all of the newer members' had landed (the second
+    # download wave), else a full's frame could be written without a newer block.
     root = full.record["backup_id"]
-    roots_done = [i for i, (what, key) in enumerate(events) if what == "done" and root in key]
-    newer_asked = [i for i, (what, key) in enumerate(events) if what == "asked" and root not in key]
-    assert len(roots_done) >= 2  # an object per shard at least
-    assert len(newer_asked) >= 6  # three incrementals, two shards
-    assert max(roots_done) < min(newer_asked)
+    newer_done = [i for i, (what, key) in enumerate(events) if what == "done" and root not in key]
+    roots_asked = [i for i, (what, key) in enumerate(events) if what == "asked" and root in key]
+    assert len(roots_asked) >= 2  # an object per shard at least
+    assert len(newer_done) >= 6  # three incrementals, two shards
+    assert max(newer_done) < min(roots_asked)
 
 
 def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
@@ -266,19 +266,21 @@ def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
     assert recorded >= child_until
 
 
-def test_a_newer_backups_object_before_the_fulls_objects_is_refused(
+def test_a_fulls_object_before_the_newer_backups_objects_is_refused(
     make_cluster, make_target, policy_for, monkeypatch
 ):
-    """A node lays a chain's full down whole, over any newer block: a newer backup's object
-    written first would be overwritten. The state machine orders them (two download waves);
-    with its waves reversed here, the node refuses by name rather than restore wrong data."""
+    """A node lays a chain's full down whole with the newer backups' blocks laid in: a full's
+    object written before those arrived would miss them. The state machine orders them (two
+    download waves); with its waves reversed here, the node refuses by name rather than
+    restore wrong data."""
     from shardvault import restore as restore_module
 
     plan = restore_module.plan
 
     def reversed_waves(context, svc):
         planned = plan(context, svc)
-        planned["plan_key"], planned["overlay_key"] = planned["overlay_key"], planned["plan_key"]
+        first, second = planned["plan_key"], planned["second_wave_key"]
+        planned["plan_key"], planned["second_wave_key"] = second, first
         return planned
 
     monkeypatch.setattr(restore_module, "plan", reversed_waves)

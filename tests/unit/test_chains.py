@@ -21,17 +21,17 @@ def files(**sizes: int) -> list[FileEntry]:
 
 
 def rebuild(
-    chain: list[Member], contents: dict[str, dict[str, bytes]], root_first: bool = False
+    chain: list[Member], contents: dict[str, dict[str, bytes]], layered: bool = False
 ) -> bytes:
     """What a restore writes: each piece's bytes from its member's delta stream, in any order
-    (the download map's), except that ``root_first`` (layered) writes the root's pieces
-    before all others (the restore's first download wave)."""
+    (the download map's), except that ``layered`` lays the root's pieces under all others (a
+    node patches the newer blocks into the root's frames)."""
     newest = chain[-1]
     out = bytearray(sum(f.size for f in newest.files))
-    pieces = resolve(chain, root_first)
+    pieces = resolve(chain, layered)
     random.Random(len(pieces)).shuffle(pieces)
-    if root_first:
-        pieces.sort(key=lambda p: p.backup_id != chain[0].backup_id)  # stable: root first
+    if layered:
+        pieces.sort(key=lambda p: p.backup_id != chain[0].backup_id)  # stable: root under
     for piece in pieces:
         member = next(m for m in chain if m.backup_id == piece.backup_id)
         stream = b"".join(contents[member.backup_id][f.path] for f in member.files)
@@ -180,14 +180,14 @@ def random_chain(seed: int) -> tuple[list[Member], dict[str, dict[str, bytes]]]:
     return chain, contents
 
 
-@pytest.mark.parametrize("root_first", [False, True])
+@pytest.mark.parametrize("layered", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_any_chain_rebuilds_its_newest_stream(seed: int, root_first: bool):
+def test_any_chain_rebuilds_its_newest_stream(seed: int, layered: bool):
     # Whatever the fast paths of the resolution take, the pieces rebuild the newest backup
-    # byte for byte, written in any order (layered: the root's first).
+    # byte for byte, written in any order (layered: the root's under the others).
     chain, contents = random_chain(seed)
     expected = b"".join(contents[chain[-1].backup_id].values())
-    assert rebuild(chain, contents, root_first) == expected
+    assert rebuild(chain, contents, layered) == expected
 
 
 def test_a_layered_root_lands_whole_under_the_changed_blocks():
@@ -199,7 +199,7 @@ def test_a_layered_root_lands_whole_under_the_changed_blocks():
         Member("i1", files(a=8 * B), [(1 * B, B), (5 * B, B)]),
         Member("i2", files(a=8 * B), [(3 * B, B)]),
     ]
-    exclusive, layered = resolve(chain), resolve(chain, root_first=True)
+    exclusive, layered = resolve(chain), resolve(chain, layered=True)
     assert [p for p in layered if p.backup_id == "full"] == [Piece("full", 0, 8 * B, 0)]
     assert len([p for p in exclusive if p.backup_id == "full"]) == 4
     assert [p for p in layered if p.backup_id != "full"] == [
@@ -223,12 +223,14 @@ def as_args(member: Member, objects: list[dict[str, int | str]]) -> dict[str, ob
     }
 
 
-@pytest.mark.parametrize("root_first", [False, True])
+@pytest.mark.parametrize("layered", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_a_node_places_any_chain_through_its_objects_frames(seed: int, root_first: bool):
+def test_a_node_places_any_chain_through_its_objects_frames(seed: int, layered: bool):
     # What a node does at prepare (place_chain): each member's delta stream is cut into
     # objects and frames as a backup stores it; the placements of each object's frames
     # rebuild the newest stream byte for byte, and name no frame an object does not have.
+    # Layered, the newer members' placements are written first, in any order, then the
+    # root's frames with the patches laid in: no byte is written twice.
     chain, contents = random_chain(seed)
     rng = random.Random(seed)
     args, objects = [], {}
@@ -246,19 +248,48 @@ def test_a_node_places_any_chain_through_its_objects_frames(seed: int, root_firs
         args.append(as_args(member, own))
     newest = b"".join(contents[chain[-1].backup_id].values())
     out = bytearray(len(newest))
+    written = [0] * len(newest)
     sizes = {o["key"]: o["frame_size"] for a in args for o in a["objects"]}
-    chain_placed = place_chain(args, root_first)
+    chain_placed = place_chain(args, layered)
     # Each object supplies the bytes no newer member overwrites: together, the stream once.
     assert sum(chain_placed.supplied.values()) == len(newest)
-    placed = list(chain_placed.placements.items())
-    rng.shuffle(placed)  # the download map's order; layered: the root's objects first
-    if root_first:
-        placed.sort(key=lambda kv: not kv[0].startswith(f"{chain[0].backup_id}/"))
-    for key, numbers in placed:
+    if not layered:
+        assert chain_placed.patches == {}
+
+    def pieces(numbers: list[int], key: str):
         for i in range(0, len(numbers), 4):
             frame, offset, length, target = numbers[i : i + 4]
             assert offset + length <= sizes[key]  # within its frame
             start = frame * sizes[key] + offset
             assert start + length <= len(objects[key])
-            out[target : target + length] = objects[key][start : start + length]
+            yield objects[key][start : start + length], target
+
+    root = f"{chain[0].backup_id}/"
+    placed = list(chain_placed.placements.items())
+    rng.shuffle(placed)  # the download map's order; layered: the newer members' objects first
+    if layered:
+        placed.sort(key=lambda kv: kv[0].startswith(root))
+    patches = [
+        (data, target)
+        for key, numbers in chain_placed.patches.items()
+        for data, target in pieces(numbers, key)
+    ]
+    assert all(not key.startswith(root) for key in chain_placed.patches)
+    patched = [0] * len(newest)
+    for key, numbers in placed:
+        for data, target in pieces(numbers, key):
+            buffer = bytearray(data)
+            if key.startswith(root):  # the root's frame, its patches laid in before its write
+                for patch, at in patches:
+                    lo, hi = max(at, target), min(at + len(patch), target + len(data))
+                    if lo >= hi:
+                        continue
+                    buffer[lo - target : hi - target] = patch[lo - at : hi - at]
+                    for i in range(lo, hi):
+                        patched[i] += 1
+            out[target : target + len(data)] = buffer
+            for i in range(target, target + len(data)):
+                written[i] += 1
+    assert sum(patched) == sum(len(patch) for patch, _ in patches)  # each laid in, once
     assert bytes(out) == newest
+    assert set(written) <= {1}  # every byte written once: a patch lies where the root writes

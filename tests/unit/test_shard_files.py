@@ -68,7 +68,7 @@ def test_pieces_resolved_to_files_land_where_a_contiguous_write_puts_them(tmp_pa
     pieces = files.resolve(numbers)
     for frame, runs in pieces.items():
         plain = memoryview(delta)[frame * frame_size : (frame + 1) * frame_size]
-        for inside, length, fd, at in runs:
+        for inside, length, fd, at, _ in runs:
             os.pwrite(fd, plain[inside : inside + length], at)
     files.close()
 

@@ -1,0 +1,190 @@
+"""The overlay of a layered chain restore: newer blocks laid into the root's frames before
+each frame is written, so that every byte of a restored shard is written once.
+
+Terms (see ``shardvault.chains`` for chains, members, pieces and placements):
+- *patch*: a newer member's piece that falls where the chain's root (its full) also writes.
+  It is not written on its own: when the root's frame that holds its place is written, the
+  patch's bytes go in its stead (one ``pwritev`` of the root's bytes and the patches between
+  them). Writing the changed blocks over the root's instead (tens of thousands of 8 KiB
+  ``pwrite`` calls, each page dirtied twice and flushed twice) made a chain of six
+  incrementals restore in 1.65 times a full's time.
+- *spool*: a newer member's object as far as it was fetched for its patches: its stored
+  (compressed, sealed) frames at their offsets in a sparse file in the restore's state
+  directory (``spool/<object>``), beside the download item that says how to open them. The
+  newer members download first (the restore's first wave), the root's objects second; a
+  root object refuses to start before its shard's spools are complete (``restore``).
+- *patch index*: a shard's patches sorted by their place in the restored stream, as five
+  columns of 64-bit numbers (place, length, object, frame, offset in the frame) in one file,
+  read through ``mmap``: a chain of scattered changes makes hundreds of thousands.
+
+Every patch's frame is opened and checked (GCM, its plaintext CRC64NVME) when a root frame
+first needs it: a spooled frame is checked before any of its bytes is written, as a fetched
+one is. Decoded frames are kept in a small cache, since the root's frames arrive in stream
+order and a member's frame holds the patches of many of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import mmap
+import os
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from shardvault.models import DownloadItem
+from shardvault.pipeline import (
+    FrameCodec,
+    FrameSpan,
+    Sealer,
+    frame_place,
+    frame_spans,
+    unpack_frames,
+)
+
+COLUMNS = 5  # place in the stream, length, object, frame, offset in the frame
+CACHE_BYTES = 64 << 20  # decoded newer frames kept (a frame is 1 to 4 MiB)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def save_index(path: Path, keys: list[str], patches: dict[str, list[int]]) -> None:
+    """Writes a shard's patch index from its objects' patches (flat ``frame, offset in
+    frame, length, place`` numbers, ``chains.Placed.patches``); ``keys`` orders the objects."""
+    rows = sorted(
+        (numbers[i + 3], numbers[i + 2], k, numbers[i], numbers[i + 1])
+        for k, key in enumerate(keys)
+        for numbers in [patches.get(key, [])]
+        for i in range(0, len(numbers), 4)
+    )
+    columns = array("q", [row[c] for c in range(COLUMNS) for row in rows])
+    path.with_suffix(".keys").write_text(json.dumps(keys))
+    path.write_bytes(columns.tobytes())
+
+
+def write_vectored(fd: int, buffers: list[memoryview], offset: int) -> None:
+    """Writes ``buffers`` back to back at ``offset`` of ``fd``, in calls of at most IOV_MAX
+    buffers, until every byte is written."""
+    while buffers:
+        batch, buffers = buffers[:IOV_MAX], buffers[IOV_MAX:]
+        size = sum(len(b) for b in batch)
+        done = os.pwritev(fd, batch, offset)
+        if done < size:  # a short write (a signal, a nearly full disk): the rest one by one
+            rest = memoryview(b"".join(batch))[done:]
+            while rest:
+                n = os.pwrite(fd, rest, offset + done)
+                rest, done = rest[n:], done + n
+        offset += size
+
+
+class _Spooled:
+    """A newer member's object as spooled: how to read and open each of its frames."""
+
+    def __init__(self, spool: Path, sealer_of: Callable[[DownloadItem], Sealer | None]) -> None:
+        self.item = DownloadItem.model_validate_json(spool.with_suffix(".item").read_text())
+        self.spans = frame_spans(
+            unpack_frames(self.item.frames), self.item.frame_size, self.item.length
+        )
+        self.sealer = sealer_of(self.item)
+        self.fd = os.open(spool, os.O_RDONLY)
+
+    def stored(self, frame: int) -> tuple[FrameSpan, bytes]:
+        span = self.spans[frame]
+        return span, os.pread(self.fd, span.stored_size, span.stored_offset)
+
+
+class Overlay:
+    """A shard's patches, read from its patch index and its newer members' spools."""
+
+    def __init__(
+        self,
+        index: Path,
+        spool_of: Callable[[str], Path],
+        sealer_of: Callable[[DownloadItem], Sealer | None],
+    ) -> None:
+        self.keys: list[str] = json.loads(index.with_suffix(".keys").read_text())
+        self._file = open(index, "rb")  # noqa: SIM115 (closed by close())
+        size = os.fstat(self._file.fileno()).st_size
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self._numbers = memoryview(self._map if self._map else array("q")).cast("B").cast("q")
+        n = len(self._numbers) // COLUMNS
+        self._columns = [self._numbers[c * n : (c + 1) * n] for c in range(COLUMNS)]
+        self.places, self.lengths, self.objects, self.frames, self.insides = self._columns
+        self._spool_of, self._sealer_of = spool_of, sealer_of
+        self._spooled: dict[int, _Spooled] = {}
+        self._cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._cached = 0
+        self._guard = threading.Lock()
+        self._codecs = threading.local()  # a zstd context is not thread-safe
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def write(self, fd: int, data: memoryview, at: int, place: int) -> None:
+        """Writes a root piece, ``data`` for ``place`` of the restored stream (at ``at`` of
+        ``fd``), with the patches that fall on it laid in."""
+        end = place + len(data)
+        places, lengths = self.places, self.lengths
+        i = bisect.bisect_right(places, place) - 1
+        if i < 0 or places[i] + lengths[i] <= place:
+            i += 1
+        if i >= len(places) or places[i] >= end:
+            os.pwrite(fd, data, at)
+            return
+        buffers: list[memoryview] = []
+        cursor = place
+        while i < len(places) and places[i] < end:
+            start = places[i]
+            lo, hi = max(start, place), min(start + lengths[i], end)
+            if lo > cursor:
+                buffers.append(data[cursor - place : lo - place])
+            plain = self._plain(self.objects[i], self.frames[i])
+            inside = self.insides[i] + lo - start
+            buffers.append(memoryview(plain)[inside : inside + hi - lo])
+            cursor = hi
+            i += 1
+        if cursor < end:
+            buffers.append(data[cursor - place :])
+        write_vectored(fd, buffers, at)
+
+    def _plain(self, obj: int, frame: int) -> bytes:
+        """A newer member's frame, opened and checked; kept while the cache has room."""
+        with self._guard:
+            plain = self._cache.get((obj, frame))
+            if plain is not None:
+                self._cache.move_to_end((obj, frame))
+                return plain
+            spooled = self._spooled.get(obj)
+            if spooled is None:
+                spool = self._spool_of(self.keys[obj])
+                spooled = self._spooled[obj] = _Spooled(spool, self._sealer_of)
+        span, stored = spooled.stored(frame)
+        codecs = self._codecs.__dict__.setdefault("by_object", {})
+        codec = codecs.get(obj)
+        if codec is None:
+            codec = codecs[obj] = FrameCodec(sealer=spooled.sealer)
+        item = spooled.item
+        plain = codec.decode(stored, span, frame_place(item.place, frame), where=item.key)
+        with self._guard:
+            if (obj, frame) not in self._cache:
+                self._cache[(obj, frame)] = plain
+                self._cached += len(plain)
+            while self._cached > CACHE_BYTES and len(self._cache) > 1:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached -= len(dropped)
+        return plain
+
+    def close(self) -> None:
+        with self._guard:
+            for spooled in self._spooled.values():
+                os.close(spooled.fd)
+            self._spooled.clear()
+            self._cache.clear()
+            for column in self._columns:  # the map cannot close while views of it live
+                column.release()
+            self._numbers.release()
+            if self._map is not None:
+                self._map.close()
+            self._file.close()
