@@ -312,13 +312,27 @@ def place_chain(members: list[dict[str, Any]], layered: bool = False) -> Placed:
         for key in placements.keys() | patches.keys()
     }
     # The root supplies only what no newer member overwrites.
-    kept = object_placements(root_kept, objects)
-    supplied |= {
-        o.key: sum(kept.get(o.key, [])[2::4])
-        for o in objects
-        if o.backup_id == root_id and o.key in placements
-    }
+    root_objects = [o for o in objects if o.backup_id == root_id]
+    supplied |= bytes_in_objects(root_kept, root_objects)
     return Placed(placements, supplied, patches)
+
+
+def bytes_in_objects(pieces: list[Piece], objects: list[MemberObject]) -> dict[str, int]:
+    """Per object of one member, how many bytes of ``pieces`` (that member's) it holds."""
+    objects = sorted(objects, key=lambda o: o.stream_offset)
+    starts = [o.stream_offset for o in objects]
+    held = {o.key: 0 for o in objects}
+    for piece in pieces:
+        at, end = piece.delta_offset, piece.delta_offset + piece.length
+        i = max(0, bisect.bisect_right(starts, at) - 1)
+        while at < end and i < len(objects):
+            obj = objects[i]
+            stop = min(end, obj.stream_offset + obj.length)
+            if stop > at:
+                held[obj.key] += stop - at
+                at = stop
+            i += 1
+    return held
 
 
 def split_by_cover(pieces: list[Piece], cover: list[Piece]) -> tuple[list[Piece], list[Piece]]:

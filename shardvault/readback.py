@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -16,10 +18,48 @@ def manifest_key(prefix: str, cluster: str, backup_id: str) -> str:
     return f"{backup_prefix(prefix, cluster, backup_id)}manifest.json"
 
 
+class _ReadManifests:
+    """Manifests read lately, by store, bucket and key, with their ETags: a restore reads a
+    chain's manifests in Validate, Plan and Thaw, and a warm function asks the store again
+    with ``If-None-Match`` rather than parse them again (the store still answers each read:
+    a manifest replaced meanwhile is read anew)."""
+
+    LIMIT = 64 << 20  # bytes of manifest JSON kept
+
+    def __init__(self) -> None:
+        self.found: OrderedDict[tuple[str, str, str], tuple[str, int, Manifest]] = OrderedDict()
+        self.held = 0
+        self.guard = threading.Lock()
+
+    def get(self, place: tuple[str, str, str]) -> tuple[str, int, Manifest] | None:
+        with self.guard:
+            return self.found.get(place)
+
+    def put(self, place: tuple[str, str, str], etag: str, size: int, manifest: Manifest) -> None:
+        with self.guard:
+            if place in self.found:
+                self.held -= self.found.pop(place)[1]
+            self.found[place] = (etag, size, manifest)
+            self.held += size
+            while self.held > self.LIMIT and len(self.found) > 1:
+                self.held -= self.found.popitem(last=False)[1][1]
+
+
+READ_MANIFESTS = _ReadManifests()
+
+
 def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
+    place = (s3.meta.endpoint_url, bucket, key)
+    known = READ_MANIFESTS.get(place)
     try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if known is not None:
+            response = s3.get_object(Bucket=bucket, Key=key, IfNoneMatch=known[0])
+        else:
+            response = s3.get_object(Bucket=bucket, Key=key)
+        body = response["Body"].read()
     except ClientError as error:
+        if known is not None and error.response["Error"]["Code"] in ("304", "NotModified"):
+            return known[2]  # the store says it is the manifest read before
         # Without s3:ListBucket (the functions have none on AWS), S3 answers a missing key
         # with 403 AccessDenied instead of NoSuchKey: both mean "no manifest we can read".
         if error.response["Error"]["Code"] not in ("NoSuchKey", "AccessDenied", "403"):
@@ -30,7 +70,7 @@ def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
             "catalog and the store disagree: the backup's objects were removed.",
         ) from None
     try:
-        return Manifest.model_validate_json(body)
+        manifest = Manifest.model_validate_json(body)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the document"
@@ -40,3 +80,6 @@ def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
             fix="restore another backup ('shardvault list'); this backup's objects may be "
             "intact, but without its manifest nothing says which bytes belong where.",
         ) from None
+    if etag := response.get("ETag"):
+        READ_MANIFESTS.put(place, etag, len(body), manifest)
+    return manifest

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardvault.readback import manifest_key
+from shardvault.readback import load_manifest, manifest_key
 
 
 def test_an_agents_error_reaches_the_record_with_its_cause(make_cluster):
@@ -33,11 +33,14 @@ def test_an_agents_error_reaches_the_record_with_its_cause(make_cluster):
 
 
 def test_a_damaged_manifest_is_refused_by_name_before_any_change(make_cluster, make_target):
+    # Read whole before it is damaged, as a warm function keeps it: the store's answer to the
+    # next read (If-None-Match) tells it changed.
     cluster = make_cluster(nodes=1, size_mb=2)
     backup = cluster.backup()
     assert backup.status == "SUCCEEDED", backup.cause
     svc = cluster.stack.services()
     key = manifest_key(svc.store.prefix, cluster.name, backup.record["backup_id"])
+    load_manifest(svc.store_s3, svc.store.bucket, key)  # read whole once: a reader may keep it
     body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=key)["Body"].read()
     svc.store_s3.put_object(Bucket=svc.store.bucket, Key=key, Body=body[: len(body) // 2])
     target = make_target(nodes=1)

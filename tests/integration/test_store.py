@@ -139,3 +139,34 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     )  # fmt: skip
     roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
     assert (roots["s1"] / "relation").read_bytes() == as_read  # the bytes as they were read
+
+
+def test_a_manifest_read_again_unchanged_is_not_parsed_again(store, monkeypatch):
+    # A restore reads a chain's manifests in three steps: the store answers the second read
+    # with 304 (If-None-Match), and the manifest read before is used; a changed one is read.
+    from shardvault.models import Manifest
+    from shardvault.readback import load_manifest
+
+    _svc, s3, bucket = store
+    key = "tests/manifest-cache/manifest.json"
+    manifest = Manifest(
+        backup_id="b1", cluster="c1", engine="sqlite", started_at=0, completed_at=0,
+        checkpoint_skew_seconds=0, part_size=5 * MiB, bytes=0, objects=0, parts=0,
+        verification="", shards=[],
+    )  # fmt: skip
+    s3.put_object(Bucket=bucket, Key=key, Body=manifest.model_dump_json())
+    parsed = []
+    parse = Manifest.model_validate_json
+    monkeypatch.setattr(
+        Manifest, "model_validate_json", lambda body: parsed.append(1) or parse(body)
+    )
+
+    first, second = load_manifest(s3, bucket, key), load_manifest(s3, bucket, key)
+    assert first == second
+    assert len(parsed) == 1  # the second read was answered 304
+    s3.put_object(
+        Bucket=bucket, Key=key, Body=manifest.model_copy(update={"cluster": "c2"}).model_dump_json()
+    )
+    third = load_manifest(s3, bucket, key)
+    assert third.cluster == "c2"
+    assert len(parsed) == 2
