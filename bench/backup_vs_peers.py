@@ -514,20 +514,27 @@ def idle_cpu(bench: Bench, seconds: float = 5.0) -> dict[str, float]:
 
 # --- settling between runs ----------------------------------------------------------------------
 def wait_archived(pg: PostgresInstance, timeout: float = ARCHIVE_TIMEOUT) -> None:
-    """Waits until every completed WAL segment has been archived by pgBackRest."""
+    """Waits until every completed WAL segment has been archived by pgBackRest: the segment
+    before the current one is flushed (its ``.ready`` file is made once it is), and no
+    ``.ready`` file of it or an older segment is left in ``pg_wal/archive_status``.
+    ``pg_stat_archiver.last_archived_wal`` is not compared: a backup's ``.backup`` file,
+    archived last, carries its start segment's name, which sorts before the segments
+    archived after it, and waiting for it to pass the target hung an idle server."""
     target = pg.psql(f"SELECT pg_walfile_name(pg_current_wal_lsn() - {WAL_SEGMENT}::numeric)")
     deadline = time.monotonic() + timeout
     while True:
-        last, failed = pg.psql(
-            "SELECT coalesce(last_archived_wal, ''), coalesce(last_failed_wal, '') "
-            "FROM pg_stat_archiver"
+        pending, flushed, failed = pg.psql(
+            "SELECT (SELECT count(*) FROM pg_ls_dir('pg_wal/archive_status') AS f "
+            f"WHERE f LIKE '%.ready' AND left(f, 24) <= '{target}'), "
+            f"pg_walfile_name(pg_current_wal_flush_lsn()) > '{target}', "
+            "coalesce(last_failed_wal, '') FROM pg_stat_archiver"
         ).split("|")
-        if last >= target:
+        if pending == "0" and flushed == "t":
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"WAL archiving is behind after {timeout:.0f} s: wanted {target}, archived "
-                f"{last or 'nothing'}, last failure {failed or 'none'}. Server log:\n"
+                f"WAL archiving is behind after {timeout:.0f} s: {pending} segment(s) up to "
+                f"{target} wait, last failure {failed or 'none'}. Server log:\n"
                 f"{pg.log_tail()}"
             )
         time.sleep(0.5)

@@ -613,7 +613,8 @@ def label(name: str) -> str:
     }[name]
 
 
-# Download#2: a chain's second download wave, its newer members' objects (0 for a full).
+# Download: a chain's first download wave, its newer members' objects (a full's: all of them);
+# Download#2: the second, the root's objects with the newer blocks laid in (0 for a full).
 RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Download#2", "Finish")
 RESTORE_COMMANDS = (
     "download_objects",

@@ -114,9 +114,18 @@ class FrameCodec:
     between threads: a zstd context is not thread-safe."""
 
     def __init__(self, level: int = DEFAULT_LEVEL, sealer: Sealer | None = None) -> None:
-        self.compressor = zstandard.ZstdCompressor(level=level)
+        self.level = level
         self.decompressor = zstandard.ZstdDecompressor()
         self.sealer = sealer
+        self._compressor: zstandard.ZstdCompressor | None = None
+
+    @property
+    def compressor(self) -> zstandard.ZstdCompressor:
+        """Made on first use: a restore's codecs only decode, and a compression context at
+        level 3 holds about a MiB."""
+        if self._compressor is None:
+            self._compressor = zstandard.ZstdCompressor(level=self.level)
+        return self._compressor
 
     def encode(self, plain: bytes, place: bytes) -> bytes:
         body = self.compressor.compress(plain) if plain else b""

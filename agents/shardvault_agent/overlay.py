@@ -161,10 +161,12 @@ class Overlay:
                 spool = self._spool_of(self.keys[obj])
                 spooled = self._spooled[obj] = _Spooled(spool, self._sealer_of)
         span, stored = spooled.stored(frame)
-        codecs = self._codecs.__dict__.setdefault("by_object", {})
-        codec = codecs.get(obj)
+        # One codec a thread per data key (a chain has one, or none): not one per object.
+        codecs = self._codecs.__dict__.setdefault("by_key", {})
+        check = spooled.sealer.check if spooled.sealer else None
+        codec = codecs.get(check)
         if codec is None:
-            codec = codecs[obj] = FrameCodec(sealer=spooled.sealer)
+            codec = codecs[check] = FrameCodec(sealer=spooled.sealer)
         item = spooled.item
         plain = codec.decode(stored, span, frame_place(item.place, frame), where=item.key)
         with self._guard:
