@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from shardvault.errors import ParentUnavailable
-from shardvault.extents import unpack_extents
+from shardvault.extents import coarsen, unpack_extents
 from shardvault.models import (
     BackupKind,
     FileEntry,
@@ -338,8 +338,8 @@ def bytes_in_objects(pieces: list[Piece], objects: list[MemberObject]) -> dict[s
 def split_by_cover(pieces: list[Piece], cover: list[Piece]) -> tuple[list[Piece], list[Piece]]:
     """``pieces`` cut where ``cover``'s targets begin and end: the parts that fall on bytes
     ``cover`` writes, and the rest."""
-    spans = merge_spans(sorted((p.target, p.target + p.length) for p in cover))
-    starts, ends = [a for a, _ in spans], [b for _, b in spans]
+    spans = coarsen(sorted((p.target, p.length) for p in cover), 1)  # touching ones joined
+    starts, ends = [a for a, _ in spans], [a + n for a, n in spans]
     covered: list[Piece] = []
     uncovered: list[Piece] = []
     for piece in sorted(pieces, key=lambda p: p.target):
@@ -353,14 +353,3 @@ def split_by_cover(pieces: list[Piece], cover: list[Piece]) -> tuple[list[Piece]
             at = stop
             i += inside
     return covered, uncovered
-
-
-def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted ``[start, end)`` spans with the touching or overlapping ones joined."""
-    merged: list[tuple[int, int]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged

@@ -10,7 +10,8 @@ Terms (see ``shardvault.chains`` for chains, members, pieces and placements):
   incrementals restore in 1.65 times a full's time.
 - *spool*: a newer member's object as far as it was fetched for its patches: its stored
   (compressed, sealed) frames at their offsets in a sparse file in the restore's state
-  directory (``spool/<object>``), beside the download item that says how to open them. The
+  directory (``objects/<object>.spool``), beside the download item that says how to open
+  them (``.item``). The
   newer members download first (the restore's first wave), the root's objects second; a
   root object refuses to start before its shard's spools are complete (``restore``).
 - *patch index*: a shard's patches sorted by their place in the restored stream, as five
@@ -118,9 +119,6 @@ class Overlay:
         self._cached = 0
         self._guard = threading.Lock()
         self._codecs = threading.local()  # a zstd context is not thread-safe
-
-    def __len__(self) -> int:
-        return len(self.places)
 
     def write(self, fd: int, data: memoryview, at: int, place: int) -> None:
         """Writes a root piece, ``data`` for ``place`` of the restored stream (at ``at`` of
