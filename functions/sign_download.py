@@ -1,6 +1,7 @@
-"""Lambda: a presigned GET URL for one object of a restore (agents hold no store keys)."""
+"""Lambda: presigned GET URLs for a restore (agents hold no store keys): of one object of the
+Download map, or of the objects a node prefetches as it prepares."""
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from shardvault import restore
 from shardvault.lambda_support import logger, parse, services, tracer
@@ -8,10 +9,20 @@ from shardvault.models import DownloadItem
 
 
 class SignDownloadRequest(BaseModel):
-    object: DownloadItem
+    object: DownloadItem | None = None
+    prefetch_key: str | None = None  # a node's prefetched items in the work bucket
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "SignDownloadRequest":
+        if (self.object is None) == (self.prefetch_key is None):
+            raise ValueError("give either object or prefetch_key")
+        return self
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    return restore.sign_download(parse(SignDownloadRequest, event).object, services())
+    request = parse(SignDownloadRequest, event)
+    if request.object is not None:
+        return restore.sign_download(request.object, services())
+    return restore.sign_prefetch(str(request.prefetch_key), services())

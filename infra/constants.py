@@ -82,6 +82,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("plan_restore", "PlanRestoreFunctionArn", 120),
     # Heads every object of the backup (and asks archived ones to thaw).
     FunctionSpec("thaw_objects", "ThawObjectsFunctionArn", 300),
+    # After a restore's Prepare map: the first node's error, and what the nodes prefetched.
+    FunctionSpec("check_prepared", "CheckPreparedFunctionArn"),
     FunctionSpec("sign_download", "SignDownloadFunctionArn"),
     FunctionSpec("record_download", "RecordDownloadFunctionArn"),
     FunctionSpec("finalize_restore", "FinalizeRestoreFunctionArn"),

@@ -450,9 +450,14 @@ class ShardVaultStack(Stack):
         )
         # The URL it signs is authorized as this role and bound to one GetObject: reading that
         # backup object is all an agent can do with it. The URL itself goes to the work bucket
-        # for the dispatcher (never into execution history).
-        grant("sign_download", *read_backups, policies.objects(bucket, WORK_PREFIX, "s3:PutObject"))
-        for module in ("record_download", "finalize_restore", "cleanup_restore"):
+        # for the dispatcher (never into execution history). It reads there the items a node
+        # prefetches as it prepares (plan_restore wrote them).
+        grant(
+            "sign_download",
+            *read_backups,
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
+        )
+        for module in ("record_download", "check_prepared", "finalize_restore", "cleanup_restore"):
             grant(module, update_catalog)
         publish = iam.PolicyStatement(
             actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]

@@ -9,7 +9,8 @@ inbox item and the agent finds any work it already did.
 work bucket (``args_key``) are inlined when small; larger ones (a node's restore layout of a
 shard of many files, the extents of a long chain of scattered changes) go as a presigned GET
 URL of their work object (``args_url``, ``args_size``), which the agent reads before it runs
-the command.
+the command. A restore's prepare gets the same way (``prefetch``) the items and presigned URLs
+of the chain's objects it downloads as it prepares (``shardvault.restore.sign_prefetch``).
 
 *Answers by URL*: the commands whose answers list a node's files (``ANSWERED``: checkpoint,
 scan, stop) get a presigned PUT of one work object (``answer_url``, the key
@@ -95,6 +96,8 @@ def dispatch(
     args = dict(request.args)
     if key := args.pop("args_key", None):
         args |= work_args(svc, key)
+    if key := args.pop("prefetch_urls_key", None):  # a restore's prepare: what it prefetches
+        args["prefetch"] = work_args(svc, key)
     if args.pop("scan_args", False):  # a backup's Checkpoint or Scan: the node's parents
         args |= work_args(svc, svc.scan_args_key(request.backup_id, request.node_id))
     if phase := ANSWERED.get(request.command):

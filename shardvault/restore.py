@@ -34,7 +34,9 @@ from shardvault.errors import (
     TargetNotEmpty,
     TargetNotReady,
     UnknownCluster,
+    UnknownCommand,
 )
+from shardvault.fanout import raise_first_failure
 from shardvault.membership import check_members
 from shardvault.models import (
     BackupKind,
@@ -264,34 +266,34 @@ def shard_size(shard: ManifestShard) -> int:
 # --- plan --------------------------------------------------------------------------------------
 def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     """Writes what each node prepares and the download items, and records the restore as
-    running in the catalog (the first side effect). A chain downloads in two waves: every
-    object but the root's (the newer members', the restored backup's WAL tail), then the
-    root's objects (``second_wave_key``), into whose frames each node lays the newer members'
-    changed blocks (``shardvault.chains``, layered)."""
+    running in the catalog (the first side effect). A chain's newer members' objects are
+    *prefetched*: each node downloads its own as it prepares (``prefetch_key``: the items,
+    signed by ``sign_prefetch``), so that the root's objects, downloaded next with the
+    restored backup's WAL, are written with the newer members' changed blocks laid in
+    (``shardvault.chains``, layered) and no download wave waits for another."""
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
     chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
-    second: list[DownloadItem] = []
+    prefetch: dict[str, list[DownloadItem]] = {}
     for shard in manifest.shards if chain else []:
         node_id = node_of[shard.shard_id]
-        planned += chain_items(context, chain[1:], shard.shard_id, node_id)
-        second += chain_items(context, chain[:1], shard.shard_id, node_id)
+        prefetch.setdefault(node_id, []).extend(
+            chain_items(context, chain[1:], shard.shard_id, node_id)
+        )
+        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
     wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
     for _, items in wal.values():
         planned += items
     # Each node's objects in turn: the Download map starts items in plan order.
     plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
-    # The chain's root, patched with the newer members' blocks: the second download wave.
-    second_key = (
-        put_items(svc, context, "second-wave.json", interleave_by_node(second)) if second else None
-    )
     for assignment in context.assignments:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
             prepare_key(svc, context, assignment.node_id),
             prepare_args(shards, manifest.encryption, chain, wal, context.target),
         )
+    prefetched = sum(len(items) for items in prefetch.values())
     svc.catalog.put(
         {
             "cluster": context.target_cluster,
@@ -306,20 +308,26 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "placement": {p.shard_id: p.node_id for p in context.placements},
             # Every byte of the restored streams, once, and the archive's WAL it replays.
             "bytes_total": context.bytes + sum(i.length for _, w in wal.values() for i in w),
-            "objects_total": len(planned) + len(second),
+            "objects_total": len(planned) + prefetched,
             "bytes_done": 0,
             "objects_done": 0,
         }
     )
     nodes = [
-        {**a.model_dump(mode="json"), "args_key": prepare_key(svc, context, a.node_id)}
+        {
+            **a.model_dump(mode="json"),
+            "args_key": prepare_key(svc, context, a.node_id),
+            "prefetch_key": (
+                put_items(svc, context, f"prefetch/{a.node_id}.json", prefetch[a.node_id])
+                if prefetch.get(a.node_id)
+                else None
+            ),
+        }
         for a in context.assignments
     ]
     return {
         "plan_key": plan_key,
         "objects": len(planned),
-        "second_wave_key": second_key,
-        "second_wave_objects": len(second),
         "nodes": nodes,
         "download_concurrency": transfer_concurrency(context.assignments),
     }
@@ -336,6 +344,53 @@ def put_items(
 
 def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
     return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
+
+
+def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
+    """Presigned GET URLs of the objects a node prefetches as it prepares (``plan``), with
+    their items, written to the work bucket for the dispatcher (``prefetch_urls_key``): like
+    ``sign_download``'s, no URL enters the execution's history. Signed when the node's
+    prepare starts, after thaw: a URL signed at plan could expire while objects thaw."""
+    entries = svc.get_work(prefetch_key)
+    items = [DownloadItem.model_validate(e["object"]) for e in entries]
+    downloads = [
+        {"object": entry["object"], "url": presign_get(s3, bucket, item.key, ttl)}
+        for entry, item in zip(entries, items, strict=True)
+        for s3, bucket in [source_of(svc, item.source)]
+        for ttl in [svc.settings.url_ttl_seconds]
+    ]
+    restore_id = items[0].restore_id if items else "none"
+    return {"url_key": svc.put_urls(restore_id, prefetch_key, {"downloads": downloads})}
+
+
+def check_prepared(
+    context: RestoreContext,
+    results: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    svc: Services,
+) -> dict[str, int]:
+    """After the Prepare map: fails the restore with the first node's own error; refuses a
+    node that was given objects to prefetch and did not say it fetched them (an agent from
+    before prefetching, which would finish a chain without its newer blocks); counts the
+    prefetched objects in the restore's progress."""
+    counted = raise_first_failure(results)
+    answers = {r.get("node_id"): r for r in results if isinstance(r, dict)}
+    for node in nodes:
+        if node.get("prefetch_key") and "prefetched" not in answers.get(node["node_id"], {}):
+            raise UnknownCommand(
+                f"the agent of node {node['node_id']} did not prefetch the newer backups of the "
+                "chain it restores: it is older than this control plane.",
+                fix="upgrade shardvault-agent on that node, then start the restore again.",
+            )
+    done = [r["prefetched"] for r in answers.values() if r.get("prefetched")]
+    if done:
+        svc.catalog.add_progress(
+            context.target_cluster,
+            catalog_key(context.restore_id),
+            bytes_done=sum(d["bytes"] for d in done),
+            objects_done=sum(d["objects"] for d in done),
+        )
+    return counted
 
 
 def prepare_args(

@@ -69,6 +69,7 @@ from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import (
     Downloader,
     PartSender,
+    inlined,
     pack_object,
     read_range,
     stream_source,
@@ -142,18 +143,7 @@ class Commands:
     def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The command's arguments, those too large for its inbox item read from the store
         through their presigned URL (``shardvault.dispatch.work_args``)."""
-        url = args.get("args_url")
-        if not url:
-            return args
-        size = int(args["args_size"])
-        body = bytearray(size)
-
-        def write(position: int, chunk: bytes) -> None:
-            body[position : position + len(chunk)] = chunk
-
-        self.restorer.downloader.fetch(url, "the command's arguments", 0, size, write)
-        rest = {k: v for k, v in args.items() if k not in ("args_url", "args_size")}
-        return json.loads(body) | rest
+        return inlined(self.restorer.downloader, args)
 
     # --- state on disk -------------------------------------------------------------------------
     @property

@@ -34,7 +34,7 @@ import shutil
 import threading
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,7 @@ from shardvault_agent.engines.base import EngineAdapter, Finishing
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.overlay import Overlay, save_index
 from shardvault_agent.statefiles import write_json
-from shardvault_agent.transfer import Downloader
+from shardvault_agent.transfer import Downloader, SpoolReader, inlined
 
 log = logging.getLogger("shardvault.agent.restore")
 INCOMING = ".incoming"
@@ -242,12 +242,22 @@ class Restorer:
         return ids
 
     def drop_staging(self, restore_id: str) -> bool:
-        """Removes what a finished restore left in staging; True if there was any."""
+        """Removes what a finished restore left in staging and its spools; True if there
+        was any."""
+        dropped = self._drop_spools(restore_id)
         staging = self.restore_dir / INCOMING / restore_id
         if not staging.exists():
-            return False
+            return dropped
         shutil.rmtree(staging, ignore_errors=True)
         return True
+
+    def _drop_spools(self, restore_id: str) -> bool:
+        """Removes a restore's spools (a chain's newer objects, stored: ``overlay``), needed
+        no more once its objects are all written; True if there were any."""
+        spools = list((self.state(restore_id) / "objects").glob("*.spool"))
+        for spool in spools:
+            spool.unlink(missing_ok=True)
+        return bool(spools)
 
     def _layout(self, restore_id: str, shard_id: str) -> dict[str, Any]:
         path = self.state(restore_id) / f"{shard_id}.layout.json"
@@ -275,7 +285,13 @@ class Restorer:
     # --- prepare -----------------------------------------------------------------------------
     def prepare(self, args: dict[str, Any]) -> dict[str, Any]:
         """Checks the target directories and room, then creates each shard's files at their
-        final sizes in staging. A second call (a retry, a resumed restore) keeps what is there."""
+        final sizes in staging. A second call (a retry, a resumed restore) keeps what is there.
+
+        For a chain, it also *prefetches* the newer members' objects (``prefetch``: their
+        items and presigned URLs): each is fetched whole into its spool and checked against
+        its CRC64NVME while the chain is placed, then its bytes that the root does not cover
+        are written from the spool; the rest stay there, stored, for the root's frames
+        (``overlay``). The root's objects, downloaded next, find them all in."""
         restore_id, replace = args["backup_id"], bool(args.get("replace"))
         self._refuse_aborted(restore_id)
         shards = args["shards"]
@@ -289,25 +305,117 @@ class Restorer:
                 )
             for stream in shard["streams"]:
                 total += sum(f.size for f in unpack_files(stream["files"]))
+        prefetch = [
+            (DownloadItem.model_validate(d["object"]), d["url"])
+            for d in inlined(self.downloader, args.get("prefetch") or {}).get("downloads", [])
+        ]
         state = self.state(restore_id)
         fresh = [s for s in shards if not (state / f"{s['shard_id']}.layout.json").exists()]
-        available = room(self.config) or 0
         needed = sum(
             sum(f.size for st in s["streams"] for f in unpack_files(st["files"])) for s in fresh
         )
+        to_spool = [(item, url) for item, url in prefetch if not self._spooled(item)]
+        self._check_room(needed, [item for item, _ in to_spool])
+        with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
+            spooling = self._start_spooling(pool, to_spool)
+            try:
+                for shard in fresh:  # placing a chain takes a while: the fetches go on
+                    self._lay_out(restore_id, shard)
+            except BaseException:  # stop fetching
+                for future in spooling:
+                    future.cancel()
+                raise
+            self._end_spooling(to_spool, spooling)
+        landed = [self._download(item, url, from_spool=True) for item, url in prefetch]
+        return {
+            "node_id": self.config.node_id,
+            "prepared": [s["shard_id"] for s in shards],
+            "bytes": total,
+            "prefetched": {"objects": len(landed), "bytes": sum(r["bytes"] for r in landed)},
+        }
+
+    def _check_room(self, needed: int, to_spool: list[DownloadItem]) -> None:
+        """Room for the shards' files in restore_dir, and for the prefetched objects' spools
+        in state_dir (both together when they share a file system)."""
+        available = room(self.config) or 0
+        spools = sum(r.size for item in to_spool for r in planned_reads(item))
         if needed > available:
             raise TargetTooSmall(
                 f"node {self.config.node_id} needs {needed} bytes for its shards but has "
                 f"{available}.",
                 fix="free space in restore_dir, or restore into more nodes.",
             )
-        for shard in fresh:
-            self._lay_out(restore_id, shard)
-        return {
-            "node_id": self.config.node_id,
-            "prepared": [s["shard_id"] for s in shards],
-            "bytes": total,
-        }
+        if not spools:
+            return
+        state_dir = self.restores_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(state_dir).free
+        shared = self.restore_dir.exists() and (
+            os.stat(state_dir).st_dev == os.stat(self.restore_dir).st_dev
+        )
+        if spools + (needed if shared else 0) > free:
+            raise TargetTooSmall(
+                f"node {self.config.node_id} needs {spools} bytes in state_dir ({state_dir}) "
+                "for the newer backups of the chain it restores (kept there, compressed, until "
+                f"the full's blocks are written), {'besides its shards, ' if shared else ''}"
+                f"but has {free}.",
+                fix="free space in state_dir (or move it to a larger disk), or restore into "
+                "more nodes.",
+            )
+
+    def _spooled(self, item: DownloadItem) -> bool:
+        marker = self._object_done(item.restore_id, item.key)
+        return marker.with_suffix(".ok").exists() or marker.with_suffix(".spooled").exists()
+
+    def _start_spooling(
+        self, pool: ThreadPoolExecutor, prefetch: list[tuple[DownloadItem, str]]
+    ) -> list[Future[str]]:
+        """Starts fetching every read of each object into its spool, at the reads' offsets;
+        answers one future a read, in order."""
+        futures = []
+        for item, url in prefetch:
+            marker = self._object_done(item.restore_id, item.key)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.with_suffix(".item").write_text(item.model_dump_json())
+            marker.with_suffix(".spool").unlink(missing_ok=True)  # a retry starts it anew
+            for read in planned_reads(item):
+                futures.append(pool.submit(self._spool_read, item, url, read))
+        return futures
+
+    def _spool_read(self, item: DownloadItem, url: str, read: RangeRead) -> str:
+        self._refuse_aborted(item.restore_id)
+        path = self._object_done(item.restore_id, item.key).with_suffix(".spool")
+        spool = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            return self.downloader.fetch(
+                url,
+                item.key,
+                read.offset,
+                read.size,
+                lambda position, chunk: os.pwrite(spool, chunk, read.offset + position),
+            )
+        finally:
+            os.close(spool)
+
+    def _end_spooling(
+        self, prefetch: list[tuple[DownloadItem, str]], futures: list[Future[str]]
+    ) -> None:
+        """Waits for the spooling reads; marks each object spooled once its bytes are whole
+        (their CRC64NVME is the manifest's), else fails by name and leaves no spool."""
+        results = iter(futures)
+        for item, _ in prefetch:
+            reads = planned_reads(item)
+            crcs = [next(results).result() for _ in reads]
+            whole = combine(zip(crcs, (r.size for r in reads), strict=True))
+            marker = self._object_done(item.restore_id, item.key)
+            if whole != item.crc64nvme:
+                marker.with_suffix(".spool").unlink(missing_ok=True)
+                raise ChecksumMismatch(
+                    f"object {item.key} of shard {item.shard_id} arrived with CRC64NVME "
+                    f"{whole}; the manifest says {item.crc64nvme}.",
+                    fix="the object is damaged or replaced in the store: restore another backup.",
+                )
+            marker.with_suffix(".spooled").touch()
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
         shard = dict(shard)
@@ -319,6 +427,12 @@ class Restorer:
         if chain := shard.pop("chain", None):  # before the layout, which marks a shard done
             placed = place_chain(chain, layered)
             self._save_placements(restore_id, placed)
+            # Every object that writes a byte, which finish requires: an object that failed
+            # for good in the Download map (it tolerates failures) must not pass unnoticed.
+            shard["chain_objects"] = sorted(
+                key for key in placed.placements.keys() | placed.patches.keys()
+                if placed.placements.get(key) or placed.patches.get(key)
+            )  # fmt: skip
             if placed.patches:  # what the root's objects wait for (see _refuse_early)
                 keys = sorted(placed.patches)
                 save_index(self._patch_index(restore_id, shard["shard_id"]), keys, placed.patches)
@@ -425,17 +539,12 @@ class Restorer:
                 kind = DownloadIncomplete
             raise kind(failure["message"], fix=failure["fix"])
 
-    def _download(self, item: DownloadItem, url: str) -> dict[str, Any]:
+    def _download(self, item: DownloadItem, url: str, from_spool: bool = False) -> dict[str, Any]:
         """Answers ``bytes``: the bytes of the restored streams it supplied (the restore's
         progress; a layered chain's root writes more, which newer members' patches
-        replace)."""
-        placements: list[int] | None = None  # None: placed whole from its stream offset
-        patches: list[int] = []
-        written = item.placed_bytes
-        if item.from_chain:
-            placements, patches, written = self._chain_placements(item)
-        elif item.pieces:  # an older control plane's pieces
-            placements = unpack_numbers(item.pieces)
+        replace). ``from_spool``: a prefetched object, read from its spool (checked whole
+        as it was fetched), whose frames that patch the root's stay there."""
+        placements, patches, written = self._placements(item)
         done_marker = self._object_done(item.restore_id, item.key)
         if done_marker.with_suffix(".ok").exists():
             return {"key": item.key, "bytes": written, "resumed": True}
@@ -448,20 +557,20 @@ class Restorer:
         record = done_marker.with_suffix(".parts")
         record.parent.mkdir(parents=True, exist_ok=True)
         done = _read_done(record)
-        encryption = layout.get("encryption")
-        sealer = self.keys.sealer(
-            item.encryption  # a WAL batch's own key
-            or (Encryption.model_validate(encryption) if encryption else None),
-            item.key_check,
-        )
+        sealer = self._sealer(item, layout)
         pieces = None if placements is None else files.resolve(placements)  # opens files
         overlay = (
             self._overlay(item.restore_id, item.shard_id, layout)
             if item.key in layout.get("patched_objects", ())
             else None
         )
-        spool = self._spool(item, done_marker) if patches else None
-        frames = None if pieces is None else pieces.keys() | set(patches[0::4])
+        spool = self._spool(item, done_marker) if patches and not from_spool else None
+        frames = (
+            None
+            if pieces is None
+            else pieces.keys() | (set() if from_spool else set(patches[0::4]))
+        )
+        source = SpoolReader(done_marker.with_suffix(".spool")) if from_spool else self.downloader
         reads = planned_reads(item, frames)
         todo = [r for r in reads if r.number not in done]
         if done:
@@ -470,9 +579,7 @@ class Restorer:
 
         def fetch(read: RangeRead) -> None:
             self._refuse_aborted(item.restore_id)  # the reaper's abort: stop at the next read
-            crc = fetch_range(
-                self.downloader, url, item, read, files, sealer, pieces, spool, overlay
-            )
+            crc = fetch_range(source, url, item, read, files, sealer, pieces, spool, overlay)
             for fd, offset, length in written_ranges(item, read, files, pieces):
                 start_writeback(fd, offset, length)
             with guard, record.open("a") as out:
@@ -498,7 +605,26 @@ class Restorer:
                 fix="the object is damaged or replaced in the store: restore another backup.",
             )
         done_marker.with_suffix(".ok").touch()
+        if from_spool and not patches:  # nothing of it is laid into the root's frames
+            done_marker.with_suffix(".spool").unlink(missing_ok=True)
         return {"key": item.key, "bytes": written, "resumed": len(todo) < len(reads)}
+
+    def _placements(self, item: DownloadItem) -> tuple[list[int] | None, list[int], int]:
+        """Where an object's bytes go (None: whole, from its stream offset), its patches and
+        the bytes of the restored streams it supplies."""
+        if item.from_chain:
+            return self._chain_placements(item)
+        if item.pieces:  # an older control plane's pieces
+            return unpack_numbers(item.pieces), [], item.placed_bytes
+        return None, [], item.placed_bytes
+
+    def _sealer(self, item: DownloadItem, layout: dict[str, Any]) -> Sealer | None:
+        encryption = layout.get("encryption")
+        return self.keys.sealer(
+            item.encryption  # a WAL batch's own key
+            or (Encryption.model_validate(encryption) if encryption else None),
+            item.key_check,
+        )
 
     @staticmethod
     def _spool(item: DownloadItem, done_marker: Path) -> int:
@@ -561,6 +687,7 @@ class Restorer:
         self._refuse_aborted(restore_id)
         self._raise_recorded_failure(restore_id)
         self._close_overlays(restore_id)  # every object is in: no more patches to lay in
+        self._drop_spools(restore_id)
         results = []
         for shard_id in args["shard_ids"]:
             with self._turn(restore_id):
@@ -586,11 +713,11 @@ class Restorer:
         if started and started.get("result"):
             return started["result"]  # a retried finish: already done
         layout = self._layout(restore_id, shard_id)
+        needed = [o["key"] for s in layout["streams"] for o in s["objects"]]
         missing = [
-            o["key"]
-            for s in layout["streams"]
-            for o in s["objects"]
-            if not self._object_done(restore_id, o["key"]).with_suffix(".ok").exists()
+            key
+            for key in dict.fromkeys(needed + layout.get("chain_objects", []))
+            if not self._object_done(restore_id, key).with_suffix(".ok").exists()
         ]
         if missing:
             raise DownloadIncomplete(
@@ -860,7 +987,7 @@ def consecutive(spans: list[FrameSpan]) -> list[list[FrameSpan]]:
 
 
 def fetch_range(
-    downloader: Downloader,
+    downloader: Downloader | SpoolReader,
     url: str,
     item: DownloadItem,
     read: RangeRead,

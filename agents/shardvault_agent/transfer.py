@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import logging
 import os
 import threading
@@ -25,12 +26,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import urllib3
 
 from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
 from shardvault.errors import (
+    DownloadIncomplete,
     PartDownloadFailed,
     PartUploadFailed,
     PresignedUrlExpired,
@@ -417,3 +419,45 @@ class Downloader:
             raise TryAgain(f"{type(error).__name__}: {error}") from error
         finally:
             response.release_conn()
+
+
+def inlined(downloader: Downloader, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with the part too large for an inbox item read from the store through its
+    presigned URL (``args_url``, ``args_size``: ``shardvault.dispatch.work_args``)."""
+    url = args.get("args_url")
+    if not url:
+        return args
+    size = int(args["args_size"])
+    body = bytearray(size)
+
+    def write(position: int, chunk: bytes) -> None:
+        body[position : position + len(chunk)] = chunk
+
+    downloader.fetch(url, "the command's arguments", 0, size, write)
+    rest = {k: v for k, v in args.items() if k not in ("args_url", "args_size")}
+    return json.loads(body) | rest
+
+
+@dataclass
+class SpoolReader:
+    """Reads an object's bytes from its spool, a local copy fetched and checked whole before
+    (a chain's prefetched objects): ``Downloader.fetch``'s contract, from disk."""
+
+    path: Path
+
+    def fetch(
+        self, url: str, key: str, offset: int, size: int, write: Callable[[int, bytes], None]
+    ) -> str:
+        crc, got = 0, 0
+        with open(self.path, "rb") as spool:
+            while got < size:
+                chunk = os.pread(spool.fileno(), min(READ_CHUNK, size - got), offset + got)
+                if not chunk:
+                    raise DownloadIncomplete(
+                        f"the spool of {key} ends at byte {offset + got}, before the "
+                        f"{size} bytes asked for at {offset}.",
+                        fix="the restore failed: start it again (it fetches the object anew).",
+                    )
+                write(got, chunk)
+                crc, got = crc64nvme(chunk, crc), got + len(chunk)
+        return to_b64(crc)

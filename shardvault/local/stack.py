@@ -76,6 +76,7 @@ FUNCTIONS = {
     "PlanRestoreFunctionArn": "plan_restore",
     "ThawObjectsFunctionArn": "thaw_objects",
     "SignDownloadFunctionArn": "sign_download",
+    "CheckPreparedFunctionArn": "check_prepared",
     "RecordDownloadFunctionArn": "record_download",
     "FinalizeRestoreFunctionArn": "finalize_restore",
     "CleanupRestoreFunctionArn": "cleanup_restore",

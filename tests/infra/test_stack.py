@@ -396,8 +396,12 @@ def test_only_outcome_publishers_may_publish(synth: Synthesized) -> None:
 def test_download_signer_can_only_read_backups(synth: Synthesized) -> None:
     """A presigned GET carries its signer's permissions, bound to one GetObject of one key:
     reading backups is all it may do there. Its one write is the URL itself, into _work/ for
-    the dispatcher (so no URL enters execution history)."""
-    assert grants(synth, "sign_download") == READ_BACKUPS | {("s3:PutObject", "staging/_work/*")}
+    the dispatcher (so no URL enters execution history); it reads there the items a node
+    prefetches, which plan_restore wrote."""
+    assert grants(synth, "sign_download") == READ_BACKUPS | {
+        ("s3:GetObject", "staging/_work/*"),
+        ("s3:PutObject", "staging/_work/*"),
+    }
 
 
 def test_no_function_holds_service_wide_actions(synth: Synthesized) -> None:
@@ -480,8 +484,10 @@ RESTORE_GRANTS = {
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
     | {("s3:RestoreObject", "staging/backups/*"), ("s3:RestoreObject", "vault/backups/*")},
-    "sign_download": READ_BACKUPS | {("s3:PutObject", "staging/_work/*")},
+    "sign_download": READ_BACKUPS
+    | {("s3:GetObject", "staging/_work/*"), ("s3:PutObject", "staging/_work/*")},
     "record_download": UPDATE_CATALOG,
+    "check_prepared": UPDATE_CATALOG,
     "finalize_restore": UPDATE_CATALOG | NOTIFY,
     "cleanup_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:Query", "inbox")},  # causes
 }
@@ -561,9 +567,10 @@ def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing
     for state in distributed_maps(path):
         assert "ResultWriter" not in state
         if "ItemsPath" in state:  # a per-node Map
-            processor = state["ItemProcessor"]
-            first = processor["States"][processor["StartAt"]]
-            assert first["Catch"][0]["ErrorEquals"] == ["States.ALL"]
+            tasks = [s for s in state["ItemProcessor"]["States"].values() if s["Type"] == "Task"]
+            assert tasks
+            for task in tasks:
+                assert task["Catch"][0]["ErrorEquals"] == ["States.ALL"]
             assert state["MaxConcurrency"] == NODE_MAP_CONCURRENCY
             continue
         reader = state["ItemReader"]

@@ -121,22 +121,12 @@ def test_without_its_cache_the_agent_rebuilds_the_parents_map_from_the_store(
 def test_a_restore_of_an_incremental_assembles_its_chain(
     make_cluster, make_target, policy_for, monkeypatch
 ):
-    from shardvault import restore as restore_module
+    from pathlib import Path
+
     from shardvault.local.demo import table_digests
 
-    events: list[tuple[str, str]] = []  # ("asked" or "done", object key), in order
-    record_download = restore_module.record_download
-
-    def asking(command, args):
-        if command == "download":
-            events.append(("asked", args["object"]["key"]))
-
-    def done(item, written, svc):
-        events.append(("done", item.key))
-        return record_download(item, written, svc)
-
-    record_posts(monkeypatch, asking)
-    monkeypatch.setattr(restore_module, "record_download", done)
+    posts: list[tuple[str, dict]] = []
+    record_posts(monkeypatch, lambda command, args: posts.append((command, args)))
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
     full = cluster.backup()
@@ -168,15 +158,21 @@ def test_a_restore_of_an_incremental_assembles_its_chain(
     assert progress["bytes_done"] == progress["bytes_total"] == progress["bytes"]
     assert progress["objects_done"] == progress["objects_total"] == progress["objects"]
     assert progress["objects"] > records[last.record["backup_id"]]["objects"]
-    # The nodes laid the full's objects down whole with the newer blocks laid in: no object
-    # of the full was asked for before all of the newer members' had landed (the second
-    # download wave), else a full's frame could be written without a newer block.
+    # The node prefetched the newer members' objects as it prepared (its prepare command
+    # lists them); the Download map then asked for the full's objects and the restored
+    # backup's WAL only, each full's frame written with the newer blocks laid in (a full's
+    # object before them is refused: see below).
     root = full.record["backup_id"]
-    newer_done = [i for i, (what, key) in enumerate(events) if what == "done" and root not in key]
-    roots_asked = [i for i, (what, key) in enumerate(events) if what == "asked" and root in key]
-    assert len(roots_asked) >= 2  # an object per shard at least
-    assert len(newer_done) >= 6  # three incrementals, two shards
-    assert max(newer_done) < min(roots_asked)
+    (prepare,) = [args for command, args in posts if command == "prepare_restore"]
+    prefetched = {d["object"]["key"] for d in prepare["prefetch"]["downloads"]}
+    asked = {args["object"]["key"] for command, args in posts if command == "download"}
+    assert len(prefetched) == 6  # three incrementals, two shards
+    assert not any(root in key for key in prefetched)
+    assert len([key for key in asked if root in key]) >= 2  # an object per shard at least
+    assert not prefetched & asked
+    # The spools (the newer objects, stored) went with the restore's state.
+    (config,) = target.configs
+    assert not list(Path(config["state_dir"]).rglob("*.spool"))
 
 
 def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
@@ -205,6 +201,9 @@ def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
         assert "shards" not in args
         assert args["args_size"] > 64
         assert args["args_url"].startswith("http")
+        # The newer backup's objects it prefetches, with their URLs: by URL too.
+        assert "downloads" not in args["prefetch"]
+        assert args["prefetch"]["args_url"].startswith("http")
 
 
 def test_a_damaged_cache_is_not_trusted(make_cluster, policy_for):
@@ -270,20 +269,16 @@ def test_a_fulls_object_before_the_newer_backups_objects_is_refused(
     make_cluster, make_target, policy_for, monkeypatch
 ):
     """A node lays a chain's full down whole with the newer backups' blocks laid in: a full's
-    object written before those arrived would miss them. The state machine orders them (two
-    download waves); with its waves reversed here, the node refuses by name rather than
-    restore wrong data."""
+    object written before those arrived would miss them. The node prefetches them as it
+    prepares; with that prefetch lost here (signed empty), the node refuses the full's
+    objects by name rather than restore wrong data."""
     from shardvault import restore as restore_module
 
-    plan = restore_module.plan
+    def signing_nothing(prefetch_key, svc):
+        restore_id = prefetch_key.split("/")[-3]
+        return {"url_key": svc.put_urls(restore_id, prefetch_key, {"downloads": []})}
 
-    def reversed_waves(context, svc):
-        planned = plan(context, svc)
-        first, second = planned["plan_key"], planned["second_wave_key"]
-        planned["plan_key"], planned["second_wave_key"] = second, first
-        return planned
-
-    monkeypatch.setattr(restore_module, "plan", reversed_waves)
+    monkeypatch.setattr(restore_module, "sign_prefetch", signing_nothing)
     cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
 
     target = make_target(nodes=1)
