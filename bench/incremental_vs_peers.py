@@ -613,9 +613,9 @@ def label(name: str) -> str:
     }[name]
 
 
-# Download: a chain's first download wave, its newer members' objects (a full's: all of them);
-# Download#2: the second, the root's objects with the newer blocks laid in (0 for a full).
-RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Download#2", "Finish")
+# Prepare: a chain's includes fetching its newer members' objects (prefetched); Download: the
+# root's objects with the newer blocks laid in, and the WAL (a full's: all of its objects).
+RESTORE_STATES = ("Validate", "Plan", "Thaw", "Prepare", "Download", "Finish")
 RESTORE_COMMANDS = (
     "download_objects",
     "download_wall",

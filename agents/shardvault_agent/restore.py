@@ -326,7 +326,8 @@ class Restorer:
                     future.cancel()
                 raise
             self._end_spooling(to_spool, spooling)
-        landed = [self._download(item, url, from_spool=True) for item, url in prefetch]
+            # Each writes its own pieces (the placements are disjoint): side by side.
+            landed = list(pool.map(lambda job: self._download(*job, from_spool=True), prefetch))
         return {
             "node_id": self.config.node_id,
             "prepared": [s["shard_id"] for s in shards],
