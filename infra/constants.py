@@ -82,7 +82,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("plan_restore", "PlanRestoreFunctionArn", 120),
     # Heads every object of the backup (and asks archived ones to thaw).
     FunctionSpec("thaw_objects", "ThawObjectsFunctionArn", 300),
-    # After a restore's Prepare map: the first node's error, and what the nodes prefetched.
+    # After a restore's Prepare map: the first node's error, or an agent too old to prefetch.
     FunctionSpec("check_prepared", "CheckPreparedFunctionArn"),
     FunctionSpec("sign_download", "SignDownloadFunctionArn"),
     FunctionSpec("record_download", "RecordDownloadFunctionArn"),

@@ -457,7 +457,7 @@ class ShardVaultStack(Stack):
             *read_backups,
             policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
         )
-        for module in ("record_download", "check_prepared", "finalize_restore", "cleanup_restore"):
+        for module in ("record_download", "finalize_restore", "cleanup_restore"):
             grant(module, update_catalog)
         publish = iam.PolicyStatement(
             actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]

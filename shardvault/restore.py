@@ -351,28 +351,22 @@ def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
     their items, written to the work bucket for the dispatcher (``prefetch_urls_key``): like
     ``sign_download``'s, no URL enters the execution's history. Signed when the node's
     prepare starts, after thaw: a URL signed at plan could expire while objects thaw."""
-    entries = svc.get_work(prefetch_key)
-    items = [DownloadItem.model_validate(e["object"]) for e in entries]
-    downloads = [
-        {"object": entry["object"], "url": presign_get(s3, bucket, item.key, ttl)}
-        for entry, item in zip(entries, items, strict=True)
-        for s3, bucket in [source_of(svc, item.source)]
-        for ttl in [svc.settings.url_ttl_seconds]
-    ]
-    restore_id = items[0].restore_id if items else "none"
+    downloads = []
+    for entry in svc.get_work(prefetch_key):
+        item = DownloadItem.model_validate(entry["object"])
+        s3, bucket = source_of(svc, item.source)
+        url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds)
+        downloads.append({"object": entry["object"], "url": url})
+    if not downloads:
+        return {"url_key": None}
+    restore_id = downloads[0]["object"]["restore_id"]
     return {"url_key": svc.put_urls(restore_id, prefetch_key, {"downloads": downloads})}
 
 
-def check_prepared(
-    context: RestoreContext,
-    results: list[dict[str, Any]],
-    nodes: list[dict[str, Any]],
-    svc: Services,
-) -> dict[str, int]:
-    """After the Prepare map: fails the restore with the first node's own error; refuses a
-    node that was given objects to prefetch and did not say it fetched them (an agent from
-    before prefetching, which would finish a chain without its newer blocks); counts the
-    prefetched objects in the restore's progress."""
+def check_prepared(results: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """After the Prepare map: fails the restore with the first node's own error, and refuses
+    a node that was given objects to prefetch and did not say it would (an agent from before
+    prefetching, which would leave a chain without its newer blocks)."""
     counted = raise_first_failure(results)
     answers = {r.get("node_id"): r for r in results if isinstance(r, dict)}
     for node in nodes:
@@ -382,14 +376,6 @@ def check_prepared(
                 "chain it restores: it is older than this control plane.",
                 fix="upgrade shardvault-agent on that node, then start the restore again.",
             )
-    done = [r["prefetched"] for r in answers.values() if r.get("prefetched")]
-    if done:
-        svc.catalog.add_progress(
-            context.target_cluster,
-            catalog_key(context.restore_id),
-            bytes_done=sum(d["bytes"] for d in done),
-            objects_done=sum(d["objects"] for d in done),
-        )
     return counted
 
 
@@ -570,6 +556,15 @@ def finalize(
     """Records the restored cluster: where each shard runs and what its checks found."""
     shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
     duration = now - context.started_at
+    # A chain's objects each node prefetched as it prepared: counted now, as the nodes say.
+    prefetched = [r["prefetched"] for r in results if isinstance(r.get("prefetched"), dict)]
+    if prefetched:
+        svc.catalog.add_progress(
+            context.target_cluster,
+            catalog_key(context.restore_id),
+            bytes_done=sum(p.get("bytes", 0) for p in prefetched),
+            objects_done=sum(p.get("objects", 0) for p in prefetched),
+        )
     record = svc.catalog.get(context.target_cluster, catalog_key(context.restore_id)) or {}
     summary = {
         "status": BackupStatus.COMPLETE.value,

@@ -206,6 +206,11 @@ class Restorer:
         # Each layered chain's overlay, shared by the downloads of its root's objects.
         self._overlays: dict[tuple[str, str], Overlay] = {}
         self._overlays_guard = threading.Lock()
+        # Each restore's chains being placed and prefetched after its prepare answered
+        # (``prepare``): its downloads, finish and abort wait for them.
+        self._chains: dict[str, Future[None]] = {}
+        self._chains_guard = threading.Lock()
+        self._chains_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chains")
 
     def _turn(self, restore_id: str) -> threading.Lock:
         with self._turns_guard:
@@ -287,13 +292,13 @@ class Restorer:
         """Checks the target directories and room, then creates each shard's files at their
         final sizes in staging. A second call (a retry, a resumed restore) keeps what is there.
 
-        For a chain, it also *prefetches* the newer members' objects (``prefetch``: their
-        items and presigned URLs): each is fetched whole into its spool and checked against
-        its CRC64NVME while the chain is placed, then its bytes that the root does not cover
-        are written from the spool; the rest stay there, stored, for the root's frames
-        (``overlay``). The root's objects, downloaded next, find them all in."""
+        A chain's shards are laid out after the answer (``_prepare_chains``): the chain is
+        placed and the newer members' objects are *prefetched* (``prefetch``: their items and
+        presigned URLs) while the state machine goes on to the Download map, whose downloads
+        wait for that work (``_await_chains``) and fail with its error if it failed."""
         restore_id, replace = args["backup_id"], bool(args.get("replace"))
         self._refuse_aborted(restore_id)
+        self._raise_recorded_failure(restore_id)  # e.g. its chains' layout failed before
         shards = args["shards"]
         total = 0
         for shard in shards:
@@ -316,24 +321,81 @@ class Restorer:
         )
         to_spool = [(item, url) for item, url in prefetch if not self._spooled(item)]
         self._check_room(needed, [item for item, _ in to_spool])
-        with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
-            spooling = self._start_spooling(pool, to_spool)
-            try:
-                for shard in fresh:  # placing a chain takes a while: the fetches go on
-                    self._lay_out(restore_id, shard)
-            except BaseException:  # stop fetching
-                for future in spooling:
-                    future.cancel()
-                raise
-            self._end_spooling(to_spool, spooling)
-            # Each writes its own pieces (the placements are disjoint): side by side.
-            landed = list(pool.map(lambda job: self._download(*job, from_spool=True), prefetch))
+        for shard in fresh:
+            if not shard.get("chain"):
+                self._lay_out(restore_id, shard)
+        chains = [shard for shard in fresh if shard.get("chain")]
+        if chains or prefetch:
+            self._start_chains(restore_id, chains, prefetch, to_spool)
         return {
             "node_id": self.config.node_id,
             "prepared": [s["shard_id"] for s in shards],
             "bytes": total,
-            "prefetched": {"objects": len(landed), "bytes": sum(r["bytes"] for r in landed)},
+            # Fetched after this answer: finish counts them (objects and bytes).
+            "prefetched": {"objects": len(prefetch)},
         }
+
+    def _start_chains(
+        self,
+        restore_id: str,
+        chains: list[dict[str, Any]],
+        prefetch: list[tuple[DownloadItem, str]],
+        to_spool: list[tuple[DownloadItem, str]],
+    ) -> None:
+        with self._chains_guard:
+            running = self._chains.get(restore_id)
+            if running is not None and not running.done():
+                return  # a retried prepare: the first one's work goes on
+            self._chains[restore_id] = self._chains_pool.submit(
+                self._prepare_chains, restore_id, chains, prefetch, to_spool
+            )
+
+    def _prepare_chains(
+        self,
+        restore_id: str,
+        chains: list[dict[str, Any]],
+        prefetch: list[tuple[DownloadItem, str]],
+        to_spool: list[tuple[DownloadItem, str]],
+    ) -> None:
+        """Fetches each object not yet spooled whole into its spool (checked against its
+        CRC64NVME) while the chains are placed, then writes from the spools the bytes the
+        root does not cover; the rest stay there, stored, for the root's frames
+        (``overlay``). Records its failure for the downloads and finish to report."""
+        try:
+            with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
+                spooling = self._start_spooling(pool, to_spool)
+                try:
+                    for shard in chains:  # placing a chain takes a while: the fetches go on
+                        self._lay_out(restore_id, shard)
+                except BaseException:  # stop fetching
+                    for future in spooling:
+                        future.cancel()
+                    raise
+                self._end_spooling(to_spool, spooling)
+            landed = [self._download(item, url, from_spool=True) for item, url in prefetch]
+            write_json(
+                self.state(restore_id) / "prefetched.json",
+                {"objects": len(landed), "bytes": sum(r["bytes"] for r in landed)},
+            )
+        except ShardVaultError as error:
+            self._record_failure(restore_id, error)
+            raise
+        except Exception as error:
+            failed = DownloadIncomplete(
+                f"node {self.config.node_id} could not lay out restore {restore_id}'s chains: "
+                f"{type(error).__name__}: {error}",
+                fix="start the restore again (it resumes what was downloaded).",
+            )
+            self._record_failure(restore_id, failed)
+            raise failed from error
+
+    def _await_chains(self, restore_id: str) -> None:
+        """Waits for the restore's chains to be laid out here, if that is under way; raises
+        what failed it."""
+        with self._chains_guard:
+            job = self._chains.get(restore_id)
+        if job is not None:
+            job.result()
 
     def _check_room(self, needed: int, to_spool: list[DownloadItem]) -> None:
         """Room for the shards' files in restore_dir, and for the prefetched objects' spools
@@ -514,6 +576,7 @@ class Restorer:
         the restore ends with its real cause whatever order the tasks end in."""
         item = DownloadItem.model_validate(args["object"])
         self._refuse_aborted(item.restore_id)
+        self._await_chains(item.restore_id)
         self._raise_recorded_failure(item.restore_id)
         try:
             return self._download(item, args["url"])
@@ -686,9 +749,11 @@ class Restorer:
     def finish(self, args: dict[str, Any]) -> dict[str, Any]:
         restore_id = args["backup_id"]
         self._refuse_aborted(restore_id)
+        self._await_chains(restore_id)
         self._raise_recorded_failure(restore_id)
         self._close_overlays(restore_id)  # every object is in: no more patches to lay in
         self._drop_spools(restore_id)
+        prefetched = self.state(restore_id) / "prefetched.json"
         results = []
         for shard_id in args["shard_ids"]:
             with self._turn(restore_id):
@@ -696,7 +761,10 @@ class Restorer:
                 results.append(self._finish_shard(restore_id, shard_id, args))
         with contextlib.suppress(OSError):  # every shard moved out: staging is empty now
             (self.restore_dir / INCOMING / restore_id).rmdir()
-        return {"node_id": self.config.node_id, "shards": results}
+        answer: dict[str, Any] = {"node_id": self.config.node_id, "shards": results}
+        if prefetched.exists():  # the restore's progress counts them now (finalize)
+            answer["prefetched"] = json.loads(prefetched.read_text())
+        return answer
 
     def _started(self, restore_id: str) -> dict[str, Any]:
         path = self.state(restore_id) / "started.json"
@@ -827,6 +895,8 @@ class Restorer:
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
         self._aborted(restore_id).touch()
+        with contextlib.suppress(Exception):  # its reads stop at the tombstone
+            self._await_chains(restore_id)
         self._close_overlays(restore_id)
         with self._turn(restore_id):
             self._undo(restore_id)

@@ -1,8 +1,9 @@
 """Scan: which bytes of a shard's stream changed since its parent backup.
 
 Terms:
-- *scan*: reading every file of a capture once, hashing its blocks (``blockmap``), writing
-  this backup's block map and comparing each file with the parent's map. Reading is allowed;
+- *scan*: reading every file of a capture once (``SCAN_THREADS`` files at a time), hashing
+  its blocks (``blockmap``), writing this backup's block map and comparing each file with the
+  parent's map. Reading is allowed;
   uploading unchanged bytes is not.
 - *extents*: the changed byte ranges as ``(stream_offset, length)``, in stream order, merged.
   A full backup's extents are the whole stream (no parent: every block is new).
@@ -35,6 +36,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -60,6 +62,10 @@ from shardvault_agent.blockmap import (
 )
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import StreamReader, read_exactly
+
+# Files read and hashed at once: a read's copy from the page cache runs without the GIL while
+# another file's blocks are hashed (a scan of 1.6 GiB took 0.4 s on one thread).
+SCAN_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -92,16 +98,27 @@ def scan_capture(
         parent = None
     started, extents, offset, unchanged = time.monotonic(), [], 0, 0
 
-    def hashed() -> Iterator[Hashed]:
+    def scan(entry: FileEntry) -> bytes:
+        reader = StreamReader(root, [entry], 0, entry.size, limiter)
+        return scan_file(lambda n: read_exactly(reader, n), entry.size, block_size)
+
+    def hashed(pool: ThreadPoolExecutor) -> Iterator[Hashed]:
         nonlocal offset, unchanged
+        # Each identity is taken before its file is read; the changed files are read and
+        # hashed SCAN_THREADS at a time, and their hashes taken in listing order.
+        listed = []
         for entry in mapped_files(files):
             identity = file_identity(root, entry, trusted_before)
             if parent is not None and parent.unchanged(entry.path, entry.size, identity):
-                hashes = bytes(parent.hashes(entry.path) or b"")
+                listed.append((entry, identity, None))
+            else:
+                listed.append((entry, identity, pool.submit(scan, entry)))
+        for entry, identity, scanning in listed:
+            if scanning is None:
+                hashes = bytes(parent.hashes(entry.path) or b"") if parent is not None else b""
                 unchanged += entry.size
             else:
-                reader = StreamReader(root, [entry], 0, entry.size, limiter)
-                hashes = scan_file(lambda n, r=reader: read_exactly(r, n), entry.size, block_size)
+                hashes = scanning.result()
                 before = parent.hashes(entry.path) if parent is not None else None
                 extents.extend(
                     (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
@@ -109,7 +126,12 @@ def scan_capture(
             offset += entry.size
             yield entry.path, entry.size, hashes, identity
 
-    write_map(map_path, block_size, hashed())
+    with ThreadPoolExecutor(SCAN_THREADS) as pool:
+        try:
+            write_map(map_path, block_size, hashed(pool))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
     seconds = round(time.monotonic() - started, 3)
     return ScanResult(merge_extents(extents), offset, seconds, unchanged)
 
