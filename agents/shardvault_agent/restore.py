@@ -207,8 +207,9 @@ class Restorer:
         self._overlays: dict[tuple[str, str], Overlay] = {}
         self._overlays_guard = threading.Lock()
         # Each restore's chains being placed and prefetched after its prepare answered
-        # (``prepare``): its downloads, finish and abort wait for them.
-        self._chains: dict[str, Future[None]] = {}
+        # (``prepare``): when its downloads may start (placed and spooled), and when all of
+        # it is done (landed), which finish and abort wait for.
+        self._chains: dict[str, tuple[Future[None], Future[None]]] = {}
         self._chains_guard = threading.Lock()
         self._chains_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chains")
 
@@ -344,11 +345,13 @@ class Restorer:
     ) -> None:
         with self._chains_guard:
             running = self._chains.get(restore_id)
-            if running is not None and not running.done():
+            if running is not None and not running[1].done():
                 return  # a retried prepare: the first one's work goes on
-            self._chains[restore_id] = self._chains_pool.submit(
-                self._prepare_chains, restore_id, chains, prefetch, to_spool
+            ready: Future[None] = Future()
+            job = self._chains_pool.submit(
+                self._prepare_chains, restore_id, chains, prefetch, to_spool, ready
             )
+            self._chains[restore_id] = (ready, job)
 
     def _prepare_chains(
         self,
@@ -356,11 +359,13 @@ class Restorer:
         chains: list[dict[str, Any]],
         prefetch: list[tuple[DownloadItem, str]],
         to_spool: list[tuple[DownloadItem, str]],
+        ready: Future[None],
     ) -> None:
         """Fetches each object not yet spooled whole into its spool (checked against its
-        CRC64NVME) while the chains are placed, then writes from the spools the bytes the
-        root does not cover; the rest stay there, stored, for the root's frames
-        (``overlay``). Records its failure for the downloads and finish to report."""
+        CRC64NVME) while the chains are placed; then the downloads may start (``ready``: the
+        root's frames find every patch), while it writes from the spools the bytes the root
+        does not cover (elsewhere than the root's). Records its failure for the downloads
+        and finish to report."""
         try:
             with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
                 spooling = self._start_spooling(pool, to_spool)
@@ -372,6 +377,7 @@ class Restorer:
                         future.cancel()
                     raise
                 self._end_spooling(to_spool, spooling)
+            ready.set_result(None)
             landed = [self._download(item, url, from_spool=True) for item, url in prefetch]
             write_json(
                 self.state(restore_id) / "prefetched.json",
@@ -379,6 +385,8 @@ class Restorer:
             )
         except ShardVaultError as error:
             self._record_failure(restore_id, error)
+            if not ready.done():
+                ready.set_exception(error)
             raise
         except Exception as error:
             failed = DownloadIncomplete(
@@ -387,15 +395,18 @@ class Restorer:
                 fix="start the restore again (it resumes what was downloaded).",
             )
             self._record_failure(restore_id, failed)
+            if not ready.done():
+                ready.set_exception(failed)
             raise failed from error
 
-    def _await_chains(self, restore_id: str) -> None:
-        """Waits for the restore's chains to be laid out here, if that is under way; raises
-        what failed it."""
+    def _await_chains(self, restore_id: str, last: bool = False) -> None:
+        """Waits until the restore's chains are placed and spooled here (``last``: wholly
+        done, and nothing will wait for them again: finish, abort), if that is under way;
+        raises what failed it."""
         with self._chains_guard:
-            job = self._chains.get(restore_id)
-        if job is not None:
-            job.result()
+            stages = self._chains.pop(restore_id, None) if last else self._chains.get(restore_id)
+        if stages is not None:
+            stages[1 if last else 0].result()
 
     def _check_room(self, needed: int, to_spool: list[DownloadItem]) -> None:
         """Room for the shards' files in restore_dir, and for the prefetched objects' spools
@@ -706,7 +717,10 @@ class Restorer:
         missing = [
             k
             for k in layout.get("patch_objects", [])
-            if not self._object_done(item.restore_id, k).with_suffix(".ok").exists()
+            if not any(  # in: written, or spooled whole (its uncovered bytes come meanwhile)
+                self._object_done(item.restore_id, k).with_suffix(suffix).exists()
+                for suffix in (".ok", ".spooled")
+            )
         ]
         if missing:
             raise DownloadIncomplete(
@@ -749,7 +763,7 @@ class Restorer:
     def finish(self, args: dict[str, Any]) -> dict[str, Any]:
         restore_id = args["backup_id"]
         self._refuse_aborted(restore_id)
-        self._await_chains(restore_id)
+        self._await_chains(restore_id, last=True)
         self._raise_recorded_failure(restore_id)
         self._close_overlays(restore_id)  # every object is in: no more patches to lay in
         self._drop_spools(restore_id)
@@ -896,7 +910,7 @@ class Restorer:
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
         self._aborted(restore_id).touch()
         with contextlib.suppress(Exception):  # its reads stop at the tombstone
-            self._await_chains(restore_id)
+            self._await_chains(restore_id, last=True)
         self._close_overlays(restore_id)
         with self._turn(restore_id):
             self._undo(restore_id)

@@ -288,3 +288,34 @@ def test_a_fulls_object_before_the_newer_backups_objects_is_refused(
     assert restored.error == "DownloadIncomplete"
     assert "came before" in restored.cause
     assert not list(target.restore_dir(0).glob("*/*.db"))  # nothing half-restored in place
+
+
+def test_a_damaged_newer_object_fails_the_chains_restore_by_name_and_leaves_nothing(
+    make_cluster, make_target, policy_for
+):
+    """The newer backups' objects are fetched into spools after the node's prepare answered:
+    one replaced in the store fails the restore with its own error and key (the root's
+    downloads and finish report what the node recorded), and nothing of it stays on the
+    node: no restored file, no spool."""
+    from pathlib import Path
+
+    cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
+    svc = cluster.stack.services()
+    incremental = last.record["backup_id"]
+    vault, bucket = svc.vault_s3, svc.vault.bucket  # promoted: restores read the vault
+    pages = vault.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    key = sorted(k for k in keys if incremental in k and "/data-" in k)[0]
+    body = vault.get_object(Bucket=bucket, Key=key)["Body"].read()
+    damaged = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
+    vault.put_object(Bucket=bucket, Key=key, Body=damaged)  # a newer version, read first
+    target = make_target(nodes=1)
+
+    restored = target.restore(cluster.name, backup_id=incremental)
+
+    assert restored.status == "FAILED"
+    assert restored.error == "ChecksumMismatch", restored.cause
+    assert key in restored.cause
+    assert [p for p in target.restore_dir(0).rglob("*") if p.is_file()] == []
+    (config,) = target.configs
+    assert not list(Path(config["state_dir"]).rglob("*.spool"))
