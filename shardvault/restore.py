@@ -267,10 +267,10 @@ def shard_size(shard: ManifestShard) -> int:
 def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     """Writes what each node prepares and the download items, and records the restore as
     running in the catalog (the first side effect). A chain's newer members' objects are
-    *prefetched*: each node downloads its own as it prepares (``prefetch_key``: the items,
-    signed by ``sign_prefetch``), so that the root's objects, downloaded next with the
-    restored backup's WAL, are written with the newer members' changed blocks laid in
-    (``shardvault.chains``, layered) and no download wave waits for another."""
+    *prefetched*: each node fetches its own from its prepare on (``prefetch_key``: the items,
+    signed by ``sign_prefetch``), so that the root's objects, downloaded by the Download map
+    with the restored backup's WAL, are written with the newer members' changed blocks laid
+    in (``shardvault.chains``, layered) and no download wave waits for another."""
     manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
@@ -347,7 +347,7 @@ def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
 
 
 def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
-    """Presigned GET URLs of the objects a node prefetches as it prepares (``plan``), with
+    """Presigned GET URLs of the objects a node prefetches from its prepare on (``plan``), with
     their items, written to the work bucket for the dispatcher (``prefetch_urls_key``): like
     ``sign_download``'s, no URL enters the execution's history. Signed when the node's
     prepare starts, after thaw: a URL signed at plan could expire while objects thaw."""
