@@ -766,7 +766,6 @@ class Restorer:
         self._await_chains(restore_id, last=True)
         self._raise_recorded_failure(restore_id)
         self._close_overlays(restore_id)  # every object is in: no more patches to lay in
-        self._drop_spools(restore_id)
         prefetched = self.state(restore_id) / "prefetched.json"
         results = []
         for shard_id in args["shard_ids"]:
@@ -775,6 +774,7 @@ class Restorer:
                 results.append(self._finish_shard(restore_id, shard_id, args))
         with contextlib.suppress(OSError):  # every shard moved out: staging is empty now
             (self.restore_dir / INCOMING / restore_id).rmdir()
+        self._drop_spools(restore_id)  # every shard restored (a failure's abort drops them)
         answer: dict[str, Any] = {"node_id": self.config.node_id, "shards": results}
         if prefetched.exists():  # the restore's progress counts them now (finalize)
             answer["prefetched"] = json.loads(prefetched.read_text())
