@@ -192,6 +192,21 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)  # advisory: errors ignored
 
 
+@dataclass(frozen=True)
+class ChainJob:
+    """What a node lays out of a restore's chains after its prepare answered: the chain
+    shards, the newer members' objects it prefetches (item, URL), those not yet spooled."""
+
+    restore_id: str
+    chains: list[dict[str, Any]]
+    prefetch: list[tuple[DownloadItem, str]]
+    to_spool: list[tuple[DownloadItem, str]]
+
+
+# A prefetched object being spooled: its reads, and one future (the CRC64NVME) per read.
+Spooling = list[tuple[DownloadItem, list["RangeRead"], list[Future[str]]]]
+
+
 class Restorer:
     def __init__(
         self, config: AgentConfig, engine: EngineAdapter, downloader: Downloader, keys: DataKeys
@@ -320,14 +335,14 @@ class Restorer:
         needed = sum(
             sum(f.size for st in s["streams"] for f in unpack_files(st["files"])) for s in fresh
         )
-        to_spool = [(item, url) for item, url in prefetch if not self._spooled(item)]
+        to_spool = [(i, url) for i, url in prefetch if not self._spooled(i.restore_id, i.key)]
         self._check_room(needed, [item for item, _ in to_spool])
         for shard in fresh:
             if not shard.get("chain"):
                 self._lay_out(restore_id, shard)
         chains = [shard for shard in fresh if shard.get("chain")]
         if chains or prefetch:
-            self._start_chains(restore_id, chains, prefetch, to_spool)
+            self._start_chains(ChainJob(restore_id, chains, prefetch, to_spool))
         return {
             "node_id": self.config.node_id,
             "prepared": [s["shard_id"] for s in shards],
@@ -336,31 +351,16 @@ class Restorer:
             "prefetched": {"objects": len(prefetch)},
         }
 
-    def _start_chains(
-        self,
-        restore_id: str,
-        chains: list[dict[str, Any]],
-        prefetch: list[tuple[DownloadItem, str]],
-        to_spool: list[tuple[DownloadItem, str]],
-    ) -> None:
+    def _start_chains(self, job: ChainJob) -> None:
         with self._chains_guard:
-            running = self._chains.get(restore_id)
+            running = self._chains.get(job.restore_id)
             if running is not None and not running[1].done():
                 return  # a retried prepare: the first one's work goes on
             ready: Future[None] = Future()
-            job = self._chains_pool.submit(
-                self._prepare_chains, restore_id, chains, prefetch, to_spool, ready
-            )
-            self._chains[restore_id] = (ready, job)
+            done = self._chains_pool.submit(self._prepare_chains, job, ready)
+            self._chains[job.restore_id] = (ready, done)
 
-    def _prepare_chains(
-        self,
-        restore_id: str,
-        chains: list[dict[str, Any]],
-        prefetch: list[tuple[DownloadItem, str]],
-        to_spool: list[tuple[DownloadItem, str]],
-        ready: Future[None],
-    ) -> None:
+    def _prepare_chains(self, job: ChainJob, ready: Future[None]) -> None:
         """Fetches each object not yet spooled whole into its spool (checked against its
         CRC64NVME) while the chains are placed; then the downloads may start (``ready``: the
         root's frames find every patch), while it writes from the spools the bytes the root
@@ -368,35 +368,37 @@ class Restorer:
         and finish to report."""
         try:
             with ThreadPoolExecutor(max_workers=self.config.upload_parallelism) as pool:
-                spooling = self._start_spooling(pool, to_spool)
+                spooling = self._start_spooling(pool, job.to_spool)
                 try:
-                    for shard in chains:  # placing a chain takes a while: the fetches go on
-                        self._lay_out(restore_id, shard)
+                    for shard in job.chains:  # placing a chain takes a while: fetches go on
+                        self._lay_out(job.restore_id, shard)
                 except BaseException:  # stop fetching
-                    for future in spooling:
-                        future.cancel()
+                    for _, _, futures in spooling:
+                        for future in futures:
+                            future.cancel()
                     raise
-                self._end_spooling(to_spool, spooling)
+                self._end_spooling(spooling)
             ready.set_result(None)
-            landed = [self._download(item, url, from_spool=True) for item, url in prefetch]
+            landed = [self._download(item, url, from_spool=True) for item, url in job.prefetch]
             write_json(
-                self.state(restore_id) / "prefetched.json",
+                self.state(job.restore_id) / "prefetched.json",
                 {"objects": len(landed), "bytes": sum(r["bytes"] for r in landed)},
             )
-        except ShardVaultError as error:
-            self._record_failure(restore_id, error)
-            if not ready.done():
-                ready.set_exception(error)
-            raise
         except Exception as error:
-            failed = DownloadIncomplete(
-                f"node {self.config.node_id} could not lay out restore {restore_id}'s chains: "
-                f"{type(error).__name__}: {error}",
-                fix="start the restore again (it resumes what was downloaded).",
+            failed = (
+                error
+                if isinstance(error, ShardVaultError)
+                else DownloadIncomplete(
+                    f"node {self.config.node_id} could not lay out restore {job.restore_id}'s "
+                    f"chains: {type(error).__name__}: {error}",
+                    fix="start the restore again (it resumes what was downloaded).",
+                )
             )
-            self._record_failure(restore_id, failed)
+            self._record_failure(job.restore_id, failed)
             if not ready.done():
                 ready.set_exception(failed)
+            if failed is error:
+                raise
             raise failed from error
 
     def _await_chains(self, restore_id: str, last: bool = False) -> None:
@@ -437,24 +439,26 @@ class Restorer:
                 "more nodes.",
             )
 
-    def _spooled(self, item: DownloadItem) -> bool:
-        marker = self._object_done(item.restore_id, item.key)
+    def _spooled(self, restore_id: str, key: str) -> bool:
+        """Whether an object is in: written, or spooled whole (a prefetched one, whose
+        uncovered bytes may still be on their way from the spool)."""
+        marker = self._object_done(restore_id, key)
         return marker.with_suffix(".ok").exists() or marker.with_suffix(".spooled").exists()
 
     def _start_spooling(
         self, pool: ThreadPoolExecutor, prefetch: list[tuple[DownloadItem, str]]
-    ) -> list[Future[str]]:
-        """Starts fetching every read of each object into its spool, at the reads' offsets;
-        answers one future a read, in order."""
-        futures = []
+    ) -> Spooling:
+        """Starts fetching every read of each object into its spool, at the reads' offsets."""
+        spooling: Spooling = []
         for item, url in prefetch:
             marker = self._object_done(item.restore_id, item.key)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.with_suffix(".item").write_text(item.model_dump_json())
             marker.with_suffix(".spool").unlink(missing_ok=True)  # a retry starts it anew
-            for read in planned_reads(item):
-                futures.append(pool.submit(self._spool_read, item, url, read))
-        return futures
+            reads = planned_reads(item)
+            futures = [pool.submit(self._spool_read, item, url, read) for read in reads]
+            spooling.append((item, reads, futures))
+        return spooling
 
     def _spool_read(self, item: DownloadItem, url: str, read: RangeRead) -> str:
         self._refuse_aborted(item.restore_id)
@@ -471,15 +475,11 @@ class Restorer:
         finally:
             os.close(spool)
 
-    def _end_spooling(
-        self, prefetch: list[tuple[DownloadItem, str]], futures: list[Future[str]]
-    ) -> None:
+    def _end_spooling(self, spooling: Spooling) -> None:
         """Waits for the spooling reads; marks each object spooled once its bytes are whole
         (their CRC64NVME is the manifest's), else fails by name and leaves no spool."""
-        results = iter(futures)
-        for item, _ in prefetch:
-            reads = planned_reads(item)
-            crcs = [next(results).result() for _ in reads]
+        for item, reads, futures in spooling:
+            crcs = [future.result() for future in futures]
             whole = combine(zip(crcs, (r.size for r in reads), strict=True))
             marker = self._object_done(item.restore_id, item.key)
             if whole != item.crc64nvme:
@@ -715,12 +715,7 @@ class Restorer:
         if item.key not in layout.get("patched_objects", ()):
             return
         missing = [
-            k
-            for k in layout.get("patch_objects", [])
-            if not any(  # in: written, or spooled whole (its uncovered bytes come meanwhile)
-                self._object_done(item.restore_id, k).with_suffix(suffix).exists()
-                for suffix in (".ok", ".spooled")
-            )
+            k for k in layout.get("patch_objects", []) if not self._spooled(item.restore_id, k)
         ]
         if missing:
             raise DownloadIncomplete(

@@ -1,5 +1,5 @@
 """What several unit tests set up alike: the control plane's services on moto (with the
-local stack's tables), and an agent of one SQLite shard."""
+local stack's tables), an agent of one SQLite shard, and a restore target's agent."""
 
 from __future__ import annotations
 
@@ -49,6 +49,18 @@ def sqlite_agent(tmp_path: Path, rows: int = 0, **agent: Any) -> AgentConfig:
         shards=[ShardConfig(shard_id="s1", path=db)],
         state_dir=tmp_path / "state",
         **agent,
+    )
+
+
+def restore_target(tmp_path: Path) -> AgentConfig:
+    """The agent of a restore target node ``n1``: no shards of its own, a ``restore_dir``."""
+    return AgentConfig(
+        node_id="n1",
+        cluster="t",
+        engine="sqlite",
+        shards=[],
+        state_dir=tmp_path / "state",
+        restore_dir=tmp_path / "restored",
     )
 
 

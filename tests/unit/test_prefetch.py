@@ -72,7 +72,6 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     import shutil
 
     from shardvault_agent.commands import Commands
-    from shardvault_agent.config import AgentConfig
     from shardvault_agent.engines.sqlite import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
     from shardvault_agent.transfer import Faults
@@ -80,14 +79,9 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     from shardvault.errors import TargetTooSmall
     from shardvault.models import DownloadItem
 
-    config = AgentConfig(
-        node_id="n1",
-        cluster="t",
-        engine="sqlite",
-        shards=[],
-        state_dir=tmp_path / "state",
-        restore_dir=tmp_path / "restored",
-    )
+    from .support import restore_target
+
+    config = restore_target(tmp_path)
     fetched: list[str] = []
     downloader = SimpleNamespace(fetch=lambda *args: fetched.append(args[1]))
     commands = Commands(

@@ -20,6 +20,8 @@ from shardvault_agent.transfer import Faults
 
 from shardvault.errors import RestoreValidationFailed
 
+from .support import restore_target
+
 
 class RecordingEngine(SqliteAdapter):
     """A server-running engine whose copy fails its checks after its server started."""
@@ -43,14 +45,7 @@ class RecordingEngine(SqliteAdapter):
 
 
 def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
-    config = AgentConfig(
-        node_id="n1",
-        cluster="t",
-        engine="sqlite",
-        shards=[],
-        state_dir=tmp_path / "state",
-        restore_dir=tmp_path / "restored",
-    )
+    config = restore_target(tmp_path)
     engine = RecordingEngine(config)
     commands = Commands(
         config, engine, RateLimiter(None), SimpleNamespace(faults=Faults(), http=None)
