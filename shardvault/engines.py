@@ -12,10 +12,14 @@ and check a restored copy, its server) is the agent's, one adapter per engine
 - *runs queries*: a restored copy answers the request's validation queries (RocksDB and
   command hooks know no query language: a digest of every pair, or the finish hook, checks
   the copy).
+- *mixed cluster*: one whose nodes run different engines, which only the policy allows (its
+  ``engine`` lists them); a backup records each shard's engine and a restore places each shard
+  on a target node of that engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardvault.models import Engine
@@ -39,3 +43,9 @@ TRAITS = {
 
 def traits(engine: Engine) -> EngineTraits:
     return TRAITS[engine]
+
+
+def label(engines: Iterable[Engine]) -> str:
+    """How the catalog and messages name a backup's engines: ``sqlite``, or ``rocksdb+sqlite``
+    for a mixed cluster."""
+    return "+".join(sorted({engine.value for engine in engines}))

@@ -377,6 +377,7 @@ class Source(Frozen):
 
     node_id: str
     shard_ids: list[str]
+    engine: Engine | None = None  # the node's (None in a context from before mixed clusters)
 
 
 class UploadLimits(Frozen):
@@ -418,7 +419,7 @@ class BackupContext(Frozen):
 
     backup_id: str
     cluster: str
-    engine: Engine
+    engine: Engine | None  # None: the policy lets the cluster mix engines; each source's own
     sources: list[Source]
     store_url: str
     started_at: float
@@ -535,6 +536,7 @@ class ManifestShard(Frozen):
     # The shard's block map at this backup (an object of phase "blockmap"), which the next
     # incremental compares with; never placed by a restore. None before format 3.
     blockmap: ObjectResult | None = None
+    engine: Engine | None = None  # None in manifests from before mixed clusters: the backup's
 
     @property
     def objects(self) -> list[ObjectResult]:
@@ -547,7 +549,7 @@ class Manifest(Frozen):
     format: int = MANIFEST_FORMAT
     backup_id: str
     cluster: str
-    engine: Engine
+    engine: Engine | None  # None: the shards' engines differ (a mixed cluster); each names its own
     started_at: float
     completed_at: float
     checkpoint_skew_seconds: float
@@ -570,6 +572,20 @@ class Manifest(Frozen):
     # the commit lock at one shared moment around its restore point; False, best-effort.
     cut_paused: bool | None = None
     cut_pause_seconds: float | None = None  # the longest node's pause
+
+    @model_validator(mode="after")
+    def _engine_known(self) -> Manifest:
+        if self.engine is None and (unnamed := [s.shard_id for s in self.shards if not s.engine]):
+            raise ValueError(f"a mixed backup's shards {', '.join(unnamed)} name no engine")
+        return self
+
+    def engine_of(self, shard: ManifestShard) -> Engine:
+        return shard.engine or self.engine  # type: ignore[return-value]  # one is set: above
+
+    @property
+    def engines(self) -> list[Engine]:
+        """The engines of the backup's shards (one, unless the cluster mixes them)."""
+        return sorted({self.engine_of(shard) for shard in self.shards})
 
 
 # --- Restore -----------------------------------------------------------------------------------
@@ -715,7 +731,7 @@ class RestoreContext(Frozen):
     cluster: str
     backup_id: str
     manifest_key: str
-    engine: Engine
+    engine: Engine | None  # None: the backup's shards are of several engines (a mixed cluster)
     target_cluster: str
     placements: list[ShardPlacement]
     assignments: list[NodeAssignment]

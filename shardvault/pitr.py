@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shardvault.archive import ShardArchive, after_backup, batch_place, wal_from, wal_stream
-from shardvault.engines import traits
+from shardvault.engines import label, traits
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
 from shardvault.models import (
     BackupStatus,
@@ -128,9 +128,9 @@ def archives(
     """Every shard's archive from the base on; refuses a target it does not reach, by name."""
     target = request.target
     assert target is not None
-    if not traits(manifest.engine).point_in_time:
+    if without := [e for e in manifest.engines if not traits(e).point_in_time]:
         raise TargetUnsupported(
-            f"cluster {request.cluster!r} runs {manifest.engine}, which keeps no WAL archive: "
+            f"cluster {request.cluster!r} runs {label(without)}, which keeps no WAL archive: "
             "it restores to its backups only.",
             fix="restore a backup without a target (--target-time, --target-latest).",
         )

@@ -5,6 +5,9 @@ Terms:
 - *room*: what a node offers, ``restore_free_bytes`` from its agent's heartbeat.
 - *pin*: a shard the request places on a named node.
 
+A backup of a mixed cluster (nodes of several engines, as its policy allows) is placed engine
+by engine: each shard on a target node of its own engine (``place_by_engine``).
+
 Pins are placed first; the other shards go largest first, each to the node with the fewest
 bytes placed so far among those where it fits (ties: fewer shards, then node id), so the
 result balances bytes and is the same for the same input. Several shards may share a node;
@@ -51,6 +54,34 @@ def place(
         if not fits:
             raise too_small(shard_id, shards[shard_id], {n: room[n] - placed[n] for n in room})
         put(shard_id, min(fits, key=lambda n: (placed[n], count[n], n)))
+    return sorted(out, key=lambda p: p.shard_id)
+
+
+def place_by_engine(
+    shards: Mapping[str, int],
+    room: Mapping[str, int],
+    pins: Mapping[str, str] | None,
+    shard_engine: Mapping[str, str],
+    node_engine: Mapping[str, str],
+) -> list[ShardPlacement]:
+    """``place``, each engine's shards on the nodes of that engine (every engine of the shards
+    must have a node: the caller checks that by name)."""
+    pins = dict(pins or {})
+    check_pins(shards, room, pins)
+    if crossed := sorted(s for s, n in pins.items() if shard_engine[s] != node_engine[n]):
+        raise InvalidRequest(
+            "placement pins shards to nodes of another engine: "
+            + ", ".join(
+                f"{s} ({shard_engine[s]}) on {pins[s]} ({node_engine[pins[s]]})" for s in crossed
+            )
+            + ".",
+            fix="pin each shard to a target node of its own engine.",
+        )
+    out: list[ShardPlacement] = []
+    for engine in sorted(set(shard_engine.values())):
+        group = {s: size for s, size in shards.items() if shard_engine[s] == engine}
+        nodes = {n: left for n, left in room.items() if node_engine[n] == engine}
+        out += place(group, nodes, {s: n for s, n in pins.items() if s in group})
     return sorted(out, key=lambda p: p.shard_id)
 
 

@@ -158,6 +158,25 @@ def _node_ids(value: list[str] | None) -> list[str] | None:
     return names
 
 
+def _engines(value: Any) -> Any:
+    """One engine, or a list of them for a mixed cluster: checked before the field's own
+    validation, whose errors would name the union's branches rather than the engines."""
+    names = [engine.value for engine in Engine]
+    for item in value if isinstance(value, list) else [value]:
+        if item not in names:
+            choices = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+            raise invalid(
+                f"Input should be {choices}, got {_short(item)}",
+                f"use one of {choices}, or a list of them for a cluster whose nodes mix "
+                "engines (e.g. [postgres, rocksdb])",
+            )
+    if value == []:
+        raise invalid("engine lists no engine", "name the cluster's engine, e.g. postgres")
+    if isinstance(value, list) and (twice := sorted({v for v in value if value.count(v) > 1})):
+        raise invalid(f"engine lists {', '.join(twice)} twice", "list each engine once")
+    return value
+
+
 def _vault_class(value: Any) -> Any:
     """Before the enum's own check, whose fix would offer STANDARD (not a vault class)."""
     if value in VAULT_CLASSES:
@@ -406,8 +425,14 @@ class Incremental(Frozen):
 
 
 class ClusterPolicy(Frozen):
-    engine: Engine = Field(
-        description="Database engine of the cluster: postgres, mariadb, sqlite, rocksdb or hooks."
+    engine: Annotated[Engine | list[Engine], BeforeValidator(_engines)] = Field(
+        description="Database engine of the cluster: postgres, mariadb, sqlite, rocksdb or "
+        "hooks; every node must run it. A list (e.g. [postgres, rocksdb]) lets the cluster's "
+        "nodes run any of those engines: a backup records each shard's engine, and a restore "
+        "places each shard on a target node of that engine.",
+        json_schema_extra={
+            "shown_type": "sqlite | postgres | mariadb | rocksdb | hooks, or a list"
+        },
     )
     schedule: Schedule = Field(description="When backups run.")
     vault: Vault = Field(description="Where verified backups land and how they are locked.")
@@ -449,6 +474,11 @@ class ClusterPolicy(Frozen):
         "and restores, whatever cluster their configuration claims (shardvault.membership); "
         "null: any agent that registers under the cluster's name.",
     )
+
+    @property
+    def engines(self) -> frozenset[Engine]:
+        """The engines the cluster's nodes may run (more than one: a mixed cluster)."""
+        return frozenset(self.engine if isinstance(self.engine, list) else [self.engine])
 
 
 RPO_SLACK = 1.25  # the default RPO: the schedule's longest gap, and a quarter more

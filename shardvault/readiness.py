@@ -16,12 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shardvault import engines
 from shardvault.backup.admission import (
+    check_engines,
     check_nodes_available,
     check_sources_readable,
     choose_sources,
 )
-from shardvault.errors import MixedEngines, ShardVaultError, UnknownCluster
+from shardvault.errors import ShardVaultError, UnknownCluster
 from shardvault.membership import check_members
 from shardvault.models import BackupStatus, Frozen, NodeRecord
 from shardvault.policy import Policy
@@ -58,7 +60,7 @@ def findings(
         )
     out.append(membership)
     out.append(attempt("agents up", lambda: check_nodes_available(nodes, now, max_age)))
-    out.append(attempt("one engine", lambda: one_engine(cluster, nodes)))
+    out.append(attempt("engines", lambda: engines_found(cluster, nodes, policy)))
     try:
         chosen = choose_sources(nodes)
     except ShardVaultError as error:  # without sources, what they hold is not checked
@@ -76,14 +78,11 @@ def findings(
     return out
 
 
-def one_engine(cluster: str, nodes: list[NodeRecord]) -> str:
-    engines = {n.engine.value for n in nodes}
-    if len(engines) > 1:
-        raise MixedEngines(
-            f"nodes of cluster {cluster!r} report engines {', '.join(sorted(engines))}.",
-            fix="give each engine its own cluster name in the agents' configuration.",
-        )
-    return engines.pop()
+def engines_found(cluster: str, nodes: list[NodeRecord], policy: Policy | None) -> str:
+    """The engines the nodes run, as the policy allows them (``check_engines``)."""
+    declared = policy.clusters.get(cluster) if policy else None
+    engine = check_engines(cluster, nodes, declared)
+    return engine.value if engine else "mixed: " + engines.label(n.engine for n in nodes)
 
 
 def backup_findings(

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shardvault import pitr
+from shardvault import engines, pitr
 from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
 from shardvault.causes import failure_cause
 from shardvault.chains import chain_args, data_stream
@@ -57,7 +57,7 @@ from shardvault.models import (
     object_place,
     pack_files,
 )
-from shardvault.placement import assignments, place
+from shardvault.placement import assignments, place_by_engine
 from shardvault.planning import interleave_by_node, transfer_concurrency
 from shardvault.readback import load_manifest
 from shardvault.services import Services
@@ -97,22 +97,24 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         found = pitr.archives(svc, request, manifest, oldest)
         wal_batches, wal_bytes = pitr.replayed(found)
     nodes = target_nodes(request, svc, now)
-    if wrong := [n for n in nodes if n.engine != manifest.engine]:
-        raise EngineMismatch(
-            f"backup {manifest.backup_id} is of a {manifest.engine} cluster, but target node(s) "
-            + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
-            + " run another engine.",
-            fix=f"restore into a cluster whose agents have 'engine: {manifest.engine}'.",
-        )
-    if request.validation_queries and not traits(manifest.engine).runs_queries:
+    check_target_engines(manifest, nodes)
+    if request.validation_queries and (
+        silent := [e for e in manifest.engines if not traits(e).runs_queries]
+    ):
         raise InvalidRequest(
-            f"backup {manifest.backup_id} is of a {manifest.engine} cluster, which runs no "
+            f"backup {manifest.backup_id} holds {engines.label(silent)} shards, which run no "
             "validation queries.",
             fix="restore without validation queries; the agents' finish hook checks the copy.",
         )
     shard_bytes = {s.shard_id: shard_size(s) for s in manifest.shards}
     room = {n.node_id: n.restore_free_bytes or 0 for n in nodes}
-    placements = place(shard_bytes, room, request.placement)
+    placements = place_by_engine(
+        shard_bytes,
+        room,
+        request.placement,
+        shard_engine={s.shard_id: manifest.engine_of(s).value for s in manifest.shards},
+        node_engine={n.node_id: n.engine.value for n in nodes},
+    )
     if not request.replace:
         held = {n.node_id: set(n.restore_occupied) for n in nodes}
         if busy := [p for p in placements if p.shard_id in held[p.node_id]]:
@@ -128,7 +130,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         cluster=request.cluster,
         backup_id=manifest.backup_id,
         manifest_key=manifest_key,
-        engine=manifest.engine,
+        engine=manifest.engine,  # None: mixed
         target_cluster=request.target_cluster,
         placements=placements,
         assignments=assignments(placements),
@@ -147,6 +149,31 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         wal_batches=wal_batches,
         wal_bytes=wal_bytes,
     )
+
+
+def check_target_engines(manifest: Manifest, nodes: list[NodeRecord]) -> None:
+    """Every target node runs one of the backup's engines, and each of them has a node."""
+    held = manifest.engines
+    if wrong := [n for n in nodes if n.engine not in held]:
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} is of a {engines.label(held)} cluster, but target "
+            "node(s) "
+            + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
+            + " run another engine.",
+            fix="restore into a cluster whose agents have "
+            + " or ".join(f"'engine: {e}'" for e in held)
+            + ".",
+        )
+    running = {n.engine for n in nodes}
+    if missing := [e for e in held if e not in running]:
+        shards = [s.shard_id for s in manifest.shards if manifest.engine_of(s) in missing]
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} holds {engines.label(missing)} shards "
+            f"({', '.join(shards)}), but no target node runs {engines.label(missing)}.",
+            fix="add a node of each of the backup's engines ("
+            + ", ".join(e.value for e in held)
+            + ") to the target cluster.",
+        )
 
 
 def source_of(svc: Services, source: str) -> tuple[Any, str]:
@@ -302,7 +329,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "status": BackupStatus.RUNNING.value,
             "source_cluster": context.cluster,
             "source_backup_id": context.backup_id,
-            "engine": context.engine.value,
+            "engine": engines.label(manifest.engines),
             "started_at": context.started_at,
             "execution_id": context.execution_id,
             "placement": {p.shard_id: p.node_id for p in context.placements},

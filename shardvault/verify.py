@@ -182,9 +182,7 @@ def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -
         problems.append(f"its manifest counts {manifest.objects} objects but lists {len(streamed)}")
     if sum(o.length for o in streamed) != manifest.bytes:
         problems.append("its manifest's byte count differs from its objects' lengths")
-    if traits(manifest.engine).logged_tail:
-        problems += wal_problems(manifest)
-    return problems
+    return problems + wal_problems(manifest)
 
 
 def wal_problems(manifest: Manifest) -> list[str]:
@@ -192,6 +190,8 @@ def wal_problems(manifest: Manifest) -> list[str]:
     segment to its last (``pgwal``: continuity)."""
     problems = []
     for shard in manifest.shards:
+        if not traits(manifest.engine_of(shard)).logged_tail:
+            continue
         wal = {
             f.path.removeprefix("pg_wal/"): f.size
             for stream in shard.streams
@@ -211,7 +211,9 @@ def archive_problems(
     its index says, to ``problems``."""
     found: dict[str, dict[str, Any]] = {}
     s3, bucket = svc.store_s3, svc.store.bucket
-    for shard in manifest.shards if traits(manifest.engine).point_in_time else []:
+    for shard in manifest.shards:
+        if not traits(manifest.engine_of(shard)).point_in_time:
+            continue
         run = after_backup(svc, manifest, shard.shard_id)
         if run is None or not run.indexes:
             continue  # a backup older than cuts and stops, or a shard not archived

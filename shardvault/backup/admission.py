@@ -19,12 +19,13 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from shardvault import costs
+from shardvault import costs, engines
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
 from shardvault.cut import cut_margin_seconds
 from shardvault.errors import (
     AgentUnavailable,
     BackupAlreadyRunning,
+    EngineMismatch,
     InvalidRequest,
     MixedEngines,
     NoShards,
@@ -46,6 +47,7 @@ from shardvault.models import (
     BackupStatus,
     ChainLink,
     Encryption,
+    Engine,
     NodeRecord,
     Role,
     Source,
@@ -84,14 +86,8 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     nodes = registered_nodes(svc.nodes, request.cluster)
     check_members(request.cluster, nodes, svc.policy())
     check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
-    engines = {n.engine for n in nodes}
-    if len(engines) > 1:
-        raise MixedEngines(
-            f"nodes of cluster {request.cluster!r} report different engines: "
-            + ", ".join(f"{n.node_id}={n.engine}" for n in nodes)
-            + ".",
-            fix="give each engine its own cluster name in the agents' configuration.",
-        )
+    policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
+    engine = check_engines(request.cluster, nodes, policy)
     sources = choose_sources(nodes)
     check_sources_readable(nodes, sources)
     if not sources:
@@ -102,7 +98,6 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             fix="list the node's databases under 'shards' in each agent's configuration (a "
             "restore target holds the shards it restored once the restore has finished).",
         )
-    policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     vault = vault_target(request, svc, policy)
     kind, chain, parent = chain_for(request, svc, policy, vault)  # refused before the lock
     vault = lifetime_vault(vault, request, svc, policy, kind, now)
@@ -114,7 +109,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     context = BackupContext(
         backup_id=backup_id,
         cluster=request.cluster,
-        engine=engines.pop(),
+        engine=engine,
         sources=sources,
         store_url=svc.settings.store_url,
         started_at=now,
@@ -134,7 +129,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             "cluster": context.cluster,
             "backup_id": backup_id,
             "status": BackupStatus.RUNNING.value,
-            "engine": context.engine.value,
+            "engine": engines.label(s.engine for s in sources if s.engine),
             "started_at": now,
             "execution_id": request.execution_id,
             "requested_by": request.requested_by,
@@ -242,6 +237,34 @@ def data_key(
     if cluster is None or cluster.encryption != "kms":
         return None
     return new_data_key(svc, name, chain_id)
+
+
+def check_engines(
+    cluster: str, nodes: list[NodeRecord], policy: ClusterPolicy | None
+) -> Engine | None:
+    """The cluster's engine, or None for a cluster the policy lets mix engines. Refuses nodes
+    whose engine the policy does not name (``EngineMismatch``), and nodes of several engines
+    unless the policy lists them (``MixedEngines``)."""
+    running = {n.engine for n in nodes}
+    allowed = policy.engines if policy else None
+    if allowed and (strays := [n for n in nodes if n.engine not in allowed]):
+        raise EngineMismatch(
+            f"the policy declares cluster {cluster!r} as {engines.label(allowed)}, but node(s) "
+            + ", ".join(f"{n.node_id} ({n.engine})" for n in strays)
+            + " run another engine.",
+            fix="correct the engine in those agents' configuration, or the cluster's engine in "
+            "the policy file (a list, e.g. [postgres, rocksdb], lets its nodes mix engines).",
+        )
+    if len(running) > 1 and not (allowed and len(allowed) > 1):
+        raise MixedEngines(
+            f"nodes of cluster {cluster!r} report different engines: "
+            + ", ".join(f"{n.node_id}={n.engine}" for n in nodes)
+            + ".",
+            fix="give each engine its own cluster name in the agents' configuration, or list "
+            f"the engines in the policy file (clusters.{cluster}.engine: "
+            f"[{', '.join(sorted(e.value for e in running))}]) to back them up as one cluster.",
+        )
+    return next(iter(running)) if len(running) == 1 else None
 
 
 def cluster_policy(cluster: str, svc: Services) -> ClusterPolicy | None:
@@ -433,7 +456,8 @@ def choose_sources(nodes: list[NodeRecord]) -> list[Source]:
     by_node: dict[str, list[str]] = defaultdict(list)
     for shard_id, (node_id,) in sorted(leaders.items()):
         by_node[node_id].append(shard_id)
-    return [Source(node_id=n, shard_ids=s) for n, s in sorted(by_node.items())]
+    engine = {node.node_id: node.engine for node in nodes}
+    return [Source(node_id=n, shard_ids=s, engine=engine[n]) for n, s in sorted(by_node.items())]
 
 
 def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> str:

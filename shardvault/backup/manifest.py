@@ -61,6 +61,7 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
         by_stream[(result.shard_id, result.phase)].append(result)
     shards: dict[str, ManifestShard] = {}
     maps = {r.shard_id: r for r in results if r.phase == Phase.BLOCKMAP}
+    engine_of = {source.node_id: source.engine for source in context.sources}
     # The shards' data and tails: what a restore places (block maps are the backup's index).
     streamed_results = [r for r in results if r.phase != Phase.BLOCKMAP]
     streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
@@ -84,6 +85,7 @@ def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifes
                 checkpoint_at=listing.checkpoint_at,
                 streams=[stream],
                 blockmap=maps.get(listing.shard_id),
+                engine=engine_of.get(listing.node_id) or context.engine,
             )
     data_listings = [listing for listing in listings if listing.phase == Phase.DATA]
     tails = [listing for listing in listings if listing.phase == Phase.TAIL]

@@ -161,12 +161,18 @@ def make_target(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Tar
     targets: list[Target] = []
 
     def make(
-        *, nodes: int, engine: str = "sqlite", agent: dict[str, Any] | None = None, **options: Any
+        *,
+        nodes: int,
+        engine: str | list[str] = "sqlite",
+        agent: dict[str, Any] | None = None,
+        **options: Any,
     ) -> Target:
+        """``engine``: the nodes' engine, or each node's (a mixed cluster)."""
         name = f"t{next(names)}-{tmp_path.name[-12:].lower().replace('_', '-')}".strip("-")
-        configs = demo.restore_targets(tmp_path, name=name, engine=engine, nodes=nodes, **options)
-        for config in configs:
-            config.update(FAST_AGENT | (agent or {}))
+        each = [engine] * nodes if isinstance(engine, str) else engine
+        configs = demo.restore_targets(tmp_path, name=name, engine=each[0], nodes=nodes, **options)
+        for config, node_engine in zip(configs, each, strict=True):
+            config.update(FAST_AGENT | (agent or {}), engine=node_engine)
             stack.start_agent(config)
         stack.wait_for_nodes([c["node_id"] for c in configs])
         targets.append(Target(stack, name, configs))
