@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
         from shardvault_agent.daemon import Agent
+        from shardvault_agent.malloc import limit_arenas
 
+        limit_arenas()  # before the agent's threads allocate
         agent = Agent(
             config,
             nodes_table=args.nodes_table,
