@@ -5,6 +5,7 @@ Usage::
 
     .venv/bin/python bench/cut_skew.py --nodes 3 --backups 10 --scale 10
     .venv/bin/python bench/cut_skew.py --nodes 3 --backups 20 --scale 10 --commit-lock 4242
+    .venv/bin/python bench/cut_skew.py --nodes 3 --backups 20 --commit-lock 4242 --no-writer
 
 The local stack (moto's Step Functions running the real ASL, MinIO as the store) and one real
 PostgreSQL per node, each filled by ``pgbench -i`` and written to by ``pgbench -c 2`` for the
@@ -23,7 +24,8 @@ pause, ``shardvault.cut``) and a *distributed writer* runs beside pgbench: round
 committed on every node, each round holding the lock shared on every node
 (``pg_try_advisory_lock_shared``; a refusal lets go of all and retries after 1 ms), as the
 README asks of an application's distributed commits, at most ``--distributed-rate`` rounds a
-second (100), in a process of its own. Per backup it reads whether the cut was
+second (100), in a process of its own (``--no-writer``: none, pgbench alone). Per backup it
+reads whether the cut was
 paused (every node held the lock at one shared moment) and the longest node's pause, and
 checks afterwards that pgbench, which takes no lock, went on.
 """
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     servers = list(cluster.servers.values())
     writer = (
         DistributedWriter(servers, args.commit_lock, args.distributed_rate)
-        if args.commit_lock is not None
+        if args.commit_lock is not None and not args.no_writer
         else None
     )
     with LocalStack(root / "stack", **stack_args) as stack:
@@ -181,7 +183,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 print(json.dumps(backups[-1]), flush=True)
             elapsed = time.monotonic() - started
             written = [transactions(s) - b for s, b in zip(servers, before, strict=True)]
-            rounds = writer.rounds if writer else None
+            rounds = writer.rounds if writer else 0
         finally:
             if writer:
                 writer.stop()
@@ -196,7 +198,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "late": spread([b["cut_late_seconds"] for b in backups]),
         "checkpoint_spread": spread([b["checkpoint_spread_seconds"] for b in backups]),
         "pgbench_tps_per_node": [round(n / elapsed) for n in written],
-        **(pauses(backups, rounds / elapsed) if rounds is not None else {}),
+        **(pauses(backups, rounds / elapsed) if args.commit_lock is not None else {}),
     }
 
 
@@ -230,6 +232,12 @@ def main() -> None:
         metavar="N",
         help="with --commit-lock: the distributed writer's rounds a second, at most (0: as fast "
         "as they go)",
+    )
+    parser.add_argument(
+        "--no-writer",
+        action="store_true",
+        help="with --commit-lock: no distributed writer, pgbench alone (it takes no lock): the "
+        "pause the cut costs while no distributed commit is under way",
     )
     parser.add_argument("--out", type=Path, help="write the results as JSON here too")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it")
