@@ -731,7 +731,6 @@ class RestoreContext(Frozen):
     cluster: str
     backup_id: str
     manifest_key: str
-    engine: Engine | None  # None: the backup's shards are of several engines (a mixed cluster)
     target_cluster: str
     placements: list[ShardPlacement]
     assignments: list[NodeAssignment]

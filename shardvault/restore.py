@@ -130,7 +130,6 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         cluster=request.cluster,
         backup_id=manifest.backup_id,
         manifest_key=manifest_key,
-        engine=manifest.engine,  # None: mixed
         target_cluster=request.target_cluster,
         placements=placements,
         assignments=assignments(placements),

@@ -74,7 +74,7 @@ def archived_backup(svc: Services) -> RestoreContext:
     s3.put_object(Bucket=BUCKET, Key=MANIFEST, Body=manifest.model_dump_json().encode())
     return RestoreContext(
         restore_id="r1", cluster="c", backup_id="b1", manifest_key=MANIFEST,
-        engine=Engine.SQLITE, target_cluster="t",
+        target_cluster="t",
         placements=[ShardPlacement(shard_id="s1", node_id="t1", bytes=4)],
         assignments=[NodeAssignment(node_id="t1", shard_ids=["s1"], bytes=4)],
         bytes=4, objects=4, tier=RetrievalTier.BULK, replace=False, plan_only=False,
