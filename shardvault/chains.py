@@ -128,10 +128,7 @@ def resolve_layers(chain: list[Member], layered: bool) -> tuple[list[Piece], lis
         member = chain[order]
         targets = _Targets(member, where)
         extents = member.extents if member.extents is not None else [(0, targets.length)]
-        ranges, delta = [], 0
-        for offset, length in extents:
-            ranges += targets.ranges(offset, length, delta)
-            delta += length
+        ranges = targets.ranges(extents)
         ranges.sort()
         taken = unclaimed.take(ranges)
         if order == 0 and layered:
@@ -159,22 +156,28 @@ class _Targets:
         # the newest backup no longer has it).
         self.places = [where.get(f.path) for f in member.files]
 
-    def ranges(self, offset: int, length: int, delta: int) -> list[tuple[int, int, int]]:
-        """``(start, end, base)`` in the newest stream for ``length`` bytes at ``offset`` of
-        the member's stream, which are at ``delta`` of its delta stream: a target ``t`` holds
-        the delta stream's byte ``base + t``."""
-        starts, out = self.index.starts, []
-        i = max(0, bisect.bisect_right(starts, offset) - 1)
-        end = offset + length
-        while i < len(self.places) and starts[i] < end:
-            lo, hi = max(offset, starts[i]), min(end, starts[i + 1])
-            place = self.places[i]
-            file_offset = lo - starts[i]
-            if hi > lo and place is not None and file_offset < place[1]:
-                start = place[0] + file_offset
-                stop = start + min(hi - lo, place[1] - file_offset)
-                out.append((start, stop, delta + (lo - offset) - start))
-            i += 1
+    def ranges(self, extents: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """``(start, end, base)`` in the newest stream for the member's ``extents`` (sorted,
+        disjoint), which are back to back in its delta stream: a target ``t`` holds the delta
+        stream's byte ``base + t``. One sweep over the extents and the files together (a chain
+        of scattered changes has tens of thousands of extents)."""
+        starts, places, out = self.index.starts, self.places, []
+        append, files, i, delta = out.append, len(places), 0, 0
+        for offset, length in extents:
+            end = offset + length
+            while i < files and starts[i + 1] <= offset:  # the file holding ``offset``
+                i += 1
+            j = i
+            while j < files and starts[j] < end:
+                place, first, after = places[j], starts[j], starts[j + 1]
+                lo = offset if offset > first else first
+                hi = end if end < after else after
+                if hi > lo and place is not None and lo - first < place[1]:
+                    start = place[0] + lo - first
+                    stop = start + min(hi - lo, place[1] - (lo - first))
+                    append((start, stop, delta + (lo - offset) - start))
+                j += 1
+            delta += length
         return out
 
 
