@@ -26,8 +26,11 @@ committed on every node, each round holding the lock shared on every node
 README asks of an application's distributed commits, at most ``--distributed-rate`` rounds a
 second (100), in a process of its own (``--no-writer``: none, pgbench alone). Per backup it
 reads whether the cut was
-paused (every node held the lock at one shared moment) and the longest node's pause, and
-checks afterwards that pgbench, which takes no lock, went on.
+paused (every node held the lock at one shared moment) and the longest node's pause, split
+from its markers (waiting for the lock, lock to restore point, the hold), and checks
+afterwards that pgbench, which takes no lock, went on. Throughout, a probe on the first
+server measures the machine's own wake-up latency for a sleeping backend (``WakeProbe``):
+the one wake-up inside a pause, its hold's end, cannot be quicker.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from shardvault.local import demo
 from shardvault.local.postgres import start_pgbench, stop_process
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest
+from shardvault.readback import load_manifest
 
 FAST_AGENT = {"heartbeat_interval_seconds": 1.0, "poll_interval_seconds": 0.05}
 POLICY = """version: 1
@@ -87,6 +91,41 @@ class DistributedWriter:
     def stop(self) -> None:
         self.stopping.set()
         self.process.join(timeout=30)
+
+
+class WakeProbe:
+    """The machine's own wake-up latency for a sleeping PostgreSQL backend, under the same
+    load: a session on one server sleeps 10 ms over and over (``pg_sleep``, as the cut's hold
+    does) and the server's clock says how much longer each took. A paused cut's tail cannot be
+    shorter than this one wake-up's. In a process of its own, as ``DistributedWriter``."""
+
+    def __init__(self, server: Any) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.queue, self.stopping = spawn.Queue(), spawn.Event()
+        self.process = spawn.Process(
+            target=sleep_overshoots, args=(server.conninfo, self.queue, self.stopping)
+        )
+
+    def start(self) -> None:
+        self.process.start()
+
+    def stop(self) -> list[float]:
+        self.stopping.set()
+        overshoots = self.queue.get(timeout=60)
+        self.process.join(timeout=30)
+        return overshoots
+
+
+def sleep_overshoots(conninfo: str, queue: Any, stopping: Any) -> None:
+    overshoots = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while not stopping.is_set():
+            took = conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - t) FROM "
+                "(SELECT clock_timestamp() AS t) start, LATERAL pg_sleep(0.01)"
+            ).fetchone()[0]
+            overshoots.append(float(took) - 0.01)
+    queue.put(overshoots)
 
 
 def commit_rounds(conninfos: list[str], key: int, rate: float, done: Any, stopping: Any) -> None:
@@ -150,8 +189,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         client = stack.client_config()
         seconds = 600
         loads = [start_pgbench(s, clients=2, seconds=seconds) for s in cluster.servers.values()]
-        backups = []
+        probe = WakeProbe(servers[0])
+        backups, overshoots = [], []
         try:
+            probe.start()
             if writer:
                 writer.start()
             time.sleep(2)  # the load is running
@@ -178,6 +219,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         "duration_seconds": float(record["duration_seconds"]),
                         "cut_paused": record.get("cut_paused"),
                         "cut_pause_seconds": record.get("cut_pause_seconds"),
+                        **pause_split(stack.services(), record),
                     }
                 )
                 print(json.dumps(backups[-1]), flush=True)
@@ -185,6 +227,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             written = [transactions(s) - b for s, b in zip(servers, before, strict=True)]
             rounds = writer.rounds if writer else 0
         finally:
+            overshoots = probe.stop()
             if writer:
                 writer.stop()
             for load in loads:
@@ -198,7 +241,43 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "late": spread([b["cut_late_seconds"] for b in backups]),
         "checkpoint_spread": spread([b["checkpoint_spread_seconds"] for b in backups]),
         "pgbench_tps_per_node": [round(n / elapsed) for n in written],
+        "wakeup_overshoot": wakeups(overshoots),
         **(pauses(backups, rounds / elapsed) if args.commit_lock is not None else {}),
+    }
+
+
+def pause_split(svc: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """Where the longest node's pause went, from the manifest's markers (the server's clock):
+    waiting for the lock, from the lock to the restore point, and from the point to letting
+    go (the hold)."""
+    if record.get("location") == "vault":
+        manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    else:
+        manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    nodes = []
+    for shard in manifest.shards:
+        if "cut_pause" not in shard.marker:
+            continue
+        asked, locked, released = (float(v) for v in shard.marker["cut_pause"].split())
+        created = float(shard.marker["cut_at"])
+        if locked:
+            nodes.append((released - asked, locked - asked, created - locked, released - created))
+    if not nodes:
+        return {}
+    _, lock_wait, to_point, hold = max(nodes)
+    return {"pause_lock_wait_seconds": lock_wait, "pause_to_point_seconds": to_point,
+            "pause_hold_seconds": hold}  # fmt: skip
+
+
+def wakeups(overshoots: list[float]) -> dict[str, Any]:
+    """How much longer than asked the probe's 10 ms sleeps took: min, median, p90, p99, max,
+    and how many of them there were and ran 10 ms or more over."""
+    ordered = sorted(overshoots)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return spread(ordered) | {
+        "p99_ms": round(p99 * 1000, 2),
+        "sleeps": len(ordered),
+        "over_10_ms": sum(1 for o in ordered if o >= 0.01),
     }
 
 
@@ -207,9 +286,15 @@ def pauses(backups: list[dict[str, Any]], rounds_per_second: float) -> dict[str,
     (min, median, p90, p99, max), and the distributed writer's rounds a second."""
     lengths = sorted(float(b["cut_pause_seconds"] or 0) for b in backups)
     p99 = lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))]
+    parts = ("pause_lock_wait_seconds", "pause_to_point_seconds", "pause_hold_seconds")
     return {
         "cuts_paused": sum(1 for b in backups if b["cut_paused"] is True),
         "pause": spread(lengths) | {"p99_ms": round(p99 * 1000, 2)},
+        # The longest node's pause, split (its max is the backup whose part took longest).
+        **{
+            part.removesuffix("_seconds"): spread([b[part] for b in backups if part in b])
+            for part in parts
+        },
         "distributed_rounds_per_second": round(rounds_per_second),
     }
 

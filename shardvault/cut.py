@@ -23,14 +23,16 @@ same moment. Each backup therefore ends with a *cut*:
   ``commit_lock`` shared on every node it commits on from before its first ``COMMIT
   PREPARED`` to after its last, taking it with ``pg_try_advisory_lock_shared`` (refused while
   an exclusive request waits: it lets go of all and retries); each node asks for it exclusively
-  ``PAUSE_LEAD_SECONDS`` before the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for
-  commits under way), creates its restore point at the instant, and lets go
-  ``PAUSE_HOLD_SECONDS`` after it: every node lets go at the same instant by its clock, so
-  nodes whose wake-up or lock came up to that much late still share a moment with the others.
+  at the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for commits under way), creates
+  its restore point as soon as it holds it, and lets go ``PAUSE_HOLD_SECONDS`` after the
+  instant: every node lets go at the same instant by its clock, so nodes whose lock came up to
+  that much late still share a moment with the others. A node's server times its cut itself:
+  the agent sends it as one statement before the instant (the engine's ``PAUSED_CUT``), so no
+  round trip or agent wake-up falls inside, and the one wake-up inside is the hold's end.
   If every node held the lock at one shared moment (the latest node's lock came before the
   earliest node's release), no such commit lies on one node's side of the cut and another's:
   the cut is *paused* (consistent for those commits). The *pause* is how long a node held
-  commits (from asking for the lock to letting go: about the lead and the hold); the longest
+  commits (from asking for the lock to letting go: about the hold); the longest
   node's is recorded. A node that cannot take the lock in time cuts without it: the cut is
   then best-effort, and says so.
 """
@@ -52,11 +54,12 @@ from shardvault.pgwal import check_restore_point_name
 # (cut_late_seconds), not refused; one node needs no margin.
 CUT_MARGIN_SECONDS = 2.0
 CUT_MARGIN_PER_NODE_SECONDS = 0.002
-# The commit pause: asked for this long before the instant (a lock is granted in well under a
-# millisecond when no commit holds it) and held this long after it, which covers the nodes'
-# wake-up skew (median 2 ms, p90 9 ms under load, docs/BENCHMARKS.md); a lock not granted
-# within the timeout (a distributed commit that does not end) leaves a best-effort cut.
-PAUSE_LEAD_SECONDS = 0.002
+# The commit pause: held this long after the instant, which covers the nodes' skew (timed by
+# their servers: p90 under 2 ms, max 4 ms under load on one machine, docs/BENCHMARKS.md) and
+# the hosts' clock offsets, which add to it. 5 ms paused every cut of a run here too, with
+# less margin for those offsets, and did not shorten the pause's tail (the machine's stalls).
+# A lock not granted within the timeout (a distributed commit that does not end) leaves a
+# best-effort cut.
 PAUSE_HOLD_SECONDS = 0.010
 LOCK_TIMEOUT_SECONDS = 0.05
 

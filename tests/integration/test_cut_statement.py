@@ -1,0 +1,124 @@
+"""The cut on a real PostgreSQL server: one statement, sent ahead of the instant, that the
+server times (``restore_point`` in the PostgreSQL engine).
+
+What a user sees of it: the restore point lands at the instant, the commit pause lasts its
+designed 12 ms however late the agent wakes, a commit that holds the lock leaves a best-effort
+cut (never a failed backup), and the session's timeouts are as they were before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from shardvault_agent.config import ShardConfig
+from shardvault_agent.engines.postgres import restore_point
+
+from shardvault.cut import (
+    LOCK_TIMEOUT_SECONDS,
+    PAUSE_HOLD_SECONDS,
+    CutRequest,
+)
+from shardvault.local.postgres import PostgresInstance, init_instance
+
+KEY = 4242
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresInstance]:
+    instance = init_instance(tmp_path_factory.mktemp("cut") / "data")
+    try:
+        yield instance
+    finally:
+        instance.stop(mode="immediate")
+
+
+def connect(server: PostgresInstance) -> psycopg.Connection:
+    conninfo = f"host={server.socket_dir} port={server.port} user=postgres"
+    return psycopg.connect(conninfo, autocommit=True)
+
+
+def cut_in(seconds: float, name: str, commit_lock: int | None = KEY) -> CutRequest:
+    entered = datetime.fromtimestamp(time.time() + seconds, UTC).isoformat()
+    return CutRequest(name=name, entered=entered, margin_seconds=0, commit_lock=commit_lock)
+
+
+def shard(server: PostgresInstance) -> ShardConfig:
+    return ShardConfig(shard_id="s1", data_dir=server.data_dir, conninfo="")
+
+
+def pause_of(marker: dict[str, str]) -> tuple[float, float, float]:
+    asked, locked, released = (float(v) for v in marker["cut_pause"].split())
+    return asked, locked, released
+
+
+def test_the_paused_cut_is_timed_by_the_server_around_the_instant(server) -> None:
+    cut = cut_in(0.5, "cut-timed")
+    with connect(server) as conn:
+        marker = restore_point(conn, shard(server), cut)
+        asked, locked, released = pause_of(marker)
+        created = float(marker["cut_at"])
+        # Asked at the instant, the point as soon as the lock is held, let go at the hold's
+        # end: the server's sleeps wake within a few ms, nothing of the agent's timing is inside.
+        assert cut.at <= asked <= locked <= created < cut.at + 0.005
+        assert cut.at + PAUSE_HOLD_SECONDS <= released < cut.at + PAUSE_HOLD_SECONDS + 0.005
+        assert released - asked < 0.02
+        assert float(marker["cut_late_seconds"]) < 0.005
+        # The lock ended with the statement: a commit may take it again at once.
+        with connect(server) as other:
+            assert other.execute("SELECT pg_try_advisory_lock_shared(%s)", (KEY,)).fetchone()[0]
+        # The point is in the WAL (the marker's LSN is where the tail ends).
+        inserted = f"SELECT pg_current_wal_insert_lsn() >= '{marker['cut_lsn']}'::pg_lsn"
+        assert server.psql(inserted) == "t"
+
+
+def test_a_commit_that_holds_the_lock_leaves_a_best_effort_cut(server) -> None:
+    with connect(server) as commit, connect(server) as conn:
+        commit.execute("SELECT pg_advisory_lock_shared(%s)", (KEY,))  # a commit under way
+        cut = cut_in(0.3, "cut-best-effort")
+        marker = restore_point(conn, shard(server), cut)
+        asked, locked, released = pause_of(marker)
+        assert locked == 0  # not granted: the cut goes on without it
+        assert released - asked == pytest.approx(LOCK_TIMEOUT_SECONDS, abs=0.02)
+        created = float(marker["cut_at"])
+        assert created >= cut.at + LOCK_TIMEOUT_SECONDS
+        assert float(marker["cut_late_seconds"]) == pytest.approx(created - cut.at, abs=1e-5)
+        # The session's settings are back to its defaults for whatever it runs next.
+        assert conn.execute("SHOW lock_timeout").fetchone()[0] == "0"
+        commit.execute("SELECT pg_advisory_unlock_shared(%s)", (KEY,))
+
+
+def test_a_short_statement_timeout_does_not_fail_the_cut(server) -> None:
+    """The statement sleeps until the instant (up to the cut's margin, 2 s with several
+    nodes): a role's statement_timeout shorter than that must not fail the backup."""
+    with connect(server) as conn:
+        conn.execute("SET statement_timeout = 100")
+        for lock in (KEY, None):
+            cut = cut_in(0.4, "cut-timeout", commit_lock=lock)
+            marker = restore_point(conn, shard(server), cut)
+            assert float(marker["cut_at"]) >= cut.at
+            assert ("cut_pause" in marker) is (lock is not None)
+
+
+def test_a_node_that_comes_after_the_instant_cuts_at_once_and_says_how_late(server) -> None:
+    with connect(server) as conn:
+        cut = cut_in(-0.25, "cut-late", commit_lock=None)
+        started = time.time()
+        marker = restore_point(conn, shard(server), cut)
+        assert time.time() - started < 0.2
+        assert float(marker["cut_late_seconds"]) == pytest.approx(0.25, abs=0.1)
+
+
+def test_a_node_late_to_the_instant_still_holds_commits_for_the_hold(server) -> None:
+    """A stall that makes every node late together must not leave their pauses without a
+    shared moment: a late node holds the lock a hold's length after taking it."""
+    with connect(server) as conn:
+        cut = cut_in(-0.05, "cut-late-paused")
+        marker = restore_point(conn, shard(server), cut)
+        _, locked, released = pause_of(marker)
+        assert locked >= cut.at + 0.05
+        assert released - locked >= PAUSE_HOLD_SECONDS
+        assert float(marker["cut_late_seconds"]) == pytest.approx(0.05, abs=0.05)
