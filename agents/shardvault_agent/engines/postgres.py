@@ -392,8 +392,8 @@ SELECT pg_sleep_until(to_timestamp(%(at)s)),
 
 def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
     """At the cut's instant, the cluster's restore point in this shard's WAL (see
-    ``shardvault.cut``), its WAL made durable at once, inside the commit pause when the
-    policy asks for one; the marker fields that record it.
+    ``shardvault.cut``), inside the commit pause when the policy asks for one; the marker
+    fields that record it (stop then waits for the point to be on disk).
 
     The whole cut is one statement sent ahead of the instant: the server sleeps until it,
     takes the commit lock (a transaction's: the statement's end lets it go, on error too),
