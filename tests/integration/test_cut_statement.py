@@ -122,3 +122,14 @@ def test_a_node_late_to_the_instant_still_holds_commits_for_the_hold(server) -> 
         assert locked >= cut.at + 0.05
         assert released - locked >= PAUSE_HOLD_SECONDS
         assert float(marker["cut_late_seconds"]) == pytest.approx(0.05, abs=0.05)
+
+
+def test_a_cut_without_a_commit_lock_is_on_disk_when_it_returns(server) -> None:
+    """Its statement's commit flushes the point, so the backup's stop does not wait for the
+    WAL writer (up to 200 ms on a quiet server)."""
+    with connect(server) as conn:
+        for name in ("cut-flushed-1", "cut-flushed-2", "cut-flushed-3"):
+            marker = restore_point(conn, shard(server), cut_in(0, name, commit_lock=None))
+            flushed = "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn"
+            assert conn.execute(flushed, (marker["cut_lsn"],)).fetchone()[0], marker
+            time.sleep(0.3)  # the WAL writer has been and gone: the next one must not need it
