@@ -154,6 +154,11 @@ def commit_rounds(conninfos: list[str], key: int, rate: float, done: Any, stoppi
             conn.close()
 
 
+def p99_ms(ordered: list[float]) -> float:
+    """The 99th percentile of sorted seconds, in ms (of 20 values, the largest)."""
+    return round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1000, 2)
+
+
 def spread(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
@@ -272,10 +277,11 @@ def pause_split(svc: Any, record: dict[str, Any]) -> dict[str, Any]:
 def wakeups(overshoots: list[float]) -> dict[str, Any]:
     """How much longer than asked the probe's 10 ms sleeps took: min, median, p90, p99, max,
     and how many of them there were and ran 10 ms or more over."""
+    if not overshoots:
+        return {}
     ordered = sorted(overshoots)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return spread(ordered) | {
-        "p99_ms": round(p99 * 1000, 2),
+        "p99_ms": p99_ms(ordered),
         "sleeps": len(ordered),
         "over_10_ms": sum(1 for o in ordered if o >= 0.01),
     }
@@ -285,15 +291,15 @@ def pauses(backups: list[dict[str, Any]], rounds_per_second: float) -> dict[str,
     """The commit pauses: how many cuts were paused, the longest node's pause per backup
     (min, median, p90, p99, max), and the distributed writer's rounds a second."""
     lengths = sorted(float(b["cut_pause_seconds"] or 0) for b in backups)
-    p99 = lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))]
     parts = ("pause_lock_wait_seconds", "pause_to_point_seconds", "pause_hold_seconds")
     return {
         "cuts_paused": sum(1 for b in backups if b["cut_paused"] is True),
-        "pause": spread(lengths) | {"p99_ms": round(p99 * 1000, 2)},
+        "pause": spread(lengths) | {"p99_ms": p99_ms(lengths)},
         # The longest node's pause, split (its max is the backup whose part took longest).
         **{
             part.removesuffix("_seconds"): spread([b[part] for b in backups if part in b])
             for part in parts
+            if any(part in b for b in backups)
         },
         "distributed_rounds_per_second": round(rounds_per_second),
     }
