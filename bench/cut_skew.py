@@ -52,6 +52,7 @@ from shardvault.local.postgres import start_pgbench, stop_process
 from shardvault.local.stack import LocalStack
 from shardvault.models import BackupRequest
 from shardvault.readback import load_manifest
+from shardvault.restore import source_of
 
 FAST_AGENT = {"heartbeat_interval_seconds": 1.0, "poll_interval_seconds": 0.05}
 POLICY = """version: 1
@@ -255,10 +256,9 @@ def pause_split(svc: Any, record: dict[str, Any]) -> dict[str, Any]:
     """Where the longest node's pause went, from the manifest's markers (the server's clock):
     waiting for the lock, from the lock to the restore point, and from the point to letting
     go (the hold)."""
-    if record.get("location") == "vault":
-        manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
-    else:
-        manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    location = "vault" if record.get("location") == "vault" else "store"
+    key = record["vault_manifest_key"] if location == "vault" else record["manifest_key"]
+    manifest = load_manifest(*source_of(svc, location), key)
     nodes = []
     for shard in manifest.shards:
         if "cut_pause" not in shard.marker:

@@ -37,8 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresInstanc
 
 
 def connect(server: PostgresInstance) -> psycopg.Connection:
-    conninfo = f"host={server.socket_dir} port={server.port} user=postgres"
-    return psycopg.connect(conninfo, autocommit=True)
+    return psycopg.connect(server.conninfo, autocommit=True)
 
 
 def cut_in(seconds: float, name: str, commit_lock: int | None = KEY) -> CutRequest:

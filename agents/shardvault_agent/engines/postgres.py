@@ -409,7 +409,7 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
     try:
         with cut_settings(conn):
             if cut.commit_lock is None:
-                _, _, lsn, created = conn.execute(CUT, {"at": cut.at, "name": cut.name}).fetchone()
+                lsn, created = unpaused_cut(conn, cut)
             else:
                 pause, lsn, created = paused_cut(conn, cut)
     except psycopg.Error as error:
@@ -427,6 +427,12 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
         "cut_late_seconds": f"{max(0.0, float(created) - cut.at):.6f}",
         **({"cut_pause": pause} if pause is not None else {}),
     }
+
+
+def unpaused_cut(conn: psycopg.Connection, cut: CutRequest) -> tuple[str, float]:
+    """The cut without the commit pause (``CUT``): the restore point's LSN and creation time."""
+    _, _, lsn, created = conn.execute(CUT, {"at": cut.at, "name": cut.name}).fetchone()
+    return lsn, created
 
 
 def paused_cut(conn: psycopg.Connection, cut: CutRequest) -> tuple[str, str, float]:
@@ -451,7 +457,7 @@ def paused_cut(conn: psycopg.Connection, cut: CutRequest) -> tuple[str, str, flo
     except psycopg.errors.LockNotAvailable as error:
         log.warning("commit pause not taken (lock %d): %s", cut.commit_lock, error)
         gave_up = time.time()
-        _, _, lsn, created = conn.execute(CUT, {"at": cut.at, "name": cut.name}).fetchone()
+        lsn, created = unpaused_cut(conn, cut)
         asked = max(cut.at, gave_up - LOCK_TIMEOUT_SECONDS)
         return f"{asked:.6f} 0 {gave_up:.6f}", lsn, created
 
