@@ -10,7 +10,10 @@ fifth of its CPU in answers that never change while it runs:
 - ``boto_client_for`` in moto's Step Functions interpreter: a new boto3 client for every Task
   state that calls Lambda (creating a client copies its configuration and loads the model);
 - jsonpath_ng's ``parse``, as the interpreter calls it: a new parser, with its grammar tables,
-  for every path it evaluates (``InputPath``, ``ResultPath``, each ``.$`` parameter).
+  for every path it evaluates (``InputPath``, ``ResultPath``, each ``.$`` parameter);
+- ``AmazonStateLanguageParser.parse``: ANTLR's pure-Python lexer and parser over the whole
+  definition (39 kB for the backup) at the start of every execution, 0.1 to 0.2 s of CPU on
+  the path from ``StartExecution`` to the first state.
 
 And one that grows with the ASL rather than the requests: moto starts a Distributed Map's
 ``MaxConcurrency`` worker threads whatever its item count, so a 3-node backup's per-node step
@@ -18,9 +21,11 @@ And one that grows with the ASL rather than the requests: moto starts a Distribu
 :func:`install` starts no more workers than there are items, as AWS runs no more children.
 
 On the local stack that CPU is taken from the agents, which share the machine (two cores in
-the benchmarks); on AWS none of it exists. :func:`install` memoizes the four. The results are
+the benchmarks); on AWS none of it exists. :func:`install` memoizes them. The results are
 the same objects moto would compute again: the module list and URL patterns are fixed once
-moto is imported; boto3 clients are safe to share between threads, and one is kept per boto3
+moto is imported; a definition's parse tree is only read by the preprocessor, which still makes
+each execution its own program (its states keep per-run records, so no two executions share
+one); boto3 clients are safe to share between threads, and one is kept per boto3
 default session, so a stack started again in the same process (the tests) gets clients with
 its own Lambda bridge (``LambdaBridge.install`` makes a new default session); parsed JSONPath
 expressions are not changed by evaluating them.
@@ -42,6 +47,7 @@ def install() -> None:
     _cache_backend_for_host()
     _cache_step_functions_clients()
     _cache_json_paths()
+    _cache_parse_trees()
     _cap_map_workers()
 
 
@@ -101,6 +107,22 @@ def _cache_json_paths() -> None:
 
     json_path.parse = functools.lru_cache(maxsize=1024)(json_path.parse)
     result_path.parse = functools.lru_cache(maxsize=1024)(result_path.parse)
+
+
+def _cache_parse_trees() -> None:
+    from moto.stepfunctions.parser.asl.parse import asl_parser
+
+    uncached = asl_parser.AmazonStateLanguageParser.parse
+
+    @functools.lru_cache(maxsize=64)  # a stack has five definitions; tests start many stacks
+    def tree_of(definition: str) -> Any:
+        return uncached(definition)[1]  # a syntax error raises, and is not cached
+
+    def parse(definition: str) -> tuple[Any, Any]:
+        tree = tree_of(definition)
+        return asl_parser.Preprocessor().visit(tree), tree
+
+    asl_parser.AmazonStateLanguageParser.parse = staticmethod(parse)  # type: ignore[method-assign]
 
 
 def _cap_map_workers() -> None:

@@ -80,3 +80,26 @@ class FakeJobPool:
 
     def get_closed_jobs(self) -> list:
         return []
+
+
+def test_a_definition_is_parsed_once_and_each_execution_gets_its_own_program() -> None:
+    from moto.stepfunctions.parser.asl.parse.asl_parser import (
+        AmazonStateLanguageParser,
+        ASLParserException,
+    )
+
+    moto_speedups.install()
+    definition = '{"StartAt": "A", "States": {"A": {"Type": "Pass", "End": true}}}'
+    first_program, first_tree = AmazonStateLanguageParser.parse(definition)
+    second_program, second_tree = AmazonStateLanguageParser.parse(definition)
+    assert second_tree is first_tree  # lexed and parsed once
+    assert second_program is not first_program  # states keep per-run records: never shared
+    assert list(second_program.states.states) == ["A"]
+
+    broken = '{"StartAt": "A", "States": {"A": {"Type": "Nonsense"}}}'
+    for _ in range(2):  # an error is not remembered as a tree
+        try:
+            AmazonStateLanguageParser.parse(broken)
+        except ASLParserException:
+            continue
+        raise AssertionError("a definition with an unknown state type parsed")
