@@ -339,9 +339,10 @@ def follow(
             phase = moving if p.bytes_total else first
             if frozen := (p.record or {}).get("frozen"):
                 phase = f"waiting for {frozen} archived objects to thaw;"
+            steered = throttle_note((p.record or {}).get("throttle"))
             bar.update(
                 task,
-                description=f"{phase} {p.objects_done}/{p.objects_total} objects",
+                description=f"{phase} {p.objects_done}/{p.objects_total} objects{steered}",
                 completed=p.bytes_done,
                 total=p.bytes_total or None,
             )
@@ -423,6 +424,30 @@ def cut_cell(record: dict[str, Any]) -> str:
     return cell
 
 
+def throttle_note(throttle: dict[str, Any] | None) -> str:
+    """An adaptive backup's rate as its agent last reported it, for the progress line."""
+    if not throttle or not throttle.get("limited_by"):
+        return ""
+    rate = throttle.get("rate_bytes_per_second") or 0
+    return f"; reading at {rate / MiB:,.1f} MiB/s (held by {throttle['limited_by']})"
+
+
+def throttle_cell(throttle: dict[str, Any]) -> str:
+    """What an adaptive throttle did over the backup (as its agent last reported it)."""
+    if not throttle.get("cuts"):
+        return "adaptive: never held back (the source stayed within its targets)"
+    lowest = throttle.get("lowest_rate_bytes_per_second") or 0
+    cell = (
+        f"adaptive: held back {throttle['cuts']} times, {throttle['throttled_seconds']:.1f} s "
+        f"in all, lowest {lowest / MiB:,.1f} MiB/s (floor "
+        f"{throttle['floor_bytes_per_second'] / MiB:,.1f} MiB/s)"
+    )
+    if throttle.get("limited_by"):
+        rate = throttle.get("rate_bytes_per_second") or 0
+        cell += f"; last {rate / MiB:,.1f} MiB/s, held by {throttle['limited_by']}"
+    return cell
+
+
 def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
     table = Table(title="Backup complete", show_header=False)
     rows = [
@@ -441,6 +466,7 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
         ("parts", str(record.get("parts", ""))),
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
         ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
+        *([("throttle", throttle_cell(record["throttle"]))] if record.get("throttle") else []),
         ("cut", cut_cell(record)),
         ("checkpoint spread", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
         ("verification", record.get("verification", "")),
@@ -1009,6 +1035,8 @@ def run_show(args: argparse.Namespace) -> int:
     table.add_row("of its full's stored bytes", share)
     if hold := hold_note(record):
         table.add_row("retention", f"{hold} (expired, still restorable)")
+    if throttle := record.get("throttle"):
+        table.add_row("throttle", throttle_cell(throttle))
     if verified := record.get("verify"):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("verified_at", 0)))
         table.add_row(

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -387,6 +387,11 @@ class UploadLimits(Frozen):
 
     rate_limit_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
     parallelism: Annotated[int, Field(ge=1)] | None = None
+    # adaptive: the agent steers its read rate by the source's health (shardvault_agent.throttle),
+    # under the rate limit, above the floor
+    throttle: Literal["static", "adaptive"] = "static"
+    throttle_window_seconds: Annotated[int, Field(gt=0)] | None = None
+    throttle_floor_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
 
 
 class Encryption(Frozen):
@@ -480,6 +485,7 @@ class ObjectChecksums(Frozen):
     stored_length: int
     frames: str  # shardvault.pipeline.pack_frames
     key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
+    throttle: dict[str, Any] | None = None  # an adaptive backup's throttle as the pack ended
 
 
 class UploadedPart(Frozen):

@@ -351,6 +351,29 @@ class Upload(Frozen):
         "agent applies the smaller of this and its own upload_parallelism. null: the "
         "agent's own.",
     )
+    throttle: Literal["static", "adaptive"] = Field(
+        "static",
+        description="static: the agents read at the rate limit (or as fast as they can). "
+        "adaptive: each agent steers its read rate by the source's health while it reads "
+        "(the database server's CPU and IO stall from Linux PSI, and for PostgreSQL the time "
+        "its server takes to answer a probe while other clients are connected): it halves "
+        "the rate when either rises past its target and recovers it over seconds, under the "
+        "rate limit and never below the floor. backup --wait and show report the rate and "
+        "what limited it.",
+    )
+    throttle_window_minutes: int = Field(
+        360,
+        ge=1,
+        strict=True,
+        description="adaptive: the time a backup may take; the floor is at least the rate "
+        "that reads the node's data once in this window.",
+    )
+    throttle_floor_mib_per_second: float = Field(
+        4.0,
+        gt=0,
+        strict=True,
+        description="adaptive: the lowest read rate per node, whatever the source's health.",
+    )
 
 
 class Compression(Frozen):

@@ -302,17 +302,29 @@ class Catalog:
         return plain(item) if item else None
 
     def add_progress(
-        self, cluster: str, backup_id: str, *, bytes_done: int, objects_done: int
+        self,
+        cluster: str,
+        backup_id: str,
+        *,
+        bytes_done: int,
+        objects_done: int,
+        throttle: dict[str, Any] | None = None,
     ) -> bool:
-        """Counts an object done on the operation's item. Progress is for display: with a
-        thousand objects in flight, all on one item, DynamoDB may throttle the item's
+        """Counts an object done on the operation's item, with the agent's adaptive throttle
+        as it packed the object (the latest one reported stays). Progress is for display:
+        with a thousand objects in flight, all on one item, DynamoDB may throttle the item's
         partition, and a count it refuses (after boto3's retries) is dropped, not turned into
         a failed object. Returns whether it was counted."""
+        update = "ADD bytes_done :b, objects_done :o"
+        values: dict[str, Any] = {":b": bytes_done, ":o": objects_done}
+        if throttle is not None:
+            update += " SET throttle = :t"
+            values[":t"] = dynamo(throttle)
         try:
             self.table.update_item(
                 Key={"cluster": cluster, "backup_id": backup_id},
-                UpdateExpression="ADD bytes_done :b, objects_done :o",
-                ExpressionAttributeValues={":b": bytes_done, ":o": objects_done},
+                UpdateExpression=update,
+                ExpressionAttributeValues=values,
             )
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in THROTTLED:

@@ -66,6 +66,14 @@ from shardvault_agent.scan import (
     write_fragment,
 )
 from shardvault_agent.statefiles import write_json
+from shardvault_agent.throttle import (
+    DEFAULT_THROTTLE_WINDOW_SECONDS,
+    AdaptiveLimiter,
+    LatencySignal,
+    Signal,
+    StallSignal,
+    pressure_files,
+)
 from shardvault_agent.transfer import (
     Downloader,
     PartSender,
@@ -198,18 +206,58 @@ class Commands:
 
     def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
         """The rate limiter and the parts sent at once for a backup: the stricter of the
-        policy's (sent with the checkpoint) and this agent's configuration."""
+        policy's (sent with the checkpoint) and this agent's configuration; with the policy's
+        adaptive throttle, a limiter of the backup's own that steers under that cap."""
         path = self._limits_path(backup_id)
         limits = (
             UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
         )
         parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
         rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
+        if limits.throttle == "adaptive":
+            ceiling = min((r for r in (rate, own) if r is not None), default=None)
+            with self.locks_guard:
+                limiter = self.backup_limiters.get(backup_id)
+                if limiter is None:
+                    limiter = self._adaptive(backup_id, limits, ceiling)
+                    self.backup_limiters[backup_id] = limiter
+            return limiter, parallelism
         if rate is None or (own is not None and own <= rate):
             return self.limiter, parallelism
         with self.locks_guard:  # one bucket per backup, shared by all its readers
             limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
         return limiter, parallelism
+
+    def _adaptive(
+        self, backup_id: str, limits: UploadLimits, ceiling: int | None
+    ) -> AdaptiveLimiter:
+        """A backup's adaptive limiter: its floor reads the node's captured data once within
+        the policy's window; its signals watch the shards' server (``throttle``)."""
+        captured = [
+            self.load_capture(backup_id, shard_id, Phase.DATA)
+            for shard_id in self.shards()
+            if self._capture_path(backup_id, shard_id, Phase.DATA).exists()
+        ]
+        data_bytes = sum(f.size for capture in captured for f in capture["files"])
+        window = limits.throttle_window_seconds or DEFAULT_THROTTLE_WINDOW_SECONDS
+        floor = max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
+        return AdaptiveLimiter(floor, ceiling, self._throttle_signals)
+
+    def _throttle_signals(self) -> list[Signal]:
+        """The host's (or the server's cgroup's) CPU and IO stall, and each shard's probe."""
+        cfg, shards = self.config, list(self.shards().values())
+        pid = next((p for s in shards if (p := self.engine.server_pid(s))), None)
+        signals: list[Signal] = [
+            StallSignal(f"{resource} stall", path, cfg.throttle_stall_margin, time.monotonic)
+            for resource, path in pressure_files(pid).items()
+            if path.exists()
+        ]
+        for shard in shards:
+            if (probe := self.engine.health_probe(shard)) is not None:
+                slack = cfg.throttle_latency_slack_ms / 1000
+                name = f"{shard.shard_id} latency"
+                signals.append(LatencySignal(name, probe, cfg.throttle_latency_ratio, slack))
+        return signals
 
     def _encryption_path(self, backup_id: str) -> Path:
         return self.backup_dir(backup_id) / "encryption.json"
@@ -322,6 +370,7 @@ class Commands:
                 at = time.time()
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
+            self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
             if "parents" not in args:
                 return self._listing_result(backup_id, Phase.DATA, shards)
             return self._scanned(backup_id, shards, args["parents"])
@@ -488,7 +537,9 @@ class Commands:
                 self.engine.release(shard, backup_id)
             shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
         with self.locks_guard:
-            self.backup_limiters.pop(backup_id, None)
+            limiter = self.backup_limiters.pop(backup_id, None)
+        if isinstance(limiter, AdaptiveLimiter):
+            limiter.close()
         return {"node_id": self.config.node_id, "released": True}
 
     def _lock(self, backup_id: str) -> threading.Lock:
@@ -540,6 +591,7 @@ class Commands:
             stored_length=packed.stored_length,
             frames=pack_frames(packed.frames),
             key_check=sealer.check if sealer else None,
+            throttle=limiter.snapshot() if isinstance(limiter, AdaptiveLimiter) else None,
         )
         result = sums.model_dump(mode="json")
         unfinished.replace(path)

@@ -186,6 +186,26 @@ class AgentConfig(BaseModel):
         None, ge=1, description="Cap on bytes read per second (None: no cap)."
     )
     low_priority: bool = Field(False, description="Lower CPU (nice) and IO (ionice) priority.")
+    throttle_stall_margin: float = Field(
+        0.10,
+        gt=0,
+        le=1,
+        description="Adaptive throttling (the policy's upload.throttle): the share of time a "
+        "backup may add to the database server's CPU or IO stall (Linux PSI) over what it "
+        "was the minute before; above it the read rate halves.",
+    )
+    throttle_latency_ratio: float = Field(
+        1.25,
+        gt=1,
+        description="Adaptive throttling: how much slower than before the backup the "
+        "server may answer the agent's probe while other clients are connected.",
+    )
+    throttle_latency_slack_ms: float = Field(
+        2.0,
+        ge=0,
+        description="Adaptive throttling: the probe may always be this much slower than before "
+        "the backup (a fast answer's ratio alone is noise).",
+    )
     archive_parallelism: int = Field(
         2, ge=1, description="WAL batches of the shards' spools stored at once."
     )

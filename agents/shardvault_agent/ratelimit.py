@@ -10,10 +10,18 @@ import time
 class RateLimiter:
     def __init__(self, bytes_per_second: int | None, burst_seconds: float = 0.25) -> None:
         self.rate = bytes_per_second
+        self.burst_seconds = burst_seconds
         self.capacity = (bytes_per_second or 0) * burst_seconds
         self.tokens = self.capacity
         self.updated = time.monotonic()
         self.lock = threading.Lock()
+
+    def set_rate(self, bytes_per_second: float | None) -> None:
+        """A new rate (None: unlimited) for the readers from now on (``throttle``)."""
+        with self.lock:
+            self.rate = None if bytes_per_second is None else max(1, round(bytes_per_second))
+            self.capacity = (self.rate or 0) * self.burst_seconds
+            self.tokens = min(self.tokens, self.capacity)
 
     def take(self, n: int) -> None:
         """Blocks until ``n`` bytes may be read (never when unlimited)."""

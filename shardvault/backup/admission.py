@@ -280,13 +280,17 @@ def policy_part_size(cluster: ClusterPolicy | None) -> int | None:
 
 
 def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
-    """The cluster's ``upload`` rate limit and parallelism, for its agents."""
+    """The cluster's ``upload`` rate limit, parallelism and throttle, for its agents."""
     if cluster is None:
         return UploadLimits()
-    rate = cluster.upload.rate_limit_mib_per_second
+    upload = cluster.upload
+    rate = upload.rate_limit_mib_per_second
     return UploadLimits(
         rate_limit_bytes_per_second=max(1, round(rate * MiB)) if rate else None,
-        parallelism=cluster.upload.parallelism,
+        parallelism=upload.parallelism,
+        throttle=upload.throttle,
+        throttle_window_seconds=upload.throttle_window_minutes * 60,
+        throttle_floor_bytes_per_second=max(1, round(upload.throttle_floor_mib_per_second * MiB)),
     )
 
 

@@ -108,7 +108,13 @@ def complete(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
     )
     svc.put_work(key, result.model_dump(mode="json"))
-    svc.catalog.add_progress(item.cluster, item.backup_id, bytes_done=item.length, objects_done=1)
+    svc.catalog.add_progress(
+        item.cluster,
+        item.backup_id,
+        bytes_done=item.length,
+        objects_done=1,
+        throttle=sums.throttle,
+    )
     return result
 
 

@@ -12,6 +12,7 @@ import pytest
 from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.throttle import AdaptiveLimiter
 from shardvault_agent.transfer import Faults
 
 from shardvault.backup import upload_limits
@@ -35,8 +36,14 @@ clusters:
 def test_the_policys_upload_settings_become_the_backups_limits() -> None:
     cluster = parse_policy(POLICY).cluster("c")
     assert upload_limits(cluster) == UploadLimits(
-        rate_limit_bytes_per_second=round(1.5 * MiB), parallelism=2
+        rate_limit_bytes_per_second=round(1.5 * MiB),
+        parallelism=2,
+        throttle="static",
+        throttle_window_seconds=6 * 3600,
+        throttle_floor_bytes_per_second=4 * MiB,
     )
+    adaptive = parse_policy(POLICY.replace("parallelism: 2}", "throttle: adaptive}"))
+    assert upload_limits(adaptive.cluster("c")).throttle == "adaptive"
     assert upload_limits(None) == UploadLimits()  # no policy: the agents' own settings
 
 
@@ -93,3 +100,34 @@ def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> N
 
     # A token bucket never lets more through than its rate plus its burst: a lower bound only.
     assert elapsed >= (size - rate * 0.25) / rate * 0.95
+
+
+def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_path: Path) -> None:
+    """Under the stricter cap, above a floor that reads the data once in the window; the
+    pack's answer carries its report; release stops its controller."""
+    cmds = commands(tmp_path, rate_limit_bytes_per_second=64 * MiB)
+    upload = {
+        "rate_limit_bytes_per_second": 32 * MiB,
+        "throttle": "adaptive",
+        "throttle_window_seconds": 1,  # the floor: all the data in a second
+        "throttle_floor_bytes_per_second": 1024,
+    }
+    (listing,) = cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": upload})[
+        "shards"
+    ]
+    limiter, _ = cmds.limits("b1")
+    assert isinstance(limiter, AdaptiveLimiter)
+    assert cmds.limits("b1")[0] is limiter  # one per backup, shared by its readers
+    assert limiter.aimd.ceiling == 32 * MiB
+    assert limiter.aimd.floor == listing["bytes"]  # its data once within the 1 s window
+    plan = ObjectPlan(
+        backup_id="b1", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
+        key="k", stream_offset=0, length=listing["bytes"], part_size=8 * MiB, part_count=1,
+    )  # fmt: skip
+    packed = cmds.do_pack({"object": plan.model_dump(mode="json")})
+    assert packed["throttle"]["mode"] == "adaptive"
+    assert packed["throttle"]["floor_bytes_per_second"] == listing["bytes"]
+
+    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
+    assert "b1" not in cmds.backup_limiters
+    assert limiter.thread is None  # the controller ended, and closed its signals

@@ -18,6 +18,9 @@ Backup:
 - *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
   on its own (PostgreSQL's backup label and WAL). Empty for engines that snapshot.
 - *release*: give back everything the checkpoint held. Safe to call at any point, twice.
+- *server_pid* / *health_probe*: the shard's server process (its cgroup's stall information)
+  and a session that asks it a cheap question (its answer time); both steer an adaptive
+  backup (``throttle``). None for engines without a server.
 - *held_backups*: the backups whose checkpoints the engine keeps on disk across an agent
   restart (SQLite's snapshots; PostgreSQL's backup mode dies with the agent's session), so a
   starting agent can release those whose backup has ended (``reconcile``).
@@ -49,6 +52,7 @@ from shardvault.cut import CutRequest
 from shardvault.errors import ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import ShardConfig
+from shardvault_agent.throttle import HealthProbe
 
 log = logging.getLogger("shardvault.agent")
 _reported: set[str] = set()  # problems already logged by size_or_zero
@@ -117,6 +121,13 @@ class EngineAdapter(Protocol):
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 
     def held_backups(self) -> set[str]: ...
+
+    def server_pid(self, shard: ShardConfig) -> int | None: ...
+
+    def health_probe(self, shard: ShardConfig) -> HealthProbe | None:
+        """A session of its own on the shard's server (closed by the throttle); None when
+        the engine has no server, or it cannot be reached (the host's signals remain)."""
+        ...
 
     # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]: ...

@@ -138,6 +138,12 @@ class HooksAdapter:
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "hooks").glob("*") if p.is_dir()}
 
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        return None  # the hooks' engine is unknown: the host's stall signals steer its backups
+
+    def health_probe(self, shard: ShardConfig) -> None:
+        return None
+
     # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
         checks = {}

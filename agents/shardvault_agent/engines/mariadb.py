@@ -205,6 +205,12 @@ class MariadbAdapter:
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"], "socket": result["socket"]}
 
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        return None  # not yet: the host's stall signals steer its backups
+
+    def health_probe(self, shard: ShardConfig) -> None:
+        return None
+
     def serving(self, root: Path) -> dict[str, Any] | None:
         return {"socket": str(socket_for(root))} if running_pid(root) is not None else None
 

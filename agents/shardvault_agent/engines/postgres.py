@@ -344,6 +344,20 @@ class PostgresAdapter:
         finally:
             held.connection.close()
 
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        """The postmaster's process id, from the first line of ``postmaster.pid``."""
+        try:
+            return int((shard.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def health_probe(self, shard: ShardConfig) -> PostgresProbe | None:
+        try:
+            return PostgresProbe(self._connect(shard))
+        except (EngineError, ShardDataMissing) as error:
+            log.warning("no throttle probe for shard %s: %s", shard.shard_id, error)
+            return None
+
     # --- restore (engines.postgres_restore) -----------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
         return postgres_restore.finish(self.config, job)
@@ -392,6 +406,29 @@ SELECT pg_sleep_until(to_timestamp(%(at)s)),
                                clock_timestamp() + %(hold)s * interval '1 second')),
        extract(epoch FROM clock_timestamp())
 """
+
+
+# Whether clients other than ShardVault's are connected (an unused server is not slowed for
+# its own sake); the time of the answer is the throttle's latency signal. Every role may read
+# these columns of every session.
+OTHER_CLIENTS = """
+SELECT count(*) > 0 FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+  AND coalesce(application_name, '') NOT LIKE 'shardvault%'
+"""
+
+
+class PostgresProbe:
+    """The throttle's question to a server, on a session of its own."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+
+    def ask(self) -> bool:
+        return bool(self.conn.execute(OTHER_CLIENTS).fetchone()[0])
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:

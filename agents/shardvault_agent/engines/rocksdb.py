@@ -152,6 +152,12 @@ class RocksdbAdapter:
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"]}
 
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        return None  # no server
+
+    def health_probe(self, shard: ShardConfig) -> None:
+        return None
+
     def serving(self, root: Path) -> dict[str, Any] | None:
         return None  # embedded: no server of its own
 

@@ -157,6 +157,12 @@ class SqliteAdapter:
             return None
         return {"shard_id": shard_id, "path": str(databases[0])}
 
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        return None  # no server
+
+    def health_probe(self, shard: ShardConfig) -> None:
+        return None
+
     def serving(self, root: Path) -> dict[str, Any] | None:
         return None  # no server: nothing runs from a restored file
 

@@ -1,0 +1,195 @@
+"""The adaptive throttle: its controller over simulated sources, its signals over files and
+probes it is given, and its limiter steering real reads."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from shardvault_agent import throttle
+from shardvault_agent.throttle import (
+    RECOVERY_SHARE,
+    SETTLE_SECONDS,
+    TICK_SECONDS,
+    AdaptiveLimiter,
+    Aimd,
+    LatencySignal,
+    StallSignal,
+    pressure_files,
+    read_stall_total,
+)
+
+MB = 1_000_000
+
+
+class Source:
+    """A database that stays healthy while the backup reads at most ``safe`` bytes a second:
+    its pressure is the read rate over that; the reader could take ``speed``."""
+
+    def __init__(self, safe: float, speed: float = 800 * MB) -> None:
+        self.safe, self.speed = safe, speed
+
+    def run(self, aimd: Aimd, seconds: float, start: float = 0.0, taken: float | None = None):
+        """Ticks ``aimd`` for ``seconds``; yields (time, rate taken, pressure) per tick."""
+        now, taken = start, self.speed if taken is None else taken
+        while now < start + seconds:
+            pressure = taken / self.safe
+            aimd.step(pressure, "cpu stall", taken, now, TICK_SECONDS)
+            now += TICK_SECONDS
+            taken = self.speed if aimd.rate is None else min(aimd.rate, self.speed)
+            yield now, taken, pressure
+
+
+def test_a_source_under_pressure_is_relieved_within_a_few_ticks_and_held_near_its_limit():
+    source, aimd = Source(safe=100 * MB), Aimd(floor=4 * MB)
+    trace = list(source.run(aimd, 30))
+
+    relieved = next(t for t, taken, _ in trace if taken <= source.safe)
+    assert relieved <= 4 * SETTLE_SECONDS  # 800 -> 400 -> 200 -> 100: three cuts
+    steady = [taken for t, taken, _ in trace if t > 10]
+    assert max(steady) <= 1.1 * source.safe  # each overshoot is cut at its next tick
+    assert sum(steady) / len(steady) >= 0.6 * source.safe  # and the rate climbs back
+    assert aimd.limited_by == "cpu stall"
+
+
+def test_a_spike_is_answered_at_once_and_the_rate_recovers_slowly_after_it():
+    source, aimd = Source(safe=1000 * MB), Aimd(floor=4 * MB)
+    list(source.run(aimd, 5))
+    assert aimd.rate is None  # a healthy source: never limited
+
+    source.safe = 50 * MB  # the application's peak begins
+    trace = list(source.run(aimd, 10, start=5))
+    assert trace[0][1] < 800 * MB  # cut at the first tick above the target
+    assert next(t for t, taken, _ in trace if taken <= 50 * MB) <= 5 + 6 * SETTLE_SECONDS
+
+    source.safe = 1000 * MB  # the peak ends
+    low = aimd.rate
+    trace = list(source.run(aimd, 1, start=15, taken=low))
+    gained = trace[-1][1] - low
+    assert 0 < gained <= RECOVERY_SHARE * aimd.peak * 1.01  # recovers over seconds...
+    list(source.run(aimd, 12, start=16))
+    assert aimd.rate is None
+    assert aimd.limited_by is None
+
+
+def test_the_rate_never_goes_below_the_floor_nor_above_the_ceiling():
+    aimd = Aimd(floor=20 * MB, ceiling=300 * MB)
+    source = Source(safe=1 * MB)  # unbearable at any rate
+    assert aimd.rate == 300 * MB
+    rates = [taken for _, taken, _ in source.run(aimd, 20)]
+    assert min(rates) == 20 * MB  # the backup still ends in its window
+    source.safe = 10_000 * MB
+    rates = [taken for _, taken, _ in source.run(aimd, 12, start=20)]
+    assert max(rates) == 300 * MB
+    assert aimd.rate == 300 * MB
+
+
+def test_pressure_while_the_backup_reads_nothing_is_not_its_doing():
+    aimd = Aimd(floor=MB)
+    aimd.step(5.0, "io stall", 0.0, 0.0, TICK_SECONDS)
+    assert aimd.rate is None
+    assert aimd.cuts == 0
+
+
+def test_a_floor_above_the_ceiling_yields_to_the_ceiling():
+    assert Aimd(floor=50 * MB, ceiling=10 * MB).floor == 10 * MB
+
+
+PSI = (
+    "some avg10=1.00 avg60={avg60} avg300=3.00 total={total}\n"
+    "full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n"
+)
+
+
+def test_a_stall_signal_is_the_share_of_the_tick_stalled_over_the_minute_before_plus_margin(
+    tmp_path: Path,
+):
+    psi, now = tmp_path / "cpu", [100.0]
+    psi.write_text(PSI.format(avg60="20.00", total=5_000_000))
+    signal = StallSignal("cpu stall", psi, margin=0.10, clock=lambda: now[0])
+    assert signal.target == pytest.approx(0.30)
+
+    now[0] += 0.5
+    psi.write_text(PSI.format(avg60="20.00", total=5_000_000 + 300_000))  # 0.3 s stalled of 0.5
+    assert signal.sample() == pytest.approx(0.6 / 0.30)
+    now[0] += 1.0
+    assert signal.sample() == pytest.approx(0.0)  # nothing stalled since
+    psi.unlink()
+    assert signal.sample() is None  # PSI gone (or never there): no reading, no cut
+
+
+def test_psi_files_are_the_servers_cgroups_when_it_has_one_else_the_hosts(tmp_path: Path):
+    assert read_stall_total(tmp_path / "missing") is None
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text("0::/\n")
+    assert pressure_files(42, proc) == {"cpu": proc / "pressure/cpu", "io": proc / "pressure/io"}
+    assert throttle.cgroup_of(42, proc) is None
+    (proc / "42" / "cgroup").write_text("0::/system.slice/postgresql@15-main.service\n")
+    assert throttle.cgroup_of(42, proc) == "/system.slice/postgresql@15-main.service"
+    assert pressure_files(None, proc)["io"] == proc / "pressure/io"
+
+
+class SlowProbe:
+    def __init__(self, seconds: float, others: bool = True) -> None:
+        self.seconds, self.others, self.closed = seconds, others, False
+
+    def ask(self) -> bool:
+        time.sleep(self.seconds)
+        return self.others
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_latency_signal_compares_answers_with_those_before_the_backup():
+    probe = SlowProbe(0.004)
+    signal = LatencySignal("s1 latency", probe, ratio=1.25, slack=0.001)
+    try:
+        assert 0.004 * 1.25 <= signal.target < 0.02
+        time.sleep(0.2)
+        assert signal.sample() == pytest.approx(0.004 / signal.target, rel=0.5)
+        probe.seconds = 0.02  # the server slows down
+        time.sleep(0.3)
+        assert signal.sample() > 1.0
+        probe.others = False  # nobody else is connected: no reason to slow the backup
+        time.sleep(0.2)
+        assert signal.sample() is None
+    finally:
+        signal.close()
+    assert probe.closed
+
+
+class Fixed:
+    def __init__(self, name: str, pressure: float | None) -> None:
+        self.name, self.pressure, self.closed = name, pressure, False
+
+    def sample(self) -> float | None:
+        return self.pressure
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_limiter_holds_readers_back_while_a_signal_is_high_and_reports_it():
+    signals = [Fixed("cpu stall", 0.2), Fixed("s1 latency", 3.0)]
+    limiter = AdaptiveLimiter(floor=2 * MB, ceiling=None, make_signals=lambda: signals)
+    try:
+        started, taken = time.monotonic(), 0
+        while time.monotonic() - started < 2.0:  # a reader of at most 200 MB/s
+            limiter.take(MB)
+            taken += MB
+            time.sleep(0.005)
+        report = limiter.snapshot()
+        assert report["limited_by"] == "s1 latency"
+        assert report["cuts"] >= 2
+        assert report["pressures"] == {"cpu stall": 0.2, "s1 latency": 3.0}
+        assert 2 * MB <= limiter.rate <= 50 * MB  # halved at each cut, never below the floor
+        assert taken < 2.0 * 200 * MB * 0.75  # the reader was held back
+        assert report["throttled_seconds"] > 0
+        assert report["lowest_rate_bytes_per_second"] == limiter.rate
+    finally:
+        limiter.close()
+    assert all(s.closed for s in signals)
+    assert limiter.thread is None
