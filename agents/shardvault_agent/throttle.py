@@ -333,8 +333,14 @@ class AdaptiveLimiter(RateLimiter):
             with self.state_lock:
                 taken_rate = (self.taken - taken_before) / dt
                 taken_before, idle = self.taken, now - self.last_take
+            cuts = self.aimd.cuts
             self.aimd.step(pressures.get(name, 0.0) if name else 0.0, name, taken_rate, now, dt)
             self.set_rate(self.aimd.rate)
+            if self.aimd.cuts > cuts:
+                log.info(
+                    "throttle: %s at %.2f of its target: reading at %.1f MiB/s (floor %.1f)",
+                    name, pressures[name], (self.aimd.rate or 0) / 2**20, self.aimd.floor / 2**20,
+                )  # fmt: skip
             self._record(pressures, dt)
             last = now
             if idle > IDLE_STOP_SECONDS:

@@ -1,0 +1,105 @@
+"""Adaptive throttling against a real PostgreSQL: the probe sees the server's other clients,
+and a backup under pgbench is held back by what its agent measured, records that, and leaves
+no session of its own behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.postgres import PostgresAdapter
+
+from shardvault.local import demo
+from shardvault.local.postgres import init_instance, start_pgbench, stop_process
+
+from .conftest import FAST_AGENT, Cluster, names
+
+SCALE = 10
+
+
+def test_the_probe_sees_other_clients_and_the_server_is_its_postmaster(tmp_path):
+    instance = init_instance(tmp_path / "data")
+    try:
+        shard = ShardConfig(shard_id="s1", data_dir=instance.data_dir, conninfo=instance.conninfo)
+        config = AgentConfig(
+            node_id="n1", cluster="c", engine="postgres", state_dir=tmp_path / "state",
+            shards=[shard],
+        )  # fmt: skip
+        adapter = PostgresAdapter(config)
+        probe = adapter.health_probe(shard)
+        assert probe is not None
+        try:
+            assert probe.ask() is False  # only ShardVault's own sessions
+            with psycopg.connect(instance.conninfo, application_name="app"):
+                assert probe.ask() is True
+            assert probe.ask() is False
+        finally:
+            probe.close()
+        with psycopg.connect(instance.conninfo) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        parent = next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{backend}/status").read_text().splitlines()
+            if line.startswith("PPid:")
+        )
+        assert adapter.server_pid(shard) == parent
+    finally:
+        instance.stop(mode="immediate")
+    assert adapter.health_probe(shard) is None  # a server that does not answer: no probe
+
+
+@pytest.fixture
+def loaded_node(stack, tmp_path, policy_for):
+    """One PostgreSQL node under pgbench, whose policy throttles adaptively; its agent's
+    targets are strict, so the backup's own load crosses them."""
+    name = f"pgt{next(names)}"
+    built = demo.postgres_cluster(tmp_path, name=name, nodes=1, scale=SCALE)
+    (config,) = built.agent_configs
+    config["node_id"] = f"{name}-{config['node_id']}"
+    config.update(FAST_AGENT)
+    config.update(throttle_stall_margin=0.001, throttle_latency_ratio=1.01)
+    config["throttle_latency_slack_ms"] = 0.0
+    stack.start_agent(config)
+    policy_for(name, engine="postgres", upload="{throttle: adaptive}")
+    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
+    (server,) = built.servers.values()
+    load = start_pgbench(server, clients=2, seconds=120)
+    try:
+        stack.wait_for_nodes([config["node_id"]])
+        yield cluster, server
+    finally:
+        stop_process(load)
+        cluster.stop()
+        built.stop()
+
+
+def test_an_adaptive_backup_under_load_is_held_back_and_says_so(loaded_node):
+    cluster, server = loaded_node
+    time.sleep(1.0)  # pgbench connected: the probe's baseline is the loaded server's
+
+    backup = cluster.backup()
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    record = next(r for r in cluster.records() if r["backup_id"] == backup.record["backup_id"])
+    throttle = record["throttle"]
+    assert throttle["mode"] == "adaptive"
+    assert throttle["cuts"] >= 1, throttle  # held back by what the agent measured...
+    assert throttle["lowest_rate_bytes_per_second"] >= throttle["floor_bytes_per_second"]
+    assert any(name.endswith("latency") for name in throttle["pressures"]), throttle
+    if os.path.exists("/proc/pressure/cpu"):
+        assert "cpu stall" in throttle["pressures"]
+    # ...and nothing of the agent's stays connected once the backup is released.
+    deadline = time.monotonic() + 10
+    while True:
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardvault-agent'"
+            ).fetchone()[0]
+        if left == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == 0
