@@ -35,12 +35,17 @@ def agent_note(svc: Services, operation_id: str, node_ids: list[str], error: str
     """The earliest failure note of the operation on these nodes of the recorded ``error``
     (``error=""``: of any error); "" when there is none. A note of another error (a retried
     part that later succeeded) says nothing about this failure."""
+    first = first_failure(svc, operation_id, node_ids, error)
+    return f"{first['cause']} (node {first['node_id']}, {first['command']})" if first else ""
+
+
+def first_failure(
+    svc: Services, operation_id: str, node_ids: list[str], error: str = ""
+) -> dict[str, Any] | None:
+    """The earliest failure note (``agent_note``), whole: its ``error`` names the class."""
     notes = [note for node in node_ids for note in svc.inbox.failures(node, operation_id)]
     matching = [note for note in notes if not error or note.get("error") == error]
-    if not matching:
-        return ""
-    first = min(matching, key=lambda note: note.get("failed_at", 0))
-    return f"{first['cause']} (node {first['node_id']}, {first['command']})"
+    return min(matching, key=lambda note: note.get("failed_at", 0)) if matching else None
 
 
 def failure_cause(

@@ -429,7 +429,7 @@ def throttle_note(throttle: dict[str, Any] | None) -> str:
     if not throttle or not throttle.get("limited_by"):
         return ""
     rate = throttle.get("rate_bytes_per_second") or 0
-    return f"; reading at {rate / MiB:,.1f} MiB/s (held by {throttle['limited_by']})"
+    return f"; reading at {rate / MiB:,.1f} MiB/s (held back by {throttle['limited_by']})"
 
 
 def throttle_cell(throttle: dict[str, Any]) -> str:
@@ -444,8 +444,13 @@ def throttle_cell(throttle: dict[str, Any]) -> str:
     )
     if throttle.get("limited_by"):
         rate = throttle.get("rate_bytes_per_second") or 0
-        cell += f"; last {rate / MiB:,.1f} MiB/s, held by {throttle['limited_by']}"
+        cell += f"; last {rate / MiB:,.1f} MiB/s, held back by {throttle['limited_by']}"
     return cell
+
+
+def held_cell(record: dict[str, Any]) -> str:
+    """The most WAL the backup held on its source (its replication slot), as last reported."""
+    return f"{sized(record['held_log_bytes'])} at most, until the backup let it go"
 
 
 def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
@@ -467,6 +472,7 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
         ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
         *([("throttle", throttle_cell(record["throttle"]))] if record.get("throttle") else []),
+        *([("source WAL held", held_cell(record))] if record.get("held_log_bytes") else []),
         ("cut", cut_cell(record)),
         ("checkpoint spread", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
         ("verification", record.get("verification", "")),
@@ -1037,6 +1043,8 @@ def run_show(args: argparse.Namespace) -> int:
         table.add_row("retention", f"{hold} (expired, still restorable)")
     if throttle := record.get("throttle"):
         table.add_row("throttle", throttle_cell(throttle))
+    if record.get("held_log_bytes"):
+        table.add_row("source WAL held", held_cell(record))
     if verified := record.get("verify"):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("verified_at", 0)))
         table.add_row(

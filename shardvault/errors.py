@@ -153,6 +153,11 @@ class ShardNotReady(ShardVaultError):
     not answer), as its agent reports it with each heartbeat."""
 
 
+class SourceLogFull(ShardVaultError):
+    """A backup held more of the source's write-ahead log than the policy allows, or the disk
+    that holds it came near full: the backup fails and lets the log go before the disk fills."""
+
+
 class ArchiveRefused(ShardVaultError):
     """The WAL archive function refused an agent's call, or could not be reached: the spool
     keeps the WAL until a later try succeeds."""

@@ -392,6 +392,9 @@ class UploadLimits(Frozen):
     throttle: Literal["static", "adaptive"] = "static"
     throttle_window_seconds: Annotated[int, Field(gt=0)] | None = None
     throttle_floor_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
+    # what the backup may hold of the source's log (shardvault_agent.sourceguard)
+    max_held_log_bytes: Annotated[int, Field(gt=0)] | None = None
+    min_source_free_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
 
 
 class Encryption(Frozen):
@@ -486,6 +489,7 @@ class ObjectChecksums(Frozen):
     frames: str  # shardvault.pipeline.pack_frames
     key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
     throttle: dict[str, Any] | None = None  # an adaptive backup's throttle as the pack ended
+    held_log_bytes: int | None = None  # the most log the backup held on its source so far
 
 
 class UploadedPart(Frozen):

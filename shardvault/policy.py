@@ -368,6 +368,24 @@ class Upload(Frozen):
         description="adaptive: the time a backup may take; the floor is at least the rate "
         "that reads the node's data once in this window.",
     )
+    max_held_wal_mib: int | None = Field(
+        None,
+        ge=16,
+        strict=True,
+        description="PostgreSQL: the most WAL a backup may hold on a source (its replication "
+        "slot keeps every segment written from the backup's start until its release); a "
+        "backup that holds more fails with SourceLogFull and lets it go. null: no cap (what "
+        "it holds is still reported, and min_source_free_percent still applies).",
+    )
+    min_source_free_percent: float = Field(
+        5.0,
+        ge=0,
+        lt=100,
+        strict=True,
+        description="PostgreSQL: a backup that holds WAL (a segment or more) while the disk "
+        "of the source's pg_wal has less than this share free fails with SourceLogFull and "
+        "lets it go, before the server stops for a full disk. 0: never.",
+    )
     throttle_floor_mib_per_second: float = Field(
         4.0,
         gt=0,

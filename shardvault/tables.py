@@ -309,17 +309,20 @@ class Catalog:
         bytes_done: int,
         objects_done: int,
         throttle: dict[str, Any] | None = None,
+        held_log_bytes: int | None = None,
     ) -> bool:
         """Counts an object done on the operation's item, with the agent's adaptive throttle
-        as it packed the object (the latest one reported stays). Progress is for display:
+        and the most log its backup held on the source, as it packed the object (the latest
+        report stays). Progress is for display:
         with a thousand objects in flight, all on one item, DynamoDB may throttle the item's
         partition, and a count it refuses (after boto3's retries) is dropped, not turned into
         a failed object. Returns whether it was counted."""
         update = "ADD bytes_done :b, objects_done :o"
         values: dict[str, Any] = {":b": bytes_done, ":o": objects_done}
-        if throttle is not None:
-            update += " SET throttle = :t"
-            values[":t"] = dynamo(throttle)
+        sets = {"throttle": throttle, "held_log_bytes": held_log_bytes}
+        if given := {name: value for name, value in sets.items() if value is not None}:
+            update += " SET " + ", ".join(f"{name} = :{name}" for name in given)
+            values |= {f":{name}": dynamo(value) for name, value in given.items()}
         try:
             self.table.update_item(
                 Key={"cluster": cluster, "backup_id": backup_id},

@@ -65,6 +65,7 @@ from shardvault_agent.scan import (
     scan_capture,
     write_fragment,
 )
+from shardvault_agent.sourceguard import DEFAULT_MIN_FREE_PERCENT, SourceGuard
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.throttle import (
     DEFAULT_THROTTLE_WINDOW_SECONDS,
@@ -117,6 +118,7 @@ class Commands:
         self.locks: dict[str, threading.Lock] = {}
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
+        self.guards: dict[str, SourceGuard] = {}
 
     @cached_property
     def restorer(self) -> Restorer:
@@ -206,30 +208,56 @@ class Commands:
 
     def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
         """The rate limiter and the parts sent at once for a backup: the stricter of the
-        policy's (sent with the checkpoint) and this agent's configuration; with the policy's
-        adaptive throttle, a limiter of the backup's own that steers under that cap."""
+        policy's (sent with the checkpoint) and this agent's configuration. A backup has a
+        limiter of its own, which checks its source guard before every read; with the
+        policy's adaptive throttle, it steers under that cap (``throttle``)."""
+        limits = self._upload_limits(backup_id)
+        parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
+        with self.locks_guard:
+            limiter = self.backup_limiters.get(backup_id)
+            if limiter is None:
+                limiter = self._backup_limiter(backup_id, limits)
+                self.backup_limiters[backup_id] = limiter
+        return limiter, parallelism
+
+    def _upload_limits(self, backup_id: str) -> UploadLimits:
         path = self._limits_path(backup_id)
-        limits = (
+        return (
             UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
         )
-        parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
+
+    def _backup_limiter(self, backup_id: str, limits: UploadLimits) -> RateLimiter:
+        guard = self._guard(backup_id, limits)
         rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
         if limits.throttle == "adaptive":
             ceiling = min((r for r in (rate, own) if r is not None), default=None)
-            with self.locks_guard:
-                limiter = self.backup_limiters.get(backup_id)
-                if limiter is None:
-                    limiter = self._adaptive(backup_id, limits, ceiling)
-                    self.backup_limiters[backup_id] = limiter
-            return limiter, parallelism
-        if rate is None or (own is not None and own <= rate):
-            return self.limiter, parallelism
-        with self.locks_guard:  # one bucket per backup, shared by all its readers
-            limiter = self.backup_limiters.setdefault(backup_id, RateLimiter(rate))
-        return limiter, parallelism
+            return self._adaptive(backup_id, limits, ceiling, guard.check)
+        if rate is None or (own is not None and own <= rate):  # the agent's cap, shared
+            return RateLimiter(None, parent=self.limiter, guard=guard.check)
+        return RateLimiter(rate, guard=guard.check)
+
+    def _guard(self, backup_id: str, limits: UploadLimits) -> SourceGuard:
+        """What the backup holds of its shards' log, watched from now until its release."""
+        guard = self.guards.get(backup_id)
+        if guard is None:
+            shards = list(self.shards().values())
+            guard = SourceGuard(
+                backup_id,
+                lambda: [h for s in shards if (h := self.engine.held_log(s, backup_id))],
+                limits.max_held_log_bytes,
+                DEFAULT_MIN_FREE_PERCENT
+                if limits.min_source_free_percent is None
+                else limits.min_source_free_percent,
+            )
+            self.guards[backup_id] = guard
+        return guard
 
     def _adaptive(
-        self, backup_id: str, limits: UploadLimits, ceiling: int | None
+        self,
+        backup_id: str,
+        limits: UploadLimits,
+        ceiling: int | None,
+        guard: Callable[[], None],
     ) -> AdaptiveLimiter:
         """A backup's adaptive limiter: its floor reads the node's captured data once within
         the policy's window; its signals watch the shards' server (``throttle``)."""
@@ -241,7 +269,7 @@ class Commands:
         data_bytes = sum(f.size for capture in captured for f in capture["files"])
         window = limits.throttle_window_seconds or DEFAULT_THROTTLE_WINDOW_SECONDS
         floor = max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
-        return AdaptiveLimiter(floor, ceiling, self._throttle_signals)
+        return AdaptiveLimiter(floor, ceiling, self._throttle_signals, guard=guard)
 
     def _throttle_signals(self) -> list[Signal]:
         """The host's (or the server's cgroup's) CPU and IO stall, and each shard's probe."""
@@ -538,8 +566,11 @@ class Commands:
             shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
         with self.locks_guard:
             limiter = self.backup_limiters.pop(backup_id, None)
+            guard = self.guards.pop(backup_id, None)
         if isinstance(limiter, AdaptiveLimiter):
             limiter.close()
+        if guard is not None:
+            guard.close()
         return {"node_id": self.config.node_id, "released": True}
 
     def _lock(self, backup_id: str) -> threading.Lock:
@@ -592,6 +623,7 @@ class Commands:
             frames=pack_frames(packed.frames),
             key_check=sealer.check if sealer else None,
             throttle=limiter.snapshot() if isinstance(limiter, AdaptiveLimiter) else None,
+            held_log_bytes=guard.peak if (guard := self.guards.get(item.backup_id)) else None,
         )
         result = sums.model_dump(mode="json")
         unfinished.replace(path)

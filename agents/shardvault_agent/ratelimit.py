@@ -1,20 +1,36 @@
-"""A token bucket shared by every reader of one agent: caps the bytes read per second so a
-backup runs at any hour without an IO spike (WalB's lesson: there are no more "nights")."""
+"""Token buckets over the bytes an agent reads, so a backup runs at any hour without an IO
+spike (WalB's lesson: there are no more "nights").
+
+The agent has one bucket of its own (its ``rate_limit_bytes_per_second``, shared by every
+backup and restore); a backup gets a bucket of its own when its policy sets a stricter rate,
+throttles adaptively (``throttle``), or bounds what it may hold of its source
+(``sourceguard``). A backup's bucket may charge the agent's too (``parent``), and may check
+a *guard* before every read: a guard that raises fails the read, and with it the command.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 
 class RateLimiter:
-    def __init__(self, bytes_per_second: int | None, burst_seconds: float = 0.25) -> None:
+    def __init__(
+        self,
+        bytes_per_second: int | None,
+        burst_seconds: float = 0.25,
+        *,
+        parent: RateLimiter | None = None,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
         self.rate = bytes_per_second
         self.burst_seconds = burst_seconds
         self.capacity = (bytes_per_second or 0) * burst_seconds
         self.tokens = self.capacity
         self.updated = time.monotonic()
         self.lock = threading.Lock()
+        self.parent, self.guard = parent, guard
 
     def set_rate(self, bytes_per_second: float | None) -> None:
         """A new rate (None: unlimited) for the readers from now on (``throttle``)."""
@@ -24,14 +40,17 @@ class RateLimiter:
             self.tokens = min(self.tokens, self.capacity)
 
     def take(self, n: int) -> None:
-        """Blocks until ``n`` bytes may be read (never when unlimited)."""
-        if not self.rate:
-            return
-        with self.lock:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
-            self.updated = now
-            self.tokens -= n
-            wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
-        if wait > 0:
-            time.sleep(wait)
+        """Blocks until ``n`` bytes may be read (never when unlimited), after the guard."""
+        if self.guard is not None:
+            self.guard()
+        if self.rate:
+            with self.lock:
+                now = time.monotonic()
+                self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+                self.updated = now
+                self.tokens -= n
+                wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
+            if wait > 0:
+                time.sleep(wait)
+        if self.parent is not None:
+            self.parent.take(n)

@@ -276,8 +276,9 @@ class AdaptiveLimiter(RateLimiter):
         ceiling: float | None,
         make_signals: Callable[[], Iterable[Signal]],
         clock: Callable[[], float] = time.monotonic,
+        guard: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(None if ceiling is None else round(ceiling))
+        super().__init__(None if ceiling is None else round(ceiling), guard=guard)
         self.aimd = Aimd(floor=floor, ceiling=ceiling)
         self.make_signals, self.clock = make_signals, clock
         self.report = ThrottleReport(floor_bytes_per_second=self.aimd.floor)

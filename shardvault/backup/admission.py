@@ -291,6 +291,8 @@ def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
         throttle=upload.throttle,
         throttle_window_seconds=upload.throttle_window_minutes * 60,
         throttle_floor_bytes_per_second=max(1, round(upload.throttle_floor_mib_per_second * MiB)),
+        max_held_log_bytes=upload.max_held_wal_mib * MiB if upload.max_held_wal_mib else None,
+        min_source_free_percent=upload.min_source_free_percent,
     )
 
 

@@ -1,6 +1,7 @@
-"""Adaptive throttling against a real PostgreSQL: the probe sees the server's other clients,
-and a backup under pgbench is held back by what its agent measured, records that, and leaves
-no session of its own behind."""
+"""Adaptive throttling and the source guard against a real PostgreSQL: the probe sees the
+server's other clients; a backup under pgbench is held back by what its agent measured,
+records that and the WAL it held, and leaves no session of its own behind; a backup that holds
+more WAL than its policy allows fails by name and lets it go."""
 
 from __future__ import annotations
 
@@ -54,31 +55,54 @@ def test_the_probe_sees_other_clients_and_the_server_is_its_postmaster(tmp_path)
 
 @pytest.fixture
 def loaded_node(stack, tmp_path, policy_for):
-    """One PostgreSQL node under pgbench, whose policy throttles adaptively; its agent's
-    targets are strict, so the backup's own load crosses them."""
-    name = f"pgt{next(names)}"
-    built = demo.postgres_cluster(tmp_path, name=name, nodes=1, scale=SCALE)
-    (config,) = built.agent_configs
-    config["node_id"] = f"{name}-{config['node_id']}"
-    config.update(FAST_AGENT)
-    config.update(throttle_stall_margin=0.001, throttle_latency_ratio=1.01)
-    config["throttle_latency_slack_ms"] = 0.0
-    stack.start_agent(config)
-    policy_for(name, engine="postgres", upload="{throttle: adaptive}")
-    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
-    (server,) = built.servers.values()
-    load = start_pgbench(server, clients=2, seconds=120)
-    try:
+    """One PostgreSQL node under pgbench; its policy's ``upload`` and its agent's settings as
+    the test gives them."""
+    made = []
+
+    def make(upload: str, **agent: object) -> tuple[Cluster, object]:
+        name = f"pgt{next(names)}"
+        built = demo.postgres_cluster(tmp_path / name, name=name, nodes=1, scale=SCALE)
+        (config,) = built.agent_configs
+        config["node_id"] = f"{name}-{config['node_id']}"
+        config.update(FAST_AGENT, **agent)
+        stack.start_agent(config)
+        policy_for(name, engine="postgres", upload=upload)
+        cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
+        (server,) = built.servers.values()
+        made.append((built, cluster, start_pgbench(server, clients=2, seconds=120)))
         stack.wait_for_nodes([config["node_id"]])
-        yield cluster, server
+        return cluster, server
+
+    try:
+        yield make
     finally:
-        stop_process(load)
-        cluster.stop()
-        built.stop()
+        for built, cluster, load in made:
+            stop_process(load)
+            cluster.stop()
+            built.stop()
+
+
+def agent_sessions(server) -> int:
+    """The agent's sessions on the server, once the backup let them go (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardvault-agent'"
+            ).fetchone()[0]
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def test_an_adaptive_backup_under_load_is_held_back_and_says_so(loaded_node):
-    cluster, server = loaded_node
+    """The agent's targets are strict, so the backup's own load crosses them."""
+    cluster, server = loaded_node(
+        "{throttle: adaptive}",
+        throttle_stall_margin=0.001,
+        throttle_latency_ratio=1.01,
+        throttle_latency_slack_ms=0.0,
+    )
     time.sleep(1.0)  # pgbench connected: the probe's baseline is the loaded server's
 
     backup = cluster.backup()
@@ -92,14 +116,26 @@ def test_an_adaptive_backup_under_load_is_held_back_and_says_so(loaded_node):
     assert any(name.endswith("latency") for name in throttle["pressures"]), throttle
     if os.path.exists("/proc/pressure/cpu"):
         assert "cpu stall" in throttle["pressures"]
+    assert record["held_log_bytes"] > 0  # the slot's WAL, reported
     # ...and nothing of the agent's stays connected once the backup is released.
-    deadline = time.monotonic() + 10
-    while True:
-        with psycopg.connect(server.conninfo, autocommit=True) as conn:
-            left = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardvault-agent'"
-            ).fetchone()[0]
-        if left == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert left == 0
+    assert agent_sessions(server) == 0
+
+
+def test_a_backup_that_holds_too_much_wal_fails_by_name_and_lets_it_go(loaded_node):
+    """A slow backup (2 MiB/s) of a busy server, allowed to hold 16 MiB of WAL: it fails with
+    SourceLogFull, and the server keeps no session of the agent's (so no backup mode) and no
+    slot."""
+    cluster, server = loaded_node("{rate_limit_mib_per_second: 2, max_held_wal_mib: 16}")
+
+    started = time.monotonic()
+    backup = cluster.backup()
+
+    assert backup.status == "FAILED"
+    assert "SourceLogFull" in backup.error, (backup.error, backup.cause)
+    assert "max_held_wal_mib (16)" in backup.cause
+    assert time.monotonic() - started < 60  # long before the whole copy at 2 MiB/s
+    assert agent_sessions(server) == 0  # its backup mode ended with its session
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        slots = conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall()
+    assert slots == []  # the WAL is free to go
+    assert cluster.open_uploads() == []

@@ -18,6 +18,10 @@ Backup:
 - *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
   on its own (PostgreSQL's backup label and WAL). Empty for engines that snapshot.
 - *release*: give back everything the checkpoint held. Safe to call at any point, twice.
+- *held_log*: how much of its log the engine keeps on the source for the backup's checkpoint
+  (PostgreSQL: the WAL its replication slot retains) and the directory it fills
+  (``sourceguard`` reports it and fails the backup by name before that disk fills); None for
+  engines whose checkpoint holds no log on the source.
 - *server_pid* / *health_probe*: the shard's server process (its cgroup's stall information)
   and a session that asks it a cheap question (its answer time); both steer an adaptive
   backup (``throttle``). None for engines without a server.
@@ -72,6 +76,14 @@ class Capture:
     trust_identity: bool = False
 
 
+@dataclass(frozen=True)
+class HeldLog:
+    """Log a checkpoint keeps on the source: its bytes, and the directory they fill."""
+
+    bytes: int
+    directory: Path
+
+
 @dataclass
 class Finishing:
     """One shard to finish on this node: its files are complete at ``root``. ``layout``: what
@@ -121,6 +133,8 @@ class EngineAdapter(Protocol):
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 
     def held_backups(self) -> set[str]: ...
+
+    def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None: ...
 
     def server_pid(self, shard: ShardConfig) -> int | None: ...
 

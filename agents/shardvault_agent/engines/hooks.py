@@ -138,6 +138,9 @@ class HooksAdapter:
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "hooks").glob("*") if p.is_dir()}
 
+    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
+        return None  # unknown to the agent
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # the hooks' engine is unknown: the host's stall signals steer its backups
 

@@ -205,6 +205,9 @@ class MariadbAdapter:
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"], "socket": result["socket"]}
 
+    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
+        return None  # mariabackup copies its redo log into the agent's state dir
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # not yet: the host's stall signals steer its backups
 

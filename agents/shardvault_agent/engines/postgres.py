@@ -44,7 +44,7 @@ from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import postgres_restore
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault_agent.engines.base import Capture, Finishing, HeldLog, list_tree, size_or_zero
 from shardvault_agent.engines.pgserver import stop_server
 
 log = logging.getLogger("shardvault.agent.postgres")
@@ -225,8 +225,7 @@ class PostgresAdapter:
         refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)  # refuses another instance before the slot is taken
-        slot_name = f"shardvault_{backup_id}_{shard.shard_id}".lower()
-        slot = re.sub(r"[^a-z0-9_]", "_", slot_name)[:63]
+        slot = slot_name(backup_id, shard.shard_id)
         try:
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
         except psycopg.Error as error:
@@ -344,6 +343,17 @@ class PostgresAdapter:
         finally:
             held.connection.close()
 
+    def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
+        """The WAL the backup's slot retains (from its restart point to the server's current
+        position), and pg_wal (a symlink to another disk is followed)."""
+        if not self.holds(shard, backup_id):
+            return None
+        with self._connect(shard) as conn:
+            row = conn.execute(HELD_WAL, (slot_name(backup_id, shard.shard_id),)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return HeldLog(int(row[0]), (shard.data_dir / "pg_wal").resolve())
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         """The postmaster's process id, from the first line of ``postmaster.pid``."""
         try:
@@ -405,6 +415,18 @@ SELECT pg_sleep_until(to_timestamp(%(at)s)),
        pg_sleep_until(greatest(to_timestamp(%(until)s),
                                clock_timestamp() + %(hold)s * interval '1 second')),
        extract(epoch FROM clock_timestamp())
+"""
+
+
+def slot_name(backup_id: str, shard_id: str) -> str:
+    """The backup's temporary replication slot on the shard's server."""
+    return re.sub(r"[^a-z0-9_]", "_", f"shardvault_{backup_id}_{shard_id}".lower())[:63]
+
+
+# The WAL a backup's slot retains (every role may read pg_replication_slots).
+HELD_WAL = """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = %s
 """
 
 

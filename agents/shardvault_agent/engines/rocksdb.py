@@ -152,6 +152,9 @@ class RocksdbAdapter:
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"]}
 
+    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
+        return None  # a checkpoint of hard links: no log held
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # no server
 

@@ -157,6 +157,9 @@ class SqliteAdapter:
             return None
         return {"shard_id": shard_id, "path": str(databases[0])}
 
+    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
+        return None  # a snapshot: nothing held on the source
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # no server
 

@@ -1,0 +1,835 @@
+"""How much a full backup hurts a PostgreSQL write load, for several backup configurations
+side by side, in one run on one machine (issue 14).
+
+Usage::
+
+    .venv/bin/python bench/throttle_under_load.py [--scale 100] [--rounds 1] [--max-seconds 20]
+        [--load-fraction 0.7] [--fixed-mib 50] [--out bench/results]
+
+Terms:
+
+* *environment*: ``backup_vs_peers.py``'s, set up by its code (``setup``): one PostgreSQL 15
+  (``initdb --data-checksums``, ``wal_level=replica``, ``shared_buffers=512MB``, WAL archived
+  by pgBackRest's ``archive-push`` into a second MinIO over TLS) filled by ``pgbench -i -s
+  SCALE`` in database ``postgres``; the local stack (moto's Step Functions running the real
+  ASL, the Lambda handlers in this process, MinIO as the store) with one source agent (and
+  the idle restore agent that setup starts).
+* *policy*: the bench cluster's entry in a policy file of the work directory (version 1,
+  ``engine: postgres``, a nightly schedule, a vault, ``retention``, and the configuration's
+  ``upload``), which the local stack's ``settings.policy_file`` is pointed at before each
+  ShardVault backup. The stack's vault is switched off for the whole run (``vault_url``
+  unset): a cluster the policy names is promoted into the vault by its backup's own
+  execution (the Promote state), a copy from the store to moto's S3 that on AWS runs in
+  Lambda, off the database host, and here would run in this process on the same two cores
+  and lengthen the backup's window. Without a vault the execution ends when the backup is
+  verified and its manifest written, as ``backup_vs_peers.py``'s backups do.
+* *configurations*, each one full backup per round:
+
+  1. ``sv-unthrottled``: ShardVault, the policy's ``upload: {throttle: static}`` and no rate
+     limit (the agent has none of its own either);
+  2. ``sv-fixed``: ``upload: {rate_limit_mib_per_second: --fixed-mib}`` (default 50);
+  3. ``sv-adaptive``: ``upload: {throttle: adaptive}`` (its window and floor at the policy's
+     defaults, 360 minutes and 4 MiB/s);
+  4. ``pgbackrest-zst-pm2``: ``pgbackrest backup --type=full`` as ``backup_vs_peers.py`` runs
+     it (``compress-type=zst`` at its default level 3, ``start-fast=y``), ``--process-max=2``;
+  5. ``pgbackrest-zst-pm1``: the same with ``--process-max=1``.
+
+* *maximum rate*: ``pgbench -N -c 4 -j 2 -T <warm-up + --max-seconds>`` on ``postgres`` (the
+  simple-update script: an account updated, a history row inserted, committed), run once
+  after the idle reference; its tps over the ``--max-seconds`` (default 20) after
+  ``--warm-up-seconds`` (default 5) of warm-up, counted from its per-transaction log.
+* *write load*: ``pgbench -N -c 4 -j 2 -R <rate> -T <LOAD_SECONDS> -l --log-prefix=<work
+  dir>/load`` in a process of its own (never a thread here: the control plane runs in this
+  process), where *rate* is ``--load-fraction`` (0.7) of the maximum; it runs from after the
+  maximum rate's measure through every round and is stopped at the end. With ``-R`` each
+  client's transactions are *scheduled* (a Poisson process at the rate's share of each
+  client) and pgbench catches up when behind: the backlog is kept, not skipped. Its
+  per-transaction log (one file per thread) gives, for each transaction: its completion time
+  (Unix epoch), its *latency* (from its scheduled start to its end) and its *schedule lag*
+  (from its scheduled start to its actual start, the time it waited in the backlog). *Latency
+  without lag* is latency minus lag: the time the server took to run it.
+* *backlog*: the load is *caught up* when the median schedule lag of the transactions it
+  logged over its last 2 s (``CATCH_UP_SPAN``) is at most ``--backlog-ms`` (default 50).
+* *settled*: the agents back at their idle poll rate (``backup_vs_peers.quiet_agents``; after
+  every backup, of either tool, the machine is held ``busy_window_seconds``, 30 s, before it
+  counts as settled, so every baseline starts as long after its backup), WAL archiving caught
+  up and ``sync`` (``backup_vs_peers.settle``), and the write load caught up.
+* *backup window*: ShardVault, ``start_backup`` to the execution's stop (its SUCCEEDED);
+  pgBackRest, its process's start to its exit. *Wall time*: the window's length.
+* *during*: the transactions the load completed in the window; *baseline*: those it completed
+  in a window of the same length with no backup, that starts once the machine is settled
+  again after the backup. Of each: *tps* (transactions ÷ the window's length), p50 and p99 of
+  latency (with its lag) and of latency without lag, p99 of schedule lag, and the worst whole
+  second's count. *tps ratio*: tps during ÷ tps baseline; *transactions short*: the
+  baseline's tps times the window's length less the transactions completed in it.
+* *throttle* (ShardVault): the catalog record's ``throttle`` field as the agent last reported
+  it (adaptive only: ``cuts``, ``throttled_seconds``, ``lowest_rate_bytes_per_second``,
+  ``limited_by``, ``floor_bytes_per_second``), and the record's ``duration_seconds`` (the
+  manifest's start to completion).
+* *idle reference*: one ``sv-unthrottled`` backup at the start of the run, before the write
+  load exists (settled machine, no client but the agent); the issue's target is each
+  backup's wall time at most 2 times this one (*÷ idle*).
+
+Each round runs every configuration once, on a settled machine, the load waited for until it
+has no backlog before each backup; the order alternates (odd rounds as listed, even rounds
+reversed). After each run's baseline its backup is deleted (ShardVault: its objects in the
+store; pgBackRest: ``expire`` of every backup but the newest), untimed, for disk space.
+Figures over several rounds are given as min / median / max. Raw results go to ``--out`` as
+JSON, the tables to stdout and beside the JSON as Markdown, with the command that reproduces
+them. Everything started here (the write load, both MinIO servers, PostgreSQL, the local stack
+and its agents) is stopped and the work directory removed on the way out, also on failure,
+Ctrl-C or SIGTERM (``--keep`` keeps the directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import json
+import math
+import os
+import resource
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import backup_vs_peers as bvp
+import boto3
+import report
+import yaml
+from peers import delete_prefix
+from report import MiB
+
+from shardvault import lambda_support
+from shardvault import operations as ops
+from shardvault.local.minio import die_with_parent
+from shardvault.local.postgres import PostgresInstance, stop_process
+from shardvault.models import BackupRequest
+
+DBNAME = "postgres"  # where backup_vs_peers' setup runs pgbench -i
+CLIENTS, JOBS = 4, 2
+LOAD_SECONDS = 86_400  # the load's -T: longer than any run; it is stopped at the end
+CATCH_UP_SPAN = 2.0  # seconds of the newest logged transactions the backlog is judged on
+CATCH_UP_TIMEOUT = 600.0
+FRESH_SECONDS = 5.0  # the load's newest logged transaction is at most this old when caught up
+LOG_TIMEOUT = 60.0  # seconds to wait for the load's log to cover a window's end
+LOG_POLL = 0.2
+WINDOW_SLACK = 5.0  # seconds: a thread's log lines may be out of order by less than this
+IDLE = "sv-unthrottled-idle"
+IDLE_TARGET = 2.0  # the issue's: a backup's wall time at most 2x the idle unthrottled one
+POLICY_BASE: dict[str, Any] = {  # the bench cluster's entry, less its upload
+    "engine": "postgres",
+    "schedule": {"full": "0 2 * * *"},
+    "vault": {"storage_class": "GLACIER_IR", "object_lock": {"mode": "GOVERNANCE", "days": 1}},
+    "retention": {"keep_daily": 1},
+}
+
+say = bvp.say
+
+
+# --- configurations -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Configuration:
+    """One backup configuration: ShardVault with a policy ``upload`` mapping, or pgBackRest
+    with a ``process_max``."""
+
+    name: str
+    label: str
+    upload: dict[str, Any] | None = None
+    process_max: int | None = None
+
+    @property
+    def tool(self) -> str:
+        return "pgbackrest" if self.process_max else "shardvault"
+
+
+def configurations(fixed_mib: float) -> tuple[Configuration, ...]:
+    return (
+        Configuration(
+            "sv-unthrottled", "ShardVault, static, no rate limit", {"throttle": "static"}
+        ),
+        Configuration(
+            "sv-fixed",
+            f"ShardVault, rate limit {fixed_mib:g} MiB/s",
+            {"rate_limit_mib_per_second": float(fixed_mib)},
+        ),
+        Configuration("sv-adaptive", "ShardVault, adaptive throttle", {"throttle": "adaptive"}),
+        Configuration("pgbackrest-zst-pm2", "pgBackRest full, zst, process-max=2", process_max=2),
+        Configuration("pgbackrest-zst-pm1", "pgBackRest full, zst, process-max=1", process_max=1),
+    )
+
+
+CONFIG_NAMES = tuple(c.name for c in configurations(50.0))
+
+
+# --- arguments ----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bvp.add_environment_arguments(parser)
+    parser.add_argument(
+        "--rounds", dest="runs", type=int, help="rounds, each configuration once a round"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=20.0, help="how long the maximum rate is measured"
+    )
+    parser.add_argument(
+        "--warm-up-seconds", type=float, default=5.0, help="pgbench before the maximum counts"
+    )
+    parser.add_argument(
+        "--load-fraction", type=float, default=0.7, help="the write load's rate ÷ its maximum"
+    )
+    parser.add_argument(
+        "--fixed-mib", type=float, default=50.0, help="sv-fixed's rate limit, MiB/s"
+    )
+    parser.add_argument(
+        "--backlog-ms",
+        type=float,
+        default=50.0,
+        help="the load is caught up when its median schedule lag is at most this",
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIG_NAMES),
+        help=f"comma-separated subset of {','.join(CONFIG_NAMES)}",
+    )
+    # backup_vs_peers' setup also makes the s3transfer controls' clients; none run here.
+    parser.set_defaults(runs=1, s3_chunk_mib=8, s3_concurrency=4, s3_signed_payload=False)
+    args = parser.parse_args(argv)
+    bvp.check_environment_arguments(parser, args)
+    if not 0 < args.load_fraction <= 1:
+        parser.error("--load-fraction must be in (0, 1]")
+    if args.max_seconds <= 0 or args.warm_up_seconds < 0 or args.fixed_mib <= 0:
+        parser.error("--max-seconds and --fixed-mib must be positive, --warm-up-seconds not < 0")
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if unknown := sorted(set(chosen) - set(CONFIG_NAMES)):
+        parser.error(f"unknown configurations {', '.join(unknown)}")
+    args.configs = [name for name in CONFIG_NAMES if name in chosen]
+    return args
+
+
+# --- pgbench's per-transaction log --------------------------------------------------------------
+def percentile(values: list[float], fraction: float) -> float | None:
+    """The nearest-rank percentile (None of nothing)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else None
+
+
+@dataclass
+class ThreadLog:
+    """One pgbench thread's log file, read as it grows: per transaction, its completion time
+    (epoch s), latency and schedule lag (µs; lag 0 without ``-R``)."""
+
+    path: Path
+    offset: int = 0
+    rest: bytes = b""
+    done: array = field(default_factory=lambda: array("d"))
+    latency: array = field(default_factory=lambda: array("d"))
+    lag: array = field(default_factory=lambda: array("d"))
+    not_done: int = 0  # lines of failed or skipped transactions
+
+    def read_new(self) -> None:
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            chunk = log.read()
+        self.offset += len(chunk)
+        lines = (self.rest + chunk).split(b"\n")
+        self.rest = lines.pop()  # an unfinished line: pgbench writes through a stdio buffer
+        for line in lines:
+            self._add(line.split())
+
+    def _add(self, fields: list[bytes]) -> None:
+        # client_id transaction_no time script_no time_epoch time_us [schedule_lag] [retries]
+        if len(fields) < 6:
+            return
+        if not fields[2].isdigit():  # "skipped" or "failed"
+            self.not_done += 1
+            return
+        self.done.append(int(fields[4]) + int(fields[5]) / 1e6)
+        self.latency.append(float(fields[2]))
+        self.lag.append(float(fields[6]) if len(fields) > 6 else 0.0)
+
+    @property
+    def newest(self) -> float:
+        return self.done[-1] if self.done else 0.0
+
+    def between(self, start: float, end: float) -> list[tuple[float, float, float]]:
+        """(done, latency µs, lag µs) of the transactions completed in [start, end)."""
+        first = bisect.bisect_left(self.done, start - WINDOW_SLACK)
+        last = bisect.bisect_left(self.done, end + WINDOW_SLACK)
+        return [
+            (self.done[i], self.latency[i], self.lag[i])
+            for i in range(first, last)
+            if start <= self.done[i] < end
+        ]
+
+
+def thread_logs(prefix: Path, pid: int) -> list[ThreadLog]:
+    """pgbench's log files: ``<prefix>.<pid>`` (thread 0) and ``<prefix>.<pid>.<n>``."""
+    paths = sorted(prefix.parent.glob(f"{prefix.name}.{pid}*"))
+    return [ThreadLog(path) for path in paths]
+
+
+def window_figures(
+    transactions: list[tuple[float, float, float]], start: float, end: float
+) -> dict[str, Any]:
+    """What the load did from ``start`` to ``end`` (see the module docstring)."""
+    seconds = end - start
+    with_lag = [latency / 1000 for _, latency, _ in transactions]
+    no_lag = [(latency - lag) / 1000 for _, latency, lag in transactions]
+    lags = [lag / 1000 for _, _, lag in transactions]
+    per_second = Counter(int(done - start) for done, _, _ in transactions)
+    return {
+        "start": start,
+        "seconds": seconds,
+        "transactions": len(transactions),
+        "tps": len(transactions) / seconds,
+        "worst_second_tps": min((per_second[i] for i in range(int(seconds))), default=None),
+        "latency_p50_ms": percentile(with_lag, 0.50),
+        "latency_p99_ms": percentile(with_lag, 0.99),
+        "latency_no_lag_p50_ms": percentile(no_lag, 0.50),
+        "latency_no_lag_p99_ms": percentile(no_lag, 0.99),
+        "lag_p50_ms": percentile(lags, 0.50),
+        "lag_p99_ms": percentile(lags, 0.99),
+    }
+
+
+# --- pgbench ------------------------------------------------------------------------------------
+def pgbench_command(pg: PostgresInstance, log_prefix: Path, *options: str) -> list[str]:
+    """``pgbench -N -c 4 -j 2`` with a per-transaction log under ``log_prefix``."""
+    return [
+        str(pg.bin_dir / "pgbench"),
+        "-N",
+        "-c",
+        str(CLIENTS),
+        "-j",
+        str(JOBS),
+        *options,
+        "-l",
+        f"--log-prefix={log_prefix}",
+        *pg._client_args(),
+        DBNAME,
+    ]
+
+
+def measure_max_rate(bench: bvp.Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """pgbench without a rate (see *maximum rate*), its tps counted from its log."""
+    seconds = math.ceil(args.warm_up_seconds + args.max_seconds) + 1
+    prefix = bench.root / "max-rate"
+    cmd = pgbench_command(bench.pg, prefix, "-T", str(seconds))
+    say(f"maximum rate: pgbench -N -c {CLIENTS} -j {JOBS} -T {seconds}, after a warm-up")
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd="/", check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench (maximum rate) failed: {done.stdout}{done.stderr}")
+    logs = thread_logs(prefix, _pid_of_logs(prefix))
+    for log in logs:
+        log.read_new()
+    first = min(log.done[0] for log in logs if log.done)
+    start = first + args.warm_up_seconds
+    end = start + args.max_seconds
+    figures = window_figures([t for log in logs for t in log.between(start, end)], start, end)
+    summary = [line for line in done.stdout.splitlines() if line.startswith(("tps", "latency"))]
+    return figures | {"command": shlex.join(cmd), "pgbench_summary": summary}
+
+
+def _pid_of_logs(prefix: Path) -> int:
+    """The pid in the name of the log files under ``prefix`` (one pgbench run wrote them)."""
+    pids = {int(p.name[len(prefix.name) + 1 :].split(".")[0]) for p in _log_paths(prefix)}
+    if len(pids) != 1:
+        raise RuntimeError(f"expected one pgbench run's logs under {prefix}, found pids {pids}")
+    return pids.pop()
+
+
+def _log_paths(prefix: Path) -> list[Path]:
+    return sorted(prefix.parent.glob(f"{prefix.name}.*"))
+
+
+@dataclass
+class WriteLoad:
+    """The write load's pgbench process and its logs (see *write load*)."""
+
+    process: subprocess.Popen
+    prefix: Path
+    output: Path
+    rate: float
+    command: list[str]
+    logs: list[ThreadLog] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, pg: PostgresInstance, rate: float, prefix: Path) -> WriteLoad:
+        options = ("-R", f"{rate:.3f}", "-T", str(LOAD_SECONDS))
+        cmd = pgbench_command(pg, prefix, *options)
+        output = prefix.with_name(f"{prefix.name}-pgbench.out")
+        with output.open("wb") as out:
+            process = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec
+            )
+        load = cls(process, prefix, output, rate, cmd)
+        load.wait_for_logs()
+        return load
+
+    def wait_for_logs(self) -> None:
+        """Until pgbench opened one log per thread (after its vacuum and connections)."""
+        deadline = time.monotonic() + LOG_TIMEOUT
+        while len(logs := thread_logs(self.prefix, self.process.pid)) < JOBS:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pgbench opened no log under {self.prefix}: {self.tail()}")
+            time.sleep(LOG_POLL)
+        self.logs = logs
+
+    def tail(self) -> str:
+        return self.output.read_text(errors="replace")[-2000:]
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(
+                f"the write load (pgbench) exited with {self.process.returncode}: {self.tail()}"
+            )
+
+    def read_new(self) -> None:
+        for log in self.logs:
+            log.read_new()
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+    def wait_logged(self, end: float) -> None:
+        """Until every thread's log holds a transaction completed at or after ``end``."""
+        deadline = time.monotonic() + LOG_TIMEOUT
+        while True:
+            self.read_new()
+            if all(log.newest >= end for log in self.logs):
+                return
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the write load's log stopped before {end:.1f}")
+            time.sleep(LOG_POLL)
+
+    def window(self, start: float, end: float) -> dict[str, Any]:
+        self.wait_logged(end)
+        transactions = [t for log in self.logs for t in log.between(start, end)]
+        return window_figures(transactions, start, end)
+
+    def backlog_ms(self) -> float | None:
+        """The median schedule lag over the newest ``CATCH_UP_SPAN`` logged (None: the log
+        is not fresh)."""
+        self.read_new()
+        newest = max(log.newest for log in self.logs)
+        if newest < time.time() - FRESH_SECONDS:
+            return None
+        recent = [t for log in self.logs for t in log.between(newest - CATCH_UP_SPAN, newest)]
+        return statistics.median(lag / 1000 for _, _, lag in recent) if recent else None
+
+    def catch_up(self, backlog_ms: float) -> float:
+        """Waits until the load has no backlog; returns how long that took."""
+        started = time.monotonic()
+        while (lag := self.backlog_ms()) is None or lag > backlog_ms:
+            self.check_alive()
+            if time.monotonic() - started > CATCH_UP_TIMEOUT:
+                raise RuntimeError(
+                    f"the write load still has a backlog after {CATCH_UP_TIMEOUT:.0f} s "
+                    f"(median schedule lag {lag} ms)"
+                )
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+
+# --- the policy and the vault -------------------------------------------------------------------
+def use_policy(bench: bvp.Bench, upload: dict[str, Any]) -> Path:
+    """Writes the bench cluster's policy with ``upload`` and points the stack at it (read by
+    the control plane at each backup)."""
+    path = bench.root / "policy.yaml"
+    policy = {"version": 1, "clusters": {bvp.CLUSTER: POLICY_BASE | {"upload": upload}}}
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    bench.stack.settings.policy_file = str(path)
+    return path
+
+
+def without_vault(bench: bvp.Bench) -> None:
+    """No promotion into the vault (see *policy* in the module docstring): the handlers get
+    settings without one (their services cache the vault, so they are made again)."""
+    bench.stack.settings.vault_url = None
+    lambda_support.use_settings(bench.stack.settings)
+
+
+# --- the backups --------------------------------------------------------------------------------
+def plain(value: Any) -> Any:
+    """A catalog value as JSON would carry it (DynamoDB's Decimals as numbers)."""
+    return json.loads(json.dumps(value, default=float))
+
+
+def shardvault_run(bench: bvp.Bench, config: Configuration) -> dict[str, Any]:
+    """A ShardVault full backup under ``config``'s policy (``backup_vs_peers``' timing)."""
+    use_policy(bench, config.upload or {})
+    backup = bvp.shardvault_backup(bench, BackupRequest(cluster=bvp.CLUSTER))
+    stopped = boto3.client("stepfunctions").describe_execution(executionArn=backup.arn)
+    end = stopped["stopDate"].timestamp()
+    record = ops.show_backup(bench.client, bvp.CLUSTER, backup.manifest.backup_id)
+    result = backup.result | {
+        "window": (end - backup.result["seconds"], end),
+        "store_prefix": backup.prefix,
+        "upload_policy": config.upload,
+        "catalog_duration_seconds": plain(record.get("duration_seconds")),
+        "throttle": plain(record.get("throttle")),
+    }
+    with contextlib.suppress(ValueError):  # a history of unexpected shape loses the split only
+        result |= bvp.timeline(bench, backup.arn, backup.manifest.backup_id)
+    return result
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pgbackrest_run(bench: bvp.Bench, config: Configuration) -> dict[str, Any]:
+    """``pgbackrest backup --type=full --process-max=N``, timed from its start to its exit
+    (``PgBackRest.backup`` takes no options, hence this wrapper of its ``run``)."""
+    cpu = children_cpu()
+    started = time.time()
+    bench.pgbackrest.run("backup", "--type=full", f"--process-max={config.process_max}")
+    ended = time.time()
+    cpu = children_cpu() - cpu
+    last = bench.pgbackrest.info()["backup"][-1]
+    return {
+        "seconds": ended - started,
+        "window": (started, ended),
+        "label": last["label"],
+        "bytes": last["info"]["size"],
+        "repo_bytes": last["info"]["repository"]["size"],
+        "process_max": config.process_max,
+        "compress_type": bvp.PGBACKREST_COMPRESS_TYPE,
+        "client_cpu_seconds": round(cpu, 2),
+    }
+
+
+RUNNERS: dict[str, Callable[[bvp.Bench, Configuration], dict[str, Any]]] = {
+    "shardvault": shardvault_run,
+    "pgbackrest": pgbackrest_run,
+}
+
+
+def discard(bench: bvp.Bench, result: dict[str, Any]) -> None:
+    """Deletes the run's backup (untimed; disk space): see the module docstring."""
+    if prefix := result.get("store_prefix"):
+        delete_prefix(bench.store_s3, bench.store_bucket, prefix)
+    if label := result.get("label"):
+        for backup in bench.pgbackrest.info()["backup"]:
+            if backup["label"] != label:
+                bench.pgbackrest.expire(backup["label"])
+
+
+# --- rounds -------------------------------------------------------------------------------------
+@dataclass
+class Harness:
+    """The environment, the write load (None before it starts) and the configurations."""
+
+    args: argparse.Namespace
+    bench: bvp.Bench
+    configs: dict[str, Configuration]
+    load: WriteLoad | None = None
+    idle_seconds: float = 0.0
+
+
+def settle(h: Harness) -> dict[str, Any]:
+    """See *settled*; returns how long each part waited."""
+    quiet = bvp.quiet_agents(h.bench)
+    started = time.monotonic()
+    bvp.settle(h.bench)
+    settled = quiet | {"archive_sync_seconds": round(time.monotonic() - started, 1)}
+    if h.load:
+        settled["catch_up_seconds"] = round(h.load.catch_up(h.args.backlog_ms), 1)
+    return settled
+
+
+def backup(h: Harness, config: Configuration) -> dict[str, Any]:
+    """One backup on a settled machine; the machine is then held busy (see *settled*)."""
+    settled = settle(h)
+    load_before = os.getloadavg()[0]
+    result = RUNNERS[config.tool](h.bench, config)
+    h.bench.agents_busy_until = time.monotonic() + h.bench.busy_window
+    return result | {"settle": settled, "load_before": load_before}
+
+
+def load_figures(h: Harness, window: tuple[float, float]) -> dict[str, Any]:
+    """The load during ``window`` and over its baseline (see the module docstring)."""
+    assert h.load is not None
+    start, end = window
+    during = h.load.window(start, end)
+    settled = settle(h)
+    base_start = time.time()
+    time.sleep(end - start)
+    baseline = h.load.window(base_start, base_start + end - start)
+    return {
+        "load": during,
+        "baseline": baseline,
+        "baseline_settle": settled,
+        "tps_ratio": during["tps"] / baseline["tps"] if baseline["tps"] else None,
+        "transactions_short": baseline["tps"] * (end - start) - during["transactions"],
+    }
+
+
+def measured_run(h: Harness, config: Configuration, index: int) -> dict[str, Any]:
+    result = backup(h, config)
+    result |= load_figures(h, result.pop("window"))
+    discard(h.bench, result)
+    result |= {"round": index, "wall_vs_idle": result["seconds"] / h.idle_seconds}
+    during, base = result["load"], result["baseline"]
+    say(
+        f"  {config.name}: {result['seconds']:.1f} s ({result['wall_vs_idle']:.2f}x idle); "
+        f"tps {during['tps']:,.0f} vs {base['tps']:,.0f} baseline "
+        f"(ratio {_ratio(result['tps_ratio'])}); p99 {_ms(during['latency_p99_ms'])} vs "
+        f"{_ms(base['latency_p99_ms'])} ms, lag p99 {_ms(during['lag_p99_ms'])} ms"
+        f"{throttle_note(result.get('throttle'))}"
+    )
+    return result
+
+
+def idle_reference(h: Harness) -> dict[str, Any]:
+    """One unthrottled ShardVault backup before the write load exists."""
+    say("idle reference: sv-unthrottled with no write load")
+    result = backup(h, h.configs["sv-unthrottled"])
+    result.pop("window")
+    discard(h.bench, result)
+    h.idle_seconds = result["seconds"]
+    say(f"  {IDLE}: {result['seconds']:.1f} s")
+    return result
+
+
+def round_order(names: list[str], index: int) -> list[str]:
+    """As listed in odd rounds, reversed in even ones."""
+    return names if index % 2 else names[::-1]
+
+
+def run_rounds(h: Harness) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in h.args.configs}
+    for index in range(1, h.args.runs + 1):
+        order = round_order(h.args.configs, index)
+        say(f"round {index} of {h.args.runs}: {', '.join(order)}")
+        for name in order:
+            runs[name].append(measured_run(h, h.configs[name], index))
+    return runs
+
+
+# --- summary ------------------------------------------------------------------------------------
+SPREAD_KEYS = (
+    "seconds",
+    "wall_vs_idle",
+    "catalog_duration_seconds",
+    "tps_ratio",
+    "transactions_short",
+    "load.tps",
+    "baseline.tps",
+    "load.latency_p50_ms",
+    "baseline.latency_p50_ms",
+    "load.latency_p99_ms",
+    "baseline.latency_p99_ms",
+    "load.latency_no_lag_p50_ms",
+    "baseline.latency_no_lag_p50_ms",
+    "load.latency_no_lag_p99_ms",
+    "baseline.latency_no_lag_p99_ms",
+    "load.lag_p99_ms",
+    "baseline.lag_p99_ms",
+    "load.worst_second_tps",
+    "throttle.cuts",
+    "throttle.throttled_seconds",
+    "throttle.lowest_rate_bytes_per_second",
+)
+
+
+def nested(run: dict[str, Any], key: str) -> Any:
+    """``run[key]``, where ``key`` may name a nested figure as ``outer.inner``."""
+    value: Any = run
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def spread_of(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    values = [nested(run, key) for run in runs]
+    return None if not values or None in values else report.spread(values)
+
+
+def summarize(h: Harness, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    configs = {}
+    for name, config_runs in runs.items():
+        if name == IDLE:
+            continue
+        throttles = [run.get("throttle") or {} for run in config_runs]
+        configs[name] = {
+            "label": h.configs[name].label,
+            **{key: spread_of(config_runs, key) for key in SPREAD_KEYS},
+            "limited_by": sorted({t.get("limited_by") or "none" for t in throttles if t}),
+            "within_idle_target": all(r["wall_vs_idle"] <= IDLE_TARGET for r in config_runs),
+        }
+    return {
+        "idle_seconds": h.idle_seconds,
+        "max_rate_tps": h.bench.setup["max_rate"]["tps"],
+        "load_rate_tps": h.bench.setup["load_rate_tps"],
+        "configurations": configs,
+    }
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _spread(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
+    if not values:
+        return "—"
+    return " / ".join(f"{values[k] / scale:,.{digits}f}" for k in ("min", "median", "max"))
+
+
+def _median(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
+    return "—" if not values else f"{values['median'] / scale:,.{digits}f}"
+
+
+def _pair(info: dict[str, Any], key: str, digits: int = 1) -> str:
+    return f"{_median(info[f'load.{key}'], digits)} / {_median(info[f'baseline.{key}'], digits)}"
+
+
+def throttle_note(throttle: dict[str, Any] | None) -> str:
+    if not throttle:
+        return ""
+    lowest = throttle.get("lowest_rate_bytes_per_second")
+    lowest_text = "—" if lowest is None else f"{lowest / MiB:,.1f} MiB/s"
+    return (
+        f"; throttle: {throttle.get('cuts')} cuts, {throttle.get('throttled_seconds')} s "
+        f"throttled, lowest {lowest_text}, limited by {throttle.get('limited_by')}"
+    )
+
+
+def throttle_cell(info: dict[str, Any]) -> str:
+    if info["throttle.cuts"] is None:
+        return "—"
+    return (
+        f"{_median(info['throttle.cuts'], 0)} cuts, "
+        f"{_median(info['throttle.throttled_seconds'])} s throttled, lowest "
+        f"{_median(info['throttle.lowest_rate_bytes_per_second'], 1, MiB)} MiB/s; "
+        f"limited by {', '.join(info['limited_by']) or '—'}"
+    )
+
+
+def backups_table(summary: dict[str, Any]) -> str:
+    rows = [
+        f"| backup | wall s min / median / max | ÷ idle unthrottled (≤ {IDLE_TARGET:g}: every "
+        "round?) | catalog duration s | adaptive throttle (medians) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for info in summary["configurations"].values():
+        held = "yes" if info["within_idle_target"] else "NO"
+        rows.append(
+            f"| {info['label']} | {_spread(info['seconds'])} | "
+            f"{_median(info['wall_vs_idle'], 2)} ({held}) | "
+            f"{_median(info['catalog_duration_seconds'])} | {throttle_cell(info)} |"
+        )
+    return "\n".join(rows)
+
+
+def load_table(summary: dict[str, Any]) -> str:
+    rows = [
+        "| write load during | tps during / baseline | tps ratio min / median / max | "
+        "p50 ms during / baseline | p99 ms during / baseline | p50 ms without lag | "
+        "p99 ms without lag | schedule lag p99 ms | worst second's tps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for info in summary["configurations"].values():
+        rows.append(
+            f"| {info['label']} | {_pair(info, 'tps', 0)} | {_spread(info['tps_ratio'], 3)} | "
+            f"{_pair(info, 'latency_p50_ms')} | {_pair(info, 'latency_p99_ms')} | "
+            f"{_pair(info, 'latency_no_lag_p50_ms')} | {_pair(info, 'latency_no_lag_p99_ms')} "
+            f"| {_pair(info, 'lag_p99_ms')} | {_median(info['load.worst_second_tps'], 0)} |"
+        )
+    return "\n".join(rows)
+
+
+def command_line() -> str:
+    """The command as run, from the repository's root."""
+    root = bvp.STATE_MACHINES.parent
+    python = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        python = python.relative_to(root)
+    env = (
+        f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if "PYTHONPATH" in os.environ else ""
+    )
+    return env + shlex.join([str(python), *sys.argv])
+
+
+def markdown(h: Harness, summary: dict[str, Any]) -> str:
+    setup, args = h.bench.setup, h.args
+    rate = setup["max_rate"]
+    head = (
+        f"Reproduce (from the repository's root, at {bvp._git_version()}):\n\n"
+        f"```sh\n{command_line()}\n```\n\n"
+        f"PostgreSQL at pgbench scale {args.scale}, {args.runs} round(s). Write load: "
+        f"`pgbench -N -c {CLIENTS} -j {JOBS}`; maximum {rate['tps']:,.0f} tps (p50 "
+        f"{_ms(rate['latency_p50_ms'])} ms, p99 {_ms(rate['latency_p99_ms'])} ms, over "
+        f"{args.max_seconds:g} s after {args.warm_up_seconds:g} s of warm-up); the runs at "
+        f"`-R {setup['load_rate_tps']:,.1f}` ({args.load_fraction:.0%}). Idle reference: "
+        f"ShardVault unthrottled with no load, {h.idle_seconds:.1f} s. Latency is from each "
+        "transaction's scheduled start (its schedule lag included) unless said *without lag*; "
+        "figures are medians over the rounds unless given as min / median / max."
+    )
+    parts = [head, "Backups:\n\n" + backups_table(summary), load_table(summary)]
+    return "\n\n".join(parts) + "\n"
+
+
+# --- main ---------------------------------------------------------------------------------------
+def start_load(h: Harness, cleanup: contextlib.ExitStack) -> None:
+    """The maximum rate, then the write load at its share of it."""
+    bench = h.bench
+    bvp.quiet_agents(bench)
+    bvp.settle(bench)
+    bench.setup["max_rate"] = measure_max_rate(bench, h.args)
+    bench.setup["load_rate_tps"] = h.args.load_fraction * bench.setup["max_rate"]["tps"]
+    bvp.settle(bench)
+    rate = bench.setup["load_rate_tps"]
+    say(f"maximum {bench.setup['max_rate']['tps']:,.0f} tps; the write load at {rate:,.1f} tps")
+    h.load = WriteLoad.start(bench.pg, rate, bench.root / "load")
+    cleanup.callback(h.load.stop)
+    bench.setup["load_command"] = shlex.join(h.load.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, bvp._terminate)
+    started = time.time()
+    with contextlib.ExitStack() as cleanup:
+        root = bvp.make_workdir(args, cleanup)
+        bench = bvp.setup(args, root, cleanup)
+        without_vault(bench)
+        say(f"setup done in {time.time() - started:.0f} s: {json.dumps(bench.setup)}")
+        h = Harness(args, bench, {c.name: c for c in configurations(args.fixed_mib)})
+        idle = idle_reference(h)
+        start_load(h, cleanup)
+        runs = {IDLE: [idle], **run_rounds(h)}
+        summary = summarize(h, runs)
+        text = markdown(h, summary)
+        path = bvp.write_results(bench, runs, summary, started, name="throttle", markdown=text)
+        say("stopping everything")
+    print(text)
+    print(f"Raw results: {path}; benchmark wall time {time.time() - started:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
