@@ -337,6 +337,7 @@ def measure_max_rate(bench: bvp.Bench, args: argparse.Namespace) -> dict[str, An
     start = first + args.warm_up_seconds
     end = start + args.max_seconds
     figures = window_figures([t for log in logs for t in log.between(start, end)], start, end)
+    figures = {k: v for k, v in figures.items() if "lag" not in k}  # no schedule without -R
     summary = [line for line in done.stdout.splitlines() if line.startswith(("tps", "latency"))]
     return figures | {"command": shlex.join(cmd), "pgbench_summary": summary}
 
@@ -406,6 +407,16 @@ class WriteLoad:
 
     def stop(self) -> None:
         stop_process(self.process)
+
+    def outcome(self) -> dict[str, Any]:
+        """What the load's log and output say of the whole run (failed or skipped lines, a
+        client's error)."""
+        self.read_new()
+        return {
+            "load_transactions": sum(len(log.done) for log in self.logs),
+            "load_not_done": sum(log.not_done for log in self.logs),
+            "load_output_tail": self.tail(),
+        }
 
     def wait_logged(self, end: float) -> None:
         """Until every thread's log holds a transaction completed at or after ``end``."""
@@ -484,7 +495,9 @@ def shardvault_run(bench: bvp.Bench, config: Configuration) -> dict[str, Any]:
         "store_prefix": backup.prefix,
         "upload_policy": config.upload,
         "catalog_duration_seconds": plain(record.get("duration_seconds")),
+        "promoted": record.get("location") == "vault",  # never, without a vault
         "throttle": plain(record.get("throttle")),
+        "held_log_bytes": plain(record.get("held_log_bytes")),  # the source guard's report
     }
     with contextlib.suppress(ValueError):  # a history of unexpected shape loses the split only
         result |= bvp.timeline(bench, backup.arn, backup.manifest.backup_id)
@@ -784,7 +797,7 @@ def markdown(h: Harness, summary: dict[str, Any]) -> str:
         f"`pgbench -N -c {CLIENTS} -j {JOBS}`; maximum {rate['tps']:,.0f} tps (p50 "
         f"{_ms(rate['latency_p50_ms'])} ms, p99 {_ms(rate['latency_p99_ms'])} ms, over "
         f"{args.max_seconds:g} s after {args.warm_up_seconds:g} s of warm-up); the runs at "
-        f"`-R {setup['load_rate_tps']:,.1f}` ({args.load_fraction:.0%}). Idle reference: "
+        f"`-R {setup['load_rate_tps']:.1f}` ({args.load_fraction:.0%}). Idle reference: "
         f"ShardVault unthrottled with no load, {h.idle_seconds:.1f} s. Latency is from each "
         "transaction's scheduled start (its schedule lag included) unless said *without lag*; "
         "figures are medians over the rounds unless given as min / median / max."
@@ -822,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         idle = idle_reference(h)
         start_load(h, cleanup)
         runs = {IDLE: [idle], **run_rounds(h)}
+        assert h.load is not None
+        bench.setup |= h.load.outcome()
         summary = summarize(h, runs)
         text = markdown(h, summary)
         path = bvp.write_results(bench, runs, summary, started, name="throttle", markdown=text)
