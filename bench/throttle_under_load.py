@@ -66,6 +66,15 @@ Terms:
   it (adaptive only: ``cuts``, ``throttled_seconds``, ``lowest_rate_bytes_per_second``,
   ``limited_by``, ``floor_bytes_per_second``), and the record's ``duration_seconds`` (the
   manifest's start to completion).
+* *server cgroup*: the PostgreSQL server (its postmaster and every process it has forked, and
+  so every later backend) is moved into a cgroup v2 of its own under the cgroup2 mount
+  (``shardvault-bench-<pid>``), as systemd runs it (``postgresql@15-main.service``), so the
+  agent's stall signal is the server's own (``throttle.pressure_files``), not the host's with
+  pgbench, MinIO and the control plane in it. Where no cgroup can be made the setup says so
+  (``server_cgroup``: null) and the host's is used. The agent's priority is its
+  configuration's (``--agent-set low_priority=true`` stands in for the systemd unit's
+  ``CPUWeight``/``IOWeight``, which need cgroup controllers this machine's hybrid hierarchy
+  lacks).
 * *idle reference*: one ``sv-unthrottled`` backup at the start of the run, before the write
   load exists (settled machine, no client but the agent); the issue's target is each
   backup's wall time at most 2 times this one (*÷ idle*).
@@ -807,6 +816,52 @@ def markdown(h: Harness, summary: dict[str, Any]) -> str:
 
 
 # --- main ---------------------------------------------------------------------------------------
+def cgroup2_mount() -> Path | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] == "cgroup2":
+            return Path(fields[4])
+    return None
+
+
+def server_processes(pg: PostgresInstance) -> list[int]:
+    """The postmaster and its children."""
+    postmaster = int((pg.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def server_cgroup(pg: PostgresInstance, cleanup: contextlib.ExitStack) -> str | None:
+    """Moves the server into a cgroup of its own (see *server cgroup*); None: not possible."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    group = mount / f"shardvault-bench-{os.getpid()}"
+    try:
+        group.mkdir()
+        for pid in server_processes(pg):
+            (group / "cgroup.procs").write_text(str(pid))
+    except OSError as error:
+        say(f"the server stays in the host's cgroup: {error}")
+        return None
+
+    def undo() -> None:  # the server stops later: put its processes back, then remove it
+        with contextlib.suppress(OSError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                (mount / "cgroup.procs").write_text(pid)
+            group.rmdir()
+
+    cleanup.callback(undo)
+    return str(group)
+
+
 def start_load(h: Harness, cleanup: contextlib.ExitStack) -> None:
     """The maximum rate, then the write load at its share of it."""
     bench = h.bench
@@ -830,6 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         root = bvp.make_workdir(args, cleanup)
         bench = bvp.setup(args, root, cleanup)
         without_vault(bench)
+        bench.setup["server_cgroup"] = server_cgroup(bench.pg, cleanup)
         say(f"setup done in {time.time() - started:.0f} s: {json.dumps(bench.setup)}")
         h = Harness(args, bench, {c.name: c for c in configurations(args.fixed_mib)})
         idle = idle_reference(h)

@@ -18,12 +18,24 @@ Terms:
 - *rate*: the bytes per second the backup's readers may take (``RateLimiter``); None while
   nothing limits them.
 - *controller* (``Aimd``): additive increase, multiplicative decrease, as TCP and
-  CockroachDB's elastic admission control steer: while the highest pressure is above 1 the
-  rate halves (from what the readers actually took, at most once per ``SETTLE_SECONDS`` so a
-  cut shows its effect before the next); while it is below ``RECOVER_BELOW`` the rate grows
-  by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second:
-  back off at once, recover over about ten seconds, and read unlimited again once the peak is
-  reached. It never goes below the *floor* or above the *ceiling*.
+  CockroachDB's elastic admission control steer, on each signal's pressure averaged over
+  about ``SMOOTHING_SECONDS`` (a tick's stall share is noisy). It starts at ``START_MULTIPLE``
+  times the floor (a loaded source is not hit at full speed first) and doubles every half
+  second while there is room (*slow start*, as TCP's). While the highest pressure is above 1
+  the rate halves (from what the readers actually took, at most once per ``SETTLE_SECONDS``
+  so a cut shows its effect before the next); after a cut, below ``RECOVER_BELOW`` it grows
+  by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second,
+  and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the readers
+  take it is unlimited. It never goes below the *floor* or above the *ceiling*.
+- *rebase*: pressure that stays above 1 for ``REBASE_SECONDS`` while the backup reads at its
+  floor is not the backup's doing (it reads as little as it may): the source got busier, or
+  its own checkpoint (which the backup asked for) makes every first write of a page log the
+  whole page for a while. Each signal then takes its present level as the source's own and
+  sets its target from it again, so the rate may grow back while the source stays within a
+  margin of where it is now; ``rebases`` in the report counts them.
+- *idle source*: where the engine has a probe and no other client is connected, no signal
+  counts: an unused database is not slowed for its own sake (the agent's own reads stall the
+  host, not a client).
 - *floor*: the larger of the configured floor and the rate that reads the shard's data once
   within the backup's window, so a throttled backup still ends in time.
 - *ceiling*: the static cap (the policy's and the agent's ``rate_limit``), if any.
@@ -52,6 +64,11 @@ SETTLE_SECONDS = 0.5
 DECREASE = 0.5
 RECOVERY_SHARE = 0.1  # of the rate before the last cut, per second
 RECOVER_BELOW = 0.9  # pressure under which the rate grows (between this and 1: it holds)
+FAST_BELOW = 0.5  # pressure under which it doubles (per FAST_GROWTH) rather than adds
+FAST_GROWTH = 4.0  # per second: doubling every half second
+START_MULTIPLE = 4  # the rate at the start: the floor times this, then growing
+SMOOTHING_SECONDS = 1.0  # a signal's pressure is averaged (EWMA) over about this long
+REBASE_SECONDS = 3.0  # pressure above 1 this long at the floor: the source's own level
 IDLE_STOP_SECONDS = 30.0  # a controller with no reads this long stops (a read restarts it)
 DEFAULT_THROTTLE_WINDOW_SECONDS = 6 * 3600  # a policy always sends its own window
 BASELINE_PROBES = 5
@@ -64,6 +81,10 @@ class Signal(Protocol):
 
     def sample(self) -> float | None:
         """The pressure since the last sample (None: no reading now, or not applicable)."""
+
+    def rebase(self, pressure: float) -> float:
+        """Takes the level that gave ``pressure`` as the source's own (see *rebase*); returns
+        the factor by which pressures shrink."""
 
     def close(self) -> None: ...
 
@@ -86,7 +107,7 @@ class StallSignal:
     """The share of each tick in which some task of the group waited for ``resource``."""
 
     def __init__(self, name: str, path: Path, margin: float, clock: Callable[[], float]) -> None:
-        self.name, self.path, self.clock = name, path, clock
+        self.name, self.path, self.clock, self.margin = name, path, clock, margin
         first = read_stall_total(path)
         self.target = (first[0] if first else 0.0) + margin
         self.last = (clock(), first[1]) if first else None
@@ -100,6 +121,10 @@ class StallSignal:
             return None
         stalled = (reading[1] - last[1]) / 1e6 / (now - last[0])
         return stalled / self.target if self.target > 0 else None
+
+    def rebase(self, pressure: float) -> float:
+        before, self.target = self.target, pressure * self.target + self.margin
+        return before / self.target
 
     def close(self) -> None:
         pass
@@ -156,6 +181,7 @@ class LatencySignal:
     ) -> None:
         self.name, self.probe, self.clock = name, probe, clock
         baseline = statistics.median(self._timed()[0] for _ in range(BASELINE_PROBES))
+        self.ratio, self.slack = ratio, slack
         self.target = max(baseline * ratio, baseline + slack)
         self.answers: list[float] = []
         self.others = False
@@ -188,6 +214,11 @@ class LatencySignal:
             return None
         return statistics.fmean(answers) / self.target
 
+    def rebase(self, pressure: float) -> float:
+        level = pressure * self.target
+        before, self.target = self.target, max(level * self.ratio, level + self.slack)
+        return before / self.target
+
     def close(self) -> None:
         self.stopping.set()
         self.thread.join(timeout=5)
@@ -204,19 +235,24 @@ class Aimd:
     rate: float | None = None  # None: unlimited (below the ceiling, if any)
     limited_by: str | None = None
     peak: float = 0.0
+    fastest: float = 0.0  # the most the readers took in a tick
     last_cut: float = float("-inf")
     cuts: int = 0
 
     def __post_init__(self) -> None:
         if self.ceiling is not None:
             self.floor = min(self.floor, self.ceiling)
-            self.rate = self.ceiling if self.rate is None else self.rate
+        if self.rate is None:  # slow start: a loaded source is not hit at full speed first
+            self.rate = self.floor * START_MULTIPLE
+        if self.ceiling is not None:
+            self.rate = min(self.rate, self.ceiling)
 
     def step(
         self, pressure: float, name: str | None, taken_rate: float, now: float, dt: float
     ) -> None:
         """One tick: ``pressure`` the highest signal's (``name``), ``taken_rate`` what the
         readers took per second over the tick."""
+        self.fastest = max(self.fastest, taken_rate)
         if pressure > 1.0:
             if now - self.last_cut < SETTLE_SECONDS or taken_rate <= 0:
                 return  # a cut shows its effect first; a backup not reading is not the cause
@@ -224,12 +260,19 @@ class Aimd:
             self.peak = max(self.peak, current, self.floor)
             self.rate = max(self.floor, current * DECREASE)
             self.limited_by, self.last_cut, self.cuts = name, now, self.cuts + 1
-        elif pressure < RECOVER_BELOW and self.rate is not None and self.rate != self.ceiling:
-            self.rate += self.peak * RECOVERY_SHARE * dt
+        elif self.rate is not None and self.rate != self.ceiling:
+            if pressure < FAST_BELOW or (pressure < RECOVER_BELOW and not self.cuts):
+                self.rate *= FAST_GROWTH**dt  # room to spare, or no cut yet: doubling
+            elif pressure < RECOVER_BELOW:
+                self.rate += self.peak * RECOVERY_SHARE * dt
+            else:
+                return  # near the target: hold
             if self.ceiling is not None and self.rate >= self.ceiling:
                 self.rate, self.limited_by = self.ceiling, None
-            elif self.ceiling is None and self.rate >= self.peak:
-                self.rate, self.limited_by = None, None  # what it took before: unlimited
+            elif self.ceiling is None and self.rate >= 4 * max(self.fastest, self.floor):
+                self.rate, self.limited_by = None, None  # far past what it takes: unlimited
+            elif pressure < FAST_BELOW:
+                self.limited_by = None  # growing freely: nothing holds it back now
 
     @property
     def throttled(self) -> bool:
@@ -244,6 +287,7 @@ class ThrottleReport:
     throttled_seconds: float = 0.0
     lowest_rate_bytes_per_second: float | None = None
     floor_bytes_per_second: float = 0.0
+    rebases: int = 0
     pressures: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -256,6 +300,7 @@ class ThrottleReport:
             "throttled_seconds": round(self.throttled_seconds, 1),
             "lowest_rate_bytes_per_second": _whole(self.lowest_rate_bytes_per_second),
             "floor_bytes_per_second": round(self.floor_bytes_per_second),
+            "rebases": self.rebases,
             "pressures": rounded,
         }
 
@@ -278,10 +323,13 @@ class AdaptiveLimiter(RateLimiter):
         clock: Callable[[], float] = time.monotonic,
         guard: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(None if ceiling is None else round(ceiling), guard=guard)
-        self.aimd = Aimd(floor=floor, ceiling=ceiling)
+        aimd = Aimd(floor=floor, ceiling=ceiling)
+        super().__init__(None if aimd.rate is None else round(aimd.rate), guard=guard)
+        self.aimd = aimd
         self.make_signals, self.clock = make_signals, clock
         self.report = ThrottleReport(floor_bytes_per_second=self.aimd.floor)
+        self.smoothed: dict[str, float] = {}
+        self.pressed_at_floor_since: float | None = None
         self.taken = 0
         self.last_take = clock()
         self.thread: threading.Thread | None = None
@@ -329,13 +377,14 @@ class AdaptiveLimiter(RateLimiter):
         while not self.stopping.wait(TICK_SECONDS):
             now = self.clock()
             dt = max(now - last, 1e-6)
-            pressures = {s.name: p for s in signals if (p := s.sample()) is not None}
+            pressures = self._smoothed(signals, dt)
             name = max(pressures, key=pressures.__getitem__) if pressures else None
             with self.state_lock:
                 taken_rate = (self.taken - taken_before) / dt
                 taken_before, idle = self.taken, now - self.last_take
             cuts = self.aimd.cuts
             self.aimd.step(pressures.get(name, 0.0) if name else 0.0, name, taken_rate, now, dt)
+            self._rebase_at_floor(signals, pressures, now)
             self.set_rate(self.aimd.rate)
             if self.aimd.cuts > cuts:
                 log.info(
@@ -346,6 +395,39 @@ class AdaptiveLimiter(RateLimiter):
             last = now
             if idle > IDLE_STOP_SECONDS:
                 return
+
+    def _rebase_at_floor(
+        self, signals: list[Signal], pressures: dict[str, float], now: float
+    ) -> None:
+        """See *rebase*: the pressures the floor cannot relieve become the new baselines."""
+        at_floor = self.aimd.rate is not None and self.aimd.rate <= self.aimd.floor
+        if not at_floor or max(pressures.values(), default=0.0) <= 1.0:
+            self.pressed_at_floor_since = None
+            return
+        if self.pressed_at_floor_since is None:
+            self.pressed_at_floor_since = now
+        if now - self.pressed_at_floor_since < REBASE_SECONDS:
+            return
+        for signal in signals:
+            if (pressure := pressures.get(signal.name, 0.0)) > 1.0:
+                self.smoothed[signal.name] *= signal.rebase(pressure)
+                log.info("throttle: %s rebased at %.2f of its old target", signal.name, pressure)
+        with self.state_lock:
+            self.report.rebases += 1
+        self.pressed_at_floor_since = None
+
+    def _smoothed(self, signals: list[Signal], dt: float) -> dict[str, float]:
+        """Each signal's pressure averaged (EWMA); none while the source has no other client."""
+        raw = {s.name: p for s in signals if (p := s.sample()) is not None}
+        probes = [s for s in signals if isinstance(s, LatencySignal)]
+        if probes and not any(p.others for p in probes):
+            self.smoothed.clear()
+            return {}
+        weight = min(1.0, dt / SMOOTHING_SECONDS)
+        for name, value in raw.items():
+            before = self.smoothed.get(name, value)
+            self.smoothed[name] = before + weight * (value - before)
+        return {name: self.smoothed[name] for name in raw}
 
     def _record(self, pressures: dict[str, float], dt: float) -> None:
         with self.state_lock:
