@@ -853,10 +853,15 @@ def server_cgroup(pg: PostgresInstance, cleanup: contextlib.ExitStack) -> str | 
         return None
 
     def undo() -> None:  # the server stops later: put its processes back, then remove it
-        with contextlib.suppress(OSError):
+        for _ in range(20):
             for pid in (group / "cgroup.procs").read_text().split():
-                (mount / "cgroup.procs").write_text(pid)
-            group.rmdir()
+                with contextlib.suppress(OSError):  # it ended meanwhile
+                    (mount / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                return
+            time.sleep(0.1)
+        say(f"{group} is left behind: a process would not leave it")
 
     cleanup.callback(undo)
     return str(group)
