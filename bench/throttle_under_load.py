@@ -670,6 +670,7 @@ SPREAD_KEYS = (
     "throttle.cuts",
     "throttle.throttled_seconds",
     "throttle.lowest_rate_bytes_per_second",
+    "held_log_bytes",
 )
 
 
@@ -754,15 +755,17 @@ def throttle_cell(info: dict[str, Any]) -> str:
 def backups_table(summary: dict[str, Any]) -> str:
     rows = [
         f"| backup | wall s min / median / max | ÷ idle unthrottled (≤ {IDLE_TARGET:g}: every "
-        "round?) | catalog duration s | adaptive throttle (medians) |",
-        "| --- | --- | --- | --- | --- |",
+        "round?) | catalog duration s | WAL held on the source, MiB (median) | adaptive "
+        "throttle (medians) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for info in summary["configurations"].values():
         held = "yes" if info["within_idle_target"] else "NO"
         rows.append(
             f"| {info['label']} | {_spread(info['seconds'])} | "
             f"{_median(info['wall_vs_idle'], 2)} ({held}) | "
-            f"{_median(info['catalog_duration_seconds'])} | {throttle_cell(info)} |"
+            f"{_median(info['catalog_duration_seconds'])} | "
+            f"{_median(info['held_log_bytes'], 0, MiB)} | {throttle_cell(info)} |"
         )
     return "\n".join(rows)
 
