@@ -10,6 +10,11 @@ The *error* is what Step Functions recorded for the failed state (``{"Error", "C
    error's name;
 3. what the error's name alone says: a timeout is a timeout; any other name with no cause
    anywhere is reported as exactly that, never as a made-up reason.
+
+A few agent failures are the operator's to act on by name (``NAMED``: the source guard's
+``SourceLogFull``): when a note of one is behind a failed backup, the backup fails under that
+name, whatever the workflow's own error was (the Upload map's failure threshold on AWS, a
+missing object in ``check_uploads`` where the map tolerates failures).
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shardvault.errors import ShardVaultError, SourceLogFull
 from shardvault.services import Services
 
 TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
+NAMED: dict[str, type[ShardVaultError]] = {"SourceLogFull": SourceLogFull}
 
 
 def readable_cause(cause: str) -> str:
@@ -37,6 +44,15 @@ def agent_note(svc: Services, operation_id: str, node_ids: list[str], error: str
     part that later succeeded) says nothing about this failure."""
     first = first_failure(svc, operation_id, node_ids, error)
     return f"{first['cause']} (node {first['node_id']}, {first['command']})" if first else ""
+
+
+def named_failure(svc: Services, operation_id: str, node_ids: list[str]) -> ShardVaultError | None:
+    """The error an agent's note names, when it is one of ``NAMED`` (the earliest of them),
+    with the note's cause and where it came from."""
+    for name, error in NAMED.items():
+        if note := first_failure(svc, operation_id, node_ids, name):
+            return error(f"{note['cause']} (node {note['node_id']}, {note['command']})")
+    return None
 
 
 def first_failure(

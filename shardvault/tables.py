@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -312,29 +313,39 @@ class Catalog:
         held_log_bytes: int | None = None,
     ) -> bool:
         """Counts an object done on the operation's item, with the agent's adaptive throttle
-        and the most log its backup held on the source, as it packed the object (the latest
-        report stays). Progress is for display:
+        as it packed the object (the latest report stays: one node's) and the most log the
+        backup held on a source (the largest any node reported). Progress is for display:
         with a thousand objects in flight, all on one item, DynamoDB may throttle the item's
         partition, and a count it refuses (after boto3's retries) is dropped, not turned into
         a failed object. Returns whether it was counted."""
         update = "ADD bytes_done :b, objects_done :o"
         values: dict[str, Any] = {":b": bytes_done, ":o": objects_done}
-        sets = {"throttle": throttle, "held_log_bytes": held_log_bytes}
-        if given := {name: value for name, value in sets.items() if value is not None}:
-            update += " SET " + ", ".join(f"{name} = :{name}" for name in given)
-            values |= {f":{name}": dynamo(value) for name, value in given.items()}
+        if throttle is not None:
+            update += " SET throttle = :t"
+            values[":t"] = dynamo(throttle)
+        key = {"cluster": cluster, "backup_id": backup_id}
         try:
             self.table.update_item(
-                Key={"cluster": cluster, "backup_id": backup_id},
-                UpdateExpression=update,
-                ExpressionAttributeValues=values,
+                Key=key, UpdateExpression=update, ExpressionAttributeValues=values
             )
+            if held_log_bytes is not None:
+                self._raise_held_log(key, held_log_bytes)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in THROTTLED:
                 raise
             log.warning("progress of %s/%s not counted: %s", cluster, backup_id, error)
             return False
         return True
+
+    def _raise_held_log(self, key: dict[str, str], held: int) -> None:
+        """Sets ``held_log_bytes`` to ``held`` unless a node already reported more."""
+        with contextlib.suppress(self.table.meta.client.exceptions.ConditionalCheckFailedException):
+            self.table.update_item(
+                Key=key,
+                UpdateExpression="SET held_log_bytes = :h",
+                ConditionExpression="attribute_not_exists(held_log_bytes) OR held_log_bytes < :h",
+                ExpressionAttributeValues={":h": held},
+            )
 
     def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
         item = self.table.get_item(

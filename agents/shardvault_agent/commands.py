@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import shutil
 import sys
 import threading
@@ -84,6 +85,8 @@ from shardvault_agent.transfer import (
     stream_source,
     upload_object,
 )
+
+log = logging.getLogger("shardvault.agent")
 
 MAX_LISTING_CHARS = 200_000  # an inline answer: room in the 256 KiB task result for the rest
 EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
@@ -215,10 +218,31 @@ class Commands:
         parallelism = min(self.config.upload_parallelism, limits.parallelism or sys.maxsize)
         with self.locks_guard:
             limiter = self.backup_limiters.get(backup_id)
-            if limiter is None:
-                limiter = self._backup_limiter(backup_id, limits)
-                self.backup_limiters[backup_id] = limiter
+        if limiter is not None:
+            return limiter, parallelism
+        # Made outside the lock (an adaptive one asks the server for its baseline), kept
+        # under it. Release leaves its tombstone before it takes these away: a command that
+        # passed its own check before the release must not make them again.
+        made = self._backup_limiter(backup_id, limits, self._floor(backup_id, limits))
+        try:
+            with self.locks_guard:
+                self._refuse_released(backup_id)
+                limiter = self.backup_limiters.setdefault(backup_id, made)
+        finally:
+            if self.backup_limiters.get(backup_id) is not made:
+                self._close_limits(backup_id, made)
         return limiter, parallelism
+
+    def _close_limits(self, backup_id: str, limiter: RateLimiter | None) -> None:
+        """Stops a backup's controller, and its guard unless another limiter of the backup
+        still reads through it."""
+        if isinstance(limiter, AdaptiveLimiter):
+            limiter.close()
+        with self.locks_guard:
+            kept = backup_id in self.backup_limiters
+            guard = None if kept else self.guards.pop(backup_id, None)
+        if guard is not None:
+            guard.close()
 
     def _upload_limits(self, backup_id: str) -> UploadLimits:
         path = self._limits_path(backup_id)
@@ -226,41 +250,40 @@ class Commands:
             UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
         )
 
-    def _backup_limiter(self, backup_id: str, limits: UploadLimits) -> RateLimiter:
+    def _backup_limiter(self, backup_id: str, limits: UploadLimits, floor: float) -> RateLimiter:
+        """The backup's own bucket, charging the agent's (its cap is shared by all)."""
         guard = self._guard(backup_id, limits)
         rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
         if limits.throttle == "adaptive":
             ceiling = min((r for r in (rate, own) if r is not None), default=None)
-            return self._adaptive(backup_id, limits, ceiling, guard.check)
-        if rate is None or (own is not None and own <= rate):  # the agent's cap, shared
-            return RateLimiter(None, parent=self.limiter, guard=guard.check)
-        return RateLimiter(rate, guard=guard.check)
+            return AdaptiveLimiter(
+                floor, ceiling, self._throttle_signals, guard=guard.check, parent=self.limiter
+            )
+        stricter = rate if rate is not None and (own is None or rate < own) else None
+        return RateLimiter(stricter, parent=self.limiter, guard=guard.check)
 
     def _guard(self, backup_id: str, limits: UploadLimits) -> SourceGuard:
         """What the backup holds of its shards' log, watched from now until its release."""
-        guard = self.guards.get(backup_id)
-        if guard is None:
-            shards = list(self.shards().values())
-            guard = SourceGuard(
-                backup_id,
-                lambda: [h for s in shards if (h := self.engine.held_log(s, backup_id))],
-                limits.max_held_log_bytes,
-                DEFAULT_MIN_FREE_PERCENT
-                if limits.min_source_free_percent is None
-                else limits.min_source_free_percent,
-            )
-            self.guards[backup_id] = guard
+        shards = list(self.shards().values())
+        with self.locks_guard:
+            guard = self.guards.get(backup_id)
+            if guard is None:
+                guard = SourceGuard(
+                    backup_id,
+                    lambda: [h for s in shards if (h := self.engine.held_log(s, backup_id))],
+                    limits.max_held_log_bytes,
+                    DEFAULT_MIN_FREE_PERCENT
+                    if limits.min_source_free_percent is None
+                    else limits.min_source_free_percent,
+                )
+                self.guards[backup_id] = guard
         return guard
 
-    def _adaptive(
-        self,
-        backup_id: str,
-        limits: UploadLimits,
-        ceiling: int | None,
-        guard: Callable[[], None],
-    ) -> AdaptiveLimiter:
-        """A backup's adaptive limiter: its floor reads the node's captured data once within
-        the policy's window; its signals watch the shards' server (``throttle``)."""
+    def _floor(self, backup_id: str, limits: UploadLimits) -> float:
+        """An adaptive backup's floor: the rate that reads the node's captured data once
+        within the policy's window, and no less than the policy's floor."""
+        if limits.throttle != "adaptive":
+            return 0.0
         captured = [
             self.load_capture(backup_id, shard_id, Phase.DATA)
             for shard_id in self.shards()
@@ -268,11 +291,12 @@ class Commands:
         ]
         data_bytes = sum(f.size for capture in captured for f in capture["files"])
         window = limits.throttle_window_seconds or DEFAULT_THROTTLE_WINDOW_SECONDS
-        floor = max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
-        return AdaptiveLimiter(floor, ceiling, self._throttle_signals, guard=guard)
+        return max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
 
     def _throttle_signals(self) -> list[Signal]:
-        """The host's (or the server's cgroup's) CPU and IO stall, and each shard's probe."""
+        """The CPU and IO stall of the first shard's server's cgroup (one server per node is
+        the rule; else the host's), and each shard's probe. A probe that cannot take its
+        baseline is left out (its session closed): the other signals still steer."""
         cfg, shards = self.config, list(self.shards().values())
         pid = next((p for s in shards if (p := self.engine.server_pid(s))), None)
         signals: list[Signal] = [
@@ -280,11 +304,16 @@ class Commands:
             for resource, path in pressure_files(pid).items()
             if path.exists()
         ]
+        slack = cfg.throttle_latency_slack_ms / 1000
         for shard in shards:
-            if (probe := self.engine.health_probe(shard)) is not None:
-                slack = cfg.throttle_latency_slack_ms / 1000
-                name = f"{shard.shard_id} latency"
+            if (probe := self.engine.health_probe(shard)) is None:
+                continue
+            name = f"{shard.shard_id} latency"
+            try:
                 signals.append(LatencySignal(name, probe, cfg.throttle_latency_ratio, slack))
+            except Exception as error:
+                probe.close()
+                log.warning("throttle: no %s signal: %s", name, error)
         return signals
 
     def _encryption_path(self, backup_id: str) -> Path:
@@ -566,11 +595,7 @@ class Commands:
             shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
         with self.locks_guard:
             limiter = self.backup_limiters.pop(backup_id, None)
-            guard = self.guards.pop(backup_id, None)
-        if isinstance(limiter, AdaptiveLimiter):
-            limiter.close()
-        if guard is not None:
-            guard.close()
+        self._close_limits(backup_id, limiter)
         return {"node_id": self.config.node_id, "released": True}
 
     def _lock(self, backup_id: str) -> threading.Lock:

@@ -2,10 +2,10 @@
 spike (WalB's lesson: there are no more "nights").
 
 The agent has one bucket of its own (its ``rate_limit_bytes_per_second``, shared by every
-backup and restore); a backup gets a bucket of its own when its policy sets a stricter rate,
-throttles adaptively (``throttle``), or bounds what it may hold of its source
-(``sourceguard``). A backup's bucket may charge the agent's too (``parent``), and may check
-a *guard* before every read: a guard that raises fails the read, and with it the command.
+backup and restore); every backup has a bucket of its own too (the policy's rate, or the
+adaptive throttle's, ``throttle``), which charges the agent's (``parent``) and checks the
+backup's *guard* before every read (``sourceguard``): a guard that raises fails the read, and
+with it the command.
 """
 
 from __future__ import annotations
@@ -43,14 +43,15 @@ class RateLimiter:
         """Blocks until ``n`` bytes may be read (never when unlimited), after the guard."""
         if self.guard is not None:
             self.guard()
-        if self.rate:
-            with self.lock:
+        with self.lock:  # the rate too: a controller may change it meanwhile
+            wait, rate = 0.0, self.rate
+            if rate:
                 now = time.monotonic()
-                self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+                self.tokens = min(self.capacity, self.tokens + (now - self.updated) * rate)
                 self.updated = now
                 self.tokens -= n
-                wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
-            if wait > 0:
-                time.sleep(wait)
+                wait = -self.tokens / rate if self.tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
         if self.parent is not None:
             self.parent.take(n)

@@ -16,7 +16,8 @@ Terms:
   ``SourceLogFull``. The
   command fails by name, the backup's failure path releases the checkpoint, and the source
   lets the log go. A measurement that fails says nothing (logged once): the guard never fails
-  a backup for its own trouble.
+  a backup for its own trouble. A guard that finds nothing held ``NOTHING_HELD_STOP`` times
+  in a row ends (engines that hold no log on the source; a backup past its release).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shardvault_agent.engines.base import HeldLog
 log = logging.getLogger("shardvault.agent")
 
 GUARD_SECONDS = 1.0
+NOTHING_HELD_STOP = 5  # samples in a row that find nothing held: the guard has nothing to do
 DEFAULT_MIN_FREE_PERCENT = 5.0  # a policy always sends its own
 HOLDS_SOMETHING = 16 * 2**20  # one WAL segment (PostgreSQL's default size)
 MiB = 2**20
@@ -76,13 +78,17 @@ class SourceGuard:
             self.thread.join(timeout=10)
 
     def _run(self) -> None:
+        empty = 0
         while True:
-            self.sample()
-            if self.tripped is not None or self.stopping.wait(self.interval):
+            empty = 0 if self.sample() else empty + 1
+            if self.tripped is not None or empty >= NOTHING_HELD_STOP:
+                return  # tripped for good, or an engine that holds no log here
+            if self.stopping.wait(self.interval):
                 return
 
-    def sample(self) -> None:
-        """One measurement: the peak grows, and the guard trips when the log is too much."""
+    def sample(self) -> bool:
+        """One measurement: the peak grows, and the guard trips when the log is too much.
+        False when nothing is held (or it cannot be measured)."""
         try:
             held = list(self.measure())
             free = {h.directory: self.free_share(h.directory) for h in held}
@@ -90,9 +96,9 @@ class SourceGuard:
             if not self.complained:
                 log.warning("cannot measure the log backup %s holds: %s", self.backup_id, error)
                 self.complained = True
-            return
+            return False
         if not held:
-            return
+            return False
         total = sum(h.bytes for h in held)
         self.peak = max(self.peak or 0, total)
         if self.max_bytes is not None and total > self.max_bytes:
@@ -108,9 +114,10 @@ class SourceGuard:
             self.tripped = SourceLogFull(
                 f"backup {self.backup_id} holds {total / MiB:,.0f} MiB of the source's WAL "
                 f"and {where} has {low:.1%} free, below the policy's min_source_free_percent "
-                f"({self.min_free:.0%}).",
+                f"({self.min_free * 100:g} %).",
                 fix="the backup was failed and the WAL let go before the disk filled; free "
                 "space on the source, or let backups read faster.",
             )
         if self.tripped is not None:
             log.error("%s", self.tripped)
+        return True

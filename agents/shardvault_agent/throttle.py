@@ -196,11 +196,14 @@ class LatencySignal:
         return self.clock() - start, others
 
     def _ask(self) -> None:
+        complained = False
         while not self.stopping.wait(PROBE_INTERVAL):
             try:
                 took, others = self._timed()
             except Exception as error:  # a probe that fails says nothing; the backup goes on
-                log.warning("throttle probe %s failed: %s", self.name, error)
+                if not complained:
+                    log.warning("throttle probe %s failed (said once): %s", self.name, error)
+                    complained = True
                 continue
             with self.lock:
                 self.answers.append(took)
@@ -311,9 +314,12 @@ def _whole(value: float | None) -> int | None:
 
 # --- the limiter ----------------------------------------------------------------------------------
 class AdaptiveLimiter(RateLimiter):
-    """A backup's rate limiter whose rate a controller thread steers. Signals are made when
-    the thread starts (the latency baseline is taken before the reads it guards) and closed
-    when it stops: at ``close`` (release), or after ``IDLE_STOP_SECONDS`` without reads."""
+    """A backup's rate limiter whose rate a controller thread steers. Its first signals are
+    made when it is made (so the latency baseline comes before the reads it guards); the
+    thread closes them when it stops: at ``close`` (release), or after ``IDLE_STOP_SECONDS``
+    without reads, and a later read starts it again with new ones (a new baseline). A
+    controller that fails leaves the backup reading at its ceiling, unsteered, and is not
+    started again."""
 
     def __init__(
         self,
@@ -322,9 +328,11 @@ class AdaptiveLimiter(RateLimiter):
         make_signals: Callable[[], Iterable[Signal]],
         clock: Callable[[], float] = time.monotonic,
         guard: Callable[[], None] | None = None,
+        parent: RateLimiter | None = None,
     ) -> None:
         aimd = Aimd(floor=floor, ceiling=ceiling)
-        super().__init__(None if aimd.rate is None else round(aimd.rate), guard=guard)
+        rate = None if aimd.rate is None else round(aimd.rate)
+        super().__init__(rate, guard=guard, parent=parent)
         self.aimd = aimd
         self.make_signals, self.clock = make_signals, clock
         self.report = ThrottleReport(floor_bytes_per_second=self.aimd.floor)
@@ -334,20 +342,24 @@ class AdaptiveLimiter(RateLimiter):
         self.last_take = clock()
         self.thread: threading.Thread | None = None
         self.stopping = threading.Event()
+        self.failed = False
         self.state_lock = threading.Lock()
+        signals = self._make_signals()
         with self.state_lock:
-            self._start()  # now: the latency baseline comes before the reads
+            self._start(signals)
 
     def take(self, n: int) -> None:
         with self.state_lock:
             self.taken += n
             self.last_take = self.clock()
-            self._start()
+            self._start(None)
         super().take(n)
 
-    def _start(self) -> None:
-        if self.thread is None and not self.stopping.is_set():
-            self.thread = threading.Thread(target=self._run, name="throttle", daemon=True)
+    def _start(self, signals: list[Signal] | None) -> None:
+        if self.thread is None and not self.stopping.is_set() and not self.failed:
+            self.thread = threading.Thread(
+                target=self._run, args=(signals,), name="throttle", daemon=True
+            )
             self.thread.start()
 
     def snapshot(self) -> dict[str, Any]:
@@ -359,15 +371,27 @@ class AdaptiveLimiter(RateLimiter):
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=10)
 
-    def _run(self) -> None:
-        signals: list[Signal] = []
+    def _make_signals(self) -> list[Signal] | None:
+        """The signals, or None when they cannot be made (the controller then fails)."""
         try:
-            signals = list(self.make_signals())
+            return list(self.make_signals())
+        except Exception:
+            log.exception("adaptive throttle: no signals")
+            return None
+
+    def _run(self, signals: list[Signal] | None) -> None:
+        if signals is None:
+            signals = self._make_signals()
+        try:
+            if signals is None:
+                raise RuntimeError("no signals")
             self._steer(signals)
         except Exception:  # the throttle must never fail a backup: it reads on, unsteered
-            log.exception("adaptive throttle stopped")
+            log.exception("adaptive throttle stopped: reading unsteered")
+            self.failed = True
+            self.set_rate(self.aimd.ceiling)
         finally:
-            for signal in signals:
+            for signal in signals or []:
                 signal.close()
             with self.state_lock:
                 self.thread = None

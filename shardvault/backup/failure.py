@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shardvault.causes import failure_cause
+from shardvault.causes import failure_cause, named_failure
 from shardvault.dispatch import post_untracked
 from shardvault.errors import InvalidRequest, ShardVaultError
 from shardvault.models import (
@@ -62,11 +62,13 @@ def cleanup(
     aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
     deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
     post_releases(context, svc)
+    nodes = [source.node_id for source in context.sources]
+    named = named_failure(svc, context.backup_id, nodes)
     outcome = {
         "status": BackupStatus.FAILED.value,
         "failed_at": now,
-        "error": error.get("Error", "States.Runtime"),
-        "cause": explain(context, error, svc, now)[:2000],
+        "error": named.name if named else error.get("Error", "States.Runtime"),
+        "cause": (named.message if named else explain(context, error, svc, now))[:2000],
         "aborted_uploads": aborted,
         "deleted_objects": deleted,
     }

@@ -14,8 +14,8 @@ import contextlib
 import time
 from typing import Any
 
-from shardvault.causes import agent_note, first_failure
-from shardvault.errors import ChecksumMismatch, ShardVaultError, SourceLogFull, UploadIncomplete
+from shardvault.causes import agent_note, named_failure
+from shardvault.errors import ChecksumMismatch, UploadIncomplete
 from shardvault.models import (
     BackupContext,
     ObjectChecksums,
@@ -138,12 +138,6 @@ def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
     return "readback"
 
 
-# An agent's failure that fails the backup under its own name (the Upload map tolerates failed
-# objects, so their errors reach the workflow only through this check): what it says is the
-# operator's to act on, not a lost upload to retry.
-BY_NAME: dict[str, type[ShardVaultError]] = {"SourceLogFull": SourceLogFull}
-
-
 def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[str, Any]:
     """Every planned object of the phase has a verified result. The Distributed Map fails when
     an object's task fails; this also holds where a Map does not (moto's), and names what is
@@ -156,10 +150,8 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
     missing = [key for key in planned if key not in done]
     if missing:
         nodes = [source.node_id for source in context.sources]
-        first = first_failure(svc, context.backup_id, nodes)
-        if first is not None and first.get("error") in BY_NAME:  # what the operator acts on
-            where = f" (node {first['node_id']}, {first['command']})"
-            raise BY_NAME[first["error"]](str(first["cause"]) + where)
+        if named := named_failure(svc, context.backup_id, nodes):
+            raise named  # the operator's to act on by name (shardvault.causes.NAMED)
         note = agent_note(svc, context.backup_id, nodes, "")
         raise UploadIncomplete(
             f"{len(missing)} of {len(planned)} {phase} objects were not uploaded and verified "

@@ -7,6 +7,8 @@ from botocore.exceptions import ClientError
 
 from shardvault.tables import Catalog
 
+from .support import moto_services
+
 
 class RefusingTable:
     def __init__(self, code: str) -> None:
@@ -25,3 +27,16 @@ def test_any_other_refusal_still_fails() -> None:
     catalog = Catalog(RefusingTable("ResourceNotFoundException"))
     with pytest.raises(ClientError):
         catalog.add_progress("c", "b", bytes_done=1, objects_done=1)
+
+
+def test_the_catalog_keeps_the_most_wal_any_node_held_and_the_latest_throttle(monkeypatch):
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.put({"cluster": "c", "backup_id": "b"})
+        for held, throttle in ((50, {"cuts": 1}), (80, {"cuts": 2}), (60, None)):
+            svc.catalog.add_progress(
+                "c", "b", bytes_done=1, objects_done=1, throttle=throttle, held_log_bytes=held
+            )
+        record = svc.catalog.get("c", "b")
+    assert record["held_log_bytes"] == 80  # a smaller report from another node does not win
+    assert record["throttle"] == {"cuts": 2}
+    assert (record["bytes_done"], record["objects_done"]) == (3, 3)

@@ -63,7 +63,7 @@ def test_a_disk_near_full_fails_the_backup_only_once_it_holds_a_segment() -> Non
     guard.check()  # nearly full before the backup held anything: not the backup's doing
     source.held = [HOLDS_SOMETHING]
     guard.sample()
-    with pytest.raises(SourceLogFull, match=r"1\.0% free, below .* \(5%\)"):
+    with pytest.raises(SourceLogFull, match=r"1\.0% free, below .* \(5 %\)"):
         guard.check()
 
 
