@@ -13,8 +13,7 @@ Terms:
   - *latency* (``LatencySignal``): how long the engine takes to answer a cheap query on a
     session of its own (the adapter's ``health_probe``: PostgreSQL reads ``pg_stat_activity``),
     against the median of ``BASELINE_PROBES`` answers taken before the backup reads
-    (target: that times ``latency_ratio``, and at least ``latency_slack`` more). It counts only
-    while other clients are connected: an unused database is not slowed for its own sake.
+    (target: that times ``latency_ratio``, and at least ``latency_slack`` more).
 - *rate*: the bytes per second the backup's readers may take (``RateLimiter``); None while
   nothing limits them.
 - *controller* (``Aimd``): additive increase, multiplicative decrease, as TCP and
@@ -62,7 +61,7 @@ log = logging.getLogger("shardvault.agent")
 TICK_SECONDS = 0.25
 SETTLE_SECONDS = 0.5
 DECREASE = 0.5
-RECOVERY_SHARE = 0.1  # of the rate before the last cut, per second
+RECOVERY_SHARE = 0.1  # of the peak, per second, after a cut
 RECOVER_BELOW = 0.9  # pressure under which the rate grows (between this and 1: it holds)
 FAST_BELOW = 0.5  # pressure under which it doubles (per FAST_GROWTH) rather than adds
 FAST_GROWTH = 4.0  # per second: doubling every half second
@@ -104,7 +103,8 @@ def read_stall_total(path: Path) -> tuple[float, float] | None:
 
 
 class StallSignal:
-    """The share of each tick in which some task of the group waited for ``resource``."""
+    """The share of each tick in which some task of the group waited for what its PSI file
+    measures (the CPU, or IO)."""
 
     def __init__(self, name: str, path: Path, margin: float, clock: Callable[[], float]) -> None:
         self.name, self.path, self.clock, self.margin = name, path, clock, margin
