@@ -123,7 +123,7 @@ from peers import (
     start_tls_minio,
 )
 from probes import Probe
-from report import MiB
+from report import MiB, median_cell, spread_cell
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.mariadb_checks import check_tables
 from shardvault_agent.engines.mariaserver import (
@@ -1067,16 +1067,6 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 # --- Markdown -----------------------------------------------------------------------------------
-def _spread(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
-    if not values:
-        return "—"
-    return " / ".join(f"{values[k] / scale:,.{digits}f}" for k in ("min", "median", "max"))
-
-
-def _median(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
-    return "—" if not values else f"{values['median'] / scale:,.{digits}f}"
-
-
 def backups_table(summary: dict[str, Any]) -> str:
     rows = [
         "| backup | wall s min / median / max | of it, mariabackup's copy s | MiB copied (of it "
@@ -1086,11 +1076,13 @@ def backups_table(summary: dict[str, Any]) -> str:
     for name in BACKUPS:
         if info := summary["tools"].get(name):
             rows.append(
-                f"| {info['label']} | {_spread(info['seconds'])} | "
-                f"{_median(info['copy_seconds'])} | {_median(info['stream_bytes'], 0, MiB)} "
-                f"({_median(info['redo_copied_bytes'], 1, MiB)}) | "
-                f"{_median(info['stored_bytes'], 1, MiB)} | "
-                f"{_median(info['client_cpu_seconds'])} | {_median(info['minio_cpu_seconds'])} |"
+                f"| {info['label']} | {spread_cell(info['seconds'])} | "
+                f"{median_cell(info['copy_seconds'])} | "
+                f"{median_cell(info['stream_bytes'], 0, MiB)} "
+                f"({median_cell(info['redo_copied_bytes'], 1, MiB)}) | "
+                f"{median_cell(info['stored_bytes'], 1, MiB)} | "
+                f"{median_cell(info['client_cpu_seconds'])} | "
+                f"{median_cell(info['minio_cpu_seconds'])} |"
             )
     return "\n".join(rows)
 
@@ -1106,14 +1098,14 @@ def load_table(summary: dict[str, Any]) -> str:
     for name in BACKUPS:
         if info := summary["tools"].get(name):
             rows.append(
-                f"| {info['label']} | {_median(info['load.tps'], 0)} / "
-                f"{_median(info['baseline.tps'], 0)} | {_spread(info['tps_ratio'], 3)} | "
-                f"{_spread(info['copy_tps_ratio'], 3)} | "
-                f"{_spread(info['after_copy_tps_ratio'], 3)} | "
-                f"{_median(info['transactions_short'], 0)} "
-                f"| {_median(info['load.latency_p99_ms'])} / "
-                f"{_median(info['baseline.latency_p99_ms'])} | "
-                f"{_spread(info['load.worst_second_tps'], 0)} |"
+                f"| {info['label']} | {median_cell(info['load.tps'], 0)} / "
+                f"{median_cell(info['baseline.tps'], 0)} | {spread_cell(info['tps_ratio'], 3)} | "
+                f"{spread_cell(info['copy_tps_ratio'], 3)} | "
+                f"{spread_cell(info['after_copy_tps_ratio'], 3)} | "
+                f"{median_cell(info['transactions_short'], 0)} "
+                f"| {median_cell(info['load.latency_p99_ms'])} / "
+                f"{median_cell(info['baseline.latency_p99_ms'])} | "
+                f"{spread_cell(info['load.worst_second_tps'], 0)} |"
             )
     return "\n".join(rows)
 
@@ -1128,8 +1120,9 @@ def restores_table(summary: dict[str, Any]) -> str:
         if info := summary["tools"].get(name):
             ok = "yes, every round" if summary["restored_ok"][name] else "NO"
             rows.append(
-                f"| {info['label']} | {_spread(info['seconds'])} | "
-                f"{_median(info['download_seconds'])} | {_median(info['finish_seconds'])} | "
+                f"| {info['label']} | {spread_cell(info['seconds'])} | "
+                f"{median_cell(info['download_seconds'])} | "
+                f"{median_cell(info['finish_seconds'])} | "
                 f"{ok} |"
             )
     return "\n".join(rows)
@@ -1141,7 +1134,7 @@ def ratios_table(summary: dict[str, Any]) -> str:
         "| --- | --- | --- |",
     ]
     rows += [
-        f"| {r['figure']} | {r['of_medians']:.3f} | {_spread(r['per_round'], 3)} |"
+        f"| {r['figure']} | {r['of_medians']:.3f} | {spread_cell(r['per_round'], 3)} |"
         for r in summary["ratios"]
     ]
     return "\n".join(rows)

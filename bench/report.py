@@ -369,6 +369,18 @@ def _s(value: float) -> str:
     return f"{value:.1f}"
 
 
+def spread_cell(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
+    """``min / median / max`` of a ``spread`` (in units of ``scale``); "—" when none."""
+    if not values:
+        return "—"
+    return " / ".join(f"{values[k] / scale:,.{digits}f}" for k in ("min", "median", "max"))
+
+
+def median_cell(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
+    """The median of a ``spread`` (in units of ``scale``); "—" when none."""
+    return "—" if not values else f"{values['median'] / scale:,.{digits}f}"
+
+
 def spread_text(values: dict[str, float] | None, digits: int = 2) -> str:
     """min / median / max of a figure's rounds."""
     if not values:

@@ -117,7 +117,7 @@ import boto3
 import report
 import yaml
 from peers import delete_prefix
-from report import MiB
+from report import MiB, median_cell, spread_cell
 
 from shardvault import lambda_support
 from shardvault import operations as ops
@@ -716,18 +716,9 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def _spread(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
-    if not values:
-        return "—"
-    return " / ".join(f"{values[k] / scale:,.{digits}f}" for k in ("min", "median", "max"))
-
-
-def _median(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
-    return "—" if not values else f"{values['median'] / scale:,.{digits}f}"
-
-
 def _pair(info: dict[str, Any], key: str, digits: int = 1) -> str:
-    return f"{_median(info[f'load.{key}'], digits)} / {_median(info[f'baseline.{key}'], digits)}"
+    during, baseline = info[f"load.{key}"], info[f"baseline.{key}"]
+    return f"{median_cell(during, digits)} / {median_cell(baseline, digits)}"
 
 
 def throttle_note(throttle: dict[str, Any] | None) -> str:
@@ -745,9 +736,9 @@ def throttle_cell(info: dict[str, Any]) -> str:
     if info["throttle.cuts"] is None:
         return "—"
     return (
-        f"{_median(info['throttle.cuts'], 0)} cuts, "
-        f"{_median(info['throttle.throttled_seconds'])} s throttled, lowest "
-        f"{_median(info['throttle.lowest_rate_bytes_per_second'], 1, MiB)} MiB/s; "
+        f"{median_cell(info['throttle.cuts'], 0)} cuts, "
+        f"{median_cell(info['throttle.throttled_seconds'])} s throttled, lowest "
+        f"{median_cell(info['throttle.lowest_rate_bytes_per_second'], 1, MiB)} MiB/s; "
         f"limited by {', '.join(info['limited_by']) or '—'}"
     )
 
@@ -762,10 +753,10 @@ def backups_table(summary: dict[str, Any]) -> str:
     for info in summary["configurations"].values():
         held = "yes" if info["within_idle_target"] else "NO"
         rows.append(
-            f"| {info['label']} | {_spread(info['seconds'])} | "
-            f"{_median(info['wall_vs_idle'], 2)} ({held}) | "
-            f"{_median(info['catalog_duration_seconds'])} | "
-            f"{_median(info['held_log_bytes'], 0, MiB)} | {throttle_cell(info)} |"
+            f"| {info['label']} | {spread_cell(info['seconds'])} | "
+            f"{median_cell(info['wall_vs_idle'], 2)} ({held}) | "
+            f"{median_cell(info['catalog_duration_seconds'])} | "
+            f"{median_cell(info['held_log_bytes'], 0, MiB)} | {throttle_cell(info)} |"
         )
     return "\n".join(rows)
 
@@ -779,10 +770,10 @@ def load_table(summary: dict[str, Any]) -> str:
     ]
     for info in summary["configurations"].values():
         rows.append(
-            f"| {info['label']} | {_pair(info, 'tps', 0)} | {_spread(info['tps_ratio'], 3)} | "
+            f"| {info['label']} | {_pair(info, 'tps', 0)} | {spread_cell(info['tps_ratio'], 3)} | "
             f"{_pair(info, 'latency_p50_ms')} | {_pair(info, 'latency_p99_ms')} | "
             f"{_pair(info, 'latency_no_lag_p50_ms')} | {_pair(info, 'latency_no_lag_p99_ms')} "
-            f"| {_pair(info, 'lag_p99_ms')} | {_median(info['load.worst_second_tps'], 0)} |"
+            f"| {_pair(info, 'lag_p99_ms')} | {median_cell(info['load.worst_second_tps'], 0)} |"
         )
     return "\n".join(rows)
 
