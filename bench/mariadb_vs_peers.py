@@ -123,7 +123,7 @@ from peers import (
     start_tls_minio,
 )
 from probes import Probe
-from report import MiB, median_cell, spread_cell
+from report import MiB, median_cell, spread_cell, spread_of
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.mariadb_checks import check_tables
 from shardvault_agent.engines.mariaserver import (
@@ -999,19 +999,6 @@ RATIOS = (
     ("write load's tps ratio (during ÷ baseline)", SV, PEER, "tps_ratio"),
     ("restore wall time (to a checked server)", SV_RESTORE, PEER_RESTORE, "seconds"),
 )
-
-
-def nested(run: dict[str, Any], key: str) -> Any:
-    """``run[key]``, where ``key`` may name a nested figure as ``outer.inner``."""
-    value: Any = run
-    for part in key.split("."):
-        value = None if value is None else value.get(part)
-    return value
-
-
-def spread_of(tool_runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
-    values = [nested(run, key) for run in tool_runs]
-    return None if any(v is None for v in values) else report.spread(values)
 
 
 def ratio(runs: dict[str, list], mine: str, theirs: str, key: str) -> dict[str, Any] | None:

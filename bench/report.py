@@ -369,6 +369,20 @@ def _s(value: float) -> str:
     return f"{value:.1f}"
 
 
+def nested(run: dict[str, Any], key: str) -> Any:
+    """``run[key]``, where ``key`` may name a nested figure as ``outer.inner``."""
+    value: Any = run
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def spread_of(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    """``spread`` of a (nested) figure over the runs; None when a run lacks it."""
+    values = [nested(run, key) for run in runs]
+    return None if not values or None in values else spread(values)
+
+
 def spread_cell(values: dict[str, float] | None, digits: int = 1, scale: float = 1.0) -> str:
     """``min / median / max`` of a ``spread`` (in units of ``scale``); "—" when none."""
     if not values:

@@ -114,10 +114,9 @@ from typing import Any
 
 import backup_vs_peers as bvp
 import boto3
-import report
 import yaml
 from peers import delete_prefix
-from report import MiB, median_cell, spread_cell
+from report import MiB, median_cell, spread_cell, spread_of
 
 from shardvault import lambda_support
 from shardvault import operations as ops
@@ -672,19 +671,6 @@ SPREAD_KEYS = (
     "throttle.lowest_rate_bytes_per_second",
     "held_log_bytes",
 )
-
-
-def nested(run: dict[str, Any], key: str) -> Any:
-    """``run[key]``, where ``key`` may name a nested figure as ``outer.inner``."""
-    value: Any = run
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
-def spread_of(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
-    values = [nested(run, key) for run in runs]
-    return None if not values or None in values else report.spread(values)
 
 
 def summarize(h: Harness, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

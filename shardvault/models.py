@@ -380,6 +380,11 @@ class Source(Frozen):
     engine: Engine | None = None  # the node's (None in a context from before mixed clusters)
 
 
+# The policy's defaults, and what an agent applies when a control plane sends none.
+DEFAULT_THROTTLE_WINDOW_SECONDS = 6 * 3600
+DEFAULT_MIN_SOURCE_FREE_PERCENT = 5.0
+
+
 class UploadLimits(Frozen):
     """The policy's upload settings for one backup, sent to its agents with the checkpoint
     command: each agent applies the stricter of these and its own configuration (None: the
@@ -390,11 +395,11 @@ class UploadLimits(Frozen):
     # adaptive: the agent steers its read rate by the source's health (shardvault_agent.throttle),
     # under the rate limit, above the floor
     throttle: Literal["static", "adaptive"] = "static"
-    throttle_window_seconds: Annotated[int, Field(gt=0)] | None = None
+    throttle_window_seconds: Annotated[int, Field(gt=0)] = DEFAULT_THROTTLE_WINDOW_SECONDS
     throttle_floor_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
     # what the backup may hold of the source's log (shardvault_agent.sourceguard)
     max_held_log_bytes: Annotated[int, Field(gt=0)] | None = None
-    min_source_free_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
+    min_source_free_percent: Annotated[float, Field(ge=0, lt=100)] = DEFAULT_MIN_SOURCE_FREE_PERCENT
 
 
 class Encryption(Frozen):

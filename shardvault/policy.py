@@ -47,6 +47,8 @@ from shardvault import models
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
+    DEFAULT_MIN_SOURCE_FREE_PERCENT,
+    DEFAULT_THROTTLE_WINDOW_SECONDS,
     LOCK_DAYS_MAX,
     Engine,
     Frozen,
@@ -362,7 +364,7 @@ class Upload(Frozen):
         "what limited it.",
     )
     throttle_window_minutes: int = Field(
-        360,
+        DEFAULT_THROTTLE_WINDOW_SECONDS // 60,
         ge=1,
         strict=True,
         description="adaptive: the time a backup may take; the floor is at least the rate "
@@ -378,7 +380,7 @@ class Upload(Frozen):
         "it holds is still reported, and min_source_free_percent still applies).",
     )
     min_source_free_percent: float = Field(
-        5.0,
+        DEFAULT_MIN_SOURCE_FREE_PERCENT,
         ge=0,
         lt=100,
         strict=True,

@@ -66,10 +66,9 @@ from shardvault_agent.scan import (
     scan_capture,
     write_fragment,
 )
-from shardvault_agent.sourceguard import DEFAULT_MIN_FREE_PERCENT, SourceGuard
+from shardvault_agent.sourceguard import SourceGuard
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.throttle import (
-    DEFAULT_THROTTLE_WINDOW_SECONDS,
     AdaptiveLimiter,
     LatencySignal,
     Signal,
@@ -272,9 +271,7 @@ class Commands:
                     backup_id,
                     lambda: [h for s in shards if (h := self.engine.held_log(s, backup_id))],
                     limits.max_held_log_bytes,
-                    DEFAULT_MIN_FREE_PERCENT
-                    if limits.min_source_free_percent is None
-                    else limits.min_source_free_percent,
+                    limits.min_source_free_percent,
                 )
                 self.guards[backup_id] = guard
         return guard
@@ -290,7 +287,7 @@ class Commands:
             if self._capture_path(backup_id, shard_id, Phase.DATA).exists()
         ]
         data_bytes = sum(f.size for capture in captured for f in capture["files"])
-        window = limits.throttle_window_seconds or DEFAULT_THROTTLE_WINDOW_SECONDS
+        window = limits.throttle_window_seconds
         return max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
 
     def _throttle_signals(self) -> list[Signal]:

@@ -35,7 +35,6 @@ log = logging.getLogger("shardvault.agent")
 
 GUARD_SECONDS = 1.0
 NOTHING_HELD_STOP = 5  # samples in a row that find nothing held: the guard has nothing to do
-DEFAULT_MIN_FREE_PERCENT = 5.0  # a policy always sends its own
 HOLDS_SOMETHING = 16 * 2**20  # one WAL segment (PostgreSQL's default size)
 MiB = 2**20
 

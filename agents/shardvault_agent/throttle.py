@@ -69,7 +69,6 @@ START_MULTIPLE = 4  # the rate at the start: the floor times this, then growing
 SMOOTHING_SECONDS = 1.0  # a signal's pressure is averaged (EWMA) over about this long
 REBASE_SECONDS = 3.0  # pressure above 1 this long at the floor: the source's own level
 IDLE_STOP_SECONDS = 30.0  # a controller with no reads this long stops (a read restarts it)
-DEFAULT_THROTTLE_WINDOW_SECONDS = 6 * 3600  # a policy always sends its own window
 BASELINE_PROBES = 5
 PROBE_INTERVAL = 0.05
 
