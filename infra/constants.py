@@ -17,6 +17,7 @@ RESTORE_ASL = STATE_MACHINES_DIR / "restore.asl.json"
 RETENTION_ASL = STATE_MACHINES_DIR / "retention.asl.json"
 VERIFY_ASL = STATE_MACHINES_DIR / "verify.asl.json"
 PROBE_ASL = STATE_MACHINES_DIR / "probe.asl.json"
+DRILL_ASL = STATE_MACHINES_DIR / "drill.asl.json"
 # The deployment's policy file (CDK context ``policy`` overrides): clusters, schedules, vault.
 DEFAULT_POLICY = REPO_ROOT / "examples" / "shardvault.yaml"
 LAMBDA_REQUIREMENTS = REPO_ROOT / "requirements-lambda.txt"
@@ -31,6 +32,7 @@ RESTORE_STATE_MACHINE_NAME = f"{STACK_NAME}-restore"
 RETENTION_STATE_MACHINE_NAME = f"{STACK_NAME}-retention"
 VERIFY_STATE_MACHINE_NAME = f"{STACK_NAME}-verify"
 PROBE_STATE_MACHINE_NAME = f"{STACK_NAME}-probe"
+DRILL_STATE_MACHINE_NAME = f"{STACK_NAME}-drill"
 
 WORK_PREFIX = "_work/"  # control objects: plans, listings, per-object results
 BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
@@ -97,6 +99,10 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("verify_backup", "VerifyBackupFunctionArn", 900, 1024),
     # shardvault check: each agent's round trip to the store (shardvault/probe.py).
     FunctionSpec("probe_store", "ProbeStoreFunctionArn"),
+    # Restore drills (shardvault/drills.py): start, verdict and RTO, end.
+    FunctionSpec("start_drill", "StartDrillFunctionArn"),
+    FunctionSpec("record_drill", "RecordDrillFunctionArn"),
+    FunctionSpec("end_drill", "EndDrillFunctionArn"),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.
@@ -106,6 +112,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
 )
 
 WORK_BUCKET_PLACEHOLDER = "WorkBucket"
+# A state machine another one starts as a nested execution (the drill starts restores).
+RESTORE_MACHINE_PLACEHOLDER = "RestoreStateMachineArn"
 SUBSTITUTION_KEYS: frozenset[str] = frozenset(
-    {spec.placeholder for spec in FUNCTIONS if spec.placeholder} | {WORK_BUCKET_PLACEHOLDER}
+    {spec.placeholder for spec in FUNCTIONS if spec.placeholder}
+    | {WORK_BUCKET_PLACEHOLDER, RESTORE_MACHINE_PLACEHOLDER}
 )

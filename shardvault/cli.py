@@ -53,6 +53,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from shardvault import cli_drills
 from shardvault import operations as ops
 from shardvault.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
@@ -193,8 +194,21 @@ def parser() -> argparse.ArgumentParser:
         )
 
     restore, retention, schedule = add_vault_parsers(sub)
+    drill, drills = cli_drills.add_parsers(sub)
 
-    for cmd in (backup, lister, show, nodes, restore, retention, schedule, verify, check):
+    for cmd in (
+        backup,
+        lister,
+        show,
+        nodes,
+        restore,
+        retention,
+        schedule,
+        verify,
+        check,
+        drill,
+        drills,
+    ):
         cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
     return root
 

@@ -168,6 +168,10 @@ class BackupNotFound(ShardVaultError):
     """The backup named for a restore is not in the catalog (or the cluster has none)."""
 
 
+class DrillAlreadyRunning(ShardVaultError):
+    """A restore drill of the cluster is still running (or keeping its copy up)."""
+
+
 class BackupNotRestorable(ShardVaultError):
     """The backup exists but did not complete and verify (failed or still running)."""
 

@@ -34,6 +34,7 @@ class ClientConfig:
     retention_state_machine_arn: str = ""
     verify_state_machine_arn: str = ""
     probe_state_machine_arn: str = ""
+    drill_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -56,6 +57,7 @@ class ClientConfig:
             env.get("SHARDVAULT_RETENTION_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_VERIFY_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_PROBE_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_DRILL_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -91,8 +93,9 @@ def check_cluster(config: ClientConfig, cluster: str) -> None:
 
 def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:
     """Starts an execution of one of the stack's state machines (``machine``: BACKUP, RESTORE,
-    RETENTION, VERIFY, PROBE), named ``<prefix>-<time>-<random>``; a machine the configuration
-    does not name is refused with the variable and the stack output that give it."""
+    RETENTION, VERIFY, PROBE, DRILL), named ``<prefix>-<time>-<random>``; a machine the
+    configuration does not name is refused with the variable and the stack output that give
+    it."""
     if not machine_arn:
         infix = "" if machine == "BACKUP" else f"{machine}_"
         variable = f"SHARDVAULT_{infix}STATE_MACHINE_ARN"
@@ -268,6 +271,37 @@ def wait_restore(
 
 def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
     return Catalog(table(config.catalog_table)).restores(cluster)
+
+
+# --- drills --------------------------------------------------------------------------------------
+def start_drill(config: ClientConfig, request: Any) -> str:
+    """Starts a restore drill (``shardvault.drills.DrillRequest``)."""
+    payload = request.model_dump(mode="json", exclude_none=True)
+    return start_execution(
+        config.drill_state_machine_arn, "DRILL", f"drill-{request.cluster}", payload
+    )
+
+
+def drill_progress(config: ClientConfig, execution_arn: str) -> Progress:
+    """The drill's state: the execution's status, and its catalog record (``drill#<id>``)."""
+    catalog = Catalog(table(config.catalog_table))
+    return execution_progress(execution_arn, "cluster", catalog.drills)
+
+
+def wait_drill(
+    config: ClientConfig,
+    execution_arn: str,
+    on_progress: Callable[[Progress], None] = lambda _: None,
+    interval: float = 0.5,
+    timeout: float = 7 * 24 * 3600,
+) -> Progress:
+    return wait_for(lambda: drill_progress(config, execution_arn), on_progress, interval, timeout)
+
+
+def list_drills(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
+    """The cluster's drills, newest first."""
+    drills = Catalog(table(config.catalog_table)).drills(cluster)
+    return sorted(drills, key=lambda r: r.get("started_at", 0), reverse=True)
 
 
 # --- retention -----------------------------------------------------------------------------------

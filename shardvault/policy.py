@@ -15,6 +15,8 @@ Terms:
   GLACIER, 180 DEEP_ARCHIVE). Retention holds an expired backup until it has passed
   (``shardvault.retention``) unless ``delete_before_paid_minimum`` says otherwise.
 - *retention*: keep counts in the style of restic's ``forget`` (``shardvault.retention``).
+- *drill*: a scheduled restore of one of the cluster's backups into a cluster of drill nodes,
+  validated, timed (its RTO) and torn down after a while (``shardvault.drills``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from shardvault.models import (
 )
 from shardvault.planning import MiB, check_part_size
 from shardvault.prices import VAULT_CLASSES, StorageClass
+from shardvault.sqlcheck import check_validation_queries
 
 
 class PolicyError(ShardVaultError):
@@ -143,6 +146,13 @@ def _timezone(value: str) -> str:
 def _cluster_name(value: str) -> str:
     try:
         return check_name("cluster", value)
+    except InvalidRequest as error:
+        raise invalid(error.message, error.fix) from None
+
+
+def _validation_queries(value: list[str]) -> list[str]:
+    try:
+        return check_validation_queries(value)
     except InvalidRequest as error:
         raise invalid(error.message, error.fix) from None
 
@@ -467,6 +477,62 @@ class Incremental(Frozen):
     )
 
 
+class Drill(Frozen):
+    cron: Cron = Field(
+        json_schema_extra={"shown_type": "cron"},
+        description="When the drill runs, e.g. '0 9 * * 3' for Wednesdays at 09:00 (a time "
+        "when someone reads its alarm).",
+    )
+    timezone: Annotated[str, AfterValidator(_timezone)] = Field(
+        "UTC",
+        json_schema_extra={"shown_type": "time zone"},
+        description="IANA time zone the cron expression is read in.",
+    )
+    target_cluster: Annotated[str, AfterValidator(_cluster_name)] = Field(
+        description="The cluster of drill nodes restored into: agents registered under this "
+        "name, with a restore_dir. Never a cluster this policy backs up (a drill removes what "
+        "it restored there)."
+    )
+    backup: Literal["latest", "random"] = Field(
+        "latest",
+        description="Which backup: latest (the newest complete one) or random (any complete "
+        "one of the last within_days, chains included: older backups are proven too).",
+    )
+    within_days: int = Field(
+        7, ge=1, le=3660, strict=True, description="backup: random picks among these days."
+    )
+    validation_queries: Annotated[list[str], AfterValidator(_validation_queries)] = Field(
+        default_factory=list,
+        description="Read-only queries each restored shard must answer true, e.g. "
+        "'SELECT count(*) > 0 FROM orders', besides the engine's own checks.",
+    )
+    keep_minutes: int = Field(
+        60,
+        ge=0,
+        le=7 * 24 * 60,
+        strict=True,
+        description="How long the validated copy stays up for a person to look at before it is "
+        "torn down; 0: at once.",
+    )
+    rto_target_minutes: float | None = Field(
+        None,
+        gt=0,
+        strict=True,
+        description="The recovery time objective: a drill whose restore (start to validated) "
+        "takes longer fails and notifies; null: recorded, never alarmed.",
+    )
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def fires(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        """Drill times in ``(start, end]``, in order."""
+        times = croniter(self.cron, start.astimezone(self.zone))
+        while (at := times.get_next(datetime)) <= end:
+            yield at
+
+
 class ClusterPolicy(Frozen):
     engine: Annotated[Engine | list[Engine], BeforeValidator(_engines)] = Field(
         description="Database engine of the cluster: postgres, mariadb, sqlite, rocksdb or "
@@ -510,6 +576,11 @@ class ClusterPolicy(Frozen):
         "fires (the age the watch publishes, shardvault.watch); null: the schedule's longest "
         "gap between two backups plus a quarter (30 for a nightly schedule).",
     )
+    drill: Drill | None = Field(
+        None,
+        description="A scheduled restore drill: a backup restored into drill nodes, validated, "
+        "timed and torn down (shardvault drills CLUSTER lists them); null: none.",
+    )
     nodes: Annotated[list[str] | None, AfterValidator(_node_ids)] = Field(
         None,
         min_length=1,
@@ -546,6 +617,29 @@ class Policy(Frozen):
                 f"node {node!r} is listed under clusters {', '.join(clusters)}",
                 "list each node under one cluster: a node's agent serves one cluster",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _drills_into_their_own_nodes(self) -> Policy:
+        """A drill tears down what its target holds: never a backed-up cluster, never a target
+        two drills share (one would remove the other's copy)."""
+        targets: dict[str, str] = {}
+        for name, cluster in sorted(self.clusters.items()):
+            if cluster.drill is None:
+                continue
+            target = cluster.drill.target_cluster
+            if target in self.clusters:
+                raise invalid(
+                    f"cluster {name!r} drills into {target!r}, a cluster this policy backs up",
+                    "name a cluster of drill nodes only (e.g. '" + name + "-drill'): a drill "
+                    "removes what it restored there",
+                )
+            if target in targets:
+                raise invalid(
+                    f"clusters {targets[target]!r} and {name!r} both drill into {target!r}",
+                    "give each cluster's drill its own target_cluster",
+                )
+            targets[target] = name
         return self
 
     def rpo_hours(self, name: str) -> float:

@@ -2,8 +2,8 @@
 
 It reads the same policy file, asks each cluster's schedule which backups fell due since the
 last tick (``Schedule.fires``: cron expressions in the schedule's time zone, a full winning a
-minute both claim) and starts them on the stack's backup state machine; once a day it runs
-retention. A backup already running for a cluster makes the new one fail with
+minute both claim) and starts them on the stack's backup state machine, and the restore drills
+that fell due (``Drill.fires``) on its drill state machine; once a day it runs retention. A backup already running for a cluster makes the new one fail with
 ``BackupAlreadyRunning``, as on AWS.
 
 A backup due as incremental is requested as one (``incremental: true``); the cluster's
@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shardvault import operations as ops
+from shardvault.drills import DrillRequest
 from shardvault.models import BackupRequest
 from shardvault.policy import BackupKind, Policy
 
@@ -37,14 +38,26 @@ def due(policy: Policy, since: datetime, until: datetime) -> list[tuple[datetime
     return sorted(fired)
 
 
+def drills_due(policy: Policy, since: datetime, until: datetime) -> list[tuple[datetime, str]]:
+    """Restore drills due in ``(since, until]`` across the policy's clusters, in time order."""
+    fired = [
+        (at, name)
+        for name, cluster in policy.clusters.items()
+        if cluster.drill is not None
+        for at in cluster.drill.fires(since, until)
+    ]
+    return sorted(fired)
+
+
 def tick(
     policy: Policy,
     config: ops.ClientConfig,
     since: datetime,
     until: datetime,
     start: Callable[[ops.ClientConfig, BackupRequest], str] = ops.start_backup,
+    start_drill: Callable[[ops.ClientConfig, DrillRequest], str] = ops.start_drill,
 ) -> list[dict[str, Any]]:
-    """Starts what fell due; returns one line per started backup."""
+    """Starts what fell due; returns one line per started backup or drill."""
     started = []
     for at, cluster, kind in due(policy, since, until):
         request = BackupRequest(
@@ -55,6 +68,11 @@ def tick(
         execution = start(config, request)
         log.info("%s backup of %s due at %s: %s", kind, cluster, at.isoformat(), execution)
         started.append({"cluster": cluster, "kind": str(kind), "due": at, "execution": execution})
+    for at, cluster in drills_due(policy, since, until):
+        request = DrillRequest(cluster=cluster, requested_by="schedule:drill")
+        execution = start_drill(config, request)
+        log.info("restore drill of %s due at %s: %s", cluster, at.isoformat(), execution)
+        started.append({"cluster": cluster, "kind": "drill", "due": at, "execution": execution})
     return started
 
 

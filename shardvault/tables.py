@@ -47,12 +47,13 @@ ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
 RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
+DRILL_PREFIX = "drill#"  # restore drills (shardvault.drills), under the drilled cluster
 
 
 def is_backup(sort_key: str) -> bool:
-    """Backup ids start with their date; '#' items (the lock, the archive's counters) and
-    restores are no backups."""
-    return not sort_key.startswith(("#", RESTORE_PREFIX))
+    """Backup ids start with their date; '#' items (the lock, the archive's counters),
+    restores and drills are no backups."""
+    return not sort_key.startswith(("#", RESTORE_PREFIX, DRILL_PREFIX))
 
 
 INBOX_TTL_SECONDS = 7 * 24 * 3600
@@ -374,6 +375,15 @@ class Catalog:
             self.table,
             KeyConditionExpression=Key("cluster").eq(cluster)
             & Key("backup_id").begins_with(RESTORE_PREFIX),
+        )
+        return [plain(i) for i in items]
+
+    def drills(self, cluster: str) -> list[dict[str, Any]]:
+        """Drills of ``cluster`` (items keyed ``drill#<drill_id>``), oldest first."""
+        items = query_all(
+            self.table,
+            KeyConditionExpression=Key("cluster").eq(cluster)
+            & Key("backup_id").begins_with(DRILL_PREFIX),
         )
         return [plain(i) for i in items]
 

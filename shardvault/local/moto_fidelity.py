@@ -7,10 +7,17 @@
   ``ADD`` lands on the restore's one catalog item, eight at a time) came out at half its total
   on a loaded machine. :func:`install` serializes moto's DynamoDB writes in this process, where
   the local stack's Lambdas and its moto server (the agents' requests) both run.
+- *Nested executions speak AWS's field names.* A ``states:startExecution.sync:2`` task (the
+  drill starts a restore) passes ``StateMachineArn``, ``Name`` and ``Input`` and reads back
+  ``ExecutionArn``, ``Output``, ``StartDate`` (milliseconds since the epoch)... as AWS names
+  them. moto's interpreter hands the ASL's names to boto3 as they are (which wants
+  ``stateMachineArn``: the task failed with ``KeyError``) and returns boto3's names and
+  ``datetime`` objects. :func:`install` renames both ways.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import threading
 from typing import Any
@@ -25,6 +32,32 @@ def install() -> None:
     lock = threading.RLock()  # a transaction's writes may call the others
     for name in WRITES:
         setattr(DynamoDBBackend, name, _serialized(getattr(DynamoDBBackend, name), lock))
+    _name_nested_executions_as_aws()
+
+
+def _name_nested_executions_as_aws() -> None:
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_sfn as sfn,
+    )
+
+    service = sfn.StateTaskServiceSfn
+    to_boto = service._normalise_parameters
+
+    def normalise_parameters(self: Any, parameters: dict, *args: Any, **kwargs: Any) -> None:
+        to_boto(self, parameters, *args, **kwargs)  # serializes Input, as AWS does
+        for key in list(parameters):
+            parameters[key[:1].lower() + key[1:]] = parameters.pop(key)
+
+    def normalise_response(self: Any, response: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(response, dict):
+            for key in list(response):
+                value = response.pop(key)
+                if isinstance(value, datetime.datetime):
+                    value = int(value.timestamp() * 1000)
+                response[key[:1].upper() + key[1:]] = value
+
+    service._normalise_parameters = normalise_parameters
+    service._normalise_response = normalise_response
 
 
 def _serialized(write: Any, lock: threading.RLock) -> Any:

@@ -87,6 +87,9 @@ FUNCTIONS = {
     "SweepStoreFunctionArn": "sweep_store",
     "VerifyBackupFunctionArn": "verify_backup",
     "ProbeStoreFunctionArn": "probe_store",
+    "StartDrillFunctionArn": "start_drill",
+    "RecordDrillFunctionArn": "record_drill",
+    "EndDrillFunctionArn": "end_drill",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -197,6 +200,7 @@ class LocalStack:
     retention_state_machine_arn: str = ""
     verify_state_machine_arn: str = ""
     probe_state_machine_arn: str = ""
+    drill_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -241,6 +245,9 @@ class LocalStack:
         self.retention_state_machine_arn = self._create_state_machine("retention")
         self.verify_state_machine_arn = self._create_state_machine("verify")
         self.probe_state_machine_arn = self._create_state_machine("probe")
+        self.drill_state_machine_arn = self._create_state_machine(
+            "drill", RestoreStateMachineArn=self.restore_state_machine_arn
+        )
         self._reaper = ExecutionReaper(
             [self.state_machine_arn, self.restore_state_machine_arn]
         ).start()
@@ -326,6 +333,7 @@ class LocalStack:
             self.retention_state_machine_arn,
             self.verify_state_machine_arn,
             self.probe_state_machine_arn,
+            self.drill_state_machine_arn,
         )
 
     def store_client(self) -> Any:
@@ -356,9 +364,10 @@ class LocalStack:
         kms.create_alias(AliasName="alias/shardvault-data", TargetKeyId=key_id)
         return key_id
 
-    def _create_state_machine(self, name: str) -> str:
+    def _create_state_machine(self, name: str, **machines: str) -> str:
+        """``machines``: the ARNs of the state machines this one starts (the drill: restores)."""
         definition = render_asl(
-            STATE_MACHINES / f"{name}.asl.json", substitutions(NAMES["work_bucket"])
+            STATE_MACHINES / f"{name}.asl.json", substitutions(NAMES["work_bucket"]) | machines
         )
         response = boto3.client("stepfunctions").create_state_machine(
             name=f"shardvault-{name}",
@@ -375,6 +384,7 @@ class LocalStack:
             "SHARDVAULT_RETENTION_STATE_MACHINE_ARN": self.retention_state_machine_arn,
             "SHARDVAULT_VERIFY_STATE_MACHINE_ARN": self.verify_state_machine_arn,
             "SHARDVAULT_PROBE_STATE_MACHINE_ARN": self.probe_state_machine_arn,
+            "SHARDVAULT_DRILL_STATE_MACHINE_ARN": self.drill_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

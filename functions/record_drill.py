@@ -1,0 +1,30 @@
+"""Lambda: a drill's verdict and RTO from its restore's outcome, recorded and sent."""
+
+import time
+
+from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel
+
+from shardvault import drills
+from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
+
+
+class RecordDrillRequest(BaseModel):
+    drill: drills.DrillContext
+    restored: dict | None = None  # the nested restore's result ({"output": its summary})
+    error: dict | None = None  # or its failure
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict, context: object) -> dict:
+    request = parse(RecordDrillRequest, event)
+    result = drills.record(request.drill, request.restored, request.error, services(), time.time())
+    log_outcome("drill", request.drill.cluster, {"status": result["verdict"], **result})
+    metrics.add_metric(
+        name="DrillsPassed" if result["passed"] else "DrillsNotPassed",
+        unit=MetricUnit.Count,
+        value=1,
+    )
+    return {"drill": request.drill.model_dump(mode="json"), "result": result}

@@ -1,0 +1,29 @@
+"""Lambda: start a restore drill: check it, pick its backup, find stale copies, record it.
+
+Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}``. A drill
+refused here has changed nothing (a scheduled one is recorded as refused and sent).
+"""
+
+import time
+
+from shardvault import drills
+from shardvault.errors import InvalidRequest
+from shardvault.lambda_support import logger, parse, services, tracer
+
+
+@logger.inject_lambda_context(log_event=True)
+@tracer.capture_lambda_handler
+def lambda_handler(event: dict, context: object) -> dict:
+    request = event.get("request")
+    if not isinstance(request, dict):
+        raise InvalidRequest(
+            'the execution input must be a JSON object such as {"cluster": "demo"}.',
+            fix="start the drill with a JSON object naming the cluster (see the README's "
+            "restore drills).",
+        )
+    return drills.start(
+        parse(drills.DrillRequest, request),
+        services(),
+        time.time(),
+        execution_id=str(event.get("execution_id", "")),
+    )

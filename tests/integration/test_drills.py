@@ -1,0 +1,148 @@
+"""Restore drills on the local stack: scheduled, restored into drill nodes, validated, recorded,
+torn down; a drill of a damaged backup fails and notifies. Each end state is read from outside
+the drill's own report: the target nodes' directories and adoptions, the restore's record, the
+notifications topic."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import boto3
+
+from shardvault import operations as ops
+from shardvault import scheduler
+from shardvault.drills import DrillRequest
+from shardvault.policy import load_policy
+from shardvault.tables import Catalog, table
+
+from .conftest import entered_states
+
+
+def subscribe(stack) -> str:
+    """A queue subscribed to the notifications topic: what an operator's inbox would get."""
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName=f"drill-notes-{datetime.now(UTC):%H%M%S%f}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]
+    boto3.client("sns").subscribe(
+        TopicArn=stack.settings.topic_arn, Protocol="sqs", Endpoint=arn["QueueArn"]
+    )
+    return url
+
+
+def subjects(url: str) -> list[str]:
+    messages = (
+        boto3.client("sqs")
+        .receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        .get("Messages", [])
+    )
+    return [json.loads(m["Body"]).get("Subject", "") for m in messages]
+
+
+def shard_dirs(target) -> list[Path]:
+    """Shard directories left on the target's nodes (staging excluded: it is hidden)."""
+    return [
+        p
+        for i in range(len(target.configs))
+        if target.restore_dir(i).exists()
+        for p in target.restore_dir(i).iterdir()
+        if not p.name.startswith(".")
+    ]
+
+
+def adoptions(target) -> dict:
+    found = {}
+    for config in target.configs:
+        path = Path(config["state_dir"]) / "adopted.json"
+        if path.exists():
+            found |= json.loads(path.read_text())
+    return found
+
+
+def test_a_scheduled_drill_restores_validates_records_and_tears_down(
+    make_cluster, make_target, policy_for, stack
+):
+    cluster = make_cluster(nodes=2, size_mb=4)
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    target = make_target(nodes=2)
+    policy_for(
+        cluster.name,
+        drill=f"{{cron: '*/5 * * * *', target_cluster: {target.name}, keep_minutes: 0, "
+        "rto_target_minutes: 10, validation_queries: ['SELECT count(*) > 0 FROM items']}",
+    )
+    notes = subscribe(stack)
+    policy = load_policy(stack.settings.policy_file)
+    since = datetime(2026, 11, 27, 9, 1, tzinfo=UTC)
+
+    started = scheduler.tick(policy, cluster.client, since, since + timedelta(minutes=5))
+
+    (drill,) = [s for s in started if s["kind"] == "drill"]
+    progress = ops.wait_drill(cluster.client, drill["execution"], interval=0.2, timeout=600)
+    assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
+    states = entered_states(drill["execution"])
+    assert states.index("Restore") < states.index("Record") < states.index("Teardown")
+    (record,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
+    assert record["status"] == "passed"
+    assert record["requested_by"] == "schedule:drill"
+    assert record["source_backup_id"] == backup.record["backup_id"]
+    assert 0 < record["rto_seconds"] < 600
+    assert record["restore_seconds"] <= record["rto_seconds"]
+    assert record["shards"] == 2
+    assert record["checks_passed"] >= 4
+    assert record["torn_down_at"] >= record["validated_at"]
+    # The restore really ran (its own record says so) and its copy is gone from the nodes.
+    (restored,) = target.records()
+    assert restored["status"] == "COMPLETE"
+    assert restored["validation"] == "passed"
+    assert restored["restore_id"] == record["restore_id"]
+    assert shard_dirs(target) == []
+    assert adoptions(target) == {}
+    assert any("drill of" in s and "passed" in s for s in subjects(notes))
+
+
+def test_a_drill_of_a_damaged_backup_fails_notifies_and_leaves_nothing(
+    make_cluster, make_target, stack
+):
+    cluster = make_cluster(nodes=2, size_mb=3)
+    assert cluster.backup().status == "SUCCEEDED"
+    svc = stack.services()
+    key = sorted(k for k in cluster.store_keys() if "/shard-2/data-" in k)[0]
+    body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=key)["Body"].read()
+    damaged = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
+    svc.store_s3.put_object(Bucket=svc.store.bucket, Key=key, Body=damaged)
+    target = make_target(nodes=2)
+    notes = subscribe(stack)
+
+    execution = ops.start_drill(
+        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=target.name)
+    )
+    progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=600)
+
+    assert progress.status == "FAILED"
+    assert progress.error == "ChecksumMismatch", progress.cause
+    (record,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
+    assert record["status"] == "failed"
+    assert record["error"] == "ChecksumMismatch"
+    assert key in record["cause"]  # the node's own words, through the restore's record
+    assert record.get("torn_down_at")
+    assert shard_dirs(target) == []
+    assert any("FAILED (ChecksumMismatch)" in s for s in subjects(notes))
+
+
+def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(
+    make_cluster, policy_for, stack
+):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name)
+
+    execution = ops.start_drill(
+        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=cluster.name)
+    )
+    progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=120)
+
+    assert progress.status == "FAILED"
+    assert progress.error == "InvalidRequest", progress.cause
+    assert "removes what it restored there" in progress.cause
+    assert Catalog(table(stack.settings.catalog_table)).drills(cluster.name) == []
