@@ -2,11 +2,10 @@
 
 import time
 
-from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import drills
-from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
+from shardvault.lambda_support import log_outcome, logger, parse, services, tracer
 
 
 class RecordDrillRequest(BaseModel):
@@ -17,14 +16,10 @@ class RecordDrillRequest(BaseModel):
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(RecordDrillRequest, event)
     result = drills.record(request.drill, request.restored, request.error, services(), time.time())
+    # No metric of its own: a drill that did not pass fails its execution, and the drill
+    # state machine's ExecutionsFailed alarm is the one to watch.
     log_outcome("drill", request.drill.cluster, {"status": result["verdict"], **result})
-    metrics.add_metric(
-        name="DrillsPassed" if result["passed"] else "DrillsNotPassed",
-        unit=MetricUnit.Count,
-        value=1,
-    )
     return {"drill": request.drill.model_dump(mode="json"), "result": result}

@@ -37,11 +37,14 @@ from infra.constants import (
     BACKUP_STATE_MACHINE_NAME,
     BACKUPS_PREFIX,
     DEFAULT_POLICY,
+    DRILL_ASL,
+    DRILL_STATE_MACHINE_NAME,
     POWERTOOLS_METRICS_NAMESPACE,
     POWERTOOLS_SERVICE_NAME,
     PROBE_ASL,
     PROBE_STATE_MACHINE_NAME,
     RESTORE_ASL,
+    RESTORE_MACHINE_PLACEHOLDER,
     RESTORE_STATE_MACHINE_NAME,
     RETENTION_ASL,
     RETENTION_STATE_MACHINE_NAME,
@@ -98,6 +101,21 @@ class ShardVaultStack(Stack):
                 ("probe", PROBE_ASL, PROBE_STATE_MACHINE_NAME),
             )
         }
+        self.workflows["drill"] = Workflow(
+            self,
+            "Drill",
+            functions=self.functions.functions,
+            work_bucket=self.storage.bucket,
+            alarm_topic=self.notifications.topic,
+            definition=DRILL_ASL,
+            name=DRILL_STATE_MACHINE_NAME,
+            nested={
+                RESTORE_MACHINE_PLACEHOLDER: (
+                    RESTORE_STATE_MACHINE_NAME,
+                    self.workflows["restore"].state_machine,
+                )
+            },
+        )
         self.workflow = self.workflows["backup"]
         self._reap_ended_executions()
         self.schedules = Schedules(
@@ -106,6 +124,7 @@ class ShardVaultStack(Stack):
             policy=self.policy,
             backup=self.workflows["backup"].state_machine,
             retention=self.workflows["retention"].state_machine,
+            drill=self.workflows["drill"].state_machine,
             alarms_to=self.notifications.topic,
         )
         self.monitoring = Monitoring(
@@ -464,6 +483,7 @@ class ShardVaultStack(Stack):
         )
         grant("finalize_restore", publish)
         grant("cleanup_restore", publish, policies.table(tables.inbox, ("dynamodb:Query",)))
+        self._grant_drill_functions(publish)
         # The dispatcher inlines from the work bucket (args_key) a node's restore layout and the
         # presigned URLs of a transfer; arguments too large for an inbox item it hands over as
         # a presigned GET URL of their work object, authorized by this same read.
@@ -477,6 +497,27 @@ class ShardVaultStack(Stack):
                 resources=[bucket.arn_for_objects(f"{WORK_PREFIX}*/{ANSWERS_DIR}/*")],
             ),
         )
+
+    def _grant_drill_functions(self, publish: iam.PolicyStatement) -> None:
+        """Drills read the catalog (backups, restores, earlier drills) and write their own
+        record; start_drill reads the policy from its environment and tells a running drill
+        from one whose execution ended (its copy is stale)."""
+        tables, grant = self.tables, self.functions.grant
+        read = policies.table(tables.catalog, ("dynamodb:Query",))
+        grant(
+            "start_drill",
+            read,
+            policies.table(tables.catalog, ("dynamodb:PutItem",)),
+            publish,  # a scheduled drill's refusal
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution"],
+                resources=policies.execution_arns(self, DRILL_STATE_MACHINE_NAME)[:1],
+            ),
+        )
+        grant(
+            "record_drill", read, policies.table(tables.catalog, ("dynamodb:UpdateItem",)), publish
+        )
+        grant("end_drill", policies.table(tables.catalog, ("dynamodb:UpdateItem",)))
 
     def _suppress_narrow_wildcards(self) -> None:
         probes = f"{WORK_PREFIX}{PROBES_DIR}/"
@@ -521,6 +562,7 @@ class ShardVaultStack(Stack):
             "RetentionStateMachineArn": self.workflows["retention"].state_machine.state_machine_arn,
             "VerifyStateMachineArn": self.workflows["verify"].state_machine.state_machine_arn,
             "ProbeStateMachineArn": self.workflows["probe"].state_machine.state_machine_arn,
+            "DrillStateMachineArn": self.workflows["drill"].state_machine.state_machine_arn,
             "VaultBucketName": self.storage.vault.bucket_name,
             "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,

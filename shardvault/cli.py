@@ -1142,6 +1142,8 @@ def run_demo(args: argparse.Namespace) -> int:
             source = cluster.digests()  # no write since the incremental: what it must restore
             if not restore_demo(stack, cluster, root, incremental["backup_id"], source):
                 return 1
+            if not drill_demo(stack, cluster, root):
+                return 1
         finally:
             cluster.stop()
     console.print(
@@ -1211,6 +1213,33 @@ def restore_demo(
         return equal
     finally:
         for config in targets:
+            stack.stop_agent(config["node_id"])
+
+
+def drill_demo(stack: Any, cluster: Any, root: Path) -> bool:
+    """A restore drill of the demo cluster, as its policy's schedule would run it (its newest
+    backup into two drill nodes, its validation query), with the copy torn down at once; prints
+    the verdict and the RTO."""
+    import shutil
+
+    from shardvault import cli_drills
+    from shardvault.drills import DrillRequest
+    from shardvault.local import demo
+
+    target = f"{cluster.name}-drill"  # the local policy's drill target
+    nodes = demo.restore_targets(root, name=target, engine=cluster.engine, nodes=2)
+    for config in nodes:  # a demo run again in the same directory starts its drill nodes empty
+        shutil.rmtree(config["restore_dir"], ignore_errors=True)
+        shutil.rmtree(config["state_dir"], ignore_errors=True)
+        stack.start_agent(config)
+    try:
+        stack.wait_for_nodes([c["node_id"] for c in nodes])
+        config = stack.client_config()
+        request = DrillRequest(cluster=cluster.name, keep_minutes=0, requested_by="demo")
+        outcome = cli_drills.follow_drill(config, ops.start_drill(config, request))
+        return outcome.status == "SUCCEEDED"
+    finally:
+        for config in nodes:
             stack.stop_agent(config["node_id"])
 
 

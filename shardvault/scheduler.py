@@ -3,8 +3,9 @@
 It reads the same policy file, asks each cluster's schedule which backups fell due since the
 last tick (``Schedule.fires``: cron expressions in the schedule's time zone, a full winning a
 minute both claim) and starts them on the stack's backup state machine, and the restore drills
-that fell due (``Drill.fires``) on its drill state machine; once a day it runs retention. A backup already running for a cluster makes the new one fail with
-``BackupAlreadyRunning``, as on AWS.
+that fell due (``Drill.fires``) on its drill state machine; once a day it runs retention. A
+backup already running for a cluster makes the new one fail with ``BackupAlreadyRunning``, as
+on AWS.
 
 A backup due as incremental is requested as one (``incremental: true``); the cluster's
 ``incremental`` policy decides when it is made as a full instead (no usable parent, or the

@@ -3,7 +3,9 @@
 One schedule per cluster and cadence (``full``, ``incremental``) starts the backup state
 machine with ``{"cluster": ..., "requested_by": "schedule:<cadence>"}``, in the schedule's time
 zone, with a flexible window (runs spread over it instead of all at the same second), a retry
-policy and a dead-letter queue for starts that still fail; one daily schedule runs retention.
+policy and a dead-letter queue for starts that still fail; one per cluster with a ``drill``
+starts the drill state machine with ``{"cluster": ..., "requested_by": "schedule:drill"}``;
+one daily schedule runs retention.
 
 *Cron conversion*: the policy's five-field cron (minute hour day-of-month month day-of-week,
 days of week 0-7 with Sunday as 0 or 7) becomes Scheduler's six-field ``cron(...)`` (a year
@@ -65,6 +67,7 @@ class Schedules(Construct):
         policy: Policy,
         backup: sfn.IStateMachine,
         retention: sfn.IStateMachine,
+        drill: sfn.IStateMachine | None = None,
         alarms_to: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -83,12 +86,14 @@ class Schedules(Construct):
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
-            description="ShardVault schedules: start backups and retention, dead-letter failures.",
+            description="ShardVault schedules: start backups, drills and retention, dead-letter "
+            "failures.",
         )
+        started = [backup, retention] + ([drill] if drill is not None else [])
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["states:StartExecution"],
-                resources=[backup.state_machine_arn, retention.state_machine_arn],
+                resources=[machine.state_machine_arn for machine in started],
             )
         )
         # Written out: grant_send_messages would add kms:ReEncrypt* as well.
@@ -123,6 +128,14 @@ class Schedules(Construct):
                     cluster.schedule.timezone,
                     backup,
                     request,
+                )
+            if cluster.drill is not None and drill is not None:
+                self._schedule(
+                    f"{name}-drill",
+                    scheduler_cron(cluster.drill.cron),
+                    cluster.drill.timezone,
+                    drill,
+                    {"cluster": name, "requested_by": "schedule:drill"},
                 )
         self._schedule("retention", RETENTION_CRON, "UTC", retention, {"dry_run": False})
 
@@ -163,7 +176,7 @@ class Schedules(Construct):
         alarm = cloudwatch.Alarm(
             self,
             "DeadLettersAlarm",
-            alarm_description="ShardVault schedules: a scheduled backup or retention run "
+            alarm_description="ShardVault schedules: a scheduled backup, drill or retention run "
             "could not be started (see the dead-letter queue's messages for the cluster and "
             "the cause).",
             metric=self.dead_letters.metric_approximate_number_of_messages_visible(

@@ -1,12 +1,15 @@
 """Workflows: a STANDARD state machine defined by a file of ``statemachines/`` (backup,
-restore, retention), its role, its log group and its alarms.
+restore, retention, verify, probe, drill), its role, its log group and its alarms.
 
 The ASL file holds orchestration only; every ARN and bucket in it is a ``${Placeholder}``
 filled by ``definition_substitutions``. A definition read from a file gets no automatic
 grants from CDK, so the role's every permission is written here: invoking the functions its
 file names (and no other) and, only when the file has a Distributed Map (the backup's Upload,
-the restore's Download), running that Map's child executions and reading its item lists (the
-plans) from the work prefix of the staging bucket.
+the restore's Download), running that Map's child executions and, when it reads its items with
+an ItemReader, reading those lists (the plans) from the work prefix of the staging bucket; and
+when it starts another state machine as a nested execution (the drill starts restores with
+``states:startExecution.sync:2``), starting that one, watching its executions and the managed
+EventBridge rule through which Step Functions learns that they ended.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from infra.constants import (
     WORK_BUCKET_PLACEHOLDER,
     WORK_PREFIX,
 )
+
+# The rule Step Functions manages to learn that a nested .sync execution ended.
+NESTED_EXECUTIONS_RULE = "StepFunctionsGetEventsForStepFunctionsExecutionRule"
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
@@ -71,8 +77,20 @@ def distributed_maps(definition: Path) -> list[dict[str, Any]]:
     ]
 
 
+def item_readers(definition: Path) -> list[dict[str, Any]]:
+    """Map states that read their items from S3 (the plans under the work prefix)."""
+    return [
+        state
+        for state in _states(json.loads(definition.read_text())["States"])
+        if state.get("Type") == "Map" and "ItemReader" in state
+    ]
+
+
 def substitutions(
-    functions: Mapping[str, lambda_.IFunction], work_bucket: s3.IBucket, definition: Path
+    functions: Mapping[str, lambda_.IFunction],
+    work_bucket: s3.IBucket,
+    definition: Path,
+    nested: Mapping[str, sfn.IStateMachine] | None = None,
 ) -> dict[str, str]:
     """The value of every placeholder the definition uses (and no other)."""
     used = placeholders_in(definition)
@@ -83,6 +101,9 @@ def substitutions(
     }
     if WORK_BUCKET_PLACEHOLDER in used:
         values[WORK_BUCKET_PLACEHOLDER] = work_bucket.bucket_name
+    for placeholder, machine in (nested or {}).items():
+        if placeholder in used:
+            values[placeholder] = machine.state_machine_arn
     return values
 
 
@@ -98,7 +119,9 @@ class Workflow(Construct):
         definition: Path = BACKUP_ASL,
         name: str = BACKUP_STATE_MACHINE_NAME,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        nested: Mapping[str, tuple[str, sfn.IStateMachine]] | None = None,
     ) -> None:
+        """``nested``: by placeholder, the name and the state machine this one starts."""
         super().__init__(scope, construct_id)
         distributed = bool(distributed_maps(definition))
         self.role = iam.Role(
@@ -109,19 +132,27 @@ class Workflow(Construct):
             + (", runs its Map Runs, reads its plans." if distributed else "."),
         )
         self._grant_invoke([functions[module] for module in modules_called(definition)])
-        if distributed:  # retention's Map is inline: it starts no executions, reads no plan
+        if distributed:  # retention's Map is inline: it starts no executions
             self._grant_map_runs(name)
+        if item_readers(definition):
             # The ItemReader: {"Bucket": "${WorkBucket}", "Key.$": "$.plan.plan_key"}, a _work/ key.
             self.role.add_to_principal_policy(
                 policies.objects(work_bucket, WORK_PREFIX, "s3:GetObject")
             )
+        for nested_name, _ in (nested or {}).values():
+            self._grant_nested(nested_name)
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
             state_machine_name=name,
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_file(str(definition)),
-            definition_substitutions=substitutions(functions, work_bucket, definition),
+            definition_substitutions=substitutions(
+                functions,
+                work_bucket,
+                definition,
+                {placeholder: machine for placeholder, (_, machine) in (nested or {}).items()},
+            ),
             role=self.role,
             logs=sfn.LogOptions(
                 destination=logs.LogGroup(self, "Logs", retention=log_retention),
@@ -152,6 +183,33 @@ class Workflow(Construct):
             iam.PolicyStatement(
                 actions=["states:DescribeExecution", "states:StopExecution"],
                 resources=policies.execution_arns(stack, name),
+            )
+        )
+
+    def _grant_nested(self, name: str) -> None:
+        """``startExecution.sync:2`` of the state machine ``name``: start it, describe and stop
+        its executions, and the managed rule that reports their end."""
+        stack = Stack.of(self)
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["states:StartExecution"],
+                resources=[policies.state_machine_arn(stack, name)],
+            )
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution", "states:StopExecution"],
+                resources=policies.execution_arns(stack, name)[:1],
+            )
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+                resources=[
+                    stack.format_arn(
+                        service="events", resource="rule", resource_name=NESTED_EXECUTIONS_RULE
+                    )
+                ],
             )
         )
 

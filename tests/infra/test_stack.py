@@ -20,13 +20,20 @@ from aws_cdk import App, Token
 from aws_cdk.assertions import Annotations, Match, Template
 
 from infra.app import build_app
-from infra.components.workflow import distributed_maps, modules_called, placeholders_in
+from infra.components.workflow import (
+    distributed_maps,
+    item_readers,
+    modules_called,
+    placeholders_in,
+)
 from infra.constants import (
     AGENT_POLICY_NAME,
     BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     CLUSTER_TAG,
     DEFAULT_POLICY,
+    DRILL_ASL,
+    DRILL_STATE_MACHINE_NAME,
     FUNCTIONS,
     NODE_ID_TAG,
     PROBE_ASL,
@@ -34,6 +41,7 @@ from infra.constants import (
     PROMOTED_TAG,
     REPO_ROOT,
     RESTORE_ASL,
+    RESTORE_MACHINE_PLACEHOLDER,
     RESTORE_STATE_MACHINE_NAME,
     RETENTION_ASL,
     RETENTION_STATE_MACHINE_NAME,
@@ -115,6 +123,7 @@ MACHINES = {
     RETENTION_STATE_MACHINE_NAME: RETENTION_ASL,
     VERIFY_STATE_MACHINE_NAME: VERIFY_ASL,
     PROBE_STATE_MACHINE_NAME: PROBE_ASL,
+    DRILL_STATE_MACHINE_NAME: DRILL_ASL,
 }
 
 
@@ -233,13 +242,41 @@ def test_state_machine_role_runs_its_map_runs_and_reads_plans_only(
     if not distributed_maps(MACHINES[name]):  # an inline Map starts no executions
         assert not [a for a in by_action if a.startswith(("states:", "s3:"))], sorted(by_action)
         return
-    start = json.dumps(by_action["states:StartExecution"]["Resource"])
-    assert f":stateMachine:{name}" in start
-    executions = json.dumps(by_action["states:StopExecution"]["Resource"])
-    assert f":execution:{name}/*" in executions
+    starts = [
+        json.dumps(s["Resource"]) for s in statements if "states:StartExecution" in actions(s)
+    ]
+    assert any(f":stateMachine:{name}" in start for start in starts)
+    stops = [json.dumps(s["Resource"]) for s in statements if "states:StopExecution" in actions(s)]
+    assert any(f":execution:{name}/*" in executions for executions in stops)
     s3 = [s for s in statements if any(a.startswith("s3:") for a in actions(s))]
+    if not item_readers(MACHINES[name]):  # its Maps iterate over the input: no plan to read
+        assert s3 == []
+        return
     assert [actions(s) for s in s3] == [["s3:GetObject"]]
     assert json.dumps(s3[0]["Resource"]).endswith('"/_work/*"]]}')
+
+
+def test_the_drill_starts_restores_and_watches_only_those(synth: Synthesized) -> None:
+    _, machine = machines(synth)[DRILL_STATE_MACHINE_NAME]
+    (role_id,) = referenced_ids(machine["Properties"]["RoleArn"])
+    statements = role_statements(synth.json, role_id)
+    starts = [
+        json.dumps(s["Resource"]) for s in statements if "states:StartExecution" in actions(s)
+    ]
+    # Its own Map Runs' children, and restores: nothing else.
+    mine = (DRILL_STATE_MACHINE_NAME, RESTORE_STATE_MACHINE_NAME)
+    assert all(any(f":stateMachine:{n}" in start for n in mine) for start in starts), starts
+    assert any(f":stateMachine:{RESTORE_STATE_MACHINE_NAME}" in start for start in starts)
+    assert not any(f":stateMachine:{BACKUP_STATE_MACHINE_NAME}" in start for start in starts)
+    described = [
+        json.dumps(s["Resource"]) for s in statements if "states:DescribeExecution" in actions(s)
+    ]
+    assert any(f":execution:{RESTORE_STATE_MACHINE_NAME}:*" in d for d in described)
+    (rule,) = [s for s in statements if "events:PutRule" in actions(s)]
+    assert "StepFunctionsGetEventsForStepFunctionsExecutionRule" in json.dumps(rule["Resource"])
+    restore_id, _ = machines(synth)[RESTORE_STATE_MACHINE_NAME]
+    nested = machine["Properties"]["DefinitionSubstitutions"]["RestoreStateMachineArn"]
+    assert referenced_ids(nested) == {restore_id}  # the restore state machine of this stack
 
 
 # --- functions --------------------------------------------------------------------------------
@@ -353,6 +390,8 @@ PUBLISHERS = {
     "cleanup_restore",
     "decide_retention",  # budget alerts
     "reap_execution",
+    "start_drill",  # a scheduled drill's refusal
+    "record_drill",  # every drill's verdict
 }
 
 
@@ -550,6 +589,8 @@ def test_substitutions_are_the_right_resources(synth: Synthesized, name: str) ->
     for placeholder, value in values.items():
         if placeholder == WORK_BUCKET_PLACEHOLDER:
             assert value == {"Ref": buckets(synth)["staging"][0]}
+        elif placeholder == RESTORE_MACHINE_PLACEHOLDER:
+            assert value == {"Ref": machines(synth)[RESTORE_STATE_MACHINE_NAME][0]}
         else:
             assert value["Fn::GetAtt"][1] == "Arn", value
             assert functions[value["Fn::GetAtt"][0]] == module_of[placeholder]

@@ -1,0 +1,270 @@
+"""Restore drills' pure parts: the policy section's checks, which backup a drill picks, the
+verdict and RTO from a restore's outcome, stale copies, and the schedule."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime
+
+import pytest
+
+from shardvault import drills, scheduler
+from shardvault.drills import DrillContext, DrillRequest
+from shardvault.errors import DrillAlreadyRunning, InvalidRequest
+from shardvault.operations import ClientConfig
+from shardvault.policy import PolicyError, parse_policy
+from shardvault.restore import catalog_key as restore_key
+
+from .support import moto_services
+
+BASE = """
+version: 1
+clusters:
+  orders:
+    engine: postgres
+    schedule: {full: "0 2 * * *"}
+    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}
+    retention: {keep_daily: 7}
+"""
+DRILL = "    drill: {cron: '0 9 * * 3', timezone: Europe/Paris, target_cluster: orders-drill%s}\n"
+DAY = 86400.0
+NOW = 1_800_000_000.0
+
+
+def policy_text(extra: str = "") -> str:
+    return BASE + DRILL % extra
+
+
+def test_a_drill_section_is_read_with_its_defaults():
+    drill = parse_policy(policy_text()).clusters["orders"].drill
+    assert drill.target_cluster == "orders-drill"
+    assert (drill.backup, drill.within_days, drill.keep_minutes) == ("latest", 7, 60)
+    assert drill.rto_target_minutes is None
+    # Wednesdays at 09:00 in Paris: 08:00 UTC in November.
+    fired = list(
+        drill.fires(datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC))
+    )
+    assert [at.astimezone(UTC).strftime("%a %H:%M") for at in fired] == ["Wed 08:00"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (
+            BASE + "    drill: {cron: '0 9 * * 3', target_cluster: orders}\n",
+            "a cluster this policy backs up",
+        ),
+        (policy_text(", validation_queries: ['DELETE FROM t']"), "validation_queries"),
+        (policy_text(", keep_minutes: -1"), "keep_minutes"),
+        (policy_text(", backup: oldest"), "backup"),
+    ],
+)
+def test_a_drill_that_could_harm_or_mean_nothing_is_refused_by_name(text, named):
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(text)
+    assert named in str(refused.value) + str(refused.value.fix)
+
+
+def test_two_clusters_cannot_drill_into_one_target():
+    second = BASE.replace("orders:", "billing:").split("clusters:\n")[1]
+    text = policy_text() + second + DRILL % ""
+    with pytest.raises(PolicyError, match="both drill into 'orders-drill'"):
+        parse_policy(text)
+
+
+def backup(backup_id: str, completed_at: float, status: str = "COMPLETE") -> dict:
+    return {
+        "cluster": "orders",
+        "backup_id": backup_id,
+        "status": status,
+        "completed_at": completed_at,
+        "manifest_key": f"backups/orders/{backup_id}/manifest.json",
+    }
+
+
+def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch):
+    with moto_services(monkeypatch, policy=policy_text(", backup: random, within_days: 3")) as svc:
+        for record in (
+            backup("a-old", NOW - 10 * DAY),
+            backup("b", NOW - 2 * DAY),
+            backup("c", NOW - DAY),
+            backup("d-failed", NOW - 1, status="FAILED"),
+        ):
+            svc.catalog.put(record)
+        spec = svc.policy().clusters["orders"].drill
+        request = DrillRequest(cluster="orders")
+        picks = {
+            drills.pick_backup(request, spec, svc, NOW, random.Random(seed))["backup_id"]
+            for seed in range(20)
+        }
+        assert picks == {"b", "c"}  # complete and within 3 days; never the failed one
+        latest = DrillRequest(cluster="orders", backup_id="latest")
+        assert drills.pick_backup(latest, spec, svc, NOW, random.Random(0))["backup_id"] == "c"
+        # Nothing in the window: the newest complete one.
+        assert (
+            drills.pick_backup(request, spec, svc, NOW + 30 * DAY, random.Random(0))["backup_id"]
+            == "c"
+        )
+
+
+def test_a_drill_is_recorded_with_its_restore_request_and_refused_while_one_runs(monkeypatch):
+    with moto_services(
+        monkeypatch, policy=policy_text(", validation_queries: ['SELECT true']")
+    ) as svc:
+        svc.catalog.put(backup("b1", NOW - 60))
+        started = drills.start(DrillRequest(cluster="orders"), svc, NOW, "not-an-arn")
+        restore = started["restore"]
+        assert restore["backup_id"] == "b1"
+        assert restore["target_cluster"] == "orders-drill"
+        assert restore["validation_queries"] == ["SELECT true"]
+        assert started["restore_name"] == f"drill-{started['drill']['drill_id']}"
+        assert started["teardown"] == []
+        (record,) = svc.catalog.drills("orders")
+        assert record["status"] == "running"
+        assert record["keep_seconds"] == 3600
+        # An execution id that cannot be described counts as running: a second drill waits.
+        with pytest.raises(DrillAlreadyRunning):
+            drills.start(DrillRequest(cluster="orders"), svc, NOW + 1, "x")
+        assert len(svc.catalog.drills("orders")) == 1
+
+
+def test_a_drill_without_a_policy_section_or_a_target_is_refused(monkeypatch):
+    with moto_services(monkeypatch, policy=BASE) as svc:
+        svc.catalog.put(backup("b1", NOW - 60))
+        with pytest.raises(InvalidRequest, match="no drill in the policy"):
+            drills.start(DrillRequest(cluster="orders"), svc, NOW)
+        assert svc.catalog.drills("orders") == []
+
+
+def test_a_refused_scheduled_drill_is_recorded_for_the_operator(monkeypatch):
+    with moto_services(monkeypatch, policy=policy_text()) as svc:
+        request = DrillRequest(cluster="orders", requested_by="schedule:drill")
+        with pytest.raises(Exception, match="no complete backup"):
+            drills.start(request, svc, NOW)
+        (record,) = svc.catalog.drills("orders")
+        assert record["status"] == "refused"
+        assert record["error"] == "BackupNotFound"
+
+
+def context(**changes) -> DrillContext:
+    values = {
+        "drill_id": "d1",
+        "cluster": "orders",
+        "target_cluster": "orders-drill",
+        "backup_id": "b1",
+        "started_at": NOW,
+        "keep_seconds": 600,
+        "rto_target_seconds": 120.0,
+    }
+    return DrillContext(**(values | changes))
+
+
+def restore_record(svc, status: str = "COMPLETE", **fields) -> None:
+    svc.catalog.put(
+        {
+            "cluster": "orders-drill",
+            "backup_id": restore_key("r1"),
+            "restore_id": "r1",
+            "status": status,
+            "execution_id": "arn:aws:states:us-east-1:1:execution:restore:drill-d1",
+            "placement": {"shard-1": "n1", "shard-2": "n2", "shard-3": "n1"},
+            **fields,
+        }
+    )
+
+
+def test_a_validated_restore_passes_with_its_rto_and_its_copy_kept_then_torn_down(monkeypatch):
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d1", "drill_id": "d1"})
+        restore_record(svc)
+        summary = {
+            "completed_at": NOW + 90,
+            "duration_seconds": 80,
+            "bytes": 5 << 20,
+            "shards": [{"checks": {"pg_amcheck --all": "ok", "query 1": "true"}}] * 3,
+        }
+        result = drills.record(context(), {"output": summary}, None, svc, NOW + 91)
+        assert result["verdict"] == "passed"
+        assert result["rto_seconds"] == 90
+        assert result["keep_seconds"] == 600
+        assert result["teardown"] == [
+            {"node_id": "n1", "restore_id": "r1"},
+            {"node_id": "n2", "restore_id": "r1"},
+        ]
+        (record,) = svc.catalog.drills("orders")
+        assert record["checks_passed"] == 6
+        assert record["nodes"] == ["n1", "n2"]
+        # Slower than its target: slow, and the copy is kept and torn down all the same.
+        slow = drills.record(context(rto_target_seconds=60.0), {"output": summary}, None, svc, NOW)
+        assert slow["verdict"] == "slow"
+        assert slow["error"] == "RtoOverTarget"
+        assert slow["teardown"]
+
+
+def test_a_failed_restore_fails_the_drill_with_the_nodes_cause_and_nothing_to_tear_down(
+    monkeypatch,
+):
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d1", "drill_id": "d1"})
+        restore_record(svc, "FAILED", error="ChecksumMismatch", cause="object k: part 3 differs")
+        nested = {"Status": "FAILED", "Error": "States.TaskFailed", "Cause": "generic"}
+        error = {"Error": "States.TaskFailed", "Cause": json.dumps(nested)}
+        result = drills.record(context(), None, error, svc, NOW)
+        assert result["verdict"] == "failed"
+        assert result["error"] == "ChecksumMismatch"
+        assert result["cause"] == "object k: part 3 differs"
+        assert result["teardown"] == []
+        assert result["keep_seconds"] == 0
+
+
+def test_copies_of_drills_that_ended_without_a_teardown_are_torn_down_first(monkeypatch):
+    with moto_services(monkeypatch) as svc:
+        restore_record(svc)
+        earlier = [
+            {
+                "cluster": "orders",
+                "drill_id": "d1",
+                "status": "passed",
+                "restore_execution": "drill-d1",
+            },
+            {
+                "cluster": "orders",
+                "drill_id": "d0",
+                "status": "passed",
+                "restore_execution": "drill-d0",
+                "torn_down_at": NOW,
+            },
+            {
+                "cluster": "orders",
+                "drill_id": "dx",
+                "status": "failed",
+                "restore_execution": "drill-dx",
+            },  # refused before its Plan: nothing placed
+        ]
+        stale, teardown = drills.stale_copies(earlier, "orders-drill", svc)
+        assert stale == ["d1", "dx"]
+        assert teardown == [
+            {"node_id": "n1", "restore_id": "r1"},
+            {"node_id": "n2", "restore_id": "r1"},
+        ]
+
+
+def test_a_tick_starts_the_drills_that_fell_due():
+    policy = parse_policy(policy_text())
+    started = []
+
+    def start_drill(config, request):
+        started.append((request.cluster, request.requested_by))
+        return "arn:drill"
+
+    lines = scheduler.tick(
+        policy,
+        ClientConfig("sm", "catalog"),
+        datetime(2026, 11, 25, 7, 0, tzinfo=UTC),
+        datetime(2026, 11, 25, 9, 0, tzinfo=UTC),
+        start=lambda *_: "arn:backup",
+        start_drill=start_drill,
+    )
+    assert started == [("orders", "schedule:drill")]
+    assert [line["kind"] for line in lines] == ["drill"]
