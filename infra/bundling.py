@@ -37,6 +37,7 @@ UNUSED_IMAGE = DockerImage.from_registry("local-bundling-only")
 # (rich, moto): left out, they cannot be reached in a function's code either.
 CLIENT_ONLY = (
     "shardvault/cli.py",
+    "shardvault/cli_drills.py",
     "shardvault/operations.py",
     "shardvault/scheduler.py",
     "shardvault/local",

@@ -120,7 +120,7 @@ def start(
         cluster=request.cluster,
         target_cluster=spec.target_cluster,
         backup_id=backup["backup_id"],
-        validation_queries=spec.validation_queries,
+        validation_queries=list(spec.validation_queries),
         requested_by=f"drill:{drill_id}",
     )
     svc.catalog.put(

@@ -150,9 +150,9 @@ def _cluster_name(value: str) -> str:
         raise invalid(error.message, error.fix) from None
 
 
-def _validation_queries(value: list[str]) -> list[str]:
+def _validation_queries(value: tuple[str, ...]) -> tuple[str, ...]:
     try:
-        return check_validation_queries(value)
+        return tuple(check_validation_queries(list(value)))
     except InvalidRequest as error:
         raise invalid(error.message, error.fix) from None
 
@@ -501,8 +501,10 @@ class Drill(Frozen):
     within_days: int = Field(
         7, ge=1, le=3660, strict=True, description="backup: random picks among these days."
     )
-    validation_queries: Annotated[list[str], AfterValidator(_validation_queries)] = Field(
-        default_factory=list,
+    # A tuple: policies are hashed (cached forecasts), and a list cannot be.
+    validation_queries: Annotated[tuple[str, ...], AfterValidator(_validation_queries)] = Field(
+        (),
+        json_schema_extra={"shown_type": "list of SQL"},
         description="Read-only queries each restored shard must answer true, e.g. "
         "'SELECT count(*) > 0 FROM orders', besides the engine's own checks.",
     )
@@ -870,4 +872,6 @@ def _default(info: FieldInfo) -> str:
     value = info.default
     if value is None:
         return "null"
+    if value == ():
+        return "[]"  # a tuple read from a YAML list
     return str(value.value if isinstance(value, Enum) else value)

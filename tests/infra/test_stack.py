@@ -741,10 +741,14 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
 
     policy = load_policy(DEFAULT_POLICY)
     schedules = list(resources_of(synth, "AWS::Scheduler::Schedule").values())
-    expected = sum(1 + bool(c.schedule.incremental) for c in policy.clusters.values()) + 1
-    assert len(schedules) == expected  # each cluster's cadences, and retention
+    expected = sum(
+        1 + bool(c.schedule.incremental) + bool(c.drill) for c in policy.clusters.values()
+    )
+    assert len(schedules) == expected + 1  # each cluster's cadences and drill, and retention
+    assert any(c.drill for c in policy.clusters.values())
     backup_id = machines(synth)[BACKUP_STATE_MACHINE_NAME][0]
     retention_id = machines(synth)[RETENTION_STATE_MACHINE_NAME][0]
+    drill_id = machines(synth)[DRILL_STATE_MACHINE_NAME][0]
     queues = resources_of(synth, "AWS::SQS::Queue")
     for schedule in schedules:
         properties = schedule["Properties"]
@@ -753,7 +757,11 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
         assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1
         assert referenced_ids(target["DeadLetterConfig"]["Arn"]) <= set(queues)
         payload = json.loads(target["Input"])
-        if "cluster" in payload:
+        if payload.get("requested_by") == "schedule:drill":
+            drill = policy.clusters[payload["cluster"]].drill
+            assert properties["ScheduleExpressionTimezone"] == drill.timezone
+            assert referenced_ids(target["Arn"]) == {drill_id}
+        elif "cluster" in payload:
             cluster = policy.clusters[payload["cluster"]]
             assert properties["ScheduleExpressionTimezone"] == cluster.schedule.timezone
             assert referenced_ids(target["Arn"]) == {backup_id}
