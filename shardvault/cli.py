@@ -897,6 +897,17 @@ def print_forecast(title: str, forecast: Any) -> None:
             if forecast.wal_usd
             else []
         ),
+        *(
+            [
+                (
+                    f"restore drills ({forecast.drills_per_month:.1f} a month, each reading the "
+                    "data back, thawed at Standard from an archive class)",
+                    forecast.drill_usd,
+                )
+            ]
+            if forecast.drills_per_month
+            else []
+        ),
         ("total", forecast.total_usd),
     ]:
         table.add_row(label, f"${usd:,.2f}")

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 from shardvault.errors import ShardVaultError
 from shardvault.lifetimes import LIFETIME_HORIZON, lifetime_class
-from shardvault.models import Frozen, recorded_stored_bytes
+from shardvault.models import THAW_DAYS, Frozen, recorded_stored_bytes
 from shardvault.planning import (
     GiB,
     MiB,
@@ -451,6 +451,10 @@ class Forecast(Frozen):
     wal_bytes: float = 0.0  # average bytes kept
     wal_storage_usd: float = 0.0
     wal_requests_usd: float = 0.0
+    # Restore drills (policy ``drill``): each reads a backup of the data's size back from the
+    # class most backups land in, thawed at the Standard tier as a drill's restore asks.
+    drills_per_month: float = 0.0
+    drill_usd: float = 0.0
 
     @property
     def request_overhead_usd(self) -> float:
@@ -487,7 +491,7 @@ class Forecast(Frozen):
 
     @property
     def total_usd(self) -> float:
-        return self.storage_usd + self.overhead_usd + self.wal_usd
+        return self.storage_usd + self.overhead_usd + self.wal_usd + self.drill_usd
 
     @property
     def over_budget(self) -> bool:
@@ -506,6 +510,11 @@ class Forecast(Frozen):
             f"orchestration ${self.orchestration_usd:.2f} + lambda ${self.lambda_usd:.2f} + "
             f"idle agents ${self.agents_usd:.2f}, {self.request_overhead_ratio:.2%} of storage "
             f"(target {OVERHEAD_TARGET:.0%}); staging ${self.staging_usd:.2f}/month"
+            + (
+                f"; restore drills ${self.drill_usd:.2f}/month ({self.drills_per_month:.1f})"
+                if self.drills_per_month
+                else ""
+            )
         )
 
     def landed_summary(self) -> str:
@@ -601,6 +610,7 @@ def monthly_forecast(
     window = cluster.archive.window_days or max((s.kept_days for s in stays), default=0.0)
     window += cluster.schedule.longest_gap_hours() / 24  # back to the base before it
     wal_month = archive_month(wal, window) if wal else None
+    drills = drill_month(cluster, data_bytes, landed, price, start, end)
     return Forecast(
         storage_class=cluster.vault.storage_class,
         landed_per_month={c: n for c, n in landed.items() if n},
@@ -620,7 +630,32 @@ def monthly_forecast(
         agents_usd=agents_monthly_cost(nodes),
         budget_usd=cluster.budget_usd_per_month,
         **(wal_month or {}),
+        **drills,
     )
+
+
+def drill_month(
+    cluster: ClusterPolicy,
+    data_bytes: int,
+    landed: Mapping[StorageClass, float],
+    price: Callable[[int, StorageClass], BackupCost],
+    start: datetime,
+    end: datetime,
+) -> dict[str, float]:
+    """The cluster's restore drills a month: each restores a backup of ``data_bytes`` from the
+    class most backups land in (a thaw at the Standard tier from an archive class, the
+    restore's default, and ``THAW_DAYS`` of thawed copy), by the drill's schedule."""
+    if cluster.drill is None:
+        return {}
+    months = (end - start) / DAY / DAYS_PER_MONTH
+    runs = sum(1 for _ in cluster.drill.fires(start, end)) / months
+    storage_class = max(landed, key=lambda c: landed[c]) if any(landed.values()) else None
+    storage_class = storage_class or cluster.vault.storage_class
+    objects = price(data_bytes, storage_class).objects
+    one = price_restore(
+        storage_class, data_bytes, objects, tier=RestoreTier.STANDARD, keep_days=THAW_DAYS
+    )
+    return {"drills_per_month": runs, "drill_usd": runs * one.total_usd}
 
 
 class WalGrowth(NamedTuple):

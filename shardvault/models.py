@@ -383,6 +383,9 @@ class Source(Frozen):
 # The policy's defaults, and what an agent applies when a control plane sends none.
 DEFAULT_THROTTLE_WINDOW_SECONDS = 6 * 3600
 DEFAULT_MIN_SOURCE_FREE_PERCENT = 5.0
+# How long a thawed copy of an archived object stays readable (S3 RestoreObject's Days): the
+# restore must finish in time, and the cost model prices that copy for as long.
+THAW_DAYS = 2
 
 
 class UploadLimits(Frozen):

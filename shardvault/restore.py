@@ -39,6 +39,7 @@ from shardvault.errors import (
 from shardvault.fanout import raise_first_failure
 from shardvault.membership import check_members
 from shardvault.models import (
+    THAW_DAYS,
     BackupKind,
     BackupStatus,
     ChainSource,
@@ -64,7 +65,6 @@ from shardvault.services import Services
 from shardvault.store import presign_get, readable_now
 from shardvault.tables import RESTORE_PREFIX
 
-THAW_DAYS = 2  # how long a thawed copy stays readable: the restore must finish in time
 THAW_MAX_WAIT = 3600
 
 

@@ -395,3 +395,20 @@ def test_the_wal_archive_costs_its_window_at_standard_and_its_requests() -> None
     assert week.wal_requests_usd == pytest.approx(1440 * costs.DAYS_PER_MONTH * 1.4875e-5, rel=0.01)
     assert costs.measured_wal({"first_at": 0, "stored_bytes": 2 * GiB, "batches": 10}, 2 * 86400)
     assert costs.measured_wal({"first_at": 0, "stored_bytes": 1, "batches": 1}, 3600) is None
+
+
+def test_weekly_drills_read_the_data_back_from_the_class_backups_land_in() -> None:
+    """A drill's restore is priced as a restore: a Standard thaw of an archived backup of the
+    data's size, its requests and thawed copy; a drill-less cluster pays nothing for them."""
+    schedule, retention = "{full: '0 2 * * *'}", "{keep_daily: 7}"
+    drill = "    drill: {cron: '0 10 * * 3', target_cluster: c-drill}\n"
+    plain = costs.monthly_forecast(cluster(schedule, retention), 100 * GiB, 0.05)
+    drilled = costs.monthly_forecast(cluster(schedule, retention, extra=drill), 100 * GiB, 0.05)
+    assert (plain.drills_per_month, plain.drill_usd) == (0.0, 0.0)
+    assert drilled.drills_per_month == pytest.approx(52 / 12, rel=0.03)
+    (landed,) = drilled.landed_per_month  # every daily lands in one class
+    objects = costs.price_backup(100 * GiB, landed).objects
+    one = costs.price_restore(landed, 100 * GiB, objects, tier=RestoreTier.STANDARD, keep_days=2)
+    assert drilled.drill_usd == pytest.approx(drilled.drills_per_month * one.total_usd)
+    assert drilled.total_usd == pytest.approx(plain.total_usd + drilled.drill_usd)
+    assert drilled.request_overhead_usd == pytest.approx(plain.request_overhead_usd)
