@@ -6,6 +6,7 @@ notifications topic."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -146,3 +147,65 @@ def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(
     assert progress.error == "InvalidRequest", progress.cause
     assert "removes what it restored there" in progress.cause
     assert Catalog(table(stack.settings.catalog_table)).drills(cluster.name) == []
+
+
+def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
+    make_cluster, make_target, stack
+):
+    cluster = make_cluster(nodes=2, size_mb=3)
+    assert cluster.backup().status == "SUCCEEDED"
+    target = make_target(nodes=2)
+    catalog = Catalog(table(stack.settings.catalog_table))
+    first = ops.start_drill(
+        cluster.client,
+        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=30),
+    )
+    deadline = time.monotonic() + 300
+    while not [r for r in catalog.drills(cluster.name) if r.get("status") == "passed"]:
+        assert time.monotonic() < deadline, "the first drill never validated its copy"
+        time.sleep(0.2)
+    # Its copy is up (kept for 30 minutes) when its execution is stopped: nothing tears it down.
+    assert len(shard_dirs(target)) == 2
+    boto3.client("stepfunctions").stop_execution(executionArn=first)
+    # A second drill of the cluster is not refused: the first one's execution ended.
+    second = ops.start_drill(
+        cluster.client,
+        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=0),
+    )
+    progress = ops.wait_drill(cluster.client, second, interval=0.2, timeout=600)
+
+    assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
+    states = entered_states(second)
+    assert states.count("Teardown") == 2  # the stale copy first, then its own
+    assert states.index("Teardown") < states.index("Restore")
+    records = {r["drill_id"]: r for r in catalog.drills(cluster.name)}
+    assert all(r.get("torn_down_at") for r in records.values()), records
+    assert [r["status"] for r in target.records()] == ["COMPLETE", "COMPLETE"]
+    assert shard_dirs(target) == []
+    assert adoptions(target) == {}
+
+
+def test_a_second_drill_is_refused_while_the_first_keeps_its_copy(make_cluster, make_target, stack):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    assert cluster.backup().status == "SUCCEEDED"
+    target = make_target(nodes=1)
+    catalog = Catalog(table(stack.settings.catalog_table))
+    first = ops.start_drill(
+        cluster.client,
+        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=30),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not catalog.drills(cluster.name):
+            assert time.monotonic() < deadline, "the first drill never started"
+            time.sleep(0.1)
+        second = ops.start_drill(
+            cluster.client,
+            DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=0),
+        )
+        refused = ops.wait_drill(cluster.client, second, interval=0.2, timeout=120)
+        assert refused.status == "FAILED"
+        assert refused.error == "DrillAlreadyRunning", refused.cause
+        assert len(catalog.drills(cluster.name)) == 1  # refused before its record
+    finally:
+        boto3.client("stepfunctions").stop_execution(executionArn=first)
