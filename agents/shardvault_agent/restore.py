@@ -925,6 +925,11 @@ class Restorer:
             if info.get("server"):
                 self.engine.stop_server(final, immediate=True)
             shutil.rmtree(final, ignore_errors=True)
+            for beside in self.engine.server_files(final):  # its socket directory, its log
+                if beside.is_dir():
+                    shutil.rmtree(beside, ignore_errors=True)
+                else:
+                    beside.unlink(missing_ok=True)
             self._unadopt(restore_id, shard_id)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():

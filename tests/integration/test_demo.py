@@ -30,6 +30,9 @@ def test_the_demo_restores_its_incremental_equal_to_the_source(tmp_path):
     assert share, out
     assert float(share.group(1)) < 10  # 1 % of the rows changed
     assert len(re.findall(r"shard-\d .* yes", out)) == 3, out
+    # Its last step: a restore drill, its verdict and RTO; its copy torn down.
+    assert re.search(r"drill \S+ of demo: passed\s+RTO [\d.,]+ s \(start to validated\)", out), out
+    assert not list((tmp_path / "demo" / "restored").glob("demo-drill-node-*/shard-*"))
     # What the restore wrote: the three shards whole, not the incremental's changes.
     restored = sorted((tmp_path / "demo" / "restored").rglob("*.db"))
     assert len(restored) == 3

@@ -6,6 +6,7 @@ notifications topic."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,10 +16,11 @@ import boto3
 from shardvault import operations as ops
 from shardvault import scheduler
 from shardvault.drills import DrillRequest
+from shardvault.local import demo
 from shardvault.policy import load_policy
 from shardvault.tables import Catalog, table
 
-from .conftest import entered_states
+from .conftest import FAST_AGENT, Cluster, entered_states, names
 
 
 def subscribe(stack) -> str:
@@ -209,3 +211,38 @@ def test_a_second_drill_is_refused_while_the_first_keeps_its_copy(make_cluster, 
         assert len(catalog.drills(cluster.name)) == 1  # refused before its record
     finally:
         boto3.client("stepfunctions").stop_execution(executionArn=first)
+
+
+def test_a_postgres_drill_stops_its_server_and_leaves_nothing_beside_it(
+    stack, make_target, tmp_path
+):
+    name = f"pgd{next(names)}"
+    built = demo.postgres_cluster(tmp_path, name=name, nodes=1, scale=1)
+    for config in built.agent_configs:
+        config["node_id"] = f"{name}-{config['node_id']}"
+        config.update(FAST_AGENT)
+        stack.start_agent(config)
+    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
+    try:
+        stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
+        assert cluster.backup().status == "SUCCEEDED"
+        target = make_target(nodes=1, engine="postgres")
+        request = DrillRequest(cluster=name, target_cluster=target.name, keep_minutes=0)
+
+        execution = ops.start_drill(cluster.client, request)
+        progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=600)
+
+        assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
+        (restored,) = target.records()
+        (shard,) = restored["shards"]
+        assert shard["checks"]["pg_amcheck --all"] == "ok"  # its server ran for the checks
+        assert shard["port"]
+        # Torn down: the server stopped, the data directory, its socket directory and its
+        # log removed; only the node's (empty) staging directory is left.
+        assert [p.name for p in target.restore_dir(0).iterdir()] == [".incoming"]
+        assert not subprocess.run(
+            ["pgrep", "-f", str(target.restore_dir(0))], capture_output=True, check=False
+        ).stdout
+    finally:
+        cluster.stop()
+        built.stop()

@@ -36,6 +36,9 @@ class RecordingEngine(SqliteAdapter):
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         self.calls.append(("stop", root.name, immediate))
 
+    def server_files(self, root: Path) -> list[Path]:
+        return [root.with_name(f"{root.name}.sock"), root.with_name(f"{root.name}.log")]
+
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         self.calls.append(("start", sorted(p.name for p in root.iterdir()), server))
 
@@ -62,6 +65,10 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
 
     with pytest.raises(RestoreValidationFailed):
         restorer.finish({"backup_id": "r1", "shard_ids": ["s1"]})
+    socket_dir, log = engine.server_files(final)  # what this restore's server left beside it
+    socket_dir.mkdir()
+    (socket_dir / ".s.PGSQL.8").touch()
+    log.write_text("server log")
     restorer.abort({"backup_id": "r1"})
 
     assert engine.calls == [
@@ -71,3 +78,5 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
     ]
     assert (final / "old.db").read_text() == "the earlier copy"
     assert not staged.exists()
+    assert not socket_dir.exists()  # removed with this restore's copy (its server recreates
+    assert not log.exists()  # them when it starts again)

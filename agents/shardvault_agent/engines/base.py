@@ -155,6 +155,11 @@ class EngineAdapter(Protocol):
 
     def stop_server(self, root: Path, *, immediate: bool = False) -> None: ...
 
+    def server_files(self, root: Path) -> list[Path]:
+        """What a server of ``root`` keeps beside it (its socket directory, its log): removed
+        with the shard when its restore is undone."""
+        ...
+
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         """Starts the server of ``root`` again as ``serving`` described it; best effort (a
         failure is logged: it runs while a failed restore is undone)."""

@@ -174,6 +174,9 @@ class HooksAdapter:
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         return None
 
+    def server_files(self, root: Path) -> list[Path]:
+        return []
+
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         return None
 

@@ -220,6 +220,10 @@ class MariadbAdapter:
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         stop_server(root, immediate=immediate)
 
+    def server_files(self, root: Path) -> list[Path]:
+        server = MariadbServer(root, socket_for(root))  # the socket's directory is this root's
+        return [server.socket.parent, server.log_path]
+
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         try:
             MariadbServer(root, Path(server["socket"])).start()

@@ -249,11 +249,16 @@ class PostgresInstance:
         self.stop()
 
 
+def beside(data_dir: Path) -> tuple[Path, Path]:
+    """The socket directory and the log a server keeps beside its data directory."""
+    return data_dir.with_name(f"{data_dir.name}.sock"), data_dir.with_name(f"{data_dir.name}.log")
+
+
 def socket_dir_for(data_dir: Path) -> Path:
     """``<data dir>.sock`` beside the data directory, or a short temp dir if that is too long."""
-    beside = data_dir.with_name(f"{data_dir.name}.sock")
-    if len(os.fsencode(beside)) + SOCKET_NAME_MAX <= SOCKET_PATH_MAX:
-        return beside
+    socket_dir, _ = beside(data_dir)
+    if len(os.fsencode(socket_dir)) + SOCKET_NAME_MAX <= SOCKET_PATH_MAX:
+        return socket_dir
     return Path(tempfile.mkdtemp(prefix="shardvault-pg-"))
 
 
@@ -263,7 +268,7 @@ def prepare_files(data_dir: Path, port: int, bin_dir: Path) -> PostgresInstance:
     created = make_dirs(socket_dir)
     ensure_traversable(socket_dir, created)
     give_to_postgres(socket_dir)
-    log_path = data_dir.with_name(f"{data_dir.name}.log")
+    _, log_path = beside(data_dir)
     log_path.touch()
     give_to_postgres(log_path)
     return PostgresInstance(data_dir, port, socket_dir, bin_dir, log_path)

@@ -45,7 +45,7 @@ from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import postgres_restore
 from shardvault_agent.engines.base import Capture, Finishing, HeldLog, list_tree, size_or_zero
-from shardvault_agent.engines.pgserver import stop_server
+from shardvault_agent.engines.pgserver import beside, stop_server
 
 log = logging.getLogger("shardvault.agent.postgres")
 
@@ -381,6 +381,9 @@ class PostgresAdapter:
 
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         stop_server(root, mode="immediate" if immediate else "fast")
+
+    def server_files(self, root: Path) -> list[Path]:
+        return list(beside(root))
 
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         postgres_restore.restart_replaced(root, server["port"])

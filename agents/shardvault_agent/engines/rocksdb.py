@@ -167,6 +167,9 @@ class RocksdbAdapter:
     def stop_server(self, root: Path, *, immediate: bool = False) -> None:
         return None
 
+    def server_files(self, root: Path) -> list[Path]:
+        return []
+
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         return None
 
