@@ -99,10 +99,10 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("verify_backup", "VerifyBackupFunctionArn", 900, 1024),
     # shardvault check: each agent's round trip to the store (shardvault/probe.py).
     FunctionSpec("probe_store", "ProbeStoreFunctionArn"),
-    # Restore drills (shardvault/drills.py): start, verdict and RTO, end.
+    # Restore drills (shardvault/drills.py): start, verdict and RTO, what was torn down.
     FunctionSpec("start_drill", "StartDrillFunctionArn"),
     FunctionSpec("record_drill", "RecordDrillFunctionArn"),
-    FunctionSpec("end_drill", "EndDrillFunctionArn"),
+    FunctionSpec("note_teardown", "NoteTeardownFunctionArn"),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.

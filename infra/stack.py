@@ -507,7 +507,8 @@ class ShardVaultStack(Stack):
         grant(
             "start_drill",
             read,
-            policies.table(tables.catalog, ("dynamodb:PutItem",)),
+            # The drill's record, and its target's lock (a conditional put; read back when taken).
+            policies.table(tables.catalog, ("dynamodb:PutItem", "dynamodb:GetItem")),
             publish,  # a scheduled drill's refusal
             iam.PolicyStatement(
                 actions=["states:DescribeExecution"],
@@ -517,7 +518,11 @@ class ShardVaultStack(Stack):
         grant(
             "record_drill", read, policies.table(tables.catalog, ("dynamodb:UpdateItem",)), publish
         )
-        grant("end_drill", policies.table(tables.catalog, ("dynamodb:UpdateItem",)))
+        # Marks the copies that are gone; after the drill's own, releases the target's lock.
+        grant(
+            "note_teardown",
+            policies.table(tables.catalog, ("dynamodb:UpdateItem", "dynamodb:DeleteItem")),
+        )
 
     def _suppress_narrow_wildcards(self) -> None:
         probes = f"{WORK_PREFIX}{PROBES_DIR}/"

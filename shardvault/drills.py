@@ -16,8 +16,11 @@ Terms:
   ``rto_target_minutes``). Every verdict is sent to the notifications topic; ``failed`` and
   ``slow`` also fail the execution, which the state machine's alarm reports.
 - *stale copy*: a drill's restored copy whose drill execution ended without tearing it down
-  (stopped, timed out, a crash during the keep window). The next drill of the cluster tears
-  it down before it restores, so what a crash leaves, a later drill removes.
+  (stopped, timed out, a crash during the keep window, a node that could not). The next drill
+  of the cluster tears it down before it restores, so what a crash leaves, a later drill
+  removes.
+- *target lock*: one drill restores into a target at a time (``#drill`` under the target
+  cluster, a conditional write, taken over from a drill whose execution ended).
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from shardvault.models import (
 )
 from shardvault.policy import Drill, Policy
 from shardvault.services import Services
-from shardvault.tables import DRILL_PREFIX
+from shardvault.tables import DRILL_LOCK_KEY, DRILL_PREFIX
 
 PASSED, FAILED, SLOW, RUNNING, REFUSED = "passed", "failed", "slow", "running", "refused"
+BEFORE, AFTER = "before", "after"  # which teardown: stale copies first, this drill's last
 RESTORE_NAME_PREFIX = "drill-"  # the nested restore execution's name: drill-<drill_id>
 DAY = 86400.0
 
@@ -90,19 +94,24 @@ def start(
     execution_id: str = "",
     rng: random.Random | None = None,
 ) -> dict[str, Any]:
-    """Checks the drill, picks its backup, finds stale copies to tear down first, and records
-    the drill as running. Everything that can refuse it does so before the record is written;
-    a scheduled drill's refusal is recorded and sent (nobody watches a schedule)."""
+    """Checks the drill, picks its backup, takes its target (one drill restores into a target
+    at a time), finds stale copies to tear down first, and records the drill as running.
+    Everything that can refuse it does so before the target is taken; a scheduled drill's
+    refusal is recorded and sent (nobody watches a schedule). A retried start (the same
+    execution) goes on with the drill it began."""
+    earlier = svc.catalog.drills(request.cluster)
+    mine = next(
+        (r for r in earlier if execution_id and r.get("execution_id") == execution_id), None
+    )
+    drill_id = mine["drill_id"] if mine else new_backup_id(now)
     try:
-        spec = drill_spec(svc.policy(), request)
-        earlier = svc.catalog.drills(request.cluster)
-        refuse_if_running(earlier, svc)
+        spec = drill_spec(svc.policy(), request, svc)
         backup = pick_backup(request, spec, svc, now, rng or random.Random())
+        take_target(spec.target_cluster, drill_id, execution_id, svc)
     except ShardVaultError as error:
         report_refusal(request, error, svc, now)
         raise
-    drill_id = new_backup_id(now)
-    stale, teardown = stale_copies(earlier, spec.target_cluster, svc)
+    stale, teardown = stale_copies([r for r in earlier if r is not mine], svc)
     context = DrillContext(
         drill_id=drill_id,
         cluster=request.cluster,
@@ -149,13 +158,19 @@ def start(
         "restore": restore_request.model_dump(mode="json", exclude={"execution_id"}),
         "restore_name": restore_name(drill_id),
         "teardown": teardown,
-        "phase": "before",
+        "torn_down": [],
+        "phase": BEFORE,
     }
 
 
-def drill_spec(policy: Policy | None, request: DrillRequest) -> Drill:
-    """The cluster's drill section, with what the request overrides."""
-    cluster = policy.clusters.get(request.cluster) if policy else None
+def drill_spec(policy: Policy | None, request: DrillRequest, svc: Services) -> Drill:
+    """The cluster's drill section, with what the request overrides; its target checked."""
+    if policy is None:
+        raise InvalidRequest(
+            "this deployment has no policy: a drill cannot tell which clusters are backed up.",
+            fix="deploy with a policy file (see the README's policy file).",
+        )
+    cluster = policy.clusters.get(request.cluster)
     spec = cluster.drill if cluster else None
     if spec is None and request.target_cluster is None:
         raise InvalidRequest(
@@ -173,28 +188,56 @@ def drill_spec(policy: Policy | None, request: DrillRequest) -> Drill:
         spec = Drill(cron="0 9 * * 3", **overrides)  # a person's drill: the schedule is unused
     elif overrides:
         spec = spec.model_copy(update=overrides)
-    target = spec.target_cluster
-    if target == request.cluster or (policy and target in policy.clusters):
-        raise InvalidRequest(
-            f"a drill of {request.cluster!r} cannot restore into {target!r}: the policy backs "
-            "that cluster up, and a drill removes what it restored there.",
-            fix="drill into a cluster of drill nodes only (e.g. '" + request.cluster + "-drill').",
-        )
+    check_target(policy, request.cluster, spec.target_cluster, svc)
     return spec
 
 
-def refuse_if_running(earlier: list[dict[str, Any]], svc: Services) -> None:
-    """One drill of a cluster at a time: a second would find the first's copy in its target."""
-    for record in earlier:
-        if record.get("torn_down_at") or record.get("status") == REFUSED:
-            continue
-        if execution_running(svc, record.get("execution_id", "")):
-            raise DrillAlreadyRunning(
-                f"drill {record['drill_id']} of cluster {record['cluster']!r} is still running "
-                f"(it keeps its copy until {keep_until(record)}).",
-                fix="wait for it to end ('shardvault drills CLUSTER'), or stop its execution: "
-                "the next drill tears its copy down.",
-            )
+def check_target(policy: Policy, cluster: str, target: str, svc: Services) -> None:
+    """A drill's target holds drill copies only: never a cluster the policy or anyone backs up
+    (its catalog has backups), never another cluster's drill target. (A drill's teardown
+    removes only the shards its own restore placed, never a configured shard; this keeps
+    drill copies out of production nodes in the first place.)"""
+    backed_up = target == cluster or target in policy.clusters or svc.catalog.backups(target)
+    if backed_up:
+        raise InvalidRequest(
+            f"a drill of {cluster!r} cannot restore into {target!r}: that cluster is backed "
+            "up, and a drill removes what it restored there.",
+            fix="drill into a cluster of drill nodes only (e.g. '" + cluster + "-drill').",
+        )
+    owner = next(
+        (n for n, c in policy.clusters.items() if c.drill and c.drill.target_cluster == target),
+        cluster,
+    )
+    if owner != cluster:
+        raise InvalidRequest(
+            f"{target!r} is the drill target of cluster {owner!r}.",
+            fix="drill into a target of this cluster's own: one drill's copy would be in the "
+            "other's way.",
+        )
+
+
+def take_target(target: str, drill_id: str, execution_id: str, svc: Services) -> None:
+    """The target's drill lock (a conditional write): taken, kept by a retried start, or taken
+    over from a drill whose execution ended; else ``DrillAlreadyRunning``."""
+    holder = svc.catalog.try_lock(target, drill_id, execution_id, key=DRILL_LOCK_KEY)
+    if holder is None or (execution_id and holder.get("execution_id") == execution_id):
+        return
+    previous = holder.get("execution_id", "")
+    if not drill_running(svc, previous) and svc.catalog.take_over_lock(
+        target, DRILL_LOCK_KEY, previous, drill_id, execution_id
+    ):
+        return
+    raise DrillAlreadyRunning(
+        f"drill {holder.get('holder', '')} is restoring into {target!r} or keeping its copy "
+        f"there (execution {previous or 'unknown'}).",
+        fix="wait for it to end ('shardvault drills CLUSTER'), or stop its execution: the "
+        "next drill tears its copy down.",
+    )
+
+
+def drill_running(svc: Services, execution_id: str) -> bool:
+    """Whether a drill's execution still runs; one that names none (a direct call) does not."""
+    return execution_id.startswith("arn:") and execution_running(svc, execution_id)
 
 
 def keep_until(record: dict[str, Any]) -> str:
@@ -235,24 +278,30 @@ def completed_at(record: dict[str, Any]) -> float:
 
 
 def stale_copies(
-    earlier: list[dict[str, Any]], target_cluster: str, svc: Services
+    earlier: list[dict[str, Any]], svc: Services
 ) -> tuple[list[str], list[dict[str, str]]]:
-    """Earlier drills whose copies were never torn down (their executions ended: the caller
-    refused any that still run), and the nodes to tear each copy down on."""
-    restores = {
-        r.get("execution_id", "").rpartition(":")[2]: r
-        for r in svc.catalog.restores(target_cluster)
-    }
+    """Earlier drills whose copies were never recorded torn down and whose executions ended,
+    and the nodes to tear each copy down on (from its restore's record, under the target that
+    drill used). A drill whose restore has no record was refused before its Plan: it placed
+    nothing, and is stale only to be marked torn down."""
     stale, teardown = [], []
+    restores: dict[str, dict[str, dict[str, Any]]] = {}
     for record in earlier:
         if record.get("torn_down_at") or record.get("status") == REFUSED:
             continue
+        if drill_running(svc, record.get("execution_id", "")):
+            continue  # a drill of this cluster into another target, still running
         stale.append(record["drill_id"])
-        placed = restores.get(record.get("restore_execution", ""))
-        if placed is None:  # refused before its Plan: nothing was placed
-            continue
-        for node_id in sorted(set(placed.get("placement", {}).values())):
-            teardown.append({"node_id": node_id, "restore_id": placed["restore_id"]})
+        target = record.get("target_cluster", "")
+        if target not in restores:
+            restores[target] = {
+                r.get("execution_id", "").rpartition(":")[2]: r
+                for r in svc.catalog.restores(target)
+            }
+        placed = restores[target].get(record.get("restore_execution", ""))
+        for node_id in sorted(set((placed or {}).get("placement", {}).values())):
+            item = {"node_id": node_id, "restore_id": placed["restore_id"]}
+            teardown.append(item | {"drill_id": record["drill_id"]})
     return stale, teardown
 
 
@@ -299,11 +348,13 @@ def record(
     else:
         outcome = failed_outcome(error or {}, placed, now)
     nodes = sorted(set((placed or {}).get("placement", {}).values()))
-    teardown = (
-        [{"node_id": n, "restore_id": placed["restore_id"]} for n in nodes]
-        if placed and outcome["status"] != FAILED
-        else []  # a failed restore removed what it placed (its own failure path)
-    )
+    # A failed restore removed what it placed (its own failure path), unless that failed too:
+    # the undo is safe twice, so every node the restore placed on runs it.
+    teardown = [
+        {"node_id": n, "restore_id": placed["restore_id"], "drill_id": drill.drill_id}
+        for n in nodes
+        if placed
+    ]
     svc.catalog.update(
         drill.cluster,
         catalog_key(drill.drill_id),
@@ -328,7 +379,7 @@ def record(
         "passed": outcome["status"] == PASSED,
         "rto_seconds": outcome.get("rto_seconds"),
         "teardown": teardown,
-        "keep_seconds": drill.keep_seconds if teardown else 0,
+        "keep_seconds": drill.keep_seconds if teardown and outcome["status"] != FAILED else 0,
         "error": outcome.get("error", ""),
         "cause": outcome.get("cause", "")[:1000],
     }
@@ -375,15 +426,15 @@ def failed_outcome(
 ) -> dict[str, Any]:
     """The restore's own error and cause: its catalog record's (the failure path wrote what the
     nodes said), else the nested execution's, else the drill's."""
-    name, cause = error.get("Error", "States.Runtime"), str(error.get("Cause", ""))
+    name, cause = error.get("Error") or "States.Runtime", str(error.get("Cause") or "")
     try:
         nested = json.loads(cause)
     except ValueError:
         nested = None
     if isinstance(nested, dict):  # States.TaskFailed: the restore execution's description
-        name, cause = nested.get("Error", name), str(nested.get("Cause", ""))
+        name, cause = nested.get("Error") or name, str(nested.get("Cause") or "")
     if placed and placed.get("status") == BackupStatus.FAILED:
-        name, cause = placed.get("error", name), placed.get("cause", cause)
+        name, cause = placed.get("error") or name, str(placed.get("cause") or cause)
     return {"status": FAILED, "failed_at": now, "error": name, "cause": cause[:2000]}
 
 
@@ -397,10 +448,29 @@ def subject(drill: DrillContext, outcome: dict[str, Any]) -> str:
     return f"ShardVault drill of {drill.cluster} passed: {rto}"
 
 
-# --- end ---------------------------------------------------------------------------------------
-def end(drill: DrillContext, svc: Services, now: float) -> dict[str, Any]:
-    """After the teardown: nothing of this drill's copy is left (a failed restore removed its
-    own), nor of the stale copies it tore down before restoring."""
-    for drill_id in [*drill.stale, drill.drill_id]:
+# --- teardown --------------------------------------------------------------------------------
+def note_teardown(
+    drill: DrillContext,
+    phase: str,
+    teardown: list[dict[str, str]],
+    torn_down: list[dict[str, Any]],
+    svc: Services,
+    now: float,
+) -> dict[str, Any]:
+    """After a Teardown (or none): the drills whose copies are gone are marked torn down (the
+    stale ones before the restore, this one after it); a copy a node could not tear down stays
+    recorded as not torn down, for the next drill. After this drill's own, its target is free."""
+    failed = {r.get("restore_id") for r in torn_down if r.get("torn_down") is False}
+    asked: dict[str, set[str]] = {}
+    for item in teardown:
+        asked.setdefault(item["drill_id"], set()).add(item["restore_id"])
+    removed, left = [], []
+    for drill_id in drill.stale if phase == BEFORE else [drill.drill_id]:
+        if asked.get(drill_id, set()) & failed:
+            left.append(drill_id)
+            continue
         svc.catalog.update(drill.cluster, catalog_key(drill_id), torn_down_at=now)
-    return {"drill_id": drill.drill_id, "stale_removed": drill.stale}
+        removed.append(drill_id)
+    if phase != BEFORE:
+        svc.catalog.unlock(drill.target_cluster, drill.drill_id, key=DRILL_LOCK_KEY)
+    return {"removed": removed, "left": left}

@@ -43,6 +43,7 @@ THROTTLED = {
 }
 
 LOCK_KEY = "#lock"
+DRILL_LOCK_KEY = "#drill"  # under a drill's target cluster: one drill restores there at a time
 ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
@@ -233,35 +234,50 @@ class Catalog:
     def __init__(self, catalog_table: Any) -> None:
         self.table = catalog_table
 
-    def try_lock(self, cluster: str, backup_id: str, execution_id: str) -> dict[str, Any] | None:
-        """Takes the cluster's backup lock; returns the current holder if it is taken."""
+    def try_lock(
+        self, cluster: str, backup_id: str, execution_id: str, key: str = LOCK_KEY
+    ) -> dict[str, Any] | None:
+        """Takes the cluster's lock ``key`` (the backup lock, or a drill target's); returns
+        the current holder if it is taken."""
+        if self._put_lock(cluster, key, backup_id, execution_id, Attr("cluster").not_exists()):
+            return None
+        return self.lock_holder(cluster, key) or {}
+
+    def take_over_lock(
+        self, cluster: str, key: str, previous_execution: str, backup_id: str, execution_id: str
+    ) -> bool:
+        """Takes the lock from a holder whose execution ended, unless someone else did first."""
+        condition = Attr("execution_id").eq(previous_execution)
+        return self._put_lock(cluster, key, backup_id, execution_id, condition)
+
+    def _put_lock(
+        self, cluster: str, key: str, backup_id: str, execution_id: str, condition: Any
+    ) -> bool:
         try:
             self.table.put_item(
                 Item={
                     "cluster": cluster,
-                    "backup_id": LOCK_KEY,
+                    "backup_id": key,
                     "holder": backup_id,
                     "execution_id": execution_id,
                     "locked_at": Decimal(str(time.time())),
                 },
-                ConditionExpression=Attr("cluster").not_exists(),
+                ConditionExpression=condition,
             )
-            return None
+            return True
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
-        return self.lock_holder(cluster) or {}
+        return False
 
-    def lock_holder(self, cluster: str) -> dict[str, Any] | None:
-        item = self.table.get_item(
-            Key={"cluster": cluster, "backup_id": LOCK_KEY}, ConsistentRead=True
-        )
+    def lock_holder(self, cluster: str, key: str = LOCK_KEY) -> dict[str, Any] | None:
+        item = self.table.get_item(Key={"cluster": cluster, "backup_id": key}, ConsistentRead=True)
         return plain(item.get("Item")) if item.get("Item") else None
 
-    def unlock(self, cluster: str, backup_id: str) -> None:
+    def unlock(self, cluster: str, backup_id: str, key: str = LOCK_KEY) -> None:
         try:
             self.table.delete_item(
-                Key={"cluster": cluster, "backup_id": LOCK_KEY},
+                Key={"cluster": cluster, "backup_id": key},
                 ConditionExpression=Attr("holder").eq(backup_id),
             )
         except ClientError as error:

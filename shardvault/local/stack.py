@@ -89,7 +89,7 @@ FUNCTIONS = {
     "ProbeStoreFunctionArn": "probe_store",
     "StartDrillFunctionArn": "start_drill",
     "RecordDrillFunctionArn": "record_drill",
-    "EndDrillFunctionArn": "end_drill",
+    "NoteTeardownFunctionArn": "note_teardown",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",

@@ -131,24 +131,31 @@ def test_a_drill_of_a_damaged_backup_fails_notifies_and_leaves_nothing(
     assert key in record["cause"]  # the node's own words, through the restore's record
     assert record.get("torn_down_at")
     assert shard_dirs(target) == []
+    assert adoptions(target) == {}
+    staged = [p for i in range(2) for p in (target.restore_dir(i) / ".incoming").rglob("*")]
+    assert staged == []  # nothing half-restored in staging either
     assert any("FAILED (ChecksumMismatch)" in s for s in subjects(notes))
 
 
-def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(
-    make_cluster, policy_for, stack
-):
+def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(make_cluster, stack):
     cluster = make_cluster(nodes=1, size_mb=2)
-    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    production = make_cluster(nodes=1, size_mb=2)  # not in the policy, but backed up
+    assert production.backup().status == "SUCCEEDED"
+    before = sorted(p.name for p in production.root.rglob("*.db"))
 
     execution = ops.start_drill(
-        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=cluster.name)
+        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=production.name)
     )
     progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=120)
 
     assert progress.status == "FAILED"
     assert progress.error == "InvalidRequest", progress.cause
-    assert "removes what it restored there" in progress.cause
+    assert "is backed up" in progress.cause
+    assert "StartDrill" in entered_states(execution)
+    assert "Restore" not in entered_states(execution)
     assert Catalog(table(stack.settings.catalog_table)).drills(cluster.name) == []
+    assert sorted(p.name for p in production.root.rglob("*.db")) == before
 
 
 def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
@@ -187,7 +194,7 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     assert adoptions(target) == {}
 
 
-def test_a_second_drill_is_refused_while_the_first_keeps_its_copy(make_cluster, make_target, stack):
+def test_a_second_drill_is_refused_while_the_first_runs(make_cluster, make_target, stack):
     cluster = make_cluster(nodes=1, size_mb=2)
     assert cluster.backup().status == "SUCCEEDED"
     target = make_target(nodes=1)

@@ -7,6 +7,7 @@ import json
 import random
 from datetime import UTC, datetime
 
+import boto3
 import pytest
 
 from shardvault import drills, scheduler
@@ -30,6 +31,7 @@ clusters:
 DRILL = "    drill: {cron: '0 9 * * 3', timezone: Europe/Paris, target_cluster: orders-drill%s}\n"
 DAY = 86400.0
 NOW = 1_800_000_000.0
+GONE = "arn:aws:states:us-east-1:123456789012:execution:drill:gone"  # no such execution
 
 
 def policy_text(extra: str = "") -> str:
@@ -108,12 +110,24 @@ def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch
         )
 
 
-def test_a_drill_is_recorded_with_its_restore_request_and_refused_while_one_runs(monkeypatch):
+def running_execution() -> str:
+    """An execution moto keeps RUNNING (its interpreter is off in these tests)."""
+    sfn = boto3.client("stepfunctions")
+    machine = sfn.create_state_machine(
+        name="drill",
+        definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Pass", "End": True}}}),
+        roleArn="arn:aws:iam::123456789012:role/drill",
+    )["stateMachineArn"]
+    return sfn.start_execution(stateMachineArn=machine)["executionArn"]
+
+
+def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(monkeypatch):
     with moto_services(
         monkeypatch, policy=policy_text(", validation_queries: ['SELECT true']")
     ) as svc:
         svc.catalog.put(backup("b1", NOW - 60))
-        started = drills.start(DrillRequest(cluster="orders"), svc, NOW, "not-an-arn")
+        first = running_execution()
+        started = drills.start(DrillRequest(cluster="orders"), svc, NOW, first)
         restore = started["restore"]
         assert restore["backup_id"] == "b1"
         assert restore["target_cluster"] == "orders-drill"
@@ -123,10 +137,43 @@ def test_a_drill_is_recorded_with_its_restore_request_and_refused_while_one_runs
         (record,) = svc.catalog.drills("orders")
         assert record["status"] == "running"
         assert record["keep_seconds"] == 3600
-        # An execution id that cannot be described counts as running: a second drill waits.
+        assert svc.catalog.lock_holder("orders-drill", "#drill")["execution_id"] == first
+        # A retried start of the same execution goes on with its drill.
+        again = drills.start(DrillRequest(cluster="orders"), svc, NOW + 1, first)
+        assert again["drill"]["drill_id"] == started["drill"]["drill_id"]
+        # Another execution is refused while the first runs, and writes nothing.
         with pytest.raises(DrillAlreadyRunning):
-            drills.start(DrillRequest(cluster="orders"), svc, NOW + 1, "x")
+            drills.start(DrillRequest(cluster="orders"), svc, NOW + 2, running_execution())
         assert len(svc.catalog.drills("orders")) == 1
+        # Once the first has ended (here: an execution moto does not know), the target is
+        # taken over and the first one's copy is stale.
+        svc.catalog.update("orders", "drill#" + record["drill_id"], execution_id=GONE)
+        svc.catalog.put(
+            {
+                "cluster": "orders-drill",
+                "backup_id": "#drill",
+                "holder": "x",
+                "execution_id": GONE,
+            }
+        )
+        third = drills.start(DrillRequest(cluster="orders"), svc, NOW + 3, running_execution())
+        assert third["drill"]["stale"] == [record["drill_id"]]
+
+
+def test_a_drill_never_restores_into_a_cluster_someone_backs_up(monkeypatch):
+    other = BASE.replace("orders:", "billing:").split("clusters:\n")[1]
+    with moto_services(monkeypatch, policy=policy_text() + other) as svc:
+        svc.catalog.put(backup("b1", NOW - 60))
+        svc.catalog.put({**backup("x1", NOW - 60), "cluster": "analytics"})  # not in the policy
+        for target in ("orders", "billing", "analytics"):
+            request = DrillRequest(cluster="orders", target_cluster=target)
+            with pytest.raises(InvalidRequest, match="is backed up"):
+                drills.start(request, svc, NOW)
+        # billing's drill into orders' target: the target is orders' own.
+        with pytest.raises(InvalidRequest, match="the drill target of cluster 'orders'"):
+            drills.start(DrillRequest(cluster="billing", target_cluster="orders-drill"), svc, NOW)
+        assert svc.catalog.drills("orders") == []
+        assert svc.catalog.lock_holder("orders-drill", "#drill") is None
 
 
 def test_a_drill_without_a_policy_section_or_a_target_is_refused(monkeypatch):
@@ -189,8 +236,8 @@ def test_a_validated_restore_passes_with_its_rto_and_its_copy_kept_then_torn_dow
         assert result["rto_seconds"] == 90
         assert result["keep_seconds"] == 600
         assert result["teardown"] == [
-            {"node_id": "n1", "restore_id": "r1"},
-            {"node_id": "n2", "restore_id": "r1"},
+            {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"},
+            {"node_id": "n2", "restore_id": "r1", "drill_id": "d1"},
         ]
         (record,) = svc.catalog.drills("orders")
         assert record["checks_passed"] == 6
@@ -202,7 +249,7 @@ def test_a_validated_restore_passes_with_its_rto_and_its_copy_kept_then_torn_dow
         assert slow["teardown"]
 
 
-def test_a_failed_restore_fails_the_drill_with_the_nodes_cause_and_nothing_to_tear_down(
+def test_a_failed_restore_fails_the_drill_with_the_nodes_cause(
     monkeypatch,
 ):
     with moto_services(monkeypatch) as svc:
@@ -214,40 +261,67 @@ def test_a_failed_restore_fails_the_drill_with_the_nodes_cause_and_nothing_to_te
         assert result["verdict"] == "failed"
         assert result["error"] == "ChecksumMismatch"
         assert result["cause"] == "object k: part 3 differs"
-        assert result["teardown"] == []
+        # Its own failure path should have removed the copy; the undo runs again all the same.
+        assert [t["node_id"] for t in result["teardown"]] == ["n1", "n2"]
         assert result["keep_seconds"] == 0
+        # A failure the nested execution names with nulls is still named.
+        bare = drills.record(context(drill_id="d9"), None, {"Error": None, "Cause": None}, svc, NOW)
+        assert bare["error"] == "States.Runtime"
 
 
 def test_copies_of_drills_that_ended_without_a_teardown_are_torn_down_first(monkeypatch):
     with moto_services(monkeypatch) as svc:
         restore_record(svc)
+        ended = {"cluster": "orders", "target_cluster": "orders-drill", "execution_id": "x"}
         earlier = [
-            {
-                "cluster": "orders",
-                "drill_id": "d1",
-                "status": "passed",
-                "restore_execution": "drill-d1",
-            },
-            {
-                "cluster": "orders",
+            ended | {"drill_id": "d1", "status": "passed", "restore_execution": "drill-d1"},
+            ended
+            | {
                 "drill_id": "d0",
                 "status": "passed",
                 "restore_execution": "drill-d0",
                 "torn_down_at": NOW,
             },
-            {
-                "cluster": "orders",
-                "drill_id": "dx",
-                "status": "failed",
-                "restore_execution": "drill-dx",
-            },  # refused before its Plan: nothing placed
+            # Refused before its Plan: nothing placed, stale only to be marked.
+            ended | {"drill_id": "dx", "status": "failed", "restore_execution": "drill-dx"},
+            # Another target's copy, its drill still running: not this drill's to remove.
+            ended
+            | {
+                "drill_id": "dr",
+                "status": "passed",
+                "restore_execution": "drill-dr",
+                "target_cluster": "elsewhere",
+                "execution_id": running_execution(),
+            },
         ]
-        stale, teardown = drills.stale_copies(earlier, "orders-drill", svc)
+        stale, teardown = drills.stale_copies(earlier, svc)
         assert stale == ["d1", "dx"]
         assert teardown == [
-            {"node_id": "n1", "restore_id": "r1"},
-            {"node_id": "n2", "restore_id": "r1"},
+            {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"},
+            {"node_id": "n2", "restore_id": "r1", "drill_id": "d1"},
         ]
+
+
+def test_a_copy_a_node_could_not_tear_down_stays_recorded_for_the_next_drill(monkeypatch):
+    with moto_services(monkeypatch) as svc:
+        for drill_id in ("d0", "d1", "d2"):
+            svc.catalog.put({"cluster": "orders", "backup_id": f"drill#{drill_id}"})
+        svc.catalog.try_lock("orders-drill", "d2", "arn:x", key="#drill")
+        drill = context(drill_id="d2", stale=["d0", "d1"])
+        asked = [
+            {"node_id": "n1", "restore_id": "r0", "drill_id": "d0"},
+            {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"},
+            {"node_id": "n2", "restore_id": "r1", "drill_id": "d1"},
+        ]
+        answers = [asked[0], asked[1], asked[2] | {"torn_down": False, "error": "States.Timeout"}]
+        noted = drills.note_teardown(drill, "before", asked, answers, svc, NOW)
+        assert noted == {"removed": ["d0"], "left": ["d1"]}
+        assert svc.catalog.get("orders", "drill#d1").get("torn_down_at") is None
+        assert svc.catalog.lock_holder("orders-drill", "#drill")  # held through the restore
+        mine = [{"node_id": "n1", "restore_id": "r2", "drill_id": "d2"}]
+        assert drills.note_teardown(drill, "after", mine, mine, svc, NOW)["removed"] == ["d2"]
+        assert svc.catalog.get("orders", "drill#d2")["torn_down_at"] == NOW
+        assert svc.catalog.lock_holder("orders-drill", "#drill") is None
 
 
 def test_a_tick_starts_the_drills_that_fell_due():
