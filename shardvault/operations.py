@@ -335,13 +335,22 @@ def check_readiness(
     """``shardvault check``: the cluster's findings (``shardvault.readiness``), from the
     registry and the catalog as they are now; with ``probe``, then each agent's round trip to
     the store (the probe state machine)."""
-    from shardvault.readiness import findings, probe_findings, probe_not_run
+    from shardvault.readiness import drill_findings, findings, probe_findings, probe_not_run
     from shardvault.settings import Settings
 
-    nodes = NodeRegistry(table(config.nodes_table)).in_cluster(cluster)
-    records = Catalog(table(config.catalog_table)).backups(cluster)
+    registry, catalog = (
+        NodeRegistry(table(config.nodes_table)),
+        Catalog(table(config.catalog_table)),
+    )
+    nodes = registry.in_cluster(cluster)
+    records = catalog.backups(cluster)
     max_age = Settings.model_fields["heartbeat_max_age_seconds"].default
-    found = findings(cluster, nodes, records, policy, time.time(), max_age)
+    now = time.time()
+    found = findings(cluster, nodes, records, policy, now, max_age)
+    if nodes:  # an unknown cluster has nothing more to check
+        spec = policy.clusters[cluster].drill if policy and cluster in policy.clusters else None
+        target = registry.in_cluster(spec.target_cluster) if spec else []
+        found += drill_findings(cluster, policy, catalog.drills(cluster), target, now, max_age)
     if not probe or not nodes:
         return found
     if not config.probe_state_machine_arn:

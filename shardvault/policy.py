@@ -534,6 +534,13 @@ class Drill(Frozen):
         while (at := times.get_next(datetime)) <= end:
             yield at
 
+    def longest_gap_hours(self) -> float:
+        """The longest wait between two drills over a year (as ``Schedule``'s)."""
+        start = datetime(2026, 1, 1, tzinfo=self.zone)
+        times = list(self.fires(start, start + timedelta(days=366)))[:GAP_SAMPLE]
+        gaps = [(b - a).total_seconds() / 3600 for a, b in pairwise(times)]
+        return max(gaps, default=366 * 24.0)
+
 
 class ClusterPolicy(Frozen):
     engine: Annotated[Engine | list[Engine], BeforeValidator(_engines)] = Field(

@@ -7,8 +7,9 @@ is a refusal the next backup will not meet; then what only the catalog tells: th
 newest complete backup against the cluster's RPO, and what its last verification found.
 The engine's own readiness (``wal_level``, a free replication slot, the role's privileges, a
 server that answers) is in the registry: each leader's agent checks it with every heartbeat.
-Last, what only the agents can tell: each one's round trip to the store (``shardvault.probe``),
-one finding per node.
+Then the cluster's restore drill (``shardvault.drills``): its drill nodes ready for a restore,
+and its newest drill's verdict and age. Last, what only the agents can tell: each one's round
+trip to the store (``shardvault.probe``), one finding per node.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shardvault.errors import ShardVaultError, UnknownCluster
 from shardvault.membership import check_members
 from shardvault.models import BackupStatus, Frozen, NodeRecord
 from shardvault.policy import Policy
+from shardvault.restore import check_target_nodes
 
 
 class Finding(Frozen):
@@ -142,6 +144,65 @@ def attempt(check: str, run: Callable[[], Any]) -> Finding:
 
 def refused(check: str, error: ShardVaultError) -> Finding:
     return Finding(check=check, ok=False, detail=f"{error.name}: {error.message}", fix=error.fix)
+
+
+DRILL_SLACK = 2.0  # a drill older than two of its schedule's gaps: the schedule is not running
+
+
+def drill_findings(
+    cluster: str,
+    policy: Policy | None,
+    drills: list[dict[str, Any]],
+    target: list[NodeRecord],
+    now: float,
+    max_age: float,
+) -> list[Finding]:
+    """The drill's nodes ready for its restore, and its newest drill: passed, recent enough."""
+    spec = policy.clusters[cluster].drill if policy and cluster in policy.clusters else None
+    if spec is None:
+        return [
+            Finding(
+                check="restore drill",
+                ok=True,
+                detail="none scheduled: a drill: section restores a backup on a schedule",
+            )
+        ]
+    nodes = f"drill nodes ready ({spec.target_cluster})"
+    out = [
+        attempt(
+            nodes,
+            lambda: check_target_nodes(spec.target_cluster, target, policy, now, max_age),
+        )
+    ]
+    ended = [d for d in drills if d.get("status") != "running"]
+    newest = max(ended, key=lambda d: d.get("started_at", 0), default=None)
+    if newest is None:
+        out.append(
+            Finding(
+                check="newest drill",
+                ok=False,
+                detail="never drilled",
+                fix=f"run 'shardvault drill {cluster} --wait' (the schedule runs it next at its "
+                "cron time).",
+            )
+        )
+        return out
+    age = (now - float(newest.get("started_at", 0))) / 3600
+    status = newest.get("status", "")
+    rto = f", RTO {newest['rto_seconds']:,.0f} s" if newest.get("rto_seconds") is not None else ""
+    detail = f"{newest['drill_id']}: {status}{rto}, {age:.1f} h ago"
+    if status != "passed":
+        why = f"{newest.get('error', '')} {newest.get('cause', '')}".strip()
+        fix = f"see 'shardvault drills {cluster}'" + (f": {why}" if why else "")
+        out.append(Finding(check="newest drill", ok=False, detail=detail, fix=fix))
+    elif age > DRILL_SLACK * spec.longest_gap_hours():
+        fix = "check the drill's schedule (and its dead-letter alarm), then 'shardvault drill "
+        out.append(
+            Finding(check="newest drill", ok=False, detail=detail, fix=fix + f"{cluster} --wait'.")
+        )
+    else:
+        out.append(Finding(check="newest drill", ok=True, detail=detail))
+    return out
 
 
 ROUND_TRIP = "store round trip"

@@ -212,21 +212,30 @@ def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
 
 def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[NodeRecord]:
     nodes = svc.nodes.in_cluster(request.target_cluster)
+    max_age = svc.settings.heartbeat_max_age_seconds
+    check_target_nodes(request.target_cluster, nodes, svc.policy(), now, max_age)
+    return nodes
+
+
+def check_target_nodes(
+    target: str, nodes: list[NodeRecord], policy: Any, now: float, max_age: float
+) -> str:
+    """The target's agents can take a restore: registered, members, up, each with a
+    ``restore_dir``. Returns what was found (``shardvault check`` shows it for a drill's)."""
     if not nodes:
         raise UnknownCluster(
-            f"no agent has registered for target cluster {request.target_cluster!r}.",
-            fix="start agents with 'cluster: "
-            f"{request.target_cluster}' and a restore_dir on the target nodes.",
+            f"no agent has registered for target cluster {target!r}.",
+            fix=f"start agents with 'cluster: {target}' and a restore_dir on the target nodes.",
         )
-    check_members(request.target_cluster, nodes, svc.policy())
-    check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
+    check_members(target, nodes, policy)
+    check_nodes_available(nodes, now, max_age)
     unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
     if unready:
         raise TargetNotReady(
             f"target node(s) {', '.join(unready)} accept no restores (no restore_dir).",
             fix="set restore_dir in those agents' configuration and restart them.",
         )
-    return nodes
+    return f"{', '.join(n.node_id for n in nodes)}: up, with a restore_dir"
 
 
 # Requests a restore step makes side by side (a chain's manifests, the heads of its objects):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shardvault.models import NodeRecord, ShardInfo
 from shardvault.policy import parse_policy
-from shardvault.readiness import findings
+from shardvault.readiness import drill_findings, findings
 
 NOW = 1_800_000_000.0
 POLICY = parse_policy(
@@ -90,3 +90,61 @@ def test_no_agent_or_no_policy_is_said() -> None:
     assert "UnknownCluster" in only.detail
     problems = failed(findings("a", [node("n1", ("s1", "leader"))], [], None, NOW, 30))
     assert "does not declare the cluster" in problems["in the policy"]
+
+
+DRILLED = parse_policy(
+    """
+clusters:
+  a:
+    engine: sqlite
+    schedule: {full: '0 2 * * *'}
+    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}
+    retention: {keep_daily: 1}
+    drill: {cron: '0 9 * * 3', target_cluster: a-drill}
+"""
+)
+
+
+def drill_node(node_id: str, restore_dir: bool = True) -> NodeRecord:
+    record = node(node_id).model_copy(update={"cluster": "a-drill"})
+    return record.model_copy(update={"restore_free_bytes": 1 << 30 if restore_dir else None})
+
+
+def drill(hours_ago: float, status: str = "passed", **fields: object) -> dict:
+    return {
+        "drill_id": "d1",
+        "status": status,
+        "started_at": NOW - hours_ago * 3600,
+        "rto_seconds": 42.0,
+        **fields,
+    }
+
+
+def test_a_cluster_without_a_drill_is_told_so_without_failing() -> None:
+    (found,) = drill_findings("a", POLICY, [], [], NOW, 60)
+    assert found.ok
+    assert "none scheduled" in found.detail
+
+
+def test_a_weekly_drill_that_passed_days_ago_with_its_nodes_up_passes() -> None:
+    found = drill_findings("a", DRILLED, [drill(72)], [drill_node("d1")], NOW, 60)
+    assert [f.ok for f in found] == [True, True]
+    assert "passed, RTO 42 s" in found[1].detail
+
+
+def test_drill_nodes_down_or_without_restore_dir_and_bad_or_stale_drills_fail() -> None:
+    def fails(drills: list, nodes: list) -> dict[str, str]:
+        return failed(drill_findings("a", DRILLED, drills, nodes, NOW, 60))
+
+    assert (
+        "TargetNotReady"
+        in fails([drill(1)], [drill_node("d1", restore_dir=False)])["drill nodes ready (a-drill)"]
+    )
+    assert "UnknownCluster" in fails([drill(1)], [])["drill nodes ready (a-drill)"]
+    assert fails([], [drill_node("d1")]) == {"newest drill": "never drilled"}
+    failed_drill = drill(1, "failed", error="ChecksumMismatch", cause="object k differs")
+    assert "failed" in fails([failed_drill], [drill_node("d1")])["newest drill"]
+    # Weekly: a drill more than two weeks old means its schedule is not running.
+    assert "337.0 h ago" in fails([drill(337)], [drill_node("d1")])["newest drill"]
+    # A drill running now is not the newest verdict: the one before it is.
+    assert fails([drill(1), drill(0, "running")], [drill_node("d1")]) == {}
