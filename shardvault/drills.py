@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from typing import Any
 
 from pydantic import Field
@@ -47,7 +46,7 @@ from shardvault.services import Services
 from shardvault.tables import DRILL_LOCK_KEY, DRILL_PREFIX
 
 PASSED, FAILED, SLOW, RUNNING, REFUSED = "passed", "failed", "slow", "running", "refused"
-BEFORE, AFTER = "before", "after"  # which teardown: stale copies first, this drill's last
+BEFORE = "before"  # the teardown of stale copies, before the restore (then "after": its own)
 RESTORE_NAME_PREFIX = "drill-"  # the nested restore execution's name: drill-<drill_id>
 DAY = 86400.0
 
@@ -238,11 +237,6 @@ def take_target(target: str, drill_id: str, execution_id: str, svc: Services) ->
 def drill_running(svc: Services, execution_id: str) -> bool:
     """Whether a drill's execution still runs; one that names none (a direct call) does not."""
     return execution_id.startswith("arn:") and execution_running(svc, execution_id)
-
-
-def keep_until(record: dict[str, Any]) -> str:
-    ends = record.get("validated_at", record.get("started_at", 0)) + record.get("keep_seconds", 0)
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ends))
 
 
 def pick_backup(
