@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from datetime import UTC, datetime
 
 import boto3
@@ -111,14 +112,16 @@ def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch
 
 
 def running_execution() -> str:
-    """An execution moto keeps RUNNING (its interpreter is off in these tests)."""
+    """An execution that runs for an hour (moto keeps it RUNNING whether or not its
+    interpreter is on: a local stack in the same process turns it on)."""
     sfn = boto3.client("stepfunctions")
+    wait = {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": True}}}
     machine = sfn.create_state_machine(
-        name="drill",
-        definition=json.dumps({"StartAt": "W", "States": {"W": {"Type": "Pass", "End": True}}}),
+        name=f"drill-{uuid.uuid4().hex[:8]}",
+        definition=json.dumps(wait),
         roleArn="arn:aws:iam::123456789012:role/drill",
     )["stateMachineArn"]
-    return sfn.start_execution(stateMachineArn=machine)["executionArn"]
+    return sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex)["executionArn"]
 
 
 def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(monkeypatch):
