@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,6 +65,7 @@ from shardvault.pipeline import (
 )
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
+from shardvault.tables import INBOX_TTL_SECONDS
 from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
@@ -903,6 +905,7 @@ class Restorer:
         (putting back what it replaced) and its staging. Safe to call at any point, twice."""
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
+        self._prune_tombstones()
         self._aborted(restore_id).touch()
         with contextlib.suppress(Exception):  # its reads stop at the tombstone
             self._await_chains(restore_id, last=True)
@@ -910,6 +913,15 @@ class Restorer:
         with self._turn(restore_id):
             self._undo(restore_id)
         return {"node_id": self.config.node_id, "aborted": True}
+
+    def _prune_tombstones(self) -> None:
+        """Tombstones older than the inbox's items (``INBOX_TTL_SECONDS``): no command of
+        those restores can still arrive. A restore drill's teardown aborts every week."""
+        oldest = time.time() - INBOX_TTL_SECONDS
+        for tombstone in self.restores_dir.glob("*.aborted"):
+            with contextlib.suppress(OSError):
+                if tombstone.stat().st_mtime < oldest:
+                    tombstone.unlink()
 
     def _undo(self, restore_id: str) -> None:
         incoming = self.restore_dir / INCOMING / restore_id

@@ -6,6 +6,8 @@ the restore's bookkeeping is under test, not a server."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -80,3 +82,27 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
     assert not staged.exists()
     assert not socket_dir.exists()  # removed with this restore's copy (its server recreates
     assert not log.exists()  # them when it starts again)
+
+
+def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
+    config = restore_target(tmp_path)
+    commands = Commands(
+        config,
+        SqliteAdapter(config),
+        RateLimiter(None),
+        SimpleNamespace(faults=Faults(), http=None),
+    )
+    restorer = commands.restorer
+    restorer.restores_dir.mkdir(parents=True, exist_ok=True)
+    old, recent = restorer.restores_dir / "r-old.aborted", restorer.restores_dir / "r-new.aborted"
+    old.touch()
+    recent.touch()
+    eight_days_ago = time.time() - 8 * 86400  # past the inbox items' 7 days
+    os.utime(old, (eight_days_ago, eight_days_ago))
+
+    restorer.abort({"backup_id": "r1"})
+
+    assert sorted(p.name for p in restorer.restores_dir.glob("*.aborted")) == [
+        "r-new.aborted",
+        "r1.aborted",
+    ]
