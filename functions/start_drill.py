@@ -1,7 +1,8 @@
 """Lambda: start a restore drill: check it, pick its backup, find stale copies, record it.
 
-Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}``. A drill
-refused here has changed nothing (a scheduled one is recorded as refused and sent).
+Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id",
+"restore_machine": <the restore state machine's ARN>}``. A drill refused here has changed nothing
+(a scheduled one is recorded as refused and sent).
 """
 
 import time
@@ -26,4 +27,5 @@ def lambda_handler(event: dict, context: object) -> dict:
         services(),
         time.time(),
         execution_id=str(event.get("execution_id", "")),
+        restore_machine=str(event.get("restore_machine", "")),
     )

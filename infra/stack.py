@@ -510,9 +510,13 @@ class ShardVaultStack(Stack):
             # The drill's record, and its target's lock (a conditional put; read back when taken).
             policies.table(tables.catalog, ("dynamodb:PutItem", "dynamodb:GetItem")),
             publish,  # a scheduled drill's refusal
+            # Whether an earlier drill still runs: its execution, or its nested restore.
             iam.PolicyStatement(
                 actions=["states:DescribeExecution"],
-                resources=policies.execution_arns(self, DRILL_STATE_MACHINE_NAME)[:1],
+                resources=[
+                    policies.execution_arns(self, name)[0]
+                    for name in (DRILL_STATE_MACHINE_NAME, RESTORE_STATE_MACHINE_NAME)
+                ],
             ),
         )
         grant(

@@ -47,8 +47,10 @@ from shardvault.tables import DRILL_LOCK_KEY, DRILL_PREFIX
 
 PASSED, FAILED, SLOW, RUNNING, REFUSED = "passed", "failed", "slow", "running", "refused"
 BEFORE = "before"  # the teardown of stale copies, before the restore (then "after": its own)
+EVERY_COPY = "*"  # a Teardown map that failed as a whole: no copy is known to be gone
 RESTORE_NAME_PREFIX = "drill-"  # the nested restore execution's name: drill-<drill_id>
 DAY = 86400.0
+LOCK_ATTEMPTS = 3
 
 
 class DrillRequest(Frozen):
@@ -92,12 +94,14 @@ def start(
     now: float,
     execution_id: str = "",
     rng: random.Random | None = None,
+    restore_machine: str = "",
 ) -> dict[str, Any]:
     """Checks the drill, picks its backup, takes its target (one drill restores into a target
     at a time), finds stale copies to tear down first, and records the drill as running.
     Everything that can refuse it does so before the target is taken; a scheduled drill's
     refusal is recorded and sent (nobody watches a schedule). A retried start (the same
-    execution) goes on with the drill it began."""
+    execution) goes on with the drill it began. ``restore_machine``: the restore state
+    machine's ARN, to tell whether an earlier drill's nested restore still runs."""
     earlier = svc.catalog.drills(request.cluster)
     mine = next(
         (r for r in earlier if execution_id and r.get("execution_id") == execution_id), None
@@ -106,11 +110,12 @@ def start(
     try:
         spec = drill_spec(svc.policy(), request, svc)
         backup = pick_backup(request, spec, svc, now, rng or random.Random())
-        take_target(spec.target_cluster, drill_id, execution_id, svc)
+        drill_id = take_target(spec.target_cluster, drill_id, execution_id, restore_machine, svc)
     except ShardVaultError as error:
         report_refusal(request, error, svc, now)
         raise
-    stale, teardown = stale_copies([r for r in earlier if r is not mine], svc)
+    others = [r for r in earlier if r["drill_id"] != drill_id]
+    stale, teardown = stale_copies(others, restore_machine, svc)
     context = DrillContext(
         drill_id=drill_id,
         cluster=request.cluster,
@@ -215,17 +220,27 @@ def check_target(policy: Policy, cluster: str, target: str, svc: Services) -> No
         )
 
 
-def take_target(target: str, drill_id: str, execution_id: str, svc: Services) -> None:
-    """The target's drill lock (a conditional write): taken, kept by a retried start, or taken
-    over from a drill whose execution ended; else ``DrillAlreadyRunning``."""
-    holder = svc.catalog.try_lock(target, drill_id, execution_id, key=DRILL_LOCK_KEY)
-    if holder is None or (execution_id and holder.get("execution_id") == execution_id):
-        return
+def take_target(
+    target: str, drill_id: str, execution_id: str, restore_machine: str, svc: Services
+) -> str:
+    """The target's drill lock (a conditional write): taken; kept by a retried start of the
+    same execution (whose drill id it returns: the first attempt may have written no record);
+    or taken over from a drill that has ended, its restore included. Else
+    ``DrillAlreadyRunning``. Returns the drill's id."""
+    for _ in range(LOCK_ATTEMPTS):  # a holder that released between the put and the read
+        holder = svc.catalog.try_lock(target, drill_id, execution_id, key=DRILL_LOCK_KEY)
+        if holder is None:
+            return drill_id
+        if holder:
+            break
+    if execution_id and holder.get("execution_id") == execution_id:
+        return str(holder.get("holder") or drill_id)
     previous = holder.get("execution_id", "")
-    if not drill_running(svc, previous) and svc.catalog.take_over_lock(
+    ended = not drill_running(svc, previous, restore_machine, holder.get("holder", ""))
+    if ended and svc.catalog.take_over_lock(
         target, DRILL_LOCK_KEY, previous, drill_id, execution_id
     ):
-        return
+        return drill_id
     raise DrillAlreadyRunning(
         f"drill {holder.get('holder', '')} is restoring into {target!r} or keeping its copy "
         f"there (execution {previous or 'unknown'}).",
@@ -234,9 +249,22 @@ def take_target(target: str, drill_id: str, execution_id: str, svc: Services) ->
     )
 
 
-def drill_running(svc: Services, execution_id: str) -> bool:
-    """Whether a drill's execution still runs; one that names none (a direct call) does not."""
-    return execution_id.startswith("arn:") and execution_running(svc, execution_id)
+def drill_running(
+    svc: Services, execution_id: str, restore_machine: str = "", drill_id: str = ""
+) -> bool:
+    """Whether a drill still runs: its execution, or its nested restore (which a stopped drill
+    may leave running); an execution that names none (a direct call) does not."""
+    if execution_id.startswith("arn:") and execution_running(svc, execution_id):
+        return True
+    if not (restore_machine.startswith("arn:") and drill_id):
+        return False
+    return execution_running(svc, restore_execution_arn(restore_machine, drill_id))
+
+
+def restore_execution_arn(restore_machine: str, drill_id: str) -> str:
+    """The ARN of a drill's nested restore execution (``drill-<drill_id>``)."""
+    prefix = restore_machine.replace(":stateMachine:", ":execution:", 1)
+    return f"{prefix}:{restore_name(drill_id)}"
 
 
 def pick_backup(
@@ -272,7 +300,7 @@ def completed_at(record: dict[str, Any]) -> float:
 
 
 def stale_copies(
-    earlier: list[dict[str, Any]], svc: Services
+    earlier: list[dict[str, Any]], restore_machine: str, svc: Services
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Earlier drills whose copies were never recorded torn down and whose executions ended,
     and the nodes to tear each copy down on (from its restore's record, under the target that
@@ -283,8 +311,8 @@ def stale_copies(
     for record in earlier:
         if record.get("torn_down_at") or record.get("status") == REFUSED:
             continue
-        if drill_running(svc, record.get("execution_id", "")):
-            continue  # a drill of this cluster into another target, still running
+        if drill_running(svc, record.get("execution_id", ""), restore_machine, record["drill_id"]):
+            continue  # a drill into another target, or a stopped drill's restore: still running
         stale.append(record["drill_id"])
         target = record.get("target_cluster", "")
         if target not in restores:
@@ -460,7 +488,8 @@ def note_teardown(
         asked.setdefault(item["drill_id"], set()).add(item["restore_id"])
     removed, left = [], []
     for drill_id in drill.stale if phase == BEFORE else [drill.drill_id]:
-        if asked.get(drill_id, set()) & failed:
+        copies = asked.get(drill_id, set())
+        if copies & failed or (copies and EVERY_COPY in failed):
             left.append(drill_id)
             continue
         svc.catalog.update(drill.cluster, catalog_key(drill_id), torn_down_at=now)

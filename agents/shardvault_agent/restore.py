@@ -905,7 +905,7 @@ class Restorer:
         (putting back what it replaced) and its staging. Safe to call at any point, twice."""
         restore_id = args["backup_id"]
         self._aborted(restore_id).parent.mkdir(parents=True, exist_ok=True)
-        self._prune_tombstones()
+        self._prune_tombstones(restore_id)
         self._aborted(restore_id).touch()
         with contextlib.suppress(Exception):  # its reads stop at the tombstone
             self._await_chains(restore_id, last=True)
@@ -914,11 +914,14 @@ class Restorer:
             self._undo(restore_id)
         return {"node_id": self.config.node_id, "aborted": True}
 
-    def _prune_tombstones(self) -> None:
-        """Tombstones older than the inbox's items (``INBOX_TTL_SECONDS``): no command of
-        those restores can still arrive. A restore drill's teardown aborts every week."""
-        oldest = time.time() - INBOX_TTL_SECONDS
+    def _prune_tombstones(self, restore_id: str) -> None:
+        """Other restores' tombstones older than twice the inbox items' life
+        (``INBOX_TTL_SECONDS``; DynamoDB's TTL deletes late): no command of those restores can
+        still arrive. A restore drill's teardown aborts every week."""
+        oldest = time.time() - TOMBSTONE_LIFE_SECONDS
         for tombstone in self.restores_dir.glob("*.aborted"):
+            if tombstone == self._aborted(restore_id):
+                continue
             with contextlib.suppress(OSError):
                 if tombstone.stat().st_mtime < oldest:
                     tombstone.unlink()
@@ -938,10 +941,7 @@ class Restorer:
                 self.engine.stop_server(final, immediate=True)
             shutil.rmtree(final, ignore_errors=True)
             for beside in self.engine.server_files(final):  # its socket directory, its log
-                if beside.is_dir():
-                    shutil.rmtree(beside, ignore_errors=True)
-                else:
-                    beside.unlink(missing_ok=True)
+                remove_server_file(beside)
             self._unadopt(restore_id, shard_id)
             aside = incoming / f"{shard_id}.replaced"
             if aside.exists():
@@ -950,6 +950,22 @@ class Restorer:
                     self.engine.start_server(final, info["replaced"])
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.state(restore_id), ignore_errors=True)
+
+
+TOMBSTONE_LIFE_SECONDS = 2 * INBOX_TTL_SECONDS
+
+
+def remove_server_file(path: Path) -> None:
+    """A restored server's socket directory or log, beside its shard: a directory is removed
+    only when it holds no directory (a socket directory holds sockets and lock files; a shard
+    directory that happens to bear the name holds more), a file only when it is one."""
+    if path.is_symlink():
+        return
+    if path.is_dir():
+        if not any(child.is_dir() for child in path.iterdir()):
+            shutil.rmtree(path, ignore_errors=True)
+    elif path.is_file():
+        path.unlink(missing_ok=True)
 
 
 def sync_tree(root: Path) -> None:

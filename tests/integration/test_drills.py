@@ -5,6 +5,7 @@ notifications topic."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import boto3
 
+from shardvault import drills, scheduler
 from shardvault import operations as ops
-from shardvault import scheduler
 from shardvault.drills import DrillRequest
 from shardvault.local import demo
 from shardvault.policy import load_policy
@@ -41,6 +42,16 @@ def subjects(url: str) -> list[str]:
         .get("Messages", [])
     )
     return [json.loads(m["Body"]).get("Subject", "") for m in messages]
+
+
+def stop(execution: str) -> None:
+    """Stops an execution and waits until it has ended (moto ends it from its worker)."""
+    sfn = boto3.client("stepfunctions")
+    sfn.stop_execution(executionArn=execution)
+    deadline = time.monotonic() + 60
+    while sfn.describe_execution(executionArn=execution)["status"] == "RUNNING":
+        assert time.monotonic() < deadline, f"{execution} did not stop"
+        time.sleep(0.1)
 
 
 def shard_dirs(target) -> list[Path]:
@@ -175,7 +186,7 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
         time.sleep(0.2)
     # Its copy is up (kept for 30 minutes) when its execution is stopped: nothing tears it down.
     assert len(shard_dirs(target)) == 2
-    boto3.client("stepfunctions").stop_execution(executionArn=first)
+    stop(first)
     # A second drill of the cluster is not refused: the first one's execution ended.
     second = ops.start_drill(
         cluster.client,
@@ -216,8 +227,14 @@ def test_a_second_drill_is_refused_while_the_first_runs(make_cluster, make_targe
         assert refused.status == "FAILED"
         assert refused.error == "DrillAlreadyRunning", refused.cause
         assert len(catalog.drills(cluster.name)) == 1  # refused before its record
-    finally:
-        boto3.client("stepfunctions").stop_execution(executionArn=first)
+    finally:  # the first drill, and its restore (moto does not stop a nested execution)
+        stop(first)
+        for record in catalog.drills(cluster.name):
+            restore = drills.restore_execution_arn(
+                stack.restore_state_machine_arn, record["drill_id"]
+            )
+            with contextlib.suppress(Exception):
+                stop(restore)
 
 
 def test_a_postgres_drill_stops_its_server_and_leaves_nothing_beside_it(

@@ -111,17 +111,21 @@ def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch
         )
 
 
-def running_execution() -> str:
-    """An execution that runs for an hour (moto keeps it RUNNING whether or not its
-    interpreter is on: a local stack in the same process turns it on)."""
-    sfn = boto3.client("stepfunctions")
+def waiting_machine() -> str:
+    """A state machine whose executions run for an hour (moto keeps them RUNNING whether or
+    not its interpreter is on: a local stack in the same process turns it on)."""
     wait = {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": True}}}
-    machine = sfn.create_state_machine(
-        name=f"drill-{uuid.uuid4().hex[:8]}",
+    return boto3.client("stepfunctions").create_state_machine(
+        name=f"m-{uuid.uuid4().hex[:8]}",
         definition=json.dumps(wait),
         roleArn="arn:aws:iam::123456789012:role/drill",
     )["stateMachineArn"]
-    return sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex)["executionArn"]
+
+
+def running_execution(machine: str = "", name: str = "") -> str:
+    return boto3.client("stepfunctions").start_execution(
+        stateMachineArn=machine or waiting_machine(), name=name or uuid.uuid4().hex
+    )["executionArn"]
 
 
 def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(monkeypatch):
@@ -161,6 +165,40 @@ def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(m
         )
         third = drills.start(DrillRequest(cluster="orders"), svc, NOW + 3, running_execution())
         assert third["drill"]["stale"] == [record["drill_id"]]
+
+
+def test_a_stopped_drill_whose_restore_still_runs_holds_its_target(monkeypatch):
+    with moto_services(monkeypatch, policy=policy_text()) as svc:
+        svc.catalog.put(backup("b1", NOW - 60))
+        restores = waiting_machine()
+        svc.catalog.try_lock("orders-drill", "d1", GONE, key="#drill")  # its execution ended
+        running_execution(restores, "drill-d1")  # but its nested restore has not
+        with pytest.raises(DrillAlreadyRunning):
+            drills.start(DrillRequest(cluster="orders"), svc, NOW, restore_machine=restores)
+        # A retried start of an execution that took the lock and wrote no record goes on
+        # with the lock's drill id, and the lock is released under it at the end.
+        mine = running_execution()
+        svc.catalog.put(
+            {"cluster": "orders-drill", "backup_id": "#drill", "holder": "d7", "execution_id": mine}
+        )
+        started = drills.start(
+            DrillRequest(cluster="orders"), svc, NOW, mine, restore_machine=restores
+        )
+        assert started["drill"]["drill_id"] == "d7"
+        drill = DrillContext.model_validate(started["drill"])
+        drills.note_teardown(drill, "after", [], [], svc, NOW)
+        assert svc.catalog.lock_holder("orders-drill", "#drill") is None
+
+
+def test_a_teardown_that_failed_as_a_whole_removes_no_copy_from_the_record(monkeypatch):
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d0"})
+        asked = [{"node_id": "n1", "restore_id": "r0", "drill_id": "d0"}]
+        every = [{"restore_id": "*", "torn_down": False}]  # the ASL's TeardownFailed
+        noted = drills.note_teardown(
+            context(drill_id="d2", stale=["d0"]), "before", asked, every, svc, NOW
+        )
+        assert noted == {"removed": [], "left": ["d0"]}
 
 
 def test_a_drill_never_restores_into_a_cluster_someone_backs_up(monkeypatch):
@@ -297,7 +335,7 @@ def test_copies_of_drills_that_ended_without_a_teardown_are_torn_down_first(monk
                 "execution_id": running_execution(),
             },
         ]
-        stale, teardown = drills.stale_copies(earlier, svc)
+        stale, teardown = drills.stale_copies(earlier, "", svc)
         assert stale == ["d1", "dx"]
         assert teardown == [
             {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"},

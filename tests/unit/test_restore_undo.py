@@ -43,6 +43,10 @@ class RecordingEngine(SqliteAdapter):
 
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         self.calls.append(("start", sorted(p.name for p in root.iterdir()), server))
+        socket_dir, log = self.server_files(root)  # as a server does when it starts
+        socket_dir.mkdir(exist_ok=True)
+        (socket_dir / f".s.PGSQL.{server['port']}").touch()
+        log.touch()
 
     def finish(self, job: Finishing) -> dict[str, Any]:
         job.note_server({"port": 8})
@@ -80,8 +84,10 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
     ]
     assert (final / "old.db").read_text() == "the earlier copy"
     assert not staged.exists()
-    assert not socket_dir.exists()  # removed with this restore's copy (its server recreates
-    assert not log.exists()  # them when it starts again)
+    # This restore's server's socket is gone with its copy; the earlier copy's server, started
+    # again after the removal, made its own.
+    assert sorted(p.name for p in socket_dir.iterdir()) == [".s.PGSQL.7"]
+    assert log.read_text() == ""
 
 
 def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
@@ -97,8 +103,8 @@ def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
     old, recent = restorer.restores_dir / "r-old.aborted", restorer.restores_dir / "r-new.aborted"
     old.touch()
     recent.touch()
-    eight_days_ago = time.time() - 8 * 86400  # past the inbox items' 7 days
-    os.utime(old, (eight_days_ago, eight_days_ago))
+    fifteen_days_ago = time.time() - 15 * 86400  # past twice the inbox items' 7 days
+    os.utime(old, (fifteen_days_ago, fifteen_days_ago))
 
     restorer.abort({"backup_id": "r1"})
 
@@ -106,3 +112,22 @@ def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
         "r-new.aborted",
         "r1.aborted",
     ]
+
+
+def test_a_directory_that_is_no_socket_directory_is_left_alone(tmp_path):
+    from shardvault_agent.restore import remove_server_file
+
+    shard = tmp_path / "a.sock"  # a shard whose id ends in .sock: a database, not sockets
+    (shard / "base" / "1").mkdir(parents=True)
+    sockets = tmp_path / "b.sock"
+    sockets.mkdir()
+    (sockets / ".s.PGSQL.5432").touch()
+    log = tmp_path / "b.log"
+    log.write_text("server log")
+
+    for path in (shard, sockets, log, tmp_path / "missing.log"):
+        remove_server_file(path)
+
+    assert (shard / "base" / "1").is_dir()
+    assert not sockets.exists()
+    assert not log.exists()
