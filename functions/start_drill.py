@@ -8,20 +8,18 @@ Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id",
 import time
 
 from shardvault import drills
-from shardvault.errors import InvalidRequest
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.lambda_support import execution_input, logger, parse, services, tracer
 
 
 @logger.inject_lambda_context(log_event=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    request = event.get("request")
-    if not isinstance(request, dict):
-        raise InvalidRequest(
-            'the execution input must be a JSON object such as {"cluster": "demo"}.',
-            fix="start the drill with a JSON object naming the cluster (see the README's "
-            "restore drills).",
-        )
+    request = execution_input(
+        event,
+        '{"cluster": "demo"}',
+        fix="start the drill with a JSON object naming the cluster (see the README's "
+        "restore drills).",
+    )
     return drills.start(
         parse(drills.DrillRequest, request),
         services(),

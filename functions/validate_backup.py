@@ -6,20 +6,19 @@ Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}
 import time
 
 from shardvault import backup
-from shardvault.errors import InvalidRequest, ShardVaultError
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.errors import ShardVaultError
+from shardvault.lambda_support import execution_input, logger, parse, services, tracer
 from shardvault.models import BackupRequest
 
 
 @logger.inject_lambda_context(log_event=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    request = event.get("request")
-    if not isinstance(request, dict):
-        raise InvalidRequest(
-            'the execution input must be a JSON object such as {"cluster": "demo"}.',
-            fix="start the execution with a JSON object naming the cluster.",
-        )
+    request = execution_input(
+        event,
+        '{"cluster": "demo"}',
+        fix="start the execution with a JSON object naming the cluster.",
+    )
     request = parse(BackupRequest, {**request, "execution_id": event.get("execution_id", "")})
     try:
         return backup.validate(request, services(), time.time()).model_dump(mode="json")

@@ -7,21 +7,18 @@ a request that fails here changes nothing.
 import time
 
 from shardvault import restore
-from shardvault.errors import InvalidRequest
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.lambda_support import execution_input, logger, parse, services, tracer
 from shardvault.models import RestoreRequest
 
 
 @logger.inject_lambda_context(log_event=True)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    request = event.get("request")
-    if not isinstance(request, dict):
-        raise InvalidRequest(
-            "the execution input must be a JSON object such as "
-            '{"cluster": "demo", "target_cluster": "demo-restore"}.',
-            fix="start the execution with a JSON object naming the backup's cluster and the "
-            "target cluster (see the README's restore section).",
-        )
+    request = execution_input(
+        event,
+        '{"cluster": "demo", "target_cluster": "demo-restore"}',
+        fix="start the execution with a JSON object naming the backup's cluster and the "
+        "target cluster (see the README's restore section).",
+    )
     request = parse(RestoreRequest, {**request, "execution_id": event.get("execution_id", "")})
     return restore.validate(request, services(), time.time()).model_dump(mode="json")

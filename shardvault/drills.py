@@ -307,7 +307,7 @@ def stale_copies(
     drill used). A drill whose restore has no record was refused before its Plan: it placed
     nothing, and is stale only to be marked torn down."""
     stale, teardown = [], []
-    restores: dict[str, dict[str, dict[str, Any]]] = {}
+    restores: dict[str, dict[str, dict[str, Any]]] = {}  # by target: one query each
     for record in earlier:
         if record.get("torn_down_at") or record.get("status") == REFUSED:
             continue
@@ -316,10 +316,7 @@ def stale_copies(
         stale.append(record["drill_id"])
         target = record.get("target_cluster", "")
         if target not in restores:
-            restores[target] = {
-                r.get("execution_id", "").rpartition(":")[2]: r
-                for r in svc.catalog.restores(target)
-            }
+            restores[target] = restores_by_name(target, svc)
         placed = restores[target].get(record.get("restore_execution", ""))
         for node_id in sorted(set((placed or {}).get("placement", {}).values())):
             item = {"node_id": node_id, "restore_id": placed["restore_id"]}
@@ -409,15 +406,12 @@ def record(
 
 def restore_record(drill: DrillContext, svc: Services) -> dict[str, Any] | None:
     """The nested restore's catalog record (None: it was refused before its Plan)."""
-    name = restore_name(drill.drill_id)
-    return next(
-        (
-            r
-            for r in svc.catalog.restores(drill.target_cluster)
-            if r.get("execution_id", "").rpartition(":")[2] == name
-        ),
-        None,
-    )
+    return restores_by_name(drill.target_cluster, svc).get(restore_name(drill.drill_id))
+
+
+def restores_by_name(target: str, svc: Services) -> dict[str, dict[str, Any]]:
+    """The restores into ``target`` by their execution's name (a drill's: ``drill-<id>``)."""
+    return {r.get("execution_id", "").rpartition(":")[2]: r for r in svc.catalog.restores(target)}
 
 
 def passed_outcome(drill: DrillContext, summary: dict[str, Any], now: float) -> dict[str, Any]:

@@ -54,6 +54,17 @@ def log_outcome(workflow: str, cluster: str, summary: dict[str, Any]) -> None:
     )
 
 
+def execution_input(event: dict, example: str, fix: str) -> dict:
+    """The execution's input as the state machine's Accept wrapped it (``request``): any JSON
+    value reaches the function, and one that is not an object is ``InvalidRequest``."""
+    request = event.get("request")
+    if not isinstance(request, dict):
+        raise InvalidRequest(
+            f"the execution input must be a JSON object such as {example}.", fix=fix
+        )
+    return request
+
+
 def parse(model: type[M], data: object) -> M:
     """Parses input into ``model``; a malformed input becomes ``InvalidRequest``."""
     try:

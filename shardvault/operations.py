@@ -18,6 +18,7 @@ import boto3
 
 from shardvault.backup.admission import registered_nodes
 from shardvault.causes import readable_cause
+from shardvault.drills import DrillRequest
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
 from shardvault.tables import Catalog, NodeRegistry, table
@@ -274,8 +275,8 @@ def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
 
 
 # --- drills --------------------------------------------------------------------------------------
-def start_drill(config: ClientConfig, request: Any) -> str:
-    """Starts a restore drill (``shardvault.drills.DrillRequest``)."""
+def start_drill(config: ClientConfig, request: DrillRequest) -> str:
+    """Starts a restore drill."""
     payload = request.model_dump(mode="json", exclude_none=True)
     return start_execution(
         config.drill_state_machine_arn, "DRILL", f"drill-{request.cluster}", payload

@@ -171,37 +171,30 @@ class Workflow(Construct):
         )
 
     def _grant_map_runs(self, name: str) -> None:
-        """A Distributed Map starts executions of its own state machine and watches them."""
-        stack = Stack.of(self)
+        """A Distributed Map starts executions of its own state machine and watches them (its
+        own and its Map Runs' children)."""
+        self._grant_start_and_watch(name, policies.execution_arns(Stack.of(self), name))
+
+    def _grant_start_and_watch(self, name: str, executions: list[str]) -> None:
+        """Start executions of the state machine ``name``; describe and stop ``executions``."""
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["states:StartExecution"],
-                resources=[policies.state_machine_arn(stack, name)],
+                resources=[policies.state_machine_arn(Stack.of(self), name)],
             )
         )
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["states:DescribeExecution", "states:StopExecution"],
-                resources=policies.execution_arns(stack, name),
+                resources=executions,
             )
         )
 
     def _grant_nested(self, name: str) -> None:
         """``startExecution.sync:2`` of the state machine ``name``: start it, describe and stop
-        its executions, and the managed rule that reports their end."""
+        its executions (not its Map Runs'), and the managed rule that reports their end."""
         stack = Stack.of(self)
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["states:StartExecution"],
-                resources=[policies.state_machine_arn(stack, name)],
-            )
-        )
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["states:DescribeExecution", "states:StopExecution"],
-                resources=policies.execution_arns(stack, name)[:1],
-            )
-        )
+        self._grant_start_and_watch(name, policies.execution_arns(stack, name)[:1])
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],

@@ -6,6 +6,7 @@ MinIO is required: a missing binary fails the tests with the fix, it never skips
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -217,6 +218,27 @@ def make_cluster(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., Cl
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def running_pg_cluster(
+    stack: LocalStack, tmp_path: Path, *, nodes: int, scale: int
+) -> Iterator[tuple[Cluster, list[PostgresInstance]]]:
+    """A PostgreSQL demo cluster (pgbench data of ``scale`` per node) with its agents started
+    and registered; its servers (shard-1, shard-2, ...) stopped after."""
+    name = f"pg{next(names)}"
+    built = demo.postgres_cluster(tmp_path, name=name, nodes=nodes, scale=scale)
+    for config in built.agent_configs:
+        config["node_id"] = f"{name}-{config['node_id']}"
+        config.update(FAST_AGENT)
+        stack.start_agent(config)
+    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
+    try:
+        stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
+        yield cluster, list(built.servers.values())
+    finally:
+        cluster.stop()
+        built.stop()
 
 
 def entered_states(arn: str) -> list[str]:

@@ -17,11 +17,10 @@ import boto3
 from shardvault import drills, scheduler
 from shardvault import operations as ops
 from shardvault.drills import DrillRequest
-from shardvault.local import demo
 from shardvault.policy import load_policy
 from shardvault.tables import Catalog, table
 
-from .conftest import FAST_AGENT, Cluster, entered_states, names
+from .conftest import entered_states, running_pg_cluster
 
 
 def subscribe(stack) -> str:
@@ -42,6 +41,16 @@ def subjects(url: str) -> list[str]:
         .get("Messages", [])
     )
     return [json.loads(m["Body"]).get("Subject", "") for m in messages]
+
+
+def start_drill_into(cluster, target, **request) -> str:
+    """Starts a drill of ``cluster`` into ``target`` (a Target or a Cluster)."""
+    drill = DrillRequest(cluster=cluster.name, target_cluster=target.name, **request)
+    return ops.start_drill(cluster.client, drill)
+
+
+def finish_drill(cluster, execution: str, timeout: float = 600) -> ops.Progress:
+    return ops.wait_drill(cluster.client, execution, interval=0.2, timeout=timeout)
 
 
 def stop(execution: str) -> None:
@@ -93,7 +102,7 @@ def test_a_scheduled_drill_restores_validates_records_and_tears_down(
     started = scheduler.tick(policy, cluster.client, since, since + timedelta(minutes=5))
 
     (drill,) = [s for s in started if s["kind"] == "drill"]
-    progress = ops.wait_drill(cluster.client, drill["execution"], interval=0.2, timeout=600)
+    progress = finish_drill(cluster, drill["execution"])
     assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
     states = entered_states(drill["execution"])
     assert states.index("Restore") < states.index("Record") < states.index("Teardown")
@@ -129,10 +138,8 @@ def test_a_drill_of_a_damaged_backup_fails_notifies_and_leaves_nothing(
     target = make_target(nodes=2)
     notes = subscribe(stack)
 
-    execution = ops.start_drill(
-        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=target.name)
-    )
-    progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=600)
+    execution = start_drill_into(cluster, target)
+    progress = finish_drill(cluster, execution)
 
     assert progress.status == "FAILED"
     assert progress.error == "ChecksumMismatch", progress.cause
@@ -155,10 +162,8 @@ def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(make_cluste
     assert production.backup().status == "SUCCEEDED"
     before = sorted(p.name for p in production.root.rglob("*.db"))
 
-    execution = ops.start_drill(
-        cluster.client, DrillRequest(cluster=cluster.name, target_cluster=production.name)
-    )
-    progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=120)
+    execution = start_drill_into(cluster, production)
+    progress = finish_drill(cluster, execution, timeout=120)
 
     assert progress.status == "FAILED"
     assert progress.error == "InvalidRequest", progress.cause
@@ -176,10 +181,7 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     assert cluster.backup().status == "SUCCEEDED"
     target = make_target(nodes=2)
     catalog = Catalog(table(stack.settings.catalog_table))
-    first = ops.start_drill(
-        cluster.client,
-        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=30),
-    )
+    first = start_drill_into(cluster, target, keep_minutes=30)
     deadline = time.monotonic() + 300
     while not [r for r in catalog.drills(cluster.name) if r.get("status") == "passed"]:
         assert time.monotonic() < deadline, "the first drill never validated its copy"
@@ -188,11 +190,8 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     assert len(shard_dirs(target)) == 2
     stop(first)
     # A second drill of the cluster is not refused: the first one's execution ended.
-    second = ops.start_drill(
-        cluster.client,
-        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=0),
-    )
-    progress = ops.wait_drill(cluster.client, second, interval=0.2, timeout=600)
+    second = start_drill_into(cluster, target, keep_minutes=0)
+    progress = finish_drill(cluster, second)
 
     assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
     states = entered_states(second)
@@ -210,20 +209,14 @@ def test_a_second_drill_is_refused_while_the_first_runs(make_cluster, make_targe
     assert cluster.backup().status == "SUCCEEDED"
     target = make_target(nodes=1)
     catalog = Catalog(table(stack.settings.catalog_table))
-    first = ops.start_drill(
-        cluster.client,
-        DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=30),
-    )
+    first = start_drill_into(cluster, target, keep_minutes=30)
     try:
         deadline = time.monotonic() + 120
         while not catalog.drills(cluster.name):
             assert time.monotonic() < deadline, "the first drill never started"
             time.sleep(0.1)
-        second = ops.start_drill(
-            cluster.client,
-            DrillRequest(cluster=cluster.name, target_cluster=target.name, keep_minutes=0),
-        )
-        refused = ops.wait_drill(cluster.client, second, interval=0.2, timeout=120)
+        second = start_drill_into(cluster, target, keep_minutes=0)
+        refused = finish_drill(cluster, second, timeout=120)
         assert refused.status == "FAILED"
         assert refused.error == "DrillAlreadyRunning", refused.cause
         assert len(catalog.drills(cluster.name)) == 1  # refused before its record
@@ -240,21 +233,11 @@ def test_a_second_drill_is_refused_while_the_first_runs(make_cluster, make_targe
 def test_a_postgres_drill_stops_its_server_and_leaves_nothing_beside_it(
     stack, make_target, tmp_path
 ):
-    name = f"pgd{next(names)}"
-    built = demo.postgres_cluster(tmp_path, name=name, nodes=1, scale=1)
-    for config in built.agent_configs:
-        config["node_id"] = f"{name}-{config['node_id']}"
-        config.update(FAST_AGENT)
-        stack.start_agent(config)
-    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
-    try:
-        stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
+    with running_pg_cluster(stack, tmp_path, nodes=1, scale=1) as (cluster, _):
         assert cluster.backup().status == "SUCCEEDED"
         target = make_target(nodes=1, engine="postgres")
-        request = DrillRequest(cluster=name, target_cluster=target.name, keep_minutes=0)
 
-        execution = ops.start_drill(cluster.client, request)
-        progress = ops.wait_drill(cluster.client, execution, interval=0.2, timeout=600)
+        progress = finish_drill(cluster, start_drill_into(cluster, target, keep_minutes=0))
 
         assert progress.status == "SUCCEEDED", (progress.error, progress.cause)
         (restored,) = target.records()
@@ -267,6 +250,3 @@ def test_a_postgres_drill_stops_its_server_and_leaves_nothing_beside_it(
         assert not subprocess.run(
             ["pgrep", "-f", str(target.restore_dir(0))], capture_output=True, check=False
         ).stdout
-    finally:
-        cluster.stop()
-        built.stop()

@@ -17,7 +17,6 @@ import psycopg
 import pytest
 
 from shardvault import operations as ops
-from shardvault.local import demo
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
@@ -31,26 +30,15 @@ from shardvault.pgwal import lsn_number
 from shardvault.readback import load_manifest
 from shardvault.verify import VerifyRequest, verify
 
-from .conftest import FAST_AGENT, Cluster, client_of, names, output
+from .conftest import Cluster, client_of, output, running_pg_cluster
 
 SCALE = 5
 
 
 @pytest.fixture
 def pg_cluster(stack, tmp_path):
-    name = f"pg{next(names)}"
-    built = demo.postgres_cluster(tmp_path, name=name, nodes=3, scale=SCALE)
-    for config in built.agent_configs:
-        config["node_id"] = f"{name}-{config['node_id']}"
-        config.update(FAST_AGENT)
-        stack.start_agent(config)
-    cluster = Cluster(stack, built.name, tmp_path, built.agent_configs, built.sources)
-    try:
-        stack.wait_for_nodes([c["node_id"] for c in built.agent_configs])
-        yield cluster, list(built.servers.values())  # shard-1, shard-2, ...
-    finally:
-        cluster.stop()
-        built.stop()
+    with running_pg_cluster(stack, tmp_path, nodes=3, scale=SCALE) as running:
+        yield running  # the cluster, and its servers: shard-1, shard-2, ...
 
 
 def file_map(root: Path) -> dict[str, int]:
