@@ -220,6 +220,7 @@ class ShardListing(Frozen):
     delta_bytes: int | None = None
     scan_seconds: float | None = None
     unchanged_bytes: int = 0  # of files the scan found unchanged by identity: not read
+    screened_bytes: int = 0  # of blocks an engine's screen proved unchanged: headers read
 
     @property
     def bytes(self) -> int:

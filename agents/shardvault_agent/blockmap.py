@@ -33,12 +33,17 @@ Terms:
   engine has finished the writes begun before it (PostgreSQL's waits for every buffer write
   in progress), so a file whose newest change is older than the checkpoint is not being
   written; a write begun since moves ctime past the checkpoint. Timestamps with no fraction
-  of a second (file systems that keep whole seconds) give none either.
+  of a second (file systems that keep whole seconds) give none either. Such a file's identity
+  keeps its device and inode (its times zero, :attr:`FileIdentity.trusted` false): it proves
+  no bytes unchanged, but that the file is the one the parent read, which an engine's block
+  screen needs (``engines.base.BlockScreen``).
 
 Binary format (one file, read with ``mmap``): ``SVBM`` + version (u8) + block size (u32), then
 per file: path length (u16), path (UTF-8), size (u64), block count (u32), its identity
-(device u64, inode u64, mtime and ctime i64 nanoseconds; all zero: none), 8 bytes per block.
-Version 1 had no identity and 16 bytes per block.
+(device u64, inode u64, mtime and ctime i64 nanoseconds; times zero: untrusted, all zero:
+none), 8 bytes per block. Version 1 had no identity and 16 bytes per block. Agents before the
+block screen wrote all zero where the times were untrusted; their maps are read the same way
+(such a file is just not screened).
 """
 
 from __future__ import annotations
@@ -68,8 +73,18 @@ RACY_SECONDS = 2  # see *file identity*
 class FileIdentity(NamedTuple):
     device: int
     inode: int
-    mtime_ns: int
+    mtime_ns: int  # 0 with ctime_ns: the times prove nothing (see *file identity*)
     ctime_ns: int
+
+    @property
+    def trusted(self) -> bool:
+        """The times are recorded: equal identities mean equal bytes."""
+        return self.ctime_ns != 0
+
+    @property
+    def located(self) -> bool:
+        """The device and inode are recorded: equal ones mean the same file."""
+        return self.inode != 0
 
 
 NO_IDENTITY = FileIdentity(0, 0, 0, 0)
@@ -77,13 +92,12 @@ NO_IDENTITY = FileIdentity(0, 0, 0, 0)
 
 def identity_of(stat: os.stat_result, checkpoint_ns: int) -> FileIdentity:
     """``stat``'s identity, taken after its backup's checkpoint at ``checkpoint_ns`` (ns since
-    the epoch), or ``NO_IDENTITY`` when the file changed too close to the checkpoint, or after
-    it, to prove anything (see *file identity*)."""
+    the epoch); its times are left out when the file changed too close to the checkpoint, or
+    after it, to prove anything (see *file identity*)."""
     newest = max(stat.st_mtime_ns, stat.st_ctime_ns)
-    if newest >= checkpoint_ns - RACY_SECONDS * 1_000_000_000:
-        return NO_IDENTITY
-    if stat.st_ctime_ns % 1_000_000_000 == 0:  # whole seconds: a tick a second wide
-        return NO_IDENTITY
+    racy = newest >= checkpoint_ns - RACY_SECONDS * 1_000_000_000
+    if racy or stat.st_ctime_ns % 1_000_000_000 == 0:  # whole seconds: a tick a second wide
+        return FileIdentity(stat.st_dev, stat.st_ino, 0, 0)
     return FileIdentity(stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
@@ -201,13 +215,23 @@ class BlockMap:
 
     def unchanged(self, path: str, size: int, identity: FileIdentity) -> bool:
         """Whether ``path``, now of ``size`` bytes and ``identity``, holds the bytes this map
-        hashed: both identities real and equal (see *file identity*)."""
+        hashed: both identities trusted and equal (see *file identity*)."""
         entry = self.entries.get(path)
         return (
             entry is not None
-            and identity != NO_IDENTITY
+            and identity.trusted
             and entry.identity == identity
             and entry.size == size
+        )
+
+    def same_file(self, path: str, identity: FileIdentity) -> bool:
+        """Whether ``path`` is, by its device and inode, the file this map read there (its
+        bytes may have changed since)."""
+        entry = self.entries.get(path)
+        return (
+            entry is not None
+            and identity.located
+            and (entry.identity.device, entry.identity.inode) == identity[:2]
         )
 
     def close(self) -> None:

@@ -529,10 +529,13 @@ class Commands:
             answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
             write_json(saved, answer)
             return answer
+        # The engine's screen reads only the headers of blocks it can vouch for (``scan``).
+        parent_marker = (parents.get(shard_id) or {}).get("marker") or {}
+        screen = self.engine.block_screen(capture["marker"], parent_marker)
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
-                trusted_before=trusted,
+                trusted_before=trusted, screen=screen,
             )  # fmt: skip
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {
@@ -540,6 +543,7 @@ class Commands:
             "delta_bytes": sum(n for _, n in extents),
             "scan_seconds": scan.scan_seconds,
             "unchanged_bytes": scan.unchanged_bytes,
+            "screened_bytes": scan.screened_bytes,
             "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
         }
         if map_with_data:  # the scan wrote the map: it is uploaded with the data

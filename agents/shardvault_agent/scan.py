@@ -26,6 +26,13 @@ Terms:
   are new files every time. A cold table costs its ``stat``; every block of a changed file is
   read and hashed (0.05 s per GiB of CPU; the read itself is the cost, and ``scan_seconds``
   reports it).
+- *screened file*: a changed file whose engine vouches for its blocks' headers (a
+  ``BlockScreen``: PostgreSQL's page LSNs) and that the parent read at the same path, by
+  device and inode. Only each block's header is read (``header_size`` bytes, one ``pread``
+  each: 0.12 s per GiB here, against 0.22 s to copy the whole GiB), then the blocks the
+  screen lets through are read and hashed; the others keep the parent's hashes, and their
+  bytes count as ``screened_bytes``. ``pread`` rather than a mapping of the file: a live
+  file may shrink under the scan, and a mapped page past its end kills the reader.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from shardvault_agent.blockmap import (
     scan_file,
     write_map,
 )
+from shardvault_agent.engines.base import BlockScreen
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import StreamReader, read_exactly
 
@@ -74,10 +82,18 @@ class ScanResult:
     stream_bytes: int
     scan_seconds: float
     unchanged_bytes: int = 0  # of unchanged files: not read
+    screened_bytes: int = 0  # of blocks a screen proved unchanged: only their headers read
 
     @property
     def delta_bytes(self) -> int:
         return sum(length for _, length in self.extents)
+
+
+@dataclass(frozen=True)
+class ScannedFile:
+    hashes: bytes
+    changes: list[tuple[int, int]] | None = None  # None: compare ``hashes`` with the parent's
+    screened_bytes: int = 0
 
 
 def scan_capture(
@@ -88,22 +104,33 @@ def scan_capture(
     map_path: Path,
     block_size: int = BLOCK_SIZE,
     trusted_before: float | None = None,
+    screen: BlockScreen | None = None,
 ) -> ScanResult:
     """Hashes every block of the capture into a new block map at ``map_path`` and returns the
     extents that differ from ``parent`` (all of them without a parent, or with a parent of
     another block size). With ``trusted_before`` (the checkpoint's time, for an engine whose
     capture trusts identities), an unchanged file (see the module docstring) is not read:
-    its parent's hashes are its own."""
+    its parent's hashes are its own; with ``screen``, a screened file's blocks are read only
+    where their headers say they may have changed."""
     if parent is not None and parent.block_size != block_size:
         parent = None
-    started, extents, offset, unchanged = time.monotonic(), [], 0, 0
+    started, extents, offset, unchanged, screened = time.monotonic(), [], 0, 0, 0
 
-    def scan(entry: FileEntry) -> bytes:
+    def scan(entry: FileEntry) -> ScannedFile:
         reader = StreamReader(root, [entry], 0, entry.size, limiter)
-        return scan_file(lambda n: read_exactly(reader, n), entry.size, block_size)
+        return ScannedFile(scan_file(lambda n: read_exactly(reader, n), entry.size, block_size))
+
+    def screen_of(entry: FileEntry, identity: FileIdentity) -> BlockScreen | None:
+        """The screen for ``entry``, when its engine vouches for its blocks and the parent
+        read it at the same path (device and inode)."""
+        if screen is None or parent is None or block_size != BLOCK_SIZE:
+            return None
+        if not (screen.screens(entry.path) and parent.same_file(entry.path, identity)):
+            return None
+        return screen
 
     def hashed(pool: ThreadPoolExecutor) -> Iterator[Hashed]:
-        nonlocal offset, unchanged
+        nonlocal offset, unchanged, screened
         # Each identity is taken before its file is read; the changed files are read and
         # hashed SCAN_THREADS at a time, and their hashes taken in listing order.
         listed = []
@@ -111,6 +138,11 @@ def scan_capture(
             identity = file_identity(root, entry, trusted_before)
             if parent is not None and parent.unchanged(entry.path, entry.size, identity):
                 listed.append((entry, identity, None))
+            elif parent is not None and (vouching := screen_of(entry, identity)) is not None:
+                before = parent.hashes(entry.path) or b""
+                path = root / entry.path
+                screening = pool.submit(screen_file, path, entry.size, before, vouching, limiter)
+                listed.append((entry, identity, screening))
             else:
                 listed.append((entry, identity, pool.submit(scan, entry)))
         for entry, identity, scanning in listed:
@@ -118,11 +150,13 @@ def scan_capture(
                 hashes = bytes(parent.hashes(entry.path) or b"") if parent is not None else b""
                 unchanged += entry.size
             else:
-                hashes = scanning.result()
-                before = parent.hashes(entry.path) if parent is not None else None
-                extents.extend(
-                    (offset + o, n) for o, n in changes(hashes, before, entry.size, block_size)
-                )
+                scanned: ScannedFile = scanning.result()
+                hashes, ranges = scanned.hashes, scanned.changes
+                if ranges is None:
+                    before = parent.hashes(entry.path) if parent is not None else None
+                    ranges = changes(hashes, before, entry.size, block_size)
+                extents.extend((offset + o, n) for o, n in ranges)
+                screened += scanned.screened_bytes
             offset += entry.size
             yield entry.path, entry.size, hashes, identity
 
@@ -133,7 +167,63 @@ def scan_capture(
             pool.shutdown(cancel_futures=True)
             raise
     seconds = round(time.monotonic() - started, 3)
-    return ScanResult(merge_extents(extents), offset, seconds, unchanged)
+    return ScanResult(merge_extents(extents), offset, seconds, unchanged, screened)
+
+
+def screen_file(
+    path: Path,
+    size: int,
+    before: memoryview | bytes,
+    screen: BlockScreen,
+    limiter: RateLimiter,
+    block_size: int = BLOCK_SIZE,
+) -> ScannedFile:
+    """A screened file's block hashes (the parent's ``before`` where the screen proves a
+    block unchanged), its changed byte ranges, and the bytes it did not read. A file that
+    shrank since its listing reads as zeros past its end, as ``StreamReader`` reads it."""
+    count = block_count(size, block_size)
+    known = min(len(before) // HASH_SIZE, count)
+    hashes = bytearray(count * HASH_SIZE)
+    hashes[: known * HASH_SIZE] = before[: known * HASH_SIZE]
+    changed: list[int] = []
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # removed since its listing: zeros, as StreamReader reads it
+        fd = None
+    try:
+        headers = [_pread(fd, screen.header_size, i * block_size) for i in range(count)]
+        limiter.take(count * screen.header_size)
+        candidates = sorted(set(screen.may_differ(headers)) | set(range(known, count)))
+        for first, run in _runs(candidates):
+            length = min(len(run) * block_size, size - first * block_size)
+            data = _pread(fd, length, first * block_size)
+            limiter.take(length)
+            data += b"\0" * (length - len(data))
+            for n, i in enumerate(run):
+                digest = block_hash(data[n * block_size : (n + 1) * block_size])
+                if i >= known or digest != hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]:
+                    hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE] = digest
+                    changed.append(i)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    ranges = [
+        (i * block_size, min(block_size * len(run), size - i * block_size))
+        for i, run in _runs(changed)
+    ]
+    read = sum(min(block_size, size - i * block_size) for i in candidates)
+    return ScannedFile(bytes(hashes), ranges, size - read)
+
+
+def _pread(fd: int | None, length: int, offset: int) -> bytes:
+    return os.pread(fd, length, offset) if fd is not None else b""
+
+
+def _runs(indexes: list[int]) -> Iterator[tuple[int, list[int]]]:
+    """Sorted block indexes as runs of consecutive ones: ``(first, [first, first + 1, ...])``."""
+    for _, group in itertools.groupby(enumerate(indexes), lambda pair: pair[1] - pair[0]):
+        run = [i for _, i in group]
+        yield run[0], run
 
 
 def file_identity(root: Path, entry: FileEntry, trusted_before: float | None) -> FileIdentity:

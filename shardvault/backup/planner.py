@@ -43,6 +43,7 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
                     delta_bytes=shard.get("delta_bytes"),
                     scan_seconds=shard.get("scan_seconds"),
                     unchanged_bytes=shard.get("unchanged_bytes", 0),
+                    screened_bytes=shard.get("screened_bytes", 0),
                 )
             )
     return listings
@@ -74,8 +75,11 @@ def plan(
         check_scanned(results)
     listings = listings_from_results(results, phase)
     check_listings_match_sources(context, listings)
-    # An incremental reads every block of the files its scan did not find unchanged.
-    read = sum(listing.bytes - listing.unchanged_bytes for listing in listings)
+    # An incremental reads every block of the files its scan did not find unchanged, but the
+    # blocks an engine's screen proved unchanged from their headers (whose bytes it reported).
+    read = sum(
+        listing.bytes - listing.unchanged_bytes - listing.screened_bytes for listing in listings
+    )
     # Block maps go with the phase whose answer announces them: an incremental's scan wrote
     # its map (data), a full's map is joined from its packs' hashes at Stop (tail).
     maps = blockmap_listings(results)
@@ -114,6 +118,7 @@ def plan(
     if phase == Phase.DATA:
         skew = skew_seconds(listings)
         update |= {
+            "data_screened_bytes": sum(listing.screened_bytes for listing in listings),
             "checkpoint_skew_seconds": skew,
             "bytes_total": total,
             "objects_total": len(objects),

@@ -65,6 +65,9 @@ def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, An
             "object": obj.model_dump(mode="json"),
             "place": object_place(manifest.cluster, parent_id, obj.shard_id, obj.phase, obj.index),
             "encryption": encryption,
+            # Where the parent began (PostgreSQL: its start LSN): an engine's block screen
+            # proves blocks unchanged against it (``shardvault_agent.engines.pgpages``).
+            "marker": shard.marker,
             "url": url,
         }
     return maps

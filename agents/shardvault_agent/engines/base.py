@@ -28,6 +28,10 @@ Backup:
 - *held_backups*: the backups whose checkpoints the engine keeps on disk across an agent
   restart (SQLite's snapshots; PostgreSQL's backup mode dies with the agent's session), so a
   starting agent can release those whose backup has ended (``reconcile``).
+- *block_screen*: what lets an incremental's scan skip reading blocks: given this capture's
+  marker and the parent's, a ``BlockScreen`` that says from each block's header alone which
+  blocks may have changed since the parent (PostgreSQL: the page LSN against the parent's
+  start), or None (every block of a changed file is read and hashed).
 
 Restore (``shardvault_agent.restore`` places the files; the adapter makes them a database):
 
@@ -101,6 +105,27 @@ class Finishing:
     note_server: Callable[[dict[str, Any]], None]
 
 
+class BlockScreen(Protocol):
+    """An engine's proof, from the first bytes of a block (its *header*), that the block holds
+    what the parent backup stored for it. Blocks are ``blockmap.BLOCK_SIZE`` bytes.
+
+    - ``header_size``: the bytes of each block's start that decide;
+    - ``screens(path)``: the file's blocks all carry such a header (a path the engine does
+      not vouch for is read and hashed whole);
+    - ``may_differ(headers)``: the indexes of the headers that do not prove their block
+      unchanged (a short header, from a file that shrank, must be among them).
+
+    The scan only screens a file the parent read at the same path, by its device and inode
+    (``BlockMap.same_file``), and hashes every block the screen lets through, so a block
+    whose header moved but whose bytes did not is not sent."""
+
+    header_size: int
+
+    def screens(self, path: str) -> bool: ...
+
+    def may_differ(self, headers: list[bytes]) -> list[int]: ...
+
+
 class EngineAdapter(Protocol):
     shard_fields: ClassVar[tuple[str, ...]]  # the ShardConfig fields its shards must set
     config_fields: ClassVar[tuple[str, ...]]  # the AgentConfig sections its agents must set
@@ -135,6 +160,10 @@ class EngineAdapter(Protocol):
     def held_backups(self) -> set[str]: ...
 
     def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None: ...
+
+    def block_screen(
+        self, marker: dict[str, str], parent_marker: dict[str, str]
+    ) -> BlockScreen | None: ...
 
     def server_pid(self, shard: ShardConfig) -> int | None: ...
 

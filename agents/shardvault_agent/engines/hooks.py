@@ -141,6 +141,11 @@ class HooksAdapter:
     def held_log(self, shard: ShardConfig, backup_id: str) -> None:
         return None  # unknown to the agent
 
+    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
+        return (
+            None  # its hooks' files are opaque to the agent: every block of a changed file is read
+        )
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # the hooks' engine is unknown: the host's stall signals steer its backups
 

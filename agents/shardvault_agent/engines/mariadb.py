@@ -208,6 +208,9 @@ class MariadbAdapter:
     def held_log(self, shard: ShardConfig, backup_id: str) -> None:
         return None  # mariabackup copies its redo log into the agent's state dir
 
+    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
+        return None  # InnoDB pages carry an LSN too (not screened yet): every block is read
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # not yet: the host's stall signals steer its backups
 

@@ -43,8 +43,15 @@ from shardvault.cut import (
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines import postgres_restore
-from shardvault_agent.engines.base import Capture, Finishing, HeldLog, list_tree, size_or_zero
+from shardvault_agent.engines import pgpages, postgres_restore
+from shardvault_agent.engines.base import (
+    BlockScreen,
+    Capture,
+    Finishing,
+    HeldLog,
+    list_tree,
+    size_or_zero,
+)
 from shardvault_agent.engines.pgserver import beside, stop_server
 
 log = logging.getLogger("shardvault.agent.postgres")
@@ -240,7 +247,9 @@ class PostgresAdapter:
             lsn = conn.execute(
                 "SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)
             ).fetchone()[0]
-            wal = conn.execute("SELECT pg_walfile_name(%s)", (lsn,)).fetchone()[0]
+            wal, block_size = conn.execute(
+                "SELECT pg_walfile_name(%s), current_setting('block_size')", (lsn,)
+            ).fetchone()
         except psycopg.Error as error:
             conn.close()
             raise EngineError(
@@ -249,7 +258,13 @@ class PostgresAdapter:
             ) from None
         with self.lock:
             self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal)
-        marker = {"start_lsn": str(lsn), "start_wal": wal, "checkpoint_at": f"{started:.6f}"}
+        marker = {
+            "start_lsn": str(lsn),
+            "start_wal": wal,
+            "checkpoint_at": f"{started:.6f}",
+            "block_size": block_size,  # of its pages: the block screen reads their headers
+            "system_identifier": pgpages.system_identifier(shard.data_dir),
+        }
         # PostgreSQL writes relation files with pwrite (never through a mapping), and any
         # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
         # since the parent's scan needs no reading.
@@ -353,6 +368,11 @@ class PostgresAdapter:
         if row is None or row[0] is None:
             return None
         return HeldLog(int(row[0]), (shard.data_dir / "pg_wal").resolve())
+
+    def block_screen(
+        self, marker: dict[str, str], parent_marker: dict[str, str]
+    ) -> BlockScreen | None:
+        return pgpages.screen_since(marker, parent_marker, RELATION_FILE)
 
     def server_pid(self, shard: ShardConfig) -> int | None:
         """The postmaster's process id, from the first line of ``postmaster.pid``."""

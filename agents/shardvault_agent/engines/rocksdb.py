@@ -155,6 +155,9 @@ class RocksdbAdapter:
     def held_log(self, shard: ShardConfig, backup_id: str) -> None:
         return None  # a checkpoint of hard links: no log held
 
+    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
+        return None  # SST files are written once: a changed file is a new file, read whole
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # no server
 

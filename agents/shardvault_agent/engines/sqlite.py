@@ -160,6 +160,9 @@ class SqliteAdapter:
     def held_log(self, shard: ShardConfig, backup_id: str) -> None:
         return None  # a snapshot: nothing held on the source
 
+    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
+        return None  # a snapshot is a new file every time: every block is read
+
     def server_pid(self, shard: ShardConfig) -> int | None:
         return None  # no server
 
