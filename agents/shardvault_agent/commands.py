@@ -410,7 +410,8 @@ class Commands:
         """Takes each shard's checkpoint, then (when the command names the parents, as the
         backup state machine's does) scans it: one command, one round trip, where there were
         two. Without ``parents`` it answers with the listing alone, for a control plane that
-        still sends ``scan`` on its own."""
+        still sends ``scan`` on its own. With ``flush`` (a backup of this node alone) it
+        flushes each shard first, as the Flush command would have."""
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
@@ -422,6 +423,8 @@ class Commands:
                     continue  # a retried command: the checkpoint is already held
                 # Taken (again): what a lost checkpoint's scan saved describes other files.
                 self._discard_scan(backup_id, shard.shard_id)
+                if args.get("flush"):
+                    self.engine.flush(shard)
                 at = time.time()
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)

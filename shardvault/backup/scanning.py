@@ -29,13 +29,19 @@ from shardvault.store import presign_get
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     """Writes each source node's scan arguments where the dispatcher finds them by the node
     (``Services.scan_args_key``: the state carries no key per node); says whether the nodes
-    scan in their Checkpoint command (``with_checkpoint``) or in a Scan step apart."""
+    scan in their Checkpoint command (``with_checkpoint``) or in a Scan step apart, and
+    whether a lone node flushes in its Checkpoint command (``flush_with_checkpoint``: the
+    Flush map exists to bring several nodes' checkpoints close together)."""
     parents = parent_maps(context, svc)
     separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
         svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args)
-    return {"separate": separate, "with_checkpoint": not separate}
+    return {
+        "separate": separate,
+        "with_checkpoint": not separate,
+        "flush_with_checkpoint": len(context.sources) == 1,
+    }
 
 
 def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:

@@ -90,6 +90,7 @@ def test_a_small_incrementals_changes_upload_with_its_tail_in_one_round(
     before_stop = states[: states.index("Stop")]
     assert ("Upload" in before_stop) is not staged
     assert states.count("Upload") == 1  # SQLite has no tail: staged, the data went after Stop
+    assert "Flush" not in states  # one node: it flushed in its Checkpoint command
     backup_id = incremental.record["backup_id"]
     (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
     assert record["data_staged"] is staged
