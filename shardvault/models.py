@@ -221,9 +221,6 @@ class ShardListing(Frozen):
     scan_seconds: float | None = None
     unchanged_bytes: int = 0  # of files the scan found unchanged by identity: not read
     screened_bytes: int = 0  # of blocks an engine's screen proved unchanged: headers read
-    # The agent copied the delta stream at its scan: its objects may be packed after the stop
-    # (shardvault.backup.planner: a staged backup uploads its data with its tail).
-    staged: bool = False
 
     @property
     def bytes(self) -> int:

@@ -64,7 +64,6 @@ from shardvault_agent.scan import (
     assemble_map,
     save_identities,
     scan_capture,
-    stage,
     write_fragment,
 )
 from shardvault_agent.sourceguard import SourceGuard
@@ -444,17 +443,11 @@ class Commands:
         """A full's hash fragments, one per data object (``scan.PackHasher``)."""
         return self.backup_dir(backup_id) / "hashes" / shard_id
 
-    def _staged_path(self, backup_id: str, shard_id: str) -> Path:
-        """An incremental's *staged delta*: its changed blocks copied at the scan (``stage``)."""
-        return self.backup_dir(backup_id) / f"{shard_id}.delta"
-
     def _discard_scan(self, backup_id: str, shard_id: str) -> None:
-        """Removes a shard's scan answer, block map, staged delta and hash fragments (with the
-        identities beside them): they belong to one capture, and a checkpoint taken again
-        replaces it."""
+        """Removes a shard's scan answer, block map and hash fragments (with the identities
+        beside them): they belong to one capture, and a checkpoint taken again replaces it."""
         self._extents_path(backup_id, shard_id).unlink(missing_ok=True)
         self._map_path(backup_id, shard_id).unlink(missing_ok=True)
-        self._staged_path(backup_id, shard_id).unlink(missing_ok=True)
         shutil.rmtree(self._hashes_dir(backup_id, shard_id), ignore_errors=True)
 
     def _saved_scan(self, backup_id: str, shard_id: str) -> dict[str, Any]:
@@ -560,12 +553,7 @@ class Commands:
             answer["blockmap_bytes"] = self._map_path(backup_id, shard_id).stat().st_size
         else:
             answer["map_with_tail"] = True
-        if answer["delta_bytes"] <= self.config.stage_delta_max_bytes:
-            changed = unpack_extents(packed)
-            staged = self._staged_path(backup_id, shard_id)
-            stage(root, capture["files"], changed, staged, limiter)
-            answer["staged"] = True
-        write_json(saved, answer)  # last: a saved answer's staged delta is whole
+        write_json(saved, answer)
         return answer
 
     def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -715,10 +703,6 @@ class Commands:
         """What an object holds: a range of its shard's stream, or, for an incremental's data,
         of its delta stream (the changed extents the scan found)."""
         root, files = Path(capture["root"]), capture["files"]
-        staged = self._staged_path(item.backup_id, item.shard_id)
-        if item.phase == Phase.DATA and staged.exists():  # the delta stream, copied at the scan
-            delta = [FileEntry(path=staged.name, size=staged.stat().st_size)]
-            return stream_source(staged.parent, delta, item.stream_offset, item.length, limiter)
         extents = self._extents_path(item.backup_id, item.shard_id)
         packed = json.loads(extents.read_text())["extents"] if extents.exists() else ""
         if item.phase == Phase.DATA and packed:

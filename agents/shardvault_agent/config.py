@@ -182,15 +182,6 @@ class AgentConfig(BaseModel):
     max_parallel_commands: int = Field(4, ge=1, description="Commands run at once.")
     upload_parallelism: int = Field(4, ge=1, description="Parts of one object sent at once.")
     part_attempts: int = Field(5, ge=1, description="Tries per part before the command fails.")
-    stage_delta_max_bytes: int = Field(
-        256 * 1024 * 1024,
-        ge=0,
-        description="An incremental whose changed blocks come to at most this many bytes "
-        "copies them into state_dir at its checkpoint, and uploads them after its stop with "
-        "its WAL, in one round (0: never; larger ones upload before the stop, read from the "
-        "database's files). The copy is plaintext, as the database's own files are on this "
-        "host, and goes when the backup ends.",
-    )
     rate_limit_bytes_per_second: int | None = Field(
         None, ge=1, description="Cap on bytes read per second (None: no cap)."
     )

@@ -10,10 +10,6 @@ Terms:
 - *delta stream*: the concatenation of the extents' bytes. An incremental's objects are cut
   from its delta stream exactly as a full's are cut from its stream, so planning, packing and
   the part size do not change; ``DeltaReader`` reads a range of it from the files.
-- *staged delta*: a small incremental's delta stream copied into the agent's state
-  directory right after its scan (``stage``), so that its packs read the copy after the
-  engine's stop: its data and its tail then upload in one round (see ARCHITECTURE,
-  *Staged incrementals*).
 - *hash fragment*: a full reads every byte once, in its pack: ``PackHasher`` hashes the blocks
   an object's pack reads (each block belongs to the object holding its first byte) and keeps
   them as ``<offset>-<length>.hashes``; ``assemble_map`` joins the fragments of a shard into
@@ -78,7 +74,6 @@ from shardvault_agent.transfer import StreamReader, read_exactly
 # Files read and hashed at once: a read's copy from the page cache runs without the GIL while
 # another file's blocks are hashed (a scan of 1.6 GiB took 0.4 s on one thread).
 SCAN_THREADS = 2
-STAGE_CHUNK = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -271,26 +266,6 @@ def _saved_identities(directory: Path, files: list[FileEntry]) -> list[FileIdent
 def mapped_files(files: list[FileEntry]) -> Iterator[FileEntry]:
     """The entries a block map lists: files, not directories (``path/``)."""
     return (entry for entry in files if not entry.path.endswith("/"))
-
-
-def stage(
-    root: Path,
-    files: list[FileEntry],
-    extents: list[tuple[int, int]],
-    path: Path,
-    limiter: RateLimiter,
-) -> None:
-    """Copies the delta stream (the extents' bytes, in order) to ``path`` (through a
-    ``.partial`` file: a staged delta that is there is whole). Read before the engine's stop,
-    it is what the packs would have read from the files then, so they may run after it:
-    the backup's changed blocks and its tail upload in one round."""
-    length = sum(n for _, n in extents)
-    reader = DeltaReader(root, files, extents, 0, length, limiter)
-    partial = path.with_suffix(".partial")
-    with open(partial, "wb") as out:
-        while chunk := reader.read(STAGE_CHUNK):
-            out.write(chunk)
-    partial.replace(path)
 
 
 class DeltaReader:

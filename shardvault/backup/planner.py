@@ -6,11 +6,6 @@ The answers are read from the work bucket when the agents handed them there
 Each answer is checked against the backup's sources, turned into shard listings, and cut into
 an object plan (``shardvault.planning``); both are written to the work bucket, where the
 Upload map reads the plan and Finalize the listings.
-
-A *staged* data plan (every shard's agent copied its changed blocks at its scan:
-``shardvault_agent.scan.stage``) is not uploaded before the stop: the state machine goes
-straight to Stop, and the tail's plan begins with the data plan's objects, so that both
-upload in one Upload map.
 """
 
 from __future__ import annotations
@@ -20,14 +15,7 @@ from typing import Any
 from shardvault.backup.answers import read_answers
 from shardvault.cut import cut_skew_seconds, pause_summary
 from shardvault.errors import InvalidRequest, UnknownCommand
-from shardvault.models import (
-    BackupContext,
-    FileEntry,
-    ObjectPlan,
-    Phase,
-    ShardListing,
-    unpack_files,
-)
+from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
 from shardvault.planning import (
     choose_part_size,
     interleave_by_node,
@@ -56,7 +44,6 @@ def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[S
                     scan_seconds=shard.get("scan_seconds"),
                     unchanged_bytes=shard.get("unchanged_bytes", 0),
                     screened_bytes=shard.get("screened_bytes", 0),
-                    staged=shard.get("staged", False),
                 )
             )
     return listings
@@ -116,15 +103,10 @@ def plan(
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
-    staged = phase == Phase.DATA and all(
-        listing.staged for listing in listings if listing.phase == phase
-    )
-    items = plan_items(context, phase, objects, record, svc)
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
-    svc.put_work(plan_key, items)
+    svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
     update: dict[str, Any] = {
         "part_size": part_size,
-        **({"data_staged": staged} if phase == Phase.DATA else {}),
         f"{phase}_bytes": streamed,  # the phase's own stream: what changed, for data
         f"{phase}_blockmap_bytes": map_bytes,
         f"{phase}_objects": len(objects),
@@ -150,31 +132,14 @@ def plan(
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
     svc.catalog.update(context.cluster, context.backup_id, **update)
-    planned = [ObjectPlan.model_validate(item["object"]) for item in items]
     return {
         "phase": phase.value,
         "plan_key": plan_key,
-        "objects": len(planned),
-        "bytes": sum(o.length for o in planned),
+        "objects": len(objects),
+        "bytes": total,
         "part_size": part_size,
-        "upload_concurrency": transfer_concurrency(planned),
-        "staged": staged,  # upload after the stop, with the tail
+        "upload_concurrency": transfer_concurrency(objects),
     }
-
-
-def plan_items(
-    context: BackupContext,
-    phase: Phase,
-    objects: list[ObjectPlan],
-    record: dict[str, Any],
-    svc: Services,
-) -> list[dict[str, Any]]:
-    """The Upload map's items for the phase: its objects, after the data plan's when that
-    was staged (not uploaded before the stop: it goes with the tail, in one round)."""
-    items = [{"object": o.model_dump(mode="json")} for o in objects]
-    if phase == Phase.TAIL and record.get("data_staged"):
-        items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
-    return items
 
 
 def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:

@@ -49,9 +49,11 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     with sqlite3.connect(db) as conn:  # one row changes
         conn.execute("UPDATE items SET payload = randomblob(100) WHERE rowid = 7")
 
-    incremental = cluster.backup(incremental=True)
+    execution = cluster.start_backup(incremental=True)
+    incremental = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
 
     assert incremental.status == "SUCCEEDED", incremental.cause
+    assert "Flush" not in entered_states(execution)  # one node: it flushed in its checkpoint
     records = {r["backup_id"]: r for r in cluster.records()}
     child = records[incremental.record["backup_id"]]
     assert child["kind"] == "incremental"
@@ -60,49 +62,6 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     parent = records[full.record["backup_id"]]
     # A changed row is a few blocks: far less than a twentieth of the full's data.
     assert child["data_bytes"] < parent["data_bytes"] / 20
-
-
-@pytest.mark.parametrize("staged", [True, False], ids=["staged", "read-before-stop"])
-def test_a_small_incrementals_changes_upload_with_its_tail_in_one_round(
-    make_cluster, make_target, policy_for, staged
-):
-    """A small incremental copies its changed blocks into the agent's state at its scan and
-    uploads them after the stop, in the tail's Upload map; with staging off (a delta over the
-    agent's ``stage_delta_max_bytes``) they upload before the stop, read from the files.
-    Either way the restore equals the source and the agent keeps nothing of the backup."""
-    from pathlib import Path
-
-    from shardvault.local.demo import table_digests
-
-    agent = {} if staged else {"stage_delta_max_bytes": 0}
-    cluster = make_cluster(nodes=1, size_mb=4, agent=agent)
-    policy_for(cluster.name)
-    assert cluster.backup().status == "SUCCEEDED"
-    (db,) = cluster.sources.values()
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
-
-    execution = cluster.start_backup(incremental=True)
-    incremental = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
-
-    assert incremental.status == "SUCCEEDED", incremental.cause
-    states = entered_states(execution)
-    before_stop = states[: states.index("Stop")]
-    assert ("Upload" in before_stop) is not staged
-    assert states.count("Upload") == 1  # SQLite has no tail: staged, the data went after Stop
-    assert "Flush" not in states  # one node: it flushed in its Checkpoint command
-    backup_id = incremental.record["backup_id"]
-    (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
-    assert record["data_staged"] is staged
-    assert 0 < record["data_bytes"] < record["bytes_total"]
-    (config,) = cluster.configs
-    assert not list(Path(config["state_dir"]).rglob("*.delta"))  # the copy went at release
-    target = make_target(nodes=1)
-    restored = target.restore(cluster.name, backup_id=backup_id)
-    assert restored.status == "SUCCEEDED", restored.cause
-    (shard_id,) = cluster.sources
-    (copy,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
-    assert table_digests(copy) == table_digests(db)
 
 
 def test_a_cluster_wider_than_a_node_map_scans_apart_and_still_chains(
