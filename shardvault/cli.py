@@ -397,7 +397,7 @@ def read_cell(record: dict[str, Any]) -> str:
     screened = record.get("data_screened_bytes")
     if not screened:
         return sized(read_bytes(record))
-    return f"{sized(read_bytes(record))} ({sized(screened)} more vouched for by page headers)"
+    return f"{sized(read_bytes(record))}; {sized(screened)} more vouched for by page headers"
 
 
 def full_share(record: dict[str, Any], root: dict[str, Any] | None) -> float | None:

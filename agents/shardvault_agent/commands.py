@@ -54,7 +54,7 @@ from shardvault.pipeline import (
 )
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, EngineAdapter
+from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
@@ -532,9 +532,8 @@ class Commands:
             answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
             write_json(saved, answer)
             return answer
-        # The engine's screen reads only the headers of blocks it can vouch for (``scan``).
-        parent_marker = (parents.get(shard_id) or {}).get("marker") or {}
-        screen = self.engine.block_screen(capture["marker"], parent_marker)
+        parent = parents.get(shard_id) or {}
+        screen = parent_screen(self.engine, self.config.node_id, capture["marker"], parent)
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
@@ -767,6 +766,18 @@ class Commands:
     def do_abort_restore(self, args: dict[str, Any]) -> dict[str, Any]:
         with self._lock(args["backup_id"]):
             return self.restorer.abort(args)
+
+
+def parent_screen(
+    engine: EngineAdapter, node_id: str, marker: dict[str, str], parent: dict[str, Any]
+) -> BlockScreen | None:
+    """The engine's block screen against ``parent`` (``scan``: it reads only the headers of
+    blocks it can vouch for), for a parent this node made: a device and inode name a file on
+    one host only. None for a parent of another node, or of a control plane that does not
+    say which."""
+    if parent.get("node_id") != node_id:
+        return None
+    return engine.block_screen(marker, parent.get("marker") or {})
 
 
 def _read_parts(path: Path) -> list[UploadedPart]:

@@ -71,9 +71,11 @@ def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, An
             "object": obj.model_dump(mode="json"),
             "place": object_place(manifest.cluster, parent_id, obj.shard_id, obj.phase, obj.index),
             "encryption": encryption,
-            # Where the parent began (PostgreSQL: its start LSN): an engine's block screen
-            # proves blocks unchanged against it (``shardvault_agent.engines.pgpages``).
+            # Where the parent began (PostgreSQL: its start LSN) and on which node: an
+            # engine's block screen proves blocks unchanged against it, on that node only
+            # (``shardvault_agent.engines.pgpages``).
             "marker": shard.marker,
+            "node_id": shard.node_id,
             "url": url,
         }
     return maps

@@ -195,3 +195,20 @@ def test_the_system_identifier_is_read_from_pg_control(tmp_path: Path):
     )
     assert system_identifier(tmp_path) == "7312345678901234567"
     assert system_identifier(tmp_path / "nowhere") == ""
+
+
+def test_only_a_parent_this_node_made_is_screened_against():
+    """A device and inode name a file on one host only: a parent another node made (a
+    replica, before a switch of the source) proves nothing here."""
+    from types import SimpleNamespace
+
+    from shardvault_agent.commands import parent_screen
+    from shardvault_agent.engines import pgpages
+
+    engine = SimpleNamespace(
+        block_screen=lambda marker, parent: pgpages.screen_since(marker, parent, RELATION_FILE)
+    )
+    own = {"marker": MARKER, "node_id": "n1"}
+    assert isinstance(parent_screen(engine, "n1", LATER, own), PageLsnScreen)
+    assert parent_screen(engine, "n2", LATER, own) is None
+    assert parent_screen(engine, "n1", LATER, {"marker": MARKER}) is None  # no node named

@@ -1,5 +1,5 @@
-"""What backup --wait, the summary and show say of an adaptive backup's throttle and of the
-WAL a backup held on its source."""
+"""What backup --wait, the summary and show say of an adaptive backup's throttle, of the WAL a
+backup held on its source and of what an incremental read."""
 
 from __future__ import annotations
 
@@ -36,4 +36,14 @@ def test_the_summary_says_what_the_throttle_did_over_the_backup() -> None:
 def test_the_wal_a_backup_held_is_said_in_bytes_and_mib() -> None:
     assert held_cell({"held_log_bytes": 3 * MiB}) == (
         "3,145,728 (3.0 MiB) at most, until the backup let it go"
+    )
+
+
+def test_the_summary_says_what_page_headers_vouched_for_beside_the_bytes_read() -> None:
+    from shardvault.cli import read_cell
+
+    assert read_cell({"read_bytes": 3 * MiB}) == "3,145,728 (3.0 MiB)"
+    screened = {"read_bytes": 3 * MiB, "data_screened_bytes": 96 * MiB}
+    assert read_cell(screened) == (
+        "3,145,728 (3.0 MiB); 100,663,296 (96.0 MiB) more vouched for by page headers"
     )

@@ -16,7 +16,9 @@ What makes it safe, and when it is not used (the file is then read and hashed wh
 - only relation main forks (``base/<db>/<node>[.<segment>]``, ``global/<node>``). The free
   space map is not logged, and the visibility map's bits are cleared without moving its
   pages' LSNs: those forks are small and always read;
-- only a file the parent read at the same path, by its device and inode (the scan checks):
+- only a file the parent read on the same node (a device and inode name a file on one host
+  only: a parent from another node, a replica, is not screened) at the same path, by its
+  device and inode (the scan checks):
   a file copied in with old LSNs (``CREATE DATABASE``'s file copy, a replaced data
   directory) is a new inode; a rewritten relation (``VACUUM FULL``, ``TRUNCATE``) a new file;
 - only in the parent's database cluster (its ``system_identifier``, the first 8 bytes of
