@@ -88,8 +88,9 @@ Measured, per backup:
   map), and the ``Checkpoint`` state's time in the execution history (adds the hops through
   Step Functions and the inbox).
 * *phases* of a ShardVault backup (from the execution history; they add up to its time):
-  ``checkpoint`` (Validate, PrepareScan, Flush), ``scan`` (Checkpoint: each node's
-  checkpoint and scan, one command), ``plan``
+  ``checkpoint`` (Validate, PrepareScan, and Flush where several nodes flush first),
+  ``scan`` (Checkpoint: each node's checkpoint and scan, one command; a lone node flushes
+  in it), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
   PlanTail, the tail's Upload map; a full's block map goes with its tail, an
   incremental's with its data) and ``finalize`` (Release, Finalize).
@@ -306,7 +307,9 @@ def phases(spans: list[tuple[str, float, float]], end: float) -> dict[str, float
     first: dict[str, tuple[float, float]] = {}
     for name, entered, exited in spans:
         first.setdefault(name, (entered, exited))
-    flushed, checkpoint, plan = first["Flush"][1], first["Checkpoint"][1], first["PlanData"][1]
+    # A backup of one node flushes in its Checkpoint command: no Flush state.
+    flushed = first["Flush"][1] if "Flush" in first else first["Checkpoint"][0]
+    checkpoint, plan = first["Checkpoint"][1], first["PlanData"][1]
     data_upload = [s for s in spans if s[0] == "Upload" and s[2] <= first["Stop"][0]]
     uploaded = data_upload[0][2] if data_upload else plan
     release = first["Release"][0]

@@ -4,7 +4,8 @@ Terms:
 
 * *run*: one timed execution of one tool (a dict with at least ``seconds``).
 * *phase* of a ShardVault backup, from the execution history's state timestamps:
-  ``checkpoint`` (start to the end of the Checkpoint map: Validate, Flush, Checkpoint),
+  ``checkpoint`` (start to the end of the Checkpoint map: Validate, Flush where several
+  nodes flush first, Checkpoint),
   ``plan`` (PlanData), ``upload`` (the data Upload map), ``tail`` (from the data Upload map's
   end to Release: CheckUploads, Stop, PlanTail, the tail Upload map), ``finalize`` (Release
   and Finalize, to the execution's success).
