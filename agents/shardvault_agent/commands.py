@@ -532,8 +532,8 @@ class Commands:
             answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
             write_json(saved, answer)
             return answer
-        parent = parents.get(shard_id) or {}
-        screen = parent_screen(self.engine, self.config.node_id, capture["marker"], parent)
+        parent_args = parents.get(shard_id) or {}
+        screen = parent_screen(self.engine, self.config.node_id, capture["marker"], parent_args)
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
@@ -546,7 +546,7 @@ class Commands:
             "scan_seconds": scan.scan_seconds,
             "unchanged_bytes": scan.unchanged_bytes,
             "screened_bytes": scan.screened_bytes,
-            "parent_id": (parents.get(shard_id) or {}).get("backup_id"),
+            "parent_id": parent_args.get("backup_id"),
         }
         if map_with_data:  # the scan wrote the map: it is uploaded with the data
             answer["blockmap_bytes"] = self._map_path(backup_id, shard_id).stat().st_size

@@ -55,6 +55,7 @@ from shardvault_agent.blockmap import (
     BLOCK_SIZE,
     HASH_SIZE,
     NO_IDENTITY,
+    READ_BLOCKS,
     BlockMap,
     FileIdentity,
     Hashed,
@@ -74,6 +75,7 @@ from shardvault_agent.transfer import StreamReader, read_exactly
 # Files read and hashed at once: a read's copy from the page cache runs without the GIL while
 # another file's blocks are hashed (a scan of 1.6 GiB took 0.4 s on one thread).
 SCAN_THREADS = 2
+HEADER_BATCH = 8192  # blocks whose headers a screened scan reads before it judges them
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,10 @@ def screen_file(
     except FileNotFoundError:  # removed since its listing: zeros, as StreamReader reads it
         fd = None
     try:
-        headers = [_pread(fd, screen.header_size, i * block_size) for i in range(count)]
-        limiter.take(count * screen.header_size)
-        candidates = sorted(set(screen.may_differ(headers)) | set(range(known, count)))
-        for first, run in _runs(candidates):
+        candidates = sorted(set(_screened(fd, screen, count, block_size, limiter)) | set(
+            range(known, count)
+        ))  # fmt: skip
+        for first, run in _runs(candidates, READ_BLOCKS):
             length = min(len(run) * block_size, size - first * block_size)
             data = _pread(fd, length, first * block_size)
             limiter.take(length)
@@ -215,15 +217,30 @@ def screen_file(
     return ScannedFile(bytes(hashes), ranges, size - read)
 
 
+def _screened(
+    fd: int | None, screen: BlockScreen, count: int, block_size: int, limiter: RateLimiter
+) -> Iterator[int]:
+    """The blocks whose headers the screen lets through, their headers read
+    ``HEADER_BATCH`` blocks at a time (a list of a GiB's headers would hold 5 MiB)."""
+    for start in range(0, count, HEADER_BATCH):
+        stop = min(count, start + HEADER_BATCH)
+        headers = [_pread(fd, screen.header_size, i * block_size) for i in range(start, stop)]
+        limiter.take(len(headers) * screen.header_size)
+        yield from (start + i for i in screen.may_differ(headers))
+
+
 def _pread(fd: int | None, length: int, offset: int) -> bytes:
     return os.pread(fd, length, offset) if fd is not None else b""
 
 
-def _runs(indexes: list[int]) -> Iterator[tuple[int, list[int]]]:
-    """Sorted block indexes as runs of consecutive ones: ``(first, [first, first + 1, ...])``."""
+def _runs(indexes: list[int], longest: int | None = None) -> Iterator[tuple[int, list[int]]]:
+    """Sorted block indexes as runs of consecutive ones: ``(first, [first, first + 1, ...])``,
+    each at most ``longest`` long (a read of a file grown by a GiB is cut in MiBs)."""
     for _, group in itertools.groupby(enumerate(indexes), lambda pair: pair[1] - pair[0]):
         run = [i for _, i in group]
-        yield run[0], run
+        step = longest or len(run)
+        for at in range(0, len(run), step):
+            yield run[at], run[at : at + step]
 
 
 def file_identity(root: Path, entry: FileEntry, trusted_before: float | None) -> FileIdentity:

@@ -212,3 +212,35 @@ def test_only_a_parent_this_node_made_is_screened_against():
     assert isinstance(parent_screen(engine, "n1", LATER, own), PageLsnScreen)
     assert parent_screen(engine, "n2", LATER, own) is None
     assert parent_screen(engine, "n1", LATER, {"marker": MARKER}) is None  # no node named
+
+
+def test_a_grown_file_is_read_in_pieces_and_its_headers_in_batches(tmp_path: Path, monkeypatch):
+    """Headers are judged a batch at a time and candidate pages read a MiB at most at once:
+    a file grown by far more than that still comes out whole and right."""
+    monkeypatch.setattr("shardvault_agent.scan.HEADER_BATCH", 4)
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def recording_pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    root = tmp_path / "data"
+    old = PARENT_START - 1
+    listing = write(root, {"base/5/1": page(old, b"a") * 10})
+    scan(root, listing, None, tmp_path / "full.map")
+    rel = root / "base/5/1"
+    rewrite_in_place(rel, 6, page(PARENT_START + 1, b"c"))
+    with open(rel, "ab") as f:
+        f.write(b"".join(page(old, bytes([i % 250])) for i in range(300)))
+    listing = [FileEntry(path="base/5/1", size=rel.stat().st_size)]
+
+    monkeypatch.setattr("shardvault_agent.scan.os.pread", recording_pread)
+    incremental = scan(root, listing, tmp_path / "full.map", tmp_path / "incr.map", screen())
+
+    assert incremental.extents == [(6 * B, B), (10 * B, 300 * B)]
+    assert max(reads) <= 128 * B  # READ_BLOCKS
+    with BlockMap(tmp_path / "incr.map") as new:
+        hashes = bytes(new.hashes("base/5/1") or b"")
+    now = hash_blocks(rel.read_bytes(), B)
+    assert hashes[6 * HASH_SIZE :] == now[6 * HASH_SIZE :]

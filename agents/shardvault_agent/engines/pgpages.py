@@ -16,11 +16,11 @@ What makes it safe, and when it is not used (the file is then read and hashed wh
 - only relation main forks (``base/<db>/<node>[.<segment>]``, ``global/<node>``). The free
   space map is not logged, and the visibility map's bits are cleared without moving its
   pages' LSNs: those forks are small and always read;
-- only a file the parent read on the same node (a device and inode name a file on one host
-  only: a parent from another node, a replica, is not screened) at the same path, by its
-  device and inode (the scan checks):
-  a file copied in with old LSNs (``CREATE DATABASE``'s file copy, a replaced data
-  directory) is a new inode; a rewritten relation (``VACUUM FULL``, ``TRUNCATE``) a new file;
+- only the file the parent read at the same path on the same node, by its device and inode
+  (the scan checks; a device and inode name a file on one host only, so a parent another
+  node made, a replica's, is not screened against): a file copied in with old LSNs
+  (``CREATE DATABASE``'s file copy, a replaced data directory) is a new inode; a rewritten
+  relation (``VACUUM FULL``, ``TRUNCATE``) a new file;
 - only in the parent's database cluster (its ``system_identifier``, the first 8 bytes of
   ``global/pg_control``: an ``initdb`` in the same place makes another), on the parent's
   timeline, at or after its start, with 8 KiB pages (the block map's block size;
