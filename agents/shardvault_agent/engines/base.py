@@ -116,8 +116,9 @@ class BlockScreen(Protocol):
       unchanged (a short header, from a file that shrank, must be among them).
 
     The scan only screens a file the parent read at the same path, by its device and inode
-    (``BlockMap.same_file``), and hashes every block the screen lets through, so a block
-    whose header moved but whose bytes did not is not sent."""
+    (``BlockMap.same_file``), against a parent this node made (``commands.parent_screen``),
+    and hashes every block the screen lets through, so a block whose header moved but whose
+    bytes did not is not sent."""
 
     header_size: int
 
