@@ -94,7 +94,7 @@ class ScanResult:
 @dataclass(frozen=True)
 class ScannedFile:
     hashes: bytes
-    changes: list[tuple[int, int]] | None = None  # None: compare ``hashes`` with the parent's
+    changes: list[tuple[int, int]]  # the byte ranges that differ from the parent's, merged
     screened_bytes: int = 0
 
 
@@ -120,7 +120,9 @@ def scan_capture(
 
     def scan(entry: FileEntry) -> ScannedFile:
         reader = StreamReader(root, [entry], 0, entry.size, limiter)
-        return ScannedFile(scan_file(lambda n: read_exactly(reader, n), entry.size, block_size))
+        hashes = scan_file(lambda n: read_exactly(reader, n), entry.size, block_size)
+        before = parent.hashes(entry.path) if parent is not None else None
+        return ScannedFile(hashes, changes(hashes, before, entry.size, block_size))
 
     def screen_of(entry: FileEntry, identity: FileIdentity) -> BlockScreen | None:
         """The screen for ``entry``, when its engine vouches for its blocks and the parent
@@ -153,11 +155,8 @@ def scan_capture(
                 unchanged += entry.size
             else:
                 scanned: ScannedFile = scanning.result()
-                hashes, ranges = scanned.hashes, scanned.changes
-                if ranges is None:
-                    before = parent.hashes(entry.path) if parent is not None else None
-                    ranges = changes(hashes, before, entry.size, block_size)
-                extents.extend((offset + o, n) for o, n in ranges)
+                hashes = scanned.hashes
+                extents.extend((offset + o, n) for o, n in scanned.changes)
                 screened += scanned.screened_bytes
             offset += entry.size
             yield entry.path, entry.size, hashes, identity
@@ -209,10 +208,9 @@ def screen_file(
     finally:
         if fd is not None:
             os.close(fd)
-    ranges = [
-        (i * block_size, min(block_size * len(run), size - i * block_size))
-        for i, run in _runs(changed)
-    ]
+    ranges = merge_extents(
+        [(i * block_size, min(block_size, size - i * block_size)) for i in changed]
+    )
     read = sum(min(block_size, size - i * block_size) for i in candidates)
     return ScannedFile(bytes(hashes), ranges, size - read)
 
@@ -233,14 +231,13 @@ def _pread(fd: int | None, length: int, offset: int) -> bytes:
     return os.pread(fd, length, offset) if fd is not None else b""
 
 
-def _runs(indexes: list[int], longest: int | None = None) -> Iterator[tuple[int, list[int]]]:
+def _runs(indexes: list[int], longest: int) -> Iterator[tuple[int, list[int]]]:
     """Sorted block indexes as runs of consecutive ones: ``(first, [first, first + 1, ...])``,
     each at most ``longest`` long (a read of a file grown by a GiB is cut in MiBs)."""
     for _, group in itertools.groupby(enumerate(indexes), lambda pair: pair[1] - pair[0]):
         run = [i for _, i in group]
-        step = longest or len(run)
-        for at in range(0, len(run), step):
-            yield run[at], run[at : at + step]
+        for at in range(0, len(run), longest):
+            yield run[at], run[at : at + longest]
 
 
 def file_identity(root: Path, entry: FileEntry, trusted_before: float | None) -> FileIdentity:

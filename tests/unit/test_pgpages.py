@@ -16,7 +16,6 @@ from shardvault_agent.engines.pgpages import (
     screen_since,
     system_identifier,
 )
-from shardvault_agent.engines.postgres import RELATION_FILE
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 
@@ -35,7 +34,7 @@ def page(lsn: int, fill: bytes) -> bytes:
 
 
 def screen() -> PageLsnScreen:
-    found = screen_since(LATER, MARKER, RELATION_FILE)
+    found = screen_since(LATER, MARKER)
     assert isinstance(found, PageLsnScreen)
     return found
 
@@ -64,17 +63,17 @@ def test_a_page_may_differ_when_its_lsn_is_zero_or_at_or_after_the_parents_start
 
 def test_no_screen_across_clusters_timelines_backwards_or_with_other_page_sizes():
     other_timeline = LATER | {"start_wal": "000000020000000300000000"}
-    assert screen_since(other_timeline, MARKER, RELATION_FILE) is None
+    assert screen_since(other_timeline, MARKER) is None
     other_cluster = LATER | {"system_identifier": "7399999999999999999"}
-    assert screen_since(other_cluster, MARKER, RELATION_FILE) is None
-    assert screen_since(LATER | {"system_identifier": ""}, MARKER | {"system_identifier": ""},
-                        RELATION_FILE) is None  # fmt: skip
-    assert screen_since(MARKER, LATER, RELATION_FILE) is None  # a parent after its child
-    assert screen_since(LATER | {"block_size": "16384"}, MARKER, RELATION_FILE) is None
-    assert screen_since({k: v for k, v in LATER.items() if k != "block_size"}, MARKER,
-                        RELATION_FILE) is None  # fmt: skip
-    assert screen_since(LATER, {}, RELATION_FILE) is None  # a parent from before markers
-    assert screen_since(LATER | {"start_lsn": "junk"}, MARKER, RELATION_FILE) is None
+    assert screen_since(other_cluster, MARKER) is None
+    unknown = {"system_identifier": ""}
+    assert screen_since(LATER | unknown, MARKER | unknown) is None
+    assert screen_since(MARKER, LATER) is None  # a parent after its child
+    assert screen_since(LATER | {"block_size": "16384"}, MARKER) is None
+    no_page_size = {k: v for k, v in LATER.items() if k != "block_size"}
+    assert screen_since(no_page_size, MARKER) is None
+    assert screen_since(LATER, {}) is None  # a parent from before markers
+    assert screen_since(LATER | {"start_lsn": "junk"}, MARKER) is None
 
 
 def write(root: Path, files: dict[str, bytes]) -> list[FileEntry]:
@@ -205,9 +204,7 @@ def test_only_a_parent_this_node_made_is_screened_against():
     from shardvault_agent.commands import parent_screen
     from shardvault_agent.engines import pgpages
 
-    engine = SimpleNamespace(
-        block_screen=lambda marker, parent: pgpages.screen_since(marker, parent, RELATION_FILE)
-    )
+    engine = SimpleNamespace(block_screen=pgpages.screen_since)
     own = {"marker": MARKER, "node_id": "n1"}
     assert isinstance(parent_screen(engine, "n1", LATER, own), PageLsnScreen)
     assert parent_screen(engine, "n2", LATER, own) is None

@@ -41,6 +41,11 @@ from shardvault.pgwal import lsn_number
 from shardvault_agent.blockmap import BLOCK_SIZE
 from shardvault_agent.engines.base import BlockScreen
 
+# A relation's file: its database (or ``global``), its file node, its fork (none: the main
+# fork) and its 1 GiB segment. The listing skips unlogged relations' forks by it too.
+RELATION_FILE = re.compile(
+    r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
+)
 LSN_SIZE = 8
 HALF = 0xFFFFFFFF
 LSN_HALVES = struct.Struct("=II")  # native order, high half first
@@ -51,11 +56,10 @@ class PageLsnScreen:
     """Pages whose LSN is zero or at or after ``since`` may differ (see the module docstring)."""
 
     since: int
-    relation_file: re.Pattern[str]  # its group "fork" is None for a main fork
     header_size: int = LSN_SIZE
 
     def screens(self, path: str) -> bool:
-        match = self.relation_file.match(path)
+        match = RELATION_FILE.match(path)
         return match is not None and match["fork"] is None
 
     def may_differ(self, headers: list[bytes]) -> list[int]:
@@ -93,9 +97,7 @@ def system_identifier(data_dir: Path) -> str:
     return str(int.from_bytes(head, sys.byteorder)) if len(head) == 8 else ""
 
 
-def screen_since(
-    marker: dict[str, str], parent_marker: dict[str, str], relation_file: re.Pattern[str]
-) -> BlockScreen | None:
+def screen_since(marker: dict[str, str], parent_marker: dict[str, str]) -> BlockScreen | None:
     """The screen for a capture with ``marker`` against its parent's, or None when it cannot
     prove anything (see the module docstring)."""
     try:
@@ -108,4 +110,4 @@ def screen_since(
         return None
     if not (same_cluster and same_timeline and pages_fit) or since > start:
         return None
-    return PageLsnScreen(since, relation_file)
+    return PageLsnScreen(since)

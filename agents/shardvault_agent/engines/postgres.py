@@ -75,9 +75,6 @@ DATA_DIR_FIX = (
     "'SHOW data_directory' answers over the shard's conninfo."
 )
 SKIP_FILES = frozenset({"postmaster.pid", "postmaster.opts", "backup_label", "tablespace_map"})
-RELATION_FILE = re.compile(
-    r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
-)
 
 
 def skip_dir(rel: str) -> bool:
@@ -100,7 +97,7 @@ def listing(root: Path) -> list[FileEntry]:
         name = rel.rsplit("/", 1)[-1]
         if rel in SKIP_FILES or name == "pg_internal.init" or name.startswith("pgsql_tmp"):
             return True
-        match = RELATION_FILE.match(rel)
+        match = pgpages.RELATION_FILE.match(rel)
         return bool(match and match["fork"] != "_init" and (match["db"], match["node"]) in unlogged)
 
     return list_tree(root, skip_dir=skip_dir, skip_file=skip_file)
@@ -372,7 +369,7 @@ class PostgresAdapter:
     def block_screen(
         self, marker: dict[str, str], parent_marker: dict[str, str]
     ) -> BlockScreen | None:
-        return pgpages.screen_since(marker, parent_marker, RELATION_FILE)
+        return pgpages.screen_since(marker, parent_marker)
 
     def server_pid(self, shard: ShardConfig) -> int | None:
         """The postmaster's process id, from the first line of ``postmaster.pid``."""
