@@ -18,7 +18,7 @@ unit:
 	$(BIN)/python -m pytest tests/unit -q
 
 test: setup lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench: setup
 	$(BIN)/python bench/backup_vs_peers.py
