@@ -166,7 +166,21 @@ PGBACKREST_COMPRESS_TYPE = "zst"  # at pgBackRest's default level for it (3)
 WAL_FILE = re.compile(r"^[0-9A-F]{24}")  # a WAL segment's name, or a history file's start
 RESTORE_CLUSTER = "bench-restored"
 RESTORE_NODE = "restore-node-1"
-TOP_LEVEL_STATES = set(json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"])
+
+
+def outer_states(states: dict) -> set[str]:
+    """A state machine's states outside Maps: its top level and its Parallel states' branches
+    (Release and Finalize run side by side), which share the execution's history."""
+    names = set(states)
+    for state in states.values():
+        for branch in state.get("Branches", []):
+            names |= outer_states(branch["States"])
+    return names
+
+
+TOP_LEVEL_STATES = outer_states(
+    json.loads((STATE_MACHINES / "backup.asl.json").read_text())["States"]
+)
 RESTORE_STATES = set(json.loads((STATE_MACHINES / "restore.asl.json").read_text())["States"])
 
 

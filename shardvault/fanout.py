@@ -10,7 +10,8 @@ A Distributed Map that meets a failed child fails with ``States.ExceedToleratedF
 and the agent's error (``AgentUnavailable``, ``EngineError``...) would be lost with it; moto's
 does not fail at all. So each child catches its own failure and returns it as data
 (``{"node_id", "error": {"Error", "Cause"}}``), and the step after the Map
-(``raise_first_failure``, the ``check_nodes`` function) fails the workflow with the first
+(``raise_first_failure``: the ``check_nodes`` function, or the plan step, which calls it
+before it reads any answer) fails the workflow with the first
 node's error, by its own name and cause, into the same failure path as before (an error the
 interpreter names, ``States.Timeout``, becomes ``NodeTimeout``: tasks may not report
 ``States.`` names).

@@ -41,6 +41,7 @@ from shardvault.models import (
     ObjectPlan,
     PartChecksum,
     Phase,
+    ShardListing,
     UploadedPart,
     UploadLimits,
     pack_files,
@@ -52,6 +53,7 @@ from shardvault.pipeline import (
     plaintext_crc,
     unpack_frames,
 )
+from shardvault.planning import OBJECTS_IN_FLIGHT_PER_NODE, plan_objects
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
@@ -430,7 +432,7 @@ class Commands:
             self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
             if "parents" not in args:
                 return self._listing_result(backup_id, Phase.DATA, shards)
-            return self._scanned(backup_id, shards, args["parents"])
+            return self._scanned(backup_id, shards, args["parents"], args.get("pack"))
 
     # --- scan (incrementals; see scan.py) -------------------------------------------------------
     def _map_path(self, backup_id: str, shard_id: str) -> Path:
@@ -494,13 +496,15 @@ class Commands:
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            return self._scanned(backup_id, shards, args.get("parents", {}), map_with_data=False)
+            parents, pack = args.get("parents", {}), args.get("pack")
+            return self._scanned(backup_id, shards, parents, pack, map_with_data=False)
 
     def _scanned(
         self,
         backup_id: str,
         shards: list[ShardConfig],
         parents: dict[str, Any],
+        pack: dict[str, Any] | None = None,
         map_with_data: bool = True,
     ) -> dict[str, Any]:
         limiter, _ = self.limits(backup_id)
@@ -508,7 +512,61 @@ class Commands:
         for shard, listed in zip(shards, result["shards"], strict=True):
             scan = self._scan_shard(backup_id, shard.shard_id, parents, limiter, map_with_data)
             listed.update(scan)
+        if pack:
+            self._pack_at_scan(backup_id, result, pack, map_with_data)
         return result
+
+    def _pack_at_scan(
+        self, backup_id: str, result: dict[str, Any], pack: dict[str, Any], map_with_data: bool
+    ) -> None:
+        """Packs an incremental's objects of this node right after its scan
+        (``shardvault.backup.scanning``), cut as the control plane cuts them, and lists each
+        with its checksums in its shard's answer (``packed``). Not a full's (its scan found no
+        parent), nor more objects than the Upload map holds on this node at once: the disk
+        holds no more packed bytes than it would have."""
+        listings = []
+        for listed in result["shards"]:
+            if listed.get("delta_bytes") is None:
+                return
+            shard_id = listed["shard_id"]
+            listings.append(
+                ShardListing(
+                    shard_id=shard_id,
+                    node_id=result["node_id"],
+                    phase=Phase.DATA,
+                    files=[],
+                    delta_bytes=listed["delta_bytes"],
+                    mutable=listed["mutable"],
+                )
+            )
+            if map_with_data and listed.get("blockmap_bytes"):
+                mapped = FileEntry(path=f"{shard_id}.map", size=listed["blockmap_bytes"])
+                listings.append(
+                    ShardListing(
+                        shard_id=shard_id,
+                        node_id=result["node_id"],
+                        phase=Phase.BLOCKMAP,
+                        files=[mapped],
+                    )
+                )
+        objects = plan_objects(
+            backup_id=backup_id,
+            cluster=pack["cluster"],
+            prefix=pack["prefix"],
+            listings=listings,
+            part_size=pack["part_size"],
+            compression_level=pack["compression_level"],
+        )
+        if not objects or len(objects) > OBJECTS_IN_FLIGHT_PER_NODE:
+            return
+        with ThreadPoolExecutor(len(objects)) as pool:
+            sums = list(pool.map(self._packed, objects))
+        for listed in result["shards"]:
+            listed["packed"] = [
+                {"object": item.model_dump(mode="json"), "checksums": checksums}
+                for item, checksums in zip(objects, sums, strict=True)
+                if item.shard_id == listed["shard_id"]
+            ]
 
     def _scan_shard(
         self,
@@ -618,17 +676,24 @@ class Commands:
         bound to those bytes."""
         item = ObjectPlan.model_validate(args["object"])
         self._refuse_released(item.backup_id)
-        path = self._packed_path(item)
-        summary = path.with_suffix(".json")
-        if summary.exists() and path.exists():
-            return json.loads(summary.read_text())
         try:
-            return self._pack(item, path, summary)
+            return self._packed(item)
         finally:
             # Released meanwhile (the reaper's or the failure path's release removes the
             # directory under a pack, which may then fail): leave nothing, whatever it wrote.
             if self._tombstone(item.backup_id).exists():
                 shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
+
+    def _packed(self, item: ObjectPlan) -> dict[str, Any]:
+        """The checksums of ``item``'s packed copy: packed before for this very plan (at the
+        scan, or by a pack this retries), or packed now."""
+        path = self._packed_path(item)
+        summary = path.with_suffix(".json")
+        if summary.exists() and path.exists():
+            saved = json.loads(summary.read_text())
+            if saved.get("object") == item.model_dump(mode="json"):
+                return saved["checksums"]
+        return self._pack(item, path, summary)
 
     def _pack(self, item: ObjectPlan, path: Path, summary: Path) -> dict[str, Any]:
         limiter, _ = self.limits(item.backup_id)
@@ -657,7 +722,7 @@ class Commands:
         unfinished.replace(path)
         if item.phase == Phase.BLOCKMAP:
             self.keep_map(item)
-        write_json(summary, result)
+        write_json(summary, {"object": item.model_dump(mode="json"), "checksums": result})
         return result
 
     def _hasher(

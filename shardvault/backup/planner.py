@@ -6,16 +6,31 @@ The answers are read from the work bucket when the agents handed them there
 Each answer is checked against the backup's sources, turned into shard listings, and cut into
 an object plan (``shardvault.planning``); both are written to the work bucket, where the
 Upload map reads the plan and Finalize the listings.
+
+An item of a plan is ``{"object": ObjectPlan, "checksums": ObjectChecksums | None}``: the
+checksums of an object its node packed at its scan (``shardvault.backup.scanning``), for
+exactly that plan, or None (the Upload map packs it). A data plan whose every object was
+packed is *packed*: the state machine goes straight to Stop, and the tail's plan begins with
+the data plan's items, so that both upload in one Upload map, after the stop.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from shardvault import fanout
 from shardvault.backup.answers import read_answers
 from shardvault.cut import cut_skew_seconds, pause_summary
 from shardvault.errors import InvalidRequest, UnknownCommand
-from shardvault.models import BackupContext, FileEntry, Phase, ShardListing, unpack_files
+from shardvault.models import (
+    BackupContext,
+    FileEntry,
+    ObjectChecksums,
+    ObjectPlan,
+    Phase,
+    ShardListing,
+    unpack_files,
+)
 from shardvault.planning import (
     choose_part_size,
     interleave_by_node,
@@ -69,7 +84,9 @@ def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
 def plan(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
 ) -> dict:
-    """Writes the phase's listings and object plan to the work bucket; returns a summary."""
+    """Writes the phase's listings and object plan to the work bucket; returns a summary.
+    A node whose command failed fails it first, with that node's own error."""
+    fanout.raise_first_failure(results)
     results = read_answers(svc, context.backup_id, phase, results)
     if phase == Phase.DATA:
         check_scanned(results)
@@ -103,8 +120,12 @@ def plan(
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
+    items = plan_items(objects, packed_at_scan(results))
+    packed = phase == Phase.DATA and all(item["checksums"] for item in items)
+    if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
+        items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
-    svc.put_work(plan_key, [{"object": o.model_dump(mode="json")} for o in objects])
+    svc.put_work(plan_key, items)
     update: dict[str, Any] = {
         "part_size": part_size,
         f"{phase}_bytes": streamed,  # the phase's own stream: what changed, for data
@@ -118,6 +139,7 @@ def plan(
     if phase == Phase.DATA:
         skew = skew_seconds(listings)
         update |= {
+            "data_packed": packed,
             "data_screened_bytes": sum(listing.screened_bytes for listing in listings),
             "checkpoint_skew_seconds": skew,
             "bytes_total": total,
@@ -132,14 +154,49 @@ def plan(
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
     svc.catalog.update(context.cluster, context.backup_id, **update)
+    planned = [ObjectPlan.model_validate(item["object"]) for item in items]
     return {
         "phase": phase.value,
         "plan_key": plan_key,
-        "objects": len(objects),
-        "bytes": total,
+        "objects": len(planned),
+        "bytes": sum(o.length for o in planned),
         "part_size": part_size,
-        "upload_concurrency": transfer_concurrency(objects),
+        "upload_concurrency": transfer_concurrency(planned),
+        "packed": packed,  # upload after the stop, with the tail
     }
+
+
+def packed_at_scan(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per object key, what a node packed at its scan: ``{"object", "checksums"}``."""
+    return {
+        packed["object"]["key"]: packed
+        for result in results
+        for shard in result["shards"]
+        for packed in shard.get("packed", [])
+    }
+
+
+def plan_items(
+    objects: list[ObjectPlan], packed: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The Upload map's items: each object with the checksums its node packed it with, when
+    it packed this very plan (a node's answer is data from a database host: checked), or
+    None."""
+    items = []
+    for obj in objects:
+        found = packed.get(obj.key)
+        sums = None
+        if found and ObjectPlan.model_validate(found["object"]) == obj:
+            sums = ObjectChecksums.model_validate(found["checksums"])
+            if sums.key != obj.key:
+                sums = None
+        items.append(
+            {
+                "object": obj.model_dump(mode="json"),
+                "checksums": sums.model_dump(mode="json") if sums else None,
+            }
+        )
+    return items
 
 
 def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:

@@ -12,6 +12,16 @@ round trip instead of two. A per-node Map runs at most ``NODE_MAP_CONCURRENCY`` 
 wait for earlier nodes' scans, and the cut would spread over a scan's length. Such a backup is
 ``separate``: its Checkpoint commands name no parents, and a Scan map sends each node ``scan``
 with them once every checkpoint is taken.
+
+*Packed at the scan*: an incremental's changed blocks must be read before the stop, and are
+few; so each node packs its incremental's objects (its data and its block map, cut by the
+shared ``planning.plan_objects``) right after its scan, where the Upload map would have asked
+for each in a round of its own, and the data uploads after the stop with the tail: one round
+of the Upload map fewer (``shardvault.backup.planner``). For the node's plan to be the
+control plane's, the part size is fixed here, before any node scans: chosen from the chain's
+full (an incremental is at most its cluster's size, give or take its growth), unless the
+request or policy sets it. A node packs only what the Upload map would hold at once on its
+disk (``planning.OBJECTS_IN_FLIGHT_PER_NODE`` objects); a larger change is packed in the map.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from typing import Any
 from shardvault import fanout
 from shardvault.errors import ParentUnavailable
 from shardvault.models import BackupContext, Manifest, object_place
+from shardvault.planning import choose_part_size
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.store import presign_get
@@ -34,13 +45,37 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     Flush map exists to bring several nodes' checkpoints close together)."""
     parents = parent_maps(context, svc)
     separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
+    pack = pack_args(context, svc)
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
-        svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args)
+        svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args | pack)
     return {
         "separate": separate,
         "with_checkpoint": not separate,
         "flush_with_checkpoint": len(context.sources) == 1,
+    }
+
+
+def pack_args(context: BackupContext, svc: Services) -> dict[str, Any]:
+    """An incremental's ``pack`` arguments (see the module docstring), its part size fixed in
+    the catalog for the plan; nothing for a full, whose objects are packed in the Upload map,
+    several at a time."""
+    if context.chain is None:
+        return {}
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    part_size = record.get("part_size") or context.part_size
+    if not part_size:
+        root = svc.catalog.get(context.cluster, context.chain.root_id) or {}
+        vault_class = context.vault.storage_class if context.vault else None
+        part_size = choose_part_size(int(root.get("bytes_total", 0)), vault_class)
+        svc.catalog.update(context.cluster, context.backup_id, part_size=part_size)
+    return {
+        "pack": {
+            "cluster": context.cluster,
+            "prefix": svc.store.prefix,
+            "part_size": part_size,
+            "compression_level": context.compression_level,
+        }
     }
 
 

@@ -639,12 +639,26 @@ def test_a_backups_per_node_maps_are_distributed_and_checked() -> None:
     """Past 40 nodes inline Maps run in waves, and at ~620 nodes their history events exceed
     AWS's 25,000: every per-node step of a backup is a Distributed Map."""
     states = json.loads(BACKUP_ASL.read_text())["States"]
-    for name in ("Flush", "Checkpoint", "Scan", "Stop", "Release", "ReleaseAfterFailure"):
+    release = states["ReleaseAndFinalize"]["Branches"][0]["States"]["Release"]
+    assert release["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED"
+    for name in ("Flush", "Checkpoint", "Scan", "Stop", "ReleaseAfterFailure"):
         assert states[name]["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED", name
-    for name in ("Flush", "Checkpoint", "Scan", "Stop"):  # Release's children note a failure
-        check = states[states[name]["Next"]]
-        assert check["Parameters"]["FunctionName"] == "${CheckNodesFunctionArn}", name
-        assert check["Catch"][0]["Next"] == "ReleaseAfterFailure"
+    # Release's children note a failure; the others' is checked by the next task on every way
+    # on: CheckNodes, or the plan step, which raises the first node's failure before it plans.
+    checking = {"${CheckNodesFunctionArn}", "${PlanBackupFunctionArn}"}
+    for name in ("Flush", "Checkpoint", "Scan", "Stop"):
+        for check in next_tasks(states, states[name]["Next"]):
+            assert check["Parameters"]["FunctionName"] in checking, name
+            assert check["Catch"][0]["Next"] == "ReleaseAfterFailure"
+
+
+def next_tasks(states: dict, name: str) -> list[dict]:
+    """The Task states reached from ``name`` through Choice states."""
+    state = states[name]
+    if state["Type"] != "Choice":
+        return [state]
+    ways = [choice["Next"] for choice in state["Choices"]] + [state["Default"]]
+    return [task for way in ways for task in next_tasks(states, way)]
 
 
 # --- storage, tables, topic, alarms ------------------------------------------------------------

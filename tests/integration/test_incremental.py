@@ -64,6 +64,49 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
     assert child["data_bytes"] < parent["data_bytes"] / 20
 
 
+def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its_tail(
+    make_cluster, make_target, policy_for, monkeypatch
+):
+    """The node packs the incremental's changes and block map right after its scan, before
+    the stop; they upload after the stop, in the tail's Upload map (SQLite has no tail: the
+    only one), where no Pack task runs for them. The restore equals the source, and the
+    agent keeps no packed copy once the backup ends."""
+    from pathlib import Path
+
+    from shardvault.local.demo import table_digests
+
+    cluster = make_cluster(nodes=1, size_mb=4)
+    policy_for(cluster.name)
+    assert cluster.backup().status == "SUCCEEDED"
+    (db,) = cluster.sources.values()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE items SET payload = randomblob(200) WHERE rowid % 50 = 0")
+
+    posted: list[str] = []
+    record_posts(monkeypatch, lambda command, args: posted.append(command))
+    execution = cluster.start_backup(incremental=True)
+    incremental = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
+
+    assert incremental.status == "SUCCEEDED", incremental.cause
+    states = entered_states(execution)
+    assert "Upload" not in states[: states.index("Stop")]
+    assert states.count("Upload") == 1
+    # Both objects (the changes and the block map) came packed, with their checksums.
+    assert sorted(posted) == ["checkpoint", "release", "stop", "upload", "upload"]
+    backup_id = incremental.record["backup_id"]
+    (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
+    assert record["data_packed"] is True
+    assert 0 < record["data_bytes"] < record["bytes_total"]
+    (config,) = cluster.configs
+    assert not list(Path(config["state_dir"]).rglob("packed/*"))  # gone at release
+    target = make_target(nodes=1)
+    restored = target.restore(cluster.name, backup_id=backup_id)
+    assert restored.status == "SUCCEEDED", restored.cause
+    (shard_id,) = cluster.sources
+    (copy,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
+    assert table_digests(copy) == table_digests(db)
+
+
 def test_a_cluster_wider_than_a_node_map_scans_apart_and_still_chains(
     make_cluster, policy_for, monkeypatch
 ):

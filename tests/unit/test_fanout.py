@@ -45,3 +45,28 @@ def test_the_handler_raises_for_step_functions_under_a_name_a_task_may_report() 
         lambda_handler(event, LambdaContext("check_nodes"))
     assert type(failed.value).__name__ == "NodeTimeout"
     assert "the command to node n1 timed out (States.Timeout)" in str(failed.value)
+
+
+def test_the_plan_step_fails_with_a_nodes_own_error_before_it_reads_any_answer() -> None:
+    """The per-node Checkpoint, Scan and Stop maps are followed by the plan step, with no
+    check of their own: it raises the first failed node's error, as CheckNodes would, before
+    it reads an answer (nothing else is touched: no services are given)."""
+    from shardvault.backup import plan
+    from shardvault.models import BackupContext, Phase, Source
+
+    context = BackupContext(
+        backup_id="b",
+        cluster="c",
+        engine="postgres",
+        sources=[Source(node_id="n1", shard_ids=["s1"]), Source(node_id="n2", shard_ids=["s2"])],
+        store_url="s3://bucket/p",
+        started_at=0.0,
+    )
+    results = [
+        {"node_id": "n1", "answer_bytes": 10, "answer_crc64nvme": "AAAAAAAAAAA="},
+        {"node_id": "n2", "error": {"Error": "SourceLogFull", "Cause": "pg_wal has 1% free"}},
+    ]
+    for phase in (Phase.DATA, Phase.TAIL):
+        with pytest.raises(NodeStepFailed, match="pg_wal has 1% free") as failed:
+            plan(context, results, phase, svc=None)  # type: ignore[arg-type]
+        assert type(failed.value).__name__ == "SourceLogFull"

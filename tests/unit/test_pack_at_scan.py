@@ -1,0 +1,159 @@
+"""An incremental's node packs its objects right after its scan, cut as the control plane cuts
+them (``shardvault.backup.scanning``), and the plan takes those checksums only for the very
+objects it plans (``shardvault.backup.planner.plan_items``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from shardvault_agent.commands import Commands
+from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.scan import scan_capture
+from shardvault_agent.transfer import Faults
+
+from shardvault.backup.planner import packed_at_scan, plan_items
+from shardvault.checksums import crc64nvme_of_stream
+from shardvault.models import ObjectChecksums, Phase, ShardListing
+from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
+from shardvault.planning import MiB, plan_objects
+
+from .support import sqlite_agent
+
+PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
+
+
+def incremental_agent(tmp_path: Path) -> tuple[Commands, Path]:
+    """An agent whose shard s1 was backed up by ``parent`` (its block map made by a scan of
+    that backup's capture), then changed: a few rows rewritten."""
+    config = sqlite_agent(tmp_path, rows=600)
+    cmds = Commands(
+        config,
+        SqliteAdapter(config),
+        RateLimiter(None),
+        sender=SimpleNamespace(faults=Faults()),
+    )
+    cmds.do_checkpoint({"backup_id": "parent", "shard_ids": ["s1"]})
+    capture = cmds.load_capture("parent", "s1", Phase.DATA)
+    parent_map = tmp_path / "parent.map"
+    scan_capture(Path(capture["root"]), capture["files"], RateLimiter(None), None, parent_map)
+    cmds.parent_map = lambda shard_id, parent: parent_map if parent else None  # type: ignore[method-assign]
+    with sqlite3.connect(config.shards[0].path) as conn:
+        conn.execute("UPDATE t SET x = randomblob(1024) WHERE rowid % 100 = 0")
+    return cmds, parent_map
+
+
+def checkpoint(cmds: Commands, backup_id: str, pack: dict[str, Any] | None) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "backup_id": backup_id,
+        "shard_ids": ["s1"],
+        "parents": {"s1": {"backup_id": "parent"}},
+    }
+    if pack is not None:
+        args["pack"] = pack
+    return cmds.do_checkpoint(args)
+
+
+def planned(answer: dict[str, Any], backup_id: str, pack: dict[str, Any]):
+    """What the control plane plans from the answer: its data and block map listings."""
+    (shard,) = answer["shards"]
+    listings = [
+        ShardListing(
+            shard_id="s1",
+            node_id=answer["node_id"],
+            phase=Phase.DATA,
+            files=[],
+            delta_bytes=shard["delta_bytes"],
+            mutable=shard["mutable"],
+        ),
+        ShardListing(
+            shard_id="s1",
+            node_id=answer["node_id"],
+            phase=Phase.BLOCKMAP,
+            files=[{"path": "s1.map", "size": shard["blockmap_bytes"]}],
+        ),
+    ]
+    return plan_objects(backup_id=backup_id, listings=listings, **pack)
+
+
+def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Path) -> None:
+    cmds, _ = incremental_agent(tmp_path)
+    answer = checkpoint(cmds, "b2", PACK)
+
+    (shard,) = answer["shards"]
+    assert 0 < shard["delta_bytes"] < shard["bytes"] / 10
+    objects = planned(answer, "b2", PACK)
+    items = plan_items(objects, packed_at_scan([answer]))
+    assert [item["object"]["phase"] for item in items] == ["data", "blockmap"]
+    assert all(item["checksums"] for item in items)
+    for item, obj in zip(items, objects, strict=True):
+        sums = ObjectChecksums.model_validate(item["checksums"])
+        frames = unpack_frames(sums.frames)
+        assert cmds._packed_path(obj).stat().st_size == sums.stored_length
+        assert sum(frame.stored_size for frame in frames) == sums.stored_length
+    # The block map packed is the one the scan wrote, byte for byte.
+    blockmap = ObjectChecksums.model_validate(items[1]["checksums"])
+    spans = frame_spans(unpack_frames(blockmap.frames), objects[1].frame_size, objects[1].length)
+    with open(cmds._map_path("b2", "s1"), "rb") as written:
+        assert plaintext_crc(spans) == crc64nvme_of_stream(written)
+    # The Upload map's pack of the same object is the packed copy, not another.
+    before = {p: p.stat().st_mtime_ns for p in cmds._packed_path(objects[0]).parent.iterdir()}
+    assert cmds.do_pack({"object": items[0]["object"]}) == items[0]["checksums"]
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_a_retried_checkpoint_answers_the_same_packed_objects(tmp_path: Path) -> None:
+    cmds, _ = incremental_agent(tmp_path)
+    first = checkpoint(cmds, "b2", PACK)
+    again = checkpoint(cmds, "b2", PACK)
+    assert again["shards"][0]["packed"] == first["shards"][0]["packed"]
+
+
+def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> None:
+    """A packed copy made for one plan is never sent under another (its summary names the
+    plan it was packed for); the plan does not take checksums made for another cut."""
+    cmds, _ = incremental_agent(tmp_path)
+    answer = checkpoint(cmds, "b2", PACK)
+    other = PACK | {"compression_level": 9}
+    objects = planned(answer, "b2", other)
+
+    items = plan_items(objects, packed_at_scan([answer]))
+    assert [item["checksums"] for item in items] == [None, None]
+    cmds.do_pack({"object": items[0]["object"]})
+    summary = json.loads(cmds._packed_path(objects[0]).with_suffix(".json").read_text())
+    assert summary["object"] == items[0]["object"]
+
+
+def test_an_answer_whose_checksums_name_another_object_is_not_taken(tmp_path: Path) -> None:
+    cmds, _ = incremental_agent(tmp_path)
+    answer = checkpoint(cmds, "b2", PACK)
+    (shard,) = answer["shards"]
+    data, blockmap = shard["packed"]
+    data["checksums"] = blockmap["checksums"]  # another object's
+
+    items = plan_items(planned(answer, "b2", PACK), packed_at_scan([answer]))
+    assert items[0]["checksums"] is None
+    assert items[1]["checksums"] is not None
+
+
+def test_no_packing_without_the_request_nor_beyond_what_the_map_holds_at_once(
+    tmp_path: Path,
+) -> None:
+    cmds, _ = incremental_agent(tmp_path)
+    assert "packed" not in checkpoint(cmds, "b2", None)["shards"][0]
+    # Parts so small that the change makes more objects than the Upload map holds at once.
+    tiny = PACK | {"part_size": 64}
+    assert "packed" not in checkpoint(cmds, "b3", tiny)["shards"][0]
+    assert not list(Path(cmds.backup_dir("b3")).rglob("*.bin"))
+
+
+def test_a_full_packs_nothing_at_its_checkpoint(tmp_path: Path) -> None:
+    cmds, _ = incremental_agent(tmp_path)
+    answer = cmds.do_checkpoint(
+        {"backup_id": "f2", "shard_ids": ["s1"], "parents": {}, "pack": PACK}
+    )
+    assert "packed" not in answer["shards"][0]  # its objects are packed in the Upload map
