@@ -512,8 +512,15 @@ class Commands:
         for shard, listed in zip(shards, result["shards"], strict=True):
             scan = self._scan_shard(backup_id, shard.shard_id, parents, limiter, map_with_data)
             listed.update(scan)
+            if scan["delta_bytes"] is not None:
+                log.info(
+                    "%s: scanned shard %s in %.3f s: %d bytes changed",
+                    backup_id, shard.shard_id, scan["scan_seconds"], scan["delta_bytes"],
+                )  # fmt: skip
         if pack:
+            started = time.monotonic()
             self._pack_at_scan(backup_id, result, pack, map_with_data)
+            log.info("%s: packed at the scan in %.3f s", backup_id, time.monotonic() - started)
         return result
 
     def _pack_at_scan(

@@ -128,6 +128,22 @@ def render_asl(path: Path, values: dict[str, str]) -> str:
     return text
 
 
+def with_heartbeat(definition: str, seconds: int) -> str:
+    """A definition whose tasks' ``HeartbeatSeconds`` are at most ``seconds``."""
+
+    def lower(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: min(value, seconds) if key == "HeartbeatSeconds" else lower(value)
+                for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [lower(value) for value in node]
+        return node
+
+    return json.dumps(lower(json.loads(definition)))
+
+
 def minio_available() -> bool:
     from shardvault.local.minio import find_minio_binary
 
@@ -192,6 +208,9 @@ class LocalStack:
     use_minio: bool = True
     require_minio: bool = False  # tests: a missing MinIO is an error, never a silent fallback
     heartbeat_max_age: float = 15.0
+    # Tests: the agents' tasks' HeartbeatSeconds, lower than the state machines' (a killed
+    # agent is then noticed in seconds, not a minute); None keeps the definitions' own.
+    task_heartbeat_seconds: int | None = None
     policy_file: Path = LOCAL_POLICY
     moto_port: int = 0
     settings: Settings | None = None
@@ -369,6 +388,8 @@ class LocalStack:
         definition = render_asl(
             STATE_MACHINES / f"{name}.asl.json", substitutions(NAMES["work_bucket"]) | machines
         )
+        if self.task_heartbeat_seconds is not None:
+            definition = with_heartbeat(definition, self.task_heartbeat_seconds)
         response = boto3.client("stepfunctions").create_state_machine(
             name=f"shardvault-{name}",
             definition=definition,
