@@ -518,35 +518,39 @@ class Commands:
                     backup_id, shard.shard_id, scan["scan_seconds"], scan["delta_bytes"],
                 )  # fmt: skip
         if pack:
-            started = time.monotonic()
-            self._pack_at_scan(backup_id, result, pack, map_with_data)
-            log.info("%s: packed at the scan in %.3f s", backup_id, time.monotonic() - started)
+            self._pack_listed(backup_id, result, pack, Phase.DATA)
         return result
 
-    def _pack_at_scan(
-        self, backup_id: str, result: dict[str, Any], pack: dict[str, Any], map_with_data: bool
+    def _pack_listed(
+        self, backup_id: str, result: dict[str, Any], pack: dict[str, Any], phase: Phase
     ) -> None:
-        """Packs an incremental's objects of this node right after its scan
-        (``shardvault.backup.scanning``), cut as the control plane cuts them, and lists each
-        with its checksums in its shard's answer (``packed``). Not a full's (its scan found no
-        parent), nor more objects than the Upload map holds on this node at once: the disk
-        holds no more packed bytes than it would have."""
-        listings = []
+        """Packs this node's objects of ``phase`` (with the block maps its answer announces)
+        right after the command that listed them: an incremental's changes at its scan
+        (``shardvault.backup.scanning``), every tail at its stop. They are cut as the control
+        plane cuts them, and each is listed with its checksums in its shard's answer
+        (``packed``). Not a full's data (packed in the Upload map, several at a time), nor
+        more objects than the Upload map holds on this node at once: the disk holds no more
+        packed bytes than it would have."""
+        started, listings = time.monotonic(), []
         for listed in result["shards"]:
-            if listed.get("delta_bytes") is None:
-                return
             shard_id = listed["shard_id"]
+            if phase == Phase.DATA:
+                if listed.get("delta_bytes") is None:
+                    return
+                files, delta = [], listed["delta_bytes"]  # the changes: the delta stream
+            else:
+                files, delta = self.load_capture(backup_id, shard_id, phase)["files"], None
             listings.append(
                 ShardListing(
                     shard_id=shard_id,
                     node_id=result["node_id"],
-                    phase=Phase.DATA,
-                    files=[],
-                    delta_bytes=listed["delta_bytes"],
+                    phase=phase,
+                    files=files,
+                    delta_bytes=delta,
                     mutable=listed["mutable"],
                 )
             )
-            if map_with_data and listed.get("blockmap_bytes"):
+            if listed.get("blockmap_bytes"):
                 mapped = FileEntry(path=f"{shard_id}.map", size=listed["blockmap_bytes"])
                 listings.append(
                     ShardListing(
@@ -574,6 +578,8 @@ class Commands:
                 for item, checksums in zip(objects, sums, strict=True)
                 if item.shard_id == listed["shard_id"]
             ]
+        seconds = time.monotonic() - started
+        log.info("%s: packed %d %s objects in %.3f s", backup_id, len(objects), phase, seconds)
 
     def _scan_shard(
         self,
@@ -647,6 +653,8 @@ class Commands:
                     files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
                     assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
                 listed["blockmap_bytes"] = block_map.stat().st_size
+            if args.get("pack"):
+                self._pack_listed(backup_id, result, args["pack"], Phase.TAIL)
             return result
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,10 @@ an object plan (``shardvault.planning``); both are written to the work bucket, w
 Upload map reads the plan and Finalize the listings.
 
 An item of a plan is ``{"object": ObjectPlan, "checksums": ObjectChecksums | None}``: the
-checksums of an object its node packed at its scan (``shardvault.backup.scanning``), for
-exactly that plan, or None (the Upload map packs it). A data plan whose every object was
+checksums of an object its node packed when it listed it, at its scan
+(``shardvault.backup.scanning``: an incremental's changes) or at its stop (the tail, and a
+full's block map, with the part size of the data plan's ``pack``), for exactly that plan, or
+None (the Upload map packs it). A data plan whose every object was
 packed is *packed*: the state machine goes straight to Stop, and the tail's plan begins with
 the data plan's items, so that both upload in one Upload map, after the stop.
 """
@@ -163,6 +165,13 @@ def plan(
         "part_size": part_size,
         "upload_concurrency": transfer_concurrency(planned),
         "packed": packed,  # upload after the stop, with the tail
+        # How each node cuts and packs its tail's objects at its stop, as this plans them.
+        "pack": {
+            "cluster": context.cluster,
+            "prefix": svc.store.prefix,
+            "part_size": part_size,
+            "compression_level": context.compression_level,
+        },
     }
 
 

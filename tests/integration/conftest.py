@@ -244,6 +244,19 @@ def running_pg_cluster(
         built.stop()
 
 
+def record_posts(monkeypatch, record) -> None:
+    """Calls ``record(command, args)`` for every command posted to an inbox, then posts it."""
+    from shardvault.tables import Inbox
+
+    post = Inbox.post
+
+    def recording(self, node_id, command_id, command, args, token):
+        record(command, args)
+        return post(self, node_id, command_id, command, args, token)
+
+    monkeypatch.setattr(Inbox, "post", recording)
+
+
 def entered_states(arn: str) -> list[str]:
     return [
         e["stateEnteredEventDetails"]["name"]

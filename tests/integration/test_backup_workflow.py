@@ -18,7 +18,7 @@ from shardvault.materialize import materialize
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.readback import load_manifest
 
-from .conftest import entered_states, output
+from .conftest import entered_states, output, record_posts
 
 
 def content_hash(path) -> str:
@@ -30,10 +30,17 @@ def content_hash(path) -> str:
     return digest.hexdigest()
 
 
-def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(make_cluster, tmp_path):
+def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(
+    make_cluster, tmp_path, monkeypatch
+):
     cluster = make_cluster(nodes=3, size_mb=30)
+    posted: list[str] = []
+    record_posts(monkeypatch, lambda command, args: posted.append(command))
     progress = cluster.backup()
     assert progress.status == "SUCCEEDED", progress.cause
+    # Each node packs its data in the Upload map, and its block map at its stop (with its
+    # tail; SQLite has none): three packs, six uploads.
+    assert (posted.count("pack"), posted.count("upload")) == (3, 6)
     summary = output(progress)
     assert summary["shards"] == ["shard-1", "shard-2", "shard-3"]
     assert summary["verification"].endswith("by attributes)")

@@ -8,22 +8,9 @@ import pytest
 
 from shardvault import operations as ops
 
-from .conftest import entered_states
+from .conftest import entered_states, record_posts
 
 pytestmark = pytest.mark.minio
-
-
-def record_posts(monkeypatch, record) -> None:
-    """Calls ``record(command, args)`` for every command posted to an inbox, then posts it."""
-    from shardvault.tables import Inbox
-
-    post = Inbox.post
-
-    def recording(self, node_id, command_id, command, args, token):
-        record(command, args)
-        return post(self, node_id, command_id, command, args, token)
-
-    monkeypatch.setattr(Inbox, "post", recording)
 
 
 def scattered_incremental(make_cluster, policy_for, every: int):

@@ -1,6 +1,7 @@
-"""An incremental's node packs its objects right after its scan, cut as the control plane cuts
-them (``shardvault.backup.scanning``), and the plan takes those checksums only for the very
-objects it plans (``shardvault.backup.planner.plan_items``)."""
+"""A node packs its objects right after the command that lists them (an incremental's changes
+at its scan, a tail and a full's block map at its stop), cut as the control plane cuts them
+(``shardvault.backup.scanning``), and the plan takes those checksums only for the very objects
+it plans (``shardvault.backup.planner.plan_items``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 from shardvault_agent.transfer import Faults
 
-from shardvault.backup.planner import packed_at_scan, plan_items
+from shardvault.backup.planner import (
+    blockmap_listings,
+    listings_from_results,
+    packed_at_scan,
+    plan_items,
+)
 from shardvault.checksums import crc64nvme_of_stream
-from shardvault.models import ObjectChecksums, Phase, ShardListing
+from shardvault.models import ObjectChecksums, Phase
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.planning import MiB, plan_objects
 
@@ -58,25 +64,9 @@ def checkpoint(cmds: Commands, backup_id: str, pack: dict[str, Any] | None) -> d
     return cmds.do_checkpoint(args)
 
 
-def planned(answer: dict[str, Any], backup_id: str, pack: dict[str, Any]):
-    """What the control plane plans from the answer: its data and block map listings."""
-    (shard,) = answer["shards"]
-    listings = [
-        ShardListing(
-            shard_id="s1",
-            node_id=answer["node_id"],
-            phase=Phase.DATA,
-            files=[],
-            delta_bytes=shard["delta_bytes"],
-            mutable=shard["mutable"],
-        ),
-        ShardListing(
-            shard_id="s1",
-            node_id=answer["node_id"],
-            phase=Phase.BLOCKMAP,
-            files=[{"path": "s1.map", "size": shard["blockmap_bytes"]}],
-        ),
-    ]
+def planned(answer: dict[str, Any], backup_id: str, pack: dict[str, Any], phase=Phase.DATA):
+    """What the control plane plans from a node's answer (its planner's own listings)."""
+    listings = listings_from_results([answer], phase) + blockmap_listings([answer])
     return plan_objects(backup_id=backup_id, listings=listings, **pack)
 
 
@@ -157,3 +147,21 @@ def test_a_full_packs_nothing_at_its_checkpoint(tmp_path: Path) -> None:
         {"backup_id": "f2", "shard_ids": ["s1"], "parents": {}, "pack": PACK}
     )
     assert "packed" not in answer["shards"][0]  # its objects are packed in the Upload map
+
+
+def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Path) -> None:
+    """A full's data is packed in the Upload map (its packs hash its blocks); its stop joins
+    the block map from those hashes and packs it, with the tail (SQLite has none)."""
+    cmds, _ = incremental_agent(tmp_path)
+    answer = cmds.do_checkpoint({"backup_id": "f2", "shard_ids": ["s1"], "parents": {}})
+    for obj in planned(answer, "f2", PACK):
+        cmds.do_pack({"object": obj.model_dump(mode="json")})
+
+    stopped = cmds.do_stop({"backup_id": "f2", "shard_ids": ["s1"], "pack": PACK})
+
+    objects = planned(stopped, "f2", PACK, Phase.TAIL)
+    items = plan_items(objects, packed_at_scan([stopped]))
+    assert [item["object"]["phase"] for item in items] == ["blockmap"]
+    (item,) = items
+    assert item["checksums"] is not None
+    assert cmds._packed_path(objects[0]).exists()
