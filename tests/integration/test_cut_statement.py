@@ -25,6 +25,10 @@ from shardvault.cut import (
 from shardvault.local.postgres import PostgresInstance, init_instance
 
 KEY = 4242
+# How late a server's sleep may wake: a few ms on an idle machine, tens of ms on 2 vCPUs under
+# the rest of the suite (a stop's CI failed on 5). Still far inside what the agent's own timing
+# would add (its wake-ups and round trips: 100 ms and more).
+WAKE = 0.03
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +66,10 @@ def test_the_paused_cut_is_timed_by_the_server_around_the_instant(server) -> Non
         created = float(marker["cut_at"])
         # Asked at the instant, the point as soon as the lock is held, let go at the hold's
         # end: the server's sleeps wake within a few ms, nothing of the agent's timing is inside.
-        assert cut.at <= asked <= locked <= created < cut.at + 0.005
-        assert cut.at + PAUSE_HOLD_SECONDS <= released < cut.at + PAUSE_HOLD_SECONDS + 0.005
-        assert released - asked < 0.02
-        assert float(marker["cut_late_seconds"]) < 0.005
+        assert cut.at <= asked <= locked <= created < cut.at + WAKE
+        assert cut.at + PAUSE_HOLD_SECONDS <= released < cut.at + PAUSE_HOLD_SECONDS + 2 * WAKE
+        assert released - asked < PAUSE_HOLD_SECONDS + WAKE
+        assert float(marker["cut_late_seconds"]) < WAKE
         # The lock ended with the statement: a commit may take it again at once.
         with connect(server) as other:
             assert other.execute("SELECT pg_try_advisory_lock_shared(%s)", (KEY,)).fetchone()[0]
