@@ -56,9 +56,10 @@ names = itertools.count(1)
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     root = tmp_path_factory.mktemp("stack")
-    # The agents heartbeat their tasks every 2 s (FAST_AGENT): a killed one is noticed in 15.
+    # The agents heartbeat their tasks every 2 s (FAST_AGENT): a killed one is noticed in 30 s
+    # (the state machines' 60 s otherwise), with room for a busy machine's late heartbeats.
     with LocalStack(
-        root, require_minio=True, heartbeat_max_age=5.0, task_heartbeat_seconds=15
+        root, require_minio=True, heartbeat_max_age=5.0, task_heartbeat_seconds=30
     ) as running:
         yield running
 
