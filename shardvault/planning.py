@@ -24,11 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from shardvault.errors import InvalidRequest, PlanTooLarge
 from shardvault.fanout import NODE_MAP_CONCURRENCY
-from shardvault.models import DEFAULT_COMPRESSION_LEVEL, ObjectPlan, Phase, ShardListing
+from shardvault.models import (
+    DEFAULT_COMPRESSION_LEVEL,
+    FileEntry,
+    ObjectPlan,
+    Phase,
+    ShardListing,
+    unpack_files,
+)
 from shardvault.prices import ARCHIVE_CLASSES
 
 KiB = 1024
@@ -180,6 +187,48 @@ def interleave_by_node(items: Sequence[Item]) -> list[Item]:
     for turn in range(max((len(q) for q in queues.values()), default=0)):
         out += [queue[turn] for queue in queues.values() if turn < len(queue)]
     return out
+
+
+def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
+    """Agents' scan/checkpoint/stop results (one per node) to shard listings: the plan
+    step's, and a node's own when it packs what it listed (``shardvault_agent.commands``)."""
+    listings = []
+    for result in results:
+        for shard in result["shards"]:
+            listings.append(
+                ShardListing(
+                    shard_id=shard["shard_id"],
+                    node_id=result["node_id"],
+                    phase=phase,
+                    files=unpack_files(shard["files"]),
+                    marker=shard.get("marker", {}),
+                    checkpoint_at=shard.get("checkpoint_at", 0.0),
+                    mutable=shard.get("mutable", False),
+                    extents=shard.get("extents", ""),
+                    delta_bytes=shard.get("delta_bytes"),
+                    scan_seconds=shard.get("scan_seconds"),
+                    unchanged_bytes=shard.get("unchanged_bytes", 0),
+                    screened_bytes=shard.get("screened_bytes", 0),
+                )
+            )
+    return listings
+
+
+def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
+    """One listing per shard whose agent's answer announces a block map (``blockmap_bytes``):
+    the map file, sent as one stream (phase ``blockmap``) through the same pipeline as the
+    data."""
+    return [
+        ShardListing(
+            shard_id=shard["shard_id"],
+            node_id=result["node_id"],
+            phase=Phase.BLOCKMAP,
+            files=[FileEntry(path=f"{shard['shard_id']}.map", size=shard["blockmap_bytes"])],
+        )
+        for result in results
+        for shard in result["shards"]
+        if shard.get("blockmap_bytes")
+    ]
 
 
 def plan_objects(

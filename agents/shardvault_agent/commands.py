@@ -41,7 +41,6 @@ from shardvault.models import (
     ObjectPlan,
     PartChecksum,
     Phase,
-    ShardListing,
     UploadedPart,
     UploadLimits,
     pack_files,
@@ -53,7 +52,12 @@ from shardvault.pipeline import (
     plaintext_crc,
     unpack_frames,
 )
-from shardvault.planning import OBJECTS_IN_FLIGHT_PER_NODE, plan_objects
+from shardvault.planning import (
+    OBJECTS_IN_FLIGHT_PER_NODE,
+    blockmap_listings,
+    listings_from_results,
+    plan_objects,
+)
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
@@ -531,43 +535,12 @@ class Commands:
         (``packed``). Not a full's data (packed in the Upload map, several at a time), nor
         more objects than the Upload map holds on this node at once: the disk holds no more
         packed bytes than it would have."""
-        started, listings = time.monotonic(), []
-        for listed in result["shards"]:
-            shard_id = listed["shard_id"]
-            if phase == Phase.DATA:
-                if listed.get("delta_bytes") is None:
-                    return
-                files, delta = [], listed["delta_bytes"]  # the changes: the delta stream
-            else:
-                files, delta = self.load_capture(backup_id, shard_id, phase)["files"], None
-            listings.append(
-                ShardListing(
-                    shard_id=shard_id,
-                    node_id=result["node_id"],
-                    phase=phase,
-                    files=files,
-                    delta_bytes=delta,
-                    mutable=listed["mutable"],
-                )
-            )
-            if listed.get("blockmap_bytes"):
-                mapped = FileEntry(path=f"{shard_id}.map", size=listed["blockmap_bytes"])
-                listings.append(
-                    ShardListing(
-                        shard_id=shard_id,
-                        node_id=result["node_id"],
-                        phase=Phase.BLOCKMAP,
-                        files=[mapped],
-                    )
-                )
-        objects = plan_objects(
-            backup_id=backup_id,
-            cluster=pack["cluster"],
-            prefix=pack["prefix"],
-            listings=listings,
-            part_size=pack["part_size"],
-            compression_level=pack["compression_level"],
-        )
+        started = time.monotonic()
+        if phase == Phase.DATA and any(s.get("delta_bytes") is None for s in result["shards"]):
+            return
+        # The plan step's own listings of this answer: the objects are the ones it will plan.
+        listings = listings_from_results([result], phase) + blockmap_listings([result])
+        objects = plan_objects(backup_id=backup_id, listings=listings, **pack)
         if not objects or len(objects) > OBJECTS_IN_FLIGHT_PER_NODE:
             return
         with ThreadPoolExecutor(len(objects)) as pool:

@@ -26,61 +26,20 @@ from shardvault.cut import cut_skew_seconds, pause_summary
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import (
     BackupContext,
-    FileEntry,
     ObjectChecksums,
     ObjectPlan,
     Phase,
     ShardListing,
-    unpack_files,
 )
 from shardvault.planning import (
+    blockmap_listings,
     choose_part_size,
     interleave_by_node,
+    listings_from_results,
     plan_objects,
     transfer_concurrency,
 )
 from shardvault.services import Services
-
-
-def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
-    """Agents' scan/checkpoint/stop results (one per node) to shard listings."""
-    listings = []
-    for result in results:
-        for shard in result["shards"]:
-            listings.append(
-                ShardListing(
-                    shard_id=shard["shard_id"],
-                    node_id=result["node_id"],
-                    phase=phase,
-                    files=unpack_files(shard["files"]),
-                    marker=shard.get("marker", {}),
-                    checkpoint_at=shard.get("checkpoint_at", 0.0),
-                    mutable=shard.get("mutable", False),
-                    extents=shard.get("extents", ""),
-                    delta_bytes=shard.get("delta_bytes"),
-                    scan_seconds=shard.get("scan_seconds"),
-                    unchanged_bytes=shard.get("unchanged_bytes", 0),
-                    screened_bytes=shard.get("screened_bytes", 0),
-                )
-            )
-    return listings
-
-
-def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
-    """One listing per shard whose agent's answer announces a block map (``blockmap_bytes``):
-    the map file, sent as one stream (phase ``blockmap``) through the same pipeline as the
-    data."""
-    return [
-        ShardListing(
-            shard_id=shard["shard_id"],
-            node_id=result["node_id"],
-            phase=Phase.BLOCKMAP,
-            files=[FileEntry(path=f"{shard['shard_id']}.map", size=shard["blockmap_bytes"])],
-        )
-        for result in results
-        for shard in result["shards"]
-        if shard.get("blockmap_bytes")
-    ]
 
 
 def plan(
@@ -122,7 +81,7 @@ def plan(
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
-    items = plan_items(objects, packed_at_scan(results))
+    items = plan_items(objects, packed_by_nodes(results))
     packed = phase == Phase.DATA and all(item["checksums"] for item in items)
     if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
         items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
@@ -166,17 +125,23 @@ def plan(
         "upload_concurrency": transfer_concurrency(planned),
         "packed": packed,  # upload after the stop, with the tail
         # How each node cuts and packs its tail's objects at its stop, as this plans them.
-        "pack": {
-            "cluster": context.cluster,
-            "prefix": svc.store.prefix,
-            "part_size": part_size,
-            "compression_level": context.compression_level,
-        },
+        "pack": pack_arguments(context, svc.store.prefix, part_size),
     }
 
 
-def packed_at_scan(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per object key, what a node packed at its scan: ``{"object", "checksums"}``."""
+def pack_arguments(context: BackupContext, prefix: str, part_size: int) -> dict[str, Any]:
+    """What a node needs to cut and pack its objects as the plan step will plan them
+    (``planning.plan_objects``' arguments but the listings)."""
+    return {
+        "cluster": context.cluster,
+        "prefix": prefix,
+        "part_size": part_size,
+        "compression_level": context.compression_level,
+    }
+
+
+def packed_by_nodes(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per object key, what a node packed as it listed it: ``{"object", "checksums"}``."""
     return {
         packed["object"]["key"]: packed
         for result in results

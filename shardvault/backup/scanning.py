@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault import fanout
+from shardvault.backup.planner import pack_arguments
 from shardvault.errors import ParentUnavailable
 from shardvault.models import BackupContext, Manifest, object_place
 from shardvault.planning import choose_part_size
@@ -69,14 +70,7 @@ def pack_args(context: BackupContext, svc: Services) -> dict[str, Any]:
         vault_class = context.vault.storage_class if context.vault else None
         part_size = choose_part_size(int(root.get("bytes_total", 0)), vault_class)
         svc.catalog.update(context.cluster, context.backup_id, part_size=part_size)
-    return {
-        "pack": {
-            "cluster": context.cluster,
-            "prefix": svc.store.prefix,
-            "part_size": part_size,
-            "compression_level": context.compression_level,
-        }
-    }
+    return {"pack": pack_arguments(context, svc.store.prefix, part_size)}
 
 
 def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 
 from shardvault.local import moto_fidelity
 from shardvault.local.stack import create_tables
-from shardvault.models import NodeRecord, ShardInfo
+from shardvault.models import BackupContext, NodeRecord, ShardInfo, Source
 from shardvault.services import Services
 from shardvault.settings import Settings
 
@@ -34,6 +34,18 @@ def moto_services(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Iterator[
         create_tables(boto3.client("dynamodb"), **TABLES)
         defaults = {**TABLES, "work_bucket": "w", "store_url": "s3://store/backups"}
         yield Services(Settings(**{**defaults, **settings}))
+
+
+def backup_context(engine: str = "sqlite") -> BackupContext:
+    """A backup ``b`` of cluster ``c``: shard s1 on node n1, s2 on n2."""
+    return BackupContext(
+        backup_id="b",
+        cluster="c",
+        engine=engine,
+        sources=[Source(node_id="n1", shard_ids=["s1"]), Source(node_id="n2", shard_ids=["s2"])],
+        store_url="s3://bucket/p",
+        started_at=0.0,
+    )
 
 
 def sqlite_agent(tmp_path: Path, rows: int = 0, **agent: Any) -> AgentConfig:

@@ -52,16 +52,11 @@ def test_the_plan_step_fails_with_a_nodes_own_error_before_it_reads_any_answer()
     check of their own: it raises the first failed node's error, as CheckNodes would, before
     it reads an answer (nothing else is touched: no services are given)."""
     from shardvault.backup import plan
-    from shardvault.models import BackupContext, Phase, Source
+    from shardvault.models import Phase
 
-    context = BackupContext(
-        backup_id="b",
-        cluster="c",
-        engine="postgres",
-        sources=[Source(node_id="n1", shard_ids=["s1"]), Source(node_id="n2", shard_ids=["s2"])],
-        store_url="s3://bucket/p",
-        started_at=0.0,
-    )
+    from .support import backup_context
+
+    context = backup_context(engine="postgres")
     results = [
         {"node_id": "n1", "answer_bytes": 10, "answer_crc64nvme": "AAAAAAAAAAA="},
         {"node_id": "n2", "error": {"Error": "SourceLogFull", "Cause": "pg_wal has 1% free"}},

@@ -17,16 +17,11 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 from shardvault_agent.transfer import Faults
 
-from shardvault.backup.planner import (
-    blockmap_listings,
-    listings_from_results,
-    packed_at_scan,
-    plan_items,
-)
+from shardvault.backup.planner import packed_by_nodes, plan_items
 from shardvault.checksums import crc64nvme_of_stream
 from shardvault.models import ObjectChecksums, Phase
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
-from shardvault.planning import MiB, plan_objects
+from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 
 from .support import sqlite_agent
 
@@ -77,7 +72,7 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
     (shard,) = answer["shards"]
     assert 0 < shard["delta_bytes"] < shard["bytes"] / 10
     objects = planned(answer, "b2", PACK)
-    items = plan_items(objects, packed_at_scan([answer]))
+    items = plan_items(objects, packed_by_nodes([answer]))
     assert [item["object"]["phase"] for item in items] == ["data", "blockmap"]
     assert all(item["checksums"] for item in items)
     for item, obj in zip(items, objects, strict=True):
@@ -99,8 +94,11 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
 def test_a_retried_checkpoint_answers_the_same_packed_objects(tmp_path: Path) -> None:
     cmds, _ = incremental_agent(tmp_path)
     first = checkpoint(cmds, "b2", PACK)
+    packed = cmds.backup_dir("b2") / "packed"
+    before = {p: p.stat().st_mtime_ns for p in packed.iterdir()}
     again = checkpoint(cmds, "b2", PACK)
     assert again["shards"][0]["packed"] == first["shards"][0]["packed"]
+    assert {p: p.stat().st_mtime_ns for p in packed.iterdir()} == before  # not packed again
 
 
 def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> None:
@@ -111,7 +109,7 @@ def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> Non
     other = PACK | {"compression_level": 9}
     objects = planned(answer, "b2", other)
 
-    items = plan_items(objects, packed_at_scan([answer]))
+    items = plan_items(objects, packed_by_nodes([answer]))
     assert [item["checksums"] for item in items] == [None, None]
     cmds.do_pack({"object": items[0]["object"]})
     summary = json.loads(cmds._packed_path(objects[0]).with_suffix(".json").read_text())
@@ -125,7 +123,7 @@ def test_an_answer_whose_checksums_name_another_object_is_not_taken(tmp_path: Pa
     data, blockmap = shard["packed"]
     data["checksums"] = blockmap["checksums"]  # another object's
 
-    items = plan_items(planned(answer, "b2", PACK), packed_at_scan([answer]))
+    items = plan_items(planned(answer, "b2", PACK), packed_by_nodes([answer]))
     assert items[0]["checksums"] is None
     assert items[1]["checksums"] is not None
 
@@ -160,7 +158,7 @@ def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Pa
     stopped = cmds.do_stop({"backup_id": "f2", "shard_ids": ["s1"], "pack": PACK})
 
     objects = planned(stopped, "f2", PACK, Phase.TAIL)
-    items = plan_items(objects, packed_at_scan([stopped]))
+    items = plan_items(objects, packed_by_nodes([stopped]))
     assert [item["object"]["phase"] for item in items] == ["blockmap"]
     (item,) = items
     assert item["checksums"] is not None

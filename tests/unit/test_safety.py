@@ -26,9 +26,9 @@ from shardvault.errors import (
     UnknownCommand,
 )
 from shardvault.materialize import StreamWriter
-from shardvault.models import BackupContext, FileEntry, ObjectPlan, Phase, ShardListing, Source
+from shardvault.models import BackupContext, FileEntry, ObjectPlan, Phase, ShardListing
 
-from .support import sqlite_agent
+from .support import backup_context, sqlite_agent
 
 
 @pytest.mark.parametrize("path", ["../etc/passwd", "/abs", "a/../b", "a//b", "./a", "", "a\\b"])
@@ -63,14 +63,7 @@ def test_empty_files_and_directories_after_the_last_byte_are_created(tmp_path):
 
 
 def context() -> BackupContext:
-    return BackupContext(
-        backup_id="b",
-        cluster="c",
-        engine="sqlite",
-        sources=[Source(node_id="n1", shard_ids=["s1"]), Source(node_id="n2", shard_ids=["s2"])],
-        store_url="s3://bucket/p",
-        started_at=0.0,
-    )
+    return backup_context()
 
 
 def listing(shard: str, node: str) -> ShardListing:
