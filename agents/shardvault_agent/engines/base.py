@@ -217,8 +217,24 @@ def list_tree(
 
 
 def tree_bytes(root: Path) -> int:
-    """The bytes of every file under ``root``."""
-    return sum((Path(d) / f).stat().st_size for d, _, files in os.walk(root) for f in files)
+    """The bytes of every file under ``root`` (a link to a file counts as its target; links
+    to directories are not walked). A file or directory removed while it is walked (a
+    dropped table, a temporary file) counts as 0."""
+    return _dir_bytes(os.fspath(root))
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    total += _dir_bytes(entry.path)
+                elif entry.is_file():
+                    total += entry.stat().st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def size_or_zero(adapter: EngineAdapter, shard: ShardConfig, measure: Callable[[], int]) -> int:

@@ -51,6 +51,7 @@ from shardvault_agent.engines.base import (
     HeldLog,
     list_tree,
     size_or_zero,
+    tree_bytes,
 )
 from shardvault_agent.engines.pgserver import beside, stop_server
 
@@ -215,10 +216,7 @@ class PostgresAdapter:
         return conn
 
     def shard_bytes(self, shard: ShardConfig) -> int:
-        base = shard.data_dir / "base"
-        return size_or_zero(
-            self, shard, lambda: sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
-        )
+        return size_or_zero(self, shard, lambda: tree_bytes(shard.data_dir / "base"))
 
     def flush(self, shard: ShardConfig) -> None:
         with self._connect(shard) as conn:
