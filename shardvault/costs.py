@@ -93,11 +93,14 @@ class Landing(StrEnum):
     DIRECT = "direct"
 
 
-# Per object: the Map item's start and end, NotSignedYet, Checksum, Sign, Transfer, Complete,
-# and a retry now and then. Per backup: Accept to Finalize with the per-node Maps over a few
-# nodes and their four checks (shardvault/fanout.py).
+# Per object: the Map item's child execution starts and ends, and enters PackedAtScan,
+# NotSignedYet, Pack, Sign, Transfer and Complete (an object packed at the scan or the stop
+# skips Pack; tests/unit/test_costs.py keeps this in step with the workflow). Per backup: the
+# 27 states from Accept to Succeeded (two rounds of the Upload map, promotion in one copy), and
+# in each of the four per-node Maps a child per node that starts, runs its task and ends: 51
+# for two nodes.
 TRANSITIONS_PER_OBJECT = 8
-TRANSITIONS_PER_BACKUP = 44
+TRANSITIONS_PER_BACKUP = 51
 # Per object: two dispatches (0.1 s at 0.5 GB), sign (0.3 s at 0.5 GB), complete (0.5 s at 1 GB).
 LAMBDA_INVOCATIONS_PER_OBJECT = 4
 LAMBDA_GB_SECONDS_PER_OBJECT = 0.75

@@ -5,6 +5,7 @@ policy averaged into a month, the issue's 1% target and the budget alert."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -130,6 +131,23 @@ def test_orchestration_is_counted_per_object_and_per_backup() -> None:
         + rings
     )
     assert two.lambda_usd > one.lambda_usd
+
+
+def _longest_path(states: dict, start: str) -> int:
+    """The most states one run through ``states`` enters from ``start`` (Next, Default and
+    Choices; the graph has no loops)."""
+    state = states[start]
+    after = [c["Next"] for c in state.get("Choices", [])]
+    after += [state[key] for key in ("Next", "Default") if key in state]
+    return 1 + max((_longest_path(states, n) for n in after), default=0)
+
+
+def test_the_per_object_transitions_cover_the_upload_maps_item_path() -> None:
+    """An object's item starts a child execution and ends it (2 transitions) and enters every
+    state on its way: the constant the forecast prices must not fall behind the workflow."""
+    asl = json.loads((ROOT / "statemachines" / "backup.asl.json").read_text())
+    items = asl["States"]["Upload"]["ItemProcessor"]
+    assert 2 + _longest_path(items["States"], items["StartAt"]) <= costs.TRANSITIONS_PER_OBJECT
 
 
 # --- Restores ----------------------------------------------------------------------------------
