@@ -381,6 +381,8 @@ def record(
         restore_id=(placed or {}).get("restore_id", ""),
         nodes=nodes,
     )
+    # A Record retried after a Lambda fault sends this again: an alarm goes out at least once,
+    # never lost between its record and its send; the message's drill_id tells a duplicate.
     svc.notify(
         subject(drill, outcome),
         {
