@@ -58,8 +58,8 @@ ANSWERED_MEMORY = 10_000
 FULL_READ_SECONDS = 5.0
 # How old a shard's size in the registry may be. Measuring it walks the shard's data directory
 # (a PostgreSQL cluster has thousands of files): a busy agent heartbeats every few seconds,
-# and the walk then ran beside the backup's own reads, in every heartbeat (in a trial, 0.1 to
-# 0.5 s of the interpreter's time during a 1 % incremental's scan). The size only informs
+# and the walk then ran beside the backup's own reads, in every heartbeat (py-spy: 0.59 s of
+# that thread on the CPU during a 1 % incremental). The size only informs
 # (``list``, ``nodes``, placement's first guess), so a minute late is harmless.
 SIZE_TTL_SECONDS = 60.0
 TOKEN_RECHECK_WAITS = (0.2, 0.5, 1.0, 2.0)  # before a token nobody knows counts as ended

@@ -222,7 +222,11 @@ def _screened(
     ``HEADER_BATCH`` blocks at a time (a list of a GiB's headers would hold 5 MiB)."""
     for start in range(0, count, HEADER_BATCH):
         stop = min(count, start + HEADER_BATCH)
-        headers = [_pread(fd, screen.header_size, i * block_size) for i in range(start, stop)]
+        if fd is None:  # removed since its listing: every header cut short
+            headers = [b""] * (stop - start)
+        else:  # os.pread called directly: a helper's frame per page cost 15 % of the reads
+            size, pread = screen.header_size, os.pread
+            headers = [pread(fd, size, i * block_size) for i in range(start, stop)]
         limiter.take(len(headers) * screen.header_size)
         yield from (start + i for i in screen.may_differ(headers))
 

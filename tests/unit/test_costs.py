@@ -150,6 +150,25 @@ def test_the_per_object_transitions_cover_the_upload_maps_item_path() -> None:
     assert 2 + _longest_path(items["States"], items["StartAt"]) <= costs.TRANSITIONS_PER_OBJECT
 
 
+def test_the_per_backup_transitions_are_a_two_node_fulls_path() -> None:
+    """A full of two nodes: every state it enters from Accept to Succeeded (the Upload map
+    twice, Release beside Finalize, one promotion copy), and in each of the four per-node
+    Maps a child per node that starts, runs its task and ends."""
+    states = json.loads((ROOT / "statemachines" / "backup.asl.json").read_text())["States"]
+    choices = {"FlushApart": "Flush", "ScanApart": "PlanData", "DataPacked": "HasObjects"}
+    choices |= {"HasObjects": "Upload", "ToVault": "Promote", "MoreToCopy": "Succeeded"}
+    after_upload = iter(["Stop", "ReleaseAndFinalize"])
+    entered, name = 0, "Accept"
+    while states[name]["Type"] != "Succeed":
+        entered += 1 + sum(len(b["States"]) for b in states[name].get("Branches", []))
+        if name == "AfterUpload":
+            name = next(after_upload)
+        else:
+            name = choices.get(name) or states[name]["Next"]
+    node_maps = ["Flush", "Checkpoint", "Stop", "Release"]
+    assert entered + 1 + len(node_maps) * 2 * 3 == costs.TRANSITIONS_PER_BACKUP
+
+
 # --- Restores ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("storage_class", "tier", "usd"),

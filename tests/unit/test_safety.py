@@ -26,7 +26,7 @@ from shardvault.errors import (
     UnknownCommand,
 )
 from shardvault.materialize import StreamWriter
-from shardvault.models import BackupContext, FileEntry, ObjectPlan, Phase, ShardListing
+from shardvault.models import FileEntry, ObjectPlan, Phase, ShardListing
 
 from .support import backup_context, sqlite_agent
 
@@ -62,20 +62,16 @@ def test_empty_files_and_directories_after_the_last_byte_are_created(tmp_path):
     assert (tmp_path / "d" / "e").read_bytes() == b""
 
 
-def context() -> BackupContext:
-    return backup_context()
-
-
 def listing(shard: str, node: str) -> ShardListing:
     return ShardListing(shard_id=shard, node_id=node, phase=Phase.DATA, files=[])
 
 
 def test_answers_must_come_from_the_nodes_asked():
-    check_listings_match_sources(context(), [listing("s1", "n1"), listing("s2", "n2")])
+    check_listings_match_sources(backup_context(), [listing("s1", "n1"), listing("s2", "n2")])
     with pytest.raises(InvalidRequest, match="expected"):
-        check_listings_match_sources(context(), [listing("s1", "n1"), listing("s2", "n1")])
+        check_listings_match_sources(backup_context(), [listing("s1", "n1"), listing("s2", "n1")])
     with pytest.raises(InvalidRequest):
-        check_listings_match_sources(context(), [listing("s1", "n1")])
+        check_listings_match_sources(backup_context(), [listing("s1", "n1")])
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ directory ran beside a backup's reads in every heartbeat), and again after a res
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -57,3 +58,19 @@ def test_tree_bytes_counts_files_and_linked_files_once_and_skips_linked_director
     os.symlink(tmp_path / "outside", tmp_path / "d" / "linked_dir")
     os.symlink(tmp_path / "outside" / "big", tmp_path / "d" / "linked_file")
     assert tree_bytes(tmp_path / "d") == 10 + 100 + 1000
+
+
+def test_tree_bytes_counts_a_file_removed_during_the_walk_as_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "kept").write_bytes(b"x" * 10)
+    (tmp_path / "gone").write_bytes(b"x" * 100)
+    real_scandir = os.scandir
+
+    def removing(path):  # the file goes between its listing and its stat
+        entries = list(real_scandir(path))
+        (tmp_path / "gone").unlink()
+        return contextlib.nullcontext(entries)
+
+    monkeypatch.setattr(os, "scandir", removing)
+    assert tree_bytes(tmp_path) == 10
