@@ -189,13 +189,20 @@ def test_a_spool_nobody_archives_is_reported_and_counted_stalled(archiving) -> N
     node = archiving(delay=0.2)
     node.stack.start_agent(node.config, {"SHARDVAULT_ARCHIVE_FUNCTION": ""})  # not set up
     node.stack.wait_for_nodes([node.node_id])
-    node.write_segments(2)
+    last = node.write_segments(2)
     svc = node.stack.services()
-    deadline = time.monotonic() + 30
-    while not (shard := svc.nodes.get(node.node_id).shards[0]).wal_spool_bytes:
-        assert time.monotonic() < deadline, "the heartbeat never reported the spool"
+    deadline = time.monotonic() + 60
+    # PostgreSQL's archiver hands segments to the spool after pg_switch_wal returns, and the
+    # heartbeat reports every few seconds: wait for both before counting what is spooled.
+    while node.server.psql("SELECT coalesce(last_archived_wal, '') FROM pg_stat_archiver") < last:
+        assert time.monotonic() < deadline, "PostgreSQL never handed the segments to the spool"
         time.sleep(0.2)
-    assert shard.wal_spool_bytes >= 2 * DEFAULT_SEGMENT_SIZE  # nothing archived, nothing lost
+    assert {last} <= {p.name for p in node.spool.iterdir()}  # spooled, not archived
+    while (shard := svc.nodes.get(node.node_id).shards[0]).wal_spool_bytes < 2 * (
+        DEFAULT_SEGMENT_SIZE
+    ):  # nothing archived, nothing lost: both segments stay in the spool
+        assert time.monotonic() < deadline, ("the heartbeat never reported the spool", shard)
+        time.sleep(0.2)
     log = (node.stack.root / "agents" / f"{node.node_id}.log").read_text()
     assert "no archive function is named" in log
     later = time.time() + SPOOL_STALL_SECONDS + 60
