@@ -1,4 +1,5 @@
-"""Lambda: complete an object's multipart upload and verify it against the agent's checksum."""
+"""Lambda: complete an object's multipart upload (if it has one) and verify the stored object
+against the agent's checksum."""
 
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
@@ -11,7 +12,7 @@ from shardvault.models import ObjectChecksums, ObjectPlan, UploadedPart
 class CompleteRequest(BaseModel):
     object: ObjectPlan
     checksums: ObjectChecksums
-    upload_id: str
+    upload_id: str | None  # None: a single PUT (nothing to complete, only to verify)
     uploaded: list[UploadedPart]
 
 

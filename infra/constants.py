@@ -71,10 +71,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     # After each per-node Distributed Map: the first node's own error (shardvault/fanout.py).
     FunctionSpec("check_nodes", "CheckNodesFunctionArn"),
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
-    # These two read objects back when an attribute check cannot verify them: more time.
+    # These read objects back when an attribute check cannot verify them: more time.
     FunctionSpec("complete_upload", "CompleteUploadFunctionArn", 300, 1024),
-    # After each Upload map: names the objects that were not uploaded and verified.
-    FunctionSpec("check_uploads", "CheckUploadsFunctionArn"),
+    # After each Upload map: verifies the objects signed at plan, names any object that was
+    # not uploaded and verified.
+    FunctionSpec("check_uploads", "CheckUploadsFunctionArn", 300, 1024),
     FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300),
     FunctionSpec("cleanup_backup", "CleanupBackupFunctionArn"),
     # Promotion copies for up to 10 minutes per call (promote_budget_seconds), then returns.

@@ -200,6 +200,10 @@ class ShardVaultStack(Stack):
             "plan_backup",
             catalog_rw,
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject", "s3:GetObject"),
+            # Signs the PutObject URL of each object packed as it was listed that fits one
+            # part (shardvault/backup/upload.py: sign_at_plan): S3 authorizes that PUT as this
+            # role. The URL goes to the work bucket, like Sign's.
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),
         )
         # An incremental's parent: its record and manifest, and a presigned GET of each of its
         # block maps (the URL is authorized as this role: reading backups, nothing else),
@@ -228,8 +232,11 @@ class ShardVaultStack(Stack):
         )
         grant(
             "check_uploads",
-            policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),  # the plan and results
+            # The plan and results; the results of the objects signed at plan, which it
+            # verifies (shardvault/backup/upload.py: verify_after_map).
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
             policies.list_prefix(bucket, WORK_PREFIX),
+            *self._verify_statements(bucket),
             policies.table(tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
         )
         grant(
@@ -253,14 +260,25 @@ class ShardVaultStack(Stack):
                 bucket,
                 BACKUPS_PREFIX,
                 "s3:PutObject",  # CompleteMultipartUpload
+                "s3:ListMultipartUploadParts",
+            ),
+            *self._verify_statements(bucket),
+            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the object's result
+        )
+
+    def _verify_statements(self, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
+        """What verifying a stored object and recording its progress calls
+        (shardvault/backup/upload.py: verify_object, record_result)."""
+        return [
+            policies.objects(
+                bucket,
+                BACKUPS_PREFIX,
                 "s3:GetObject",  # read-back verification
                 "s3:GetObjectAttributes",  # verification by checksum, without a download
                 "s3:GetObjectVersion",
-                "s3:ListMultipartUploadParts",
             ),
-            policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the object's result
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # progress
-        )
+        ]
 
     def _grant_finalize_and_cleanup(self, bucket: s3.IBucket) -> None:
         catalog_rw = policies.table_read_write(self.tables.catalog)

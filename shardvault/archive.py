@@ -67,7 +67,7 @@ from shardvault.pgwal import (
 )
 from shardvault.planning import store_root
 from shardvault.services import Services
-from shardvault.store import presign_put, stored_checksum
+from shardvault.store import is_missing, presign_put, stored_checksum
 
 log = logging.getLogger("shardvault.archive")
 ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
@@ -76,7 +76,6 @@ BATCH_MAX_BYTES = 256 * 1024 * 1024  # plaintext of one batch: 16 segments of 16
 MAX_FILES = 4096  # a batch of small history files stays a small request
 URL_TTL_SECONDS = 900  # a batch is packed before it is signed: its upload starts at once
 INDEX_FORMAT = 1
-MISSING = ("NoSuchKey", "404", "NotFound")  # how S3 and MinIO say an object is not there
 PARALLEL_READS = 8  # index objects read at once (a day at a batch a minute holds 1,440)
 # Segments (24 hex digits), timeline history files, backup history files, partial segments:
 # the names shardvault_agent.walspool accepts (it imports nothing of ShardVault's: a unit test
@@ -299,7 +298,7 @@ def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dic
     try:
         crc, size = stored_checksum(s3, bucket, key)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") not in MISSING:
+        if not is_missing(error):
             raise
         crc, size = None, -1  # not uploaded: refused below like any other object
     if crc != batch.crc64nvme or size != batch.stored_length:

@@ -53,7 +53,7 @@ from shardvault.prices import ARCHIVE_CLASSES, StorageClass
 from shardvault.readback import load_manifest
 from shardvault.retention import deletion_batches
 from shardvault.services import Services
-from shardvault.store import stored_checksum
+from shardvault.store import is_missing, stored_checksum
 
 log = logging.getLogger("shardvault.promote")
 PROMOTED_TAG = "shardvault:promoted"  # infra's lifecycle rule expires staging objects so tagged
@@ -306,7 +306,7 @@ def held_in_vault(
     try:
         crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
     except ClientError as error:
-        if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
+        if is_missing(error):
             return None
         raise
     if crc != obj.crc64nvme or size != obj.stored_bytes:

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from shardvault.checksums import crc64nvme_of_chunks
 from shardvault.errors import InvalidRequest
@@ -20,6 +21,7 @@ from shardvault.models import UploadedPart
 from shardvault.prices import ARCHIVE_CLASSES
 
 CHECKSUM_HEADER = "x-amz-checksum-crc64nvme"
+MISSING = ("NoSuchKey", "404", "NotFound")  # how S3 and MinIO say an object is not there
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ def s3_client(
     if credentials:
         keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}
     return boto3.client("s3", endpoint_url=endpoint, config=Config(**options), **keys)
+
+
+def is_missing(error: ClientError) -> bool:
+    """Whether an S3 error says the object (or its key) is not there."""
+    return error.response.get("Error", {}).get("Code") in MISSING
 
 
 def create_upload(s3: Any, bucket: str, key: str) -> str:

@@ -43,7 +43,7 @@ from shardvault.pgwal import segment_number, tail_problems
 from shardvault.readback import load_manifest
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
-from shardvault.store import readable_now, readback_checksum, stored_checksum
+from shardvault.store import is_missing, readable_now, readback_checksum, stored_checksum
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
 MAX_PROBLEMS = 20  # named in the outcome; the count says how many more
@@ -252,10 +252,9 @@ def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
     try:
         crc, size = stored_checksum(s3, bucket, key)
     except ClientError as error:
-        code = error.response["Error"]["Code"]
-        if code in ("NoSuchKey", "404", "NotFound"):
+        if is_missing(error):
             return f"{key} is missing"
-        return f"{key} cannot be read ({code})"
+        return f"{key} cannot be read ({error.response['Error']['Code']})"
     if size != obj.stored_bytes:
         return f"{key} holds {size} bytes, the manifest says {obj.stored_bytes}"
     if crc is None:

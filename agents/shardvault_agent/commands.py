@@ -769,7 +769,9 @@ class Commands:
         sums = ObjectChecksums.model_validate(args["checksums"])
         urls = {p["part_number"]: p["url"] for p in args["parts"]}
         self._refuse_released(item.backup_id)  # a late command must not recreate its state
-        digest = hashlib.sha256(args["upload_id"].encode()).hexdigest()[:24]
+        # What was sent is recorded per upload: a multipart upload's id, or (a single PUT,
+        # ``upload_id`` None) the object's key.
+        digest = hashlib.sha256((args["upload_id"] or item.key).encode()).hexdigest()[:24]
         record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}

@@ -60,13 +60,14 @@ class InjectedFault(ConnectionError):
 
 @dataclass
 class Faults:
-    """Test-only fault injection: fail the first ``part_failures`` tries of every part; wait
-    ``first_try_delay`` seconds before the first try of every part (URLs expire); flip a bit
-    of the body the first try of every part sends (``corrupt_part``: damage on the way); put
-    answers that differ from their receipts (``corrupt_answer``: an answer replaced in the
-    work bucket)."""
+    """Test-only fault injection: fail the first ``part_failures`` tries of every part (of the
+    objects whose key holds ``failing_keys``, if set); wait ``first_try_delay`` seconds before
+    the first try of every part (URLs expire); flip a bit of the body the first try of every
+    part sends (``corrupt_part``: damage on the way); put answers that differ from their
+    receipts (``corrupt_answer``: an answer replaced in the work bucket)."""
 
     part_failures: int = 0
+    failing_keys: str = ""
     first_try_delay: float = 0.0
     corrupt_part: bool = False
     corrupt_answer: bool = False
@@ -82,6 +83,7 @@ class Faults:
         )
         return cls(
             part_failures=int(spec.get("upload_part", 0)),
+            failing_keys=spec.get("upload_part_of", ""),
             first_try_delay=float(spec.get("first_try_delay", 0)),
             corrupt_part=spec.get("corrupt_part") == "1",
             corrupt_answer=spec.get("corrupt_answer") == "1",
@@ -94,7 +96,7 @@ class Faults:
             self._seen[(key, part_number)] = seen + 1
         if seen == 0 and self.first_try_delay:
             time.sleep(self.first_try_delay)
-        if seen < self.part_failures:
+        if seen < self.part_failures and self.failing_keys in key:
             raise InjectedFault(f"injected failure {seen + 1} of part {part_number} of {key}")
         return seen == 0 and self.corrupt_part
 

@@ -13,9 +13,10 @@ step function re-exported here):
   lock taken, the backup recorded as RUNNING (``validate``, ``take_lock``, ``vault_target``).
 - ``answers``: the agents' answers of listing commands, read back from the work bucket by
   their receipts (``read_answers``).
-- ``planner``: the agents' answers to shard listings and an object plan (``plan``).
+- ``planner``: the agents' answers to shard listings and an object plan (``plan``), whose
+  single-PUT objects packed as they were listed are signed at once (``upload.sign_at_plan``).
 - ``upload``: per object, ``sign`` and ``complete`` (with ``verify_object``); after the Upload
-  map, ``check_uploads``.
+  map, ``check_uploads`` (which verifies the objects signed at plan).
 - ``manifest``: the manifest, the summary and cost estimate, the lock released (``finalize``).
 - ``failure``: the failure path (``cleanup``), a refused scheduled run's notice
   (``report_refusal``), cleanup after an abandoned execution
@@ -23,8 +24,8 @@ step function re-exported here):
   (``reap``).
 
 Dependencies inside the package go one way: ``admission`` uses ``failure``; ``manifest`` uses
-``planner``; ``planner`` uses ``answers``. Callers use the names re-exported here (``from
-shardvault import backup``).
+``planner``; ``planner`` uses ``answers`` and ``upload``. Callers use the names re-exported
+here (``from shardvault import backup``).
 """
 
 from shardvault.backup.admission import (

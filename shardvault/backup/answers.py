@@ -20,6 +20,7 @@ from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.errors import AnswerMismatch
 from shardvault.models import Phase
 from shardvault.services import Services
+from shardvault.store import is_missing
 
 # A packed listing is about 4.5 bytes a file: this is room for ten million files on a node,
 # and keeps the plan step (which holds every node's answer) far inside its memory.
@@ -57,7 +58,7 @@ def read_answer(
     try:
         stored = svc.work_s3.get_object(Bucket=svc.settings.work_bucket, Key=key)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+        if not is_missing(error):
             raise
         raise AnswerMismatch(
             f"node {node_id} answered its {phase} command, but its answer is not in the "

@@ -7,21 +7,25 @@ Each answer is checked against the backup's sources, turned into shard listings,
 an object plan (``shardvault.planning``); both are written to the work bucket, where the
 Upload map reads the plan and Finalize the listings.
 
-An item of a plan is ``{"object": ObjectPlan, "checksums": ObjectChecksums | None}``: the
-checksums of an object its node packed when it listed it, at its scan
-(``shardvault.backup.scanning``: an incremental's changes) or at its stop (the tail, and a
+An item of a plan is ``{"object": ObjectPlan, "checksums": ObjectChecksums | None,
+"signed": dict | None}``: the checksums of an object its node packed when it listed it, at its
+scan (``shardvault.backup.scanning``: an incremental's changes) or at its stop (the tail, and a
 full's block map, with the part size of the data plan's ``pack``), for exactly that plan, or
-None (the Upload map packs it). A data plan whose every object was
-packed is *packed*: the state machine goes straight to Stop, and the tail's plan begins with
-the data plan's items, so that both upload in one Upload map, after the stop.
+None (the Upload map packs it); and, for such an object that fits one part, its URL signed now
+(``shardvault.backup.upload.sign_at_plan``: the Map item is then just the transfer), else None.
+A data plan whose every object was packed is *packed*: the state machine goes straight to Stop,
+and the tail's plan begins with the data plan's items, so that both upload in one Upload map,
+after the stop.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault import fanout
 from shardvault.backup.answers import read_answers
+from shardvault.backup.upload import sign_at_plan
 from shardvault.cut import cut_skew_seconds, pause_summary
 from shardvault.errors import InvalidRequest, UnknownCommand
 from shardvault.models import (
@@ -40,6 +44,8 @@ from shardvault.planning import (
     transfer_concurrency,
 )
 from shardvault.services import Services
+
+SIGN_THREADS = 8  # the work bucket's PUTs of signed URLs in flight (signing itself is local)
 
 
 def plan(
@@ -81,7 +87,7 @@ def plan(
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
-    items = plan_items(objects, packed_by_nodes(results))
+    items = sign_items(plan_items(objects, packed_by_nodes(results)), svc)
     packed = phase == Phase.DATA and all(item["checksums"] for item in items)
     if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
         items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
@@ -171,6 +177,25 @@ def plan_items(
             }
         )
     return items
+
+
+def sign_items(items: list[dict[str, Any]], svc: Services) -> list[dict[str, Any]]:
+    """Each plan item with its ``signed`` (``sign_at_plan``): an item packed as it was listed
+    that fits one part gets its URL now (local signing, and one work object for its URL)."""
+
+    def signed(item: dict[str, Any]) -> dict[str, Any]:
+        sums = item["checksums"]
+        at_plan = None
+        if sums is not None:
+            obj = ObjectPlan.model_validate(item["object"])
+            at_plan = sign_at_plan(obj, ObjectChecksums.model_validate(sums), svc)
+        return item | {"signed": at_plan}
+
+    if not any(item["checksums"] for item in items):
+        return [item | {"signed": None} for item in items]
+    _ = svc.store_s3, svc.work_s3  # built once, before the threads share them
+    with ThreadPoolExecutor(SIGN_THREADS) as pool:
+        return list(pool.map(signed, items))
 
 
 def check_listings_match_sources(context: BackupContext, listings: list[ShardListing]) -> None:

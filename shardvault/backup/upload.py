@@ -2,17 +2,31 @@
 
 Per object: the agent packs it (``shardvault.pipeline``: its stream range read once into
 compressed, optionally sealed frames, checksummed per part of the stored bytes) -> ``sign``
-creates the multipart upload and signs a URL per part, bound to that part's checksum, into the
-work bucket -> the agent uploads its packed copy -> ``complete`` completes the upload and
-``verify_object`` checks the stored object against the agent's checksum. After the
-Upload map, ``check_uploads`` confirms every planned object of the phase has a verified result.
+signs a URL per part, bound to that part's checksum, into the work bucket -> the agent uploads
+its packed copy -> ``complete`` completes the upload and ``verify_object`` checks the stored
+object against the agent's checksum. After the Upload map, ``check_uploads`` confirms every
+planned object of the phase has a verified result.
+
+Terms:
+- a *single-PUT object* is one whose stored bytes fit one part (``single_put``): its URL is a
+  presigned ``PutObject`` bound to the whole object's CRC64NVME, with no multipart upload to
+  create, complete or abort (an incremental's changes, a tail, a block map: most objects of
+  an incremental backup are this small). S3 stores all of it or nothing.
+- *signed at plan*: a single-PUT object its node packed as it listed it comes with its
+  checksums, so the plan step signs its URL at once (signing is local: no S3 call); its Map
+  item is then just the agent's transfer (``TransferSigned``), and ``check_uploads`` verifies
+  it and records its result with the others of its phase. Every other object is verified by
+  ``complete``, as its Map item ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from shardvault.causes import agent_note, named_failure
 from shardvault.errors import ChecksumMismatch, UploadIncomplete
@@ -28,31 +42,47 @@ from shardvault.services import Services
 from shardvault.store import (
     complete_upload,
     create_upload,
+    is_missing,
     presign_part,
+    presign_put,
     readback_checksum,
     stored_checksum,
     uploaded_parts,
 )
 
+VERIFY_THREADS = 16  # CheckUploads' requests in flight: each asks S3 for one object's checksum
+
+
+def single_put(sums: ObjectChecksums) -> bool:
+    """Whether the object's stored bytes fit one part: one presigned PutObject sends them."""
+    return len(sums.parts) == 1
+
 
 def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Services) -> dict:
-    """Creates the multipart upload (once) and signs a URL per part still missing, each bound
-    to that part's checksum, so the URL accepts those bytes and no others. The URLs go to the
-    work bucket (``urls_key``) for the dispatcher: execution history never holds one."""
+    """Signs a URL per part still missing, each bound to that part's checksum, so the URL
+    accepts those bytes and no others: a PutObject for a single-PUT object, else the parts of
+    a multipart upload (created once). The URLs go to the work bucket (``urls_key``) for the
+    dispatcher: execution history never holds one."""
     s3, bucket = svc.store_s3, svc.store.bucket
-    if upload_id:
-        done = uploaded_parts(s3, bucket, item.key, upload_id)
-    else:
-        upload_id, done = create_upload(s3, bucket, item.key), {}
     ttl = svc.settings.url_ttl_seconds
-    parts = [
-        {
-            "part_number": p.part_number,
-            "url": presign_part(s3, bucket, item.key, upload_id, p.part_number, p.crc64nvme, ttl),
-        }
-        for p in sums.parts
-        if p.part_number not in done
-    ]
+    if single_put(sums):
+        url = presign_put(s3, bucket, item.key, ttl, sums.crc64nvme)
+        upload_id, parts = None, [{"part_number": 1, "url": url}]
+    else:
+        if upload_id:
+            done = uploaded_parts(s3, bucket, item.key, upload_id)
+        else:
+            upload_id, done = create_upload(s3, bucket, item.key), {}
+        parts = [
+            {
+                "part_number": p.part_number,
+                "url": presign_part(
+                    s3, bucket, item.key, upload_id, p.part_number, p.crc64nvme, ttl
+                ),
+            }
+            for p in sums.parts
+            if p.part_number not in done
+        ]
     return {
         "upload_id": upload_id,
         "urls_key": svc.put_urls(item.backup_id, item.key, {"parts": parts}),
@@ -61,15 +91,38 @@ def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Se
     }
 
 
+def sign_at_plan(item: ObjectPlan, sums: ObjectChecksums, svc: Services) -> dict[str, Any] | None:
+    """A plan item's ``signed``: the URL of a single-PUT object packed as it was listed, for
+    the Map's Transfer; None for any other object (the Map signs it)."""
+    if not single_put(sums):
+        return None
+    signed = sign(item, sums, None, svc)
+    return {"upload_id": None, "urls_key": signed["urls_key"], "checksums": signed["checksums"]}
+
+
 def complete(
+    item: ObjectPlan,
+    sums: ObjectChecksums,
+    upload_id: str | None,
+    uploaded: list[UploadedPart],
+    svc: Services,
+) -> ObjectResult:
+    """Completes a multipart upload (``upload_id``; None: a single PUT, stored whole) with the
+    agent's full-object checksum, then verifies the stored object against it and records the
+    result."""
+    if upload_id is not None:
+        complete_multipart(item, sums, upload_id, uploaded, svc)
+    verified_by = verify_object(svc, item.key, sums.crc64nvme, sums.stored_length)
+    return record_result(item, sums, verified_by, svc)
+
+
+def complete_multipart(
     item: ObjectPlan,
     sums: ObjectChecksums,
     upload_id: str,
     uploaded: list[UploadedPart],
     svc: Services,
-) -> ObjectResult:
-    """Completes the upload with the agent's full-object checksum, then verifies the stored
-    object against it and records the result."""
+) -> None:
     s3, bucket = svc.store_s3, svc.store.bucket
     known = {p.part_number: p for p in uploaded}
     missing = [p for p in sums.parts if p.part_number not in known]
@@ -82,10 +135,15 @@ def complete(
             for p in missing
             if p.part_number in etags
         }
-    # A retry after S3 completed the upload finds no upload: verification below decides.
+    # A retry after S3 completed the upload finds no upload: verification decides.
     with contextlib.suppress(s3.exceptions.NoSuchUpload):
         complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
-    verified_by = verify_object(svc, item.key, sums.crc64nvme, sums.stored_length)
+
+
+def record_result(
+    item: ObjectPlan, sums: ObjectChecksums, verified_by: str, svc: Services
+) -> ObjectResult:
+    """Writes a verified object's result for Finalize's manifest and counts its progress."""
     result = ObjectResult(
         key=item.key,
         node_id=item.node_id,
@@ -139,14 +197,18 @@ def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
 
 
 def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[str, Any]:
-    """Every planned object of the phase has a verified result. The Distributed Map fails when
-    an object's task fails; this also holds where a Map does not (moto's), and names what is
-    missing."""
+    """Verifies and records the objects signed at plan, then checks that every planned object
+    of the phase has a verified result. The Distributed Map fails when an object's task fails;
+    this also holds where a Map does not (moto's), and names what is missing."""
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
-    planned = [item["object"]["key"] for item in svc.get_work(plan_key)]
+    items = svc.get_work(plan_key)
+    planned = [item["object"]["key"] for item in items]
     # Every phase's results: either plan may also hold block maps (results/blockmap/).
     results = svc.list_work(svc.work_key(context.backup_id, "results") + "/")
     done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
+    done |= verify_after_map(
+        [item for item in items if item["object"]["key"] not in done and verified_here(item)], svc
+    )
     missing = [key for key in planned if key not in done]
     if missing:
         nodes = [source.node_id for source in context.sources]
@@ -160,3 +222,32 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
             "the backup was cleaned up and can be retried.",
         )
     return {"phase": phase.value, "objects": len(planned)}
+
+
+def verified_here(item: dict[str, Any]) -> bool:
+    """Whether a plan item was signed at plan: its Map item ends at the agent's transfer
+    (unless its URL expired: then Sign, Transfer and Complete, which records it)."""
+    return item.get("signed") is not None
+
+
+def verify_after_map(items: list[dict[str, Any]], svc: Services) -> set[str]:
+    """Verifies each object signed at plan against its packed checksum and records its result;
+    returns the keys of those the store holds. One it does not hold (its transfer failed) is
+    left out, for the caller to name."""
+
+    def one(item: dict[str, Any]) -> str | None:
+        obj = ObjectPlan.model_validate(item["object"])
+        sums = ObjectChecksums.model_validate(item["signed"]["checksums"])
+        try:
+            verified_by = verify_object(svc, obj.key, sums.crc64nvme, sums.stored_length)
+        except ClientError as error:
+            if is_missing(error):
+                return None
+            raise
+        return record_result(obj, sums, verified_by, svc).key
+
+    if not items:
+        return set()
+    _ = svc.store_s3, svc.work_s3, svc.catalog  # built once, before the threads share them
+    with ThreadPoolExecutor(min(VERIFY_THREADS, len(items))) as pool:
+        return {key for key in pool.map(one, items) if key}

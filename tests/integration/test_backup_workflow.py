@@ -109,6 +109,31 @@ def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cl
     assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
 
 
+def test_an_object_signed_at_plan_that_never_arrives_fails_the_backup_by_name(make_cluster):
+    """A full's block maps are packed at the stop and fit one part: the plan signs their
+    PutObject URLs and no Complete follows their transfer. When every try of those PUTs fails,
+    CheckUploads finds them missing in the store and names one; the failure path leaves
+    nothing behind."""
+    cluster = make_cluster(
+        nodes=2,
+        size_mb=6,
+        agent={"part_attempts": 2},
+        env={"SHARDVAULT_AGENT_FAULTS": "upload_part=1000,upload_part_of=/blockmap-"},
+    )
+    execution = cluster.start_backup()
+    progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
+    assert progress.status == "FAILED"
+    assert "Stop" in entered_states(execution)  # the data objects went up; the maps did not
+    (record,) = cluster.records()
+    assert record["status"] == "FAILED"
+    assert record["error"] in ("UploadIncomplete", "PartUploadFailed"), record
+    assert "blockmap-" in record["cause"], record["cause"]
+    assert cluster.open_uploads() == []
+    assert cluster.store_keys() == []  # the data objects that did arrive are deleted too
+    assert cluster.held_checkpoints() == []
+    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+
+
 def test_expired_part_urls_are_signed_again(make_cluster):
     from shardvault.lambda_support import services
 

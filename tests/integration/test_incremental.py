@@ -7,10 +7,27 @@ import sqlite3
 import pytest
 
 from shardvault import operations as ops
+from shardvault.readback import load_manifest
 
 from .conftest import entered_states, record_posts
 
 pytestmark = pytest.mark.minio
+
+
+def count_upload_steps(monkeypatch) -> dict[str, int]:
+    """Counts the Upload map's Sign and Complete calls (their Lambdas) from now on."""
+    from shardvault import backup
+
+    counts = {"sign": 0, "complete": 0}
+    for step in counts:
+        original = getattr(backup, step)
+
+        def counted(*args, _step=step, _original=original, **kwargs):
+            counts[_step] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(backup, step, counted)
+    return counts
 
 
 def scattered_incremental(make_cluster, policy_for, every: int):
@@ -71,6 +88,7 @@ def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its
 
     posted: list[str] = []
     record_posts(monkeypatch, lambda command, args: posted.append(command))
+    steps = count_upload_steps(monkeypatch)
     execution = cluster.start_backup(incremental=True)
     incremental = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
 
@@ -78,12 +96,22 @@ def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its
     states = entered_states(execution)
     assert "Upload" not in states[: states.index("Stop")]
     assert states.count("Upload") == 1
-    # Both objects (the changes and the block map) came packed, with their checksums.
+    # Both objects (the changes and the block map) came packed, with their checksums, and
+    # fit one part: signed at plan, each is one PutObject with no Sign or Complete of its
+    # own; CheckUploads verified both by their stored checksums and counted their progress.
     assert sorted(posted) == ["checkpoint", "release", "stop", "upload", "upload"]
+    assert steps == {"sign": 0, "complete": 0}
     backup_id = incremental.record["backup_id"]
     (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
     assert record["data_packed"] is True
     assert 0 < record["data_bytes"] < record["bytes_total"]
+    assert (record["objects_done"], record["bytes_done"]) == (2, record["bytes_total"])
+    svc = cluster.stack.services()
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    (shard,) = manifest.shards
+    stored = [o for o in shard.objects if f"/{backup_id}/" in o.key]  # not its parent's
+    assert [(o.part_count, o.verified_by) for o in stored] == [(1, "attributes")] * 2
+    assert cluster.open_uploads() == []
     (config,) = cluster.configs
     assert not list(Path(config["state_dir"]).rglob("packed/*"))  # gone at release
     target = make_target(nodes=1)

@@ -63,7 +63,9 @@ def test_a_node_silent_during_cleanup_releases_its_snapshot_when_it_returns(make
     slow = {"rate_limit_bytes_per_second": 2**20, "upload_parallelism": 1}
     cluster = make_cluster(nodes=2, size_mb=12, agent=slow)
     victim = cluster.configs[1]
-    execution = cluster.start_backup()
+    # 5 MiB parts: each node's 6 MB object is then a multipart upload (one part would be a
+    # single PUT, which leaves no open upload to see it start by).
+    execution = cluster.start_backup(part_size=5 * 2**20)
     wait_until(cluster.open_uploads, 60, "no upload ever started")
     (record,) = cluster.records()
     cluster.stack.stop_agent(victim["node_id"], kill=True)  # silent from now on
