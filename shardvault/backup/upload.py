@@ -113,7 +113,9 @@ def complete(
     if upload_id is not None:
         complete_multipart(item, sums, upload_id, uploaded, svc)
     verified_by = verify_object(svc, item.key, sums.crc64nvme, sums.stored_length)
-    return record_result(item, sums, verified_by, svc)
+    result = write_result(item, sums, verified_by, svc)
+    count_progress([(item, sums)], svc)
+    return result
 
 
 def complete_multipart(
@@ -140,10 +142,10 @@ def complete_multipart(
         complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
 
 
-def record_result(
+def write_result(
     item: ObjectPlan, sums: ObjectChecksums, verified_by: str, svc: Services
 ) -> ObjectResult:
-    """Writes a verified object's result for Finalize's manifest and counts its progress."""
+    """Writes a verified object's result, for Finalize's manifest."""
     result = ObjectResult(
         key=item.key,
         node_id=item.node_id,
@@ -166,15 +168,25 @@ def record_result(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
     )
     svc.put_work(key, result.model_dump(mode="json"))
+    return result
+
+
+def count_progress(done: list[tuple[ObjectPlan, ObjectChecksums]], svc: Services) -> None:
+    """Counts verified objects of one backup on its catalog item, in one update: their bytes,
+    their number, the latest adaptive throttle their packs reported and the most log held."""
+    if not done:
+        return
+    item = done[0][0]
+    throttles = [sums.throttle for _, sums in done if sums.throttle is not None]
+    held = [sums.held_log_bytes for _, sums in done if sums.held_log_bytes is not None]
     svc.catalog.add_progress(
         item.cluster,
         item.backup_id,
-        bytes_done=item.length,
-        objects_done=1,
-        throttle=sums.throttle,
-        held_log_bytes=sums.held_log_bytes,
+        bytes_done=sum(obj.length for obj, _ in done),
+        objects_done=len(done),
+        throttle=throttles[-1] if throttles else None,
+        held_log_bytes=max(held) if held else None,
     )
-    return result
 
 
 def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
@@ -231,11 +243,11 @@ def verified_here(item: dict[str, Any]) -> bool:
 
 
 def verify_after_map(items: list[dict[str, Any]], svc: Services) -> set[str]:
-    """Verifies each object signed at plan against its packed checksum and records its result;
-    returns the keys of those the store holds. One it does not hold (its transfer failed) is
-    left out, for the caller to name."""
+    """Verifies each object signed at plan against its packed checksum, records its result
+    and counts them all in one progress update; returns the keys of those the store holds.
+    One it does not hold (its transfer failed) is left out, for the caller to name."""
 
-    def one(item: dict[str, Any]) -> str | None:
+    def one(item: dict[str, Any]) -> tuple[ObjectPlan, ObjectChecksums] | None:
         obj = ObjectPlan.model_validate(item["object"])
         sums = ObjectChecksums.model_validate(item["signed"]["checksums"])
         try:
@@ -244,10 +256,13 @@ def verify_after_map(items: list[dict[str, Any]], svc: Services) -> set[str]:
             if is_missing(error):
                 return None
             raise
-        return record_result(obj, sums, verified_by, svc).key
+        write_result(obj, sums, verified_by, svc)
+        return obj, sums
 
     if not items:
         return set()
-    _ = svc.store_s3, svc.work_s3, svc.catalog  # built once, before the threads share them
+    _ = svc.store_s3, svc.work_s3  # built once, before the threads share them
     with ThreadPoolExecutor(min(VERIFY_THREADS, len(items))) as pool:
-        return {key for key in pool.map(one, items) if key}
+        verified = [done for done in pool.map(one, items) if done]
+    count_progress(verified, svc)
+    return {obj.key for obj, _ in verified}

@@ -40,3 +40,33 @@ def test_the_catalog_keeps_the_most_wal_any_node_held_and_the_latest_throttle(mo
     assert record["held_log_bytes"] == 80  # a smaller report from another node does not win
     assert record["throttle"] == {"cuts": 2}
     assert (record["bytes_done"], record["objects_done"]) == (3, 3)
+
+
+def test_objects_verified_together_count_as_one_update_of_the_same_totals(monkeypatch):
+    """CheckUploads counts the objects it verified (signed at plan) in one update: the same
+    bytes, count, latest throttle and most log held as one update per object would give."""
+    from shardvault.backup.upload import count_progress
+    from shardvault.models import ObjectChecksums, ObjectPlan, PartChecksum, Phase
+
+    def done(index: int, length: int, throttle, held):
+        obj = ObjectPlan(
+            backup_id="b", cluster="c", node_id="n", shard_id="s", phase=Phase.DATA,
+            index=index, key=f"k{index}", stream_offset=0, length=length, part_size=8 << 20,
+            part_count=1,
+        )  # fmt: skip
+        part = PartChecksum(part_number=1, size=10, crc64nvme="AAAAAAAAAAA=")
+        sums = ObjectChecksums(
+            key=obj.key, parts=[part], crc64nvme=part.crc64nvme, stored_length=10, frames="",
+            throttle=throttle, held_log_bytes=held,
+        )  # fmt: skip
+        return obj, sums
+
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.put({"cluster": "c", "backup_id": "b", "held_log_bytes": 70})
+        count_progress([done(0, 5, {"cuts": 1}, 50), done(1, 7, {"cuts": 2}, 90)], svc)
+        count_progress([done(2, 11, None, None)], svc)
+        count_progress([], svc)  # nothing verified: nothing counted
+        record = svc.catalog.get("c", "b")
+    assert (record["bytes_done"], record["objects_done"]) == (23, 3)
+    assert record["throttle"] == {"cuts": 2}
+    assert record["held_log_bytes"] == 90
