@@ -1,8 +1,9 @@
 """Store access: the S3 operations of a backup, against AWS S3 or any S3-compatible server.
 
 A *store* is ``s3://bucket/prefix`` plus an optional endpoint (MinIO locally). Uploads are
-multipart with a full-object CRC64NVME checksum, so the store itself can tell whether the
-object it holds is the one the agent read; the signer never sees the data, only checksums.
+multipart, or one PUT for an object of one part, with a full-object CRC64NVME checksum, so the
+store itself can tell whether the object it holds is the one the agent read; the signer never
+sees the data, only checksums.
 """
 
 from __future__ import annotations
