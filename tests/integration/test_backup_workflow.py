@@ -83,30 +83,42 @@ def test_parts_that_fail_twice_succeed_through_the_agents_retries(make_cluster):
     assert log.count("injected failure 2 of part 1") >= 1
 
 
-def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cluster):
+def failed_by_parts(make_cluster, size_mb: int, faults: str):
+    """A two-node cluster whose agents fail every try (two each) of the parts ``faults``
+    names, and its backup, which fails: the cluster, the execution and the catalog record."""
     cluster = make_cluster(
         nodes=2,
-        size_mb=20,
+        size_mb=size_mb,
         agent={"part_attempts": 2},
-        env={"SHARDVAULT_AGENT_FAULTS": "upload_part=1000"},
+        env={"SHARDVAULT_AGENT_FAULTS": faults},
     )
     execution = cluster.start_backup()
     progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
     assert progress.status == "FAILED"
+    (record,) = cluster.records()
+    assert record["status"] == "FAILED"
+    return cluster, execution, record
+
+
+def assert_nothing_left(cluster) -> None:
+    """What a failed backup's cleanup leaves, read from outside: nothing."""
+    assert cluster.open_uploads() == []  # every open upload was aborted
+    assert cluster.store_keys() == []  # no partial object remains (nor a whole one)
+    assert cluster.held_checkpoints() == []  # every agent released its checkpoint
+    # The lock is released: the next backup of the cluster may start.
+    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+
+
+def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cluster):
+    cluster, execution, record = failed_by_parts(make_cluster, 20, "upload_part=1000")
     states = entered_states(execution)
     assert "Flush" in states  # two nodes flush first, so that their checkpoints are close
     assert "Stop" not in states  # a failed upload never reaches the tail of the backup
     assert "ReleaseAfterFailure" in states
     assert "Cleanup" in states
-    (record,) = cluster.records()
-    assert record["status"] == "FAILED"
     assert record["error"] == "UploadIncomplete"
-    assert record["aborted_uploads"] >= 1  # uploads were open when the failure struck...
-    assert cluster.open_uploads() == []  # ...and every one of them was aborted
-    assert cluster.store_keys() == []  # no partial object remains
-    assert cluster.held_checkpoints() == []  # every agent released its checkpoint
-    # The lock is released: the next backup of the cluster may start.
-    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+    assert record["aborted_uploads"] >= 1  # uploads were open when the failure struck
+    assert_nothing_left(cluster)
 
 
 def test_an_object_signed_at_plan_that_never_arrives_fails_the_backup_by_name(make_cluster):
@@ -114,24 +126,12 @@ def test_an_object_signed_at_plan_that_never_arrives_fails_the_backup_by_name(ma
     PutObject URLs and no Complete follows their transfer. When every try of those PUTs fails,
     CheckUploads finds them missing in the store and names one; the failure path leaves
     nothing behind."""
-    cluster = make_cluster(
-        nodes=2,
-        size_mb=6,
-        agent={"part_attempts": 2},
-        env={"SHARDVAULT_AGENT_FAULTS": "upload_part=1000,upload_part_of=/blockmap-"},
-    )
-    execution = cluster.start_backup()
-    progress = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
-    assert progress.status == "FAILED"
+    faults = "upload_part=1000,upload_part_of=/blockmap-"
+    cluster, execution, record = failed_by_parts(make_cluster, 6, faults)
     assert "Stop" in entered_states(execution)  # the data objects went up; the maps did not
-    (record,) = cluster.records()
-    assert record["status"] == "FAILED"
     assert record["error"] in ("UploadIncomplete", "PartUploadFailed"), record
     assert "blockmap-" in record["cause"], record["cause"]
-    assert cluster.open_uploads() == []
-    assert cluster.store_keys() == []  # the data objects that did arrive are deleted too
-    assert cluster.held_checkpoints() == []
-    assert cluster.stack.services().catalog.lock_holder(cluster.name) is None
+    assert_nothing_left(cluster)  # the data objects that did arrive are deleted too
 
 
 def test_expired_part_urls_are_signed_again(make_cluster):
