@@ -44,7 +44,14 @@ import urllib3
 from shardvault import operations as ops
 from shardvault.checksums import crc64nvme_of_bytes
 from shardvault.local.stack import LocalStack
-from shardvault.models import BackupRequest, FileEntry, NodeRecord, ShardInfo, pack_files
+from shardvault.models import (
+    AGENT_PROTOCOL,
+    BackupRequest,
+    FileEntry,
+    NodeRecord,
+    ShardInfo,
+    pack_files,
+)
 from shardvault.tables import Inbox, plain, scan_all
 
 CLUSTER = "fleet"
@@ -65,6 +72,7 @@ def register(stack: LocalStack, cluster: str, nodes: int) -> list[str]:
                 shards=[ShardInfo(shard_id=f"s{i:04d}", role="leader")],
                 free_bytes=1 << 40,
                 version="sim",
+                protocol=AGENT_PROTOCOL,
                 heartbeat_at=time.time(),
                 heartbeat_every=3600.0,
             )

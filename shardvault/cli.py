@@ -1051,14 +1051,16 @@ def run_nodes(args: argparse.Namespace) -> int:
     found = ops.list_nodes(config, args.cluster)
     if args.json:
         return emit_json([n.model_dump(mode="json") for n in found])
-    table = Table("cluster", "node", "engine", "status", "last heartbeat", "shards", "free")
+    table = Table(
+        "cluster", "node", "engine", "agent", "status", "last heartbeat", "shards", "free"
+    )
     now = time.time()
     for n in found:
         shards = ", ".join(f"{s.shard_id} ({s.role})" for s in n.shards)
         age = f"{now - n.heartbeat_at:.0f} s ago"
-        table.add_row(
-            n.cluster, n.node_id, n.engine, n.status, age, shards, f"{n.free_bytes / 2**30:.1f} GiB"
-        )
+        agent = f"{n.version} (outdated: upgrade it)" if n.is_outdated else n.version
+        free = f"{n.free_bytes / 2**30:.1f} GiB"
+        table.add_row(n.cluster, n.node_id, n.engine, agent, n.status, age, shards, free)
     console.print(table)
     return 0
 

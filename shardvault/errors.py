@@ -38,6 +38,10 @@ class AgentUnavailable(ShardVaultError):
     """A node's agent has stopped or has not heartbeated recently."""
 
 
+class AgentOutdated(ShardVaultError):
+    """A node's agent speaks an older protocol than this control plane needs."""
+
+
 class NoShards(ShardVaultError):
     """The cluster's agents hold no shards: a backup would succeed with nothing in it."""
 

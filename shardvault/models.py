@@ -125,7 +125,15 @@ def new_backup_id(now: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
-class ShardInfo(Frozen):
+class Registered(BaseModel):
+    """What an agent writes to the node registry. Control planes older and newer than the
+    agent read it, so a field this release does not know (from a newer agent) is ignored rather
+    than refused: upgrading the agents first must not stop every backup."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class ShardInfo(Registered):
     shard_id: str
     role: Role
     bytes: int = 0
@@ -150,13 +158,22 @@ class ShardInfo(Frozen):
 # A node is silent once its agent has missed this many of the heartbeats it promised.
 HEARTBEAT_MISSES = 3
 
+# The agent protocol this control plane needs: an agent registers the one it speaks
+# (``NodeRecord.protocol``; shardvault_agent.PROTOCOL), and backups and restores refuse an
+# agent that speaks an older one (``AgentOutdated``) before any side effect. Raise it when a
+# command changes in a way an older agent would fail on. 1: an object of one part is sent by
+# one presigned PUT (a transfer without an upload id).
+AGENT_PROTOCOL = 1
 
-class NodeRecord(Frozen):
+
+class NodeRecord(Registered):
     """What an agent registers about its node, refreshed by each heartbeat.
 
     ``heartbeat_every``: the heartbeat period the agent promised with this heartbeat (short
     while busy, long while idle; 0 from an agent too old to say). ``doorbell``: the URL of the
-    node's doorbell queue, None when the agent has none (it then polls its inbox)."""
+    node's doorbell queue, None when the agent has none (it then polls its inbox).
+    ``protocol``: the agent protocol the agent speaks (:data:`AGENT_PROTOCOL`; 0 from an agent
+    too old to say)."""
 
     node_id: str
     cluster: str
@@ -172,6 +189,7 @@ class NodeRecord(Frozen):
     restore_occupied: list[str] = Field(default_factory=list)
     heartbeat_every: Annotated[float, Field(ge=0)] = 0.0
     doorbell: str | None = None
+    protocol: Annotated[int, Field(ge=0)] = 0
 
     def is_silent(self, now: float, max_age: float) -> bool:
         """Whether the agent has not heartbeated for longer than ``max_age`` seconds and than
@@ -183,6 +201,11 @@ class NodeRecord(Frozen):
         """Stopped, or silent: a node a backup cannot use (validation refuses it, the watch
         counts it)."""
         return self.status != "up" or self.is_silent(now, max_age)
+
+    @property
+    def is_outdated(self) -> bool:
+        """Whether the agent speaks an older protocol than this control plane needs."""
+        return self.protocol < AGENT_PROTOCOL
 
 
 class FileEntry(Frozen):

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardvault import engines
 from shardvault.backup.admission import (
+    check_agents_current,
     check_engines,
     check_nodes_available,
     check_sources_readable,
@@ -62,6 +63,7 @@ def findings(
         )
     out.append(membership)
     out.append(attempt("agents up", lambda: check_nodes_available(nodes, now, max_age)))
+    out.append(attempt("agents current", lambda: check_agents_current(nodes)))
     out.append(attempt("engines", lambda: engines_found(cluster, nodes, policy)))
     try:
         chosen = choose_sources(nodes)

@@ -20,7 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault import engines, pitr
-from shardvault.backup import REAPED_STATUSES, check_nodes_available, reaped_error
+from shardvault.backup import (
+    REAPED_STATUSES,
+    check_agents_current,
+    check_nodes_available,
+    reaped_error,
+)
 from shardvault.causes import failure_cause
 from shardvault.chains import chain_args, data_stream
 from shardvault.dispatch import post_untracked
@@ -229,6 +234,7 @@ def check_target_nodes(
         )
     check_members(target, nodes, policy)
     check_nodes_available(nodes, now, max_age)
+    check_agents_current(nodes)
     unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
     if unready:
         raise TargetNotReady(

@@ -42,7 +42,7 @@ import urllib3
 from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, Role, ShardInfo
 from shardvault.tables import Catalog, Inbox, NodeRegistry
-from shardvault_agent import __version__, restore
+from shardvault_agent import PROTOCOL, __version__, restore
 from shardvault_agent.archiver import Archiver, Spool, lambda_invoker, spool_state
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
@@ -163,6 +163,7 @@ class Agent:
             restore_free_bytes=restore.room(cfg),
             restore_occupied=restore.occupied(cfg.restore_dir),
             version=__version__,
+            protocol=PROTOCOL,
             heartbeat_at=time.time(),
             status=status,
             heartbeat_every=self.heartbeat_period(),

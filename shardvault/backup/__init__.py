@@ -29,6 +29,7 @@ here (``from shardvault import backup``).
 """
 
 from shardvault.backup.admission import (
+    check_agents_current,
     check_nodes_available,
     take_lock,
     upload_limits,
@@ -51,6 +52,7 @@ from shardvault.backup.upload import check_uploads, complete, sign, verify_objec
 __all__ = [
     "REAPED_STATUSES",
     "TAKEN_OVER",
+    "check_agents_current",
     "check_listings_match_sources",
     "check_nodes_available",
     "check_uploads",

@@ -23,6 +23,7 @@ from shardvault import costs, engines
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
 from shardvault.cut import cut_margin_seconds
 from shardvault.errors import (
+    AgentOutdated,
     AgentUnavailable,
     BackupAlreadyRunning,
     EngineMismatch,
@@ -40,6 +41,7 @@ from shardvault.keys import new_data_key
 from shardvault.lifetimes import backup_class
 from shardvault.membership import check_members
 from shardvault.models import (
+    AGENT_PROTOCOL,
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
     BackupKind,
@@ -86,6 +88,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
     nodes = registered_nodes(svc.nodes, request.cluster)
     check_members(request.cluster, nodes, svc.policy())
     check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
+    check_agents_current(nodes)
     policy = cluster_policy(request.cluster, svc)  # read once: it is parsed at each read
     engine = check_engines(request.cluster, nodes, policy)
     sources = choose_sources(nodes)
@@ -409,6 +412,21 @@ def check_nodes_available(nodes: list[NodeRecord], now: float, max_age: float) -
             "agents unavailable: " + ", ".join(problems) + ".",
             fix="start or restart the agent on each node listed (shardvault-agent run), or "
             "forget a decommissioned node with 'shardvault nodes --remove NODE_ID'.",
+        )
+
+
+def check_agents_current(nodes: list[NodeRecord]) -> None:
+    """Every node's agent speaks the protocol this control plane needs: an older one would
+    fail a command mid-backup (an object sent by one PUT, say) instead of being refused."""
+    outdated = [
+        f"{n.node_id} (agent {n.version}, protocol {n.protocol})" for n in nodes if n.is_outdated
+    ]
+    if outdated:
+        raise AgentOutdated(
+            "agents older than this control plane: " + ", ".join(outdated) + f"; it needs "
+            f"agent protocol {AGENT_PROTOCOL}.",
+            fix="upgrade shardvault-agent on each node listed to this release (from wheels, as "
+            "the README's section 'The agent' shows) and restart it, then retry.",
         )
 
 

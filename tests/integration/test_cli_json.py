@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from shardvault.models import AGENT_PROTOCOL
+
 from .conftest import run_cli
 
 pytestmark = pytest.mark.minio
@@ -42,4 +44,5 @@ def test_list_show_and_nodes_print_json(make_cluster, policy_for):
     (node,) = cli_json(cluster.stack, "nodes", cluster.name)
     assert node["node_id"] == cluster.configs[0]["node_id"]
     assert node["cluster"] == cluster.name
+    assert node["protocol"] == AGENT_PROTOCOL  # a running agent says what it speaks
     assert [s["shard_id"] for s in node["shards"]] == list(cluster.sources)

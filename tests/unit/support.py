@@ -16,7 +16,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 
 from shardvault.local import moto_fidelity
 from shardvault.local.stack import create_tables
-from shardvault.models import BackupContext, NodeRecord, ShardInfo, Source
+from shardvault.models import AGENT_PROTOCOL, BackupContext, NodeRecord, ShardInfo, Source
 from shardvault.services import Services
 from shardvault.settings import Settings
 
@@ -85,5 +85,6 @@ def leader_node(cluster: str, heartbeat_at: float) -> NodeRecord:
         shards=[ShardInfo(shard_id="s1", role="leader")],
         free_bytes=2**30,
         version="test",
+        protocol=AGENT_PROTOCOL,
         heartbeat_at=heartbeat_at,
     )

@@ -30,7 +30,7 @@ from shardvault.backup.admission import check_nodes_available
 from shardvault.backup.failure import explain, post_releases
 from shardvault.dispatch import DispatchRequest, dispatch
 from shardvault.errors import AgentUnavailable
-from shardvault.models import BackupContext, NodeRecord, Source, doorbell_name
+from shardvault.models import AGENT_PROTOCOL, BackupContext, NodeRecord, Source, doorbell_name
 from shardvault.restore import catalog_key
 from shardvault.services import Services
 
@@ -357,6 +357,7 @@ def node(heartbeat_age: float, every: float = 0.0, now: float = 10_000.0) -> Nod
         shards=[],
         free_bytes=0,
         version="1",
+        protocol=AGENT_PROTOCOL,
         heartbeat_at=now - heartbeat_age,
         heartbeat_every=every,
     )

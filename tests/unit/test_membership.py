@@ -9,7 +9,7 @@ import pytest
 from shardvault.backup.admission import check_sources_readable
 from shardvault.errors import NotAMember, ShardDataMissing, ShardNotReady
 from shardvault.membership import check_members
-from shardvault.models import NodeRecord, ShardInfo, Source
+from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo, Source
 from shardvault.policy import PolicyError, parse_policy
 
 CLUSTER = """
@@ -38,6 +38,7 @@ def node(node_id: str, cluster: str) -> NodeRecord:
         shards=[],
         free_bytes=0,
         version="test",
+        protocol=AGENT_PROTOCOL,
         heartbeat_at=0,
     )
 

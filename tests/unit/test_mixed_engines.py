@@ -7,7 +7,7 @@ import pytest
 
 from shardvault.backup.admission import check_engines
 from shardvault.errors import EngineMismatch, InvalidRequest, MixedEngines
-from shardvault.models import Engine, Manifest, NodeRecord, ShardInfo
+from shardvault.models import AGENT_PROTOCOL, Engine, Manifest, NodeRecord, ShardInfo
 from shardvault.placement import place_by_engine
 from shardvault.policy import PolicyError, parse_policy
 from shardvault.readiness import findings
@@ -37,6 +37,7 @@ def node(node_id: str, engine: str, shard: str) -> NodeRecord:
         shards=[ShardInfo(shard_id=shard, role="leader")],
         free_bytes=0,
         version="test",
+        protocol=AGENT_PROTOCOL,
         heartbeat_at=NOW,
     )
 

@@ -3,7 +3,7 @@ newest complete backup against the RPO and its last verification."""
 
 from __future__ import annotations
 
-from shardvault.models import NodeRecord, ShardInfo
+from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
 from shardvault.policy import parse_policy
 from shardvault.readiness import drill_findings, findings
 
@@ -28,6 +28,7 @@ def node(node_id: str, *shards: tuple[str, str], heartbeat_at: float = NOW) -> N
         shards=[ShardInfo(shard_id=s, role=r) for s, r in shards],
         free_bytes=0,
         version="test",
+        protocol=AGENT_PROTOCOL,
         heartbeat_at=heartbeat_at,
     )
 
