@@ -93,7 +93,8 @@ Measured, per backup:
   in it), ``plan``
   (PlanData), ``upload`` (the data objects' Upload map), ``tail`` (CheckUploads, Stop,
   PlanTail, the tail's Upload map; a full's block map goes with its tail, an
-  incremental's with its data) and ``finalize`` (Release, Finalize).
+  incremental's with its data; a lone node's incremental stops in its Checkpoint command,
+  with no Stop or PlanTail) and ``finalize`` (Release, Finalize).
 * *data bytes sent* (``data_bytes``, plaintext, before compression): ShardVault, the changed
   blocks (a full: every block); pgBackRest, the files it copied.
 * *agent peak RSS*: ``VmHWM`` of each agent process (peak since it started).
@@ -116,6 +117,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import signal
@@ -310,7 +312,9 @@ def phases(spans: list[tuple[str, float, float]], end: float) -> dict[str, float
     # A backup of one node flushes in its Checkpoint command: no Flush state.
     flushed = first["Flush"][1] if "Flush" in first else first["Checkpoint"][0]
     checkpoint, plan = first["Checkpoint"][1], first["PlanData"][1]
-    data_upload = [s for s in spans if s[0] == "Upload" and s[2] <= first["Stop"][0]]
+    # A lone node's incremental stops in its Checkpoint command: no Stop, every upload a tail's.
+    stop = first["Stop"][0] if "Stop" in first else -math.inf
+    data_upload = [s for s in spans if s[0] == "Upload" and s[2] <= stop]
     uploaded = data_upload[0][2] if data_upload else plan
     release = first["Release"][0]
     return {

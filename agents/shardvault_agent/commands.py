@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -416,7 +417,11 @@ class Commands:
         backup state machine's does) scans it: one command, one round trip, where there were
         two. Without ``parents`` it answers with the listing alone, for a control plane that
         still sends ``scan`` on its own. With ``flush`` (a backup of this node alone) it
-        flushes each shard first, as the Flush command would have."""
+        flushes each shard first, as the Flush command would have. With ``stop`` (an
+        incremental of this node alone) it also ends the backup and packs the tail once every
+        changed block is packed, as the Stop command would have (``stopped`` in the answer);
+        a change too large to pack at the scan is stopped by the Stop command, after the
+        Upload map has read it."""
         backup_id, shards = args["backup_id"], self._shards(args)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
@@ -436,7 +441,13 @@ class Commands:
             self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
             if "parents" not in args:
                 return self._listing_result(backup_id, Phase.DATA, shards)
-            return self._scanned(backup_id, shards, args["parents"], args.get("pack"))
+            result = self._scanned(backup_id, shards, args["parents"], args.get("pack"))
+            if args.get("stop") and all("packed" in s for s in result["shards"]):
+                # The cut's instant is now: this node is the backup's only one.
+                now = datetime.now(UTC).isoformat()
+                cut = CutRequest.model_validate({**args["stop"]["cut"], "entered": now})
+                result["stopped"] = self._stopped(backup_id, shards, cut, args["pack"])
+            return result
 
     # --- scan (incrementals; see scan.py) -------------------------------------------------------
     def _map_path(self, backup_id: str, shard_id: str) -> Path:
@@ -534,7 +545,8 @@ class Commands:
         plane cuts them, and each is listed with its checksums in its shard's answer
         (``packed``). Not a full's data (packed in the Upload map, several at a time), nor
         more objects than the Upload map holds on this node at once: the disk holds no more
-        packed bytes than it would have."""
+        packed bytes than it would have.
+        Every shard of an answer packed has ``packed`` (empty when it changed nothing)."""
         started = time.monotonic()
         if phase == Phase.DATA and any(s.get("delta_bytes") is None for s in result["shards"]):
             return
@@ -602,6 +614,19 @@ class Commands:
     def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
         backup_id, shards = args["backup_id"], self._shards(args)
         cut = CutRequest.model_validate(args["cut"]) if args.get("cut") else None
+        with self._lock(backup_id):
+            self._refuse_released(backup_id)
+            return self._stopped(backup_id, shards, cut, args.get("pack"))
+
+    def _stopped(
+        self,
+        backup_id: str,
+        shards: list[ShardConfig],
+        cut: CutRequest | None,
+        pack: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Ends each shard's backup (cut at ``cut``'s instant), lists the tails and packs them
+        (``pack``); the caller holds the backup's lock."""
 
         def stop(shard: ShardConfig) -> None:
             if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
@@ -609,26 +634,24 @@ class Commands:
             capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id), cut)
             self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())
 
-        with self._lock(backup_id):
-            self._refuse_released(backup_id)
-            # Side by side: each shard ends its backup, then all cut at the one instant.
-            with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
-                for future in [pool.submit(stop, shard) for shard in shards]:
-                    future.result()
-            result = self._listing_result(backup_id, Phase.TAIL, shards)
-            for shard, listed in zip(shards, result["shards"], strict=True):
-                # A full's map is joined from its packs' hashes now, and goes with the tail;
-                # an incremental's went with the data (its scan wrote it).
-                if not self._map_goes_with_tail(backup_id, shard.shard_id):
-                    continue
-                block_map = self._map_path(backup_id, shard.shard_id)
-                if not block_map.exists():
-                    files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
-                    assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
-                listed["blockmap_bytes"] = block_map.stat().st_size
-            if args.get("pack"):
-                self._pack_listed(backup_id, result, args["pack"], Phase.TAIL)
-            return result
+        # Side by side: each shard ends its backup, then all cut at the one instant.
+        with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
+            for future in [pool.submit(stop, shard) for shard in shards]:
+                future.result()
+        result = self._listing_result(backup_id, Phase.TAIL, shards)
+        for shard, listed in zip(shards, result["shards"], strict=True):
+            # A full's map is joined from its packs' hashes now, and goes with the tail;
+            # an incremental's went with the data (its scan wrote it).
+            if not self._map_goes_with_tail(backup_id, shard.shard_id):
+                continue
+            block_map = self._map_path(backup_id, shard.shard_id)
+            if not block_map.exists():
+                files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
+                assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
+            listed["blockmap_bytes"] = block_map.stat().st_size
+        if pack:
+            self._pack_listed(backup_id, result, pack, Phase.TAIL)
+        return result
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
         """Releases everything held for the backup and leaves a tombstone, so that a

@@ -15,7 +15,9 @@ None (the Upload map packs it); and, for such an object that fits one part, its 
 (``shardvault.backup.upload.sign_at_plan``: the Map item is then just the transfer), else None.
 A data plan whose every object was packed is *packed*: the state machine goes straight to Stop,
 and the tail's plan begins with the data plan's items, so that both upload in one Upload map,
-after the stop.
+after the stop. A lone node's incremental may have stopped already, in its Checkpoint command
+(``stopped`` in its answer): its data plan is followed at once by its tail's, which the plan
+step returns (phase ``tail``), and the state machine skips Stop.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from shardvault import fanout
 from shardvault.backup.answers import read_answers
 from shardvault.backup.upload import sign_at_plan
 from shardvault.cut import cut_skew_seconds, pause_summary
-from shardvault.errors import InvalidRequest, UnknownCommand
+from shardvault.errors import AnswerMismatch, InvalidRequest, UnknownCommand
 from shardvault.models import (
     BackupContext,
     ObjectChecksums,
@@ -121,6 +123,8 @@ def plan(
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
     svc.catalog.update(context.cluster, context.backup_id, **update)
+    if phase == Phase.DATA and any("stopped" in result for result in results):
+        return plan_stopped_with_checkpoint(context, results, packed, svc)
     planned = [ObjectPlan.model_validate(item["object"]) for item in items]
     return {
         "phase": phase.value,
@@ -133,6 +137,24 @@ def plan(
         # How each node cuts and packs its tail's objects at its stop, as this plans them.
         "pack": pack_arguments(context, svc.store.prefix, part_size),
     }
+
+
+def plan_stopped_with_checkpoint(
+    context: BackupContext, results: list[dict[str, Any]], packed: bool, svc: Services
+) -> dict:
+    """The tail's plan (with the data's items before it), for a node that ended its backup in
+    its Checkpoint command (``stopped``: an incremental of that node alone, every change
+    packed at its scan; ``shardvault.backup.scanning``): the Stop map is skipped. Data left to
+    pack would be read after the stop, which a backup's data must never be: refused."""
+    if not packed or not all("stopped" in result for result in results):
+        nodes = [r["node_id"] for r in results if "stopped" in r]
+        raise AnswerMismatch(
+            f"node(s) {', '.join(nodes)} ended the backup in the Checkpoint command, but the "
+            "plan holds objects they did not pack, or nodes that did not end it.",
+            fix="check that each agent's version matches the control plane's (shardvault "
+            "nodes), then retry the backup.",
+        )
+    return plan(context, [result["stopped"] for result in results], Phase.TAIL, svc)
 
 
 def pack_arguments(context: BackupContext, prefix: str, part_size: int) -> dict[str, Any]:

@@ -17,7 +17,8 @@ with them once every checkpoint is taken.
 few; so each node packs its incremental's objects (its data and its block map, cut by the
 shared ``planning.plan_objects``) right after its scan, where the Upload map would have asked
 for each in a round of its own, and the data uploads after the stop with the tail: one round
-of the Upload map fewer (``shardvault.backup.planner``). For the node's plan to be the
+of the Upload map fewer (``shardvault.backup.planner``). A lone source node also stops right
+after packing (``stop_args``), in the same command: no Stop map. For the node's plan to be the
 control plane's, the part size is fixed here, before any node scans: chosen from the chain's
 full (an incremental is at most its cluster's size, give or take its growth), unless the
 request or policy sets it. A node packs only what the Upload map would hold at once on its
@@ -46,7 +47,7 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     Flush map exists to bring several nodes' checkpoints close together)."""
     parents = parent_maps(context, svc)
     separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
-    pack = pack_args(context, svc)
+    pack = pack_args(context, svc) | stop_args(context)
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
         svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args | pack)
@@ -71,6 +72,17 @@ def pack_args(context: BackupContext, svc: Services) -> dict[str, Any]:
         part_size = choose_part_size(int(root.get("bytes_total", 0)), vault_class)
         svc.catalog.update(context.cluster, context.backup_id, part_size=part_size)
     return {"pack": pack_arguments(context, svc.store.prefix, part_size)}
+
+
+def stop_args(context: BackupContext) -> dict[str, Any]:
+    """An incremental of one source node ends in its Checkpoint command (``stop``) once the
+    node has packed every change at its scan: the Stop map's round trip, and the tail's own
+    plan step, fewer. Its cut needs no margin (``cut.cut_margin_seconds``): the node cuts as
+    it stops. Several nodes stop in the Stop map, where they cut at one instant."""
+    if context.chain is None or len(context.sources) != 1:
+        return {}
+    cut = {"name": context.backup_id, "margin_seconds": 0.0}
+    return {"stop": {"cut": cut | {"commit_lock": context.cut_commit_lock}}}
 
 
 def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:

@@ -71,10 +71,11 @@ def test_an_incremental_sends_only_the_changed_blocks(make_cluster, policy_for):
 def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its_tail(
     make_cluster, make_target, policy_for, monkeypatch
 ):
-    """The node packs the incremental's changes and block map right after its scan, before
-    the stop; they upload after the stop, in the tail's Upload map (SQLite has no tail: the
-    only one), where no Pack task runs for them. The restore equals the source, and the
-    agent keeps no packed copy once the backup ends."""
+    """The node packs the incremental's changes and block map right after its scan, then
+    stops in the same command (the cluster's only node: no Stop map); they upload after the
+    stop, in the tail's Upload map (SQLite has no tail: the only one), where no Pack task runs
+    for them. The restore equals the source, and the agent keeps no packed copy once the
+    backup ends."""
     from pathlib import Path
 
     from shardvault.local.demo import table_digests
@@ -94,12 +95,12 @@ def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its
 
     assert incremental.status == "SUCCEEDED", incremental.cause
     states = entered_states(execution)
-    assert "Upload" not in states[: states.index("Stop")]
+    assert "Stop" not in states
     assert states.count("Upload") == 1
     # Both objects (the changes and the block map) came packed, with their checksums, and
     # fit one part: signed at plan, each is one PutObject with no Sign or Complete of its
     # own; CheckUploads verified both by their stored checksums and counted their progress.
-    assert sorted(posted) == ["checkpoint", "release", "stop", "upload", "upload"]
+    assert sorted(posted) == ["checkpoint", "release", "upload", "upload"]
     assert steps == {"sign": 0, "complete": 0}
     backup_id = incremental.record["backup_id"]
     (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
@@ -209,6 +210,8 @@ def test_a_restore_of_an_incremental_assembles_its_chain(
         assert last.status == "SUCCEEDED", last.cause
     records = {r["backup_id"]: r for r in cluster.records()}
     assert records[last.record["backup_id"]]["depth"] == 3
+    # Two nodes stop in the Stop map, to cut at one instant: each backup stopped both.
+    assert [command for command, _ in posts].count("stop") == 2 * 4
 
     target = make_target(nodes=1)
     restored = target.restore(cluster.name, backup_id=last.record["backup_id"])

@@ -124,7 +124,8 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     real = ops.run_retention(cluster.client, cluster.name, dry_run=False)
 
     assert real.status == "SUCCEEDED", real.cause
-    assert list(real.record["sweep"]["deleted_prefixes"]) == [f"{root}/20200101T000000Z-dead01/"]
+    deleted = [k for k in real.record["sweep"]["deleted_prefixes"] if k.startswith(f"{root}/")]
+    assert deleted == [f"{root}/20200101T000000Z-dead01/"]
     assert bucket_uploads(cluster, "dead00") == []
     assert bucket_uploads(cluster, "live00") == [live]  # its backup is running
     assert not [k for k in cluster.store_keys() if "dead01" in k]

@@ -30,7 +30,7 @@ from shardvault.pgwal import lsn_number
 from shardvault.readback import load_manifest
 from shardvault.verify import VerifyRequest, verify
 
-from .conftest import Cluster, client_of, output, running_pg_cluster
+from .conftest import Cluster, client_of, entered_states, output, running_pg_cluster
 
 SCALE = 5
 
@@ -287,6 +287,40 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
     for shard in output(restored)["shards"]:
         assert shard["checks"]["pg_amcheck --all"] == "ok", shard
         check_consistent_copy(restored_instance(shard), shard["shard_id"], static, source_history)
+
+
+def test_a_lone_nodes_incremental_stops_in_its_checkpoint_and_restores_consistently(
+    stack, tmp_path, make_target
+):
+    """One node: its incremental ends the backup in the Checkpoint command, once its changes
+    are packed (no Stop state), and cuts there; under pgbench writes, its restore recovers to
+    that restore point, consistent (pg_amcheck, TPC-B invariants, a static table equal)."""
+    with running_pg_cluster(stack, tmp_path, nodes=1, scale=SCALE) as (cluster, servers):
+        static = create_static_tables(servers)
+        assert cluster.backup().status == "SUCCEEDED"
+        (server,) = servers
+        load = start_pgbench(server, clients=2, seconds=120)
+        try:
+            time.sleep(2)
+            execution = cluster.start_backup(incremental=True)
+            last = ops.wait_backup(cluster.client, execution, interval=0.2, timeout=600)
+        finally:
+            stop_process(load)
+        assert last.status == "SUCCEEDED", last.cause
+        assert "Stop" not in entered_states(execution)
+        backup_id = last.record["backup_id"]
+        (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
+        assert (record["kind"], record["data_packed"]) == ("incremental", True)
+        assert record["cut_name"] == backup_id  # its restore point, made as it stopped
+        source_history = {"shard-1": history_rows(server.psql)}
+        target = make_target(nodes=1, engine="postgres")
+
+        restored = target.restore(cluster.name, backup_id=backup_id)
+
+        assert restored.status == "SUCCEEDED", restored.cause
+        (shard,) = output(restored)["shards"]
+        assert shard["checks"]["pg_amcheck --all"] == "ok", shard
+        check_consistent_copy(restored_instance(shard), "shard-1", static, source_history)
 
 
 class Marks:

@@ -11,14 +11,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 from shardvault_agent.transfer import Faults
 
-from shardvault.backup.planner import packed_by_nodes, plan_items
+from shardvault.backup.planner import packed_by_nodes, plan_items, plan_stopped_with_checkpoint
 from shardvault.checksums import crc64nvme_of_stream
+from shardvault.errors import AnswerMismatch
 from shardvault.models import ObjectChecksums, Phase
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
@@ -163,3 +165,62 @@ def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Pa
     (item,) = items
     assert item["checksums"] is not None
     assert cmds._packed_path(objects[0]).exists()
+
+
+STOP = {"stop": {"cut": {"name": "b2", "margin_seconds": 0.0, "commit_lock": None}}}
+
+
+def counted_stops(cmds: Commands) -> list[str]:
+    """The shards the engine is asked to stop, in order."""
+    stops: list[str] = []
+    stop = cmds.engine.stop
+
+    def counting(shard, *args, **kwargs):
+        stops.append(shard.shard_id)
+        return stop(shard, *args, **kwargs)
+
+    cmds.engine.stop = counting  # type: ignore[method-assign]
+    return stops
+
+
+def test_a_lone_nodes_checkpoint_stops_once_every_change_is_packed(tmp_path: Path) -> None:
+    """Asked to (``stop``: the backup's only node), the checkpoint ends the backup right after
+    packing, and answers the stop's listing too, its objects packed; retried, it neither
+    stops again nor answers differently."""
+    cmds, _ = incremental_agent(tmp_path)
+    stops = counted_stops(cmds)
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+
+    answer = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+
+    assert stops == ["s1"]
+    assert cmds._capture_path("b2", "s1", Phase.TAIL).exists()
+    stopped = answer["stopped"]
+    assert [s["shard_id"] for s in stopped["shards"]] == ["s1"]
+    assert planned(stopped, "b2", PACK, Phase.TAIL) == []  # SQLite: no tail; the map went with data
+    assert len(answer["shards"][0]["packed"]) == 2  # the changes and the block map
+    assert cmds.do_checkpoint(args | {"pack": PACK} | STOP) == answer
+    assert stops == ["s1"]
+
+
+def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
+    tmp_path: Path,
+) -> None:
+    """Its data is packed in the Upload map, before the stop: the checkpoint must not stop."""
+    cmds, _ = incremental_agent(tmp_path)
+    stops = counted_stops(cmds)
+    tiny = PACK | {"part_size": 64}
+    args = {"backup_id": "b3", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+
+    answer = cmds.do_checkpoint(args | {"pack": tiny} | STOP)
+
+    assert "stopped" not in answer
+    assert stops == []
+    assert not cmds._capture_path("b3", "s1", Phase.TAIL).exists()
+
+
+def test_a_plan_refuses_a_stop_whose_data_is_not_all_packed() -> None:
+    """Data packed after the stop would be read after it: the backup fails instead."""
+    results = [{"node_id": "n1", "shards": [], "stopped": {"node_id": "n1", "shards": []}}]
+    with pytest.raises(AnswerMismatch, match="n1 ended the backup in the Checkpoint command"):
+        plan_stopped_with_checkpoint(None, results, False, None)  # type: ignore[arg-type]
