@@ -17,8 +17,14 @@ lint:
 unit:
 	$(BIN)/python -m pytest tests/unit -q
 
+# Two runs, two workers each (pytest-xdist; a file's tests stay on one worker). The integration
+# tests share a session stack whose moto runs in the worker's process; a unit test's mock_aws
+# resets that process's moto, so the two never share a worker. Both run even if one fails.
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 test: setup lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	$(PYTEST) --durations=25 tests/integration; integration=$$?; \
+	$(PYTEST) --durations=10 tests/infra tests/local tests/unit; rest=$$?; \
+	exit $$((integration | rest))
 
 bench: setup
 	$(BIN)/python bench/backup_vs_peers.py

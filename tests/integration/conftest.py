@@ -52,6 +52,29 @@ FAST_AGENT = {
 }
 names = itertools.count(1)
 
+# The slowest files first (a `make test` run's durations): with two workers, each running one
+# file at a time (pytest-xdist's loadfile), the last file to start is then a short one, not
+# the PostgreSQL tests.
+SLOWEST_FIRST = (
+    "test_postgres.py",
+    "test_point_in_time.py",
+    "test_leftovers.py",
+    "test_demo.py",
+    "test_wal_archive.py",
+    "test_throttle.py",
+    "test_mariadb.py",
+    "test_restore.py",
+    "test_incremental.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
