@@ -428,9 +428,14 @@ class Commands:
             self.save_limits(backup_id, args.get("upload"))
             self.save_encryption(backup_id, args.get("encryption"))
             for shard in shards:
-                held = self.engine.holds(shard, backup_id)
-                if held and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
-                    continue  # a retried command: the checkpoint is already held
+                # A retried command: the checkpoint is held, or was already stopped (by this
+                # command's ``stop``; an engine holds nothing after its stop). Taken again, the
+                # data would be read after the stop and paired with the first tail.
+                taken = self.engine.holds(shard, backup_id) or self._stopped_before(
+                    backup_id, shard.shard_id
+                )
+                if taken and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
+                    continue
                 # Taken (again): what a lost checkpoint's scan saved describes other files.
                 self._discard_scan(backup_id, shard.shard_id)
                 if args.get("flush"):
@@ -448,6 +453,9 @@ class Commands:
                 cut = CutRequest.model_validate({**args["stop"]["cut"], "entered": now})
                 result["stopped"] = self._stopped(backup_id, shards, cut, args["pack"])
             return result
+
+    def _stopped_before(self, backup_id: str, shard_id: str) -> bool:
+        return self._capture_path(backup_id, shard_id, Phase.TAIL).exists()
 
     # --- scan (incrementals; see scan.py) -------------------------------------------------------
     def _map_path(self, backup_id: str, shard_id: str) -> Path:
@@ -629,7 +637,7 @@ class Commands:
         (``pack``); the caller holds the backup's lock."""
 
         def stop(shard: ShardConfig) -> None:
-            if self._capture_path(backup_id, shard.shard_id, Phase.TAIL).exists():
+            if self._stopped_before(backup_id, shard.shard_id):
                 return  # a retried stop: this shard's tail is captured
             capture = self.engine.stop(shard, backup_id, self.backup_dir(backup_id), cut)
             self.save_capture(backup_id, shard.shard_id, Phase.TAIL, capture, time.time())

@@ -203,6 +203,36 @@ def test_a_lone_nodes_checkpoint_stops_once_every_change_is_packed(tmp_path: Pat
     assert stops == ["s1"]
 
 
+def test_a_checkpoint_retried_after_its_stop_takes_nothing_again(tmp_path: Path) -> None:
+    """PostgreSQL holds nothing once stopped (its backup session ended): a retried command
+    (an agent restarted before it answered, a dispatch posted twice) must not start a new
+    session and read the data after the stop; it answers what the first one did."""
+    cmds, _ = incremental_agent(tmp_path)
+    stops = counted_stops(cmds)
+    checkpoints: list[str] = []
+    checkpoint, holds = cmds.engine.checkpoint, cmds.engine.holds
+
+    def counting(shard, *args, **kwargs):
+        checkpoints.append(shard.shard_id)
+        return checkpoint(shard, *args, **kwargs)
+
+    cmds.engine.checkpoint = counting  # type: ignore[method-assign]
+
+    def held(shard, backup_id):  # PostgreSQL's: its session ended once its tail was captured
+        return holds(shard, backup_id) and not cmds._stopped_before(backup_id, shard.shard_id)
+
+    cmds.engine.holds = held  # type: ignore[method-assign]
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+    first = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    with sqlite3.connect(cmds.config.shards[0].path) as conn:  # written after the stop
+        conn.execute("UPDATE t SET x = randomblob(1024)")
+
+    again = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+
+    assert (checkpoints, stops) == (["s1"], ["s1"])
+    assert again == first
+
+
 def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
     tmp_path: Path,
 ) -> None:
