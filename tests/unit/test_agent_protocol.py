@@ -19,13 +19,13 @@ from shardvault_agent import daemon
 from shardvault import backup
 from shardvault.errors import AgentOutdated
 from shardvault.models import AGENT_PROTOCOL, BackupRequest, NodeRecord
-from shardvault.policy import parse_policy
 from shardvault.readiness import findings
 from shardvault.restore import check_target_nodes
 from shardvault.services import Services
 from shardvault.tables import dynamo
 
 from .support import leader_node, moto_services, sqlite_agent
+from .test_readiness import POLICY  # cluster a: sqlite, one daily full
 
 OLD = 0  # what the registry holds for an agent released before agents said their protocol
 
@@ -76,19 +76,9 @@ def test_a_restore_onto_an_outdated_agent_is_refused_by_name() -> None:
 
 def test_check_names_the_outdated_agent() -> None:
     now = time.time()
-    policy = parse_policy(
-        """
-clusters:
-  c:
-    engine: sqlite
-    schedule: {full: '0 2 * * *'}
-    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}
-    retention: {keep_daily: 1}
-"""
-    )
-    found = {f.check: f for f in findings("c", [outdated("c", now)], [], policy, now, 30)}
+    found = {f.check: f for f in findings("a", [outdated("a", now)], [], POLICY, now, 30)}
     assert not found["agents current"].ok
-    assert "c-n1 (agent 0.0.9, protocol 0)" in found["agents current"].detail
+    assert "a-n1 (agent 0.0.9, protocol 0)" in found["agents current"].detail
     assert found["agents up"].ok
 
 
