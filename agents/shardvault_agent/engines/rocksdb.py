@@ -7,9 +7,13 @@ Terms:
   copied, the SST files hard-linked (immutable once written, so a link is a copy in constant
   time, whatever the size: the YugabyteDB lesson), then ``OPTIONS``, ``CURRENT`` and the
   ``MANIFEST`` it names copied last. Opened, it replays its WAL copy and holds a prefix of the
-  writes. An SST that a compaction or flush made after the listing is named by the newer
-  MANIFEST but absent, and one removed meanwhile cannot be linked: either way the copy does
-  not open (or copy) and is made again, at most ``ATTEMPTS`` times.
+  writes. A flush or compaction during the copy makes SST files the copied MANIFEST may name,
+  so the SST files that appeared meanwhile are linked after it (*catching up*); one that
+  vanished before its link was obsolete before that MANIFEST was written, so it is not
+  needed. A copy that still does not open (a file made and removed within the copy) is
+  caught up again, at most ``ATTEMPTS`` times, each attempt only linking what is new; the
+  SST files its MANIFEST does not name are then removed, so the backup carries live files
+  only.
 - *digest*: over every key and value of the checkpoint in key order (xxh3-128), recorded in
   the backup's marker with the key count; a restore opens the copy and recomputes it, so every
   pair is checked against the backup, not only the files' checksums.
@@ -83,15 +87,17 @@ class RocksdbAdapter:
         self.check(shard)
         assert shard.data_dir is not None
         target = self._checkpoint_dir(backup_id, shard)
+        shutil.rmtree(target, ignore_errors=True)  # a copy an earlier agent left half made
         problem = ""
         for _ in range(ATTEMPTS):
-            shutil.rmtree(target, ignore_errors=True)
             try:
                 copy_database(shard.data_dir, target)
-                keys, digest = database_digest(target)
+                keys, digest, live = read_copy(target)
             except (OSError, RocksdbError) as error:  # raced with a flush or compaction
                 problem = str(error)
                 continue
+            for unnamed in (p for p in target.glob("*.sst") if p.name not in live):
+                unnamed.unlink()  # linked while catching up, but not in the copy's MANIFEST
             marker = {"keys": str(keys), "digest": digest}
             return Capture(root=target, files=list_tree(target), marker=marker, mutable=False)
         self.release(shard, backup_id)
@@ -182,20 +188,34 @@ class RocksdbError(Exception):
 
 
 def copy_database(source: Path, target: Path) -> None:
-    """WAL files copied, SST files linked, then OPTIONS, CURRENT and its MANIFEST copied: the
-    newest MANIFEST last, so one that names an SST made after the listing fails the open."""
-    target.mkdir(parents=True)
+    """Brings the copy at ``target`` up to ``source``: WAL files copied, SST files it lacks
+    linked, then OPTIONS, CURRENT and its MANIFEST copied, and last the SST files a flush or
+    compaction made meanwhile (that MANIFEST may name them). Run again on a copy that did not
+    open, it only links what is new."""
+    target.mkdir(parents=True, exist_ok=True)
     names = sorted(p.name for p in source.iterdir() if p.is_file())
     kept = [n for n in names if not n.startswith(SKIPPED)]
     for name in (n for n in kept if n.endswith(".log")):
         shutil.copy2(source / name, target / name)
-    for name in (n for n in kept if n.endswith(".sst")):
-        link_or_copy(source / name, target / name)
+    link_new_ssts(source, target, [n for n in kept if n.endswith(".sst")])
     others = [n for n in kept if not n.endswith((".log", ".sst")) and not n.startswith("MANIFEST")]
     for name in others:  # OPTIONS-*, CURRENT, IDENTITY, an application's own files
         shutil.copy2(source / name, target / name)
     manifest = (target / "CURRENT").read_text().strip()
     shutil.copy2(source / manifest, target / manifest)
+    link_new_ssts(source, target, sorted(p.name for p in source.glob("*.sst")))
+
+
+def link_new_ssts(source: Path, target: Path, names: list[str]) -> None:
+    """Links each SST file of ``names`` the copy lacks (never writing to one it has: that
+    would be a link to the owner's file); one gone already was obsolete, so it is skipped."""
+    for name in names:
+        if (target / name).exists():
+            continue
+        try:
+            link_or_copy(source / name, target / name)
+        except FileNotFoundError:
+            continue  # removed by a compaction: the MANIFEST copied after it does not name it
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -210,6 +230,12 @@ def link_or_copy(source: Path, target: Path) -> None:
 def database_digest(root: Path) -> tuple[int, str]:
     """The key count and xxh3-128 of every key and value, in key order, of the database at
     ``root``, opened read-only (its WAL replayed in memory)."""
+    keys, digest, _ = read_copy(root)
+    return keys, digest
+
+
+def read_copy(root: Path) -> tuple[int, str, set[str]]:
+    """``database_digest`` and the names of the SST files the database's MANIFEST names."""
     from rocksdict import AccessType, Options, Rdict  # only RocksDB agents load the library
 
     try:
@@ -218,10 +244,11 @@ def database_digest(root: Path) -> tuple[int, str]:
         raise RocksdbError(str(error)) from None
     digest, keys = xxhash.xxh3_128(), 0
     try:
+        live = {Path(f["name"]).name for f in db.live_files()}
         for key, value in db.items():
             digest.update(len(key).to_bytes(4, "little") + key)
             digest.update(len(value).to_bytes(4, "little") + value)
             keys += 1
     finally:
         db.close()
-    return keys, digest.hexdigest()
+    return keys, digest.hexdigest(), live
