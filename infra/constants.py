@@ -73,10 +73,10 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
     # These read objects back when an attribute check cannot verify them: more time.
     FunctionSpec("complete_upload", "CompleteUploadFunctionArn", 300, 1024),
-    # After each Upload map: verifies the objects signed at plan, names any object that was
-    # not uploaded and verified.
+    # After the data phase's Upload map: verifies the objects signed at plan, names any
+    # object that was not uploaded and verified. Finalize does the same after the tail's.
     FunctionSpec("check_uploads", "CheckUploadsFunctionArn", 300, 1024),
-    FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300),
+    FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300, 1024),
     FunctionSpec("cleanup_backup", "CleanupBackupFunctionArn"),
     # Promotion copies for up to 10 minutes per call (promote_budget_seconds), then returns.
     FunctionSpec("promote_backup", "PromoteBackupFunctionArn", 900, 1024),

@@ -231,9 +231,9 @@ class ShardVaultStack(Stack):
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
         )
         grant(
-            "check_uploads",
+            "check_uploads",  # after the data phase's Upload map (the tail's: Finalize)
             # The plan and results; the results of the objects signed at plan, which it
-            # verifies (shardvault/backup/upload.py: verify_after_map).
+            # verifies (shardvault/backup/upload.py: verified_results).
             policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
             policies.list_prefix(bucket, WORK_PREFIX),
             *self._verify_statements(bucket),
@@ -292,8 +292,12 @@ class ShardVaultStack(Stack):
             )
         self.functions.grant(
             "finalize_backup",
-            policies.objects(bucket, WORK_PREFIX, "s3:GetObject"),
+            # The plan, listings and results; the results of the tail's objects signed at
+            # plan, which it verifies first (shardvault/backup/upload.py: verified_results).
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
             policies.list_prefix(bucket, WORK_PREFIX),
+            *self._verify_statements(bucket),
+            policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
             policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),  # the manifest
             catalog_rw,
             publish,

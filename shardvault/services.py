@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -23,6 +24,7 @@ log = logging.getLogger("shardvault.services")
 # Under an operation's work prefix: the agents' answers of listing commands, one per phase and
 # node. The dispatcher may sign PUTs here and nowhere else (infra/stack.py).
 ANSWERS_DIR = "answers"
+WORK_READS = 16  # work objects read side by side (``get_works``): each read waits on the store
 
 
 @dataclass
@@ -117,6 +119,15 @@ class Services:
 
     def get_work(self, key: str) -> Any:
         return json.loads(self.get_work_bytes(key))
+
+    def get_works(self, keys: list[str]) -> list[Any]:
+        """Several work objects, in the order of ``keys``, read side by side: a Lambda that
+        reads a backup's results or listings one by one waits on each read in turn."""
+        if len(keys) < 2:
+            return [self.get_work(key) for key in keys]
+        _ = self.work_s3  # built once, before the threads share it
+        with ThreadPoolExecutor(min(WORK_READS, len(keys))) as pool:
+            return list(pool.map(self.get_work, keys))
 
     def get_work_bytes(self, key: str) -> bytes:
         return self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"].read()

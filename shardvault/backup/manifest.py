@@ -1,6 +1,7 @@
-"""Finalize: the manifest, built from the listings and verified objects, stored beside the
-objects; the backup recorded as complete with its summary and cost estimate; the lock
-released.
+"""Finalize: the tail phase's objects signed at plan verified (the last Upload map's check,
+``upload.verified_results``); the manifest, built from the listings and verified objects,
+stored beside the objects; the backup recorded as complete with its summary and cost
+estimate; the lock released.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from shardvault.archive import wal_from
 from shardvault.backup.planner import cut_summary, skew_seconds
+from shardvault.backup.upload import verified_results
 from shardvault.errors import UploadIncomplete
 from shardvault.models import (
     BackupContext,
@@ -28,9 +30,12 @@ from shardvault.services import Services
 
 
 def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any]:
-    """Builds the manifest from the listings and verified objects, stores it beside the
-    objects, records the backup as complete and releases the cluster's lock."""
-    manifest = build_manifest(context, svc, now)
+    """Verifies the tail's objects signed at plan, builds the manifest from the listings and
+    verified objects, stores it beside the objects, records the backup as complete and
+    releases the cluster's lock. Finalize follows the tail's Upload map (or its plan, when it
+    had nothing to upload): each backup's last."""
+    results, _ = verified_results(context, Phase.TAIL, svc, record=False)
+    manifest = build_manifest(context, svc, now, results)
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
     manifest_key = f"{prefix}manifest.json"
     svc.store_s3.put_object(
@@ -47,14 +52,12 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
     return summary
 
 
-def build_manifest(context: BackupContext, svc: Services, now: float) -> Manifest:
+def build_manifest(
+    context: BackupContext, svc: Services, now: float, results: list[ObjectResult]
+) -> Manifest:
     listings = [
-        ShardListing.model_validate(svc.get_work(key))
-        for key in svc.list_work(svc.work_key(context.backup_id, "listings") + "/")
-    ]
-    results = [
-        ObjectResult.model_validate(svc.get_work(key))
-        for key in svc.list_work(svc.work_key(context.backup_id, "results") + "/")
+        ShardListing.model_validate(value)
+        for value in svc.get_works(svc.list_work(svc.work_key(context.backup_id, "listings") + "/"))
     ]
     by_stream: dict[tuple[str, Phase], list[ObjectResult]] = defaultdict(list)
     for result in results:

@@ -146,7 +146,17 @@ def write_result(
     item: ObjectPlan, sums: ObjectChecksums, verified_by: str, svc: Services
 ) -> ObjectResult:
     """Writes a verified object's result, for Finalize's manifest."""
-    result = ObjectResult(
+    result = object_result(item, sums, verified_by)
+    key = svc.work_key(
+        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
+    )
+    svc.put_work(key, result.model_dump(mode="json"))
+    return result
+
+
+def object_result(item: ObjectPlan, sums: ObjectChecksums, verified_by: str) -> ObjectResult:
+    """A verified object as the manifest lists it."""
+    return ObjectResult(
         key=item.key,
         node_id=item.node_id,
         shard_id=item.shard_id,
@@ -164,11 +174,6 @@ def write_result(
         frames=sums.frames,
         key_check=sums.key_check,
     )
-    key = svc.work_key(
-        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
-    )
-    svc.put_work(key, result.model_dump(mode="json"))
-    return result
 
 
 def count_progress(done: list[tuple[ObjectPlan, ObjectChecksums]], svc: Services) -> None:
@@ -209,18 +214,35 @@ def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
 
 
 def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[str, Any]:
-    """Verifies and records the objects signed at plan, then checks that every planned object
-    of the phase has a verified result. The Distributed Map fails when an object's task fails;
-    this also holds where a Map does not (moto's), and names what is missing."""
-    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
-    items = svc.get_work(plan_key)
+    """CheckUploads, after the data phase's Upload map: ``verified_results``. The tail's
+    objects are checked by Finalize, which needs the results anyway (one Lambda fewer)."""
+    _, planned = verified_results(context, phase, svc)
+    return {"phase": phase.value, "objects": planned}
+
+
+def verified_results(
+    context: BackupContext, phase: Phase, svc: Services, *, record: bool = True
+) -> tuple[list[ObjectResult], int]:
+    """Verifies the objects of the phase signed at plan (and records their results, unless
+    ``record`` is False: Finalize puts them straight into the manifest), then checks that
+    every planned object of the phase has a verified result; returns every result of the
+    backup (either plan may also hold block maps: results/blockmap/) and the phase's planned
+    count.
+    The Distributed Map fails when an object's task fails; this also holds where a Map does
+    not (moto's), and names what is missing."""
+    items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{phase}.json"))
     planned = [item["object"]["key"] for item in items]
-    # Every phase's results: either plan may also hold block maps (results/blockmap/).
-    results = svc.list_work(svc.work_key(context.backup_id, "results") + "/")
-    done = {ObjectResult.model_validate(svc.get_work(key)).key for key in results}
-    done |= verify_after_map(
-        [item for item in items if item["object"]["key"] not in done and verified_here(item)], svc
+    results = [
+        ObjectResult.model_validate(value)
+        for value in svc.get_works(svc.list_work(svc.work_key(context.backup_id, "results") + "/"))
+    ]
+    recorded = {result.key for result in results}
+    results += verify_after_map(
+        [item for item in items if item["object"]["key"] not in recorded and verified_here(item)],
+        svc,
+        record=record,
     )
+    done = {result.key for result in results}
     missing = [key for key in planned if key not in done]
     if missing:
         nodes = [source.node_id for source in context.sources]
@@ -233,7 +255,7 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
             fix="see the failed object's task in the execution (Upload map run) for its cause; "
             "the backup was cleaned up and can be retried.",
         )
-    return {"phase": phase.value, "objects": len(planned)}
+    return results, len(planned)
 
 
 def verified_here(item: dict[str, Any]) -> bool:
@@ -242,12 +264,15 @@ def verified_here(item: dict[str, Any]) -> bool:
     return item.get("signed") is not None
 
 
-def verify_after_map(items: list[dict[str, Any]], svc: Services) -> set[str]:
+def verify_after_map(
+    items: list[dict[str, Any]], svc: Services, *, record: bool = True
+) -> list[ObjectResult]:
     """Verifies each object signed at plan against its packed checksum, records its result
-    and counts them all in one progress update; returns the keys of those the store holds.
-    One it does not hold (its transfer failed) is left out, for the caller to name."""
+    (if ``record``) and counts them all in one progress update; returns the results of those
+    the store holds. One it does not hold (its transfer failed) is left out, for the caller
+    to name."""
 
-    def one(item: dict[str, Any]) -> tuple[ObjectPlan, ObjectChecksums] | None:
+    def one(item: dict[str, Any]) -> tuple[ObjectPlan, ObjectChecksums, ObjectResult] | None:
         obj = ObjectPlan.model_validate(item["object"])
         sums = ObjectChecksums.model_validate(item["signed"]["checksums"])
         try:
@@ -256,13 +281,14 @@ def verify_after_map(items: list[dict[str, Any]], svc: Services) -> set[str]:
             if is_missing(error):
                 return None
             raise
-        write_result(obj, sums, verified_by, svc)
-        return obj, sums
+        if record:
+            return obj, sums, write_result(obj, sums, verified_by, svc)
+        return obj, sums, object_result(obj, sums, verified_by)
 
     if not items:
-        return set()
+        return []
     _ = svc.store_s3, svc.work_s3  # built once, before the threads share them
     with ThreadPoolExecutor(min(VERIFY_THREADS, len(items))) as pool:
         verified = [done for done in pool.map(one, items) if done]
-    count_progress(verified, svc)
-    return {obj.key for obj, _ in verified}
+    count_progress([(obj, sums) for obj, sums, _ in verified], svc)
+    return [result for _, _, result in verified]

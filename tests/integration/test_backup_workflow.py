@@ -124,8 +124,8 @@ def test_parts_that_keep_failing_end_in_cleanup_with_nothing_left_behind(make_cl
 def test_an_object_signed_at_plan_that_never_arrives_fails_the_backup_by_name(make_cluster):
     """A full's block maps are packed at the stop and fit one part: the plan signs their
     PutObject URLs and no Complete follows their transfer. When every try of those PUTs fails,
-    CheckUploads finds them missing in the store and names one; the failure path leaves
-    nothing behind."""
+    Finalize, which checks the tail's objects, finds them missing in the store and names one;
+    the failure path leaves nothing behind."""
     faults = "upload_part=1000,upload_part_of=/blockmap-"
     cluster, execution, record = failed_by_parts(make_cluster, 6, faults)
     assert "Stop" in entered_states(execution)  # the data objects went up; the maps did not

@@ -157,7 +157,7 @@ def test_the_per_backup_transitions_are_a_two_node_fulls_path() -> None:
     states = json.loads((ROOT / "statemachines" / "backup.asl.json").read_text())["States"]
     choices = {"FlushApart": "Flush", "ScanApart": "PlanData", "DataPacked": "HasObjects"}
     choices |= {"HasObjects": "Upload", "ToVault": "Promote", "MoreToCopy": "Succeeded"}
-    after_upload = iter(["Stop", "ReleaseAndFinalize"])
+    after_upload = iter(["CheckUploads", "ReleaseAndFinalize"])
     entered, name = 0, "Accept"
     while states[name]["Type"] != "Succeed":
         entered += 1 + sum(len(b["States"]) for b in states[name].get("Branches", []))
