@@ -199,21 +199,41 @@ class EngineAdapter(Protocol):
 def list_tree(
     root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False
 ) -> list[FileEntry]:
-    """Regular files under ``root`` in sorted order, plus directories that would otherwise be
-    lost (as ``path/`` with size 0), so a restore recreates the tree exactly."""
-    entries: list[FileEntry] = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if any(skip_dir(p.as_posix()) for p in Path(rel).parents if p.as_posix() != "."):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            entries.append(FileEntry(path=rel + "/", size=0))
-        elif path.is_file() and not skip_file(rel):
-            try:
-                entries.append(FileEntry(path=rel, size=path.stat().st_size))
-            except FileNotFoundError:
-                continue  # removed while listing; the engine's log recreates or drops it
-    return entries
+    """Regular files under ``root`` in sorted order (by path component, as ``pathlib`` sorts
+    paths), plus directories that would otherwise be lost (as ``path/`` with size 0), so a
+    restore recreates the tree exactly. A skipped directory is listed, empty. A link to a file
+    is listed as a file of its target's size; a link to a directory is left out. One
+    ``os.scandir`` per directory: a PostgreSQL data directory's thousand files are listed at
+    every checkpoint, and ``pathlib``'s walk took 0.1 to 0.2 s of it."""
+    found: list[tuple[list[str], FileEntry]] = []
+    _walk(os.fspath(root), "", skip_dir, skip_file, found)
+    found.sort(key=lambda item: item[0])
+    return [entry for _, entry in found]
+
+
+def _walk(
+    directory: str,
+    prefix: str,
+    skip_dir: Callable[[str], bool],
+    skip_file: Callable[[str], bool],
+    found: list[tuple[list[str], FileEntry]],
+) -> None:
+    try:
+        with os.scandir(directory) as scan:
+            entries = list(scan)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # removed while listing (a dropped database's directory)
+    for entry in entries:
+        rel = prefix + entry.name
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                found.append((rel.split("/"), FileEntry(path=rel + "/", size=0)))
+                if not skip_dir(rel):
+                    _walk(entry.path, rel + "/", skip_dir, skip_file, found)
+            elif entry.is_file() and not skip_file(rel):
+                found.append((rel.split("/"), FileEntry(path=rel, size=entry.stat().st_size)))
+        except FileNotFoundError:
+            continue  # removed while listing; the engine's log recreates or drops it
 
 
 def tree_bytes(root: Path) -> int:
