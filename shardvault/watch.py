@@ -4,7 +4,7 @@ A failed night publishes its failure, but a night that never ran (its agents gon
 schedule broken, every run refused) publishes nothing, and an agent that dies between backups
 is noticed only by the next one. The watch (``functions/watch_clusters.py``, run every
 ``WATCH_MINUTES`` by an EventBridge rule) reads the catalog and the agents' registry and
-publishes two CloudWatch metrics (namespace ``ShardVault``), which the stack alarms on:
+publishes CloudWatch metrics (namespace ``ShardVault``), which the stack alarms on:
 
 Terms:
 - *backup age* (``NewestBackupAgeHours``, dimension ``Cluster``, each cluster of the policy):
@@ -20,6 +20,11 @@ Terms:
   oldest file has waited more than ``SPOOL_STALL_SECONDS`` (by its agent's last heartbeat):
   the archive is not keeping up, or not running, and PostgreSQL keeps the WAL the spool
   refuses in ``pg_wal`` until the disk fills. The alarm fires long before that.
+- *outdated agents* (``OutdatedAgents``, the whole deployment): registered agents that speak
+  an older agent protocol than this control plane needs (``NodeRecord.is_outdated``): every
+  backup and restore of their clusters is refused (``AgentOutdated``) until they are upgraded.
+  Counted after a control-plane upgrade, the alarm fires the same quarter hour, not at the
+  next night's refusal.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ NAMESPACE = "ShardVault"
 BACKUP_AGE_METRIC = "NewestBackupAgeHours"
 SILENT_AGENTS_METRIC = "SilentAgents"
 STALLED_SPOOLS_METRIC = "StalledWalSpools"
+OUTDATED_AGENTS_METRIC = "OutdatedAgents"
 SPOOL_STALL_SECONDS = 900.0  # 15 times the default archive delay: stalled, not batching
 CLUSTER_DIMENSION = "Cluster"
 
@@ -45,6 +51,7 @@ class Observation(Frozen):
     backup_age_hours: dict[str, float]  # by cluster; a cluster never attempted is absent
     silent_nodes: list[str]  # "cluster/node"
     stalled_spools: list[str] = []  # "cluster/node/shard"
+    outdated_nodes: list[str] = []  # "cluster/node (protocol n)"
 
 
 def observe(svc: Services, now: float) -> Observation:
@@ -60,7 +67,13 @@ def observe(svc: Services, now: float) -> Observation:
         for s in n.shards
         if s.spool_stalled_for(now, n.heartbeat_at) > SPOOL_STALL_SECONDS
     ]
-    return Observation(backup_age_hours=ages, silent_nodes=silent, stalled_spools=stalled)
+    outdated = [f"{n.cluster}/{n.node_id} (protocol {n.protocol})" for n in nodes if n.is_outdated]
+    return Observation(
+        backup_age_hours=ages,
+        silent_nodes=silent,
+        stalled_spools=stalled,
+        outdated_nodes=outdated,
+    )
 
 
 def backup_age_hours(svc: Services, cluster: str, now: float) -> float | None:
@@ -91,6 +104,12 @@ def publish(observation: Observation, svc: Services, now: float) -> None:
             "MetricName": STALLED_SPOOLS_METRIC,
             "Timestamp": at,
             "Value": len(observation.stalled_spools),
+            "Unit": "Count",
+        },
+        {
+            "MetricName": OUTDATED_AGENTS_METRIC,
+            "Timestamp": at,
+            "Value": len(observation.outdated_nodes),
             "Unit": "Count",
         },
     ]

@@ -10,6 +10,8 @@
     row (a restart is not an alarm);
   - ``StalledWalSpools``: a shard's WAL spool has not drained for 15 minutes on two watches
     in a row (its archive is down or falling behind; PostgreSQL's disk fills next);
+  - ``OutdatedAgents``: a registered agent is older than the control plane (its cluster's
+    backups and restores are refused until it is upgraded);
   - ``FunctionErrors``: a function that no workflow runs (the reaper, the watch) failed. A
     function a workflow runs is retried by it, and a failure it cannot retry fails the
     execution, which the workflows' own alarms report.
@@ -37,6 +39,7 @@ from shardvault.watch import (
     BACKUP_AGE_METRIC,
     CLUSTER_DIMENSION,
     NAMESPACE,
+    OUTDATED_AGENTS_METRIC,
     SILENT_AGENTS_METRIC,
     STALLED_SPOOLS_METRIC,
     WATCH_MINUTES,
@@ -73,7 +76,8 @@ class Monitoring(Construct):
         events.Rule(
             self,
             "Watch",
-            description="ShardVault: publish backup ages and silent agents for the alarms.",
+            description="ShardVault: publish backup ages, silent and outdated agents and "
+            "stalled WAL spools for the alarms.",
             schedule=events.Schedule.rate(WATCH_PERIOD),
             targets=[targets.LambdaFunction(functions["watch_clusters"], retry_attempts=2)],
         )
@@ -106,6 +110,20 @@ class Monitoring(Construct):
             ),
             threshold=1,
             evaluation_periods=2,
+        )
+        self.outdated_agents = self._alarm(
+            "OutdatedAgents",
+            "ShardVault: a registered agent is older than this control plane (it speaks an "
+            "older agent protocol): every backup and restore of its cluster is refused "
+            "(AgentOutdated) until it is upgraded. Run 'shardvault nodes' to see which, then "
+            "upgrade shardvault-agent on that node from this release's wheels and restart it.",
+            cloudwatch.Metric(
+                namespace=NAMESPACE,
+                metric_name=OUTDATED_AGENTS_METRIC,
+                statistic="Maximum",
+                period=WATCH_PERIOD,
+            ),
+            threshold=1,
         )
         errors = {
             f"e{i}": functions[module].metric_errors(period=WATCH_PERIOD)
@@ -198,7 +216,13 @@ class Monitoring(Construct):
             dashboard_name=DASHBOARD_NAME,
             default_interval=Duration.days(14),
         )
-        alarms = [*self.backup_ages.values(), self.silent_agents, self.function_errors]
+        alarms = [
+            *self.backup_ages.values(),
+            self.silent_agents,
+            self.outdated_agents,
+            self.stalled_spools,
+            self.function_errors,
+        ]
         dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=alarms, width=24, height=3)
         )

@@ -875,7 +875,7 @@ def test_agents_may_invoke_the_wal_archive_and_no_other_function(synth: Synthesi
     assert "ArchiveFunctionName" in synth.json["Outputs"]
 
 
-def test_each_cluster_alarms_past_its_rpo_and_silent_agents_stalled_spools_and_lone_functions(
+def test_each_cluster_alarms_past_its_rpo_and_silent_outdated_agents_spools_lone_functions(
     synth: Synthesized,
 ) -> None:
     """The watch's metrics and the errors of the functions no workflow runs each reach the
@@ -902,6 +902,11 @@ def test_each_cluster_alarms_past_its_rpo_and_silent_agents_stalled_spools_and_l
     assert stalled["EvaluationPeriods"] == 2
     assert stalled["Threshold"] == 1
     assert stalled["AlarmActions"] == [{"Ref": topic}]
+    (outdated,) = [a for a in alarms if a.get("MetricName") == "OutdatedAgents"]
+    assert outdated["EvaluationPeriods"] == 1  # an outdated agent stays so until upgraded
+    assert outdated["Threshold"] == 1
+    assert "shardvault nodes" in outdated["AlarmDescription"]
+    assert outdated["AlarmActions"] == [{"Ref": topic}]
     (errors,) = [a for a in alarms if "Metrics" in a]
     errored = {
         only_id(m["MetricStat"]["Metric"]["Dimensions"][0]["Value"])

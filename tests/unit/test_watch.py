@@ -1,12 +1,22 @@
 """The backup age the watch publishes: from the newest complete backup, or (none complete)
-from the first recorded attempt, so a cluster that fails or is refused every night ages."""
+from the first recorded attempt, so a cluster that fails or is refused every night ages. Its
+stalled spools, and the agents older than the control plane (their backups are refused)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
-from shardvault.models import ShardInfo
-from shardvault.watch import SPOOL_STALL_SECONDS, backup_age_hours, observe
+from shardvault.models import AGENT_PROTOCOL, ShardInfo
+from shardvault.watch import (
+    NAMESPACE,
+    OUTDATED_AGENTS_METRIC,
+    SPOOL_STALL_SECONDS,
+    backup_age_hours,
+    observe,
+    watch,
+)
 from tests.unit.support import leader_node, moto_services
 
 HOUR = 3600.0
@@ -68,3 +78,24 @@ def test_a_spool_that_has_not_drained_for_15_minutes_counts_as_stalled(
     with moto_services(monkeypatch) as svc:
         svc.nodes.put(node.model_copy(update={"shards": shards}))
         assert observe(svc, now).stalled_spools == ["a/a-n1/stuck"]
+
+
+def test_agents_older_than_the_control_plane_are_counted_and_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 1_800_000_000.0
+    current = leader_node("a", heartbeat_at=now)
+    older = leader_node("b", heartbeat_at=now).model_copy(update={"protocol": AGENT_PROTOCOL - 1})
+    with moto_services(monkeypatch) as svc:
+        svc.nodes.put(current)
+        svc.nodes.put(older)
+        assert watch(svc, now)["outdated_nodes"] == [f"b/b-n1 (protocol {AGENT_PROTOCOL - 1})"]
+        answer = svc.cloudwatch.get_metric_statistics(
+            Namespace=NAMESPACE,
+            MetricName=OUTDATED_AGENTS_METRIC,
+            StartTime=datetime.fromtimestamp(now - 60, UTC),
+            EndTime=datetime.fromtimestamp(now + 60, UTC),
+            Period=60,
+            Statistics=["Maximum"],
+        )
+        assert [point["Maximum"] for point in answer["Datapoints"]] == [1.0]
