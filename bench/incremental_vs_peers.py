@@ -287,7 +287,7 @@ def measure(
     bvp.settle(bench)
     load = os.getloadavg()[0]
     result = run() | {"round": rnd, "load_before": load} | quiet
-    if name.startswith("shardvault"):
+    if name.startswith("shardvault") or name == WARM_UP:  # the warm-up is ShardVault's too
         bench.agents_busy_until = time.monotonic() + bench.busy_window
     runs.setdefault(name, []).append(result)
     stored = result.get("stored_bytes")
