@@ -102,12 +102,7 @@ class Monitoring(Construct):
             "store unreachable), and once the spool is full PostgreSQL keeps its WAL in pg_wal "
             "until the disk fills. See the agent's log; 'shardvault nodes --json' shows each "
             "shard's spool.",
-            cloudwatch.Metric(
-                namespace=NAMESPACE,
-                metric_name=STALLED_SPOOLS_METRIC,
-                statistic="Maximum",
-                period=WATCH_PERIOD,
-            ),
+            self.deployment_metric(STALLED_SPOOLS_METRIC),
             threshold=1,
             evaluation_periods=2,
         )
@@ -117,12 +112,7 @@ class Monitoring(Construct):
             "older agent protocol): every backup and restore of its cluster is refused "
             "(AgentOutdated) until it is upgraded. Run 'shardvault nodes' to see which, then "
             "upgrade shardvault-agent on that node from this release's wheels and restart it.",
-            cloudwatch.Metric(
-                namespace=NAMESPACE,
-                metric_name=OUTDATED_AGENTS_METRIC,
-                statistic="Maximum",
-                period=WATCH_PERIOD,
-            ),
+            self.deployment_metric(OUTDATED_AGENTS_METRIC),
             threshold=1,
         )
         errors = {
@@ -156,14 +146,19 @@ class Monitoring(Construct):
         )
 
     @staticmethod
-    def silent_agents_metric(label: str | None = None) -> cloudwatch.Metric:
+    def deployment_metric(name: str, label: str | None = None) -> cloudwatch.Metric:
+        """One of the watch's counts for the whole deployment (no dimension)."""
         return cloudwatch.Metric(
             namespace=NAMESPACE,
-            metric_name=SILENT_AGENTS_METRIC,
+            metric_name=name,
             statistic="Maximum",
             period=WATCH_PERIOD,
             label=label,
         )
+
+    @classmethod
+    def silent_agents_metric(cls, label: str | None = None) -> cloudwatch.Metric:
+        return cls.deployment_metric(SILENT_AGENTS_METRIC, label)
 
     def _backup_age_alarm(self, cluster: str, rpo_hours: float) -> cloudwatch.Alarm:
         return self._alarm(
