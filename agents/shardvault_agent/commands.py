@@ -9,6 +9,7 @@ upload sends only the parts still missing.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -469,11 +470,19 @@ class Commands:
         return self.backup_dir(backup_id) / "hashes" / shard_id
 
     def _discard_scan(self, backup_id: str, shard_id: str) -> None:
-        """Removes a shard's scan answer, block map and hash fragments (with the identities
-        beside them): they belong to one capture, and a checkpoint taken again replaces it."""
+        """Removes a shard's scan answer, block map, hash fragments (with the identities
+        beside them) and packed copies: they belong to one capture, and a checkpoint taken
+        again replaces it. A packed copy is reused for an identical object plan, and a lost
+        capture's plan can be identical (the same blocks changed) while its bytes are older
+        than the new checkpoint's start."""
         self._extents_path(backup_id, shard_id).unlink(missing_ok=True)
         self._map_path(backup_id, shard_id).unlink(missing_ok=True)
         shutil.rmtree(self._hashes_dir(backup_id, shard_id), ignore_errors=True)
+        for summary in (self.backup_dir(backup_id) / "packed").glob("*.json"):
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                if json.loads(summary.read_text())["object"]["shard_id"] == shard_id:
+                    summary.with_suffix(".bin").unlink(missing_ok=True)
+                    summary.unlink(missing_ok=True)
 
     def _saved_scan(self, backup_id: str, shard_id: str) -> dict[str, Any]:
         saved = self._extents_path(backup_id, shard_id)

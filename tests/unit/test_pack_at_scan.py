@@ -6,6 +6,7 @@ it plans (``shardvault.backup.planner.plan_items``)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
@@ -101,6 +102,28 @@ def test_a_retried_checkpoint_answers_the_same_packed_objects(tmp_path: Path) ->
     again = checkpoint(cmds, "b2", PACK)
     assert again["shards"][0]["packed"] == first["shards"][0]["packed"]
     assert {p: p.stat().st_mtime_ns for p in packed.iterdir()} == before  # not packed again
+
+
+def test_a_checkpoint_taken_again_does_not_send_the_lost_ones_packed_copies(
+    tmp_path: Path,
+) -> None:
+    """An agent restarted mid-backup takes a checkpoint it no longer holds anew (PostgreSQL's
+    backup mode dies with the session). Its scan may plan the very same objects (the same
+    blocks changed), but the lost checkpoint's packed bytes are older than the new start:
+    they are packed again from the new capture."""
+    cmds, _ = incremental_agent(tmp_path)
+    first = checkpoint(cmds, "b2", PACK)
+    packed = cmds.backup_dir("b2") / "packed"
+    lost = {p.name: p.stat().st_mtime_ns for p in packed.glob("*.bin")}
+    shard = cmds.shards()["s1"]
+    shutil.rmtree(cmds.engine._snapshot_dir("b2", shard))  # the hold is lost
+    again = checkpoint(cmds, "b2", PACK)
+    assert [p["object"] for p in again["shards"][0]["packed"]] == [
+        p["object"] for p in first["shards"][0]["packed"]
+    ]  # the same plan ...
+    now = {p.name: p.stat().st_mtime_ns for p in packed.glob("*.bin")}
+    assert set(now) == set(lost)
+    assert all(now[name] != lost[name] for name in lost)  # ... packed again
 
 
 def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> None:
