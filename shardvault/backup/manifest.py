@@ -34,7 +34,7 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
     verified objects, stores it beside the objects, records the backup as complete and
     releases the cluster's lock. Finalize follows the tail's Upload map (or its plan, when it
     had nothing to upload): each backup's last."""
-    results, _ = verified_results(context, Phase.TAIL, svc, record=False)
+    results, _ = verified_results(context, Phase.TAIL, svc)
     manifest = build_manifest(context, svc, now, results)
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
     manifest_key = f"{prefix}manifest.json"

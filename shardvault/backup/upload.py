@@ -146,17 +146,7 @@ def write_result(
     item: ObjectPlan, sums: ObjectChecksums, verified_by: str, svc: Services
 ) -> ObjectResult:
     """Writes a verified object's result, for Finalize's manifest."""
-    result = object_result(item, sums, verified_by)
-    key = svc.work_key(
-        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
-    )
-    svc.put_work(key, result.model_dump(mode="json"))
-    return result
-
-
-def object_result(item: ObjectPlan, sums: ObjectChecksums, verified_by: str) -> ObjectResult:
-    """A verified object as the manifest lists it."""
-    return ObjectResult(
+    result = ObjectResult(
         key=item.key,
         node_id=item.node_id,
         shard_id=item.shard_id,
@@ -174,6 +164,11 @@ def object_result(item: ObjectPlan, sums: ObjectChecksums, verified_by: str) -> 
         frames=sums.frames,
         key_check=sums.key_check,
     )
+    key = svc.work_key(
+        item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"
+    )
+    svc.put_work(key, result.model_dump(mode="json"))
+    return result
 
 
 def count_progress(done: list[tuple[ObjectPlan, ObjectChecksums]], svc: Services) -> None:
@@ -221,13 +216,11 @@ def check_uploads(context: BackupContext, phase: Phase, svc: Services) -> dict[s
 
 
 def verified_results(
-    context: BackupContext, phase: Phase, svc: Services, *, record: bool = True
+    context: BackupContext, phase: Phase, svc: Services
 ) -> tuple[list[ObjectResult], int]:
-    """Verifies the objects of the phase signed at plan (and records their results, unless
-    ``record`` is False: Finalize puts them straight into the manifest), then checks that
-    every planned object of the phase has a verified result; returns every result of the
-    backup (either plan may also hold block maps: results/blockmap/) and the phase's planned
-    count.
+    """Verifies and records the objects of the phase signed at plan, then checks that every
+    planned object of the phase has a verified result; returns every result of the backup
+    (either plan may also hold block maps: results/blockmap/) and the phase's planned count.
     The Distributed Map fails when an object's task fails; this also holds where a Map does
     not (moto's), and names what is missing."""
     items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{phase}.json"))
@@ -240,7 +233,6 @@ def verified_results(
     results += verify_after_map(
         [item for item in items if item["object"]["key"] not in recorded and verified_here(item)],
         svc,
-        record=record,
     )
     done = {result.key for result in results}
     missing = [key for key in planned if key not in done]
@@ -264,13 +256,10 @@ def verified_here(item: dict[str, Any]) -> bool:
     return item.get("signed") is not None
 
 
-def verify_after_map(
-    items: list[dict[str, Any]], svc: Services, *, record: bool = True
-) -> list[ObjectResult]:
+def verify_after_map(items: list[dict[str, Any]], svc: Services) -> list[ObjectResult]:
     """Verifies each object signed at plan against its packed checksum, records its result
-    (if ``record``) and counts them all in one progress update; returns the results of those
-    the store holds. One it does not hold (its transfer failed) is left out, for the caller
-    to name."""
+    and counts them all in one progress update; returns the results of those the store
+    holds. One it does not hold (its transfer failed) is left out, for the caller to name."""
 
     def one(item: dict[str, Any]) -> tuple[ObjectPlan, ObjectChecksums, ObjectResult] | None:
         obj = ObjectPlan.model_validate(item["object"])
@@ -281,9 +270,7 @@ def verify_after_map(
             if is_missing(error):
                 return None
             raise
-        if record:
-            return obj, sums, write_result(obj, sums, verified_by, svc)
-        return obj, sums, object_result(obj, sums, verified_by)
+        return obj, sums, write_result(obj, sums, verified_by, svc)
 
     if not items:
         return []
