@@ -120,14 +120,19 @@ def start_pgbench(
     jobs: int = 1,
     seconds: int = 60,
     dbname: str = "postgres",
+    rate: int | None = None,
 ) -> subprocess.Popen:
     """A write load (TPC-B-like) for ``seconds``; the caller stops it with :func:`stop_process`.
+    ``rate`` caps it at that many transactions a second (``pgbench -R``); without it pgbench
+    runs as fast as the machine lets it.
 
     Output goes to a pipe read at the end: without progress reports pgbench prints only its
     summary and per-client errors, far below what would fill the pipe and block it.
     """
     cmd = [str(instance.bin_dir / "pgbench"), "-c", str(clients), "-j", str(jobs)]
     cmd += ["-T", str(seconds), "-n", *instance._client_args(), dbname]
+    if rate is not None:
+        cmd[1:1] = ["-R", str(rate)]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/"
     )

@@ -49,7 +49,7 @@ import yaml
 from shardvault import lambda_support
 from shardvault.backup import REAPED_STATUSES
 from shardvault.errors import InvalidRequest
-from shardvault.local import moto_fidelity, moto_speedups
+from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
@@ -292,6 +292,7 @@ class LocalStack:
         bridge = LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served})
         bridge.install()
         bridge.serve_http()
+        moto_inprocess.install(self.moto_port)
         moto_speedups.install()
         moto_fidelity.install()
         self._server = ThreadedMotoServer(
@@ -580,7 +581,11 @@ def _released(root: Path, timeout: float) -> bool:
 
 
 # --- the reaper's events ------------------------------------------------------------------------
-REAP_POLL_SECONDS = 1.0
+# Each poll lists both state machines' ABORTED and TIMED_OUT executions: four requests to
+# moto's server, about 9 ms of CPU each (client and server, in the stack's process) that the
+# agents' machine pays, every poll of every stack; at 1 s the listing was most of an idle
+# stack's CPU (docs/BENCHMARKS.md).
+REAP_POLL_SECONDS = 2.0
 # EventBridge delivers some time after the execution ended; so does this watcher. A reaper
 # invoked by hand right after a stop (the older integration tests do) thus goes first, and
 # the watcher's invocation then finds nothing to do, as a second delivery would.

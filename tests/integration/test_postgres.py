@@ -33,6 +33,10 @@ from shardvault.verify import VerifyRequest, verify
 from .conftest import Cluster, client_of, entered_states, output, running_pg_cluster
 
 SCALE = 5
+# Each server's write load, in transactions a second: writes go on through every backup, while
+# the machine keeps room for the backup (unbounded, three pgbench loads and their backends took
+# both cores of CI's machine and a 3-node incremental of this small cluster 25 s).
+LOAD_TPS = 150
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def file_map(root: Path) -> dict[str, int]:
 
 def test_backup_under_pgbench_load_reads_back_and_recovers_consistently(pg_cluster, tmp_path):
     cluster, servers = pg_cluster
-    loads = [start_pgbench(server, clients=2, seconds=120) for server in servers]
+    loads = [start_pgbench(server, clients=2, seconds=120, rate=LOAD_TPS) for server in servers]
     started = time.time()
     try:
         time.sleep(1)  # the load is running before the backup starts
@@ -213,7 +217,7 @@ def test_a_backup_under_load_restores_into_another_node_count(
     a copy consistent at one point in time does."""
     cluster, servers = pg_cluster
     static = create_static_tables(servers)
-    loads = [start_pgbench(server, clients=2, seconds=120) for server in servers]
+    loads = [start_pgbench(server, clients=2, seconds=120, rate=LOAD_TPS) for server in servers]
     try:
         time.sleep(1)
         backup = cluster.backup()
@@ -261,7 +265,7 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
     assert full.status == "SUCCEEDED", full.cause
     last = full
     for _ in range(2):
-        loads = [start_pgbench(server, clients=2, seconds=120) for server in servers]
+        loads = [start_pgbench(server, clients=2, seconds=120, rate=LOAD_TPS) for server in servers]
         try:
             time.sleep(2)
             last = cluster.backup(incremental=True)
@@ -299,7 +303,7 @@ def test_a_lone_nodes_incremental_stops_in_its_checkpoint_and_restores_consisten
         static = create_static_tables(servers)
         assert cluster.backup().status == "SUCCEEDED"
         (server,) = servers
-        load = start_pgbench(server, clients=2, seconds=120)
+        load = start_pgbench(server, clients=2, seconds=120, rate=LOAD_TPS)
         try:
             time.sleep(2)
             execution = cluster.start_backup(incremental=True)
