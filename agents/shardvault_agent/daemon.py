@@ -239,12 +239,15 @@ class Agent:
     # --- commands ----------------------------------------------------------------------------
     def poll_once(self, rang: bool = False) -> None:
         """Reads the inbox when it is due (see the module's cadences). ``rang``: the doorbell
-        rang since the last poll: the inbox is read at once, the agent counts as busy and
-        heartbeats at once (a node woken by a backup is seen fresh)."""
+        rang since the last poll: the inbox is read at once, the agent counts as busy and,
+        if it was idle, heartbeats at once (a node woken by a backup is seen fresh; a busy one
+        heartbeats on its busy period: a backup rings each node for every command, and a beat
+        per ring, with a task heartbeat per running command, doubled the agent's requests)."""
         now = time.monotonic()
         if rang:
+            if not self.busy():
+                self.beat_now.set()
             self.last_command = now
-            self.beat_now.set()
         if self.waits_for_rings():
             if not rang and now < self.next_full_read:
                 return

@@ -199,6 +199,21 @@ def test_a_ring_has_an_idle_agent_read_its_inbox_at_once_and_heartbeat(svc, tmp_
     assert attributes["ApproximateNumberOfMessages"] == "0"  # the ring was deleted
 
 
+def test_a_ring_to_a_busy_agent_waits_for_its_busy_heartbeat(svc, tmp_path) -> None:
+    sqs = boto3.client("sqs")
+    agent = agent_of(tmp_path, doorbell_wait_seconds=2, heartbeat_interval_seconds=30)
+    with Running(agent) as running:
+        time.sleep(1.0)
+        post(svc, "b1", sqs)  # wakes it: it heartbeats at once, as busy
+        wait_for(lambda: "flush:b1" in running.picked_up, timeout=5)
+        wait_for(lambda: svc.nodes.get("n1").heartbeat_every == 30, timeout=PROMPTLY)
+        busy = svc.nodes.get("n1").heartbeat_at
+        post(svc, "b2", sqs)  # busy now: its next beat is its busy period's
+        wait_for(lambda: "flush:b2" in running.picked_up, timeout=5)
+        time.sleep(PROMPTLY)
+        assert svc.nodes.get("n1").heartbeat_at == busy
+
+
 def test_an_idle_agent_pauses_between_listens_and_a_ring_waits_for_the_next(svc, tmp_path) -> None:
     """The pause halves an idle agent's SQS requests (the bulk of its idle cost); a command
     rung during a pause waits in the queue and starts at the next listen, within the pause."""
