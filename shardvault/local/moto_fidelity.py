@@ -5,8 +5,11 @@
   moto's backend reads, changes and stores the item in Python with no lock, so two threads
   writing one item at once can lose one write: a restore's progress counter (every download's
   ``ADD`` lands on the restore's one catalog item, eight at a time) came out at half its total
-  on a loaded machine. :func:`install` serializes moto's DynamoDB writes in this process, where
-  the local stack's Lambdas and its moto server (the agents' requests) both run.
+  on a loaded machine. A read sees no item half written either; moto's ``Query`` walked an
+  item's attributes while another thread's write changed them and failed ("dictionary
+  changed size during iteration"). :func:`install` serializes moto's DynamoDB requests, each
+  whole from parsing to its answer, and its backend's writes, in this process, where the
+  local stack's Lambdas and its moto server (the agents' requests) both run.
 - *Nested executions speak AWS's field names.* A ``states:startExecution.sync:2`` task (the
   drill starts a restore) passes ``StateMachineArn``, ``Name`` and ``Input`` and reads back
   ``ExecutionArn``, ``Output``, ``StartDate`` (milliseconds since the epoch)... as AWS names
@@ -28,8 +31,10 @@ WRITES = ("put_item", "update_item", "delete_item", "transact_write_items")
 @functools.cache  # once per process: a second call would wrap the wrappers
 def install() -> None:
     from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.responses import DynamoHandler
 
-    lock = threading.RLock()  # a transaction's writes may call the others
+    lock = threading.RLock()  # a request's write holds it again; a transaction's writes too
+    DynamoHandler.call_action = _serialized(DynamoHandler.call_action, lock)
     for name in WRITES:
         setattr(DynamoDBBackend, name, _serialized(getattr(DynamoDBBackend, name), lock))
     _name_nested_executions_as_aws()
