@@ -478,7 +478,7 @@ class Commands:
         self._extents_path(backup_id, shard_id).unlink(missing_ok=True)
         self._map_path(backup_id, shard_id).unlink(missing_ok=True)
         shutil.rmtree(self._hashes_dir(backup_id, shard_id), ignore_errors=True)
-        for summary in (self.backup_dir(backup_id) / "packed").glob("*.json"):
+        for summary in self._packed_dir(backup_id).glob("*.json"):
             with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
                 if json.loads(summary.read_text())["object"]["shard_id"] == shard_id:
                     summary.with_suffix(".bin").unlink(missing_ok=True)
@@ -692,10 +692,14 @@ class Commands:
         with self.locks_guard:
             return self.locks.setdefault(backup_id, threading.Lock())
 
+    def _packed_dir(self, backup_id: str) -> Path:
+        """The backup's packed copies (``.bin``) and their summaries (``.json``)."""
+        return self.backup_dir(backup_id) / "packed"
+
     def _packed_path(self, item: ObjectPlan) -> Path:
         """The packed copy of an object (its stored bytes), until every part is uploaded."""
         digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
-        return self.backup_dir(item.backup_id) / "packed" / f"{digest}.bin"
+        return self._packed_dir(item.backup_id) / f"{digest}.bin"
 
     def do_pack(self, args: dict[str, Any]) -> dict[str, Any]:
         """Reads the object's range of the stream once, through the part pipeline (frames,

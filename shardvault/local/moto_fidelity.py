@@ -8,8 +8,8 @@
   on a loaded machine. A read sees no item half written either; moto's ``Query`` walked an
   item's attributes while another thread's write changed them and failed ("dictionary
   changed size during iteration"). :func:`install` serializes moto's DynamoDB requests, each
-  whole from parsing to its answer, and its backend's writes, in this process, where the
-  local stack's Lambdas and its moto server (the agents' requests) both run.
+  whole from parsing to its answer (a transaction's writes with it), in this process, where
+  the local stack's Lambdas and its moto server (the agents' requests) both run.
 - *Nested executions speak AWS's field names.* A ``states:startExecution.sync:2`` task (the
   drill starts a restore) passes ``StateMachineArn``, ``Name`` and ``Input`` and reads back
   ``ExecutionArn``, ``Output``, ``StartDate`` (milliseconds since the epoch)... as AWS names
@@ -25,18 +25,14 @@ import functools
 import threading
 from typing import Any
 
-WRITES = ("put_item", "update_item", "delete_item", "transact_write_items")
-
 
 @functools.cache  # once per process: a second call would wrap the wrappers
 def install() -> None:
-    from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.responses import DynamoHandler
 
-    lock = threading.RLock()  # a request's write holds it again; a transaction's writes too
-    DynamoHandler.call_action = _serialized(DynamoHandler.call_action, lock)
-    for name in WRITES:
-        setattr(DynamoDBBackend, name, _serialized(getattr(DynamoDBBackend, name), lock))
+    # Every DynamoDB request reaches moto's backend through its handler's call_action (over
+    # HTTP, in-process or under mock_aws): one lock there covers reads and writes.
+    DynamoHandler.call_action = _serialized(DynamoHandler.call_action, threading.Lock())
     _name_nested_executions_as_aws()
 
 
@@ -65,10 +61,10 @@ def _name_nested_executions_as_aws() -> None:
     service._normalise_response = normalise_response
 
 
-def _serialized(write: Any, lock: threading.RLock) -> Any:
-    @functools.wraps(write)
+def _serialized(call: Any, lock: threading.Lock) -> Any:
+    @functools.wraps(call)
     def serialized(*args: Any, **kwargs: Any) -> Any:
         with lock:
-            return write(*args, **kwargs)
+            return call(*args, **kwargs)
 
     return serialized
