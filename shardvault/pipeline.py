@@ -20,6 +20,12 @@ Terms:
   against it (end-to-end: what is written equals what was read).
 - *stored object*: its frames back to back. The part size (the one size knob) cuts the stored
   object into parts exactly as before; frames know nothing of parts, parts nothing of frames.
+- *spare cores*: a pack encodes its frames one after another on its own thread, and an agent
+  runs several packs at once, which keeps every core busy while there are enough of them.
+  When fewer packs run than the machine has cores (at the end of a full, its last object,
+  often the slowest to compress: a table's indexes), a pack hands frames to ``SpareCores``'
+  helper threads while it reads and encodes the next one itself, so a lone pack is not held
+  to one core. Frames are still written in order, and the stored bytes are the same.
 """
 
 from __future__ import annotations
@@ -27,7 +33,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import threading
+from collections import deque
 from collections.abc import Callable, Container, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -210,6 +220,56 @@ class PartCutter:
         return self.parts
 
 
+class SpareCores:
+    """The machine's cores a pack may borrow (see *spare cores*): a frame goes to a helper
+    thread only while the packs and the frames already handed out leave a core idle, so
+    packs that keep every core busy encode on their own threads alone (more threads than
+    cores cost CPU in passing the interpreter's lock, and gain no time)."""
+
+    def __init__(self, cores: int | None = None) -> None:
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self._busy = 0  # packs running, and frames on helper threads
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max(self.cores - 1, 1), thread_name_prefix="encode")
+        self._codecs = threading.local()  # a zstd context is not thread-safe
+
+    @contextmanager
+    def packing(self) -> Iterator[SpareCores]:
+        """Counts a pack's own thread as busy while it runs."""
+        with self._lock:
+            self._busy += 1
+        try:
+            yield self
+        finally:
+            self._release()
+
+    def encode(self, codec: FrameCodec, plain: bytes, place: bytes) -> Future[bytes] | None:
+        """``plain`` encoded as ``codec`` would, on a helper thread if a core is idle; None if
+        none is (the caller encodes it itself)."""
+        with self._lock:
+            if self._busy >= self.cores:
+                return None
+            self._busy += 1
+        try:
+            return self._pool.submit(self._encode, codec.level, codec.sealer, plain, place)
+        except RuntimeError:  # the interpreter is exiting: the caller encodes it
+            self._release()
+            return None
+
+    def _encode(self, level: int, sealer: Sealer | None, plain: bytes, place: bytes) -> bytes:
+        try:
+            codec: FrameCodec | None = getattr(self._codecs, "codec", None)
+            if codec is None or codec.level != level or codec.sealer is not sealer:
+                codec = self._codecs.codec = FrameCodec(level, sealer)  # one a thread, kept
+            return codec.encode(plain, place)
+        finally:  # before the future is done: whoever waits on it sees the core idle again
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+
 def pack(
     read: Callable[[int], bytes],
     length: int,
@@ -218,16 +278,37 @@ def pack(
     codec: FrameCodec,
     out: BinaryIO,
     object_place: str,
+    spare: SpareCores | None = None,
 ) -> PackedObject:
     """Reads ``length`` bytes through ``read(n)``, writes the stored object to ``out`` and
-    returns its parts' checksums, its own and its frame table."""
+    returns its parts' checksums, its own and its frame table. With ``spare``, frames may be
+    encoded on idle cores (see *spare cores*); the stored bytes are the same."""
     cutter, frames = PartCutter(part_size), []
-    for index, offset in enumerate(range(0, length, frame_size)):
-        plain = read(min(frame_size, length - offset))
-        stored = codec.encode(plain, frame_place(object_place, index))
+    handed: deque[tuple[Future[bytes], int]] = deque()  # frames on helpers, in order
+
+    def put(stored: bytes, crc: int) -> None:
         out.write(stored)
         cutter.add(stored)
-        frames.append(FrameInfo(len(stored), crc64nvme(plain)))
+        frames.append(FrameInfo(len(stored), crc))
+
+    def put_handed(keep: int) -> None:
+        """Writes the handed frames, in order, that are done or more than ``keep``."""
+        while handed and (len(handed) > keep or handed[0][0].done()):
+            earlier, earlier_crc = handed.popleft()
+            put(earlier.result(), earlier_crc)
+
+    for index, offset in enumerate(range(0, length, frame_size)):
+        plain = read(min(frame_size, length - offset))
+        place, crc = frame_place(object_place, index), crc64nvme(plain)
+        future = spare.encode(codec, plain, place) if spare else None
+        if future is not None:
+            handed.append((future, crc))
+            put_handed(keep=spare.cores if spare else 0)  # a bounded number held in memory
+            continue
+        stored = codec.encode(plain, place)
+        put_handed(keep=0)  # the frames before this one first
+        put(stored, crc)
+    put_handed(keep=0)
     parts = cutter.finish()
     whole = combine((p.crc64nvme, p.size) for p in parts)
     return PackedObject(parts, whole, cutter.total, frames)
@@ -305,6 +386,7 @@ __all__ = [
     "FrameSpan",
     "PackedObject",
     "Sealer",
+    "SpareCores",
     "fetch_ranges",
     "frame_size_for",
     "frame_spans",

@@ -49,6 +49,7 @@ from shardvault.models import (
 )
 from shardvault.pipeline import (
     FrameCodec,
+    SpareCores,
     frame_spans,
     pack_frames,
     plaintext_crc,
@@ -129,6 +130,7 @@ class Commands:
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
         self.guards: dict[str, SourceGuard] = {}
+        self.spare = SpareCores()  # idle cores a pack may borrow (shardvault.pipeline)
 
     @cached_property
     def restorer(self) -> Restorer:
@@ -736,7 +738,8 @@ class Commands:
         unfinished = path.with_suffix(".partial")
         source, hasher = self._source(item, capture, limiter), self._hasher(item, capture, limiter)
         with open(unfinished, "wb") as out:
-            packed = pack_object(item, hasher.tap(source) if hasher else source, codec, out)
+            read = hasher.tap(source) if hasher else source
+            packed = pack_object(item, read, codec, out, self.spare)
         if hasher is not None:  # kept before the summary: a pack with a summary has its hashes
             hashes = self._hashes_dir(item.backup_id, item.shard_id)
             write_fragment(hashes, item.stream_offset, item.length, hasher.fragment())

@@ -15,6 +15,7 @@ Both directions retry through the one policy of ``shardvault_agent.retry``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -43,7 +44,7 @@ from shardvault.errors import (
     TargetTooSmall,
 )
 from shardvault.models import FileEntry, ObjectPlan, PartChecksum, UploadedPart
-from shardvault.pipeline import FrameCodec, PackedObject, pack
+from shardvault.pipeline import FrameCodec, PackedObject, SpareCores, pack
 from shardvault.store import CHECKSUM_HEADER
 from shardvault.streams import StreamIndex
 from shardvault_agent.ratelimit import RateLimiter
@@ -173,11 +174,18 @@ def read_exactly(reader: StreamReader, size: int) -> bytes:
 
 
 def pack_object(
-    item: ObjectPlan, read: Callable[[int], bytes], codec: FrameCodec, out: BinaryIO
+    item: ObjectPlan,
+    read: Callable[[int], bytes],
+    codec: FrameCodec,
+    out: BinaryIO,
+    spare: SpareCores | None = None,
 ) -> PackedObject:
     """Reads the object's bytes through ``read(n)`` (exactly ``n`` bytes) once and writes its
-    stored bytes to ``out``."""
-    return pack(read, item.length, item.frame_size, item.part_size, codec, out, item.place)
+    stored bytes to ``out``, borrowing ``spare`` cores while any are idle."""
+    with spare.packing() if spare else contextlib.nullcontext():
+        return pack(
+            read, item.length, item.frame_size, item.part_size, codec, out, item.place, spare
+        )
 
 
 def stream_source(

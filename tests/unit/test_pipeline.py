@@ -15,6 +15,7 @@ from shardvault.pipeline import (
     FrameCodec,
     FrameSink,
     Sealer,
+    SpareCores,
     fetch_ranges,
     frame_spans,
     key_check,
@@ -34,9 +35,15 @@ def compressible(n: int) -> bytes:
     return b"".join(row % (i,) for i in range(n // len(row % (0,)) + 1))[:n]
 
 
-def packed(data: bytes, codec: FrameCodec, frame_size: int = MIN_FRAME_SIZE, part: int = 5 * MiB):
+def packed(
+    data: bytes,
+    codec: FrameCodec,
+    frame_size: int = MIN_FRAME_SIZE,
+    part: int = 5 * MiB,
+    spare: SpareCores | None = None,
+):
     out, source = io.BytesIO(), io.BytesIO(data)
-    result = pack(source.read, len(data), frame_size, part, codec, out, PLACE)
+    result = pack(source.read, len(data), frame_size, part, codec, out, PLACE, spare)
     return result, out.getvalue()
 
 
@@ -178,3 +185,40 @@ def test_a_retried_read_starts_the_frames_again() -> None:
     sink.receive(0, stored)  # the retry sends the range again from its start
     assert sink.complete
     assert writes == [0, 0, MiB, 2 * MiB]
+
+
+@pytest.mark.parametrize("size", [0, MiB // 3, 7 * MiB + 5, 12 * MiB])
+def test_a_pack_on_spare_cores_stores_the_same_bytes(size: int) -> None:
+    data = compressible(size // 2) + os.urandom(size - size // 2)  # frames raw and compressed
+    alone, alone_stored = packed(data, FrameCodec())
+    spare = SpareCores(cores=4)
+    with spare.packing():
+        helped, helped_stored = packed(data, FrameCodec(), spare=spare)
+    assert helped_stored == alone_stored
+    assert (helped.frames, helped.parts, helped.crc64nvme) == (
+        alone.frames,
+        alone.parts,
+        alone.crc64nvme,
+    )
+
+
+def test_sealed_frames_encoded_on_spare_cores_open_in_their_places() -> None:
+    key, data = os.urandom(32), compressible(9 * MiB)
+    spare = SpareCores(cores=3)
+    with spare.packing():
+        result, stored = packed(data, FrameCodec(sealer=Sealer(key)), spare=spare)
+    plain, _ = unpacked(result, stored, FrameCodec(sealer=Sealer(key)), len(data))
+    assert plain == data
+
+
+def test_frames_go_to_helpers_only_while_a_core_is_idle() -> None:
+    spare, codec = SpareCores(cores=2), FrameCodec()
+    with spare.packing():  # one pack on two cores: one idle
+        handed = spare.encode(codec, b"x" * 1000, b"place")
+        assert handed is not None
+        assert handed.result() == codec.encode(b"x" * 1000, b"place")
+        with spare.packing():  # two packs: none idle
+            assert spare.encode(codec, b"y", b"place") is None
+        busy = [spare.encode(codec, b"z" * 1000, b"place")]  # idle again
+        assert busy[0] is not None
+        busy[0].result()
