@@ -55,6 +55,9 @@ RAW, ZSTD = 0, 1
 RAW_THRESHOLD = 0.97  # a frame must shrink by 3 % to be stored compressed
 DEFAULT_LEVEL = DEFAULT_COMPRESSION_LEVEL
 NONCE_SIZE, TAG_SIZE, KEY_SIZE = 12, 16, 32
+# Frames on an agent's helper threads at once, at most (``SpareCores``): each holds up to
+# 4 MiB of plaintext and its encoding, so a host of many cores does not hold hundreds of MiB.
+MOST_HANDED = 3
 
 
 @dataclass(frozen=True)
@@ -224,13 +227,16 @@ class SpareCores:
     """The machine's cores a pack may borrow (see *spare cores*): a frame goes to a helper
     thread only while the packs and the frames already handed out leave a core idle, so
     packs that keep every core busy encode on their own threads alone (more threads than
-    cores cost CPU in passing the interpreter's lock, and gain no time)."""
+    cores cost CPU in passing the interpreter's lock, and gain no time), and only while fewer
+    than ``most`` frames are out (``MOST_HANDED``: the memory they hold)."""
 
-    def __init__(self, cores: int | None = None) -> None:
+    def __init__(self, cores: int | None = None, most: int = MOST_HANDED) -> None:
         self.cores = cores or len(os.sched_getaffinity(0))
+        self.most = max(min(most, self.cores - 1), 1)  # frames handed out at once, at most
         self._busy = 0  # packs running, and frames on helper threads
+        self._handed = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max(self.cores - 1, 1), thread_name_prefix="encode")
+        self._pool = ThreadPoolExecutor(self.most, thread_name_prefix="encode")
         self._codecs = threading.local()  # a zstd context is not thread-safe
 
     @contextmanager
@@ -247,13 +253,14 @@ class SpareCores:
         """``plain`` encoded as ``codec`` would, on a helper thread if a core is idle; None if
         none is (the caller encodes it itself)."""
         with self._lock:
-            if self._busy >= self.cores:
+            if self._busy >= self.cores or self._handed >= self.most:
                 return None
             self._busy += 1
+            self._handed += 1
         try:
             return self._pool.submit(self._encode, codec.level, codec.sealer, plain, place)
         except RuntimeError:  # the interpreter is exiting: the caller encodes it
-            self._release()
+            self._release(handed=True)
             return None
 
     def _encode(self, level: int, sealer: Sealer | None, plain: bytes, place: bytes) -> bytes:
@@ -263,11 +270,12 @@ class SpareCores:
                 codec = self._codecs.codec = FrameCodec(level, sealer)  # one a thread, kept
             return codec.encode(plain, place)
         finally:  # before the future is done: whoever waits on it sees the core idle again
-            self._release()
+            self._release(handed=True)
 
-    def _release(self) -> None:
+    def _release(self, handed: bool = False) -> None:
         with self._lock:
             self._busy -= 1
+            self._handed -= handed
 
 
 def pack(
@@ -303,7 +311,7 @@ def pack(
         future = spare.encode(codec, plain, place) if spare else None
         if future is not None:
             handed.append((future, crc))
-            put_handed(keep=spare.cores if spare else 0)  # a bounded number held in memory
+            put_handed(keep=spare.most if spare else 0)  # a bounded number held in memory
             continue
         stored = codec.encode(plain, place)
         put_handed(keep=0)  # the frames before this one first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 
 import pytest
 
@@ -222,3 +223,18 @@ def test_frames_go_to_helpers_only_while_a_core_is_idle() -> None:
         busy = [spare.encode(codec, b"z" * 1000, b"place")]  # idle again
         assert busy[0] is not None
         busy[0].result()
+
+
+def test_no_more_frames_are_handed_out_than_the_most_whatever_the_cores() -> None:
+    spare, codec = SpareCores(cores=16, most=2), FrameCodec()
+    hold = threading.Event()
+    held = [spare._pool.submit(hold.wait) for _ in range(spare.most)]  # both helpers busy
+    with spare.packing():
+        handed = [spare.encode(codec, b"a" * 5000, b"place") for _ in range(3)]
+        assert handed[0] is not None
+        assert handed[1] is not None
+        assert handed[2] is None  # two are out, queued: the third is the caller's
+        hold.set()
+        assert [f.result() for f in handed[:2]] == [codec.encode(b"a" * 5000, b"place")] * 2
+        assert spare.encode(codec, b"b", b"place") is not None  # back under the most
+    assert all(h.result() for h in held)
