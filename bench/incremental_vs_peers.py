@@ -56,7 +56,7 @@ Before the first round, untimed and not recorded (its time is printed), a *warm-
 one ShardVault full, then deleted. The local stack's first backup pays once what a stack
 that has been running does not: the state machine's definition parsed, the handlers' modules
 imported and their clients built, the agent's first commands (on 2026-11-28 the first full
-took 7.0 to 7.3 s and 3.2 to 3.5 s of the control plane's CPU, the next ones 6.2 to 6.6 s and
+took 7.0 to 7.3 s and 3.2 to 3.5 s of the control plane's CPU, the next ones 5.6 to 6.6 s and
 2.4 to 2.6 s; dev probe). Without it round 1's full measured that start-up rather than a
 backup, and ``--runs 1`` measured nothing else. pgBackRest starts a new process per command
 and has no such state to build.

@@ -37,7 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Container, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -275,7 +275,8 @@ class SpareCores:
     def _release(self, handed: bool = False) -> None:
         with self._lock:
             self._busy -= 1
-            self._handed -= handed
+            if handed:
+                self._handed -= 1
 
 
 def pack(
@@ -289,8 +290,23 @@ def pack(
     spare: SpareCores | None = None,
 ) -> PackedObject:
     """Reads ``length`` bytes through ``read(n)``, writes the stored object to ``out`` and
-    returns its parts' checksums, its own and its frame table. With ``spare``, frames may be
-    encoded on idle cores (see *spare cores*); the stored bytes are the same."""
+    returns its parts' checksums, its own and its frame table. With ``spare``, the pack counts
+    as one of the host's running packs and may encode frames on idle cores (see *spare
+    cores*); the stored bytes are the same."""
+    with spare.packing() if spare else nullcontext():
+        return _pack(read, length, frame_size, part_size, codec, out, object_place, spare)
+
+
+def _pack(
+    read: Callable[[int], bytes],
+    length: int,
+    frame_size: int,
+    part_size: int,
+    codec: FrameCodec,
+    out: BinaryIO,
+    object_place: str,
+    spare: SpareCores | None,
+) -> PackedObject:
     cutter, frames = PartCutter(part_size), []
     handed: deque[tuple[Future[bytes], int]] = deque()  # frames on helpers, in order
 

@@ -15,7 +15,6 @@ Both directions retry through the one policy of ``shardvault_agent.retry``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import json
@@ -182,10 +181,7 @@ def pack_object(
 ) -> PackedObject:
     """Reads the object's bytes through ``read(n)`` (exactly ``n`` bytes) once and writes its
     stored bytes to ``out``, borrowing ``spare`` cores while any are idle."""
-    with spare.packing() if spare else contextlib.nullcontext():
-        return pack(
-            read, item.length, item.frame_size, item.part_size, codec, out, item.place, spare
-        )
+    return pack(read, item.length, item.frame_size, item.part_size, codec, out, item.place, spare)
 
 
 def stream_source(

@@ -192,9 +192,7 @@ def test_a_retried_read_starts_the_frames_again() -> None:
 def test_a_pack_on_spare_cores_stores_the_same_bytes(size: int) -> None:
     data = compressible(size // 2) + os.urandom(size - size // 2)  # frames raw and compressed
     alone, alone_stored = packed(data, FrameCodec())
-    spare = SpareCores(cores=4)
-    with spare.packing():
-        helped, helped_stored = packed(data, FrameCodec(), spare=spare)
+    helped, helped_stored = packed(data, FrameCodec(), spare=SpareCores(cores=4))
     assert helped_stored == alone_stored
     assert (helped.frames, helped.parts, helped.crc64nvme) == (
         alone.frames,
@@ -205,9 +203,7 @@ def test_a_pack_on_spare_cores_stores_the_same_bytes(size: int) -> None:
 
 def test_sealed_frames_encoded_on_spare_cores_open_in_their_places() -> None:
     key, data = os.urandom(32), compressible(9 * MiB)
-    spare = SpareCores(cores=3)
-    with spare.packing():
-        result, stored = packed(data, FrameCodec(sealer=Sealer(key)), spare=spare)
+    result, stored = packed(data, FrameCodec(sealer=Sealer(key)), spare=SpareCores(cores=3))
     plain, _ = unpacked(result, stored, FrameCodec(sealer=Sealer(key)), len(data))
     assert plain == data
 
@@ -220,9 +216,9 @@ def test_frames_go_to_helpers_only_while_a_core_is_idle() -> None:
         assert handed.result() == codec.encode(b"x" * 1000, b"place")
         with spare.packing():  # two packs: none idle
             assert spare.encode(codec, b"y", b"place") is None
-        busy = [spare.encode(codec, b"z" * 1000, b"place")]  # idle again
-        assert busy[0] is not None
-        busy[0].result()
+        again = spare.encode(codec, b"z" * 1000, b"place")  # one idle again
+        assert again is not None
+        again.result()
 
 
 def test_no_more_frames_are_handed_out_than_the_most_whatever_the_cores() -> None:
