@@ -293,49 +293,36 @@ def pack(
     returns its parts' checksums, its own and its frame table. With ``spare``, the pack counts
     as one of the host's running packs and may encode frames on idle cores (see *spare
     cores*); the stored bytes are the same."""
-    with spare.packing() if spare else nullcontext():
-        return _pack(read, length, frame_size, part_size, codec, out, object_place, spare)
+    with spare.packing() if spare else nullcontext():  # one of the running packs
+        cutter, frames = PartCutter(part_size), []
+        handed: deque[tuple[Future[bytes], int]] = deque()  # frames on helpers, in order
 
+        def put(stored: bytes, crc: int) -> None:
+            out.write(stored)
+            cutter.add(stored)
+            frames.append(FrameInfo(len(stored), crc))
 
-def _pack(
-    read: Callable[[int], bytes],
-    length: int,
-    frame_size: int,
-    part_size: int,
-    codec: FrameCodec,
-    out: BinaryIO,
-    object_place: str,
-    spare: SpareCores | None,
-) -> PackedObject:
-    cutter, frames = PartCutter(part_size), []
-    handed: deque[tuple[Future[bytes], int]] = deque()  # frames on helpers, in order
+        def put_handed(keep: int) -> None:
+            """Writes the handed frames, in order, that are done or more than ``keep``."""
+            while handed and (len(handed) > keep or handed[0][0].done()):
+                earlier, earlier_crc = handed.popleft()
+                put(earlier.result(), earlier_crc)
 
-    def put(stored: bytes, crc: int) -> None:
-        out.write(stored)
-        cutter.add(stored)
-        frames.append(FrameInfo(len(stored), crc))
-
-    def put_handed(keep: int) -> None:
-        """Writes the handed frames, in order, that are done or more than ``keep``."""
-        while handed and (len(handed) > keep or handed[0][0].done()):
-            earlier, earlier_crc = handed.popleft()
-            put(earlier.result(), earlier_crc)
-
-    for index, offset in enumerate(range(0, length, frame_size)):
-        plain = read(min(frame_size, length - offset))
-        place, crc = frame_place(object_place, index), crc64nvme(plain)
-        future = spare.encode(codec, plain, place) if spare else None
-        if future is not None:
-            handed.append((future, crc))
-            put_handed(keep=spare.most if spare else 0)  # a bounded number held in memory
-            continue
-        stored = codec.encode(plain, place)
-        put_handed(keep=0)  # the frames before this one first
-        put(stored, crc)
-    put_handed(keep=0)
-    parts = cutter.finish()
-    whole = combine((p.crc64nvme, p.size) for p in parts)
-    return PackedObject(parts, whole, cutter.total, frames)
+        for index, offset in enumerate(range(0, length, frame_size)):
+            plain = read(min(frame_size, length - offset))
+            place, crc = frame_place(object_place, index), crc64nvme(plain)
+            future = spare.encode(codec, plain, place) if spare else None
+            if future is not None:
+                handed.append((future, crc))
+                put_handed(keep=spare.most if spare else 0)  # a bounded number held in memory
+                continue
+            stored = codec.encode(plain, place)
+            put_handed(keep=0)  # the frames before this one first
+            put(stored, crc)
+        put_handed(keep=0)
+        parts = cutter.finish()
+        whole = combine((p.crc64nvme, p.size) for p in parts)
+        return PackedObject(parts, whole, cutter.total, frames)
 
 
 def fetch_ranges(spans: list[FrameSpan], target: int) -> Iterator[list[FrameSpan]]:
