@@ -39,10 +39,12 @@ def screen() -> PageLsnScreen:
     return found
 
 
-def test_page_lsns_read_both_halves_and_mark_short_headers():
-    headers = [page(0x1_0000_0020, b"a")[:8], page(0, b"b")[:8], b"\x01\x02"]
-    assert page_lsns(headers) == [0x1_0000_0020, 0, None]
-    assert page_lsns(headers[:2]) == [0x1_0000_0020, 0]  # the fast path agrees
+def test_page_lsns_read_both_halves_and_mark_blocks_too_short_for_one():
+    blocks = page(0x1_0000_0020, b"a") + page(0, b"b")
+    assert page_lsns(blocks, B) == [0x1_0000_0020, 0]
+    assert page_lsns(blocks + page(0x3_0000_0001, b"c")[:100], B)[2] == 0x3_0000_0001
+    assert page_lsns(blocks + b"\x01\x02", B) == [0x1_0000_0020, 0, None]
+    assert page_lsns(b"", B) == []
 
 
 def test_only_relation_main_forks_are_screened():
@@ -58,7 +60,8 @@ def test_only_relation_main_forks_are_screened():
 def test_a_page_may_differ_when_its_lsn_is_zero_or_at_or_after_the_parents_start():
     s = screen()
     lsns = [PARENT_START - 1, PARENT_START, PARENT_START + 1, 0, 5]
-    assert s.may_differ([page(n, b"x")[:8] for n in lsns] + [b""]) == [1, 2, 3, 5]
+    blocks = b"".join(page(n, b"x") for n in lsns) + b"\x01"
+    assert s.may_differ(memoryview(blocks), B) == [1, 2, 3, 5]
 
 
 def test_no_screen_across_clusters_timelines_backwards_or_with_other_page_sizes():
@@ -169,19 +172,18 @@ def test_a_file_that_shrank_under_the_scan_reads_as_zeros(tmp_path: Path, monkey
     root = tmp_path / "data"
     listing = write(root, {"base/5/1": page(PARENT_START - 1, b"a") * 4})
     scan(root, listing, None, tmp_path / "full.map")
-    real_pread = os.pread
-    calls = {"n": 0}
+    real_preadv = os.preadv
 
-    def truncating_pread(fd: int, length: int, offset: int) -> bytes:
-        calls["n"] += 1
-        if calls["n"] == 2:  # after the first header: the file loses its last two pages
-            os.truncate(root / "base/5/1", 2 * B)
-        return real_pread(fd, length, offset)
+    def truncating_preadv(fd: int, buffers: list, offset: int) -> int:
+        os.truncate(root / "base/5/1", 2 * B)  # as the read starts: the last two pages go
+        return real_preadv(fd, buffers, offset)
 
-    monkeypatch.setattr("shardvault_agent.scan.os.pread", truncating_pread)
+    monkeypatch.setattr("shardvault_agent.scan.os.preadv", truncating_preadv)
+    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 2)  # the buffer's second fill
     incremental = scan(root, listing, tmp_path / "full.map", tmp_path / "incr.map", screen())
 
     assert incremental.extents == [(2 * B, 2 * B)]  # zeros now, where the pages were
+    assert incremental.screened_bytes == 2 * B
     with BlockMap(tmp_path / "incr.map") as new:
         zeros = hash_blocks(bytes(2 * B), B)
         assert bytes(new.hashes("base/5/1") or b"")[2 * HASH_SIZE :] == zeros
@@ -211,16 +213,16 @@ def test_only_a_parent_this_node_made_is_screened_against():
     assert parent_screen(engine, "n1", LATER, {"marker": MARKER}) is None  # no node named
 
 
-def test_a_grown_file_is_read_in_pieces_and_its_headers_in_batches(tmp_path: Path, monkeypatch):
-    """Headers are judged a batch at a time and candidate pages read a MiB at most at once:
-    a file grown by far more than that still comes out whole and right."""
-    monkeypatch.setattr("shardvault_agent.scan.HEADER_BATCH", 4)
+def test_a_grown_file_is_read_and_judged_a_chunk_at_a_time(tmp_path: Path, monkeypatch):
+    """Pages are read and judged ``READ_BLOCKS`` at a time (a MiB), into one buffer: a file
+    grown by far more than that still comes out whole and right."""
+    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 4)
     reads: list[int] = []
-    real_pread = os.pread
+    real_preadv = os.preadv
 
-    def recording_pread(fd: int, length: int, offset: int) -> bytes:
-        reads.append(length)
-        return real_pread(fd, length, offset)
+    def recording_preadv(fd: int, buffers: list, offset: int) -> int:
+        reads.append(sum(len(b) for b in buffers))
+        return real_preadv(fd, buffers, offset)
 
     root = tmp_path / "data"
     old = PARENT_START - 1
@@ -232,11 +234,12 @@ def test_a_grown_file_is_read_in_pieces_and_its_headers_in_batches(tmp_path: Pat
         f.write(b"".join(page(old, bytes([i % 250])) for i in range(300)))
     listing = [FileEntry(path="base/5/1", size=rel.stat().st_size)]
 
-    monkeypatch.setattr("shardvault_agent.scan.os.pread", recording_pread)
+    monkeypatch.setattr("shardvault_agent.scan.os.preadv", recording_preadv)
     incremental = scan(root, listing, tmp_path / "full.map", tmp_path / "incr.map", screen())
 
     assert incremental.extents == [(6 * B, B), (10 * B, 300 * B)]
-    assert max(reads) <= 128 * B  # READ_BLOCKS
+    assert max(reads) == 4 * B
+    assert len(reads) == -(-310 // 4)  # every page read once, a chunk of 4 at a time
     with BlockMap(tmp_path / "incr.map") as new:
         hashes = bytes(new.hashes("base/5/1") or b"")
     now = hash_blocks(rel.read_bytes(), B)

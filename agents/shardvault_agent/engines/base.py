@@ -109,22 +109,20 @@ class BlockScreen(Protocol):
     """An engine's proof, from the first bytes of a block (its *header*), that the block holds
     what the parent backup stored for it. Blocks are ``blockmap.BLOCK_SIZE`` bytes.
 
-    - ``header_size``: the bytes of each block's start that decide;
     - ``screens(path)``: the file's blocks all carry such a header (a path the engine does
       not vouch for is read and hashed whole);
-    - ``may_differ(headers)``: the indexes of the headers that do not prove their block
-      unchanged (a short header, from a file that shrank, must be among them).
+    - ``may_differ(blocks, block_size)``: of consecutive blocks read into one buffer (the
+      last possibly cut short), the indexes of those whose headers do not prove them
+      unchanged (a block too short to hold its header must be among them).
 
     The scan only screens a file the parent read at the same path, by its device and inode
     (``BlockMap.same_file``), against a parent this node made (``commands.parent_screen``),
     and hashes every block the screen lets through, so a block whose header moved but whose
     bytes did not is not sent."""
 
-    header_size: int
-
     def screens(self, path: str) -> bool: ...
 
-    def may_differ(self, headers: list[bytes]) -> list[int]: ...
+    def may_differ(self, blocks: memoryview, block_size: int) -> list[int]: ...
 
 
 class EngineAdapter(Protocol):
