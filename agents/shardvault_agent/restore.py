@@ -831,8 +831,10 @@ class Restorer:
                 fix="the restore failed: start it again (it resumes what was downloaded).",
             )
         final, staged = self.final(shard_id), self.staging(restore_id, shard_id)
+        began = time.monotonic()
         if staged.exists() and not self.engine.fsyncs_restored_files:
             sync_tree(staged)  # before the shard counts as restored
+        synced = time.monotonic()
         aside = self.restore_dir / INCOMING / restore_id / f"{shard_id}.replaced"
         replaced: dict[str, Any] = {}
         if staged.exists():
@@ -851,7 +853,13 @@ class Restorer:
                 "otherwise the backup may be damaged: restore another backup and report this "
                 "one.",
             )
+        checked = time.monotonic()
         shutil.rmtree(aside, ignore_errors=True)
+        log.info(
+            "%s: shard %s synced in %.2f s, started and checked in %.2f s, the copy it "
+            "replaced removed in %.2f s",
+            restore_id, shard_id, synced - began, checked - synced, time.monotonic() - checked,
+        )  # fmt: skip
         self._note_started(restore_id, shard_id, {"result": result})
         self._adopt(restore_id, shard_id, result)
         return result
