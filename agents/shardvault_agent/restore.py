@@ -532,7 +532,7 @@ class Restorer:
         arrive, and its directories (a second call keeps what is there)."""
         root = self.staging(restore_id, shard_id)
         root.mkdir(parents=True, exist_ok=True)
-        made = {root}  # each directory made once: a data directory's thousand files are in tens
+        made = {root}  # each directory made once: a thousand files lie in a few dozen of them
         for stream in streams:
             for entry in unpack_files(stream["files"]):
                 path = root / entry.path
