@@ -495,10 +495,10 @@ class Restorer:
 
     def _lay_out(self, restore_id: str, shard: dict[str, Any]) -> None:
         """Creates the shard's files, then places its chain, if it restores one; the layout,
-        written last, marks the shard done. One after the other: a thread creating files
-        beside the placement (the interpreter's work: about a second for a chain of scattered
-        changes at scale 100) waited for the interpreter's lock at its system calls, and the
-        two took as long as one after the other."""
+        written last, marks the shard done. Not side by side: placing is the interpreter's
+        work (about a second for a chain of scattered changes at scale 100), and a thread
+        creating files beside it waited for the interpreter's lock at each system call, so
+        side by side took as long as one after the other."""
         shard = dict(shard)
         self._create_files(restore_id, shard["shard_id"], shard["streams"])
         self._place(restore_id, shard)
@@ -544,8 +544,8 @@ class Restorer:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     made.add(path.parent)
                 # Three system calls a file, not a buffered file object's six: each may wait
-                # for the interpreter's lock while spools arrive, or for the file system's
-                # journal (a commit held creations up to a second in the benchmarks).
+                # for the interpreter's lock while spools arrive, or for the file system
+                # (which held runs of creations up to two seconds in the benchmarks).
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
                 try:
                     os.ftruncate(fd, entry.size)

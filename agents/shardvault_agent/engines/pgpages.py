@@ -77,7 +77,7 @@ def page_lsns(blocks: memoryview | bytes, block_size: int = BLOCK_SIZE) -> list[
     whole = len(view) // block_size
     # One native 64-bit word per page, picked by a strided view and converted in C.
     with view[: whole * block_size].cast("Q") as words:
-        raw: list[int | None] = list(words[:: block_size // LSN_SIZE].tolist())
+        raw: list[int | None] = words[:: block_size // LSN_SIZE].tolist()
     if sys.byteorder == "little":  # the high half first in memory: the low half of the word
         raw = [(word & HALF) << 32 | word >> 32 for word in raw]  # type: ignore[operator]
     tail = view[whole * block_size :]
