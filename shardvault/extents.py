@@ -49,8 +49,14 @@ def pack_extents(extents: list[Extent]) -> str:
     return base64.b64encode(zlib.compress(bytes(raw), 6)).decode("ascii")
 
 
+def varint_bytes(packed: str) -> bytes:
+    """The varints of packed extents or numbers, unwrapped (for a decoder of its own, such as
+    the restoring node's over arrays)."""
+    return zlib.decompress(base64.b64decode(packed))
+
+
 def unpack_extents(packed: str) -> list[Extent]:
-    numbers = list(_varints(zlib.decompress(base64.b64decode(packed))))
+    numbers = list(_varints(varint_bytes(packed)))
     if len(numbers) % 2:
         raise ValueError("extents hold an odd count of numbers")
     extents, end = [], 0
@@ -69,7 +75,7 @@ def pack_numbers(numbers: list[int]) -> str:
 
 
 def unpack_numbers(packed: str) -> list[int]:
-    return list(_varints(zlib.decompress(base64.b64decode(packed))))
+    return list(_varints(varint_bytes(packed)))
 
 
 def coarsen(extents: list[Extent], gap: int) -> list[Extent]:

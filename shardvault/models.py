@@ -264,8 +264,13 @@ def pack_files(files: list[FileEntry]) -> str:
 
 
 def unpack_files(packed: str) -> list[FileEntry]:
-    pairs = json.loads(gzip.decompress(base64.b64decode(packed)))
-    return [FileEntry(path=p, size=s) for p, s in pairs]
+    return [FileEntry(path=p, size=s) for p, s in unpack_file_pairs(packed)]
+
+
+def unpack_file_pairs(packed: str) -> list[tuple[str, int]]:
+    """A packed file list as ``(path, size)`` pairs, unchecked: for matching files by path
+    (a chain's placement), never for opening them (``FileEntry`` checks each path)."""
+    return [(path, size) for path, size in json.loads(gzip.decompress(base64.b64decode(packed)))]
 
 
 def recorded_stored_bytes(record: Mapping[str, Any]) -> int:
@@ -816,8 +821,8 @@ class DownloadItem(Frozen):
     # A WAL batch's own data key (wrapped), which is not its shard's backup's.
     encryption: Encryption | None = None
     # A chain member's object: the node placed its bytes when it prepared the shard
-    # (shardvault.chains.object_placements over the chain the prepare step names); only the
-    # frames it contributes are fetched. An agent too old to know this field refuses the item
+    # (shardvault_agent.placement, over the chain the prepare step names); only the frames
+    # it contributes are fetched. An agent too old to know this field refuses the item
     # rather than write the object at stream_offset.
     from_chain: bool = False
     # The same from a control plane that resolved the chain itself (kept so that its restores

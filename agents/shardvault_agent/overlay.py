@@ -1,7 +1,7 @@
 """The overlay of a layered chain restore: newer blocks laid into the root's frames before
 each frame is written, so that every byte of a restored shard is written once.
 
-Terms (see ``shardvault.chains`` for chains, members, pieces and placements):
+Terms (see ``placement`` for chains, members, pieces and placements):
 - *patch*: a newer member's piece that falls where the chain's root (its full) also writes.
   It is not written on its own: when the root's frame that holds its place is written, the
   patch's bytes go in its stead (one ``pwritev`` of the root's bytes and the patches between
@@ -33,8 +33,10 @@ import os
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from shardvault.models import DownloadItem
 from shardvault.pipeline import (
@@ -51,18 +53,17 @@ CACHE_BYTES = 64 << 20  # decoded newer frames kept (a frame is 1 to 4 MiB)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
-def save_index(path: Path, keys: list[str], patches: dict[str, list[int]]) -> None:
+def save_index(path: Path, keys: list[str], patches: Mapping[str, Sequence[int]]) -> None:
     """Writes a shard's patch index from its objects' patches (flat ``frame, offset in
-    frame, length, place`` numbers, ``chains.Placed.patches``); ``keys`` orders the objects."""
-    rows = sorted(
-        (numbers[i + 3], numbers[i + 2], k, numbers[i], numbers[i + 1])
-        for k, key in enumerate(keys)
-        for numbers in [patches.get(key, [])]
-        for i in range(0, len(numbers), 4)
-    )
-    columns = array("q", [row[c] for c in range(COLUMNS) for row in rows])
+    frame, length, place`` numbers, ``placement.Placed.patches``); ``keys`` orders the
+    objects. Patches never overlap, so their places alone order them."""
+    flat = [np.asarray(patches.get(key, ()), dtype=np.int64).reshape(-1, 4) for key in keys]
+    rows = np.concatenate([np.zeros((0, 4), dtype=np.int64), *flat])
+    objects = np.repeat(np.arange(len(keys), dtype=np.int64), [len(f) for f in flat])
+    order = np.argsort(rows[:, 3], kind="stable")
+    columns = (rows[order, 3], rows[order, 2], objects[order], rows[order, 0], rows[order, 1])
     path.with_suffix(".keys").write_text(json.dumps(keys))
-    path.write_bytes(columns.tobytes())
+    path.write_bytes(np.concatenate(columns).tobytes())
 
 
 def write_vectored(fd: int, buffers: list[memoryview], offset: int) -> None:

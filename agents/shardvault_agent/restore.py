@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from shardvault import errors
-from shardvault.chains import Placed, place_chain
 from shardvault.checksums import combine, to_b64
 from shardvault.errors import (
     ChecksumMismatch,
@@ -71,6 +70,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.overlay import Overlay, save_index
+from shardvault_agent.placement import Placed, place_chain
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import Downloader, SpoolReader, inlined
 
@@ -100,7 +100,7 @@ def room(config: AgentConfig) -> int | None:
 
 
 # A chain member's object's placements: flat ``frame, offset in frame, length, stream offset``
-# numbers (``chains.object_placements``), resolved to files once per object, per frame:
+# numbers (``placement.object_placements``), resolved to files once per object, per frame:
 # (offset in frame, length, fd, offset in the file, stream offset).
 Pieces = dict[int, list[tuple[int, int, int, int, int]]]
 Write = tuple[int, int, int]  # fd, file offset, length
@@ -517,10 +517,7 @@ class Restorer:
             self._save_placements(restore_id, placed)
             # Every object that writes a byte, which finish requires: an object that failed
             # for good in the Download map (it tolerates failures) must not pass unnoticed.
-            shard["chain_objects"] = sorted(
-                key for key in placed.placements.keys() | placed.patches.keys()
-                if placed.placements.get(key) or placed.patches.get(key)
-            )  # fmt: skip
+            shard["chain_objects"] = sorted(placed.placements.keys() | placed.patches.keys())
             if placed.patches:  # what the root's objects wait for (see _refuse_early)
                 keys = sorted(placed.patches)
                 save_index(self._patch_index(restore_id, shard["shard_id"]), keys, placed.patches)
@@ -565,8 +562,8 @@ class Restorer:
                 (".placements", placed.placements),
                 (".patches", placed.patches),
             ):
-                if key in numbers:
-                    path.with_suffix(suffix).write_bytes(array("q", numbers[key]).tobytes())
+                if key in numbers:  # int64 in the machine's order, as ``array("q")`` reads them
+                    path.with_suffix(suffix).write_bytes(numbers[key].tobytes())
             path.with_suffix(".supplied").write_text(str(supplied))
 
     def _chain_placements(self, item: DownloadItem) -> tuple[list[int], list[int], int]:

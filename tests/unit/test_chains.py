@@ -5,15 +5,31 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass
 
 import pytest
+from shardvault_agent import placement
+from shardvault_agent.placement import Piece, extent_columns, place_chain
 
-from shardvault.chains import Member, Piece, place_chain, resolve
 from shardvault.errors import ParentUnavailable
-from shardvault.extents import pack_extents
+from shardvault.extents import pack_extents, unpack_extents
 from shardvault.models import FileEntry, pack_files
 
 B = 8192
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member as these tests write it: a listing, and its extents as pairs."""
+
+    backup_id: str
+    files: list[FileEntry]
+    extents: list[tuple[int, int]] | None
+
+
+def resolve(chain: list[Member], layered: bool = False) -> list[Piece]:
+    members = [placement.Member.of(m.backup_id, m.files, m.extents) for m in chain]
+    return placement.resolve(members, layered)
 
 
 def files(**sizes: int) -> list[FileEntry]:
@@ -293,3 +309,51 @@ def test_a_node_places_any_chain_through_its_objects_frames(seed: int, layered: 
     assert sum(patched) == sum(len(patch) for patch, _ in patches)  # each laid in, once
     assert bytes(out) == newest
     assert set(written) <= {1}  # every byte written once: a patch lies where the root writes
+
+
+def test_a_byte_in_none_of_its_members_objects_is_named_before_anything_is_placed():
+    # A member's objects that leave a hole in its delta stream: the chain's manifests disagree.
+    full = Member("full", files(a=4 * B), None)
+    i1 = Member("i1", files(a=4 * B), [(B, 2 * B)])
+    args = [
+        as_args(full, [{"key": "full/0", "stream_offset": 0, "length": 4 * B, "frame_size": B}]),
+        as_args(
+            i1,
+            [
+                {"key": "i1/0", "stream_offset": 0, "length": B // 2, "frame_size": B},
+                {"key": "i1/1", "stream_offset": B, "length": B, "frame_size": B},
+            ],
+        ),
+    ]
+    for layered in (False, True):
+        with pytest.raises(ParentUnavailable, match=f"byte {B // 2} of backup i1's changes"):
+            place_chain(args, layered)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_packed_extents_decode_at_once_as_the_reference_decoder_does(seed: int):
+    rng = random.Random(seed)
+    extents, at = [], 0
+    for _ in range(rng.randrange(0, 200)):
+        at += rng.choice([0, 1, 127, 128, 70_000, 2**40]) + (1 if extents else 0)
+        length = rng.choice([1, 127, 128, B, 2**33, 2**56])
+        extents.append((at, length))
+        at += length
+    offsets, lengths = extent_columns(pack_extents(extents))
+    expected = unpack_extents(pack_extents(extents))
+    assert list(zip(offsets.tolist(), lengths.tolist(), strict=True)) == expected == extents
+
+
+def test_packed_extents_cut_short_or_odd_are_refused():
+    import base64
+    import zlib
+
+    def packed(raw: bytes) -> str:
+        return base64.b64encode(zlib.compress(raw)).decode()
+
+    with pytest.raises(ValueError, match="inside a number"):
+        extent_columns(packed(b"\x05\x85"))
+    with pytest.raises(ValueError, match="odd count"):
+        extent_columns(packed(b"\x05\x06\x07"))
+    with pytest.raises(ValueError, match="too large"):
+        extent_columns(packed(b"\x01" + b"\xff" * 9 + b"\x01"))
