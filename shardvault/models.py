@@ -821,7 +821,7 @@ class DownloadItem(Frozen):
     # A WAL batch's own data key (wrapped), which is not its shard's backup's.
     encryption: Encryption | None = None
     # A chain member's object: the node placed its bytes when it prepared the shard
-    # (shardvault_agent.placement, over the chain the prepare step names); only the frames
+    # (shardvault_agent.chain_placement, over the chain the prepare step names); only the frames
     # it contributes are fetched. An agent too old to know this field refuses the item
     # rather than write the object at stream_offset.
     from_chain: bool = False

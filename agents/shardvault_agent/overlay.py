@@ -1,7 +1,7 @@
 """The overlay of a layered chain restore: newer blocks laid into the root's frames before
 each frame is written, so that every byte of a restored shard is written once.
 
-Terms (see ``placement`` for chains, members, pieces and placements):
+Terms (see ``chain_placement`` for chains, members, pieces and placements):
 - *patch*: a newer member's piece that falls where the chain's root (its full) also writes.
   It is not written on its own: when the root's frame that holds its place is written, the
   patch's bytes go in its stead (one ``pwritev`` of the root's bytes and the patches between
@@ -55,7 +55,7 @@ IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 def save_index(path: Path, keys: list[str], patches: Mapping[str, Sequence[int]]) -> None:
     """Writes a shard's patch index from its objects' patches (flat ``frame, offset in
-    frame, length, place`` numbers, ``placement.Placed.patches``); ``keys`` orders the
+    frame, length, place`` numbers, ``chain_placement.Placed.patches``); ``keys`` orders the
     objects. Patches never overlap, so their places alone order them."""
     flat = [np.asarray(patches.get(key, ()), dtype=np.int64).reshape(-1, 4) for key in keys]
     rows = np.concatenate([np.zeros((0, 4), dtype=np.int64), *flat])

@@ -65,12 +65,12 @@ from shardvault.pipeline import (
 from shardvault.planning import part_ranges
 from shardvault.streams import StreamIndex
 from shardvault.tables import INBOX_TTL_SECONDS
+from shardvault_agent.chain_placement import Placed, place_chain
 from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.overlay import Overlay, save_index
-from shardvault_agent.placement import Placed, place_chain
 from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import Downloader, SpoolReader, inlined
 
@@ -100,7 +100,7 @@ def room(config: AgentConfig) -> int | None:
 
 
 # A chain member's object's placements: flat ``frame, offset in frame, length, stream offset``
-# numbers (``placement.object_placements``), resolved to files once per object, per frame:
+# numbers (``chain_placement.object_placements``), resolved to files once per object, per frame:
 # (offset in frame, length, fd, offset in the file, stream offset).
 Pieces = dict[int, list[tuple[int, int, int, int, int]]]
 Write = tuple[int, int, int]  # fd, file offset, length

@@ -8,8 +8,8 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from shardvault_agent import placement
-from shardvault_agent.placement import Piece, extent_columns, place_chain
+from shardvault_agent import chain_placement
+from shardvault_agent.chain_placement import Piece, extent_columns, place_chain
 
 from shardvault.errors import ParentUnavailable
 from shardvault.extents import pack_extents, unpack_extents
@@ -28,8 +28,8 @@ class Member:
 
 
 def resolve(chain: list[Member], layered: bool = False) -> list[Piece]:
-    members = [placement.Member.of(m.backup_id, m.files, m.extents) for m in chain]
-    return placement.resolve(members, layered)
+    members = [chain_placement.Member.of(m.backup_id, m.files, m.extents) for m in chain]
+    return chain_placement.resolve(members, layered)
 
 
 def files(**sizes: int) -> list[FileEntry]:

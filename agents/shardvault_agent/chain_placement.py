@@ -100,10 +100,6 @@ class Pieces(NamedTuple):
     length: Array
     target: Array
 
-    @classmethod
-    def empty(cls) -> Pieces:
-        return cls(*(np.zeros(0, dtype=I64) for _ in range(4)))
-
     def take(self, which: Array) -> Pieces:
         """The pieces ``which`` (a mask or an order) selects."""
         return Pieces(*(column[which] for column in self))
