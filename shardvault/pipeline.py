@@ -25,7 +25,9 @@ Terms:
   When fewer packs run than the machine has cores (at the end of a full, its last object,
   often the slowest to compress: a table's indexes), a pack hands frames to ``SpareCores``'
   helper threads while it reads and encodes the next one itself, so a lone pack is not held
-  to one core. Frames are still written in order, and the stored bytes are the same.
+  to one core. A core is idle only if other processes leave it so too (``others``: the agent
+  measures the cores the database and everything else kept busy, ``hostcpu``). Frames are
+  still written in order, and the stored bytes are the same.
 """
 
 from __future__ import annotations
@@ -225,13 +227,20 @@ class PartCutter:
 
 class SpareCores:
     """The machine's cores a pack may borrow (see *spare cores*): a frame goes to a helper
-    thread only while the packs and the frames already handed out leave a core idle, so
-    packs that keep every core busy encode on their own threads alone (more threads than
-    cores cost CPU in passing the interpreter's lock, and gain no time), and only while fewer
-    than ``most`` frames are out (``MOST_HANDED``: the memory they hold)."""
+    thread only while the packs, the frames already handed out and the cores other processes
+    keep busy (``others()``, None: not known) leave a core idle, so packs that keep every
+    core busy encode on their own threads alone (more threads than cores cost CPU in passing
+    the interpreter's lock, and gain no time) and a busy database keeps its cores, and only
+    while fewer than ``most`` frames are out (``MOST_HANDED``: the memory they hold)."""
 
-    def __init__(self, cores: int | None = None, most: int = MOST_HANDED) -> None:
+    def __init__(
+        self,
+        cores: int | None = None,
+        most: int = MOST_HANDED,
+        others: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self.cores = cores or len(os.sched_getaffinity(0))
+        self.others = others
         self.most = max(min(most, self.cores - 1), 1)  # frames handed out at once, at most
         self._busy = 0  # packs running, and frames on helper threads
         self._handed = 0
@@ -252,8 +261,9 @@ class SpareCores:
     def encode(self, codec: FrameCodec, plain: bytes, place: bytes) -> Future[bytes] | None:
         """``plain`` encoded as ``codec`` would, on a helper thread if a core is idle; None if
         none is (the caller encodes it itself)."""
+        others = self.others() or 0.0
         with self._lock:
-            if self._busy >= self.cores or self._handed >= self.most:
+            if self._busy + others >= self.cores or self._handed >= self.most:
                 return None
             self._busy += 1
             self._handed += 1

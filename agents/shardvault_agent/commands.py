@@ -64,6 +64,7 @@ from shardvault.planning import (
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
+from shardvault_agent.hostcpu import OthersCores
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
@@ -130,7 +131,8 @@ class Commands:
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
         self.guards: dict[str, SourceGuard] = {}
-        self.spare = SpareCores()  # idle cores a pack may borrow (shardvault.pipeline)
+        # Idle cores a pack may borrow (shardvault.pipeline), none the database is using.
+        self.spare = SpareCores(others=OthersCores())
 
     @cached_property
     def restorer(self) -> Restorer:

@@ -221,6 +221,18 @@ def test_frames_go_to_helpers_only_while_a_core_is_idle() -> None:
         again.result()
 
 
+def test_a_core_other_processes_keep_busy_is_not_borrowed() -> None:
+    # One pack on two cores, the database on the other one: nothing is idle to borrow.
+    busy = {"others": 1.0}
+    spare, codec = SpareCores(cores=2, others=lambda: busy["others"]), FrameCodec()
+    with spare.packing():
+        assert spare.encode(codec, b"x", b"place") is None
+        busy["others"] = 0.4  # the database idles more than half a core: one is idle
+        handed = spare.encode(codec, b"y" * 1000, b"place")
+        assert handed is not None
+        assert handed.result() == codec.encode(b"y" * 1000, b"place")
+
+
 def test_no_more_frames_are_handed_out_than_the_most_whatever_the_cores() -> None:
     spare, codec = SpareCores(cores=16, most=2), FrameCodec()
     hold = threading.Event()
