@@ -357,3 +357,14 @@ def test_packed_extents_cut_short_or_odd_are_refused():
         extent_columns(packed(b"\x05\x06\x07"))
     with pytest.raises(ValueError, match="too large"):
         extent_columns(packed(b"\x01" + b"\xff" * 9 + b"\x01"))
+
+
+def test_a_member_whose_objects_stop_short_or_hold_nothing_is_named_at_its_first_missing_byte():
+    full = Member("full", files(a=100), None)
+    short = [as_args(full, [{"key": "f/0", "stream_offset": 0, "length": 50, "frame_size": 8}])]
+    empty = [as_args(full, [{"key": "f/0", "stream_offset": 0, "length": 0, "frame_size": 8}])]
+    for layered in (False, True):
+        with pytest.raises(ParentUnavailable, match="byte 50 of backup full's changes"):
+            place_chain(short, layered)
+        with pytest.raises(ParentUnavailable, match="byte 0 of backup full's changes"):
+            place_chain(empty, layered)
