@@ -11,8 +11,9 @@ Terms:
 
 A pack borrows an idle core for its frames (``shardvault.pipeline.SpareCores``) only when its
 own busy threads and the others' cores leave one: a core the database is using is not idle,
-however few packs run. Where ``/proc/stat`` cannot be read (not Linux), nothing is known and
-the pack counts its own threads only.
+however few packs run. Where ``/proc/stat`` cannot be read (a sandbox that hides it), nothing
+is known and the pack counts its own threads only. The first window after a quiet spell is
+the whole spell: its average stands for half a second, until the next window.
 """
 
 from __future__ import annotations
