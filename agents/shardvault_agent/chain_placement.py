@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -78,17 +79,10 @@ class Member:
         pairs = np.array(extents, dtype=I64).reshape(-1, 2)
         return cls(backup_id, [f.path for f in files], sizes, pairs[:, 0], pairs[:, 1])
 
-    @property
+    @cached_property
     def starts(self) -> Array:
         """Each file's start in the member's stream, and the stream's end."""
         return np.concatenate(([0], np.cumsum(self.sizes, dtype=I64)))
-
-
-class Piece(NamedTuple):
-    backup_id: str
-    delta_offset: int
-    length: int
-    target: int
 
 
 class Pieces(NamedTuple):
@@ -174,13 +168,10 @@ def _rank_in_group(counts: Array) -> Array:
 
 class Resolution(NamedTuple):
     """The chain's pieces (sorted by member and delta offset, adjacent ones merged), and the
-    intervals as owned: the newest stream's cuts, each interval's owner, the delta offset of
-    its first byte in its owner's stream, and whether the root covers it."""
+    intervals, each as a piece of its owner, with whether the root covers it."""
 
     pieces: Pieces
-    cuts: Array
-    owner: Array
-    delta: Array
+    intervals: Pieces
     root_covers: Array
 
 
@@ -224,7 +215,7 @@ def resolve_chain(chain: list[Member], layered: bool) -> Resolution:
         pieces = concat(whole, owned.take(owner > 0))
     else:
         pieces = owned
-    return Resolution(merged(pieces), cuts, owner, delta, root_covers)
+    return Resolution(merged(pieces), owned, root_covers)
 
 
 def covers(ranges: Ranges, places: Array) -> tuple[Array, Array]:
@@ -249,16 +240,6 @@ def merged(pieces: Pieces) -> Pieces:
     )
     firsts = np.flatnonzero(np.concatenate(([True], ~joins)))
     return Pieces(member[firsts], delta[firsts], np.add.reduceat(length, firsts), target[firsts])
-
-
-def resolve(chain: list[Member], layered: bool = False) -> list[Piece]:
-    """The chain's pieces, root first in ``chain``, as tuples (for reading and tests)."""
-    pieces = resolve_chain(chain, layered).pieces
-    ids = [member.backup_id for member in chain]
-    return [
-        Piece(ids[m], d, n, t)
-        for m, d, n, t in zip(*(column.tolist() for column in pieces), strict=True)
-    ]
 
 
 # --- through the members' objects ----------------------------------------------------------
@@ -400,24 +381,27 @@ def place_chain(members: list[dict[str, Any]], layered: bool = False) -> Placed:
     pieces = resolution.pieces
     if not layered:
         placements = object_placements(pieces, objects)
-        return Placed(placements, {key: int(n[2::4].sum()) for key, n in placements.items()})
+        return Placed(placements, placed_bytes(placements))
     # The newer members' intervals the root writes too (patches) and the rest, each merged.
-    owner, root_covers = resolution.owner, resolution.root_covers
-    intervals = Pieces(owner, resolution.delta, np.diff(resolution.cuts), resolution.cuts[:-1])
+    intervals, root_covers = resolution.intervals, resolution.root_covers
+    owner = intervals.member
     covered = merged(intervals.take((owner > 0) & root_covers))
     uncovered = merged(intervals.take((owner > 0) & ~root_covers))
     covered, uncovered = (by_target(p) for p in (covered, uncovered))
     placements = object_placements(concat(pieces.take(pieces.member == 0), uncovered), objects)
     patches = object_placements(covered, objects)
-    supplied = {
-        key: int(placements[key][2::4].sum() if key in placements else 0)
-        + int(patches[key][2::4].sum() if key in patches else 0)
-        for key in placements.keys() | patches.keys()
-    }
+    supplied = placed_bytes(placements)
+    for key, n in placed_bytes(patches).items():
+        supplied[key] = supplied.get(key, 0) + n
     # The root supplies only what no newer member overwrites (each of its objects named).
     kept = bytes_in_objects(intervals.take(owner == 0), objects)
     supplied |= {o["key"]: kept.get(o["key"], 0) for o in members[0]["objects"]}
     return Placed(placements, supplied, patches)
+
+
+def placed_bytes(placements: dict[str, Array]) -> dict[str, int]:
+    """Per object key, the bytes its placements write (every fourth number, the third)."""
+    return {key: int(numbers[2::4].sum()) for key, numbers in placements.items()}
 
 
 def by_target(pieces: Pieces) -> Pieces:

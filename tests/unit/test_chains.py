@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pytest
 from shardvault_agent import chain_placement
-from shardvault_agent.chain_placement import Piece, extent_columns, place_chain
+from shardvault_agent.chain_placement import extent_columns, place_chain
 
 from shardvault.errors import ParentUnavailable
 from shardvault.extents import pack_extents, unpack_extents
@@ -27,9 +28,20 @@ class Member:
     extents: list[tuple[int, int]] | None
 
 
+class Piece(NamedTuple):
+    backup_id: str
+    delta_offset: int
+    length: int
+    target: int
+
+
 def resolve(chain: list[Member], layered: bool = False) -> list[Piece]:
+    """The chain's pieces (``chain_placement.resolve_chain``) as tuples."""
     members = [chain_placement.Member.of(m.backup_id, m.files, m.extents) for m in chain]
-    return chain_placement.resolve(members, layered)
+    pieces = chain_placement.resolve_chain(members, layered).pieces
+    ids = [m.backup_id for m in chain]
+    columns = (column.tolist() for column in pieces)
+    return [Piece(ids[m], d, n, t) for m, d, n, t in zip(*columns, strict=True)]
 
 
 def files(**sizes: int) -> list[FileEntry]:

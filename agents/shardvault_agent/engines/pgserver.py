@@ -204,7 +204,7 @@ class PostgresInstance:
         cmd = [str(self.bin_dir / "pg_isready"), "-q", *self._client_args()]
         deadline = time.monotonic() + timeout
         while subprocess.run(cmd, cwd="/", check=False).returncode != 0:
-            if not self.postmaster_alive():
+            if not self.is_running():
                 time.sleep(0.5)  # its last lines are written as it exits
                 raise RuntimeError(
                     f"PostgreSQL on {self.socket_dir} port {self.port} stopped while it "
@@ -221,16 +221,6 @@ class PostgresInstance:
         """``pg_ctl stop -m mode`` (smart, fast or immediate); a no-op if it is not running."""
         if self.is_running():
             self._pg_ctl("-w", "-m", mode, "stop")
-
-    def postmaster_alive(self) -> bool:
-        """Whether the process ``postmaster.pid`` names is there (the server removes the
-        file as it stops; a process of another user is there too)."""
-        try:
-            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-            os.kill(pid, 0)
-        except (OSError, ValueError) as error:
-            return isinstance(error, PermissionError)
-        return True
 
     def is_running(self) -> bool:
         # pg_ctl status checks the postmaster PID, so a stale postmaster.pid does not count.
