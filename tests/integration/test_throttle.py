@@ -42,13 +42,13 @@ def test_the_probe_sees_other_clients_and_the_server_is_its_postmaster(tmp_path)
             assert until_false(probe.ask, seconds=10)
         finally:
             probe.close()
-        with psycopg.connect(instance.conninfo) as conn:
+        with psycopg.connect(instance.conninfo) as conn:  # its backend read while it lives
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        parent = next(
-            int(line.split()[1])
-            for line in Path(f"/proc/{backend}/status").read_text().splitlines()
-            if line.startswith("PPid:")
-        )
+            parent = next(
+                int(line.split()[1])
+                for line in Path(f"/proc/{backend}/status").read_text().splitlines()
+                if line.startswith("PPid:")
+            )
         assert adapter.server_pid(shard) == parent
     finally:
         instance.stop(mode="immediate")
