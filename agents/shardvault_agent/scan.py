@@ -28,16 +28,19 @@ Terms:
   reports it).
 - *screened file*: a changed file whose engine vouches for its blocks' headers (a
   ``BlockScreen``: PostgreSQL's page LSNs) and that the parent read at the same path, by
-  device and inode. It is read a MiB at a time into one reused buffer; the screen judges
-  each block by its header there, and only the blocks it lets through are hashed, from the
-  same buffer; the others keep the parent's hashes, and their bytes count as
-  ``screened_bytes``. Reads rather than a mapping of the file: a live file may shrink under
-  the scan, and a mapped page past its end kills the reader. Whole reads rather than one
-  ``pread`` per header: those cost as much CPU per GiB (0.15 to 0.2 s in a dev probe) but
-  held the interpreter's lock between tiny calls, so two files screened at once took up to
-  1.4 times as long as one after the other, while a buffer's copy runs without it (two at
-  once: 0.18 to 0.22 s for 1.5 GiB, against 0.35 to 0.39 s); the kernel's readahead reads
-  the whole file either way.
+  device and inode. It is read in ranges of 16 MiB, each a task of the scan's threads (a
+  relation's 1 GiB segment as one task kept one thread copying while the other idled), a
+  MiB at a time into the thread's buffer; the screen judges each block by its header there,
+  and only the blocks it lets through are hashed, from the same buffer; the others keep the
+  parent's hashes, and their bytes count as ``screened_bytes``. Reads rather than a mapping
+  of the file: a live file may shrink under the scan, and a mapped page past its end kills
+  the reader. Whole reads rather than one ``pread`` per header: those cost as much CPU per
+  GiB (0.15 to 0.2 s in a dev probe) but held the interpreter's lock between tiny calls, so
+  two files screened at once took up to 1.4 times as long as one after the other, while a
+  buffer's copy runs without it (two at once: 0.18 to 0.22 s for 1.5 GiB, against 0.35 to
+  0.39 s); the kernel's readahead reads the whole file either way. The copy is most of what
+  is left: 0.11 s per GiB on one thread of this project's test machine (2026-11-29); a
+  screened scan of the benchmark's 1.5 GiB took 0.12 s in ranges, 0.15 s a file a task.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import bisect
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +84,10 @@ from shardvault_agent.transfer import StreamReader, read_exactly
 # Files read and hashed at once: a read's copy from the page cache runs without the GIL while
 # another file's blocks are hashed (a scan of 1.6 GiB took 0.4 s on one thread).
 SCAN_THREADS = 2
+# A screened file is judged in ranges of this many reads (16 MiB), each a task of the scan's
+# threads: a relation's 1 GiB segments, one task each, kept one thread copying for most of
+# the scan while the other had finished the smaller files.
+SCREEN_RANGE_READS = 16
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,9 @@ class ScannedFile:
     hashes: bytes
     changes: list[tuple[int, int]]  # the byte ranges that differ from the parent's, merged
     screened_bytes: int = 0
+
+
+Scanning = Callable[[], ScannedFile]  # a changed file's scan, under way in the scan's threads
 
 
 def scan_capture(
@@ -137,28 +148,41 @@ def scan_capture(
             return None
         return screen
 
+    def screening(
+        pool: ThreadPoolExecutor,
+        entry: FileEntry,
+        before: memoryview | bytes,
+        vouching: BlockScreen,
+    ) -> Scanning:
+        """A screened file's ranges, each a task of the pool, joined when asked for."""
+        path = root / entry.path
+        parts = [
+            pool.submit(screen_range, path, entry.size, before, vouching, limiter, blocks)
+            for blocks in screen_ranges(entry.size, block_size)
+        ]
+        return lambda: joined_screen(entry.size, [p.result() for p in parts], block_size)
+
     def hashed(pool: ThreadPoolExecutor) -> Iterator[Hashed]:
         nonlocal offset, unchanged, screened
         # Each identity is taken before its file is read; the changed files are read and
-        # hashed SCAN_THREADS at a time, and their hashes taken in listing order.
-        listed = []
+        # hashed SCAN_THREADS at a time (a screened file in ranges), and their hashes taken
+        # in listing order.
+        listed: list[tuple[FileEntry, FileIdentity, Scanning | None]] = []
         for entry in mapped_files(files):
             identity = file_identity(root, entry, trusted_before)
             if parent is not None and parent.unchanged(entry.path, entry.size, identity):
                 listed.append((entry, identity, None))
             elif parent is not None and (vouching := screen_of(entry, identity)) is not None:
                 before = parent.hashes(entry.path) or b""
-                path = root / entry.path
-                screening = pool.submit(screen_file, path, entry.size, before, vouching, limiter)
-                listed.append((entry, identity, screening))
+                listed.append((entry, identity, screening(pool, entry, before, vouching)))
             else:
-                listed.append((entry, identity, pool.submit(scan, entry)))
+                listed.append((entry, identity, pool.submit(scan, entry).result))
         for entry, identity, scanning in listed:
             if scanning is None:
                 hashes = bytes(parent.hashes(entry.path) or b"") if parent is not None else b""
                 unchanged += entry.size
             else:
-                scanned: ScannedFile = scanning.result()
+                scanned = scanning()
                 hashes = scanned.hashes
                 extents.extend((offset + o, n) for o, n in scanned.changes)
                 screened += scanned.screened_bytes
@@ -187,19 +211,53 @@ def screen_file(
     block unchanged), its changed byte ranges, and the bytes of the blocks it proved
     unchanged. A file that shrank since its listing reads as zeros past its end, as
     ``StreamReader`` reads it."""
+    ranges = screen_ranges(size, block_size)
+    parts = [screen_range(path, size, before, screen, limiter, r, block_size) for r in ranges]
+    return joined_screen(size, parts, block_size)
+
+
+@dataclass(frozen=True)
+class ScreenedRange:
+    """A range of a screened file's blocks: their hashes, the file's indexes of those that
+    changed, and the bytes of the blocks the screen let through (read and hashed)."""
+
+    hashes: bytes
+    changed: list[int]
+    hashed: int
+
+
+def screen_ranges(size: int, block_size: int = BLOCK_SIZE) -> list[range]:
+    """A file's blocks in ranges of ``SCREEN_RANGE_READS`` reads, each screened on its own."""
+    step = SCREEN_RANGE_READS * READ_BLOCKS
     count = block_count(size, block_size)
-    known = min(len(before) // HASH_SIZE, count)
-    hashes = bytearray(count * HASH_SIZE)
-    hashes[: known * HASH_SIZE] = before[: known * HASH_SIZE]
+    return [range(first, min(first + step, count)) for first in range(0, count, step)]
+
+
+def screen_range(
+    path: Path,
+    size: int,
+    before: memoryview | bytes,
+    screen: BlockScreen,
+    limiter: RateLimiter,
+    blocks_range: range,
+    block_size: int = BLOCK_SIZE,
+) -> ScreenedRange:
+    """Screens ``blocks_range`` of a file (see ``screen_file``), read ``READ_BLOCKS`` at a
+    time into the thread's buffer."""
+    start, stop = blocks_range.start, blocks_range.stop
+    known = min(len(before) // HASH_SIZE, stop)  # blocks the parent hashed
+    hashes = bytearray((stop - start) * HASH_SIZE)
+    if known > start:
+        hashes[: (known - start) * HASH_SIZE] = before[start * HASH_SIZE : known * HASH_SIZE]
     changed: list[int] = []
-    hashed = 0  # bytes of the blocks the screen let through
-    chunk = memoryview(bytearray(READ_BLOCKS * block_size))  # one buffer for every read
+    hashed = 0
+    chunk = _read_buffer(READ_BLOCKS * block_size)
     try:
         fd: int | None = os.open(path, os.O_RDONLY)
     except FileNotFoundError:  # removed since its listing: zeros, as StreamReader reads it
         fd = None
     try:
-        for first in range(0, count, READ_BLOCKS):
+        for first in range(start, stop, READ_BLOCKS):
             offset = first * block_size
             blocks = chunk[: min(READ_BLOCKS * block_size, size - offset)]
             read_into(fd, blocks, offset)
@@ -207,18 +265,38 @@ def screen_file(
             past_parent = range(max(known - first, 0), block_count(len(blocks), block_size))
             for n in sorted(set(screen.may_differ(blocks, block_size)).union(past_parent)):
                 i, block = first + n, blocks[n * block_size : (n + 1) * block_size]
+                at = (i - start) * HASH_SIZE
                 hashed += len(block)
                 digest = block_hash(block)
-                if i >= known or digest != hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]:
-                    hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE] = digest
+                if i >= known or digest != hashes[at : at + HASH_SIZE]:
+                    hashes[at : at + HASH_SIZE] = digest
                     changed.append(i)
     finally:
         if fd is not None:
             os.close(fd)
+    return ScreenedRange(bytes(hashes), changed, hashed)
+
+
+def joined_screen(size: int, parts: list[ScreenedRange], block_size: int) -> ScannedFile:
+    """A screened file from its ranges, in order."""
+    changed = [i for part in parts for i in part.changed]
     ranges = merge_extents(
         [(i * block_size, min(block_size, size - i * block_size)) for i in changed]
     )
-    return ScannedFile(bytes(hashes), ranges, size - hashed)
+    hashed = sum(part.hashed for part in parts)
+    return ScannedFile(b"".join(part.hashes for part in parts), ranges, size - hashed)
+
+
+_buffers = threading.local()
+
+
+def _read_buffer(size: int) -> memoryview:
+    """This thread's read buffer of ``size`` bytes, reused from one range to the next (a new
+    MiB each time is a MiB of fresh pages to fault in)."""
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None or len(buffer) != size:
+        buffer = _buffers.buffer = memoryview(bytearray(size))
+    return buffer
 
 
 def read_into(fd: int | None, buffer: memoryview, offset: int) -> None:

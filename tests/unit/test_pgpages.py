@@ -244,3 +244,30 @@ def test_a_grown_file_is_read_and_judged_a_chunk_at_a_time(tmp_path: Path, monke
         hashes = bytes(new.hashes("base/5/1") or b"")
     now = hash_blocks(rel.read_bytes(), B)
     assert hashes[6 * HASH_SIZE :] == now[6 * HASH_SIZE :]
+
+
+def test_a_file_screened_in_ranges_comes_out_as_if_screened_whole(tmp_path: Path, monkeypatch):
+    """The scan's threads take a screened file a range at a time (``SCREEN_RANGE_READS``):
+    cut into ranges of two pages, with changes on both sides of their edges, in the last
+    range and past the parent's end, it has the same extents, screened bytes and map."""
+    root = tmp_path / "data"
+    old = PARENT_START - 1
+    listing = write(root, {"base/5/1": b"".join(page(old, bytes([i])) for i in range(9))})
+    scan(root, listing, None, tmp_path / "full.map")
+    rel = root / "base/5/1"
+    for index in (1, 2, 5, 8):  # 1 and 2 are either side of the first edge; 8 in the last
+        rewrite_in_place(rel, index, page(PARENT_START + index, b"n"))
+    rewrite_in_place(rel, 4, page(old, b"h"))  # hint bits: vouched for, in any range
+    with open(rel, "ab") as f:
+        f.write(page(old, b"E") + page(old, b"F")[:100])  # past the parent's end, cut short
+    listing = [FileEntry(path="base/5/1", size=rel.stat().st_size)]
+
+    whole = scan(root, listing, tmp_path / "full.map", tmp_path / "whole.map", screen())
+    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 2)
+    monkeypatch.setattr("shardvault_agent.scan.SCREEN_RANGE_READS", 1)
+    ranged = scan(root, listing, tmp_path / "full.map", tmp_path / "ranged.map", screen())
+
+    assert whole.extents == [(B, 2 * B), (5 * B, B), (8 * B, 2 * B + 100)]
+    assert ranged.extents == whole.extents
+    assert ranged.screened_bytes == whole.screened_bytes == 5 * B  # pages 0, 3, 4, 6, 7
+    assert (tmp_path / "ranged.map").read_bytes() == (tmp_path / "whole.map").read_bytes()

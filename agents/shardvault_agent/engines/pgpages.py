@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from shardvault.pgwal import lsn_number
 from shardvault_agent.blockmap import BLOCK_SIZE
 from shardvault_agent.engines.base import BlockScreen
@@ -47,7 +49,6 @@ RELATION_FILE = re.compile(
     r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
 )
 LSN_SIZE = 8
-HALF = 0xFFFFFFFF
 LSN_HALVES = struct.Struct("=II")  # native order, high half first
 
 
@@ -62,12 +63,23 @@ class PageLsnScreen:
         return match is not None and match["fork"] is None
 
     def may_differ(self, blocks: memoryview, block_size: int) -> list[int]:
-        since = self.since
-        return [
-            i
-            for i, lsn in enumerate(page_lsns(blocks, block_size))
-            if lsn is None or lsn == 0 or lsn >= since
-        ]
+        whole = len(blocks) // block_size
+        lsns = whole_page_lsns(blocks, block_size)
+        differ = np.flatnonzero((lsns == 0) | (lsns >= self.since)).tolist()
+        tail = memoryview(blocks)[whole * block_size :]
+        if tail and not (len(tail) >= LSN_SIZE and 0 < _lsn(tail[:LSN_SIZE]) < self.since):
+            differ.append(whole)  # a cut-short page, unless its LSN proves it unchanged
+        return differ
+
+
+def whole_page_lsns(blocks: memoryview | bytes, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """The page LSNs of ``blocks``' whole pages (a cut-short last one left out), as unsigned
+    64-bit numbers: each page's two native 32-bit halves read in place, in C, a MiB of
+    pages in microseconds (a Python loop over them took a tenth of the scan's time)."""
+    whole = len(blocks) // block_size
+    halves = np.frombuffer(blocks, dtype=np.uint32, count=whole * block_size // 4)
+    pages = halves.reshape(whole, block_size // 4)
+    return pages[:, 0].astype(np.uint64) << np.uint64(32) | pages[:, 1]
 
 
 def page_lsns(blocks: memoryview | bytes, block_size: int = BLOCK_SIZE) -> list[int | None]:
@@ -75,11 +87,7 @@ def page_lsns(blocks: memoryview | bytes, block_size: int = BLOCK_SIZE) -> list[
     short); None for a block too short to hold one."""
     view = memoryview(blocks)
     whole = len(view) // block_size
-    # One native 64-bit word per page, picked by a strided view and converted in C.
-    with view[: whole * block_size].cast("Q") as words:
-        raw: list[int | None] = words[:: block_size // LSN_SIZE].tolist()
-    if sys.byteorder == "little":  # the high half first in memory: the low half of the word
-        raw = [(word & HALF) << 32 | word >> 32 for word in raw]  # type: ignore[operator]
+    raw: list[int | None] = whole_page_lsns(view, block_size).tolist()
     tail = view[whole * block_size :]
     if tail:
         raw.append(_lsn(tail[:LSN_SIZE]) if len(tail) >= LSN_SIZE else None)
