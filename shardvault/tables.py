@@ -385,6 +385,28 @@ class Catalog:
         items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
         return [plain(i) for i in items if is_backup(i["backup_id"])]
 
+    def newest_backup(self, cluster: str, status: str) -> dict[str, Any] | None:
+        """The cluster's newest backup in ``status``, read back from the newest backup id
+        until one is found: an incremental's admission reads a page or two, not the
+        cluster's whole history. Backup ids begin with their start time, and the cluster's
+        lock lets one backup run at a time (it is taken over only from an execution that
+        ended), so the newest id in a status is also the last to reach it."""
+        kwargs: dict[str, Any] = {
+            # Below ':' lie the backup ids (digits first) and the '#' items, which is_backup
+            # leaves out; restores and drills sort above it.
+            "KeyConditionExpression": Key("cluster").eq(cluster) & Key("backup_id").lt(":"),
+            "FilterExpression": Attr("status").eq(status),
+            "ScanIndexForward": False,
+        }
+        while True:
+            page = self.table.query(**kwargs)
+            found = [item for item in page.get("Items", []) if is_backup(item["backup_id"])]
+            if found:
+                return plain(found[0])
+            if "LastEvaluatedKey" not in page:
+                return None
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
     def restores(self, cluster: str) -> list[dict[str, Any]]:
         """Restores into ``cluster`` (items keyed ``restore#<restore_id>``)."""
         items = query_all(

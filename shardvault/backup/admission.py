@@ -196,10 +196,9 @@ def usable_parent(
     cluster: str, svc: Services, *, to_vault: bool = False
 ) -> tuple[dict[str, Any], str]:
     """The cluster's newest complete backup and, if it cannot be continued, why."""
-    complete = [r for r in svc.catalog.backups(cluster) if r.get("status") == BackupStatus.COMPLETE]
-    if not complete:
+    parent = svc.catalog.newest_backup(cluster, BackupStatus.COMPLETE)
+    if parent is None:
         return {}, "the cluster has no complete backup (failed and expired ones do not count)"
-    parent = max(complete, key=lambda r: r.get("completed_at", 0))
     if int(parent.get("format", 1)) < INCREMENTAL_FORMAT:
         return parent, f"its newest backup {parent['backup_id']} was made before block maps"
     if to_vault and parent.get("location") != "vault":

@@ -14,8 +14,10 @@ class Catalog:
     def __init__(self, records: list[dict]) -> None:
         self.records = records
 
-    def backups(self, cluster: str) -> list[dict]:
-        return self.records
+    def newest_backup(self, cluster: str, status: str) -> dict | None:
+        """The newest in ``status``; the real catalog's ids sort by time (test_tables)."""
+        found = [r for r in self.records if r["status"] == status]
+        return max(found, key=lambda r: r["completed_at"]) if found else None
 
 
 class Svc:

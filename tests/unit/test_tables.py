@@ -1,0 +1,49 @@
+"""The catalog's reads that stop early: an incremental's admission finds its parent among the
+newest items, not by reading the cluster's whole history."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardvault.models import BackupStatus
+
+from .support import moto_services
+
+
+def test_the_newest_backup_in_a_status_is_found_among_restores_drills_and_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with moto_services(monkeypatch) as svc:
+        table = svc.catalog.table
+        items = [
+            ("20261101T020000Z-aaaaaa", "COMPLETE"),
+            ("20261102T020000Z-bbbbbb", "COMPLETE"),  # the newest complete backup
+            ("20261103T020000Z-cccccc", "FAILED"),
+            ("20261104T020000Z-dddddd", "RUNNING"),
+            ("restore#r20261105T000000Z-eeeeee", "COMPLETE"),  # a restore into the cluster
+            ("drill#20261106T000000Z-ffffff", "COMPLETE"),
+            ("#lock", "COMPLETE"),
+        ]
+        for backup_id, status in items:
+            table.put_item(Item={"cluster": "c", "backup_id": backup_id, "status": status})
+        other = {"cluster": "other", "backup_id": "20261107T0Z-0", "status": "COMPLETE"}
+        table.put_item(Item=other)
+
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
+        assert newest.get("backup_id") == "20261102T020000Z-bbbbbb"
+        assert svc.catalog.newest_backup("c", BackupStatus.REFUSED) is None
+        assert svc.catalog.newest_backup("nobody", BackupStatus.COMPLETE) is None
+
+
+def test_the_newest_backup_is_found_past_pages_of_others(monkeypatch: pytest.MonkeyPatch):
+    """A filtered query's page may hold no match and still have more after it."""
+    with moto_services(monkeypatch) as svc:
+        table = svc.catalog.table
+        table.put_item(Item={"cluster": "c", "backup_id": "20250101T0Z-0", "status": "COMPLETE"})
+        for day in range(1, 29):  # four weeks of failures since, each item made large
+            backup_id = f"202602{day:02d}T0Z-0"
+            item = {"cluster": "c", "backup_id": backup_id, "status": "FAILED", "pad": "x" * 60_000}
+            table.put_item(Item=item)
+
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
+        assert newest.get("backup_id") == "20250101T0Z-0"
