@@ -189,16 +189,17 @@ def source_of(svc: Services, source: str) -> tuple[Any, str]:
 
 def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
     """The catalog record of the requested backup (``latest``: the newest complete one)."""
-    backups = svc.catalog.backups(request.cluster)
     if request.backup_id == "latest":
-        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
-        if not complete:
-            raise BackupNotFound(
-                f"cluster {request.cluster!r} has no complete backup"
-                + (f" ({len(backups)} failed or running)." if backups else "."),
-                fix="check the cluster name ('shardvault list'), or run a backup first.",
-            )
-        return max(complete, key=lambda b: b["backup_id"])
+        newest = svc.catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
+        if newest is not None:
+            return newest
+        backups = svc.catalog.backups(request.cluster)
+        raise BackupNotFound(
+            f"cluster {request.cluster!r} has no complete backup"
+            + (f" ({len(backups)} failed or running)." if backups else "."),
+            fix="check the cluster name ('shardvault list'), or run a backup first.",
+        )
+    backups = svc.catalog.backups(request.cluster)
     record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
     if record is None:
         known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"

@@ -57,6 +57,18 @@ def is_backup(sort_key: str) -> bool:
     return not sort_key.startswith(("#", RESTORE_PREFIX, DRILL_PREFIX))
 
 
+def start_second(backup_id: str) -> str:
+    """The start second a backup id begins with (``20261129T061235Z``)."""
+    return backup_id.split("-", 1)[0]
+
+
+def last_to_complete(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of a cluster's backup records, the one that completed last. Not the greatest id: two
+    backups started in one second (a small cluster's full, then an incremental) have ids
+    that sort by their random suffix."""
+    return max(records, key=lambda r: (r.get("completed_at", 0), r["backup_id"]), default=None)
+
+
 INBOX_TTL_SECONDS = 7 * 24 * 3600
 
 
@@ -386,25 +398,27 @@ class Catalog:
         return [plain(i) for i in items if is_backup(i["backup_id"])]
 
     def newest_backup(self, cluster: str, status: str) -> dict[str, Any] | None:
-        """The cluster's newest backup in ``status``, read back from the newest backup id
-        until one is found: an incremental's admission reads a page or two, not the
-        cluster's whole history. Backup ids begin with their start time, and the cluster's
-        lock lets one backup run at a time (it is taken over only from an execution that
-        ended), so the newest id in a status is also the last to reach it."""
-        kwargs: dict[str, Any] = {
-            # Below ':' lie the backup ids (digits first) and the '#' items, which is_backup
-            # leaves out; restores and drills sort above it.
-            "KeyConditionExpression": Key("cluster").eq(cluster) & Key("backup_id").lt(":"),
+        """The cluster's backup in ``status`` that reached it last (``last_to_complete``),
+        read back from the newest backup id: a page or two, not the cluster's whole history.
+        Backup ids begin with their start second, and the cluster's lock runs one backup at
+        a time (it is taken over only from an execution that ended), so none started in an
+        earlier second completed later; the ids of one second are all read."""
+        kwargs: dict[str, Any] = {  # restores and drills (few, small) come first, skipped
+            "KeyConditionExpression": Key("cluster").eq(cluster),
             "FilterExpression": Attr("status").eq(status),
             "ScanIndexForward": False,
         }
+        found: list[dict[str, Any]] = []
         while True:
             page = self.table.query(**kwargs)
-            found = [item for item in page.get("Items", []) if is_backup(item["backup_id"])]
-            if found:
-                return plain(found[0])
+            for item in page.get("Items", []):
+                if not is_backup(item["backup_id"]):
+                    continue
+                if found and start_second(item["backup_id"]) != start_second(found[0]["backup_id"]):
+                    return last_to_complete(found)
+                found.append(plain(item))
             if "LastEvaluatedKey" not in page:
-                return None
+                return last_to_complete(found)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def restores(self, cluster: str) -> list[dict[str, Any]]:

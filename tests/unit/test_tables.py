@@ -3,6 +3,8 @@ newest items, not by reading the cluster's whole history."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from shardvault.models import BackupStatus
@@ -47,3 +49,21 @@ def test_the_newest_backup_is_found_past_pages_of_others(monkeypatch: pytest.Mon
 
         newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
         assert newest.get("backup_id") == "20250101T0Z-0"
+
+
+def test_of_two_backups_started_in_one_second_the_one_that_completed_last_is_newest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small cluster's full and its incremental can start in the same second: their ids
+    then sort by their random suffix, and only their completion orders them."""
+    with moto_services(monkeypatch) as svc:
+        for backup_id, completed in (
+            ("20261129T061234Z-999999", 1.0),
+            ("20261129T061235Z-f0cb60", 2.0),  # the full, the greater id
+            ("20261129T061235Z-60518e", 2.5),  # its incremental, completed after it
+        ):
+            item = {"cluster": "c", "backup_id": backup_id, "status": "COMPLETE"}
+            svc.catalog.table.put_item(Item=item | {"completed_at": Decimal(str(completed))})
+
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
+        assert newest.get("backup_id") == "20261129T061235Z-60518e"
