@@ -68,6 +68,7 @@ from shardvault.pgwal import (
 from shardvault.planning import store_root
 from shardvault.services import Services
 from shardvault.store import is_missing, presign_put, stored_checksum
+from shardvault.tables import completion_order
 
 log = logging.getLogger("shardvault.archive")
 ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
@@ -508,9 +509,7 @@ def cutoffs(
     restore to the window's start would use (the newest complete backup that completed
     before it), or, without a window, of the oldest complete backup. Nothing (everything kept)
     when that backup predates the record."""
-    complete = sorted(
-        (b for b in backups if b.get("status") == "COMPLETE"), key=lambda b: b["backup_id"]
-    )
+    complete = sorted((b for b in backups if b.get("status") == "COMPLETE"), key=completion_order)
     if not complete:
         return {}
     base = complete[0]

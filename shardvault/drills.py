@@ -43,7 +43,7 @@ from shardvault.models import (
 )
 from shardvault.policy import Drill, Policy
 from shardvault.services import Services
-from shardvault.tables import DRILL_LOCK_KEY, DRILL_PREFIX, last_to_complete
+from shardvault.tables import DRILL_LOCK_KEY, DRILL_PREFIX, completion_order
 
 PASSED, FAILED, SLOW, RUNNING, REFUSED = "passed", "failed", "slow", "running", "refused"
 BEFORE = "before"  # the teardown of stale copies, before the restore (then "after": its own)
@@ -291,7 +291,7 @@ def pick_backup(
         )
     recent = [b for b in complete if completed_at(b) >= now - spec.within_days * DAY]
     if not recent:
-        return last_to_complete(complete) or complete[-1]
+        return max(complete, key=completion_order)
     return rng.choice(sorted(recent, key=lambda b: b["backup_id"]))
 
 

@@ -46,6 +46,7 @@ from shardvault.models import (
 )
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
 from shardvault.services import Services
+from shardvault.tables import completion_order
 
 
 def when(epoch: float) -> str:
@@ -80,7 +81,7 @@ def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[
             fix="choose a later target (shardvault list shows each backup's completion), or "
             "restore a backup without a target.",
         )
-    return max(before, key=lambda b: b["backup_id"])
+    return max(before, key=completion_order)
 
 
 def before_lsn(request: RestoreRequest, complete: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -62,11 +62,16 @@ def start_second(backup_id: str) -> str:
     return backup_id.split("-", 1)[0]
 
 
+def completion_order(record: dict[str, Any]) -> tuple[float, str]:
+    """A backup record's place in the order its cluster's backups completed. Not its id
+    alone: two backups started in one second (a small cluster's full, then an incremental)
+    have ids that sort by their random suffix."""
+    return float(record.get("completed_at", 0)), record["backup_id"]
+
+
 def last_to_complete(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of a cluster's backup records, the one that completed last. Not the greatest id: two
-    backups started in one second (a small cluster's full, then an incremental) have ids
-    that sort by their random suffix."""
-    return max(records, key=lambda r: (r.get("completed_at", 0), r["backup_id"]), default=None)
+    """Of a cluster's backup records, the one that completed last."""
+    return max(records, key=completion_order, default=None)
 
 
 INBOX_TTL_SECONDS = 7 * 24 * 3600
