@@ -199,23 +199,6 @@ def scan_capture(
     return ScanResult(merge_extents(extents), offset, seconds, unchanged, screened)
 
 
-def screen_file(
-    path: Path,
-    size: int,
-    before: memoryview | bytes,
-    screen: BlockScreen,
-    limiter: RateLimiter,
-    block_size: int = BLOCK_SIZE,
-) -> ScannedFile:
-    """A screened file's block hashes (the parent's ``before`` where the screen proves a
-    block unchanged), its changed byte ranges, and the bytes of the blocks it proved
-    unchanged. A file that shrank since its listing reads as zeros past its end, as
-    ``StreamReader`` reads it."""
-    ranges = screen_ranges(size, block_size)
-    parts = [screen_range(path, size, before, screen, limiter, r, block_size) for r in ranges]
-    return joined_screen(size, parts, block_size)
-
-
 @dataclass(frozen=True)
 class ScreenedRange:
     """A range of a screened file's blocks: their hashes, the file's indexes of those that
@@ -242,8 +225,10 @@ def screen_range(
     blocks_range: range,
     block_size: int = BLOCK_SIZE,
 ) -> ScreenedRange:
-    """Screens ``blocks_range`` of a file (see ``screen_file``), read ``READ_BLOCKS`` at a
-    time into the thread's buffer."""
+    """Screens ``blocks_range`` of a file: the blocks' hashes (the parent's ``before`` where
+    the screen proves a block unchanged), which changed, and the bytes hashed. Read
+    ``READ_BLOCKS`` at a time into the thread's buffer; a file that shrank since its listing
+    reads as zeros past its end, as ``StreamReader`` reads it."""
     start, stop = blocks_range.start, blocks_range.stop
     known = min(len(before) // HASH_SIZE, stop)  # blocks the parent hashed
     hashes = bytearray((stop - start) * HASH_SIZE)
