@@ -33,6 +33,7 @@ from shardvault.retention import (
     from_catalog,
 )
 from shardvault.services import Services
+from shardvault.tables import completion_order
 
 EXPIRED = "EXPIRED"
 EXPIRING = "EXPIRING"  # deletion started: finished by the next run if this one stops
@@ -72,7 +73,7 @@ def decide_cluster(cluster: str, svc: Services, now: float) -> RetentionDecision
 def unfinished(cluster: str, svc: Services) -> list[str]:
     """Backups whose expiry started and did not finish (newest first)."""
     items = [r for r in svc.catalog.backups(cluster) if r.get("status") == EXPIRING]
-    items.sort(key=lambda r: (r.get("completed_at", 0), r["backup_id"]), reverse=True)
+    items.sort(key=completion_order, reverse=True)
     return [r["backup_id"] for r in items]
 
 

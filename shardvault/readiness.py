@@ -30,6 +30,7 @@ from shardvault.membership import check_members
 from shardvault.models import BackupStatus, Frozen, NodeRecord
 from shardvault.policy import Policy
 from shardvault.restore import check_target_nodes
+from shardvault.tables import completion_order
 
 
 class Finding(Frozen):
@@ -94,7 +95,7 @@ def backup_findings(
 ) -> list[Finding]:
     """The newest complete backup's age against the RPO, and its last verification."""
     complete = [r for r in records if r.get("status") == BackupStatus.COMPLETE]
-    newest = max(complete, key=lambda r: r.get("completed_at", 0), default=None)
+    newest = max(complete, key=completion_order, default=None)
     if policy is None or cluster not in policy.clusters:
         out = [
             Finding(

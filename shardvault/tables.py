@@ -69,11 +69,6 @@ def completion_order(record: dict[str, Any]) -> tuple[float, str]:
     return float(record.get("completed_at", 0)), record["backup_id"]
 
 
-def last_to_complete(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of a cluster's backup records, the one that completed last."""
-    return max(records, key=completion_order, default=None)
-
-
 INBOX_TTL_SECONDS = 7 * 24 * 3600
 
 
@@ -403,7 +398,7 @@ class Catalog:
         return [plain(i) for i in items if is_backup(i["backup_id"])]
 
     def newest_backup(self, cluster: str, status: str) -> dict[str, Any] | None:
-        """The cluster's backup in ``status`` that reached it last (``last_to_complete``),
+        """The cluster's backup in ``status`` that reached it last (``completion_order``),
         read back from the newest backup id: a page or two, not the cluster's whole history.
         Backup ids begin with their start second, and the cluster's lock runs one backup at
         a time (it is taken over only from an execution that ended), so none started in an
@@ -420,10 +415,10 @@ class Catalog:
                 if not is_backup(item["backup_id"]):
                     continue
                 if found and start_second(item["backup_id"]) != start_second(found[0]["backup_id"]):
-                    return last_to_complete(found)
+                    return max(found, key=completion_order)
                 found.append(plain(item))
             if "LastEvaluatedKey" not in page:
-                return last_to_complete(found)
+                return max(found, key=completion_order, default=None)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def restores(self, cluster: str) -> list[dict[str, Any]]:
