@@ -422,7 +422,8 @@ class Commands:
         backup state machine's does) scans it: one command, one round trip, where there were
         two. Without ``parents`` it answers with the listing alone, for a control plane that
         still sends ``scan`` on its own. With ``flush`` (a backup of this node alone) it
-        flushes each shard first, as the Flush command would have. With ``stop`` (an
+        flushes each shard first, as the Flush command would have, unless the engine's
+        checkpoint flushes itself (``checkpoint_flushes``). With ``stop`` (an
         incremental of this node alone) it also ends the backup and packs the tail once every
         changed block is packed, as the Stop command would have (``stopped`` in the answer);
         a change too large to pack at the scan is stopped by the Stop command, after the
@@ -443,7 +444,7 @@ class Commands:
                     continue
                 # Taken (again): what a lost checkpoint's scan saved describes other files.
                 self._discard_scan(backup_id, shard.shard_id)
-                if args.get("flush"):
+                if args.get("flush") and not self.engine.checkpoint_flushes:
                     self.engine.flush(shard)
                 at = time.time()
                 capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))

@@ -24,6 +24,7 @@ busy rule at ``poll_interval_seconds``. Each heartbeat says which period is in f
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -408,6 +409,7 @@ class Agent:
         if self.archiver is not None:
             threading.Thread(target=self.archiver.run, name="archiver", daemon=True).start()
         log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
+        settle_start_up_objects()
         while not self.stopping.is_set():
             self.wake.clear()
             rang = self.rung.is_set()
@@ -506,3 +508,15 @@ def lower_priority() -> None:
     os.nice(10)
     if shutil.which("ionice"):
         subprocess.run(["ionice", "-c2", "-n7", "-p", str(os.getpid())], check=False)
+
+
+def settle_start_up_objects() -> None:
+    """Moves every object the agent holds once it is up into the collector's permanent
+    generation (``gc.freeze``): its modules' objects (about 63,000) and its boto3 clients'
+    service models (about 41,000), which live as long as the process. Python's full
+    collections walk every tracked object, and a command's allocations trigger one now and
+    then: on 2026-11-29 one took 40 to 50 ms of a 1 % incremental's 0.3 s checkpoint command
+    (pgbench scale 100, 120,000 objects tracked); frozen, 1 to 3 ms. Frozen objects are
+    never walked again; what commands allocate is still collected as before."""
+    gc.collect()  # start-up's own garbage is freed, not frozen
+    gc.freeze()

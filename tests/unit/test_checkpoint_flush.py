@@ -1,6 +1,7 @@
 """A backup of one node flushes in its Checkpoint command (the Flush map exists to bring
 several nodes' checkpoints close together): the engine flushes each shard before it takes
-that shard's checkpoint, and not again when the command is retried."""
+that shard's checkpoint, and not again when the command is retried; an engine whose
+checkpoint flushes itself (PostgreSQL's) is not flushed first."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def test_a_lone_nodes_checkpoint_flushes_first(tmp_path: Path) -> None:
     cmds.do_checkpoint(args)  # retried: the checkpoint is held, nothing is taken again
 
     assert calls == ["flush s1", "checkpoint s1"]
+
+
+def test_an_engine_whose_checkpoint_flushes_is_not_flushed_first(tmp_path: Path) -> None:
+    cmds, calls = recording_commands(tmp_path)
+    cmds.engine.checkpoint_flushes = True  # as PostgresAdapter's: pg_backup_start checkpoints
+    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "flush": True})
+    assert calls == ["checkpoint s1"]
 
 
 def test_without_the_flag_the_checkpoint_does_not_flush(tmp_path: Path) -> None:

@@ -96,5 +96,6 @@ def test_every_engine_has_an_adapter_with_every_hook_and_its_traits(engine):
     assert {h for h in hooks if not callable(getattr(adapter, h, None))} == set()
     assert isinstance(adapter.shard_fields, tuple)
     assert isinstance(adapter.fsyncs_restored_files, bool)
+    assert isinstance(adapter.checkpoint_flushes, bool)
     assert engine in ADAPTERS
     assert engine in TRAITS

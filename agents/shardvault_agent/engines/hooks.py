@@ -55,6 +55,7 @@ class HooksAdapter:
     shard_fields = ("data_dir",)
     config_fields = ("hooks",)
     fsyncs_restored_files = False  # nothing is known of the store's own durability
+    checkpoint_flushes = False  # the operator's flush hook may do anything
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -62,6 +62,7 @@ class MariadbAdapter:
     shard_fields = ("data_dir", "socket")
     config_fields = ()
     fsyncs_restored_files = False  # prepare and the server read the placed files as they are
+    checkpoint_flushes = False
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

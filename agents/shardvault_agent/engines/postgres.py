@@ -128,6 +128,7 @@ class PostgresAdapter:
     config_fields = ()
     # Recovery from a backup label fsyncs the whole data directory before it replays.
     fsyncs_restored_files = True
+    checkpoint_flushes = True  # pg_backup_start(..., fast) checkpoints at once
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -53,6 +53,7 @@ class RocksdbAdapter:
     shard_fields = ("data_dir",)
     config_fields = ()
     fsyncs_restored_files = False
+    checkpoint_flushes = False
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

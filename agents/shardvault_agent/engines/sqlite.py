@@ -35,6 +35,7 @@ class SqliteAdapter:
     shard_fields = ("path",)
     config_fields = ()
     fsyncs_restored_files = False  # a database file is only read by whoever opens it
+    checkpoint_flushes = False  # flush truncates the WAL; the snapshot does not
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
