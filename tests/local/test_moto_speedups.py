@@ -94,6 +94,7 @@ def test_a_definition_is_parsed_once_and_each_execution_gets_its_own_program() -
     second_program, second_tree = AmazonStateLanguageParser.parse(definition)
     assert second_tree is first_tree  # lexed and parsed once
     assert second_program is not first_program  # states keep per-run records: never shared
+    assert second_program.states.states["A"] is not first_program.states.states["A"]
     assert list(second_program.states.states) == ["A"]
 
     broken = '{"StartAt": "A", "States": {"A": {"Type": "Nonsense"}}}'
