@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 
 from shardvault.models import BackupStatus
+from shardvault.tables import NEWEST_PAGE_ITEMS
 
 from .support import moto_services
 
@@ -49,6 +50,28 @@ def test_the_newest_backup_is_found_past_pages_of_others(monkeypatch: pytest.Mon
 
         newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
         assert newest.get("backup_id") == "20250101T0Z-0"
+
+
+def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pytest.MonkeyPatch):
+    """Forty complete backups: the newest is found in the first page, and the pages read
+    hold no more than a page's items (without a limit, DynamoDB returns up to 1 MB)."""
+    with moto_services(monkeypatch) as svc:
+        table = svc.catalog.table
+        for day in range(1, 41):
+            backup_id = f"2026{(day - 1) // 28 + 1:02d}{(day - 1) % 28 + 1:02d}T0Z-0"
+            table.put_item(Item={"cluster": "c", "backup_id": backup_id, "status": "COMPLETE"})
+        returned: list[int] = []
+        query = table.query
+
+        def counted(**kwargs):
+            page = query(**kwargs)
+            returned.append(len(page.get("Items", [])))
+            return page
+
+        monkeypatch.setattr(svc.catalog.table, "query", counted)
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
+        assert newest.get("backup_id") == "20260212T0Z-0"
+        assert sum(returned) <= NEWEST_PAGE_ITEMS
 
 
 def test_of_two_backups_started_in_one_second_the_one_that_completed_last_is_newest(
