@@ -404,9 +404,9 @@ class Catalog:
         Backup ids begin with their start second, and the cluster's lock runs one backup at
         a time (it is taken over only from an execution that ended), so none started in an
         earlier second completed later; the ids of one second are all read. A page holds
-        ``NEWEST_PAGE_ITEMS`` items: without a limit DynamoDB fills a page to 1 MB, the
-        history of most clusters, before the filter (and moto serialized every item of it:
-        an incremental's admission grew 25 ms per bench round of a dozen backups)."""
+        ``NEWEST_PAGE_ITEMS`` items: without a limit DynamoDB fills a page to 1 MB before
+        the filter, the history of most clusters (and moto serialized every item of it: 60
+        complete backups took 137 ms, 16 took 20 ms)."""
         kwargs: dict[str, Any] = {  # restores and drills (few, small) come first, skipped
             "KeyConditionExpression": Key("cluster").eq(cluster),
             "FilterExpression": Attr("status").eq(status),
