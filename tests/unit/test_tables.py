@@ -54,24 +54,53 @@ def test_the_newest_backup_is_found_past_pages_of_others(monkeypatch: pytest.Mon
 
 def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pytest.MonkeyPatch):
     """Forty complete backups: the newest is found in the first page, and the pages read
-    hold no more than a page's items (without a limit, DynamoDB returns up to 1 MB)."""
+    hold no more than a page's items (without a limit, DynamoDB returns up to 1 MB), each
+    only its id and completion time; the newest's record is then read whole."""
     with moto_services(monkeypatch) as svc:
         table = svc.catalog.table
         for day in range(1, 41):
             backup_id = f"2026{(day - 1) // 28 + 1:02d}{(day - 1) % 28 + 1:02d}T0Z-0"
-            table.put_item(Item={"cluster": "c", "backup_id": backup_id, "status": "COMPLETE"})
-        returned: list[int] = []
+            item = {"cluster": "c", "backup_id": backup_id, "status": "COMPLETE", "pad": "x" * 999}
+            table.put_item(Item=item)
+        returned: list[dict] = []
         query = table.query
 
         def counted(**kwargs):
             page = query(**kwargs)
-            returned.append(len(page.get("Items", [])))
+            returned.extend(page.get("Items", []))
             return page
 
         monkeypatch.setattr(svc.catalog.table, "query", counted)
         newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
         assert newest.get("backup_id") == "20260212T0Z-0"
-        assert sum(returned) <= NEWEST_PAGE_ITEMS
+        assert newest.get("pad") == "x" * 999  # the record, whole
+        assert len(returned) <= NEWEST_PAGE_ITEMS
+        assert all(set(item) <= {"backup_id", "completed_at"} for item in returned)
+
+
+def test_a_newest_backup_whose_status_changed_meanwhile_is_looked_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Expired between the search and the read of its record: the one before it is found."""
+    with moto_services(monkeypatch) as svc:
+        table = svc.catalog.table
+        for backup_id in ("20261101T0Z-0", "20261102T0Z-0"):
+            table.put_item(Item={"cluster": "c", "backup_id": backup_id, "status": "COMPLETE"})
+        get = svc.catalog.get
+
+        def expiring(cluster, backup_id):
+            if backup_id == "20261102T0Z-0":
+                table.update_item(
+                    Key={"cluster": cluster, "backup_id": backup_id},
+                    UpdateExpression="SET #s = :s",
+                    ExpressionAttributeNames={"#s": "status"},
+                    ExpressionAttributeValues={":s": "EXPIRED"},
+                )
+            return get(cluster, backup_id)
+
+        monkeypatch.setattr(svc.catalog, "get", expiring)
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
+        assert newest.get("backup_id") == "20261101T0Z-0"
 
 
 def test_of_two_backups_started_in_one_second_the_one_that_completed_last_is_newest(
