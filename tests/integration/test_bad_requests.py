@@ -176,9 +176,11 @@ def test_a_second_backup_while_one_runs(make_cluster):
     )
     first = cluster.start_backup()
     deadline = time.monotonic() + 30
-    while cluster.stack.services().catalog.lock_holder(cluster.name) is None:
+    # Validate takes the lock, then writes the first backup's record: wait for both.
+    while not cluster.records():
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    assert cluster.stack.services().catalog.lock_holder(cluster.name) is not None
     backups_before = [r["backup_id"] for r in cluster.records()]
     second = cluster.backup()
     assert_rejected(second, "BackupAlreadyRunning", first)
