@@ -516,7 +516,7 @@ def settle_start_up_objects() -> None:
     service models (about 41,000), which live as long as the process. Python's full
     collections walk every tracked object, and a command's allocations trigger one now and
     then: on 2026-11-29 one took 40 to 50 ms of a 1 % incremental's 0.3 s checkpoint command
-    (pgbench scale 100, 120,000 objects tracked); frozen, 1 to 3 ms. Frozen objects are
+    (pgbench scale 100, 120,000 objects tracked); frozen, 0.6 to 2.3 ms. Frozen objects are
     never walked again; what commands allocate is still collected as before."""
     gc.collect()  # start-up's own garbage is freed, not frozen
     gc.freeze()

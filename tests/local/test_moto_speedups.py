@@ -104,3 +104,22 @@ def test_a_definition_is_parsed_once_and_each_execution_gets_its_own_program() -
         except ASLParserException:
             continue
         raise AssertionError("a definition with an unknown state type parsed")
+
+
+def test_a_program_that_does_not_pickle_is_preprocessed_for_each_execution(monkeypatch) -> None:
+    import pickle
+
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+    moto_speedups.install()
+
+    def refuse(*_args, **_kwargs):
+        raise pickle.PicklingError("not this one")
+
+    monkeypatch.setattr(pickle, "dumps", refuse)
+    definition = '{"StartAt": "B", "States": {"B": {"Type": "Pass", "End": true}}}'
+    first_program, first_tree = AmazonStateLanguageParser.parse(definition)
+    second_program, second_tree = AmazonStateLanguageParser.parse(definition)
+    assert second_tree is first_tree
+    assert second_program is not first_program
+    assert second_program.states.states["B"] is not first_program.states.states["B"]

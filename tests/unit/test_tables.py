@@ -58,8 +58,8 @@ def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pyte
     only its id and completion time; the newest's record is then read whole."""
     with moto_services(monkeypatch) as svc:
         table = svc.catalog.table
-        for day in range(1, 41):
-            backup_id = f"2026{(day - 1) // 28 + 1:02d}{(day - 1) % 28 + 1:02d}T0Z-0"
+        for second in range(1, 41):
+            backup_id = f"20260101T{second:06d}Z-0"
             item = {"cluster": "c", "backup_id": backup_id, "status": "COMPLETE", "pad": "x" * 999}
             table.put_item(Item=item)
         returned: list[dict] = []
@@ -72,7 +72,7 @@ def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pyte
 
         monkeypatch.setattr(svc.catalog.table, "query", counted)
         newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20260212T0Z-0"
+        assert newest.get("backup_id") == "20260101T000040Z-0"
         assert newest.get("pad") == "x" * 999  # the record, whole
         assert len(returned) <= NEWEST_PAGE_ITEMS
         assert all(set(item) <= {"backup_id", "completed_at"} for item in returned)
