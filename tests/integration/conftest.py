@@ -130,8 +130,8 @@ class Cluster:
         held = []
         for config in self.configs:
             state = Path(config["state_dir"])
-            held += [p for p in (state / "backups").glob("*") if p.is_dir()]
-            held += [p for p in (state / "snapshots").glob("*/*") if p.is_dir()]
+            held += [p for p in glob_under_removal(state / "backups", "*") if p.is_dir()]
+            held += [p for p in glob_under_removal(state / "snapshots", "*/*") if p.is_dir()]
         return held
 
     def agent_log(self, node_id: str) -> str:
@@ -152,6 +152,18 @@ class Cluster:
     def stop(self) -> None:
         for config in self.configs:
             self.stack.stop_agent(config["node_id"])
+
+
+def glob_under_removal(root: Path, pattern: str, *, tries: int = 20) -> list[Path]:
+    """`root.glob(pattern)` over a tree an agent may be removing while a test polls it.
+
+    Python 3.11's glob raises FileNotFoundError when a directory it is about to list goes
+    between its parent's listing and its own: a walk that met a removal is simply walked again.
+    """
+    for _ in range(tries - 1):
+        with contextlib.suppress(FileNotFoundError):
+            return list(root.glob(pattern))
+    return list(root.glob(pattern))
 
 
 def client_of(stack: LocalStack) -> ops.ClientConfig:

@@ -19,7 +19,7 @@ from shardvault.local.demo import table_digests
 from shardvault.local.lambda_bridge import LambdaContext
 from shardvault.models import BackupRequest, RestoreRequest
 
-from .conftest import client_of, entered_states, output
+from .conftest import client_of, entered_states, glob_under_removal, output
 
 
 def test_a_three_node_backup_restores_into_two_nodes_with_equal_data(make_cluster, make_target):
@@ -215,7 +215,8 @@ def test_an_aborted_restore_is_reaped_and_leaves_nothing_placed(make_cluster, ma
     assert record["status"] == "FAILED"
     assert "reaper" in record["cause"]
     deadline = time.monotonic() + 60
-    while placed := [p for i in range(2) for p in target.restore_dir(i).rglob("*") if p.is_file()]:
+    placed_dirs = [target.restore_dir(i) for i in range(2)]
+    while placed := [p for d in placed_dirs for p in glob_under_removal(d, "**/*") if p.is_file()]:
         assert time.monotonic() < deadline, f"still placed: {placed[:3]}"
         time.sleep(0.2)
     # The agents keep only the tombstone that turns late downloads away. A download still in
