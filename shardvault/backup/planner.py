@@ -23,6 +23,7 @@ step returns (phase ``tail``), and the state machine skips Stop.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from shardvault import fanout
@@ -50,6 +51,18 @@ from shardvault.services import Services
 SIGN_THREADS = 8  # the work bucket's PUTs of signed URLs in flight (signing itself is local)
 
 
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase's plan before it is written: its items (see the module docstring), its
+    objects, and what it records in the backup's catalog record."""
+
+    items: list[dict[str, Any]]
+    objects: list[ObjectPlan]
+    part_size: int
+    packed: bool  # every object packed as it was listed (a data plan's ``DataPacked``)
+    update: dict[str, Any]
+
+
 def plan(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
 ) -> dict:
@@ -57,6 +70,26 @@ def plan(
     A node whose command failed fails it first, with that node's own error."""
     fanout.raise_first_failure(results)
     results = read_answers(svc, context.backup_id, phase, results)
+    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    planned = plan_phase(context, results, phase, record, svc)
+    if phase == Phase.DATA and any("stopped" in result for result in results):
+        return plan_stopped_with_checkpoint(context, results, planned, record, svc)
+    items = planned.items
+    if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
+        items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
+    return write_plan(context, phase, items, planned, planned.update, svc)
+
+
+def plan_phase(
+    context: BackupContext,
+    results: list[dict[str, Any]],
+    phase: Phase,
+    record: dict[str, Any],
+    svc: Services,
+) -> PhasePlan:
+    """The phase's listings (written to the work bucket, for Finalize) and its object plan,
+    its one-part packed objects signed; ``record`` is the backup's catalog record as the
+    phase finds it."""
     if phase == Phase.DATA:
         check_scanned(results)
     listings = listings_from_results(results, phase)
@@ -73,7 +106,6 @@ def plan(
     map_bytes = sum(listing.sent_bytes for listing in maps)
     listings += maps
     total = streamed + map_bytes
-    record = svc.catalog.get(context.cluster, context.backup_id) or {}
     vault_class = context.vault.storage_class if context.vault else None
     part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
     objects = interleave_by_node(
@@ -91,10 +123,6 @@ def plan(
         svc.put_work(key, listing.model_dump(mode="json"))
     items = sign_items(plan_items(objects, packed_by_nodes(results)), svc)
     packed = phase == Phase.DATA and all(item["checksums"] for item in items)
-    if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
-        items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
-    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
-    svc.put_work(plan_key, items)
     update: dict[str, Any] = {
         "part_size": part_size,
         f"{phase}_bytes": streamed,  # the phase's own stream: what changed, for data
@@ -122,31 +150,50 @@ def plan(
             + total,
             "objects_total": record.get("data_objects", 0) + len(objects),
         }
+    return PhasePlan(items, objects, part_size, packed, update)
+
+
+def write_plan(
+    context: BackupContext,
+    phase: Phase,
+    items: list[dict[str, Any]],
+    planned: PhasePlan,
+    update: dict[str, Any],
+    svc: Services,
+) -> dict:
+    """Writes ``items`` as the phase's plan (the Upload map's), records ``update`` and
+    returns the summary the state machine reads (``planned`` is the phase's own plan)."""
+    plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
+    svc.put_work(plan_key, items)
     svc.catalog.update(context.cluster, context.backup_id, **update)
-    if phase == Phase.DATA and any("stopped" in result for result in results):
-        return plan_stopped_with_checkpoint(context, results, packed, svc)
-    planned = [ObjectPlan.model_validate(item["object"]) for item in items]
+    objects = [ObjectPlan.model_validate(item["object"]) for item in items]
     return {
         "phase": phase.value,
         "plan_key": plan_key,
-        "objects": len(planned),
-        "bytes": sum(o.length for o in planned),
-        "part_size": part_size,
-        "upload_concurrency": transfer_concurrency(planned),
-        "packed": packed,  # upload after the stop, with the tail
+        "objects": len(objects),
+        "bytes": sum(o.length for o in objects),
+        "part_size": planned.part_size,
+        "upload_concurrency": transfer_concurrency(objects),
+        "packed": planned.packed,  # upload after the stop, with the tail
         # How each node cuts and packs its tail's objects at its stop, as this plans them.
-        "pack": pack_arguments(context, svc.store.prefix, part_size),
+        "pack": pack_arguments(context, svc.store.prefix, planned.part_size),
     }
 
 
 def plan_stopped_with_checkpoint(
-    context: BackupContext, results: list[dict[str, Any]], packed: bool, svc: Services
+    context: BackupContext,
+    results: list[dict[str, Any]],
+    data: PhasePlan,
+    record: dict[str, Any],
+    svc: Services,
 ) -> dict:
     """The tail's plan (with the data's items before it), for a node that ended its backup in
     its Checkpoint command (``stopped``: an incremental of that node alone, every change
     packed at its scan; ``shardvault.backup.scanning``): the Stop map is skipped. Data left to
-    pack would be read after the stop, which a backup's data must never be: refused."""
-    if not packed or not all("stopped" in result for result in results):
+    pack would be read after the stop, which a backup's data must never be: refused. Both
+    phases are planned from one read of the record and written as one plan with one update:
+    the data's plan has no reader of its own (no CheckUploads runs before the tail)."""
+    if not data.packed or not all("stopped" in result for result in results):
         nodes = [r["node_id"] for r in results if "stopped" in r]
         raise AnswerMismatch(
             f"node(s) {', '.join(nodes)} ended the backup in the Checkpoint command, but the "
@@ -154,7 +201,12 @@ def plan_stopped_with_checkpoint(
             fix="check that each agent's version matches the control plane's (shardvault "
             "nodes), then retry the backup.",
         )
-    return plan(context, [result["stopped"] for result in results], Phase.TAIL, svc)
+    stopped = [result["stopped"] for result in results]
+    fanout.raise_first_failure(stopped)
+    stopped = read_answers(svc, context.backup_id, Phase.TAIL, stopped)
+    tail = plan_phase(context, stopped, Phase.TAIL, record | data.update, svc)
+    items = data.items + tail.items
+    return write_plan(context, Phase.TAIL, items, tail, data.update | tail.update, svc)
 
 
 def pack_arguments(context: BackupContext, prefix: str, part_size: int) -> dict[str, Any]:

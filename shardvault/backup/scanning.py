@@ -45,9 +45,10 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     scan in their Checkpoint command (``with_checkpoint``) or in a Scan step apart, and
     whether a lone node flushes in its Checkpoint command (``flush_with_checkpoint``: the
     Flush map exists to bring several nodes' checkpoints close together)."""
-    parents = parent_maps(context, svc)
+    parent = parent_record(context, svc)
+    parents = parent_maps(context, parent, svc)
     separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
-    pack = pack_args(context, svc) | stop_args(context)
+    pack = pack_args(context, parent, svc) | stop_args(context)
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
         svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args | pack)
@@ -58,16 +59,27 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     }
 
 
-def pack_args(context: BackupContext, svc: Services) -> dict[str, Any]:
-    """An incremental's ``pack`` arguments (see the module docstring), its part size fixed in
-    the catalog for the plan; nothing for a full, whose objects are packed in the Upload map,
-    several at a time."""
+def parent_record(context: BackupContext, svc: Services) -> dict[str, Any]:
+    """An incremental's parent's catalog record ({} for a full, or a parent not on record)."""
     if context.chain is None:
         return {}
-    record = svc.catalog.get(context.cluster, context.backup_id) or {}
-    part_size = record.get("part_size") or context.part_size
+    return svc.catalog.get(context.cluster, context.chain.parent_id) or {}
+
+
+def pack_args(context: BackupContext, parent: dict[str, Any], svc: Services) -> dict[str, Any]:
+    """An incremental's ``pack`` arguments (see the module docstring), its part size fixed in
+    the catalog for the plan; nothing for a full, whose objects are packed in the Upload map,
+    several at a time. ``parent`` is the parent's record: the chain's full, at depth 1."""
+    if context.chain is None:
+        return {}
+    # Not read back from this backup's record: a retried step chooses the same size from the
+    # same full.
+    part_size = context.part_size
     if not part_size:
-        root = svc.catalog.get(context.cluster, context.chain.root_id) or {}
+        chain = context.chain
+        root = parent
+        if chain.root_id != chain.parent_id:
+            root = svc.catalog.get(context.cluster, chain.root_id) or {}
         vault_class = context.vault.storage_class if context.vault else None
         part_size = choose_part_size(int(root.get("bytes_total", 0)), vault_class)
         svc.catalog.update(context.cluster, context.backup_id, part_size=part_size)
@@ -85,12 +97,14 @@ def stop_args(context: BackupContext) -> dict[str, Any]:
     return {"stop": {"cut": cut | {"commit_lock": context.cut_commit_lock}}}
 
 
-def parent_maps(context: BackupContext, svc: Services) -> dict[str, dict[str, Any]]:
-    """Per shard, the parent's block map as an agent fetches it (URL included)."""
+def parent_maps(
+    context: BackupContext, record: dict[str, Any], svc: Services
+) -> dict[str, dict[str, Any]]:
+    """Per shard, the parent's block map as an agent fetches it (URL included); ``record`` is
+    the parent's catalog record."""
     if context.chain is None:
         return {}
     parent_id = context.chain.parent_id
-    record = svc.catalog.get(context.cluster, parent_id) or {}
     s3, bucket, key = svc.store_s3, svc.store.bucket, record.get("manifest_key", "")
     if record.get("location") == "vault" and svc.vault is not None:
         s3, bucket, key = svc.vault_s3, svc.vault.bucket, record.get("vault_manifest_key", "")

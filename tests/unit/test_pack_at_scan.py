@@ -19,14 +19,20 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 from shardvault_agent.transfer import Faults
 
-from shardvault.backup.planner import packed_by_nodes, plan_items, plan_stopped_with_checkpoint
+from shardvault.backup.planner import (
+    PhasePlan,
+    packed_by_nodes,
+    plan,
+    plan_items,
+    plan_stopped_with_checkpoint,
+)
 from shardvault.checksums import crc64nvme_of_stream
 from shardvault.errors import AnswerMismatch
-from shardvault.models import ObjectChecksums, Phase
+from shardvault.models import BackupContext, ObjectChecksums, Phase, Source
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 
-from .support import sqlite_agent
+from .support import moto_services, sqlite_agent
 
 PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
 
@@ -275,5 +281,52 @@ def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
 def test_a_plan_refuses_a_stop_whose_data_is_not_all_packed() -> None:
     """Data packed after the stop would be read after it: the backup fails instead."""
     results = [{"node_id": "n1", "shards": [], "stopped": {"node_id": "n1", "shards": []}}]
+    unpacked = PhasePlan(items=[], objects=[], part_size=0, packed=False, update={})
     with pytest.raises(AnswerMismatch, match="n1 ended the backup in the Checkpoint command"):
-        plan_stopped_with_checkpoint(None, results, False, None)  # type: ignore[arg-type]
+        plan_stopped_with_checkpoint(None, results, unpacked, {}, None)  # type: ignore[arg-type]
+
+
+def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_and_one_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan step of a node that stopped in its Checkpoint command plans both phases from
+    one read of the catalog record, records both in one update and writes one plan, the
+    data's items first: each request a step of every small incremental waits for (one of
+    moto's took 2 to 6 ms, DynamoDB's take milliseconds too)."""
+    cmds, _ = incremental_agent(tmp_path)
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+    answer = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    context = BackupContext(
+        backup_id="b2",
+        cluster="c",
+        engine="sqlite",
+        sources=[Source(node_id="n1", shard_ids=["s1"])],
+        store_url="s3://store/backups",
+        started_at=0.0,
+        part_size=PACK["part_size"],
+    )
+    with moto_services(monkeypatch, work_bucket="work") as svc:
+        for bucket in ("work", "store"):
+            svc.work_s3.create_bucket(Bucket=bucket)
+        svc.catalog.put({"cluster": "c", "backup_id": "b2", "status": "RUNNING"})
+        calls: list[str] = []
+        for client in (svc.catalog.table.meta.client, svc.work_s3, svc.store_s3):
+            client.meta.events.register("before-call", lambda model, **_: calls.append(model.name))
+
+        summary = plan(context, [answer], Phase.DATA, svc)
+
+        assert summary["phase"] == "tail"
+        assert calls.count("GetItem") == 1
+        assert calls.count("UpdateItem") == 1
+        assert calls.count("GetObject") == 0  # the answer came inline; no plan read back
+        plans = svc.work_s3.list_objects_v2(Bucket="work", Prefix="_work/b2/plans/")["Contents"]
+        assert [p["Key"].rsplit("/", 1)[1] for p in plans] == ["tail.json"]
+        items = svc.get_work(svc.work_key("b2", "plans", "tail.json"))
+        phases = [item["object"]["phase"] for item in items]
+        assert phases == ["data", "blockmap"]  # SQLite's tail is empty: its map went with data
+        assert summary["objects"] == len(items)
+        assert all(item["signed"] for item in items)  # one part each: signed at plan
+        record = svc.catalog.get("c", "b2") or {}
+        assert record["data_packed"] is True
+        assert record["objects_total"] == len(items)
+        assert (record["data_objects"], record["tail_objects"]) == (2, 0)
