@@ -66,6 +66,7 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
 from shardvault_agent.hostcpu import OthersCores
 from shardvault_agent.keys import DataKeys
+from shardvault_agent.mappedscreen import MappedScreener
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.restore import Restorer
 from shardvault_agent.scan import (
@@ -133,6 +134,8 @@ class Commands:
         self.guards: dict[str, SourceGuard] = {}
         # Idle cores a pack may borrow (shardvault.pipeline), none the database is using.
         self.spare = SpareCores(others=OthersCores())
+        # The helper that reads screened ranges through a mapping (shardvault_agent.mappedscreen).
+        self.mapped = MappedScreener()
 
     @cached_property
     def restorer(self) -> Restorer:
@@ -615,7 +618,13 @@ class Commands:
         with BlockMap(parent_path) as parent:
             scan = scan_capture(
                 root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
-                trusted_before=trusted, screen=screen,
+                trusted_before=trusted, screen=screen, mapped=self.mapped,
+            )  # fmt: skip
+        if scan.screened_bytes:
+            log.info(
+                "%s: shard %s: %d bytes proven unchanged by their headers, %d bytes judged "
+                "through a mapping",
+                backup_id, shard_id, scan.screened_bytes, scan.mapped_bytes,
             )  # fmt: skip
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
         answer = {

@@ -408,6 +408,8 @@ class Agent:
             listener.start()
         if self.archiver is not None:
             threading.Thread(target=self.archiver.run, name="archiver", daemon=True).start()
+        if self.engine.screen_module:  # ready before an incremental's first screened range
+            self.commands.mapped.start(preload=self.engine.screen_module)
         log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
         settle_start_up_objects()
         while not self.stopping.is_set():
@@ -421,6 +423,7 @@ class Agent:
                 log.warning("inbox poll failed: %s", error)
             self.wake.wait(self.poll_interval())
         self.pool.shutdown(wait=True, cancel_futures=False)
+        self.commands.mapped.close()
         with contextlib.suppress(Exception):
             self.beat(status="stopped")
 

@@ -32,6 +32,10 @@ class RateLimiter:
         self.lock = threading.Lock()
         self.parent, self.guard = parent, guard
 
+    def paced(self) -> bool:
+        """Whether reads through it may be made to wait: a rate here or above."""
+        return self.rate is not None or (self.parent is not None and self.parent.paced())
+
     def set_rate(self, bytes_per_second: float | None) -> None:
         """A new rate (None: unlimited) for the readers from now on (``throttle``)."""
         with self.lock:

@@ -28,19 +28,19 @@ Terms:
   reports it).
 - *screened file*: a changed file whose engine vouches for its blocks' headers (a
   ``BlockScreen``: PostgreSQL's page LSNs) and that the parent read at the same path, by
-  device and inode. It is read in ranges of 16 MiB, each a task of the scan's threads (a
-  relation's 1 GiB segment as one task kept one thread copying while the other idled), a
-  MiB at a time into the thread's buffer; the screen judges each block by its header there,
-  and only the blocks it lets through are hashed, from the same buffer; the others keep the
-  parent's hashes, and their bytes count as ``screened_bytes``. Reads rather than a mapping
-  of the file: a live file may shrink under the scan, and a mapped page past its end kills
-  the reader. Whole reads rather than one ``pread`` per header: those cost as much CPU per
-  GiB (0.15 to 0.2 s in a dev probe) but held the interpreter's lock between tiny calls, so
-  two files screened at once took up to 1.4 times as long as one after the other, while a
-  buffer's copy runs without it (two at once: 0.18 to 0.22 s for 1.5 GiB, against 0.35 to
-  0.39 s); the kernel's readahead reads the whole file either way. The copy is most of what
-  is left: 0.11 s per GiB on one thread of this project's test machine (2026-11-29); a
-  screened scan of the benchmark's 1.5 GiB took 0.12 s in ranges, 0.15 s a file a task.
+  device and inode. It is taken in ranges, each a task of the scan's threads; only the
+  blocks the screen lets through are hashed, the others keep the parent's hashes, and their
+  bytes count as ``screened_bytes``. A range is judged through a mapping by the agent's
+  helper (``mappedscreen``: 256 MiB ranges, ``MAPPED_RANGE_READS``), which costs page-table
+  entries rather than a copy of every byte (0.03 s for 1.5 GiB of relation files on one
+  thread in a dev probe), and then only the blocks it let through are read. A paced backup
+  (its limiter has a rate, or the adaptive throttle steers it), or one whose helper cannot
+  answer, reads the range instead, a MiB at a time into the thread's buffer, judging each
+  block by its header there; a paced scan cuts 16 MiB ranges (a relation's 1 GiB segment as
+  one task kept one thread copying while the other had finished the smaller files). Whole
+  reads rather than one ``pread`` per header: those cost as much CPU per GiB (0.15 to 0.2 s
+  in a dev probe) but held the interpreter's lock between tiny calls. The copy is most of a
+  read range's cost: 0.11 s per GiB on one thread of this project's test machine.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from shardvault_agent.blockmap import (
     write_map,
 )
 from shardvault_agent.engines.base import BlockScreen
+from shardvault_agent.mappedscreen import MappedScreener
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import StreamReader, read_exactly
 
@@ -88,6 +89,10 @@ SCAN_THREADS = 2
 # threads: a relation's 1 GiB segments, one task each, kept one thread copying for most of
 # the scan while the other had finished the smaller files.
 SCREEN_RANGE_READS = 16
+# Through the mapped screen, a range of a file costs its mapping and a request to the helper,
+# not a copy: ranges of 256 MiB (four to a relation's segment) hold the helper's requests to
+# a few per file while the threads still share a large file's blocks to hash.
+MAPPED_RANGE_READS = 256
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class ScanResult:
     scan_seconds: float
     unchanged_bytes: int = 0  # of unchanged files: not read
     screened_bytes: int = 0  # of blocks a screen proved unchanged: only their headers read
+    mapped_bytes: int = 0  # of screened files' ranges judged through a mapping (mappedscreen)
 
     @property
     def delta_bytes(self) -> int:
@@ -108,6 +114,7 @@ class ScannedFile:
     hashes: bytes
     changes: list[tuple[int, int]]  # the byte ranges that differ from the parent's, merged
     screened_bytes: int = 0
+    mapped_bytes: int = 0
 
 
 Scanning = Callable[[], ScannedFile]  # a changed file's scan, under way in the scan's threads
@@ -122,16 +129,22 @@ def scan_capture(
     block_size: int = BLOCK_SIZE,
     trusted_before: float | None = None,
     screen: BlockScreen | None = None,
+    mapped: MappedScreener | None = None,
 ) -> ScanResult:
     """Hashes every block of the capture into a new block map at ``map_path`` and returns the
     extents that differ from ``parent`` (all of them without a parent, or with a parent of
     another block size). With ``trusted_before`` (the checkpoint's time, for an engine whose
     capture trusts identities), an unchanged file (see the module docstring) is not read:
     its parent's hashes are its own; with ``screen``, a screened file's blocks are read only
-    where their headers say they may have changed."""
+    where their headers say they may have changed, judged through ``mapped`` (the agent's
+    helper; see ``mappedscreen``) where it answers, else from reads of the whole range."""
     if parent is not None and parent.block_size != block_size:
         parent = None
     started, extents, offset, unchanged, screened = time.monotonic(), [], 0, 0, 0
+    mapped_total = 0
+    # A paced backup (a rate limit, the adaptive throttle) reads its ranges a MiB at a time,
+    # taking from its limiter between reads: a mapping is judged a range at once.
+    mapped = None if limiter.paced() else mapped
 
     def scan(entry: FileEntry) -> ScannedFile:
         reader = StreamReader(root, [entry], 0, entry.size, limiter)
@@ -157,13 +170,15 @@ def scan_capture(
         """A screened file's ranges, each a task of the pool, joined when asked for."""
         path = root / entry.path
         parts = [
-            pool.submit(screen_range, path, entry.size, before, vouching, limiter, blocks)
-            for blocks in screen_ranges(entry.size, block_size)
+            pool.submit(
+                screen_range, path, entry.size, before, vouching, limiter, blocks, mapped=mapped
+            )
+            for blocks in screen_ranges(entry.size, block_size, mapped is not None)
         ]
         return lambda: joined_screen(entry.size, [p.result() for p in parts], block_size)
 
     def hashed(pool: ThreadPoolExecutor) -> Iterator[Hashed]:
-        nonlocal offset, unchanged, screened
+        nonlocal offset, unchanged, screened, mapped_total
         # Each identity is taken before its file is read; the changed files are read and
         # hashed SCAN_THREADS at a time (a screened file in ranges), and their hashes taken
         # in listing order.
@@ -186,6 +201,7 @@ def scan_capture(
                 hashes = scanned.hashes
                 extents.extend((offset + o, n) for o, n in scanned.changes)
                 screened += scanned.screened_bytes
+                mapped_total += scanned.mapped_bytes
             offset += entry.size
             yield entry.path, entry.size, hashes, identity
 
@@ -196,7 +212,7 @@ def scan_capture(
             pool.shutdown(cancel_futures=True)
             raise
     seconds = round(time.monotonic() - started, 3)
-    return ScanResult(merge_extents(extents), offset, seconds, unchanged, screened)
+    return ScanResult(merge_extents(extents), offset, seconds, unchanged, screened, mapped_total)
 
 
 @dataclass(frozen=True)
@@ -207,11 +223,13 @@ class ScreenedRange:
     hashes: bytes
     changed: list[int]
     hashed: int
+    mapped: int = 0  # the range's bytes, when judged through a mapping
 
 
-def screen_ranges(size: int, block_size: int = BLOCK_SIZE) -> list[range]:
-    """A file's blocks in ranges of ``SCREEN_RANGE_READS`` reads, each screened on its own."""
-    step = SCREEN_RANGE_READS * READ_BLOCKS
+def screen_ranges(size: int, block_size: int = BLOCK_SIZE, mapped: bool = False) -> list[range]:
+    """A file's blocks in ranges of ``SCREEN_RANGE_READS`` reads (``MAPPED_RANGE_READS``
+    through the mapped screen), each screened on its own."""
+    step = (MAPPED_RANGE_READS if mapped else SCREEN_RANGE_READS) * READ_BLOCKS
     count = block_count(size, block_size)
     return [range(first, min(first + step, count)) for first in range(0, count, step)]
 
@@ -224,11 +242,14 @@ def screen_range(
     limiter: RateLimiter,
     blocks_range: range,
     block_size: int = BLOCK_SIZE,
+    mapped: MappedScreener | None = None,
 ) -> ScreenedRange:
     """Screens ``blocks_range`` of a file: the blocks' hashes (the parent's ``before`` where
-    the screen proves a block unchanged), which changed, and the bytes hashed. Read
-    ``READ_BLOCKS`` at a time into the thread's buffer; a file that shrank since its listing
-    reads as zeros past its end, as ``StreamReader`` reads it."""
+    the screen proves a block unchanged), which changed, and the bytes hashed. The screen
+    judges the range through ``mapped`` when it answers (then only the blocks it lets
+    through are read), else from reads of ``READ_BLOCKS`` at a time into the thread's
+    buffer; a file that shrank since its listing reads as zeros past its end, as
+    ``StreamReader`` reads it."""
     start, stop = blocks_range.start, blocks_range.stop
     known = min(len(before) // HASH_SIZE, stop)  # blocks the parent hashed
     hashes = bytearray((stop - start) * HASH_SIZE)
@@ -236,30 +257,64 @@ def screen_range(
         hashes[: (known - start) * HASH_SIZE] = before[start * HASH_SIZE : known * HASH_SIZE]
     changed: list[int] = []
     hashed = 0
+
+    def judge(i: int, block: memoryview) -> None:
+        """Hashes block ``i``, a block the screen let through (or one past the parent's)."""
+        nonlocal hashed
+        at = (i - start) * HASH_SIZE
+        hashed += len(block)
+        digest = block_hash(block)
+        if i >= known or digest != hashes[at : at + HASH_SIZE]:
+            hashes[at : at + HASH_SIZE] = digest
+            changed.append(i)
+
+    offset, length = start * block_size, min(stop * block_size, size) - start * block_size
     chunk = _read_buffer(READ_BLOCKS * block_size)
     try:
         fd: int | None = os.open(path, os.O_RDONLY)
     except FileNotFoundError:  # removed since its listing: zeros, as StreamReader reads it
         fd = None
     try:
+        differ, taken = None, False
+        if mapped is not None and fd is not None:
+            limiter.take(length)  # the range, before its mapping is read (the guard too)
+            differ, taken = mapped.may_differ(path, offset, length, screen, block_size), True
+        if differ is not None:
+            wanted = set(differ).union(range(max(known - start, 0), stop - start))
+            for first, blocks in read_runs(fd, [start + n for n in sorted(wanted)], size, chunk):
+                for n in range(block_count(len(blocks), block_size)):
+                    judge(first + n, blocks[n * block_size : (n + 1) * block_size])
+            return ScreenedRange(bytes(hashes), changed, hashed, mapped=length)
         for first in range(start, stop, READ_BLOCKS):
-            offset = first * block_size
-            blocks = chunk[: min(READ_BLOCKS * block_size, size - offset)]
-            read_into(fd, blocks, offset)
-            limiter.take(len(blocks))
+            blocks = chunk[: min(READ_BLOCKS * block_size, size - first * block_size)]
+            read_into(fd, blocks, first * block_size)
+            if not taken:
+                limiter.take(len(blocks))
             past_parent = range(max(known - first, 0), block_count(len(blocks), block_size))
             for n in sorted(set(screen.may_differ(blocks, block_size)).union(past_parent)):
-                i, block = first + n, blocks[n * block_size : (n + 1) * block_size]
-                at = (i - start) * HASH_SIZE
-                hashed += len(block)
-                digest = block_hash(block)
-                if i >= known or digest != hashes[at : at + HASH_SIZE]:
-                    hashes[at : at + HASH_SIZE] = digest
-                    changed.append(i)
+                judge(first + n, blocks[n * block_size : (n + 1) * block_size])
     finally:
         if fd is not None:
             os.close(fd)
     return ScreenedRange(bytes(hashes), changed, hashed)
+
+
+def read_runs(
+    fd: int, indexes: list[int], size: int, buffer: memoryview, block_size: int = BLOCK_SIZE
+) -> Iterator[tuple[int, memoryview]]:
+    """Reads the blocks ``indexes`` (ascending) of a file of ``size`` bytes in runs of
+    consecutive blocks, at most ``buffer``'s size each; yields each run's first block and its
+    bytes (the last block cut short at ``size``, zeros past the file's end)."""
+    most = len(buffer) // block_size
+    at = 0
+    while at < len(indexes):
+        first, count = indexes[at], 1
+        while at + count < len(indexes) and indexes[at + count] == first + count and count < most:
+            count += 1
+        run = buffer[: min(count * block_size, size - first * block_size)]
+        read_into(fd, run, first * block_size)
+        yield first, run
+        at += count
 
 
 def joined_screen(size: int, parts: list[ScreenedRange], block_size: int) -> ScannedFile:
@@ -269,7 +324,8 @@ def joined_screen(size: int, parts: list[ScreenedRange], block_size: int) -> Sca
         [(i * block_size, min(block_size, size - i * block_size)) for i in changed]
     )
     hashed = sum(part.hashed for part in parts)
-    return ScannedFile(b"".join(part.hashes for part in parts), ranges, size - hashed)
+    mapped = sum(part.mapped for part in parts)
+    return ScannedFile(b"".join(part.hashes for part in parts), ranges, size - hashed, mapped)
 
 
 _buffers = threading.local()

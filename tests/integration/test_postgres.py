@@ -8,6 +8,7 @@ history), which only a consistent copy does.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -316,6 +317,11 @@ def test_a_lone_nodes_incremental_stops_in_its_checkpoint_and_restores_consisten
         (record,) = [r for r in cluster.records() if r["backup_id"] == backup_id]
         assert (record["kind"], record["data_packed"]) == ("incremental", True)
         assert record["cut_name"] == backup_id  # its restore point, made as it stopped
+        # Its scan judged the changed relation files' pages through the agent's mapped screen.
+        log = cluster.agent_log(cluster.configs[0]["node_id"])
+        judged = re.search(r"unchanged by their headers, (\d+) bytes judged through a mapping", log)
+        assert judged, "the scan screened nothing"
+        assert int(judged[1]) > 0
         source_history = {"shard-1": history_rows(server.psql)}
         target = make_target(nodes=1, engine="postgres")
 

@@ -8,6 +8,7 @@ the control plane's traits."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -97,5 +98,7 @@ def test_every_engine_has_an_adapter_with_every_hook_and_its_traits(engine):
     assert isinstance(adapter.shard_fields, tuple)
     assert isinstance(adapter.fsyncs_restored_files, bool)
     assert isinstance(adapter.checkpoint_flushes, bool)
+    if adapter.screen_module is not None:  # the helper's preload: a module of the agent's
+        assert importlib.util.find_spec(adapter.screen_module) is not None
     assert engine in ADAPTERS
     assert engine in TRAITS

@@ -86,14 +86,17 @@ def write(root: Path, files: dict[str, bytes]) -> list[FileEntry]:
     return [FileEntry(path=name, size=len(data)) for name, data in files.items()]
 
 
-def scan(root: Path, listing: list[FileEntry], parent: Path | None, out: Path, screen=None):
+def scan(
+    root: Path, listing: list[FileEntry], parent: Path | None, out: Path, screen=None, mapped=None
+):
     at = time.time()  # just written: the identities are located, not trusted
     if parent is None:
         return scan_capture(root, listing, RateLimiter(None), None, out, trusted_before=at)
     with BlockMap(parent) as parent_map:
         return scan_capture(
-            root, listing, RateLimiter(None), parent_map, out, trusted_before=at, screen=screen
-        )
+            root, listing, RateLimiter(None), parent_map, out, trusted_before=at, screen=screen,
+            mapped=mapped,
+        )  # fmt: skip
 
 
 def rewrite_in_place(path: Path, index: int, data: bytes) -> None:

@@ -6,19 +6,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from shardvault.models import Engine
-
 if TYPE_CHECKING:
+    from shardvault.models import Engine
     from shardvault_agent.config import AgentConfig
     from shardvault_agent.engines.base import EngineAdapter
 
 # Imported on first use: an agent loads only its own engine's module (and its client library).
+# Keyed by the engines' names (``Engine`` is a StrEnum: its members look them up), so that a
+# module of this package imports no models: the mapped screen's helper loads only its
+# engine's screen (``shardvault_agent.mappedscreen``).
 ADAPTERS = {
-    Engine.SQLITE: "shardvault_agent.engines.sqlite:SqliteAdapter",
-    Engine.POSTGRES: "shardvault_agent.engines.postgres:PostgresAdapter",
-    Engine.MARIADB: "shardvault_agent.engines.mariadb:MariadbAdapter",
-    Engine.ROCKSDB: "shardvault_agent.engines.rocksdb:RocksdbAdapter",
-    Engine.HOOKS: "shardvault_agent.engines.hooks:HooksAdapter",
+    "sqlite": "shardvault_agent.engines.sqlite:SqliteAdapter",
+    "postgres": "shardvault_agent.engines.postgres:PostgresAdapter",
+    "mariadb": "shardvault_agent.engines.mariadb:MariadbAdapter",
+    "rocksdb": "shardvault_agent.engines.rocksdb:RocksdbAdapter",
+    "hooks": "shardvault_agent.engines.hooks:HooksAdapter",
 }
 
 

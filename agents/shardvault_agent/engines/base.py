@@ -18,6 +18,11 @@ Backup:
   several nodes' checkpoints close together; a backup of one node flushes in its Checkpoint
   command, and skips the flush for such an engine (a second checkpoint, 13 to 16 ms of a
   small incremental, that brought nothing together).
+- *screen_module*: the module of the engine's block screen (PostgreSQL's page LSNs,
+  ``engines.pgpages``), None for an engine without one (``block_screen`` returns None). The
+  agent starts the mapped screen's helper with it at its own start
+  (``shardvault_agent.mappedscreen``: the imports take about 0.2 s, which an incremental
+  would otherwise wait for at its first screened range).
 - *checkpoint*: fix a consistent set of files to copy and return its listing; the engine
   keeps them restorable (a snapshot, or a backup mode with WAL retained) until release.
 - *stop*: end the checkpoint and return the *tail*: files needed to make the copy consistent
@@ -135,6 +140,7 @@ class EngineAdapter(Protocol):
     config_fields: ClassVar[tuple[str, ...]]  # the AgentConfig sections its agents must set
     fsyncs_restored_files: ClassVar[bool]
     checkpoint_flushes: ClassVar[bool]
+    screen_module: ClassVar[str | None]
 
     def check(self, shard: ShardConfig) -> None: ...
 

@@ -56,6 +56,7 @@ class HooksAdapter:
     config_fields = ("hooks",)
     fsyncs_restored_files = False  # nothing is known of the store's own durability
     checkpoint_flushes = False  # the operator's flush hook may do anything
+    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -63,6 +63,7 @@ class MariadbAdapter:
     config_fields = ()
     fsyncs_restored_files = False  # prepare and the server read the placed files as they are
     checkpoint_flushes = False
+    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -36,12 +36,15 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardvault.pgwal import lsn_number
 from shardvault_agent.blockmap import BLOCK_SIZE
-from shardvault_agent.engines.base import BlockScreen
+
+if TYPE_CHECKING:  # not at run time: the mapped screen's helper imports this module alone
+    from shardvault_agent.engines.base import BlockScreen
 
 # A relation's file: its database (or ``global``), its file node, its fork (none: the main
 # fork) and its 1 GiB segment. The listing skips unlogged relations' forks by it too.

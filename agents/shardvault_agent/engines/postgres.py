@@ -129,6 +129,7 @@ class PostgresAdapter:
     # Recovery from a backup label fsyncs the whole data directory before it replays.
     fsyncs_restored_files = True
     checkpoint_flushes = True  # pg_backup_start(..., fast) checkpoints at once
+    screen_module = "shardvault_agent.engines.pgpages"
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

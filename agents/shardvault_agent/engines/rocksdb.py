@@ -54,6 +54,7 @@ class RocksdbAdapter:
     config_fields = ()
     fsyncs_restored_files = False
     checkpoint_flushes = False
+    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -36,6 +36,7 @@ class SqliteAdapter:
     config_fields = ()
     fsyncs_restored_files = False  # a database file is only read by whoever opens it
     checkpoint_flushes = False  # flush truncates the WAL; the snapshot does not
+    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
