@@ -79,18 +79,23 @@ class MappedScreener:
         """The indexes, from ``offset``'s block, of the blocks of ``length`` bytes at ``offset``
         that ``screen`` does not prove unchanged; None when the helper cannot say (it died,
         rests, or the screen does not pickle): the caller reads the range instead."""
+        try:  # whole before anything is written: a request that does not pickle is read
+            request = pickle.dumps(
+                (str(path), offset, length, screen, block_size), protocol=pickle.HIGHEST_PROTOCOL
+            )
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return None
         with self.lock:
             process = self._started()
             if process is None:
                 return None
-            request = (str(path), offset, length, screen, block_size)
             try:
-                pickle.dump(request, _pipe(process.stdin), protocol=pickle.HIGHEST_PROTOCOL)
+                _pipe(process.stdin).write(request)
                 _pipe(process.stdin).flush()
                 answer = pickle.load(_pipe(process.stdout))
                 while answer == PRELOADED:  # the preload's answer, read with the first request's
                     answer = pickle.load(_pipe(process.stdout))
-            except (OSError, EOFError, pickle.PicklingError, pickle.UnpicklingError) as error:
+            except (OSError, EOFError, pickle.UnpicklingError) as error:
                 self._ended(process, error)
                 return None
         # The helper answers ascending indexes: its first and last bound them all.
@@ -112,9 +117,13 @@ class MappedScreener:
             self._ended(self.process, EOFError("it exited"))
         if time.monotonic() < self.resting_until:
             return None
-        self.process = subprocess.Popen(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+            )
+        except OSError as error:
+            self.resting_until = time.monotonic() + REST_SECONDS
+            log.warning("the mapped screen's helper did not start (%s): ranges are read", error)
         return self.process
 
     def _ended(self, process: subprocess.Popen[bytes], error: BaseException) -> None:

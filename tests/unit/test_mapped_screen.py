@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -154,12 +155,16 @@ def test_the_helper_ends_with_its_agent(mapped) -> None:
 
 
 def test_a_request_the_helper_cannot_judge_is_read(tmp_path: Path, mapped) -> None:
-    """A screen that fails in the helper (here: not a screen) answers None, and the helper
-    goes on answering."""
+    """A screen that fails in the helper (here: not a screen) answers None, as does one that
+    does not pickle (it never reaches the pipe), and the same helper goes on answering."""
     data = tmp_path / "rel"
     data.write_bytes(page(OLD, b"a") * 4)
+    helper = mapped.process
     assert mapped.may_differ(data, 0, 4 * B, "not a screen", B) is None  # type: ignore[arg-type]
+    unpicklable = threading.Lock()
+    assert mapped.may_differ(data, 0, 4 * B, unpicklable, B) is None  # type: ignore[arg-type]
     assert mapped.may_differ(data, 0, 4 * B, screen(), B) == []
+    assert mapped.process is helper
     assert mapped.may_differ(tmp_path / "gone", 0, 2 * B, screen(), B) == [0, 1]  # zeros
 
 
