@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the helper imports little: its engine's screen comes with i
 log = logging.getLogger("shardvault.agent")
 
 REST_SECONDS = 60.0  # after a helper died: ranges are read, not mapped, this long
+WINDOW_BYTES = 32 * 2**20  # mapped at once by the helper (a multiple of the pages' size)
 PRELOAD, PRELOADED = "preload", "preloaded"  # a request to import a module of the agent's
 
 
@@ -158,19 +159,26 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def judged(path: str, offset: int, length: int, screen: BlockScreen, block_size: int) -> list[int]:
-    """The helper's answer to one request (see the module docstring)."""
+    """The helper's answer to one request (see the module docstring), the range mapped
+    ``WINDOW_BYTES`` at a time (a mapped page counts in the helper's resident memory while it
+    is mapped, though it is the page cache's)."""
     count = block_count(length, block_size)
+    differ: list[int] = []
     try:
         with open(path, "rb") as handle:
             present = max(0, min(length, os.fstat(handle.fileno()).st_size - offset))
-            if present == 0:
-                return list(range(count))
-            with mmap.mmap(handle.fileno(), present, offset=offset, prot=mmap.PROT_READ) as held:
-                view = memoryview(held)
-                try:
-                    differ = screen.may_differ(view, block_size)
-                finally:
-                    view.release()
+            window = max(block_size, WINDOW_BYTES - WINDOW_BYTES % block_size)
+            for start in range(0, present, window):
+                size = min(window, present - start)
+                first = start // block_size
+                with mmap.mmap(
+                    handle.fileno(), size, offset=offset + start, prot=mmap.PROT_READ
+                ) as held:
+                    view = memoryview(held)
+                    try:
+                        differ += [first + n for n in screen.may_differ(view, block_size)]
+                    finally:
+                        view.release()
     except FileNotFoundError:  # removed since its listing: zeros, as the scan reads it
         return list(range(count))
     past_end = range(block_count(present, block_size), count)

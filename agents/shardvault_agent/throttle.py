@@ -343,12 +343,12 @@ class AdaptiveLimiter(RateLimiter):
         self.stopping = threading.Event()
         self.failed = False
         self.state_lock = threading.Lock()
-
-    def paced(self) -> bool:
-        return True  # its controller may set a rate at any read
         signals = self._make_signals()
         with self.state_lock:
             self._start(signals)
+
+    def paced(self) -> bool:
+        return True  # its controller may set a rate at any read
 
     def take(self, n: int) -> None:
         with self.state_lock:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from shardvault_agent import mappedscreen
 from shardvault_agent import scan as scan_module
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.mappedscreen import MappedScreener
@@ -184,3 +185,16 @@ def test_a_paced_scan_reads_its_ranges(tmp_path: Path, mapped, monkeypatch) -> N
 
     assert judged == []
     assert result.extents == scanned(tmp_path, listing, "read").extents
+
+
+def test_a_range_is_judged_alike_whatever_the_helpers_window(tmp_path: Path, monkeypatch) -> None:
+    """The helper maps a range a window at a time: pages judged on either side of a window's
+    edge, and a file cut short in the middle of a page, come out as from one mapping."""
+    data = tmp_path / "rel"
+    pages = [page(PARENT_START + i if i % 3 == 0 else OLD, bytes([i])) for i in range(10)]
+    data.write_bytes(b"".join(pages)[: 9 * B + 100])  # the last page cut short, its LSN new
+    whole = mappedscreen.judged(str(data), 0, 12 * B, screen(), B)
+    monkeypatch.setattr(mappedscreen, "WINDOW_BYTES", 2 * B + 5)  # windows of two pages
+    windowed = mappedscreen.judged(str(data), 0, 12 * B, screen(), B)
+    assert windowed == whole == [0, 3, 6, 9, 10, 11]  # 10 and 11 past the file's end
+    assert mappedscreen.judged(str(data), 4 * B, 4 * B, screen(), B) == [2]  # page 6, from 4

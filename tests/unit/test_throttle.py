@@ -210,6 +210,21 @@ def test_the_limiter_holds_readers_back_while_a_signal_is_high_and_reports_it():
     assert limiter.thread is None
 
 
+def test_the_limiter_makes_its_signals_before_any_read_and_is_paced():
+    """The latency baseline is taken when the limiter is made (at the checkpoint), before the
+    reads it guards; and a scan under it reads its ranges a MiB at a time (``paced``)."""
+    made: list[float] = []
+    limiter = AdaptiveLimiter(
+        floor=2 * MB, ceiling=None, make_signals=lambda: made.append(time.monotonic()) or []
+    )
+    try:
+        assert len(made) == 1  # no read yet
+        assert limiter.thread is not None
+        assert limiter.paced()
+    finally:
+        limiter.close()
+
+
 def test_pressure_the_floor_cannot_relieve_becomes_the_sources_own_level(tmp_path: Path):
     """At the floor for REBASE_SECONDS and still over its target: the stall is not the
     backup's; its present level plus the margin becomes the target, and the rate may grow."""
