@@ -36,6 +36,21 @@ def moto_services(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Iterator[
         yield Services(Settings(**{**defaults, **settings}))
 
 
+def with_buckets(svc: Services, *names: str) -> Services:
+    """``svc`` with the buckets ``names`` made (moto's), e.g. its work bucket and a store."""
+    for name in names:
+        svc.work_s3.create_bucket(Bucket=name)
+    return svc
+
+
+def requests_made(*clients: Any) -> list[str]:
+    """The names of the operations ``clients`` (boto3 clients) make from now on, in order."""
+    made: list[str] = []
+    for client in clients:
+        client.meta.events.register("before-call", lambda model, **_: made.append(model.name))
+    return made
+
+
 def backup_context(engine: str = "sqlite") -> BackupContext:
     """A backup ``b`` of cluster ``c``: shard s1 on node n1, s2 on n2."""
     return BackupContext(

@@ -32,7 +32,7 @@ from shardvault.models import BackupContext, ObjectChecksums, Phase, Source
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 
-from .support import moto_services, sqlite_agent
+from .support import moto_services, requests_made, sqlite_agent, with_buckets
 
 PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
 
@@ -306,12 +306,9 @@ def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_an
         part_size=PACK["part_size"],
     )
     with moto_services(monkeypatch, work_bucket="work") as svc:
-        for bucket in ("work", "store"):
-            svc.work_s3.create_bucket(Bucket=bucket)
+        with_buckets(svc, "work", "store")
         svc.catalog.put({"cluster": "c", "backup_id": "b2", "status": "RUNNING"})
-        calls: list[str] = []
-        for client in (svc.catalog.table.meta.client, svc.work_s3, svc.store_s3):
-            client.meta.events.register("before-call", lambda model, **_: calls.append(model.name))
+        calls = requests_made(svc.catalog.table.meta.client, svc.work_s3, svc.store_s3)
 
         summary = plan(context, [answer], Phase.DATA, svc)
 

@@ -11,7 +11,7 @@ from shardvault.backup.scanning import prepare_scan
 from shardvault.models import BackupContext, BackupKind, ChainLink, Manifest, Source
 from shardvault.planning import choose_part_size
 
-from .support import moto_services
+from .support import moto_services, requests_made, with_buckets
 
 TiB = 2**40
 
@@ -52,8 +52,7 @@ def prepared(monkeypatch: pytest.MonkeyPatch, context: BackupContext) -> tuple[A
     so that a size chosen from it would differ); returns the catalog record's part size, the
     catalog requests made, and the node's scan arguments."""
     with moto_services(monkeypatch, work_bucket="work") as svc:
-        for bucket in ("work", "store"):
-            svc.work_s3.create_bucket(Bucket=bucket)
+        with_buckets(svc, "work", "store")
         for backup_id, total in (("full", 3 * TiB), ("mid", 1 * TiB)):
             key = f"backups/c/{backup_id}/manifest.json"
             body = manifest(backup_id).model_dump_json().encode()
@@ -61,10 +60,7 @@ def prepared(monkeypatch: pytest.MonkeyPatch, context: BackupContext) -> tuple[A
             record = {"backup_id": backup_id, "manifest_key": key, "bytes_total": total}
             svc.catalog.put({"cluster": "c", "status": "COMPLETE", **record})
         svc.catalog.put({"cluster": "c", "backup_id": "incr", "status": "RUNNING"})
-        calls: list[str] = []
-        svc.catalog.table.meta.client.meta.events.register(
-            "before-call", lambda model, **_: calls.append(model.name)
-        )
+        calls = requests_made(svc.catalog.table.meta.client)
 
         prepare_scan(context, svc)
 
