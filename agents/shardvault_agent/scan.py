@@ -275,10 +275,10 @@ def screen_range(
     except FileNotFoundError:  # removed since its listing: zeros, as StreamReader reads it
         fd = None
     try:
-        differ, taken = None, False
-        if mapped is not None and fd is not None:
+        differ = None
+        if mapped is not None and fd is not None:  # never paced (scan_capture): takes no time
             limiter.take(length)  # the range, before its mapping is read (the guard too)
-            differ, taken = mapped.may_differ(path, offset, length, screen, block_size), True
+            differ = mapped.may_differ(path, offset, length, screen, block_size)
         if differ is not None:
             wanted = set(differ).union(range(max(known - start, 0), stop - start))
             for first, blocks in read_runs(fd, [start + n for n in sorted(wanted)], size, chunk):
@@ -288,8 +288,7 @@ def screen_range(
         for first in range(start, stop, READ_BLOCKS):
             blocks = chunk[: min(READ_BLOCKS * block_size, size - first * block_size)]
             read_into(fd, blocks, first * block_size)
-            if not taken:
-                limiter.take(len(blocks))
+            limiter.take(len(blocks))
             past_parent = range(max(known - first, 0), block_count(len(blocks), block_size))
             for n in sorted(set(screen.may_differ(blocks, block_size)).union(past_parent)):
                 judge(first + n, blocks[n * block_size : (n + 1) * block_size])
@@ -303,18 +302,14 @@ def read_runs(
     fd: int, indexes: list[int], size: int, buffer: memoryview, block_size: int = BLOCK_SIZE
 ) -> Iterator[tuple[int, memoryview]]:
     """Reads the blocks ``indexes`` (ascending) of a file of ``size`` bytes in runs of
-    consecutive blocks, at most ``buffer``'s size each; yields each run's first block and its
-    bytes (the last block cut short at ``size``, zeros past the file's end)."""
-    most = len(buffer) // block_size
-    at = 0
-    while at < len(indexes):
-        first, count = indexes[at], 1
-        while at + count < len(indexes) and indexes[at + count] == first + count and count < most:
-            count += 1
-        run = buffer[: min(count * block_size, size - first * block_size)]
-        read_into(fd, run, first * block_size)
-        yield first, run
-        at += count
+    consecutive blocks, at most ``buffer``'s size each (a whole number of blocks); yields each
+    run's first block and its bytes (the last block cut short at ``size``, zeros past the
+    file's end)."""
+    for offset, length in merge_extents([(i * block_size, block_size) for i in indexes]):
+        for at in range(offset, offset + length, len(buffer)):
+            run = buffer[: min(len(buffer), offset + length - at, size - at)]
+            read_into(fd, run, at)
+            yield at // block_size, run
 
 
 def joined_screen(size: int, parts: list[ScreenedRange], block_size: int) -> ScannedFile:

@@ -68,8 +68,7 @@ def plan(
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary.
     A node whose command failed fails it first, with that node's own error."""
-    fanout.raise_first_failure(results)
-    results = read_answers(svc, context.backup_id, phase, results)
+    results = phase_answers(context, results, phase, svc)
     record = svc.catalog.get(context.cluster, context.backup_id) or {}
     planned = plan_phase(context, results, phase, record, svc)
     if phase == Phase.DATA and any("stopped" in result for result in results):
@@ -78,6 +77,15 @@ def plan(
     if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
         items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
     return write_plan(context, phase, items, planned, planned.update, svc)
+
+
+def phase_answers(
+    context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
+) -> list[dict[str, Any]]:
+    """The nodes' answers of ``phase``, read back where they were handed over; a node whose
+    command failed fails the plan first, with that node's own error."""
+    fanout.raise_first_failure(results)
+    return read_answers(svc, context.backup_id, phase, results)
 
 
 def plan_phase(
@@ -201,9 +209,7 @@ def plan_stopped_with_checkpoint(
             fix="check that each agent's version matches the control plane's (shardvault "
             "nodes), then retry the backup.",
         )
-    stopped = [result["stopped"] for result in results]
-    fanout.raise_first_failure(stopped)
-    stopped = read_answers(svc, context.backup_id, Phase.TAIL, stopped)
+    stopped = phase_answers(context, [result["stopped"] for result in results], Phase.TAIL, svc)
     tail = plan_phase(context, stopped, Phase.TAIL, record | data.update, svc)
     items = data.items + tail.items
     return write_plan(context, Phase.TAIL, items, tail, data.update | tail.update, svc)

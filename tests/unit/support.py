@@ -63,6 +63,20 @@ def backup_context(engine: str = "sqlite") -> BackupContext:
     )
 
 
+def lone_node_context(backup_id: str, **fields: Any) -> BackupContext:
+    """A backup of cluster ``c`` whose only source is node n1 with shard s1 (the agent of
+    ``sqlite_agent``), stored under ``s3://store/backups``; ``fields`` add to it."""
+    return BackupContext(
+        backup_id=backup_id,
+        cluster="c",
+        engine="sqlite",
+        sources=[Source(node_id="n1", shard_ids=["s1"])],
+        store_url="s3://store/backups",
+        started_at=0.0,
+        **fields,
+    )
+
+
 def sqlite_agent(tmp_path: Path, rows: int = 0, **agent: Any) -> AgentConfig:
     """An agent of one SQLite shard ``s1`` holding ``rows`` rows of 1 KiB."""
     db = tmp_path / "s1.db"

@@ -28,11 +28,17 @@ from shardvault.backup.planner import (
 )
 from shardvault.checksums import crc64nvme_of_stream
 from shardvault.errors import AnswerMismatch
-from shardvault.models import BackupContext, ObjectChecksums, Phase, Source
+from shardvault.models import ObjectChecksums, Phase
 from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 
-from .support import moto_services, requests_made, sqlite_agent, with_buckets
+from .support import (
+    lone_node_context,
+    moto_services,
+    requests_made,
+    sqlite_agent,
+    with_buckets,
+)
 
 PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
 
@@ -296,15 +302,7 @@ def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_an
     cmds, _ = incremental_agent(tmp_path)
     args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
     answer = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
-    context = BackupContext(
-        backup_id="b2",
-        cluster="c",
-        engine="sqlite",
-        sources=[Source(node_id="n1", shard_ids=["s1"])],
-        store_url="s3://store/backups",
-        started_at=0.0,
-        part_size=PACK["part_size"],
-    )
+    context = lone_node_context("b2", part_size=PACK["part_size"])
     with moto_services(monkeypatch, work_bucket="work") as svc:
         with_buckets(svc, "work", "store")
         svc.catalog.put({"cluster": "c", "backup_id": "b2", "status": "RUNNING"})

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from shardvault.backup.scanning import prepare_scan
-from shardvault.models import BackupContext, BackupKind, ChainLink, Manifest, Source
+from shardvault.models import BackupContext, BackupKind, ChainLink, Manifest
 from shardvault.planning import choose_part_size
 
-from .support import moto_services, requests_made, with_buckets
+from .support import lone_node_context, moto_services, requests_made, with_buckets
 
 TiB = 2**40
 
@@ -35,16 +35,7 @@ def manifest(backup_id: str) -> Manifest:
 
 def incremental(depth: int, parent_id: str) -> BackupContext:
     chain = ChainLink(parent_id=parent_id, root_id="full", depth=depth, ancestors=["full"])
-    return BackupContext(
-        backup_id="incr",
-        cluster="c",
-        engine="sqlite",
-        sources=[Source(node_id="n1", shard_ids=["s1"])],
-        store_url="s3://store/backups",
-        started_at=0.0,
-        kind=BackupKind.INCREMENTAL,
-        chain=chain,
-    )
+    return lone_node_context("incr", kind=BackupKind.INCREMENTAL, chain=chain)
 
 
 def prepared(monkeypatch: pytest.MonkeyPatch, context: BackupContext) -> tuple[Any, list, dict]:
