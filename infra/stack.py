@@ -298,7 +298,10 @@ class ShardVaultStack(Stack):
             policies.list_prefix(bucket, WORK_PREFIX),
             *self._verify_statements(bucket),
             policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
-            policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),  # the manifest
+            # The manifest, and an archived tail's batch copies (shardvault/backup/archived.py:
+            # the archive's batches read by CopyObject, found by listing the shard's archive).
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),
+            policies.list_prefix(bucket, f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"),
             catalog_rw,
             publish,
         )

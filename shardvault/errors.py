@@ -167,6 +167,11 @@ class ArchiveRefused(ShardVaultError):
     keeps the WAL until a later try succeeds."""
 
 
+class WalNotArchived(ShardVaultError):
+    """A backup whose tail refers to the WAL archive ended before the archive held that WAL
+    (the server did not push it, or the agent could not store it, in time)."""
+
+
 # --- Restore (validation errors are raised before any side effect) -----------------------------
 class BackupNotFound(ShardVaultError):
     """The backup named for a restore is not in the catalog (or the cluster has none)."""

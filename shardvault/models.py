@@ -559,6 +559,10 @@ class ObjectResult(Frozen):
     frame_size: int = 0
     frames: str = ""
     key_check: str | None = None  # sealed frames: the data key's check value
+    # A copy of a WAL archive batch in an archived tail (shardvault.backup.archived) keeps the
+    # batch's own frames: they were sealed with the batch's place and its own data key.
+    place: str | None = None
+    encryption: Encryption | None = None
 
     @property
     def stored_bytes(self) -> int:

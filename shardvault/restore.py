@@ -530,7 +530,10 @@ def download_item(
         stored_length=obj.stored_length,
         frame_size=obj.frame_size,
         frames=obj.frames,
-        place=object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
+        # A copy of an archive batch keeps the batch's place and data key (backup.archived).
+        place=obj.place
+        or object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
+        encryption=obj.encryption,
         from_chain=from_chain,
     )
 

@@ -8,14 +8,16 @@ Terms (see ``shardvault.archive`` for the batch, the request and the store's lay
   and its files are in no other batch meanwhile.
 
 A batch goes once its files reach the batch bound, or once its oldest file has waited the
-policy's ``archive.max_delay_seconds``. For each batch: write the request into the node's
-inbox partition, ask the archive function to sign it, PUT the packed object through the URL
-(the transfers' one retry policy), ask the function to record it, and only then delete its
-files from the spool. A crash anywhere before the record leaves the files in the spool and
-the pending batch in the state directory, so nothing is lost: the batch is sent again (the
-same key, the same bytes, recorded again); the pending batch goes only after its files. A file
-PostgreSQL pushes again after a crash of its own goes in a new batch: the archive may hold a
-WAL file twice, never miss one.
+policy's ``archive.max_delay_seconds``, or at once when a backup waits for its files
+(``wait_archived``: a tail that refers to the archive instead of copying its WAL). For each
+batch: write the request into the node's inbox partition, ask the archive function to sign
+it, PUT the packed object through the URL (the transfers' one retry policy), ask the
+function to record it, and only then delete its files from the spool. A crash anywhere
+before the record leaves the files in the spool and the pending batch in the state
+directory, so nothing is lost: the batch is sent again (the same key, the same bytes,
+recorded again); the pending batch goes only after its files. A file PostgreSQL pushes again
+after a crash of its own goes in a new batch: the archive may hold a WAL file twice, never
+miss one.
 
 Settings (the zstd level, the delay, whether to seal) come from the function, asked for again
 every ``SETTINGS_SECONDS``; a new data key only when the one in use has run the policy's
@@ -44,7 +46,7 @@ from shardvault.archive import (
     WalFile,
     batch_place,
 )
-from shardvault.errors import ArchiveRefused
+from shardvault.errors import ArchiveRefused, WalNotArchived
 from shardvault.models import DEFAULT_COMPRESSION_LEVEL, Encryption
 from shardvault.pipeline import FrameCodec, pack, pack_frames
 from shardvault.planning import frame_size_for
@@ -99,6 +101,10 @@ class Archiver:
         self.in_flight: dict[str, tuple[Batch, Future]] = {}
         self.paused_until = 0.0
         self.stopping = threading.Event()
+        self.wake = threading.Event()  # a look now: stopping, or a backup waiting
+        # Per shard, the name through which a waiting backup needs the spool sent now.
+        self.hurried: dict[str, str] = {}
+        self.last_error = ""  # why the last batch that failed was not archived
 
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -109,11 +115,13 @@ class Archiver:
             except Exception as error:  # the spool keeps the WAL: try again later
                 log.warning("archiving paused: %s", error)
                 self.paused_until = self.clock() + FAILURE_PAUSE
-            self.stopping.wait(self.poll_seconds)
+            self.wake.wait(self.poll_seconds)
+            self.wake.clear()
         self.pool.shutdown(wait=True)
 
     def stop(self) -> None:
         self.stopping.set()
+        self.wake.set()
 
     def tick(self) -> None:
         """One look: finished batches reaped, pending ones resumed, ready ones packed."""
@@ -129,7 +137,8 @@ class Archiver:
         held = {f.name for batch in pending for f in batch.files}
         for spool in self.spools:
             while self._room():
-                files = self.ready(spool, settings.max_delay_seconds, now, held)
+                hurried = self.hurried.get(spool.shard_id, "")
+                files = self.ready(spool, settings.max_delay_seconds, now, held, hurried)
                 if not files:
                     break
                 batch = self.pack(spool, files, settings)
@@ -149,6 +158,7 @@ class Archiver:
             del self.in_flight[batch_id]
             error = future.exception()
             if error is not None:
+                self.last_error = str(error)
                 log.warning(
                     "WAL batch %s of shard %s (%s..%s) not archived, tried again in %g s: %s",
                     batch_id,
@@ -194,11 +204,17 @@ class Archiver:
         return names
 
     def ready(
-        self, spool: Spool, max_delay: float, now: float, held: set[str] | None = None
+        self,
+        spool: Spool,
+        max_delay: float,
+        now: float,
+        held: set[str] | None = None,
+        hurried: str = "",
     ) -> list[Path]:
         """The spool's files for the next batch, oldest names first and up to the bound, if
-        the batch is full or its oldest file has waited ``max_delay``; else none. ``held``:
-        the names pending batches hold (read from the state directory when not given)."""
+        the batch is full, its oldest file has waited ``max_delay``, or its first file is not
+        past ``hurried`` (a backup waits for it); else none. ``held``: the names pending
+        batches hold (read from the state directory when not given)."""
         held = self.held() if held is None else held
         files = sorted(
             (p for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name) and p.name not in held),
@@ -212,7 +228,8 @@ class Archiver:
             taken.append(path)
             size += stat.st_size
             oldest = min(oldest, stat.st_mtime)
-        return taken if taken and now - oldest >= max_delay else []
+        due = bool(taken) and (now - oldest >= max_delay or taken[0].name[:24] <= hurried)
+        return taken if due else []
 
     def pack(self, spool: Spool, files: list[Path], settings: Settings) -> Batch:
         """Packs ``files`` into a pending batch (written whole before it counts)."""
@@ -272,6 +289,43 @@ class Archiver:
             except FileNotFoundError:  # recorded and removed just now by its sender
                 continue
         return batches
+
+    # --- a backup's WAL ---------------------------------------------------------------------
+    def wait_archived(self, shard_id: str, through: str, timeout: float) -> None:
+        """Sends the shard's spooled WAL up to segment ``through`` now, and returns once the
+        archive has recorded it (its files left the spool: ``send`` removes them only after
+        the record). Raises ``WalNotArchived`` after ``timeout`` seconds, with the last
+        failure's cause."""
+        spool = next(s for s in self.spools if s.shard_id == shard_id)
+        self.hurried[shard_id] = max(self.hurried.get(shard_id, ""), through)
+        deadline = time.monotonic() + timeout
+        try:
+            while waiting := self.unarchived(spool, through):
+                if time.monotonic() >= deadline:
+                    raise WalNotArchived(
+                        f"shard {shard_id}'s WAL up to {through} was not archived within "
+                        f"{timeout:g} s: {len(waiting)} file(s) from {waiting[0]} are still in "
+                        f"the spool {spool.path}"
+                        + (f" (last failure: {self.last_error})" if self.last_error else ""),
+                        fix="see the agent's log for why the archive does not take the spool "
+                        "(the policy's archive section, the archive function); the backup may "
+                        "be started again once the spool drains.",
+                    )
+                self.wake.set()
+                time.sleep(0.05)
+        finally:
+            if self.hurried.get(shard_id) == through:
+                del self.hurried[shard_id]
+
+    @staticmethod
+    def unarchived(spool: Spool, through: str) -> list[str]:
+        """The spool's WAL files up to segment ``through`` (names compare within a timeline;
+        a backup history file by its segment's), in name order."""
+        try:
+            names = [p.name for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name)]
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if n[:24] <= through and not n.endswith(".history"))
 
     # --- sending -----------------------------------------------------------------------------
     def send(self, batch: Batch) -> None:

@@ -34,6 +34,7 @@ from shardvault.errors import (
     ListingTooLarge,
     StoreObjectDamaged,
     UnknownCommand,
+    WalNotArchived,
 )
 from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
@@ -61,6 +62,7 @@ from shardvault.planning import (
     listings_from_results,
     plan_objects,
 )
+from shardvault_agent.archiver import Archiver
 from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
@@ -101,6 +103,7 @@ log = logging.getLogger("shardvault.agent")
 MAX_LISTING_CHARS = 200_000  # an inline answer: room in the 256 KiB task result for the rest
 EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
 KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
+ARCHIVE_WAIT_SECONDS = 600.0  # for the archive to record a tail's WAL (the Stop task beats)
 
 
 def check_fits_task_result(result: dict[str, Any]) -> None:
@@ -136,6 +139,9 @@ class Commands:
         self.spare = SpareCores(others=OthersCores())
         # The helper that reads screened ranges through a mapping (shardvault_agent.mappedscreen).
         self.mapped = MappedScreener()
+        # The WAL archiver (set by the daemon when a shard archives): a tail that refers to
+        # the archive waits for it (``_archived_tails``).
+        self.archiver: Archiver | None = None
 
     @cached_property
     def restorer(self) -> Restorer:
@@ -669,6 +675,7 @@ class Commands:
         with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
             for future in [pool.submit(stop, shard) for shard in shards]:
                 future.result()
+        self._archived_tails(backup_id, shards)
         result = self._listing_result(backup_id, Phase.TAIL, shards)
         for shard, listed in zip(shards, result["shards"], strict=True):
             # A full's map is joined from its packs' hashes now, and goes with the tail;
@@ -683,6 +690,30 @@ class Commands:
         if pack:
             self._pack_listed(backup_id, result, pack, Phase.TAIL)
         return result
+
+    def _archived_tails(self, backup_id: str, shards: list[ShardConfig]) -> None:
+        """Waits until the archive has recorded the log each tail refers to instead of
+        holding it (``archived_through`` in its marker: PostgreSQL's archived tail), so that
+        Finalize finds it there; a retried stop waits again (nothing if it is stored)."""
+        for shard in shards:
+            marker = self.load_capture(backup_id, shard.shard_id, Phase.TAIL)["marker"]
+            if through := marker.get("archived_through"):
+                if self.archiver is None:  # the engine refers to the archive only with one
+                    raise WalNotArchived(
+                        f"shard {shard.shard_id}'s tail refers to the WAL archive, but this "
+                        "agent runs no archiver.",
+                        fix="start the agent with its archive function (shardvault-agent init "
+                        "writes it), then retry the backup.",
+                    )
+                started = time.monotonic()
+                self.archiver.wait_archived(shard.shard_id, through, ARCHIVE_WAIT_SECONDS)
+                log.info(
+                    "backup %s: shard %s's WAL through %s is archived (waited %.2f s)",
+                    backup_id,
+                    shard.shard_id,
+                    through,
+                    time.monotonic() - started,
+                )
 
     def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
         """Releases everything held for the backup and leaves a tombstone, so that a

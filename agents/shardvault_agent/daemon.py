@@ -103,6 +103,9 @@ class Agent:
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
         self.archiver = self.make_archiver(archive_function, inbox_table, sender)
+        if self.archiver is not None:  # backups of these shards refer to the archive
+            self.engine.use_log_archive({spool.shard_id for spool in self.archiver.spools})
+            self.commands.archiver = self.archiver
         # Commands by (command_id, dispatch_id, token): a retried dispatch may reuse the token
         # (moto does), but each post has its own dispatch id.
         self.running: dict[tuple[str, str, str], str] = {}

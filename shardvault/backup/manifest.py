@@ -1,5 +1,6 @@
 """Finalize: the tail phase's objects signed at plan verified (the last Upload map's check,
-``upload.verified_results``); the manifest, built from the listings and verified objects,
+``upload.verified_results``); an archived tail's WAL copied from the archive
+(``shardvault.backup.archived``); the manifest, built from the listings and verified objects,
 stored beside the objects; the backup recorded as complete with its summary and cost
 estimate; the lock released.
 """
@@ -10,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from shardvault.archive import wal_from
+from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.backup.upload import verified_results
 from shardvault.errors import UploadIncomplete
@@ -67,6 +69,7 @@ def build_manifest(
     engine_of = {source.node_id: source.engine for source in context.sources}
     # The shards' data and tails: what a restore places (block maps are the backup's index).
     streamed_results = [r for r in results if r.phase != Phase.BLOCKMAP]
+    copies: list[ObjectResult] = []  # an archived tail's batches (backup.archived)
     streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
     for listing in sorted(streamed, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
         objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
@@ -74,6 +77,8 @@ def build_manifest(
         stream = ManifestStream(
             phase=listing.phase, files=listing.files, objects=objects, extents=listing.extents
         )
+        stream = with_archived_wal(svc, context.cluster, context.backup_id, listing, stream)
+        copies += stream.objects[len(objects) :]  # an archived tail's WAL
         if listing.shard_id in shards:
             shard = shards[listing.shard_id]
             marker = {**shard.marker, **listing.marker}
@@ -107,11 +112,11 @@ def build_manifest(
         cut_pause_seconds=cut.get("cut_pause_seconds"),
         part_size=results[0].part_size if results else 0,
         shards=list(shards.values()),
-        bytes=sum(r.length for r in streamed_results),
-        objects=len(streamed_results),
-        parts=sum(r.part_count for r in streamed_results),
-        verification=verification_summary(results),
-        stored_bytes=sum(r.stored_bytes for r in results),
+        bytes=sum(r.length for r in [*streamed_results, *copies]),
+        objects=len(streamed_results) + len(copies),
+        parts=sum(r.part_count for r in [*streamed_results, *copies]),
+        verification=verification_summary([*results, *copies]),
+        stored_bytes=sum(r.stored_bytes for r in [*results, *copies]),
         encryption=sealed_with(context, results),
         kind=context.kind,
         chain=context.chain,

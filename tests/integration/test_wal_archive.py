@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -21,15 +22,18 @@ from shardvault_agent.keys import DataKeys
 from shardvault import archive
 from shardvault import operations as ops
 from shardvault.errors import BackupDamaged, ChecksumMismatch, FrameUnreadable
+from shardvault.local.postgres import restored_instance
 from shardvault.materialize import read_batch
-from shardvault.models import Encryption
+from shardvault.models import Encryption, Phase
 from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 from shardvault.pipeline import Sealer
+from shardvault.readback import load_manifest
+from shardvault.restore import source_of
 from shardvault.verify import VerifyRequest, verify
 from shardvault.watch import SPOOL_STALL_SECONDS, observe
 
 from .conftest import ARCHIVE_MARKER as MARKER
-from .conftest import client_of
+from .conftest import client_of, output
 
 
 def segments_in_sequence(files: dict[str, bytes]) -> list[str]:
@@ -230,3 +234,57 @@ def test_verify_checks_the_archive_a_point_in_time_restore_replays(archiving) ->
     svc.store_s3.delete_object(Bucket=bucket, Key=archive.index_key(middle["key"]))
     with pytest.raises(BackupDamaged, match="WAL archive misses segments after"):
         verify(request, svc, time.time())
+
+
+def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_alone(
+    archiving, make_target
+) -> None:
+    """The backup holds no WAL on the source and copies none from it: its tail is the backup
+    label, and Finalize copies the archive's batches into the backup, which then restores
+    after the archive's own batches are gone."""
+    node = archiving(delay=300.0)  # the archiver would wait five minutes: the backup hurries it
+    node.start_agent()
+    node.server.psql("CREATE TABLE kept (n int)")
+    node.server.psql("INSERT INTO kept SELECT generate_series(1, 5000)")
+    node.write_segments(2)  # WAL spooled before the backup, not yet archived (the delay)
+    started = time.monotonic()
+
+    backup = node.backup()
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    assert time.monotonic() - started < 120
+    assert backup.record["held_log_bytes"] == 0  # no slot kept WAL on the source for it
+    svc = node.stack.services()
+    assert backup.record["location"] == "vault"  # promoted: the copies went too
+    s3, bucket = source_of(svc, "vault")
+    manifest = load_manifest(s3, bucket, backup.record["vault_manifest_key"])
+    (shard,) = manifest.shards
+    (tail,) = [s for s in shard.streams if s.phase == Phase.TAIL]
+    assert tail.files[0].path == "backup_label"  # read on the source: the label alone
+    (label,) = [o for o in tail.objects if o.place is None]
+    assert label.length == tail.files[0].size
+    through = shard.marker["archived_through"]
+    in_pg_wal = {f.path.removeprefix("pg_wal/") for f in tail.files[1:]}
+    first, last = segment_number(shard.marker["start_wal"]), segment_number(through)
+    needed = set(range(first, last + 1))
+    assert {segment_number(n) for n in in_pg_wal if SEGMENT_NAME.fullmatch(n)} >= needed
+    prefix = backup.record["vault_manifest_key"].rsplit("/", 1)[0] + "/"
+    for obj in tail.objects[1:]:  # the batches, copied into the backup as the store holds them
+        assert obj.key.startswith(prefix)
+        attrs = s3.head_object(Bucket=bucket, Key=obj.key)
+        assert attrs["ContentLength"] == obj.stored_length
+    assert verify(VerifyRequest(cluster=node.cluster), svc, time.time())["result"] == "ok"
+    for batch in node.batches():  # the archive's own retention may remove them
+        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=batch["key"])
+        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=archive.index_key(batch["key"]))
+    node.server.psql("INSERT INTO kept SELECT generate_series(1, 100)")  # after the backup
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster)
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    (restored,) = output(progress)["shards"]
+    copy = restored_instance(restored)
+    assert copy.psql("SELECT count(*) FROM kept") == "5000"
+    assert restored["checks"]["pg_amcheck --all"] == "ok"
+    assert not (Path(restored["path"]) / archive.WAL_DIR).exists()  # the extras removed

@@ -5,6 +5,7 @@ at each step leaves (the spool keeps every file until its batch is recorded)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from shardvault_agent import archiver as archiver_module
 from shardvault_agent.archiver import Archiver, Spool
 
-from shardvault.errors import ArchiveRefused
+from shardvault.errors import ArchiveRefused, WalNotArchived
 
 SEGMENT = 64 * 1024  # small segments: the rules do not depend on the size
 
@@ -177,3 +178,46 @@ def test_the_settings_are_read_again_but_a_data_key_is_asked_for_once_a_day(
     assert first.encryption == again.encryption == renewed.encryption
     assert renewed.key_until == clock[0] + 86400
     assert archiver._settings(clock[0] + 1) is renewed  # no call within SETTINGS_SECONDS
+
+
+# --- a backup waiting for its WAL (an archived tail) -------------------------------------------
+def test_a_waiting_backup_sends_its_segments_now_and_only_those(tmp_path, spool) -> None:
+    archiver = make(tmp_path, spool)
+    now = time.time()
+    spooled(spool, 1, 3)  # young: without a waiting backup they wait for the delay
+    assert archiver.ready(archiver.spools[0], 5.0, now) == []
+    through = "000000010000000000000002"
+    hurried = archiver.ready(archiver.spools[0], 5.0, now, hurried=through)
+    assert [p.name[-2:] for p in hurried] == ["01", "02", "03"]  # the batch is the spool's
+    assert archiver.ready(archiver.spools[0], 5.0, now, hurried="000000010000000000000000") == []
+
+
+def test_a_waiting_backup_returns_once_its_segments_are_recorded(tmp_path, spool) -> None:
+    function = Function()
+    archiver = make(tmp_path, spool, function)
+    threading.Thread(target=archiver.run, daemon=True).start()
+    try:
+        spooled(spool, 1, 2)  # young: only the waiting backup sends them before the delay
+        archiver.wait_archived("s1", "000000010000000000000002", timeout=10.0)
+        assert list(spool.iterdir()) == []  # recorded, then removed
+        assert function.calls[-2:] == ["sign", "record"]
+        assert archiver.hurried == {}  # nothing hurried once the backup has its WAL
+    finally:
+        archiver.stop()
+
+
+def test_a_backup_whose_wal_is_not_archived_in_time_fails_naming_why(tmp_path, spool) -> None:
+    function = Function()
+    function.refuse = "sign"
+    archiver = make(tmp_path, spool, function)
+    threading.Thread(target=archiver.run, daemon=True).start()
+    try:
+        spooled(spool, 1, 2)
+        with pytest.raises(WalNotArchived) as raised:
+            archiver.wait_archived("s1", "000000010000000000000002", timeout=1.0)
+    finally:
+        archiver.stop()
+    message = raised.value.message
+    assert "2 file(s) from 000000010000000000000001" in message
+    assert "ChecksumMismatch" in message  # the archive function's refusal, named
+    assert len(list(spool.iterdir())) == 2  # nothing lost

@@ -137,6 +137,9 @@ class HooksAdapter:
         with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
             held.parent.rmdir()
 
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        pass  # no log to archive
+
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "hooks").glob("*") if p.is_dir()}
 

@@ -177,6 +177,9 @@ class MariadbAdapter:
         with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
             copy.parent.rmdir()
 
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        pass  # no log to archive
+
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "mariabackup").glob("*") if p.is_dir()}
 

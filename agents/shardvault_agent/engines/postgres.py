@@ -14,6 +14,15 @@
   segment from the start to the restore point (to the stop LSN without a cut), copied from
   ``pg_wal`` while the slot holds them, so the backup restores on its own without a WAL
   archive.
+- *archived tail*: a shard with a ``wal_spool_dir`` whose agent archives it (``archived``)
+  has its WAL in the archive already, so a backup neither holds nor copies it: no slot
+  (``archive_mode`` keeps every segment until it is pushed, and the spool until it is
+  stored); at stop the segment holding the restore point is closed (``pg_switch_wal``) and
+  pushed, and the tail is the backup label alone, its marker naming the first and last
+  segment (``archived_from``, ``archived_through``). The agent then waits for the archive to
+  record that segment, and Finalize copies the archive's batches into the backup
+  (``shardvault.backup.archived``): a slow backup holds no WAL on the source and reads none
+  twice, and still restores alone.
 - release: end the backup if it is still running and close the session (dropping the slot).
 
 Restore: ``engines.postgres_restore`` (recovery to the cut or a target, the checks), with the
@@ -40,7 +49,7 @@ from shardvault.cut import (
     PAUSE_HOLD_SECONDS,
     CutRequest,
 )
-from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
+from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing, WalNotArchived
 from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import pgpages, postgres_restore
@@ -119,8 +128,12 @@ SELECT current_setting('wal_level'),
            - (SELECT count(*) FROM pg_replication_slots),
        (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
        has_function_privilege('pg_backup_start(text, boolean)', 'EXECUTE'),
-       has_function_privilege('pg_create_restore_point(text)', 'EXECUTE')
+       has_function_privilege('pg_create_restore_point(text)', 'EXECUTE'),
+       current_setting('archive_mode'),
+       has_function_privilege('pg_switch_wal()', 'EXECUTE')
 """
+
+ARCHIVE_WAIT_SECONDS = 600.0  # for the server to push a backup's last segment into the spool
 
 
 class PostgresAdapter:
@@ -133,6 +146,9 @@ class PostgresAdapter:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        # The shards whose WAL this agent's archiver stores (``use_log_archive``): their
+        # backups' tails refer to the archive (module docstring, *archived tail*).
+        self.archived: set[str] = set()
         self.held: dict[tuple[str, str], HeldBackup] = {}
         self.lock = threading.Lock()
 
@@ -162,9 +178,8 @@ class PostgresAdapter:
         ``pg_backup_start`` and create the cut's restore point."""
         conn = self._connect(shard)
         try:
-            wal_level, free_slots, replicates, may_backup, may_cut = conn.execute(
-                READINESS
-            ).fetchone()
+            row = conn.execute(READINESS).fetchone()
+            wal_level, free_slots, replicates, may_backup, may_cut, archive_mode, may_switch = row
         except psycopg.Error as error:
             raise EngineError(
                 f"PostgreSQL shard {shard.shard_id}: its settings cannot be read: {error}".strip(),
@@ -175,11 +190,22 @@ class PostgresAdapter:
         problems = []
         if wal_level == "minimal":
             problems.append("wal_level is minimal (set replica, and restart the server)")
-        if free_slots < 1:
+        if shard.shard_id in self.archived:  # the archive keeps the WAL: no slot is taken
+            if archive_mode not in ("on", "always"):
+                problems.append(
+                    "the shard has a wal_spool_dir but archive_mode is off (set archive_mode = "
+                    "on and archive_command to shardvault-wal-push, and restart the server)"
+                )
+            if not may_switch:
+                problems.append(
+                    "the agent's role may not close a WAL segment for the archive (GRANT "
+                    "EXECUTE ON FUNCTION pg_switch_wal() to it)"
+                )
+        elif free_slots < 1:
             problems.append(
                 "no replication slot is free (raise max_replication_slots, or drop unused slots)"
             )
-        if not replicates:
+        if not replicates and shard.shard_id not in self.archived:
             problems.append("the agent's role lacks REPLICATION (ALTER ROLE ... REPLICATION)")
         if not may_backup:
             problems.append(
@@ -229,9 +255,11 @@ class PostgresAdapter:
         refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)  # refuses another instance before the slot is taken
+        archived = shard.shard_id in self.archived
         slot = slot_name(backup_id, shard.shard_id)
         try:
-            conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+            if not archived:  # an archived shard's server keeps its WAL until it is pushed
+                conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
         except psycopg.Error as error:
             conn.close()
             raise EngineError(
@@ -262,6 +290,8 @@ class PostgresAdapter:
             "block_size": block_size,  # of its pages: the block screen reads their headers
             "system_identifier": pgpages.system_identifier(shard.data_dir),
         }
+        if archived:
+            marker["wal_in_archive"] = "true"
         # PostgreSQL writes relation files with pwrite (never through a mapping), and any
         # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
         # since the parent's scan needs no reading.
@@ -311,6 +341,12 @@ class PostgresAdapter:
         (tail / "backup_label").write_text(label)
         if spcmap:
             (tail / "tablespace_map").write_text(spcmap)
+        if shard.shard_id in self.archived:
+            pushed(conn, shard, last_wal, last_bytes)
+            marker |= {"archived_from": held.start_wal, "archived_through": last_wal}
+            files = [f for f in list_tree(tail) if not f.path.endswith("/")]
+            self.release(shard, backup_id)
+            return Capture(root=tail, files=files, marker=marker, mutable=False)
         for name in wal_segments(shard.data_dir / "pg_wal", held.start_wal, last_wal):
             source, copy = shard.data_dir / "pg_wal" / name, tail / "pg_wal" / name
             if name == last_wal and cut is not None:
@@ -339,6 +375,9 @@ class PostgresAdapter:
         # At a segment's boundary the function names the segment before, at offset 0: all of it.
         return name, int(offset) or WHOLE_SEGMENT
 
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        self.archived = set(shard_ids)
+
     def held_backups(self) -> set[str]:
         return set()  # backup mode and its slot end with the session: nothing outlives the agent
 
@@ -360,6 +399,8 @@ class PostgresAdapter:
         position), and pg_wal (a symlink to another disk is followed)."""
         if not self.holds(shard, backup_id):
             return None
+        if shard.shard_id in self.archived:  # no slot: the archive keeps the WAL, not the backup
+            return HeldLog(0, (shard.data_dir / "pg_wal").resolve())
         with self._connect(shard) as conn:
             row = conn.execute(HELD_WAL, (slot_name(backup_id, shard.shard_id),)).fetchone()
         if row is None or row[0] is None:
@@ -556,6 +597,33 @@ def cut_settings(conn: psycopg.Connection) -> Iterator[None]:
     finally:
         with contextlib.suppress(psycopg.Error):
             conn.execute("RESET statement_timeout; RESET lock_timeout")
+
+
+def pushed(conn: psycopg.Connection, shard: ShardConfig, last_wal: str, last_bytes: int) -> None:
+    """Closes the segment ``last_wal`` if the WAL still goes on in it (``last_bytes``: how much
+    of it the backup needs), then waits until the server has pushed it and every segment
+    before it into the spool (``archive_status`` holds no ``.ready`` file up to it: the
+    server's archiver goes oldest first and never skips one). Raises ``WalNotArchived``."""
+    if last_bytes != WHOLE_SEGMENT:
+        current = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
+        if current == last_wal:
+            conn.execute("SELECT pg_switch_wal()")
+    status = shard.data_dir / "pg_wal" / "archive_status"
+    deadline = time.monotonic() + ARCHIVE_WAIT_SECONDS
+    while waiting := sorted(
+        p.name
+        for p in status.glob("*.ready")
+        if p.name[:24] <= last_wal and ".history" not in p.name
+    ):
+        if time.monotonic() >= deadline:
+            raise WalNotArchived(
+                f"PostgreSQL shard {shard.shard_id} did not push WAL segment {waiting[0]} into "
+                f"its spool within {ARCHIVE_WAIT_SECONDS:g} s (the backup needs it up to "
+                f"{last_wal}).",
+                fix="check archive_command in the server's log (shardvault-wal-push refuses "
+                "when the spool is full: see the agent's log for why it does not drain).",
+            )
+        time.sleep(0.05)
 
 
 def copy_wal_up_to(source: Path, copy: Path, length: int) -> None:

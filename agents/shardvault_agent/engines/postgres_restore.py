@@ -67,8 +67,9 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
         recovered = promoted(instance, RECOVERY_SECONDS)
     except RuntimeError as error:  # the server stopped: its log is in the message
         raise short_of_target(str(error), shard_id, cut, target) or error from None
-    if target is not None:
-        shutil.rmtree(root / WAL_DIR, ignore_errors=True)  # replayed: not part of the copy
+    # Replayed (a target's archive), or never read (an archived tail's batches' other files):
+    # not part of the copy.
+    shutil.rmtree(root / WAL_DIR, ignore_errors=True)
     checks = {"recovered": "ok" if recovered else "in recovery"}
     checks |= postgres_checks(
         instance,

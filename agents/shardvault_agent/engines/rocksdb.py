@@ -129,6 +129,9 @@ class RocksdbAdapter:
         with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
             target.parent.rmdir()
 
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        pass  # no log to archive
+
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "rocksdb").glob("*") if p.is_dir()}
 

@@ -133,6 +133,9 @@ class SqliteAdapter:
         with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
             snapshot.parent.rmdir()
 
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        pass  # no log to archive
+
     def held_backups(self) -> set[str]:
         return {p.name for p in (self.config.state_dir / "snapshots").glob("*") if p.is_dir()}
 
