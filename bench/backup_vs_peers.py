@@ -127,6 +127,8 @@ from peers import (
     upload_one,
 )
 from probes import Probe
+from shardvault_agent import walspool
+from shardvault_agent.archiver import spool_state
 from shardvault_agent.config import AgentConfig
 
 from shardvault import operations as ops
@@ -135,7 +137,9 @@ from shardvault.local.minio import PINNED_MODULE, MinioServer
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
+    ensure_traversable,
     find_pg_bin_dir,
+    give_to_postgres,
     init_instance,
     pgbench_init,
     run_as_postgres,
@@ -212,6 +216,14 @@ def add_environment_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override an agent option, e.g. upload_parallelism=8 (repeatable)",
+    )
+    parser.add_argument(
+        "--shardvault-archive",
+        action="store_true",
+        help="archive the WAL continuously with ShardVault too (its push after pgBackRest's in "
+        "archive_command, the agent's archiver): ShardVault's backups then take their WAL "
+        "from the archive (archived tails). The bench's policy must give the cluster an "
+        "archive section (throttle_under_load.py's does)",
     )
 
 
@@ -422,9 +434,33 @@ def start_servers(
     data_dir = root / "pg" / "data"
     cleanup.callback(stop_postgres_at, data_dir)
     pgbackrest = PgBackRest(root / "pgbackrest", tls_minio, compress_type=PGBACKREST_COMPRESS_TYPE)
-    pg = init_instance(data_dir, settings=pg_settings(pgbackrest.archive_command))
+    archive_command = pgbackrest.archive_command
+    if args.shardvault_archive:  # both tools archive: a push must succeed for both
+        archive_command += f" && {shardvault_push(root)}"
+    pg = init_instance(data_dir, settings=pg_settings(archive_command))
     pgbackrest.instance = pg
     return tls_minio, stack, pg, pgbackrest
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the push runs as the server's user, as on a host
+
+
+def spool_dir(root: Path) -> Path:
+    return root / "spool"
+
+
+def shardvault_push(root: Path) -> str:
+    """ShardVault's push into the agent's spool (``--shardvault-archive``), as
+    ``tests/integration/conftest.py``'s ArchivingNode sets it up: a copy of walspool.py the
+    server's user can read, run by the system python3, and a spool the server's user owns."""
+    spool = spool_dir(root)
+    spool.mkdir()
+    give_to_postgres(spool)
+    client = root / "push" / "walspool.py"
+    client.parent.mkdir()
+    shutil.copyfile(walspool.__file__, client)
+    ensure_traversable(client.parent)
+    return f"{SYSTEM_PYTHON} {client} --spool {spool} --max-bytes {1 << 34} %p"
 
 
 def fill(pg: PostgresInstance, pgbackrest: PgBackRest, scale: int) -> dict[str, Any]:
@@ -455,6 +491,8 @@ def agent_config(
         "data_dir": str(pg.data_dir),
         "conninfo": pg.conninfo,
     }
+    if args.shardvault_archive:
+        shard["wal_spool_dir"] = str(spool_dir(root))
     config = demo.agent_config(root, CLUSTER, NODE_ID, "postgres", [shard])
     if args.agent_state_dir:
         state = Path(tempfile.mkdtemp(prefix="shardvault-agent-", dir=args.agent_state_dir))
@@ -556,7 +594,22 @@ def wait_archived(pg: PostgresInstance, timeout: float = ARCHIVE_TIMEOUT) -> Non
 
 def settle(bench: Bench) -> None:
     wait_archived(bench.pg)
+    if bench.args.shardvault_archive:
+        wait_spool_drained(spool_dir(bench.root))
     os.sync()
+
+
+SPOOL_SETTLED_AGE = 90.0  # the policy's delay (60 s) and a margin: the archiver keeps up
+
+
+def wait_spool_drained(spool: Path, timeout: float = 1800.0) -> None:
+    """Waits until ShardVault's spool holds no WAL file older than ``SPOOL_SETTLED_AGE`` (under
+    a write load it is never empty: files wait up to the policy's delay to share a batch)."""
+    deadline = time.monotonic() + timeout
+    while spool_state(spool, time.time())[1] > SPOOL_SETTLED_AGE:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ShardVault's spool {spool} did not drain in {timeout:g} s")
+        time.sleep(1.0)
 
 
 def quiet_agents(bench: Bench) -> dict[str, float]:

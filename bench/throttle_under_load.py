@@ -13,7 +13,13 @@ Terms:
   by pgBackRest's ``archive-push`` into a second MinIO over TLS) filled by ``pgbench -i -s
   SCALE`` in database ``postgres``; the local stack (moto's Step Functions running the real
   ASL, the Lambda handlers in this process, MinIO as the store) with one source agent (and
-  the idle restore agent that setup starts).
+  the idle restore agent that setup starts). With ``--shardvault-archive`` ShardVault archives
+  the WAL continuously too: its push into the agent's spool follows pgBackRest's
+  ``archive-push`` in ``archive_command``, the agent's archiver stores the spool (the policy's
+  ``archive: {max_delay_seconds: 60}``, the default), and ShardVault's backups take their WAL
+  from the archive (archived tails) instead of holding and copying it. The archiver runs in
+  every window, with or without a backup; *settled* then also waits until the spool holds no
+  file older than 90 s.
 * *policy*: the bench cluster's entry in a policy file of the work directory (version 1,
   ``engine: postgres``, a nightly schedule, a vault, ``retention``, and the configuration's
   ``upload``), which the local stack's ``settings.policy_file`` is pointed at before each
@@ -135,6 +141,7 @@ LOG_POLL = 0.2
 WINDOW_SLACK = 5.0  # seconds: a thread's log lines may be out of order by less than this
 IDLE = "sv-unthrottled-idle"
 IDLE_TARGET = 2.0  # the issue's: a backup's wall time at most 2x the idle unthrottled one
+ARCHIVE_DELAY_SECONDS = 60.0  # the policy's default archive.max_delay_seconds
 POLICY_BASE: dict[str, Any] = {  # the bench cluster's entry, less its upload
     "engine": "postgres",
     "schedule": {"full": "0 2 * * *"},
@@ -472,7 +479,10 @@ def use_policy(bench: bvp.Bench, upload: dict[str, Any]) -> Path:
     """Writes the bench cluster's policy with ``upload`` and points the stack at it (read by
     the control plane at each backup)."""
     path = bench.root / "policy.yaml"
-    policy = {"version": 1, "clusters": {bvp.CLUSTER: POLICY_BASE | {"upload": upload}}}
+    cluster = POLICY_BASE | {"upload": upload}
+    if bench.args.shardvault_archive:  # the agent archives: its batches go once a minute
+        cluster["archive"] = {"max_delay_seconds": ARCHIVE_DELAY_SECONDS}
+    policy = {"version": 1, "clusters": {bvp.CLUSTER: cluster}}
     path.write_text(yaml.safe_dump(policy, sort_keys=False))
     bench.stack.settings.policy_file = str(path)
     return path
@@ -870,6 +880,8 @@ def main(argv: list[str] | None = None) -> int:
         root = bvp.make_workdir(args, cleanup)
         bench = bvp.setup(args, root, cleanup)
         without_vault(bench)
+        if args.shardvault_archive:  # the archiver stores the spool once the policy says how
+            use_policy(bench, {})
         bench.setup["server_cgroup"] = server_cgroup(bench.pg, cleanup)
         say(f"setup done in {time.time() - started:.0f} s: {json.dumps(bench.setup)}")
         h = Harness(args, bench, {c.name: c for c in configurations(args.fixed_mib)})
