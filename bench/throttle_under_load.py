@@ -68,6 +68,11 @@ Terms:
   latency (with its lag) and of latency without lag, p99 of schedule lag, and the worst whole
   second's count. *tps ratio*: tps during ÷ tps baseline; *transactions short*: the
   baseline's tps times the window's length less the transactions completed in it.
+* *busy cores*: the machine's (everything on it counts) over the window and over its
+  baseline, from ``/proc/stat`` read every half second (``CpuSampler``). *CPU bound*: the
+  idle reference's CPU (its agent's, the control plane's and its MinIO's) over the cores the
+  baselines leave idle: the least wall time at which that backup could run on the cores the
+  load does not use, and that ÷ the idle backup's wall time.
 * *throttle* (ShardVault): the catalog record's ``throttle`` field as the agent last reported
   it (adaptive only: ``cuts``, ``throttled_seconds``, ``lowest_rate_bytes_per_second``,
   ``limited_by``, ``floor_bytes_per_second``), and the record's ``duration_seconds`` (the
@@ -110,6 +115,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from array import array
 from collections import Counter
@@ -149,6 +155,7 @@ POLICY_BASE: dict[str, Any] = {  # the bench cluster's entry, less its upload
     "retention": {"keep_daily": 1},
 }
 
+CPU_SAMPLE_SECONDS = 0.5
 say = bvp.say
 
 
@@ -566,6 +573,36 @@ def discard(bench: bvp.Bench, result: dict[str, Any]) -> None:
 
 # --- rounds -------------------------------------------------------------------------------------
 @dataclass
+class CpuSampler:
+    """The machine's busy cores over any window of the run: ``/proc/stat``'s first line read
+    every ``CPU_SAMPLE_SECONDS`` by a thread (everything on the machine counts)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []  # (time, busy jiffies, all jiffies)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(CPU_SAMPLE_SECONDS):
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            idle = fields[3] + fields[4]  # idle and iowait
+            self.samples.append((time.time(), sum(fields[:8]) - idle, sum(fields[:8])))
+
+    def busy_cores(self, start: float, end: float) -> float | None:
+        """The cores busy on average between the samples nearest ``start`` and ``end``."""
+        times = [t for t, _, _ in self.samples]
+        first, last = bisect.bisect_left(times, start), bisect.bisect_right(times, end) - 1
+        if last <= first:
+            return None
+        (_, busy_a, all_a), (_, busy_b, all_b) = self.samples[first], self.samples[last]
+        return (busy_b - busy_a) / max(1, all_b - all_a) * (os.cpu_count() or 1)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+@dataclass
 class Harness:
     """The environment, the write load (None before it starts) and the configurations."""
 
@@ -574,6 +611,8 @@ class Harness:
     configs: dict[str, Configuration]
     load: WriteLoad | None = None
     idle_seconds: float = 0.0
+    idle_result: dict[str, Any] | None = None
+    cpu: CpuSampler = field(default_factory=CpuSampler)
 
 
 def settle(h: Harness) -> dict[str, Any]:
@@ -605,6 +644,8 @@ def load_figures(h: Harness, window: tuple[float, float]) -> dict[str, Any]:
     base_start = time.time()
     time.sleep(end - start)
     baseline = h.load.window(base_start, base_start + end - start)
+    during["busy_cores"] = h.cpu.busy_cores(start, end)
+    baseline["busy_cores"] = h.cpu.busy_cores(base_start, base_start + end - start)
     return {
         "load": during,
         "baseline": baseline,
@@ -636,7 +677,7 @@ def idle_reference(h: Harness) -> dict[str, Any]:
     result = backup(h, h.configs["sv-unthrottled"])
     result.pop("window")
     discard(h.bench, result)
-    h.idle_seconds = result["seconds"]
+    h.idle_seconds, h.idle_result = result["seconds"], result
     say(f"  {IDLE}: {result['seconds']:.1f} s")
     return result
 
@@ -676,6 +717,8 @@ SPREAD_KEYS = (
     "load.lag_p99_ms",
     "baseline.lag_p99_ms",
     "load.worst_second_tps",
+    "load.busy_cores",
+    "baseline.busy_cores",
     "throttle.cuts",
     "throttle.throttled_seconds",
     "throttle.lowest_rate_bytes_per_second",
@@ -761,15 +804,17 @@ def load_table(summary: dict[str, Any]) -> str:
     rows = [
         "| write load during | tps during / baseline | tps ratio min / median / max | "
         "p50 ms during / baseline | p99 ms during / baseline | p50 ms without lag | "
-        "p99 ms without lag | schedule lag p99 ms | worst second's tps |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "p99 ms without lag | schedule lag p99 ms | worst second's tps | busy cores during / "
+        "baseline |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for info in summary["configurations"].values():
         rows.append(
             f"| {info['label']} | {_pair(info, 'tps', 0)} | {spread_cell(info['tps_ratio'], 3)} | "
             f"{_pair(info, 'latency_p50_ms')} | {_pair(info, 'latency_p99_ms')} | "
             f"{_pair(info, 'latency_no_lag_p50_ms')} | {_pair(info, 'latency_no_lag_p99_ms')} "
-            f"| {_pair(info, 'lag_p99_ms')} | {median_cell(info['load.worst_second_tps'], 0)} |"
+            f"| {_pair(info, 'lag_p99_ms')} | {median_cell(info['load.worst_second_tps'], 0)} "
+            f"| {_pair(info, 'busy_cores', 2)} |"
         )
     return "\n".join(rows)
 
@@ -802,7 +847,34 @@ def markdown(h: Harness, summary: dict[str, Any]) -> str:
         "figures are medians over the rounds unless given as min / median / max."
     )
     parts = [head, "Backups:\n\n" + backups_table(summary), load_table(summary)]
+    if bound := cpu_bound(h, summary):
+        parts.append(bound)
     return "\n\n".join(parts) + "\n"
+
+
+def cpu_bound(h: Harness, summary: dict[str, Any]) -> str:
+    """The least wall time a backup could take without taking CPU from the load: the idle
+    reference's CPU (agent, control plane and its MinIO) over the cores the load's baselines
+    leave idle, and that ÷ the idle backup's wall time."""
+    idle = h.idle_result
+    busy = [
+        c["baseline.busy_cores"]["median"]
+        for c in summary["configurations"].values()
+        if c.get("baseline.busy_cores")
+    ]
+    if not idle or not busy:
+        return ""
+    cpu = idle["client_cpu_seconds"] + idle.get("minio_cpu_seconds", 0.0)
+    spare = (os.cpu_count() or 1) - statistics.median(busy)
+    least = cpu / spare if spare > 0 else math.inf
+    return (
+        f"CPU: the idle backup used {cpu:.2f} CPU-s (agent {idle['agent_cpu_seconds']:.2f}, "
+        f"control plane {idle['control_plane_cpu_seconds']:.2f}, its MinIO "
+        f"{idle.get('minio_cpu_seconds', 0.0):.2f}); the load's baselines keep "
+        f"{statistics.median(busy):.2f} of {os.cpu_count()} cores busy, so a backup that took "
+        f"no CPU from the load would need at least {least:.1f} s ({least / h.idle_seconds:.2f}x "
+        "the idle backup)."
+    )
 
 
 # --- main ---------------------------------------------------------------------------------------
