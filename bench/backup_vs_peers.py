@@ -592,21 +592,28 @@ def wait_archived(pg: PostgresInstance, timeout: float = ARCHIVE_TIMEOUT) -> Non
         time.sleep(0.5)
 
 
-def settle(bench: Bench) -> None:
+def settle(bench: Bench, loaded: bool = False) -> None:
+    """WAL archiving caught up, then ``sync``. ``loaded``: a write load runs, so ShardVault's
+    spool (``--shardvault-archive``) is never empty: it has caught up when no file in it is
+    older than the policy's delay and a margin (``SPOOL_SETTLED_AGE``)."""
     wait_archived(bench.pg)
     if bench.args.shardvault_archive:
-        wait_spool_drained(spool_dir(bench.root))
+        wait_spool_drained(spool_dir(bench.root), SPOOL_SETTLED_AGE if loaded else 0.0)
     os.sync()
 
 
 SPOOL_SETTLED_AGE = 90.0  # the policy's delay (60 s) and a margin: the archiver keeps up
 
 
-def wait_spool_drained(spool: Path, timeout: float = 1800.0) -> None:
-    """Waits until ShardVault's spool holds no WAL file older than ``SPOOL_SETTLED_AGE`` (under
-    a write load it is never empty: files wait up to the policy's delay to share a batch)."""
+def wait_spool_drained(spool: Path, age: float, timeout: float = 1800.0) -> None:
+    """Waits until ShardVault's spool holds no WAL file older than ``age`` (0: none at all)."""
     deadline = time.monotonic() + timeout
-    while spool_state(spool, time.time())[1] > SPOOL_SETTLED_AGE:
+
+    def waiting() -> bool:
+        size, oldest = spool_state(spool, time.time())
+        return size > 0 and oldest >= age
+
+    while waiting():
         if time.monotonic() > deadline:
             raise RuntimeError(f"ShardVault's spool {spool} did not drain in {timeout:g} s")
         time.sleep(1.0)

@@ -18,8 +18,8 @@ Terms:
   ``archive-push`` in ``archive_command``, the agent's archiver stores the spool (the policy's
   ``archive: {max_delay_seconds: 60}``, the default), and ShardVault's backups take their WAL
   from the archive (archived tails) instead of holding and copying it. The archiver runs in
-  every window, with or without a backup; *settled* then also waits until the spool holds no
-  file older than 90 s.
+  every window, with or without a backup; *settled* then also waits until the spool is empty
+  (before the write load) or holds no file older than 90 s (under it).
 * *policy*: the bench cluster's entry in a policy file of the work directory (version 1,
   ``engine: postgres``, a nightly schedule, a vault, ``retention``, and the configuration's
   ``upload``), which the local stack's ``settings.policy_file`` is pointed at before each
@@ -619,7 +619,7 @@ def settle(h: Harness) -> dict[str, Any]:
     """See *settled*; returns how long each part waited."""
     quiet = bvp.quiet_agents(h.bench)
     started = time.monotonic()
-    bvp.settle(h.bench)
+    bvp.settle(h.bench, loaded=h.load is not None)
     settled = quiet | {"archive_sync_seconds": round(time.monotonic() - started, 1)}
     if h.load:
         settled["catch_up_seconds"] = round(h.load.catch_up(h.args.backlog_ms), 1)

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 from shardvault.archive import batch_place
 from shardvault.checksums import crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch
-from shardvault.models import FileEntry, Manifest, ManifestStream, ObjectResult
+from shardvault.models import FileEntry, Manifest, ManifestStream, ObjectResult, object_place
 from shardvault.pipeline import FrameCodec, FrameSink, frame_spans, unpack_frames
 
 CHUNK = 1024 * 1024
@@ -82,8 +82,9 @@ def read_object(
     """Streams one object into the writer; returns its stored bytes."""
     if obj.frames:
         spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
-        place = (
-            f"{manifest.cluster}/{manifest.backup_id}/{obj.shard_id}/{obj.phase}/{obj.index:05d}"
+        # An archived tail's batch copy keeps its batch's place (shardvault.backup.archived).
+        place = obj.place or object_place(
+            manifest.cluster, manifest.backup_id, obj.shard_id, obj.phase, obj.index
         )
         sink = FrameSink(
             spans, FrameCodec(), place, lambda _, plain: writer.write(memoryview(plain))

@@ -456,7 +456,12 @@ class Commands:
                 if args.get("flush") and not self.engine.checkpoint_flushes:
                     self.engine.flush(shard)
                 at = time.time()
-                capture = self.engine.checkpoint(shard, backup_id, self.backup_dir(backup_id))
+                capture = self.engine.checkpoint(
+                    shard,
+                    backup_id,
+                    self.backup_dir(backup_id),
+                    log_archived=bool(args.get("archived_tails")) and self._archives(shard),
+                )
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
             self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
             if "parents" not in args:
@@ -690,6 +695,12 @@ class Commands:
         if pack:
             self._pack_listed(backup_id, result, pack, Phase.TAIL)
         return result
+
+    def _archives(self, shard: ShardConfig) -> bool:
+        """Whether this agent's archiver stores the shard's log."""
+        return self.archiver is not None and any(
+            spool.shard_id == shard.shard_id for spool in self.archiver.spools
+        )
 
     def _archived_tails(self, backup_id: str, shards: list[ShardConfig]) -> None:
         """Waits until the archive has recorded the log each tail refers to instead of

@@ -240,3 +240,31 @@ def test_a_server_a_backup_cannot_use_is_named_before_one_starts(servers, pg_ada
         server.psql("REVOKE ALL ON FUNCTION pg_create_restore_point FROM plain")
         server.psql("DROP ROLE plain")
     untouched(server)
+
+
+def test_an_archived_shard_takes_no_slot_only_when_its_tail_is_copied_from_the_archive(
+    servers, pg_adapter, tmp_path
+):
+    """A shard this agent archives: its backup takes no slot when the checkpoint command says
+    the control plane copies archived tails, and holds a slot as before when it does not (an
+    older control plane). check_ready asks such a shard for archive_mode, not for a slot."""
+    server = servers[0]
+    adapter, shard = pg_adapter(server.data_dir, server.conninfo)
+    adapter.use_log_archive({shard.shard_id})
+    with pytest.raises(EngineError, match="has a wal_spool_dir but archive_mode is off"):
+        adapter.check_ready(shard)  # this server does not archive
+
+    adapter.checkpoint(shard, "b1", tmp_path / "work", log_archived=True)
+    try:
+        assert server.psql("SELECT count(*) FROM pg_replication_slots") == "0"
+        held = adapter.held_log(shard, "b1")
+        assert held is not None
+        assert held.bytes == 0  # the archive keeps the WAL, not the backup
+    finally:
+        adapter.release(shard, "b1")
+    adapter.checkpoint(shard, "b1", tmp_path / "work")
+    try:
+        assert server.psql("SELECT count(*) FROM pg_replication_slots") == "1"
+    finally:
+        adapter.release(shard, "b1")
+    untouched(server)

@@ -25,9 +25,9 @@ def recording_commands(tmp_path: Path) -> tuple[Commands, list[str]]:
         calls.append(f"flush {shard.shard_id}")
         return flush(shard)
 
-    def recorded_checkpoint(shard, backup_id, work_dir):
+    def recorded_checkpoint(shard, backup_id, work_dir, **options):
         calls.append(f"checkpoint {shard.shard_id}")
-        return checkpoint(shard, backup_id, work_dir)
+        return checkpoint(shard, backup_id, work_dir, **options)
 
     engine.flush, engine.checkpoint = recorded_flush, recorded_checkpoint
     no_faults = SimpleNamespace(faults=Faults())

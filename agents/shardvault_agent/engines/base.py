@@ -154,7 +154,15 @@ class EngineAdapter(Protocol):
 
     def flush(self, shard: ShardConfig) -> None: ...
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture: ...
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
+        """Takes the shard's checkpoint. ``log_archived``: the agent's archiver stores the
+        shard's log and the control plane copies an archived tail into the backup (the
+        checkpoint command's ``archived_tails``): an engine whose tail is its log may then
+        refer to the archive instead of holding and copying the log (PostgreSQL: the
+        *archived tail*). Others ignore it."""
+        ...
 
     def holds(self, shard: ShardConfig, backup_id: str) -> bool: ...
 
@@ -170,8 +178,8 @@ class EngineAdapter(Protocol):
 
     def use_log_archive(self, shard_ids: set[str]) -> None:
         """The shards whose log the agent's archiver stores (the daemon says so as it starts
-        the archiver): an engine whose tail is its log may refer to the archive instead of
-        copying the log (PostgreSQL: the *archived tail*). Others ignore it."""
+        the archiver): what ``check_ready`` asks of them may differ (PostgreSQL: an archived
+        tail takes no slot). Others ignore it."""
         ...
 
     def held_backups(self) -> set[str]: ...

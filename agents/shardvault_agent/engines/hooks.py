@@ -94,7 +94,9 @@ class HooksAdapter:
         """What a checkpoint holds, kept across agent restarts (the hook's JSON)."""
         return self.config.state_dir / "hooks" / backup_id / f"{shard.shard_id}.json"
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
         self.check(shard)
         held = self._held(backup_id, shard)
         # Noted before the hook runs: a checkpoint that fails or dies halfway is released.

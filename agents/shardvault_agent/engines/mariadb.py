@@ -137,7 +137,9 @@ class MariadbAdapter:
     def _copy_dir(self, backup_id: str, shard: ShardConfig) -> Path:
         return self.config.state_dir / "mariabackup" / backup_id / shard.shard_id
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
         server = self._server(shard)
         copy = self._copy_dir(backup_id, shard)
         shutil.rmtree(copy, ignore_errors=True)  # a retried checkpoint starts over

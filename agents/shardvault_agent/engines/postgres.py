@@ -14,8 +14,9 @@
   segment from the start to the restore point (to the stop LSN without a cut), copied from
   ``pg_wal`` while the slot holds them, so the backup restores on its own without a WAL
   archive.
-- *archived tail*: a shard with a ``wal_spool_dir`` whose agent archives it (``archived``)
-  has its WAL in the archive already, so a backup neither holds nor copies it: no slot
+- *archived tail*: a shard with a ``wal_spool_dir`` whose agent archives it (``archived``),
+  in a backup whose control plane copies archived tails (``log_archived``), has its WAL in
+  the archive already, so a backup neither holds nor copies it: no slot
   (``archive_mode`` keeps every segment until it is pushed, and the spool until it is
   stored); at stop the segment holding the restore point is closed (``pg_switch_wal``) and
   pushed, and the tail is the backup label alone, its marker naming the first and last
@@ -118,6 +119,7 @@ class HeldBackup:
     connection: psycopg.Connection
     start_lsn: str
     start_wal: str
+    archived: bool = False  # an archived tail: no slot, the archive holds the WAL
     stopped: bool = False
 
 
@@ -250,12 +252,14 @@ class PostgresAdapter:
         with self._connect(shard) as conn:
             conn.execute("CHECKPOINT")
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
         self.check(shard)
         refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)  # refuses another instance before the slot is taken
-        archived = shard.shard_id in self.archived
+        archived = log_archived and shard.shard_id in self.archived
         slot = slot_name(backup_id, shard.shard_id)
         try:
             if not archived:  # an archived shard's server keeps its WAL until it is pushed
@@ -282,7 +286,7 @@ class PostgresAdapter:
                 fix="check the server log; wal_level must be replica or logical.",
             ) from None
         with self.lock:
-            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal)
+            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal, archived)
         marker = {
             "start_lsn": str(lsn),
             "start_wal": wal,
@@ -341,7 +345,7 @@ class PostgresAdapter:
         (tail / "backup_label").write_text(label)
         if spcmap:
             (tail / "tablespace_map").write_text(spcmap)
-        if shard.shard_id in self.archived:
+        if held.archived:
             pushed(conn, shard, last_wal, last_bytes)
             marker |= {"archived_from": held.start_wal, "archived_through": last_wal}
             files = [f for f in list_tree(tail) if not f.path.endswith("/")]
@@ -397,9 +401,10 @@ class PostgresAdapter:
     def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
         """The WAL the backup's slot retains (from its restart point to the server's current
         position), and pg_wal (a symlink to another disk is followed)."""
-        if not self.holds(shard, backup_id):
+        held = self.held.get((backup_id, shard.shard_id))
+        if held is None or held.connection.closed:
             return None
-        if shard.shard_id in self.archived:  # no slot: the archive keeps the WAL, not the backup
+        if held.archived:  # no slot: the archive keeps the WAL, not the backup
             return HeldLog(0, (shard.data_dir / "pg_wal").resolve())
         with self._connect(shard) as conn:
             row = conn.execute(HELD_WAL, (slot_name(backup_id, shard.shard_id),)).fetchone()

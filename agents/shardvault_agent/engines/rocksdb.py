@@ -85,7 +85,9 @@ class RocksdbAdapter:
     def _checkpoint_dir(self, backup_id: str, shard: ShardConfig) -> Path:
         return self.config.state_dir / "rocksdb" / backup_id / shard.shard_id
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
         self.check(shard)
         assert shard.data_dir is not None
         target = self._checkpoint_dir(backup_id, shard)

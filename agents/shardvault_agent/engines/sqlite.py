@@ -92,7 +92,9 @@ class SqliteAdapter:
     def _snapshot_dir(self, backup_id: str, shard: ShardConfig) -> Path:
         return self.config.state_dir / "snapshots" / backup_id / shard.shard_id
 
-    def checkpoint(self, shard: ShardConfig, backup_id: str, work_dir: Path) -> Capture:
+    def checkpoint(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
+    ) -> Capture:
         started = time.time()
         source = self._open(shard, "ro")  # first: a missing source leaves no snapshot behind
         target_dir = self._snapshot_dir(backup_id, shard)
