@@ -162,8 +162,9 @@ HEARTBEAT_MISSES = 3
 # (``NodeRecord.protocol``; shardvault_agent.PROTOCOL), and backups and restores refuse an
 # agent that speaks an older one (``AgentOutdated``) before any side effect. Raise it when a
 # command changes in a way an older agent would fail on. 1: an object of one part is sent by
-# one presigned PUT (a transfer without an upload id).
-AGENT_PROTOCOL = 1
+# one presigned PUT (a transfer without an upload id). 2: the upload limits' throttle may be
+# ``auto``.
+AGENT_PROTOCOL = 2
 
 
 class NodeRecord(Registered):
@@ -425,8 +426,9 @@ class UploadLimits(Frozen):
     rate_limit_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
     parallelism: Annotated[int, Field(ge=1)] | None = None
     # adaptive: the agent steers its read rate by the source's health (shardvault_agent.throttle),
-    # under the rate limit, above the floor
-    throttle: Literal["static", "adaptive"] = "static"
+    # under the rate limit, above the floor; auto: adaptive when the source is in use as the
+    # backup starts reading (other clients connected), else static
+    throttle: Literal["static", "adaptive", "auto"] = "auto"
     throttle_window_seconds: Annotated[int, Field(gt=0)] = DEFAULT_THROTTLE_WINDOW_SECONDS
     throttle_floor_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
     # what the backup may hold of the source's log (shardvault_agent.sourceguard)

@@ -243,7 +243,9 @@ class Commands:
         # Made outside the lock (an adaptive one asks the server for its baseline), kept
         # under it. Release leaves its tombstone before it takes these away: a command that
         # passed its own check before the release must not make them again.
-        made = self._backup_limiter(backup_id, limits, self._floor(backup_id, limits))
+        adaptive = self._adaptive(backup_id, limits)
+        floor = self._floor(backup_id, limits) if adaptive else 0.0
+        made = self._backup_limiter(backup_id, limits, adaptive, floor)
         try:
             with self.locks_guard:
                 self._refuse_released(backup_id)
@@ -270,11 +272,43 @@ class Commands:
             UploadLimits.model_validate_json(path.read_text()) if path.exists() else UploadLimits()
         )
 
-    def _backup_limiter(self, backup_id: str, limits: UploadLimits, floor: float) -> RateLimiter:
+    def _adaptive(self, backup_id: str, limits: UploadLimits) -> bool:
+        """Whether the backup's reads are steered: ``adaptive``, or ``auto`` on a source in
+        use (some shard's server has clients other than ShardVault's now, as its engine's
+        probe sees them; an engine without a probe cannot tell, and reads static). Asked once,
+        as the backup starts reading; a probe that fails counts as no client."""
+        if limits.throttle != "auto":
+            return limits.throttle == "adaptive"
+        for shard in self.shards().values():
+            probe = None
+            try:
+                probe = self.engine.health_probe(shard)
+                if probe is not None and probe.ask():
+                    log.info(
+                        "backup %s: shard %s's source is in use: adaptive",
+                        backup_id,
+                        shard.shard_id,
+                    )
+                    return True
+            except Exception as error:  # the throttle never fails a backup
+                log.warning(
+                    "backup %s: shard %s not asked for its clients: %s",
+                    backup_id,
+                    shard.shard_id,
+                    error,
+                )
+            finally:
+                if probe is not None:
+                    probe.close()
+        return False
+
+    def _backup_limiter(
+        self, backup_id: str, limits: UploadLimits, adaptive: bool, floor: float
+    ) -> RateLimiter:
         """The backup's own bucket, charging the agent's (its cap is shared by all)."""
         guard = self._guard(backup_id, limits)
         rate, own = limits.rate_limit_bytes_per_second, self.config.rate_limit_bytes_per_second
-        if limits.throttle == "adaptive":
+        if adaptive:
             ceiling = min((r for r in (rate, own) if r is not None), default=None)
             return AdaptiveLimiter(
                 floor, ceiling, self._throttle_signals, guard=guard.check, parent=self.limiter
@@ -300,8 +334,6 @@ class Commands:
     def _floor(self, backup_id: str, limits: UploadLimits) -> float:
         """An adaptive backup's floor: the rate that reads the node's captured data once
         within the policy's window, and no less than the policy's floor."""
-        if limits.throttle != "adaptive":
-            return 0.0
         captured = [
             self.load_capture(backup_id, shard_id, Phase.DATA)
             for shard_id in self.shards()

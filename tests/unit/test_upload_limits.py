@@ -38,7 +38,7 @@ def test_the_policys_upload_settings_become_the_backups_limits() -> None:
     assert upload_limits(cluster) == UploadLimits(
         rate_limit_bytes_per_second=round(1.5 * MiB),
         parallelism=2,
-        throttle="static",
+        throttle="auto",  # the default: adaptive on a source in use
         throttle_window_seconds=6 * 3600,
         throttle_floor_bytes_per_second=4 * MiB,
         min_source_free_percent=5.0,
@@ -133,3 +133,41 @@ def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_pat
     cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
     assert "b1" not in cmds.backup_limiters
     assert limiter.thread is None  # the controller ended, and closed its signals
+
+
+class Probe:
+    """A source's answer to whether clients other than ShardVault's are connected."""
+
+    def __init__(self, in_use: bool | Exception) -> None:
+        self.in_use, self.closed = in_use, False
+
+    def ask(self) -> bool:
+        if isinstance(self.in_use, Exception):
+            raise self.in_use
+        return self.in_use
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(
+    ("probe", "adaptive"),
+    [
+        (None, False),  # an engine that cannot tell (SQLite's has no server): static
+        (Probe(False), False),  # an idle source: static, no controller to pay for
+        (Probe(True), True),  # clients connected: steered by the source's health
+        (Probe(ConnectionError("down")), False),  # a probe that fails never fails the backup
+    ],
+)
+def test_auto_steers_a_backup_only_when_its_source_is_in_use(
+    tmp_path: Path, monkeypatch, probe: Probe | None, adaptive: bool
+) -> None:
+    cmds = commands(tmp_path)
+    monkeypatch.setattr(cmds.engine, "health_probe", lambda shard: probe)
+    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": {"throttle": "auto"}})
+
+    limiter, _ = cmds.limits("b1")
+
+    assert isinstance(limiter, AdaptiveLimiter) == adaptive
+    assert probe is None or probe.closed  # asked once, then its session closed
+    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
