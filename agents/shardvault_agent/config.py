@@ -212,6 +212,13 @@ class AgentConfig(BaseModel):
     archive_poll_seconds: float = Field(
         1.0, gt=0, description="How often the agent looks into its shards' WAL spools."
     )
+    archive_handoff_mib: float = Field(
+        128.0,
+        ge=0,
+        description="PostgreSQL with archiving: once a backup holds more WAL than this on its "
+        "source, it lets its slot go and takes its WAL from the archive (copied at Finalize); "
+        "a backup that held less copies its few segments itself. 0: always from the archive.",
+    )
     restore_dir: Path | None = Field(
         None,
         description="Where restored shards go, one directory each (None: no restores here).",

@@ -295,12 +295,15 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
 
 
 def test_a_lone_nodes_incremental_stops_in_its_checkpoint_and_restores_consistently(
-    stack, tmp_path, make_target
+    stack, tmp_path, make_target, policy_for
 ):
     """One node: its incremental ends the backup in the Checkpoint command, once its changes
     are packed (no Stop state), and cuts there; under pgbench writes, its restore recovers to
     that restore point, consistent (pg_amcheck, TPC-B invariants, a static table equal)."""
     with running_pg_cluster(stack, tmp_path, nodes=1, scale=SCALE) as (cluster, servers):
+        # Static: under the load the default (auto) steers it, and a paced scan reads its
+        # screened pages instead of judging them through a mapping, which this test checks.
+        policy_for(cluster.name, engine="postgres", upload="{throttle: static}")
         static = create_static_tables(servers)
         assert cluster.backup().status == "SUCCEEDED"
         (server,) = servers

@@ -242,29 +242,37 @@ def test_a_server_a_backup_cannot_use_is_named_before_one_starts(servers, pg_ada
     untouched(server)
 
 
-def test_an_archived_shard_takes_no_slot_only_when_its_tail_is_copied_from_the_archive(
+def test_an_archived_shard_lets_its_slot_go_past_the_threshold_when_its_tail_is_copied(
     servers, pg_adapter, tmp_path
 ):
-    """A shard this agent archives: its backup takes no slot when the checkpoint command says
-    the control plane copies archived tails, and holds a slot as before when it does not (an
-    older control plane). check_ready asks such a shard for archive_mode, not for a slot."""
+    """A shard this agent archives: past ``archive_handoff_mib`` of held WAL its backup drops
+    its slot (the archive keeps the WAL) when the checkpoint command says the control plane
+    copies archived tails, and holds it as before when it does not (an older control plane).
+    check_ready asks such a shard for archive_mode."""
     server = servers[0]
     adapter, shard = pg_adapter(server.data_dir, server.conninfo)
     adapter.use_log_archive({shard.shard_id})
     with pytest.raises(EngineError, match="has a wal_spool_dir but archive_mode is off"):
         adapter.check_ready(shard)  # this server does not archive
+    slots = "SELECT count(*) FROM pg_replication_slots"
+    adapter.config.archive_handoff_mib = 32.0
+    server.psql("CREATE TABLE IF NOT EXISTS filler (n int)")
 
-    adapter.checkpoint(shard, "b1", tmp_path / "work", log_archived=True)
-    try:
-        assert server.psql("SELECT count(*) FROM pg_replication_slots") == "0"
-        held = adapter.held_log(shard, "b1")
-        assert held is not None
-        assert held.bytes == 0  # the archive keeps the WAL, not the backup
-    finally:
-        adapter.release(shard, "b1")
-    adapter.checkpoint(shard, "b1", tmp_path / "work")
-    try:
-        assert server.psql("SELECT count(*) FROM pg_replication_slots") == "1"
-    finally:
-        adapter.release(shard, "b1")
+    for log_archived, kept in ((False, "1"), (True, "0")):
+        server.psql("CHECKPOINT")  # the slot reserves from the last checkpoint's redo point
+        adapter.checkpoint(shard, "b1", tmp_path / "work", log_archived=log_archived)
+        try:
+            held = adapter.held_log(shard, "b1")
+            assert held is not None
+            assert held.bytes < 32 * 2**20  # under the threshold: the slot holds it
+            assert server.psql(slots) == "1"
+            for _ in range(4):  # a segment each: past 32 MiB
+                server.psql("INSERT INTO filler VALUES (1)")
+                server.psql("SELECT pg_switch_wal()")
+            held = adapter.held_log(shard, "b1")
+            assert held is not None
+            assert (held.bytes == 0) == log_archived  # the archive keeps the WAL, or the slot
+            assert server.psql(slots) == kept
+        finally:
+            adapter.release(shard, "b1")
     untouched(server)

@@ -243,6 +243,7 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     label, and Finalize copies the archive's batches into the backup, which then restores
     after the archive's own batches are gone."""
     node = archiving(delay=300.0)  # the archiver would wait five minutes: the backup hurries it
+    node.config["archive_handoff_mib"] = 0  # from the archive, however little WAL it holds
     node.start_agent()
     node.server.psql("CREATE TABLE kept (n int)")
     node.server.psql("INSERT INTO kept SELECT generate_series(1, 5000)")

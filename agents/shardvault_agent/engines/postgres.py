@@ -16,14 +16,16 @@
   archive.
 - *archived tail*: a shard with a ``wal_spool_dir`` whose agent archives it (``archived``),
   in a backup whose control plane copies archived tails (``log_archived``), has its WAL in
-  the archive already, so a backup neither holds nor copies it: no slot
-  (``archive_mode`` keeps every segment until it is pushed, and the spool until it is
-  stored); at stop the segment holding the restore point is closed (``pg_switch_wal``) and
-  pushed, and the tail is the backup label alone, its marker naming the first and last
-  segment (``archived_from``, ``archived_through``). The agent then waits for the archive to
-  record that segment, and Finalize copies the archive's batches into the backup
-  (``shardvault.backup.archived``): a slow backup holds no WAL on the source and reads none
-  twice, and still restores alone.
+  the archive already. Once such a backup holds more than ``archive_handoff_mib`` of WAL
+  (``held_log``, each second), it *hands off*: it drops its slot (``archive_mode`` keeps
+  every segment until it is pushed, and the spool until it is stored), and at stop the
+  segment holding the restore point is closed (``pg_switch_wal``) and pushed, and the tail is
+  the backup label alone, its marker naming the first and last segment (``archived_from``,
+  ``archived_through``). The agent then waits for the archive to record that segment, and
+  Finalize copies the archive's batches into the backup (``shardvault.backup.archived``): a
+  slow backup under writes holds no more WAL on the source than that, reads none twice, and
+  still restores alone. A backup that held less copies its few segments at stop, as any
+  other: quicker than waiting for the archive to store them.
 - release: end the backup if it is still running and close the session (dropping the slot).
 
 Restore: ``engines.postgres_restore`` (recovery to the cut or a target, the checks), with the
@@ -119,7 +121,11 @@ class HeldBackup:
     connection: psycopg.Connection
     start_lsn: str
     start_wal: str
-    archived: bool = False  # an archived tail: no slot, the archive holds the WAL
+    # Its WAL may be taken from the archive (an archived shard, a control plane that copies
+    # archived tails); handed_off: it was, its slot dropped (module docstring).
+    archivable: bool = False
+    handed_off: bool = False
+    tail_decided: bool = False  # at stop, where the tail's WAL comes from: no hand-off after
     stopped: bool = False
 
 
@@ -192,7 +198,7 @@ class PostgresAdapter:
         problems = []
         if wal_level == "minimal":
             problems.append("wal_level is minimal (set replica, and restart the server)")
-        if shard.shard_id in self.archived:  # the archive keeps the WAL: no slot is taken
+        if shard.shard_id in self.archived:  # a backup may hand its WAL to the archive
             if archive_mode not in ("on", "always"):
                 problems.append(
                     "the shard has a wal_spool_dir but archive_mode is off (set archive_mode = "
@@ -203,11 +209,11 @@ class PostgresAdapter:
                     "the agent's role may not close a WAL segment for the archive (GRANT "
                     "EXECUTE ON FUNCTION pg_switch_wal() to it)"
                 )
-        elif free_slots < 1:
+        if free_slots < 1:
             problems.append(
                 "no replication slot is free (raise max_replication_slots, or drop unused slots)"
             )
-        if not replicates and shard.shard_id not in self.archived:
+        if not replicates:
             problems.append("the agent's role lacks REPLICATION (ALTER ROLE ... REPLICATION)")
         if not may_backup:
             problems.append(
@@ -259,11 +265,10 @@ class PostgresAdapter:
         refuse_tablespaces(shard)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)  # refuses another instance before the slot is taken
-        archived = log_archived and shard.shard_id in self.archived
+        archivable = log_archived and shard.shard_id in self.archived
         slot = slot_name(backup_id, shard.shard_id)
         try:
-            if not archived:  # an archived shard's server keeps its WAL until it is pushed
-                conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
         except psycopg.Error as error:
             conn.close()
             raise EngineError(
@@ -286,7 +291,7 @@ class PostgresAdapter:
                 fix="check the server log; wal_level must be replica or logical.",
             ) from None
         with self.lock:
-            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal, archived)
+            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal, archivable)
         marker = {
             "start_lsn": str(lsn),
             "start_wal": wal,
@@ -294,8 +299,6 @@ class PostgresAdapter:
             "block_size": block_size,  # of its pages: the block screen reads their headers
             "system_identifier": pgpages.system_identifier(shard.data_dir),
         }
-        if archived:
-            marker["wal_in_archive"] = "true"
         # PostgreSQL writes relation files with pwrite (never through a mapping), and any
         # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
         # since the parent's scan needs no reading.
@@ -345,7 +348,7 @@ class PostgresAdapter:
         (tail / "backup_label").write_text(label)
         if spcmap:
             (tail / "tablespace_map").write_text(spcmap)
-        if held.archived:
+        if self._tail_from_archive(held, shard, backup_id):
             pushed(conn, shard, last_wal, last_bytes)
             marker |= {"archived_from": held.start_wal, "archived_through": last_wal}
             files = [f for f in list_tree(tail) if not f.path.endswith("/")]
@@ -404,13 +407,49 @@ class PostgresAdapter:
         held = self.held.get((backup_id, shard.shard_id))
         if held is None or held.connection.closed:
             return None
-        if held.archived:  # no slot: the archive keeps the WAL, not the backup
-            return HeldLog(0, (shard.data_dir / "pg_wal").resolve())
+        pg_wal = (shard.data_dir / "pg_wal").resolve()
+        if held.handed_off:  # no slot: the archive keeps the WAL, not the backup
+            return HeldLog(0, pg_wal)
+        holding = self._slot_holds(shard, backup_id)
+        if holding is None:
+            return None
+        if held.archivable:
+            with self.lock:  # never while stop copies the tail under the slot
+                if not held.tail_decided and self._hands_off(held, shard, backup_id, holding):
+                    return HeldLog(0, pg_wal)
+        return HeldLog(holding, pg_wal)
+
+    def _slot_holds(self, shard: ShardConfig, backup_id: str) -> int | None:
         with self._connect(shard) as conn:
             row = conn.execute(HELD_WAL, (slot_name(backup_id, shard.shard_id),)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return HeldLog(int(row[0]), (shard.data_dir / "pg_wal").resolve())
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _tail_from_archive(self, held: HeldBackup, shard: ShardConfig, backup_id: str) -> bool:
+        """Decides, once, where the tail's WAL comes from: the archive when the backup handed
+        off, or does now (it holds more than the threshold); else a copy under its slot, and
+        no hand-off after this."""
+        with self.lock:
+            held.tail_decided = True
+            if held.archivable and not held.handed_off:
+                self._hands_off(held, shard, backup_id, self._slot_holds(shard, backup_id) or 0)
+            return held.handed_off
+
+    def _hands_off(
+        self, held: HeldBackup, shard: ShardConfig, backup_id: str, holding: int
+    ) -> bool:
+        """Past the threshold, lets the archive keep the backup's WAL: drops its slot (on the
+        session that made it: a temporary slot is that session's). The caller holds the lock."""
+        if holding <= self.config.archive_handoff_mib * 2**20:
+            return False
+        slot = slot_name(backup_id, shard.shard_id)
+        held.connection.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        held.handed_off = True
+        log.info(
+            "shard %s: the backup held %d MiB of WAL: the archive keeps it now (slot dropped)",
+            shard.shard_id,
+            holding // 2**20,
+        )
+        return True
 
     def block_screen(
         self, marker: dict[str, str], parent_marker: dict[str, str]
