@@ -33,7 +33,8 @@ Terms:
 
   1. ``sv-unthrottled``: ShardVault, the policy's ``upload: {throttle: static}`` and no rate
      limit (the agent has none of its own either);
-  2. ``sv-fixed``: ``upload: {rate_limit_mib_per_second: --fixed-mib}`` (default 50);
+  2. ``sv-fixed``: ``upload: {throttle: static, rate_limit_mib_per_second: --fixed-mib}``
+     (default 50; the policy's default throttle, ``auto``, would steer it under the load);
   3. ``sv-adaptive``: ``upload: {throttle: adaptive}`` (its window and floor at the policy's
      defaults, 360 minutes and 4 MiB/s);
   4. ``pgbackrest-zst-pm2``: ``pgbackrest backup --type=full`` as ``backup_vs_peers.py`` runs
@@ -183,7 +184,7 @@ def configurations(fixed_mib: float) -> tuple[Configuration, ...]:
         Configuration(
             "sv-fixed",
             f"ShardVault, rate limit {fixed_mib:g} MiB/s",
-            {"rate_limit_mib_per_second": float(fixed_mib)},
+            {"throttle": "static", "rate_limit_mib_per_second": float(fixed_mib)},
         ),
         Configuration("sv-adaptive", "ShardVault, adaptive throttle", {"throttle": "adaptive"}),
         Configuration("pgbackrest-zst-pm2", "pgBackRest full, zst, process-max=2", process_max=2),

@@ -155,7 +155,7 @@ class PostgresAdapter:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         # The shards whose WAL this agent's archiver stores (``use_log_archive``): their
-        # backups' tails refer to the archive (module docstring, *archived tail*).
+        # backups may hand their WAL to the archive (module docstring, *archived tail*).
         self.archived: set[str] = set()
         self.held: dict[tuple[str, str], HeldBackup] = {}
         self.lock = threading.Lock()
@@ -403,7 +403,9 @@ class PostgresAdapter:
 
     def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
         """The WAL the backup's slot retains (from its restart point to the server's current
-        position), and pg_wal (a symlink to another disk is followed)."""
+        position), and pg_wal (a symlink to another disk is followed). An archivable backup
+        past ``archive_handoff_mib`` hands off here (the source guard asks each second): its
+        slot dropped, it holds nothing from then on."""
         held = self.held.get((backup_id, shard.shard_id))
         if held is None or held.connection.closed:
             return None
