@@ -405,7 +405,7 @@ class PostgresAdapter:
         """The WAL the backup's slot retains (from its restart point to the server's current
         position), and pg_wal (a symlink to another disk is followed). An archivable backup
         past ``archive_handoff_mib`` hands off here (the source guard asks each second): its
-        slot dropped, it holds nothing from then on."""
+        slot dropped, it holds nothing from the next answer on."""
         held = self.held.get((backup_id, shard.shard_id))
         if held is None or held.connection.closed:
             return None
@@ -417,9 +417,9 @@ class PostgresAdapter:
             return None
         if held.archivable:
             with self.lock:  # never while stop copies the tail under the slot
-                if not held.tail_decided and self._hands_off(held, shard, backup_id, holding):
-                    return HeldLog(0, pg_wal)
-        return HeldLog(holding, pg_wal)
+                if not held.tail_decided:
+                    self._hands_off(held, shard, backup_id, holding)
+        return HeldLog(holding, pg_wal)  # held until now: the report's peak says so
 
     def _slot_holds(self, shard: ShardConfig, backup_id: str) -> int | None:
         with self._connect(shard) as conn:
