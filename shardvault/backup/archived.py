@@ -112,8 +112,8 @@ def copied(svc: Services, index: dict[str, Any], key: str) -> str:
 
 
 def stream_files(batches: list[dict[str, Any]], first: str) -> tuple[list[FileEntry], list[int]]:
-    """The ``wal`` stream's files (module docstring: where each goes) and each batch's
-    offset in it."""
+    """The copies' files, which follow the label's in the tail stream (module docstring:
+    where each goes), and each batch's offset among them."""
     files: list[FileEntry] = []
     offsets, seen, offset = [], set(), 0
     for index in batches:
