@@ -7,7 +7,8 @@ Terms:
   to the server's current position). A slow backup holds more: every segment written while
   it reads, none recycled by checkpoints, until release.
 - *guard*: a thread per backup, from its checkpoint to its release, that measures the held
-  log of the node's shards every ``GUARD_SECONDS`` and keeps the peak. It *trips* when the
+  log of the node's shards every ``GUARD_SECONDS`` and keeps the peak (log an engine has just
+  let go, ``HeldLog.let_go``, counts in the peak, not in the limits). It *trips* when the
   held log passes the policy's ``max_held_wal_mib``, or when the disk that holds it has less
   free than ``min_source_free_percent`` while the backup holds at least ``HOLDS_SOMETHING``
   (a disk that was nearly full before is not the backup's doing until it holds a segment).
@@ -99,7 +100,7 @@ class SourceGuard:
         if not held:
             return False
         total = sum(h.bytes for h in held)
-        self.peak = max(self.peak or 0, total)
+        self.peak = max(self.peak or 0, total + sum(h.let_go for h in held))
         if self.max_bytes is not None and total > self.max_bytes:
             self.tripped = SourceLogFull(
                 f"backup {self.backup_id} holds {total / MiB:,.0f} MiB of the source's WAL, "

@@ -73,3 +73,16 @@ def test_a_measurement_that_fails_says_nothing_and_fails_nothing() -> None:
     guard = guard_of(source, max_bytes=16 * MiB)
     guard.check()
     assert guard.peak is None
+
+
+def test_log_let_go_counts_in_the_peak_but_never_trips_the_cap() -> None:
+    """A backup that hands its WAL to the archive (PostgreSQL's hand-off) held it until then:
+    the report says so, and the policy's cap is about what the source keeps now."""
+
+    class HandingOff(Source):
+        def measure(self) -> list[HeldLog]:
+            return [HeldLog(0, WAL, let_go=300 * MiB)]
+
+    guard = guard_of(HandingOff([]), max_bytes=100 * MiB)
+    assert guard.peak == 300 * MiB
+    guard.check()  # nothing held now: reads go on

@@ -92,10 +92,13 @@ class Capture:
 
 @dataclass(frozen=True)
 class HeldLog:
-    """Log a checkpoint keeps on the source: its bytes, and the directory they fill."""
+    """Log a checkpoint keeps on the source: its bytes, and the directory they fill.
+    ``let_go``: log it held until just now and has let go (PostgreSQL's hand-off to the
+    archive): part of the report's peak, not of what the source guard bounds."""
 
     bytes: int
     directory: Path
+    let_go: int = 0
 
 
 @dataclass

@@ -417,9 +417,9 @@ class PostgresAdapter:
             return None
         if held.archivable:
             with self.lock:  # never while stop copies the tail under the slot
-                if not held.tail_decided:
-                    self._hands_off(held, shard, backup_id, holding)
-        return HeldLog(holding, pg_wal)  # held until now: the report's peak says so
+                if not held.tail_decided and self._hands_off(held, shard, backup_id, holding):
+                    return HeldLog(0, pg_wal, let_go=holding)  # the report's peak says so
+        return HeldLog(holding, pg_wal)
 
     def _slot_holds(self, shard: ShardConfig, backup_id: str) -> int | None:
         with self._connect(shard) as conn:
