@@ -290,3 +290,22 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     assert copy.psql("SELECT count(*) FROM kept") == "5000"
     assert restored["checks"]["pg_amcheck --all"] == "ok"
     assert not (Path(restored["path"]) / archive.WAL_DIR).exists()  # the extras removed
+
+
+def test_a_quick_backup_of_an_archiving_shard_copies_its_few_segments_itself(archiving) -> None:
+    """Under ``archive_handoff_mib`` (its default, 128 MiB) the backup keeps its slot and
+    copies its WAL at stop, as without archiving: sooner than the archive's round trip."""
+    node = archiving()
+    node.start_agent()
+
+    backup = node.backup()
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    svc = node.stack.services()
+    s3, bucket = source_of(svc, "vault")
+    manifest = load_manifest(s3, bucket, backup.record["vault_manifest_key"])
+    (shard,) = manifest.shards
+    assert "archived_through" not in shard.marker
+    (tail,) = [s for s in shard.streams if s.phase == Phase.TAIL]
+    assert any(SEGMENT_NAME.fullmatch(f.path.removeprefix("pg_wal/")) for f in tail.files)
+    assert all(o.place is None for o in tail.objects)  # its own objects, no batch copies
