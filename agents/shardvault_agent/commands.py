@@ -34,7 +34,6 @@ from shardvault.errors import (
     ListingTooLarge,
     StoreObjectDamaged,
     UnknownCommand,
-    WalNotArchived,
 )
 from shardvault.extents import pack_within, unpack_extents
 from shardvault.models import (
@@ -492,7 +491,7 @@ class Commands:
                     shard,
                     backup_id,
                     self.backup_dir(backup_id),
-                    log_archived=bool(args.get("archived_tails")) and self._archives(shard),
+                    log_archived=bool(args.get("archived_tails")),
                 )
                 self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
             self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
@@ -728,12 +727,6 @@ class Commands:
             self._pack_listed(backup_id, result, pack, Phase.TAIL)
         return result
 
-    def _archives(self, shard: ShardConfig) -> bool:
-        """Whether this agent's archiver stores the shard's log."""
-        return self.archiver is not None and any(
-            spool.shard_id == shard.shard_id for spool in self.archiver.spools
-        )
-
     def _archived_tails(self, backup_id: str, shards: list[ShardConfig]) -> None:
         """Waits until the archive has recorded the log each tail refers to instead of
         holding it (``archived_through`` in its marker: PostgreSQL's archived tail), so that
@@ -741,13 +734,9 @@ class Commands:
         for shard in shards:
             marker = self.load_capture(backup_id, shard.shard_id, Phase.TAIL)["marker"]
             if through := marker.get("archived_through"):
-                if self.archiver is None:  # the engine refers to the archive only with one
-                    raise WalNotArchived(
-                        f"shard {shard.shard_id}'s tail refers to the WAL archive, but this "
-                        "agent runs no archiver.",
-                        fix="start the agent with its archive function (shardvault-agent init "
-                        "writes it), then retry the backup.",
-                    )
+                # The daemon tells the engine which shards its archiver stores: only theirs
+                # refer to the archive.
+                assert self.archiver is not None
                 started = time.monotonic()
                 self.archiver.wait_archived(shard.shard_id, through, ARCHIVE_WAIT_SECONDS)
                 log.info(
