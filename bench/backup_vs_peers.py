@@ -443,24 +443,35 @@ def start_servers(
 
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the push runs as the server's user, as on a host
+SPOOL_MAX_BYTES = 1 << 34  # ArchivingNode's: never reached here, so no push is refused
 
 
 def spool_dir(root: Path) -> Path:
     return root / "spool"
 
 
-def shardvault_push(root: Path) -> str:
-    """ShardVault's push into the agent's spool (``--shardvault-archive``), as
-    ``tests/integration/conftest.py``'s ArchivingNode sets it up: a copy of walspool.py the
-    server's user can read, run by the system python3, and a spool the server's user owns."""
-    spool = spool_dir(root)
-    spool.mkdir()
-    give_to_postgres(spool)
+def copy_push_client(root: Path) -> Path:
+    """walspool.py where the postgres user can read it (ArchivingNode's way)."""
     client = root / "push" / "walspool.py"
     client.parent.mkdir()
     shutil.copyfile(walspool.__file__, client)
     ensure_traversable(client.parent)
-    return f"{SYSTEM_PYTHON} {client} --spool {spool} --max-bytes {1 << 34} %p"
+    return client
+
+
+def push_command(client: Path, spool: Path) -> str:
+    """ShardVault's ``archive_command``: the system python3 running ``client`` into ``spool``
+    (which the server's user must own)."""
+    return f"{SYSTEM_PYTHON} {client} --spool {spool} --max-bytes {SPOOL_MAX_BYTES} %p"
+
+
+def shardvault_push(root: Path) -> str:
+    """ShardVault's push into the agent's spool (``--shardvault-archive``), as
+    ``tests/integration/conftest.py``'s ArchivingNode sets it up."""
+    spool = spool_dir(root)
+    spool.mkdir()
+    give_to_postgres(spool)
+    return push_command(copy_push_client(root), spool)
 
 
 def fill(pg: PostgresInstance, pgbackrest: PgBackRest, scale: int) -> dict[str, Any]:

@@ -103,7 +103,6 @@ from peers import (
     s3_client_for,
     start_tls_minio,
 )
-from shardvault_agent import walspool
 
 from shardvault import archive
 from shardvault.local import demo
@@ -111,7 +110,6 @@ from shardvault.local.minio import MinioServer
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
-    ensure_traversable,
     find_pg_bin_dir,
     give_to_postgres,
     init_instance,
@@ -129,8 +127,6 @@ LABELS = {
     "pgbackrest": "pgBackRest 2.45 archive-push, async, process-max=2, zst, TLS",
 }
 MiB = 1024 * 1024
-SYSTEM_PYTHON = Path("/usr/bin/python3")  # the push runs as the server's user, as on a host
-SPOOL_MAX_BYTES = 1 << 34  # ArchivingNode's: never reached here, so no push is refused
 ARCHIVE_POLL_SECONDS = 0.2  # ArchivingNode's; the default (1 s) would add up to 1 s of lag
 CLUSTER_PREFIX = "walbench"  # + the round: each ShardVault run archives into its own cluster
 SHARD_ID = "shard-1"
@@ -367,10 +363,7 @@ class ShardVaultArchiving:
     def archive_command(self) -> str:
         self.spool.mkdir()
         give_to_postgres(self.spool)  # the push writes as the server's user
-        return (
-            f"{SYSTEM_PYTHON} {self.env.push_client} --spool {self.spool} "
-            f"--max-bytes {SPOOL_MAX_BYTES} %p"
-        )
+        return bvp.push_command(self.env.push_client, self.spool)
 
     def attach(self, pg: PostgresInstance) -> None:
         shard = {
@@ -559,15 +552,6 @@ def make_template(args: argparse.Namespace, root: Path, cleanup: contextlib.Exit
     return data
 
 
-def copy_push_client(root: Path) -> Path:
-    """walspool.py where the postgres user can read it (ArchivingNode's way)."""
-    client = root / "push" / "walspool.py"
-    client.parent.mkdir()
-    shutil.copyfile(walspool.__file__, client)
-    ensure_traversable(client.parent)
-    return client
-
-
 def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -> Env:
     policy = root / "policy.yaml"
     write_policy(policy, args.runs, args.max_delay)
@@ -582,7 +566,7 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         tls_s3 = s3_client_for(tls_minio)
         ensure_bucket(tls_s3, PGBACKREST_BUCKET)
     template = make_template(args, root, cleanup)
-    return Env(args, root, template, stack, tls_minio, tls_s3, copy_push_client(root))
+    return Env(args, root, template, stack, tls_minio, tls_s3, bvp.copy_push_client(root))
 
 
 # --- one run ------------------------------------------------------------------------------------
