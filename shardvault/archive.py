@@ -37,6 +37,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -459,17 +460,29 @@ def wal_stream(batches: list[dict[str, Any]]) -> tuple[list[FileEntry], list[int
     """The restored shard's WAL stream: each batch's files under ``WAL_DIR`` (a file a later
     batch holds again goes under ``WAL_DIR/dup/<batch id>/``, never over the first copy), and
     each batch's offset in the stream."""
-    files: list[FileEntry] = [FileEntry(path=f"{WAL_DIR}/", size=0)]
+
+    def path_of(name: str, batch_id: str, again: bool) -> str:
+        return f"{WAL_DIR}/dup/{batch_id}/{name}" if again else f"{WAL_DIR}/{name}"
+
+    files, offsets = batch_files(batches, path_of)
+    return [FileEntry(path=f"{WAL_DIR}/", size=0), *files], offsets
+
+
+def batch_files(
+    batches: list[dict[str, Any]], path_of: Callable[[str, str, bool], str]
+) -> tuple[list[FileEntry], list[int]]:
+    """Batches laid end to end as files: each file at ``path_of(name, batch id, again)``
+    (``again``: an earlier batch holds that name too), and each batch's offset."""
+    files: list[FileEntry] = []
     offsets, seen, offset = [], set(), 0
     for index in batches:
         offsets.append(offset)
         for entry in index["files"]:
             name = entry["name"]
-            path = f"{WAL_DIR}/{name}"
-            if name in seen:
-                path = f"{WAL_DIR}/dup/{index['batch_id']}/{name}"
+            files.append(
+                FileEntry(path=path_of(name, index["batch_id"], name in seen), size=entry["size"])
+            )
             seen.add(name)
-            files.append(FileEntry(path=path, size=entry["size"]))
             offset += entry["size"]
     return files, offsets
 

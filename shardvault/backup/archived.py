@@ -25,7 +25,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shardvault.archive import WAL_DIR, archived_batches, batch_place, shard_archive
+from shardvault.archive import (
+    WAL_DIR,
+    archived_batches,
+    batch_files,
+    batch_place,
+    shard_archive,
+)
 from shardvault.backup.upload import verify_object
 from shardvault.errors import WalNotArchived
 from shardvault.models import (
@@ -64,7 +70,7 @@ def with_archived_wal(
     first, last = wal
     batches = covering(svc, cluster, listing.shard_id, first, last)
     prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
-    keys = [f"{prefix}{listing.shard_id}/{Phase.WAL}-{i:05d}" for i in range(len(batches))]
+    keys = [f"{prefix}{listing.shard_id}/wal-{i:05d}" for i in range(len(batches))]
     with ThreadPoolExecutor(PARALLEL_COPIES) as pool:  # each copy waits on the store
         verified = list(pool.map(lambda pair: copied(svc, *pair), zip(batches, keys, strict=True)))
     files, offsets = stream_files(batches, first)
@@ -114,21 +120,12 @@ def copied(svc: Services, index: dict[str, Any], key: str) -> str:
 def stream_files(batches: list[dict[str, Any]], first: str) -> tuple[list[FileEntry], list[int]]:
     """The copies' files, which follow the label's in the tail stream (module docstring:
     where each goes), and each batch's offset among them."""
-    files: list[FileEntry] = []
-    offsets, seen, offset = [], set(), 0
-    for index in batches:
-        offsets.append(offset)
-        for entry in index["files"]:
-            name = entry["name"]
-            early = SEGMENT_NAME.fullmatch(name[:24]) and name[:24] < first
-            if name in seen or early:
-                path = f"{TAIL_EXTRAS}/{index['batch_id']}/{name}"
-            else:
-                path = f"pg_wal/{name}"
-            seen.add(name)
-            files.append(FileEntry(path=path, size=entry["size"]))
-            offset += entry["size"]
-    return files, offsets
+
+    def path_of(name: str, batch_id: str, again: bool) -> str:
+        early = SEGMENT_NAME.fullmatch(name[:24]) and name[:24] < first
+        return f"{TAIL_EXTRAS}/{batch_id}/{name}" if again or early else f"pg_wal/{name}"
+
+    return batch_files(batches, path_of)
 
 
 def copy_result(
