@@ -181,7 +181,7 @@ def test_the_settings_are_read_again_but_a_data_key_is_asked_for_once_a_day(
 
 
 # --- a backup waiting for its WAL (an archived tail) -------------------------------------------
-def test_a_waiting_backup_sends_its_segments_now_and_only_those(tmp_path, spool) -> None:
+def test_a_waiting_backup_has_the_spool_sent_at_once(tmp_path, spool) -> None:
     archiver = make(tmp_path, spool)
     now = time.time()
     spooled(spool, 1, 3)  # young: without a waiting backup they wait for the delay
