@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint unit bench wheels
+.PHONY: setup demo test lint unit bench wheels grants
 
 setup:
 	bash scripts/setup.sh
@@ -25,6 +25,11 @@ test: setup lint
 	$(PYTEST) --durations=25 tests/integration; integration=$$?; \
 	$(PYTEST) --durations=10 tests/infra tests/local tests/unit; rest=$$?; \
 	exit $$((integration | rest))
+
+# The grants the local stack enforces, exported from the synthesized template (after any change
+# to infra/: tests/infra fails until they agree).
+grants:
+	JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 $(BIN)/python -m shardvault.local.iam.template
 
 bench: setup
 	$(BIN)/python bench/backup_vs_peers.py

@@ -3,6 +3,8 @@ start, and parsing of events into typed models with errors a person can act on."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -20,21 +22,36 @@ M = TypeVar("M", bound=BaseModel)
 
 
 _services: Services | None = None
+# The local stack runs every function in one process: which one is running (the module of its
+# handler, set by its Lambda bridge), and how that function's clients are bound to its role.
+FUNCTION: ContextVar[str | None] = ContextVar("shardvault_function", default=None)
+_bind_for: Callable[[str], Callable[[Any], Any]] | None = None
+_by_function: dict[str, Services] = {}
 
 
 def services() -> Services:
-    """The clients of this process, built from the environment at the first call."""
+    """The clients of this process, built from the environment at the first call; on the
+    local stack, the running function's own, bound to its role."""
     global _services  # noqa: PLW0603 - one Services per process, like Lambda's cold start
     if _services is None:
         _services = Services(Settings.from_env())
-    return _services
+    function = FUNCTION.get()
+    if _bind_for is None or function is None:
+        return _services
+    if function not in _by_function:
+        _by_function[function] = Services(_services.settings, bind=_bind_for(function))
+    return _by_function[function]
 
 
-def use_settings(settings: Settings) -> None:
+def use_settings(
+    settings: Settings, bind_for: Callable[[str], Callable[[Any], Any]] | None = None
+) -> None:
     """Hands the handlers their settings directly (the local stack): secrets such as the
-    store's keys then never enter the process environment, which child processes inherit."""
-    global _services  # noqa: PLW0603
-    _services = Services(settings)
+    store's keys then never enter the process environment, which child processes inherit.
+    ``bind_for(module)`` binds the clients of the function ``module`` to its role."""
+    global _services, _bind_for
+    _services, _bind_for = Services(settings), bind_for
+    _by_function.clear()
 
 
 def log_outcome(workflow: str, cluster: str, summary: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """The clients a workflow step needs, built once per process from ``Settings``.
 
 Steps receive a ``Services`` rather than building clients, so tests can hand them clients
-pointed at moto, MinIO or anything else.
+pointed at moto, MinIO or anything else. ``bind`` sees every client built here before it is
+used: the local stack has each function's clients make their calls as that function's role
+(``shardvault/local/iam``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,21 +30,31 @@ ANSWERS_DIR = "answers"
 WORK_READS = 16  # work objects read side by side (``get_works``): each read waits on the store
 
 
+def unbound(client: Any) -> Any:
+    return client
+
+
 @dataclass
 class Services:
     settings: Settings
+    bind: Callable[[Any], Any] = unbound
+
+    def _table(self, name: str) -> Any:
+        dynamo_table = table(name)
+        self.bind(dynamo_table.meta.client)
+        return dynamo_table
 
     @cached_property
     def catalog(self) -> Catalog:
-        return Catalog(table(self.settings.catalog_table))
+        return Catalog(self._table(self.settings.catalog_table))
 
     @cached_property
     def nodes(self) -> NodeRegistry:
-        return NodeRegistry(table(self.settings.nodes_table))
+        return NodeRegistry(self._table(self.settings.nodes_table))
 
     @cached_property
     def inbox(self) -> Inbox:
-        return Inbox(table(self.settings.inbox_table))
+        return Inbox(self._table(self.settings.inbox_table))
 
     @cached_property
     def store(self) -> StoreLocation:
@@ -52,7 +65,7 @@ class Services:
 
     @cached_property
     def store_s3(self) -> Any:
-        return self.store.client()
+        return self.bind(self.store.client())
 
     @cached_property
     def vault(self) -> StoreLocation | None:
@@ -65,7 +78,7 @@ class Services:
 
     @cached_property
     def vault_s3(self) -> Any:
-        return self.vault.client() if self.vault else None
+        return self.bind(self.vault.client()) if self.vault else None
 
     def policy(self) -> Any:
         """The deployment's policy (None when it has none); read at each call, so an edited
@@ -78,28 +91,28 @@ class Services:
 
     @cached_property
     def kms(self) -> Any:
-        return boto3.client("kms")
+        return self.bind(boto3.client("kms"))
 
     @cached_property
     def cloudwatch(self) -> Any:
-        return boto3.client("cloudwatch")
+        return self.bind(boto3.client("cloudwatch"))
 
     @cached_property
     def work_s3(self) -> Any:
-        return s3_client()
+        return self.bind(s3_client())
 
     @cached_property
     def sns(self) -> Any:
-        return boto3.client("sns")
+        return self.bind(boto3.client("sns"))
 
     @cached_property
     def sfn(self) -> Any:
-        return boto3.client("stepfunctions")
+        return self.bind(boto3.client("stepfunctions"))
 
     @cached_property
     def doorbells(self) -> Any:
         """SQS, to ring a node's doorbell after posting to its inbox (``dispatch.ring``)."""
-        return boto3.client("sqs")
+        return self.bind(boto3.client("sqs"))
 
     def work_key(self, backup_id: str, *parts: str) -> str:
         return "/".join([self.settings.work_prefix.rstrip("/"), backup_id, *parts])

@@ -26,6 +26,8 @@ import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.response import StreamingBody
 
+from shardvault import lambda_support
+
 Handler = Callable[[dict, Any], Any]
 
 
@@ -60,7 +62,9 @@ class LambdaBridge:
         return self.handlers[name]
 
     def invoke(self, name: str, payload: dict) -> tuple[dict, str | None]:
-        """Runs a handler; returns (payload, FunctionError) as Lambda would."""
+        """Runs a handler as its function (``lambda_support.FUNCTION``: its clients are its
+        role's); returns (payload, FunctionError) as Lambda would."""
+        running = lambda_support.FUNCTION.set(self.modules[name].rsplit(".", 1)[-1])
         try:
             return self.handler(name)(payload, LambdaContext(function_name=name)), None
         except Exception as error:
@@ -69,6 +73,8 @@ class LambdaBridge:
                 "errorMessage": str(error),
                 "stackTrace": traceback.format_exception(error)[-5:],
             }, "Unhandled"
+        finally:
+            lambda_support.FUNCTION.reset(running)
 
     def before_call(self, params: dict, model: Any, **_: Any) -> tuple[AWSResponse, dict] | None:
         if model.name != "Invoke":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,8 @@ from shardvault import lambda_support
 from shardvault.backup import REAPED_STATUSES
 from shardvault.errors import InvalidRequest
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
+from shardvault.local.iam.gate import Gate, load_gate
+from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
@@ -104,6 +107,7 @@ REAPER_FUNCTION = "reap_execution"
 # Invoked by the agents themselves (shardvault.archive): through moto's server here.
 ARCHIVE_FUNCTION = "archive_wal"
 LOCAL_POLICY = Path(__file__).with_name("policy.yaml")
+DATA_KEY_ALIAS = "alias/shardvault-data"
 PID_FILE = "stack.pid"
 log = logging.getLogger("shardvault.local.stack")
 
@@ -225,6 +229,7 @@ class LocalStack:
     _minio: Any = None
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
+    gate: Gate | None = None  # IAM, as the synthesized template grants it
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # --- start -------------------------------------------------------------------------------
@@ -240,6 +245,8 @@ class LocalStack:
         self._pid_file = claim_stack_dir(self.root)
         self._start_moto()
         store_url, store_endpoint, credentials = self._start_store()
+        topic_arn, topic_key = self._create_resources()
+        data_key = self._create_data_key()
         self.settings = Settings(
             catalog_table=NAMES["catalog_table"],
             nodes_table=NAMES["nodes_table"],
@@ -250,15 +257,15 @@ class LocalStack:
             store_access_key_id=credentials[0] if credentials else None,
             store_secret_access_key=credentials[1] if credentials else None,
             verify_mode="attributes" if credentials else "readback",
-            topic_arn=self._create_resources(),
-            data_key_id=self._create_data_key(),
+            topic_arn=topic_arn,
+            data_key_id=data_key,
             heartbeat_max_age_seconds=self.heartbeat_max_age,
             thaw_first_wait_seconds=1,
             vault_url=f"s3://{NAMES['vault_bucket']}/backups",
             vault_endpoint=self.endpoint,
             policy_file=str(self.policy_file),
         )
-        lambda_support.use_settings(self.settings)
+        self._start_gate(topic_key)
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
         self.retention_state_machine_arn = self._create_state_machine("retention")
@@ -272,6 +279,33 @@ class LocalStack:
         ).start()
         self._write_env_file()
         return self
+
+    def _start_gate(self, topic_key: str) -> None:
+        """Every function's calls and every agent's are authorized as their roles' would be
+        on AWS, by the synthesized template's grants (``shardvault/local/iam``)."""
+        key_arn = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/"
+        names = LocalNames(
+            region=REGION,
+            account=ACCOUNT,
+            store_bucket=NAMES["store_bucket"],
+            work_bucket=NAMES["work_bucket"],
+            vault_bucket=NAMES["vault_bucket"],
+            tables={
+                "catalog": NAMES["catalog_table"],
+                "nodes": NAMES["nodes_table"],
+                "inbox": NAMES["inbox_table"],
+            },
+            topic_arn=self.settings.topic_arn,
+            topic_key_arn=key_arn + topic_key,
+            data_key_arn=key_arn + self.settings.data_key_id,
+            function_prefix="shardvault-",
+        )
+        gate = self.gate = load_gate(names, key_aliases={DATA_KEY_ALIAS: self.settings.data_key_id})
+        lambda_support.use_settings(
+            self.settings,
+            bind_for=lambda module: functools.partial(gate.bind, principal=gate.function(module)),
+        )
+        self._server._server.app = gate.wsgi(self._server._server.app)
 
     def _start_moto(self) -> None:
         from moto.server import ThreadedMotoServer
@@ -363,7 +397,9 @@ class LocalStack:
     def services(self) -> Services:
         return Services(self.settings)
 
-    def _create_resources(self) -> str:
+    def _create_resources(self) -> tuple[str, str]:
+        """The tables, the work and vault buckets, and the notifications topic, encrypted
+        with its own KMS key as on AWS; returns the topic's ARN and its key's id."""
         ddb = boto3.client("dynamodb")
         create_tables(
             ddb,
@@ -375,13 +411,18 @@ class LocalStack:
         s3.create_bucket(Bucket=NAMES["work_bucket"])
         # The vault: moto's S3 keeps archive storage classes and Object Lock as S3 does.
         s3.create_bucket(Bucket=NAMES["vault_bucket"], ObjectLockEnabledForBucket=True)
-        return boto3.client("sns").create_topic(Name="shardvault-notifications")["TopicArn"]
+        kms = boto3.client("kms")
+        topic_key = kms.create_key(Description="ShardVault notifications")["KeyMetadata"]["KeyId"]
+        topic = boto3.client("sns").create_topic(
+            Name="shardvault-notifications", Attributes={"KmsMasterKeyId": topic_key}
+        )
+        return topic["TopicArn"], topic_key
 
     def _create_data_key(self) -> str:
         """The KMS key (moto's) that wraps data keys, as the stack's key does on AWS."""
         kms = boto3.client("kms")
         key_id = kms.create_key(Description="ShardVault data keys")["KeyMetadata"]["KeyId"]
-        kms.create_alias(AliasName="alias/shardvault-data", TargetKeyId=key_id)
+        kms.create_alias(AliasName=DATA_KEY_ALIAS, TargetKeyId=key_id)
         return key_id
 
     def _create_state_machine(self, name: str, **machines: str) -> str:
@@ -392,7 +433,7 @@ class LocalStack:
         if self.task_heartbeat_seconds is not None:
             definition = with_heartbeat(definition, self.task_heartbeat_seconds)
         response = boto3.client("stepfunctions").create_state_machine(
-            name=f"shardvault-{name}",
+            name=f"ShardVault-{name}",  # as infra/constants.py names them: grants name them
             definition=definition,
             roleArn=f"arn:aws:iam::{ACCOUNT}:role/shardvault-{name}",
         )
@@ -442,9 +483,11 @@ class LocalStack:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         log = open(self.root / "agents" / f"{node_id}.log", "ab")  # noqa: SIM115
+        # The node's own access key: moto's server authorizes its calls as its role's.
+        role = {"AWS_ACCESS_KEY_ID": self.gate.agent_key(node_id, config["cluster"])}
         process = subprocess.Popen(
             [sys.executable, "-m", "shardvault_agent.cli", "run", "--config", str(path)],
-            env=self.agent_env(extra_env),
+            env=self.agent_env(role | (extra_env or {})),
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec

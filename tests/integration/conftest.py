@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -85,6 +86,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         root, require_minio=True, heartbeat_max_age=5.0, task_heartbeat_seconds=30
     ) as running:
         yield running
+        record = os.environ.get("SHARDVAULT_IAM_RECORD")  # a directory: the calls-vs-grants check
+        if record:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            running.gate.recorder.dump(Path(record) / f"{worker}-{os.getpid()}.json")
 
 
 @dataclass

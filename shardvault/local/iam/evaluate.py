@@ -1,0 +1,147 @@
+"""Evaluation: whether a principal's statements allow a request, by IAM's rules.
+
+An explicit ``Deny`` (in the principal's policies or the resource's policy) refuses; else an
+``Allow`` of the principal's allows; else the request is refused (implicit deny). A statement
+applies when its action, resource (and, in a resource policy, principal) match and every
+condition holds. Actions match without regard to case, resources with it; ``*`` and ``?`` are
+the only wildcards.
+
+Conditions: the String, Arn, Numeric, Bool and Null operators, their ``IfExists`` forms and
+the ``ForAllValues:``/``ForAnyValue:`` set operators (an absent or empty key satisfies
+``ForAllValues``, as on AWS). An operator outside that list raises ``UnsupportedCondition``
+rather than being skipped: a statement is never allowed because its condition went unread.
+(moto's ``access_control`` reads ``StringEquals`` only, and turns an ``Allow`` whose
+condition fails into a ``Deny``, which would refuse calls AWS allows.)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from shardvault.local.iam.requests import Context, Request
+
+
+class UnsupportedCondition(Exception):
+    """A condition operator the local stack does not evaluate."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    allowed_by: tuple[int, ...] = ()  # the indexes of the identity statements that allow it
+    denied_by: str | None = None  # "identity" or "resource" for an explicit deny
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+@functools.lru_cache(maxsize=4096)
+def wildcard(pattern: str, case: bool) -> re.Pattern[str]:
+    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile(f"^{body}$", 0 if case else re.IGNORECASE | re.DOTALL)
+
+
+def matches(patterns: Any, value: str, *, case: bool = True) -> bool:
+    return any(wildcard(str(p), case).match(value) for p in as_list(patterns))
+
+
+def applies(statement: dict[str, Any], request: Request, principal_arn: str | None) -> bool:
+    if "Action" in statement and not matches(statement["Action"], request.action, case=False):
+        return False
+    if "NotAction" in statement and matches(statement["NotAction"], request.action, case=False):
+        return False
+    if "Resource" in statement and not matches(statement["Resource"], request.resource):
+        return False
+    if "NotResource" in statement and matches(statement["NotResource"], request.resource):
+        return False
+    if principal_arn is not None and not principal_matches(statement, principal_arn):
+        return False
+    return conditions_hold(statement.get("Condition", {}), request.context)
+
+
+def principal_matches(statement: dict[str, Any], principal_arn: str) -> bool:
+    """A resource policy statement's ``Principal``: ``*``, ``{"AWS": "*"}`` or ARNs."""
+    principal = statement.get("Principal", "*")
+    if principal == "*":
+        return True
+    aws = as_list(principal.get("AWS", []))
+    return "*" in aws or principal_arn in aws
+
+
+def conditions_hold(condition: dict[str, dict[str, Any]], context: Context) -> bool:
+    return all(
+        holds(operator, key, as_list(expected), context.get(key))
+        for operator, keys in condition.items()
+        for key, expected in keys.items()
+    )
+
+
+def holds(operator: str, key: str, expected: list[Any], actual: list[str] | None) -> bool:
+    quantifier, _, base = operator.rpartition(":")
+    if_exists = base.endswith("IfExists")
+    base = base.removesuffix("IfExists")
+    if base == "Null":
+        absent = not actual
+        return any(str(e).lower() == str(absent).lower() for e in expected)
+    compare = comparison(base)
+    negated = "Not" in base
+    if quantifier == "ForAllValues":
+        return not actual or all(compare_any(compare, expected, v) for v in actual) != negated
+    if quantifier == "ForAnyValue":
+        return bool(actual) and any(compare_any(compare, expected, v) for v in actual) != negated
+    if quantifier:
+        raise UnsupportedCondition(operator)
+    if not actual:
+        return if_exists or negated
+    return any(compare_any(compare, expected, v) for v in actual) != negated
+
+
+def compare_any(compare: Callable[[str, str], bool], expected: Iterable[Any], value: str) -> bool:
+    return any(compare(str(e), value) for e in expected)
+
+
+def comparison(base: str) -> Callable[[str, str], bool]:
+    positive = base.replace("Not", "")
+    if positive in ("StringEquals", "ArnEquals"):
+        return lambda e, v: e == v
+    if positive == "StringEqualsIgnoreCase":
+        return lambda e, v: e.lower() == v.lower()
+    if positive in ("StringLike", "ArnLike"):
+        return lambda e, v: bool(wildcard(e, True).match(v))
+    if positive == "Bool":
+        return lambda e, v: e.lower() == v.lower()
+    numeric = {
+        "NumericEquals": lambda e, v: float(v) == float(e),
+        "NumericLessThan": lambda e, v: float(v) < float(e),
+        "NumericLessThanEquals": lambda e, v: float(v) <= float(e),
+        "NumericGreaterThan": lambda e, v: float(v) > float(e),
+        "NumericGreaterThanEquals": lambda e, v: float(v) >= float(e),
+    }
+    if positive in numeric:
+        return numeric[positive]
+    raise UnsupportedCondition(base)
+
+
+def evaluate(
+    identity: list[dict[str, Any]],
+    resource_policy: list[dict[str, Any]],
+    request: Request,
+    principal_arn: str,
+) -> Verdict:
+    """The verdict on ``request`` for a principal with ``identity`` statements."""
+    for statement in resource_policy:
+        if statement["Effect"] == "Deny" and applies(statement, request, principal_arn):
+            return Verdict(False, denied_by="resource")
+    allowed_by = []
+    for index, statement in enumerate(identity):
+        if not applies(statement, request, None):
+            continue
+        if statement["Effect"] == "Deny":
+            return Verdict(False, denied_by="identity")
+        allowed_by.append(index)
+    return Verdict(bool(allowed_by), tuple(allowed_by))
