@@ -64,6 +64,11 @@ from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 MAX_POLICY_CHARS = 2800
 
 
+# GetObjectAttributes on a versioned bucket (the vault): both, instead of s3:GetObject and
+# s3:GetObjectAttributes (the S3 API reference, GetObjectAttributes, "Permissions").
+VERSIONED_ATTRIBUTES = ("s3:GetObjectVersion", "s3:GetObjectVersionAttributes")
+
+
 class ShardVaultStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -210,7 +215,9 @@ class ShardVaultStack(Stack):
         # written to _work/ for the dispatcher.
         grant(
             "prepare_scan",
-            policies.table(tables.catalog, ("dynamodb:GetItem",)),
+            # The parent's and the chain root's records; the part size it chose, kept on the
+            # backup's record (shardvault/backup/scanning.py).
+            policies.table(tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
             *[
                 policies.objects(store, BACKUPS_PREFIX, "s3:GetObject")
                 for store in (bucket, self.storage.vault)
@@ -280,16 +287,22 @@ class ShardVaultStack(Stack):
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # progress
         ]
 
+    def _publish(self) -> list[iam.PolicyStatement]:
+        """Publishing to the notifications topic: SNS encrypts each message with the topic's
+        KMS key as the publisher, so a publisher needs both (or its message is refused)."""
+        return [
+            iam.PolicyStatement(
+                actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
+            ),
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=[self.notifications.key.key_arn],
+            ),
+        ]
+
     def _grant_finalize_and_cleanup(self, bucket: s3.IBucket) -> None:
         catalog_rw = policies.table_read_write(self.tables.catalog)
-        publish = iam.PolicyStatement(
-            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
-        )
-        # Each publishes an outcome; the topic's key must encrypt what they publish.
-        for module in ("finalize_backup", "cleanup_backup", "reap_execution", "validate_backup"):
-            self.notifications.key.grant(
-                self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
-            )
+        publish = self._publish()
         self.functions.grant(
             "finalize_backup",
             # The plan, listings and results; the results of the tail's objects signed at
@@ -303,12 +316,12 @@ class ShardVaultStack(Stack):
             policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),
             policies.list_prefix(bucket, f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"),
             catalog_rw,
-            publish,
+            *publish,
         )
         # cleanup() (shardvault/backup/failure.py) runs in the failure path, in the reaper, and in
         # validation when it takes over the lock of a backup whose execution ended.
         for module in ("cleanup_backup", "reap_execution", "validate_backup"):
-            self.functions.grant(module, *self._cleanup_statements(bucket), catalog_rw, publish)
+            self.functions.grant(module, *self._cleanup_statements(bucket), catalog_rw, *publish)
 
     def _cleanup_statements(self, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
         """What a backup's cleanup calls: abort its uploads, delete its partial objects, post
@@ -328,9 +341,7 @@ class ShardVaultStack(Stack):
     def _grant_vault_functions(self) -> None:
         bucket, vault, grant = self.storage.bucket, self.storage.vault, self.functions.grant
         catalog_rw = policies.table_read_write(self.tables.catalog)
-        publish = iam.PolicyStatement(
-            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
-        )
+        publish = self._publish()
         # validate_backup reads the policy only; the promotion itself:
         grant(
             "promote_backup",
@@ -344,25 +355,20 @@ class ShardVaultStack(Stack):
                 "s3:PutObject",  # CopyObject / UploadPartCopy and the manifest
                 # Object Lock headers on the copy; extending an incremental's ancestors' locks
                 "s3:PutObjectRetention",
-                "s3:GetObject",  # HeadObject (resuming) and the copy's attributes
-                "s3:GetObjectAttributes",
+                "s3:GetObject",  # HeadObject (resuming)
+                # GetObjectAttributes of a copy: on a versioned bucket (the vault) S3 asks for
+                # the version actions, not s3:GetObject and s3:GetObjectAttributes.
+                *VERSIONED_ATTRIBUTES,
                 # Without it HeadObject omits the lock: promotion reads each copy's lock back.
                 "s3:GetObjectRetention",
                 "s3:AbortMultipartUpload",
             ),
+            # Whether the vault holds a copy already: a missing key is then 404, not 403.
+            policies.list_prefix(vault, BACKUPS_PREFIX),
             catalog_rw,
         )
-        for module in (
-            "record_promotion_failure",
-            "finalize_restore",
-            "cleanup_restore",
-            "decide_retention",  # budget alerts
-        ):
-            self.notifications.key.grant(
-                self.functions.functions[module], "kms:Decrypt", "kms:GenerateDataKey*"
-            )
-        grant("record_promotion_failure", catalog_rw, publish)
-        grant("decide_retention", catalog_rw, publish)
+        grant("record_promotion_failure", catalog_rw, *publish)
+        grant("decide_retention", catalog_rw, *publish)
         deleting = []
         for store in (bucket, vault):
             deleting += [
@@ -390,10 +396,8 @@ class ShardVaultStack(Stack):
             "verify_backup",  # shardvault/verify.py: reads only, and records the outcome
             policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:GetItem")),
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
-            *[
-                policies.objects(store, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectAttributes")
-                for store in (bucket, vault)
-            ],
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectAttributes"),
+            policies.objects(vault, BACKUPS_PREFIX, "s3:GetObject", *VERSIONED_ATTRIBUTES),
             # A missing object is then NoSuchKey, not AccessDenied: verify names it missing.
             *[policies.list_prefix(store, BACKUPS_PREFIX) for store in (bucket, vault)],
         )
@@ -471,15 +475,25 @@ class ShardVaultStack(Stack):
         update_catalog = policies.table(tables.catalog, ("dynamodb:UpdateItem",))
         grant(
             "validate_restore",
-            # Reads only: the source cluster's records (Catalog.backups: a Query), the target's
-            # agents (NodeRegistry.in_cluster: a Query on the index) and the manifest.
-            policies.table(tables.catalog, ("dynamodb:Query",)),
+            # Reads only: the source cluster's records (Catalog.backups: a Query; the backup's
+            # own: a GetItem), the target's agents (NodeRegistry.in_cluster: a Query on the
+            # index), the manifest and, for a point in time, the WAL archive's listing.
+            policies.table(tables.catalog, ("dynamodb:Query", "dynamodb:GetItem")),
+            policies.list_prefix(bucket, f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"),
             policies.index(tables.nodes, NODES_BY_CLUSTER, "dynamodb:Query"),
             *read_backups,
         )
         grant(
             "plan_restore",
+            # A restore into another cluster: each data key wrapped again for the target's
+            # context, which its agents may unwrap (shardvault/keys.py: Rewrapper); the
+            # plaintext stays in KMS.
+            *[
+                data_key_statement(self.data_key, action, {"StringLike": {CLUSTER_KEY: "*"}})
+                for action in ("kms:ReEncryptFrom", "kms:ReEncryptTo")
+            ],
             *read_backups,  # the manifest
+            policies.list_prefix(bucket, f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"),  # WAL batches
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # download items, layouts
             policies.table(tables.catalog, ("dynamodb:PutItem",)),  # the restore#<id> record
         )
@@ -503,11 +517,11 @@ class ShardVaultStack(Stack):
         )
         for module in ("record_download", "finalize_restore", "cleanup_restore"):
             grant(module, update_catalog)
-        publish = iam.PolicyStatement(
-            actions=["sns:Publish"], resources=[self.notifications.topic.topic_arn]
-        )
-        grant("finalize_restore", publish)
-        grant("cleanup_restore", publish, policies.table(tables.inbox, ("dynamodb:Query",)))
+        # The restore's record as the downloads left it (its objects, as planned).
+        grant("finalize_restore", policies.table(tables.catalog, ("dynamodb:GetItem",)))
+        publish = self._publish()
+        grant("finalize_restore", *publish)
+        grant("cleanup_restore", *publish, policies.table(tables.inbox, ("dynamodb:Query",)))
         self._grant_drill_functions(publish)
         # The dispatcher inlines from the work bucket (args_key) a node's restore layout and the
         # presigned URLs of a transfer; arguments too large for an inbox item it hands over as
@@ -523,7 +537,7 @@ class ShardVaultStack(Stack):
             ),
         )
 
-    def _grant_drill_functions(self, publish: iam.PolicyStatement) -> None:
+    def _grant_drill_functions(self, publish: list[iam.PolicyStatement]) -> None:
         """Drills read the catalog (backups, restores, earlier drills) and write their own
         record; start_drill reads the policy from its environment and tells a running drill
         from one whose execution ended (its copy is stale)."""
@@ -534,7 +548,7 @@ class ShardVaultStack(Stack):
             read,
             # The drill's record, and its target's lock (a conditional put; read back when taken).
             policies.table(tables.catalog, ("dynamodb:PutItem", "dynamodb:GetItem")),
-            publish,  # a scheduled drill's refusal
+            *publish,  # a scheduled drill's refusal
             # Whether an earlier drill still runs: its execution, or its nested restore.
             iam.PolicyStatement(
                 actions=["states:DescribeExecution"],
@@ -545,7 +559,7 @@ class ShardVaultStack(Stack):
             ),
         )
         grant(
-            "record_drill", read, policies.table(tables.catalog, ("dynamodb:UpdateItem",)), publish
+            "record_drill", read, policies.table(tables.catalog, ("dynamodb:UpdateItem",)), *publish
         )
         # Marks the copies that are gone; after the drill's own, releases the target's lock.
         grant(

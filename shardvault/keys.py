@@ -48,3 +48,45 @@ def new_data_key(svc: Services, cluster: str, chain_id: str) -> Encryption:
         wrapped_key=base64.b64encode(response["CiphertextBlob"]).decode("ascii"),
         context=context,
     )
+
+
+class Rewrapper:
+    """Data keys wrapped again for a restore's *target* cluster, each once.
+
+    An agent may unwrap only data keys whose context names its own cluster (its role's cluster
+    tag), so a restore into another cluster cannot open the source's keys as they are. The
+    restore's plan asks KMS to re-encrypt each wrapped key from the source's context to the
+    same context naming the target cluster (``ReEncrypt``: the plaintext never leaves KMS), and
+    hands the target's agents those. Into the source cluster itself, nothing changes."""
+
+    def __init__(self, svc: Services, target_cluster: str) -> None:
+        self.svc, self.target = svc, target_cluster
+        self._done: dict[str, Encryption] = {}
+
+    def __call__(self, encryption: Encryption | None) -> Encryption | None:
+        if encryption is None or encryption.context.get(CLUSTER_CONTEXT) == self.target:
+            return encryption
+        if encryption.wrapped_key not in self._done:
+            self._done[encryption.wrapped_key] = self._rewrap(encryption)
+        return self._done[encryption.wrapped_key]
+
+    def _rewrap(self, encryption: Encryption) -> Encryption:
+        context = {**encryption.context, CLUSTER_CONTEXT: self.target}
+        try:
+            response = self.svc.kms.re_encrypt(
+                CiphertextBlob=base64.b64decode(encryption.wrapped_key),
+                SourceEncryptionContext=encryption.context,
+                SourceKeyId=encryption.key_id,
+                DestinationKeyId=encryption.key_id,
+                DestinationEncryptionContext=context,
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise KeyUnavailable(
+                f"KMS did not wrap the data key of cluster "
+                f"{encryption.context.get(CLUSTER_CONTEXT)!r} for cluster {self.target!r}: "
+                f"{error}.",
+                fix="check that the KMS key exists and is enabled, and that the restore "
+                "workflow's role may call kms:ReEncryptFrom and kms:ReEncryptTo on it.",
+            ) from error
+        wrapped = base64.b64encode(response["CiphertextBlob"]).decode("ascii")
+        return encryption.model_copy(update={"wrapped_key": wrapped, "context": context})

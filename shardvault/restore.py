@@ -26,13 +26,14 @@ from shardvault.backup import (
     check_nodes_available,
     reaped_error,
 )
-from shardvault.causes import failure_cause
+from shardvault.causes import failure_cause, transfer_failure
 from shardvault.chains import chain_args, data_stream
 from shardvault.dispatch import post_untracked
 from shardvault.engines import traits
 from shardvault.errors import (
     BackupNotFound,
     BackupNotRestorable,
+    DownloadIncomplete,
     EngineMismatch,
     InvalidRequest,
     ParentUnavailable,
@@ -42,6 +43,7 @@ from shardvault.errors import (
     UnknownCommand,
 )
 from shardvault.fanout import raise_first_failure
+from shardvault.keys import Rewrapper
 from shardvault.membership import check_members
 from shardvault.models import (
     THAW_DAYS,
@@ -65,6 +67,7 @@ from shardvault.models import (
 )
 from shardvault.placement import assignments, place_by_engine
 from shardvault.planning import interleave_by_node, transfer_concurrency
+from shardvault.prices import RestoreTier, StorageClass, thaw_tiers
 from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.store import presign_get, readable_now
@@ -91,6 +94,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     else:
         record = resolve_backup(request, svc)
     source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    if source == "vault":
+        check_tier(record, request.tier)
     manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
     s3, bucket = source_of(svc, source)
     manifest = load_manifest(s3, bucket, manifest_key)
@@ -152,6 +157,25 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         target=request.target,
         wal_batches=wal_batches,
         wal_bytes=wal_bytes,
+    )
+
+
+def check_tier(record: dict[str, Any], tier: RetrievalTier) -> None:
+    """S3 refuses a thaw in a tier its class lacks (DEEP_ARCHIVE has no Expedited) only once
+    the restore has started thawing: refuse it here, before anything, with the tiers it has."""
+    try:
+        storage_class = StorageClass(record.get("storage_class", ""))
+    except ValueError:
+        return  # a class the price table does not know (a non-AWS store's own): no tiers known
+    tiers = thaw_tiers(storage_class)
+    if not tiers or RestoreTier(tier.value.upper()) in tiers:
+        return
+    possible = [RetrievalTier(t.value.capitalize()).value for t in tiers]
+    raise InvalidRequest(
+        f"backup {record.get('backup_id')} is in {storage_class.value}, which has no "
+        f"{tier.value} thaw tier; it has {' and '.join(possible)}.",
+        fix=f'set "tier" to {" or ".join(repr(t) for t in possible)} (shardvault restore '
+        f"--tier), or restore a backup kept in another class.",
     )
 
 
@@ -325,6 +349,11 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         )
         planned += chain_items(context, chain[:1], shard.shard_id, node_id)
     wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
+    # Every data key as the target cluster's agents may unwrap it (keys.Rewrapper).
+    rewrap = Rewrapper(svc, context.target_cluster)
+    planned = rewrapped(planned, rewrap)
+    prefetch = {node_id: rewrapped(items, rewrap) for node_id, items in prefetch.items()}
+    wal = {shard: (files, rewrapped(items, rewrap)) for shard, (files, items) in wal.items()}
     for _, items in wal.values():
         planned += items
     # Each node's objects in turn: the Download map starts items in plan order.
@@ -333,7 +362,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
             prepare_key(svc, context, assignment.node_id),
-            prepare_args(shards, manifest.encryption, chain, wal, context.target),
+            prepare_args(shards, rewrap(manifest.encryption), chain, wal, context.target),
         )
     prefetched = sum(len(items) for items in prefetch.values())
     svc.catalog.put(
@@ -373,6 +402,14 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         "nodes": nodes,
         "download_concurrency": transfer_concurrency(context.assignments),
     }
+
+
+def rewrapped(items: list[DownloadItem], rewrap: Rewrapper) -> list[DownloadItem]:
+    """``items`` with their own data keys (an archived batch's) wrapped for the target."""
+    return [
+        item.model_copy(update={"encryption": rewrap(item.encryption)}) if item.encryption else item
+        for item in items
+    ]
 
 
 def put_items(
@@ -652,6 +689,7 @@ def mark_failed(
     now: float,
     nodes: list[str],
 ) -> dict[str, Any]:
+    error = transfer_failure(error, DownloadIncomplete.__name__, svc, restore_id, nodes)
     outcome = {
         "status": BackupStatus.FAILED.value,
         "failed_at": now,

@@ -480,6 +480,9 @@ def _resource_names(synth: Synthesized) -> dict[str, str]:
     topic_id, topic = only(resources_of(synth, "AWS::SNS::Topic"))
     names[topic_id] = "topic"
     names[only_id(topic["Properties"]["KmsMasterKeyId"])] = "topic key"
+    names.update(
+        {i: "DataKey" for i in resources_of(synth, "AWS::KMS::Key") if i.startswith("DataKey")}
+    )
     return names
 
 
@@ -508,6 +511,8 @@ def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
 
 
 READ_BACKUPS = {("s3:GetObject", "staging/backups/*"), ("s3:GetObject", "vault/backups/*")}
+# A point in time's WAL batches, found by listing (the prefix condition is not in the pair).
+LIST_WAL_ARCHIVE = {("s3:ListBucket", "staging")}
 NOTIFY = {
     ("sns:Publish", "topic"),
     ("kms:Decrypt", "topic key"),
@@ -517,9 +522,20 @@ UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
 # What each restore function calls in shardvault/restore.py, and nothing else.
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
-    | {("dynamodb:Query", "catalog"), ("dynamodb:Query", "nodes/index/by_cluster")},
+    | LIST_WAL_ARCHIVE
+    | {
+        ("dynamodb:Query", "catalog"),
+        ("dynamodb:GetItem", "catalog"),
+        ("dynamodb:Query", "nodes/index/by_cluster"),
+    },
     "plan_restore": READ_BACKUPS
-    | {("s3:PutObject", "staging/_work/*"), ("dynamodb:PutItem", "catalog")},
+    | LIST_WAL_ARCHIVE
+    | {
+        ("s3:PutObject", "staging/_work/*"),
+        ("dynamodb:PutItem", "catalog"),
+        ("kms:ReEncryptFrom", "DataKey"),  # data keys wrapped for another cluster's agents
+        ("kms:ReEncryptTo", "DataKey"),
+    },
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
     | {("s3:RestoreObject", "staging/backups/*"), ("s3:RestoreObject", "vault/backups/*")},
@@ -527,7 +543,7 @@ RESTORE_GRANTS = {
     | {("s3:GetObject", "staging/_work/*"), ("s3:PutObject", "staging/_work/*")},
     "record_download": UPDATE_CATALOG,
     "check_prepared": set(),  # it reads its input and raises
-    "finalize_restore": UPDATE_CATALOG | NOTIFY,
+    "finalize_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:GetItem", "catalog")},
     "cleanup_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:Query", "inbox")},  # causes
 }
 
@@ -830,10 +846,11 @@ def test_the_watch_reads_backups_and_agents_and_writes_its_own_metrics_only(
 
 
 def test_verify_reads_backups_and_writes_only_its_outcome(synth: Synthesized) -> None:
-    reads = {
-        (action, f"{store}/backups/*")
-        for store in ("staging", "vault")
-        for action in ("s3:GetObject", "s3:GetObjectAttributes")
+    reads = {(a, "staging/backups/*") for a in ("s3:GetObject", "s3:GetObjectAttributes")}
+    # The vault is versioned: S3 authorizes GetObjectAttributes there by the version actions.
+    reads |= {
+        (a, "vault/backups/*")
+        for a in ("s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectVersionAttributes")
     }
     lists = {("s3:ListBucket", store) for store in ("staging", "vault")}
     catalog = {(a, "catalog") for a in ("dynamodb:Query", "dynamodb:GetItem")}
@@ -1123,6 +1140,8 @@ def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Sy
         }
         if module in {"validate_backup", "archive_wal"}:  # a backup's key; a WAL batch's
             assert data_key_actions == {"kms:GenerateDataKeyWithoutPlaintext"}
+        elif module == "plan_restore":  # wraps keys for another cluster: no plaintext either
+            assert data_key_actions == {"kms:ReEncryptFrom", "kms:ReEncryptTo"}
         else:
             assert not data_key_actions, (module, kms_actions)
 
@@ -1236,4 +1255,5 @@ def test_scan_preparer_reads_backups_and_writes_only_work_objects(synth: Synthes
     assert grants(synth, "prepare_scan") == READ_BACKUPS | {
         ("s3:PutObject", "staging/_work/*"),
         ("dynamodb:GetItem", "catalog"),
+        ("dynamodb:UpdateItem", "catalog"),  # the part size it chose
     }

@@ -11,7 +11,7 @@ from moto import mock_aws
 from shardvault_agent.keys import DataKeys
 
 from shardvault.errors import InvalidRequest, KeyUnavailable, WrongKey
-from shardvault.keys import CLUSTER_CONTEXT, new_data_key
+from shardvault.keys import CLUSTER_CONTEXT, Rewrapper, new_data_key
 from shardvault.models import Encryption
 from shardvault.pipeline import key_check
 
@@ -68,3 +68,21 @@ def test_a_deployment_without_a_data_key_refuses_by_name():
 
 def test_no_encryption_means_no_sealer():
     assert keys().sealer(None) is None
+
+
+def test_a_key_wrapped_again_for_a_restores_target_opens_there_to_the_same_key(kms_key):
+    """A restore into another cluster: the target's agents may unwrap only their cluster's
+    context, so the plan wraps the key again for it (KMS ReEncrypt), once per key."""
+    kms = boto3.client("kms", region_name="us-east-1")
+    wrapped = new_data_key(Svc(kms_key), "orders", "b1")
+    rewrap = Rewrapper(Svc(kms_key), "orders-copy")
+    moved = rewrap(wrapped)
+    assert moved.context == {CLUSTER_CONTEXT: "orders-copy", "shardvault:chain": "b1"}
+    assert rewrap(wrapped) is moved  # once per key
+
+    def plaintext(encryption: Encryption) -> bytes:
+        blob = base64.b64decode(encryption.wrapped_key)
+        return kms.decrypt(CiphertextBlob=blob, EncryptionContext=encryption.context)["Plaintext"]
+
+    assert plaintext(moved) == plaintext(wrapped)
+    assert Rewrapper(Svc(kms_key), "orders")(wrapped) is wrapped  # into its own cluster
