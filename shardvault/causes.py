@@ -11,6 +11,12 @@ The *error* is what Step Functions recorded for the failed state (``{"Error", "C
 3. what the error's name alone says: a timeout is a timeout; any other name with no cause
    anywhere is reported as exactly that, never as a made-up reason.
 
+On AWS a Distributed Map run fails as a whole when one of its children fails
+(``MAP_RUN_FAILURES``), and the Catch after it sees only the run's error, whose cause names no
+child. ``transfer_failure`` gives such an error the workflow's own name for an incomplete
+transfer (``UploadIncomplete``, ``DownloadIncomplete``) and the failed child's cause from the
+agents' notes (the local stack fails its Maps the same way: ``moto_fidelity``).
+
 A few agent failures are the operator's to act on by name (``NAMED``: the source guard's
 ``SourceLogFull``): when a note of one is behind a failed backup, the backup fails under that
 name, whatever the workflow's own error was (the Upload map's failure threshold on AWS, a
@@ -26,6 +32,7 @@ from shardvault.errors import ShardVaultError, SourceLogFull
 from shardvault.services import Services
 
 TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
+MAP_RUN_FAILURES = frozenset({"States.ExceedToleratedFailureThreshold"})
 NAMED: dict[str, type[ShardVaultError]] = {"SourceLogFull": SourceLogFull}
 
 
@@ -77,3 +84,18 @@ def failure_cause(
     if name in TIMEOUTS:
         return "a task timed out: its agent neither answered nor heartbeated in time."
     return f"{name}, with no cause recorded by the state that failed."
+
+
+def transfer_failure(
+    error: dict[str, Any], name: str, svc: Services, operation_id: str, node_ids: list[str]
+) -> dict[str, Any]:
+    """``error``, or for a Map run that failed as a whole, ``name`` with the earliest agent
+    note's cause (the child that failed), else the run's own cause."""
+    if error.get("Error") not in MAP_RUN_FAILURES:
+        return error
+    cause = agent_note(svc, operation_id, node_ids, "") or (
+        f"an item of the transfer failed ({error.get('Error')}: "
+        f"{readable_cause(str(error.get('Cause') or ''))}), and no agent noted why: see the "
+        "map run's failed child execution."
+    )
+    return {"Error": name, "Cause": cause}

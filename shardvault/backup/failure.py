@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shardvault.causes import failure_cause, named_failure
+from shardvault.causes import failure_cause, named_failure, transfer_failure
 from shardvault.dispatch import post_untracked
-from shardvault.errors import InvalidRequest, ShardVaultError
+from shardvault.errors import InvalidRequest, ShardVaultError, UploadIncomplete
 from shardvault.models import (
     BackupContext,
     BackupKind,
@@ -58,11 +58,12 @@ def cleanup(
     """The failure path: no open multipart upload, no partial object, every source node told
     to release, the backup marked failed with its cause, the lock released, and a
     notification sent."""
+    nodes = [source.node_id for source in context.sources]
+    error = transfer_failure(error, UploadIncomplete.__name__, svc, context.backup_id, nodes)
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
     aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
     deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
     post_releases(context, svc)
-    nodes = [source.node_id for source in context.sources]
     named = named_failure(svc, context.backup_id, nodes)
     outcome = {
         "status": BackupStatus.FAILED.value,

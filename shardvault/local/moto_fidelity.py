@@ -16,6 +16,12 @@
   them. moto's interpreter hands the ASL's names to boto3 as they are (which wants
   ``stateMachineArn``: the task failed with ``KeyError``) and returns boto3's names and
   ``datetime`` objects. :func:`install` renames both ways.
+- *A Distributed Map run fails as a whole.* On AWS a run whose failed children exceed its
+  tolerated failures (none unless the ASL says so) fails with
+  ``States.ExceedToleratedFailureThreshold``, a cause that names no child, and the state's
+  Catch sees only that. moto's run succeeds with the failed children's outputs left out, so a
+  workflow that worked here could lose its failure's name on AWS. :func:`install` fails the
+  run as AWS does, once its children are done.
 """
 
 from __future__ import annotations
@@ -34,6 +40,63 @@ def install() -> None:
     # HTTP, in-process or under mock_aws): one lock there covers reads and writes.
     DynamoHandler.call_action = _serialized(DynamoHandler.call_action, threading.Lock())
     _name_nested_executions_as_aws()
+    _fail_map_runs_as_aws()
+
+
+MAP_RUN_FAILED = "The specified tolerated failure threshold was exceeded."
+
+
+def _fail_map_runs_as_aws() -> None:
+    from moto.stepfunctions.parser.api import ExecutionFailedEventDetails, HistoryEventType
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    component = distributed.DistributedIterationComponent
+    run = component._map_run
+    name = StatesErrorNameType.StatesExceedToleratedFailureThreshold
+
+    def map_run(self: Any, env: Any, eval_input: Any) -> None:
+        run(self, env, eval_input)
+        items = eval_input.map_run_record.item_counter
+        failed, total = items.failed.get() + items.timed_out.get(), items.total.get()
+        if not exceeds(failed, total, eval_input):
+            return
+        env.stack.pop()  # the outputs of the children that succeeded
+        details = ExecutionFailedEventDetails(error=name.to_name(), cause=MAP_RUN_FAILED)
+        raise FailureEventException(
+            failure_event=FailureEvent(
+                env=env,
+                error_name=StatesErrorName(typ=name),
+                event_type=HistoryEventType.ExecutionFailed,
+                event_details=EventDetails(executionFailedEventDetails=details),
+            )
+        )
+
+    component._map_run = map_run
+
+
+def exceeds(failed: int, total: int, eval_input: Any) -> bool:
+    """Whether ``failed`` of ``total`` children exceed the Map's tolerated failures: each
+    threshold the ASL sets (count, percentage) when it sets one, else any failure."""
+    count, percentage = eval_input.tolerated_failure_count, eval_input.tolerated_failure_percentage
+    over = []
+    if count > 0:
+        over.append(failed > count)
+    if percentage > 0:
+        over.append(bool(total) and 100 * failed / total > percentage)
+    return any(over) if over else failed > 0
 
 
 def _name_nested_executions_as_aws() -> None:

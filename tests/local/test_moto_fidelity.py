@@ -3,7 +3,9 @@ does."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import boto3
 from moto import mock_aws
@@ -98,3 +100,64 @@ def test_a_query_never_meets_an_item_half_written(monkeypatch) -> None:
     moto_fidelity.install()
     with mock_aws():
         assert queries_beside_writes() == []
+
+
+def map_machine(tolerated: dict) -> str:
+    """A Distributed Map over [1, 2, 3] whose child for 2 fails; its Catch keeps the error."""
+    child = {
+        "StartAt": "Which",
+        "States": {
+            "Which": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$", "NumericEquals": 2, "Next": "Fail"}],
+                "Default": "Done",
+            },
+            "Fail": {"Type": "Fail", "Error": "UploadIncomplete", "Cause": "part 3 of k"},
+            "Done": {"Type": "Succeed"},
+        },
+        "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+    }
+    return json.dumps(
+        {
+            "StartAt": "Upload",
+            "States": {
+                "Upload": {
+                    "Type": "Map",
+                    "ItemsPath": "$.items",
+                    "ItemProcessor": child,
+                    **tolerated,
+                    "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Caught"}],
+                    "End": True,
+                },
+                "Caught": {"Type": "Pass", "End": True},
+            },
+        }
+    )
+
+
+def run_map(name: str, tolerated: dict) -> dict:
+    sfn = boto3.client("stepfunctions", region_name="us-east-1")
+    arn = sfn.create_state_machine(
+        name=name, definition=map_machine(tolerated), roleArn="arn:aws:iam::123456789012:role/r"
+    )["stateMachineArn"]
+    execution = sfn.start_execution(
+        stateMachineArn=arn, name=name, input=json.dumps({"items": [1, 2, 3]})
+    )
+    for _ in range(200):
+        described = sfn.describe_execution(executionArn=execution["executionArn"])
+        if described["status"] != "RUNNING":
+            return json.loads(described.get("output") or "null")
+        time.sleep(0.05)
+    raise TimeoutError("the execution did not end")
+
+
+def test_a_failed_child_fails_the_distributed_map_run_as_on_aws(monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    moto_fidelity.install()
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        caught = run_map("strict", {})
+        tolerated = run_map("tolerant", {"ToleratedFailurePercentage": 50.0})
+    assert caught["Error"] == "States.ExceedToleratedFailureThreshold"
+    assert "part 3" not in caught["Cause"]  # as on AWS: the child's cause is not there
+    assert isinstance(tolerated, list)  # one failure of three is within 50 %

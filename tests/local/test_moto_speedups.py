@@ -57,12 +57,17 @@ def test_a_distributed_map_starts_no_more_workers_than_it_has_items(monkeypatch)
     component = distributed.DistributedIterationComponent
     launched: list[int] = []
     monkeypatch.setattr(distributed, "JobPool", FakeJobPool)
-    record = SimpleNamespace(max_concurrency=1000)
+    none = SimpleNamespace(get=lambda: 0)  # moto_fidelity reads the failed items' counters
+    counters = SimpleNamespace(failed=none, timed_out=none, total=none)
+    record = SimpleNamespace(max_concurrency=1000, item_counter=counters)
     env = SimpleNamespace(stack=[["n1", "n2", "n3"]])
     this = SimpleNamespace(
         _get_iteration_program=lambda: None, _launch_worker=lambda **_: launched.append(1)
     )
-    component._map_run(this, env, SimpleNamespace(map_run_record=record))
+    run = SimpleNamespace(
+        map_run_record=record, tolerated_failure_count=0, tolerated_failure_percentage=0.0
+    )
+    component._map_run(this, env, run)
     assert len(launched) == 3
     assert record.max_concurrency == 3
     assert env.stack == [[]]  # the (fake) pool's outputs, as moto leaves them
