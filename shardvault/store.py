@@ -56,6 +56,12 @@ def s3_client(
     options: dict[str, Any] = {"signature_version": "s3v4", **config}
     if endpoint:
         options["s3"] = {"addressing_style": "path"}
+    else:
+        # The bucket's regional host (the client's region is the stack's, where it made its
+        # buckets). botocore would otherwise sign URLs for the global host, which answers a
+        # new bucket's requests with 307 for up to a day and which regions opened after
+        # March 2019 refuse: an agent's first upload would fail.
+        options["s3"] = {"addressing_style": "virtual", "us_east_1_regional_endpoint": "regional"}
     keys = {}
     if credentials:
         keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}

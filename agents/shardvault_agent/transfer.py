@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -199,14 +200,41 @@ def read_range(
     return stream_source(root, files, offset, length, limiter)(length)
 
 
+# S3's answers that a new URL mends, not a new try of this one: the signing role's session
+# ended (400 ExpiredToken on AWS, 403 "expired" on MinIO), or the URL names a host that
+# redirects (307 to the bucket's region while a new bucket's name spreads; a redirect cannot
+# be followed, the signature covers the host).
+RESIGN_CODES = ("ExpiredToken", "TokenRefreshRequired", "TemporaryRedirect", "PermanentRedirect")
+# A body the store waited for too long (400 RequestTimeout): the network's, worth another try.
+RETRY_CODES = ("RequestTimeout",)
+
+
+def error_code(text: str) -> str:
+    """The ``<Code>`` of an S3 error document ("" when there is none)."""
+    match = re.search(r"<Code>([^<]+)</Code>", text)
+    return match.group(1) if match else ""
+
+
 def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
-    """Names an HTTP error answer; an expired URL ends the transfer (sign again)."""
+    """Names an HTTP error answer; one that a new URL mends ends the transfer (sign again)."""
     text = response.data.decode(errors="replace")
-    if response.status == 403 and "expired" in text.lower():
+    code = error_code(text)
+    if code in RESIGN_CODES or (response.status == 403 and "expired" in text.lower()):
         raise PresignedUrlExpired(
-            f"the URL of {what} expired.", fix="sign again (the state machine does this)."
+            f"the URL of {what} is no longer accepted (HTTP {response.status} {code}).",
+            fix="sign again (the state machine does this).",
+        )
+    if response.status in (301, 307):
+        raise PresignedUrlExpired(
+            f"the URL of {what} was redirected (HTTP {response.status}) to "
+            f"{response.headers.get('Location', 'another host')}.",
+            fix="sign again with the bucket's regional endpoint (the state machine does this).",
         )
     return f"HTTP {response.status}: {text[:300]}"
+
+
+def retryable(status: int, why: str) -> bool:
+    return status in RETRYABLE_STATUS or any(code in why for code in RETRY_CODES)
 
 
 @dataclass
@@ -282,7 +310,7 @@ class PartSender:
             return response.headers["ETag"]
         why = _status_error(response, what)
         log.info("%s: try failed: %s", what, why)
-        if response.status in RETRYABLE_STATUS or (
+        if retryable(response.status, why) or (
             # The packed copy is stable: bytes the store finds different from their checksum
             # were damaged on the way, and the next try sends them again.
             response.status == 400 and any(e in why for e in CHECKSUM_ERRORS)
@@ -398,7 +426,7 @@ class Downloader:
             if response.status != 206:
                 cut_at.add(None)
                 why = _status_error(response, f"the download of {key}")
-                if response.status in RETRYABLE_STATUS:
+                if retryable(response.status, why):
                     raise TryAgain(why)
                 raise PartDownloadFailed(
                     f"the store refused bytes {offset}-{offset + size - 1} of {key}: {why}",
