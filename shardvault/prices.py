@@ -129,6 +129,17 @@ RESTORE: dict[tuple[StorageClass, RestoreTier], RestorePrices] = {
     (StorageClass.DEEP_ARCHIVE, RestoreTier.BULK): RestorePrices(0.0025, 0.025 / 1000, 48.0),
 }
 
+
+def thaw_tiers(storage_class: StorageClass) -> list[RestoreTier]:
+    """The restore tiers S3 offers for an archived class (none for a class read directly):
+    DEEP_ARCHIVE has no Expedited tier."""
+    return [tier for (cls, tier) in RESTORE if cls == storage_class]
+
+
+# A restore's execution must outlive the slowest thaw it may wait for (DEEP_ARCHIVE's Bulk, 48
+# h), then its downloads: statemachines/restore.asl.json's TimeoutSeconds (72 h) holds this.
+SLOWEST_THAW_HOURS = max(prices.ready_within_hours for prices in RESTORE.values())
+
 # Orchestration.
 STATE_TRANSITION = 0.025 / 1000  # Step Functions Standard, retries included
 LAMBDA_GB_SECOND = 0.0000133334  # arm64; UNCONFIRMED

@@ -112,3 +112,26 @@ def test_waits_between_polls_double_up_to_an_hour(svc):
     context = archived_backup(svc)
     waits = [restore.thaw(context, attempt, svc)["wait_seconds"] for attempt in (0, 1, 2, 12)]
     assert waits == [60, 120, 240, restore.THAW_MAX_WAIT]
+
+
+def test_a_tier_the_vaults_class_lacks_is_refused_before_anything_with_those_it_has():
+    from shardvault.errors import InvalidRequest
+    from shardvault.models import RetrievalTier
+    from shardvault.restore import check_tier
+
+    deep = {"backup_id": "b1", "location": "vault", "storage_class": "DEEP_ARCHIVE"}
+    with pytest.raises(InvalidRequest, match="no Expedited thaw tier; it has Standard and Bulk"):
+        check_tier(deep, RetrievalTier.EXPEDITED)
+    check_tier(deep, RetrievalTier.BULK)
+    check_tier({**deep, "storage_class": "GLACIER"}, RetrievalTier.EXPEDITED)
+    check_tier({**deep, "storage_class": "GLACIER_IR"}, RetrievalTier.EXPEDITED)  # no thaw
+
+
+def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
+    import json
+
+    from shardvault.local.stack import STATE_MACHINES
+    from shardvault.prices import SLOWEST_THAW_HOURS
+
+    timeout = json.loads((STATE_MACHINES / "restore.asl.json").read_text())["TimeoutSeconds"]
+    assert timeout >= (SLOWEST_THAW_HOURS + 12) * 3600  # the thaw, then its downloads
