@@ -37,6 +37,7 @@ The orchestration counts below are estimates from the state machine, not measure
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cache, lru_cache
@@ -814,9 +815,29 @@ def _days_within(
     return max(timedelta(0), min(until or end, end) - max(since, start)) / DAY
 
 
-@lru_cache(maxsize=32)
+@dataclass(frozen=True)
+class ByValue:
+    """A cluster's policy as a cache key: equal when its values are (a policy holds lists,
+    ``nodes:`` for one, and is not hashable itself)."""
+
+    cluster: ClusterPolicy = field(compare=False, hash=False)
+    key: str = ""
+
+    @classmethod
+    def of(cls, cluster: ClusterPolicy) -> ByValue:
+        return cls(cluster, cluster.model_dump_json())
+
+
 def simulate_lifetimes(
     cluster: ClusterPolicy, data_bytes: int, daily_change: float
+) -> tuple[tuple[Lifetime, ...], datetime]:
+    """See ``_simulate_lifetimes``; each answer is computed once per policy's values."""
+    return _simulate_lifetimes(ByValue.of(cluster), data_bytes, daily_change)
+
+
+@lru_cache(maxsize=32)
+def _simulate_lifetimes(
+    policy: ByValue, data_bytes: int, daily_change: float
 ) -> tuple[tuple[Lifetime, ...], datetime]:
     """Every backup the schedule makes, expired by retention run after each backup, from a
     fixed start until a year past the warm-up; and the end of that year. The simulation goes
@@ -824,6 +845,7 @@ def simulate_lifetimes(
     expire or to outlive every class's minimum billed duration (``lifetimes.expected_lifetime``
     gives the same lifetimes one at a time). An incremental holds the change since its parent
     (the backup before it); the first backup is a full."""
+    cluster = policy.cluster
     schedule, zone = cluster.schedule, cluster.schedule.zone
     start = datetime(2026, 1, 1, tzinfo=zone)  # fixed: forecasts are reproducible
     end = start + _warm_up(cluster, start) + YEAR

@@ -60,7 +60,7 @@ from shardvault.models import (
     new_backup_id,
 )
 from shardvault.planning import MiB, check_part_size
-from shardvault.policy import ClusterPolicy, Incremental
+from shardvault.policy import ClusterPolicy, Incremental, Upload
 from shardvault.services import Services
 from shardvault.tables import NodeRegistry
 
@@ -282,10 +282,10 @@ def policy_part_size(cluster: ClusterPolicy | None) -> int | None:
 
 
 def upload_limits(cluster: ClusterPolicy | None) -> UploadLimits:
-    """The cluster's ``upload`` rate limit, parallelism and throttle, for its agents."""
-    if cluster is None:
-        return UploadLimits()
-    upload = cluster.upload
+    """The cluster's ``upload`` rate limit, parallelism and throttle, for its agents; a
+    cluster the policy does not name gets the policy's defaults, its throttle's floor among
+    them (an adaptive backup never falls below it)."""
+    upload = cluster.upload if cluster is not None else Upload()
     rate = upload.rate_limit_mib_per_second
     return UploadLimits(
         rate_limit_bytes_per_second=max(1, round(rate * MiB)) if rate else None,

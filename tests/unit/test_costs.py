@@ -449,3 +449,18 @@ def test_weekly_drills_read_the_data_back_from_the_class_backups_land_in() -> No
     assert drilled.drill_usd == pytest.approx(drilled.drills_per_month * one.total_usd)
     assert drilled.total_usd == pytest.approx(plain.total_usd + drilled.drill_usd)
     assert drilled.request_overhead_usd == pytest.approx(plain.request_overhead_usd)
+
+
+def test_a_cluster_that_lists_its_nodes_is_forecast():
+    """Issue 44 (1): a policy with a ``nodes:`` list (not hashable) broke the forecast's cache,
+    and with it the daily retention run of every cluster."""
+    listed = parse_policy(
+        "version: 1\nclusters:\n  fa:\n    engine: sqlite\n    nodes: [fa-node-1, fa-node-2]\n"
+        '    schedule: {full: "0 2 * * 0"}\n'
+        "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
+        "    retention: {keep_daily: 7}\n"
+    ).cluster("fa")
+    first = costs.monthly_forecast(listed, 10 * 2**30, 0.01)
+    again = costs.monthly_forecast(listed, 10 * 2**30, 0.01)  # from the cache
+    assert first.storage_usd > 0
+    assert again == first

@@ -45,7 +45,13 @@ def test_the_policys_upload_settings_become_the_backups_limits() -> None:
     )
     adaptive = parse_policy(POLICY.replace("parallelism: 2}", "throttle: adaptive}"))
     assert upload_limits(adaptive.cluster("c")).throttle == "adaptive"
-    assert upload_limits(None) == UploadLimits()  # no policy: the agents' own settings
+    # A cluster the policy does not name: the agents' own rate and parallelism, and the
+    # policy's default throttle with its floor (issue 44: it had none, and fell to 23 KB/s).
+    unnamed = upload_limits(None)
+    assert unnamed.rate_limit_bytes_per_second is None
+    assert unnamed.parallelism is None
+    assert unnamed.throttle_floor_bytes_per_second == 4 * MiB
+    assert unnamed.throttle_window_seconds == 6 * 3600
 
 
 def commands(tmp_path: Path, **agent: object) -> Commands:
