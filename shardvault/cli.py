@@ -16,8 +16,9 @@
   shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
       [--cluster NAME] [--data-gib N] [--daily-change F]   (exit 1 when a cluster is over)
 
-Which deployment is used comes from SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE
-(the stack's outputs on AWS), or from ``--stack-env`` (a local stack's ``stack.env``).
+Which deployment is used comes from ``--stack NAME`` (a deployed stack's outputs, read with
+CloudFormation ``DescribeStacks``), ``--stack-env`` (a local stack's ``stack.env``), or
+SHARDVAULT_STATE_MACHINE_ARN and SHARDVAULT_CATALOG_TABLE set by hand.
 
 Exit status: 0 done; 1 failed (a backup or restore followed with --wait that failed, a backup
 that verify found damaged, a check that failed, a cost over its budget); 2 a usage error (the
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "stack_env", None):
             ops.load_env_file(args.stack_env)
+        if getattr(args, "stack", None):
+            ops.load_stack_outputs(args.stack)
         return args.run(args) or 0
     except ShardVaultError as error:
         errors.print(f"[bold red]{error.name}[/]: {error.message}")
@@ -209,7 +212,11 @@ def parser() -> argparse.ArgumentParser:
         drill,
         drills,
     ):
-        cmd.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
+        where = cmd.add_mutually_exclusive_group()
+        where.add_argument("--stack-env", type=Path, help="a local stack's stack.env")
+        where.add_argument(
+            "--stack", metavar="NAME", help="a deployed stack (e.g. ShardVault): its outputs"
+        )
     return root
 
 
@@ -295,9 +302,11 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
     cost.add_argument(
         "--target", action="store_true", help="the modeled 1 TiB daily-incremental case"
     )
-    cost.add_argument(
+    where = cost.add_mutually_exclusive_group()
+    where.add_argument(
         "--stack-env", type=Path, help="a local stack's stack.env: also what the catalog holds"
     )
+    where.add_argument("--stack", metavar="NAME", help="a deployed stack: its catalog")
     cost.set_defaults(run=run_cost)
 
     return restore, retention, schedule
@@ -811,7 +820,7 @@ def run_cost(args: argparse.Namespace) -> int:
         print_deployment_cost(1)
         return 0
     policy = load_policy(args.policy or EXAMPLE_POLICY)
-    catalog = bool(args.stack_env or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
+    catalog = bool(args.stack_env or args.stack or os.environ.get("SHARDVAULT_CATALOG_TABLE"))
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster) if catalog else []
     alerts = []
     for name in [args.cluster] if args.cluster else sorted(policy.clusters):

@@ -47,8 +47,8 @@ class ClientConfig:
         if missing:
             raise InvalidRequest(
                 f"{', '.join(missing)} not set.",
-                fix="pass --stack-env local-stack/stack.env for the local stack, or set them from "
-                "the ShardVault stack's outputs for AWS.",
+                fix="pass --stack ShardVault (a deployed stack's name) for AWS, or --stack-env "
+                "local-stack/stack.env for the local stack.",
             )
         return cls(
             env["SHARDVAULT_STATE_MACHINE_ARN"],
@@ -64,14 +64,52 @@ class ClientConfig:
 
 def load_env_file(path: Path) -> None:
     """Loads ``KEY=value`` lines (a local stack's ``stack.env``) into the environment."""
+    fix = "pass the stack.env that 'shardvault local up' wrote in its --dir (local-stack/)."
     if not path.exists():
         raise InvalidRequest(
             f"{path} does not exist.", fix="start the local stack first ('shardvault local up')."
         )
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise InvalidRequest(f"{path} cannot be read: {error.strerror}.", fix=fix) from None
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"{path} is not a text file.", fix=fix) from None
+    for line in text.splitlines():
         if "=" in line and not line.startswith("#"):
             key, value = line.split("=", 1)
             os.environ[key] = value
+
+
+# A deployed stack's output -> the variable the CLI reads (``--stack``).
+STACK_OUTPUTS = {
+    "BackupStateMachineArn": "SHARDVAULT_STATE_MACHINE_ARN",
+    "RestoreStateMachineArn": "SHARDVAULT_RESTORE_STATE_MACHINE_ARN",
+    "RetentionStateMachineArn": "SHARDVAULT_RETENTION_STATE_MACHINE_ARN",
+    "VerifyStateMachineArn": "SHARDVAULT_VERIFY_STATE_MACHINE_ARN",
+    "ProbeStateMachineArn": "SHARDVAULT_PROBE_STATE_MACHINE_ARN",
+    "DrillStateMachineArn": "SHARDVAULT_DRILL_STATE_MACHINE_ARN",
+    "CatalogTableName": "SHARDVAULT_CATALOG_TABLE",
+    "NodesTableName": "SHARDVAULT_NODES_TABLE",
+}
+
+
+def load_stack_outputs(stack: str, cloudformation: Any = None) -> dict[str, str]:
+    """Sets the CLI's variables from a deployed stack's outputs (CloudFormation
+    ``DescribeStacks``, in the configured region); returns them."""
+    client = cloudformation or boto3.client("cloudformation")
+    (described,) = client.describe_stacks(StackName=stack)["Stacks"]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    missing = [name for name in STACK_OUTPUTS if name not in outputs]
+    if missing:
+        raise InvalidRequest(
+            f"stack {stack!r} has no output {', '.join(missing)}: it is not a ShardVault stack, "
+            "or one deployed before these outputs.",
+            fix="pass --stack with the name cdk deploy printed, or redeploy the stack.",
+        )
+    values = {variable: outputs[name] for name, variable in STACK_OUTPUTS.items()}
+    os.environ.update(values)
+    return values
 
 
 @dataclass

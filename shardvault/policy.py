@@ -696,12 +696,17 @@ def load_policy(path: Path | str) -> Policy:
     """Reads and validates a policy file; raises ``PolicyError`` naming every problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise PolicyError(
             f"policy file {path} cannot be read: {error.strerror}.",
             fix="pass the path of an existing, readable policy file (see "
             "examples/shardvault.yaml).",
+        ) from None
+    except UnicodeDecodeError as error:
+        raise PolicyError(
+            f"policy file {path} is not UTF-8 text (byte {error.start} is not).",
+            fix="pass the YAML policy file itself, saved as UTF-8 (see examples/shardvault.yaml).",
         ) from None
     return parse_policy(text, source=str(path))
 
