@@ -38,7 +38,8 @@ def services() -> Services:
     function = FUNCTION.get()
     if _bind_for is None or function is None:
         return _services
-    if function not in _by_function:
+    known = _by_function.get(function)
+    if known is None or known.settings is not _services.settings:  # new, or settings replaced
         _by_function[function] = Services(_services.settings, bind=_bind_for(function))
     return _by_function[function]
 

@@ -69,6 +69,8 @@ def _fail_map_runs_as_aws() -> None:
 
     def map_run(self: Any, env: Any, eval_input: Any) -> None:
         run(self, env, eval_input)
+        if not env.is_running():  # stopped (StopExecution): the run ends with the execution
+            return
         items = eval_input.map_run_record.item_counter
         failed, total = items.failed.get() + items.timed_out.get(), items.total.get()
         if not exceeds(failed, total, eval_input):

@@ -10,16 +10,19 @@ from botocore.exceptions import ClientError
 from shardvault.local.stack import REGION
 
 
-def test_a_backup_whose_signer_lost_its_grant_fails_by_name_and_leaves_nothing(make_cluster, stack):
+def test_a_backup_whose_planner_lost_its_grant_fails_by_name_and_leaves_nothing(
+    make_cluster, stack
+):
     cluster = make_cluster(nodes=1, size_mb=1)
 
-    with stack.gate.withdrawn("function:sign_parts", "s3:PutObject"):
+    with stack.gate.withdrawn("function:plan_backup", "s3:PutObject"):
         refused = cluster.backup()
 
     assert refused.status == "FAILED"
-    assert "s3:PutObject" in refused.cause
     assert "AccessDenied" in refused.cause
+    assert "s3:PutObject" in refused.cause
     assert cluster.open_uploads() == []  # the failure path cleaned up, as on AWS
+    assert cluster.held_checkpoints() == []
     (record,) = cluster.records()
     assert record["status"] == "FAILED"
     # The grant back, the same cluster backs up: the refusal was the missing grant's.
@@ -27,7 +30,9 @@ def test_a_backup_whose_signer_lost_its_grant_fails_by_name_and_leaves_nothing(m
 
 
 def agent_client(stack, service: str, key: str):
-    return boto3.client(
+    """A client as an agent's, over HTTP to moto's server (a new session: the default one
+    answers this process's calls in-process, where no agent's call is made)."""
+    return boto3.session.Session().client(
         service,
         endpoint_url=stack.endpoint,
         region_name=REGION,

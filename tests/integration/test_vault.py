@@ -9,6 +9,7 @@ server-side copy and its checksum carry-over are tested against MinIO, whose Cop
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -255,6 +256,9 @@ def test_the_record_holds_the_lock_read_back_from_the_vault(make_cluster):
     assert shown["retain_until"] == record["retain_until"]
 
 
+PROMOTE = "promote_backup"
+
+
 def keep_weaker_locks(svc: Services, how: str) -> None:
     """Makes the vault keep less than it is asked: ``shorter`` locks (half a day less than
     asked), or ``none`` at all (lock parameters dropped and PutObjectRetention answered 200
@@ -282,9 +286,12 @@ def test_a_vault_that_keeps_a_weaker_lock_fails_the_promotion_and_records_none(
     make_cluster, monkeypatch, how, phrase
 ):
     cluster = make_cluster(nodes=1, size_mb=1)
-    lambdas = Services(cluster.stack.settings)  # the Lambda handlers' clients, for this test
+    gate = cluster.stack.gate  # the promotion's clients, for this test, with its role's grants
+    lambdas = Services(
+        cluster.stack.settings, bind=functools.partial(gate.bind, principal=gate.function(PROMOTE))
+    )
     keep_weaker_locks(lambdas, how)
-    monkeypatch.setattr(lambda_support, "_services", lambdas)
+    monkeypatch.setitem(lambda_support._by_function, PROMOTE, lambdas)
 
     backup = cluster.backup(vault=DEEP)
 

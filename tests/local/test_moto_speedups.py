@@ -60,7 +60,7 @@ def test_a_distributed_map_starts_no_more_workers_than_it_has_items(monkeypatch)
     none = SimpleNamespace(get=lambda: 0)  # moto_fidelity reads the failed items' counters
     counters = SimpleNamespace(failed=none, timed_out=none, total=none)
     record = SimpleNamespace(max_concurrency=1000, item_counter=counters)
-    env = SimpleNamespace(stack=[["n1", "n2", "n3"]])
+    env = SimpleNamespace(stack=[["n1", "n2", "n3"]], is_running=lambda: True)
     this = SimpleNamespace(
         _get_iteration_program=lambda: None, _launch_worker=lambda **_: launched.append(1)
     )

@@ -18,7 +18,7 @@ class Described:
         self.outputs = outputs
         self.asked: list[str] = []
 
-    def describe_stacks(self, StackName: str) -> dict:  # noqa: N803 - boto3's name
+    def describe_stacks(self, StackName: str) -> dict:
         self.asked.append(StackName)
         entries = [{"OutputKey": k, "OutputValue": v} for k, v in self.outputs.items()]
         return {"Stacks": [{"Outputs": entries}]}
@@ -38,7 +38,7 @@ def test_a_deployed_stacks_outputs_become_the_clis_settings(monkeypatch):
 
 
 def test_a_stack_without_the_outputs_is_named():
-    with pytest.raises(Exception, match="has no output Restore.*CatalogTableName"):
+    with pytest.raises(Exception, match=r"has no output Restore.*CatalogTableName"):
         ops.load_stack_outputs("Other", Described({"BackupStateMachineArn": "x"}))
 
 
