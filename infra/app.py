@@ -24,8 +24,11 @@ from infra.stack import ShardVaultStack
 
 def build_app(**app_options: Any) -> tuple[App, ShardVaultStack]:
     app = App(**app_options)
+    # A second deployment in the same account (another environment, another region): its
+    # names are its own (state machines, log groups), IAM's are CloudFormation's.
+    name = app.node.try_get_context("stackName") or STACK_NAME
     stack = ShardVaultStack(
-        app, STACK_NAME, description="ShardVault: serverless backups of database clusters."
+        app, name, description="ShardVault: serverless backups of database clusters."
     )
     Aspects.of(app).add(AwsSolutionsChecks(verbose=True))
     return app, stack

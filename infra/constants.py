@@ -24,15 +24,23 @@ LAMBDA_REQUIREMENTS = REPO_ROOT / "requirements-lambda.txt"
 # What the Lambda code asset copies from the repository (the handlers import both).
 LAMBDA_SOURCE_DIRS = ("shardvault", "functions")
 
-STACK_NAME = "ShardVault"
-# Fixed so that roles can name the state machine's executions without referencing it
-# (a reference would close a cycle: the state machine references the functions).
-BACKUP_STATE_MACHINE_NAME = f"{STACK_NAME}-backup"
-RESTORE_STATE_MACHINE_NAME = f"{STACK_NAME}-restore"
-RETENTION_STATE_MACHINE_NAME = f"{STACK_NAME}-retention"
-VERIFY_STATE_MACHINE_NAME = f"{STACK_NAME}-verify"
-PROBE_STATE_MACHINE_NAME = f"{STACK_NAME}-probe"
-DRILL_STATE_MACHINE_NAME = f"{STACK_NAME}-drill"
+STACK_NAME = "ShardVault"  # the default (CDK context stackName: another stack in the account)
+
+
+def state_machine_name(stack_name: str, workflow: str) -> str:
+    """A state machine's name, fixed so that roles can name its executions without
+    referencing it (a reference would close a cycle: the state machine references the
+    functions), and the stack's own, so that two stacks share an account and region."""
+    return f"{stack_name}-{workflow}"
+
+
+# The default stack's names (the local stack and the tests use them).
+BACKUP_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "backup")
+RESTORE_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "restore")
+RETENTION_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "retention")
+VERIFY_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "verify")
+PROBE_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "probe")
+DRILL_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "drill")
 
 WORK_PREFIX = "_work/"  # control objects: plans, listings, per-object results
 BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
@@ -40,8 +48,12 @@ BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
 POWERTOOLS_SERVICE_NAME = "shardvault"
 POWERTOOLS_METRICS_NAMESPACE = "ShardVault"
 
-AGENT_POLICY_NAME = "ShardVaultAgentPolicy"
-AGENT_ROLE_NAME = "ShardVaultAgentRole"
+# The agents' managed policy says so in its description (IAM names are CloudFormation's: unique
+# per stack, so that two stacks share an account).
+AGENT_POLICY_DESCRIPTION = (
+    "ShardVault agent: its own inbox items, node record and doorbell, task answers, backup "
+    "statuses."
+)
 # The principal tag that names an agent's node; DynamoDB LeadingKeys must equal it.
 NODE_ID_TAG = "shardvault:node_id"
 CLUSTER_TAG = "shardvault:cluster"  # on a node role: the cluster whose data keys it unwraps

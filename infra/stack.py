@@ -34,23 +34,18 @@ from infra.components.tables import NODES_BY_CLUSTER, Tables
 from infra.components.workflow import Workflow
 from infra.constants import (
     BACKUP_ASL,
-    BACKUP_STATE_MACHINE_NAME,
     BACKUPS_PREFIX,
     DEFAULT_POLICY,
     DRILL_ASL,
-    DRILL_STATE_MACHINE_NAME,
     POWERTOOLS_METRICS_NAMESPACE,
     POWERTOOLS_SERVICE_NAME,
     PROBE_ASL,
-    PROBE_STATE_MACHINE_NAME,
     RESTORE_ASL,
     RESTORE_MACHINE_PLACEHOLDER,
-    RESTORE_STATE_MACHINE_NAME,
     RETENTION_ASL,
-    RETENTION_STATE_MACHINE_NAME,
     VERIFY_ASL,
-    VERIFY_STATE_MACHINE_NAME,
     WORK_PREFIX,
+    state_machine_name,
 )
 from infra.policies import TABLE_READ, TABLE_WRITE
 from shardvault.archive import ARCHIVE_DIR
@@ -70,6 +65,10 @@ VERSIONED_ATTRIBUTES = ("s3:GetObjectVersion", "s3:GetObjectVersionAttributes")
 
 
 class ShardVaultStack(Stack):
+    def machine(self, workflow: str) -> str:
+        """The name of this stack's state machine of ``workflow``."""
+        return state_machine_name(self.stack_name, workflow)
+
     def __init__(self, scope: Construct, construct_id: str, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.policy = deployed_policy(self)
@@ -99,11 +98,11 @@ class ShardVaultStack(Stack):
                 name=machine,
             )
             for name, definition, machine in (
-                ("backup", BACKUP_ASL, BACKUP_STATE_MACHINE_NAME),
-                ("restore", RESTORE_ASL, RESTORE_STATE_MACHINE_NAME),
-                ("retention", RETENTION_ASL, RETENTION_STATE_MACHINE_NAME),
-                ("verify", VERIFY_ASL, VERIFY_STATE_MACHINE_NAME),
-                ("probe", PROBE_ASL, PROBE_STATE_MACHINE_NAME),
+                ("backup", BACKUP_ASL, self.machine("backup")),
+                ("restore", RESTORE_ASL, self.machine("restore")),
+                ("retention", RETENTION_ASL, self.machine("retention")),
+                ("verify", VERIFY_ASL, self.machine("verify")),
+                ("probe", PROBE_ASL, self.machine("probe")),
             )
         }
         self.workflows["drill"] = Workflow(
@@ -113,10 +112,10 @@ class ShardVaultStack(Stack):
             work_bucket=self.storage.bucket,
             alarm_topic=self.notifications.topic,
             definition=DRILL_ASL,
-            name=DRILL_STATE_MACHINE_NAME,
+            name=self.machine("drill"),
             nested={
                 RESTORE_MACHINE_PLACEHOLDER: (
-                    RESTORE_STATE_MACHINE_NAME,
+                    self.machine("restore"),
                     self.workflows["restore"].state_machine,
                 )
             },
@@ -184,7 +183,7 @@ class ShardVaultStack(Stack):
             # To tell a stale cluster lock (its execution ended) from a live one.
             iam.PolicyStatement(
                 actions=["states:DescribeExecution"],
-                resources=policies.execution_arns(self, BACKUP_STATE_MACHINE_NAME)[:1],
+                resources=policies.execution_arns(self, self.machine("backup"))[:1],
             ),
             # A wrapped data key per encrypted backup (never the plaintext: WithoutPlaintext),
             # always bound to a cluster's encryption context.
@@ -554,7 +553,7 @@ class ShardVaultStack(Stack):
                 actions=["states:DescribeExecution"],
                 resources=[
                     policies.execution_arns(self, name)[0]
-                    for name in (DRILL_STATE_MACHINE_NAME, RESTORE_STATE_MACHINE_NAME)
+                    for name in (self.machine("drill"), self.machine("restore"))
                 ],
             ),
         )
@@ -618,6 +617,12 @@ class ShardVaultStack(Stack):
             **{
                 "AgentRoleArn" + re.sub(r"[^A-Za-z0-9]", "", node.title()): role.role_arn
                 for node, role in self.agents.roles.items()
+            },
+            # What an EC2 host of the node is launched with (aws ec2 run-instances
+            # --iam-instance-profile Name=...).
+            **{
+                "AgentInstanceProfile" + re.sub(r"[^A-Za-z0-9]", "", node.title()): profile.ref
+                for node, profile in self.agents.profiles.items()
             },
         }
         for name, value in values.items():

@@ -28,7 +28,7 @@ from cdk_nag import NagSuppressions
 from constructs import Construct
 
 from infra import policies
-from infra.constants import AGENT_POLICY_NAME, AGENT_ROLE_NAME, CLUSTER_TAG, NODE_ID_TAG
+from infra.constants import AGENT_POLICY_DESCRIPTION, CLUSTER_TAG, NODE_ID_TAG
 from shardvault.models import DOORBELL_PREFIX
 
 INBOX_ACTIONS = (
@@ -105,9 +105,7 @@ class AgentAccess(Construct):
         self.policy = iam.ManagedPolicy(
             self,
             "Policy",
-            managed_policy_name=AGENT_POLICY_NAME,
-            description="ShardVault agent: its own inbox items, node record and doorbell, task "
-            "answers, backup statuses.",
+            description=AGENT_POLICY_DESCRIPTION,
             statements=[
                 own_items(inbox, INBOX_ACTIONS),
                 own_items(nodes, NODE_RECORD_ACTIONS),
@@ -139,6 +137,7 @@ class AgentAccess(Construct):
                 ),
             ],
         )
+        self.profiles: dict[str, iam.CfnInstanceProfile] = {}
         self.roles = {
             node_id: self._node_role(node_id, cluster) for node_id, cluster in node_clusters.items()
         }
@@ -165,7 +164,6 @@ class AgentAccess(Construct):
         role = iam.Role(
             self,
             f"Node-{node_id}",
-            role_name=f"{AGENT_ROLE_NAME}-{node_id}",
             description=f"ShardVault agent of node {node_id}.",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             managed_policies=[self.policy],
@@ -173,10 +171,9 @@ class AgentAccess(Construct):
         Tags.of(role).add(NODE_ID_TAG, node_id)
         if cluster:
             Tags.of(role).add(CLUSTER_TAG, cluster)
-        iam.CfnInstanceProfile(
-            self,
-            f"Profile-{node_id}",
-            roles=[role.role_name],
-            instance_profile_name=f"{AGENT_ROLE_NAME}-{node_id}",
+        # Named by CloudFormation (as the role and the policy): IAM names are account-wide, and
+        # two stacks (regions, environments) share an account. The outputs give the names.
+        self.profiles[node_id] = iam.CfnInstanceProfile(
+            self, f"Profile-{node_id}", roles=[role.role_name]
         )
         return role

@@ -34,8 +34,6 @@ from constructs import Construct
 
 from infra import policies
 from infra.constants import (
-    BACKUP_ASL,
-    BACKUP_STATE_MACHINE_NAME,
     FUNCTIONS,
     WORK_BUCKET_PLACEHOLDER,
     WORK_PREFIX,
@@ -116,8 +114,8 @@ class Workflow(Construct):
         functions: Mapping[str, lambda_.IFunction],
         work_bucket: s3.IBucket,
         alarm_topic: sns.ITopic,
-        definition: Path = BACKUP_ASL,
-        name: str = BACKUP_STATE_MACHINE_NAME,
+        definition: Path,
+        name: str,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         nested: Mapping[str, tuple[str, sfn.IStateMachine]] | None = None,
     ) -> None:
@@ -155,7 +153,14 @@ class Workflow(Construct):
             ),
             role=self.role,
             logs=sfn.LogOptions(
-                destination=logs.LogGroup(self, "Logs", retention=log_retention),
+                # Under /aws/vendedlogs/states/: Step Functions then adds no statement per log
+                # group to the account's CloudWatch Logs resource policy (5,120 characters).
+                destination=logs.LogGroup(
+                    self,
+                    "Logs",
+                    log_group_name=f"/aws/vendedlogs/states/{name}",
+                    retention=log_retention,
+                ),
                 level=sfn.LogLevel.ALL,
                 include_execution_data=False,  # inputs carry task tokens and presigned URLs
             ),

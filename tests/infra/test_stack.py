@@ -27,7 +27,7 @@ from infra.components.workflow import (
     placeholders_in,
 )
 from infra.constants import (
-    AGENT_POLICY_NAME,
+    AGENT_POLICY_DESCRIPTION,
     BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     CLUSTER_TAG,
@@ -1041,7 +1041,7 @@ def _agent_policy(synth: Synthesized) -> tuple[str, list[dict[str, Any]]]:
         {
             k: v
             for k, v in policies.items()
-            if v["Properties"]["ManagedPolicyName"] == AGENT_POLICY_NAME
+            if v["Properties"]["Description"] == AGENT_POLICY_DESCRIPTION
         }
     )
     return logical_id, policy["Properties"]["PolicyDocument"]["Statement"]
@@ -1257,3 +1257,33 @@ def test_scan_preparer_reads_backups_and_writes_only_work_objects(synth: Synthes
         ("dynamodb:GetItem", "catalog"),
         ("dynamodb:UpdateItem", "catalog"),  # the part size it chose
     }
+
+
+def test_a_second_stack_shares_the_account_without_a_name_clash() -> None:
+    """IAM names are account-wide and state machine and log group names per region: a
+    second deployment (-c stackName=...) has its own, and IAM's are CloudFormation's."""
+    _, stack = build_app(context={"stackName": "ShardVault-staging", "agentNodes": AGENT_NODES})
+    template = Template.from_stack(stack).to_json()
+    resources = template["Resources"].values()
+    named = {"RoleName", "ManagedPolicyName", "InstanceProfileName", "PolicyName", "GroupName"}
+    for resource in resources:
+        if resource["Type"].startswith("AWS::IAM::"):
+            assert not named & set(resource["Properties"]) - {"PolicyName"}, resource
+    machines = [
+        r["Properties"]["StateMachineName"]
+        for r in resources
+        if r["Type"] == "AWS::StepFunctions::StateMachine"
+    ]
+    assert sorted(machines) == sorted(
+        f"ShardVault-staging-{w}"
+        for w in ("backup", "restore", "retention", "verify", "probe", "drill")
+    )
+    machine_logs = [
+        r["Properties"].get("LogGroupName")
+        for r in resources
+        if r["Type"] == "AWS::Logs::LogGroup"
+        and "states" in str(r["Properties"].get("LogGroupName"))
+    ]
+    assert sorted(machine_logs) == sorted(f"/aws/vendedlogs/states/{m}" for m in machines)
+    outputs = template["Outputs"]
+    assert {"AgentInstanceProfileNode1", "AgentInstanceProfileNode2"} <= set(outputs)

@@ -76,7 +76,7 @@ def agent_policy(template: dict[str, Any]) -> list[dict[str, Any]]:
         resource["Properties"]["PolicyDocument"]
         for resource in template["Resources"].values()
         if resource["Type"] == "AWS::IAM::ManagedPolicy"
-        and resource["Properties"].get("ManagedPolicyName", "").startswith("ShardVaultAgent")
+        and resource["Properties"].get("Description", "").startswith("ShardVault agent")
     ]
     return document["Statement"]
 
