@@ -21,10 +21,16 @@ unit:
 # tests share a session stack whose moto runs in the worker's process; a unit test's mock_aws
 # resets that process's moto, so the two never share a worker. Both run even if one fails.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+# The integration tests record every AWS call the local stack authorized or refused
+# (shardvault/local/iam); the report fails the run on a refusal no test asked for.
+IAM_RECORD := .cache/iam-calls
 test: setup lint
-	$(PYTEST) --durations=25 tests/integration; integration=$$?; \
+	rm -rf $(IAM_RECORD)
+	SHARDVAULT_IAM_RECORD=$(IAM_RECORD) $(PYTEST) --durations=25 tests/integration; \
+	integration=$$?; \
+	$(BIN)/python -m shardvault.local.iam.report $(IAM_RECORD); iam=$$?; \
 	$(PYTEST) --durations=10 tests/infra tests/local tests/unit; rest=$$?; \
-	exit $$((integration | rest))
+	exit $$((integration | iam | rest))
 
 # The grants the local stack enforces, exported from the synthesized template (after any change
 # to infra/: tests/infra fails until they agree).

@@ -28,6 +28,7 @@ from infra.components.agent_access import AgentAccess
 from infra.components.functions import BackupFunctions
 from infra.components.monitoring import Monitoring
 from infra.components.notifications import Notifications
+from infra.components.operator_access import OperatorAccess
 from infra.components.schedules import Schedules
 from infra.components.storage import Storage
 from infra.components.tables import NODES_BY_CLUSTER, Tables
@@ -150,6 +151,14 @@ class ShardVaultStack(Stack):
             data_key=self.data_key,
             archive_function=self.functions.functions["archive_wal"],
         )
+        self.operators = OperatorAccess(
+            self,
+            "Operators",
+            catalog=self.tables.catalog,
+            nodes=self.tables.nodes,
+            nodes_index=NODES_BY_CLUSTER,
+            machine_names=[self.machine(w) for w in self.workflows],
+        )
         self._outputs()
 
     def _environment(self) -> dict[str, str]:
@@ -195,7 +204,7 @@ class ShardVaultStack(Stack):
         )
         grant(
             "dispatch",
-            policies.table(tables.nodes, TABLE_READ),
+            policies.table(tables.nodes, ("dynamodb:GetItem",)),  # the node's record, by key
             policies.table(tables.inbox, TABLE_WRITE),
             # Rings a node's doorbell after each post (shardvault/dispatch.py: ring).
             policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
@@ -281,7 +290,7 @@ class ShardVaultStack(Stack):
                 BACKUPS_PREFIX,
                 "s3:GetObject",  # read-back verification
                 "s3:GetObjectAttributes",  # verification by checksum, without a download
-                "s3:GetObjectVersion",
+                # (no s3:GetObjectVersion: the staging bucket keeps no versions)
             ),
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # progress
         ]
@@ -614,6 +623,8 @@ class ShardVaultStack(Stack):
             "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,
             "AgentPolicyArn": self.agents.policy.managed_policy_arn,
+            "OperatorPolicyArn": self.operators.operator.managed_policy_arn,
+            "OperatorReadOnlyPolicyArn": self.operators.read_only.managed_policy_arn,
             **{
                 "AgentRoleArn" + re.sub(r"[^A-Za-z0-9]", "", node.title()): role.role_arn
                 for node, role in self.agents.roles.items()

@@ -46,6 +46,11 @@ LOCAL_KEYS = (
 )
 
 
+# The key an agent set up by hand from a local stack's stack.env uses (the stack.env's own
+# AWS_ACCESS_KEY_ID is the operator's, for the CLI).
+LOCAL_AGENT_KEY = "SHARDVAULT_LOCAL_AGENT_ACCESS_KEY_ID"
+
+
 def from_stack(stack: str, cloudformation: Any = None) -> dict[str, str]:
     """The agent's variables from the outputs of a deployed stack."""
     client = cloudformation or boto3.client("cloudformation")
@@ -74,6 +79,8 @@ def from_stack_env(path: Path) -> dict[str, str]:
             "local-stack/stack.env).",
         ) from None
     found = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    if found.get(LOCAL_AGENT_KEY):  # the stack.env's own key is the CLI's, not an agent's
+        found["AWS_ACCESS_KEY_ID"] = found[LOCAL_AGENT_KEY]
     values = {key: found[key] for key in LOCAL_KEYS if found.get(key)}
     missing = [v for v in OUTPUTS.values() if v not in values]
     if missing:

@@ -440,8 +440,14 @@ class LocalStack:
         return response["stateMachineArn"]
 
     def _write_env_file(self) -> None:
+        """What a CLI run from another shell needs: the names, and the operator's key (its
+        calls are authorized by the stack's operator policy). An agent set up from it by hand
+        (``shardvault-agent init --stack-env``) takes the harness's key instead
+        (``LOCAL_AGENT_KEY``): the local stack cannot tell which node it will run."""
         env = {
             **control_plane_env(self.endpoint),
+            "AWS_ACCESS_KEY_ID": self.gate.operator_key(),
+            "SHARDVAULT_LOCAL_AGENT_ACCESS_KEY_ID": control_plane_env("")["AWS_ACCESS_KEY_ID"],
             "SHARDVAULT_STATE_MACHINE_ARN": self.state_machine_arn,
             "SHARDVAULT_RESTORE_STATE_MACHINE_ARN": self.restore_state_machine_arn,
             "SHARDVAULT_RETENTION_STATE_MACHINE_ARN": self.retention_state_machine_arn,

@@ -54,14 +54,15 @@ def test_an_agent_reaches_its_own_inbox_items_and_no_others(make_cluster, stack)
         )
 
     read(own)
-    with pytest.raises(ClientError) as refused:
-        read(other)
-    assert refused.value.response["Error"]["Code"] == "AccessDeniedException"
-    assert "dynamodb:GetItem" in str(refused.value)
-    with pytest.raises(ClientError, match="AccessDenied"):  # the agents may not list a table
-        dynamodb.scan(TableName=stack.settings.inbox_table)
-    with pytest.raises(ClientError, match="AccessDenied"):  # nor see a backup's record whole
-        dynamodb.get_item(
-            TableName=stack.settings.catalog_table,
-            Key={"cluster": {"S": cluster.name}, "backup_id": {"S": "x"}},
-        )
+    with stack.gate.expecting_refusals():
+        with pytest.raises(ClientError) as refused:
+            read(other)
+        assert refused.value.response["Error"]["Code"] == "AccessDeniedException"
+        assert "dynamodb:GetItem" in str(refused.value)
+        with pytest.raises(ClientError, match="AccessDenied"):  # agents may not list a table
+            dynamodb.scan(TableName=stack.settings.inbox_table)
+        with pytest.raises(ClientError, match="AccessDenied"):  # nor read a record whole
+            dynamodb.get_item(
+                TableName=stack.settings.catalog_table,
+                Key={"cluster": {"S": cluster.name}, "backup_id": {"S": "x"}},
+            )

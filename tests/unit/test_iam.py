@@ -211,3 +211,22 @@ def test_a_withdrawn_grant_refuses_clients_already_bound(monkeypatch):
         ):
             s3.list_objects_v2(Bucket="store")
         s3.list_objects_v2(Bucket="store")
+
+
+# --- the record, against the grants -----------------------------------------------------------
+def test_the_report_names_refusals_no_test_asked_for_and_grants_no_call_used(tmp_path):
+    import json
+
+    from shardvault.local.iam.report import merged, unused_grants
+
+    gate = gate_of([allow("s3:GetObject", "arn:aws:s3:::store/*"), allow("s3:Put*", "*")])
+    x = gate.function("x")
+    gate.verdict(x, Request("s3:GetObject", "arn:aws:s3:::store/k"))
+    gate.verdict(x, Request("s3:DeleteObject", "arn:aws:s3:::store/k"))  # refused
+    with gate.expecting_refusals():
+        gate.verdict(x, Request("s3:ListBucket", "arn:aws:s3:::store"))  # a test's refusal
+    gate.recorder.dump(tmp_path / "one.json")
+    records = merged(tmp_path)
+    assert records["denied"] == [("function:x", "s3:DeleteObject", "arn:aws:s3:::store/k")]
+    grants = json.loads(json.dumps(gate.grants))
+    assert unused_grants(grants, records["used"]) == [("function:x", 1, "s3:Put*")]

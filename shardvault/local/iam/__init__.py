@@ -6,7 +6,8 @@ Terms:
   template (``grants.json``, exported from the template by :mod:`.template`, and held equal to
   a fresh synth by ``tests/infra``): one principal per Lambda function (``function:<module>``,
   its role's policies), the agents' managed policy (``agent``, with the node's principal
-  tags) and the stack's bucket policies (resource policies);
+  tags), the operators' (``operator``, the CLI's; ``operator-read-only``) and the stack's
+  bucket policies (resource policies);
 - *resolution*: the template's references (``Fn::GetAtt``, ``Ref``, ``Fn::Join``) turned into
   the local stack's own ARNs (:mod:`.resolve`);
 - a *request*: what AWS authorizes for one API call, an IAM action on a resource ARN with the

@@ -11,10 +11,11 @@
   may list the bucket (``s3:ListBucket``, its ``s3:prefix`` the key), else **403
   AccessDenied**, as S3 does. MinIO and moto always answer 404.
 
-*Agents* run in their own processes and reach moto's server over HTTP; :meth:`Gate.wsgi`
-wraps that server and evaluates each request signed with an agent's access key (one per
-node, :meth:`Gate.agent_key`, tagged with the node's id and cluster as its role would be).
-Requests signed with another key (the harness's, the CLI's, a presigned URL's) pass as before.
+*Agents* and the *CLI* run in their own processes and reach moto's server over HTTP;
+:meth:`Gate.wsgi` wraps that server and evaluates each request signed with an agent's access
+key (one per node, :meth:`Gate.agent_key`, tagged with the node's id and cluster as its role
+would be) or the operator's (:meth:`Gate.operator_key`, the key ``stack.env`` gives the CLI).
+Requests signed with another key (the harness's, a presigned URL's) pass as before.
 
 Every verdict is *recorded* (principal, action, resource, which statements allowed it), so a
 test can hold the calls made against the grants both ways (``used_statements``).
@@ -38,9 +39,9 @@ from urllib.parse import parse_qs, unquote
 from botocore.exceptions import ClientError
 
 from shardvault.local.iam.evaluate import Verdict, as_list, evaluate
-from shardvault.local.iam.requests import Request, Where, requests_of
+from shardvault.local.iam.requests import Request, UnmappedCall, Where, requests_of
 from shardvault.local.iam.resolve import LocalNames, Resolver
-from shardvault.local.iam.template import AGENT, FUNCTION
+from shardvault.local.iam.template import AGENT, FUNCTION, OPERATOR
 
 TAG_VARIABLE = re.compile(r"\$\{aws:PrincipalTag/([^}]+)\}")
 NODE_ID_TAG = "shardvault:node_id"
@@ -73,6 +74,7 @@ class Record:
     resource: str
     allowed: bool
     statements: tuple[int, ...] = ()
+    expected: bool = False  # a refusal a test asked for (Gate.expecting_refusals)
 
 
 @dataclass
@@ -95,7 +97,7 @@ class Recorder:
         with self.lock:
             for record in self.records:
                 holder = AGENT if record.principal.startswith(f"{AGENT}:") else record.principal
-                if not record.allowed:
+                if not record.allowed and not record.expected:
                     denied.add((holder, record.action, record.resource))
                 for index in record.statements:
                     used.setdefault(holder, set()).add((index, record.action))
@@ -148,8 +150,9 @@ class Gate:
                 self.bucket_policies[arn.removeprefix("arn:aws:s3:::")] = resolved
         self.recorder = Recorder()
         self.principals: dict[str, Principal] = {}  # by name, as bound clients look them up
-        self.agents: dict[str, str] = {}  # access key -> principal name
+        self.keys: dict[str, str] = {}  # access key -> the principal it signs for
         self._keys = itertools.count(1)
+        self._expecting = 0
 
     # --- principals ----------------------------------------------------------------------------
     def principal(self, name: str, tags: dict[str, str] | None = None) -> Principal:
@@ -171,8 +174,24 @@ class Gate:
         """A new access key for a node's agent, tagged as the node's role is."""
         key = f"AKIASHARDVAULTAGENT{next(self._keys):04d}"
         tags = {NODE_ID_TAG: node_id, CLUSTER_TAG: cluster}
-        self.agents[key] = self.principal(f"{AGENT}:{node_id}", tags).name
+        self.keys[key] = self.principal(f"{AGENT}:{node_id}", tags).name
         return key
+
+    def operator_key(self, grants: str = OPERATOR) -> str:
+        """The access key of an operator with ``grants`` (the CLI's managed policy)."""
+        key = f"AKIASHARDVAULT{grants.upper().replace('-', '')}"
+        self.keys[key] = self.principal(grants).name
+        return key
+
+    @contextlib.contextmanager
+    def expecting_refusals(self) -> Iterator[None]:
+        """Refusals while the block runs are a test's, not the product's: the record keeps
+        them apart (``SHARDVAULT_IAM_RECORD``'s report fails on any other)."""
+        self._expecting += 1
+        try:
+            yield
+        finally:
+            self._expecting -= 1
 
     @contextlib.contextmanager
     def withdrawn(self, holder: str, action: str) -> Iterator[None]:
@@ -182,7 +201,8 @@ class Gate:
         self.grants[holder] = [without_action(s, action) for s in kept]
         self._rebuild(holder)
         try:
-            yield
+            with self.expecting_refusals():
+                yield
         finally:
             self.grants[holder] = kept
             self._rebuild(holder)
@@ -193,11 +213,15 @@ class Gate:
                 self.principal(name, dict(principal.tags))
 
     # --- evaluation ----------------------------------------------------------------------------
-    def verdict(self, principal: Principal, request: Request) -> Verdict:
+    def verdict(self, principal: Principal, request: Request, *, probe: bool = False) -> Verdict:
+        """``probe``: S3 asking itself whether the caller may list (403 or 404), not a call:
+        recorded when it allows (the grant is used), never as a refusal."""
         request = Request(request.action, request.resource, principal.context() | request.context)
         bucket = bucket_of(request.resource)
         resource_policy = self.bucket_policies.get(bucket, []) if bucket else []
         verdict = evaluate(list(principal.statements), resource_policy, request, principal.arn)
+        if probe and not verdict.allowed:
+            return verdict
         self.recorder.add(
             Record(
                 principal.name,
@@ -205,6 +229,7 @@ class Gate:
                 request.resource,
                 verdict.allowed,
                 verdict.allowed_by,
+                expected=self._expecting > 0,
             )
         )
         return verdict
@@ -257,7 +282,7 @@ class Gate:
             f"arn:aws:s3:::{params.get('Bucket', '')}",
             {"s3:prefix": [params.get("Key", "")]},
         )
-        if self.verdict(principal, listing).allowed:
+        if self.verdict(principal, listing, probe=True).allowed:
             return
         parsed["Error"] = {
             "Code": "403" if model.name == "HeadObject" else "AccessDenied",
@@ -271,7 +296,7 @@ class Gate:
         """``app`` (moto's server) with agents' requests authorized first."""
 
         def gated(environ: dict, start_response: Callable) -> Iterable[bytes]:
-            name = self.agents.get(access_key(environ))
+            name = self.keys.get(access_key(environ))
             if name is None:
                 return app(environ, start_response)
             principal = self.principals[name]
@@ -282,6 +307,14 @@ class Gate:
                 self.authorize(principal, service, operation, params)
             except ClientError as error:
                 return refuse(start_response, service, error)
+            except UnmappedCall as unmapped:  # refused, never let through unexamined
+                refused = access_denied(
+                    principal,
+                    Request(str(unmapped), "*"),
+                    operation,
+                    "the local stack's IAM model does not know this call (requests.py)",
+                )
+                return refuse(start_response, service, refused)
             return app(environ, start_response)
 
         return gated

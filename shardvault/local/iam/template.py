@@ -20,6 +20,8 @@ from typing import Any
 
 GRANTS_FILE = Path(__file__).with_name("grants.json")
 AGENT = "agent"
+OPERATOR = "operator"  # the CLI's (infra/components/operator_access.py)
+READ_ONLY_OPERATOR = "operator-read-only"
 FUNCTION = "function:"
 # Statements every function's role carries for the Lambda runtime itself, which makes the calls
 # (its log stream, its traces): no handler calls them, and the local stack runs neither.
@@ -71,12 +73,14 @@ def function_modules(template: dict[str, Any]) -> dict[str, str]:
     return modules
 
 
-def agent_policy(template: dict[str, Any]) -> list[dict[str, Any]]:
+def managed_policy(template: dict[str, Any], described_as: str) -> list[dict[str, Any]]:
+    """The statements of the managed policy whose description starts with ``described_as``
+    (CloudFormation names them)."""
     (document,) = [
         resource["Properties"]["PolicyDocument"]
         for resource in template["Resources"].values()
         if resource["Type"] == "AWS::IAM::ManagedPolicy"
-        and resource["Properties"].get("Description", "").startswith("ShardVault agent")
+        and resource["Properties"].get("Description", "").startswith(described_as)
     ]
     return document["Statement"]
 
@@ -120,7 +124,9 @@ def grants_document(template: dict[str, Any]) -> dict[str, Any]:
         f"{FUNCTION}{module}": role_statements(template, role_id)
         for role_id, module in sorted(function_modules(template).items(), key=lambda kv: kv[1])
     }
-    principals[AGENT] = agent_policy(template)
+    principals[AGENT] = managed_policy(template, "ShardVault agent:")
+    principals[OPERATOR] = managed_policy(template, "ShardVault operator:")
+    principals[READ_ONLY_OPERATOR] = managed_policy(template, "ShardVault operator, read-only:")
     buckets = bucket_policies(template)
     referenced = referenced_ids([principals, buckets])
     topics = {
