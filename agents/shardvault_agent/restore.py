@@ -960,11 +960,11 @@ class Restorer:
         incoming = self.restore_dir / INCOMING / restore_id
         adopted = self.adopted()
         for shard_id, info in self._started(restore_id).items():
-            owner = adopted.get(shard_id, {}).get("restore_id", restore_id)
-            if owner != restore_id:
+            if replaced_since(adopted.get(shard_id, {}), restore_id):
                 # A later restore (with replace) put its own shard there and adopted it: that
                 # one is not this restore's to stop or remove (an abort that comes late, e.g.
-                # at reconcile after the node was away).
+                # at reconcile after the node was away). An adoption of an *earlier* restore
+                # is the copy this one set aside: it goes back below.
                 continue
             final = Path(info["path"])
             if info.get("server"):
@@ -983,6 +983,17 @@ class Restorer:
 
 
 TOMBSTONE_LIFE_SECONDS = 2 * INBOX_TTL_SECONDS
+
+
+def replaced_since(entry: dict[str, Any], restore_id: str) -> bool:
+    """Whether the adopted ``entry`` of a shard is a later restore's, one that replaced what
+    ``restore_id`` placed (its ``previous`` chain names ``restore_id``)."""
+    later = entry.get("previous")
+    while later is not None:
+        if later.get("restore_id") == restore_id:
+            return True
+        later = later.get("previous")
+    return False
 
 
 def remove_server_file(path: Path) -> None:

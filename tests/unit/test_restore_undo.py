@@ -53,7 +53,10 @@ class RecordingEngine(SqliteAdapter):
         return {"shard_id": job.shard_id, "checks": {"check": "bad"}, "checks_passed": False}
 
 
-def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
+@pytest.mark.parametrize("earlier", ["configured", "adopted"])
+def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path, earlier):
+    """Issue 44 (12): when the copy replaced was itself an earlier restore's (adopted), the
+    abort skipped the shard and then deleted the set-aside copy with the staging."""
     config = restore_target(tmp_path)
     engine = RecordingEngine(config)
     commands = Commands(
@@ -63,6 +66,10 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
     final = restorer.final("s1")
     final.mkdir(parents=True)
     (final / "old.db").write_text("the earlier copy")
+    if earlier == "adopted":
+        shard = {"shard_id": "s1", "path": str(final / "old.db"), "role": "leader"}
+        restorer._adoption_file.parent.mkdir(parents=True, exist_ok=True)
+        restorer._adoption_file.write_text(json.dumps({"s1": {"restore_id": "r0", "shard": shard}}))
     staged = restorer.staging("r1", "s1")
     staged.mkdir(parents=True)
     (staged / "new.db").write_text("this restore's copy")
@@ -84,6 +91,8 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path):
     ]
     assert (final / "old.db").read_text() == "the earlier copy"
     assert not staged.exists()
+    if earlier == "adopted":  # still the earlier restore's, as it was
+        assert restorer.adopted()["s1"]["restore_id"] == "r0"
     # This restore's server's socket is gone with its copy; the earlier copy's server, started
     # again after the removal, made its own.
     assert sorted(p.name for p in socket_dir.iterdir()) == [".s.PGSQL.7"]
