@@ -240,6 +240,11 @@ def add_vault_parsers(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         help="a validation query: one read-only statement that must return true",
     )
     restore.add_argument(
+        "--accept-damaged",
+        action="store_true",
+        help="restore a backup that verify found damaged (refused otherwise)",
+    )
+    restore.add_argument(
         "--heapallindexed",
         action="store_true",
         help="PostgreSQL: pg_amcheck --heapallindexed (every heap tuple found in its indexes)",
@@ -549,6 +554,7 @@ def run_restore(args: argparse.Namespace) -> int:
         plan_only=args.plan_only,
         validation_queries=args.check,
         heapallindexed=args.heapallindexed,
+        accept_damaged=args.accept_damaged,
         target=restore_target(args),
         requested_by="cli",
     )

@@ -745,6 +745,9 @@ class RestoreRequest(Frozen):
     plan_only: StrictBool = False  # validate and place, show the plan, move nothing
     validation_queries: list[str] = Field(default_factory=list)  # see shardvault.sqlcheck
     heapallindexed: StrictBool = False  # PostgreSQL: pg_amcheck --heapallindexed (deeper)
+    # A backup that verify recorded damaged is refused unless the request accepts it (what
+    # is intact may still be worth having when nothing better is left)
+    accept_damaged: StrictBool = False
     target: RestoreTarget | None = None  # point-in-time recovery from the WAL archive
     requested_by: str = "cli"
     execution_id: str = ""

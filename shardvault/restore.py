@@ -31,6 +31,7 @@ from shardvault.chains import chain_args, data_stream
 from shardvault.dispatch import post_untracked
 from shardvault.engines import traits
 from shardvault.errors import (
+    BackupDamaged,
     BackupNotFound,
     BackupNotRestorable,
     DownloadIncomplete,
@@ -93,6 +94,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         record = pitr.base_backup(request, backups)
     else:
         record = resolve_backup(request, svc)
+    check_not_damaged(record, request.accept_damaged)
     source = "vault" if record.get("location") == "vault" and svc.vault else "store"
     if source == "vault":
         check_tier(record, request.tier)
@@ -157,6 +159,23 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         target=request.target,
         wal_batches=wal_batches,
         wal_bytes=wal_bytes,
+    )
+
+
+def check_not_damaged(record: dict[str, Any], accepted: bool) -> None:
+    """A backup that verify found damaged fails its restore only when the damaged frame is
+    reached (minutes or hours in): refuse it before anything, unless the request accepts it."""
+    verdict = record.get("verify") or {}
+    if verdict.get("result") != "damaged" or accepted:
+        return
+    problems = verdict.get("problems") or ["(no problem recorded)"]
+    when = time.gmtime(float(verdict.get("verified_at") or record.get("verified_at") or 0))
+    raise BackupDamaged(
+        f"backup {record.get('backup_id')} was found damaged by verify on "
+        f"{time.strftime('%Y-%m-%d %H:%M:%SZ', when)}: {problems[0]}.",
+        fix="restore another backup (shardvault list), or verify this one again if the store "
+        'was repaired; to restore what is intact anyway, pass --accept-damaged ("accept_damaged":'
+        " true).",
     )
 
 

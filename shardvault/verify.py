@@ -32,7 +32,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
 
 from shardvault.archive import after_backup
@@ -260,13 +260,29 @@ def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
     if crc is None:
         if not readable_now(s3.head_object(Bucket=bucket, Key=key)):
             return f"{key} has no CRC64NVME checksum attribute and is archived (unreadable)"
-        crc, size = readback_checksum(s3, bucket, key)
+        try:
+            crc, size = readback_checksum(s3, bucket, key)
+        except (ClientError, BotoCoreError) as error:
+            return unreadable(key, error)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
         return (
             f"{key} holds {size} bytes with CRC64NVME {crc}, the manifest says "
             f"{obj.stored_bytes} bytes with {obj.crc64nvme}"
         )
     return ""
+
+
+def unreadable(key: str, error: ClientError | BotoCoreError) -> str:
+    """A read-back the store broke off: a store that checks what it serves (MinIO's bitrot
+    protection) stops sending an object it finds damaged, mid-body or with an error."""
+    if isinstance(error, ClientError):
+        what = error.response.get("Error", {}).get("Code", "an error")
+    else:
+        what = type(error).__name__
+    return (
+        f"{key} cannot be read back: the store broke off ({what}), as it does for an object "
+        "it finds damaged"
+    )
 
 
 def read_sample(
@@ -282,8 +298,12 @@ def read_sample(
         if not readable_now(s3.head_object(Bucket=bucket, Key=obj.key)):
             skipped += 1
             continue
-        crc, size = readback_checksum(s3, bucket, obj.key)
         read += 1
+        try:
+            crc, size = readback_checksum(s3, bucket, obj.key)
+        except (ClientError, BotoCoreError) as error:
+            problems.append(unreadable(obj.key, error))
+            continue
         if crc != obj.crc64nvme or size != obj.stored_bytes:
             problems.append(
                 f"{obj.key} reads back as {size} bytes with CRC64NVME {crc}; the manifest says "

@@ -17,6 +17,7 @@ Terms:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 from pathlib import Path
@@ -180,7 +181,7 @@ class AgentConfig(BaseModel):
     )
     task_heartbeat_seconds: float = Field(10.0, gt=0, description="Task-token heartbeat period.")
     max_parallel_commands: int = Field(4, ge=1, description="Commands run at once.")
-    upload_parallelism: int = Field(4, ge=1, description="Parts of one object sent at once.")
+    upload_parallelism: int = Field(4, ge=1, le=64, description="Parts of one object sent at once.")
     part_attempts: int = Field(5, ge=1, description="Tries per part before the command fails.")
     rate_limit_bytes_per_second: int | None = Field(
         None, ge=1, description="Cap on bytes read per second (None: no cap)."
@@ -458,6 +459,7 @@ def check_host(config: AgentConfig) -> None:
         for field in ("state_dir", "restore_dir")
         if (problem := directory_problem(field, getattr(config, field))) is not None
     ]
+    problems += placement_problems(config)
     engine = adapter_for(config)
     for index, shard in enumerate(config.shards):
         try:
@@ -472,9 +474,47 @@ def check_host(config: AgentConfig) -> None:
         )
 
 
+def placement_problems(config: AgentConfig) -> list[str]:
+    """Directories that would overlap: restored shards written into the agent's own state or
+    over a source shard's data; a relative directory (run from systemd, it would be under /)."""
+    problems = [
+        f"{field}: {path} is relative. Fix: give {field} as an absolute path."
+        for field in ("state_dir", "restore_dir")
+        if (path := getattr(config, field)) is not None and not path.is_absolute()
+    ]
+    restore_dir = config.restore_dir.absolute() if config.restore_dir else None
+    if restore_dir is None:
+        return problems
+    state_dir = config.state_dir.absolute()
+    if overlaps(restore_dir, state_dir):
+        problems.append(
+            f"restore_dir: {restore_dir} overlaps state_dir {state_dir}. Fix: give restored "
+            "shards a directory of their own (a restore would replace the agent's state)."
+        )
+    for index, shard in enumerate(config.shards):
+        source = shard.data_dir or shard.path
+        clash = source is not None and (
+            overlaps(restore_dir, source.absolute())
+            if shard.data_dir
+            else restore_dir in source.absolute().parents  # a SQLite file inside it
+        )
+        if clash:
+            problems.append(
+                f"restore_dir: {restore_dir} overlaps shards.{index}'s data {source}. Fix: "
+                "give restored shards a directory apart from the node's own data."
+            )
+    return problems
+
+
+def overlaps(one: Path, other: Path) -> bool:
+    return one == other or one in other.parents or other in one.parents
+
+
 def directory_problem(field: str, path: Path | None) -> str | None:
     """Why ``path`` is not a directory the agent can write and cannot become one (the agent
-    creates a missing one, with its parents); None when it is or can."""
+    creates a missing one, with its parents); None when it is or can. The check tries what
+    ``run`` does (create it, write a file in it) and then removes what it made: a permission
+    bit or a filesystem (``/proc``) can refuse what ``os.access`` allows."""
     if path is None:
         return None
     target = path.absolute()
@@ -491,4 +531,26 @@ def directory_problem(field: str, path: Path | None) -> str | None:
             f"{field}: {target} {what} by this user. Fix: give the agent's user write "
             f"access there, or point {field} at a directory it can write."
         )
+    try:
+        try_writing(target, nearest)
+    except OSError as error:
+        return (
+            f"{field}: {target} cannot be written ({error.strerror or error}). Fix: point "
+            f"{field} at a directory on a writable filesystem this user owns."
+        )
     return None
+
+
+def try_writing(target: Path, nearest: Path) -> None:
+    """Creates ``target`` (from ``nearest``, its deepest existing ancestor), writes and
+    removes a file in it, then removes the directories it created."""
+    made = [p for p in (target, *target.parents) if p not in (nearest, *nearest.parents)]
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".shardvault-check-{os.getpid()}"
+        probe.write_bytes(b"check")
+        probe.unlink()
+    finally:
+        for directory in made:  # deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()

@@ -837,6 +837,9 @@ class Restorer:
         if staged.exists():
             if final.exists():
                 replaced = self._stop_replaced(final)
+                # Whose copy it set aside (an earlier restore's adoption): its own to put back.
+                if owner := self.adopted().get(shard_id, {}).get("restore_id"):
+                    replaced["replaced_restore"] = owner
                 final.rename(aside)  # put back by abort_restore, deleted once checks pass
             staged.rename(final)
         self._note_started(restore_id, shard_id, {"path": str(final), **replaced})
@@ -960,7 +963,7 @@ class Restorer:
         incoming = self.restore_dir / INCOMING / restore_id
         adopted = self.adopted()
         for shard_id, info in self._started(restore_id).items():
-            if replaced_since(adopted.get(shard_id, {}), restore_id):
+            if adopted_since(adopted.get(shard_id, {}), restore_id, info):
                 # A later restore (with replace) put its own shard there and adopted it: that
                 # one is not this restore's to stop or remove (an abort that comes late, e.g.
                 # at reconcile after the node was away). An adoption of an *earlier* restore
@@ -985,15 +988,20 @@ class Restorer:
 TOMBSTONE_LIFE_SECONDS = 2 * INBOX_TTL_SECONDS
 
 
-def replaced_since(entry: dict[str, Any], restore_id: str) -> bool:
-    """Whether the adopted ``entry`` of a shard is a later restore's, one that replaced what
-    ``restore_id`` placed (its ``previous`` chain names ``restore_id``)."""
+def adopted_since(entry: dict[str, Any], restore_id: str, started: dict[str, Any]) -> bool:
+    """Whether the shard's adopted ``entry`` is a *later* restore's, placed over what
+    ``restore_id`` placed, rather than the copy ``restore_id`` itself set aside."""
+    owner = entry.get("restore_id")
+    if owner is None or owner == restore_id or owner == started.get("replaced_restore"):
+        return False
     later = entry.get("previous")
-    while later is not None:
+    while later is not None:  # the later restore adopted over this one's adoption
         if later.get("restore_id") == restore_id:
             return True
         later = later.get("previous")
-    return False
+    # This restore never adopted, and noted no copy it set aside (an agent before that note):
+    # restore ids begin with their start time, so the later one sorts after.
+    return owner > restore_id
 
 
 def remove_server_file(path: Path) -> None:

@@ -208,3 +208,34 @@ def test_an_engine_field_missing_from_a_shard_is_named(tmp_path, capsys):
     err = refused(capsys, "check", config)
     assert "- shards.0.data_dir: postgres shards need data_dir. Fix: add data_dir" in err
     assert "- shards.0.conninfo: postgres shards need conninfo." in err
+
+
+def test_check_tries_what_run_does_and_refuses_a_state_dir_it_cannot_write(tmp_path, capsys):
+    """Issue 44 (7): as root, os.access says /proc is writable; run then died creating its
+    state directory. check now creates it and writes a file there, as run would."""
+    err = refused(capsys, "check", write_config(tmp_path, state_dir="/proc/shardvault"))
+    assert "state_dir: /proc/shardvault cannot be written" in err
+    assert not Path("/proc/shardvault").exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"restore_dir": "STATE"}, "restore_dir: {tmp}/state overlaps state_dir"),
+        ({"restore_dir": "STATE/restored"}, "overlaps state_dir"),
+        ({"restore_dir": "DATA"}, "overlaps shards.0's data"),
+        ({"state_dir": "relative/state"}, "state_dir: relative/state is relative"),
+    ],
+)
+def test_directories_that_overlap_or_are_relative_are_refused(tmp_path, capsys, fields, expected):
+    values = {
+        k: v.replace("STATE", str(tmp_path / "state")).replace("DATA", str(tmp_path))
+        for k, v in fields.items()
+    }
+    err = refused(capsys, "check", write_config(tmp_path, **values))
+    assert expected.replace("{tmp}", str(tmp_path)) in " ".join(err.split())
+
+
+def test_an_upload_parallelism_past_reason_is_refused(tmp_path, capsys):
+    err = refused(capsys, "check", write_config(tmp_path, upload_parallelism=100000))
+    assert "upload_parallelism" in err

@@ -135,3 +135,19 @@ def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
 
     timeout = json.loads((STATE_MACHINES / "restore.asl.json").read_text())["TimeoutSeconds"]
     assert timeout >= (SLOWEST_THAW_HOURS + 12) * 3600  # the thaw, then its downloads
+
+
+def test_a_backup_verify_found_damaged_is_refused_unless_accepted():
+    from shardvault.errors import BackupDamaged
+    from shardvault.restore import check_not_damaged
+
+    damaged = {
+        "backup_id": "b1",
+        "verify": {"result": "damaged", "verified_at": 0, "problems": ["k is missing"]},
+    }
+    with pytest.raises(BackupDamaged, match="k is missing") as refused:
+        check_not_damaged(damaged, accepted=False)
+    assert "--accept-damaged" in refused.value.fix
+    check_not_damaged(damaged, accepted=True)
+    check_not_damaged({"backup_id": "b2", "verify": {"result": "ok"}}, accepted=False)
+    check_not_damaged({"backup_id": "b3"}, accepted=False)  # never verified
