@@ -22,6 +22,10 @@
   Catch sees only that. moto's run succeeds with the failed children's outputs left out, so a
   workflow that worked here could lose its failure's name on AWS. :func:`install` fails the
   run as AWS does, once its children are done.
+- *A lock holds.* S3 refuses to shorten a locked version's retention (or to weaken its mode):
+  COMPLIANCE never, GOVERNANCE only with ``x-amz-bypass-governance-retention``. moto set any
+  retention asked, after which the version could be deleted: the vault's promise could be
+  undone locally by anyone with the store's credentials. :func:`install` refuses as S3 does.
 """
 
 from __future__ import annotations
@@ -41,6 +45,45 @@ def install() -> None:
     DynamoHandler.call_action = _serialized(DynamoHandler.call_action, threading.Lock())
     _name_nested_executions_as_aws()
     _fail_map_runs_as_aws()
+    _hold_locks_as_s3()
+
+
+def _hold_locks_as_s3() -> None:
+    from moto.s3.exceptions import AccessDeniedByLock
+    from moto.s3.responses import S3Response
+
+    put = S3Response.put_object_retention
+
+    def put_object_retention(self: Any) -> Any:
+        key = self.backend.get_object(
+            self.bucket_name, self.parse_key_name(), version_id=self._get_param("versionId")
+        )
+        mode, until = self._mode_until_from_body()
+        bypass = self.headers.get("x-amz-bypass-governance-retention", "").lower() == "true"
+        if key is not None and weakens(key, mode, until, bypass):
+            raise AccessDeniedByLock
+        return put(self)
+
+    S3Response.put_object_retention = put_object_retention
+
+
+def weakens(key: Any, mode: str | None, until: str | None, bypass: bool) -> bool:
+    """Whether setting (``mode``, ``until``) on a version under retention shortens or weakens
+    it in a way S3 refuses (GOVERNANCE may be, with the bypass header; COMPLIANCE never)."""
+    if key.lock_mode not in ("GOVERNANCE", "COMPLIANCE") or not key.lock_until:
+        return False
+    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    if lock_time(key.lock_until) <= now:
+        return False  # its retention is over: anything goes
+    shorter = until is None or lock_time(until) < lock_time(key.lock_until)
+    weaker_mode = key.lock_mode == "COMPLIANCE" and mode != "COMPLIANCE"
+    if not (shorter or weaker_mode):
+        return False
+    return key.lock_mode == "COMPLIANCE" or not bypass
+
+
+def lock_time(value: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).replace(tzinfo=None)
 
 
 MAP_RUN_FAILED = "The specified tolerated failure threshold was exceeded."

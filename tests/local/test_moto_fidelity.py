@@ -161,3 +161,51 @@ def test_a_failed_child_fails_the_distributed_map_run_as_on_aws(monkeypatch) -> 
     assert caught["Error"] == "States.ExceedToleratedFailureThreshold"
     assert "part 3" not in caught["Cause"]  # as on AWS: the child's cause is not there
     assert isinstance(tolerated, list)  # one failure of three is within 50 %
+
+
+def test_a_locked_version_keeps_its_lock_against_the_stores_own_credentials(monkeypatch):
+    """Issue 44 (4): moto let anyone shorten a lock (GOVERNANCE without the bypass header,
+    COMPLIANCE at all) and then delete the version; S3 refuses both."""
+    import datetime as dt
+
+    import pytest
+    from botocore.exceptions import ClientError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    moto_fidelity.install()
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    past = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="vault", ObjectLockEnabledForBucket=True)
+
+        def locked(key: str, mode: str) -> str:
+            return s3.put_object(
+                Bucket="vault", Key=key, Body=b"x", ObjectLockMode=mode,
+                ObjectLockRetainUntilDate=later, ChecksumAlgorithm="CRC32",
+            )["VersionId"]  # fmt: skip
+
+        def shorten(key: str, version: str, mode: str, **bypass: bool) -> None:
+            s3.put_object_retention(
+                Bucket="vault", Key=key, VersionId=version,
+                Retention={"Mode": mode, "RetainUntilDate": past}, **bypass,
+            )  # fmt: skip
+
+        governed, compliant = locked("g", "GOVERNANCE"), locked("c", "COMPLIANCE")
+        with pytest.raises(ClientError, match="AccessDenied"):
+            shorten("g", governed, "GOVERNANCE")
+        with pytest.raises(ClientError, match="AccessDenied"):
+            shorten("c", compliant, "COMPLIANCE", BypassGovernanceRetention=True)
+        with pytest.raises(ClientError, match="AccessDenied"):
+            shorten("c", compliant, "GOVERNANCE")
+        with pytest.raises(ClientError, match="AccessDenied"):
+            s3.delete_object(Bucket="vault", Key="c", VersionId=compliant)
+        head = s3.head_object(Bucket="vault", Key="c", VersionId=compliant)
+        assert head["ObjectLockRetainUntilDate"] > dt.datetime.now(dt.UTC)
+        # Extending is allowed; so is shortening GOVERNANCE with the bypass (and its grant).
+        s3.put_object_retention(
+            Bucket="vault", Key="c", VersionId=compliant,
+            Retention={"Mode": "COMPLIANCE", "RetainUntilDate": later + dt.timedelta(days=1)},
+        )  # fmt: skip
+        shorten("g", governed, "GOVERNANCE", BypassGovernanceRetention=True)
