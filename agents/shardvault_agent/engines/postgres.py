@@ -138,7 +138,10 @@ SELECT current_setting('wal_level'),
        has_function_privilege('pg_backup_start(text, boolean)', 'EXECUTE'),
        has_function_privilege('pg_create_restore_point(text)', 'EXECUTE'),
        current_setting('archive_mode'),
-       has_function_privilege('pg_switch_wal()', 'EXECUTE')
+       has_function_privilege('pg_switch_wal()', 'EXECUTE'),
+       has_function_privilege('pg_backup_stop(boolean)', 'EXECUTE'),
+       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           OR pg_has_role(current_user, 'pg_checkpoint', 'USAGE')
 """
 
 ARCHIVE_WAIT_SECONDS = 600.0  # for the server to push a backup's last segment into the spool
@@ -187,7 +190,17 @@ class PostgresAdapter:
         conn = self._connect(shard)
         try:
             row = conn.execute(READINESS).fetchone()
-            wal_level, free_slots, replicates, may_backup, may_cut, archive_mode, may_switch = row
+            (
+                wal_level,
+                free_slots,
+                replicates,
+                may_backup,
+                may_cut,
+                archive_mode,
+                may_switch,
+                may_stop,
+                may_checkpoint,
+            ) = row
         except psycopg.Error as error:
             raise EngineError(
                 f"PostgreSQL shard {shard.shard_id}: its settings cannot be read: {error}".strip(),
@@ -215,10 +228,15 @@ class PostgresAdapter:
             )
         if not replicates:
             problems.append("the agent's role lacks REPLICATION (ALTER ROLE ... REPLICATION)")
-        if not may_backup:
+        if not (may_backup and may_stop):
             problems.append(
-                "the agent's role may not run pg_backup_start (GRANT EXECUTE ON FUNCTION "
-                "pg_backup_start, pg_backup_stop to it)"
+                "the agent's role may not run pg_backup_start and pg_backup_stop (GRANT EXECUTE "
+                "ON FUNCTION pg_backup_start, pg_backup_stop to it)"
+            )
+        if not may_checkpoint:
+            problems.append(
+                "the agent's role may not run CHECKPOINT, the backup's flush (GRANT "
+                "pg_checkpoint TO it)"
             )
         if not may_cut:
             problems.append(
