@@ -71,6 +71,7 @@ from shardvault.planning import interleave_by_node, transfer_concurrency
 from shardvault.prices import RestoreTier, StorageClass, thaw_tiers
 from shardvault.readback import load_manifest
 from shardvault.services import Services
+from shardvault.sqlcheck import DIALECTS, check_validation_queries
 from shardvault.store import presign_get, readable_now
 from shardvault.tables import RESTORE_PREFIX
 
@@ -108,6 +109,11 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         oldest = min(float(b["completed_at"]) for b in complete)
         found = pitr.archives(svc, request, manifest, oldest)
         wal_batches, wal_bytes = pitr.replayed(found)
+    # Each engine's own lexing: a text one reads as one statement another may split.
+    check_validation_queries(
+        request.validation_queries,
+        [DIALECTS[e.value] for e in manifest.engines if e.value in DIALECTS],
+    )
     nodes = target_nodes(request, svc, now)
     check_target_engines(manifest, nodes)
     if request.validation_queries and (

@@ -18,11 +18,21 @@ The gate is lexical, not a parser. Where the engines could read the text differe
 gate does (a backslash in a string literal, whose meaning depends on server settings) it
 refuses; it may refuse an odd but harmless query (a column named ``update`` must then be
 quoted), and the engine layer holds whatever it lets through.
+
+*Dialects*: each engine lexes by its own rules, and a text one reads as one statement another
+may read as three (``SELECT 1 /* /* */ ; DELETE ...`` is one PostgreSQL statement, whose
+comments nest, and two SQLite ones). A request is first checked by PostgreSQL's rules (its
+engine is not known yet); the restore's validation checks it again by the rules of every
+engine the backup holds (``DIALECTS``), before any side effect: SQLite's and MariaDB's
+comments do not nest and know no dollar quotes; MariaDB also ends a line at ``#`` and runs a
+``/*! ... */`` comment, which is refused.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from shardvault.errors import InvalidRequest
 
@@ -65,19 +75,43 @@ _TOKEN = re.compile(
 )
 
 
-def check_validation_queries(queries: list[str]) -> list[str]:
-    """Every query passes :func:`check_validation_query`; at most ``MAX_QUERIES`` of them."""
+@dataclass(frozen=True)
+class Dialect:
+    """How one engine lexes what the gate looks at."""
+
+    name: str
+    nested_comments: bool = False
+    dollar_quotes: bool = False
+    hash_comments: bool = False
+
+
+POSTGRES = Dialect("PostgreSQL", nested_comments=True, dollar_quotes=True)
+DIALECTS = {
+    "postgres": POSTGRES,
+    "sqlite": Dialect("SQLite"),
+    "mariadb": Dialect("MariaDB", hash_comments=True),
+}
+
+
+def check_validation_queries(
+    queries: list[str], dialects: Iterable[Dialect] = (POSTGRES,)
+) -> list[str]:
+    """Every query passes :func:`check_validation_query` in each of ``dialects``; at most
+    ``MAX_QUERIES`` of them."""
     if len(queries) > MAX_QUERIES:
         raise InvalidRequest(
             f"{len(queries)} validation queries given; at most {MAX_QUERIES} are allowed.",
             fix="combine checks into fewer queries (e.g. with AND).",
         )
-    return [check_validation_query(q) for q in queries]
+    for dialect in dialects:
+        for query in queries:
+            check_validation_query(query, dialect)
+    return list(queries)
 
 
-def check_validation_query(query: str) -> str:
-    """Returns ``query`` if it is one read-only statement, else raises ``InvalidRequest``
-    naming what is wrong."""
+def check_validation_query(query: str, dialect: Dialect = POSTGRES) -> str:
+    """Returns ``query`` if it is one read-only statement as ``dialect`` reads it, else raises
+    ``InvalidRequest`` naming what is wrong."""
     if not isinstance(query, str) or not query.strip():
         raise InvalidRequest("a validation query is empty.", fix=FIX)
     if len(query) > MAX_QUERY_CHARS:
@@ -87,11 +121,13 @@ def check_validation_query(query: str) -> str:
         )
     if "\x00" in query:
         raise InvalidRequest("a validation query contains a NUL character.", fix=FIX)
-    words, statements = _scan(query)
+    words, statements = _scan(query, dialect)
     shown = _shorten(query)
     if statements > 1:
+        read_as = "" if dialect is POSTGRES else f" (as {dialect.name} reads it)"
         raise InvalidRequest(
-            f"validation query {shown} holds {statements} statements; one is allowed.", fix=FIX
+            f"validation query {shown} holds {statements} statements{read_as}; one is allowed.",
+            fix=FIX,
         )
     if not words or words[0] not in READ_STARTS:
         first = words[0] if words else "nothing"
@@ -109,7 +145,7 @@ def check_validation_query(query: str) -> str:
     return query
 
 
-def _scan(query: str) -> tuple[list[str], int]:
+def _scan(query: str, dialect: Dialect = POSTGRES) -> tuple[list[str], int]:
     """The upper-cased words outside literals and comments, and the number of statements."""
     words: list[str] = []
     statements, pending, position = 0, False, 0
@@ -118,9 +154,21 @@ def _scan(query: str) -> tuple[list[str], int]:
         assert match is not None  # the last alternative matches any character
         kind, position = match.lastgroup, match.end()
         if kind == "block_comment":
-            position = _end_of_block_comment(query, position)
-        elif kind == "dollar":
+            if dialect.hash_comments and query.startswith("!", position):
+                raise InvalidRequest(
+                    f"validation query {_shorten(query)} has a /*! comment, which "
+                    f"{dialect.name} runs as SQL.",
+                    fix=FIX,
+                )
+            position = _end_of_block_comment(query, position, dialect.nested_comments)
+        elif kind == "dollar" and dialect.dollar_quotes:
             position = _end_of_dollar_quote(query, position, match.group("dollar"))
+        elif kind == "dollar":  # SQLite, MariaDB: no quote; a $ is an operator or a name's
+            pending = True
+            position = match.start() + 1
+        elif kind == "other" and match.group() == "#" and dialect.hash_comments:
+            end = query.find("\n", position)
+            position = len(query) if end < 0 else end
         elif kind == "word":
             words.append(match.group().upper())
             pending = True
@@ -141,11 +189,12 @@ def _scan(query: str) -> tuple[list[str], int]:
     return words, statements + pending
 
 
-def _end_of_block_comment(query: str, position: int) -> int:
-    """PostgreSQL nests block comments: ``/* a /* b */ c */`` is one comment."""
+def _end_of_block_comment(query: str, position: int, nested: bool = True) -> int:
+    """PostgreSQL nests block comments: ``/* a /* b */ c */`` is one comment; SQLite and
+    MariaDB end it at the first ``*/``."""
     depth = 1
     while depth and position < len(query):
-        if query.startswith("/*", position):
+        if nested and query.startswith("/*", position):
             depth, position = depth + 1, position + 2
         elif query.startswith("*/", position):
             depth, position = depth - 1, position + 2

@@ -145,6 +145,9 @@ def test_malformed_input(stack, payload):
         ("DROP TABLE items; SELECT true", "2 statements"),
         ("COPY (SELECT 1) TO PROGRAM 'touch /tmp/shardvault-pwned'", "starts with COPY"),
         ("WITH d AS (DELETE FROM items RETURNING 1) SELECT true", "DELETE"),
+        # One statement as PostgreSQL reads it, three as SQLite (the backup's engine) does.
+        ("SELECT 1 /* /* */ ; DELETE FROM items; -- */", "as SQLite reads it"),
+        ("SELECT $$;DELETE FROM items;$$ = ''", "as SQLite reads it"),
     ],
 )
 def test_a_validation_query_that_could_write_is_refused_before_anything_runs(

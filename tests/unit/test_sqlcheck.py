@@ -6,7 +6,12 @@ import pytest
 
 from shardvault.errors import InvalidRequest
 from shardvault.models import RestoreRequest
-from shardvault.sqlcheck import MAX_QUERIES, check_validation_queries, check_validation_query
+from shardvault.sqlcheck import (
+    DIALECTS,
+    MAX_QUERIES,
+    check_validation_queries,
+    check_validation_query,
+)
 
 ACCEPTED = [
     "SELECT count(*) > 0 FROM orders",
@@ -69,3 +74,33 @@ def test_the_restore_request_refuses_a_query_before_anything_runs() -> None:
     assert RestoreRequest(
         cluster="a", target_cluster="b", validation_queries=["SELECT true"]
     ).validation_queries == ["SELECT true"]
+
+
+SQLITE, MARIADB = DIALECTS["sqlite"], DIALECTS["mariadb"]
+# Issue 44 (3): one PostgreSQL statement each, several as SQLite (or MariaDB) reads them.
+SPLIT_ELSEWHERE = [
+    "SELECT 1 /* /* */ ; DELETE FROM items; -- */",
+    "SELECT $$;DELETE FROM items;$$ = ''",
+    "SELECT 1 /* /* */ ; ATTACH DATABASE '/tmp/x' AS x; -- */",
+]
+
+
+@pytest.mark.parametrize("query", SPLIT_ELSEWHERE)
+@pytest.mark.parametrize("dialect", [SQLITE, MARIADB], ids=["sqlite", "mariadb"])
+def test_a_query_is_lexed_as_its_engine_lexes_it(query: str, dialect) -> None:
+    check_validation_query(query)  # PostgreSQL: one statement in its comment or quote
+    with pytest.raises(InvalidRequest, match=r"statements|DELETE|ATTACH"):
+        check_validation_query(query, dialect)
+
+
+def test_mariadb_hash_comments_and_executable_comments() -> None:
+    assert check_validation_query("SELECT 1 # ; DROP TABLE x\n = 1", MARIADB)
+    with pytest.raises(InvalidRequest, match="statements"):
+        check_validation_query("SELECT 1 # \n; DELETE FROM x", MARIADB)
+    with pytest.raises(InvalidRequest, match="runs as SQL"):
+        check_validation_query("SELECT 1 /*!50000 , (DELETE FROM x) */", MARIADB)
+
+
+def test_plain_queries_pass_in_every_dialect() -> None:
+    plain = ["SELECT count(*) > 0 FROM orders", "SELECT 'a;b' <> '' -- c"]
+    assert check_validation_queries(plain, DIALECTS.values()) == plain
