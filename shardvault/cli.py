@@ -56,6 +56,7 @@ from rich.table import Table
 
 from shardvault import cli_drills
 from shardvault import operations as ops
+from shardvault import restore as restore_steps
 from shardvault.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
 from shardvault.models import (
@@ -66,6 +67,7 @@ from shardvault.models import (
     recorded_stored_bytes,
 )
 from shardvault.planning import MiB
+from shardvault.tables import Catalog, table
 from shardvault.versions import installed
 
 console = Console()
@@ -329,8 +331,7 @@ def run_backup(args: argparse.Namespace) -> int:
     console.print(f"started [bold]{execution}[/]")
     if not args.wait:
         return 0
-    outcome = follow(config, execution)
-    return 0 if outcome.status == "SUCCEEDED" else 1
+    return ops.exit_status(follow(config, execution))
 
 
 def chain_root_of(config: ops.ClientConfig, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -558,6 +559,8 @@ def run_restore(args: argparse.Namespace) -> int:
         target=restore_target(args),
         requested_by="cli",
     )
+    if request.target is None:  # the backup asked for exists: refused now, not in the run
+        restore_steps.resolve_backup(request, Catalog(table(config.catalog_table)))
     execution = ops.start_restore(config, request)
     console.print(f"started [bold]{execution}[/]")
     if args.plan_only:
@@ -570,8 +573,7 @@ def run_restore(args: argparse.Namespace) -> int:
         return 1
     if not args.wait:
         return 0
-    outcome = follow(config, execution, ops.wait_restore, "restore")
-    return 0 if outcome.status == "SUCCEEDED" else 1
+    return ops.exit_status(follow(config, execution, ops.wait_restore, "restore"))
 
 
 def parse_pins(texts: list[str]) -> dict[str, str]:

@@ -57,8 +57,7 @@ def run_drill(args: argparse.Namespace) -> int:
     if not args.wait:
         console.print(f"drill started: {execution}")
         return 0
-    outcome = follow_drill(config, execution)
-    return 0 if outcome.status == "SUCCEEDED" else 1
+    return ops.exit_status(follow_drill(config, execution))
 
 
 def follow_drill(config: ops.ClientConfig, execution: str) -> ops.Progress:

@@ -279,7 +279,7 @@ def pick_backup(
             RestoreRequest(
                 cluster=request.cluster, target_cluster=spec.target_cluster, backup_id=choice
             ),
-            svc,
+            svc.catalog,
         )
     complete = [
         b for b in svc.catalog.backups(request.cluster) if b.get("status") == BackupStatus.COMPLETE

@@ -119,6 +119,7 @@ class Progress:
     bytes_total: int = 0
     objects_done: int = 0
     objects_total: int = 0
+    refused: bool = False  # failed at the workflow's validation, before any side effect
     record: dict[str, Any] | None = None
     error: str = ""
     cause: str = ""
@@ -154,6 +155,27 @@ def run_to_end(execution_arn: str, timeout: float) -> Progress:
     return wait_for(
         lambda: execution_progress(execution_arn, "", lambda _: []), lambda _: None, 0.5, timeout
     )
+
+
+# The states each workflow fails in when it refuses a request before any side effect.
+REFUSING_STATES = frozenset({"RequestRejected", "DrillRefused"})
+
+
+def refused(execution_arn: str) -> bool:
+    """Whether a failed execution ended in one of ``REFUSING_STATES`` (the CLI then exits 3,
+    as for a refusal it makes itself)."""
+    return any(
+        event.get("type") == "FailStateEntered"
+        and event.get("stateEnteredEventDetails", {}).get("name") in REFUSING_STATES
+        for event in execution_history(execution_arn)
+    )
+
+
+def exit_status(outcome: Progress) -> int:
+    """0 done, 3 refused before anything started, 1 ran and failed (README: exit status)."""
+    if outcome.status == "SUCCEEDED":
+        return 0
+    return 3 if outcome.refused else 1
 
 
 def execution_history(execution_arn: str) -> list[dict[str, Any]]:
@@ -194,6 +216,7 @@ def execution_progress(
     elif execution["status"] in TERMINAL:
         progress.error = execution.get("error", "")
         progress.cause = readable_cause(execution.get("cause", ""))
+        progress.refused = execution["status"] == "FAILED" and refused(execution_arn)
     request = json.loads(execution.get("input") or "{}")
     cluster = request.get(cluster_field, "") if isinstance(request, dict) else ""
     record = next(

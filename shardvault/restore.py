@@ -73,7 +73,7 @@ from shardvault.readback import load_manifest
 from shardvault.services import Services
 from shardvault.sqlcheck import DIALECTS, check_validation_queries
 from shardvault.store import presign_get, readable_now
-from shardvault.tables import RESTORE_PREFIX
+from shardvault.tables import RESTORE_PREFIX, Catalog
 
 THAW_MAX_WAIT = 3600
 
@@ -94,7 +94,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         backups = svc.catalog.backups(request.cluster)
         record = pitr.base_backup(request, backups)
     else:
-        record = resolve_backup(request, svc)
+        record = resolve_backup(request, svc.catalog)
     check_not_damaged(record, request.accept_damaged)
     source = "vault" if record.get("location") == "vault" and svc.vault else "store"
     if source == "vault":
@@ -236,19 +236,20 @@ def source_of(svc: Services, source: str) -> tuple[Any, str]:
     return svc.store_s3, svc.store.bucket
 
 
-def resolve_backup(request: RestoreRequest, svc: Services) -> dict[str, Any]:
-    """The catalog record of the requested backup (``latest``: the newest complete one)."""
+def resolve_backup(request: RestoreRequest, catalog: Catalog) -> dict[str, Any]:
+    """The catalog record of the requested backup (``latest``: the newest complete one); the
+    CLI asks too, before it starts a restore."""
     if request.backup_id == "latest":
-        newest = svc.catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
+        newest = catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
         if newest is not None:
             return newest
-        backups = svc.catalog.backups(request.cluster)
+        backups = catalog.backups(request.cluster)
         raise BackupNotFound(
             f"cluster {request.cluster!r} has no complete backup"
             + (f" ({len(backups)} failed or running)." if backups else "."),
             fix="check the cluster name ('shardvault list'), or run a backup first.",
         )
-    backups = svc.catalog.backups(request.cluster)
+    backups = catalog.backups(request.cluster)
     record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
     if record is None:
         known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"

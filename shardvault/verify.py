@@ -75,7 +75,7 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         RestoreRequest(
             cluster=request.cluster, target_cluster=request.cluster, backup_id=request.backup_id
         ),
-        svc,
+        svc.catalog,
     )
     if record.get("status") != "COMPLETE":
         raise BackupNotRestorable(

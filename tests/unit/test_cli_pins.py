@@ -28,6 +28,9 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RestoreRequest]:
         return "arn:execution"
 
     monkeypatch.setattr(ops, "start_restore", start_restore)
+    # The backup named exists (the CLI asks the catalog before it starts a restore).
+    monkeypatch.setattr(cli.restore_steps, "resolve_backup", lambda request, catalog: {})
+    monkeypatch.setattr(cli, "table", lambda name: None)
     return requests
 
 
