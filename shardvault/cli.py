@@ -166,6 +166,9 @@ def parser() -> argparse.ArgumentParser:
     nodes = sub.add_parser("nodes", help="registered nodes, or remove a decommissioned one")
     nodes.add_argument("cluster", nargs="?")
     nodes.add_argument("--remove", metavar="NODE_ID", help="forget a decommissioned node")
+    nodes.add_argument(
+        "--force", action="store_true", help="with --remove: even a node whose agent is up"
+    )
     nodes.set_defaults(run=run_nodes)
 
     check = sub.add_parser("check", help="will the cluster's next backup run? (and its RPO)")
@@ -1062,7 +1065,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_nodes(args: argparse.Namespace) -> int:
     config = ops.ClientConfig.from_env()
     if args.remove:
-        node = ops.remove_node(config, args.remove)
+        node = ops.remove_node(config, args.remove, force=args.force)
         console.print(f"removed node {node.node_id} of cluster {node.cluster}")
         return 0
     found = ops.list_nodes(config, args.cluster)

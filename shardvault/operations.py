@@ -24,6 +24,9 @@ from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
 from shardvault.tables import Catalog, NodeRegistry, table
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+# How long a node may be silent and still count as live for ``nodes --remove`` (the stack's
+# own heartbeat_max_age_seconds default).
+LIVE_NODE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -284,13 +287,23 @@ def list_nodes(config: ClientConfig, cluster: str | None) -> list[NodeRecord]:
     return [node for name in clusters for node in registry.in_cluster(name)]
 
 
-def remove_node(config: ClientConfig, node_id: str) -> NodeRecord:
-    """Forgets a decommissioned node, so validation stops waiting for its agent."""
+def remove_node(
+    config: ClientConfig, node_id: str, *, force: bool = False, now: float | None = None
+) -> NodeRecord:
+    """Forgets a decommissioned node, so validation stops waiting for its agent. A node whose
+    agent is up and heartbeating is refused (it would register again at its next heartbeat,
+    and a running backup or restore would lose it) unless ``force``."""
     registry = NodeRegistry(table(config.nodes_table))
     node = registry.get(node_id)
     if node is None:
         raise InvalidRequest(
             f"no node {node_id} is registered.", fix="list nodes with 'shardvault nodes'."
+        )
+    now = time.time() if now is None else now
+    if not force and not node.is_unavailable(now, LIVE_NODE_SECONDS):
+        raise InvalidRequest(
+            f"node {node_id}'s agent is up (it heartbeated {now - node.heartbeat_at:.0f} s ago).",
+            fix="stop the agent on that node first (it then says it stopped), or pass --force.",
         )
     registry.remove(node_id)
     return node

@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from shardvault import operations as ops
+from shardvault.errors import InvalidRequest
 
 from .conftest import Cluster
 
@@ -214,3 +215,19 @@ def test_the_policy_decides_which_agents_take_part(make_cluster, policy_for):
     assert_unchanged(cluster)
     policy_for(cluster.name, nodes=f"[{first}, {second}]")
     assert cluster.backup().status == "SUCCEEDED"
+
+
+def test_a_live_node_is_not_forgotten_unless_forced(make_cluster):
+    """Issue 44 (also seen): nodes --remove on a live node removed its record."""
+    cluster = make_cluster(nodes=1)
+    live = cluster.configs[0]["node_id"]
+    client = ops.ClientConfig(
+        cluster.stack.state_machine_arn,
+        cluster.stack.settings.catalog_table,
+        cluster.stack.settings.nodes_table,
+    )
+    with pytest.raises(InvalidRequest, match="is up"):
+        ops.remove_node(client, live)
+    assert live in [n.node_id for n in ops.list_nodes(client, cluster.name)]
+    # Forced, it goes (its agent registers again at its next heartbeat: that is the risk).
+    assert ops.remove_node(client, live, force=True).node_id == live
