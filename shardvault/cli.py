@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -70,7 +71,7 @@ from shardvault.planning import MiB
 from shardvault.tables import Catalog, table
 from shardvault.versions import installed
 
-console = Console()
+console = Console(width=cli_drills.PIPED_WIDTH)
 errors = Console(stderr=True)  # refusals and their fixes: stdout stays what a script parses
 REFUSED = 3  # argparse exits 2 on a usage error
 DEFAULT_STACK_DIR = Path("local-stack")
@@ -821,7 +822,6 @@ TARGET_TITLE = "The issue's target: 1 TiB, fulls on Sundays, incrementals daily 
 def run_cost(args: argparse.Namespace) -> int:
     """Forecasts (and, with a catalog configured, what its backups cost now); 1 when a cluster
     is forecast over its budget."""
-    import os
 
     from shardvault import costs
     from shardvault.policy import load_policy

@@ -4,6 +4,8 @@ CLUSTER`` lists them (``shardvault.drills`` says what a drill is)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any
 
@@ -14,7 +16,10 @@ from shardvault import operations as ops
 from shardvault.drills import FAILED, PASSED, REFUSED, RUNNING, SLOW, DrillRequest
 from shardvault.planning import MiB
 
-console = Console()
+# The CLI's width when stdout is not a terminal (a pipe, a file, a log): rich would cut tables
+# at 80 columns; COLUMNS, when set, still decides.
+PIPED_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+console = Console(width=PIPED_WIDTH)
 errors = Console(stderr=True)
 VERDICT_STYLE = {PASSED: "green", SLOW: "yellow", FAILED: "bold red", REFUSED: "red"}
 
