@@ -373,9 +373,15 @@ class ShardVaultStack(Stack):
             ),
             # Whether the vault holds a copy already: a missing key is then 404, not 403.
             policies.list_prefix(vault, BACKUPS_PREFIX),
-            catalog_rw,
+            # The backup's and its ancestors' records read, the promotion recorded
+            # (shardvault/promote.py: catalog.get and catalog.update only).
+            policies.table(self.tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
         )
-        grant("record_promotion_failure", catalog_rw, *publish)
+        grant(
+            "record_promotion_failure",  # promote.record_failure: one catalog.update
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
+            *publish,
+        )
         grant("decide_retention", catalog_rw, *publish)
         deleting = []
         for store in (bucket, vault):

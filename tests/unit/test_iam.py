@@ -230,3 +230,26 @@ def test_the_report_names_refusals_no_test_asked_for_and_grants_no_call_used(tmp
     assert records["denied"] == [("function:x", "s3:DeleteObject", "arn:aws:s3:::store/k")]
     grants = json.loads(json.dumps(gate.grants))
     assert unused_grants(grants, records["used"]) == [("function:x", 1, "s3:Put*")]
+
+
+@pytest.mark.parametrize("may_read_lock", [False, True])
+def test_head_shows_the_lock_only_to_a_caller_that_may_read_it(monkeypatch, may_read_lock):
+    import datetime as dt
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    statements = [allow("s3:GetObject", "arn:aws:s3:::vault/*")]
+    if may_read_lock:
+        statements.append(allow("s3:GetObjectRetention", "arn:aws:s3:::vault/*"))
+    with mock_aws():
+        raw = boto3.client("s3")
+        raw.create_bucket(Bucket="vault", ObjectLockEnabledForBucket=True)
+        until = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+        raw.put_object(
+            Bucket="vault", Key="k", Body=b"x", ObjectLockMode="GOVERNANCE",
+            ObjectLockRetainUntilDate=until, ChecksumAlgorithm="CRC32",
+        )  # fmt: skip
+        gate = gate_of(statements)
+        s3 = gate.bind(boto3.client("s3"), gate.function("x"))
+        head = s3.head_object(Bucket="vault", Key="k")
+        assert ("ObjectLockMode" in head) is may_read_lock
+        assert "ObjectLockMode" in raw.head_object(Bucket="vault", Key="k")

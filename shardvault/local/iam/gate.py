@@ -9,7 +9,8 @@
   its signer may not make the call: S3 authorizes a presigned request as its signer.
 - ``after-call`` for S3: a read of a key that is not there answers 404 only to a caller that
   may list the bucket (``s3:ListBucket``, its ``s3:prefix`` the key), else **403
-  AccessDenied**, as S3 does. MinIO and moto always answer 404.
+  AccessDenied**, as S3 does (MinIO and moto always answer 404); and HeadObject and GetObject
+  show an object's lock only to a caller that may read it (``s3:GetObjectRetention``).
 
 *Agents* and the *CLI* run in their own processes and reach moto's server over HTTP;
 :meth:`Gate.wsgi` wraps that server and evaluates each request signed with an agent's access
@@ -50,6 +51,11 @@ CLUSTER_TAG = "shardvault:cluster"
 TRANSPORT = {"aws:SecureTransport": ["true"], "s3:TlsVersion": ["1.3"]}
 READS_OF_A_KEY = {"GetObject", "HeadObject", "GetObjectAttributes", "GetObjectRetention"}
 MISSING = ("404", "NoSuchKey", "NotFound")
+# What HeadObject and GetObject answer of a lock only to a caller with the action.
+LOCK_FIELDS = {
+    "s3:GetObjectRetention": {"ObjectLockMode", "ObjectLockRetainUntilDate"},
+    "s3:GetObjectLegalHold": {"ObjectLockLegalHoldStatus"},
+}
 
 
 @dataclass(frozen=True)
@@ -274,9 +280,12 @@ class Gate:
     ) -> None:
         principal = self.principals[name]
         code = parsed.get("Error", {}).get("Code")
+        params = context.get("shardvault_iam_params", {})
+        if model.name in ("HeadObject", "GetObject") and code is None:
+            self._hide_lock(principal, params, parsed)
+            return
         if model.name not in READS_OF_A_KEY or code not in MISSING:
             return
-        params = context.get("shardvault_iam_params", {})
         listing = Request(
             "s3:ListBucket",
             f"arn:aws:s3:::{params.get('Bucket', '')}",
@@ -290,6 +299,18 @@ class Gate:
         }
         parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = 403
         http_response.status_code = 403
+
+    def _hide_lock(self, principal: Principal, params: dict, parsed: dict) -> None:
+        """S3 shows an object's lock in HeadObject and GetObject only to a caller that may read
+        it (``s3:GetObjectRetention``, ``s3:GetObjectLegalHold``)."""
+        target = f"arn:aws:s3:::{params.get('Bucket', '')}/{params.get('Key', '')}"
+        for action, fields in LOCK_FIELDS.items():
+            if (
+                fields & set(parsed)
+                and not self.verdict(principal, Request(action, target), probe=True).allowed
+            ):
+                for field in fields:
+                    parsed.pop(field, None)
 
     # --- agents over HTTP -----------------------------------------------------------------------
     def wsgi(self, app: Callable) -> Callable:
