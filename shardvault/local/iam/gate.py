@@ -85,32 +85,29 @@ class Record:
 
 @dataclass
 class Recorder:
-    records: list[Record] = field(default_factory=list)
+    """What the verdicts add up to, kept as they come (a long-running stack keeps a set per
+    grants holder, not every call)."""
+
+    used: dict[str, set[tuple[int, str]]] = field(default_factory=dict)
+    refused: set[tuple[str, str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, record: Record) -> None:
+        holder = holder_of(record.principal)
         with self.lock:
-            self.records.append(record)
-
-    def denied(self) -> list[Record]:
-        return [r for r in self.records if not r.allowed]
+            if not record.allowed and not record.expected:
+                self.refused.add((holder, record.action, record.resource))
+            pairs = self.used.setdefault(holder, set())
+            pairs.update((index, record.action) for index in record.statements)
 
     def summary(self) -> dict[str, Any]:
-        """Per grants holder (``function:<module>``, ``agent``): the (statement, action) pairs
-        that allowed a call, and the calls refused, each once."""
-        used: dict[str, set[tuple[int, str]]] = {}
-        denied: set[tuple[str, str, str]] = set()
+        """Per grants holder (``function:<module>``, ``agent``, ``operator``): the (statement,
+        action) pairs that allowed a call, and the calls refused that no test asked for."""
         with self.lock:
-            for record in self.records:
-                holder = AGENT if record.principal.startswith(f"{AGENT}:") else record.principal
-                if not record.allowed and not record.expected:
-                    denied.add((holder, record.action, record.resource))
-                for index in record.statements:
-                    used.setdefault(holder, set()).add((index, record.action))
-        return {
-            "used": {holder: sorted(pairs) for holder, pairs in used.items()},
-            "denied": sorted(denied),
-        }
+            return {
+                "used": {holder: sorted(pairs) for holder, pairs in self.used.items()},
+                "denied": sorted(self.refused),
+            }
 
     def dump(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
