@@ -10,44 +10,25 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+# One reading of a template's references and role statements: the local stack's IAM uses it.
+from shardvault.local.iam.template import as_list, referenced_ids, role_statements
+
+__all__ = [
+    "actions",
+    "as_list",
+    "iter_states",
+    "only",
+    "placeholders",
+    "referenced_ids",
+    "role_statements",
+    "tasks_without_retry",
+]
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
-
-
-def as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def referenced_ids(value: Any) -> set[str]:
-    """The logical ids that ``value`` references, at any depth."""
-    if isinstance(value, list):
-        return set().union(*(referenced_ids(v) for v in value)) if value else set()
-    if not isinstance(value, dict):
-        return set()
-    if "Ref" in value:
-        return {value["Ref"]}
-    if "Fn::GetAtt" in value:
-        return {as_list(value["Fn::GetAtt"])[0]}
-    return set().union(*(referenced_ids(v) for v in value.values())) if value else set()
 
 
 def only(resources: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     assert len(resources) == 1, f"expected one resource, found {sorted(resources)}"
     return next(iter(resources.items()))
-
-
-def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
-    """Every statement granted to the role: inline, attached or in a managed policy."""
-    resources = template["Resources"]
-    role = resources[role_id]["Properties"]
-    statements = [s for p in role.get("Policies", []) for s in p["PolicyDocument"]["Statement"]]
-    for resource_id in referenced_ids(role.get("ManagedPolicyArns", [])):
-        document = resources[resource_id]["Properties"]["PolicyDocument"]
-        statements += document["Statement"]
-    for resource in resources.values():
-        attached_to = resource.get("Properties", {}).get("Roles", [])
-        if resource["Type"] == "AWS::IAM::Policy" and role_id in referenced_ids(attached_to):
-            statements += resource["Properties"]["PolicyDocument"]["Statement"]
-    return statements
 
 
 def actions(statement: dict[str, Any]) -> list[str]:
