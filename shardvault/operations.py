@@ -21,6 +21,7 @@ from shardvault.causes import readable_cause
 from shardvault.drills import DrillRequest
 from shardvault.errors import InvalidRequest
 from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
+from shardvault.stack_outputs import stack_variables
 from shardvault.tables import Catalog, NodeRegistry, table
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -100,17 +101,7 @@ STACK_OUTPUTS = {
 def load_stack_outputs(stack: str, cloudformation: Any = None) -> dict[str, str]:
     """Sets the CLI's variables from a deployed stack's outputs (CloudFormation
     ``DescribeStacks``, in the configured region); returns them."""
-    client = cloudformation or boto3.client("cloudformation")
-    (described,) = client.describe_stacks(StackName=stack)["Stacks"]
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
-    missing = [name for name in STACK_OUTPUTS if name not in outputs]
-    if missing:
-        raise InvalidRequest(
-            f"stack {stack!r} has no output {', '.join(missing)}: it is not a ShardVault stack, "
-            "or one deployed before these outputs.",
-            fix="pass --stack with the name cdk deploy printed, or redeploy the stack.",
-        )
-    values = {variable: outputs[name] for name, variable in STACK_OUTPUTS.items()}
+    values = stack_variables(stack, STACK_OUTPUTS, cloudformation or boto3.client("cloudformation"))
     os.environ.update(values)
     return values
 

@@ -25,6 +25,7 @@ from typing import Any
 import boto3
 
 from shardvault.errors import InvalidRequest
+from shardvault.stack_outputs import stack_variables
 
 DEFAULT_STACK = "ShardVault"
 DEFAULT_ENV_FILE = Path("/etc/shardvault/agent.env")
@@ -54,17 +55,7 @@ LOCAL_AGENT_KEY = "SHARDVAULT_LOCAL_AGENT_ACCESS_KEY_ID"
 def from_stack(stack: str, cloudformation: Any = None) -> dict[str, str]:
     """The agent's variables from the outputs of a deployed stack."""
     client = cloudformation or boto3.client("cloudformation")
-    (described,) = client.describe_stacks(StackName=stack)["Stacks"]
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
-    missing = [name for name in OUTPUTS if name not in outputs]
-    if missing:
-        raise InvalidRequest(
-            f"stack {stack!r} has no output {', '.join(missing)}: it is not a ShardVault stack, "
-            "or one deployed before these outputs.",
-            fix="pass --stack with the name of the ShardVault stack (cdk deploy prints it), or "
-            "redeploy it.",
-        )
-    values = {variable: outputs[name] for name, variable in OUTPUTS.items()}
+    values = stack_variables(stack, OUTPUTS, client)
     return {**values, "AWS_DEFAULT_REGION": client.meta.region_name}
 
 

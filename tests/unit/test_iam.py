@@ -184,33 +184,40 @@ def test_a_missing_key_is_403_to_a_caller_that_may_not_list(monkeypatch, may_lis
         assert refused.value.response["Error"]["Code"] == code
 
 
-def test_a_bound_client_is_refused_before_the_call_and_so_is_a_url_it_signs(monkeypatch):
+@pytest.fixture
+def bound(monkeypatch):
+    """``bound(statements)``: a gate with a function ``x`` granted ``statements``, and an S3
+    client of x's on moto, where a bucket ``store`` exists."""
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws():
         boto3.client("s3").create_bucket(Bucket="store")
-        gate = gate_of([allow("s3:GetObject", "arn:aws:s3:::store/*")])
-        s3 = gate.bind(boto3.client("s3"), gate.function("x"))
-        with pytest.raises(ClientError, match="s3:PutObject"):
-            s3.put_object(Bucket="store", Key="k", Body=b"x")
-        with pytest.raises(ClientError, match="s3:PutObject"):
-            s3.generate_presigned_url("put_object", Params={"Bucket": "store", "Key": "k"})
-        assert s3.generate_presigned_url("get_object", Params={"Bucket": "store", "Key": "k"})
-        assert boto3.client("s3").list_objects_v2(Bucket="store").get("KeyCount") == 0
+
+        def make(statements: list[dict[str, Any]]) -> tuple[Gate, Any]:
+            gate = gate_of(statements)
+            return gate, gate.bind(boto3.client("s3"), gate.function("x"))
+
+        yield make
 
 
-def test_a_withdrawn_grant_refuses_clients_already_bound(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        boto3.client("s3").create_bucket(Bucket="store")
-        gate = gate_of([allow("s3:ListBucket", "arn:aws:s3:::store")])
-        s3 = gate.bind(boto3.client("s3"), gate.function("x"))
+def test_a_bound_client_is_refused_before_the_call_and_so_is_a_url_it_signs(bound):
+    _, s3 = bound([allow("s3:GetObject", "arn:aws:s3:::store/*")])
+    with pytest.raises(ClientError, match="s3:PutObject"):
+        s3.put_object(Bucket="store", Key="k", Body=b"x")
+    with pytest.raises(ClientError, match="s3:PutObject"):
+        s3.generate_presigned_url("put_object", Params={"Bucket": "store", "Key": "k"})
+    assert s3.generate_presigned_url("get_object", Params={"Bucket": "store", "Key": "k"})
+    assert boto3.client("s3").list_objects_v2(Bucket="store").get("KeyCount") == 0
+
+
+def test_a_withdrawn_grant_refuses_clients_already_bound(bound):
+    gate, s3 = bound([allow("s3:ListBucket", "arn:aws:s3:::store")])
+    s3.list_objects_v2(Bucket="store")
+    with (
+        gate.withdrawn("function:x", "s3:ListBucket"),
+        pytest.raises(ClientError, match="AccessDenied"),
+    ):
         s3.list_objects_v2(Bucket="store")
-        with (
-            gate.withdrawn("function:x", "s3:ListBucket"),
-            pytest.raises(ClientError, match="AccessDenied"),
-        ):
-            s3.list_objects_v2(Bucket="store")
-        s3.list_objects_v2(Bucket="store")
+    s3.list_objects_v2(Bucket="store")
 
 
 # --- the record, against the grants -----------------------------------------------------------

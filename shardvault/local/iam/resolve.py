@@ -12,7 +12,7 @@ request names.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardvault.local.iam.template import as_list
@@ -34,8 +34,6 @@ class LocalNames:
     topic_key_arn: str
     data_key_arn: str
     function_prefix: str  # a function's local name: <prefix><module>
-    state_machine_prefix: str = "ShardVault-"  # as infra.constants names them
-    places: dict[str, list[str]] = field(default_factory=dict)
 
     def function_arn(self, module: str) -> str:
         return (
