@@ -18,7 +18,9 @@ from aws_cdk import aws_s3 as s3
 # What shardvault/tables.py calls (no batch or transaction call exists there: granting them
 # would only widen what a stolen role could do).
 TABLE_READ = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan")
-TABLE_WRITE = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+# Posting a command to a node's inbox: the item put, the inbox's ring counter raised
+# (shardvault/tables.py: Inbox.post). Only agents delete their own items.
+POST = ("dynamodb:PutItem", "dynamodb:UpdateItem")
 
 
 def objects(bucket: s3.IBucket, prefix: str, *actions: str) -> iam.PolicyStatement:
@@ -49,10 +51,6 @@ def index(table_: dynamodb.ITable, name: str, *actions: str) -> iam.PolicyStatem
     return iam.PolicyStatement(
         actions=list(actions), resources=[f"{table_.table_arn}/index/{name}"]
     )
-
-
-def table_read_write(table_: dynamodb.ITable) -> iam.PolicyStatement:
-    return table(table_, TABLE_READ + TABLE_WRITE)
 
 
 def queues(scope: Stack, name: str, *actions: str) -> iam.PolicyStatement:

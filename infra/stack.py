@@ -48,7 +48,7 @@ from infra.constants import (
     WORK_PREFIX,
     state_machine_name,
 )
-from infra.policies import TABLE_READ, TABLE_WRITE
+from infra.policies import POST, TABLE_READ
 from shardvault.archive import ARCHIVE_DIR
 from shardvault.models import DOORBELL_PREFIX
 from shardvault.policy import Policy, load_policy
@@ -184,10 +184,14 @@ class ShardVaultStack(Stack):
 
     def _grant_functions(self) -> None:
         bucket, tables, grant = self.storage.bucket, self.tables, self.functions.grant
-        catalog_rw = policies.table_read_write(tables.catalog)
         grant(
             "validate_backup",
-            catalog_rw,
+            # The cluster's backups (Query), the lock taken or taken over (a conditional
+            # PutItem, read back: GetItem), the backup's record (PutItem) and a refused
+            # scheduled run's; no Scan (shardvault/backup/admission.py). Cleanup's below.
+            policies.table(
+                tables.catalog, ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem")
+            ),
             policies.table(tables.nodes, TABLE_READ, indexes=(NODES_BY_CLUSTER,)),
             # To tell a stale cluster lock (its execution ended) from a live one.
             iam.PolicyStatement(
@@ -205,13 +209,15 @@ class ShardVaultStack(Stack):
         grant(
             "dispatch",
             policies.table(tables.nodes, ("dynamodb:GetItem",)),  # the node's record, by key
-            policies.table(tables.inbox, TABLE_WRITE),
+            policies.table(tables.inbox, POST),
             # Rings a node's doorbell after each post (shardvault/dispatch.py: ring).
             policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
         )
         grant(
             "plan_backup",
-            catalog_rw,
+            # The parent's record; the plan's sizes and schedule kept on the backup's
+            # (shardvault/backup/planner.py).
+            policies.table(tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject", "s3:GetObject"),
             # Signs the PutObject URL of each object packed as it was listed that fits one
             # part (shardvault/backup/upload.py: sign_at_plan): S3 authorizes that PUT as this
@@ -226,10 +232,11 @@ class ShardVaultStack(Stack):
             # The parent's and the chain root's records; the part size it chose, kept on the
             # backup's record (shardvault/backup/scanning.py).
             policies.table(tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
-            *[
-                policies.objects(store, BACKUPS_PREFIX, "s3:GetObject")
-                for store in (bucket, self.storage.vault)
-            ],
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject"),
+            # A promoted parent's: the versions its vault manifest names (see read_backups).
+            policies.objects(
+                self.storage.vault, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectVersion"
+            ),
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
         )
         # The role that signs the part URLs is the one S3 authorizes each part upload against.
@@ -239,8 +246,8 @@ class ShardVaultStack(Stack):
                 bucket,
                 BACKUPS_PREFIX,
                 "s3:PutObject",  # CreateMultipartUpload and the presigned UploadPart
-                "s3:AbortMultipartUpload",
                 "s3:ListMultipartUploadParts",  # re-signing skips parts already uploaded
+                # (no AbortMultipartUpload: an upload is aborted by cleanup and the sweep)
             ),
             # The URLs go to the work bucket for the dispatcher, never into execution history.
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),
@@ -309,7 +316,6 @@ class ShardVaultStack(Stack):
         ]
 
     def _grant_finalize_and_cleanup(self, bucket: s3.IBucket) -> None:
-        catalog_rw = policies.table_read_write(self.tables.catalog)
         publish = self._publish()
         self.functions.grant(
             "finalize_backup",
@@ -323,13 +329,21 @@ class ShardVaultStack(Stack):
             # the archive's batches read by CopyObject, found by listing the shard's archive).
             policies.objects(bucket, BACKUPS_PREFIX, "s3:PutObject"),
             policies.list_prefix(bucket, f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"),
-            catalog_rw,
+            # The backup marked complete (UpdateItem, above) and the cluster's lock let go
+            # (a conditional DeleteItem: shardvault/backup/manifest.py).
+            policies.table(self.tables.catalog, ("dynamodb:DeleteItem",)),
             *publish,
         )
         # cleanup() (shardvault/backup/failure.py) runs in the failure path, in the reaper, and in
         # validation when it takes over the lock of a backup whose execution ended.
         for module in ("cleanup_backup", "reap_execution", "validate_backup"):
-            self.functions.grant(module, *self._cleanup_statements(bucket), catalog_rw, *publish)
+            self.functions.grant(module, *self._cleanup_statements(bucket), *publish)
+        # The reaper finds the ended execution's backup or restore among the cluster's
+        # (Query) and reads the backup's record (GetItem: clean_up_abandoned).
+        self.functions.grant(
+            "reap_execution",
+            policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:GetItem")),
+        )
 
     def _cleanup_statements(self, bucket: s3.IBucket) -> list[iam.PolicyStatement]:
         """What a backup's cleanup calls: abort its uploads, delete its partial objects, post
@@ -340,15 +354,16 @@ class ShardVaultStack(Stack):
             ),
             policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
             policies.list_prefix(bucket, BACKUPS_PREFIX),
-            policies.table(self.tables.inbox, ("dynamodb:Query", *TABLE_WRITE)),
+            policies.table(self.tables.inbox, ("dynamodb:Query", *POST)),
             policies.table(self.tables.nodes, ("dynamodb:GetItem",)),
+            # The backup marked failed, the cluster's lock let go (a conditional DeleteItem).
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem", "dynamodb:DeleteItem")),
             # Rings the doorbell of each node a release or abort was posted to.
             policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
         ]
 
     def _grant_vault_functions(self) -> None:
         bucket, vault, grant = self.storage.bucket, self.storage.vault, self.functions.grant
-        catalog_rw = policies.table_read_write(self.tables.catalog)
         publish = self._publish()
         # validate_backup reads the policy only; the promotion itself:
         grant(
@@ -382,21 +397,29 @@ class ShardVaultStack(Stack):
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
             *publish,
         )
-        grant("decide_retention", catalog_rw, *publish)
+        grant(
+            "decide_retention",  # shardvault/expire.py: each cluster's backups, holds recorded
+            policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:UpdateItem")),
+            *publish,  # the budget alert
+        )
+        # expire.expire_backup lists every version (ListObjectVersions) and deletes each by
+        # key and version id: DeleteObjectVersion in the versioned vault, DeleteObject in the
+        # unversioned staging bucket (whose versions are all "null": deleted by key alone).
         deleting = []
-        for store in (bucket, vault):
+        for store, delete in ((bucket, "s3:DeleteObject"), (vault, "s3:DeleteObjectVersion")):
             deleting += [
-                policies.list_prefix(store, BACKUPS_PREFIX),
                 iam.PolicyStatement(
                     actions=["s3:ListBucketVersions"],
                     resources=[store.bucket_arn],
                     conditions={"StringLike": {"s3:prefix": [f"{BACKUPS_PREFIX}*"]}},
                 ),
-                policies.objects(
-                    store, BACKUPS_PREFIX, "s3:DeleteObject", "s3:DeleteObjectVersion"
-                ),
+                policies.objects(store, BACKUPS_PREFIX, delete),
             ]
-        grant("expire_backup", *deleting, catalog_rw)
+        grant(
+            "expire_backup",
+            *deleting,
+            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # EXPIRING, EXPIRED
+        )
         grant(
             "sweep_store",  # shardvault/sweep.py: the staging bucket only, never the vault
             iam.PolicyStatement(
@@ -483,8 +506,11 @@ class ShardVaultStack(Stack):
             self.functions.grant,
         )
         # A backup is read from the vault once promoted (the record's location), else the store.
+        # In the vault, the version promotion locked (its manifest records each): a read that
+        # names a version is authorized as s3:GetObjectVersion, a presigned one too.
         read_backups = [
-            policies.objects(store, BACKUPS_PREFIX, "s3:GetObject") for store in (bucket, vault)
+            policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject"),
+            policies.objects(vault, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectVersion"),
         ]
         update_catalog = policies.table(tables.catalog, ("dynamodb:UpdateItem",))
         grant(
@@ -514,10 +540,9 @@ class ShardVaultStack(Stack):
         grant(
             "thaw_objects",
             *read_backups,  # the manifest, and HeadObject (authorized by s3:GetObject)
-            *[
-                policies.objects(store, BACKUPS_PREFIX, "s3:RestoreObject")
-                for store in (bucket, vault)
-            ],
+            # Only the vault's copies are ever in an archive class (the staging bucket has no
+            # lifecycle transition: thaw finds its objects readable and asks nothing).
+            policies.objects(vault, BACKUPS_PREFIX, "s3:RestoreObject"),
             update_catalog,  # how many objects are still frozen
         )
         # The URL it signs is authorized as this role and bound to one GetObject: reading that

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from typing import Any
 
 from pydantic import BaseModel
@@ -145,9 +146,12 @@ def ring_node(svc: Services, node_id: str, command_id: str) -> bool:
     return node is not None and ring(sqs, node, command_id)
 
 
-# Queue URLs by name, for this process's life: a queue's URL never changes (a recreated queue
-# gets the same one), and looking it up on every dispatch would double the doorbell's requests.
-_queue_urls: dict[str, str] = {}
+# Queue URLs by name, per SQS client (a Lambda function's process has one), for its life: a
+# queue's URL never changes (a recreated queue gets the same one), and looking it up on every
+# dispatch would double the doorbell's requests. Per client, not per process: the local stack
+# runs every function in one process, and a function must look the URL up as it does on AWS
+# (so its grant to do so is exercised there).
+_queue_urls: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def ring(sqs: Any, node: NodeRecord, command_id: str) -> bool:
@@ -157,12 +161,13 @@ def ring(sqs: Any, node: NodeRecord, command_id: str) -> bool:
     name = doorbell_name(node.node_id)
     if not node.doorbell or name is None:
         return False
+    urls = _queue_urls.setdefault(sqs, {})
     try:
-        if name not in _queue_urls:
-            _queue_urls[name] = sqs.get_queue_url(QueueName=name)["QueueUrl"]
-        sqs.send_message(QueueUrl=_queue_urls[name], MessageBody=json.dumps({"ring": command_id}))
+        if name not in urls:
+            urls[name] = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        sqs.send_message(QueueUrl=urls[name], MessageBody=json.dumps({"ring": command_id}))
     except Exception as error:
-        _queue_urls.pop(name, None)  # the queue may have gone: look it up again next time
+        urls.pop(name, None)  # the queue may have gone: look it up again next time
         log.warning(
             "doorbell of node %s not rung for %s (%s): its agent's safety poll will find the "
             "command",

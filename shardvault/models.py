@@ -565,6 +565,10 @@ class ObjectResult(Frozen):
     # batch's own frames: they were sealed with the batch's place and its own data key.
     place: str | None = None
     encryption: Encryption | None = None
+    # In a vault manifest: the version of the copy promotion locked (shardvault.promote).
+    # Reads name it, so neither a delete marker nor a newer version put over the key (both
+    # allowed in a locked bucket) can hide the locked copy from a restore or a verify.
+    version_id: str | None = None
 
     @property
     def stored_bytes(self) -> int:
@@ -778,6 +782,7 @@ class ChainSource(Frozen):
     backup_id: str
     manifest_key: str
     source: str  # "store" or "vault"
+    manifest_version: str | None = None  # the vault manifest's locked version (see ObjectResult)
 
 
 class RestoreContext(Frozen):
@@ -800,6 +805,7 @@ class RestoreContext(Frozen):
     started_at: float
     execution_id: str = ""
     source: str = "store"  # where the backup's objects are read: "store" or "vault"
+    manifest_version: str | None = None  # the vault manifest's locked version (see ObjectResult)
     chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
     target: RestoreTarget | None = None  # a point-in-time restore's target (validated)
     wal_batches: int = 0  # a point-in-time restore's archive batches, all shards'
@@ -822,6 +828,7 @@ class DownloadItem(Frozen):
     crc64nvme: str
     part_crc64nvme: list[str] = Field(default_factory=list)
     source: str = "store"
+    version_id: str | None = None  # the vault's locked version (see ObjectResult)
     stored_length: int | None = None  # see ObjectResult
     frame_size: int = 0
     frames: str = ""

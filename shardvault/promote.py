@@ -53,7 +53,7 @@ from shardvault.prices import ARCHIVE_CLASSES, StorageClass
 from shardvault.readback import load_manifest
 from shardvault.retention import deletion_batches
 from shardvault.services import Services
-from shardvault.store import is_missing, stored_checksum
+from shardvault.store import is_missing, stored_checksum, versioned
 
 log = logging.getLogger("shardvault.promote")
 PROMOTED_TAG = "shardvault:promoted"  # infra's lifecycle rule expires staging objects so tagged
@@ -80,6 +80,7 @@ class StoredLock:
     storage_class: str
     mode: str | None
     retain_until: datetime | None
+    version_id: str | None = None  # the version read (the vault is versioned)
 
     def problem(self, vault: VaultTarget, until: datetime, storage_class: str) -> str | None:
         """Why this copy is not held as asked (None: it is)."""
@@ -95,16 +96,18 @@ class StoredLock:
         return None
 
 
-def read_lock(svc: Services, key: str) -> StoredLock:
-    """The vault's class and lock of ``key`` (HeadObject shows the lock only to a caller
-    allowed s3:GetObjectRetention; without it the copy reads as unlocked)."""
-    head = svc.vault_s3.head_object(Bucket=svc.vault.bucket, Key=key)
+def read_lock(svc: Services, key: str, version_id: str | None = None) -> StoredLock:
+    """The vault's class and lock of ``key`` (its newest version, or ``version_id``):
+    HeadObject shows the lock only to a caller allowed s3:GetObjectRetention; without it the
+    copy reads as unlocked."""
+    head = svc.vault_s3.head_object(**versioned(svc.vault.bucket, key, version_id))
     until = head.get("ObjectLockRetainUntilDate")
     return StoredLock(
         key=key,
         storage_class=head.get("StorageClass", "STANDARD"),  # S3 names no class for STANDARD
         mode=head.get("ObjectLockMode"),
         retain_until=until.astimezone(UTC) if until else None,
+        version_id=head.get("VersionId"),
     )
 
 
@@ -179,7 +182,10 @@ def promote(
     if remaining:
         return {"remaining": len(remaining), "summary": summary}
     hold_ancestors(svc, context.cluster, manifest, until)
-    vault_key = write_vault_manifest(svc, manifest, summary["manifest_key"], context.vault, until)
+    versions = {key: lock.version_id for key, lock in held.items()}
+    vault_key, manifest_version = write_vault_manifest(
+        svc, manifest, summary["manifest_key"], context.vault, until, versions
+    )
     manifest_lock = confirm_lock(svc, vault_key, context.vault, until, MANIFEST_CLASS)
     staging_keys = [*(o.key for o in objects), summary["manifest_key"]]
     for key in staging_keys:
@@ -187,6 +193,8 @@ def promote(
     promotion = {
         "location": "vault",
         "vault_manifest_key": vault_key,
+        # Restores and verifies read this version (its objects' are in it): see ObjectResult.
+        "vault_manifest_version": manifest_version,
         # As read back, not as asked; the class is the data's (block maps stay readable).
         **recorded_lock(
             [held[o.key] for o in objects if o.phase != Phase.BLOCKMAP] or list(held.values()),
@@ -205,6 +213,7 @@ def promote(
 PROMOTION_FIELDS = (
     "location",
     "vault_manifest_key",
+    "vault_manifest_version",
     "storage_class",
     "lock_mode",
     "retain_until",
@@ -231,31 +240,35 @@ def hold_ancestors(svc: Services, cluster: str, manifest: Manifest, until: datet
         held = datetime.fromisoformat(record["retain_until"])
         if held >= until:
             continue
-        locks = [extend_lock(svc, key, until) for key in vault_keys_of(svc, record)]
+        locks = [extend_lock(svc, *place, until) for place in vault_keys_of(svc, record)]
         svc.catalog.update(
             cluster, backup_id, retain_until=min(s.retain_until for s in locks).isoformat()
         )
         log.info("vault lock of %s extended to %s for %s", backup_id, until, manifest.backup_id)
 
 
-def vault_keys_of(svc: Services, record: dict[str, Any]) -> list[str]:
-    """Every key of a promoted backup in the vault: its objects, block maps and manifest."""
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
-    objects = [o.key for s in manifest.shards for o in s.objects]
-    return [*objects, record["vault_manifest_key"]]
+def vault_keys_of(svc: Services, record: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """Every (key, locked version) of a promoted backup in the vault: its objects, block maps
+    and manifest (no version: promoted before versions were recorded, the newest is read)."""
+    manifest_key, manifest_version = (
+        record["vault_manifest_key"],
+        record.get("vault_manifest_version"),
+    )
+    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, manifest_key, manifest_version)
+    objects = [(o.key, o.version_id) for s in manifest.shards for o in s.objects]
+    return [*objects, (manifest_key, manifest_version)]
 
 
-def extend_lock(svc: Services, key: str, until: datetime) -> StoredLock:
+def extend_lock(svc: Services, key: str, version_id: str | None, until: datetime) -> StoredLock:
     """Extends one vault object's lock to ``until`` in the mode it already holds (Object Lock
     lets any lock be extended, never shortened), and returns the lock read back."""
-    stored = read_lock(svc, key)
+    stored = read_lock(svc, key, version_id)
     if stored.mode is not None and stored.retain_until is not None and stored.retain_until < until:
         svc.vault_s3.put_object_retention(
-            Bucket=svc.vault.bucket,
-            Key=key,
+            **versioned(svc.vault.bucket, key, version_id),
             Retention={"Mode": stored.mode, "RetainUntilDate": until},
         )
-        stored = read_lock(svc, key)
+        stored = read_lock(svc, key, version_id)
     if stored.mode is None or stored.retain_until is None or stored.retain_until < until:
         raise PromotionFailed(
             f"the vault's copy of {key}, which a newer incremental needs, is locked until "
@@ -385,9 +398,21 @@ def same_server(svc: Services) -> bool:
 
 
 def write_vault_manifest(
-    svc: Services, manifest: Manifest, store_key: str, vault: VaultTarget, until: datetime
-) -> str:
-    """The vault's own manifest: the store's, with keys in the vault. Written last."""
+    svc: Services,
+    manifest: Manifest,
+    store_key: str,
+    vault: VaultTarget,
+    until: datetime,
+    versions: dict[str, str | None],
+) -> tuple[str, str | None]:
+    """The vault's own manifest: the store's, with keys in the vault and the version of each
+    copy (``versions``, by store key). Written last; returns its key and version."""
+
+    def moved_object(o: ObjectResult) -> ObjectResult:
+        return o.model_copy(
+            update={"key": vault_key(svc, o.key), "version_id": versions.get(o.key)}
+        )
+
     moved = manifest.model_copy(
         update={
             "shards": [
@@ -395,20 +420,11 @@ def write_vault_manifest(
                     update={
                         "streams": [
                             stream.model_copy(
-                                update={
-                                    "objects": [
-                                        o.model_copy(update={"key": vault_key(svc, o.key)})
-                                        for o in stream.objects
-                                    ]
-                                }
+                                update={"objects": [moved_object(o) for o in stream.objects]}
                             )
                             for stream in shard.streams
                         ],
-                        "blockmap": shard.blockmap.model_copy(
-                            update={"key": vault_key(svc, shard.blockmap.key)}
-                        )
-                        if shard.blockmap
-                        else None,
+                        "blockmap": moved_object(shard.blockmap) if shard.blockmap else None,
                     }
                 )
                 for shard in manifest.shards
@@ -416,7 +432,7 @@ def write_vault_manifest(
         }
     )
     key = vault_key(svc, store_key)
-    svc.vault_s3.put_object(
+    written = svc.vault_s3.put_object(
         Bucket=svc.vault.bucket,
         Key=key,
         Body=moved.model_dump_json(indent=1).encode(),
@@ -425,7 +441,7 @@ def write_vault_manifest(
         ObjectLockMode=vault.lock_mode.value,
         ObjectLockRetainUntilDate=until,
     )
-    return key
+    return key, written.get("VersionId")
 
 
 def record_failure(

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from shardvault.errors import InvalidRequest, ManifestDamaged
 from shardvault.models import Manifest
 from shardvault.planning import backup_prefix
+from shardvault.store import versioned
 
 
 def manifest_key(prefix: str, cluster: str, backup_id: str) -> str:
@@ -27,15 +28,15 @@ class _ReadManifests:
     LIMIT = 64 << 20  # bytes of manifest JSON kept
 
     def __init__(self) -> None:
-        self.found: OrderedDict[tuple[str, str, str], tuple[str, int, Manifest]] = OrderedDict()
+        self.found: OrderedDict[tuple[Any, ...], tuple[str, int, Manifest]] = OrderedDict()
         self.held = 0
         self.guard = threading.Lock()
 
-    def get(self, place: tuple[str, str, str]) -> tuple[str, int, Manifest] | None:
+    def get(self, place: tuple[Any, ...]) -> tuple[str, int, Manifest] | None:
         with self.guard:
             return self.found.get(place)
 
-    def put(self, place: tuple[str, str, str], etag: str, size: int, manifest: Manifest) -> None:
+    def put(self, place: tuple[Any, ...], etag: str, size: int, manifest: Manifest) -> None:
         with self.guard:
             if place in self.found:
                 self.held -= self.found.pop(place)[1]
@@ -48,14 +49,26 @@ class _ReadManifests:
 READ_MANIFESTS = _ReadManifests()
 
 
-def load_manifest(s3: Any, bucket: str, key: str) -> Manifest:
-    place = (s3.meta.endpoint_url, bucket, key)
+def manifest_place(record: dict[str, Any], location: str) -> tuple[str, str | None]:
+    """A backup's manifest key where it is read (``location``: "vault" or "store") and, in
+    the vault, the version promotion locked (None in the store, and for a backup promoted
+    before versions were recorded: the newest is read); "" when the record names none."""
+    if location == "vault":
+        return record.get("vault_manifest_key", ""), record.get("vault_manifest_version")
+    return record.get("manifest_key", ""), None
+
+
+def load_manifest(s3: Any, bucket: str, key: str, version_id: str | None = None) -> Manifest:
+    """The manifest at ``key`` (its ``version_id``, when named: a vault manifest's locked
+    version, which a delete marker or a newer version cannot hide)."""
+    place = (s3.meta.endpoint_url, bucket, key, version_id)
     known = READ_MANIFESTS.get(place)
+    named = versioned(bucket, key, version_id)
     try:
         if known is not None:
-            response = s3.get_object(Bucket=bucket, Key=key, IfNoneMatch=known[0])
+            response = s3.get_object(**named, IfNoneMatch=known[0])
         else:
-            response = s3.get_object(Bucket=bucket, Key=key)
+            response = s3.get_object(**named)
         body = response["Body"].read()
     except ClientError as error:
         if known is not None and error.response["Error"]["Code"] in ("304", "NotModified"):

@@ -69,10 +69,10 @@ from shardvault.models import (
 from shardvault.placement import assignments, place_by_engine
 from shardvault.planning import interleave_by_node, transfer_concurrency
 from shardvault.prices import RestoreTier, StorageClass, thaw_tiers
-from shardvault.readback import load_manifest
+from shardvault.readback import load_manifest, manifest_place
 from shardvault.services import Services
 from shardvault.sqlcheck import DIALECTS, check_validation_queries
-from shardvault.store import presign_get, readable_now
+from shardvault.store import presign_get, readable_now, versioned
 from shardvault.tables import RESTORE_PREFIX, Catalog
 
 THAW_MAX_WAIT = 3600
@@ -99,9 +99,9 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     source = "vault" if record.get("location") == "vault" and svc.vault else "store"
     if source == "vault":
         check_tier(record, request.tier)
-    manifest_key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
+    manifest_key, manifest_version = manifest_place(record, source)
     s3, bucket = source_of(svc, source)
-    manifest = load_manifest(s3, bucket, manifest_key)
+    manifest = load_manifest(s3, bucket, manifest_key, manifest_version)
     chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
     wal_batches, wal_bytes = 0, 0
     if request.target is not None:  # the archive reaches the target, or refused by name
@@ -148,6 +148,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         cluster=request.cluster,
         backup_id=manifest.backup_id,
         manifest_key=manifest_key,
+        manifest_version=manifest_version,
         target_cluster=request.target_cluster,
         placements=placements,
         assignments=assignments(placements),
@@ -316,11 +317,18 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
                 fix="restore another backup ('shardvault list'), e.g. the newest full.",
             )
         source = "vault" if record.get("location") == "vault" and svc.vault else "store"
-        key = record["vault_manifest_key"] if source == "vault" else record["manifest_key"]
-        sources.append(ChainSource(backup_id=backup_id, manifest_key=key, source=source))
+        key, version = manifest_place(record, source)
+        sources.append(
+            ChainSource(
+                backup_id=backup_id, manifest_key=key, source=source, manifest_version=version
+            )
+        )
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
         reads = [
-            pool.submit(load_manifest, *source_of(svc, s.source), s.manifest_key) for s in sources
+            pool.submit(
+                load_manifest, *source_of(svc, s.source), s.manifest_key, s.manifest_version
+            )
+            for s in sources
         ]
         for read in reads:  # root first: the oldest damaged manifest is the one named
             read.result()
@@ -330,11 +338,11 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
 def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manifest, str]]:
     """The chain's manifests with where each is read, root first (the restored one last),
     read side by side."""
-    places = [(c.source, c.manifest_key) for c in context.chain]
-    places.append((context.source, context.manifest_key))
+    places = [(c.source, c.manifest_key, c.manifest_version) for c in context.chain]
+    places.append((context.source, context.manifest_key, context.manifest_version))
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
-        found = list(pool.map(lambda p: load_manifest(*source_of(svc, p[0]), p[1]), places))
-    return [(manifest, source) for manifest, (source, _) in zip(found, places, strict=True)]
+        found = list(pool.map(lambda p: load_manifest(*source_of(svc, p[0]), *p[1:]), places))
+    return [(manifest, source) for manifest, (source, *_) in zip(found, places, strict=True)]
 
 
 def chain_items(
@@ -363,7 +371,9 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     signed by ``sign_prefetch``), so that the root's objects, downloaded by the Download map
     with the restored backup's WAL, are written with the newer members' changed blocks laid
     in (``shardvault_agent.chain_placement``, layered) and no download wave waits for another."""
-    manifest = load_manifest(*source_of(svc, context.source), context.manifest_key)
+    manifest = load_manifest(
+        *source_of(svc, context.source), context.manifest_key, context.manifest_version
+    )
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
     chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
@@ -460,7 +470,7 @@ def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
     for entry in svc.get_work(prefetch_key):
         item = DownloadItem.model_validate(entry["object"])
         s3, bucket = source_of(svc, item.source)
-        url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds)
+        url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
         downloads.append({"object": entry["object"], "url": url})
     if not downloads:
         return {"url_key": None}
@@ -582,6 +592,7 @@ def download_item(
         shard_id=shard_id,
         phase=phase,
         key=obj.key,
+        version_id=obj.version_id,
         stream_offset=0 if from_chain else obj.stream_offset,
         length=obj.length,
         part_size=obj.part_size,
@@ -606,14 +617,14 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
     objects = [
-        (*source_of(svc, source), obj.key)
+        (*source_of(svc, source), obj.key, obj.version_id)
         for manifest, source in chain_manifests(context, svc)  # a full: itself alone
         for shard in manifest.shards
         for stream in shard.streams
         for obj in stream.objects
     ]
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
-        states = list(pool.map(lambda o: thaw_object(*o, context.tier), objects))
+        states = list(pool.map(lambda o: thaw_object(*o, tier=context.tier), objects))
     frozen = sum(state != "readable" for state in states)
     requested = states.count("requested")
     svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
@@ -622,16 +633,18 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
     return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}
 
 
-def thaw_object(s3: Any, bucket: str, key: str, tier: RetrievalTier) -> str:
+def thaw_object(
+    s3: Any, bucket: str, key: str, version_id: str | None, *, tier: RetrievalTier
+) -> str:
     """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
-    head = s3.head_object(Bucket=bucket, Key=key)
+    named = versioned(bucket, key, version_id)
+    head = s3.head_object(**named)
     if readable_now(head):  # not archived, or thawed
         return "readable"
     if head.get("Restore"):
         return "thawing"
     s3.restore_object(
-        Bucket=bucket,
-        Key=key,
+        **named,
         RestoreRequest={"Days": THAW_DAYS, "GlacierJobParameters": {"Tier": tier.value}},
     )
     return "requested"
@@ -642,7 +655,7 @@ def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     """A presigned GET URL of one object (the agent reads ranges of it), written to the work
     bucket for the dispatcher: a URL never enters the execution's history."""
     s3, bucket = source_of(svc, item.source)
-    url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds)
+    url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
     return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 

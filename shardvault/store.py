@@ -80,11 +80,18 @@ def create_upload(s3: Any, bucket: str, key: str) -> str:
     return response["UploadId"]
 
 
-def presign_get(s3: Any, bucket: str, key: str, ttl: int) -> str:
-    """A URL that reads one object (by ranges, if the reader asks)."""
+def presign_get(s3: Any, bucket: str, key: str, ttl: int, version_id: str | None = None) -> str:
+    """A URL that reads one object (by ranges, if the reader asks); with ``version_id``, that
+    version of it (S3 then authorizes s3:GetObjectVersion)."""
     return s3.generate_presigned_url(
-        "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl
+        "get_object", Params=versioned(bucket, key, version_id), ExpiresIn=ttl
     )
+
+
+def versioned(bucket: str, key: str, version_id: str | None) -> dict[str, str]:
+    """The parameters that name one object, or one version of it (``version_id``)."""
+    named = {"Bucket": bucket, "Key": key}
+    return (named | {"VersionId": version_id}) if version_id else named
 
 
 def presign_put(s3: Any, bucket: str, key: str, ttl: int, crc_b64: str | None = None) -> str:
@@ -147,19 +154,25 @@ def readable_now(head: dict[str, Any]) -> bool:
     return 'ongoing-request="false"' in (head.get("Restore") or "")
 
 
-def stored_checksum(s3: Any, bucket: str, key: str) -> tuple[str | None, int]:
-    """The store's own full-object CRC64NVME of an object (no download), and its size."""
+def stored_checksum(
+    s3: Any, bucket: str, key: str, version_id: str | None = None
+) -> tuple[str | None, int]:
+    """The store's own full-object CRC64NVME of an object (or of its ``version_id``; no
+    download), and its size."""
     attrs = s3.get_object_attributes(
-        Bucket=bucket, Key=key, ObjectAttributes=["Checksum", "ObjectSize"]
+        **versioned(bucket, key, version_id), ObjectAttributes=["Checksum", "ObjectSize"]
     )
     checksum = attrs.get("Checksum", {})
     crc = checksum.get("ChecksumCRC64NVME") if checksum.get("ChecksumType") != "COMPOSITE" else None
     return crc, attrs.get("ObjectSize", -1)
 
 
-def readback_checksum(s3: Any, bucket: str, key: str) -> tuple[str, int]:
-    """CRC64NVME and size by reading the object back (stores without checksum attributes)."""
-    body = s3.get_object(Bucket=bucket, Key=key, ChecksumMode="DISABLED")["Body"]
+def readback_checksum(
+    s3: Any, bucket: str, key: str, version_id: str | None = None
+) -> tuple[str, int]:
+    """CRC64NVME and size by reading the object (or its ``version_id``) back (stores without
+    checksum attributes)."""
+    body = s3.get_object(**versioned(bucket, key, version_id), ChecksumMode="DISABLED")["Body"]
     size = 0
 
     def chunks():

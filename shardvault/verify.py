@@ -38,12 +38,18 @@ from pydantic import Field
 from shardvault.archive import after_backup
 from shardvault.engines import traits
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
-from shardvault.models import ClusterName, Frozen, Manifest, Phase, RestoreRequest
+from shardvault.models import ClusterName, Frozen, Manifest, ObjectResult, Phase, RestoreRequest
 from shardvault.pgwal import segment_number, tail_problems
-from shardvault.readback import load_manifest
+from shardvault.readback import load_manifest, manifest_place
 from shardvault.restore import resolve_backup, source_of
 from shardvault.services import Services
-from shardvault.store import is_missing, readable_now, readback_checksum, stored_checksum
+from shardvault.store import (
+    is_missing,
+    readable_now,
+    readback_checksum,
+    stored_checksum,
+    versioned,
+)
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
 MAX_PROBLEMS = 20  # named in the outcome; the count says how many more
@@ -138,17 +144,17 @@ def verify_one(
         problems.append(f"{backup_id} is {record.get('status', 'unknown')}, not COMPLETE")
         return None
     location = "vault" if record.get("location") == "vault" and svc.vault else "store"
-    key = record["vault_manifest_key"] if location == "vault" else record["manifest_key"]
+    key, version = manifest_place(record, location)
     s3, bucket = source_of(svc, location)
     try:
-        manifest = load_manifest(s3, bucket, key)
+        manifest = load_manifest(s3, bucket, key, version)
     except ShardVaultError as error:
         problems.append(f"{backup_id}: {error.message}")
         return None
     problems += [f"{backup_id}: {p}" for p in consistency_problems(manifest, record, key)]
     objects = [o for shard in manifest.shards for o in shard.objects]
     with ThreadPoolExecutor(PARALLEL_HEADS) as pool:  # boto3 clients may be shared by threads
-        found = list(pool.map(lambda o: attribute_problem(s3, bucket, o.key, o), objects))
+        found = list(pool.map(lambda o: attribute_problem(s3, bucket, o), objects))
     problems += [f"{backup_id}: {p}" for p in found if p]
     read, skipped = read_sample(s3, bucket, objects, request.read_data_percent, problems)
     checked.append(
@@ -245,12 +251,14 @@ def batch_problem(s3: Any, bucket: str, index: dict[str, Any]) -> str:
     return ""
 
 
-def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
-    """'' when the store holds ``key`` with the manifest's size and checksum. An object whose
-    store reports no full-object CRC64NVME (every object ShardVault writes has one; a stored
-    object replaced without one has not) is read back instead, unless archived."""
+def attribute_problem(s3: Any, bucket: str, obj: ObjectResult) -> str:
+    """'' when the store holds the object (the version the vault's manifest names, if any)
+    with the manifest's size and checksum. An object whose store reports no full-object
+    CRC64NVME (every object ShardVault writes has one; a stored object replaced without one
+    has not) is read back instead, unless archived."""
+    key, named = obj.key, versioned(bucket, obj.key, obj.version_id)
     try:
-        crc, size = stored_checksum(s3, bucket, key)
+        crc, size = stored_checksum(s3, bucket, key, obj.version_id)
     except ClientError as error:
         if is_missing(error):
             return f"{key} is missing"
@@ -258,10 +266,10 @@ def attribute_problem(s3: Any, bucket: str, key: str, obj: Any) -> str:
     if size != obj.stored_bytes:
         return f"{key} holds {size} bytes, the manifest says {obj.stored_bytes}"
     if crc is None:
-        if not readable_now(s3.head_object(Bucket=bucket, Key=key)):
+        if not readable_now(s3.head_object(**named)):
             return f"{key} has no CRC64NVME checksum attribute and is archived (unreadable)"
         try:
-            crc, size = readback_checksum(s3, bucket, key)
+            crc, size = readback_checksum(s3, bucket, key, obj.version_id)
         except (ClientError, BotoCoreError) as error:
             return unreadable(key, error)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
@@ -295,12 +303,12 @@ def read_sample(
     sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
     read = skipped = 0
     for obj in sample:
-        if not readable_now(s3.head_object(Bucket=bucket, Key=obj.key)):
+        if not readable_now(s3.head_object(**versioned(bucket, obj.key, obj.version_id))):
             skipped += 1
             continue
         read += 1
         try:
-            crc, size = readback_checksum(s3, bucket, obj.key)
+            crc, size = readback_checksum(s3, bucket, obj.key, obj.version_id)
         except (ClientError, BotoCoreError) as error:
             problems.append(unreadable(obj.key, error))
             continue

@@ -31,14 +31,16 @@ from infra import policies
 from infra.constants import AGENT_POLICY_DESCRIPTION, CLUSTER_TAG, NODE_ID_TAG
 from shardvault.models import DOORBELL_PREFIX
 
+# shardvault/tables.py Inbox, as the agent uses it: its commands (Query), its ring counter
+# (GetItem), a command done (DeleteItem), a failure note and a WAL batch's request (PutItem).
 INBOX_ACTIONS = (
     "dynamodb:Query",
     "dynamodb:GetItem",
-    "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",
     "dynamodb:PutItem",
 )
-NODE_RECORD_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem")
+# The heartbeat writes the node's whole record (NodeRegistry.put); the agent never reads it.
+NODE_RECORD_ACTIONS = ("dynamodb:PutItem",)
 TASK_ACTIONS = ("states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat")
 # shardvault_agent/doorbell.py: create the queue (or find it and set its attributes), listen,
 # delete the rings heard. No SendMessage: only the dispatcher rings.

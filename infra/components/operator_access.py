@@ -2,12 +2,13 @@
 the operators' roles or users.
 
 - *read-only* (``OperatorReadOnlyPolicyArn``): ``list``, ``show``, ``nodes``, ``drills``,
-  ``cost`` and ``check --no-probe``: the catalog and the node registry read (a Query, a
-  GetItem, a Scan for every cluster), an execution followed (its status and history), the
+  ``cost`` and ``check --no-probe``: the catalog read (a Query, a GetItem, a Scan for every
+  cluster), the node registry listed (a Query of a cluster's, a Scan for every cluster), the
   stack's outputs (``--stack``).
 - *operator* (``OperatorPolicyArn``): the same, and starting the stack's state machines
   (``backup``, ``restore``, ``verify``, ``check``'s probe, ``drill``, ``retention``) and
-  removing a node's record (``nodes --remove``).
+  following the executions it started (their status and history), and removing a node's
+  record (``nodes --remove``: read first, to refuse a live node).
 
 Neither reaches the store or the vault, nor the data keys: the workflows do, as their own
 roles. The local stack runs the CLI with the operator policy (``shardvault/local/iam``).
@@ -24,7 +25,8 @@ from constructs import Construct
 from infra import policies
 from infra.components.agent_access import own_stack_arn
 
-READ_TABLES = ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:Scan")
+READ_CATALOG = ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:Scan")
+LIST_NODES = ("dynamodb:Query", "dynamodb:Scan")
 FOLLOW = ("states:DescribeExecution", "states:GetExecutionHistory")
 OPERATOR_DESCRIPTION = "ShardVault operator: start backups, restores, drills; read the catalog."
 READ_ONLY_DESCRIPTION = "ShardVault operator, read-only: the catalog, nodes and executions."
@@ -44,12 +46,8 @@ class OperatorAccess(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         read = [
-            policies.table(catalog, READ_TABLES),
-            policies.table(nodes, READ_TABLES, indexes=(nodes_index,)),
-            iam.PolicyStatement(
-                actions=list(FOLLOW),
-                resources=[arn for n in machine_names for arn in policies.execution_arns(stack, n)],
-            ),
+            policies.table(catalog, READ_CATALOG),
+            policies.table(nodes, LIST_NODES, indexes=(nodes_index,)),
             iam.PolicyStatement(
                 actions=["cloudformation:DescribeStacks"], resources=[own_stack_arn(self)]
             ),
@@ -67,7 +65,13 @@ class OperatorAccess(Construct):
                     actions=["states:StartExecution"],
                     resources=[policies.state_machine_arn(stack, n) for n in machine_names],
                 ),
-                policies.table(nodes, ("dynamodb:DeleteItem",)),  # nodes --remove
+                iam.PolicyStatement(
+                    actions=list(FOLLOW),
+                    resources=[
+                        arn for n in machine_names for arn in policies.execution_arns(stack, n)
+                    ],
+                ),
+                policies.table(nodes, ("dynamodb:GetItem", "dynamodb:DeleteItem")),  # --remove
             ],
         )
         for policy in (self.read_only, self.operator):

@@ -34,7 +34,7 @@ from shardvault.backup.planner import pack_arguments
 from shardvault.errors import ParentUnavailable
 from shardvault.models import BackupContext, Manifest, object_place
 from shardvault.planning import choose_part_size
-from shardvault.readback import load_manifest
+from shardvault.readback import load_manifest, manifest_place
 from shardvault.services import Services
 from shardvault.store import presign_get
 
@@ -105,22 +105,23 @@ def parent_maps(
     if context.chain is None:
         return {}
     parent_id = context.chain.parent_id
-    s3, bucket, key = svc.store_s3, svc.store.bucket, record.get("manifest_key", "")
+    s3, bucket, location = svc.store_s3, svc.store.bucket, "store"
     if record.get("location") == "vault" and svc.vault is not None:
-        s3, bucket, key = svc.vault_s3, svc.vault.bucket, record.get("vault_manifest_key", "")
+        s3, bucket, location = svc.vault_s3, svc.vault.bucket, "vault"
+    key, version = manifest_place(record, location)
     if not key:
         raise ParentUnavailable(
             f"the parent {parent_id} of this incremental has no manifest on record.",
             fix="run a full backup (omit --incremental).",
         )
-    manifest: Manifest = load_manifest(s3, bucket, key)
+    manifest: Manifest = load_manifest(s3, bucket, key, version)
     encryption = manifest.encryption.model_dump(mode="json") if manifest.encryption else None
     maps = {}
     for shard in manifest.shards:
         if shard.blockmap is None:
             continue
         obj = shard.blockmap
-        url = presign_get(s3, bucket, obj.key, svc.settings.url_ttl_seconds)
+        url = presign_get(s3, bucket, obj.key, svc.settings.url_ttl_seconds, obj.version_id)
         maps[shard.shard_id] = {
             "backup_id": parent_id,
             "object": obj.model_dump(mode="json"),

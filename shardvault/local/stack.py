@@ -38,6 +38,7 @@ import threading
 import time
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
+from shardvault.operations import STACK_OUTPUTS
 from shardvault.services import Services
 from shardvault.settings import Settings
 from shardvault.store import s3_client
@@ -106,6 +108,17 @@ NAMES = {
 REAPER_FUNCTION = "reap_execution"
 # Invoked by the agents themselves (shardvault.archive): through moto's server here.
 ARCHIVE_FUNCTION = "archive_wal"
+# Invoked by an EventBridge rule on AWS every WATCH_MINUTES: here by whoever asks (a test).
+WATCH_FUNCTION = "watch_clusters"
+# The name a deployed stack has unless `-c stackName=` says otherwise (what the template's
+# grants name: the agent's and the operators' DescribeStacks).
+DEPLOYED_NAME = "ShardVault"
+# What the local stack's CloudFormation stack outputs: the CLI's and the agents' (the agent's
+# bootstrap.OUTPUTS: the tables and the archive function).
+DESCRIBED_OUTPUTS = STACK_OUTPUTS | {
+    "InboxTableName": "SHARDVAULT_INBOX_TABLE",
+    "ArchiveFunctionName": "SHARDVAULT_ARCHIVE_FUNCTION",
+}
 LOCAL_POLICY = Path(__file__).with_name("policy.yaml")
 DATA_KEY_ALIAS = "alias/shardvault-data"
 PID_FILE = "stack.pid"
@@ -278,7 +291,27 @@ class LocalStack:
             [self.state_machine_arn, self.restore_state_machine_arn]
         ).start()
         self._write_env_file()
+        self._describe_as_deployed()
         return self
+
+    def _describe_as_deployed(self) -> None:
+        """A CloudFormation stack named as a deployed one, holding the outputs its clients
+        read (``shardvault --stack``, ``shardvault-agent init --stack``): their path on AWS,
+        and their DescribeStacks grants, run here too."""
+        env = dict(
+            line.split("=", 1) for line in (self.root / "stack.env").read_text().splitlines()
+        )
+        outputs = {name: env[variable] for name, variable in DESCRIBED_OUTPUTS.items()}
+        template = {
+            "Resources": {"Outputs": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+            "Outputs": {name: {"Value": value} for name, value in outputs.items()},
+        }
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        with contextlib.suppress(cloudformation.exceptions.ClientError):
+            cloudformation.delete_stack(StackName=DEPLOYED_NAME)  # an earlier stack's, here
+        with warnings.catch_warnings():  # moto creates no WaitConditionHandle: none is needed
+            warnings.simplefilter("ignore", UserWarning)
+            cloudformation.create_stack(StackName=DEPLOYED_NAME, TemplateBody=json.dumps(template))
 
     def _start_gate(self, topic_key: str) -> None:
         """Every function's calls and every agent's are authorized as their roles' would be
@@ -322,7 +355,7 @@ class LocalStack:
         os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
         self._log_functions_to(self.root / "functions.log")
-        served = [*FUNCTIONS.values(), REAPER_FUNCTION, ARCHIVE_FUNCTION]
+        served = [*FUNCTIONS.values(), REAPER_FUNCTION, ARCHIVE_FUNCTION, WATCH_FUNCTION]
         bridge = LambdaBridge({f"shardvault-{n}": f"functions.{n}" for n in served})
         bridge.install()
         bridge.serve_http()

@@ -378,7 +378,7 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
 def test_signing_role_can_create_and_upload_parts(synth: Synthesized) -> None:
     statements = _function_statements(synth)["sign_parts"]
     s3 = {a for s in statements for a in actions(s) if a.startswith("s3:")}
-    assert s3 == {"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+    assert s3 == {"s3:PutObject", "s3:ListMultipartUploadParts"}  # cleanup aborts, not Sign
 
 
 PUBLISHERS = {
@@ -510,7 +510,12 @@ def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
     return out
 
 
-READ_BACKUPS = {("s3:GetObject", "staging/backups/*"), ("s3:GetObject", "vault/backups/*")}
+# In the vault, the locked version its manifest names (s3:GetObjectVersion).
+READ_BACKUPS = {
+    ("s3:GetObject", "staging/backups/*"),
+    ("s3:GetObject", "vault/backups/*"),
+    ("s3:GetObjectVersion", "vault/backups/*"),
+}
 # A point in time's WAL batches, found by listing (the prefix condition is not in the pair).
 LIST_WAL_ARCHIVE = {("s3:ListBucket", "staging")}
 NOTIFY = {
@@ -538,7 +543,7 @@ RESTORE_GRANTS = {
     },
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
-    | {("s3:RestoreObject", "staging/backups/*"), ("s3:RestoreObject", "vault/backups/*")},
+    | {("s3:RestoreObject", "vault/backups/*")},  # only the vault's copies are archived
     "sign_download": READ_BACKUPS
     | {("s3:GetObject", "staging/_work/*"), ("s3:PutObject", "staging/_work/*")},
     "record_download": UPDATE_CATALOG,

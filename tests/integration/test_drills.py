@@ -174,6 +174,25 @@ def test_a_drill_into_a_backed_up_cluster_is_refused_before_anything(make_cluste
     assert sorted(p.name for p in production.root.rglob("*.db")) == before
 
 
+def test_a_scheduled_drill_that_is_refused_is_recorded_and_reaches_the_inbox(make_cluster, stack):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    assert cluster.backup().status == "SUCCEEDED"
+    production = make_cluster(nodes=1, size_mb=1)  # backed up: never a drill's target
+    assert production.backup().status == "SUCCEEDED"
+    inbox = subscribe(stack)
+
+    execution = start_drill_into(cluster, production, requested_by="schedule:drill")
+    progress = finish_drill(cluster, execution, timeout=120)
+
+    assert progress.status == "FAILED"
+    (drill,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
+    assert (drill["status"], drill["error"]) == (drills.REFUSED, "InvalidRequest")
+    # Published by the drill's role through the topic's KMS key (nobody watches a schedule).
+    assert f"ShardVault: scheduled drill of {cluster.name} refused (InvalidRequest)" in (
+        subjects(inbox)
+    )
+
+
 def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     make_cluster, make_target, stack
 ):

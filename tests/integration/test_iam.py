@@ -3,11 +3,20 @@ function or an agent may do, so enforcement cannot silently be off (shardvault/l
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from shardvault.local.stack import REGION
+from shardvault.local.iam.template import READ_ONLY_OPERATOR
+from shardvault.local.stack import DEPLOYED_NAME, REGION, WATCH_FUNCTION
+from shardvault.operations import STACK_OUTPUTS
+from shardvault.tables import NodeRegistry, table
+from shardvault.watch import BACKUP_AGE_METRIC
+from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
 
 def test_a_backup_whose_planner_lost_its_grant_fails_by_name_and_leaves_nothing(
@@ -66,3 +75,94 @@ def test_an_agent_reaches_its_own_inbox_items_and_no_others(make_cluster, stack)
                 TableName=stack.settings.catalog_table,
                 Key={"cluster": {"S": cluster.name}, "backup_id": {"S": "x"}},
             )
+
+
+def env_of(stack, **changes: str) -> dict[str, str]:
+    """The environment ``stack.env`` gives the CLI, with ``changes`` (a variable set to "" is
+    left out)."""
+    lines = (stack.root / "stack.env").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in lines) | changes
+    return {"PATH": "/usr/bin:/bin", "COLUMNS": "200"} | {k: v for k, v in env.items() if v}
+
+
+def shardvault(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "shardvault.cli", *args],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+
+
+def test_the_cli_and_an_agent_find_the_stack_by_its_name(make_cluster, stack, tmp_path):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    assert cluster.backup().status == "SUCCEEDED"
+    # Only what a deployed stack's operator has: credentials, a region, the endpoint.
+    outputs = dict.fromkeys(STACK_OUTPUTS.values(), "")
+    env = env_of(stack, **outputs)
+
+    listed = shardvault(env, "list", cluster.name, "--stack", DEPLOYED_NAME, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["status"] for r in json.loads(listed.stdout)] == ["COMPLETE"]
+
+    agent_env = env | {"AWS_ACCESS_KEY_ID": stack.gate.agent_key("any-node", cluster.name)}
+    written = tmp_path / "agent.env"
+    init = subprocess.run(
+        [sys.executable, "-m", "shardvault_agent.cli", "init", "--stack", DEPLOYED_NAME,
+         "--out", str(written)],
+        capture_output=True, text=True, timeout=120, check=False, env=agent_env,
+    )  # fmt: skip
+    assert init.returncode == 0, init.stderr
+    assert f"SHARDVAULT_INBOX_TABLE={stack.settings.inbox_table}" in written.read_text()
+
+
+def test_a_read_only_operator_reads_the_catalog_and_starts_nothing(make_cluster, stack):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    assert cluster.backup().status == "SUCCEEDED"
+    (record,) = cluster.records()
+    reader = env_of(stack, AWS_ACCESS_KEY_ID=stack.gate.operator_key(READ_ONLY_OPERATOR))
+
+    for args in (
+        ["list"],
+        ["list", cluster.name],
+        ["show", cluster.name, record["backup_id"]],
+        ["nodes"],
+        ["nodes", cluster.name],
+        ["list", cluster.name, "--stack", DEPLOYED_NAME],
+    ):
+        done = shardvault(reader, *args, "--json")
+        assert done.returncode == 0, (args, done.stderr)
+        assert cluster.name in done.stdout, args
+
+    with stack.gate.expecting_refusals():
+        refused = shardvault(reader, "backup", cluster.name)
+    assert refused.returncode != 0
+    assert "states:StartExecution" in refused.stderr + refused.stdout
+    assert len(cluster.records()) == 1  # nothing was started
+
+
+def test_an_operator_lists_every_cluster_and_removes_a_node(make_cluster, stack):
+    cluster = make_cluster(nodes=2, size_mb=1)
+    gone = cluster.configs[1]["node_id"]
+    operator = env_of(stack)
+
+    listed = shardvault(operator, "list", "--json")  # every cluster: a Scan of the catalog
+    assert listed.returncode == 0, listed.stderr
+    stack.stop_agent(gone)  # decommissioned (a running agent registers again at once)
+    removed = shardvault(operator, "nodes", "--remove", gone, "--force")
+    assert removed.returncode == 0, removed.stderr
+    assert NodeRegistry(table(stack.settings.nodes_table)).get(gone) is None
+
+
+def test_the_watch_publishes_each_clusters_backup_age(make_cluster, policy_for, stack):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    policy_for(cluster.name)  # the watch reads the policy's clusters
+    assert cluster.backup().status == "SUCCEEDED"
+
+    answer = boto3.client("lambda", region_name=REGION).invoke(
+        FunctionName=f"shardvault-{WATCH_FUNCTION}", Payload=b"{}"
+    )
+    assert "FunctionError" not in answer, answer["Payload"].read()
+    metrics = boto3.client("cloudwatch", region_name=REGION).list_metrics(
+        Namespace=WATCH_NAMESPACE, MetricName=BACKUP_AGE_METRIC
+    )["Metrics"]
+    clusters = {d["Value"] for m in metrics for d in m.get("Dimensions", [])}
+    assert cluster.name in clusters

@@ -1,22 +1,28 @@
 """``shardvault verify`` checks a backup and every ancestor its restore needs where the
-catalog says they are (here: the vault), without a restore; what it finds is recorded in the
-backup's catalog record, and a changed object is named with exit status 1."""
+catalog says they are (the vault, or the store), without a restore; what it finds is recorded
+in the backup's catalog record, and a changed object is named with exit status 1. In the
+vault, verify and restore read the versions promotion locked: a delete marker or a newer
+version over a key (both allowed in a locked bucket) hides nothing."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 
+from shardvault import operations as ops
+from shardvault.local.demo import table_digests
 from shardvault.readback import load_manifest
 
-from .conftest import run_cli
+from .conftest import client_of, run_cli
 
 
 def verify_cli(stack, *args: str) -> subprocess.CompletedProcess:
     return run_cli(stack, "verify", *args)
 
 
-def test_verify_checks_a_chain_in_the_vault_and_names_a_changed_object(make_cluster, policy_for):
+def test_verify_and_restore_read_the_locked_versions_whatever_hides_them(
+    make_cluster, make_target, policy_for
+):
     cluster = make_cluster(nodes=1, size_mb=2)
     policy_for(cluster.name)  # a vault in GLACIER_IR: readable without a thaw
     full_id, incr_id = cluster.full_then_incremental()
@@ -35,22 +41,57 @@ def test_verify_checks_a_chain_in_the_vault_and_names_a_changed_object(make_clus
     assert record["verify"]["result"] == "ok"
     assert record["verified_at"] > 0
 
-    # A new version of one of the full's objects under the same key (Object Lock keeps the
-    # old version, but a restore reads the newest): the incremental's chain is damaged.
+    # Someone with the vault's own credentials writes over the full's first object (a new
+    # version) and hides its second and the incremental's manifest behind delete markers:
+    # S3 allows both in a locked bucket. Verify and restore read the versions promotion
+    # locked, which are all still there.
     svc = cluster.stack.services()
-    manifest = load_manifest(
-        svc.vault_s3, svc.vault.bucket, {r["backup_id"]: r for r in cluster.records()}[full_id][
-            "vault_manifest_key"]
-    )  # fmt: skip
-    changed = manifest.shards[0].streams[0].objects[0].key
-    body = svc.vault_s3.get_object(Bucket=svc.vault.bucket, Key=changed)["Body"].read()
-    svc.vault_s3.put_object(Bucket=svc.vault.bucket, Key=changed, Body=body[:-1] + b"\0")
+    records = {r["backup_id"]: r for r in cluster.records()}
+    full = load_manifest(
+        svc.vault_s3,
+        svc.vault.bucket,
+        records[full_id]["vault_manifest_key"],
+        records[full_id]["vault_manifest_version"],
+    )
+    objects = [o for shard in full.shards for o in shard.objects]
+    assert all(o.version_id for o in objects)  # each copy's locked version, recorded
+    changed, hidden = objects[0].key, objects[1].key
+    svc.vault_s3.put_object(Bucket=svc.vault.bucket, Key=changed, Body=b"not the backup")
+    for key in (hidden, records[incr_id]["vault_manifest_key"]):
+        svc.vault_s3.delete_object(Bucket=svc.vault.bucket, Key=key)  # a delete marker
+    markers = svc.vault_s3.list_object_versions(
+        Bucket=svc.vault.bucket, Prefix=f"{svc.vault.prefix}/{cluster.name}/"
+    ).get("DeleteMarkers", [])
+    assert {m["Key"] for m in markers} == {hidden, records[incr_id]["vault_manifest_key"]}
 
-    damaged = verify_cli(cluster.stack, cluster.name, incr_id)
+    again = verify_cli(cluster.stack, cluster.name, incr_id, "--read-data", "100", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["result"] == "ok"
+
+    target = make_target(nodes=1)
+    execution = target.start_restore(cluster.name, backup_id=incr_id)
+    restored = ops.wait_restore(client_of(target.stack), execution, interval=0.2, timeout=300)
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source)
+
+
+def test_verify_names_an_object_changed_in_the_store(make_cluster):
+    cluster = make_cluster(nodes=1, size_mb=1)  # no vault: the backup stays in the store
+    assert cluster.backup().status == "SUCCEEDED"
+    (record,) = cluster.records()
+    svc = cluster.stack.services()
+    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    changed = manifest.shards[0].streams[0].objects[0].key
+    body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=changed)["Body"].read()
+    svc.store_s3.put_object(Bucket=svc.store.bucket, Key=changed, Body=body[:-1] + b"\0")
+
+    damaged = verify_cli(cluster.stack, cluster.name, record["backup_id"])
     assert damaged.returncode == 1, damaged.stdout
     assert "BackupDamaged" in damaged.stderr
     assert changed in " ".join(damaged.stderr.split())
-    record = {r["backup_id"]: r for r in cluster.records()}[incr_id]
+    (record,) = cluster.records()
     assert record["verify"]["result"] == "damaged"
     assert any(changed in p for p in record["verify"]["problems"])
 

@@ -3,6 +3,7 @@ answers to a caller that may not list (shardvault/local/iam)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import boto3
@@ -222,8 +223,6 @@ def test_a_withdrawn_grant_refuses_clients_already_bound(bound):
 
 # --- the record, against the grants -----------------------------------------------------------
 def test_the_report_names_refusals_no_test_asked_for_and_grants_no_call_used(tmp_path):
-    import json
-
     from shardvault.local.iam.report import merged, unused_grants
 
     gate = gate_of([allow("s3:GetObject", "arn:aws:s3:::store/*"), allow("s3:Put*", "*")])
@@ -236,7 +235,34 @@ def test_the_report_names_refusals_no_test_asked_for_and_grants_no_call_used(tmp
     records = merged(tmp_path)
     assert records["denied"] == [("function:x", "s3:DeleteObject", "arn:aws:s3:::store/k")]
     grants = json.loads(json.dumps(gate.grants))
-    assert unused_grants(grants, records["used"]) == [("function:x", 1, "s3:Put*")]
+    assert unused_grants(grants, records["used"]) == [("function:x", "s3:Put* on *")]
+
+
+def test_the_report_fails_on_an_unused_grant_unless_its_reason_is_listed(
+    tmp_path, monkeypatch, capsys
+):
+    from shardvault.local.iam import report
+
+    gate = gate_of([allow("s3:GetObject", "arn:aws:s3:::store/*"), allow("s3:Put*", "*")])
+    gate.verdict(gate.function("x"), Request("s3:GetObject", "arn:aws:s3:::store/k"))
+    gate.recorder.dump(tmp_path / "calls" / "one.json")
+    grants = tmp_path / "grants.json"
+    grants.write_text(json.dumps({"principals": gate.grants}))
+    monkeypatch.setattr(report, "GRANTS_FILE", grants)
+    reasons = tmp_path / "unexercised.yaml"
+    reasons.write_text("{}")
+
+    assert report.main([str(tmp_path / "calls")], reasons) == 1
+    assert "UNUSED   function:x: s3:Put* on *" in capsys.readouterr().out
+
+    reasons.write_text('function:x:\n  "s3:Put* on *": a path the suite does not reach\n')
+    assert report.main([str(tmp_path / "calls")], reasons) == 0
+    # A listed grant a call did use only warns: a path reached on some runs stays listed.
+    reasons.write_text(
+        'function:x:\n  "s3:Put* on *": unreached\n  "s3:GetObject on arn:aws:s3:::store/*": x\n'
+    )
+    assert report.main([str(tmp_path / "calls")], reasons) == 0
+    assert "note: unexercised.yaml lists function:x: s3:GetObject" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("may_read_lock", [False, True])

@@ -35,7 +35,9 @@ class DamagingStore:
     ("how", "named"), [("cut", "ResponseStreamingError"), ("error", "SlowDownRead")]
 )
 def test_an_object_the_store_will_not_serve_whole_is_a_named_problem(how, named):
-    obj = SimpleNamespace(key="backups/c/b/shard-1/data-00000", crc64nvme="x", stored_bytes=100)
+    obj = SimpleNamespace(
+        key="backups/c/b/shard-1/data-00000", crc64nvme="x", stored_bytes=100, version_id=None
+    )
     problems: list[str] = []
     read, skipped = read_sample(DamagingStore(how), "store", [obj], 100, problems)
     assert (read, skipped) == (1, 0)

@@ -360,7 +360,9 @@ def cloudformation_requests(operation: str, params: dict[str, Any], where: Where
 def cloudwatch_requests(operation: str, params: dict[str, Any], where: Where) -> list[Request]:
     if operation != "PutMetricData":
         raise UnmappedCall(f"cloudwatch:{operation}")
-    return [Request("cloudwatch:PutMetricData", "*")]
+    # PutMetricData names no resource: a grant binds it to a namespace by condition.
+    namespace = {"cloudwatch:namespace": [params.get("Namespace", "")]}
+    return [Request("cloudwatch:PutMetricData", "*", namespace)]
 
 
 def sts_requests(operation: str, params: dict[str, Any], where: Where) -> list[Request]:
