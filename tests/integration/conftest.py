@@ -35,7 +35,7 @@ from shardvault.local.postgres import (
     stop_server,
 )
 from shardvault.local.postgres import init_instance as init_postgres
-from shardvault.local.stack import LocalStack
+from shardvault.local.stack import ACCOUNT, LocalStack
 from shardvault.models import BackupRequest, RestoreRequest
 from shardvault.store import open_uploads
 from shardvault.tables import Catalog, Inbox, table
@@ -449,3 +449,16 @@ def run_cli(stack: LocalStack, *args: str, columns: int = 200) -> subprocess.Com
         capture_output=True, text=True, timeout=300, check=False,
         env={"PATH": "/usr/bin:/bin", "COLUMNS": str(columns)},
     )  # fmt: skip
+
+
+def rot_in_vault(stack: LocalStack, key: str, offset: int) -> None:
+    """Flips one byte of the vault's newest version of ``key`` where moto keeps it: bitrot
+    under the lock, which no S3 call can cause (a write adds a version; the locked one stays).
+    The checksum the store reports keeps the original's, as a disk's bitrot would."""
+    from moto.s3.models import s3_backends
+
+    bucket = s3_backends[ACCOUNT]["aws"].get_bucket(stack.services().vault.bucket)
+    version = bucket.keys.getlist(key)[-1]
+    body = bytearray(version.value)
+    body[offset] ^= 0xFF
+    version.value = bytes(body)

@@ -9,7 +9,7 @@ import pytest
 from shardvault import operations as ops
 from shardvault.readback import load_manifest
 
-from .conftest import entered_states, record_posts
+from .conftest import entered_states, record_posts, rot_in_vault
 
 pytestmark = pytest.mark.minio
 
@@ -361,7 +361,7 @@ def test_a_damaged_newer_object_fails_the_chains_restore_by_name_and_leaves_noth
     make_cluster, make_target, policy_for
 ):
     """The newer backups' objects are fetched into spools after the node's prepare answered:
-    one replaced in the store fails the restore with its own error and key (the root's
+    one damaged in the vault fails the restore with its own error and key (the root's
     downloads and finish report what the node recorded), and nothing of it stays on the
     node: no restored file, no spool."""
     from pathlib import Path
@@ -373,9 +373,7 @@ def test_a_damaged_newer_object_fails_the_chains_restore_by_name_and_leaves_noth
     pages = vault.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
     key = sorted(k for k in keys if incremental in k and "/data-" in k)[0]
-    body = vault.get_object(Bucket=bucket, Key=key)["Body"].read()
-    damaged = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
-    vault.put_object(Bucket=bucket, Key=key, Body=damaged)  # a newer version, read first
+    rot_in_vault(cluster.stack, key, 100)  # the locked version itself: restores read it
     target = make_target(nodes=1)
 
     restored = target.restore(cluster.name, backup_id=incremental)
