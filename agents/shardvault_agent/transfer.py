@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -215,22 +216,34 @@ def error_code(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def _status_error(response: urllib3.BaseHTTPResponse, what: str) -> str:
+# A store that keeps refusing freshly signed URLs (a bucket in another region than the one
+# signed for, a signer's clock far off) is not mended by signing again: after this many new
+# URLs for one part, the part fails as any other refused answer does (the Map's retries, then
+# UploadIncomplete) instead of going round Sign and Transfer until the execution times out.
+MAX_RESIGNS = 5
+
+
+def _status_error(
+    response: urllib3.BaseHTTPResponse, what: str, resigns: Counter[str] | None = None
+) -> str:
     """Names an HTTP error answer; one that a new URL mends ends the transfer (sign again)."""
     text = response.data.decode(errors="replace")
     code = error_code(text)
     if code in RESIGN_CODES or (response.status == 403 and "expired" in text.lower()):
-        raise PresignedUrlExpired(
-            f"the URL of {what} is no longer accepted (HTTP {response.status} {code}).",
-            fix="sign again (the state machine does this).",
-        )
-    if response.status in (301, 307):
-        raise PresignedUrlExpired(
-            f"the URL of {what} was redirected (HTTP {response.status}) to "
-            f"{response.headers.get('Location', 'another host')}.",
-            fix="sign again with the bucket's regional endpoint (the state machine does this).",
-        )
-    return f"HTTP {response.status}: {text[:300]}"
+        answer = f"is no longer accepted (HTTP {response.status} {code})"
+    elif response.status in (301, 307):
+        where = response.headers.get("Location", "another host")
+        answer = f"was redirected (HTTP {response.status}) to {where}"
+    else:
+        return f"HTTP {response.status}: {text[:300]}"
+    resigns = Counter() if resigns is None else resigns
+    resigns[what] += 1
+    if resigns[what] > MAX_RESIGNS:
+        return f"HTTP {response.status} {code}: the URL {answer} after {MAX_RESIGNS} new ones"
+    raise PresignedUrlExpired(
+        f"the URL of {what} {answer}.",
+        fix="sign again with the bucket's regional endpoint (the state machine does this).",
+    )
 
 
 def retryable(status: int, why: str) -> bool:
@@ -246,6 +259,8 @@ class PartSender:
     attempts: int
     faults: Faults
     sleep: Callable[[float], None] = time.sleep
+    # New URLs asked for per part, for the sender's life (the agent's): see MAX_RESIGNS.
+    resigns: Counter[str] = field(default_factory=Counter)
 
     def send(
         self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]
@@ -308,7 +323,7 @@ class PartSender:
             raise TryAgain(f"{type(error).__name__}: {error}") from error
         if response.status == 200:
             return response.headers["ETag"]
-        why = _status_error(response, what)
+        why = _status_error(response, what, self.resigns)
         log.info("%s: try failed: %s", what, why)
         if retryable(response.status, why) or (
             # The packed copy is stable: bytes the store finds different from their checksum

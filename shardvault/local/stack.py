@@ -243,6 +243,7 @@ class LocalStack:
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
     gate: Gate | None = None  # IAM, as the synthesized template grants it
+    _bind_for: Any = None  # each function's clients, bound to its role by the gate
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # --- start -------------------------------------------------------------------------------
@@ -334,10 +335,10 @@ class LocalStack:
             function_prefix="shardvault-",
         )
         gate = self.gate = load_gate(names, key_aliases={DATA_KEY_ALIAS: self.settings.data_key_id})
-        lambda_support.use_settings(
-            self.settings,
-            bind_for=lambda module: functools.partial(gate.bind, principal=gate.function(module)),
+        self._bind_for = lambda module: functools.partial(
+            gate.bind, principal=gate.function(module)
         )
+        lambda_support.use_settings(self.settings, bind_for=self._bind_for)
         self._server._server.app = gate.wsgi(self._server._server.app)
 
     def _start_moto(self) -> None:
@@ -407,6 +408,14 @@ class LocalStack:
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=NAMES["store_bucket"])
         return f"s3://{NAMES['store_bucket']}/backups", endpoint, credentials
+
+    def presign_store_through(self, endpoint: str | None) -> None:
+        """Tests: the store's presigned URLs (the ones agents receive) name ``endpoint``, a
+        fault proxy in front of MinIO (``shardvault.local.s3_answers``), or the store again
+        (None); the functions' own store calls still go direct. The handlers' clients are
+        built anew, still bound to their roles."""
+        self.settings.store_presign_endpoint = endpoint
+        lambda_support.use_settings(self.settings, bind_for=self._bind_for)
 
     def client_config(self) -> Any:
         """What the CLI's operations need to reach this stack."""

@@ -7,7 +7,7 @@ import io
 from dataclasses import dataclass, field
 
 import pytest
-from shardvault_agent.transfer import Faults, PartSender
+from shardvault_agent.transfer import MAX_RESIGNS, Faults, PartSender
 
 from shardvault.errors import PartUploadFailed, PresignedUrlExpired
 from shardvault.models import PartChecksum
@@ -58,6 +58,26 @@ def test_an_answer_a_new_url_mends_asks_to_sign_again_at_once(answer):
     with pytest.raises(PresignedUrlExpired, match="sign again"):
         send(store)
     assert store.puts == 1  # not tried again with the same URL
+
+
+def test_a_part_refused_again_after_every_new_url_fails_instead_of_signing_forever():
+    """A bucket in another region than the one signed for answers 301 to every new URL:
+    signing again mends nothing, so after MAX_RESIGNS new URLs the part fails by name (the
+    Map's retries, then UploadIncomplete) instead of circling until the execution times out."""
+    sender = PartSender(http=None, attempts=1, faults=Faults(), sleep=lambda _: None)
+    part = PartChecksum(part_number=1, size=1, crc64nvme="AAAAAAAAAAA=")
+    moved = Answer(301, b"<Error><Code>PermanentRedirect</Code></Error>")
+    for _ in range(MAX_RESIGNS):
+        sender.http = ScriptedStore([moved])
+        with pytest.raises(PresignedUrlExpired):
+            sender.send("k", part, "https://url", lambda: io.BytesIO(b"x"))
+    sender.http = ScriptedStore([moved])
+    with pytest.raises(PartUploadFailed, match="PermanentRedirect"):
+        sender.send("k", part, "https://url", lambda: io.BytesIO(b"x"))
+    other = PartChecksum(part_number=2, size=1, crc64nvme="AAAAAAAAAAA=")
+    sender.http = ScriptedStore([moved])
+    with pytest.raises(PresignedUrlExpired):  # another part's count is its own
+        sender.send("k", other, "https://url", lambda: io.BytesIO(b"x"))
 
 
 def test_a_request_timeout_is_tried_again():
