@@ -449,6 +449,18 @@ def recovered_to(shard: dict[str, Any]) -> str:
     return "end of its copy"
 
 
+def objects_cell(record: dict[str, Any]) -> str:
+    """What the backup keeps in the store: its data objects (what a restore downloads), its
+    block maps (in its stored bytes) and its manifest."""
+    data = record.get("objects")
+    if data is None:
+        return ""
+    maps = record.get("blockmap_objects")
+    if maps is None:  # recorded before block maps were counted
+        return f"{data} data objects, with their block maps and the manifest"
+    return f"{data} data + {maps} block maps + 1 manifest = {data + maps + 1} stored"
+
+
 def cut_cell(record: dict[str, Any]) -> str:
     """Where a restore of the backup stops every node: its restore point, and the skew."""
     if record.get("cut_name") is None:
@@ -508,7 +520,7 @@ def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) ->
     rows += [
         ("bytes stored", stored_cell(record)),
         ("of its full's stored bytes", share_of_full(record, root)),
-        ("objects", str(record.get("objects", ""))),
+        ("objects", objects_cell(record)),
         ("parts", str(record.get("parts", ""))),
         ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
         ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
@@ -1092,6 +1104,9 @@ def run_show(args: argparse.Namespace) -> int:
         return emit_json(backup_json(record, chain_root_of(config, record)))
     table = Table(show_header=False, title=f"{args.cluster} / {args.backup_id}")
     table.add_row("type", backup_type(record))
+    if record.get("status") == "COMPLETE":
+        table.add_row("objects", objects_cell(record))
+        table.add_row("cut", cut_cell(record))  # and the commit pause, when one was asked
     share = share_of_full(record, chain_root_of(config, record))
     table.add_row("of its full's stored bytes", share)
     if hold := hold_note(record):

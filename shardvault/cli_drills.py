@@ -58,6 +58,7 @@ def run_drill(args: argparse.Namespace) -> int:
         keep_minutes=args.keep_minutes,
         requested_by="cli",
     )
+    ops.check_drill(config, request.cluster, request.target_cluster)  # refused now, not later
     execution = ops.start_drill(config, request)
     if not args.wait:
         console.print(f"drill started: {execution}")

@@ -22,7 +22,9 @@ same moment. Each backup therefore ends with a *cut*:
   its distributed commits. An application's distributed commit holds the advisory lock
   ``commit_lock`` shared on every node it commits on from before its first ``COMMIT
   PREPARED`` to after its last, taking it with ``pg_try_advisory_lock_shared`` (refused while
-  an exclusive request waits: it lets go of all and retries); each node asks for it exclusively
+  an exclusive request waits: it lets go of all and retries), in the policy's ``cut.database``
+  (advisory locks are per database: the cut takes it there, on a session of its own, whatever
+  database the agent's own session is on); each node asks for it exclusively
   at the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for commits under way), creates
   its restore point as soon as it holds it, and lets go ``PAUSE_HOLD_SECONDS`` after the
   instant: every node lets go at the same instant by its clock, so nodes whose lock came up to
@@ -76,6 +78,9 @@ class CutRequest(Frozen):
     entered: str  # the Stop step's start, ISO 8601 (Step Functions' $$.State.EnteredTime)
     margin_seconds: float = 0.0
     commit_lock: int | None = Field(None, ge=-(2**63), lt=2**63)  # None: no commit pause
+    # Where the application takes the lock (advisory locks are per database): the cut takes
+    # it there, on a session of its own. None: the stop's own session (no pause asked).
+    database: str | None = None
 
     @field_validator("name")
     @classmethod

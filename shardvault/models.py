@@ -480,6 +480,7 @@ class BackupContext(Frozen):
     chain: ChainLink | None = None  # incrementals only
     cut_margin_seconds: float = 0.0  # from the Stop step's start to the cut (shardvault.cut)
     cut_commit_lock: int | None = None  # the policy's cut.commit_lock: None, no commit pause
+    cut_commit_database: str | None = None  # the policy's cut.database: where the lock is taken
 
 
 class ObjectPlan(Frozen):

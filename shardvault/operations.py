@@ -19,8 +19,8 @@ import boto3
 from shardvault.backup.admission import registered_nodes
 from shardvault.causes import readable_cause
 from shardvault.drills import DrillRequest
-from shardvault.errors import InvalidRequest
-from shardvault.models import BackupRequest, NodeRecord, RestoreRequest
+from shardvault.errors import BackupNotFound, InvalidRequest
+from shardvault.models import BackupRequest, BackupStatus, NodeRecord, RestoreRequest
 from shardvault.stack_outputs import stack_variables
 from shardvault.tables import Catalog, NodeRegistry, table
 
@@ -123,6 +123,24 @@ def check_cluster(config: ClientConfig, cluster: str) -> None:
     """Refuses a cluster no agent has registered for (``UnknownCluster``), as the backup's
     Validate step would, before an execution starts: a script learns it from the exit status."""
     registered_nodes(NodeRegistry(table(config.nodes_table)), cluster)
+
+
+def check_drill(config: ClientConfig, cluster: str, target: str | None) -> None:
+    """Refuses, before an execution starts, the drills the catalog alone shows cannot run (as
+    the drill's StartDrill step would, later): a cluster without a complete backup to restore,
+    a target that is itself backed up (a drill removes what it restored there)."""
+    catalog = Catalog(table(config.catalog_table))
+    if catalog.newest_backup(cluster, BackupStatus.COMPLETE) is None:
+        raise BackupNotFound(
+            f"cluster {cluster!r} has no complete backup to drill.",
+            fix="check the cluster name ('shardvault list'), or run a backup first.",
+        )
+    if target is not None and (target == cluster or catalog.backups(target)):
+        raise InvalidRequest(
+            f"a drill of {cluster!r} cannot restore into {target!r}: that cluster is backed "
+            "up, and a drill removes what it restored there.",
+            fix=f"drill into a cluster of drill nodes only (e.g. '{cluster}-drill').",
+        )
 
 
 def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:

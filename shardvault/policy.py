@@ -432,6 +432,26 @@ class Cut(Frozen):
         "a few milliseconds on every node around its restore point, so no such commit lands "
         "on one node's side of the cut and another's. null: no pause, a best-effort cut.",
     )
+    database: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[^\x00]+$",
+        description="PostgreSQL: the database your application takes commit_lock in (required "
+        "with commit_lock). Advisory locks are per database: the cut takes the lock there, on "
+        "a session of its own, whatever database the agents' conninfo names. The agent's role "
+        "needs CONNECT on it.",
+    )
+
+    @model_validator(mode="after")
+    def _database_with_lock(self) -> Cut:
+        if self.commit_lock is not None and self.database is None:
+            raise ValueError(
+                "cut.commit_lock needs cut.database: PostgreSQL advisory locks are per "
+                "database, so the pause holds your commits only in the database your "
+                "application takes the lock in. Fix: add 'database: <that database>' under cut."
+            )
+        return self
 
 
 class Archive(Frozen):

@@ -28,7 +28,7 @@ from shardvault.backup.admission import (
 from shardvault.errors import ShardVaultError, UnknownCluster
 from shardvault.membership import check_members
 from shardvault.models import BackupStatus, Frozen, NodeRecord
-from shardvault.policy import Policy
+from shardvault.policy import ClusterPolicy, Policy
 from shardvault.restore import check_target_nodes
 from shardvault.tables import completion_order
 
@@ -97,19 +97,27 @@ def backup_findings(
     complete = [r for r in records if r.get("status") == BackupStatus.COMPLETE]
     newest = max(complete, key=completion_order, default=None)
     if policy is None or cluster not in policy.clusters:
+        where = (
+            "no policy file was given"
+            if policy is None
+            else f"the policy declares {', '.join(sorted(policy.clusters)) or 'no cluster'}, "
+            f"not {cluster}"
+        )
         out = [
             Finding(
                 check="in the policy",
                 ok=False,
-                detail="the policy file does not declare the cluster (or none was given): "
-                "no schedule, no RPO",
-                fix="pass the deployment's policy with --policy, or declare the cluster in it.",
+                detail=f"{where}: the cluster's backups run only when asked (no schedule, so no "
+                "RPO to check; no vault, retention or commit pause; default upload limits)",
+                fix=f"declare {cluster} under 'clusters:' in the deployment's policy, or pass "
+                "that policy with --policy if it does.",
             )
         ]
     else:
+        out = pause_findings(policy.clusters[cluster])
         rpo = policy.rpo_hours(cluster)
         age = (now - newest["completed_at"]) / 3600 if newest else None
-        out = [
+        out += [
             Finding(
                 check=f"newest complete backup within the RPO ({rpo:g} h)",
                 ok=age is not None and age <= rpo,
@@ -134,6 +142,18 @@ def backup_findings(
             )
         )
     return out
+
+
+def pause_findings(cluster: ClusterPolicy) -> list[Finding]:
+    """Where the cut's commit pause takes its lock (advisory locks are per database: only
+    commits that take it in that database are paused), when the policy asks for one."""
+    if cluster.cut.commit_lock is None:
+        return []
+    detail = (
+        f"lock {cluster.cut.commit_lock} taken in database {cluster.cut.database!r} on every "
+        "PostgreSQL node at each cut; only commits that hold it in that database are paused"
+    )
+    return [Finding(check="commit pause", ok=True, detail=detail)]
 
 
 def attempt(check: str, run: Callable[[], Any]) -> Finding:

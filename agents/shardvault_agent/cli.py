@@ -11,8 +11,10 @@ a table that does not exist, access denied), each as one line with its fix.
 
 The tables come from ``--nodes-table``/``--inbox-table``/``--catalog-table`` or
 ``SHARDVAULT_NODES_TABLE``, ``SHARDVAULT_INBOX_TABLE`` and ``SHARDVAULT_CATALOG_TABLE`` (read
-only at start, for ``reconcile``); AWS endpoints and credentials from the usual AWS variables
-(``AWS_ENDPOINT_URL`` reaches the local stack). No S3 credentials are needed or used.
+only at start, for ``reconcile``), set in the environment or in the file ``init`` wrote
+(``--env-file``, default ``/etc/shardvault/agent.env``: the environment wins); AWS endpoints
+and credentials from the usual AWS variables (``AWS_ENDPOINT_URL`` reaches the local stack).
+No S3 credentials are needed or used.
 """
 
 from __future__ import annotations
@@ -38,7 +40,38 @@ from shardvault_agent.bootstrap import DEFAULT_ENV_FILE, DEFAULT_STACK
 from shardvault_agent.config import check_host, load_config
 
 
+def load_env_file(argv: list[str] | None) -> str | None:
+    """Sets, for ``run`` and ``check``, the variables of the file ``init`` wrote that the
+    environment does not set already (a systemd ``EnvironmentFile`` sets them first). The
+    default file may be absent; one named with ``--env-file`` must be readable. Returns the
+    problem, or None."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("--env-file", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    if known.command not in ("run", "check"):
+        return None
+    path = known.env_file or DEFAULT_ENV_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if known.env_file is None:
+            return None
+        return f"{path} does not exist. Fix: write it with 'shardvault-agent init --out {path}'."
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or "not a text file"
+        return f"{path} cannot be read ({why}). Fix: rewrite it with 'shardvault-agent init'."
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key and not key.startswith("#"):
+            os.environ.setdefault(key.strip(), value.strip())
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    if problem := load_env_file(sys.argv[1:] if argv is None else argv):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="shardvault-agent", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {installed('shardvault-agent')}"
@@ -47,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("run", "check"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--config", type=Path, required=True, help="agent YAML config")
+        cmd.add_argument(
+            "--env-file",
+            type=Path,
+            default=DEFAULT_ENV_FILE,
+            help=f"the file 'init' wrote (default {DEFAULT_ENV_FILE}; the environment wins)",
+        )
         cmd.add_argument(
             "--nodes-table", default=os.environ.get("SHARDVAULT_NODES_TABLE", "shardvault-nodes")
         )

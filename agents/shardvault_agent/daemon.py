@@ -39,6 +39,7 @@ from typing import Any
 
 import boto3
 import urllib3
+from botocore.config import Config
 
 from shardvault.errors import ShardVaultError
 from shardvault.models import NodeRecord, Role, ShardInfo
@@ -63,6 +64,10 @@ FULL_READ_SECONDS = 5.0
 # that thread on the CPU during a 1 % incremental). The size only informs
 # (``list``, ``nodes``, placement's first guess), so a minute late is harmless.
 SIZE_TTL_SECONDS = 60.0
+# While a shard reports a problem (a grant missing, the server down), the idle heartbeat comes
+# this often at most, so the fix shows within it: each heartbeat runs the readiness checks
+# (one query per shard) and writes one registry item.
+UNREADY_HEARTBEAT_SECONDS = 30.0
 TOKEN_RECHECK_WAITS = (0.2, 0.5, 1.0, 2.0)  # before a token nobody knows counts as ended
 # Commands that change the shards a node holds (a restored shard is adopted, an aborted one
 # dropped): the registry is updated at once rather than at the next heartbeat.
@@ -121,6 +126,7 @@ class Agent:
         self.wake = threading.Event()  # ends the main loop's wait (a ring, a lost doorbell, stop)
         self.beat_now = threading.Event()  # asks the heartbeat thread for a heartbeat at once
         self.last_beat = (float("-inf"), 0.0)  # (monotonic time, promised period) of the last one
+        self.unready = False  # a shard's readiness check failed at the last heartbeat
         self.sizes: dict[str, tuple[float, int]] = {}  # shard id -> (monotonic time, bytes)
 
     def make_archiver(
@@ -176,14 +182,22 @@ class Agent:
 
     def beat(self, status: str = "up") -> None:
         """Writes the node's registry item (a heartbeat) and remembers the period it promised."""
+        self.unready = False  # the record's checks run again: no period shortened for them
         record = self.record(status)
         self.registry.put(record)
         self.last_beat = (time.monotonic(), record.heartbeat_every)
 
     def heartbeat_period(self) -> float:
-        """The registry heartbeat period in force: short while busy, long while idle."""
+        """The registry heartbeat period in force: short while busy, long while idle, and at
+        most ``UNREADY_HEARTBEAT_SECONDS`` while a shard reports a problem (so an operator's
+        fix, a grant given, shows in the registry and in ``check`` within that, not at the
+        next idle heartbeat minutes later)."""
         cfg = self.config
-        return cfg.heartbeat_interval_seconds if self.busy() else cfg.idle_heartbeat_seconds
+        if self.busy():
+            return cfg.heartbeat_interval_seconds
+        if self.unready:
+            return min(cfg.idle_heartbeat_seconds, UNREADY_HEARTBEAT_SECONDS)
+        return cfg.idle_heartbeat_seconds
 
     def heartbeat_due(self) -> bool:
         """Due when the period in force or the one promised last has passed: the shorter one,
@@ -199,6 +213,7 @@ class Agent:
         try:
             check(shard)
         except ShardVaultError as error:  # registered with its problem: backups refuse it
+            self.unready = True
             return ShardInfo(
                 shard_id=shard.shard_id,
                 role=shard.role,
@@ -428,6 +443,7 @@ class Agent:
         self.pool.shutdown(wait=True, cancel_futures=False)
         self.commands.mapped.close()
         with contextlib.suppress(Exception):
+            self.registry = NodeRegistry(last_word(self.registry.table.name))
             self.beat(status="stopped")
 
     def open_doorbell(self) -> None:
@@ -503,6 +519,18 @@ class Agent:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+
+
+# The stopping agent's last heartbeat ("stopped") is tried once, briefly: a control plane that
+# is gone (a local stack killed outright; its agents get SIGTERM) would otherwise hold the
+# exit for DynamoDB's ten tries with backoff (25 s measured), and a systemd stop as long.
+LAST_WORD = Config(
+    retries={"mode": "standard", "max_attempts": 1}, connect_timeout=2, read_timeout=5
+)
+
+
+def last_word(table_name: str) -> Any:
+    return boto3.resource("dynamodb", config=LAST_WORD).Table(table_name)
 
 
 def command_key(item: dict[str, Any]) -> tuple[str, str, str]:

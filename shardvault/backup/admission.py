@@ -126,6 +126,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         chain=chain,
         cut_margin_seconds=cut_margin_seconds(len(sources)),
         cut_commit_lock=policy.cut.commit_lock if policy else None,
+        cut_commit_database=policy.cut.database if policy else None,
     )
     svc.catalog.put(
         {
@@ -451,8 +452,9 @@ def check_sources_readable(nodes: list[NodeRecord], sources: list[Source]) -> No
         raise ShardNotReady(
             "the agents report shards their engine cannot back up now: "
             + "; ".join(p for _, p in found),
-            fix="change what each names on its server; the agent's next heartbeat reports "
-            "it, then start the backup again.",
+            fix="change what each names on its server; the agent checks again within 30 s "
+            "(while a shard reports a problem, it heartbeats that often), then start the "
+            "backup again.",
         )
 
 

@@ -189,7 +189,10 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "bytes": manifest.bytes,
         "stored_bytes": manifest.stored_bytes,
         "format": manifest.format,
-        "objects": manifest.objects,
+        "objects": manifest.objects,  # the data's (what a restore downloads)
+        # Beside them in the store: each shard's block map (counted in stored_bytes) and the
+        # manifest. ``shardvault show`` prints all three.
+        "blockmap_objects": sum(1 for s in manifest.shards if s.blockmap),
         "parts": manifest.parts,
         "nodes": sorted({s.node_id for s in manifest.shards}),
         "shards": [s.shard_id for s in manifest.shards],

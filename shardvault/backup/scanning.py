@@ -94,7 +94,8 @@ def stop_args(context: BackupContext) -> dict[str, Any]:
     if context.chain is None or len(context.sources) != 1:
         return {}
     cut = {"name": context.backup_id, "margin_seconds": 0.0}
-    return {"stop": {"cut": cut | {"commit_lock": context.cut_commit_lock}}}
+    lock = {"commit_lock": context.cut_commit_lock, "database": context.cut_commit_database}
+    return {"stop": {"cut": cut | lock}}
 
 
 def parent_maps(

@@ -46,3 +46,16 @@ def test_list_show_and_nodes_print_json(make_cluster, policy_for):
     assert node["cluster"] == cluster.name
     assert node["protocol"] == AGENT_PROTOCOL  # a running agent says what it speaks
     assert [s["shard_id"] for s in node["shards"]] == list(cluster.sources)
+
+
+def test_show_counts_what_the_store_holds(make_cluster):
+    cluster = make_cluster(nodes=1, size_mb=2)  # no vault: the backup stays in the store
+    full_id, incr_id = cluster.full_then_incremental()
+    keys = cluster.store_keys()
+    for backup_id in (full_id, incr_id):
+        done = run_cli(cluster.stack, "show", cluster.name, backup_id)
+        assert done.returncode == 0, done.stderr
+        (objects,) = [line for line in done.stdout.splitlines() if "+ 1 manifest" in line]
+        stored = sum(backup_id in key for key in keys)
+        assert f"= {stored} stored" in objects, (objects, stored)
+        assert "none (each shard restores" in done.stdout  # SQLite: no cut, said so

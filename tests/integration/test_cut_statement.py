@@ -15,13 +15,14 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 from shardvault_agent.config import ShardConfig
-from shardvault_agent.engines.postgres import restore_point
+from shardvault_agent.engines.postgres import cut_session, restore_point
 
 from shardvault.cut import (
     LOCK_TIMEOUT_SECONDS,
     PAUSE_HOLD_SECONDS,
     CutRequest,
 )
+from shardvault.errors import EngineError
 from shardvault.local.postgres import PostgresInstance, init_instance
 
 KEY = 4242
@@ -136,3 +137,64 @@ def test_a_cut_without_a_commit_lock_is_on_disk_when_it_returns(server) -> None:
             flushed = "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn"
             assert conn.execute(flushed, (marker["cut_lsn"],)).fetchone()[0], marker
             time.sleep(0.3)  # the WAL writer has been and gone: the next one must not need it
+
+
+def test_the_pause_takes_its_lock_in_the_database_the_policy_names(server) -> None:
+    """Advisory locks are per database: with the agent's session on ``postgres`` and the
+    application's commits in ``bank``, a lock taken on the agent's session would hold none
+    of them. The cut takes it in ``bank``: a commit holding it there is waited for, then
+    gone around (best-effort), while one holding it in ``postgres`` pauses nothing."""
+    server.psql("CREATE DATABASE bank")
+    shard_config = ShardConfig(
+        shard_id="s1", data_dir=server.data_dir, conninfo=server.conninfo_for("postgres")
+    )
+    in_bank = CutRequest(
+        name="cut-bank",
+        entered=datetime.fromtimestamp(time.time() + 0.3, UTC).isoformat(),
+        margin_seconds=0,
+        commit_lock=KEY,
+        database="bank",
+    )
+    with (
+        psycopg.connect(server.conninfo_for("bank"), autocommit=True) as commit,
+        connect(server) as conn,
+    ):
+        commit.execute("SELECT pg_advisory_lock_shared(%s)", (KEY,))  # the app's, in bank
+        with cut_session(conn, shard_config, in_bank) as session:
+            assert session.execute("SELECT current_database()").fetchone()[0] == "bank"
+            marker = restore_point(session, shard_config, in_bank)
+        _, locked, _ = pause_of(marker)
+        assert locked == 0  # the application's commit held it: seen, not passed over
+        commit.execute("SELECT pg_advisory_unlock_shared(%s)", (KEY,))
+
+        # The same commit in the agent's database is another lock: the cut in bank takes its
+        # own at once (it would have paused nothing had it been taken there).
+        conn.execute("SELECT pg_advisory_lock_shared(%s)", (KEY,))
+        again = in_bank.model_copy(
+            update={"entered": datetime.fromtimestamp(time.time() + 0.3, UTC).isoformat()}
+        )
+        with cut_session(conn, shard_config, again) as session:
+            _, locked, _ = pause_of(restore_point(session, shard_config, again))
+        assert locked > 0
+        conn.execute("SELECT pg_advisory_unlock_shared(%s)", (KEY,))
+    # The cut's own session to bank is gone (no session of the agent's left behind).
+    sessions = server.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = 'bank' "
+        "AND application_name = 'shardvault-agent'"
+    )
+    assert sessions == "0"
+
+
+def test_a_database_the_agent_cannot_reach_fails_the_cut_by_name(server) -> None:
+    shard_config = ShardConfig(
+        shard_id="s1", data_dir=server.data_dir, conninfo=server.conninfo_for("postgres")
+    )
+    cut = cut_in(0.1, "cut-nowhere").model_copy(update={"database": "nosuchdb"})
+    with (
+        connect(server) as conn,
+        pytest.raises(EngineError) as refused,
+        cut_session(conn, shard_config, cut),
+    ):
+        pass
+    assert "nosuchdb" in refused.value.message
+    assert "CONNECT" in refused.value.fix

@@ -31,7 +31,7 @@ from shardvault.pgwal import lsn_number
 from shardvault.readback import load_manifest
 from shardvault.verify import VerifyRequest, verify
 
-from .conftest import Cluster, client_of, entered_states, output, running_pg_cluster
+from .conftest import Cluster, client_of, entered_states, output, run_cli, running_pg_cluster
 
 SCALE = 5
 # Each server's write load, in transactions a second: writes go on through every backup, while
@@ -365,6 +365,7 @@ class Marks:
 
 
 COMMIT_LOCK = 4242
+APP_DATABASE = "bank"  # the application's database; the agents connect to postgres
 
 
 class DistributedCommits:
@@ -372,16 +373,23 @@ class DistributedCommits:
     does under the cut's commit pause (README: *The cut*): the commit lock taken shared on
     every server (``pg_try_advisory_lock_shared``: on a refusal, let go of all and retry, never
     hold one while waiting on another), the round's row committed on each in turn, the locks
-    let go. A cut that pauses these commits restores every server with the same rounds."""
+    let go. A cut that pauses these commits restores every server with the same rounds.
+
+    They run in database ``APP_DATABASE``, not the agents' (their conninfo names
+    ``postgres``): advisory locks are per database, and the policy's ``cut.database`` is
+    what makes the pause hold them."""
 
     def __init__(self, servers: list[PostgresInstance]) -> None:
         for server in servers:
-            server.psql("CREATE TABLE rounds (n int PRIMARY KEY)")
+            server.psql(f"CREATE DATABASE {APP_DATABASE}")
+            server.psql("CREATE TABLE rounds (n int PRIMARY KEY)", dbname=APP_DATABASE)
         self.servers, self.stopping, self.done = servers, threading.Event(), 0
         self.thread = threading.Thread(target=self._commit)
 
     def _commit(self) -> None:
-        conns = [psycopg.connect(s.conninfo, autocommit=True) for s in self.servers]
+        conns = [
+            psycopg.connect(s.conninfo, dbname=APP_DATABASE, autocommit=True) for s in self.servers
+        ]
         try:
             while not self.stopping.is_set():
                 held = []
@@ -438,7 +446,11 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
     The policy's commit lock pauses the distributed commits around the cut: every node comes
     back with the same rounds of them."""
     cluster, servers = pg_cluster
-    policy_for(cluster.name, engine="postgres", cut=f"{{commit_lock: {COMMIT_LOCK}}}")
+    policy_for(
+        cluster.name,
+        engine="postgres",
+        cut=f"{{commit_lock: {COMMIT_LOCK}, database: {APP_DATABASE}}}",
+    )
     with Marks(servers), DistributedCommits(servers) as commits:
         time.sleep(0.5)
         record = paused_backup(cluster)
@@ -446,6 +458,8 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
     assert commits.done > 100  # the commits went on through the backup
     assert record["cut_name"] == record["backup_id"]
     assert 0 < record["cut_pause_seconds"] < 0.1, record
+    shown = run_cli(cluster.stack, "show", cluster.name, record["backup_id"])
+    assert "commits paused at most" in shown.stdout, shown.stdout
     svc = cluster.stack.services()
     assert record["location"] == "vault"  # the policy's vault
     manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
@@ -483,7 +497,9 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
     spread = max(newest.values()) - min(newest.values())
     assert spread <= record["cut_skew_seconds"] + 0.2, (newest, record["cut_skew_seconds"])
     rounds = {
-        shard["shard_id"]: restored_instance(shard).psql("SELECT count(*), max(n) FROM rounds")
+        shard["shard_id"]: restored_instance(shard).psql(
+            "SELECT count(*), max(n) FROM rounds", dbname=APP_DATABASE
+        )
         for shard in output(restored)["shards"]
     }
     assert len(set(rounds.values())) == 1, rounds  # no round on one side of the cut only

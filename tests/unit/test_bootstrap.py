@@ -3,10 +3,13 @@ that lacks them, and says in one line when the stack cannot be read."""
 
 from __future__ import annotations
 
+import os
+
 import boto3
 import pytest
 from botocore.stub import Stubber
 from shardvault_agent import bootstrap
+from shardvault_agent.bootstrap import write_env_file
 from shardvault_agent.cli import main
 
 from shardvault.errors import InvalidRequest
@@ -70,3 +73,28 @@ def test_a_missing_stack_is_one_line_with_its_fix(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: no stack 'Nope' in this region. Fix: ")
     assert not (tmp_path / "agent.env").exists()
+
+
+def test_run_and_check_read_the_file_init_wrote_and_the_environment_wins(
+    tmp_path, monkeypatch
+) -> None:
+    from shardvault_agent.cli import load_env_file
+
+    written = tmp_path / "agent.env"
+    write_env_file(written, {"SHARDVAULT_NODES_TABLE": "nodes-x", "SHARDVAULT_INBOX_TABLE": "in-x"})
+    monkeypatch.delenv("SHARDVAULT_NODES_TABLE", raising=False)
+    monkeypatch.setenv("SHARDVAULT_INBOX_TABLE", "set-by-hand")
+
+    assert load_env_file(["run", "--config", "a.yaml", "--env-file", str(written)]) is None
+    assert os.environ["SHARDVAULT_NODES_TABLE"] == "nodes-x"
+    assert os.environ["SHARDVAULT_INBOX_TABLE"] == "set-by-hand"
+
+
+def test_an_env_file_named_but_unreadable_is_refused_with_its_fix(tmp_path, capsys) -> None:
+    missing = tmp_path / "nope.env"
+    assert main(["check", "--config", "a.yaml", "--env-file", str(missing)]) == 2
+    assert "shardvault-agent init --out" in capsys.readouterr().err
+    binary = tmp_path / "binary.env"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert main(["run", "--config", "a.yaml", "--env-file", str(binary)]) == 2
+    assert "cannot be read" in capsys.readouterr().err

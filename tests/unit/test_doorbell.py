@@ -434,3 +434,21 @@ def test_doorbell_names_follow_sqs_rules() -> None:
     assert doorbell_name("db1.example") is None  # '.' is no SQS name character
     assert doorbell_name("n" * 60) is not None
     assert doorbell_name("n" * 61) is None  # 81 characters
+
+
+def test_an_idle_agent_with_a_shard_not_ready_heartbeats_within_30_s() -> None:
+    """A grant the operator gives shows in the registry (and in ``check``) within 30 s, not
+    at the idle heartbeat 300 s later: each heartbeat runs the readiness checks again."""
+    from types import SimpleNamespace
+
+    from shardvault_agent.daemon import UNREADY_HEARTBEAT_SECONDS, Agent
+
+    config = SimpleNamespace(heartbeat_interval_seconds=5.0, idle_heartbeat_seconds=300.0)
+
+    def period(*, busy: bool, unready: bool) -> float:
+        agent = SimpleNamespace(config=config, busy=lambda: busy, unready=unready)
+        return Agent.heartbeat_period(agent)  # type: ignore[arg-type]
+
+    assert period(busy=False, unready=False) == 300.0
+    assert period(busy=False, unready=True) == UNREADY_HEARTBEAT_SECONDS == 30.0
+    assert period(busy=True, unready=True) == 5.0

@@ -3,13 +3,14 @@ newest complete backup against the RPO and its last verification."""
 
 from __future__ import annotations
 
+import pytest
+
 from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
-from shardvault.policy import parse_policy
+from shardvault.policy import PolicyError, parse_policy
 from shardvault.readiness import drill_findings, findings
 
 NOW = 1_800_000_000.0
-POLICY = parse_policy(
-    """
+POLICY_TEXT = """
 clusters:
   a:
     engine: sqlite
@@ -17,7 +18,7 @@ clusters:
     vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}
     retention: {keep_daily: 1}
 """
-)
+POLICY = parse_policy(POLICY_TEXT)
 
 
 def node(node_id: str, *shards: tuple[str, str], heartbeat_at: float = NOW) -> NodeRecord:
@@ -90,7 +91,11 @@ def test_no_agent_or_no_policy_is_said() -> None:
     assert not only.ok
     assert "UnknownCluster" in only.detail
     problems = failed(findings("a", [node("n1", ("s1", "leader"))], [], None, NOW, 30))
-    assert "does not declare the cluster" in problems["in the policy"]
+    assert problems["in the policy"].startswith("no policy file was given")
+    assert "run only when asked" in problems["in the policy"]
+    other = parse_policy(POLICY_TEXT.replace("\n  a:\n", "\n  b:\n"))
+    problems = failed(findings("a", [node("n1", ("s1", "leader"))], [], other, NOW, 30))
+    assert problems["in the policy"].startswith("the policy declares b, not a")
 
 
 DRILLED = parse_policy(
@@ -149,3 +154,17 @@ def test_drill_nodes_down_or_without_restore_dir_and_bad_or_stale_drills_fail() 
     assert "337.0 h ago" in fails([drill(337)], [drill_node("d1")])["newest drill"]
     # A drill running now is not the newest verdict: the one before it is.
     assert fails([drill(1), drill(0, "running")], [drill_node("d1")]) == {}
+
+
+def test_check_says_in_which_database_the_pause_takes_its_lock() -> None:
+    paused = parse_policy(POLICY_TEXT + "    cut: {commit_lock: 4242, database: bank}\n")
+    found = {f.check: f for f in findings("a", [node("n1", ("s1", "leader"))], [], paused, NOW, 30)}
+    assert found["commit pause"].ok
+    assert "lock 4242 taken in database 'bank'" in found["commit pause"].detail
+
+
+def test_a_commit_lock_without_its_database_is_refused_with_the_fix() -> None:
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(POLICY_TEXT + "    cut: {commit_lock: 4242}\n")
+    assert "cut.database" in str(refused.value)
+    assert "per database" in str(refused.value)

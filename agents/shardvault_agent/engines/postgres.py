@@ -246,7 +246,8 @@ class PostgresAdapter:
         if problems:
             raise EngineError(
                 f"PostgreSQL shard {shard.shard_id} cannot be backed up: " + "; ".join(problems),
-                fix="change what is named on the server; the agent's next heartbeat reports it.",
+                fix="change what is named on the server; the agent checks again within 30 s (its "
+                "heartbeat, while a shard reports a problem).",
             )
 
     def _connect(self, shard: ShardConfig) -> psycopg.Connection:
@@ -357,7 +358,8 @@ class PostgresAdapter:
         marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
         end = str(lsn)
         if cut is not None:
-            marker |= restore_point(conn, shard, cut)
+            with cut_session(conn, shard, cut) as session:
+                marker |= restore_point(session, shard, cut)
             end = marker["cut_lsn"]
         last_wal, last_bytes = self._wait_flushed(conn, end)
         tail = work_dir / "tail" / shard.shard_id
@@ -611,6 +613,41 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
         "cut_late_seconds": f"{max(0.0, float(created) - cut.at):.6f}",
         **({"cut_pause": pause} if pause is not None else {}),
     }
+
+
+@contextlib.contextmanager
+def cut_session(
+    conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest
+) -> Iterator[psycopg.Connection]:
+    """The session the cut runs on: the stop's own, or, when the pause's lock lives in
+    another database (``cut.database``: advisory locks are per database, and a lock taken in
+    the agent's own database would hold no commit of the application's), a session of its
+    own on that database of the same server. The restore point is the server's, whichever
+    database creates it."""
+    if cut.commit_lock is None or cut.database is None:
+        yield conn
+        return
+    if conn.execute("SELECT current_database()").fetchone()[0] == cut.database:
+        yield conn
+        return
+    try:  # the name goes as a connection parameter, never into SQL
+        other = psycopg.connect(
+            shard.conninfo,
+            dbname=cut.database,
+            autocommit=True,
+            application_name="shardvault-agent",
+        )
+    except psycopg.Error as error:
+        raise EngineError(
+            f"shard {shard.shard_id}: cannot connect to database {cut.database!r}, where the "
+            f"commit pause takes its lock: {error}".strip(),
+            fix=f"GRANT CONNECT ON DATABASE {cut.database} to the agent's role, or correct the "
+            "policy's cut.database (the database your application takes cut.commit_lock in).",
+        ) from None
+    try:
+        yield other
+    finally:
+        other.close()
 
 
 def unpaused_cut(conn: psycopg.Connection, cut: CutRequest) -> tuple[str, float]:
