@@ -26,10 +26,12 @@ missing object in ``check_uploads`` where the map tolerates failures).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardvault.errors import ShardVaultError, SourceLogFull
-from shardvault.services import Services
+
+if TYPE_CHECKING:  # a type only: importing services here closed a cycle through policy
+    from shardvault.services import Services
 
 TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
 MAP_RUN_FAILURES = frozenset({"States.ExceedToleratedFailureThreshold"})
