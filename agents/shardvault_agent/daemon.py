@@ -52,7 +52,7 @@ from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
 from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile_safely
-from shardvault_agent.transfer import Faults, PartSender
+from shardvault_agent.transfer import PartSender
 
 log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000
@@ -99,7 +99,6 @@ class Agent:
                 maxsize=max(config.upload_parallelism * config.max_parallel_commands, 4)
             ),
             attempts=config.part_attempts,
-            faults=Faults.from_env(),
         )
         self.commands = Commands(
             config, self.engine, RateLimiter(config.rate_limit_bytes_per_second), sender

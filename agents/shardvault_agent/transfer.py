@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -54,59 +53,6 @@ from shardvault_agent.retry import RETRYABLE_STATUS, TryAgain, retrying
 log = logging.getLogger("shardvault.agent.transfer")
 CHECKSUM_ERRORS = ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
 TIMEOUT = urllib3.Timeout(connect=10, read=300)
-
-
-class InjectedFault(ConnectionError):
-    """A failure the test harness asked for (``SHARDVAULT_AGENT_FAULTS``)."""
-
-
-@dataclass
-class Faults:
-    """Test-only fault injection: fail the first ``part_failures`` tries of every part (of the
-    objects whose key holds ``failing_keys``, if set); wait ``first_try_delay`` seconds before
-    the first try of every part (URLs expire); flip a bit of the body the first try of every
-    part sends (``corrupt_part``: damage on the way); put answers that differ from their
-    receipts (``corrupt_answer``: an answer replaced in the work bucket)."""
-
-    part_failures: int = 0
-    failing_keys: str = ""
-    first_try_delay: float = 0.0
-    corrupt_part: bool = False
-    corrupt_answer: bool = False
-    _seen: dict[tuple[str, int], int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @classmethod
-    def from_env(cls) -> Faults:
-        spec = dict(
-            item.split("=", 1)
-            for item in os.environ.get("SHARDVAULT_AGENT_FAULTS", "").split(",")
-            if "=" in item
-        )
-        return cls(
-            part_failures=int(spec.get("upload_part", 0)),
-            failing_keys=spec.get("upload_part_of", ""),
-            first_try_delay=float(spec.get("first_try_delay", 0)),
-            corrupt_part=spec.get("corrupt_part") == "1",
-            corrupt_answer=spec.get("corrupt_answer") == "1",
-        )
-
-    def before_part(self, key: str, part_number: int) -> bool:
-        """Raises or waits as asked; True when this try's body is to be damaged."""
-        with self._lock:
-            seen = self._seen.get((key, part_number), 0)
-            self._seen[(key, part_number)] = seen + 1
-        if seen == 0 and self.first_try_delay:
-            time.sleep(self.first_try_delay)
-        if seen < self.part_failures and self.failing_keys in key:
-            raise InjectedFault(f"injected failure {seen + 1} of part {part_number} of {key}")
-        return seen == 0 and self.corrupt_part
-
-    @staticmethod
-    def damaged(stream: BinaryIO) -> BinaryIO:
-        data = bytearray(stream.read())
-        data[len(data) // 2] ^= 0x01
-        return io.BytesIO(bytes(data))
 
 
 class StreamReader(io.RawIOBase):
@@ -257,7 +203,6 @@ class PartSender:
 
     http: urllib3.PoolManager
     attempts: int
-    faults: Faults
     sleep: Callable[[float], None] = time.sleep
     # New URLs asked for per part, for the sender's life (the agent's): see MAX_RESIGNS.
     resigns: Counter[str] = field(default_factory=Counter)
@@ -265,25 +210,15 @@ class PartSender:
     def send(
         self, key: str, part: PartChecksum, url: str, body: Callable[[], BinaryIO]
     ) -> UploadedPart:
-        def opened() -> BinaryIO:
-            if not self.faults.before_part(key, part.part_number):
-                return body()
-            with body() as intact:
-                return self.faults.damaged(intact)
-
         headers = {"Content-Length": str(part.size), CHECKSUM_HEADER: part.crc64nvme}
-        etag = self._put(url, headers, opened, f"part {part.part_number} of {key}")
+        etag = self._put(url, headers, body, f"part {part.part_number} of {key}")
         return UploadedPart(part_number=part.part_number, etag=etag, crc64nvme=part.crc64nvme)
 
     def send_answer(self, url: str, body: bytes, what: str) -> None:
         """Puts a command's answer (``shardvault.dispatch``: answers by URL). The URL binds no
         checksum; the control plane checks the object against the one the task answer sends."""
 
-        def opened() -> BinaryIO:
-            intact = io.BytesIO(body)
-            return self.faults.damaged(intact) if self.faults.corrupt_answer else intact
-
-        self._put(url, {"Content-Length": str(len(body))}, opened, what)
+        self._put(url, {"Content-Length": str(len(body))}, lambda: io.BytesIO(body), what)
 
     def send_probe(self, url: str, body: bytes, crc64nvme: str) -> None:
         """Puts ``shardvault check``'s probe through a URL bound to its checksum, as a part's."""

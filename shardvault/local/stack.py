@@ -39,7 +39,7 @@ import time
 import urllib.request
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +52,7 @@ from shardvault import lambda_support
 from shardvault.backup import REAPED_STATUSES
 from shardvault.errors import InvalidRequest
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
+from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
 from shardvault.local.iam.gate import Gate, load_gate
 from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.lambda_bridge import LambdaBridge
@@ -243,7 +244,8 @@ class LocalStack:
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
     gate: Gate | None = None  # IAM, as the synthesized template grants it
-    _bind_for: Any = None  # each function's clients, bound to its role by the gate
+    # Each function's clients, bound to its role by the gate (``lambda_support.use_settings``).
+    _bind_for: Callable[[str], Callable[[Any], Any]] | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # --- start -------------------------------------------------------------------------------
@@ -533,9 +535,15 @@ class LocalStack:
         log = open(self.root / "agents" / f"{node_id}.log", "ab")  # noqa: SIM115
         # The node's own access key: moto's server authorizes its calls as its role's.
         role = {"AWS_ACCESS_KEY_ID": self.gate.agent_key(node_id, config["cluster"])}
+        env = self.agent_env(role | (extra_env or {}))
+        # An agent the tests inject faults into runs under the harness that wraps its uploads
+        # (shardvault/local/agent_faults.py); the agent's own code holds no fault hook.
+        runner = (
+            "shardvault.local.agent_faults" if FAULTS_VARIABLE in env else "shardvault_agent.cli"
+        )
         process = subprocess.Popen(
-            [sys.executable, "-m", "shardvault_agent.cli", "run", "--config", str(path)],
-            env=self.agent_env(role | (extra_env or {})),
+            [sys.executable, "-m", runner, "run", "--config", str(path)],
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec

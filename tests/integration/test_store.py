@@ -75,7 +75,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     from shardvault_agent.engines.base import Capture
     from shardvault_agent.engines.sqlite import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
-    from shardvault_agent.transfer import Faults, PartSender
+    from shardvault_agent.transfer import PartSender
 
     from shardvault.materialize import materialize
     from shardvault.models import (
@@ -98,7 +98,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
         node_id="n1", cluster="live", engine="sqlite",
         shards=[ShardConfig(shard_id="s1", path=db)], state_dir=tmp_path / "state",
     )  # fmt: skip
-    sender = PartSender(http=urllib3.PoolManager(), attempts=3, faults=Faults())
+    sender = PartSender(http=urllib3.PoolManager(), attempts=3)
     agent = Commands(config, SqliteAdapter(config), RateLimiter(None), sender)
     files = [FileEntry(path="relation", size=live.stat().st_size)]
     capture = Capture(root=live.parent, files=files, mutable=True)

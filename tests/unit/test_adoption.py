@@ -12,7 +12,6 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import adapter_class
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.transfer import Faults
 
 from shardvault.models import Engine
 
@@ -30,7 +29,7 @@ def target(tmp_path: Path, shards: list[ShardConfig] | None = None) -> Commands:
         config,
         SqliteAdapter(config),
         RateLimiter(None),
-        SimpleNamespace(faults=Faults(), http=None),
+        SimpleNamespace(http=None),
     )
 
 

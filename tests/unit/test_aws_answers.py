@@ -7,7 +7,7 @@ import io
 from dataclasses import dataclass, field
 
 import pytest
-from shardvault_agent.transfer import MAX_RESIGNS, Faults, PartSender
+from shardvault_agent.transfer import MAX_RESIGNS, PartSender
 
 from shardvault.errors import PartUploadFailed, PresignedUrlExpired
 from shardvault.models import PartChecksum
@@ -39,7 +39,7 @@ class ScriptedStore:
 
 
 def send(store: ScriptedStore) -> str:
-    sender = PartSender(http=store, attempts=3, faults=Faults(), sleep=lambda _: None)
+    sender = PartSender(http=store, attempts=3, sleep=lambda _: None)
     part = PartChecksum(part_number=1, size=1, crc64nvme="AAAAAAAAAAA=")
     return sender.send("k", part, "https://url", lambda: io.BytesIO(b"x")).etag
 
@@ -64,7 +64,7 @@ def test_a_part_refused_again_after_every_new_url_fails_instead_of_signing_forev
     """A bucket in another region than the one signed for answers 301 to every new URL:
     signing again mends nothing, so after MAX_RESIGNS new URLs the part fails by name (the
     Map's retries, then UploadIncomplete) instead of circling until the execution times out."""
-    sender = PartSender(http=None, attempts=1, faults=Faults(), sleep=lambda _: None)
+    sender = PartSender(http=None, attempts=1, sleep=lambda _: None)
     part = PartChecksum(part_number=1, size=1, crc64nvme="AAAAAAAAAAA=")
     moved = Answer(301, b"<Error><Code>PermanentRedirect</Code></Error>")
     for _ in range(MAX_RESIGNS):

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.transfer import Faults
 
 from .support import sqlite_agent
 
@@ -30,7 +29,7 @@ def recording_commands(tmp_path: Path) -> tuple[Commands, list[str]]:
         return checkpoint(shard, backup_id, work_dir, **options)
 
     engine.flush, engine.checkpoint = recorded_flush, recorded_checkpoint
-    no_faults = SimpleNamespace(faults=Faults())
+    no_faults = SimpleNamespace()
     return Commands(config, engine, RateLimiter(None), sender=no_faults), calls
 
 

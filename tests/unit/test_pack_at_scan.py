@@ -17,7 +17,6 @@ from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
-from shardvault_agent.transfer import Faults
 
 from shardvault.backup.planner import (
     PhasePlan,
@@ -51,7 +50,7 @@ def incremental_agent(tmp_path: Path) -> tuple[Commands, Path]:
         config,
         SqliteAdapter(config),
         RateLimiter(None),
-        sender=SimpleNamespace(faults=Faults()),
+        sender=SimpleNamespace(),
     )
     cmds.do_checkpoint({"backup_id": "parent", "shard_ids": ["s1"]})
     capture = cmds.load_capture("parent", "s1", Phase.DATA)

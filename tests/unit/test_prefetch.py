@@ -74,7 +74,6 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     from shardvault_agent.commands import Commands
     from shardvault_agent.engines.sqlite import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
-    from shardvault_agent.transfer import Faults
 
     from shardvault.errors import TargetTooSmall
     from shardvault.models import DownloadItem
@@ -88,7 +87,7 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
         config,
         SqliteAdapter(config),
         RateLimiter(None),
-        SimpleNamespace(faults=Faults(), http=None),
+        SimpleNamespace(http=None),
     )
     restorer = commands.restorer
     restorer.downloader = downloader  # type: ignore[assignment]

@@ -12,7 +12,6 @@ from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile, reconcile_safely
-from shardvault_agent.transfer import Faults
 
 from shardvault.tables import Catalog
 
@@ -25,7 +24,7 @@ def agent(tmp_path: Path) -> Commands:
         config.model_dump() | {"restore_dir": tmp_path / "restored"}
     )
     engine = SqliteAdapter(config)
-    return Commands(config, engine, RateLimiter(None), SimpleNamespace(faults=Faults(), http=None))
+    return Commands(config, engine, RateLimiter(None), SimpleNamespace(http=None))
 
 
 def checkpoint(commands: Commands, backup_id: str) -> None:

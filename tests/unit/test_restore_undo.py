@@ -18,7 +18,6 @@ from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.transfer import Faults
 
 from shardvault.errors import RestoreValidationFailed
 
@@ -59,9 +58,7 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path, e
     abort skipped the shard and then deleted the set-aside copy with the staging."""
     config = restore_target(tmp_path)
     engine = RecordingEngine(config)
-    commands = Commands(
-        config, engine, RateLimiter(None), SimpleNamespace(faults=Faults(), http=None)
-    )
+    commands = Commands(config, engine, RateLimiter(None), SimpleNamespace(http=None))
     restorer = commands.restorer
     final = restorer.final("s1")
     final.mkdir(parents=True)
@@ -105,7 +102,7 @@ def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
         config,
         SqliteAdapter(config),
         RateLimiter(None),
-        SimpleNamespace(faults=Faults(), http=None),
+        SimpleNamespace(http=None),
     )
     restorer = commands.restorer
     restorer.restores_dir.mkdir(parents=True, exist_ok=True)

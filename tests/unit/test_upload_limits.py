@@ -13,7 +13,6 @@ from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.throttle import AdaptiveLimiter
-from shardvault_agent.transfer import Faults
 
 from shardvault.backup import upload_limits
 from shardvault.models import ObjectPlan, Phase, UploadLimits
@@ -57,7 +56,7 @@ def test_the_policys_upload_settings_become_the_backups_limits() -> None:
 def commands(tmp_path: Path, **agent: object) -> Commands:
     config = sqlite_agent(tmp_path, rows=3000, **agent)
     limiter = RateLimiter(config.rate_limit_bytes_per_second)
-    no_faults = SimpleNamespace(faults=Faults())  # checksum needs no sender but its faults
+    no_faults = SimpleNamespace()  # checksum needs no sender but its faults
     return Commands(config, SqliteAdapter(config), limiter, sender=no_faults)
 
 
