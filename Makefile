@@ -13,6 +13,7 @@ demo: setup
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 unit:
 	$(BIN)/python -m pytest tests/unit -q
