@@ -60,10 +60,7 @@ class Services:
     def store(self) -> StoreLocation:
         settings = self.settings
         return StoreLocation.parse(
-            settings.store_url,
-            settings.store_endpoint,
-            settings.store_credentials,
-            settings.store_presign_endpoint,
+            settings.store_url, settings.store_endpoint, settings.store_credentials
         )
 
     @cached_property

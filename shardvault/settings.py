@@ -24,11 +24,6 @@ class Settings(BaseModel):
     store_endpoint: str | None = Field(
         None, description="S3 endpoint of the store (MinIO); none on AWS."
     )
-    store_presign_endpoint: str | None = Field(
-        None,
-        description="Local stack tests only: the endpoint the store's presigned URLs name (a "
-        "fault proxy in front of MinIO); none: the store's own endpoint.",
-    )
     store_access_key_id: str | None = Field(
         None, description="Store key (local stack only; on AWS the function's role is used)."
     )

@@ -8,10 +8,9 @@ sees the data, only checksums.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import SplitResult, urlparse, urlsplit, urlunsplit
+from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
@@ -32,15 +31,10 @@ class StoreLocation:
     prefix: str
     endpoint: str | None = None
     credentials: tuple[str, str] | None = field(default=None, repr=False)
-    presign_endpoint: str | None = None  # local stack tests only: see ``s3_client``
 
     @classmethod
     def parse(
-        cls,
-        url: str,
-        endpoint: str | None = None,
-        credentials: tuple[str, str] | None = None,
-        presign_endpoint: str | None = None,
+        cls, url: str, endpoint: str | None = None, credentials: tuple[str, str] | None = None
     ) -> StoreLocation:
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
@@ -48,25 +42,17 @@ class StoreLocation:
                 f"store URL {url!r} is not of the form s3://bucket/prefix.",
                 fix="set the store to s3://<bucket>/<optional prefix>.",
             )
-        return cls(
-            parsed.netloc, parsed.path.strip("/"), endpoint or None, credentials, presign_endpoint
-        )
+        return cls(parsed.netloc, parsed.path.strip("/"), endpoint or None, credentials)
 
     def client(self, **config: Any) -> Any:
-        return s3_client(self.endpoint, self.credentials, self.presign_endpoint, **config)
+        return s3_client(self.endpoint, self.credentials, **config)
 
 
 def s3_client(
-    endpoint: str | None = None,
-    credentials: tuple[str, str] | None = None,
-    presign_endpoint: str | None = None,
-    **config: Any,
+    endpoint: str | None = None, credentials: tuple[str, str] | None = None, **config: Any
 ) -> Any:
     """An S3 client; path-style addressing for custom endpoints (MinIO has no DNS buckets).
-    Without ``credentials`` it uses the default chain (a Lambda's role on AWS). With
-    ``presign_endpoint`` (local stack tests: a fault proxy in front of MinIO,
-    ``shardvault.local.s3_answers``) the URLs it presigns name that host; its own calls
-    still go to ``endpoint``."""
+    Without ``credentials`` it uses the default chain (a Lambda's role on AWS)."""
     options: dict[str, Any] = {"signature_version": "s3v4", **config}
     if endpoint:
         options["s3"] = {"addressing_style": "path"}
@@ -79,21 +65,7 @@ def s3_client(
     keys = {}
     if credentials:
         keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}
-    client = boto3.client("s3", endpoint_url=endpoint, config=Config(**options), **keys)
-    if presign_endpoint:
-        client.meta.events.register_last(
-            "before-sign.s3", functools.partial(_presign_to, urlsplit(presign_endpoint))
-        )
-    return client
-
-
-def _presign_to(endpoint: SplitResult, request: Any, **_: Any) -> None:
-    """Points a URL being presigned at ``endpoint`` before it is signed: the signature covers
-    the host, and a proxy that passes the Host header through unchanged then reaches a store
-    that verifies it (MinIO checks it against the Host it receives)."""
-    if request.context.get("is_presign_request"):
-        url = urlsplit(request.url)
-        request.url = urlunsplit(url._replace(scheme=endpoint.scheme, netloc=endpoint.netloc))
+    return boto3.client("s3", endpoint_url=endpoint, config=Config(**options), **keys)
 
 
 def is_missing(error: ClientError) -> bool:

@@ -22,13 +22,15 @@ MinIO never answers as AWS S3 does in a few cases an agent must survive; this pr
 
 from __future__ import annotations
 
+import functools
 import http.client
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
 from xml.sax.saxutils import escape
 
 CHUNK = 1024 * 1024  # bodies are relayed in pieces this large: parts are MiBs
@@ -263,3 +265,23 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _has_body(self, response: http.client.HTTPResponse) -> bool:
         return self.command != "HEAD" and response.status not in NO_BODY_STATUSES
+
+
+def presign_through(endpoint: str) -> Callable[[Any], Any]:
+    """A client binding (``Services.bind``) that points the URLs an S3 client presigns at
+    ``endpoint`` (the proxy) before they are signed; its own calls still go where they went."""
+    place = urlsplit(endpoint)
+
+    def bind(client: Any) -> Any:
+        client.meta.events.register_last("before-sign.s3", functools.partial(_presign_to, place))
+        return client
+
+    return bind
+
+
+def _presign_to(endpoint: SplitResult, request: Any, **_: Any) -> None:
+    """The signature covers the host: a URL signed for the proxy's, which passes the Host
+    header through unchanged, verifies at a store that checks it against the Host it gets."""
+    if request.context.get("is_presign_request"):
+        url = urlsplit(request.url)
+        request.url = urlunsplit(url._replace(scheme=endpoint.scheme, netloc=endpoint.netloc))

@@ -58,6 +58,7 @@ from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
+from shardvault.local.s3_answers import presign_through
 from shardvault.operations import STACK_OUTPUTS
 from shardvault.services import Services
 from shardvault.settings import Settings
@@ -244,8 +245,7 @@ class LocalStack:
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
     gate: Gate | None = None  # IAM, as the synthesized template grants it
-    # Each function's clients, bound to its role by the gate (``lambda_support.use_settings``).
-    _bind_for: Callable[[str], Callable[[Any], Any]] | None = None
+    _presign_endpoint: str | None = None  # the S3 answers' proxy, while a test uses it
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # --- start -------------------------------------------------------------------------------
@@ -336,12 +336,24 @@ class LocalStack:
             data_key_arn=key_arn + self.settings.data_key_id,
             function_prefix="shardvault-",
         )
-        gate = self.gate = load_gate(names, key_aliases={DATA_KEY_ALIAS: self.settings.data_key_id})
-        self._bind_for = lambda module: functools.partial(
-            gate.bind, principal=gate.function(module)
-        )
+        self.gate = load_gate(names, key_aliases={DATA_KEY_ALIAS: self.settings.data_key_id})
         lambda_support.use_settings(self.settings, bind_for=self._bind_for)
-        self._server._server.app = gate.wsgi(self._server._server.app)
+        self._server._server.app = self.gate.wsgi(self._server._server.app)
+
+    def _bind_for(self, module: str) -> Callable[[Any], Any]:
+        """How the clients of the function ``module`` are made: bound to its role by the
+        gate, and the store's pointed at the S3 answers' proxy while a test asks for it."""
+        assert self.gate is not None
+        as_role = functools.partial(self.gate.bind, principal=self.gate.function(module))
+        through = presign_through(self._presign_endpoint) if self._presign_endpoint else None
+
+        def bind(client: Any) -> Any:
+            client = as_role(client)
+            if through is not None and client.meta.endpoint_url == self.settings.store_endpoint:
+                client = through(client)
+            return client
+
+        return bind
 
     def _start_moto(self) -> None:
         from moto.server import ThreadedMotoServer
@@ -416,7 +428,7 @@ class LocalStack:
         fault proxy in front of MinIO (``shardvault.local.s3_answers``), or the store again
         (None); the functions' own store calls still go direct. The handlers' clients are
         built anew, still bound to their roles."""
-        self.settings.store_presign_endpoint = endpoint
+        self._presign_endpoint = endpoint
         lambda_support.use_settings(self.settings, bind_for=self._bind_for)
 
     def client_config(self) -> Any:
