@@ -768,6 +768,14 @@ def run_verify(args: argparse.Namespace) -> int:
         f"every object as their manifests say ({result['objects']} objects by checksum "
         f"attributes, {result['read']} read back)"
     )
+    if covered := result.get("covered"):
+        console.print(
+            f"[yellow]warning[/]: {len(covered)} vault key(s) of the chain were written over "
+            "after promotion (the locked versions verified here are intact; look at the "
+            "vault's access, e.g. CloudTrail, for who wrote):"
+        )
+        for note in covered:
+            console.print(f"  {note}")
     for shard_id, wal in sorted((result.get("wal_archive") or {}).items()):
         console.print(
             f"[green]ok[/]: shard {shard_id}'s WAL archive runs without a gap from {wal['from']} "

@@ -72,6 +72,9 @@ class Checked(Frozen):
     bytes: int  # stored bytes checked by attributes
     read: int = 0  # objects read back
     skipped: int = 0  # sampled, but archived: not readable before a thaw
+    # Vault keys whose newest version is not the locked one verify read (a delete marker or
+    # a newer version over it): the backup is intact, but someone wrote into the vault.
+    covered: list[str] = Field(default_factory=list)
 
 
 def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
@@ -108,6 +111,7 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         "objects": sum(c.objects for c in checked),
         "read": sum(c.read for c in checked),
         "skipped": sum(c.skipped for c in checked),
+        "covered": [note for c in checked for note in c.covered][:MAX_PROBLEMS],
         "wal_archive": archives,
         "problems": problems[:MAX_PROBLEMS],
         "more_problems": max(0, len(problems) - MAX_PROBLEMS),
@@ -157,6 +161,10 @@ def verify_one(
         found = list(pool.map(lambda o: attribute_problem(s3, bucket, o), objects))
     problems += [f"{backup_id}: {p}" for p in found if p]
     read, skipped = read_sample(s3, bucket, objects, request.read_data_percent, problems)
+    locked = [(o.key, o.version_id) for o in objects if o.version_id]
+    locked += [(key, version)] if version else []
+    with ThreadPoolExecutor(PARALLEL_HEADS) as pool:
+        covered = [note for note in pool.map(lambda p: cover_of(s3, bucket, *p), locked) if note]
     checked.append(
         Checked(
             backup_id=backup_id,
@@ -165,9 +173,23 @@ def verify_one(
             bytes=sum(o.stored_bytes for o in objects),
             read=read,
             skipped=skipped,
+            covered=covered,
         )
     )
     return manifest
+
+
+def cover_of(s3: Any, bucket: str, key: str, locked: str) -> str:
+    """What covers the locked version of a vault key ('' when it is still the newest): a
+    delete marker, or a newer version. Object Lock allows both to anyone who may write the
+    bucket; reads by version still find the backup, but someone wrote into the vault."""
+    try:
+        newest = s3.head_object(Bucket=bucket, Key=key).get("VersionId")
+    except ClientError as error:
+        if is_missing(error):
+            return f"{key}: a delete marker hides its locked version"
+        raise
+    return "" if newest == locked else f"{key}: a newer version covers its locked version"
 
 
 def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -> list[str]:

@@ -66,7 +66,16 @@ def test_verify_and_restore_read_the_locked_versions_whatever_hides_them(
 
     again = verify_cli(cluster.stack, cluster.name, incr_id, "--read-data", "100", "--json")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["result"] == "ok"
+    verified = json.loads(again.stdout)
+    assert verified["result"] == "ok"
+    # Intact, and said: someone wrote into the vault over these keys.
+    covered = " ".join(verified["covered"])
+    assert f"{changed}: a newer version covers" in covered
+    assert f"{hidden}: a delete marker hides" in covered
+    assert f"{records[incr_id]['vault_manifest_key']}: a delete marker hides" in covered
+    shown = verify_cli(cluster.stack, cluster.name, incr_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "were written over after promotion" in " ".join(shown.stdout.split())
 
     target = make_target(nodes=1)
     execution = target.start_restore(cluster.name, backup_id=incr_id)
