@@ -19,8 +19,9 @@ transactions per second over the run. All nodes share one machine and one clock:
 measured here is the agents' scheduling and PostgreSQL's latency under load, with no clock
 offset between hosts (NTP keeps those to a millisecond or a few on a LAN; it adds to the skew).
 
-With ``--commit-lock KEY`` the cluster's policy sets ``cut: {commit_lock: KEY}`` (the commit
-pause, ``shardvault.cut``) and a *distributed writer* runs beside pgbench: rounds of one row
+With ``--commit-lock KEY`` the cluster's policy sets ``cut: {commit_lock: KEY, database:
+postgres}`` (the commit pause, ``shardvault.cut``, in the writer's database) and a
+*distributed writer* runs beside pgbench: rounds of one row
 committed on every node, each round holding the lock shared on every node
 (``pg_try_advisory_lock_shared``; a refusal lets go of all and retries after 1 ms), as the
 README asks of an application's distributed commits, at most ``--distributed-rate`` rounds a
@@ -62,7 +63,7 @@ clusters:
     schedule: {{full: '0 2 * * *'}}
     vault: {{storage_class: GLACIER_IR, object_lock: {{mode: GOVERNANCE, days: 1}}}}
     retention: {{keep_daily: 1}}
-    cut: {{commit_lock: {key}}}
+    cut: {{commit_lock: {key}, database: postgres}}
 """
 
 

@@ -24,7 +24,9 @@ same moment. Each backup therefore ends with a *cut*:
   PREPARED`` to after its last, taking it with ``pg_try_advisory_lock_shared`` (refused while
   an exclusive request waits: it lets go of all and retries), in the policy's ``cut.database``
   (advisory locks are per database: the cut takes it there, on a session of its own, whatever
-  database the agent's own session is on); each node asks for it exclusively
+  database the agent's own session is on; a lock taken elsewhere would hold none of the
+  application's commits, so a cut asked to pause without a database is best-effort, never
+  paused in name only); each node asks for it exclusively
   at the cut instant (waiting at most ``LOCK_TIMEOUT_SECONDS`` for commits under way), creates
   its restore point as soon as it holds it, and lets go ``PAUSE_HOLD_SECONDS`` after the
   instant: every node lets go at the same instant by its clock, so nodes whose lock came up to
@@ -45,6 +47,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
+from shardvault.errors import InvalidRequest
 from shardvault.models import Frozen
 from shardvault.pgwal import check_restore_point_name
 
@@ -66,6 +69,24 @@ PAUSE_HOLD_SECONDS = 0.010
 LOCK_TIMEOUT_SECONDS = 0.05
 
 
+# NAMEDATALEN - 1: the longest name a PostgreSQL database can have, in bytes.
+DATABASE_NAME_BYTES = 63
+
+
+def database_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a PostgreSQL database (None: it can). Any text of 1 to 63
+    bytes is a valid quoted identifier; control characters are refused too (no database
+    worth pausing is named with one, and they would garble the messages that name it). The
+    name only ever travels as a connection parameter, never inside SQL."""
+    if not name.strip():
+        return "is empty or blank"
+    if len(name.encode()) > DATABASE_NAME_BYTES:
+        return f"is longer than PostgreSQL's {DATABASE_NAME_BYTES} bytes"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "holds a control character"
+    return None
+
+
 def cut_margin_seconds(nodes: int) -> float:
     """How long after its Stop step began a backup of ``nodes`` source nodes cuts."""
     return 0.0 if nodes <= 1 else CUT_MARGIN_SECONDS + CUT_MARGIN_PER_NODE_SECONDS * nodes
@@ -79,13 +100,24 @@ class CutRequest(Frozen):
     margin_seconds: float = 0.0
     commit_lock: int | None = Field(None, ge=-(2**63), lt=2**63)  # None: no commit pause
     # Where the application takes the lock (advisory locks are per database): the cut takes
-    # it there, on a session of its own. None: the stop's own session (no pause asked).
+    # it there, on a session of its own. None with a lock (a control plane older than
+    # cut.database): where the application takes it is unknown, so the cut is best-effort.
     database: str | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_restore_point_name(value)
+
+    @field_validator("database")
+    @classmethod
+    def _database(cls, value: str | None) -> str | None:
+        if value is not None and (problem := database_name_problem(value)):
+            raise InvalidRequest(
+                f"cut.database {value!r} {problem}.",
+                fix="name the database in the policy's cut.database as PostgreSQL spells it.",
+            )
+        return value
 
     @property
     def at(self) -> float:

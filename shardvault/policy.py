@@ -46,6 +46,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from shardvault import models
+from shardvault.cut import database_name_problem
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
 from shardvault.models import (
     DEFAULT_COMPRESSION_LEVEL,
@@ -420,6 +421,18 @@ class Compression(Frozen):
     )
 
 
+def _database_name(value: str | None) -> str | None:
+    """A PostgreSQL database name (``shardvault.cut.database_name_problem``). It reaches the
+    agents' servers only as a connection parameter, never inside SQL."""
+    if value is not None and (problem := database_name_problem(value)):
+        raise invalid(
+            f"{_short(value)} {problem}",
+            "name the database your application takes commit_lock in, as PostgreSQL spells "
+            "it (SELECT datname FROM pg_database)",
+        )
+    return value
+
+
 class Cut(Frozen):
     commit_lock: int | None = Field(
         None,
@@ -432,24 +445,35 @@ class Cut(Frozen):
         "a few milliseconds on every node around its restore point, so no such commit lands "
         "on one node's side of the cut and another's. null: no pause, a best-effort cut.",
     )
-    database: str | None = Field(
+    database: Annotated[str | None, AfterValidator(_database_name)] = Field(
         None,
-        min_length=1,
-        max_length=63,
-        pattern=r"^[^\x00]+$",
+        strict=True,
+        json_schema_extra={"shown_type": "PostgreSQL database name"},
         description="PostgreSQL: the database your application takes commit_lock in (required "
-        "with commit_lock). Advisory locks are per database: the cut takes the lock there, on "
-        "a session of its own, whatever database the agents' conninfo names. The agent's role "
-        "needs CONNECT on it.",
+        "with commit_lock; one database: have every distributed commit take the lock there). "
+        "Advisory locks are per database: the cut takes the lock there, on a session of its "
+        "own, whatever database the agents' conninfo names. The agent's role needs CONNECT on "
+        "it and EXECUTE on pg_create_restore_point(text) in it (function grants are per "
+        "database too).",
     )
 
     @model_validator(mode="after")
     def _database_with_lock(self) -> Cut:
+        # Defaulting to the agents' conninfo database was the bug this refuses: a lock taken
+        # in a database the application does not use pauses nothing, yet the cut said paused.
         if self.commit_lock is not None and self.database is None:
-            raise ValueError(
-                "cut.commit_lock needs cut.database: PostgreSQL advisory locks are per "
-                "database, so the pause holds your commits only in the database your "
-                "application takes the lock in. Fix: add 'database: <that database>' under cut."
+            raise invalid(
+                "commit_lock without database: PostgreSQL advisory locks are per database, so "
+                "the pause holds your commits only in the database your application takes "
+                "the lock in, which the policy must name",
+                "add 'database: <that database>' under cut, e.g. cut: {commit_lock: "
+                f"{self.commit_lock}, database: bank}}",
+            )
+        if self.commit_lock is None and self.database is not None:
+            raise invalid(
+                "database without commit_lock: it names where the pause takes its lock, and no "
+                "pause is asked",
+                "add the lock's key as commit_lock, or remove database",
             )
         return self
 

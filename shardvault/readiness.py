@@ -146,12 +146,16 @@ def backup_findings(
 
 def pause_findings(cluster: ClusterPolicy) -> list[Finding]:
     """Where the cut's commit pause takes its lock (advisory locks are per database: only
-    commits that take it in that database are paused), when the policy asks for one."""
+    commits that take it in that database are paused), when the policy asks for one. The
+    heartbeat checks the agents' grants in the database their conninfo names only; whether
+    they reach this one is the probe's finding (``cut_database_findings``)."""
     if cluster.cut.commit_lock is None:
         return []
     detail = (
         f"lock {cluster.cut.commit_lock} taken in database {cluster.cut.database!r} on every "
-        "PostgreSQL node at each cut; only commits that hold it in that database are paused"
+        "PostgreSQL node at each cut, whatever database the agents' conninfo names: only "
+        "commits that hold it in that database are paused; the agents' role needs CONNECT on "
+        "it and EXECUTE on pg_create_restore_point(text) granted in it"
     )
     return [Finding(check="commit pause", ok=True, detail=detail)]
 
@@ -249,6 +253,7 @@ def probe_findings(progress: Any) -> list[Finding]:
         if node["ok"]:
             detail = f"put {node['put_seconds']:.2f} s, read back {node['get_seconds']:.2f} s"
             out.append(Finding(check=check, ok=True, detail=detail))
+            out += cut_database_findings(node)
             continue
         out.append(
             Finding(
@@ -260,6 +265,32 @@ def probe_findings(progress: Any) -> list[Finding]:
             )
         )
     return out
+
+
+PAUSE_DATABASE = "commit pause database"
+
+
+def cut_database_findings(node: dict[str, Any]) -> list[Finding]:
+    """What a probed node found of the policy's ``cut.database`` (when the probe asked: a
+    commit pause is set): whether each PostgreSQL shard it leads can run the paused cut
+    there (connect to it on the shard's instance, create the restore point: function
+    grants are per database). Each problem names the database and its fix."""
+    found = node.get("cut_database")
+    if not found:
+        return []
+    check = f"{PAUSE_DATABASE} ({node['node_id']})"
+    database, problems = found.get("database"), found.get("problems") or []
+    if not problems:
+        detail = f"the cut can take its lock and create its restore point in {database!r}"
+        return [Finding(check=check, ok=True, detail=detail)]
+    return [
+        Finding(
+            check=check,
+            ok=False,
+            detail="; ".join(p["message"] for p in problems),
+            fix=" ".join(p["fix"] for p in problems),
+        )
+    ]
 
 
 def probe_not_run() -> Finding:

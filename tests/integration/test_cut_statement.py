@@ -8,15 +8,18 @@ cut (never a failed backup), and the session's timeouts are as they were before.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from shardvault_agent.config import ShardConfig
-from shardvault_agent.engines.postgres import cut_session, restore_point
+from psycopg.conninfo import make_conninfo
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.postgres import PostgresAdapter, restore_point, take_cut
 
+from shardvault.backup.planner import cut_summary
 from shardvault.cut import (
     LOCK_TIMEOUT_SECONDS,
     PAUSE_HOLD_SECONDS,
@@ -24,6 +27,7 @@ from shardvault.cut import (
 )
 from shardvault.errors import EngineError
 from shardvault.local.postgres import PostgresInstance, init_instance
+from shardvault.models import Phase, ShardListing
 
 KEY = 4242
 # How late a server's sleep may wake: a few ms on an idle machine, tens of ms on 2 vCPUs under
@@ -139,42 +143,66 @@ def test_a_cut_without_a_commit_lock_is_on_disk_when_it_returns(server) -> None:
             time.sleep(0.3)  # the WAL writer has been and gone: the next one must not need it
 
 
-def test_the_pause_takes_its_lock_in_the_database_the_policy_names(server) -> None:
+@pytest.fixture(scope="module")
+def bank(server: PostgresInstance) -> str:
+    """The application's database; the agent's conninfo names ``postgres``."""
+    server.psql("CREATE DATABASE bank")
+    return "bank"
+
+
+def agent_shard(server: PostgresInstance, **conninfo: str) -> ShardConfig:
+    """The shard as an agent configures it: its conninfo on ``postgres``, as in issue 44."""
+    reach = make_conninfo(server.conninfo_for("postgres"), **conninfo)
+    return ShardConfig(shard_id="s1", data_dir=server.data_dir, conninfo=reach)
+
+
+def cut_into(database: str | None, name: str, seconds: float = 0.3) -> CutRequest:
+    return cut_in(seconds, name).model_copy(update={"database": database})
+
+
+WAITING_IN = """
+SELECT d.datname FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND NOT l.granted
+  AND l.classid = 0 AND l.objid = %s AND l.objsubid = 1
+"""
+
+
+def databases_the_cut_waited_in(server: PostgresInstance, cutting: threading.Thread) -> set[str]:
+    """Watching from outside while ``cutting`` runs: the databases where a session asked for
+    the commit lock exclusively and waited (a bigint advisory key: classid, objid, 1)."""
+    seen: set[str] = set()
+    with connect(server) as watcher:
+        while cutting.is_alive():
+            seen |= {row[0] for row in watcher.execute(WAITING_IN, (KEY,)).fetchall()}
+    return seen
+
+
+def test_the_pause_takes_its_lock_in_the_database_the_policy_names(server, bank) -> None:
     """Advisory locks are per database: with the agent's session on ``postgres`` and the
     application's commits in ``bank``, a lock taken on the agent's session would hold none
-    of them. The cut takes it in ``bank``: a commit holding it there is waited for, then
-    gone around (best-effort), while one holding it in ``postgres`` pauses nothing."""
-    server.psql("CREATE DATABASE bank")
-    shard_config = ShardConfig(
-        shard_id="s1", data_dir=server.data_dir, conninfo=server.conninfo_for("postgres")
-    )
-    in_bank = CutRequest(
-        name="cut-bank",
-        entered=datetime.fromtimestamp(time.time() + 0.3, UTC).isoformat(),
-        margin_seconds=0,
-        commit_lock=KEY,
-        database="bank",
-    )
+    of them (issue 44: 0 lock retries, every cut "paused", half-transfers restored). The cut
+    takes it in ``bank``: seen from outside in pg_locks as an exclusive request in bank that
+    a commit holding the lock there makes wait, then goes around (best-effort, not paused);
+    a commit holding the same key in ``postgres`` holds nothing the cut asks for."""
+    shard_config = agent_shard(server)
     with (
-        psycopg.connect(server.conninfo_for("bank"), autocommit=True) as commit,
+        psycopg.connect(server.conninfo_for(bank), autocommit=True) as commit,
         connect(server) as conn,
     ):
         commit.execute("SELECT pg_advisory_lock_shared(%s)", (KEY,))  # the app's, in bank
-        with cut_session(conn, shard_config, in_bank) as session:
-            assert session.execute("SELECT current_database()").fetchone()[0] == "bank"
-            marker = restore_point(session, shard_config, in_bank)
-        _, locked, _ = pause_of(marker)
-        assert locked == 0  # the application's commit held it: seen, not passed over
+        markers: list[dict[str, str]] = []
+        cut = cut_into(bank, "cut-bank")
+        cutting = threading.Thread(target=lambda: markers.append(take_cut(conn, shard_config, cut)))
+        cutting.start()
+        assert databases_the_cut_waited_in(server, cutting) == {bank}
+        _, locked, _ = pause_of(markers[0])
+        assert locked == 0  # the application's commit held it: waited for, not passed over
         commit.execute("SELECT pg_advisory_unlock_shared(%s)", (KEY,))
 
-        # The same commit in the agent's database is another lock: the cut in bank takes its
-        # own at once (it would have paused nothing had it been taken there).
+        # The same key held in the agent's database is another lock: the cut in bank takes
+        # its own at once (it would have paused nothing had it been taken there).
         conn.execute("SELECT pg_advisory_lock_shared(%s)", (KEY,))
-        again = in_bank.model_copy(
-            update={"entered": datetime.fromtimestamp(time.time() + 0.3, UTC).isoformat()}
-        )
-        with cut_session(conn, shard_config, again) as session:
-            _, locked, _ = pause_of(restore_point(session, shard_config, again))
+        _, locked, _ = pause_of(take_cut(conn, shard_config, cut_into(bank, "cut-bank-2")))
         assert locked > 0
         conn.execute("SELECT pg_advisory_unlock_shared(%s)", (KEY,))
     # The cut's own session to bank is gone (no session of the agent's left behind).
@@ -185,16 +213,52 @@ def test_the_pause_takes_its_lock_in_the_database_the_policy_names(server) -> No
     assert sessions == "0"
 
 
-def test_a_database_the_agent_cannot_reach_fails_the_cut_by_name(server) -> None:
-    shard_config = ShardConfig(
-        shard_id="s1", data_dir=server.data_dir, conninfo=server.conninfo_for("postgres")
+def test_a_pause_that_names_no_database_is_best_effort_never_paused(server) -> None:
+    """A control plane older than cut.database sends the lock alone: where the application
+    takes it is unknown, so the cut goes without it and says so, though nothing holds it."""
+    with connect(server) as conn:
+        marker = take_cut(conn, agent_shard(server), cut_into(None, "cut-no-database"))
+    asked, locked, released = pause_of(marker)
+    assert locked == 0
+    assert asked <= released == float(marker["cut_at"])
+    assert cut_summary([tail_of(marker)], "cut-no-database")["cut_paused"] is False
+
+
+def tail_of(marker: dict[str, str]) -> ShardListing:
+    return ShardListing(
+        shard_id="s1",
+        node_id="n1",
+        phase=Phase.TAIL,
+        files=[],
+        marker={"stop_lsn": "0/0", **marker},
     )
-    cut = cut_in(0.1, "cut-nowhere").model_copy(update={"database": "nosuchdb"})
-    with (
-        connect(server) as conn,
-        pytest.raises(EngineError) as refused,
-        cut_session(conn, shard_config, cut),
-    ):
-        pass
-    assert "nosuchdb" in refused.value.message
-    assert "CONNECT" in refused.value.fix
+
+
+def test_a_database_the_agent_cannot_reach_fails_the_cut_by_name(server) -> None:
+    shard_config = agent_shard(server)
+    with connect(server) as conn, pytest.raises(EngineError) as refused:
+        take_cut(conn, shard_config, cut_into("nosuchdb", "cut-nowhere", 0.1))
+    assert "database 'nosuchdb'" in refused.value.message
+    assert 'GRANT CONNECT ON DATABASE "nosuchdb"' in refused.value.fix
+    with pytest.raises(EngineError) as checked:  # what check asks before a backup meets it
+        PostgresAdapter(AgentConfig.model_construct()).check_cut_database(shard_config, "nosuchdb")
+    assert checked.value.message == refused.value.message
+
+
+def test_function_grants_are_per_database_and_the_cut_needs_its_own(server, bank) -> None:
+    """A role granted pg_create_restore_point in the database its conninfo names (what the
+    heartbeat checks) may not create it from the pause's database: refused by name before
+    the instant, then allowed once granted there."""
+    server.psql("CREATE ROLE cutter LOGIN")
+    server.psql("GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) TO cutter")
+    shard_config = agent_shard(server, user="cutter")
+    adapter = PostgresAdapter(AgentConfig.model_construct())
+    with pytest.raises(EngineError) as refused:
+        adapter.check_cut_database(shard_config, bank)
+    assert "may not create the backup's restore point" in refused.value.message
+    assert "in database 'bank': GRANT EXECUTE" in refused.value.fix
+    server.psql("GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) TO cutter", dbname=bank)
+    adapter.check_cut_database(shard_config, bank)
+    with psycopg.connect(shard_config.conninfo, autocommit=True) as conn:
+        marker = take_cut(conn, shard_config, cut_into(bank, "cut-granted"))
+    assert pause_of(marker)[1] > 0

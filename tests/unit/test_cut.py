@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to
+from psycopg.conninfo import conninfo_to_dict
+from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to, cut_conninfo
 from shardvault_agent.engines.postgres_restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
@@ -11,6 +12,7 @@ from shardvault.cli import cut_cell
 from shardvault.cut import CutRequest, cut_margin_seconds
 from shardvault.errors import InvalidRequest, RestoreValidationFailed
 from shardvault.models import Phase, ShardListing
+from shardvault.policy import PolicyError, parse_policy
 
 
 def test_every_node_computes_the_same_instant_from_the_stop_steps_start() -> None:
@@ -142,3 +144,78 @@ def test_a_copy_whose_wal_ends_before_the_cut_is_refused_by_name() -> None:
     assert "restore point 20261125T041736Z-ccb959" in refused.message
     assert short_of_target("FATAL:  could not bind IPv4 address", "shard-2", "b1", None) is None
     assert short_of_target(log, "shard-2", None, None) is None  # no cut asked for: not this failure
+
+
+# --- The commit pause's database (advisory locks are per database) ---------------------------
+@pytest.mark.parametrize(
+    ("conninfo", "kept"),
+    [
+        ("host=/run/postgresql port=5433 user=agent dbname=postgres", {"port": "5433"}),
+        ("postgresql://agent@db1:5433/postgres?sslmode=require", {"sslmode": "require"}),
+        # The README's example names no database: libpq then takes the user's name.
+        ("host=/var/run/postgresql user=agent", {"host": "/var/run/postgresql"}),
+    ],
+)
+def test_the_cut_session_goes_to_the_policys_database_on_the_agents_conninfo(
+    conninfo: str, kept: dict[str, str]
+) -> None:
+    reached = conninfo_to_dict(cut_conninfo(conninfo, "bank"))
+    assert reached["dbname"] == "bank"
+    assert reached["user"] == "agent"
+    assert kept.items() <= reached.items()
+
+
+def test_a_database_name_travels_as_one_quoted_parameter() -> None:
+    odd = "bank' host=evil dbname='x"
+    reached = conninfo_to_dict(cut_conninfo("host=/run/postgresql user=agent", odd))
+    assert reached == {"host": "/run/postgresql", "user": "agent", "dbname": odd}
+
+
+@pytest.mark.parametrize("name", ["", "  ", "a" * 64, "\u00e9" * 32, "bank\nx", "bank\x00"])
+def test_a_cut_naming_a_database_postgresql_cannot_have_is_refused(name: str) -> None:
+    with pytest.raises(InvalidRequest, match=r"cut\.database"):
+        CutRequest(name="b1", entered="2026-11-25T04:00:00Z", commit_lock=4242, database=name)
+
+
+@pytest.mark.parametrize("name", ["bank", "My-App", "a" * 63, "\u00e9" * 31])
+def test_any_name_postgresql_can_have_is_taken_as_it_is(name: str) -> None:
+    cut = CutRequest(name="b1", entered="2026-11-25T04:00:00Z", commit_lock=4242, database=name)
+    assert cut.database == name
+
+
+PAUSED_POLICY = """
+clusters:
+  a:
+    engine: postgres
+    schedule: {full: '0 2 * * *'}
+    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}
+    retention: {keep_daily: 1}
+    cut: %s
+"""
+
+
+@pytest.mark.parametrize(
+    ("cut", "problem"),
+    [
+        # Defaulting to the agents' conninfo database was issue 44's pause in name only.
+        ("{commit_lock: 4242}", "commit_lock without database"),
+        ("{database: bank}", "database without commit_lock"),
+        ("{commit_lock: 4242, database: ''}", "is empty"),
+        ("{commit_lock: 4242, database: %s}" % ("\u00e9" * 32), "longer than PostgreSQL's 63"),
+        ("{commit_lock: 4242, database: 5}", "valid string"),
+    ],
+)
+def test_a_pause_without_the_database_its_lock_is_taken_in_is_refused(
+    cut: str, problem: str
+) -> None:
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(PAUSED_POLICY % cut)
+    (found,) = refused.value.problems
+    assert found.path.startswith("clusters.a.cut")
+    assert problem in found.message
+    assert found.fix
+
+
+def test_a_pause_names_its_database() -> None:
+    cut = parse_policy(PAUSED_POLICY % "{commit_lock: 4242, database: bank}").clusters["a"].cut
+    assert (cut.commit_lock, cut.database) == (4242, "bank")

@@ -3,11 +3,13 @@ newest complete backup against the RPO and its last verification."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
 from shardvault.policy import PolicyError, parse_policy
-from shardvault.readiness import drill_findings, findings
+from shardvault.readiness import drill_findings, findings, probe_findings
 
 NOW = 1_800_000_000.0
 POLICY_TEXT = """
@@ -166,5 +168,29 @@ def test_check_says_in_which_database_the_pause_takes_its_lock() -> None:
 def test_a_commit_lock_without_its_database_is_refused_with_the_fix() -> None:
     with pytest.raises(PolicyError) as refused:
         parse_policy(POLICY_TEXT + "    cut: {commit_lock: 4242}\n")
-    assert "cut.database" in str(refused.value)
-    assert "per database" in str(refused.value)
+    (problem,) = refused.value.problems
+    assert problem.path == "clusters.a.cut"
+    assert "per database" in problem.message
+    assert "add 'database: <that database>' under cut" in problem.fix
+
+
+def probed(**node: object) -> SimpleNamespace:
+    """A probe run as ``operations.run_probe`` returns it, its one node as given."""
+    round_trip = {"node_id": "n1", "ok": True, "put_seconds": 0.1, "get_seconds": 0.1}
+    return SimpleNamespace(status="SUCCEEDED", record={"nodes": [round_trip | node]})
+
+
+def test_the_probe_says_whether_each_node_can_cut_in_the_pauses_database() -> None:
+    assert [f.check for f in probe_findings(probed())] == ["store round trip (n1)"]
+    reached = probe_findings(probed(cut_database={"database": "bank", "problems": []}))[1]
+    assert (reached.check, reached.ok) == ("commit pause database (n1)", True)
+    assert "'bank'" in reached.detail
+    problem = {
+        "message": "shard s1: database 'bank', where the commit pause takes its lock, cannot "
+        "be reached: FATAL: permission denied for database bank",
+        "fix": 'GRANT CONNECT ON DATABASE "bank" TO the agent\'s role.',
+    }
+    refused = probe_findings(probed(cut_database={"database": "bank", "problems": [problem]}))[1]
+    assert not refused.ok
+    assert "database 'bank'" in refused.detail
+    assert refused.fix.startswith("GRANT CONNECT")

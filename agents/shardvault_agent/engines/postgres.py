@@ -10,10 +10,11 @@
   behind if the agent dies: the slot dies with the session), then ``pg_backup_start``. The
   listing is the data directory minus what PostgreSQL documents as safe to omit.
 - stop: ``pg_backup_stop``, then at the cut's instant the cluster's restore point
-  (``shardvault.cut``); the tail is the backup label (and tablespace map) plus every WAL
-  segment from the start to the restore point (to the stop LSN without a cut), copied from
-  ``pg_wal`` while the slot holds them, so the backup restores on its own without a WAL
-  archive.
+  (``shardvault.cut``; with a commit pause, on a session in the policy's ``cut.database``,
+  where the application takes the lock: ``take_cut``); the tail is the backup label (and
+  tablespace map) plus every WAL segment from the start to the restore point (to the stop
+  LSN without a cut), copied from ``pg_wal`` while the slot holds them, so the backup
+  restores on its own without a WAL archive.
 - *archived tail*: a shard with a ``wal_spool_dir`` whose agent archives it (``archived``),
   in a backup whose control plane copies archived tails (``log_archived``), has its WAL in
   the archive already. Once such a backup holds more than ``archive_handoff_mib`` of WAL
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from shardvault.cut import (
     LOCK_TIMEOUT_SECONDS,
@@ -250,6 +252,15 @@ class PostgresAdapter:
                 "heartbeat, while a shard reports a problem).",
             )
 
+    def check_cut_database(self, shard: ShardConfig, database: str) -> None:
+        """What a paused cut needs of ``database``, the policy's ``cut.database``, checked
+        before a backup meets it (``shardvault check``): the agent's role reaches it on the
+        instance of ``data_dir`` and may create the restore point there. The heartbeat's
+        ``check_ready`` cannot: the database is the control plane's policy, not the agent's
+        config. Raises ``EngineError`` naming the database and the fix."""
+        self.check(shard)
+        open_cut_session(shard, database).close()
+
     def _connect(self, shard: ShardConfig) -> psycopg.Connection:
         """A session on the shard's instance, once it is confirmed to be the instance of
         ``data_dir``."""
@@ -358,8 +369,7 @@ class PostgresAdapter:
         marker = {"stop_lsn": str(lsn), "stop_wal": stop_wal}
         end = str(lsn)
         if cut is not None:
-            with cut_session(conn, shard, cut) as session:
-                marker |= restore_point(session, shard, cut)
+            marker |= take_cut(conn, shard, cut)
             end = marker["cut_lsn"]
         last_wal, last_bytes = self._wait_flushed(conn, end)
         tail = work_dir / "tail" / shard.shard_id
@@ -600,8 +610,10 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
                 pause, lsn, created = paused_cut(conn, cut)
     except psycopg.Error as error:
         raise EngineError(
-            f"cannot create restore point {cut.name} on shard {shard.shard_id}: {error}".strip(),
-            fix="GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) to the agent's role.",
+            f"cannot create restore point {cut.name} on shard {shard.shard_id} (in database "
+            f"{conn.info.dbname!r}): {error}".strip(),
+            fix="GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) to the agent's role, "
+            f"in database {conn.info.dbname!r} (function grants are per database).",
         ) from None
     # Without a commit lock the cut's commit flushed the point (``CUT``). The paused cut's
     # does not, so that no fsync lies inside the pause: the server's next synchronous commit or
@@ -615,39 +627,90 @@ def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest)
     }
 
 
+def take_cut(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
+    """The cut on the shard's server (``restore_point``), on the session where its commit
+    pause holds the application's commits (``cut_session``). A pause asked without its
+    database (a control plane older than ``cut.database``) cannot know where the application
+    takes the lock: the cut goes without it and its marker says the lock was not held, so
+    the backup reports it best-effort, never paused in name only."""
+    if cut.commit_lock is not None and cut.database is None:
+        log.warning(
+            "shard %s: commit pause not taken (lock %d): the cut names no database to take it "
+            "in (upgrade the control plane and set the policy's cut.database); best-effort cut",
+            shard.shard_id,
+            cut.commit_lock,
+        )
+        marker = restore_point(conn, shard, cut.model_copy(update={"commit_lock": None}))
+        return marker | {"cut_pause": f"{cut.at:.6f} 0 {float(marker['cut_at']):.6f}"}
+    with cut_session(conn, shard, cut) as session:
+        return restore_point(session, shard, cut)
+
+
 @contextlib.contextmanager
 def cut_session(
     conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest
 ) -> Iterator[psycopg.Connection]:
-    """The session the cut runs on: the stop's own, or, when the pause's lock lives in
-    another database (``cut.database``: advisory locks are per database, and a lock taken in
-    the agent's own database would hold no commit of the application's), a session of its
-    own on that database of the same server. The restore point is the server's, whichever
-    database creates it."""
-    if cut.commit_lock is None or cut.database is None:
+    """The session the cut runs on: the stop's own when it is on ``cut.database`` or no
+    pause is asked, else a session of its own on that database of the same server
+    (``open_cut_session``): advisory locks are per database, and a lock taken in the agent's
+    own database would hold no commit of the application's. The restore point is the
+    server's, whichever database creates it."""
+    if cut.commit_lock is None or cut.database is None or conn.info.dbname == cut.database:
         yield conn
         return
-    if conn.execute("SELECT current_database()").fetchone()[0] == cut.database:
-        yield conn
-        return
-    try:  # the name goes as a connection parameter, never into SQL
-        other = psycopg.connect(
-            shard.conninfo,
-            dbname=cut.database,
+    other = open_cut_session(shard, cut.database)
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+def cut_conninfo(conninfo: str, database: str) -> str:
+    """``conninfo`` with its database replaced by ``database`` (its host, port, user, TLS and
+    the rest kept). The name goes as a quoted connection parameter, never into SQL; a
+    conninfo that names no database (libpq's default: the user's name) gets it too."""
+    return make_conninfo(conninfo, dbname=database)
+
+
+def open_cut_session(shard: ShardConfig, database: str) -> psycopg.Connection:
+    """A session on ``database`` of the shard's server where the cut can run: the instance
+    of ``data_dir`` (the restore point must be in its WAL), a role that may create the
+    restore point there (function grants are per database). Refused by name, with the fix."""
+    where = f"shard {shard.shard_id}: database {database!r}, where the commit pause takes its lock"
+    try:
+        conn = psycopg.connect(
+            cut_conninfo(shard.conninfo, database),
             autocommit=True,
             application_name="shardvault-agent",
         )
     except psycopg.Error as error:
         raise EngineError(
-            f"shard {shard.shard_id}: cannot connect to database {cut.database!r}, where the "
-            f"commit pause takes its lock: {error}".strip(),
-            fix=f"GRANT CONNECT ON DATABASE {cut.database} to the agent's role, or correct the "
-            "policy's cut.database (the database your application takes cut.commit_lock in).",
+            f"{where}, cannot be reached: {error}".strip(),
+            fix=f"GRANT CONNECT ON DATABASE {quote_ident(database)} TO the agent's role (and let "
+            "pg_hba.conf admit it there), or correct the policy's cut.database: the database "
+            "your application takes cut.commit_lock in.",
         ) from None
     try:
-        yield other
-    finally:
-        other.close()
+        refuse_other_instance(conn, shard)
+        if not conn.execute(MAY_CUT).fetchone()[0]:
+            raise EngineError(
+                f"{where}: the agent's role may not create the backup's restore point there "
+                "(function grants are per database).",
+                fix=f"in database {database!r}: GRANT EXECUTE ON FUNCTION "
+                "pg_create_restore_point(text) TO the agent's role.",
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+MAY_CUT = "SELECT has_function_privilege('pg_create_restore_point(text)', 'EXECUTE')"
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier, for a fix the operator pastes (never executed)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def unpaused_cut(conn: psycopg.Connection, cut: CutRequest) -> tuple[str, float]:
