@@ -163,7 +163,8 @@ HEARTBEAT_MISSES = 3
 # agent that speaks an older one (``AgentOutdated``) before any side effect. Raise it when a
 # command changes in a way an older agent would fail on. 1: an object of one part is sent by
 # one presigned PUT (a transfer without an upload id). 2: the upload limits' throttle may be
-# ``auto``. 3: a download item may name the vault version it reads (``version_id``).
+# ``auto``. 3: a download item may name the vault version it reads (``version_id``), and a
+# cut the database its commit lock lives in (``CutRequest.database``).
 AGENT_PROTOCOL = 3
 
 
