@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -510,22 +511,43 @@ def overlaps(one: Path, other: Path) -> bool:
     return one == other or one in other.parents or other in one.parents
 
 
+# How often a check starts again when a directory it found vanished under it.
+VANISHED_RETRIES = 10
+
+
 def directory_problem(field: str, path: Path | None) -> str | None:
     """Why ``path`` is not a directory the agent can write and cannot become one (the agent
     creates a missing one, with its parents); None when it is or can. The check tries what
     ``run`` does (create it, write a file in it) and then removes what it made: a permission
-    bit or a filesystem (``/proc``) can refuse what ``os.access`` allows."""
+    bit or a filesystem (``/proc``) can refuse what ``os.access`` allows.
+
+    Agents on one host start together and check siblings under one parent: one check removes
+    the parent it made while another is between finding it and writing in it. A directory that
+    vanishes mid-check is such a neighbour, not a problem, so the check starts again."""
     if path is None:
         return None
     target = path.absolute()
+    for _ in range(VANISHED_RETRIES):
+        try:
+            return directory_problem_once(field, target)
+        except (FileNotFoundError, FileExistsError) as error:
+            vanished = error  # a neighbour's cleanup, or a filesystem that refuses (/proc)
+    return unwritable(field, target, vanished)
+
+
+def directory_problem_once(field: str, target: Path) -> str | None:
+    """One try of ``directory_problem``; raises FileNotFoundError or FileExistsError (from
+    ``mkdir``, which finds a parent gone that it was told exists) when a directory it found
+    vanishes before it is done."""
     nearest = next(p for p in (target, *target.parents) if os.path.lexists(p))
-    if not nearest.is_dir():
+    if not stat.S_ISDIR(os.stat(nearest).st_mode):  # FileNotFoundError: it vanished
         what = "is" if nearest == target else f"cannot be created: {nearest} is"
         return (
             f"{field}: {target} {what} not a directory. Fix: point {field} at a directory "
             "(a missing one is created), or move that file away."
         )
     if not os.access(nearest, os.W_OK | os.X_OK):
+        os.stat(nearest)  # FileNotFoundError: it vanished, and access said no for that
         what = "is not writable" if nearest == target else f"cannot be created in {nearest}"
         return (
             f"{field}: {target} {what} by this user. Fix: give the agent's user write "
@@ -533,12 +555,18 @@ def directory_problem(field: str, path: Path | None) -> str | None:
         )
     try:
         try_writing(target, nearest)
+    except (FileNotFoundError, FileExistsError):
+        raise
     except OSError as error:
-        return (
-            f"{field}: {target} cannot be written ({error.strerror or error}). Fix: point "
-            f"{field} at a directory on a writable filesystem this user owns."
-        )
+        return unwritable(field, target, error)
     return None
+
+
+def unwritable(field: str, target: Path, error: OSError) -> str:
+    return (
+        f"{field}: {target} cannot be written ({error.strerror or error}). Fix: point "
+        f"{field} at a directory on a writable filesystem this user owns."
+    )
 
 
 def try_writing(target: Path, nearest: Path) -> None:

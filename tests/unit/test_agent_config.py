@@ -239,3 +239,25 @@ def test_directories_that_overlap_or_are_relative_are_refused(tmp_path, capsys, 
 def test_an_upload_parallelism_past_reason_is_refused(tmp_path, capsys):
     err = refused(capsys, "check", write_config(tmp_path, upload_parallelism=100000))
     assert "upload_parallelism" in err
+
+
+def check_sibling_repeatedly(args: tuple[str, int]) -> list[str]:
+    """Checks one node's state directory again and again (run in its own process)."""
+    from shardvault_agent.config import directory_problem
+
+    path, times = args
+    found = (directory_problem("state_dir", Path(path)) for _ in range(times))
+    return [problem for problem in found if problem is not None]
+
+
+def test_agents_checked_at_once_under_one_missing_parent_all_pass(tmp_path):
+    """CI saw it: three agents started together under a missing ``agent-state``; one's check
+    removed the parent it had made while another's was between finding and reading it, and
+    the other refused to run ("agent-state is not a directory")."""
+    import multiprocessing
+
+    parent = tmp_path / "agent-state"
+    siblings = [(str(parent / f"node-{i}"), 300) for i in range(4)]
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        problems = [p for found in pool.map(check_sibling_repeatedly, siblings) for p in found]
+    assert problems == []
