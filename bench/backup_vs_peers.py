@@ -131,7 +131,16 @@ from shardvault_agent import walspool
 from shardvault_agent.archiver import spool_state
 from shardvault_agent.config import AgentConfig
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.contracts.models import (
+    BackupRequest,
+    Manifest,
+    ManifestStream,
+    Phase,
+    RestoreRequest,
+)
+from shardvault.data.planning import backup_prefix
+from shardvault.data.readback import load_manifest
 from shardvault.local import demo
 from shardvault.local.minio import PINNED_MODULE, MinioServer
 from shardvault.local.postgres import (
@@ -145,9 +154,6 @@ from shardvault.local.postgres import (
     run_as_postgres,
 )
 from shardvault.local.stack import STATE_MACHINES, LocalStack
-from shardvault.models import BackupRequest, Manifest, ManifestStream, Phase, RestoreRequest
-from shardvault.planning import backup_prefix
-from shardvault.readback import load_manifest
 
 CLUSTER = "bench"
 NODE_ID = "node-1"

@@ -20,7 +20,7 @@ measured here is the agents' scheduling and PostgreSQL's latency under load, wit
 offset between hosts (NTP keeps those to a millisecond or a few on a LAN; it adds to the skew).
 
 With ``--commit-lock KEY`` the cluster's policy sets ``cut: {commit_lock: KEY, database:
-postgres}`` (the commit pause, ``shardvault.cut``, in the writer's database) and a
+postgres}`` (the commit pause, ``shardvault.contracts.cut``, in the writer's database) and a
 *distributed writer* runs beside pgbench: rounds of one row
 committed on every node, each round holding the lock shared on every node
 (``pg_try_advisory_lock_shared``; a refusal lets go of all and retries after 1 ms), as the
@@ -47,13 +47,13 @@ from typing import Any
 
 import psycopg
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest
+from shardvault.data.readback import load_manifest
 from shardvault.local import demo
 from shardvault.local.postgres import start_pgbench, stop_process
 from shardvault.local.stack import LocalStack
-from shardvault.models import BackupRequest
-from shardvault.readback import load_manifest
-from shardvault.restore import source_of
+from shardvault.restore.steps import source_of
 
 FAST_AGENT = {"heartbeat_interval_seconds": 1.0, "poll_interval_seconds": 0.05}
 POLICY = """version: 1

@@ -41,10 +41,9 @@ from typing import Any
 import boto3
 import urllib3
 
-from shardvault import operations as ops
-from shardvault.checksums import crc64nvme_of_bytes
-from shardvault.local.stack import LocalStack
-from shardvault.models import (
+from shardvault.aws.tables import Inbox, plain, scan_all
+from shardvault.client import operations as ops
+from shardvault.contracts.models import (
     AGENT_PROTOCOL,
     BackupRequest,
     FileEntry,
@@ -52,7 +51,8 @@ from shardvault.models import (
     ShardInfo,
     pack_files,
 )
-from shardvault.tables import Inbox, plain, scan_all
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.local.stack import LocalStack
 
 CLUSTER = "fleet"
 SETTLE_SECONDS = 0.3
@@ -147,7 +147,7 @@ class FakeAgents:
         if token:
             args = item.get("args") or {}
             output = answer(command, node_id, args, self.files)
-            if url := args.get("answer_url"):  # as a real agent does (shardvault.dispatch)
+            if url := args.get("answer_url"):  # as a real agent does (shardvault.workflow.dispatch)
                 output = self.hand(url, output)
             self.sfn.send_task_success(taskToken=token, output=json.dumps(output, default=str))
         if command == "checkpoint":

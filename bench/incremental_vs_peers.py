@@ -150,9 +150,9 @@ from peers import (
 )
 from report import MiB, Target
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupKind, BackupRequest, Manifest, Phase, RestoreRequest
 from shardvault.local.postgres import PostgresInstance
-from shardvault.models import BackupKind, BackupRequest, Manifest, Phase, RestoreRequest
 
 # The chain's changes, in order: incremental n follows CHANGES[n - 1].
 UPDATE, TRANSACTIONS = "update", "transactions"

@@ -134,7 +134,8 @@ from shardvault_agent.engines.mariaserver import (
     socket_for,
 )
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest, Phase, RestoreRequest
 from shardvault.local import demo
 from shardvault.local.mariadb import (
     ACCOUNTS,
@@ -146,7 +147,6 @@ from shardvault.local.mariadb import (
 )
 from shardvault.local.minio import MinioServer
 from shardvault.local.stack import LocalStack
-from shardvault.models import BackupRequest, Phase, RestoreRequest
 
 SV, PEER = "shardvault", "mariabackup"
 SV_RESTORE, PEER_RESTORE = "shardvault-restore", "mariabackup-restore"

@@ -28,9 +28,9 @@ import urllib3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
+from shardvault.contracts.models import FileEntry
 from shardvault.local.minio import MinioServer, start_minio
 from shardvault.local.postgres import PG_USER, PostgresInstance, run_as_postgres
-from shardvault.models import FileEntry
 
 MiB = 1024 * 1024
 STANZA = "bench"

@@ -96,10 +96,10 @@ from peers import (
     list_keys,
 )
 
-from shardvault import archive
+from shardvault.contracts.models import BackupRequest, Manifest, RestoreRequest
 from shardvault.local.postgres import PostgresInstance, give_to_postgres
-from shardvault.models import BackupRequest, Manifest, RestoreRequest
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
+from shardvault.wal import archive
+from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
 
 say = bvp.say
 MiB = report.MiB

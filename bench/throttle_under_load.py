@@ -131,11 +131,11 @@ import yaml
 from peers import delete_prefix
 from report import MiB, median_cell, spread_cell, spread_of
 
-from shardvault import lambda_support
-from shardvault import operations as ops
+from shardvault.aws import lambda_support
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest
 from shardvault.local.minio import die_with_parent
 from shardvault.local.postgres import PostgresInstance, stop_process
-from shardvault.models import BackupRequest
 
 DBNAME = "postgres"  # where backup_vs_peers' setup runs pgbench -i
 CLIENTS, JOBS = 4, 2

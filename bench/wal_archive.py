@@ -104,7 +104,6 @@ from peers import (
     start_tls_minio,
 )
 
-from shardvault import archive
 from shardvault.local import demo
 from shardvault.local.minio import MinioServer
 from shardvault.local.postgres import (
@@ -118,7 +117,8 @@ from shardvault.local.postgres import (
     stop_process,
 )
 from shardvault.local.stack import LocalStack
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, segment_number
+from shardvault.wal import archive
+from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, segment_number
 
 KINDS = ("baseline", "shardvault", "pgbackrest")
 LABELS = {

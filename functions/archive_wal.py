@@ -1,4 +1,4 @@
-"""Lambda: the WAL archive's three calls from an agent (``shardvault.archive``): its cluster's
+"""Lambda: the WAL archive's three calls from an agent (``shardvault.wal.archive``): its cluster's
 archive settings, a PUT URL for a packed batch, and the record of a stored one.
 
 Agents invoke it directly (their role may invoke this function and no other). What it signs
@@ -6,8 +6,8 @@ or records is read from the node's own inbox partition, never taken from the inv
 
 import time
 
-from shardvault import archive
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.wal import archive
 
 
 @logger.inject_lambda_context

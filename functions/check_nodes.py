@@ -1,10 +1,10 @@
 """Lambda: after a per-node Distributed Map, fail with the first node's own error
-(``shardvault.fanout``)."""
+(``shardvault.workflow.fanout``)."""
 
 from pydantic import BaseModel
 
-from shardvault import fanout
-from shardvault.lambda_support import logger, parse, tracer
+from shardvault.aws.lambda_support import logger, parse, tracer
+from shardvault.workflow import fanout
 
 
 class CheckNodesRequest(BaseModel):

@@ -3,8 +3,8 @@ agent too old to prefetch a chain's newer objects."""
 
 from pydantic import BaseModel
 
-from shardvault import restore
-from shardvault.lambda_support import logger, parse, tracer
+from shardvault.aws.lambda_support import logger, parse, tracer
+from shardvault.restore import steps as restore
 
 
 class CheckPreparedRequest(BaseModel):

@@ -3,8 +3,8 @@
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import BackupContext, Phase
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts.models import BackupContext, Phase
 
 
 class CheckRequest(BaseModel):

@@ -6,9 +6,9 @@ import time
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
-from shardvault import restore
-from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
-from shardvault.models import RestoreContext
+from shardvault.aws.lambda_support import log_outcome, logger, metrics, parse, services, tracer
+from shardvault.contracts.models import RestoreContext
+from shardvault.restore import steps as restore
 
 
 class CleanupRestoreRequest(BaseModel):

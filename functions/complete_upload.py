@@ -5,8 +5,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import logger, metrics, parse, services, tracer
-from shardvault.models import ObjectChecksums, ObjectPlan, UploadedPart
+from shardvault.aws.lambda_support import logger, metrics, parse, services, tracer
+from shardvault.contracts.models import ObjectChecksums, ObjectPlan, UploadedPart
 
 
 class CompleteRequest(BaseModel):

@@ -3,8 +3,8 @@ ring the node's doorbell queue."""
 
 import time
 
-from shardvault.dispatch import DispatchRequest, dispatch
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.workflow.dispatch import DispatchRequest, dispatch
 
 
 @logger.inject_lambda_context

@@ -5,8 +5,8 @@ import time
 
 from pydantic import BaseModel
 
-from shardvault import expire
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.lifecycle import expire
 
 
 class ExpireRequest(BaseModel):

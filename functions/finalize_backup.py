@@ -6,8 +6,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import log_outcome, logger, metrics, parse, services, tracer
-from shardvault.models import BackupContext
+from shardvault.aws.lambda_support import log_outcome, logger, metrics, parse, services, tracer
+from shardvault.contracts.models import BackupContext
 
 
 class FinalizeRequest(BaseModel):

@@ -2,9 +2,9 @@
 
 from pydantic import BaseModel
 
-from shardvault import restore
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import RestoreContext
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts.models import RestoreContext
+from shardvault.restore import steps as restore
 
 
 class PlanRequest(BaseModel):

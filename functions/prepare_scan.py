@@ -2,9 +2,9 @@
 
 from pydantic import BaseModel
 
+from shardvault.aws.lambda_support import logger, parse, services, tracer
 from shardvault.backup.scanning import prepare_scan
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import BackupContext
+from shardvault.contracts.models import BackupContext
 
 
 class PrepareScanRequest(BaseModel):

@@ -1,10 +1,10 @@
-"""Lambda: the probe's two steps (``shardvault.probe``): plan each agent's round trip to the
-store, then delete its objects and report each node."""
+"""Lambda: the probe's two steps (``shardvault.assurance.probe``): plan each agent's round trip to
+the store, then delete its objects and report each node."""
 
 import time
 
-from shardvault import probe
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.assurance import probe
+from shardvault.aws.lambda_support import logger, parse, services, tracer
 
 
 @logger.inject_lambda_context

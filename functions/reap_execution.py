@@ -13,8 +13,9 @@ import time
 
 from pydantic import BaseModel
 
-from shardvault import backup, restore
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault import backup
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.restore import steps as restore
 
 
 class StatusChange(BaseModel):

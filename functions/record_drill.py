@@ -4,8 +4,8 @@ import time
 
 from pydantic import BaseModel
 
-from shardvault import drills
-from shardvault.lambda_support import log_outcome, logger, parse, services, tracer
+from shardvault.assurance import drills
+from shardvault.aws.lambda_support import log_outcome, logger, parse, services, tracer
 
 
 class RecordDrillRequest(BaseModel):

@@ -4,9 +4,9 @@ import time
 
 from pydantic import BaseModel
 
-from shardvault import promote
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import BackupContext
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts.models import BackupContext
+from shardvault.lifecycle import promote
 
 
 class PromotionFailureRequest(BaseModel):

@@ -3,9 +3,9 @@ Download map, or of the objects a node prefetches as it prepares."""
 
 from pydantic import BaseModel, model_validator
 
-from shardvault import restore
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import DownloadItem
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts.models import DownloadItem
+from shardvault.restore import steps as restore
 
 
 class SignDownloadRequest(BaseModel):

@@ -4,8 +4,8 @@
 from pydantic import BaseModel
 
 from shardvault import backup
-from shardvault.lambda_support import logger, parse, services, tracer
-from shardvault.models import ObjectChecksums, ObjectPlan
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts.models import ObjectChecksums, ObjectPlan
 
 
 class SignRequest(BaseModel):

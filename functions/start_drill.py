@@ -7,8 +7,8 @@ Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id",
 
 import time
 
-from shardvault import drills
-from shardvault.lambda_support import execution_input, logger, parse, services, tracer
+from shardvault.assurance import drills
+from shardvault.aws.lambda_support import execution_input, logger, parse, services, tracer
 
 
 @logger.inject_lambda_context(log_event=True)

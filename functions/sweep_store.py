@@ -1,5 +1,5 @@
 """Lambda: abort multipart uploads and delete partial objects that no running backup owns and
-no manifest names (``shardvault.sweep``); part of the daily retention run.
+no manifest names (``shardvault.lifecycle.sweep``); part of the daily retention run.
 
 Input: ``{"dry_run": false}``.
 """
@@ -8,8 +8,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from shardvault import sweep
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.lifecycle import sweep
 
 
 class SweepRequest(BaseModel):

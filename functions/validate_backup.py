@@ -6,9 +6,9 @@ Input: ``{"request": <the execution's input>, "execution_id": "$$.Execution.Id"}
 import time
 
 from shardvault import backup
+from shardvault.aws.lambda_support import execution_input, logger, parse, services, tracer
+from shardvault.contracts.models import BackupRequest
 from shardvault.errors import ShardVaultError
-from shardvault.lambda_support import execution_input, logger, parse, services, tracer
-from shardvault.models import BackupRequest
 
 
 @logger.inject_lambda_context(log_event=True)

@@ -6,9 +6,9 @@ a request that fails here changes nothing.
 
 import time
 
-from shardvault import restore
-from shardvault.lambda_support import execution_input, logger, parse, services, tracer
-from shardvault.models import RestoreRequest
+from shardvault.aws.lambda_support import execution_input, logger, parse, services, tracer
+from shardvault.contracts.models import RestoreRequest
+from shardvault.restore import steps as restore
 
 
 @logger.inject_lambda_context(log_event=True)

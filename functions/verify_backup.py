@@ -1,10 +1,10 @@
 """Lambda: verify a backup and its chain in the store without a restore, and record the
-outcome in its catalog record (``shardvault.verify``)."""
+outcome in its catalog record (``shardvault.assurance.verify``)."""
 
 import time
 
-from shardvault import verify
-from shardvault.lambda_support import logger, parse, services, tracer
+from shardvault.assurance import verify
+from shardvault.aws.lambda_support import logger, parse, services, tracer
 
 
 @logger.inject_lambda_context(log_event=True)

@@ -1,10 +1,11 @@
 """Lambda: every WATCH_MINUTES (an EventBridge rule), each cluster's backup age and the
-deployment's silent agents, published to CloudWatch for the alarms (``shardvault.watch``)."""
+deployment's silent agents, published to CloudWatch for the alarms
+(``shardvault.assurance.watch``)."""
 
 import time
 
-from shardvault import watch
-from shardvault.lambda_support import logger, services, tracer
+from shardvault.assurance import watch
+from shardvault.aws.lambda_support import logger, services, tracer
 
 
 @logger.inject_lambda_context

@@ -36,10 +36,10 @@ UNUSED_IMAGE = DockerImage.from_registry("local-bundling-only")
 # scheduler. No handler imports them, and they would import what the asset does not ship
 # (rich, moto): left out, they cannot be reached in a function's code either.
 CLIENT_ONLY = (
-    "shardvault/cli.py",
-    "shardvault/cli_drills.py",
-    "shardvault/operations.py",
-    "shardvault/scheduler.py",
+    "shardvault/client/cli.py",
+    "shardvault/client/cli_drills.py",
+    "shardvault/client/operations.py",
+    "shardvault/local/scheduler.py",
     "shardvault/local",
 )
 

@@ -80,7 +80,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("dispatch", "DispatchFunctionArn"),
     FunctionSpec("plan_backup", "PlanBackupFunctionArn"),
     FunctionSpec("prepare_scan", "PrepareScanFunctionArn"),
-    # After each per-node Distributed Map: the first node's own error (shardvault/fanout.py).
+    # After each per-node Distributed Map: the first node's own error
+    # (shardvault/workflow/fanout.py).
     FunctionSpec("check_nodes", "CheckNodesFunctionArn"),
     FunctionSpec("sign_parts", "SignPartsFunctionArn"),
     # These read objects back when an attribute check cannot verify them: more time.
@@ -108,11 +109,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("expire_backup", "ExpireBackupFunctionArn", 900),
     # Daily: aborts uploads and deletes partial objects no running backup owns.
     FunctionSpec("sweep_store", "SweepStoreFunctionArn", 900),
-    # Heads every object of a backup's chain, reads a sample back (shardvault/verify.py).
+    # Heads every object of a backup's chain, reads a sample back (shardvault/assurance/verify.py).
     FunctionSpec("verify_backup", "VerifyBackupFunctionArn", 900, 1024),
-    # shardvault check: each agent's round trip to the store (shardvault/probe.py).
+    # shardvault check: each agent's round trip to the store (shardvault/assurance/probe.py).
     FunctionSpec("probe_store", "ProbeStoreFunctionArn"),
-    # Restore drills (shardvault/drills.py): start, verdict and RTO, what was torn down.
+    # Restore drills (shardvault/assurance/drills.py): start, verdict and RTO, what was torn down.
     FunctionSpec("start_drill", "StartDrillFunctionArn"),
     FunctionSpec("record_drill", "RecordDrillFunctionArn"),
     FunctionSpec("note_teardown", "NoteTeardownFunctionArn"),
@@ -120,7 +121,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.
     FunctionSpec("watch_clusters", None, 120),
-    # Invoked by the agents themselves: continuous WAL archiving (shardvault/archive.py).
+    # Invoked by the agents themselves: continuous WAL archiving (shardvault/wal/archive.py).
     FunctionSpec("archive_wal", None),
 )
 

@@ -15,11 +15,11 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
-# What shardvault/tables.py calls (no batch or transaction call exists there: granting them
+# What shardvault/aws/tables.py calls (no batch or transaction call exists there: granting them
 # would only widen what a stolen role could do).
 TABLE_READ = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan")
 # Posting a command to a node's inbox: the item put, the inbox's ring counter raised
-# (shardvault/tables.py: Inbox.post). Only agents delete their own items.
+# (shardvault/aws/tables.py: Inbox.post). Only agents delete their own items.
 POST = ("dynamodb:PutItem", "dynamodb:UpdateItem")
 
 

@@ -49,12 +49,12 @@ from infra.constants import (
     state_machine_name,
 )
 from infra.policies import POST, TABLE_READ
-from shardvault.archive import ARCHIVE_DIR
-from shardvault.models import DOORBELL_PREFIX
-from shardvault.policy import Policy, load_policy
-from shardvault.probe import PROBES_DIR
-from shardvault.services import ANSWERS_DIR
-from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
+from shardvault.assurance.probe import PROBES_DIR
+from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
+from shardvault.aws.services import ANSWERS_DIR
+from shardvault.config.policy import Policy, load_policy
+from shardvault.contracts.models import DOORBELL_PREFIX
+from shardvault.wal.archive import ARCHIVE_DIR
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800
@@ -76,7 +76,8 @@ class ShardVaultStack(Stack):
         self.storage = Storage(self, "Storage")
         self.tables = Tables(self, "Tables")
         self.notifications = Notifications(self, "Notifications", alert_emails(self))
-        # Wraps the data keys of clusters whose policy says encryption: kms (shardvault/keys.py).
+        # Wraps the data keys of clusters whose policy says encryption: kms
+        # (shardvault/aws/keys.py).
         self.data_key = kms.Key(
             self,
             "DataKey",
@@ -162,7 +163,7 @@ class ShardVaultStack(Stack):
         self._outputs()
 
     def _environment(self) -> dict[str, str]:
-        """The functions' settings (see ``shardvault/settings.py``), as environment variables."""
+        """The functions' settings (``shardvault/config/settings.py``) as environment variables."""
         bucket = self.storage.bucket.bucket_name
         return {
             "CATALOG_TABLE": self.tables.catalog.table_name,
@@ -210,7 +211,7 @@ class ShardVaultStack(Stack):
             "dispatch",
             policies.table(tables.nodes, ("dynamodb:GetItem",)),  # the node's record, by key
             policies.table(tables.inbox, POST),
-            # Rings a node's doorbell after each post (shardvault/dispatch.py: ring).
+            # Rings a node's doorbell after each post (shardvault/workflow/dispatch.py: ring).
             policies.queues(self, f"{DOORBELL_PREFIX}*", "sqs:GetQueueUrl", "sqs:SendMessage"),
         )
         grant(
@@ -262,7 +263,7 @@ class ShardVaultStack(Stack):
             policies.table(tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
         )
         grant(
-            "watch_clusters",  # shardvault/watch.py
+            "watch_clusters",  # shardvault/assurance/watch.py
             policies.table(tables.catalog, ("dynamodb:Query",)),  # each cluster's backups
             policies.table(tables.nodes, ("dynamodb:Scan",)),  # every registered agent
             iam.PolicyStatement(
@@ -389,7 +390,7 @@ class ShardVaultStack(Stack):
             # Whether the vault holds a copy already: a missing key is then 404, not 403.
             policies.list_prefix(vault, BACKUPS_PREFIX),
             # The backup's and its ancestors' records read, the promotion recorded
-            # (shardvault/promote.py: catalog.get and catalog.update only).
+            # (shardvault/lifecycle/promote.py: catalog.get and catalog.update only).
             policies.table(self.tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
         )
         grant(
@@ -398,7 +399,8 @@ class ShardVaultStack(Stack):
             *publish,
         )
         grant(
-            "decide_retention",  # shardvault/expire.py: each cluster's backups, holds recorded
+            # shardvault/lifecycle/expire.py: each cluster's backups, holds recorded
+            "decide_retention",
             policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:UpdateItem")),
             *publish,  # the budget alert
         )
@@ -421,7 +423,8 @@ class ShardVaultStack(Stack):
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # EXPIRING, EXPIRED
         )
         grant(
-            "sweep_store",  # shardvault/sweep.py: the staging bucket only, never the vault
+            # shardvault/lifecycle/sweep.py: the staging bucket only, never the vault
+            "sweep_store",
             iam.PolicyStatement(
                 actions=["s3:ListBucketMultipartUploads"], resources=[bucket.bucket_arn]
             ),
@@ -430,7 +433,7 @@ class ShardVaultStack(Stack):
             policies.table(self.tables.catalog, ("dynamodb:Query",)),  # which backups run
         )
         grant(
-            "verify_backup",  # shardvault/verify.py: reads only, and records the outcome
+            "verify_backup",  # shardvault/assurance/verify.py: reads only, and records the outcome
             policies.table(self.tables.catalog, ("dynamodb:Query", "dynamodb:GetItem")),
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
             policies.objects(bucket, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectAttributes"),
@@ -439,7 +442,8 @@ class ShardVaultStack(Stack):
             *[policies.list_prefix(store, BACKUPS_PREFIX) for store in (bucket, vault)],
         )
         grant(
-            "probe_store",  # shardvault/probe.py: signs each agent's probe, then deletes it
+            # shardvault/assurance/probe.py: signs each agent's probe, then deletes it
+            "probe_store",
             policies.table(self.tables.nodes, ("dynamodb:Query",), indexes=(NODES_BY_CLUSTER,)),
             policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
             policies.objects(
@@ -455,7 +459,7 @@ class ShardVaultStack(Stack):
         )
         wal = f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"  # every cluster's WAL archive, nothing else
         grant(
-            "archive_wal",  # shardvault/archive.py: signs and records the agents' WAL batches
+            "archive_wal",  # shardvault/wal/archive.py: signs and records the agents' WAL batches
             policies.table(self.tables.nodes, ("dynamodb:GetItem",)),  # the caller's claim
             policies.table(self.tables.inbox, ("dynamodb:GetItem",)),  # its request item
             policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),  # #archive counters
@@ -526,7 +530,7 @@ class ShardVaultStack(Stack):
         grant(
             "plan_restore",
             # A restore into another cluster: each data key wrapped again for the target's
-            # context, which its agents may unwrap (shardvault/keys.py: Rewrapper); the
+            # context, which its agents may unwrap (shardvault/aws/keys.py: Rewrapper); the
             # plaintext stays in KMS.
             *[
                 data_key_statement(self.data_key, action, {"StringLike": {CLUSTER_KEY: "*"}})

@@ -6,7 +6,7 @@ Paste its output over the table under "The policy file" in README.md; tests/unit
 fails while the README's table differs from it.
 """
 
-from shardvault.policy import fields_table
+from shardvault.config.policy import fields_table
 
 if __name__ == "__main__":
     print(fields_table(), end="")

@@ -9,6 +9,6 @@ from shardvault.versions import installed
 __version__ = installed("shardvault-agent")  # registered with the node (agents/pyproject.toml)
 
 # The agent protocol this agent speaks, registered with its node: a control plane that needs a
-# newer one refuses backups and restores by name (shardvault.models.AGENT_PROTOCOL says what
-# each number added).
+# newer one refuses backups and restores by name (shardvault.contracts.models.AGENT_PROTOCOL says
+# what each number added).
 PROTOCOL = 3

@@ -1,6 +1,6 @@
 """Continuous WAL archiving: the agent stores what PostgreSQL left in its shards' spools.
 
-Terms (see ``shardvault.archive`` for the batch, the request and the store's layout):
+Terms (see ``shardvault.wal.archive`` for the batch, the request and the store's layout):
 - *spool*: a leader shard's ``wal_spool_dir``, where ``shardvault-wal-push`` (the server's
   ``archive_command``) leaves each WAL file durably.
 - *pending batch*: a batch packed into ``state_dir/archive/<batch id>/`` (``batch.json`` and the
@@ -38,7 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardvault.archive import (
+from shardvault.contracts.models import DEFAULT_COMPRESSION_LEVEL, Encryption
+from shardvault.data.pipeline import FrameCodec, pack, pack_frames
+from shardvault.data.planning import frame_size_for
+from shardvault.errors import ArchiveRefused, WalNotArchived
+from shardvault.wal.archive import (
     BATCH_MAX_BYTES,
     REQUEST_PREFIX,
     WAL_FILE,
@@ -46,10 +50,6 @@ from shardvault.archive import (
     WalFile,
     batch_place,
 )
-from shardvault.errors import ArchiveRefused, WalNotArchived
-from shardvault.models import DEFAULT_COMPRESSION_LEVEL, Encryption
-from shardvault.pipeline import FrameCodec, pack, pack_frames
-from shardvault.planning import frame_size_for
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.transfer import PartSender
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import boto3
 
+from shardvault.aws.stack_outputs import stack_variables
 from shardvault.errors import InvalidRequest
-from shardvault.stack_outputs import stack_variables
 
 DEFAULT_STACK = "ShardVault"
 DEFAULT_ENV_FILE = Path("/etc/shardvault/agent.env")

@@ -2,7 +2,7 @@
 writes, and where in that backup's stored objects, worked out by the node that restores the
 shard, over arrays.
 
-Terms (the chain as a node receives it: ``shardvault.chains``):
+Terms (the chain as a node receives it: ``shardvault.data.chains``):
 - *member*: one backup of a chain, seen through one shard's data stream: its files (its own
   listing) and its extents (``None`` for the full at the root: its objects hold the whole
   stream). A member's objects hold its *delta stream*: the bytes of its extents, in order.
@@ -48,9 +48,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shardvault.contracts.models import FileEntry, unpack_file_pairs
+from shardvault.data.extents import varint_bytes
 from shardvault.errors import ParentUnavailable
-from shardvault.extents import varint_bytes
-from shardvault.models import FileEntry, unpack_file_pairs
 
 I64 = np.int64
 Array = np.ndarray  # of int64 unless said otherwise
@@ -373,7 +373,7 @@ class Placed(NamedTuple):
 
 
 def place_chain(members: list[dict[str, Any]], layered: bool = False) -> Placed:
-    """A chain (``shardvault.chains.chain_args``) placed in the newest member's stream;
+    """A chain (``shardvault.data.chains.chain_args``) placed in the newest member's stream;
     ``layered``: see the module docstring."""
     chain = [received_member(m) for m in members]
     objects = Objects.of(members)
@@ -422,7 +422,7 @@ def received_member(member: dict[str, Any]) -> Member:
 
 
 def extent_columns(packed: str) -> tuple[Array, Array]:
-    """Packed extents (``shardvault.extents.pack_extents``: per extent the gap since the last
+    """Packed extents (``shardvault.data.extents.pack_extents``: per extent the gap since the last
     one's end and its length, as LEB128 varints) as offsets and lengths, decoded at once."""
     raw = np.frombuffer(varint_bytes(packed), dtype=np.uint8)
     if not raw.size:

@@ -2,7 +2,7 @@
 
 A *check* is a name and a verdict: ``ok``, or what went wrong. A *validation query* comes from
 whoever started the restore, so it runs with no power to change anything or reach the host
-(``shardvault.sqlcheck`` has already refused anything but one read-only statement; the
+(``shardvault.contracts.sqlcheck`` has already refused anything but one read-only statement; the
 engine enforces the rest, in its module: ``engines.postgres_checks``, ``engines.sqlite_checks``):
 
 - PostgreSQL: a temporary login role (``shardvault_check_<random>``), not a superuser, holding
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shardvault.contracts.sqlcheck import FIX, check_validation_queries
 from shardvault.errors import InvalidRequest
-from shardvault.sqlcheck import FIX, check_validation_queries
 
 REFUSED = "refused: "
 TRUE_VALUES = frozenset({"t", "true", "1"})

@@ -26,17 +26,8 @@ from typing import Any, BinaryIO
 
 import boto3
 
-from shardvault.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
-from shardvault.cut import CutRequest
-from shardvault.errors import (
-    CheckpointNotFound,
-    InvalidRequest,
-    ListingTooLarge,
-    StoreObjectDamaged,
-    UnknownCommand,
-)
-from shardvault.extents import pack_within, unpack_extents
-from shardvault.models import (
+from shardvault.contracts.cut import CutRequest
+from shardvault.contracts.models import (
     Encryption,
     FileEntry,
     ObjectChecksums,
@@ -47,7 +38,9 @@ from shardvault.models import (
     UploadLimits,
     pack_files,
 )
-from shardvault.pipeline import (
+from shardvault.data.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
+from shardvault.data.extents import pack_within, unpack_extents
+from shardvault.data.pipeline import (
     FrameCodec,
     SpareCores,
     frame_spans,
@@ -55,11 +48,18 @@ from shardvault.pipeline import (
     plaintext_crc,
     unpack_frames,
 )
-from shardvault.planning import (
+from shardvault.data.planning import (
     OBJECTS_IN_FLIGHT_PER_NODE,
     blockmap_listings,
     listings_from_results,
     plan_objects,
+)
+from shardvault.errors import (
+    CheckpointNotFound,
+    InvalidRequest,
+    ListingTooLarge,
+    StoreObjectDamaged,
+    UnknownCommand,
 )
 from shardvault_agent.archiver import Archiver
 from shardvault_agent.blockmap import BlockMap
@@ -134,7 +134,7 @@ class Commands:
         self.locks_guard = threading.Lock()
         self.backup_limiters: dict[str, RateLimiter] = {}
         self.guards: dict[str, SourceGuard] = {}
-        # Idle cores a pack may borrow (shardvault.pipeline), none the database is using.
+        # Idle cores a pack may borrow (shardvault.data.pipeline), none the database is using.
         self.spare = SpareCores(others=OthersCores())
         # The helper that reads screened ranges through a mapping (shardvault_agent.mappedscreen).
         self.mapped = MappedScreener()
@@ -174,7 +174,7 @@ class Commands:
 
     def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The command's arguments, those too large for its inbox item read from the store
-        through their presigned URL (``shardvault.dispatch.work_args``)."""
+        through their presigned URL (``shardvault.workflow.dispatch.work_args``)."""
         return inlined(self.restorer.downloader, args)
 
     # --- state on disk -------------------------------------------------------------------------
@@ -416,8 +416,8 @@ class Commands:
 
     # --- commands ------------------------------------------------------------------------------
     def do_probe(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``shardvault check``'s round trip (``shardvault.probe``): puts the probe's bytes
-        through their checksum-bound URL and reads them back through the other, as a backup's
+        """``shardvault check``'s round trip (``shardvault.assurance.probe``): puts the probe's
+        bytes through their checksum-bound URL and reads them back through the other, as a backup's
         parts and a restore's ranges go."""
         body = base64.b64decode(args["body"])
         started = time.monotonic()

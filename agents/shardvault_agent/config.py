@@ -35,8 +35,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from shardvault.contracts.models import Engine, Role, check_name
 from shardvault.errors import InvalidRequest, ShardDataMissing
-from shardvault.models import Engine, Role, check_name
 
 CONFIG_ERROR = "agent_config"  # the pydantic error type of problems that carry their own fix
 README_SECTION = "README's 'The agent' section lists every field"

@@ -41,9 +41,9 @@ import boto3
 import urllib3
 from botocore.config import Config
 
+from shardvault.aws.tables import Catalog, Inbox, NodeRegistry
+from shardvault.contracts.models import NodeRecord, Role, ShardInfo
 from shardvault.errors import ShardVaultError
-from shardvault.models import NodeRecord, Role, ShardInfo
-from shardvault.tables import Catalog, Inbox, NodeRegistry
 from shardvault_agent import PROTOCOL, __version__, restore
 from shardvault_agent.archiver import Archiver, Spool, lambda_invoker, spool_state
 from shardvault_agent.commands import Commands

@@ -2,7 +2,8 @@
 node's inbox, so that an idle agent hears of the command at once without reading its inbox.
 
 Terms:
-- *doorbell*: the queue ``shardvault-doorbell-<node_id>`` (``shardvault.models.doorbell_name``).
+- *doorbell*: the queue ``shardvault-doorbell-<node_id>``
+(``shardvault.contracts.models.doorbell_name``).
   The agent creates it itself at start: ``CreateQueue`` is idempotent for equal attributes,
   and a queue made with other attributes (an older agent's) is given these. Encrypted at
   rest with SQS-managed keys; a message lives ``RETENTION_SECONDS`` (a ring older than that
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as NetworkError
 
-from shardvault.models import doorbell_name
+from shardvault.contracts.models import doorbell_name
 from shardvault_agent.retry import RETRYABLE_STATUS, TryAgain, retrying
 
 RETENTION_SECONDS = 300

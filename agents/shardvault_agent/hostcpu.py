@@ -9,7 +9,7 @@ Terms:
   over it, scaled to the cores this process may run on (its affinity) on the assumption that
   the others spread evenly over the host's cores.
 
-A pack borrows an idle core for its frames (``shardvault.pipeline.SpareCores``) only when its
+A pack borrows an idle core for its frames (``shardvault.data.pipeline.SpareCores``) only when its
 own busy threads and the others' cores leave one: a core the database is using is not idle,
 however few packs run. Where ``/proc/stat`` cannot be read (a sandbox that hides it), nothing
 is known and the pack counts its own threads only. The first window after a quiet spell is

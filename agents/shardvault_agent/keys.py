@@ -1,4 +1,4 @@
-"""Unwrapping data keys on the node (see ``shardvault.keys``).
+"""Unwrapping data keys on the node (see ``shardvault.aws.keys``).
 
 The agent asks KMS to unwrap a backup's data key with the encryption context recorded beside
 it; its role allows that only for its own cluster's context. Unwrapped keys are kept in
@@ -14,9 +14,9 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from shardvault.contracts.models import Encryption
+from shardvault.data.pipeline import Sealer
 from shardvault.errors import KeyUnavailable, WrongKey
-from shardvault.models import Encryption
-from shardvault.pipeline import Sealer
 
 
 class DataKeys:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shardvault.models import DownloadItem
-from shardvault.pipeline import (
+from shardvault.contracts.models import DownloadItem
+from shardvault.data.pipeline import (
     FrameCodec,
     FrameSpan,
     Sealer,

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from shardvault.models import BackupStatus
-from shardvault.tables import RESTORE_PREFIX
+from shardvault.aws.tables import RESTORE_PREFIX
+from shardvault.contracts.models import BackupStatus
 from shardvault_agent.commands import Commands
 
 log = logging.getLogger("shardvault.agent.reconcile")

@@ -41,7 +41,21 @@ from pathlib import Path
 from typing import Any
 
 from shardvault import errors
-from shardvault.checksums import combine, to_b64
+from shardvault.aws.tables import INBOX_TTL_SECONDS
+from shardvault.contracts.models import DownloadItem, Encryption, unpack_files
+from shardvault.data.checksums import combine, to_b64
+from shardvault.data.extents import unpack_numbers
+from shardvault.data.pipeline import (
+    FrameCodec,
+    FrameSink,
+    FrameSpan,
+    Sealer,
+    fetch_ranges,
+    frame_spans,
+    unpack_frames,
+)
+from shardvault.data.planning import part_ranges
+from shardvault.data.streams import StreamIndex
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
@@ -51,20 +65,6 @@ from shardvault.errors import (
     TargetNotReady,
     TargetTooSmall,
 )
-from shardvault.extents import unpack_numbers
-from shardvault.models import DownloadItem, Encryption, unpack_files
-from shardvault.pipeline import (
-    FrameCodec,
-    FrameSink,
-    FrameSpan,
-    Sealer,
-    fetch_ranges,
-    frame_spans,
-    unpack_frames,
-)
-from shardvault.planning import part_ranges
-from shardvault.streams import StreamIndex
-from shardvault.tables import INBOX_TTL_SECONDS
 from shardvault_agent.chain_placement import Placed, place_chain
 from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig, ShardConfig

@@ -57,9 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from shardvault.contracts.models import FileEntry
+from shardvault.data.streams import StreamIndex
 from shardvault.errors import CheckpointNotFound
-from shardvault.models import FileEntry
-from shardvault.streams import StreamIndex
 from shardvault_agent.blockmap import (
     BLOCK_SIZE,
     HASH_SIZE,

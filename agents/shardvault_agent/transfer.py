@@ -1,4 +1,4 @@
-"""Transfer: the agent's end of the part pipeline (``shardvault.pipeline``).
+"""Transfer: the agent's end of the part pipeline (``shardvault.data.pipeline``).
 
 Backup: ``pack`` reads an object's range of a shard's stream once, frames, compresses (and
 seals) it into a *packed* copy in the backup's spool, checksumming the stored bytes per part;
@@ -31,7 +31,11 @@ from typing import Any, BinaryIO
 
 import urllib3
 
-from shardvault.checksums import READ_CHUNK, crc64nvme, to_b64
+from shardvault.aws.store import CHECKSUM_HEADER
+from shardvault.contracts.models import FileEntry, ObjectPlan, PartChecksum, UploadedPart
+from shardvault.data.checksums import READ_CHUNK, crc64nvme, to_b64
+from shardvault.data.pipeline import FrameCodec, PackedObject, SpareCores, pack
+from shardvault.data.streams import StreamIndex
 from shardvault.errors import (
     DownloadIncomplete,
     PartDownloadFailed,
@@ -43,10 +47,6 @@ from shardvault.errors import (
     StoreObjectDamaged,
     TargetTooSmall,
 )
-from shardvault.models import FileEntry, ObjectPlan, PartChecksum, UploadedPart
-from shardvault.pipeline import FrameCodec, PackedObject, SpareCores, pack
-from shardvault.store import CHECKSUM_HEADER
-from shardvault.streams import StreamIndex
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.retry import RETRYABLE_STATUS, TryAgain, retrying
 
@@ -215,8 +215,8 @@ class PartSender:
         return UploadedPart(part_number=part.part_number, etag=etag, crc64nvme=part.crc64nvme)
 
     def send_answer(self, url: str, body: bytes, what: str) -> None:
-        """Puts a command's answer (``shardvault.dispatch``: answers by URL). The URL binds no
-        checksum; the control plane checks the object against the one the task answer sends."""
+        """Puts a command's answer (``shardvault.workflow.dispatch``: answers by URL). The URL binds
+        no checksum; the control plane checks the object against the one the task answer sends."""
 
         self._put(url, {"Content-Length": str(len(body))}, lambda: io.BytesIO(body), what)
 
@@ -407,7 +407,7 @@ class Downloader:
 
 def inlined(downloader: Downloader, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` with the part too large for an inbox item read from the store through its
-    presigned URL (``args_url``, ``args_size``: ``shardvault.dispatch.work_args``)."""
+    presigned URL (``args_url``, ``args_size``: ``shardvault.workflow.dispatch.work_args``)."""
     url = args.get("args_url")
     if not url:
         return args

@@ -29,9 +29,9 @@ from constructs import Construct
 
 from infra import policies
 from infra.constants import AGENT_POLICY_DESCRIPTION, CLUSTER_TAG, NODE_ID_TAG
-from shardvault.models import DOORBELL_PREFIX
+from shardvault.contracts.models import DOORBELL_PREFIX
 
-# shardvault/tables.py Inbox, as the agent uses it: its commands (Query), its ring counter
+# shardvault/aws/tables.py Inbox, as the agent uses it: its commands (Query), its ring counter
 # (GetItem), a command done (DeleteItem), a failure note and a WAL batch's request (PutItem).
 INBOX_ACTIONS = (
     "dynamodb:Query",
@@ -119,7 +119,7 @@ class AgentAccess(Construct):
                     resources=[own_stack_arn(self)],
                 ),
                 # Continuous WAL archiving: the archive function signs what the node wrote into
-                # its own inbox items (shardvault/archive.py); no other function.
+                # its own inbox items (shardvault/wal/archive.py); no other function.
                 iam.PolicyStatement(
                     actions=["lambda:InvokeFunction"], resources=[archive_function.function_arn]
                 ),

@@ -2,7 +2,7 @@
 
 - *the watch*: an EventBridge rule runs ``watch_clusters`` every ``WATCH_MINUTES``; it
   publishes each cluster's backup age and the deployment's silent agents
-  (``shardvault/watch.py``).
+  (``shardvault/assurance/watch.py``).
 - *alarms*, each publishing to the notifications topic:
   - ``BackupAge-<cluster>``, one per cluster of the policy: its newest complete backup is
     older than its RPO (``Policy.rpo_hours``);
@@ -34,8 +34,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constants import FUNCTIONS, POWERTOOLS_SERVICE_NAME
-from shardvault.policy import Policy
-from shardvault.watch import (
+from shardvault.assurance.watch import (
     BACKUP_AGE_METRIC,
     CLUSTER_DIMENSION,
     NAMESPACE,
@@ -44,6 +43,7 @@ from shardvault.watch import (
     STALLED_SPOOLS_METRIC,
     WATCH_MINUTES,
 )
+from shardvault.config.policy import Policy
 
 WATCH_PERIOD = Duration.minutes(WATCH_MINUTES)
 DASHBOARD_NAME = "ShardVault"

@@ -32,7 +32,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagSuppressions
 from constructs import Construct
 
-from shardvault.policy import UNRESTRICTED_DAYS, BackupKind, Policy, check_day_fields
+from shardvault.config.policy import UNRESTRICTED_DAYS, BackupKind, Policy, check_day_fields
 
 DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 RETENTION_CRON = "cron(30 5 * * ? *)"  # daily, after the usual night's backups

@@ -19,28 +19,14 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from shardvault import costs, engines
+from shardvault.aws.keys import new_data_key
+from shardvault.aws.services import Services
+from shardvault.aws.tables import NodeRegistry
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
-from shardvault.cut import cut_margin_seconds
-from shardvault.errors import (
-    AgentOutdated,
-    AgentUnavailable,
-    BackupAlreadyRunning,
-    EngineMismatch,
-    InvalidRequest,
-    MixedEngines,
-    NoShards,
-    ParentUnavailable,
-    ShardDataMissing,
-    ShardNotReady,
-    ShardWithManyLeaders,
-    ShardWithoutLeader,
-    UnknownCluster,
-)
-from shardvault.keys import new_data_key
-from shardvault.lifetimes import backup_class
-from shardvault.membership import check_members
-from shardvault.models import (
+from shardvault.config.policy import ClusterPolicy, Incremental, Upload
+from shardvault.contracts import engines
+from shardvault.contracts.cut import cut_margin_seconds
+from shardvault.contracts.models import (
     AGENT_PROTOCOL,
     DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
@@ -59,10 +45,25 @@ from shardvault.models import (
     lock_strength,
     new_backup_id,
 )
-from shardvault.planning import MiB, check_part_size
-from shardvault.policy import ClusterPolicy, Incremental, Upload
-from shardvault.services import Services
-from shardvault.tables import NodeRegistry
+from shardvault.data.planning import MiB, check_part_size
+from shardvault.errors import (
+    AgentOutdated,
+    AgentUnavailable,
+    BackupAlreadyRunning,
+    EngineMismatch,
+    InvalidRequest,
+    MixedEngines,
+    NoShards,
+    ParentUnavailable,
+    ShardDataMissing,
+    ShardNotReady,
+    ShardWithManyLeaders,
+    ShardWithoutLeader,
+    UnknownCluster,
+)
+from shardvault.lifecycle.lifetimes import backup_class
+from shardvault.pricing import costs
+from shardvault.workflow.membership import check_members
 
 RUNNING_EXECUTION = "RUNNING"
 

@@ -1,6 +1,6 @@
 """Answers: what the agents' listing commands (checkpoint, scan, stop) answered, read back.
 
-An agent given an ``answer_url`` (``shardvault.dispatch``) puts its *answer* (its shards'
+An agent given an ``answer_url`` (``shardvault.workflow.dispatch``) puts its *answer* (its shards'
 listings) in the work bucket there, and answers its task token with a *receipt*:
 ``{"node_id", "answer_bytes", "answer_crc64nvme"}``. The receipt comes through Step Functions,
 sent with the agent's own credentials; the object through a URL that whoever holds it could
@@ -16,11 +16,11 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.aws.services import Services
+from shardvault.aws.store import is_missing
+from shardvault.contracts.models import Phase
+from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import AnswerMismatch
-from shardvault.models import Phase
-from shardvault.services import Services
-from shardvault.store import is_missing
 
 # A packed listing is about 4.5 bytes a file: this is room for ten million files on a node,
 # and keeps the plan step (which holds every node's answer) far inside its memory.

@@ -25,16 +25,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shardvault.archive import (
-    WAL_DIR,
-    archived_batches,
-    batch_files,
-    batch_place,
-    shard_archive,
-)
+from shardvault.aws.services import Services
 from shardvault.backup.upload import verify_object
-from shardvault.errors import WalNotArchived
-from shardvault.models import (
+from shardvault.contracts.models import (
     Encryption,
     FileEntry,
     ManifestStream,
@@ -42,9 +35,16 @@ from shardvault.models import (
     Phase,
     ShardListing,
 )
-from shardvault.pgwal import SEGMENT_NAME, segment_number
-from shardvault.planning import backup_prefix
-from shardvault.services import Services
+from shardvault.data.planning import backup_prefix
+from shardvault.errors import WalNotArchived
+from shardvault.wal.archive import (
+    WAL_DIR,
+    archived_batches,
+    batch_files,
+    batch_place,
+    shard_archive,
+)
+from shardvault.wal.pgwal import SEGMENT_NAME, segment_number
 
 PARALLEL_COPIES = 8
 TAIL_EXTRAS = f"{WAL_DIR}/tail"  # a restore removes WAL_DIR once recovered

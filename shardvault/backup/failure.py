@@ -16,24 +16,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shardvault.causes import failure_cause, named_failure, transfer_failure
-from shardvault.dispatch import post_untracked
-from shardvault.errors import InvalidRequest, ShardVaultError, UploadIncomplete
-from shardvault.models import (
+from shardvault.aws.services import Services
+from shardvault.aws.store import abort_uploads, delete_prefix
+from shardvault.contracts.models import (
     BackupContext,
     BackupKind,
     BackupRequest,
     BackupStatus,
     new_backup_id,
 )
-from shardvault.planning import backup_prefix
-from shardvault.services import Services
-from shardvault.store import abort_uploads, delete_prefix
+from shardvault.data.planning import backup_prefix
+from shardvault.errors import InvalidRequest, ShardVaultError, UploadIncomplete
+from shardvault.workflow.causes import failure_cause, named_failure, transfer_failure
+from shardvault.workflow.dispatch import post_untracked
 
 
 def explain(context: BackupContext, error: dict[str, Any], svc: Services, now: float) -> str:
-    """The failure's cause (``shardvault.causes``), plus the nodes whose agents went silent: a
-    timeout or a missing object is most often a dead agent, and the operator needs to know
+    """The failure's cause (``shardvault.workflow.causes``), plus the nodes whose agents went
+    silent: a timeout or a missing object is most often a dead agent, and the operator needs to know
     where to look."""
     nodes = [source.node_id for source in context.sources]
     cause = failure_cause(error, svc, context.backup_id, nodes)

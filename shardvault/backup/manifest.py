@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from shardvault.archive import wal_from
+from shardvault.aws.services import Services
 from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.backup.upload import verified_results
-from shardvault.errors import UploadIncomplete
-from shardvault.models import (
+from shardvault.contracts.models import (
     BackupContext,
     BackupStatus,
     Encryption,
@@ -27,8 +26,9 @@ from shardvault.models import (
     ShardListing,
     VaultTarget,
 )
-from shardvault.planning import backup_prefix
-from shardvault.services import Services
+from shardvault.data.planning import backup_prefix
+from shardvault.errors import UploadIncomplete
+from shardvault.wal.archive import wal_from
 
 
 def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any]:
@@ -164,9 +164,9 @@ def verification_summary(results: list[ObjectResult]) -> str:
 
 
 def cost_estimate(manifest: Manifest, vault: VaultTarget | None) -> dict[str, Any]:
-    """What the backup costs to make and, a month, to keep (``shardvault.costs``)."""
-    from shardvault.costs import price_backup
-    from shardvault.prices import StorageClass
+    """What the backup costs to make and, a month, to keep (``shardvault.pricing.costs``)."""
+    from shardvault.pricing.costs import price_backup
+    from shardvault.pricing.prices import StorageClass
 
     # A class the price table lacks (a non-AWS store's own) is priced as STANDARD.
     known = {c.value for c in StorageClass}

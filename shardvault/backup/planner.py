@@ -4,7 +4,7 @@ The answers are read from the work bucket when the agents handed them there
 (``shardvault.backup.answers``).
 
 Each answer is checked against the backup's sources, turned into shard listings, and cut into
-an object plan (``shardvault.planning``); both are written to the work bucket, where the
+an object plan (``shardvault.data.planning``); both are written to the work bucket, where the
 Upload map reads the plan and Finalize the listings.
 
 An item of a plan is ``{"object": ObjectPlan, "checksums": ObjectChecksums | None,
@@ -26,19 +26,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shardvault import fanout
+from shardvault.aws.services import Services
 from shardvault.backup.answers import read_answers
 from shardvault.backup.upload import sign_at_plan
-from shardvault.cut import cut_skew_seconds, pause_summary
-from shardvault.errors import AnswerMismatch, InvalidRequest, UnknownCommand
-from shardvault.models import (
+from shardvault.contracts.cut import cut_skew_seconds, pause_summary
+from shardvault.contracts.models import (
     BackupContext,
     ObjectChecksums,
     ObjectPlan,
     Phase,
     ShardListing,
 )
-from shardvault.planning import (
+from shardvault.data.planning import (
     blockmap_listings,
     choose_part_size,
     interleave_by_node,
@@ -46,7 +45,8 @@ from shardvault.planning import (
     plan_objects,
     transfer_concurrency,
 )
-from shardvault.services import Services
+from shardvault.errors import AnswerMismatch, InvalidRequest, UnknownCommand
+from shardvault.workflow import fanout
 
 SIGN_THREADS = 8  # the work bucket's PUTs of signed URLs in flight (signing itself is local)
 
@@ -306,8 +306,8 @@ def check_scanned(results: list[dict[str, Any]]) -> None:
 
 
 def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
-    """The cluster's cut as the shards' tails recorded it (``shardvault.cut``): its restore
-    point's name, the skew of its creation times, and how late the latest shard came to it;
+    """The cluster's cut as the shards' tails recorded it (``shardvault.contracts.cut``): its
+    restore point's name, the skew of its creation times, and how late the latest shard came to it;
     nothing when no shard cut (SQLite, an agent older than cuts). A tail's marker is an
     agent's answer: one naming another point, or times that are not numbers, is refused."""
     cut = [listing for listing in tails if "cut_at" in listing.marker]

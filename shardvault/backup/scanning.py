@@ -8,8 +8,8 @@ with) and every block counts as changed.
 
 Each node scans in its Checkpoint command (``scan_args``: the dispatcher adds the parents), one
 round trip instead of two. A per-node Map runs at most ``NODE_MAP_CONCURRENCY`` nodes at once
-(``shardvault.fanout``), though: in a cluster of more nodes, the later nodes' checkpoints would
-wait for earlier nodes' scans, and the cut would spread over a scan's length. Such a backup is
+(``shardvault.workflow.fanout``), though: in a cluster of more nodes, the later nodes' checkpoints
+would wait for earlier nodes' scans, and the cut would spread over a scan's length. Such a backup is
 ``separate``: its Checkpoint commands name no parents, and a Scan map sends each node ``scan``
 with them once every checkpoint is taken.
 
@@ -29,14 +29,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardvault import fanout
+from shardvault.aws.services import Services
+from shardvault.aws.store import presign_get
 from shardvault.backup.planner import pack_arguments
+from shardvault.contracts.models import BackupContext, Manifest, object_place
+from shardvault.data.planning import choose_part_size
+from shardvault.data.readback import load_manifest, manifest_place
 from shardvault.errors import ParentUnavailable
-from shardvault.models import BackupContext, Manifest, object_place
-from shardvault.planning import choose_part_size
-from shardvault.readback import load_manifest, manifest_place
-from shardvault.services import Services
-from shardvault.store import presign_get
+from shardvault.workflow import fanout
 
 
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Upload: the control plane's side of each planned object, and the check after the Map.
 
-Per object: the agent packs it (``shardvault.pipeline``: its stream range read once into
+Per object: the agent packs it (``shardvault.data.pipeline``: its stream range read once into
 compressed, optionally sealed frames, checksummed per part of the stored bytes) -> ``sign``
 signs a URL per part, bound to that part's checksum, into the work bucket -> the agent uploads
 its packed copy -> ``complete`` completes the upload and ``verify_object`` checks the stored
@@ -28,18 +28,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from shardvault.causes import agent_note, named_failure
-from shardvault.errors import ChecksumMismatch, UploadIncomplete
-from shardvault.models import (
-    BackupContext,
-    ObjectChecksums,
-    ObjectPlan,
-    ObjectResult,
-    Phase,
-    UploadedPart,
-)
-from shardvault.services import Services
-from shardvault.store import (
+from shardvault.aws.services import Services
+from shardvault.aws.store import (
     complete_upload,
     create_upload,
     is_missing,
@@ -49,6 +39,16 @@ from shardvault.store import (
     stored_checksum,
     uploaded_parts,
 )
+from shardvault.contracts.models import (
+    BackupContext,
+    ObjectChecksums,
+    ObjectPlan,
+    ObjectResult,
+    Phase,
+    UploadedPart,
+)
+from shardvault.errors import ChecksumMismatch, UploadIncomplete
+from shardvault.workflow.causes import agent_note, named_failure
 
 VERIFY_THREADS = 16  # CheckUploads' requests in flight: each asks S3 for one object's checksum
 
@@ -239,7 +239,7 @@ def verified_results(
     if missing:
         nodes = [source.node_id for source in context.sources]
         if named := named_failure(svc, context.backup_id, nodes):
-            raise named  # the operator's to act on by name (shardvault.causes.NAMED)
+            raise named  # the operator's to act on by name (shardvault.workflow.causes.NAMED)
         note = agent_note(svc, context.backup_id, nodes, "")
         raise UploadIncomplete(
             f"{len(missing)} of {len(planned)} {phase} objects were not uploaded and verified "

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-from shardvault.archive import ARCHIVE_DIR
-from shardvault.services import ANSWERS_DIR
+from shardvault.aws.services import ANSWERS_DIR
+from shardvault.wal.archive import ARCHIVE_DIR
 
 VARIABLE = "SHARDVAULT_AGENT_FAULTS"
 

@@ -26,7 +26,7 @@ import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.response import StreamingBody
 
-from shardvault import lambda_support
+from shardvault.aws import lambda_support
 
 Handler = Callable[[dict, Any], Any]
 

@@ -18,8 +18,8 @@ fifth of its CPU in answers that never change while it runs:
 
 And one that grows with the ASL rather than the requests: moto starts a Distributed Map's
 ``MaxConcurrency`` worker threads whatever its item count, so a 3-node backup's per-node step
-(``MaxConcurrency`` 1,000: ``shardvault.fanout``) started 1,000 threads, five times a backup.
-:func:`install` starts no more workers than there are items, as AWS runs no more children.
+(``MaxConcurrency`` 1,000: ``shardvault.workflow.fanout``) started 1,000 threads, five times a
+backup. :func:`install` starts no more workers than there are items, as AWS runs no more children.
 
 On the local stack that CPU is taken from the agents, which share the machine (two cores in
 the benchmarks); on AWS none of it exists. :func:`install` memoizes them. The results are

@@ -48,8 +48,12 @@ from typing import IO, Any
 import boto3
 import yaml
 
-from shardvault import lambda_support
+from shardvault.aws import lambda_support
+from shardvault.aws.services import Services
+from shardvault.aws.store import s3_client
 from shardvault.backup import REAPED_STATUSES
+from shardvault.client.operations import STACK_OUTPUTS
+from shardvault.config.settings import Settings
 from shardvault.errors import InvalidRequest
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
 from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
@@ -59,10 +63,6 @@ from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
 from shardvault.local.s3_answers import presign_through
-from shardvault.operations import STACK_OUTPUTS
-from shardvault.services import Services
-from shardvault.settings import Settings
-from shardvault.store import s3_client
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -108,7 +108,7 @@ NAMES = {
 }
 # Invoked by an EventBridge rule on AWS (no ASL names it): here by ExecutionReaper.
 REAPER_FUNCTION = "reap_execution"
-# Invoked by the agents themselves (shardvault.archive): through moto's server here.
+# Invoked by the agents themselves (shardvault.wal.archive): through moto's server here.
 ARCHIVE_FUNCTION = "archive_wal"
 # Invoked by an EventBridge rule on AWS every WATCH_MINUTES: here by whoever asks (a test).
 WATCH_FUNCTION = "watch_clusters"
@@ -433,7 +433,7 @@ class LocalStack:
 
     def client_config(self) -> Any:
         """What the CLI's operations need to reach this stack."""
-        from shardvault.operations import ClientConfig
+        from shardvault.client.operations import ClientConfig
 
         return ClientConfig(
             self.state_machine_arn,
@@ -578,7 +578,7 @@ class LocalStack:
             process.wait()
 
     def wait_for_nodes(self, node_ids: list[str], timeout: float = 30.0) -> None:
-        from shardvault.tables import NodeRegistry, table
+        from shardvault.aws.tables import NodeRegistry, table
 
         registry = NodeRegistry(table(self.settings.nodes_table))
         deadline = time.monotonic() + timeout

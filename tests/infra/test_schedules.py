@@ -6,8 +6,8 @@ import pytest
 
 from infra.components.schedules import scheduler_cron
 from infra.constants import PROMOTED_TAG
-from shardvault import promote
-from shardvault.policy import PolicyError
+from shardvault.config.policy import PolicyError
+from shardvault.lifecycle import promote
 
 
 @pytest.mark.parametrize(

@@ -52,10 +52,10 @@ from infra.constants import (
     WORK_BUCKET_PLACEHOLDER,
 )
 from infra.stack import ShardVaultStack, agent_nodes, alert_emails
-from shardvault.dispatch import ANSWER_URL_TTL_SECONDS, ANSWERED
-from shardvault.fanout import NODE_MAP_CONCURRENCY
-from shardvault.models import DOORBELL_PREFIX
-from shardvault.policy import load_policy
+from shardvault.config.policy import load_policy
+from shardvault.contracts.models import DOORBELL_PREFIX
+from shardvault.workflow.dispatch import ANSWER_URL_TTL_SECONDS, ANSWERED
+from shardvault.workflow.fanout import NODE_MAP_CONCURRENCY
 from tests.infra.template_queries import (
     actions,
     as_list,
@@ -312,7 +312,7 @@ def test_function_shapes(synth: Synthesized) -> None:
 
 
 def test_functions_get_every_setting_they_read(synth: Synthesized) -> None:
-    from shardvault.settings import Settings  # the runtime's own list of settings
+    from shardvault.config.settings import Settings  # the runtime's own list of settings
 
     known = {name.upper() for name in Settings.model_fields}
     required = {name.upper() for name, f in Settings.model_fields.items() if f.is_required()}
@@ -414,8 +414,8 @@ def test_a_bad_alert_address_is_refused_at_synth(value: str) -> None:
 
 
 def test_agent_nodes_take_their_cluster_from_the_policy_and_may_not_contradict_it() -> None:
-    """The policy decides membership (shardvault.membership): a node it lists is tagged with
-    that cluster (what lets its agent unwrap the cluster's data keys), and a context that
+    """The policy decides membership (shardvault.workflow.membership): a node it lists is tagged
+    with that cluster (what lets its agent unwrap the cluster's data keys), and a context that
     puts it elsewhere fails the synth."""
     policy = load_policy(DEFAULT_POLICY).model_copy(deep=True)
     orders = policy.clusters["orders"].model_copy(update={"nodes": ["node-1", "node-2"]})
@@ -524,7 +524,7 @@ NOTIFY = {
     ("kms:GenerateDataKey*", "topic key"),
 }
 UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
-# What each restore function calls in shardvault/restore.py, and nothing else.
+# What each restore function calls in shardvault/restore/steps.py, and nothing else.
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
     | LIST_WAL_ARCHIVE
@@ -624,7 +624,7 @@ def test_distributed_maps_read_their_plan_from_the_work_bucket_and_write_nothing
 ) -> None:
     """What the state machine's role is granted for a Distributed Map: s3:GetObject under
     _work/ of the staging bucket (its plan), no s3:PutObject (a ResultWriter would need it).
-    The per-node Maps (shardvault/fanout.py) take their items from the state; each child
+    The per-node Maps (shardvault/workflow/fanout.py) take their items from the state; each child
     catches its own failure, so that the check after the Map fails with the node's error."""
     for state in distributed_maps(path):
         assert "ResultWriter" not in state
@@ -772,7 +772,7 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
     synth: Synthesized,
 ) -> None:
     from infra.constants import DEFAULT_POLICY
-    from shardvault.policy import load_policy
+    from shardvault.config.policy import load_policy
 
     policy = load_policy(DEFAULT_POLICY)
     schedules = list(resources_of(synth, "AWS::Scheduler::Schedule").values())
@@ -961,7 +961,7 @@ def test_the_dashboard_shows_ages_outcomes_and_executions(synth: Synthesized) ->
 def test_the_cost_models_deployment_line_counts_what_the_stack_holds(synth: Synthesized) -> None:
     """``shardvault cost`` prints the deployment's own month from these counts: a key or an
     alarm added to the stack must be added there too."""
-    from shardvault import costs
+    from shardvault.pricing import costs
 
     month = costs.deployment_month(len(load_policy(DEFAULT_POLICY).clusters))
     assert len(resources_of(synth, "AWS::KMS::Key")) == month.kms_keys
@@ -1251,7 +1251,7 @@ def test_aborted_and_timed_out_backups_and_restores_are_reaped(synth: Synthesize
 
 def test_promotion_may_read_back_the_lock_it_set(synth: Synthesized) -> None:
     """HeadObject shows an object's lock only to a caller with s3:GetObjectRetention: without
-    it every promotion would fail its read-back (shardvault/promote.py confirm_lock)."""
+    it every promotion would fail its read-back (shardvault/lifecycle/promote.py confirm_lock)."""
     assert ("s3:GetObjectRetention", "vault/backups/*") in grants(synth, "promote_backup")
 
 

@@ -24,8 +24,10 @@ import boto3
 import pytest
 from shardvault_agent import walspool
 
-from shardvault import archive
-from shardvault import operations as ops
+from shardvault.aws.store import open_uploads
+from shardvault.aws.tables import Catalog, Inbox, table
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest, RestoreRequest
 from shardvault.local import demo
 from shardvault.local.mariadb import stop_server as stop_mariadb
 from shardvault.local.postgres import (
@@ -36,9 +38,7 @@ from shardvault.local.postgres import (
 )
 from shardvault.local.postgres import init_instance as init_postgres
 from shardvault.local.stack import ACCOUNT, LocalStack
-from shardvault.models import BackupRequest, RestoreRequest
-from shardvault.store import open_uploads
-from shardvault.tables import Catalog, Inbox, table
+from shardvault.wal import archive
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the WAL push runs as the server's user, as on a host
 ARCHIVE_MARKER = "archive-marker-7f3a"  # in the rows ArchivingNode writes
@@ -287,7 +287,7 @@ def running_pg_cluster(
 
 def record_posts(monkeypatch, record) -> None:
     """Calls ``record(command, args)`` for every command posted to an inbox, then posts it."""
-    from shardvault.tables import Inbox
+    from shardvault.aws.tables import Inbox
 
     post = Inbox.post
 
@@ -444,7 +444,7 @@ def run_cli(stack: LocalStack, *args: str, columns: int = 200) -> subprocess.Com
     """``shardvault ARGS`` against the stack, as a script runs it: a bare environment (no AWS
     variables but the stack's env file) and ``columns`` wide."""
     return subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", *args,
+        [sys.executable, "-m", "shardvault.client.cli", *args,
          "--stack-env", str(stack.root / "stack.env")],
         capture_output=True, text=True, timeout=300, check=False,
         env={"PATH": "/usr/bin:/bin", "COLUMNS": str(columns)},

@@ -11,12 +11,12 @@ from pathlib import Path
 import boto3
 
 from functions.reap_execution import lambda_handler
-from shardvault import operations as ops
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.client import operations as ops
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.data.materialize import materialize
+from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
+from shardvault.data.readback import load_manifest
 from shardvault.local.lambda_bridge import LambdaContext
-from shardvault.materialize import materialize
-from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
-from shardvault.readback import load_manifest
 
 from .conftest import entered_states, output, record_posts
 
@@ -135,7 +135,7 @@ def test_an_object_signed_at_plan_that_never_arrives_fails_the_backup_by_name(ma
 
 
 def test_expired_part_urls_are_signed_again(make_cluster):
-    from shardvault.lambda_support import services
+    from shardvault.aws.lambda_support import services
 
     settings = services().settings
     # URLs live 2 s; the agent waits 3 s before the first try of each part, so every first

@@ -11,7 +11,7 @@ import uuid
 import boto3
 import pytest
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
 from shardvault.errors import InvalidRequest
 
 from .conftest import Cluster
@@ -86,7 +86,7 @@ def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
     """A script sees the refusal in the exit status (3: refused; 2 is a usage error) and on
     stderr, and no execution was started to fail later."""
     refused = subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", "backup", "no-such-cluster", "--stack-env",
+        [sys.executable, "-m", "shardvault.client.cli", "backup", "no-such-cluster", "--stack-env",
          str(stack.root / "stack.env")],
         capture_output=True, text=True, timeout=120, check=False,
         env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
@@ -101,7 +101,7 @@ def test_the_cli_refuses_an_unknown_cluster_before_a_run_starts(stack):
     assert not [e for e in executions if e["name"].startswith("no-such-cluster")]
 
     usage = subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", "backup"],
+        [sys.executable, "-m", "shardvault.client.cli", "backup"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert usage.returncode == 2

@@ -71,7 +71,7 @@ def test_a_probe_that_died_is_cleaned_up_by_the_next(make_cluster, monkeypatch):
     svc = cluster.stack.services()
     leftover = "_work/probes/probe-20260101T000000Z-dead00/some-node"
     svc.store_s3.put_object(Bucket=svc.store.bucket, Key=leftover, Body=b"left by a crash")
-    monkeypatch.setattr("shardvault.probe.STALE_PROBE_SECONDS", -1)
+    monkeypatch.setattr("shardvault.assurance.probe.STALE_PROBE_SECONDS", -1)
     done = run_cli(cluster.stack, "check", cluster.name, "--json")
     found = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
     assert found[f"store round trip ({cluster.configs[0]['node_id']})"]["ok"]

@@ -10,7 +10,7 @@ import sys
 def cli(stack, *args: str) -> subprocess.CompletedProcess:
     env_file = str(stack.root / "stack.env")
     return subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", *args, "--stack-env", env_file],
+        [sys.executable, "-m", "shardvault.client.cli", *args, "--stack-env", env_file],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shardvault.models import AGENT_PROTOCOL
+from shardvault.contracts.models import AGENT_PROTOCOL
 
 from .conftest import run_cli
 

@@ -20,14 +20,14 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.postgres import PostgresAdapter, restore_point, take_cut
 
 from shardvault.backup.planner import cut_summary
-from shardvault.cut import (
+from shardvault.contracts.cut import (
     LOCK_TIMEOUT_SECONDS,
     PAUSE_HOLD_SECONDS,
     CutRequest,
 )
+from shardvault.contracts.models import Phase, ShardListing
 from shardvault.errors import EngineError
 from shardvault.local.postgres import PostgresInstance, init_instance
-from shardvault.models import Phase, ShardListing
 
 KEY = 4242
 # How late a server's sleep may wake: a few ms on an idle machine, tens of ms on 2 vCPUs under

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from shardvault import cli
+from shardvault.client import cli
 from shardvault.local import demo
 
 pytestmark = pytest.mark.minio
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.minio
 def test_the_demo_restores_its_incremental_equal_to_the_source(tmp_path):
     # Its own process, as the README runs it: a local stack's moto is per process, and the
     # test session's stack already holds the tables.
-    command = [sys.executable, "-m", "shardvault.cli", "demo", "--size-mb", "12"]
+    command = [sys.executable, "-m", "shardvault.client.cli", "demo", "--size-mb", "12"]
     command += ["--dir", str(tmp_path / "demo")]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
 

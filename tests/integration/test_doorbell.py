@@ -7,8 +7,8 @@ import time
 
 import boto3
 
-from shardvault.models import doorbell_name
-from shardvault.tables import NodeRegistry, table
+from shardvault.aws.tables import NodeRegistry, table
+from shardvault.contracts.models import doorbell_name
 
 # The defaults of the idle periods; commands turn an agent busy for half a second only, so
 # that most commands of the backup reach an idle agent.

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import boto3
 
-from shardvault import drills, scheduler
-from shardvault import operations as ops
-from shardvault.drills import DrillRequest
-from shardvault.policy import load_policy
-from shardvault.tables import Catalog, table
+from shardvault.assurance import drills
+from shardvault.assurance.drills import DrillRequest
+from shardvault.aws.tables import Catalog, table
+from shardvault.client import operations as ops
+from shardvault.config.policy import load_policy
+from shardvault.local import scheduler
 
 from .conftest import entered_states, running_pg_cluster
 

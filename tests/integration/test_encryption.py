@@ -12,10 +12,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.contracts.models import Manifest
+from shardvault.data.readback import load_manifest
 from shardvault.local.demo import table_digests
-from shardvault.models import Manifest
-from shardvault.readback import load_manifest
 
 pytestmark = pytest.mark.minio
 

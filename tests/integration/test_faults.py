@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardvault.readback import load_manifest, manifest_key
+from shardvault.data.readback import load_manifest, manifest_key
 
 
 def test_an_agents_error_reaches_the_record_with_its_cause(make_cluster):
@@ -138,7 +138,7 @@ def test_a_full_disk_during_a_restore_is_named_and_not_retried(
     filler = restore_dir / "filler"  # someone else fills the disk while the restore writes
     fill_up(filler)
 
-    from shardvault import operations as ops
+    from shardvault.client import operations as ops
 
     from .conftest import client_of
 

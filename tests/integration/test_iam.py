@@ -11,12 +11,12 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from shardvault.assurance.watch import BACKUP_AGE_METRIC
+from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
+from shardvault.aws.tables import NodeRegistry, table
+from shardvault.client.operations import STACK_OUTPUTS
 from shardvault.local.iam.template import READ_ONLY_OPERATOR
 from shardvault.local.stack import DEPLOYED_NAME, REGION, WATCH_FUNCTION
-from shardvault.operations import STACK_OUTPUTS
-from shardvault.tables import NodeRegistry, table
-from shardvault.watch import BACKUP_AGE_METRIC
-from shardvault.watch import NAMESPACE as WATCH_NAMESPACE
 
 
 def test_a_backup_whose_planner_lost_its_grant_fails_by_name_and_leaves_nothing(
@@ -87,7 +87,7 @@ def env_of(stack, **changes: str) -> dict[str, str]:
 
 def shardvault(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", *args],
+        [sys.executable, "-m", "shardvault.client.cli", *args],
         capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
 

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from shardvault import operations as ops
-from shardvault.readback import load_manifest
+from shardvault.client import operations as ops
+from shardvault.data.readback import load_manifest
 
 from .conftest import entered_states, record_posts, rot_in_vault
 
@@ -129,7 +129,7 @@ def test_a_cluster_wider_than_a_node_map_scans_apart_and_still_chains(
     """Past 1,000 nodes a Checkpoint map cannot run every node at once: each node then scans in
     a ``scan`` command of its own, after every checkpoint (the threshold is lowered to 1 so
     that 2 nodes show it), and its map goes with the tail."""
-    monkeypatch.setattr("shardvault.fanout.NODE_MAP_CONCURRENCY", 1)
+    monkeypatch.setattr("shardvault.workflow.fanout.NODE_MAP_CONCURRENCY", 1)
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
     full = cluster.backup()
@@ -251,7 +251,7 @@ def test_a_chain_too_large_for_an_inbox_item_reaches_the_node_by_url(
     inline limit is lowered to 64 bytes so that a small chain shows it."""
     from shardvault.local.demo import table_digests
 
-    monkeypatch.setattr("shardvault.dispatch.INLINE_ARGS_BYTES", 64)
+    monkeypatch.setattr("shardvault.workflow.dispatch.INLINE_ARGS_BYTES", 64)
     posted: list[tuple[str, dict]] = []
     record_posts(monkeypatch, lambda command, args: posted.append((command, args)))
     cluster, source, last = scattered_incremental(make_cluster, policy_for, every=13)
@@ -301,7 +301,7 @@ def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
     the vault itself reports, and the catalog records the parent's new date."""
     from datetime import datetime
 
-    from shardvault.readback import load_manifest
+    from shardvault.data.readback import load_manifest
 
     cluster = make_cluster(nodes=1, size_mb=2)
     policy_for(cluster.name)  # a one-day lock
@@ -339,7 +339,7 @@ def test_a_fulls_object_before_the_newer_backups_objects_is_refused(
     object written before those arrived would miss them. The node prefetches them as it
     prepares; with that prefetch lost here (signed empty), the node refuses the full's
     objects by name rather than restore wrong data."""
-    from shardvault import restore as restore_module
+    from shardvault.restore import steps as restore_module
 
     def signing_nothing(prefetch_key, svc):
         restore_id = prefetch_key.split("/")[-3]

@@ -9,8 +9,8 @@ import time
 import boto3
 import pytest
 
-from shardvault import operations as ops
-from shardvault.store import open_uploads
+from shardvault.aws.store import open_uploads
+from shardvault.client import operations as ops
 
 
 def bucket_uploads(cluster, backup_id: str) -> list[str]:
@@ -88,7 +88,7 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     backup that is not running. The sweep removes them, and keeps a running backup's upload,
     a backup whose catalog record was lost (its manifest says it is a backup) and the
     cluster's WAL archive (no manifest: it is no backup)."""
-    from shardvault.lambda_support import services
+    from shardvault.aws.lambda_support import services
 
     cluster = make_cluster(nodes=1, size_mb=1)
     kept = cluster.backup()

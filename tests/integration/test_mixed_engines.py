@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shardvault.data.readback import load_manifest
 from shardvault.local.demo import change_sqlite, table_digests
-from shardvault.readback import load_manifest
 
 from .conftest import output
 from .test_bad_requests import assert_rejected, assert_unchanged

@@ -1,4 +1,4 @@
-"""Point-in-time restores (shardvault.pitr): a backup, then the WAL archive replayed to a
+"""Point-in-time restores (shardvault.wal.pitr): a backup, then the WAL archive replayed to a
 target, on a real PostgreSQL whose WAL the agent archives continuously.
 
 Checked in the restored server itself: a marker row written every quarter second after the

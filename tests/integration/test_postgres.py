@@ -17,7 +17,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shardvault import operations as ops
+from shardvault.assurance.verify import VerifyRequest, verify
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest
+from shardvault.data.materialize import materialize
+from shardvault.data.readback import load_manifest
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
@@ -25,11 +29,7 @@ from shardvault.local.postgres import (
     start_pgbench,
     stop_process,
 )
-from shardvault.materialize import materialize
-from shardvault.models import BackupRequest
-from shardvault.pgwal import lsn_number
-from shardvault.readback import load_manifest
-from shardvault.verify import VerifyRequest, verify
+from shardvault.wal.pgwal import lsn_number
 
 from .conftest import Cluster, client_of, entered_states, output, run_cli, running_pg_cluster
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import boto3
 
 from functions.reap_execution import lambda_handler as reap_handler
-from shardvault import operations as ops
-from shardvault import restore as restore_module
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupRequest, RestoreRequest
 from shardvault.local.demo import table_digests
 from shardvault.local.lambda_bridge import LambdaContext
-from shardvault.models import BackupRequest, RestoreRequest
+from shardvault.restore import steps as restore_module
 
 from .conftest import client_of, entered_states, glob_under_removal, output
 

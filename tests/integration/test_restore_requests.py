@@ -11,9 +11,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from shardvault import operations as ops
-from shardvault.models import RestoreRequest
-from shardvault.tables import Inbox, table
+from shardvault.aws.tables import Inbox, table
+from shardvault.client import operations as ops
+from shardvault.contracts.models import RestoreRequest
 
 from .conftest import Target, client_of
 

@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import boto3
 
-from shardvault import cli, expire
-from shardvault import operations as ops
-from shardvault.models import VaultTarget
-from shardvault.prices import STORAGE, StorageClass
-from shardvault.tables import Catalog, table
+from shardvault.aws.tables import Catalog, table
+from shardvault.client import cli
+from shardvault.client import operations as ops
+from shardvault.contracts.models import VaultTarget
+from shardvault.lifecycle import expire
+from shardvault.pricing.prices import STORAGE, StorageClass
 
 from .conftest import client_of
 

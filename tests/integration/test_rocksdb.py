@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
+from shardvault.data.readback import load_manifest
 from shardvault.local import demo
-from shardvault.readback import load_manifest
 
 from .conftest import FAST_AGENT, Cluster, names, output
 

@@ -26,7 +26,7 @@ import pytest
 from shardvault_agent.transfer import MAX_RESIGNS
 
 from shardvault import backup
-from shardvault import operations as ops
+from shardvault.client import operations as ops
 from shardvault.local.demo import table_digests
 from shardvault.local.s3_answers import (
     EXPIRED_TOKEN,

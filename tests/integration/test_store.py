@@ -9,10 +9,10 @@ import pytest
 import urllib3
 
 from shardvault import backup
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.aws.store import CHECKSUM_HEADER, complete_upload, create_upload, presign_part
+from shardvault.contracts.models import FileEntry, UploadedPart
+from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import ChecksumMismatch
-from shardvault.models import FileEntry, UploadedPart
-from shardvault.store import CHECKSUM_HEADER, complete_upload, create_upload, presign_part
 
 MiB = 1024 * 1024
 
@@ -77,8 +77,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     from shardvault_agent.ratelimit import RateLimiter
     from shardvault_agent.transfer import PartSender
 
-    from shardvault.materialize import materialize
-    from shardvault.models import (
+    from shardvault.contracts.models import (
         Manifest,
         ManifestShard,
         ManifestStream,
@@ -86,7 +85,8 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
         ObjectPlan,
         Phase,
     )  # fmt: skip
-    from shardvault.planning import part_count
+    from shardvault.data.materialize import materialize
+    from shardvault.data.planning import part_count
 
     svc = stack.services()
     live = tmp_path / "data" / "relation"
@@ -144,8 +144,8 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
 def test_a_manifest_read_again_unchanged_is_not_parsed_again(store, monkeypatch):
     # A restore reads a chain's manifests in three steps: the store answers the second read
     # with 304 (If-None-Match), and the manifest read before is used; a changed one is read.
-    from shardvault.models import Manifest
-    from shardvault.readback import load_manifest
+    from shardvault.contracts.models import Manifest
+    from shardvault.data.readback import load_manifest
 
     _svc, s3, bucket = store
     key = "tests/manifest-cache/manifest.json"

@@ -17,14 +17,15 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from shardvault import lambda_support, promote
-from shardvault import operations as ops
+from shardvault.aws import lambda_support
+from shardvault.aws.services import Services
+from shardvault.client import operations as ops
+from shardvault.contracts.models import BackupContext, LockMode, VaultTarget
+from shardvault.data.planning import MiB
+from shardvault.data.readback import load_manifest
+from shardvault.lifecycle import promote
 from shardvault.local.demo import table_digests
-from shardvault.models import BackupContext, LockMode, VaultTarget
-from shardvault.planning import MiB
-from shardvault.prices import StorageClass
-from shardvault.readback import load_manifest
-from shardvault.services import Services
+from shardvault.pricing.prices import StorageClass
 
 from .conftest import client_of, entered_states, output
 from .test_bad_requests import assert_rejected, assert_unchanged, run_raw

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from shardvault import operations as ops
+from shardvault.client import operations as ops
+from shardvault.data.readback import load_manifest
 from shardvault.local.demo import table_digests
-from shardvault.readback import load_manifest
 
 from .conftest import client_of, run_cli
 

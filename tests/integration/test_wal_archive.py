@@ -1,4 +1,4 @@
-"""Continuous WAL archiving (shardvault.archive, shardvault_agent.archiver): every WAL file a
+"""Continuous WAL archiving (shardvault.wal.archive, shardvault_agent.archiver): every WAL file a
 real PostgreSQL archives through shardvault-wal-push reaches the store, compressed (sealed
 when the policy says so), in batches whose indexes describe it; the spool empties; an agent
 killed while archiving loses nothing.
@@ -19,18 +19,18 @@ import boto3
 import pytest
 from shardvault_agent.keys import DataKeys
 
-from shardvault import archive
-from shardvault import operations as ops
+from shardvault.assurance.verify import VerifyRequest, verify
+from shardvault.assurance.watch import SPOOL_STALL_SECONDS, observe
+from shardvault.client import operations as ops
+from shardvault.contracts.models import Encryption, Phase
+from shardvault.data.materialize import read_batch
+from shardvault.data.pipeline import Sealer
+from shardvault.data.readback import load_manifest
 from shardvault.errors import BackupDamaged, ChecksumMismatch, FrameUnreadable
 from shardvault.local.postgres import restored_instance
-from shardvault.materialize import read_batch
-from shardvault.models import Encryption, Phase
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
-from shardvault.pipeline import Sealer
-from shardvault.readback import load_manifest
-from shardvault.restore import source_of
-from shardvault.verify import VerifyRequest, verify
-from shardvault.watch import SPOOL_STALL_SECONDS, observe
+from shardvault.restore.steps import source_of
+from shardvault.wal import archive
+from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 
 from .conftest import ARCHIVE_MARKER as MARKER
 from .conftest import client_of, output
@@ -146,7 +146,7 @@ def test_an_agent_killed_while_archiving_loses_no_wal_file(archiving) -> None:
 def test_the_daily_run_expires_the_wal_no_kept_backup_needs(archiving, monkeypatch) -> None:
     """WAL before the oldest complete backup's own goes with the retention run's sweep (a dry
     run only counts it); what follows it, and every history file, stays."""
-    from shardvault.lambda_support import services
+    from shardvault.aws.lambda_support import services
 
     node = archiving(delay=0.2)
     node.start_agent()

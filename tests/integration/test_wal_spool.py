@@ -21,7 +21,7 @@ from shardvault.local.postgres import (
     give_to_postgres,
     init_instance,
 )
-from shardvault.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
+from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # Debian's: what the server's user can run
 SEGMENT = DEFAULT_SEGMENT_SIZE

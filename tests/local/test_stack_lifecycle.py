@@ -72,7 +72,7 @@ def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shardvault.cli", *map(str, args)],
+        [sys.executable, "-m", "shardvault.client.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -93,7 +93,7 @@ def test_local_down_stops_the_stack_that_local_up_runs_and_its_minio(root: Path)
     log = root.parent / "up.log"
     with open(log, "wb") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "shardvault.cli", "local", "up", "--dir", str(root)],
+            [sys.executable, "-m", "shardvault.client.cli", "local", "up", "--dir", str(root)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "COLUMNS": "200"},

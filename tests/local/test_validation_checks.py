@@ -2,8 +2,8 @@
 cannot write, read files, run programs or outlast its timeout, and the checks leave the
 restored databases as they found them (no role, no extension, pg_hba.conf unchanged).
 
-The gate (``shardvault.sqlcheck``) is bypassed here on purpose: these calls are what a query
-that slipped through it would meet.
+The gate (``shardvault.contracts.sqlcheck``) is bypassed here on purpose: these calls are what a
+query that slipped through it would meet.
 """
 
 from __future__ import annotations

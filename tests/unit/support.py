@@ -14,11 +14,11 @@ import pytest
 from moto import mock_aws
 from shardvault_agent.config import AgentConfig, ShardConfig
 
+from shardvault.aws.services import Services
+from shardvault.config.settings import Settings
+from shardvault.contracts.models import AGENT_PROTOCOL, BackupContext, NodeRecord, ShardInfo, Source
 from shardvault.local import moto_fidelity
 from shardvault.local.stack import create_tables
-from shardvault.models import AGENT_PROTOCOL, BackupContext, NodeRecord, ShardInfo, Source
-from shardvault.services import Services
-from shardvault.settings import Settings
 
 TABLES = {"catalog_table": "c", "nodes_table": "n", "inbox_table": "i"}
 

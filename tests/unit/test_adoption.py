@@ -13,7 +13,7 @@ from shardvault_agent.engines import adapter_class
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
-from shardvault.models import Engine
+from shardvault.contracts.models import Engine
 
 
 def target(tmp_path: Path, shards: list[ShardConfig] | None = None) -> Commands:

@@ -17,12 +17,12 @@ import shardvault_agent
 from shardvault_agent import daemon
 
 from shardvault import backup
+from shardvault.assurance.readiness import findings
+from shardvault.aws.services import Services
+from shardvault.aws.tables import dynamo
+from shardvault.contracts.models import AGENT_PROTOCOL, BackupRequest, NodeRecord
 from shardvault.errors import AgentOutdated
-from shardvault.models import AGENT_PROTOCOL, BackupRequest, NodeRecord
-from shardvault.readiness import findings
-from shardvault.restore import check_target_nodes
-from shardvault.services import Services
-from shardvault.tables import dynamo
+from shardvault.restore.steps import check_target_nodes
 
 from .support import leader_node, moto_services, sqlite_agent
 from .test_readiness import POLICY  # cluster a: sqlite, one daily full

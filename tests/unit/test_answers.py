@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from shardvault_agent.commands import MAX_LISTING_CHARS, check_fits_task_result
 
+from shardvault.aws.services import Services
 from shardvault.backup.answers import MAX_ANSWER_BYTES, read_answers
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.contracts.models import Phase
+from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import AnswerMismatch, ListingTooLarge
-from shardvault.models import Phase
-from shardvault.services import Services
 
 from .support import moto_services
 

@@ -1,4 +1,4 @@
-"""The WAL archive function (shardvault.archive): what it signs and records is what the node
+"""The WAL archive function (shardvault.wal.archive): what it signs and records is what the node
 wrote into its own inbox items, for a shard it leads in a cluster the policy gives it, and
 nothing malformed; a batch is recorded only once the store holds it."""
 
@@ -10,11 +10,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from shardvault_agent import walspool
 
-from shardvault import archive
+from shardvault.aws.services import Services
+from shardvault.contracts.models import ShardInfo
+from shardvault.data.frames import FrameInfo, pack_frames
 from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
-from shardvault.frames import FrameInfo, pack_frames
-from shardvault.models import ShardInfo
-from shardvault.services import Services
+from shardvault.wal import archive
 
 from .support import leader_node, moto_services
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from shardvault.backup import archived
+from shardvault.contracts.models import Phase, ShardListing
 from shardvault.errors import WalNotArchived
-from shardvault.models import Phase, ShardListing
 
 SEG = 16 * 1024 * 1024
 

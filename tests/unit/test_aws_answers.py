@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 from shardvault_agent.transfer import MAX_RESIGNS, PartSender
 
+from shardvault.aws.store import s3_client
+from shardvault.contracts.models import PartChecksum
 from shardvault.errors import PartUploadFailed, PresignedUrlExpired
-from shardvault.models import PartChecksum
-from shardvault.store import s3_client
 
 EXPIRED = (
     b"<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>"

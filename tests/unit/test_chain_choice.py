@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from shardvault.backup.admission import INCREMENTAL_FORMAT, chain_for
+from shardvault.config.policy import ClusterPolicy
+from shardvault.contracts.models import BackupKind, BackupRequest, VaultTarget
 from shardvault.errors import ParentUnavailable
-from shardvault.models import BackupKind, BackupRequest, VaultTarget
-from shardvault.policy import ClusterPolicy
 
 
 class Catalog:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from shardvault import cli
+from shardvault.client import cli
 
 
 @pytest.fixture

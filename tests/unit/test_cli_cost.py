@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from shardvault import cli, costs
+from shardvault.client import cli
+from shardvault.pricing import costs
 
 POLICY = """
 version: 1
@@ -229,7 +230,7 @@ def test_with_a_catalog_the_forecast_uses_the_measured_sizes(
     text = screen.export_text()
     assert "full 80.00 GiB stored (measured)" in text
     assert "incrementals 5.00% of it (median of 3" in text
-    from shardvault.policy import load_policy
+    from shardvault.config.policy import load_policy
 
     expected = costs.monthly_forecast(load_policy(path).cluster("big"), 80 * gib, 0.05)
     forecast = cells(text.split("Kept now")[0])  # the forecast, not the spend table
@@ -255,7 +256,7 @@ def test_a_clusters_wal_archive_is_priced_from_its_measured_growth(
     forecast = cells(text.split("Kept now")[0])
     (row,) = [label for label in forecast if label.startswith("WAL archive at STANDARD")]
     growth = costs.WalGrowth(2 * 2**30, 1440)
-    from shardvault.policy import load_policy
+    from shardvault.config.policy import load_policy
 
     cluster = load_policy(path).cluster("big")
     expected = costs.monthly_forecast(cluster, 10 * 2**30, 0.05, wal=growth)

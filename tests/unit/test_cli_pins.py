@@ -9,9 +9,9 @@ import io
 import pytest
 from rich.console import Console
 
-from shardvault import cli
-from shardvault import operations as ops
-from shardvault.models import RestoreRequest
+from shardvault.client import cli
+from shardvault.client import operations as ops
+from shardvault.contracts.models import RestoreRequest
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from shardvault import cli
-from shardvault import operations as ops
+from shardvault.client import cli
+from shardvault.client import operations as ops
 
 OUTPUTS = {name: f"value-of-{name}" for name in ops.STACK_OUTPUTS}
 

@@ -1,4 +1,4 @@
-"""The cost model (``shardvault.costs``) against the price table and the reference's worked
+"""The cost model (``shardvault.pricing.costs``) against the price table and the reference's worked
 figures (``shared/reference/aws-facts.md``, 1 TB = 1,024 GB): storage per class and month,
 requests counted per PUT and COPY, restores by tier, early-deletion charges, a year of a
 policy averaged into a month, the issue's 1% target and the budget alert."""
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shardvault import costs
-from shardvault.costs import CostError, Landing
-from shardvault.policy import load_policy, parse_policy
-from shardvault.prices import DAYS_PER_MONTH, RestoreTier, StorageClass
-from shardvault.promote import COPY_CONFIG
+from shardvault.config.policy import load_policy, parse_policy
+from shardvault.lifecycle.promote import COPY_CONFIG
+from shardvault.pricing import costs
+from shardvault.pricing.costs import CostError, Landing
+from shardvault.pricing.prices import DAYS_PER_MONTH, RestoreTier, StorageClass
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 ROOT = Path(__file__).parents[2]
@@ -109,7 +109,7 @@ def test_landing_by_transition_or_directly_prices_its_own_requests() -> None:
 
 
 def test_staged_copies_are_billed_until_promotion_deletes_them() -> None:
-    promote_source = (ROOT / "shardvault" / "promote.py").read_text()
+    promote_source = (ROOT / "shardvault" / "lifecycle" / "promote.py").read_text()
     assert "remove_staging_copy(svc, staging_keys)" in promote_source
     cost = costs.price_backup(TiB, StorageClass.DEEP_ARCHIVE)
     hours = costs.PROMOTION_HOURS

@@ -8,11 +8,11 @@ from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to, cut
 from shardvault_agent.engines.postgres_restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
-from shardvault.cli import cut_cell
-from shardvault.cut import CutRequest, cut_margin_seconds
+from shardvault.client.cli import cut_cell
+from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.cut import CutRequest, cut_margin_seconds
+from shardvault.contracts.models import Phase, ShardListing
 from shardvault.errors import InvalidRequest, RestoreValidationFailed
-from shardvault.models import Phase, ShardListing
-from shardvault.policy import PolicyError, parse_policy
 
 
 def test_every_node_computes_the_same_instant_from_the_stop_steps_start() -> None:

@@ -10,10 +10,10 @@ import pytest
 from moto import mock_aws
 from shardvault_agent.keys import DataKeys
 
+from shardvault.aws.keys import CLUSTER_CONTEXT, Rewrapper, new_data_key
+from shardvault.contracts.models import Encryption
+from shardvault.data.pipeline import key_check
 from shardvault.errors import InvalidRequest, KeyUnavailable, WrongKey
-from shardvault.keys import CLUSTER_CONTEXT, Rewrapper, new_data_key
-from shardvault.models import Encryption
-from shardvault.pipeline import key_check
 
 
 class Svc:

@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from shardvault_agent.config import AgentConfig, HookCommands, ShardConfig
 
-from shardvault.policy import ClusterPolicy, Policy, fields_table
+from shardvault.config.policy import ClusterPolicy, Policy, fields_table
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 

@@ -25,14 +25,20 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from shardvault_agent import daemon
 from shardvault_agent.config import AgentConfig
 
-from shardvault import restore
+from shardvault.aws.services import Services
 from shardvault.backup.admission import check_nodes_available
 from shardvault.backup.failure import explain, post_releases
-from shardvault.dispatch import DispatchRequest, dispatch
+from shardvault.contracts.models import (
+    AGENT_PROTOCOL,
+    BackupContext,
+    NodeRecord,
+    Source,
+    doorbell_name,
+)
 from shardvault.errors import AgentUnavailable
-from shardvault.models import AGENT_PROTOCOL, BackupContext, NodeRecord, Source, doorbell_name
-from shardvault.restore import catalog_key
-from shardvault.services import Services
+from shardvault.restore import steps as restore
+from shardvault.restore.steps import catalog_key
+from shardvault.workflow.dispatch import DispatchRequest, dispatch
 
 from .support import moto_services, sqlite_agent
 
@@ -264,7 +270,10 @@ def test_a_failed_ring_fails_no_dispatch_and_the_safety_poll_finds_the_command(
     svc, tmp_path, caplog
 ) -> None:
     agent = agent_of(tmp_path, **FAST_IDLE)
-    with Running(agent) as running, caplog.at_level(logging.WARNING, "shardvault.dispatch"):
+    with (
+        Running(agent) as running,
+        caplog.at_level(logging.WARNING, "shardvault.workflow.dispatch"),
+    ):
         dispatched = post(svc, "b2", Unreachable())
         took = wait_for(lambda: "flush:b2" in running.picked_up, timeout=5)
     assert took < FAST_IDLE["idle_inbox_poll_seconds"] + PROMPTLY

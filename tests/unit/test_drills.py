@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 import boto3
 import pytest
 
-from shardvault import drills, scheduler
-from shardvault.drills import DrillContext, DrillRequest
+from shardvault.assurance import drills
+from shardvault.assurance.drills import DrillContext, DrillRequest
+from shardvault.client.operations import ClientConfig
+from shardvault.config.policy import PolicyError, parse_policy
 from shardvault.errors import DrillAlreadyRunning, InvalidRequest
-from shardvault.operations import ClientConfig
-from shardvault.policy import PolicyError, parse_policy
-from shardvault.restore import catalog_key as restore_key
+from shardvault.local import scheduler
+from shardvault.restore.steps import catalog_key as restore_key
 
 from .support import moto_services
 

@@ -1,8 +1,8 @@
 """The engine seam holds: engine knowledge lives in the engine adapters only.
 
 An engine's name is tested only in ``shardvault_agent/engines/`` (and the control plane's
-``shardvault/engines.py`` traits), the production agent imports nothing from the local stack
-(``shardvault/local/``), and every engine has an adapter with every hook of the interface and
+``shardvault/contracts/engines.py`` traits), the production agent imports nothing from the local
+stack (``shardvault/local/``), and every engine has an adapter with every hook of the interface and
 the control plane's traits."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from shardvault_agent.engines import ADAPTERS, adapter_class
 from shardvault_agent.engines.base import EngineAdapter
 
-from shardvault.engines import TRAITS
-from shardvault.models import Engine
+from shardvault.contracts.engines import TRAITS
+from shardvault.contracts.models import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agents" / "shardvault_agent"
@@ -64,7 +64,9 @@ def test_no_engine_name_is_tested_outside_the_engine_adapters():
     outside = [
         *modules(AGENT, AGENT / "engines"),
         *modules(
-            ROOT / "shardvault", ROOT / "shardvault" / "local", ROOT / "shardvault" / "engines.py"
+            ROOT / "shardvault",
+            ROOT / "shardvault" / "local",
+            ROOT / "shardvault" / "contracts" / "engines.py",
         ),
     ]
     assert len(outside) > 40

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from functions.check_nodes import lambda_handler
-from shardvault.fanout import NodeStepFailed, raise_first_failure
 from shardvault.local.lambda_bridge import LambdaContext
+from shardvault.workflow.fanout import NodeStepFailed, raise_first_failure
 
 
 def test_nodes_that_all_answered_pass() -> None:
@@ -52,7 +52,7 @@ def test_the_plan_step_fails_with_a_nodes_own_error_before_it_reads_any_answer()
     check of their own: it raises the first failed node's error, as CheckNodes would, before
     it reads an answer (nothing else is touched: no services are given)."""
     from shardvault.backup import plan
-    from shardvault.models import Phase
+    from shardvault.contracts.models import Phase
 
     from .support import backup_context
 

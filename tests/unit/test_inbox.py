@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from shardvault_agent import daemon
 
-from shardvault.tables import DOORBELL_KEY, Inbox
+from shardvault.aws.tables import DOORBELL_KEY, Inbox
 
 from .support import moto_services, sqlite_agent
 

@@ -1,5 +1,5 @@
-"""Lifetime classes (``shardvault.lifetimes``): how long retention keeps a backup, and the class
-that costs least for that life with the class's minimum billed duration paid (retention holds
+"""Lifetime classes (``shardvault.lifecycle.lifetimes``): how long retention keeps a backup, and the
+class that costs least for that life with the class's minimum billed duration paid (retention holds
 a backup until then): the policy's class unless a shorter-minimum class is cheaper still, or
 the policy's class whatever it costs when the policy forces it. Then the Validate step, which
 lands each backup in its lifetime class at the size the catalog measured."""
@@ -12,12 +12,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shardvault import backup, costs, lifetimes
-from shardvault.lambda_support import parse
-from shardvault.models import BackupRequest
-from shardvault.policy import parse_policy
-from shardvault.prices import StorageClass
-from shardvault.services import Services
+from shardvault import backup
+from shardvault.aws.lambda_support import parse
+from shardvault.aws.services import Services
+from shardvault.config.policy import parse_policy
+from shardvault.contracts.models import BackupRequest
+from shardvault.lifecycle import lifetimes
+from shardvault.pricing import costs
+from shardvault.pricing.prices import StorageClass
 
 from .support import leader_node, moto_services
 

@@ -18,7 +18,7 @@ from shardvault_agent.blockmap import BlockMap
 from shardvault_agent.mappedscreen import MappedScreener
 from shardvault_agent.ratelimit import RateLimiter
 
-from shardvault.models import FileEntry
+from shardvault.contracts.models import FileEntry
 
 from .test_pgpages import PARENT_START, B, page, rewrite_in_place, scan, screen, write
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from shardvault.backup.admission import check_sources_readable
+from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.models import AGENT_PROTOCOL, NodeRecord, ShardInfo, Source
 from shardvault.errors import NotAMember, ShardDataMissing, ShardNotReady
-from shardvault.membership import check_members
-from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo, Source
-from shardvault.policy import PolicyError, parse_policy
+from shardvault.workflow.membership import check_members
 
 CLUSTER = """
   {name}:

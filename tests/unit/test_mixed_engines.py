@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from shardvault.assurance.readiness import findings
 from shardvault.backup.admission import check_engines
+from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.models import AGENT_PROTOCOL, Engine, Manifest, NodeRecord, ShardInfo
 from shardvault.errors import EngineMismatch, InvalidRequest, MixedEngines
-from shardvault.models import AGENT_PROTOCOL, Engine, Manifest, NodeRecord, ShardInfo
-from shardvault.placement import place_by_engine
-from shardvault.policy import PolicyError, parse_policy
-from shardvault.readiness import findings
+from shardvault.restore.placement import place_by_engine
 
 NOW = 1_800_000_000.0
 GiB = 2**30

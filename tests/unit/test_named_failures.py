@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from shardvault.causes import named_failure
 from shardvault.errors import SourceLogFull
+from shardvault.workflow.causes import named_failure
 
 from .support import moto_services
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from shardvault_agent.overlay import Overlay, save_index, write_vectored
 
-from shardvault.checksums import crc64nvme
+from shardvault.contracts.models import DownloadItem, Phase
+from shardvault.data.checksums import crc64nvme
+from shardvault.data.pipeline import FrameCodec, FrameInfo, Sealer, frame_place, pack_frames
 from shardvault.errors import ChecksumMismatch, FrameUnreadable
-from shardvault.models import DownloadItem, Phase
-from shardvault.pipeline import FrameCodec, FrameInfo, Sealer, frame_place, pack_frames
 
 FRAME = 64
 

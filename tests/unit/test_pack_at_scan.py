@@ -25,11 +25,11 @@ from shardvault.backup.planner import (
     plan_items,
     plan_stopped_with_checkpoint,
 )
-from shardvault.checksums import crc64nvme_of_stream
+from shardvault.contracts.models import ObjectChecksums, Phase
+from shardvault.data.checksums import crc64nvme_of_stream
+from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
+from shardvault.data.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 from shardvault.errors import AnswerMismatch
-from shardvault.models import ObjectChecksums, Phase
-from shardvault.pipeline import frame_spans, plaintext_crc, unpack_frames
-from shardvault.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 
 from .support import (
     lone_node_context,

@@ -21,7 +21,7 @@ NOT_COVERED = {
     "shardvault/local",
     # Powertools is the Lambda functions' runtime (requirements-lambda.txt); the CLI and the
     # agent never import it
-    "shardvault/lambda_support.py",
+    "shardvault/aws/lambda_support.py",
 }
 
 

@@ -19,7 +19,7 @@ from shardvault_agent.engines.pgpages import (
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.scan import scan_capture
 
-from shardvault.models import FileEntry
+from shardvault.contracts.models import FileEntry
 
 B = BLOCK_SIZE
 PARENT_START = 0x2_0000_0000  # 2/0

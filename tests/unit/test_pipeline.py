@@ -8,9 +8,8 @@ import threading
 
 import pytest
 
-from shardvault.checksums import crc64nvme_of_bytes
-from shardvault.errors import ChecksumMismatch, FrameUnreadable, WrongKey
-from shardvault.pipeline import (
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.data.pipeline import (
     RAW,
     ZSTD,
     FrameCodec,
@@ -25,7 +24,8 @@ from shardvault.pipeline import (
     plaintext_crc,
     unpack_frames,
 )
-from shardvault.planning import MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_size_for
+from shardvault.data.planning import MAX_FRAME_SIZE, MIN_FRAME_SIZE, frame_size_for
+from shardvault.errors import ChecksumMismatch, FrameUnreadable, WrongKey
 
 MiB = 1024 * 1024
 PLACE = "orders/b1/shard-a/data/00000"

@@ -1,5 +1,5 @@
-"""Point-in-time restores' choices (shardvault.pitr, shardvault.archive): which backup, which
-archived WAL, and where the archive stops reaching."""
+"""Point-in-time restores' choices (shardvault.wal.pitr, shardvault.wal.archive): which backup,
+which archived WAL, and where the archive stops reaching."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ from pathlib import Path
 import pytest
 from shardvault_agent.engines.postgres_restore import recovery_to_target
 
-from shardvault import pitr
-from shardvault.archive import WAL_DIR, cutoffs, expired_keys, shard_archive, wal_stream
+from shardvault.contracts.models import (
+    Engine,
+    Manifest,
+    ManifestShard,
+    RestoreRequest,
+    RestoreTarget,
+)
 from shardvault.errors import InvalidRequest, TargetOutOfRange, TargetUnsupported
-from shardvault.models import Engine, Manifest, ManifestShard, RestoreRequest, RestoreTarget
+from shardvault.wal import pitr
+from shardvault.wal.archive import WAL_DIR, cutoffs, expired_keys, shard_archive, wal_stream
 
 SEG = 16 * 1024 * 1024
 

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardvault.errors import InvalidRequest, PlanTooLarge
-from shardvault.models import FileEntry, Phase, ShardListing
-from shardvault.planning import (
+from shardvault.contracts.models import FileEntry, Phase, ShardListing
+from shardvault.data.planning import (
     ARCHIVE_MIN_OBJECTS,
     ARCHIVE_PART_SIZE,
     PARTS_PER_OBJECT,
@@ -29,7 +28,8 @@ from shardvault.planning import (
     plan_objects,
     transfer_concurrency,
 )
-from shardvault.streams import StreamIndex
+from shardvault.data.streams import StreamIndex
+from shardvault.errors import InvalidRequest, PlanTooLarge
 
 
 def listing(shard: str, sizes: list[int], phase: Phase = Phase.DATA) -> ShardListing:
@@ -209,7 +209,7 @@ def test_a_file_list_packs_to_the_same_text_whenever_it_is_packed(monkeypatch) -
     must not make the same list differ a second later."""
     import time
 
-    from shardvault.models import FileEntry, pack_files, unpack_files
+    from shardvault.contracts.models import FileEntry, pack_files, unpack_files
 
     files = [FileEntry(path="base/1/1259", size=8192), FileEntry(path="global/pg_control", size=1)]
     first = pack_files(files)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardvault.policy import LockMode, PolicyError, load_policy, parse_policy
-from shardvault.prices import StorageClass
+from shardvault.config.policy import LockMode, PolicyError, load_policy, parse_policy
+from shardvault.pricing.prices import StorageClass
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "shardvault.yaml"
 LOCAL = Path(__file__).parents[2] / "shardvault" / "local" / "policy.yaml"

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from shardvault_agent.transfer import SpoolReader
 
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import DownloadIncomplete, PartDownloadFailed, UnknownCommand
-from shardvault.fanout import NodeStepFailed
-from shardvault.restore import check_prepared
+from shardvault.restore.steps import check_prepared
+from shardvault.workflow.fanout import NodeStepFailed
 
 NODES = [
     {"node_id": "n1", "prefetch_key": "work/r1/prefetch/n1.json"},
@@ -75,8 +75,8 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     from shardvault_agent.engines.sqlite import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
 
+    from shardvault.contracts.models import DownloadItem
     from shardvault.errors import TargetTooSmall
-    from shardvault.models import DownloadItem
 
     from .support import restore_target
 

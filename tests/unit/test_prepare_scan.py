@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from shardvault.backup.scanning import prepare_scan
-from shardvault.models import BackupContext, BackupKind, ChainLink, Manifest
-from shardvault.planning import choose_part_size
+from shardvault.contracts.models import BackupContext, BackupKind, ChainLink, Manifest
+from shardvault.data.planning import choose_part_size
 
 from .support import lone_node_context, moto_services, requests_made, with_buckets
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from shardvault.tables import Catalog
+from shardvault.aws.tables import Catalog
 
 from .support import moto_services
 
@@ -46,7 +46,7 @@ def test_objects_verified_together_count_as_one_update_of_the_same_totals(monkey
     """CheckUploads counts the objects it verified (signed at plan) in one update: the same
     bytes, count, latest throttle and most log held as one update per object would give."""
     from shardvault.backup.upload import count_progress
-    from shardvault.models import ObjectChecksums, ObjectPlan, PartChecksum, Phase
+    from shardvault.contracts.models import ObjectChecksums, ObjectPlan, PartChecksum, Phase
 
     def done(index: int, length: int, throttle, held):
         obj = ObjectPlan(

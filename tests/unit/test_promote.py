@@ -19,12 +19,12 @@ from types import SimpleNamespace
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from shardvault import promote
-from shardvault.checksums import crc64nvme_of_bytes
+from shardvault.aws.store import stored_checksum
+from shardvault.contracts.models import LockMode, ObjectResult, Phase, VaultTarget
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.data.planning import MiB
 from shardvault.errors import PromotionFailed
-from shardvault.models import LockMode, ObjectResult, Phase, VaultTarget
-from shardvault.planning import MiB
-from shardvault.store import stored_checksum
+from shardvault.lifecycle import promote
 
 from .support import moto_services
 

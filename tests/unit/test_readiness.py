@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardvault.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
-from shardvault.policy import PolicyError, parse_policy
-from shardvault.readiness import drill_findings, findings, probe_findings
+from shardvault.assurance.readiness import drill_findings, findings, probe_findings
+from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
 
 NOW = 1_800_000_000.0
 POLICY_TEXT = """

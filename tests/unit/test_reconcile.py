@@ -13,7 +13,7 @@ from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile, reconcile_safely
 
-from shardvault.tables import Catalog
+from shardvault.aws.tables import Catalog
 
 from .support import moto_services, sqlite_agent
 

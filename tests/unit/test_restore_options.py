@@ -8,10 +8,10 @@ import io
 import pytest
 from rich.console import Console
 
-from shardvault import cli
-from shardvault import operations as ops
-from shardvault.costs import StoredPart, price_restore, restore_options
-from shardvault.prices import RestoreTier, StorageClass
+from shardvault.client import cli
+from shardvault.client import operations as ops
+from shardvault.pricing.costs import StoredPart, price_restore, restore_options
+from shardvault.pricing.prices import RestoreTier, StorageClass
 
 GIB = 2**30
 

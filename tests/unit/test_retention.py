@@ -1,4 +1,4 @@
-"""Retention decisions (``shardvault.retention.decide``).
+"""Retention decisions (``shardvault.lifecycle.retention.decide``).
 
 Property-based over generated histories (hypothesis): the decision equals a reference model of
 restic's keep rules written differently (grouping by bucket), and what a user relies on always
@@ -22,10 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardvault.costs import monthly_storage_cost
-from shardvault.policy import BackupKind, Retention
-from shardvault.prices import DAYS_PER_MONTH, STORAGE, StorageClass
-from shardvault.retention import (
+from shardvault.config.policy import BackupKind, Retention
+from shardvault.lifecycle.retention import (
     BackupRecord,
     RetentionDecision,
     RetentionError,
@@ -33,6 +31,8 @@ from shardvault.retention import (
     decide,
     deletion_batches,
 )
+from shardvault.pricing.costs import monthly_storage_cost
+from shardvault.pricing.prices import DAYS_PER_MONTH, STORAGE, StorageClass
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)  # a Sunday, in ISO week 2026-W47
 PROMPT = {"delete_before_paid_minimum": True}  # no holds: deleted when retention expires

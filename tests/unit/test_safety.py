@@ -18,6 +18,8 @@ from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.backup import check_listings_match_sources
 from shardvault.backup.planner import check_scanned
+from shardvault.contracts.models import FileEntry, ObjectPlan, Phase, ShardListing
+from shardvault.data.materialize import StreamWriter
 from shardvault.errors import (
     CheckpointNotFound,
     ChecksumMismatch,
@@ -25,8 +27,6 @@ from shardvault.errors import (
     InvalidRequest,
     UnknownCommand,
 )
-from shardvault.materialize import StreamWriter
-from shardvault.models import FileEntry, ObjectPlan, Phase, ShardListing
 
 from .support import backup_context, sqlite_agent
 

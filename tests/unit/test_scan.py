@@ -21,8 +21,8 @@ from shardvault_agent.scan import (
 )
 from shardvault_agent.transfer import stream_source
 
+from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound
-from shardvault.models import FileEntry
 
 B = BLOCK_SIZE
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from shardvault import scheduler
-from shardvault.operations import ClientConfig
-from shardvault.policy import parse_policy
+from shardvault.client.operations import ClientConfig
+from shardvault.config.policy import parse_policy
+from shardvault.local import scheduler
 
 POLICY = """
 version: 1

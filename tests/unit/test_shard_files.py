@@ -10,8 +10,8 @@ import random
 
 from shardvault_agent.restore import FLUSH_GAP, ShardFiles, dense_runs
 
-from shardvault.models import FileEntry
-from shardvault.streams import StreamIndex
+from shardvault.contracts.models import FileEntry
+from shardvault.data.streams import StreamIndex
 
 # Sizes a PostgreSQL shard has: pages, a file not a whole number of pages, an empty one.
 FILES = [("base/1", 5 * 8192), ("global/pg_control", 8192 + 100), ("empty", 0), ("base/2", 9000)]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from shardvault.errors import InvalidRequest
-from shardvault.models import RestoreRequest
-from shardvault.sqlcheck import (
+from shardvault.contracts.models import RestoreRequest
+from shardvault.contracts.sqlcheck import (
     DIALECTS,
     MAX_QUERIES,
     check_validation_queries,
     check_validation_query,
 )
+from shardvault.errors import InvalidRequest
 
 ACCEPTED = [
     "SELECT count(*) > 0 FROM orders",

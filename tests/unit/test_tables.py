@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from shardvault.models import BackupStatus
-from shardvault.tables import NEWEST_PAGE_ITEMS
+from shardvault.aws.tables import NEWEST_PAGE_ITEMS
+from shardvault.contracts.models import BackupStatus
 
 from .support import moto_services
 

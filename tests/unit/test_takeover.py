@@ -7,7 +7,7 @@ from __future__ import annotations
 import boto3
 
 from shardvault.backup import TAKEN_OVER, clean_up_abandoned, take_lock
-from shardvault.models import BackupRequest
+from shardvault.contracts.models import BackupRequest
 
 from .support import moto_services
 

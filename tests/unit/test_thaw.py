@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardvault import restore
-from shardvault.checksums import crc64nvme_of_bytes
-from shardvault.models import (
+from shardvault.aws.services import Services
+from shardvault.contracts.models import (
     Engine,
     FileEntry,
     Manifest,
@@ -21,7 +20,8 @@ from shardvault.models import (
     RetrievalTier,
     ShardPlacement,
 )
-from shardvault.services import Services
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.restore import steps as restore
 
 from .support import moto_services
 
@@ -115,9 +115,9 @@ def test_waits_between_polls_double_up_to_an_hour(svc):
 
 
 def test_a_tier_the_vaults_class_lacks_is_refused_before_anything_with_those_it_has():
+    from shardvault.contracts.models import RetrievalTier
     from shardvault.errors import InvalidRequest
-    from shardvault.models import RetrievalTier
-    from shardvault.restore import check_tier
+    from shardvault.restore.steps import check_tier
 
     deep = {"backup_id": "b1", "location": "vault", "storage_class": "DEEP_ARCHIVE"}
     with pytest.raises(InvalidRequest, match="no Expedited thaw tier; it has Standard and Bulk"):
@@ -131,7 +131,7 @@ def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
     import json
 
     from shardvault.local.stack import STATE_MACHINES
-    from shardvault.prices import SLOWEST_THAW_HOURS
+    from shardvault.pricing.prices import SLOWEST_THAW_HOURS
 
     timeout = json.loads((STATE_MACHINES / "restore.asl.json").read_text())["TimeoutSeconds"]
     assert timeout >= (SLOWEST_THAW_HOURS + 12) * 3600  # the thaw, then its downloads
@@ -139,7 +139,7 @@ def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
 
 def test_a_backup_verify_found_damaged_is_refused_unless_accepted():
     from shardvault.errors import BackupDamaged
-    from shardvault.restore import check_not_damaged
+    from shardvault.restore.steps import check_not_damaged
 
     damaged = {
         "backup_id": "b1",

@@ -3,7 +3,7 @@ backup held on its source and of what an incremental read."""
 
 from __future__ import annotations
 
-from shardvault.cli import held_cell, throttle_cell, throttle_note
+from shardvault.client.cli import held_cell, throttle_cell, throttle_note
 
 MiB = 2**20
 
@@ -40,7 +40,7 @@ def test_the_wal_a_backup_held_is_said_in_bytes_and_mib() -> None:
 
 
 def test_the_summary_says_what_page_headers_vouched_for_beside_the_bytes_read() -> None:
-    from shardvault.cli import read_cell
+    from shardvault.client.cli import read_cell
 
     assert read_cell({"read_bytes": 3 * MiB}) == "3,145,728 (3.0 MiB)"
     screened = {"read_bytes": 3 * MiB, "data_screened_bytes": 96 * MiB}

@@ -15,9 +15,9 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.throttle import AdaptiveLimiter
 
 from shardvault.backup import upload_limits
-from shardvault.models import ObjectPlan, Phase, UploadLimits
-from shardvault.planning import MiB
-from shardvault.policy import parse_policy
+from shardvault.config.policy import parse_policy
+from shardvault.contracts.models import ObjectPlan, Phase, UploadLimits
+from shardvault.data.planning import MiB
 
 from .support import sqlite_agent
 

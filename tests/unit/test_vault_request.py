@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from shardvault import backup
-from shardvault.errors import InvalidRequest
-from shardvault.lambda_support import parse
-from shardvault.models import (
+from shardvault.aws.lambda_support import parse
+from shardvault.aws.services import Services
+from shardvault.contracts.models import (
     BackupContext,
     BackupRequest,
     VaultRequest,
     VaultTarget,
 )
-from shardvault.services import Services
+from shardvault.errors import InvalidRequest
 
 from .support import leader_node, moto_services
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
-from shardvault.verify import read_sample
+from shardvault.assurance.verify import read_sample
 
 
 class BrokenBody:

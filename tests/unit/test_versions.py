@@ -7,7 +7,7 @@ from importlib.metadata import version
 import pytest
 from shardvault_agent import cli as agent_cli
 
-from shardvault import cli
+from shardvault.client import cli
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shardvault.models import AGENT_PROTOCOL, ShardInfo
-from shardvault.watch import (
+from shardvault.assurance.watch import (
     NAMESPACE,
     OUTDATED_AGENTS_METRIC,
     SPOOL_STALL_SECONDS,
@@ -17,6 +16,7 @@ from shardvault.watch import (
     observe,
     watch,
 )
+from shardvault.contracts.models import AGENT_PROTOCOL, ShardInfo
 from tests.unit.support import leader_node, moto_services
 
 HOUR = 3600.0

@@ -7,7 +7,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardvault.models import Engine
+    from shardvault.contracts.models import Engine
     from shardvault_agent.config import AgentConfig
     from shardvault_agent.engines.base import EngineAdapter
 

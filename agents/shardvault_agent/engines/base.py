@@ -1,9 +1,9 @@
 """The engine interface: everything ShardVault knows of an engine, both directions.
 
 Adding an engine is one module here that implements ``EngineAdapter`` (and its tests), plus
-its name in ``shardvault.models.Engine`` and ``engines.ADAPTERS`` and the traits the control
-plane knows of it (``shardvault.engines.TRAITS``); nothing outside this package tests an
-engine's name (``tests/unit/test_engine_seam.py`` checks all of that).
+its name in ``shardvault.contracts.models.Engine`` and ``engines.ADAPTERS`` and the traits the
+control plane knows of it (``shardvault.contracts.engines.TRAITS``); nothing outside this package
+tests an engine's name (``tests/unit/test_engine_seam.py`` checks all of that).
 
 Backup:
 
@@ -66,9 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from shardvault.cut import CutRequest
+from shardvault.contracts.cut import CutRequest
+from shardvault.contracts.models import FileEntry
 from shardvault.errors import ShardDataMissing
-from shardvault.models import FileEntry
 from shardvault_agent.config import ShardConfig
 from shardvault_agent.throttle import HealthProbe
 
@@ -173,8 +173,8 @@ class EngineAdapter(Protocol):
         self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
     ) -> Capture:
         """Ends the shard's backup and captures its tail; ``cut``: then, at the cut's
-        instant, marks the cluster's cut in the shard's log (``shardvault.cut``), and the tail
-        reaches it. An engine without such marks ignores ``cut``."""
+        instant, marks the cluster's cut in the shard's log (``shardvault.contracts.cut``), and the
+        tail reaches it. An engine without such marks ignores ``cut``."""
         ...
 
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...

@@ -34,7 +34,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from shardvault.cut import CutRequest
+from shardvault.contracts.cut import CutRequest
 from shardvault.errors import (
     CheckpointNotFound,
     HookFailed,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from shardvault.sqlcheck import QUERY_TIMEOUT_SECONDS
+from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault_agent.checks import REFUSED, run_queries, verdict
 from shardvault_agent.engines.mariaserver import MariadbServer, program
 

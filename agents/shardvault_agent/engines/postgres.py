@@ -10,7 +10,7 @@
   behind if the agent dies: the slot dies with the session), then ``pg_backup_start``. The
   listing is the data directory minus what PostgreSQL documents as safe to omit.
 - stop: ``pg_backup_stop``, then at the cut's instant the cluster's restore point
-  (``shardvault.cut``; with a commit pause, on a session in the policy's ``cut.database``,
+  (``shardvault.contracts.cut``; with a commit pause, on a session in the policy's ``cut.database``,
   where the application takes the lock: ``take_cut``); the tail is the backup label (and
   tablespace map) plus every WAL segment from the start to the restore point (to the stop
   LSN without a cut), copied from ``pg_wal`` while the slot holds them, so the backup
@@ -49,13 +49,13 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from shardvault.cut import (
+from shardvault.contracts.cut import (
     LOCK_TIMEOUT_SECONDS,
     PAUSE_HOLD_SECONDS,
     CutRequest,
 )
+from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing, WalNotArchived
-from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import pgpages, postgres_restore
 from shardvault_agent.engines.base import (
@@ -592,7 +592,7 @@ class PostgresProbe:
 
 def restore_point(conn: psycopg.Connection, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
     """At the cut's instant, the cluster's restore point in this shard's WAL (see
-    ``shardvault.cut``), inside the commit pause when the policy asks for one; the marker
+    ``shardvault.contracts.cut``), inside the commit pause when the policy asks for one; the marker
     fields that record it (stop then waits for the point to be on disk).
 
     The whole cut is one statement sent ahead of the instant: the server sleeps until it,

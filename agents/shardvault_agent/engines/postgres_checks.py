@@ -21,8 +21,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault.errors import InvalidRequest
-from shardvault.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault_agent.checks import REFUSED, run_queries, verdict
 from shardvault_agent.engines.pgserver import PostgresInstance
 

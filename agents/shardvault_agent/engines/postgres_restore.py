@@ -1,10 +1,11 @@
 """PostgreSQL restores: a restored data directory becomes a recovered, checked server.
 
 Terms:
-- *recovery to the cut*: a backup with a cluster restore point (``shardvault.cut``) replays
+- *recovery to the cut*: a backup with a cluster restore point (``shardvault.contracts.cut``)
+replays
   its tail's WAL to that point and promotes; without one, crash recovery replays the tail to
   its end (past the end point the backup label names).
-- *recovery to a target*: a point-in-time restore (``shardvault.pitr``) replays the WAL
+- *recovery to a target*: a point-in-time restore (``shardvault.wal.pitr``) replays the WAL
   archive's batches, placed in ``pg_wal`` by the restore, to a time, an LSN, a restore point,
   or the archive's end.
 - *served copy*: a restored copy's server runs from the shard's directory on a port of the
@@ -23,14 +24,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from shardvault.archive import WAL_DIR
 from shardvault.errors import (
     RestoreValidationFailed,
     ShardVaultError,
     TargetOutOfRange,
     TargetTooSmall,
 )
-from shardvault.pgwal import LSN, check_restore_point_name
+from shardvault.wal.archive import WAL_DIR
+from shardvault.wal.pgwal import LSN, check_restore_point_name
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
 from shardvault_agent.engines.pgserver import attach_instance
@@ -41,13 +42,13 @@ log = logging.getLogger("shardvault.agent.restore")
 
 def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
     """Starts the restored copy on a free port of ``restore_ports``: recovery replays the
-    WAL in the backup to the cluster's restore point (``shardvault.cut``; a backup without
+    WAL in the backup to the cluster's restore point (``shardvault.contracts.cut``; a backup without
     one: to the end of its tail, past the end point the backup label names), or the archive's
     WAL to a point-in-time target. Then pg_amcheck on every database and the validation
     queries (``checks``)."""
     root, shard_id = job.root, job.shard_id
     cut = job.layout.get("marker", {}).get("cut_name")
-    target = job.layout.get("recovery")  # a point-in-time restore (shardvault.pitr)
+    target = job.layout.get("recovery")  # a point-in-time restore (shardvault.wal.pitr)
     with open(root / "postgresql.auto.conf", "a") as conf:  # read last: it wins
         conf.write(
             "\n# shardvault restore: a copy must not archive its WAL into its source's archive\n"
@@ -117,7 +118,7 @@ def recovery_to_cut(name: str) -> str:
 
 def recovery_to_target(wal_dir: Path, target: dict[str, Any]) -> str:
     """The settings that replay the archive's WAL (placed in ``wal_dir``) to the target
-    (``shardvault.pitr.recovery``: a time, an LSN, a restore point, or none: the archive's
+    (``shardvault.wal.pitr.recovery``: a time, an LSN, a restore point, or none: the archive's
     end), then open the copy. Each value is checked again here before it is written into
     ``postgresql.auto.conf``: a time parsed, an LSN and a name matched whole."""
     # restore_command is a shell command: the directory is quoted for the shell, then for

@@ -39,7 +39,7 @@ from typing import Any
 
 import xxhash
 
-from shardvault.cut import CutRequest
+from shardvault.contracts.cut import CutRequest
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero

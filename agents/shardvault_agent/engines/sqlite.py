@@ -20,9 +20,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from shardvault.cut import CutRequest
+from shardvault.contracts.cut import CutRequest
+from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
-from shardvault.models import FileEntry
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import Capture, Finishing, size_or_zero
 from shardvault_agent.engines.sqlite_checks import sqlite_checks

@@ -10,7 +10,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from shardvault.sqlcheck import QUERY_TIMEOUT_SECONDS
+from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault_agent.checks import REFUSED, run_queries, verdict
 
 SQLITE_ALLOWED = frozenset(

@@ -1,0 +1,116 @@
+"""The sweep: removes from the store what no running backup owns and no manifest names.
+
+Every failure path cleans up after itself, but a crash of the control plane itself (a Lambda
+killed mid-cleanup, an EventBridge event lost) can still leave open multipart uploads (billed
+for their parts, invisible in a listing of objects) and partial objects. The daily retention
+run sweeps them, so cleanup converges whatever happened:
+
+- an *orphan upload* is an open multipart upload under ``<prefix>/<cluster>/<backup_id>/``
+  whose backup is not RUNNING in the catalog;
+- an *orphan prefix* is a backup prefix without ``manifest.json`` whose backup is not RUNNING
+  (a prefix with a manifest is a backup, even if the catalog lost its record: never swept).
+
+A cluster's WAL archive (``<cluster>/_wal/``, ``shardvault.wal.archive``) is no backup prefix: the
+sweep deletes from it only the batches no kept backup needs (``archive.expired_keys``: WAL
+before the oldest complete backup's own).
+
+Both must be older than the settings' ``sweep_grace_seconds`` (6 hours): a backup writes its
+catalog record before its first upload, but the sweep does not bet on clocks and listing
+order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from shardvault.aws.services import Services
+from shardvault.aws.store import delete_keys, delete_prefix, open_uploads
+from shardvault.contracts.models import BackupStatus
+from shardvault.data.planning import backup_prefix, store_root
+from shardvault.data.readback import manifest_key
+from shardvault.wal import archive
+
+
+def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]:
+    """Aborts orphan uploads and deletes orphan prefixes (or, with ``dry_run``, lists them)."""
+    s3, bucket, root = svc.store_s3, svc.store.bucket, store_root(svc.store.prefix)
+    grace_seconds = svc.settings.sweep_grace_seconds
+    statuses: dict[str, dict[str, str]] = {}
+
+    def running(cluster: str, backup_id: str) -> bool:
+        if cluster not in statuses:
+            statuses[cluster] = {
+                r["backup_id"]: r.get("status", "") for r in svc.catalog.backups(cluster)
+            }
+        return statuses[cluster].get(backup_id) == BackupStatus.RUNNING
+
+    aborted = []
+    for upload in open_uploads(s3, bucket, root):
+        owner = backup_of(upload["Key"], root)
+        young = now - upload["Initiated"].timestamp() < grace_seconds
+        if owner is None or young or running(*owner):
+            continue
+        aborted.append(upload["Key"])
+        if not dry_run:
+            s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    deleted: dict[str, int] = {}
+    prefixes, archives = store_listing(s3, bucket, root)
+    for (cluster, backup_id), newest in prefixes.items():
+        prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
+        if now - newest < grace_seconds or running(cluster, backup_id):
+            continue
+        if has_manifest(s3, bucket, manifest_key(svc.store.prefix, cluster, backup_id)):
+            continue
+        deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
+    expired_wal = {}
+    policy = svc.policy()
+    for cluster, keys in archives.items():
+        entry = policy.clusters.get(cluster) if policy else None
+        window = entry.archive.window_days if entry else None
+        cuts = archive.cutoffs(svc.catalog.backups(cluster), window, now)
+        expired = archive.expired_keys(keys, cuts)
+        if expired:
+            expired_wal[cluster] = len(expired)
+            if not dry_run:
+                delete_keys(s3, bucket, expired)
+    return {
+        "dry_run": dry_run,
+        "aborted_uploads": aborted,
+        "deleted_prefixes": deleted,
+        "expired_wal": expired_wal,
+    }
+
+
+def backup_of(key: str, root: str) -> tuple[str, str] | None:
+    """``(cluster, backup_id)`` of a key ``<root><cluster>/<backup_id>/...``; None for a key
+    outside any backup (the WAL archive's included)."""
+    if not key.startswith(root):
+        return None
+    parts = key.removeprefix(root).split("/")
+    if len(parts) <= 2 or parts[1] == archive.ARCHIVE_DIR:
+        return None
+    return parts[0], parts[1]
+
+
+def store_listing(
+    s3: Any, bucket: str, root: str
+) -> tuple[dict[tuple[str, str], float], dict[str, list[str]]]:
+    """One listing of the store: every backup prefix, with the time (epoch seconds) of its
+    newest object; and every cluster's WAL archive keys."""
+    newest: dict[tuple[str, str], float] = defaultdict(float)
+    archives: dict[str, list[str]] = defaultdict(list)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
+        for obj in page.get("Contents", []):
+            parts = obj["Key"].removeprefix(root).split("/")
+            if len(parts) > 3 and parts[1] == archive.ARCHIVE_DIR:
+                archives[parts[0]].append(obj["Key"])
+            owner = backup_of(obj["Key"], root)
+            if owner is not None:
+                newest[owner] = max(newest[owner], obj["LastModified"].timestamp())
+    return dict(newest), dict(archives)
+
+
+def has_manifest(s3: Any, bucket: str, key: str) -> bool:
+    found = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return bool(found.get("KeyCount"))

@@ -1,0 +1,255 @@
+"""Point-in-time restores: a backup, then the WAL archive's batches after it, replayed to a
+target (PostgreSQL; issue 11).
+
+Terms:
+- *target*: ``RestoreTarget``: a time (every shard replays its WAL to that instant, so the
+  restored cluster is cut at one moment), an LSN (a cluster of one shard), a restore point
+  (every shard replays to the point of that name), or ``latest`` (each shard to the end of
+  its archive).
+- *base*: the backup a point-in-time restore starts from, the newest complete one that can
+  reach the target, or the one the request names if it can: for a time, completed before
+  it; for an LSN, its WAL ends in an earlier segment; for a restore point, the backup of
+  that name (every backup's cut is a restore point named after it), else the newest (as
+  pgBackRest does: PostgreSQL finds the point in the WAL after the base, and a point older
+  than the newest backup needs the request to name an older base).
+- *first segment*: per shard, the WAL segment the base's own WAL ends in (its cut's, or its
+  stop's); the restore needs the archive from there on, without a gap.
+- *restorable range*: from the oldest complete backup's completion to the time the archive
+  of every shard reaches (its newest contiguous file's push): a target outside it is refused
+  with ``TargetOutOfRange`` naming the range, before anything is written.
+
+The archive's WAL goes to the restoring node like any other object (``Phase.WAL`` download
+items, checked frame by frame), into ``.shardvault-wal/`` beside the restored data, where the
+recovery's ``restore_command`` reads it. PostgreSQL stops at a time target only once it meets a
+transaction after it: WAL that holds none (the archive ends too early, or nothing committed
+since) makes the restored server stop, which the node reports as ``TargetOutOfRange``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shardvault.aws.services import Services
+from shardvault.aws.tables import completion_order
+from shardvault.contracts.engines import label, traits
+from shardvault.contracts.models import (
+    BackupStatus,
+    DownloadItem,
+    Encryption,
+    FileEntry,
+    Manifest,
+    Phase,
+    RestoreContext,
+    RestoreRequest,
+    RestoreTarget,
+)
+from shardvault.errors import TargetOutOfRange, TargetUnsupported
+from shardvault.wal.archive import ShardArchive, after_backup, batch_place, wal_from, wal_stream
+from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
+
+
+def when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[str, Any]:
+    """The backup a point-in-time restore starts from (see the module docstring, *base*), or
+    the one the request names if it qualifies."""
+    target = request.target
+    assert target is not None
+    complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+    if target.kind == "lsn":
+        before = before_lsn(request, complete)
+    elif target.kind == "time":
+        before = [b for b in complete if float(b.get("completed_at", 0)) <= (target.epoch or 0)]
+    else:  # latest, or a restore point: PostgreSQL finds it in the WAL after the base
+        before = complete
+    if target.kind == "name" and request.backup_id == "latest":
+        named = [b for b in complete if b["backup_id"] == target.name]
+        before = named or before  # a backup's own cut: restore from that backup
+    if request.backup_id != "latest":
+        before = [b for b in before if b["backup_id"] == request.backup_id]
+    if not before:
+        oldest = min((float(b.get("completed_at", 0)) for b in complete), default=None)
+        named = "" if request.backup_id == "latest" else f" {request.backup_id}"
+        raise TargetOutOfRange(
+            f"cluster {request.cluster!r} has no complete backup{named} "
+            + ("that completed" if target.kind == "time" else "whose WAL ends")
+            + f" before {target.describe()}"
+            + (f": the oldest completed at {when(oldest)}." if oldest else "."),
+            fix="choose a later target (shardvault list shows each backup's completion), or "
+            "restore a backup without a target.",
+        )
+    return max(before, key=completion_order)
+
+
+def before_lsn(request: RestoreRequest, complete: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The complete backups whose own WAL ends in a segment before the target LSN's: a
+    recovery can stop there (PostgreSQL refuses a target before its base's end). An LSN is a
+    place in one shard's WAL: a cluster of several shards is refused by name."""
+    target = request.target
+    assert target is not None
+    assert target.lsn is not None
+    shards = max((len(b.get("wal_from") or {}) for b in complete), default=1)
+    one_shard_for_lsn(request.cluster, shards)
+    at = lsn_number(target.lsn) // DEFAULT_SEGMENT_SIZE
+    return [
+        b
+        for b in complete
+        if (first := next(iter((b.get("wal_from") or {}).values()), None)) is not None
+        and segment_number(first) < at
+    ]
+
+
+def shard_after(svc: Services, manifest: Manifest, shard_id: str) -> ShardArchive:
+    """The shard's archive from the base on (``archive.after_backup``), which a target needs."""
+    archive = after_backup(svc, manifest, shard_id)
+    if archive is None:
+        first_segment(manifest, shard_id)  # says why, by name
+    assert archive is not None
+    return archive
+
+
+def first_segment(manifest: Manifest, shard_id: str) -> str:
+    """The segment the backup's own WAL of the shard ends in: the archive's must start there."""
+    first = wal_from(manifest, shard_id)
+    if first is None:
+        raise TargetUnsupported(
+            f"backup {manifest.backup_id} records no WAL position for shard {shard_id}: it was "
+            "taken by an agent older than point-in-time restores.",
+            fix="restore it without a target, or take a new backup and restore from that one.",
+        )
+    return first
+
+
+def archives(
+    svc: Services, request: RestoreRequest, manifest: Manifest, oldest_backup: float
+) -> list[ShardArchive]:
+    """Every shard's archive from the base on; refuses a target it does not reach, by name."""
+    target = request.target
+    assert target is not None
+    if without := [e for e in manifest.engines if not traits(e).point_in_time]:
+        raise TargetUnsupported(
+            f"cluster {request.cluster!r} runs {label(without)}, which keeps no WAL archive: "
+            "it restores to its backups only.",
+            fix="restore a backup without a target (--target-time, --target-latest).",
+        )
+    if target.lsn is not None:
+        one_shard_for_lsn(request.cluster, len(manifest.shards))
+    found = []
+    for shard in manifest.shards:
+        found.append(shard_after(svc, manifest, shard.shard_id))
+    reach = min((a.reaches for a in found), default=0.0)
+    restorable = f"from {when(oldest_backup)} to {when(reach)}" if reach else "nothing"
+    empty = [a for a in found if a.last is None]
+    if empty:
+        raise TargetOutOfRange(
+            f"the WAL archive of shard(s) {', '.join(a.shard_id for a in empty)} holds nothing "
+            f"from backup {manifest.backup_id}'s end on (segment {empty[0].first}): cluster "
+            f"{request.cluster!r} can be restored to its backups only.",
+            fix="set up continuous archiving on those shards (README: 'Continuous WAL "
+            "archiving'), then take a backup; restore without a target meanwhile.",
+        )
+    if target.lsn is not None:
+        past_lsn(target, found[0], manifest)
+    if target.epoch is not None and target.epoch > reach:
+        short = min(found, key=lambda a: a.reaches)
+        raise TargetOutOfRange(
+            f"{target.describe()} is past the WAL archive: shard {short.shard_id}'s archived "
+            f"WAL runs without a gap to {short.last}, pushed at {when(short.reaches)}; the "
+            f"restorable range is {restorable}.",
+            fix="choose a target inside the range, or wait until the archive holds WAL past "
+            "the target (PostgreSQL closes a segment every archive_timeout).",
+        )
+    return found
+
+
+def replayed(found: list[ShardArchive]) -> tuple[int, int]:
+    """How many archive batches a restore downloads, and their WAL's bytes: every shard's run
+    from its base on (PostgreSQL reads as far as its target needs; the rest is fetched too)."""
+    batches = [b for archive in found for b in archive.batches]
+    return len(batches), sum(f["size"] for b in batches for f in b["files"])
+
+
+def one_shard_for_lsn(cluster: str, shards: int) -> None:
+    if shards > 1:
+        raise TargetUnsupported(
+            f"an LSN is a position in one shard's WAL, and cluster {cluster!r} has {shards} "
+            "shards, each with its own.",
+            fix="restore every shard to a time (--target-time) or a restore point (--target-name).",
+        )
+
+
+def past_lsn(target: RestoreTarget, archive: ShardArchive, manifest: Manifest) -> None:
+    """Refuses an LSN past the end of the shard's archived run, naming the range: from where
+    the base's own WAL ends to the end of the run's last segment."""
+    assert target.lsn is not None
+    assert archive.last is not None
+    end = (segment_number(archive.last) + 1) * DEFAULT_SEGMENT_SIZE
+    if lsn_number(target.lsn) >= end:
+        (shard,) = manifest.shards  # one shard: one_shard_for_lsn
+        first = shard.marker.get("cut_lsn") or shard.marker.get("stop_lsn") or "?"
+        raise TargetOutOfRange(
+            f"{target.describe()} is past the WAL archive of shard {archive.shard_id}: it runs "
+            f"without a gap to {archive.last}; the restorable range is LSN {first} "
+            f"to {lsn_text(end)}.",
+            fix="choose an LSN inside the range, or wait until the archive holds WAL past it.",
+        )
+
+
+def wal_items(
+    context: RestoreContext, archive: ShardArchive, node_id: str
+) -> tuple[list[FileEntry], list[DownloadItem]]:
+    """The shard's WAL stream and a download item per batch (each batch's own data key)."""
+    files, offsets = wal_stream(archive.batches)
+    items = []
+    for index, offset in zip(archive.batches, offsets, strict=True):
+        encryption = index.get("encryption")
+        sealed = Encryption.model_validate(encryption) if encryption else None
+        items.append(
+            DownloadItem(
+                restore_id=context.restore_id,
+                target_cluster=context.target_cluster,
+                node_id=node_id,
+                shard_id=archive.shard_id,
+                phase=Phase.WAL,
+                key=index["key"],
+                stream_offset=offset,
+                length=sum(f["size"] for f in index["files"]),
+                part_size=max(1, index["stored_length"]),
+                part_count=1,  # one PUT
+                crc64nvme=index["crc64nvme"],
+                part_crc64nvme=[index["crc64nvme"]],
+                source="store",  # the archive is never promoted
+                stored_length=index["stored_length"],
+                frame_size=index["frame_size"],
+                frames=index["frames"],
+                place=batch_place(index["cluster"], index["shard_id"], index["batch_id"]),
+                key_check=sealed.key_check if sealed else None,
+                encryption=sealed,
+            )
+        )
+    return files, items
+
+
+def recovery(target: RestoreTarget) -> dict[str, Any]:
+    """What the restoring node's recovery is told (``finish_postgres``)."""
+    return {
+        "target_time": target.time.isoformat() if target.time else None,
+        "target_lsn": target.lsn,
+        "target_name": target.name,
+        "wal_dir": True,
+    }
+
+
+def plan_wal(
+    svc: Services, context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
+) -> dict[str, tuple[list[FileEntry], list[DownloadItem]]]:
+    """Per shard, its WAL stream and download items, from the archive as it is now (it may
+    have grown since validation: more WAL, never less)."""
+    planned = {}
+    for shard in manifest.shards:
+        archive = shard_after(svc, manifest, shard.shard_id)
+        planned[shard.shard_id] = wal_items(context, archive, node_of[shard.shard_id])
+    return planned
