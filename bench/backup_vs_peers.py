@@ -131,7 +131,9 @@ from shardvault_agent import walspool
 from shardvault_agent.archiver import spool_state
 from shardvault_agent.config import AgentConfig
 
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
+from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
     BackupRequest,
     Manifest,
@@ -139,8 +141,6 @@ from shardvault.contracts.models import (
     Phase,
     RestoreRequest,
 )
-from shardvault.data.planning import backup_prefix
-from shardvault.data.readback import load_manifest
 from shardvault.local import demo
 from shardvault.local.minio import PINNED_MODULE, MinioServer
 from shardvault.local.postgres import (

@@ -47,9 +47,9 @@ from typing import Any
 
 import psycopg
 
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest
-from shardvault.data.readback import load_manifest
 from shardvault.local import demo
 from shardvault.local.postgres import start_pgbench, stop_process
 from shardvault.local.stack import LocalStack

@@ -96,10 +96,11 @@ from peers import (
     list_keys,
 )
 
+from shardvault.contracts import layout
 from shardvault.contracts.models import BackupRequest, Manifest, RestoreRequest
+from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
 from shardvault.local.postgres import PostgresInstance, give_to_postgres
 from shardvault.wal import archive
-from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
 
 say = bvp.say
 MiB = report.MiB
@@ -409,7 +410,7 @@ def shardvault_pitr(pitr: Pitr) -> dict[str, Any]:
     downloads = {
         c["key"]
         for c in report.agent_commands(log, result["restore_id"])
-        if c["command"] == "download" and f"/{archive.ARCHIVE_DIR}/" in (c["key"] or "")
+        if c["command"] == "download" and f"/{layout.ARCHIVE_DIR}/" in (c["key"] or "")
     }
     return checked(pitr, result, base_end) | {
         "wal_batches": len(batches),

@@ -104,6 +104,8 @@ from peers import (
     start_tls_minio,
 )
 
+from shardvault.contracts import layout
+from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, segment_number
 from shardvault.local import demo
 from shardvault.local.minio import MinioServer
 from shardvault.local.postgres import (
@@ -118,7 +120,6 @@ from shardvault.local.postgres import (
 )
 from shardvault.local.stack import LocalStack
 from shardvault.wal import archive
-from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, segment_number
 
 KINDS = ("baseline", "shardvault", "pgbackrest")
 LABELS = {
@@ -394,7 +395,7 @@ class ShardVaultArchiving:
 
     def measure(self, window: Window) -> dict[str, Any]:
         svc = self.env.stack.services()
-        prefix = archive.archive_prefix(svc.store.prefix, self.cluster, SHARD_ID)
+        prefix = layout.archive_prefix(svc.store.prefix, self.cluster, SHARD_ID)
         sizes = {o["Key"]: o["Size"] for o in list_keys(svc.store_s3, svc.store.bucket, prefix)}
         batches = [
             b
@@ -405,7 +406,7 @@ class ShardVaultArchiving:
         return {
             "segments_archived": len({f["name"] for f, _ in files}),
             "stored_bytes": sum(
-                sizes[b["key"]] + sizes[archive.index_key(b["key"])] for b in batches
+                sizes[b["key"]] + sizes[layout.index_key(b["key"])] for b in batches
             ),
             "stored_at": {f["name"]: b["archived_at"] for f, b in files},
             "push_to_store": [round(b["archived_at"] - f["pushed_at"], 3) for f, b in files],

@@ -7,10 +7,11 @@ or records is read from the node's own inbox partition, never taken from the inv
 import time
 
 from shardvault.aws.lambda_support import logger, parse, services, tracer
+from shardvault.contracts import wal_archive
 from shardvault.wal import archive
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler(capture_response=False)  # the answer holds a presigned URL
 def lambda_handler(event: dict, context: object) -> dict:
-    return archive.call(services(), parse(archive.ArchiveCall, event), time.time())
+    return archive.call(services(), parse(wal_archive.ArchiveCall, event), time.time())

@@ -36,11 +36,8 @@ UNUSED_IMAGE = DockerImage.from_registry("local-bundling-only")
 # scheduler. No handler imports them, and they would import what the asset does not ship
 # (rich, moto): left out, they cannot be reached in a function's code either.
 CLIENT_ONLY = (
-    "shardvault/client/cli.py",
-    "shardvault/client/cli_drills.py",
-    "shardvault/client/operations.py",
-    "shardvault/local/scheduler.py",
-    "shardvault/local",
+    "shardvault/client",  # the shardvault command
+    "shardvault/local",  # the local stack
 )
 
 

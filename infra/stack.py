@@ -53,8 +53,8 @@ from shardvault.assurance.probe import PROBES_DIR
 from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
 from shardvault.aws.services import ANSWERS_DIR
 from shardvault.config.policy import Policy, load_policy
+from shardvault.contracts.layout import ARCHIVE_DIR
 from shardvault.contracts.models import DOORBELL_PREFIX
-from shardvault.wal.archive import ARCHIVE_DIR
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800

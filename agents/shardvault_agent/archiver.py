@@ -38,18 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import DEFAULT_COMPRESSION_LEVEL, Encryption
-from shardvault.data.pipeline import FrameCodec, pack, pack_frames
-from shardvault.data.planning import frame_size_for
-from shardvault.errors import ArchiveRefused, WalNotArchived
-from shardvault.wal.archive import (
+from shardvault.contracts.wal_archive import (
     BATCH_MAX_BYTES,
     REQUEST_PREFIX,
     WAL_FILE,
     Batch,
     WalFile,
-    batch_place,
 )
+from shardvault.data.pipeline import FrameCodec, pack, pack_frames
+from shardvault.data.planning import frame_size_for
+from shardvault.errors import ArchiveRefused, WalNotArchived
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.transfer import PartSender
 

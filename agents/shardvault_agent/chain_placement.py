@@ -48,8 +48,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shardvault.contracts.extents import varint_bytes
 from shardvault.contracts.models import FileEntry, unpack_file_pairs
-from shardvault.data.extents import varint_bytes
 from shardvault.errors import ParentUnavailable
 
 I64 = np.int64
@@ -422,8 +422,8 @@ def received_member(member: dict[str, Any]) -> Member:
 
 
 def extent_columns(packed: str) -> tuple[Array, Array]:
-    """Packed extents (``shardvault.data.extents.pack_extents``: per extent the gap since the last
-    one's end and its length, as LEB128 varints) as offsets and lengths, decoded at once."""
+    """Packed extents (``shardvault.contracts.extents.pack_extents``: per extent the gap since the
+    last one's end and its length, as LEB128 varints) as offsets and lengths, decoded at once."""
     raw = np.frombuffer(varint_bytes(packed), dtype=np.uint8)
     if not raw.size:
         return np.zeros(0, I64), np.zeros(0, I64)

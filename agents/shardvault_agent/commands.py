@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 import boto3
 
 from shardvault.contracts.cut import CutRequest
+from shardvault.contracts.extents import pack_within, unpack_extents
 from shardvault.contracts.models import (
     Encryption,
     FileEntry,
@@ -39,7 +40,6 @@ from shardvault.contracts.models import (
     pack_files,
 )
 from shardvault.data.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
-from shardvault.data.extents import pack_within, unpack_extents
 from shardvault.data.pipeline import (
     FrameCodec,
     SpareCores,

@@ -42,9 +42,9 @@ from typing import Any
 
 from shardvault import errors
 from shardvault.aws.tables import INBOX_TTL_SECONDS
+from shardvault.contracts.extents import unpack_numbers
 from shardvault.contracts.models import DownloadItem, Encryption, unpack_files
 from shardvault.data.checksums import combine, to_b64
-from shardvault.data.extents import unpack_numbers
 from shardvault.data.pipeline import (
     FrameCodec,
     FrameSink,

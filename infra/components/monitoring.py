@@ -41,9 +41,9 @@ from shardvault.assurance.watch import (
     OUTDATED_AGENTS_METRIC,
     SILENT_AGENTS_METRIC,
     STALLED_SPOOLS_METRIC,
-    WATCH_MINUTES,
 )
 from shardvault.config.policy import Policy
+from shardvault.contracts.deployment import WATCH_MINUTES
 
 WATCH_PERIOD = Duration.minutes(WATCH_MINUTES)
 DASHBOARD_NAME = "ShardVault"

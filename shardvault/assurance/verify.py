@@ -35,6 +35,7 @@ from typing import Annotated, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
 
+from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
 from shardvault.aws.store import (
     is_missing,
@@ -52,11 +53,10 @@ from shardvault.contracts.models import (
     Phase,
     RestoreRequest,
 )
-from shardvault.data.readback import load_manifest, manifest_place
+from shardvault.contracts.pgwal import segment_number, tail_problems
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.restore.steps import resolve_backup, source_of
 from shardvault.wal.archive import after_backup
-from shardvault.wal.pgwal import segment_number, tail_problems
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
 MAX_PROBLEMS = 20  # named in the outcome; the count says how many more

@@ -35,7 +35,6 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.contracts.models import BackupStatus, Frozen
 
-WATCH_MINUTES = 15
 NAMESPACE = "ShardVault"
 BACKUP_AGE_METRIC = "NewestBackupAgeHours"
 SILENT_AGENTS_METRIC = "SilentAgents"

@@ -61,8 +61,8 @@ from shardvault.errors import (
     ShardWithoutLeader,
     UnknownCluster,
 )
+from shardvault.lifecycle import costs
 from shardvault.lifecycle.lifetimes import backup_class
-from shardvault.pricing import costs
 from shardvault.workflow.membership import check_members
 
 RUNNING_EXECUTION = "RUNNING"

@@ -27,6 +27,7 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.backup.upload import verify_object
+from shardvault.contracts.layout import backup_prefix, batch_place
 from shardvault.contracts.models import (
     Encryption,
     FileEntry,
@@ -35,16 +36,10 @@ from shardvault.contracts.models import (
     Phase,
     ShardListing,
 )
-from shardvault.data.planning import backup_prefix
+from shardvault.contracts.pgwal import SEGMENT_NAME, segment_number
+from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import WalNotArchived
-from shardvault.wal.archive import (
-    WAL_DIR,
-    archived_batches,
-    batch_files,
-    batch_place,
-    shard_archive,
-)
-from shardvault.wal.pgwal import SEGMENT_NAME, segment_number
+from shardvault.wal.archive import archived_batches, batch_files, shard_archive
 
 PARALLEL_COPIES = 8
 TAIL_EXTRAS = f"{WAL_DIR}/tail"  # a restore removes WAL_DIR once recovered

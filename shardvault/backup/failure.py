@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import abort_uploads, delete_prefix
+from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
     BackupContext,
     BackupKind,
@@ -25,7 +26,6 @@ from shardvault.contracts.models import (
     BackupStatus,
     new_backup_id,
 )
-from shardvault.data.planning import backup_prefix
 from shardvault.errors import InvalidRequest, ShardVaultError, UploadIncomplete
 from shardvault.workflow.causes import failure_cause, named_failure, transfer_failure
 from shardvault.workflow.dispatch import post_untracked

@@ -14,6 +14,7 @@ from shardvault.aws.services import Services
 from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.backup.upload import verified_results
+from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
     BackupContext,
     BackupStatus,
@@ -26,7 +27,6 @@ from shardvault.contracts.models import (
     ShardListing,
     VaultTarget,
 )
-from shardvault.data.planning import backup_prefix
 from shardvault.errors import UploadIncomplete
 from shardvault.wal.archive import wal_from
 
@@ -164,8 +164,8 @@ def verification_summary(results: list[ObjectResult]) -> str:
 
 
 def cost_estimate(manifest: Manifest, vault: VaultTarget | None) -> dict[str, Any]:
-    """What the backup costs to make and, a month, to keep (``shardvault.pricing.costs``)."""
-    from shardvault.pricing.costs import price_backup
+    """What the backup costs to make and, a month, to keep (``shardvault.lifecycle.costs``)."""
+    from shardvault.lifecycle.costs import price_backup
     from shardvault.pricing.prices import StorageClass
 
     # A class the price table lacks (a non-AWS store's own) is priced as STANDARD.

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
 from shardvault.backup.planner import pack_arguments
+from shardvault.contracts import deployment
 from shardvault.contracts.models import BackupContext, Manifest, object_place
 from shardvault.data.planning import choose_part_size
-from shardvault.data.readback import load_manifest, manifest_place
 from shardvault.errors import ParentUnavailable
-from shardvault.workflow import fanout
 
 
 def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     Flush map exists to bring several nodes' checkpoints close together)."""
     parent = parent_record(context, svc)
     parents = parent_maps(context, parent, svc)
-    separate = len(context.sources) > fanout.NODE_MAP_CONCURRENCY
+    separate = len(context.sources) > deployment.NODE_MAP_CONCURRENCY
     pack = pack_args(context, parent, svc) | stop_args(context)
     for source in context.sources:
         args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}

@@ -67,7 +67,7 @@ from shardvault.contracts.models import (
 )
 from shardvault.data.planning import MiB
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
-from shardvault.pricing.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
+from shardvault.lifecycle.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
 from shardvault.restore import steps as restore_steps
 from shardvault.versions import installed
 
@@ -844,7 +844,7 @@ def run_cost(args: argparse.Namespace) -> int:
     is forecast over its budget."""
 
     from shardvault.config.policy import load_policy
-    from shardvault.pricing import costs
+    from shardvault.lifecycle import costs
 
     if args.target:
         print_forecast(TARGET_TITLE, costs.target_forecast())
@@ -870,7 +870,7 @@ def run_cost(args: argparse.Namespace) -> int:
 
 def print_deployment_cost(clusters: int) -> None:
     """The deployment's own month, shared by its clusters (in no cluster's forecast)."""
-    from shardvault.pricing import costs
+    from shardvault.lifecycle import costs
 
     month = costs.deployment_month(clusters)
     console.print(
@@ -894,7 +894,7 @@ def cluster_forecast(
     catalog measured (``costs.measured_sizes``), else at the defaults; with its WAL archive's
     growth as measured (``costs.measured_wal``), if it archives."""
     from shardvault.data.planning import GiB
-    from shardvault.pricing import costs
+    from shardvault.lifecycle import costs
 
     measured = costs.measured_sizes(records, name)
     data_bytes = None if args.data_gib is None else round(args.data_gib * GiB)
@@ -921,7 +921,7 @@ def cluster_forecast(
 
 def print_forecast(title: str, forecast: Any) -> None:
     from shardvault.data.planning import GiB, TiB
-    from shardvault.pricing.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
+    from shardvault.lifecycle.costs import EARLY_DELETION_TARGET, OVERHEAD_TARGET
 
     table = Table("a month", "USD", title=title)
     for label, usd in [

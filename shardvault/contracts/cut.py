@@ -48,8 +48,8 @@ from datetime import datetime
 from pydantic import Field, field_validator
 
 from shardvault.contracts.models import Frozen
+from shardvault.contracts.pgwal import check_restore_point_name
 from shardvault.errors import InvalidRequest
-from shardvault.wal.pgwal import check_restore_point_name
 
 # Chosen, not measured on AWS: the margin covers a stop command's dispatch and its
 # pg_backup_stop. 1 s covered every stop of 3 nodes in the local benchmark until a

@@ -38,11 +38,11 @@ from pydantic import (
     model_validator,
 )
 
+from shardvault.contracts.extents import unpack_numbers
+from shardvault.contracts.pgwal import LSN, check_restore_point_name
 from shardvault.contracts.sqlcheck import check_validation_queries
-from shardvault.data.extents import unpack_numbers
 from shardvault.errors import InvalidRequest
 from shardvault.pricing.prices import VAULT_CLASSES, StorageClass
-from shardvault.wal.pgwal import LSN, check_restore_point_name
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # 2: objects hold frames (``shardvault.data.pipeline``): compressed, checked per frame. Format 1
@@ -239,8 +239,9 @@ class ShardListing(Frozen):
     marker: dict[str, str] = Field(default_factory=dict)  # e.g. {"start_lsn": "0/2000028"}
     checkpoint_at: float = 0.0
     mutable: bool = False  # True when files may change while being read (a live data dir)
-    # An incremental's data: the changed ranges the agent's scan found (shardvault.data.extents),
-    # whose bytes (the *delta stream*) are what its objects hold. "": the whole stream.
+    # An incremental's data: the changed ranges the agent's scan found
+    # (shardvault.contracts.extents), whose bytes (the *delta stream*) are what its objects hold.
+    # "": the whole stream.
     extents: str = ""
     delta_bytes: int | None = None
     scan_seconds: float | None = None
@@ -585,7 +586,7 @@ class ManifestStream(Frozen):
     phase: Phase
     files: list[FileEntry]
     objects: list[ObjectResult]
-    # An incremental's data: the changed ranges its objects hold (shardvault.data.extents); "":
+    # An incremental's data: the changed ranges its objects hold (shardvault.contracts.extents); "":
     # its objects hold the whole stream.
     extents: str = ""
 
@@ -849,7 +850,7 @@ class DownloadItem(Frozen):
     from_chain: bool = False
     # The same from a control plane that resolved the chain itself (kept so that its restores
     # finish on upgraded agents): (frame, offset in frame, length, stream offset) packed as
-    # shardvault.data.extents.pack_numbers.
+    # shardvault.contracts.extents.pack_numbers.
     pieces: str = ""
 
     @property

@@ -1,3 +1,3 @@
 """A backup's bytes: the part pipeline (``pipeline``), frame tables and checksums, how a
-stream becomes objects and parts (``planning``), extents and streams, incremental chains, and
-reading a backup back from the store (``readback``, ``materialize``)."""
+stream becomes objects and parts (``planning``), a stream's files (``streams``) and
+incremental chains (``chains``)."""

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from shardvault.contracts.deployment import NODE_MAP_CONCURRENCY
+from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
     DEFAULT_COMPRESSION_LEVEL,
     FileEntry,
@@ -36,7 +38,6 @@ from shardvault.contracts.models import (
 )
 from shardvault.errors import InvalidRequest, PlanTooLarge
 from shardvault.pricing.prices import ARCHIVE_CLASSES
-from shardvault.workflow.fanout import NODE_MAP_CONCURRENCY
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -140,16 +141,6 @@ def cut_stream(length: int, object_size: int) -> Iterator[tuple[int, int]]:
 
 def object_key(prefix: str, cluster: str, backup_id: str, listing: ShardListing, i: int) -> str:
     return f"{backup_prefix(prefix, cluster, backup_id)}{listing.shard_id}/{listing.phase}-{i:05d}"
-
-
-def store_root(prefix: str) -> str:
-    """The key prefix every backup lives under ("" for a store without a prefix)."""
-    return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-
-
-def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
-    """Where a backup's objects and manifest live in the store."""
-    return f"{store_root(prefix)}{cluster}/{backup_id}/"
 
 
 # A transfer map's width (the Upload and Download maps' MaxConcurrencyPath), from the plan:

@@ -25,8 +25,9 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.tables import completion_order
-from shardvault.data.planning import backup_prefix
+from shardvault.contracts.layout import backup_prefix
 from shardvault.errors import ExpiryFailed, InvalidRequest
+from shardvault.lifecycle import costs
 from shardvault.lifecycle.retention import (
     BackupRecord,
     RetentionDecision,
@@ -34,7 +35,6 @@ from shardvault.lifecycle.retention import (
     deletion_batches,
     from_catalog,
 )
-from shardvault.pricing import costs
 
 EXPIRED = "EXPIRED"
 EXPIRING = "EXPIRING"  # deletion started: finished by the next run if this one stops

@@ -38,6 +38,7 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
+from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing, stored_checksum, versioned
 from shardvault.contracts.models import (
@@ -49,7 +50,6 @@ from shardvault.contracts.models import (
     VaultTarget,
     lock_strength,
 )
-from shardvault.data.readback import load_manifest
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 from shardvault.lifecycle.retention import deletion_batches
 from shardvault.pricing.prices import ARCHIVE_CLASSES, StorageClass

@@ -26,9 +26,9 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import delete_keys, delete_prefix, open_uploads
+from shardvault.contracts import layout
+from shardvault.contracts.layout import backup_prefix, manifest_key, store_root
 from shardvault.contracts.models import BackupStatus
-from shardvault.data.planning import backup_prefix, store_root
-from shardvault.data.readback import manifest_key
 from shardvault.wal import archive
 
 
@@ -88,7 +88,7 @@ def backup_of(key: str, root: str) -> tuple[str, str] | None:
     if not key.startswith(root):
         return None
     parts = key.removeprefix(root).split("/")
-    if len(parts) <= 2 or parts[1] == archive.ARCHIVE_DIR:
+    if len(parts) <= 2 or parts[1] == layout.ARCHIVE_DIR:
         return None
     return parts[0], parts[1]
 
@@ -103,7 +103,7 @@ def store_listing(
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
         for obj in page.get("Contents", []):
             parts = obj["Key"].removeprefix(root).split("/")
-            if len(parts) > 3 and parts[1] == archive.ARCHIVE_DIR:
+            if len(parts) > 3 and parts[1] == layout.ARCHIVE_DIR:
                 archives[parts[0]].append(obj["Key"])
             owner = backup_of(obj["Key"], root)
             if owner is not None:

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 from shardvault.aws.services import ANSWERS_DIR
-from shardvault.wal.archive import ARCHIVE_DIR
+from shardvault.contracts.layout import ARCHIVE_DIR
 
 VARIABLE = "SHARDVAULT_AGENT_FAULTS"
 

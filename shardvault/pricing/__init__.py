@@ -1,2 +1,3 @@
-"""What backups, restores and clusters cost: the one price table (``prices``), storage
-classes (``storage_costs``) and the model over both (``costs``)."""
+"""The one price table (``prices``) and what keeping bytes in a storage class costs
+(``storage_costs``): pure facts the cost model (``shardvault.lifecycle.costs``) and the
+planners read."""

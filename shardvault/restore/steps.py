@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault.aws.keys import Rewrapper
+from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get, readable_now, versioned
 from shardvault.aws.tables import RESTORE_PREFIX, Catalog
@@ -54,7 +55,6 @@ from shardvault.contracts.models import (
 from shardvault.contracts.sqlcheck import DIALECTS, check_validation_queries
 from shardvault.data.chains import chain_args, data_stream
 from shardvault.data.planning import interleave_by_node, transfer_concurrency
-from shardvault.data.readback import load_manifest, manifest_place
 from shardvault.errors import (
     BackupDamaged,
     BackupNotFound,

@@ -1,2 +1,2 @@
-"""PostgreSQL's WAL: segment names and runs (``pgwal``), the continuous archive the agents
-fill (``archive``) and point-in-time restores from it (``pitr``)."""
+"""PostgreSQL's continuous WAL archive, the control plane's side: signing and recording the
+agents' batches (``archive``) and point-in-time restores from it (``pitr``)."""

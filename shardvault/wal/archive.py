@@ -35,33 +35,27 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from shardvault.aws.keys import new_data_key
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing, presign_put, stored_checksum
 from shardvault.aws.tables import completion_order
+from shardvault.contracts.layout import archive_prefix, batch_key, index_key
 from shardvault.contracts.models import (
-    Encryption,
     FileEntry,
-    Frozen,
     Manifest,
     NodeRecord,
     Role,
-    check_name,
 )
-from shardvault.data.frames import unpack_frames
-from shardvault.data.planning import store_root
-from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
-from shardvault.wal.pgwal import (
+from shardvault.contracts.pgwal import (
     DEFAULT_SEGMENT_SIZE,
     HISTORY_NAME,
     SEGMENT_NAME,
@@ -69,96 +63,22 @@ from shardvault.wal.pgwal import (
     segment_number,
     timeline,
 )
+from shardvault.contracts.wal_archive import (
+    BATCH_ID,
+    BATCH_MAX_BYTES,
+    REQUEST_PREFIX,
+    WAL_DIR,
+    ArchiveCall,
+    Batch,
+)
+from shardvault.data.frames import unpack_frames
+from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
 from shardvault.workflow.membership import claim_problem
 
 log = logging.getLogger("shardvault.wal.archive")
-ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
-REQUEST_PREFIX = "#archive:"  # inbox items the command poller skips ("#...")
-BATCH_MAX_BYTES = 256 * 1024 * 1024  # plaintext of one batch: 16 segments of 16 MiB, one PUT
-MAX_FILES = 4096  # a batch of small history files stays a small request
 URL_TTL_SECONDS = 900  # a batch is packed before it is signed: its upload starts at once
 INDEX_FORMAT = 1
 PARALLEL_READS = 8  # index objects read at once (a day at a batch a minute holds 1,440)
-# Segments (24 hex digits), timeline history files, backup history files, partial segments:
-# the names shardvault_agent.walspool accepts (it imports nothing of ShardVault's: a unit test
-# holds the two patterns equal).
-WAL_FILE = re.compile(r"^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$|^[0-9A-F]{8}\.history$")
-BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class WalFile(Frozen):
-    name: str
-    size: int = Field(ge=0)
-    # When PostgreSQL handed it to the spool (the spool file's mtime, epoch seconds): the
-    # archive holds no WAL written after its newest file's push (a restore's upper bound).
-    pushed_at: float = 0.0
-
-    @field_validator("name")
-    @classmethod
-    def _wal_name(cls, value: str) -> str:
-        if not WAL_FILE.fullmatch(value):
-            raise ValueError(f"{value!r} is not a WAL file's name")
-        return value
-
-
-class Batch(Frozen):
-    """An agent's description of one packed batch (the request item's ``batch``)."""
-
-    batch_id: str
-    shard_id: str
-    files: list[WalFile] = Field(min_length=1, max_length=MAX_FILES)
-    frame_size: int = Field(gt=0)
-    frames: str  # the frame table (shardvault.data.frames.pack_frames)
-    stored_length: int = Field(ge=0)
-    crc64nvme: str  # of the stored bytes, base64
-    encryption: Encryption | None = None
-
-    @field_validator("batch_id")
-    @classmethod
-    def _batch_id(cls, value: str) -> str:
-        if not BATCH_ID.fullmatch(value):
-            raise ValueError("a batch id is 32 lowercase hex digits")
-        return value
-
-    @field_validator("shard_id")
-    @classmethod
-    def _shard_id(cls, value: str) -> str:
-        return check_name("shard_id", value)
-
-    @property
-    def plain_length(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-class ArchiveCall(Frozen):
-    """The archive function's input: what to do, for which node, about which batch."""
-
-    action: Literal["settings", "sign", "record"]
-    node_id: str
-    batch_id: str | None = None
-    new_key: bool = False  # settings: the agent's data key ran out (or it has none)
-
-
-def batch_place(cluster: str, shard_id: str, batch_id: str) -> str:
-    """Where a batch's frames belong, for their seal's associated data (``pipeline.Sealer``):
-    a frame moved to another batch, shard or cluster does not open."""
-    return f"{cluster}/{ARCHIVE_DIR}/{shard_id}/{batch_id}"
-
-
-def batch_key(prefix: str, cluster: str, batch: Batch) -> str:
-    first, last = batch.files[0].name, batch.files[-1].name
-    return (
-        f"{store_root(prefix)}{cluster}/{ARCHIVE_DIR}/{batch.shard_id}/"
-        f"{first}--{last}--{batch.batch_id}.wal"
-    )
-
-
-def index_key(object_key: str) -> str:
-    return object_key.removesuffix(".wal") + ".json"
-
-
-def archive_prefix(prefix: str, cluster: str, shard_id: str) -> str:
-    return f"{store_root(prefix)}{cluster}/{ARCHIVE_DIR}/{shard_id}/"
 
 
 def batch_problems(batch: Batch) -> list[str]:
@@ -363,7 +283,6 @@ def archived_batches(
 
 
 # --- what a point-in-time restore reads -------------------------------------------------------
-WAL_DIR = ".shardvault-wal"  # in a restored shard: the archive's WAL its recovery reads
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.aws.tables import completion_order
 from shardvault.contracts.engines import label, traits
+from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import (
     BackupStatus,
     DownloadItem,
@@ -44,9 +45,9 @@ from shardvault.contracts.models import (
     RestoreRequest,
     RestoreTarget,
 )
+from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
 from shardvault.errors import TargetOutOfRange, TargetUnsupported
-from shardvault.wal.archive import ShardArchive, after_backup, batch_place, wal_from, wal_stream
-from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
+from shardvault.wal.archive import ShardArchive, after_backup, wal_from, wal_stream
 
 
 def when(epoch: float) -> str:

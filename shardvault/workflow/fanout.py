@@ -23,8 +23,6 @@ from typing import Any
 
 from shardvault.workflow.causes import TIMEOUTS, readable_cause
 
-NODE_MAP_CONCURRENCY = 1000  # the per-node Maps' MaxConcurrency (statemachines/*.asl.json)
-
 
 class NodeStepFailed(Exception):
     """Raised under the failed node's error name (``failure``), with its cause."""

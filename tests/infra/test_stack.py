@@ -53,9 +53,9 @@ from infra.constants import (
 )
 from infra.stack import ShardVaultStack, agent_nodes, alert_emails
 from shardvault.config.policy import load_policy
+from shardvault.contracts.deployment import NODE_MAP_CONCURRENCY
 from shardvault.contracts.models import DOORBELL_PREFIX
 from shardvault.workflow.dispatch import ANSWER_URL_TTL_SECONDS, ANSWERED
-from shardvault.workflow.fanout import NODE_MAP_CONCURRENCY
 from tests.infra.template_queries import (
     actions,
     as_list,
@@ -961,7 +961,7 @@ def test_the_dashboard_shows_ages_outcomes_and_executions(synth: Synthesized) ->
 def test_the_cost_models_deployment_line_counts_what_the_stack_holds(synth: Synthesized) -> None:
     """``shardvault cost`` prints the deployment's own month from these counts: a key or an
     alarm added to the stack must be added there too."""
-    from shardvault.pricing import costs
+    from shardvault.lifecycle import costs
 
     month = costs.deployment_month(len(load_policy(DEFAULT_POLICY).clusters))
     assert len(resources_of(synth, "AWS::KMS::Key")) == month.kms_keys

@@ -11,11 +11,11 @@ from pathlib import Path
 import boto3
 
 from functions.reap_execution import lambda_handler
+from shardvault.aws.materialize import materialize
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
 from shardvault.data.checksums import crc64nvme_of_bytes
-from shardvault.data.materialize import materialize
 from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
-from shardvault.data.readback import load_manifest
 from shardvault.local.lambda_bridge import LambdaContext
 
 from .conftest import entered_states, output, record_posts

@@ -12,9 +12,9 @@ from pathlib import Path
 import boto3
 import pytest
 
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
 from shardvault.contracts.models import Manifest
-from shardvault.data.readback import load_manifest
 from shardvault.local.demo import table_digests
 
 pytestmark = pytest.mark.minio

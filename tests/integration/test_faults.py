@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shardvault.data.readback import load_manifest, manifest_key
+from shardvault.aws.readback import load_manifest
+from shardvault.contracts.layout import manifest_key
 
 
 def test_an_agents_error_reaches_the_record_with_its_cause(make_cluster):

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
-from shardvault.data.readback import load_manifest
 
 from .conftest import entered_states, record_posts, rot_in_vault
 
@@ -129,7 +129,7 @@ def test_a_cluster_wider_than_a_node_map_scans_apart_and_still_chains(
     """Past 1,000 nodes a Checkpoint map cannot run every node at once: each node then scans in
     a ``scan`` command of its own, after every checkpoint (the threshold is lowered to 1 so
     that 2 nodes show it), and its map goes with the tail."""
-    monkeypatch.setattr("shardvault.workflow.fanout.NODE_MAP_CONCURRENCY", 1)
+    monkeypatch.setattr("shardvault.contracts.deployment.NODE_MAP_CONCURRENCY", 1)
     cluster = make_cluster(nodes=2, size_mb=4)
     policy_for(cluster.name)
     full = cluster.backup()
@@ -301,7 +301,7 @@ def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
     the vault itself reports, and the catalog records the parent's new date."""
     from datetime import datetime
 
-    from shardvault.data.readback import load_manifest
+    from shardvault.aws.readback import load_manifest
 
     cluster = make_cluster(nodes=1, size_mb=2)
     policy_for(cluster.name)  # a one-day lock

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardvault.data.readback import load_manifest
+from shardvault.aws.readback import load_manifest
 from shardvault.local.demo import change_sqlite, table_digests
 
 from .conftest import output

@@ -18,10 +18,11 @@ import psycopg
 import pytest
 
 from shardvault.assurance.verify import VerifyRequest, verify
+from shardvault.aws.materialize import materialize
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest
-from shardvault.data.materialize import materialize
-from shardvault.data.readback import load_manifest
+from shardvault.contracts.pgwal import lsn_number
 from shardvault.local.postgres import (
     PostgresInstance,
     attach_instance,
@@ -29,7 +30,6 @@ from shardvault.local.postgres import (
     start_pgbench,
     stop_process,
 )
-from shardvault.wal.pgwal import lsn_number
 
 from .conftest import Cluster, client_of, entered_states, output, run_cli, running_pg_cluster
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from shardvault.data.readback import load_manifest
+from shardvault.aws.readback import load_manifest
 from shardvault.local import demo
 
 from .conftest import FAST_AGENT, Cluster, names, output

@@ -77,6 +77,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     from shardvault_agent.ratelimit import RateLimiter
     from shardvault_agent.transfer import PartSender
 
+    from shardvault.aws.materialize import materialize
     from shardvault.contracts.models import (
         Manifest,
         ManifestShard,
@@ -85,7 +86,6 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
         ObjectPlan,
         Phase,
     )  # fmt: skip
-    from shardvault.data.materialize import materialize
     from shardvault.data.planning import part_count
 
     svc = stack.services()
@@ -144,8 +144,8 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
 def test_a_manifest_read_again_unchanged_is_not_parsed_again(store, monkeypatch):
     # A restore reads a chain's manifests in three steps: the store answers the second read
     # with 304 (If-None-Match), and the manifest read before is used; a changed one is read.
+    from shardvault.aws.readback import load_manifest
     from shardvault.contracts.models import Manifest
-    from shardvault.data.readback import load_manifest
 
     _svc, s3, bucket = store
     key = "tests/manifest-cache/manifest.json"

@@ -18,11 +18,11 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from shardvault.aws import lambda_support
+from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupContext, LockMode, VaultTarget
 from shardvault.data.planning import MiB
-from shardvault.data.readback import load_manifest
 from shardvault.lifecycle import promote
 from shardvault.local.demo import table_digests
 from shardvault.pricing.prices import StorageClass

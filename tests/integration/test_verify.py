@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
-from shardvault.data.readback import load_manifest
 from shardvault.local.demo import table_digests
 
 from .conftest import client_of, run_cli

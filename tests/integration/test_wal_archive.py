@@ -21,16 +21,16 @@ from shardvault_agent.keys import DataKeys
 
 from shardvault.assurance.verify import VerifyRequest, verify
 from shardvault.assurance.watch import SPOOL_STALL_SECONDS, observe
+from shardvault.aws.materialize import read_batch
+from shardvault.aws.readback import load_manifest
 from shardvault.client import operations as ops
+from shardvault.contracts import layout, wal_archive
 from shardvault.contracts.models import Encryption, Phase
-from shardvault.data.materialize import read_batch
+from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 from shardvault.data.pipeline import Sealer
-from shardvault.data.readback import load_manifest
 from shardvault.errors import BackupDamaged, ChecksumMismatch, FrameUnreadable
 from shardvault.local.postgres import restored_instance
 from shardvault.restore.steps import source_of
-from shardvault.wal import archive
-from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps, segment_number
 
 from .conftest import ARCHIVE_MARKER as MARKER
 from .conftest import client_of, output
@@ -162,7 +162,7 @@ def test_the_daily_run_expires_the_wal_no_kept_backup_needs(archiving, monkeypat
     assert old  # the segments written before the backup
     history = "00000002.history"  # as a restore's promotion archives it: never expired
     svc = node.stack.services()
-    key = f"{archive.archive_prefix(svc.store.prefix, node.cluster, node.shard_id)}"
+    key = f"{layout.archive_prefix(svc.store.prefix, node.cluster, node.shard_id)}"
     kept_index = f"{key}{history}--{history}--{'b' * 32}.json"
     body = {"key": kept_index, "files": [{"name": history, "size": 0}]}
     svc.store_s3.put_object(Bucket=svc.store.bucket, Key=kept_index, Body=json.dumps(body))
@@ -231,7 +231,7 @@ def test_verify_checks_the_archive_a_point_in_time_restore_replays(archiving) ->
     svc.store_s3.delete_object(Bucket=bucket, Key=middle["key"])
     with pytest.raises(BackupDamaged, match=f"{middle['key']} is missing"):
         verify(request, svc, time.time())
-    svc.store_s3.delete_object(Bucket=bucket, Key=archive.index_key(middle["key"]))
+    svc.store_s3.delete_object(Bucket=bucket, Key=layout.index_key(middle["key"]))
     with pytest.raises(BackupDamaged, match="WAL archive misses segments after"):
         verify(request, svc, time.time())
 
@@ -278,7 +278,7 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     assert verify(VerifyRequest(cluster=node.cluster), svc, time.time())["result"] == "ok"
     for batch in node.batches():  # the archive's own retention may remove them
         svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=batch["key"])
-        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=archive.index_key(batch["key"]))
+        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=layout.index_key(batch["key"]))
     node.server.psql("INSERT INTO kept SELECT generate_series(1, 100)")  # after the backup
     into = make_target(nodes=1, engine="postgres")
 
@@ -289,7 +289,7 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     copy = restored_instance(restored)
     assert copy.psql("SELECT count(*) FROM kept") == "5000"
     assert restored["checks"]["pg_amcheck --all"] == "ok"
-    assert not (Path(restored["path"]) / archive.WAL_DIR).exists()  # the extras removed
+    assert not (Path(restored["path"]) / wal_archive.WAL_DIR).exists()  # the extras removed
 
 
 def test_a_quick_backup_of_an_archiving_shard_copies_its_few_segments_itself(archiving) -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from shardvault_agent import walspool
 
+from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
 from shardvault.local.postgres import (
     PostgresInstance,
     ensure_traversable,
     give_to_postgres,
     init_instance,
 )
-from shardvault.wal.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # Debian's: what the server's user can run
 SEGMENT = DEFAULT_SEGMENT_SIZE

@@ -11,6 +11,7 @@ import pytest
 from shardvault_agent import walspool
 
 from shardvault.aws.services import Services
+from shardvault.contracts import wal_archive
 from shardvault.contracts.models import ShardInfo
 from shardvault.data.frames import FrameInfo, pack_frames
 from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
@@ -41,7 +42,7 @@ def svc(monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
         yield services
 
 
-def batch(**changes) -> archive.Batch:
+def batch(**changes) -> wal_archive.Batch:
     names = ["000000010000000000000003", "000000010000000000000004"]
     fields = {
         "batch_id": BATCH_ID,
@@ -53,10 +54,10 @@ def batch(**changes) -> archive.Batch:
         "crc64nvme": "AAAAAAAAAAA=",
         **changes,
     }
-    return archive.Batch.model_validate(fields)
+    return wal_archive.Batch.model_validate(fields)
 
 
-def request(svc: Services, node_id: str, described: archive.Batch | str) -> None:
+def request(svc: Services, node_id: str, described: wal_archive.Batch | str) -> None:
     body = described if isinstance(described, str) else described.model_dump_json()
     svc.inbox.table.put_item(
         Item={"node_id": node_id, "command_id": f"#archive:{BATCH_ID}", "batch": body}
@@ -150,10 +151,10 @@ def test_settings_follow_the_clusters_policy(svc) -> None:
     answer = archive.settings(svc, "orders-n1")
     assert answer["cluster"] == "orders"
     assert answer["max_delay_seconds"] == 60.0
-    assert answer["batch_max_bytes"] == archive.BATCH_MAX_BYTES
+    assert answer["batch_max_bytes"] == wal_archive.BATCH_MAX_BYTES
     assert answer["encryption"] is None  # the policy says encryption: none
     assert answer["encrypt"] is False
 
 
 def test_the_agents_push_and_the_archive_take_the_same_wal_names() -> None:
-    assert archive.WAL_FILE.pattern == walspool.WAL_FILE.pattern
+    assert wal_archive.WAL_FILE.pattern == walspool.WAL_FILE.pattern

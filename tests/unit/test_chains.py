@@ -12,8 +12,8 @@ import pytest
 from shardvault_agent import chain_placement
 from shardvault_agent.chain_placement import extent_columns, place_chain
 
+from shardvault.contracts.extents import pack_extents, unpack_extents
 from shardvault.contracts.models import FileEntry, pack_files
-from shardvault.data.extents import pack_extents, unpack_extents
 from shardvault.errors import ParentUnavailable
 
 B = 8192

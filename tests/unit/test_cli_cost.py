@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from shardvault.client import cli
-from shardvault.pricing import costs
+from shardvault.lifecycle import costs
 
 POLICY = """
 version: 1

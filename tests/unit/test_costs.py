@@ -1,5 +1,5 @@
-"""The cost model (``shardvault.pricing.costs``) against the price table and the reference's worked
-figures (``shared/reference/aws-facts.md``, 1 TB = 1,024 GB): storage per class and month,
+"""The cost model (``shardvault.lifecycle.costs``) against the price table and the reference's
+worked figures (``shared/reference/aws-facts.md``, 1 TB = 1,024 GB): storage per class and month,
 requests counted per PUT and COPY, restores by tier, early-deletion charges, a year of a
 policy averaged into a month, the issue's 1% target and the budget alert."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from shardvault.config.policy import load_policy, parse_policy
+from shardvault.lifecycle import costs
+from shardvault.lifecycle.costs import CostError, Landing
 from shardvault.lifecycle.promote import COPY_CONFIG
-from shardvault.pricing import costs
-from shardvault.pricing.costs import CostError, Landing
 from shardvault.pricing.prices import DAYS_PER_MONTH, RestoreTier, StorageClass
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40

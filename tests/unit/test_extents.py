@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shardvault.data.extents import coarsen, pack_extents, pack_within, unpack_extents
+from shardvault.contracts.extents import coarsen, pack_extents, pack_within, unpack_extents
 
 
 def scattered(n: int, seed: int = 1) -> list[tuple[int, int]]:

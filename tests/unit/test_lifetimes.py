@@ -17,8 +17,7 @@ from shardvault.aws.lambda_support import parse
 from shardvault.aws.services import Services
 from shardvault.config.policy import parse_policy
 from shardvault.contracts.models import BackupRequest
-from shardvault.lifecycle import lifetimes
-from shardvault.pricing import costs
+from shardvault.lifecycle import costs, lifetimes
 from shardvault.pricing.prices import StorageClass
 
 from .support import leader_node, moto_services

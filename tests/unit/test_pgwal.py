@@ -3,7 +3,7 @@ continuity as verify checks it."""
 
 from __future__ import annotations
 
-from shardvault.wal.pgwal import gaps, segment_holding, tail_problems
+from shardvault.contracts.pgwal import gaps, segment_holding, tail_problems
 
 MiB = 1024 * 1024
 

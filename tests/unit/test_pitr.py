@@ -15,9 +15,10 @@ from shardvault.contracts.models import (
     RestoreRequest,
     RestoreTarget,
 )
+from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import InvalidRequest, TargetOutOfRange, TargetUnsupported
 from shardvault.wal import pitr
-from shardvault.wal.archive import WAL_DIR, cutoffs, expired_keys, shard_archive, wal_stream
+from shardvault.wal.archive import cutoffs, expired_keys, shard_archive, wal_stream
 
 SEG = 16 * 1024 * 1024
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from shardvault.client import cli
 from shardvault.client import operations as ops
-from shardvault.pricing.costs import StoredPart, price_restore, restore_options
+from shardvault.lifecycle.costs import StoredPart, price_restore, restore_options
 from shardvault.pricing.prices import RestoreTier, StorageClass
 
 GIB = 2**30

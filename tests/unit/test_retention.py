@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardvault.config.policy import BackupKind, Retention
+from shardvault.lifecycle.costs import monthly_storage_cost
 from shardvault.lifecycle.retention import (
     BackupRecord,
     RetentionDecision,
@@ -31,7 +32,6 @@ from shardvault.lifecycle.retention import (
     decide,
     deletion_batches,
 )
-from shardvault.pricing.costs import monthly_storage_cost
 from shardvault.pricing.prices import DAYS_PER_MONTH, STORAGE, StorageClass
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)  # a Sunday, in ISO week 2026-W47

@@ -16,10 +16,10 @@ from shardvault_agent.engines.postgres import refuse_tablespaces
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
+from shardvault.aws.materialize import StreamWriter
 from shardvault.backup import check_listings_match_sources
 from shardvault.backup.planner import check_scanned
 from shardvault.contracts.models import FileEntry, ObjectPlan, Phase, ShardListing
-from shardvault.data.materialize import StreamWriter
 from shardvault.errors import (
     CheckpointNotFound,
     ChecksumMismatch,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardvault.wal.pgwal import lsn_number
+from shardvault.contracts.pgwal import lsn_number
 from shardvault_agent.blockmap import BLOCK_SIZE
 
 if TYPE_CHECKING:  # not at run time: the mapped screen's helper imports this module alone

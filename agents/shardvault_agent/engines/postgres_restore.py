@@ -24,14 +24,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from shardvault.contracts.pgwal import LSN, check_restore_point_name
+from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import (
     RestoreValidationFailed,
     ShardVaultError,
     TargetOutOfRange,
     TargetTooSmall,
 )
-from shardvault.wal.archive import WAL_DIR
-from shardvault.wal.pgwal import LSN, check_restore_point_name
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
 from shardvault_agent.engines.pgserver import attach_instance

@@ -44,7 +44,6 @@ from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any, NamedTuple
 
-from shardvault.assurance.watch import WATCH_MINUTES
 from shardvault.config.policy import (
     BackupKind,
     ClusterPolicy,
@@ -54,6 +53,7 @@ from shardvault.config.policy import (
     Schedule,
     Vault,
 )
+from shardvault.contracts.deployment import WATCH_MINUTES
 from shardvault.contracts.models import THAW_DAYS, Frozen, recorded_stored_bytes
 from shardvault.data.planning import (
     GiB,

@@ -1,4 +1,4 @@
-"""Find and read a backup's manifest in the store (``shardvault.data.materialize`` reads its
+"""Find and read a backup's manifest in the store (``shardvault.aws.materialize`` reads its
 data)."""
 
 from __future__ import annotations
@@ -12,12 +12,7 @@ from pydantic import ValidationError
 
 from shardvault.aws.store import versioned
 from shardvault.contracts.models import Manifest
-from shardvault.data.planning import backup_prefix
 from shardvault.errors import InvalidRequest, ManifestDamaged
-
-
-def manifest_key(prefix: str, cluster: str, backup_id: str) -> str:
-    return f"{backup_prefix(prefix, cluster, backup_id)}manifest.json"
 
 
 class _ReadManifests:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import (
     FileEntry,
     Manifest,
@@ -22,7 +23,6 @@ from shardvault.contracts.models import (
 from shardvault.data.checksums import crc64nvme, to_b64
 from shardvault.data.pipeline import FrameCodec, FrameSink, frame_spans, unpack_frames
 from shardvault.errors import ChecksumMismatch
-from shardvault.wal.archive import batch_place
 
 CHUNK = 1024 * 1024
 
