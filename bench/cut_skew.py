@@ -53,7 +53,7 @@ from shardvault.contracts.models import BackupRequest
 from shardvault.local import demo
 from shardvault.local.postgres import start_pgbench, stop_process
 from shardvault.local.stack import LocalStack
-from shardvault.restore.steps import source_of
+from shardvault.restore.sources import source_of
 
 FAST_AGENT = {"heartbeat_interval_seconds": 1.0, "poll_interval_seconds": 0.05}
 POLICY = """version: 1

@@ -4,7 +4,7 @@ agent too old to prefetch a chain's newer objects."""
 from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import logger, parse, tracer
-from shardvault.restore import steps as restore
+from shardvault.restore import planner
 
 
 class CheckPreparedRequest(BaseModel):
@@ -16,4 +16,4 @@ class CheckPreparedRequest(BaseModel):
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(CheckPreparedRequest, event)
-    return restore.check_prepared(request.results, request.nodes)
+    return planner.check_prepared(request.results, request.nodes)

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.contracts.models import RestoreContext
-from shardvault.restore import steps as restore
+from shardvault.restore import failure
 
 
 class CleanupRestoreRequest(BaseModel):
@@ -21,7 +21,7 @@ class CleanupRestoreRequest(BaseModel):
 @metrics.log_metrics
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(CleanupRestoreRequest, event)
-    outcome = restore.cleanup(request.restore, request.error, services(), time.time())
+    outcome = failure.cleanup(request.restore, request.error, services(), time.time())
     log_outcome("restore", request.restore.target_cluster, outcome)
     metrics.add_metric(name="RestoresFailed", unit=MetricUnit.Count, value=1)
     return outcome

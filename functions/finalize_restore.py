@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import log_outcome, logger, metrics, parse, services, tracer
 from shardvault.contracts.models import RestoreContext
-from shardvault.restore import steps as restore
+from shardvault.restore import failure
 
 
 class FinalizeRestoreRequest(BaseModel):
@@ -20,7 +20,7 @@ class FinalizeRestoreRequest(BaseModel):
 @metrics.log_metrics
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(FinalizeRestoreRequest, event)
-    summary = restore.finalize(request.restore, request.results, services(), time.time())
+    summary = failure.finalize(request.restore, request.results, services(), time.time())
     log_outcome("restore", request.restore.target_cluster, summary)
     metrics.add_metric(name="RestoresSucceeded", unit=MetricUnit.Count, value=1)
     return summary

@@ -4,7 +4,7 @@ from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import logger, parse, services, tracer
 from shardvault.contracts.models import RestoreContext
-from shardvault.restore import steps as restore
+from shardvault.restore import planner
 
 
 class PlanRequest(BaseModel):
@@ -14,4 +14,4 @@ class PlanRequest(BaseModel):
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
-    return restore.plan(parse(PlanRequest, event).restore, services())
+    return planner.plan(parse(PlanRequest, event).restore, services())

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from shardvault import backup
 from shardvault.aws.lambda_support import logger, parse, services, tracer
-from shardvault.restore import steps as restore
+from shardvault.restore import failure
 
 
 class StatusChange(BaseModel):
@@ -39,7 +39,7 @@ def lambda_handler(event: dict, context: object) -> dict:
     if not isinstance(request, dict):
         request = {}
     if target := request.get("target_cluster"):
-        return restore.reap(detail.executionArn, detail.status, target, services(), time.time())
+        return failure.reap(detail.executionArn, detail.status, target, services(), time.time())
     if cluster := request.get("cluster"):
         return backup.reap(detail.executionArn, detail.status, cluster, services(), time.time())
     return {"reaped": False, "why": "the execution's input names no cluster"}

@@ -4,7 +4,7 @@ from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import logger, parse, services, tracer
 from shardvault.contracts.models import DownloadItem
-from shardvault.restore import steps as restore
+from shardvault.restore import download
 
 
 class RecordDownloadRequest(BaseModel):
@@ -16,4 +16,4 @@ class RecordDownloadRequest(BaseModel):
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> None:
     request = parse(RecordDownloadRequest, event)
-    restore.record_download(request.object, request.bytes, services())
+    download.record_download(request.object, request.bytes, services())

@@ -5,7 +5,7 @@ from pydantic import BaseModel, model_validator
 
 from shardvault.aws.lambda_support import logger, parse, services, tracer
 from shardvault.contracts.models import DownloadItem
-from shardvault.restore import steps as restore
+from shardvault.restore import download, planner
 
 
 class SignDownloadRequest(BaseModel):
@@ -24,5 +24,5 @@ class SignDownloadRequest(BaseModel):
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(SignDownloadRequest, event)
     if request.object is not None:
-        return restore.sign_download(request.object, services())
-    return restore.sign_prefetch(str(request.prefetch_key), services())
+        return download.sign_download(request.object, services())
+    return planner.sign_prefetch(str(request.prefetch_key), services())

@@ -4,7 +4,7 @@ from pydantic import BaseModel
 
 from shardvault.aws.lambda_support import logger, parse, services, tracer
 from shardvault.contracts.models import RestoreContext
-from shardvault.restore import steps as restore
+from shardvault.restore import thaw
 
 
 class ThawRequest(BaseModel):
@@ -16,4 +16,4 @@ class ThawRequest(BaseModel):
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict, context: object) -> dict:
     request = parse(ThawRequest, event)
-    return restore.thaw(request.restore, request.attempt, services())
+    return thaw.thaw(request.restore, request.attempt, services())

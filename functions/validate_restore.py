@@ -8,7 +8,7 @@ import time
 
 from shardvault.aws.lambda_support import execution_input, logger, parse, services, tracer
 from shardvault.contracts.models import RestoreRequest
-from shardvault.restore import steps as restore
+from shardvault.restore import admission
 
 
 @logger.inject_lambda_context(log_event=True)
@@ -21,4 +21,4 @@ def lambda_handler(event: dict, context: object) -> dict:
         "target cluster (see the README's restore section).",
     )
     request = parse(RestoreRequest, {**request, "execution_id": event.get("execution_id", "")})
-    return restore.validate(request, services(), time.time()).model_dump(mode="json")
+    return admission.validate(request, services(), time.time()).model_dump(mode="json")

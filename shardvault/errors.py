@@ -142,6 +142,12 @@ class CheckpointNotFound(ShardVaultError):
     """A command refers to a checkpoint this agent does not hold (e.g. after a restart)."""
 
 
+class BackupReleased(CheckpointNotFound):
+    """A command of a backup this node already released: the backup's failure path (or the
+    reaper) ended it while the command waited or ran. A consequence of another failure, never
+    its cause: the agent notes no cause for it."""
+
+
 class UnknownCommand(ShardVaultError):
     """The inbox holds a command this agent version does not know."""
 

@@ -55,6 +55,7 @@ from shardvault.data.planning import (
     plan_objects,
 )
 from shardvault.errors import (
+    BackupReleased,
     CheckpointNotFound,
     InvalidRequest,
     ListingTooLarge,
@@ -452,7 +453,7 @@ class Commands:
 
     def _refuse_released(self, backup_id: str) -> None:
         if self._tombstone(backup_id).exists():
-            raise CheckpointNotFound(
+            raise BackupReleased(
                 f"backup {backup_id} was already released on this node.",
                 fix="nothing to do: that backup has ended; start a new one.",
             )
@@ -908,7 +909,13 @@ class Commands:
         limiter, parallelism = self.limits(item.backup_id)
 
         def open_part(part: PartChecksum) -> BinaryIO:
-            handle = open(packed, "rb")  # noqa: SIM115 (closed by _Limited's with)
+            try:
+                handle = open(packed, "rb")  # noqa: SIM115 (closed by _Limited's with)
+            except FileNotFoundError:
+                # Released between two tries (the failure path of another node's part): say
+                # so, rather than retry a copy that is gone and blame the network.
+                self._refuse_released(item.backup_id)
+                raise
             handle.seek((part.part_number - 1) * item.part_size)
             return _Limited(handle, part.size, limiter)
 

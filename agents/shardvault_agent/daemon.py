@@ -43,7 +43,7 @@ from botocore.config import Config
 
 from shardvault.aws.tables import Catalog, Inbox, NodeRegistry
 from shardvault.contracts.models import NodeRecord, Role, ShardInfo
-from shardvault.errors import ShardVaultError
+from shardvault.errors import BackupReleased, ShardVaultError
 from shardvault_agent import PROTOCOL, __version__, restore
 from shardvault_agent.archiver import Archiver, Spool, lambda_invoker, spool_state
 from shardvault_agent.commands import Commands
@@ -309,7 +309,10 @@ class Agent:
             name = error.name if isinstance(error, ShardVaultError) else type(error).__name__
             log.warning("%s failed: %s: %s", item["command_id"], name, error)
             if token:
-                self.note_failure(item, name, str(error))  # before the answer: see tables.py
+                # A released backup's command fails because another failed first: its note
+                # would hide that first cause (the failure path reads the earliest note).
+                if not isinstance(error, BackupReleased):
+                    self.note_failure(item, name, str(error))  # before the answer: tables.py
                 self.fail(token, name, str(error))
         finally:
             with contextlib.suppress(Exception):

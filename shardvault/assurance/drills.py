@@ -43,7 +43,7 @@ from shardvault.contracts.models import (
     new_backup_id,
 )
 from shardvault.errors import BackupNotFound, DrillAlreadyRunning, InvalidRequest, ShardVaultError
-from shardvault.restore import steps as restore
+from shardvault.restore import admission
 
 PASSED, FAILED, SLOW, RUNNING, REFUSED = "passed", "failed", "slow", "running", "refused"
 BEFORE = "before"  # the teardown of stale copies, before the restore (then "after": its own)
@@ -275,7 +275,7 @@ def pick_backup(
     named = request.backup_id not in (None, "latest", "random")
     choice = request.backup_id if named else "latest"
     if named or spec.backup == "latest":
-        return restore.resolve_backup(
+        return admission.resolve_backup(
             RestoreRequest(
                 cluster=request.cluster, target_cluster=spec.target_cluster, backup_id=choice
             ),

@@ -29,7 +29,7 @@ from shardvault.config.policy import ClusterPolicy, Policy
 from shardvault.contracts import engines
 from shardvault.contracts.models import BackupStatus, Frozen, NodeRecord
 from shardvault.errors import ShardVaultError, UnknownCluster
-from shardvault.restore.steps import check_target_nodes
+from shardvault.restore.admission import check_target_nodes
 from shardvault.workflow.membership import check_members
 
 

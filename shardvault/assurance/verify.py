@@ -55,7 +55,8 @@ from shardvault.contracts.models import (
 )
 from shardvault.contracts.pgwal import segment_number, tail_problems
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
-from shardvault.restore.steps import resolve_backup, source_of
+from shardvault.restore.admission import resolve_backup
+from shardvault.restore.sources import source_of
 from shardvault.wal.archive import after_backup
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process

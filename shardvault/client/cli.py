@@ -68,7 +68,7 @@ from shardvault.contracts.models import (
 from shardvault.data.planning import MiB
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
 from shardvault.lifecycle.costs import DEFAULT_DAILY_CHANGE, restore_options, stored_part
-from shardvault.restore import steps as restore_steps
+from shardvault.restore import admission
 from shardvault.versions import installed
 
 console = Console(width=cli_drills.PIPED_WIDTH)
@@ -576,7 +576,7 @@ def run_restore(args: argparse.Namespace) -> int:
         requested_by="cli",
     )
     if request.target is None:  # the backup asked for exists: refused now, not in the run
-        restore_steps.resolve_backup(request, Catalog(table(config.catalog_table)))
+        admission.resolve_backup(request, Catalog(table(config.catalog_table)))
     execution = ops.start_restore(config, request)
     console.print(f"started [bold]{execution}[/]")
     if args.plan_only:

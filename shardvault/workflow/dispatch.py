@@ -10,7 +10,7 @@ work bucket (``args_key``) are inlined when small; larger ones (a node's restore
 shard of many files, the extents of a long chain of scattered changes) go as a presigned GET
 URL of their work object (``args_url``, ``args_size``), which the agent reads before it runs
 the command. A restore's prepare gets the same way (``prefetch``) the items and presigned URLs
-of the chain's objects it downloads as it prepares (``shardvault.restore.steps.sign_prefetch``).
+of the chain's objects it downloads as it prepares (``shardvault.restore.planner.sign_prefetch``).
 
 *Answers by URL*: the commands whose answers list a node's files (``ANSWERED``: checkpoint,
 scan, stop) get a presigned PUT of one work object (``answer_url``, the key

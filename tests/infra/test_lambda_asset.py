@@ -55,6 +55,6 @@ def test_every_handler_imports_with_only_the_lambda_requirements(tmp_path: Path)
     assert result.returncode == 0, result.stderr[-3000:]
     # The client side is not shipped: the CLI, the local stack (moto, MinIO) and the like.
     shipped = {p.relative_to(asset).as_posix() for p in (asset / "shardvault").rglob("*.py")}
-    assert "shardvault/restore/steps.py" in shipped
+    assert "shardvault/restore/planner.py" in shipped
     assert not {"shardvault/client/cli.py", "shardvault/client/operations.py"} & shipped
     assert not [p for p in shipped if p.startswith("shardvault/local/")]

@@ -524,7 +524,7 @@ NOTIFY = {
     ("kms:GenerateDataKey*", "topic key"),
 }
 UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
-# What each restore function calls in shardvault/restore/steps.py, and nothing else.
+# What each restore function calls in shardvault/restore/, and nothing else.
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
     | LIST_WAL_ARCHIVE

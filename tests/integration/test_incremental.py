@@ -339,13 +339,13 @@ def test_a_fulls_object_before_the_newer_backups_objects_is_refused(
     object written before those arrived would miss them. The node prefetches them as it
     prepares; with that prefetch lost here (signed empty), the node refuses the full's
     objects by name rather than restore wrong data."""
-    from shardvault.restore import steps as restore_module
+    from shardvault.restore import planner
 
     def signing_nothing(prefetch_key, svc):
         restore_id = prefetch_key.split("/")[-3]
         return {"url_key": svc.put_urls(restore_id, prefetch_key, {"downloads": []})}
 
-    monkeypatch.setattr(restore_module, "sign_prefetch", signing_nothing)
+    monkeypatch.setattr(planner, "sign_prefetch", signing_nothing)
     cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
 
     target = make_target(nodes=1)

@@ -146,11 +146,16 @@ def test_a_killed_agent_ends_the_backup_and_postgres_leaves_backup_mode(pg_clust
     assert cluster.store_keys() == []
     for server in servers:
         assert server.psql("SELECT count(*) FROM pg_replication_slots") == "0"
-        # No agent session (which held backup mode) is left on any server.
+        # No agent session (which held backup mode) is left on any server. A killed client's
+        # backend exits when it next reads its socket, and a live agent's heartbeat checks
+        # connect briefly: wait a little for both, not forever.
         sessions = (
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardvault-agent'"
         )
-        assert server.psql(sessions) == "0"
+        deadline = time.monotonic() + 30
+        while (left := server.psql(sessions)) != "0" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == "0"
 
 
 STATIC_DIGEST = "SELECT md5(string_agg(id || ':' || v, ',' ORDER BY id)) FROM static_check"
@@ -365,6 +370,7 @@ class Marks:
 
 
 COMMIT_LOCK = 4242
+MARK_STALL = 1.0  # seconds a loaded machine may stall a Marks writer (a run saw 0.3)
 APP_DATABASE = "bank"  # the application's database; the agents connect to postgres
 
 
@@ -493,9 +499,11 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
         assert instance.psql("SELECT timeline_id FROM pg_control_checkpoint()") != "1"
     for shard_id, mark in newest.items():
         assert mark <= cut_at[shard_id], (shard_id, mark, cut_at)  # nothing after the cut
-        assert mark > cut_at[shard_id] - 0.2, (shard_id, mark, cut_at)  # and all before it
+        # And all before it, but for a writer's stall: a recovery stopped at the checkpoint
+        # would be seconds short (the cut comes after the data phase).
+        assert mark > cut_at[shard_id] - MARK_STALL, (shard_id, mark, cut_at)
     spread = max(newest.values()) - min(newest.values())
-    assert spread <= record["cut_skew_seconds"] + 0.2, (newest, record["cut_skew_seconds"])
+    assert spread <= record["cut_skew_seconds"] + MARK_STALL, (newest, record["cut_skew_seconds"])
     rounds = {
         shard["shard_id"]: restored_instance(shard).psql(
             "SELECT count(*), max(n) FROM rounds", dbname=APP_DATABASE

@@ -17,7 +17,7 @@ from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest, RestoreRequest
 from shardvault.local.demo import table_digests
 from shardvault.local.lambda_bridge import LambdaContext
-from shardvault.restore import steps as restore_module
+from shardvault.restore import thaw as thaw_step
 
 from .conftest import client_of, entered_states, glob_under_removal, output
 
@@ -141,7 +141,7 @@ def test_an_archived_backup_waits_for_its_objects_to_thaw_before_downloading(
         frozen = 3 if len(polls) <= 2 else 0
         return {"frozen": frozen, "requested": 0, "attempt": attempt + 1, "wait_seconds": 1}
 
-    monkeypatch.setattr(restore_module, "thaw", still_frozen)
+    monkeypatch.setattr(thaw_step, "thaw", still_frozen)
     target = make_target(nodes=2)
 
     execution = target.start_restore(cluster.name)

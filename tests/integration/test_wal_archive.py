@@ -30,7 +30,7 @@ from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, SEGMENT_NAME, gaps,
 from shardvault.data.pipeline import Sealer
 from shardvault.errors import BackupDamaged, ChecksumMismatch, FrameUnreadable
 from shardvault.local.postgres import restored_instance
-from shardvault.restore.steps import source_of
+from shardvault.restore.sources import source_of
 
 from .conftest import ARCHIVE_MARKER as MARKER
 from .conftest import client_of, output

@@ -22,7 +22,7 @@ from shardvault.aws.services import Services
 from shardvault.aws.tables import dynamo
 from shardvault.contracts.models import AGENT_PROTOCOL, BackupRequest, NodeRecord
 from shardvault.errors import AgentOutdated
-from shardvault.restore.steps import check_target_nodes
+from shardvault.restore.admission import check_target_nodes
 
 from .support import leader_node, moto_services, sqlite_agent
 from .test_readiness import POLICY  # cluster a: sqlite, one daily full

@@ -29,7 +29,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RestoreRequest]:
 
     monkeypatch.setattr(ops, "start_restore", start_restore)
     # The backup named exists (the CLI asks the catalog before it starts a restore).
-    monkeypatch.setattr(cli.restore_steps, "resolve_backup", lambda request, catalog: {})
+    monkeypatch.setattr(cli.admission, "resolve_backup", lambda request, catalog: {})
     monkeypatch.setattr(cli, "table", lambda name: None)
     return requests
 

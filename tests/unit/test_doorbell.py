@@ -35,9 +35,9 @@ from shardvault.contracts.models import (
     Source,
     doorbell_name,
 )
-from shardvault.errors import AgentUnavailable
-from shardvault.restore import steps as restore
-from shardvault.restore.steps import catalog_key
+from shardvault.errors import AgentUnavailable, BackupReleased, PartUploadFailed
+from shardvault.restore import failure
+from shardvault.restore.record import catalog_key
 from shardvault.workflow.dispatch import DispatchRequest, dispatch
 
 from .support import moto_services, sqlite_agent
@@ -311,7 +311,7 @@ def test_the_cleanups_ring_the_nodes_they_post_releases_and_aborts_to(svc, tmp_p
         {"cluster": "t", "backup_id": catalog_key("r1"), "restore_id": "r1", "status": "RUNNING",
          "execution_id": "arn:x", "placement": {"s1": "n1"}}
     )  # fmt: skip
-    assert restore.reap("arn:x", "ABORTED", "t", svc, time.time())["reaped"]
+    assert failure.reap("arn:x", "ABORTED", "t", svc, time.time())["reaped"]
     rings = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
     assert sorted(json.loads(m["Body"])["ring"] for m in rings) == [
         "abort_restore:r1:reaped",
@@ -461,3 +461,28 @@ def test_an_idle_agent_with_a_shard_not_ready_heartbeats_within_30_s() -> None:
     assert period(busy=False, unready=False) == 300.0
     assert period(busy=False, unready=True) == UNREADY_HEARTBEAT_SECONDS == 30.0
     assert period(busy=True, unready=True) == 5.0
+
+
+@pytest.mark.parametrize(
+    ("error", "noted"),
+    [
+        (PartUploadFailed("part 1 failed after 2 tries: RequestTimeout", fix="retry"), True),
+        (BackupReleased("backup b1 was already released on this node.", fix="none"), False),
+    ],
+)
+def test_a_released_backups_command_fails_without_a_note_that_would_hide_the_first_cause(
+    svc, tmp_path, monkeypatch, error, noted
+) -> None:
+    """The failure path names the earliest note's cause. A command failing because its
+    backup was released meanwhile is that failure's consequence: it is answered, not noted."""
+    agent = agent_of(tmp_path)
+    svc.inbox.post("n1", "upload:b1:k", "upload", {"backup_id": "b1"}, "t-b1")
+    (item,) = svc.inbox.pending("n1")
+    answered = []
+    monkeypatch.setattr(agent, "task_alive", lambda token: True)
+    monkeypatch.setattr(agent, "run_command", lambda item: (_ for _ in ()).throw(error))
+    monkeypatch.setattr(agent, "fail", lambda token, name, cause: answered.append(name))
+    agent.execute(item)
+    assert answered == [error.name]
+    notes = svc.inbox.failures("n1", "b1")
+    assert [n["error"] for n in notes] == ([error.name] if noted else [])

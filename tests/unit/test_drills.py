@@ -17,7 +17,7 @@ from shardvault.client.operations import ClientConfig
 from shardvault.config.policy import PolicyError, parse_policy
 from shardvault.errors import DrillAlreadyRunning, InvalidRequest
 from shardvault.local import scheduler
-from shardvault.restore.steps import catalog_key as restore_key
+from shardvault.restore.record import catalog_key as restore_key
 
 from .support import moto_services
 

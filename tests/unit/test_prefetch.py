@@ -11,7 +11,7 @@ from shardvault_agent.transfer import SpoolReader
 
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import DownloadIncomplete, PartDownloadFailed, UnknownCommand
-from shardvault.restore.steps import check_prepared
+from shardvault.restore.planner import check_prepared
 from shardvault.workflow.fanout import NodeStepFailed
 
 NODES = [

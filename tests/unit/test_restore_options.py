@@ -66,9 +66,7 @@ def test_plan_only_prints_the_tiers_of_the_chain_it_would_read(monkeypatch) -> N
         ops, "wait_restore", lambda config, arn: ops.Progress(status="SUCCEEDED", record=plan)
     )
     monkeypatch.setattr(ops, "show_backup", lambda config, cluster, backup_id: records[backup_id])
-    monkeypatch.setattr(
-        cli.restore_steps, "resolve_backup", lambda request, catalog: records["incr"]
-    )
+    monkeypatch.setattr(cli.admission, "resolve_backup", lambda request, catalog: records["incr"])
     monkeypatch.setattr(cli, "table", lambda name: None)
     text = io.StringIO()
     monkeypatch.setattr(cli, "console", Console(file=text, width=200))

@@ -21,6 +21,7 @@ from shardvault.backup import check_listings_match_sources
 from shardvault.backup.planner import check_scanned
 from shardvault.contracts.models import FileEntry, ObjectPlan, Phase, ShardListing
 from shardvault.errors import (
+    BackupReleased,
     CheckpointNotFound,
     ChecksumMismatch,
     EngineError,
@@ -186,6 +187,49 @@ def test_a_pack_the_release_overtakes_leaves_nothing_behind(tmp_path, monkeypatc
     with pytest.raises(FileNotFoundError, match="partial"):  # its packed copy went
         cmds.do_pack({"object": plan.model_dump(mode="json")})
     assert not cmds.backup_dir("b8").exists()
+
+
+class ReleasedBetweenTries:
+    """A sender whose first try of a part fails (the store timed out), after which the
+    backup's failure path releases it, as another node's failed part makes it do."""
+
+    def __init__(self, release) -> None:
+        self.release, self.tries = release, 0
+
+    def send(self, key, part, url, body):
+        self.tries += 1
+        with body():  # the first try reads its part
+            pass
+        self.release()
+        with body():  # the next try finds the packed copy gone
+            raise AssertionError("the packed copy outlived the release")
+
+
+def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
+    """A run saw a backup fail with a part's FileNotFoundError as its cause, where the store's
+    RequestTimeout was the cause: a release removed the packed copy between two tries, the
+    next try blamed the network, and its note hid the first. The part now fails as
+    BackupReleased, and the daemon notes no cause for that (tests/unit/test_doorbell.py)."""
+    config = sqlite_agent(tmp_path, rows=300)
+    args = {"backup_id": "b9", "shard_ids": ["s1"]}
+    cmds = Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
+    cmds.sender = ReleasedBetweenTries(lambda: cmds.do_release(args))
+    (listing,) = cmds.do_checkpoint({**args, "parents": {}})["shards"]
+    plan = ObjectPlan(
+        backup_id="b9", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
+        key="k", stream_offset=0, length=listing["bytes"], part_size=8 << 20, part_count=1,
+    )  # fmt: skip
+    sums = cmds.do_pack({"object": plan.model_dump(mode="json")})
+    upload = {
+        "object": plan.model_dump(mode="json"),
+        "checksums": sums,
+        "upload_id": "u1",
+        "parts": [{"part_number": 1, "url": "https://store.invalid/part"}],
+    }
+    with pytest.raises(BackupReleased, match="already released"):
+        cmds.do_upload(upload)
+    assert cmds.sender.tries == 1
+    assert not cmds.backup_dir("b9").exists()
 
 
 def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):

@@ -21,7 +21,7 @@ from shardvault.contracts.models import (
     ShardPlacement,
 )
 from shardvault.data.checksums import crc64nvme_of_bytes
-from shardvault.restore import steps as restore
+from shardvault.restore import thaw
 
 from .support import moto_services
 
@@ -93,7 +93,7 @@ def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc,
 
     monkeypatch.setattr(svc.store_s3, "restore_object", spy)
 
-    first = restore.thaw(context, 0, svc)
+    first = thaw.thaw(context, 0, svc)
 
     # Only DEEP_ARCHIVE and GLACIER need a thaw; GLACIER_IR and STANDARD read at once.
     assert first["frozen"] == 2
@@ -102,7 +102,7 @@ def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc,
     assert {a["RestoreRequest"]["GlacierJobParameters"]["Tier"] for a in asked} == {"Bulk"}
     assert svc.catalog.get("t", "restore#r1")["frozen"] == 2  # what the CLI shows
     # moto thaws at once: the next poll finds nothing frozen and asks for nothing.
-    second = restore.thaw(context, first["attempt"], svc)
+    second = thaw.thaw(context, first["attempt"], svc)
     assert second["frozen"] == 0
     assert svc.catalog.get("t", "restore#r1")["frozen"] == 0
     assert len(asked) == 2
@@ -110,14 +110,14 @@ def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc,
 
 def test_waits_between_polls_double_up_to_an_hour(svc):
     context = archived_backup(svc)
-    waits = [restore.thaw(context, attempt, svc)["wait_seconds"] for attempt in (0, 1, 2, 12)]
-    assert waits == [60, 120, 240, restore.THAW_MAX_WAIT]
+    waits = [thaw.thaw(context, attempt, svc)["wait_seconds"] for attempt in (0, 1, 2, 12)]
+    assert waits == [60, 120, 240, thaw.THAW_MAX_WAIT]
 
 
 def test_a_tier_the_vaults_class_lacks_is_refused_before_anything_with_those_it_has():
     from shardvault.contracts.models import RetrievalTier
     from shardvault.errors import InvalidRequest
-    from shardvault.restore.steps import check_tier
+    from shardvault.restore.admission import check_tier
 
     deep = {"backup_id": "b1", "location": "vault", "storage_class": "DEEP_ARCHIVE"}
     with pytest.raises(InvalidRequest, match="no Expedited thaw tier; it has Standard and Bulk"):
@@ -139,7 +139,7 @@ def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
 
 def test_a_backup_verify_found_damaged_is_refused_unless_accepted():
     from shardvault.errors import BackupDamaged
-    from shardvault.restore.steps import check_not_damaged
+    from shardvault.restore.admission import check_not_damaged
 
     damaged = {
         "backup_id": "b1",

@@ -1,0 +1,254 @@
+"""Validate: the restore workflow's first step, before any side effect.
+
+Terms:
+- *source*: the backup, read from its manifest; *target*: the cluster restored into, whose
+  agents registered with a ``restore_dir`` (and report its room and the shards it holds).
+
+Validation reads only (catalog, registry, manifest): a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardvault.aws.readback import load_manifest, manifest_place
+from shardvault.aws.services import Services
+from shardvault.aws.tables import Catalog
+from shardvault.backup import (
+    check_agents_current,
+    check_nodes_available,
+)
+from shardvault.contracts import engines
+from shardvault.contracts.engines import traits
+from shardvault.contracts.models import (
+    BackupStatus,
+    Manifest,
+    NodeRecord,
+    RestoreContext,
+    RestoreRequest,
+    RetrievalTier,
+)
+from shardvault.contracts.sqlcheck import DIALECTS, check_validation_queries
+from shardvault.errors import (
+    BackupDamaged,
+    BackupNotFound,
+    BackupNotRestorable,
+    EngineMismatch,
+    InvalidRequest,
+    TargetNotEmpty,
+    TargetNotReady,
+    UnknownCluster,
+)
+from shardvault.pricing.prices import RestoreTier, StorageClass, thaw_tiers
+from shardvault.restore.placement import assignments, place_by_engine
+from shardvault.restore.record import new_restore_id
+from shardvault.restore.sources import chain_sources, shard_size, source_of
+from shardvault.wal import pitr
+from shardvault.workflow.membership import check_members
+
+
+def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
+    """Resolves the backup, checks the target and places the shards, or raises a named error.
+    Nothing is written."""
+    if request.target is not None:
+        backups = svc.catalog.backups(request.cluster)
+        record = pitr.base_backup(request, backups)
+    else:
+        record = resolve_backup(request, svc.catalog)
+    check_not_damaged(record, request.accept_damaged)
+    source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    if source == "vault":
+        check_tier(record, request.tier)
+    manifest_key, manifest_version = manifest_place(record, source)
+    s3, bucket = source_of(svc, source)
+    manifest = load_manifest(s3, bucket, manifest_key, manifest_version)
+    chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
+    wal_batches, wal_bytes = 0, 0
+    if request.target is not None:  # the archive reaches the target, or refused by name
+        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+        oldest = min(float(b["completed_at"]) for b in complete)
+        found = pitr.archives(svc, request, manifest, oldest)
+        wal_batches, wal_bytes = pitr.replayed(found)
+    # Each engine's own lexing: a text one reads as one statement another may split.
+    check_validation_queries(
+        request.validation_queries,
+        [DIALECTS[e.value] for e in manifest.engines if e.value in DIALECTS],
+    )
+    nodes = target_nodes(request, svc, now)
+    check_target_engines(manifest, nodes)
+    if request.validation_queries and (
+        silent := [e for e in manifest.engines if not traits(e).runs_queries]
+    ):
+        raise InvalidRequest(
+            f"backup {manifest.backup_id} holds {engines.label(silent)} shards, which run no "
+            "validation queries.",
+            fix="restore without validation queries; the agents' finish hook checks the copy.",
+        )
+    shard_bytes = {s.shard_id: shard_size(s) for s in manifest.shards}
+    room = {n.node_id: n.restore_free_bytes or 0 for n in nodes}
+    placements = place_by_engine(
+        shard_bytes,
+        room,
+        request.placement,
+        shard_engine={s.shard_id: manifest.engine_of(s).value for s in manifest.shards},
+        node_engine={n.node_id: n.engine.value for n in nodes},
+    )
+    if not request.replace:
+        held = {n.node_id: set(n.restore_occupied) for n in nodes}
+        if busy := [p for p in placements if p.shard_id in held[p.node_id]]:
+            raise TargetNotEmpty(
+                "target node(s) already hold data for "
+                + ", ".join(f"shard {p.shard_id} on {p.node_id}" for p in busy)
+                + ".",
+                fix='set "replace": true to restore over it (the old data is deleted), or clear '
+                "those directories in the nodes' restore_dir.",
+            )
+    return RestoreContext(
+        restore_id=new_restore_id(now),
+        cluster=request.cluster,
+        backup_id=manifest.backup_id,
+        manifest_key=manifest_key,
+        manifest_version=manifest_version,
+        target_cluster=request.target_cluster,
+        placements=placements,
+        assignments=assignments(placements),
+        bytes=sum(shard_bytes.values()),  # what it writes (an incremental's chain included)
+        objects=manifest.objects,  # the newest backup's; Plan counts a chain's objects
+        tier=request.tier,
+        replace=request.replace,
+        plan_only=request.plan_only,
+        validation_queries=request.validation_queries,
+        heapallindexed=request.heapallindexed,
+        started_at=now,
+        execution_id=request.execution_id,
+        source=source,
+        chain=chain,
+        target=request.target,
+        wal_batches=wal_batches,
+        wal_bytes=wal_bytes,
+    )
+
+
+def check_not_damaged(record: dict[str, Any], accepted: bool) -> None:
+    """A backup that verify found damaged fails its restore only when the damaged frame is
+    reached (minutes or hours in): refuse it before anything, unless the request accepts it."""
+    verdict = record.get("verify") or {}
+    if verdict.get("result") != "damaged" or accepted:
+        return
+    problems = verdict.get("problems") or ["(no problem recorded)"]
+    when = time.gmtime(float(verdict.get("verified_at") or record.get("verified_at") or 0))
+    raise BackupDamaged(
+        f"backup {record.get('backup_id')} was found damaged by verify on "
+        f"{time.strftime('%Y-%m-%d %H:%M:%SZ', when)}: {problems[0]}.",
+        fix="restore another backup (shardvault list), or verify this one again if the store "
+        'was repaired; to restore what is intact anyway, pass --accept-damaged ("accept_damaged":'
+        " true).",
+    )
+
+
+def check_tier(record: dict[str, Any], tier: RetrievalTier) -> None:
+    """S3 refuses a thaw in a tier its class lacks (DEEP_ARCHIVE has no Expedited) only once
+    the restore has started thawing: refuse it here, before anything, with the tiers it has."""
+    try:
+        storage_class = StorageClass(record.get("storage_class", ""))
+    except ValueError:
+        return  # a class the price table does not know (a non-AWS store's own): no tiers known
+    tiers = thaw_tiers(storage_class)
+    if not tiers or RestoreTier(tier.value.upper()) in tiers:
+        return
+    possible = [RetrievalTier(t.value.capitalize()).value for t in tiers]
+    raise InvalidRequest(
+        f"backup {record.get('backup_id')} is in {storage_class.value}, which has no "
+        f"{tier.value} thaw tier; it has {' and '.join(possible)}.",
+        fix=f'set "tier" to {" or ".join(repr(t) for t in possible)} (shardvault restore '
+        f"--tier), or restore a backup kept in another class.",
+    )
+
+
+def check_target_engines(manifest: Manifest, nodes: list[NodeRecord]) -> None:
+    """Every target node runs one of the backup's engines, and each of them has a node."""
+    held = manifest.engines
+    if wrong := [n for n in nodes if n.engine not in held]:
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} is of a {engines.label(held)} cluster, but target "
+            "node(s) "
+            + ", ".join(f"{n.node_id} ({n.engine})" for n in wrong)
+            + " run another engine.",
+            fix="restore into a cluster whose agents have "
+            + " or ".join(f"'engine: {e}'" for e in held)
+            + ".",
+        )
+    running = {n.engine for n in nodes}
+    if missing := [e for e in held if e not in running]:
+        shards = [s.shard_id for s in manifest.shards if manifest.engine_of(s) in missing]
+        raise EngineMismatch(
+            f"backup {manifest.backup_id} holds {engines.label(missing)} shards "
+            f"({', '.join(shards)}), but no target node runs {engines.label(missing)}.",
+            fix="add a node of each of the backup's engines ("
+            + ", ".join(e.value for e in held)
+            + ") to the target cluster.",
+        )
+
+
+def resolve_backup(request: RestoreRequest, catalog: Catalog) -> dict[str, Any]:
+    """The catalog record of the requested backup (``latest``: the newest complete one); the
+    CLI asks too, before it starts a restore."""
+    if request.backup_id == "latest":
+        newest = catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
+        if newest is not None:
+            return newest
+        backups = catalog.backups(request.cluster)
+        raise BackupNotFound(
+            f"cluster {request.cluster!r} has no complete backup"
+            + (f" ({len(backups)} failed or running)." if backups else "."),
+            fix="check the cluster name ('shardvault list'), or run a backup first.",
+        )
+    backups = catalog.backups(request.cluster)
+    record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
+    if record is None:
+        known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"
+        raise BackupNotFound(
+            f"cluster {request.cluster!r} has no backup {request.backup_id!r} (latest: {known}).",
+            fix="pick a backup id from 'shardvault list CLUSTER', or use \"latest\".",
+        )
+    if record.get("status") != BackupStatus.COMPLETE or not record.get("manifest_key"):
+        raise BackupNotRestorable(
+            f"backup {request.backup_id} is {record.get('status', 'unknown')}, not COMPLETE"
+            + (f": {record['cause']}" if record.get("cause") else "."),
+            fix="restore a complete, verified backup ('shardvault list' shows their status).",
+        )
+    return record
+
+
+def target_nodes(request: RestoreRequest, svc: Services, now: float) -> list[NodeRecord]:
+    nodes = svc.nodes.in_cluster(request.target_cluster)
+    max_age = svc.settings.heartbeat_max_age_seconds
+    check_target_nodes(request.target_cluster, nodes, svc.policy(), now, max_age)
+    return nodes
+
+
+def check_target_nodes(
+    target: str, nodes: list[NodeRecord], policy: Any, now: float, max_age: float
+) -> str:
+    """The target's agents can take a restore: registered, members, up, each with a
+    ``restore_dir``. Returns what was found (``shardvault check`` shows it for a drill's)."""
+    if not nodes:
+        raise UnknownCluster(
+            f"no agent has registered for target cluster {target!r}.",
+            fix=f"start agents with 'cluster: {target}' and a restore_dir on the target nodes.",
+        )
+    check_members(target, nodes, policy)
+    check_nodes_available(nodes, now, max_age)
+    check_agents_current(nodes)
+    unready = [n.node_id for n in nodes if n.restore_free_bytes is None]
+    if unready:
+        raise TargetNotReady(
+            f"target node(s) {', '.join(unready)} accept no restores (no restore_dir).",
+            fix="set restore_dir in those agents' configuration and restart them.",
+        )
+    return f"{', '.join(n.node_id for n in nodes)}: up, with a restore_dir"
+
+
+# Requests a restore step makes side by side (a chain's manifests, the heads of its objects):
+# each waits on the store, not on this process.

@@ -1,0 +1,33 @@
+"""Download: the control plane's side of each download item: its presigned URLs, and what the
+agent wrote recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardvault.aws.services import Services
+from shardvault.aws.store import presign_get
+from shardvault.contracts.models import (
+    DownloadItem,
+)
+from shardvault.restore.record import catalog_key
+from shardvault.restore.sources import source_of
+
+
+def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
+    """A presigned GET URL of one object (the agent reads ranges of it), written to the work
+    bucket for the dispatcher: a URL never enters the execution's history."""
+    s3, bucket = source_of(svc, item.source)
+    url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
+    return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
+
+
+def record_download(item: DownloadItem, written: int | None, svc: Services) -> None:
+    """Counts a downloaded object in the restore's progress (what the CLI shows): the bytes
+    the node says it wrote (a chain member's object writes only its placements)."""
+    svc.catalog.add_progress(
+        item.target_cluster,
+        catalog_key(item.restore_id),
+        bytes_done=item.placed_bytes if written is None else written,
+        objects_done=1,
+    )

@@ -1,0 +1,129 @@
+"""Finalize and cleanup: a restore's record completed, or what a failed or abandoned one
+left on its target nodes removed, and a stopped execution reaped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardvault.aws.services import Services
+from shardvault.backup import (
+    REAPED_STATUSES,
+    reaped_error,
+)
+from shardvault.contracts.models import (
+    BackupStatus,
+    RestoreContext,
+)
+from shardvault.errors import (
+    DownloadIncomplete,
+)
+from shardvault.restore.record import catalog_key
+from shardvault.workflow.causes import failure_cause, transfer_failure
+from shardvault.workflow.dispatch import post_untracked
+
+
+def finalize(
+    context: RestoreContext, results: list[dict[str, Any]], svc: Services, now: float
+) -> dict[str, Any]:
+    """Records the restored cluster: where each shard runs and what its checks found."""
+    shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
+    duration = now - context.started_at
+    # A chain's objects each node prefetched as it prepared: counted now, as the nodes say.
+    prefetched = [r["prefetched"] for r in results if isinstance(r.get("prefetched"), dict)]
+    if prefetched:
+        svc.catalog.add_progress(
+            context.target_cluster,
+            catalog_key(context.restore_id),
+            bytes_done=sum(p.get("bytes", 0) for p in prefetched),
+            objects_done=sum(p.get("objects", 0) for p in prefetched),
+        )
+    record = svc.catalog.get(context.target_cluster, catalog_key(context.restore_id)) or {}
+    summary = {
+        "status": BackupStatus.COMPLETE.value,
+        "completed_at": now,
+        "duration_seconds": round(duration, 3),
+        "bytes": context.bytes,
+        "objects": record.get("objects_total", context.objects),  # a chain's, as planned
+        "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
+        "shards": shards,
+        "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",
+    }
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **summary)
+    svc.notify(
+        f"ShardVault restore {context.restore_id} complete",
+        {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
+    )
+    return {
+        "restore_id": context.restore_id,
+        "target_cluster": context.target_cluster,
+        "source_cluster": context.cluster,
+        "backup_id": context.backup_id,
+        **summary,
+    }
+
+
+def cleanup(
+    context: RestoreContext, error: dict[str, Any], svc: Services, now: float
+) -> dict[str, Any]:
+    """The failure path, after the nodes removed what they had written: the restore marked
+    failed with its cause, and a notification."""
+    nodes = [a.node_id for a in context.assignments]
+    return mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
+
+
+def mark_failed(
+    target_cluster: str,
+    restore_id: str,
+    error: dict[str, Any],
+    svc: Services,
+    now: float,
+    nodes: list[str],
+) -> dict[str, Any]:
+    error = transfer_failure(error, DownloadIncomplete.__name__, svc, restore_id, nodes)
+    outcome = {
+        "status": BackupStatus.FAILED.value,
+        "failed_at": now,
+        "error": error.get("Error", "States.Runtime"),
+        "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
+    }
+    svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
+    svc.notify(
+        f"ShardVault restore into {target_cluster} FAILED ({restore_id})",
+        {"target_cluster": target_cluster, "restore_id": restore_id, **outcome},
+    )
+    return outcome
+
+
+def reap(
+    execution_arn: str, status: str, target_cluster: str, svc: Services, now: float
+) -> dict[str, Any]:
+    """After a restore execution was aborted or timed out (it skipped AbortOnNodes and
+    Cleanup): an abort posted to every target node's inbox without a task token (the agent
+    stops what the restore started, removes what it placed and its staging, and answers
+    nobody), and the restore marked failed. A restore that already ended is left alone, and
+    so is one stopped before Plan: nothing was placed yet and no record names it."""
+    if status not in REAPED_STATUSES:
+        return {"reaped": False, "why": f"status {status}"}
+    record = next(
+        (r for r in svc.catalog.restores(target_cluster) if r.get("execution_id") == execution_arn),
+        None,
+    )
+    if record is None or record.get("status") != BackupStatus.RUNNING:
+        return {"reaped": False, "why": "no running restore of that execution"}
+    restore_id = record["restore_id"]
+    nodes = sorted(set(record.get("placement", {}).values()))
+    for node_id in nodes:
+        post_untracked(
+            svc, node_id, f"abort_restore:{restore_id}:reaped", "abort_restore",
+            {"backup_id": restore_id},
+        )  # fmt: skip
+    done = (
+        f"the reaper told nodes {', '.join(nodes)} to stop what the restore started and remove "
+        "what it placed"
+    )
+    error = reaped_error(status, done, "restore")
+    return {
+        "reaped": True,
+        "nodes": nodes,
+        **mark_failed(target_cluster, restore_id, error, svc, now, nodes),
+    }

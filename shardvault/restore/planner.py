@@ -1,0 +1,305 @@
+"""Plan: which target node restores which shard (``shardvault.restore.placement``), and
+what each node prepares and downloads.
+
+Terms:
+- *download item*: one object for one node; the node fetches its parts with a presigned GET
+  URL (agents hold no store credentials) and checks each part and the object as it writes.
+- *prefetch*: the items and URLs a node's prepare may start on before the Download map
+  reaches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardvault.aws.keys import Rewrapper
+from shardvault.aws.readback import load_manifest
+from shardvault.aws.services import Services
+from shardvault.aws.store import presign_get
+from shardvault.contracts import engines
+from shardvault.contracts.models import (
+    BackupKind,
+    BackupStatus,
+    DownloadItem,
+    Encryption,
+    FileEntry,
+    Manifest,
+    ManifestShard,
+    ObjectResult,
+    Phase,
+    RestoreContext,
+    RestoreTarget,
+    object_place,
+    pack_files,
+)
+from shardvault.data.chains import chain_args, data_stream
+from shardvault.data.planning import interleave_by_node, transfer_concurrency
+from shardvault.errors import (
+    UnknownCommand,
+)
+from shardvault.restore.record import catalog_key
+from shardvault.restore.sources import chain_manifests, source_of
+from shardvault.wal import pitr
+from shardvault.workflow.fanout import raise_first_failure
+
+
+def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
+    """Writes what each node prepares and the download items, and records the restore as
+    running in the catalog (the first side effect). A chain's newer members' objects are
+    *prefetched*: each node fetches its own from its prepare on (``prefetch_key``: the items,
+    signed by ``sign_prefetch``), so that the root's objects, downloaded by the Download map
+    with the restored backup's WAL, are written with the newer members' changed blocks laid
+    in (``shardvault_agent.chain_placement``, layered) and no download wave waits for another."""
+    manifest = load_manifest(
+        *source_of(svc, context.source), context.manifest_key, context.manifest_version
+    )
+    node_of = {p.shard_id: p.node_id for p in context.placements}
+    planned = download_items(context, manifest, node_of)
+    chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
+    prefetch: dict[str, list[DownloadItem]] = {}
+    for shard in manifest.shards if chain else []:
+        node_id = node_of[shard.shard_id]
+        prefetch.setdefault(node_id, []).extend(
+            chain_items(context, chain[1:], shard.shard_id, node_id)
+        )
+        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
+    wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
+    # Every data key as the target cluster's agents may unwrap it (keys.Rewrapper).
+    rewrap = Rewrapper(svc, context.target_cluster)
+    planned = rewrapped(planned, rewrap)
+    prefetch = {node_id: rewrapped(items, rewrap) for node_id, items in prefetch.items()}
+    wal = {shard: (files, rewrapped(items, rewrap)) for shard, (files, items) in wal.items()}
+    for _, items in wal.values():
+        planned += items
+    # Each node's objects in turn: the Download map starts items in plan order.
+    plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
+    for assignment in context.assignments:
+        shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
+        svc.put_work(
+            prepare_key(svc, context, assignment.node_id),
+            prepare_args(shards, rewrap(manifest.encryption), chain, wal, context.target),
+        )
+    prefetched = sum(len(items) for items in prefetch.values())
+    svc.catalog.put(
+        {
+            "cluster": context.target_cluster,
+            "backup_id": catalog_key(context.restore_id),
+            "restore_id": context.restore_id,
+            "status": BackupStatus.RUNNING.value,
+            "source_cluster": context.cluster,
+            "source_backup_id": context.backup_id,
+            "engine": engines.label(manifest.engines),
+            "started_at": context.started_at,
+            "execution_id": context.execution_id,
+            "placement": {p.shard_id: p.node_id for p in context.placements},
+            # Every byte of the restored streams, once, and the archive's WAL it replays.
+            "bytes_total": context.bytes + sum(i.length for _, w in wal.values() for i in w),
+            "objects_total": len(planned) + prefetched,
+            "bytes_done": 0,
+            "objects_done": 0,
+        }
+    )
+    nodes = [
+        {
+            **a.model_dump(mode="json"),
+            "args_key": prepare_key(svc, context, a.node_id),
+            "prefetch_key": (
+                put_items(svc, context, f"prefetch/{a.node_id}.json", prefetch[a.node_id])
+                if prefetch.get(a.node_id)
+                else None
+            ),
+        }
+        for a in context.assignments
+    ]
+    return {
+        "plan_key": plan_key,
+        "objects": len(planned),
+        "nodes": nodes,
+        "download_concurrency": transfer_concurrency(context.assignments),
+    }
+
+
+def rewrapped(items: list[DownloadItem], rewrap: Rewrapper) -> list[DownloadItem]:
+    """``items`` with their own data keys (an archived batch's) wrapped for the target."""
+    return [
+        item.model_copy(update={"encryption": rewrap(item.encryption)}) if item.encryption else item
+        for item in items
+    ]
+
+
+def put_items(
+    svc: Services, context: RestoreContext, name: str, planned: list[DownloadItem]
+) -> str:
+    """Writes a download wave's items where its map reads them; returns their key."""
+    key = svc.work_key(context.restore_id, name)
+    svc.put_work(key, [{"object": item.model_dump(mode="json")} for item in planned])
+    return key
+
+
+def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
+    return svc.work_key(context.restore_id, "prepare", f"{node_id}.json")
+
+
+def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
+    """Presigned GET URLs of the objects a node prefetches from its prepare on (``plan``), with
+    their items, written to the work bucket for the dispatcher (``prefetch_urls_key``): like
+    ``sign_download``'s, no URL enters the execution's history. Signed when the node's
+    prepare starts, after thaw: a URL signed at plan could expire while objects thaw."""
+    downloads = []
+    for entry in svc.get_work(prefetch_key):
+        item = DownloadItem.model_validate(entry["object"])
+        s3, bucket = source_of(svc, item.source)
+        url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
+        downloads.append({"object": entry["object"], "url": url})
+    if not downloads:
+        return {"url_key": None}
+    restore_id = downloads[0]["object"]["restore_id"]
+    return {"url_key": svc.put_urls(restore_id, prefetch_key, {"downloads": downloads})}
+
+
+def check_prepared(results: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """After the Prepare map: fails the restore with the first node's own error, and refuses
+    a node that was given objects to prefetch and did not say it would (an agent from before
+    prefetching, which would leave a chain without its newer blocks)."""
+    counted = raise_first_failure(results)
+    answers = {r.get("node_id"): r for r in results if isinstance(r, dict)}
+    for node in nodes:
+        if node.get("prefetch_key") and "prefetched" not in answers.get(node["node_id"], {}):
+            raise UnknownCommand(
+                f"the agent of node {node['node_id']} did not prefetch the newer backups of the "
+                "chain it restores: it is older than this control plane.",
+                fix="upgrade shardvault-agent on that node, then start the restore again.",
+            )
+    return counted
+
+
+def prepare_args(
+    shards: list[ManifestShard],
+    encryption: Encryption | None,
+    chain: list[tuple[Manifest, str]],
+    wal: dict[str, tuple[list[FileEntry], list[DownloadItem]]] | None = None,
+    target: RestoreTarget | None = None,
+) -> dict[str, Any]:
+    """What a node needs to lay out its shards before any byte arrives: every stream's files
+    (packed) and the byte ranges of its objects; for an incremental, its chain; for a
+    point-in-time restore, the archive's WAL and where recovery stops."""
+    wal = wal or {}
+    return {
+        "shards": [
+            {
+                "shard_id": shard.shard_id,
+                **(
+                    {
+                        "chain": chain_args([m for m, _ in chain], shard.shard_id),
+                        # The newer members' objects download before the root's (two
+                        # waves): the node lays the root down whole, their changed blocks
+                        # laid into its frames (chains: layered).
+                        "chain_layered": True,
+                    }
+                    if chain
+                    else {}
+                ),
+                "marker": shard.marker,
+                # The wrapped data key (never the key): the node unwraps it itself.
+                "encryption": encryption.model_dump(mode="json") if encryption else None,
+                "streams": [
+                    {
+                        "phase": stream.phase.value,
+                        "files": pack_files(stream.files),
+                        "objects": [
+                            {"key": o.key, "stream_offset": o.stream_offset, "length": o.length}
+                            for o in stream.objects
+                        ],
+                    }
+                    for stream in shard.streams
+                ]
+                + ([wal_stream_args(*wal[shard.shard_id])] if shard.shard_id in wal else []),
+                **({"recovery": pitr.recovery(target)} if target else {}),
+            }
+            for shard in shards
+        ]
+    }
+
+
+def wal_stream_args(files: list[FileEntry], items: list[DownloadItem]) -> dict[str, Any]:
+    return {
+        "phase": Phase.WAL.value,
+        "files": pack_files(files),
+        "objects": [
+            {"key": i.key, "stream_offset": i.stream_offset, "length": i.length} for i in items
+        ],
+    }
+
+
+def download_items(
+    context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
+) -> list[DownloadItem]:
+    return [
+        download_item(
+            context,
+            manifest,
+            shard.shard_id,
+            node_of[shard.shard_id],
+            stream.phase,
+            obj,
+            context.source,
+        )
+        for shard in manifest.shards
+        for stream in shard.streams
+        # An incremental's data comes from its whole chain (chain_items).
+        if not (manifest.kind == BackupKind.INCREMENTAL and stream.phase == Phase.DATA)
+        for obj in stream.objects
+    ]
+
+
+def download_item(
+    context: RestoreContext,
+    manifest: Manifest,
+    shard_id: str,
+    node_id: str,
+    phase: Phase,
+    obj: ObjectResult,
+    source: str,
+    from_chain: bool = False,
+) -> DownloadItem:
+    """One object for one target node, as its backup's manifest records it. A chain
+    member's object is placed as the node resolved the chain, not from its offset."""
+    return DownloadItem(
+        restore_id=context.restore_id,
+        target_cluster=context.target_cluster,
+        node_id=node_id,
+        shard_id=shard_id,
+        phase=phase,
+        key=obj.key,
+        version_id=obj.version_id,
+        stream_offset=0 if from_chain else obj.stream_offset,
+        length=obj.length,
+        part_size=obj.part_size,
+        part_count=obj.part_count,
+        crc64nvme=obj.crc64nvme,
+        part_crc64nvme=obj.part_crc64nvme,
+        key_check=obj.key_check,
+        source=source,
+        stored_length=obj.stored_length,
+        frame_size=obj.frame_size,
+        frames=obj.frames,
+        # A copy of an archive batch keeps the batch's place and data key (backup.archived).
+        place=obj.place
+        or object_place(manifest.cluster, manifest.backup_id, shard_id, phase, obj.index),
+        encryption=obj.encryption,
+        from_chain=from_chain,
+    )
+
+
+def chain_items(
+    context: RestoreContext, chain: list[tuple[Manifest, str]], shard_id: str, node_id: str
+) -> list[DownloadItem]:
+    """Every data object of a shard's chain; the node fetches of each only the frames it
+    contributes, as it placed them at prepare."""
+    return [
+        download_item(
+            context, manifest, shard_id, node_id, Phase.DATA, obj, source, from_chain=True
+        )
+        for manifest, source in chain
+        for obj in data_stream(manifest, shard_id).objects
+    ]
