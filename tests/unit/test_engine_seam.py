@@ -89,9 +89,17 @@ def test_the_agent_imports_nothing_from_the_local_stack():
 
 @pytest.mark.parametrize("engine", list(Engine))
 def test_every_engine_has_an_adapter_with_every_hook_and_its_traits(engine):
+    sides = [base for base in EngineAdapter.__mro__[1:] if getattr(base, "_is_protocol", False)]
+    assert {side.__name__ for side in sides} >= {
+        "BackupSource",
+        "LoadSignals",
+        "RestoreTarget",
+        "ServerControl",
+    }
     hooks = {
         name
-        for name, member in vars(EngineAdapter).items()
+        for side in sides
+        for name, member in vars(side).items()
         if inspect.isfunction(member) and not name.startswith("_")
     }
     assert {"checkpoint", "stop", "release", "finish", "adoptable", "stop_server"} <= hooks

@@ -127,7 +127,7 @@ def test_a_checkpoint_taken_again_does_not_send_the_lost_ones_packed_copies(
     packed = cmds.backup_dir("b2") / "packed"
     lost = {p.name: p.stat().st_mtime_ns for p in packed.glob("*.bin")}
     shard = cmds.shards()["s1"]
-    shutil.rmtree(cmds.engine._snapshot_dir("b2", shard))  # the hold is lost
+    shutil.rmtree(cmds.engine.copy_dir("b2", shard))  # the hold is lost
     again = checkpoint(cmds, "b2", PACK)
     assert [p["object"] for p in again["shards"][0]["packed"]] == [
         p["object"] for p in first["shards"][0]["packed"]

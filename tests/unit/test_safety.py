@@ -132,7 +132,7 @@ def test_a_checkpoint_taken_again_is_scanned_again(sqlite_commands):
     (backup_dir / "s1.extents.json").write_text(json.dumps(stale))
     (backup_dir / "s1.map").write_bytes(b"SVBM")
     shard = sqlite_commands.shards()["s1"]
-    shutil.rmtree(sqlite_commands.engine._snapshot_dir("b6", shard))  # the hold is lost
+    shutil.rmtree(sqlite_commands.engine.copy_dir("b6", shard))  # the hold is lost
     assert not sqlite_commands.engine.holds(shard, "b6")
 
     again = sqlite_commands.do_checkpoint(args)

@@ -1,5 +1,13 @@
 """The engine interface: everything ShardVault knows of an engine, both directions.
 
+``EngineAdapter`` joins four sides, each its own protocol: ``BackupSource`` (below, Backup),
+``LoadSignals`` (``server_pid``, ``health_probe``), ``RestoreTarget`` (``finish``,
+``adoptable``) and ``ServerControl`` (the server a restored copy runs). Two bases hold what
+adapters share: ``CopySource`` for engines whose checkpoint is a copy in the agent's state
+directory (SQLite, RocksDB, MariaDB, and hooks' held directories), and ``NoServer`` for
+engines that run no server from a restored copy. The conformance suite
+(``tests/integration/test_engine_conformance.py``) runs every adapter through one contract.
+
 Adding an engine is one module here that implements ``EngineAdapter`` (and its tests), plus
 its name in ``shardvault.contracts.models.Engine`` and ``engines.ADAPTERS`` and the traits the
 control plane knows of it (``shardvault.contracts.engines.TRAITS``); nothing outside this package
@@ -59,8 +67,10 @@ Restore (``shardvault_agent.restore`` places the files; the adapter makes them a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +78,8 @@ from typing import Any, ClassVar, Protocol
 
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.models import FileEntry
-from shardvault.errors import ShardDataMissing
-from shardvault_agent.config import ShardConfig
+from shardvault.errors import CheckpointNotFound, ShardDataMissing
+from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.throttle import HealthProbe
 
 log = logging.getLogger("shardvault.agent")
@@ -138,10 +148,12 @@ class BlockScreen(Protocol):
     def may_differ(self, blocks: memoryview, block_size: int) -> list[int]: ...
 
 
-class EngineAdapter(Protocol):
+class BackupSource(Protocol):
+    """The backup side: where a shard's data is, and how a consistent copy of it is taken,
+    held and given back."""
+
     shard_fields: ClassVar[tuple[str, ...]]  # the ShardConfig fields its shards must set
     config_fields: ClassVar[tuple[str, ...]]  # the AgentConfig sections its agents must set
-    fsyncs_restored_files: ClassVar[bool]
     checkpoint_flushes: ClassVar[bool]
     screen_module: ClassVar[str | None]
 
@@ -197,6 +209,10 @@ class EngineAdapter(Protocol):
         self, marker: dict[str, str], parent_marker: dict[str, str]
     ) -> BlockScreen | None: ...
 
+
+class LoadSignals(Protocol):
+    """What steers an adaptive backup (``throttle``): the shard's server and its health."""
+
     def server_pid(self, shard: ShardConfig) -> int | None: ...
 
     def health_probe(self, shard: ShardConfig) -> HealthProbe | None:
@@ -204,10 +220,19 @@ class EngineAdapter(Protocol):
         the engine has no server, or it cannot be reached (the host's signals remain)."""
         ...
 
-    # --- restore ---------------------------------------------------------------------------
+
+class RestoreTarget(Protocol):
+    """The restore side: placed files made into a checked copy, and what backs that copy up."""
+
+    fsyncs_restored_files: ClassVar[bool]
+
     def finish(self, job: Finishing) -> dict[str, Any]: ...
 
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
+class ServerControl(Protocol):
+    """The server that runs from a shard's directory, as a restore's undo needs it."""
 
     def serving(self, root: Path) -> dict[str, Any] | None:
         """How the server running from ``root`` is reached (what ``start_server`` needs to
@@ -225,6 +250,87 @@ class EngineAdapter(Protocol):
         """Starts the server of ``root`` again as ``serving`` described it; best effort (a
         failure is logged: it runs while a failed restore is undone)."""
         ...
+
+
+class EngineAdapter(BackupSource, LoadSignals, RestoreTarget, ServerControl, Protocol):
+    """Everything the agent asks of an engine, both directions (the module's docstring)."""
+
+
+class CopySource:
+    """A shard whose checkpoint is a copy in the agent's ``state_dir`` (``copies`` names its
+    directory there: ``<state_dir>/<copies>/<backup id>/<shard id>``). Nothing is held on the
+    source: the copy alone is the hold, and it outlives the agent's process (``held_backups``).
+    There is no log to keep or archive, no block screen and no server to watch."""
+
+    copies: ClassVar[str]  # the directory under state_dir
+    copy_proof: ClassVar[str | None] = None  # a file only a whole copy has; None: the directory
+    what: ClassVar[str] = "copy"  # how errors name a copy ("SQLite snapshot")
+    config_fields: ClassVar[tuple[str, ...]] = ()
+    checkpoint_flushes: ClassVar[bool] = False
+    screen_module: ClassVar[str | None] = None
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    def copy_dir(self, backup_id: str, shard: ShardConfig) -> Path:
+        return self.config.state_dir / self.copies / backup_id / shard.shard_id
+
+    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
+        copy = self.copy_dir(backup_id, shard)
+        return (copy / self.copy_proof).is_file() if self.copy_proof else copy.exists()
+
+    def stop(
+        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
+    ) -> Capture:
+        """No tail and no cut: the copy is consistent on its own."""
+        if not self.holds(shard, backup_id):
+            raise CheckpointNotFound(
+                f"no {self.what} of shard {shard.shard_id} for backup {backup_id}.",
+                fix="retry the backup.",
+            )
+        return Capture(root=self.copy_dir(backup_id, shard), files=[])
+
+    def release(self, shard: ShardConfig, backup_id: str) -> None:
+        copy = self.copy_dir(backup_id, shard)
+        shutil.rmtree(copy, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
+            copy.parent.rmdir()
+
+    def held_backups(self) -> set[str]:
+        return {p.name for p in (self.config.state_dir / self.copies).glob("*") if p.is_dir()}
+
+    def use_log_archive(self, shard_ids: set[str]) -> None:
+        pass  # no log to archive
+
+    def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
+        return None  # a copy in the state dir: nothing held on the source
+
+    def block_screen(
+        self, marker: dict[str, str], parent_marker: dict[str, str]
+    ) -> BlockScreen | None:
+        return None  # no block header the agent can vouch for: every block is read
+
+    def server_pid(self, shard: ShardConfig) -> int | None:
+        return None  # the host's stall signals steer its backups
+
+    def health_probe(self, shard: ShardConfig) -> HealthProbe | None:
+        return None
+
+
+class NoServer:
+    """An engine that runs no server from a restored copy (a file, or what hooks started)."""
+
+    def serving(self, root: Path) -> dict[str, Any] | None:
+        return None
+
+    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
+        return None
+
+    def server_files(self, root: Path) -> list[Path]:
+        return []
+
+    def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        return None
 
 
 def list_tree(

@@ -44,19 +44,29 @@ from shardvault.errors import (
     ShardVaultError,
 )
 from shardvault_agent.config import AgentConfig, HookCommands, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero, tree_bytes
+from shardvault_agent.engines.base import (
+    Capture,
+    CopySource,
+    Finishing,
+    NoServer,
+    list_tree,
+    size_or_zero,
+    tree_bytes,
+)
 from shardvault_agent.statefiles import write_json
 
 log = logging.getLogger("shardvault.agent.hooks")
 HOOKS_FIX = "correct the command in the agent config's 'hooks', or the store it acts on"
 
 
-class HooksAdapter:
+class HooksAdapter(NoServer, CopySource):
+    """The copy is what the checkpoint hook names (held: ``<state_dir>/hooks/<backup>/``)."""
+
+    copies = "hooks"
     shard_fields = ("data_dir",)
     config_fields = ("hooks",)
     fsyncs_restored_files = False  # nothing is known of the store's own durability
     checkpoint_flushes = False  # the operator's flush hook may do anything
-    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -139,27 +149,6 @@ class HooksAdapter:
         with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
             held.parent.rmdir()
 
-    def use_log_archive(self, shard_ids: set[str]) -> None:
-        pass  # no log to archive
-
-    def held_backups(self) -> set[str]:
-        return {p.name for p in (self.config.state_dir / "hooks").glob("*") if p.is_dir()}
-
-    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
-        return None  # unknown to the agent
-
-    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
-        return (
-            None  # its hooks' files are opaque to the agent: every block of a changed file is read
-        )
-
-    def server_pid(self, shard: ShardConfig) -> int | None:
-        return None  # the hooks' engine is unknown: the host's stall signals steer its backups
-
-    def health_probe(self, shard: ShardConfig) -> None:
-        return None
-
-    # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
         checks = {}
         if self.hooks.finish:
@@ -179,18 +168,6 @@ class HooksAdapter:
 
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"]}
-
-    def serving(self, root: Path) -> dict[str, Any] | None:
-        return None  # the hooks start nothing the agent knows of
-
-    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
-        return None
-
-    def server_files(self, root: Path) -> list[Path]:
-        return []
-
-    def start_server(self, root: Path, server: dict[str, Any]) -> None:
-        return None
 
     # --- running a hook --------------------------------------------------------------------
     def _run(

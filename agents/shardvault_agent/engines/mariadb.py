@@ -25,7 +25,6 @@ and ``mariadb-check --all-databases`` (``CHECK TABLE``) and the validation queri
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -34,10 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardvault.contracts.cut import CutRequest
-from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
+from shardvault.errors import EngineError, ShardDataMissing
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero, tree_bytes
+from shardvault_agent.engines.base import (
+    Capture,
+    CopySource,
+    Finishing,
+    list_tree,
+    size_or_zero,
+    tree_bytes,
+)
 from shardvault_agent.engines.mariadb_checks import mariadb_checks
 from shardvault_agent.engines.mariaserver import (
     MariadbServer,
@@ -58,12 +63,12 @@ BACKUP_SECONDS = 6 * 3600  # a copy that takes longer is stuck: the backup fails
 PREPARE_SECONDS = 3600
 
 
-class MariadbAdapter:
+class MariadbAdapter(CopySource):
+    copies = "mariabackup"
+    copy_proof = "xtrabackup_checkpoints"
+    what = "mariabackup copy"
     shard_fields = ("data_dir", "socket")
-    config_fields = ()
     fsyncs_restored_files = False  # prepare and the server read the placed files as they are
-    checkpoint_flushes = False
-    screen_module = None
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -134,14 +139,11 @@ class MariadbAdapter:
                 "LOCK TABLES and BINLOG MONITOR (what mariabackup needs).",
             ) from None
 
-    def _copy_dir(self, backup_id: str, shard: ShardConfig) -> Path:
-        return self.config.state_dir / "mariabackup" / backup_id / shard.shard_id
-
     def checkpoint(
         self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
     ) -> Capture:
         server = self._server(shard)
-        copy = self._copy_dir(backup_id, shard)
+        copy = self.copy_dir(backup_id, shard)
         shutil.rmtree(copy, ignore_errors=True)  # a retried checkpoint starts over
         copy.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
@@ -159,31 +161,6 @@ class MariadbAdapter:
             ) from None
         marker = {"copied_at": f"{started:.6f}", **checkpoints(copy)}
         return Capture(root=copy, files=list_tree(copy), marker=marker, mutable=False)
-
-    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
-        return (self._copy_dir(backup_id, shard) / "xtrabackup_checkpoints").is_file()
-
-    def stop(
-        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
-    ) -> Capture:
-        if not self.holds(shard, backup_id):
-            raise CheckpointNotFound(
-                f"no mariabackup copy of shard {shard.shard_id} for backup {backup_id}.",
-                fix="retry the backup.",
-            )
-        return Capture(root=self._copy_dir(backup_id, shard), files=[])
-
-    def release(self, shard: ShardConfig, backup_id: str) -> None:
-        copy = self._copy_dir(backup_id, shard)
-        shutil.rmtree(copy, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
-            copy.parent.rmdir()
-
-    def use_log_archive(self, shard_ids: set[str]) -> None:
-        pass  # no log to archive
-
-    def held_backups(self) -> set[str]:
-        return {p.name for p in (self.config.state_dir / "mariabackup").glob("*") if p.is_dir()}
 
     # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
@@ -211,18 +188,6 @@ class MariadbAdapter:
 
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"], "socket": result["socket"]}
-
-    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
-        return None  # mariabackup copies its redo log into the agent's state dir
-
-    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
-        return None  # InnoDB pages carry an LSN too (not screened yet): every block is read
-
-    def server_pid(self, shard: ShardConfig) -> int | None:
-        return None  # not yet: the host's stall signals steer its backups
-
-    def health_probe(self, shard: ShardConfig) -> None:
-        return None
 
     def serving(self, root: Path) -> dict[str, Any] | None:
         return {"socket": str(socket_for(root))} if running_pid(root) is not None else None

@@ -30,7 +30,6 @@ is its own point); release: the checkpoint deleted; checkpoints survive an agent
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
@@ -39,25 +38,28 @@ from typing import Any
 
 import xxhash
 
-from shardvault.contracts.cut import CutRequest
-from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
-from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, list_tree, size_or_zero
+from shardvault.errors import EngineError, ShardDataMissing
+from shardvault_agent.config import ShardConfig
+from shardvault_agent.engines.base import (
+    Capture,
+    CopySource,
+    Finishing,
+    NoServer,
+    list_tree,
+    size_or_zero,
+)
 
 ATTEMPTS = 5
 SKIPPED = ("LOCK", "LOG")  # the owner's lock and its info logs: not the database
 DATA_DIR_FIX = "correct 'data_dir' in the agent config: the RocksDB database directory."
 
 
-class RocksdbAdapter:
-    shard_fields = ("data_dir",)
-    config_fields = ()
+class RocksdbAdapter(NoServer, CopySource):
+    copies = "rocksdb"
+    copy_proof = "CURRENT"
+    what = "RocksDB checkpoint"
     fsyncs_restored_files = False
-    checkpoint_flushes = False
-    screen_module = None
-
-    def __init__(self, config: AgentConfig) -> None:
-        self.config = config
+    shard_fields = ("data_dir",)
 
     # --- backup ----------------------------------------------------------------------------
     def check(self, shard: ShardConfig) -> None:
@@ -82,15 +84,12 @@ class RocksdbAdapter:
     def flush(self, shard: ShardConfig) -> None:
         self.check(shard)
 
-    def _checkpoint_dir(self, backup_id: str, shard: ShardConfig) -> Path:
-        return self.config.state_dir / "rocksdb" / backup_id / shard.shard_id
-
     def checkpoint(
         self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
     ) -> Capture:
         self.check(shard)
         assert shard.data_dir is not None
-        target = self._checkpoint_dir(backup_id, shard)
+        target = self.copy_dir(backup_id, shard)
         shutil.rmtree(target, ignore_errors=True)  # a copy an earlier agent left half made
         problem = ""
         for _ in range(ATTEMPTS):
@@ -111,31 +110,6 @@ class RocksdbAdapter:
             fix="retry the backup; if it keeps failing, the store compacts faster than a copy "
             "takes: back it up through a checkpoint command of its own (command hooks).",
         )
-
-    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
-        return (self._checkpoint_dir(backup_id, shard) / "CURRENT").is_file()
-
-    def stop(
-        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
-    ) -> Capture:
-        if not self.holds(shard, backup_id):
-            raise CheckpointNotFound(
-                f"no checkpoint of RocksDB shard {shard.shard_id} for backup {backup_id}.",
-                fix="retry the backup.",
-            )
-        return Capture(root=self._checkpoint_dir(backup_id, shard), files=[])
-
-    def release(self, shard: ShardConfig, backup_id: str) -> None:
-        target = self._checkpoint_dir(backup_id, shard)
-        shutil.rmtree(target, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
-            target.parent.rmdir()
-
-    def use_log_archive(self, shard_ids: set[str]) -> None:
-        pass  # no log to archive
-
-    def held_backups(self) -> set[str]:
-        return {p.name for p in (self.config.state_dir / "rocksdb").glob("*") if p.is_dir()}
 
     # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
@@ -164,30 +138,6 @@ class RocksdbAdapter:
 
     def adoptable(self, shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
         return {"shard_id": shard_id, "data_dir": result["path"]}
-
-    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
-        return None  # a checkpoint of hard links: no log held
-
-    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
-        return None  # SST files are written once: a changed file is a new file, read whole
-
-    def server_pid(self, shard: ShardConfig) -> int | None:
-        return None  # no server
-
-    def health_probe(self, shard: ShardConfig) -> None:
-        return None
-
-    def serving(self, root: Path) -> dict[str, Any] | None:
-        return None  # embedded: no server of its own
-
-    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
-        return None
-
-    def server_files(self, root: Path) -> list[Path]:
-        return []
-
-    def start_server(self, root: Path, server: dict[str, Any]) -> None:
-        return None
 
 
 class RocksdbError(Exception):

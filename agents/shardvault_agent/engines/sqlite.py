@@ -12,34 +12,28 @@ backed up as if it were the shard.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import sqlite3
 import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.models import FileEntry
-from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
-from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import Capture, Finishing, size_or_zero
+from shardvault.errors import EngineError, ShardDataMissing
+from shardvault_agent.config import ShardConfig
+from shardvault_agent.engines.base import Capture, CopySource, Finishing, NoServer, size_or_zero
 from shardvault_agent.engines.sqlite_checks import sqlite_checks
 
 HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 PATH_FIX = "correct 'path' in the agent config: the shard's database file, which must exist."
 
 
-class SqliteAdapter:
+class SqliteAdapter(NoServer, CopySource):
+    copies = "snapshots"
+    what = "SQLite snapshot"
     shard_fields = ("path",)
-    config_fields = ()
     fsyncs_restored_files = False  # a database file is only read by whoever opens it
     checkpoint_flushes = False  # flush truncates the WAL; the snapshot does not
-    screen_module = None
-
-    def __init__(self, config: AgentConfig) -> None:
-        self.config = config
 
     def check_ready(self, shard: ShardConfig) -> None:
         self.check(shard)  # a readable database file is all a SQLite backup needs
@@ -89,15 +83,12 @@ class SqliteAdapter:
         with closing(self._open(shard, "rw")) as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    def _snapshot_dir(self, backup_id: str, shard: ShardConfig) -> Path:
-        return self.config.state_dir / "snapshots" / backup_id / shard.shard_id
-
     def checkpoint(
         self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
     ) -> Capture:
         started = time.time()
         source = self._open(shard, "ro")  # first: a missing source leaves no snapshot behind
-        target_dir = self._snapshot_dir(backup_id, shard)
+        target_dir = self.copy_dir(backup_id, shard)
         target = target_dir / shard.path.name
         try:
             target_dir.mkdir(parents=True, exist_ok=True)
@@ -115,31 +106,6 @@ class SqliteAdapter:
         marker = {"snapshot_at": f"{started:.6f}", "schema_version": str(version)}
         files = [FileEntry(path=target.name, size=target.stat().st_size)]
         return Capture(root=target_dir, files=files, marker=marker, mutable=False)
-
-    def holds(self, shard: ShardConfig, backup_id: str) -> bool:
-        return self._snapshot_dir(backup_id, shard).exists()
-
-    def stop(
-        self, shard: ShardConfig, backup_id: str, work_dir: Path, cut: CutRequest | None = None
-    ) -> Capture:
-        if not self.holds(shard, backup_id):
-            raise CheckpointNotFound(
-                f"no snapshot of shard {shard.shard_id} for backup {backup_id}.",
-                fix="retry the backup.",
-            )
-        return Capture(root=self._snapshot_dir(backup_id, shard), files=[])
-
-    def release(self, shard: ShardConfig, backup_id: str) -> None:
-        snapshot = self._snapshot_dir(backup_id, shard)
-        shutil.rmtree(snapshot, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the backup's directory, once its last shard left
-            snapshot.parent.rmdir()
-
-    def use_log_archive(self, shard_ids: set[str]) -> None:
-        pass  # no log to archive
-
-    def held_backups(self) -> set[str]:
-        return {p.name for p in (self.config.state_dir / "snapshots").glob("*") if p.is_dir()}
 
     # --- restore ---------------------------------------------------------------------------
     def finish(self, job: Finishing) -> dict[str, Any]:
@@ -163,30 +129,6 @@ class SqliteAdapter:
         if len(databases) != 1:
             return None
         return {"shard_id": shard_id, "path": str(databases[0])}
-
-    def held_log(self, shard: ShardConfig, backup_id: str) -> None:
-        return None  # a snapshot: nothing held on the source
-
-    def block_screen(self, marker: dict[str, str], parent_marker: dict[str, str]) -> None:
-        return None  # a snapshot is a new file every time: every block is read
-
-    def server_pid(self, shard: ShardConfig) -> int | None:
-        return None  # no server
-
-    def health_probe(self, shard: ShardConfig) -> None:
-        return None
-
-    def serving(self, root: Path) -> dict[str, Any] | None:
-        return None  # no server: nothing runs from a restored file
-
-    def stop_server(self, root: Path, *, immediate: bool = False) -> None:
-        return None
-
-    def server_files(self, root: Path) -> list[Path]:
-        return []
-
-    def start_server(self, root: Path, server: dict[str, Any]) -> None:
-        return None
 
 
 SIDE_FILES = ("-wal", "-shm", "-journal")  # opening a database may create them
