@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint unit bench wheels grants
+.PHONY: setup demo test lint docs unit bench wheels grants
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,10 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 
+# The documentation site (mkdocs.yml) built in strict mode: broken links and anchors fail.
+docs:
+	VENV=$(VENV) bash scripts/check_docs.sh
+
 unit:
 	$(BIN)/python -m pytest tests/unit -q
 
@@ -25,7 +29,7 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 # The integration tests record every AWS call the local stack authorized or refused
 # (shardvault/local/iam); the report fails the run on a refusal no test asked for.
 IAM_RECORD := .cache/iam-calls
-test: setup lint
+test: setup lint docs
 	rm -rf $(IAM_RECORD)
 	SHARDVAULT_IAM_RECORD=$(IAM_RECORD) $(PYTEST) --durations=25 tests/integration; \
 	integration=$$?; \

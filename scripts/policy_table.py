@@ -1,9 +1,9 @@
-"""Prints the README's table of the policy file's fields, generated from the model.
+"""Prints the table of the policy file's fields, generated from the model.
 
     .venv/bin/python scripts/policy_table.py
 
-Paste its output over the table under "The policy file" in README.md; tests/unit/test_docs.py
-fails while the README's table differs from it.
+Paste its output over the table under "Every field" in docs/reference/policy.md;
+tests/unit/test_docs.py fails while the reference's table differs from it.
 """
 
 from shardvault.config.policy import fields_table
