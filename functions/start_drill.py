@@ -17,8 +17,7 @@ def lambda_handler(event: dict, context: object) -> dict:
     request = execution_input(
         event,
         '{"cluster": "demo"}',
-        fix="start the drill with a JSON object naming the cluster (see the README's "
-        "restore drills).",
+        fix="start the drill with a JSON object naming the cluster (docs/guide/drills.md).",
     )
     return drills.start(
         parse(drills.DrillRequest, request),

@@ -18,7 +18,7 @@ def lambda_handler(event: dict, context: object) -> dict:
         event,
         '{"cluster": "demo", "target_cluster": "demo-restore"}',
         fix="start the execution with a JSON object naming the backup's cluster and the "
-        "target cluster (see the README's restore section).",
+        "target cluster (docs/guide/restoring.md).",
     )
     request = parse(RestoreRequest, {**request, "execution_id": event.get("execution_id", "")})
     return admission.validate(request, services(), time.time()).model_dump(mode="json")

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import boto3
 
+from shardvault.contracts.commands import parse_args
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.extents import pack_within, unpack_extents
 from shardvault.contracts.models import (
@@ -156,7 +157,9 @@ class Commands:
             raise UnknownCommand(
                 f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
             )
-        result = handler(self._fetched_args(args))
+        fetched = self._fetched_args(args)
+        parse_args(name, fetched)  # the contract both sides hold (shardvault.contracts.commands)
+        result = handler(fetched)
         if url := args.get("answer_url"):
             return self._hand_answer(name, url, result)
         check_fits_task_result(result)

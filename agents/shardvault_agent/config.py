@@ -39,7 +39,7 @@ from shardvault.contracts.models import Engine, Role, check_name
 from shardvault.errors import InvalidRequest, ShardDataMissing
 
 CONFIG_ERROR = "agent_config"  # the pydantic error type of problems that carry their own fix
-README_SECTION = "README's 'The agent' section lists every field"
+FIELDS_REFERENCE = "docs/reference/agent-config.md lists every field"
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -257,7 +257,7 @@ class AgentConfig(BaseModel):
         if needs and (hooks is None or not hooks.checkpoint or not hooks.release):
             raise invalid(
                 f"{engine} agents need hooks.checkpoint and hooks.release",
-                "add a 'hooks' section naming the commands (README: Command hooks)",
+                "add a 'hooks' section naming the commands (docs/guide/hooks.md)",
             )
         return hooks
 
@@ -344,7 +344,7 @@ def load_config(path: Path) -> AgentConfig:
         lines = "".join(f"- {problem_line(item)}\n" for item in error.errors())
         raise InvalidRequest(
             f"agent config {path} has {error.error_count()} problem(s):\n{lines}",
-            fix=f"correct each field named above ({README_SECTION}).",
+            fix=f"correct each field named above ({FIELDS_REFERENCE}).",
         ) from None
 
 
@@ -376,7 +376,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequest(
             f"agent config {path} holds no mapping of fields.",
-            fix=f"write one 'field: value' per line, starting with node_id ({README_SECTION}).",
+            fix=f"write one 'field: value' per line, starting with node_id ({FIELDS_REFERENCE}).",
         )
     return data
 

@@ -172,7 +172,7 @@ def drill_spec(policy: Policy | None, request: DrillRequest, svc: Services) -> D
     if policy is None:
         raise InvalidRequest(
             "this deployment has no policy: a drill cannot tell which clusters are backed up.",
-            fix="deploy with a policy file (see the README's policy file).",
+            fix="deploy with a policy file (docs/guide/policy.md).",
         )
     cluster = policy.clusters.get(request.cluster)
     spec = cluster.drill if cluster else None
@@ -180,8 +180,8 @@ def drill_spec(policy: Policy | None, request: DrillRequest, svc: Services) -> D
         raise InvalidRequest(
             f"cluster {request.cluster!r} has no drill in the policy, and the request names "
             "no target cluster.",
-            fix="add a drill: section to the cluster's policy (see the README's restore "
-            "drills), or pass --into with a cluster of drill nodes.",
+            fix="add a drill: section to the cluster's policy (docs/guide/drills.md"
+            "), or pass --into with a cluster of drill nodes.",
         )
     overrides: dict[str, Any] = {}
     if request.target_cluster is not None:

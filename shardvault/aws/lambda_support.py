@@ -93,5 +93,5 @@ def parse(model: type[M], data: object) -> M:
         )
         raise InvalidRequest(
             f"malformed {model.__name__}: {problems}.",
-            fix="correct the listed fields of the input (see the README for its format).",
+            fix="correct the listed fields of the input (each workflow's input: docs/guide).",
         ) from None

@@ -427,7 +427,7 @@ def check_agents_current(nodes: list[NodeRecord]) -> None:
             "agents older than this control plane: " + ", ".join(outdated) + f"; it needs "
             f"agent protocol {AGENT_PROTOCOL}.",
             fix="upgrade shardvault-agent on each node listed to this release (from wheels, as "
-            "the README's section 'The agent' shows) and restart it, then retry.",
+            "docs/guide/agent.md shows) and restart it, then retry.",
         )
 
 

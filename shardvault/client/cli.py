@@ -199,7 +199,7 @@ def parser() -> argparse.ArgumentParser:
 
     for reader in (lister, show, nodes, verify, check):
         reader.add_argument(
-            "--json", action="store_true", help="print JSON for scripts (see README: --json)"
+            "--json", action="store_true", help="print JSON for scripts (docs/reference/cli.md)"
         )
 
     restore, retention, schedule = add_vault_parsers(sub)

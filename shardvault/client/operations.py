@@ -184,7 +184,7 @@ def refused(execution_arn: str) -> bool:
 
 
 def exit_status(outcome: Progress) -> int:
-    """0 done, 3 refused before anything started, 1 ran and failed (README: exit status)."""
+    """0 done, 3 refused before anything started, 1 ran and failed (docs/reference/cli.md)."""
     if outcome.status == "SUCCEEDED":
         return 0
     return 3 if outcome.refused else 1

@@ -875,7 +875,7 @@ class FieldRow(NamedTuple):
 
 
 def fields_table() -> str:
-    """The README's table of every field (``scripts/policy_table.py`` prints it)."""
+    """The table of every field in docs/reference/policy.md (``scripts/policy_table.py``)."""
     lines = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
     for row in describe_fields():
         default = f"`{row.default}`" if row.default else "required"
@@ -885,7 +885,7 @@ def fields_table() -> str:
 
 
 def describe_fields(model: type[BaseModel] = Policy, prefix: str = "") -> list[FieldRow]:
-    """Every field of the policy file, depth first, for the README's configuration table."""
+    """Every field of the policy file, depth first, for the reference's table."""
     rows: list[FieldRow] = []
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"

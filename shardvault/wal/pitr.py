@@ -149,8 +149,8 @@ def archives(
             f"the WAL archive of shard(s) {', '.join(a.shard_id for a in empty)} holds nothing "
             f"from backup {manifest.backup_id}'s end on (segment {empty[0].first}): cluster "
             f"{request.cluster!r} can be restored to its backups only.",
-            fix="set up continuous archiving on those shards (README: 'Continuous WAL "
-            "archiving'), then take a backup; restore without a target meanwhile.",
+            fix="set up continuous archiving on those shards (docs/guide/wal-archiving.md"
+            "), then take a backup; restore without a target meanwhile.",
         )
     if target.lsn is not None:
         past_lsn(target, found[0], manifest)

@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shardvault.aws.services import Services
+from shardvault.contracts.commands import parse_args
 from shardvault.contracts.models import NodeRecord, Phase, doorbell_name
 from shardvault.errors import AgentUnavailable, InvalidRequest
 
@@ -104,13 +105,10 @@ def dispatch(
     if phase := ANSWERED.get(request.command):
         answer_key = svc.answer_key(request.backup_id, phase, request.node_id)
         args["answer_url"] = svc.work_put_url(answer_key, ANSWER_URL_TTL_SECONDS)
-    svc.inbox.post(
-        request.node_id,
-        request.command_id,
-        request.command,
-        {**args, "backup_id": request.backup_id},
-        request.task_token,
-    )
+    posted = {**args, "backup_id": request.backup_id}
+    if "args_url" not in posted:  # by URL: the agent checks them once it has fetched them
+        parse_args(request.command, posted)
+    svc.inbox.post(request.node_id, request.command_id, request.command, posted, request.task_token)
     if sqs is not None:
         ring(sqs, node, request.command_id)
     return {"node_id": request.node_id, "command_id": request.command_id}
@@ -131,6 +129,7 @@ def post_untracked(
     """Posts a command without a task token (a cleanup's release or abort: the agent answers
     nobody) and rings the node's doorbell, so its agent runs it now rather than at its next
     safety poll."""
+    parse_args(command, args)
     svc.inbox.post(node_id, command_id, command, args, "")
     ring_node(svc, node_id, command_id)
 

@@ -1,0 +1,520 @@
+"""The agent commands: one model per command's arguments, and per command's result.
+
+The control plane checks a command's arguments where it posts them
+(``shardvault.workflow.dispatch``), and the agent again where it runs them
+(``shardvault_agent.commands.Commands.run``). A field one side sends and the other does not
+read is refused by name at once, not ignored on a node.
+
+Terms:
+- *command*: what the control plane posts to one node's inbox: a name (``ARGUMENTS``' keys,
+  ``dispatch.COMMANDS``) and its *arguments*. Every command's arguments carry ``backup_id``:
+  the backup's id, or, for a restore's commands, the restore's; a probe's, the probe's.
+- *producer*: who builds the arguments: the state machine's dispatch task (its ``args``), the
+  dispatcher (it adds ``backup_id``, the work objects ``args_key`` and ``scan_args`` name, and
+  ``answer_url``), and the cleanups that post without a task token (``post_untracked``).
+- *arguments by URL*: an inbox item holds at most 400 KB, so larger arguments travel as a
+  presigned URL of their work object (``ArgsByUrl``: ``args_url``, ``args_size``). That is
+  transport: the agent fetches them (``shardvault_agent.transfer.inlined``) before the
+  models here apply, and ``parse_args`` refuses arguments still by URL. A prepare's
+  ``prefetch`` may be by URL itself, and is fetched by the prepare.
+- *answer by URL*: the listing commands (checkpoint, scan, stop) put their answer in the work
+  bucket through ``answer_url`` and answer their task token with a receipt
+  (``AnswerReceipt``; ``shardvault.backup.answers``).
+- *layout*: what a restoring node is told of one shard before any byte arrives: its streams'
+  files, its objects, its chain (``ShardLayout``). The node keeps it for the restore's later
+  commands and hands it to its engine to finish.
+
+Results are read more loosely than arguments: the agents are upgraded first, so a control
+plane may read the result of a newer agent; a field it does not know is ignored, as in a
+node's record (``models.Registered``).
+
+*For older producers*: the agent still reads a control plane older than itself (its
+branches say so), so these fields keep a default, or exist, for it alone; they go with the
+next protocol bump:
+- ``answer_url`` (checkpoint, scan, stop): without it the agent answers inline.
+- ``ParentMap.node_id`` and ``ParentMap.marker``: without them no block screen.
+- ``ShardLayout.chain_layered`` left out (False: the chain's root placed first), and
+  ``ShardLayout.chain_root_first``, which such a control plane sent and no agent reads.
+- ``StopCut.database`` (and ``CutRequest.database``) None with a commit lock: a control plane
+  older than ``cut.database``; ``DownloadItem.pieces`` (``models``).
+Other defaults stand for a key this control plane always sends but the agent reads with a
+default: checkpoint's ``upload``, ``encryption``, ``flush`` and ``archived_tails``, stop's
+``cut`` and ``pack``, the shards' ``shard_ids``, a layout's ``marker`` and ``encryption``.
+A checkpoint without ``parents`` is not one of them: a backup that scans in a Scan step
+apart sends none.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from shardvault.contracts.cut import CutRequest
+from shardvault.contracts.models import (
+    DownloadItem,
+    Encryption,
+    Frozen,
+    ObjectChecksums,
+    ObjectPlan,
+    ObjectResult,
+    Phase,
+    UploadedPart,
+    UploadLimits,
+)
+from shardvault.errors import InvalidRequest
+
+ShardIds = list[str]  # the node's shards a command is about, as its registry record names them
+Marker = dict[str, str]  # an engine's marker of a capture (e.g. {"start_lsn": "0/2000028"})
+
+
+# --- Transport ----------------------------------------------------------------------------------
+class ArgsByUrl(Frozen):
+    """Arguments too large for an inbox item: a presigned GET of their work object
+    (``shardvault.workflow.dispatch.work_args``), merged into the rest once fetched."""
+
+    args_url: str
+    args_size: Annotated[int, Field(ge=0)]
+
+
+# --- Arguments ----------------------------------------------------------------------------------
+class CommandArgs(Frozen):
+    """What every command carries; frozen, and a field no model names is refused."""
+
+    backup_id: str
+
+
+class ShardArgs(CommandArgs):
+    # Every producer sends them; the agent reads none as no shard (``Commands._shards``).
+    shard_ids: ShardIds = Field(default_factory=list)
+
+
+class ListingArgs(ShardArgs):
+    """A listing command's: where it puts its answer (``dispatch.ANSWERED``)."""
+
+    answer_url: str | None = None  # None: answered inline (an older control plane)
+
+
+class PackSpec(Frozen):
+    """How a node cuts and packs the objects it listed, as the plan step will plan them:
+    ``planning.plan_objects``' arguments but the listings (``backup.planner.pack_arguments``)."""
+
+    cluster: str
+    prefix: str
+    part_size: Annotated[int, Field(gt=0)]
+    compression_level: int
+
+
+class ParentMap(Frozen):
+    """An incremental's parent's block map for one shard, as the agent fetches it
+    (``backup.scanning.parent_maps``)."""
+
+    backup_id: str
+    object: ObjectResult  # the manifest's blockmap object
+    place: str  # its frames' place (``models.object_place``)
+    url: str  # presigned GET
+    encryption: Encryption | None = None  # the chain's wrapped data key; None: not sealed
+    # Where the parent began and on which node: an engine's block screen proves blocks
+    # unchanged against it, on that node only. Defaults: an older control plane (no screen).
+    marker: Marker = Field(default_factory=dict)
+    node_id: str | None = None
+
+
+class StopCut(Frozen):
+    """The cut of a lone node's checkpoint, which stops as it scans: a ``CutRequest`` but its
+    instant, which the agent takes as it stops (``entered_at``)."""
+
+    name: str
+    margin_seconds: float = 0.0
+    commit_lock: int | None = Field(None, ge=-(2**63), lt=2**63)  # None: no commit pause
+    database: str | None = None
+
+    @model_validator(mode="after")
+    def _a_cut(self) -> StopCut:
+        self.entered_at("1970-01-01T00:00:00+00:00")  # CutRequest's own checks, once
+        return self
+
+    def entered_at(self, entered: str) -> CutRequest:
+        return CutRequest(**self.model_dump(), entered=entered)
+
+
+class StopOrder(Frozen):
+    """A lone node's incremental ends in its checkpoint (``backup.scanning.stop_args``)."""
+
+    cut: StopCut
+
+
+class ScanArgs(ListingArgs):
+    """Scan each shard's capture against its parent (``backup.scanning``): the separate Scan
+    step of a backup of more nodes than a Map runs at once."""
+
+    parents: dict[str, ParentMap] = Field(default_factory=dict)  # by shard; none: a full
+    pack: PackSpec | None = None  # an incremental packs its changes at the scan
+
+
+class CheckpointArgs(ListingArgs):
+    """Take each shard's checkpoint; with ``parents``, scan it too (one round trip)."""
+
+    upload: UploadLimits | None = None  # the policy's; None: the agent's own
+    encryption: Encryption | None = None  # the backup's wrapped data key; None: not sealed
+    flush: bool = False  # a lone node flushes in its checkpoint
+    archived_tails: bool = False  # the tail refers to the WAL archive instead of holding it
+    # None (not sent): a backup that scans in a Scan step apart; the checkpoint lists only.
+    parents: dict[str, ParentMap] | None = None
+    pack: PackSpec | None = None
+    stop: StopOrder | None = None
+
+    @model_validator(mode="after")
+    def _stop_after_a_scan(self) -> CheckpointArgs:
+        # The agent stops only after it scanned and packed every change: a stop without
+        # them would be dropped, or fail on the node.
+        if self.stop is not None and (self.parents is None or self.pack is None):
+            raise ValueError("stop needs parents and pack (a lone node stops after its scan)")
+        return self
+
+
+class StopArgs(ListingArgs):
+    """End each shard's backup at the cut, list the tails and pack them."""
+
+    cut: CutRequest | None = None  # None: no cut (an older control plane)
+    pack: PackSpec | None = None  # None: the tails are packed in the Upload map
+
+
+class FlushArgs(ShardArgs):
+    pass
+
+
+class ReleaseArgs(ShardArgs):
+    # Sent by the failure path (state machine and cleanup); no agent reads it.
+    failed: bool = False
+
+
+class ObjectArgs(CommandArgs):
+    """A command about one object of the backup ``backup_id`` names."""
+
+    object: ObjectPlan
+
+    @model_validator(mode="after")
+    def _of_this_backup(self) -> ObjectArgs:
+        if self.object.backup_id != self.backup_id:
+            raise ValueError(f"object is of backup {self.object.backup_id}, not {self.backup_id}")
+        return self
+
+
+class PackArgs(ObjectArgs):
+    pass
+
+
+class PartUrl(Frozen):
+    part_number: Annotated[int, Field(ge=1, le=10_000)]
+    url: str  # presigned, bound to the part's checksum
+
+
+class UploadArgs(ObjectArgs):
+    """Send the packed copy's parts that have a URL (``backup.upload.sign``)."""
+
+    checksums: ObjectChecksums  # what the pack answered
+    upload_id: str | None  # None: a single PUT
+    parts: list[PartUrl]
+
+    @model_validator(mode="after")
+    def _checksums_of_the_object(self) -> UploadArgs:
+        if self.checksums.key != self.object.key:
+            raise ValueError(f"checksums are of {self.checksums.key}, not {self.object.key}")
+        return self
+
+
+class StreamObject(Frozen):
+    key: str
+    stream_offset: int
+    length: int
+
+
+class ChainObject(StreamObject):
+    frame_size: int
+
+
+class LayoutStream(Frozen):
+    phase: Phase
+    files: str  # packed (``models.pack_files``)
+    objects: list[StreamObject]  # the agent reads only the keys (finish: all arrived)
+
+
+class ChainMember(Frozen):
+    """One backup of a shard's chain, root first (``data.chains.chain_args``)."""
+
+    backup_id: str
+    files: str  # its data stream's, packed
+    extents: str | None  # None: the root (its whole stream); "": nothing changed in the shard
+    objects: list[ChainObject]
+
+
+class Recovery(Frozen):
+    """Where a point-in-time restore's recovery stops (``wal.pitr.recovery``); all None:
+    the archive's end."""
+
+    target_time: str | None = None  # ISO 8601 with its offset
+    target_lsn: str | None = None
+    target_name: str | None = None
+    wal_dir: bool = True  # the WAL is placed beside the data; no agent reads it
+
+
+class ShardLayout(Frozen):
+    """What a node lays out of one shard (``restore.planner.prepare_args``)."""
+
+    shard_id: str
+    streams: list[LayoutStream]
+    marker: Marker = Field(default_factory=dict)  # the backup's (PostgreSQL: its cut)
+    encryption: Encryption | None = None  # the wrapped data key, for the target cluster
+    chain: list[ChainMember] | None = None  # an incremental's
+    chain_layered: bool = False  # False: an older control plane's (root first)
+    chain_root_first: bool | None = None  # an older control plane's; never read
+    recovery: Recovery | None = None  # a point-in-time restore's
+
+
+class SignedDownload(Frozen):
+    object: DownloadItem
+    url: str  # presigned GET
+
+
+class Prefetch(Frozen):
+    """The chain's newer objects a node fetches as it prepares, with their URLs
+    (``restore.planner.sign_prefetch``)."""
+
+    downloads: list[SignedDownload]
+
+
+def _by_url_or_inline(value: Any) -> str:
+    by_url = isinstance(value, ArgsByUrl) or (isinstance(value, Mapping) and "args_url" in value)
+    return "by_url" if by_url else "inline"
+
+
+# A prepare's prefetch is by URL when it is too large for the inbox item, like any arguments.
+PrefetchArgs = Annotated[
+    Annotated[Prefetch, Tag("inline")] | Annotated[ArgsByUrl, Tag("by_url")],
+    Discriminator(_by_url_or_inline),
+]
+
+
+class PrepareRestoreArgs(CommandArgs):
+    shards: list[ShardLayout]
+    replace: bool = False  # restore over what the target directories hold
+    prefetch: PrefetchArgs | None = None
+
+
+class DownloadArgs(CommandArgs):
+    object: DownloadItem
+    url: str  # presigned GET (``restore.download.sign_download``)
+
+    @model_validator(mode="after")
+    def _of_this_restore(self) -> DownloadArgs:
+        if self.object.restore_id != self.backup_id:
+            raise ValueError(f"object is of restore {self.object.restore_id}, not {self.backup_id}")
+        return self
+
+
+class FinishRestoreArgs(CommandArgs):
+    shard_ids: ShardIds  # read as they are (``Restorer.finish``)
+    validation_queries: list[str] = Field(default_factory=list)  # checked at the request
+    heapallindexed: bool = False
+
+
+class AbortRestoreArgs(CommandArgs):
+    pass
+
+
+class ProbeArgs(CommandArgs):
+    """``shardvault check``'s round trip (``assurance.probe.plan``)."""
+
+    body: str  # base64 of the bytes to put and read back
+    crc64nvme: str  # of the body: the PUT URL is bound to it
+    put_url: str
+    get_url: str
+
+    @field_validator("body")
+    @classmethod
+    def _base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ValueError("body is not base64") from None
+        return value
+
+
+ARGUMENTS: dict[str, type[CommandArgs]] = {
+    "flush": FlushArgs,
+    "checkpoint": CheckpointArgs,
+    "scan": ScanArgs,
+    "pack": PackArgs,
+    "upload": UploadArgs,
+    "stop": StopArgs,
+    "release": ReleaseArgs,
+    "prepare_restore": PrepareRestoreArgs,
+    "download": DownloadArgs,
+    "finish_restore": FinishRestoreArgs,
+    "abort_restore": AbortRestoreArgs,
+    "probe": ProbeArgs,
+}
+
+FIX = (
+    "the control plane and the agent disagree on the command's arguments: run one ShardVault "
+    "version on both (shardvault nodes shows each agent's)."
+)
+
+
+def parse_args(command: str, args: Mapping[str, Any]) -> CommandArgs:
+    """``args`` as ``command``'s model; InvalidRequest naming the command and each field."""
+    model = ARGUMENTS.get(command)
+    if model is None:
+        raise InvalidRequest(
+            f"unknown agent command {command!r}.",
+            fix=f"use one of {', '.join(sorted(ARGUMENTS))}.",
+        )
+    if isinstance(args, Mapping) and "args_url" in args:
+        raise InvalidRequest(
+            f"the arguments of agent command {command!r} are still by URL (args_url).",
+            fix="fetch them first (shardvault_agent.transfer.inlined), then check them.",
+        )
+    try:
+        return model.model_validate(dict(args) if isinstance(args, Mapping) else args)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise InvalidRequest(
+            f"the arguments of agent command {command!r} are invalid: {problems}.", fix=FIX
+        ) from None
+    except InvalidRequest as error:  # a field's own check (a cut's name, its database)
+        raise InvalidRequest(
+            f"the arguments of agent command {command!r} are invalid: {error.message}",
+            fix=error.fix,
+        ) from None
+
+
+# --- Results ------------------------------------------------------------------------------------
+class CommandResult(BaseModel):
+    """What an agent answers. A field this release does not know (a newer agent's) is
+    ignored: upgrading the agents first must not stop every backup."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class NodeResult(CommandResult):
+    node_id: str
+
+
+class Flushed(NodeResult):
+    flushed: ShardIds
+
+
+class PackedObject(Frozen):
+    """An object a node packed as it listed it (``commands._pack_listed``)."""
+
+    object: ObjectPlan
+    checksums: ObjectChecksums
+
+
+class ListedShard(CommandResult):
+    """One shard's listing (``data.planning.listings_from_results`` reads it)."""
+
+    shard_id: str
+    files: str  # packed
+    marker: Marker
+    checkpoint_at: float
+    mutable: bool
+    bytes: int
+    # The scan's (checkpoint with parents, scan): a full's delta_bytes is None.
+    extents: str = ""
+    delta_bytes: int | None = None
+    scan_seconds: float | None = None
+    unchanged_bytes: int = 0
+    screened_bytes: int = 0
+    parent_id: str | None = None
+    blockmap_bytes: int | None = None  # the map goes with this answer's objects
+    map_with_tail: bool = False  # scanned by a Scan command: the map goes with the tail
+    packed: list[PackedObject] | None = None  # packed as listed; None: in the Upload map
+
+
+class Listing(NodeResult):
+    """The answer of checkpoint, scan and stop (put through ``answer_url``, or inline)."""
+
+    shards: list[ListedShard]
+    stopped: Listing | None = None  # a checkpoint that also stopped: the tails' listing
+
+
+class AnswerReceipt(NodeResult):
+    """What a listing command's task token carries once its answer is in the work bucket."""
+
+    answer_bytes: int
+    answer_crc64nvme: str
+
+
+class Released(NodeResult):
+    released: bool
+
+
+class Uploaded(CommandResult):
+    parts: list[UploadedPart]
+
+
+class Prefetched(CommandResult):
+    objects: int
+    bytes: int | None = None  # counted by finish, once they landed
+
+
+class Prepared(NodeResult):
+    prepared: ShardIds
+    bytes: int
+    # None: an agent from before prefetching (``restore.planner.check_prepared`` refuses it
+    # when it had objects to prefetch).
+    prefetched: Prefetched | None = None
+
+
+class Downloaded(CommandResult):
+    key: str
+    bytes: int  # of the restored streams it supplied
+    resumed: bool
+
+
+class Finished(NodeResult):
+    # Each shard's engine's own result (its checks, its server): not typed here.
+    shards: list[dict[str, Any]]
+    prefetched: Prefetched | None = None
+
+
+class Aborted(NodeResult):
+    aborted: bool
+
+
+class Probed(NodeResult):
+    put_seconds: float
+    get_seconds: float
+
+
+RESULTS: dict[str, type[BaseModel]] = {
+    "flush": Flushed,
+    "checkpoint": Listing,  # or AnswerReceipt, with an answer_url
+    "scan": Listing,
+    "pack": ObjectChecksums,
+    "upload": Uploaded,
+    "stop": Listing,
+    "release": Released,
+    "prepare_restore": Prepared,
+    "download": Downloaded,
+    "finish_restore": Finished,
+    "abort_restore": Aborted,
+    "probe": Probed,
+}
