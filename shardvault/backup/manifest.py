@@ -14,7 +14,7 @@ from shardvault.aws.services import Services
 from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.backup.upload import verified_results
-from shardvault.contracts.layout import backup_prefix
+from shardvault.contracts.layout import manifest_key
 from shardvault.contracts.models import (
     BackupContext,
     BackupStatus,
@@ -38,16 +38,15 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
     had nothing to upload): each backup's last."""
     results, _ = verified_results(context, Phase.TAIL, svc)
     manifest = build_manifest(context, svc, now, results)
-    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
-    manifest_key = f"{prefix}manifest.json"
+    key = manifest_key(svc.store.prefix, context.cluster, context.backup_id)
     svc.store_s3.put_object(
         Bucket=svc.store.bucket,
-        Key=manifest_key,
+        Key=key,
         Body=manifest.model_dump_json(indent=1).encode(),
         ContentType="application/json",
         ChecksumAlgorithm="CRC64NVME",
     )
-    summary = manifest_summary(manifest, manifest_key) | cost_estimate(manifest, context.vault)
+    summary = manifest_summary(manifest, key) | cost_estimate(manifest, context.vault)
     svc.catalog.update(context.cluster, context.backup_id, **summary)
     svc.catalog.unlock(context.cluster, context.backup_id)
     svc.notify(f"ShardVault backup {context.backup_id} complete", summary)

@@ -1,5 +1,6 @@
 """The store's key layout: where a backup's objects and manifest live, and the WAL archive
-beside them. Every key is built here; the control plane and the agents read it from here.
+beside them. The control plane and the agents build these keys here alone (the work
+bucket's keys, which no backup outlives, are ``Services``').
 
 Under the store's prefix (``store_root``), each cluster has a directory per backup and one
 WAL archive::
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from shardvault.contracts.models import ShardListing
     from shardvault.contracts.wal_archive import Batch
 
 ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
@@ -30,6 +32,10 @@ def store_root(prefix: str) -> str:
 def backup_prefix(prefix: str, cluster: str, backup_id: str) -> str:
     """Where a backup's objects and manifest live in the store."""
     return f"{store_root(prefix)}{cluster}/{backup_id}/"
+
+
+def object_key(prefix: str, cluster: str, backup_id: str, listing: ShardListing, i: int) -> str:
+    return f"{backup_prefix(prefix, cluster, backup_id)}{listing.shard_id}/{listing.phase}-{i:05d}"
 
 
 def manifest_key(prefix: str, cluster: str, backup_id: str) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from shardvault.contracts.deployment import NODE_MAP_CONCURRENCY
-from shardvault.contracts.layout import backup_prefix
+from shardvault.contracts.layout import object_key
 from shardvault.contracts.models import (
     DEFAULT_COMPRESSION_LEVEL,
     FileEntry,
@@ -137,10 +137,6 @@ def cut_stream(length: int, object_size: int) -> Iterator[tuple[int, int]]:
     only when it has files (empty files must still be restored), handled by the caller."""
     for offset in range(0, length, object_size):
         yield offset, min(object_size, length - offset)
-
-
-def object_key(prefix: str, cluster: str, backup_id: str, listing: ShardListing, i: int) -> str:
-    return f"{backup_prefix(prefix, cluster, backup_id)}{listing.shard_id}/{listing.phase}-{i:05d}"
 
 
 # A transfer map's width (the Upload and Download maps' MaxConcurrencyPath), from the plan:
