@@ -110,8 +110,8 @@ def push(source: Path, spool: Path, max_bytes: int) -> bool:
         raise PushRefused(
             f"the WAL spool {spool} is full ({held:,} of {max_bytes:,} bytes): {name} stays "
             "in pg_wal and PostgreSQL will push it again. Check that the agent runs and "
-            "reaches the store, or raise wal_spool_max_bytes (and --max-bytes) if the disk "
-            "has room."
+            "reaches the store, or raise --max-bytes in archive_command if the disk has "
+            "room."
         )
     temporary = spool / f"{TEMPORARY}{name}-{os.getpid()}"
     try:
@@ -134,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spool", type=Path, required=True, help="the agent's wal_spool_dir")
     parser.add_argument(
-        "--max-bytes", type=int, required=True, help="the agent's wal_spool_max_bytes"
+        "--max-bytes",
+        type=int,
+        required=True,
+        help="the most bytes the spool may hold: a push past it fails and PostgreSQL retries",
     )
     parser.add_argument("path", type=Path, help="%%p: the WAL file, relative to the data dir")
     args = parser.parse_args(argv)
