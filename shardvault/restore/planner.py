@@ -1,5 +1,5 @@
-"""Plan: which target node restores which shard (``shardvault.restore.placement``), and
-what each node prepares and downloads.
+"""Plan: what each target node prepares and downloads, for the shards Validate placed on it
+(``shardvault.restore.placement``).
 
 Terms:
 - *download item*: one object for one node; the node fetches its parts with a presigned GET
