@@ -7,9 +7,7 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
-from shardvault.contracts.models import (
-    DownloadItem,
-)
+from shardvault.contracts.models import DownloadItem
 from shardvault.restore.record import catalog_key
 from shardvault.restore.sources import source_of
 

@@ -14,9 +14,7 @@ from shardvault.contracts.models import (
     BackupStatus,
     RestoreContext,
 )
-from shardvault.errors import (
-    DownloadIncomplete,
-)
+from shardvault.errors import DownloadIncomplete
 from shardvault.restore.record import catalog_key
 from shardvault.workflow.causes import failure_cause, transfer_failure
 from shardvault.workflow.dispatch import post_untracked

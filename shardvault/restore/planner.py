@@ -34,9 +34,7 @@ from shardvault.contracts.models import (
 )
 from shardvault.data.chains import chain_args, data_stream
 from shardvault.data.planning import interleave_by_node, transfer_concurrency
-from shardvault.errors import (
-    UnknownCommand,
-)
+from shardvault.errors import UnknownCommand
 from shardvault.restore.record import catalog_key
 from shardvault.restore.sources import chain_manifests, source_of
 from shardvault.wal import pitr

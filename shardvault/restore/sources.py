@@ -15,9 +15,7 @@ from shardvault.contracts.models import (
     ManifestShard,
     RestoreContext,
 )
-from shardvault.errors import (
-    ParentUnavailable,
-)
+from shardvault.errors import ParentUnavailable
 
 
 def source_of(svc: Services, source: str) -> tuple[Any, str]:

@@ -23,11 +23,8 @@ Terms:
   the store (never the agent's word) and writes the batch's *index* beside it: its files,
   frames and key. The store alone describes the archive: a restore lists it, no catalog needed.
 
-Store layout, beside the cluster's backups (the sweep leaves ``_wal`` alone)::
-
-    <root><cluster>/_wal/<shard>/<first file>--<last file>--<batch id>.wal   the batch
-    <root><cluster>/_wal/<shard>/<first file>--<last file>--<batch id>.json  its index
-
+Store layout: beside the cluster's backups, under ``_wal/<shard>/`` (the sweep leaves it
+alone), one ``.wal`` object per batch and its ``.json`` index (``shardvault.contracts.layout``).
 Names sort as PostgreSQL's do, so a listing of a shard's archive is in WAL order.
 """
 

@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shardvault.aws.services import Services
-from shardvault.contracts.commands import parse_args
+from shardvault.contracts.commands import ARGUMENTS, parse_args
 from shardvault.contracts.models import NodeRecord, Phase, doorbell_name
 from shardvault.errors import AgentUnavailable, InvalidRequest
 
@@ -48,10 +48,7 @@ log = logging.getLogger("shardvault.workflow.dispatch")
 # tolerated this many times over, since the task's own heartbeat timeout catches a dead agent.
 SILENCE_GRACE = 4
 INLINE_ARGS_BYTES = 96 * 1024  # well under an inbox item's 400 KB, with the rest of the item
-BACKUP_COMMANDS = {"flush", "checkpoint", "scan", "pack", "upload", "stop", "release"}
-RESTORE_COMMANDS = {"prepare_restore", "download", "finish_restore", "abort_restore"}
-CHECK_COMMANDS = {"probe"}  # shardvault check: the agent's round trip to the store
-COMMANDS = frozenset(BACKUP_COMMANDS | RESTORE_COMMANDS | CHECK_COMMANDS)
+COMMANDS = frozenset(ARGUMENTS)  # one model per command (shardvault.contracts.commands)
 # The listing commands, and the phase whose listing each answers.
 ANSWERED = {"checkpoint": Phase.DATA, "scan": Phase.DATA, "stop": Phase.TAIL}
 # As long as the listing commands' tasks wait (their TimeoutSeconds in backup.asl.json, which

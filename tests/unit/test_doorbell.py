@@ -480,7 +480,11 @@ def test_a_released_backups_command_fails_without_a_note_that_would_hide_the_fir
     (item,) = svc.inbox.pending("n1")
     answered = []
     monkeypatch.setattr(agent, "task_alive", lambda token: True)
-    monkeypatch.setattr(agent, "run_command", lambda item: (_ for _ in ()).throw(error))
+
+    def failing(item: dict[str, Any]) -> dict[str, Any]:
+        raise error
+
+    monkeypatch.setattr(agent, "run_command", failing)
     monkeypatch.setattr(agent, "fail", lambda token, name, cause: answered.append(name))
     agent.execute(item)
     assert answered == [error.name]
