@@ -34,7 +34,7 @@ import boto3
 from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
 
-from shardvault.contracts.models import NodeRecord
+from shardvault.contracts.models import NodeRecord, ThrottleReport
 
 log = logging.getLogger("shardvault.aws.tables")
 THROTTLED = {
@@ -345,7 +345,7 @@ class Catalog:
         *,
         bytes_done: int,
         objects_done: int,
-        throttle: dict[str, Any] | None = None,
+        throttle: ThrottleReport | None = None,
         held_log_bytes: int | None = None,
     ) -> bool:
         """Counts an object done on the operation's item, with the agent's adaptive throttle
@@ -358,7 +358,7 @@ class Catalog:
         values: dict[str, Any] = {":b": bytes_done, ":o": objects_done}
         if throttle is not None:
             update += " SET throttle = :t"
-            values[":t"] = dynamo(throttle)
+            values[":t"] = dynamo(throttle.model_dump(mode="json"))
         key = {"cluster": cluster, "backup_id": backup_id}
         try:
             self.table.update_item(

@@ -489,9 +489,27 @@ class Downloaded(CommandResult):
     resumed: bool
 
 
+class RestoredShard(CommandResult):
+    """One shard as its engine finished it: where it is, its server, what its checks found."""
+
+    shard_id: str
+    node_id: str
+    path: str
+    checks: dict[str, str]  # check -> "ok" or what it found
+    checks_passed: bool
+    # The server the restore started on it (PostgreSQL: port and socket directory; MariaDB:
+    # its socket); none for an embedded store.
+    port: int | None = None
+    socket_dir: str | None = None
+    socket: str | None = None
+    # PostgreSQL: where recovery stopped (a time, the archive's end, the cluster's restore
+    # point) and the kind of target it was given.
+    recovered_to: str | None = None
+    recovery_target: str | None = None
+
+
 class Finished(NodeResult):
-    # Each shard's engine's own result (its checks, its server): not typed here.
-    shards: list[dict[str, Any]]
+    shards: list[RestoredShard]
     prefetched: Prefetched | None = None
 
 

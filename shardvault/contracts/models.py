@@ -524,6 +524,24 @@ class PartChecksum(Frozen):
     crc64nvme: str
 
 
+class ThrottleReport(BaseModel):
+    """An adaptive throttle as its agent last reported it (``shardvault_agent.throttle``): how
+    often the source's health held the read rate back, for how long, and its lowest rate. A
+    field this release does not know (a newer agent's) is ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    mode: Literal["adaptive"] = "adaptive"
+    rate_bytes_per_second: int | None = None  # None: nothing holds it back
+    limited_by: str | None = None  # the pressure that cut the rate last
+    cuts: int = 0
+    throttled_seconds: float = 0.0
+    lowest_rate_bytes_per_second: int | None = None
+    floor_bytes_per_second: int = 0
+    rebases: int = 0
+    pressures: dict[str, float] = Field(default_factory=dict)
+
+
 class ObjectChecksums(Frozen):
     """What the agent packed for an object before any byte was uploaded: the stored bytes'
     checksums per part and whole, their length and the frame table."""
@@ -534,7 +552,7 @@ class ObjectChecksums(Frozen):
     stored_length: int
     frames: str  # shardvault.data.pipeline.pack_frames
     key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
-    throttle: dict[str, Any] | None = None  # an adaptive backup's throttle as the pack ended
+    throttle: ThrottleReport | None = None  # an adaptive backup's throttle as the pack ended
     held_log_bytes: int | None = None  # the most log the backup held on its source so far
 
 

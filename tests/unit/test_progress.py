@@ -6,6 +6,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from shardvault.aws.tables import Catalog
+from shardvault.contracts.models import ThrottleReport
 
 from .support import moto_services
 
@@ -32,13 +33,14 @@ def test_any_other_refusal_still_fails() -> None:
 def test_the_catalog_keeps_the_most_wal_any_node_held_and_the_latest_throttle(monkeypatch):
     with moto_services(monkeypatch) as svc:
         svc.catalog.put({"cluster": "c", "backup_id": "b"})
-        for held, throttle in ((50, {"cuts": 1}), (80, {"cuts": 2}), (60, None)):
+        reports = ((50, ThrottleReport(cuts=1)), (80, ThrottleReport(cuts=2)), (60, None))
+        for held, throttle in reports:
             svc.catalog.add_progress(
                 "c", "b", bytes_done=1, objects_done=1, throttle=throttle, held_log_bytes=held
             )
         record = svc.catalog.get("c", "b")
     assert record["held_log_bytes"] == 80  # a smaller report from another node does not win
-    assert record["throttle"] == {"cuts": 2}
+    assert ThrottleReport.model_validate(record["throttle"]) == ThrottleReport(cuts=2)
     assert (record["bytes_done"], record["objects_done"]) == (3, 3)
 
 
@@ -68,5 +70,5 @@ def test_objects_verified_together_count_as_one_update_of_the_same_totals(monkey
         count_progress([], svc)  # nothing verified: nothing counted
         record = svc.catalog.get("c", "b")
     assert (record["bytes_done"], record["objects_done"]) == (23, 3)
-    assert record["throttle"] == {"cuts": 2}
+    assert ThrottleReport.model_validate(record["throttle"]) == ThrottleReport(cuts=2)
     assert record["held_log_bytes"] == 90
