@@ -679,7 +679,7 @@ def shardvault_stored(
     keys = list_keys(bench.store_s3, bench.store_bucket, prefix)
     objects = [obj for obj in keys if obj["Key"] != manifest_key]
     record = ops.show_backup(bench.client, CLUSTER, manifest.backup_id)
-    catalog = int(record["stored_bytes"])
+    catalog = record.stored_bytes
     in_bucket = size_of(objects)
     # The manifest's ``objects`` counts the streams' objects; the shards' block maps are
     # objects too (and in its ``stored_bytes``).

@@ -212,9 +212,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 if progress.status != "SUCCEEDED":
                     raise RuntimeError(f"backup {i + 1} {progress.status}: {progress.cause}")
                 record = next(
-                    r
+                    ops.as_row(r)
                     for r in stack.services().catalog.backups(cluster.name)
-                    if r["backup_id"] == progress.record["backup_id"]
+                    if r.backup_id == progress.record["backup_id"]
                 )
                 backups.append(
                     {

@@ -310,8 +310,10 @@ def measure(
 
 def scanned_bytes(bench: bvp.Bench, manifest: Manifest) -> int:
     """What an incremental's scan read: its stream but the files it found unchanged."""
-    record = bench.stack.services().catalog.get(bvp.CLUSTER, manifest.backup_id) or {}
-    return int(record["data_read_bytes"])
+    record = bench.stack.services().catalog.get(bvp.CLUSTER, manifest.backup_id)
+    if record is None or record.data_read_bytes is None:
+        raise RuntimeError(f"backup {manifest.backup_id} records no data_read_bytes")
+    return record.data_read_bytes
 
 
 def phases(spans: list[tuple[str, float, float]], end: float) -> dict[str, float]:

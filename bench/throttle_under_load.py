@@ -515,7 +515,7 @@ def shardvault_run(bench: bvp.Bench, config: Configuration) -> dict[str, Any]:
     backup = bvp.shardvault_backup(bench, BackupRequest(cluster=bvp.CLUSTER))
     stopped = boto3.client("stepfunctions").describe_execution(executionArn=backup.arn)
     end = stopped["stopDate"].timestamp()
-    record = ops.show_backup(bench.client, bvp.CLUSTER, backup.manifest.backup_id)
+    record = ops.as_row(ops.show_backup(bench.client, bvp.CLUSTER, backup.manifest.backup_id))
     result = backup.result | {
         "window": (end - backup.result["seconds"], end),
         "store_prefix": backup.prefix,

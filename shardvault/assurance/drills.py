@@ -32,9 +32,10 @@ from typing import Any
 from pydantic import Field
 
 from shardvault.aws.services import Services
-from shardvault.aws.tables import DRILL_LOCK_KEY, DRILL_PREFIX, completion_order
+from shardvault.aws.tables import DRILL_LOCK_KEY, completion_order
 from shardvault.backup.admission import execution_running
 from shardvault.config.policy import Drill, Policy
+from shardvault.contracts.catalog import BackupItem, DrillItem, RestoreItem, drill_key
 from shardvault.contracts.models import (
     BackupStatus,
     ClusterName,
@@ -80,7 +81,7 @@ class DrillContext(Frozen):
 
 
 def catalog_key(drill_id: str) -> str:
-    return f"{DRILL_PREFIX}{drill_id}"
+    return drill_key(drill_id)
 
 
 def restore_name(drill_id: str) -> str:
@@ -103,10 +104,8 @@ def start(
     execution) goes on with the drill it began. ``restore_machine``: the restore state
     machine's ARN, to tell whether an earlier drill's nested restore still runs."""
     earlier = svc.catalog.drills(request.cluster)
-    mine = next(
-        (r for r in earlier if execution_id and r.get("execution_id") == execution_id), None
-    )
-    drill_id = mine["drill_id"] if mine else new_backup_id(now)
+    mine = next((r for r in earlier if execution_id and r.execution_id == execution_id), None)
+    drill_id = mine.drill_id if mine else new_backup_id(now)
     try:
         spec = drill_spec(svc.policy(), request, svc)
         backup = pick_backup(request, spec, svc, now, rng or random.Random())
@@ -114,13 +113,13 @@ def start(
     except ShardVaultError as error:
         report_refusal(request, error, svc, now)
         raise
-    others = [r for r in earlier if r["drill_id"] != drill_id]
+    others = [r for r in earlier if r.drill_id != drill_id]
     stale, teardown = stale_copies(others, restore_machine, svc)
     context = DrillContext(
         drill_id=drill_id,
         cluster=request.cluster,
         target_cluster=spec.target_cluster,
-        backup_id=backup["backup_id"],
+        backup_id=backup.backup_id,
         started_at=now,
         keep_seconds=60
         * (spec.keep_minutes if request.keep_minutes is None else request.keep_minutes),
@@ -132,30 +131,26 @@ def start(
     restore_request = RestoreRequest(
         cluster=request.cluster,
         target_cluster=spec.target_cluster,
-        backup_id=backup["backup_id"],
+        backup_id=backup.backup_id,
         validation_queries=list(spec.validation_queries),
         requested_by=f"drill:{drill_id}",
     )
     svc.catalog.put(
-        {
-            "cluster": request.cluster,
-            "backup_id": catalog_key(drill_id),
-            "drill_id": drill_id,
-            "status": RUNNING,
-            "started_at": now,
-            "requested_by": request.requested_by,
-            "execution_id": execution_id,
-            "target_cluster": spec.target_cluster,
-            "source_backup_id": backup["backup_id"],
-            "source_kind": backup.get("kind", "full"),
-            "restore_execution": restore_name(drill_id),
-            "keep_seconds": context.keep_seconds,
-            **(
-                {"rto_target_seconds": context.rto_target_seconds}
-                if spec.rto_target_minutes
-                else {}
-            ),
-        }
+        DrillItem(
+            cluster=request.cluster,
+            backup_id=catalog_key(drill_id),
+            drill_id=drill_id,
+            status=RUNNING,
+            started_at=now,
+            requested_by=request.requested_by,
+            execution_id=execution_id,
+            target_cluster=spec.target_cluster,
+            source_backup_id=backup.backup_id,
+            source_kind=backup.kind,
+            restore_execution=restore_name(drill_id),
+            keep_seconds=context.keep_seconds,
+            rto_target_seconds=context.rto_target_seconds if spec.rto_target_minutes else None,
+        )
     )
     return {
         "drill": context.model_dump(mode="json"),
@@ -231,18 +226,18 @@ def take_target(
         holder = svc.catalog.try_lock(target, drill_id, execution_id, key=DRILL_LOCK_KEY)
         if holder is None:
             return drill_id
-        if holder:
+        if holder.holder:
             break
-    if execution_id and holder.get("execution_id") == execution_id:
-        return str(holder.get("holder") or drill_id)
-    previous = holder.get("execution_id", "")
-    ended = not drill_running(svc, previous, restore_machine, holder.get("holder", ""))
+    if execution_id and holder.execution_id == execution_id:
+        return holder.holder or drill_id
+    previous = holder.execution_id
+    ended = not drill_running(svc, previous, restore_machine, holder.holder)
     if ended and svc.catalog.take_over_lock(
         target, DRILL_LOCK_KEY, previous, drill_id, execution_id
     ):
         return drill_id
     raise DrillAlreadyRunning(
-        f"drill {holder.get('holder', '')} is restoring into {target!r} or keeping its copy "
+        f"drill {holder.holder} is restoring into {target!r} or keeping its copy "
         f"there (execution {previous or 'unknown'}).",
         fix="wait for it to end ('shardvault drills CLUSTER'), or stop its execution: the "
         "next drill tears its copy down.",
@@ -269,7 +264,7 @@ def restore_execution_arn(restore_machine: str, drill_id: str) -> str:
 
 def pick_backup(
     request: DrillRequest, spec: Drill, svc: Services, now: float, rng: random.Random
-) -> dict[str, Any]:
+) -> BackupItem:
     """The backup the drill restores: the one the request names, the newest complete one, or
     (``random``) any complete one of the last ``within_days`` (the newest when none is)."""
     named = request.backup_id not in (None, "latest", "random")
@@ -282,7 +277,7 @@ def pick_backup(
             svc.catalog,
         )
     complete = [
-        b for b in svc.catalog.backups(request.cluster) if b.get("status") == BackupStatus.COMPLETE
+        b for b in svc.catalog.backups(request.cluster) if b.status == BackupStatus.COMPLETE
     ]
     if not complete:
         raise BackupNotFound(
@@ -292,35 +287,35 @@ def pick_backup(
     recent = [b for b in complete if completed_at(b) >= now - spec.within_days * DAY]
     if not recent:
         return max(complete, key=completion_order)
-    return rng.choice(sorted(recent, key=lambda b: b["backup_id"]))
+    return rng.choice(sorted(recent, key=lambda b: b.backup_id))
 
 
-def completed_at(record: dict[str, Any]) -> float:
-    return float(record.get("completed_at", record.get("started_at", 0)))
+def completed_at(record: BackupItem) -> float:
+    return record.completed_at if record.completed_at is not None else record.started_at
 
 
 def stale_copies(
-    earlier: list[dict[str, Any]], restore_machine: str, svc: Services
+    earlier: list[DrillItem], restore_machine: str, svc: Services
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Earlier drills whose copies were never recorded torn down and whose executions ended,
     and the nodes to tear each copy down on (from its restore's record, under the target that
     drill used). A drill whose restore has no record was refused before its Plan: it placed
     nothing, and is stale only to be marked torn down."""
     stale, teardown = [], []
-    restores: dict[str, dict[str, dict[str, Any]]] = {}  # by target: one query each
+    restores: dict[str, dict[str, RestoreItem]] = {}  # by target: one query each
     for record in earlier:
-        if record.get("torn_down_at") or record.get("status") == REFUSED:
+        if record.torn_down_at or record.status == REFUSED:
             continue
-        if drill_running(svc, record.get("execution_id", ""), restore_machine, record["drill_id"]):
+        if drill_running(svc, record.execution_id, restore_machine, record.drill_id):
             continue  # a drill into another target, or a stopped drill's restore: still running
-        stale.append(record["drill_id"])
-        target = record.get("target_cluster", "")
+        stale.append(record.drill_id)
+        target = record.target_cluster or ""
         if target not in restores:
             restores[target] = restores_by_name(target, svc)
-        placed = restores[target].get(record.get("restore_execution", ""))
-        for node_id in sorted(set((placed or {}).get("placement", {}).values())):
-            item = {"node_id": node_id, "restore_id": placed["restore_id"]}
-            teardown.append(item | {"drill_id": record["drill_id"]})
+        placed = restores[target].get(record.restore_execution or "")
+        for node_id in sorted(set(placed.placement.values()) if placed else ()):
+            item = {"node_id": node_id, "restore_id": placed.restore_id}
+            teardown.append(item | {"drill_id": record.drill_id})
     return stale, teardown
 
 
@@ -333,16 +328,16 @@ def report_refusal(
     drill_id = new_backup_id(now)
     cause = f"{error.message} Fix: {error.fix}" if error.fix else error.message
     svc.catalog.put(
-        {
-            "cluster": request.cluster,
-            "backup_id": catalog_key(drill_id),
-            "drill_id": drill_id,
-            "status": REFUSED,
-            "started_at": now,
-            "requested_by": request.requested_by,
-            "error": error.name,
-            "cause": cause,
-        }
+        DrillItem(
+            cluster=request.cluster,
+            backup_id=catalog_key(drill_id),
+            drill_id=drill_id,
+            status=REFUSED,
+            started_at=now,
+            requested_by=request.requested_by,
+            error=error.name,
+            cause=cause,
+        )
     )
     svc.notify(
         f"ShardVault: scheduled drill of {request.cluster} refused ({error.name})",
@@ -366,21 +361,18 @@ def record(
         outcome = passed_outcome(drill, restored.get("output") or {}, now)
     else:
         outcome = failed_outcome(error or {}, placed, now)
-    nodes = sorted(set((placed or {}).get("placement", {}).values()))
+    nodes = sorted(set(placed.placement.values()) if placed else ())
     # A failed restore removed what it placed (its own failure path), unless that failed too:
     # the undo is safe twice, so every node the restore placed on runs it.
     teardown = [
-        {"node_id": n, "restore_id": placed["restore_id"], "drill_id": drill.drill_id}
+        {"node_id": n, "restore_id": placed.restore_id, "drill_id": drill.drill_id}
         for n in nodes
         if placed
     ]
-    svc.catalog.update(
-        drill.cluster,
-        catalog_key(drill.drill_id),
-        **outcome,
-        restore_id=(placed or {}).get("restore_id", ""),
-        nodes=nodes,
+    verdict = DrillItem.changes(
+        **outcome, restore_id=placed.restore_id if placed else "", nodes=nodes
     )
+    svc.catalog.update(drill.cluster, catalog_key(drill.drill_id), verdict)
     # A Record retried after a Lambda fault sends this again: an alarm goes out at least once,
     # never lost between its record and its send; the message's drill_id tells a duplicate.
     svc.notify(
@@ -406,14 +398,14 @@ def record(
     }
 
 
-def restore_record(drill: DrillContext, svc: Services) -> dict[str, Any] | None:
+def restore_record(drill: DrillContext, svc: Services) -> RestoreItem | None:
     """The nested restore's catalog record (None: it was refused before its Plan)."""
     return restores_by_name(drill.target_cluster, svc).get(restore_name(drill.drill_id))
 
 
-def restores_by_name(target: str, svc: Services) -> dict[str, dict[str, Any]]:
+def restores_by_name(target: str, svc: Services) -> dict[str, RestoreItem]:
     """The restores into ``target`` by their execution's name (a drill's: ``drill-<id>``)."""
-    return {r.get("execution_id", "").rpartition(":")[2]: r for r in svc.catalog.restores(target)}
+    return {r.execution_id.rpartition(":")[2]: r for r in svc.catalog.restores(target)}
 
 
 def passed_outcome(drill: DrillContext, summary: dict[str, Any], now: float) -> dict[str, Any]:
@@ -439,9 +431,7 @@ def passed_outcome(drill: DrillContext, summary: dict[str, Any], now: float) -> 
     return outcome
 
 
-def failed_outcome(
-    error: dict[str, Any], placed: dict[str, Any] | None, now: float
-) -> dict[str, Any]:
+def failed_outcome(error: dict[str, Any], placed: RestoreItem | None, now: float) -> dict[str, Any]:
     """The restore's own error and cause: its catalog record's (the failure path wrote what the
     nodes said), else the nested execution's, else the drill's."""
     name, cause = error.get("Error") or "States.Runtime", str(error.get("Cause") or "")
@@ -451,8 +441,8 @@ def failed_outcome(
         nested = None
     if isinstance(nested, dict):  # States.TaskFailed: the restore execution's description
         name, cause = nested.get("Error") or name, str(nested.get("Cause") or "")
-    if placed and placed.get("status") == BackupStatus.FAILED:
-        name, cause = placed.get("error") or name, str(placed.get("cause") or cause)
+    if placed and placed.status == BackupStatus.FAILED:
+        name, cause = placed.error or name, placed.cause or cause
     return {"status": FAILED, "failed_at": now, "error": name, "cause": cause[:2000]}
 
 
@@ -488,7 +478,8 @@ def note_teardown(
         if copies & failed or (copies and EVERY_COPY in failed):
             left.append(drill_id)
             continue
-        svc.catalog.update(drill.cluster, catalog_key(drill_id), torn_down_at=now)
+        torn = DrillItem.changes(torn_down_at=now)
+        svc.catalog.update(drill.cluster, catalog_key(drill_id), torn)
         removed.append(drill_id)
     if phase != BEFORE:
         svc.catalog.unlock(drill.target_cluster, drill.drill_id, key=DRILL_LOCK_KEY)

@@ -27,6 +27,7 @@ from shardvault.backup.admission import (
 )
 from shardvault.config.policy import ClusterPolicy, Policy
 from shardvault.contracts import engines
+from shardvault.contracts.catalog import BackupItem, DrillItem
 from shardvault.contracts.models import BackupStatus, Frozen, NodeRecord
 from shardvault.errors import ShardVaultError, UnknownCluster
 from shardvault.restore.admission import check_target_nodes
@@ -43,7 +44,7 @@ class Finding(Frozen):
 def findings(
     cluster: str,
     nodes: list[NodeRecord],
-    records: list[dict[str, Any]],
+    records: list[BackupItem],
     policy: Policy | None,
     now: float,
     max_age: float,
@@ -91,10 +92,10 @@ def engines_found(cluster: str, nodes: list[NodeRecord], policy: Policy | None) 
 
 
 def backup_findings(
-    cluster: str, records: list[dict[str, Any]], policy: Policy | None, now: float
+    cluster: str, records: list[BackupItem], policy: Policy | None, now: float
 ) -> list[Finding]:
     """The newest complete backup's age against the RPO, and its last verification."""
-    complete = [r for r in records if r.get("status") == BackupStatus.COMPLETE]
+    complete = [r for r in records if r.status == BackupStatus.COMPLETE]
     newest = max(complete, key=completion_order, default=None)
     if policy is None or cluster not in policy.clusters:
         where = (
@@ -116,29 +117,29 @@ def backup_findings(
     else:
         out = pause_findings(policy.clusters[cluster])
         rpo = policy.rpo_hours(cluster)
-        age = (now - newest["completed_at"]) / 3600 if newest else None
+        age = (now - (newest.completed_at or 0)) / 3600 if newest else None
         out += [
             Finding(
                 check=f"newest complete backup within the RPO ({rpo:g} h)",
                 ok=age is not None and age <= rpo,
-                detail=f"{newest['backup_id']}, {age:.1f} h old" if newest else "none",
+                detail=f"{newest.backup_id}, {age:.1f} h old" if newest else "none",
                 fix=""
                 if age is not None and age <= rpo
                 else "run 'shardvault backup "
                 f"{cluster} --wait', and 'shardvault list {cluster}' for why runs failed.",
             )
         ]
-    verified = (newest or {}).get("verify")
     if newest is not None:
+        verified = newest.verify
         out.append(
             Finding(
                 check="newest backup's last verification",
-                ok=not verified or verified.get("result") == "ok",
-                detail=(verified or {}).get("result", "never verified"),
+                ok=not verified or verified.result == "ok",
+                detail=verified.result if verified else "never verified",
                 fix=""
-                if not verified or verified.get("result") == "ok"
+                if not verified or verified.result == "ok"
                 else "see "
-                f"'shardvault show {cluster} {newest['backup_id']}' and run a new full backup.",
+                f"'shardvault show {cluster} {newest.backup_id}' and run a new full backup.",
             )
         )
     return out
@@ -179,7 +180,7 @@ DRILL_SLACK = 2.0  # a drill older than two of its schedule's gaps: the schedule
 def drill_findings(
     cluster: str,
     policy: Policy | None,
-    drills: list[dict[str, Any]],
+    drills: list[DrillItem],
     target: list[NodeRecord],
     now: float,
     max_age: float,
@@ -201,8 +202,8 @@ def drill_findings(
             lambda: check_target_nodes(spec.target_cluster, target, policy, now, max_age),
         )
     ]
-    ended = [d for d in drills if d.get("status") != "running"]
-    newest = max(ended, key=lambda d: d.get("started_at", 0), default=None)
+    ended = [d for d in drills if d.status != "running"]
+    newest = max(ended, key=lambda d: d.started_at, default=None)
     if newest is None:
         out.append(
             Finding(
@@ -214,12 +215,12 @@ def drill_findings(
             )
         )
         return out
-    age = (now - float(newest.get("started_at", 0))) / 3600
-    status = newest.get("status", "")
-    rto = f", RTO {newest['rto_seconds']:,.0f} s" if newest.get("rto_seconds") is not None else ""
-    detail = f"{newest['drill_id']}: {status}{rto}, {age:.1f} h ago"
+    age = (now - newest.started_at) / 3600
+    status = newest.status
+    rto = f", RTO {newest.rto_seconds:,.0f} s" if newest.rto_seconds is not None else ""
+    detail = f"{newest.drill_id}: {status}{rto}, {age:.1f} h ago"
     if status != "passed":
-        why = f"{newest.get('error', '')} {newest.get('cause', '')}".strip()
+        why = f"{newest.error or ''} {newest.cause or ''}".strip()
         fix = f"see 'shardvault drills {cluster}'" + (f": {why}" if why else "")
         out.append(Finding(check="newest drill", ok=False, detail=detail, fix=fix))
     elif age > DRILL_SLACK * spec.longest_gap_hours():

@@ -44,6 +44,7 @@ from shardvault.aws.store import (
     stored_checksum,
     versioned,
 )
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
 from shardvault.contracts.models import (
     ClusterName,
@@ -94,9 +95,9 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         ),
         svc.catalog,
     )
-    if record.get("status") != "COMPLETE":
+    if record.status != "COMPLETE":
         raise BackupNotRestorable(
-            f"backup {record['backup_id']} is {record.get('status', 'unknown')}, not COMPLETE: "
+            f"backup {record.backup_id} is {record.status}, not COMPLETE: "
             "there is nothing whole to verify.",
             fix="verify a complete backup ('shardvault list' shows their status).",
         )
@@ -104,14 +105,14 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
     problems: list[str] = []
     manifest = verify_one(record, request, svc, checked, problems)
     for ancestor in manifest.chain.ancestors if manifest and manifest.chain else []:
-        parent = svc.catalog.get(request.cluster, ancestor) or {}
-        if not parent:
+        parent = svc.catalog.get(request.cluster, ancestor)
+        if parent is None:
             problems.append(f"{ancestor} (an ancestor of the chain) has no catalog record")
             continue
         verify_one(parent, request, svc, checked, problems)
     archives = archive_problems(svc, manifest, problems) if manifest else {}
     outcome = {
-        "backup_id": record["backup_id"],
+        "backup_id": record.backup_id,
         "cluster": request.cluster,
         "verified_at": now,
         "result": "damaged" if problems else "ok",
@@ -124,15 +125,12 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         "problems": problems[:MAX_PROBLEMS],
         "more_problems": max(0, len(problems) - MAX_PROBLEMS),
     }
-    svc.catalog.update(
-        request.cluster,
-        record["backup_id"],
-        verified_at=now,
-        verify={k: v for k, v in outcome.items() if k not in ("chain", "cluster", "backup_id")},
-    )
+    verdict = {k: v for k, v in outcome.items() if k not in ("chain", "cluster", "backup_id")}
+    verified = BackupItem.changes(verified_at=now, verify=verdict)
+    svc.catalog.update(request.cluster, record.backup_id, verified)
     if problems:
         raise BackupDamaged(
-            f"backup {record['backup_id']} of {request.cluster} failed verification: "
+            f"backup {record.backup_id} of {request.cluster} failed verification: "
             + "; ".join(problems[:3])
             + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
             + ".",
@@ -144,18 +142,18 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
 
 
 def verify_one(
-    record: dict[str, Any],
+    record: BackupItem,
     request: VerifyRequest,
     svc: Services,
     checked: list[Checked],
     problems: list[str],
 ) -> Manifest | None:
     """Verifies one backup of the chain; appends what it checked and what it found."""
-    backup_id = record["backup_id"]
-    if record.get("status") != "COMPLETE":
-        problems.append(f"{backup_id} is {record.get('status', 'unknown')}, not COMPLETE")
+    backup_id = record.backup_id
+    if record.status != "COMPLETE":
+        problems.append(f"{backup_id} is {record.status}, not COMPLETE")
         return None
-    location = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    location = "vault" if record.location == "vault" and svc.vault else "store"
     key, version = manifest_place(record, location)
     s3, bucket = source_of(svc, location)
     try:
@@ -200,10 +198,10 @@ def cover_of(s3: Any, bucket: str, key: str, locked: str) -> str:
     return "" if newest == locked else f"{key}: a newer version covers its locked version"
 
 
-def consistency_problems(manifest: Manifest, record: dict[str, Any], key: str) -> list[str]:
+def consistency_problems(manifest: Manifest, record: BackupItem, key: str) -> list[str]:
     """What makes a manifest disagree with its record or with itself."""
     problems = []
-    if manifest.backup_id != record["backup_id"] or manifest.cluster != record["cluster"]:
+    if manifest.backup_id != record.backup_id or manifest.cluster != record.cluster:
         problems.append(f"its manifest names backup {manifest.backup_id} of {manifest.cluster}")
     prefix = key.rsplit("/", 1)[0] + "/"
     objects = [o for shard in manifest.shards for o in shard.objects]

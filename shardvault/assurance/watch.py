@@ -79,11 +79,11 @@ def backup_age_hours(svc: Services, cluster: str, now: float) -> float | None:
     """Hours since the cluster's newest complete backup (or, without one, since its first
     recorded attempt); None when it has no record at all."""
     records = svc.catalog.backups(cluster)
-    complete = [r for r in records if r.get("status") == BackupStatus.COMPLETE]
+    complete = [r for r in records if r.status == BackupStatus.COMPLETE]
     if complete:
-        since = max(float(r.get("completed_at", r.get("started_at", 0))) for r in complete)
+        since = max(r.completed_at or r.started_at for r in complete)
     elif records:
-        since = min(float(r.get("started_at", now)) for r in records)
+        since = min(r.started_at for r in records)
     else:
         return None
     return max(0.0, (now - since) / 3600)

@@ -11,6 +11,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from shardvault.aws.store import versioned
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import Manifest
 from shardvault.errors import InvalidRequest, ManifestDamaged
 
@@ -45,13 +46,13 @@ class _ReadManifests:
 READ_MANIFESTS = _ReadManifests()
 
 
-def manifest_place(record: dict[str, Any], location: str) -> tuple[str, str | None]:
+def manifest_place(record: BackupItem, location: str) -> tuple[str, str | None]:
     """A backup's manifest key where it is read (``location``: "vault" or "store") and, in
     the vault, the version promotion locked (None in the store, and for a backup promoted
     before versions were recorded: the newest is read); "" when the record names none."""
     if location == "vault":
-        return record.get("vault_manifest_key", ""), record.get("vault_manifest_version")
-    return record.get("manifest_key", ""), None
+        return record.vault_manifest_key or "", record.vault_manifest_version
+    return record.manifest_key or "", None
 
 
 def load_manifest(s3: Any, bucket: str, key: str, version_id: str | None = None) -> Manifest:

@@ -26,17 +26,31 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from boto3.dynamodb.conditions import Attr, Key
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
+from shardvault.contracts.catalog import (
+    DRILL_PREFIX,
+    RESTORE_PREFIX,
+    ArchiveTotals,
+    BackupItem,
+    CatalogItem,
+    Changes,
+    DrillItem,
+    LockItem,
+    RestoreItem,
+    restore_key,
+)
 from shardvault.contracts.models import NodeRecord, ThrottleReport
 
 log = logging.getLogger("shardvault.aws.tables")
+Item = TypeVar("Item", bound=CatalogItem)
 THROTTLED = {
     "ProvisionedThroughputExceededException",
     "ThrottlingException",
@@ -48,8 +62,6 @@ DRILL_LOCK_KEY = "#drill"  # under a drill's target cluster: one drill restores 
 ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
-RESTORE_PREFIX = "restore#"  # catalog items of restores share the table, under the target cluster
-DRILL_PREFIX = "drill#"  # restore drills (shardvault.assurance.drills), under the drilled cluster
 NEWEST_PAGE_ITEMS = 16  # items a page of Catalog.newest_backup's query reads (before its filter)
 NEWEST_TRIES = 3  # Catalog.newest_backup's searches, when the chosen backup changed meanwhile
 
@@ -65,11 +77,11 @@ def start_second(backup_id: str) -> str:
     return backup_id.split("-", 1)[0]
 
 
-def completion_order(record: dict[str, Any]) -> tuple[float, str]:
-    """A backup record's place in the order its cluster's backups completed. Not its id
-    alone: two backups started in one second (a small cluster's full, then an incremental)
-    have ids that sort by their random suffix."""
-    return float(record.get("completed_at", 0)), record["backup_id"]
+def completion_order(record: BackupItem) -> tuple[float, str]:
+    """A backup's place in the order its cluster's backups completed. Not its id alone: two
+    backups started in one second (a small cluster's full, then an incremental) have ids that
+    sort by their random suffix."""
+    return record.completed_at or 0.0, record.backup_id
 
 
 INBOX_TTL_SECONDS = 7 * 24 * 3600
@@ -120,6 +132,25 @@ def paged_items(read: Any, kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if "LastEvaluatedKey" not in page:
             return
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def readable(kind: type[Item], items: Iterable[dict[str, Any]]) -> list[Item]:
+    """The items of a listing as ``kind``; one that does not read as its kind (a partial item,
+    written by hand or by an update that found no item) is left out of the list, logged by
+    its key, and left in the table: one bad item must not hide a cluster's backups."""
+    out = []
+    for item in items:
+        try:
+            out.append(kind.from_item(plain(item)))
+        except ValidationError as error:
+            log.warning(
+                "catalog item %s/%s is not a readable %s, left out: %s",
+                item.get("cluster"),
+                item.get("backup_id"),
+                kind.__name__,
+                error.errors()[0]["msg"],
+            )
+    return out
 
 
 def table(name: str) -> Any:
@@ -255,12 +286,14 @@ class Catalog:
 
     def try_lock(
         self, cluster: str, backup_id: str, execution_id: str, key: str = LOCK_KEY
-    ) -> dict[str, Any] | None:
+    ) -> LockItem | None:
         """Takes the cluster's lock ``key`` (the backup lock, or a drill target's); returns
-        the current holder if it is taken."""
+        the current holder if it is taken (one with no holder: it let go just then)."""
         if self._put_lock(cluster, key, backup_id, execution_id, Attr("cluster").not_exists()):
             return None
-        return self.lock_holder(cluster, key) or {}
+        return self.lock_holder(cluster, key) or LockItem(
+            cluster=cluster, backup_id=key, holder="", execution_id="", locked_at=0.0
+        )
 
     def take_over_lock(
         self, cluster: str, key: str, previous_execution: str, backup_id: str, execution_id: str
@@ -289,9 +322,8 @@ class Catalog:
                 raise
         return False
 
-    def lock_holder(self, cluster: str, key: str = LOCK_KEY) -> dict[str, Any] | None:
-        item = self.table.get_item(Key={"cluster": cluster, "backup_id": key}, ConsistentRead=True)
-        return plain(item.get("Item")) if item.get("Item") else None
+    def lock_holder(self, cluster: str, key: str = LOCK_KEY) -> LockItem | None:
+        return self._read(LockItem, cluster, key)
 
     def unlock(self, cluster: str, backup_id: str, key: str = LOCK_KEY) -> None:
         try:
@@ -303,14 +335,17 @@ class Catalog:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
 
-    def put(self, record: dict[str, Any]) -> None:
-        self.table.put_item(Item=dynamo(record))
+    def put(self, item: CatalogItem) -> None:
+        self.table.put_item(Item=dynamo(item.stored()))
 
-    def update(self, cluster: str, backup_id: str, **fields: Any) -> None:
+    def update(self, cluster: str, key: str, changes: Changes) -> None:
+        """Sets fields of one item (a backup's id, ``restore_key`` or ``drill_key``), checked
+        against its kind's model when ``changes`` was made."""
+        fields = changes.values
         names = {f"#{k}": k for k in fields}
         values = {f":{k}": dynamo(v) for k, v in fields.items()}
         self.table.update_item(
-            Key={"cluster": cluster, "backup_id": backup_id},
+            Key={"cluster": cluster, "backup_id": key},
             UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in fields),
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
@@ -333,10 +368,9 @@ class Catalog:
             },
         )
 
-    def archive_totals(self, cluster: str) -> dict[str, Any] | None:
+    def archive_totals(self, cluster: str) -> ArchiveTotals | None:
         """The cluster's archive counters (``count_archived``); None if it never archived."""
-        item = self.table.get_item(Key={"cluster": cluster, "backup_id": ARCHIVE_KEY}).get("Item")
-        return plain(item) if item else None
+        return self._read(ArchiveTotals, cluster, ARCHIVE_KEY, consistent=False)
 
     def add_progress(
         self,
@@ -353,7 +387,9 @@ class Catalog:
         backup held on a source (the largest any node reported). Progress is for display:
         with a thousand objects in flight, all on one item, DynamoDB may throttle the item's
         partition, and a count it refuses (after boto3's retries) is dropped, not turned into
-        a failed object. Returns whether it was counted."""
+        a failed object. A count for an item that does not exist is dropped too: it would
+        write an item with no status, which no reader could read. Returns whether it was
+        counted."""
         update = "ADD bytes_done :b, objects_done :o"
         values: dict[str, Any] = {":b": bytes_done, ":o": objects_done}
         if throttle is not None:
@@ -362,12 +398,17 @@ class Catalog:
         key = {"cluster": cluster, "backup_id": backup_id}
         try:
             self.table.update_item(
-                Key=key, UpdateExpression=update, ExpressionAttributeValues=values
+                Key=key,
+                UpdateExpression=update,
+                ConditionExpression="attribute_exists(#s)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=values,
             )
             if held_log_bytes is not None:
                 self._raise_held_log(key, held_log_bytes)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in THROTTLED:
+            code = error.response.get("Error", {}).get("Code")
+            if code not in THROTTLED and code != "ConditionalCheckFailedException":
                 raise
             log.warning("progress of %s/%s not counted: %s", cluster, backup_id, error)
             return False
@@ -379,15 +420,26 @@ class Catalog:
             self.table.update_item(
                 Key=key,
                 UpdateExpression="SET held_log_bytes = :h",
-                ConditionExpression="attribute_not_exists(held_log_bytes) OR held_log_bytes < :h",
+                ConditionExpression="attribute_exists(#s) AND "
+                "(attribute_not_exists(held_log_bytes) OR held_log_bytes < :h)",
+                ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues={":h": held},
             )
 
-    def get(self, cluster: str, backup_id: str) -> dict[str, Any] | None:
-        item = self.table.get_item(
-            Key={"cluster": cluster, "backup_id": backup_id}, ConsistentRead=True
-        )
-        return plain(item.get("Item")) if item.get("Item") else None
+    def get(self, cluster: str, backup_id: str) -> BackupItem | None:
+        return self._read(BackupItem, cluster, backup_id)
+
+    def restore(self, cluster: str, restore_id: str) -> RestoreItem | None:
+        """A restore into ``cluster``."""
+        return self._read(RestoreItem, cluster, restore_key(restore_id))
+
+    def _read(
+        self, kind: type[Item], cluster: str, key: str, *, consistent: bool = True
+    ) -> Item | None:
+        found = self.table.get_item(
+            Key={"cluster": cluster, "backup_id": key}, ConsistentRead=consistent
+        ).get("Item")
+        return kind.from_item(plain(found)) if found else None
 
     def status(self, cluster: str, backup_id: str) -> str | None:
         """Only the ``status`` of one item (None: no such item): all an agent may read of
@@ -400,11 +452,11 @@ class Catalog:
         ).get("Item")
         return item.get("status") if item else None
 
-    def backups(self, cluster: str) -> list[dict[str, Any]]:
+    def backups(self, cluster: str) -> list[BackupItem]:
         items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
-        return [plain(i) for i in items if is_backup(i["backup_id"])]
+        return readable(BackupItem, (i for i in items if is_backup(i["backup_id"])))
 
-    def newest_backup(self, cluster: str, status: str) -> dict[str, Any] | None:
+    def newest_backup(self, cluster: str, status: str) -> BackupItem | None:
         """The record of the cluster's backup in ``status`` that reached it last
         (``completion_order``; ``newest_backup_id``), read whole once it is chosen. One whose
         status changed between the two reads (expired just then) is looked for again."""
@@ -413,7 +465,7 @@ class Catalog:
             if backup_id is None:
                 return None
             record = self.get(cluster, backup_id)
-            if record is not None and record.get("status") == status:
+            if record is not None and record.status == status:
                 return record
         return None
 
@@ -428,40 +480,40 @@ class Catalog:
         cost moto about 4 ms each to answer, and an incremental's Validate grew from 26 to
         77 ms over three bench rounds; the query of ids took 4 to 9 ms at every depth of a
         chain of six (dev probe)."""
-        kwargs: dict[str, Any] = {  # restores and drills (few, small) come first, skipped
+        query: dict[str, object] = {  # restores and drills (few, small) come first, skipped
             "KeyConditionExpression": Key("cluster").eq(cluster),
             "FilterExpression": Attr("status").eq(status),
             "ProjectionExpression": "backup_id, completed_at",
             "ScanIndexForward": False,
             "Limit": NEWEST_PAGE_ITEMS,
         }
-        found: list[dict[str, Any]] = []
-        for item in paged_items(self.table.query, kwargs):
-            if not is_backup(item["backup_id"]):
+        found: list[tuple[float, str]] = []
+        for item in paged_items(self.table.query, query):
+            backup_id = item["backup_id"]
+            if not is_backup(backup_id):
                 continue
-            if found and start_second(item["backup_id"]) != start_second(found[0]["backup_id"]):
+            if found and start_second(backup_id) != start_second(found[0][1]):
                 break
-            found.append(plain(item))
-        newest = max(found, key=completion_order, default=None)
-        return newest["backup_id"] if newest else None
+            found.append((float(item.get("completed_at", 0)), backup_id))
+        return max(found, default=(0.0, None))[1]
 
-    def restores(self, cluster: str) -> list[dict[str, Any]]:
+    def restores(self, cluster: str) -> list[RestoreItem]:
         """Restores into ``cluster`` (items keyed ``restore#<restore_id>``)."""
         items = query_all(
             self.table,
             KeyConditionExpression=Key("cluster").eq(cluster)
             & Key("backup_id").begins_with(RESTORE_PREFIX),
         )
-        return [plain(i) for i in items]
+        return readable(RestoreItem, items)
 
-    def drills(self, cluster: str) -> list[dict[str, Any]]:
+    def drills(self, cluster: str) -> list[DrillItem]:
         """Drills of ``cluster`` (items keyed ``drill#<drill_id>``), oldest first."""
         items = query_all(
             self.table,
             KeyConditionExpression=Key("cluster").eq(cluster)
             & Key("backup_id").begins_with(DRILL_PREFIX),
         )
-        return [plain(i) for i in items]
+        return readable(DrillItem, items)
 
-    def all_backups(self) -> list[dict[str, Any]]:
-        return [plain(i) for i in scan_all(self.table) if is_backup(i["backup_id"])]
+    def all_backups(self) -> list[BackupItem]:
+        return readable(BackupItem, (i for i in scan_all(self.table) if is_backup(i["backup_id"])))

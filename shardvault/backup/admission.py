@@ -25,6 +25,7 @@ from shardvault.aws.tables import NodeRegistry
 from shardvault.backup.failure import TAKEN_OVER, clean_up_abandoned, recorded_context
 from shardvault.config.policy import ClusterPolicy, Incremental, Upload
 from shardvault.contracts import engines
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.cut import cut_margin_seconds
 from shardvault.contracts.models import (
     AGENT_PROTOCOL,
@@ -130,23 +131,21 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         cut_commit_database=policy.cut.database if policy else None,
     )
     svc.catalog.put(
-        {
-            "cluster": context.cluster,
-            "backup_id": backup_id,
-            "status": BackupStatus.RUNNING.value,
-            "engine": engines.label(s.engine for s in sources if s.engine),
-            "started_at": now,
-            "execution_id": request.execution_id,
-            "requested_by": request.requested_by,
-            "nodes": [s.node_id for s in sources],
-            "shards": sorted(sh for s in sources for sh in s.shard_ids),
-            "bytes_done": 0,
-            "objects_done": 0,
-            "kind": kind.value,
+        BackupItem(
+            cluster=context.cluster,
+            backup_id=backup_id,
+            status=BackupStatus.RUNNING,
+            engine=engines.label(s.engine for s in sources if s.engine),
+            started_at=now,
+            execution_id=request.execution_id,
+            requested_by=request.requested_by,
+            nodes=[s.node_id for s in sources],
+            shards=sorted(sh for s in sources for sh in s.shard_ids),
+            kind=kind,
             **chain_fields(chain, backup_id),
             # What the reaper needs to clean up after an execution that never reached Cleanup.
-            "context": context.model_dump_json(),
-        }
+            context=context.model_dump_json(),
+        )
     )
     return context
 
@@ -160,7 +159,7 @@ def chain_for(
     svc: Services,
     cluster: ClusterPolicy | None,
     vault: VaultTarget | None = None,
-) -> tuple[BackupKind, ChainLink | None, dict[str, Any] | None]:
+) -> tuple[BackupKind, ChainLink | None, BackupItem | None]:
     """Whether the backup is a full or an incremental, and of which parent (its record).
 
     An incremental continues the cluster's newest complete backup; one that goes to the vault
@@ -174,7 +173,7 @@ def chain_for(
         return BackupKind.FULL, None, None
     settings = cluster.incremental if cluster else Incremental()
     parent, problem = usable_parent(request.cluster, svc, to_vault=vault is not None)
-    if problem:
+    if parent is None or problem:
         if settings.when_parent_unavailable == "full":
             return BackupKind.FULL, None, None
         raise ParentUnavailable(
@@ -182,31 +181,31 @@ def chain_for(
             fix="run a full backup first (omit --incremental), or set "
             "incremental.when_parent_unavailable: full in the policy file.",
         )
-    depth = int(parent.get("depth", 0)) + 1
+    depth = parent.depth + 1
     if depth > settings.max_chain:
         return BackupKind.FULL, None, None
     link = ChainLink(
-        parent_id=parent["backup_id"],
-        root_id=parent.get("chain_root") or parent["backup_id"],
+        parent_id=parent.backup_id,
+        root_id=parent.chain_root or parent.backup_id,
         depth=depth,
-        ancestors=[*parent.get("ancestors", []), parent["backup_id"]],
+        ancestors=[*parent.ancestors, parent.backup_id],
     )
     return BackupKind.INCREMENTAL, link, parent
 
 
 def usable_parent(
     cluster: str, svc: Services, *, to_vault: bool = False
-) -> tuple[dict[str, Any], str]:
+) -> tuple[BackupItem | None, str]:
     """The cluster's newest complete backup and, if it cannot be continued, why."""
     parent = svc.catalog.newest_backup(cluster, BackupStatus.COMPLETE)
     if parent is None:
-        return {}, "the cluster has no complete backup (failed and expired ones do not count)"
-    if int(parent.get("format", 1)) < INCREMENTAL_FORMAT:
-        return parent, f"its newest backup {parent['backup_id']} was made before block maps"
-    if to_vault and parent.get("location") != "vault":
-        state = "failed" if parent.get("promotion") == "FAILED" else "has not finished"
+        return None, "the cluster has no complete backup (failed and expired ones do not count)"
+    if (parent.format or 1) < INCREMENTAL_FORMAT:
+        return parent, f"its newest backup {parent.backup_id} was made before block maps"
+    if to_vault and parent.location != "vault":
+        state = "failed" if parent.promotion == "FAILED" else "has not finished"
         return parent, (
-            f"its newest backup {parent['backup_id']} is not in the vault (its promotion "
+            f"its newest backup {parent.backup_id} is not in the vault (its promotion "
             f"{state}), and an incremental's vault copy needs its whole chain there"
         )
     return parent, ""
@@ -225,9 +224,9 @@ def chain_fields(chain: ChainLink | None, backup_id: str) -> dict[str, Any]:
     }
 
 
-def chain_key(parent: dict[str, Any] | None) -> Encryption | None:
+def chain_key(parent: BackupItem | None) -> Encryption | None:
     """An incremental is sealed under its chain's data key: the parent's (wrapped)."""
-    context = recorded_context(parent or {})
+    context = recorded_context(parent) if parent else None
     if context is None or context.encryption is None:
         return None  # an unencrypted chain stays so until its next full
     return context.encryption.model_copy(update={"key_check": None})
@@ -490,22 +489,22 @@ def take_lock(svc: Services, request: BackupRequest, backup_id: str) -> str:
     """Takes the cluster's lock for ``backup_id``; returns the backup id that holds it for
     this execution (an earlier attempt's, when Validate itself was retried)."""
     holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
-    if holder == {}:  # released between our attempt and our look: try once more
+    if holder is not None and not holder.holder:  # released between our try and our look
         holder = svc.catalog.try_lock(request.cluster, backup_id, request.execution_id)
     if holder is None:
         return backup_id
-    if request.execution_id and holder.get("execution_id") == request.execution_id:
-        return holder["holder"]  # our own lock, taken by an attempt whose answer was lost
-    if holder and not execution_running(svc, holder.get("execution_id", "")):
+    if request.execution_id and holder.execution_id == request.execution_id:
+        return holder.holder  # our own lock, taken by an attempt whose answer was lost
+    if holder.holder and not execution_running(svc, holder.execution_id):
         # The holder's execution ended without its failure path (stopped by hand, timed out,
         # and this backup came before the reaper): clean up what it left, which releases the
         # lock, then take it over.
-        clean_up_abandoned(request.cluster, holder["holder"], TAKEN_OVER, svc, time.time())
+        clean_up_abandoned(request.cluster, holder.holder, TAKEN_OVER, svc, time.time())
         if svc.catalog.try_lock(request.cluster, backup_id, request.execution_id) is None:
             return backup_id
     raise BackupAlreadyRunning(
-        f"backup {holder.get('holder')} of cluster {request.cluster!r} is still running "
-        f"(execution {holder.get('execution_id') or 'unknown'}).",
+        f"backup {holder.holder or 'unknown'} of cluster {request.cluster!r} is still running "
+        f"(execution {holder.execution_id or 'unknown'}).",
         fix="wait for it to finish ('shardvault show' follows it), or stop that execution.",
     )
 

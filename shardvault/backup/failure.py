@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import abort_uploads, delete_prefix
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
     BackupContext,
@@ -73,7 +74,7 @@ def cleanup(
         "aborted_uploads": aborted,
         "deleted_objects": deleted,
     }
-    svc.catalog.update(context.cluster, context.backup_id, **outcome)
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**outcome))
     svc.catalog.unlock(context.cluster, context.backup_id)
     svc.notify(
         f"ShardVault backup of {context.cluster} FAILED ({context.backup_id})",
@@ -95,17 +96,17 @@ def report_refusal(
         return False
     backup_id = new_backup_id(now)
     svc.catalog.put(
-        {
-            "cluster": request.cluster,
-            "backup_id": backup_id,
-            "status": BackupStatus.REFUSED.value,
-            "started_at": now,
-            "requested_by": request.requested_by,
-            "execution_id": request.execution_id,
-            "kind": (BackupKind.INCREMENTAL if request.incremental else BackupKind.FULL).value,
-            "error": error.name,
-            "cause": f"{error.message} Fix: {error.fix}" if error.fix else error.message,
-        }
+        BackupItem(
+            cluster=request.cluster,
+            backup_id=backup_id,
+            status=BackupStatus.REFUSED,
+            started_at=now,
+            requested_by=request.requested_by,
+            execution_id=request.execution_id,
+            kind=BackupKind.INCREMENTAL if request.incremental else BackupKind.FULL,
+            error=error.name,
+            cause=f"{error.message} Fix: {error.fix}" if error.fix else error.message,
+        )
     )
     return svc.notify(
         f"ShardVault: scheduled backup of {request.cluster} refused ({error.name})",
@@ -149,7 +150,7 @@ def clean_up_abandoned(
 ) -> dict:
     """Cleans up after a backup whose execution ended without running its failure path."""
     record = svc.catalog.get(cluster, backup_id)
-    if record and record.get("status") == BackupStatus.RUNNING:
+    if record and record.status == BackupStatus.RUNNING:
         context = recorded_context(record)
         if context is not None:
             return cleanup(context, error, svc, now)
@@ -157,22 +158,19 @@ def clean_up_abandoned(
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
         abort_uploads(svc.store_s3, svc.store.bucket, prefix)
         delete_prefix(svc.store_s3, svc.store.bucket, prefix)
-        svc.catalog.update(
-            cluster,
-            backup_id,
-            status=BackupStatus.FAILED.value,
-            error=error["Error"],
-            cause=error["Cause"],
+        failed = BackupItem.changes(
+            status=BackupStatus.FAILED, error=error["Error"], cause=error["Cause"]
         )
+        svc.catalog.update(cluster, backup_id, failed)
     svc.catalog.unlock(cluster, backup_id)
     return {"status": BackupStatus.FAILED.value}
 
 
-def recorded_context(record: dict[str, Any]) -> BackupContext | None:
+def recorded_context(record: BackupItem) -> BackupContext | None:
     """The context validation stored with a backup's record; None when there is none or it no
     longer parses (written by an older version): cleanup must not stop at it."""
     try:
-        return BackupContext.model_validate_json(record.get("context") or "")
+        return BackupContext.model_validate_json(record.context or "")
     except (ValidationError, InvalidRequest):  # the models' own checks raise InvalidRequest
         return None
 
@@ -187,12 +185,12 @@ def reap(execution_arn: str, status: str, cluster: str, svc: Services, now: floa
     if status not in REAPED_STATUSES:
         return {"reaped": False, "why": f"status {status}"}
     record = next(
-        (r for r in svc.catalog.backups(cluster) if r.get("execution_id") == execution_arn), None
+        (r for r in svc.catalog.backups(cluster) if r.execution_id == execution_arn), None
     )
-    if record is None or record.get("status") != BackupStatus.RUNNING:
+    if record is None or record.status != BackupStatus.RUNNING:
         return {"reaped": False, "why": "no running backup of that execution"}
     error = reaped_error(status, "its backup was cleaned up by the reaper", "backup")
-    return {"reaped": True, **clean_up_abandoned(cluster, record["backup_id"], error, svc, now)}
+    return {"reaped": True, **clean_up_abandoned(cluster, record.backup_id, error, svc, now)}
 
 
 def reaped_error(status: str, what_was_done: str, workflow: str) -> dict[str, str]:

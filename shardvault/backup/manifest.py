@@ -14,6 +14,7 @@ from shardvault.aws.services import Services
 from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
 from shardvault.backup.upload import verified_results
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import manifest_key
 from shardvault.contracts.models import (
     BackupContext,
@@ -47,7 +48,7 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
         ChecksumAlgorithm="CRC64NVME",
     )
     summary = manifest_summary(manifest, key) | cost_estimate(manifest, context.vault)
-    svc.catalog.update(context.cluster, context.backup_id, **summary)
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**summary))
     svc.catalog.unlock(context.cluster, context.backup_id)
     svc.notify(f"ShardVault backup {context.backup_id} complete", summary)
     return summary

@@ -29,9 +29,11 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.backup.answers import read_answers
 from shardvault.backup.upload import sign_at_plan
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.cut import cut_skew_seconds, pause_summary
 from shardvault.contracts.models import (
     BackupContext,
+    BackupStatus,
     ObjectChecksums,
     ObjectPlan,
     Phase,
@@ -69,12 +71,14 @@ def plan(
     """Writes the phase's listings and object plan to the work bucket; returns a summary.
     A node whose command failed fails it first, with that node's own error."""
     results = phase_answers(context, results, phase, svc)
-    record = svc.catalog.get(context.cluster, context.backup_id) or {}
+    record = svc.catalog.get(context.cluster, context.backup_id) or BackupItem(
+        cluster=context.cluster, backup_id=context.backup_id, status=BackupStatus.RUNNING
+    )
     planned = plan_phase(context, results, phase, record, svc)
     if phase == Phase.DATA and any("stopped" in result for result in results):
         return plan_stopped_with_checkpoint(context, results, planned, record, svc)
     items = planned.items
-    if phase == Phase.TAIL and record.get("data_packed"):  # the data goes with the tail
+    if phase == Phase.TAIL and record.data_packed:  # the data goes with the tail
         items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
     return write_plan(context, phase, items, planned, planned.update, svc)
 
@@ -92,7 +96,7 @@ def plan_phase(
     context: BackupContext,
     results: list[dict[str, Any]],
     phase: Phase,
-    record: dict[str, Any],
+    record: BackupItem,
     svc: Services,
 ) -> PhasePlan:
     """The phase's listings (written to the work bucket, for Finalize) and its object plan,
@@ -115,7 +119,7 @@ def plan_phase(
     listings += maps
     total = streamed + map_bytes
     vault_class = context.vault.storage_class if context.vault else None
-    part_size = record.get("part_size") or context.part_size or choose_part_size(total, vault_class)
+    part_size = record.part_size or context.part_size or choose_part_size(total, vault_class)
     objects = interleave_by_node(
         plan_objects(
             backup_id=context.backup_id,
@@ -139,7 +143,7 @@ def plan_phase(
         # What the agents read from the databases (the data and the tail; block maps are
         # written, not read), beside what they sent (``bytes``: an incremental's changes).
         f"{phase}_read_bytes": read,
-        "read_bytes": read + (record.get("data_read_bytes", 0) if phase == Phase.TAIL else 0),
+        "read_bytes": read + ((record.data_read_bytes or 0) if phase == Phase.TAIL else 0),
     }
     if phase == Phase.DATA:
         skew = skew_seconds(listings)
@@ -153,10 +157,8 @@ def plan_phase(
     else:
         update |= cut_summary(listings, context.backup_id)
         update |= {
-            "bytes_total": record.get("data_bytes", 0)
-            + record.get("data_blockmap_bytes", 0)
-            + total,
-            "objects_total": record.get("data_objects", 0) + len(objects),
+            "bytes_total": (record.data_bytes or 0) + (record.data_blockmap_bytes or 0) + total,
+            "objects_total": (record.data_objects or 0) + len(objects),
         }
     return PhasePlan(items, objects, part_size, packed, update)
 
@@ -173,7 +175,7 @@ def write_plan(
     returns the summary the state machine reads (``planned`` is the phase's own plan)."""
     plan_key = svc.work_key(context.backup_id, "plans", f"{phase}.json")
     svc.put_work(plan_key, items)
-    svc.catalog.update(context.cluster, context.backup_id, **update)
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**update))
     objects = [ObjectPlan.model_validate(item["object"]) for item in items]
     return {
         "phase": phase.value,
@@ -192,7 +194,7 @@ def plan_stopped_with_checkpoint(
     context: BackupContext,
     results: list[dict[str, Any]],
     data: PhasePlan,
-    record: dict[str, Any],
+    record: BackupItem,
     svc: Services,
 ) -> dict:
     """The tail's plan (with the data's items before it), for a node that ended its backup in
@@ -210,7 +212,7 @@ def plan_stopped_with_checkpoint(
             "nodes), then retry the backup.",
         )
     stopped = phase_answers(context, [result["stopped"] for result in results], Phase.TAIL, svc)
-    tail = plan_phase(context, stopped, Phase.TAIL, record | data.update, svc)
+    tail = plan_phase(context, stopped, Phase.TAIL, record.model_copy(update=data.update), svc)
     items = data.items + tail.items
     return write_plan(context, Phase.TAIL, items, tail, data.update | tail.update, svc)
 

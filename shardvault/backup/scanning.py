@@ -34,6 +34,7 @@ from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
 from shardvault.backup.planner import pack_arguments
 from shardvault.contracts import deployment
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import BackupContext, Manifest, object_place
 from shardvault.data.planning import choose_part_size
 from shardvault.errors import ParentUnavailable
@@ -59,14 +60,14 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     }
 
 
-def parent_record(context: BackupContext, svc: Services) -> dict[str, Any]:
-    """An incremental's parent's catalog record ({} for a full, or a parent not on record)."""
+def parent_record(context: BackupContext, svc: Services) -> BackupItem | None:
+    """An incremental's parent's catalog record (None for a full, or a parent not on record)."""
     if context.chain is None:
-        return {}
-    return svc.catalog.get(context.cluster, context.chain.parent_id) or {}
+        return None
+    return svc.catalog.get(context.cluster, context.chain.parent_id)
 
 
-def pack_args(context: BackupContext, parent: dict[str, Any], svc: Services) -> dict[str, Any]:
+def pack_args(context: BackupContext, parent: BackupItem | None, svc: Services) -> dict[str, Any]:
     """An incremental's ``pack`` arguments (see the module docstring), its part size fixed in
     the catalog for the plan; nothing for a full, whose objects are packed in the Upload map,
     several at a time. ``parent`` is the parent's record: the chain's full, at depth 1."""
@@ -79,10 +80,12 @@ def pack_args(context: BackupContext, parent: dict[str, Any], svc: Services) -> 
         chain = context.chain
         root = parent
         if chain.root_id != chain.parent_id:
-            root = svc.catalog.get(context.cluster, chain.root_id) or {}
+            root = svc.catalog.get(context.cluster, chain.root_id)
         vault_class = context.vault.storage_class if context.vault else None
-        part_size = choose_part_size(int(root.get("bytes_total", 0)), vault_class)
-        svc.catalog.update(context.cluster, context.backup_id, part_size=part_size)
+        part_size = choose_part_size((root and root.bytes_total) or 0, vault_class)
+        svc.catalog.update(
+            context.cluster, context.backup_id, BackupItem.changes(part_size=part_size)
+        )
     return {"pack": pack_arguments(context, svc.store.prefix, part_size)}
 
 
@@ -99,7 +102,7 @@ def stop_args(context: BackupContext) -> dict[str, Any]:
 
 
 def parent_maps(
-    context: BackupContext, record: dict[str, Any], svc: Services
+    context: BackupContext, record: BackupItem | None, svc: Services
 ) -> dict[str, dict[str, Any]]:
     """Per shard, the parent's block map as an agent fetches it (URL included); ``record`` is
     the parent's catalog record."""
@@ -107,9 +110,9 @@ def parent_maps(
         return {}
     parent_id = context.chain.parent_id
     s3, bucket, location = svc.store_s3, svc.store.bucket, "store"
-    if record.get("location") == "vault" and svc.vault is not None:
+    if record is not None and record.location == "vault" and svc.vault is not None:
         s3, bucket, location = svc.vault_s3, svc.vault.bucket, "vault"
-    key, version = manifest_place(record, location)
+    key, version = manifest_place(record, location) if record else ("", None)
     if not key:
         raise ParentUnavailable(
             f"the parent {parent_id} of this incremental has no manifest on record.",

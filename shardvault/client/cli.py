@@ -58,12 +58,13 @@ from rich.table import Table
 from shardvault.aws.tables import Catalog, table
 from shardvault.client import cli_drills
 from shardvault.client import operations as ops
+from shardvault.contracts.catalog import ArchiveTotals, BackupItem, recorded_stored_bytes
 from shardvault.contracts.models import (
     BackupRequest,
     RestoreRequest,
     RestoreTarget,
     RetrievalTier,
-    recorded_stored_bytes,
+    ThrottleReport,
 )
 from shardvault.data.planning import MiB
 from shardvault.errors import AWS_DENIED_CODES, InvalidRequest, ShardVaultError
@@ -338,13 +339,13 @@ def run_backup(args: argparse.Namespace) -> int:
     return ops.exit_status(follow(config, execution))
 
 
-def chain_root_of(config: ops.ClientConfig, record: dict[str, Any]) -> dict[str, Any] | None:
+def chain_root_of(config: ops.ClientConfig, record: BackupItem) -> BackupItem | None:
     """The full an incremental's chain starts with (None for a full, or when it is gone)."""
-    root = record.get("chain_root")
-    if record.get("kind") != "incremental" or not root:
+    root = record.chain_root
+    if not record.is_incremental or not root:
         return None
     try:
-        return ops.show_backup(config, record["cluster"], root)
+        return ops.show_backup(config, record.cluster, root)
     except InvalidRequest:
         return None
 
@@ -372,7 +373,8 @@ def follow(
             phase = moving if p.bytes_total else first
             if frozen := (p.record or {}).get("frozen"):
                 phase = f"waiting for {frozen} archived objects to thaw;"
-            steered = throttle_note((p.record or {}).get("throttle"))
+            throttle = (p.record or {}).get("throttle")
+            steered = throttle_note(ThrottleReport.model_validate(throttle) if throttle else None)
             bar.update(
                 task,
                 description=f"{phase} {p.objects_done}/{p.objects_total} objects{steered}",
@@ -382,7 +384,7 @@ def follow(
 
         outcome = wait(config, execution, update)
     if outcome.status == "SUCCEEDED" and what == "backup":
-        record = outcome.record or {}
+        record = BackupItem.from_item(outcome.record or {})
         print_summary(record, chain_root_of(config, record))
     elif outcome.status == "SUCCEEDED":
         print_restore(outcome.record or {})
@@ -397,39 +399,39 @@ def print_failure(what: str, outcome: ops.Progress) -> None:
     errors.print(outcome.cause)
 
 
-def backup_type(record: dict[str, Any]) -> str:
+def backup_type(record: BackupItem) -> str:
     """``full``, or ``incremental`` with its depth in the chain and its parent."""
-    if record.get("kind") != "incremental":
+    if not record.is_incremental:
         return "full"
-    return f"incremental, depth {record.get('depth')}, of {record.get('parent_id')}"
+    return f"incremental, depth {record.depth}, of {record.parent_id}"
 
 
-def read_bytes(record: dict[str, Any]) -> int:
+def read_bytes(record: BackupItem) -> int:
     """What the backup read from the databases: an incremental reads (and hashes) the blocks
     of the files that changed since its parent, but those whose headers prove them unchanged
     (``data_screened_bytes``), and sends only the changed blocks (``bytes``); records before
     incrementals hold ``bytes``."""
-    return int(record.get("read_bytes") or record.get("bytes", 0))
+    return record.read_bytes or record.bytes or 0
 
 
-def read_cell(record: dict[str, Any]) -> str:
-    screened = record.get("data_screened_bytes")
+def read_cell(record: BackupItem) -> str:
+    screened = record.data_screened_bytes
     if not screened:
         return sized(read_bytes(record))
     return f"{sized(read_bytes(record))}; {sized(screened)} more vouched for by page headers"
 
 
-def full_share(record: dict[str, Any], root: dict[str, Any] | None) -> float | None:
+def full_share(record: BackupItem, root: BackupItem | None) -> float | None:
     """An incremental's stored bytes over its chain's full's; None when the full is gone from
     the catalog."""
     full = recorded_stored_bytes(root) if root else 0
     return recorded_stored_bytes(record) / full if full else None
 
 
-def share_of_full(record: dict[str, Any], root: dict[str, Any] | None) -> str:
+def share_of_full(record: BackupItem, root: BackupItem | None) -> str:
     """``full_share`` as the table shows it; fulls are 100 %."""
-    if record.get("kind") != "incremental":
-        return "100 %" if "bytes" in record else ""
+    if not record.is_incremental:
+        return "100 %" if record.bytes is not None else ""
     share = full_share(record, root)
     return "?" if share is None else f"{share:.1%}"
 
@@ -449,27 +451,28 @@ def recovered_to(shard: dict[str, Any]) -> str:
     return "end of its copy"
 
 
-def objects_cell(record: dict[str, Any]) -> str:
+def objects_cell(record: BackupItem) -> str:
     """What the backup keeps in the store: its data objects (what a restore downloads), its
     block maps (in its stored bytes) and its manifest."""
-    data = record.get("objects")
+    data = record.objects
     if data is None:
         return ""
-    maps = record.get("blockmap_objects")
+    maps = record.blockmap_objects
     if maps is None:  # recorded before block maps were counted
         return f"{data} data objects, with their block maps and the manifest"
     return f"{data} data + {maps} block maps + 1 manifest = {data + maps + 1} stored"
 
 
-def cut_cell(record: dict[str, Any]) -> str:
+def cut_cell(record: BackupItem) -> str:
     """Where a restore of the backup stops every node: its restore point, and the skew."""
-    if record.get("cut_name") is None:
+    if record.cut_name is None:
         return "none (each shard restores to where its own copy ends)"
-    cell = f"restore point {record['cut_name']}, skew {record['cut_skew_seconds'] * 1000:.1f} ms"
-    late = record.get("cut_late_seconds") or 0
+    skew = (record.cut_skew_seconds or 0) * 1000
+    cell = f"restore point {record.cut_name}, skew {skew:.1f} ms"
+    late = record.cut_late_seconds or 0
     if late >= 0.001:  # below a millisecond: the agents' wake-up, not lateness worth a word
         cell += f" (a node came {late * 1000:.0f} ms after the cut instant)"
-    paused, pause = record.get("cut_paused"), record.get("cut_pause_seconds") or 0
+    paused, pause = record.cut_paused, record.cut_pause_seconds or 0
     if paused is True:
         cell += f"; commits paused at most {pause * 1000:.1f} ms"
     elif paused is False:
@@ -477,70 +480,70 @@ def cut_cell(record: dict[str, Any]) -> str:
     return cell
 
 
-def throttle_note(throttle: dict[str, Any] | None) -> str:
+def throttle_note(throttle: ThrottleReport | None) -> str:
     """An adaptive backup's rate as its agent last reported it, for the progress line."""
-    if not throttle or not throttle.get("limited_by"):
+    if not throttle or not throttle.limited_by:
         return ""
-    rate = throttle.get("rate_bytes_per_second") or 0
-    return f"; reading at {rate / MiB:,.1f} MiB/s (held back by {throttle['limited_by']})"
+    rate = throttle.rate_bytes_per_second or 0
+    return f"; reading at {rate / MiB:,.1f} MiB/s (held back by {throttle.limited_by})"
 
 
-def throttle_cell(throttle: dict[str, Any]) -> str:
+def throttle_cell(throttle: ThrottleReport) -> str:
     """What an adaptive throttle did over the backup (as its agent last reported it)."""
-    if not throttle.get("cuts"):
+    if not throttle.cuts:
         return "adaptive: never held back (the source stayed within its targets)"
-    lowest = throttle.get("lowest_rate_bytes_per_second") or 0
+    lowest = throttle.lowest_rate_bytes_per_second or 0
     cell = (
-        f"adaptive: held back {throttle['cuts']} times, {throttle['throttled_seconds']:.1f} s "
+        f"adaptive: held back {throttle.cuts} times, {throttle.throttled_seconds:.1f} s "
         f"in all, lowest {lowest / MiB:,.1f} MiB/s (floor "
-        f"{throttle['floor_bytes_per_second'] / MiB:,.1f} MiB/s)"
+        f"{throttle.floor_bytes_per_second / MiB:,.1f} MiB/s)"
     )
-    if throttle.get("limited_by"):
-        rate = throttle.get("rate_bytes_per_second") or 0
-        cell += f"; last {rate / MiB:,.1f} MiB/s, held back by {throttle['limited_by']}"
+    if throttle.limited_by:
+        rate = throttle.rate_bytes_per_second or 0
+        cell += f"; last {rate / MiB:,.1f} MiB/s, held back by {throttle.limited_by}"
     return cell
 
 
-def held_cell(record: dict[str, Any]) -> str:
+def held_cell(record: BackupItem) -> str:
     """The most WAL the backup held on its source (its replication slot), as last reported."""
-    return f"{sized(record['held_log_bytes'])} at most, until the backup let it go"
+    return f"{sized(record.held_log_bytes or 0)} at most, until the backup let it go"
 
 
-def print_summary(record: dict[str, Any], root: dict[str, Any] | None = None) -> None:
+def print_summary(record: BackupItem, root: BackupItem | None = None) -> None:
     table = Table(title="Backup complete", show_header=False)
     rows = [
-        ("backup id", record.get("backup_id", "")),
+        ("backup id", record.backup_id),
         ("type", backup_type(record)),
-        ("nodes", ", ".join(record.get("nodes", []))),
-        ("shards", ", ".join(record.get("shards", []))),
+        ("nodes", ", ".join(record.nodes)),
+        ("shards", ", ".join(record.shards)),
         ("bytes read", read_cell(record)),
     ]
-    if record.get("kind") == "incremental":
-        rows.append(("changed bytes sent", sized(record.get("bytes", 0))))
+    if record.is_incremental:
+        rows.append(("changed bytes sent", sized(record.bytes or 0)))
     rows += [
         ("bytes stored", stored_cell(record)),
         ("of its full's stored bytes", share_of_full(record, root)),
         ("objects", objects_cell(record)),
-        ("parts", str(record.get("parts", ""))),
-        ("duration", f"{record.get('duration_seconds', 0):.2f} s"),
-        ("throughput", f"{record.get('throughput_mib_s', 0):.1f} MiB/s"),
-        *([("throttle", throttle_cell(record["throttle"]))] if record.get("throttle") else []),
-        *([("source WAL held", held_cell(record))] if record.get("held_log_bytes") else []),
+        ("parts", str(record.parts or "")),
+        ("duration", f"{record.duration_seconds or 0:.2f} s"),
+        ("throughput", f"{record.throughput_mib_s or 0:.1f} MiB/s"),
+        *([("throttle", throttle_cell(record.throttle))] if record.throttle else []),
+        *([("source WAL held", held_cell(record))] if record.held_log_bytes else []),
         ("cut", cut_cell(record)),
-        ("checkpoint spread", f"{record.get('checkpoint_skew_seconds', 0) * 1000:.1f} ms"),
-        ("verification", record.get("verification", "")),
-        ("manifest", record.get("manifest_key", "")),
+        ("checkpoint spread", f"{(record.checkpoint_skew_seconds or 0) * 1000:.1f} ms"),
+        ("verification", record.verification or ""),
+        ("manifest", record.manifest_key or ""),
         (
             "estimated cost",
-            f"${record.get('estimated_storage_usd_per_month', 0):.4f}/month to keep, "
-            f"${record.get('estimated_overhead_usd', 0):.4f} to make",
+            f"${record.estimated_storage_usd_per_month or 0:.4f}/month to keep, "
+            f"${record.estimated_overhead_usd or 0:.4f} to make",
         ),
     ]
-    if record.get("location") == "vault":
+    if record.location == "vault":
         rows += [
-            ("vault", f"{record.get('storage_class')}, {record.get('lock_mode')} lock"),
-            ("retain until", record.get("retain_until", "")),
-            ("vault manifest", record.get("vault_manifest_key", "")),
+            ("vault", f"{record.storage_class}, {record.lock_mode} lock"),
+            ("retain until", record.retain_until or ""),
+            ("vault manifest", record.vault_manifest_key or ""),
         ]
     for key, value in rows:
         table.add_row(key, str(value))
@@ -635,12 +638,12 @@ def print_plan(plan: dict[str, Any]) -> None:
         )
 
 
-def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> list[dict]:
+def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> list[BackupItem]:
     """The catalog records of a backup and, for an incremental, of every ancestor (a restore
     reads them all), newest first."""
     records = [ops.show_backup(config, cluster, backup_id)]
-    while records[-1].get("kind") == "incremental" and records[-1].get("parent_id"):
-        records.append(ops.show_backup(config, cluster, records[-1]["parent_id"]))
+    while records[-1].is_incremental and (parent := records[-1].parent_id):
+        records.append(ops.show_backup(config, cluster, parent))
     return records
 
 
@@ -886,9 +889,9 @@ def print_deployment_cost(clusters: int) -> None:
 def cluster_forecast(
     cluster: Any,
     name: str,
-    records: list[dict[str, Any]],
+    records: list[BackupItem],
     args: argparse.Namespace,
-    archive_totals: dict[str, Any] | None = None,
+    archive_totals: ArchiveTotals | None = None,
 ) -> tuple[str, Any]:
     """One cluster's forecast and its title: at the sizes asked, else at the sizes its
     catalog measured (``costs.measured_sizes``), else at the defaults; with its WAL archive's
@@ -1007,7 +1010,7 @@ def print_spend(spend: list[Any]) -> None:
     console.print(table)
 
 
-def stored_cell(record: dict[str, Any]) -> str:
+def stored_cell(record: BackupItem) -> str:
     """Bytes in the store (compressed, sealed: what was uploaded) and their share of the bytes
     read."""
     stored, read = recorded_stored_bytes(record), read_bytes(record)
@@ -1015,13 +1018,13 @@ def stored_cell(record: dict[str, Any]) -> str:
     return f"{stored:,}{share}"
 
 
-def hold_note(record: dict[str, Any]) -> str:
+def hold_note(record: BackupItem) -> str:
     """What retention's hold says of a complete backup it expired, e.g. "held until
     2026-06-01: paid minimum of DEEP_ARCHIVE" (empty: not held)."""
-    if record.get("status") != "COMPLETE" or not record.get("held_until"):
+    if record.status != "COMPLETE" or not record.held_until:
         return ""
-    until = record["held_until"][:10]
-    return f"held until {until}: {record.get('held_for', 'paid minimum of its class')}"
+    until = record.held_until[:10]
+    return f"held until {until}: {record.held_for or 'paid minimum of its class'}"
 
 
 def emit_json(data: Any) -> int:
@@ -1030,25 +1033,25 @@ def emit_json(data: Any) -> int:
     return 0
 
 
-def backup_json(record: dict[str, Any], root: dict[str, Any] | None) -> dict[str, Any]:
+def backup_json(record: BackupItem, root: BackupItem | None) -> dict[str, Any]:
     """A backup's catalog record with what the table shows computed: ``read_bytes`` (from
     the databases), ``stored_bytes`` (in the store, after compression), and for an
     incremental ``share_of_full`` (its stored bytes over its chain's full's; None when the
     full is gone from the catalog)."""
-    out = dict(record) | {"read_bytes": read_bytes(record)}
-    if "bytes" in record:
+    out = ops.as_row(record) | {"read_bytes": read_bytes(record)}
+    if record.bytes is not None:
         out["stored_bytes"] = recorded_stored_bytes(record)
-    if record.get("kind") == "incremental":
+    if record.is_incremental:
         out["share_of_full"] = full_share(record, root)
     return out
 
 
 def run_list(args: argparse.Namespace) -> int:
     records = ops.list_backups(ops.ClientConfig.from_env(), args.cluster)
-    by_id = {(r["cluster"], r["backup_id"]): r for r in records}
+    by_id = {(r.cluster, r.backup_id): r for r in records}
     if args.json:
         return emit_json(
-            [backup_json(r, by_id.get((r["cluster"], r.get("chain_root", "")))) for r in records]
+            [backup_json(r, by_id.get((r.cluster, r.chain_root or ""))) for r in records]
         )
     table = Table(
         "cluster",
@@ -1063,18 +1066,18 @@ def run_list(args: argparse.Namespace) -> int:
         "started",
     )
     for r in records:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("started_at", 0)))
-        duration = f"{r['duration_seconds']:.1f} s" if "duration_seconds" in r else ""
-        done = "bytes" in r
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at))
+        duration = f"{r.duration_seconds:.1f} s" if r.duration_seconds is not None else ""
+        done = r.bytes is not None
         table.add_row(
-            r["cluster"],
-            r["backup_id"],
+            r.cluster,
+            r.backup_id,
             backup_type(r).replace("incremental, depth ", "incr ").replace(", of ", " of "),
-            " ".join(filter(None, [r.get("status", ""), hold_note(r)])),
-            f"{(read_bytes(r) if done else r.get('bytes_done', 0)) / MiB:,.1f}",
+            " ".join(filter(None, [r.status, hold_note(r)])),
+            f"{(read_bytes(r) if done else r.bytes_done) / MiB:,.1f}",
             f"{recorded_stored_bytes(r) / MiB:,.1f}" if done else "",
-            share_of_full(r, by_id.get((r["cluster"], r.get("chain_root", "")))),
-            str(r.get("objects", "")),
+            share_of_full(r, by_id.get((r.cluster, r.chain_root or ""))),
+            str(r.objects if r.objects is not None else ""),
             duration,
             started,
         )
@@ -1112,26 +1115,27 @@ def run_show(args: argparse.Namespace) -> int:
         return emit_json(backup_json(record, chain_root_of(config, record)))
     table = Table(show_header=False, title=f"{args.cluster} / {args.backup_id}")
     table.add_row("type", backup_type(record))
-    if record.get("status") == "COMPLETE":
+    if record.status == "COMPLETE":
         table.add_row("objects", objects_cell(record))
         table.add_row("cut", cut_cell(record))  # and the commit pause, when one was asked
     share = share_of_full(record, chain_root_of(config, record))
     table.add_row("of its full's stored bytes", share)
     if hold := hold_note(record):
         table.add_row("retention", f"{hold} (expired, still restorable)")
-    if throttle := record.get("throttle"):
-        table.add_row("throttle", throttle_cell(throttle))
-    if record.get("held_log_bytes"):
+    if record.throttle:
+        table.add_row("throttle", throttle_cell(record.throttle))
+    if record.held_log_bytes:
         table.add_row("source WAL held", held_cell(record))
-    if verified := record.get("verify"):
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("verified_at", 0)))
+    if verified := record.verify:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(verified.verified_at))
         table.add_row(
             "last verified",
-            f"{verified['result']} at {when} ({verified['objects']} objects with their chain, "
-            f"{verified['read']} read back)",
+            f"{verified.result} at {when} ({verified.objects} objects with their chain, "
+            f"{verified.read} read back)",
         )
-    for key in sorted(record):
-        table.add_row(key, str(record[key]))
+    row = ops.as_row(record)
+    for key in sorted(row):
+        table.add_row(key, str(row[key]))
     console.print(table)
     return 0
 
@@ -1204,7 +1208,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 return 1
             print_reduction(full, incremental)
             source = cluster.digests()  # no write since the incremental: what it must restore
-            if not restore_demo(stack, cluster, root, incremental["backup_id"], source):
+            if not restore_demo(stack, cluster, root, incremental.backup_id, source):
                 return 1
             if not drill_demo(stack, cluster, root):
                 return 1
@@ -1223,20 +1227,22 @@ DEMO_CHECKS = {  # a query each restored shard must answer true
 }
 
 
-def demo_backup(config: ops.ClientConfig, cluster: str, *, incremental: bool) -> dict | None:
+def demo_backup(config: ops.ClientConfig, cluster: str, *, incremental: bool) -> BackupItem | None:
     """One backup of the demo cluster, followed; its record, or None when it failed."""
     request = BackupRequest(cluster=cluster, incremental=incremental, requested_by="demo")
     outcome = follow(config, ops.start_backup(config, request))
-    return outcome.record if outcome.status == "SUCCEEDED" else None
+    if outcome.status != "SUCCEEDED" or outcome.record is None:
+        return None
+    return BackupItem.from_item(outcome.record)
 
 
-def print_reduction(full: dict[str, Any], incremental: dict[str, Any]) -> None:
+def print_reduction(full: BackupItem, incremental: BackupItem) -> None:
     """What the incremental sent against its full: the data reduction the demo shows."""
     stored, of_full = recorded_stored_bytes(incremental), recorded_stored_bytes(full)
     console.print(
         f"[bold]incremental[/]: read {read_bytes(incremental) / MiB:,.1f} MiB to find what "
         f"changed since its parent, sent "
-        f"{incremental.get('bytes', 0) / MiB:,.1f} MiB of changed blocks, "
+        f"{(incremental.bytes or 0) / MiB:,.1f} MiB of changed blocks, "
         f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
         f"{of_full / MiB:,.1f} MiB"
     )

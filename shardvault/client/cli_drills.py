@@ -129,7 +129,7 @@ def run_drills(args: argparse.Namespace) -> int:
     config = ops.ClientConfig.from_env()
     records = ops.list_drills(config, args.cluster)
     if args.json:
-        return emit_json(records)
+        return emit_json([ops.as_row(r) for r in records])
     table = Table(
         "drill",
         "backup",
@@ -142,18 +142,16 @@ def run_drills(args: argparse.Namespace) -> int:
         title=f"Restore drills of {args.cluster}",
     )
     for record in records:
-        status = record.get("status", "")
-        rto = record.get("rto_seconds")
-        torn = record.get("torn_down_at")
+        status, rto, torn = record.status, record.rto_seconds, record.torn_down_at
         table.add_row(
-            record.get("drill_id", ""),
-            record.get("source_backup_id", ""),
-            record.get("target_cluster", ""),
+            record.drill_id,
+            record.source_backup_id or "",
+            record.target_cluster or "",
             f"[{VERDICT_STYLE.get(status, 'bold')}]{status}[/]"
-            + (f" ({record['error']})" if record.get("error") else ""),
+            + (f" ({record.error})" if record.error else ""),
             f"{rto:,.1f}" if rto is not None else "",
-            f"{float(record['restore_seconds']):,.1f}" if record.get("restore_seconds") else "",
-            f"{float(record.get('bytes', 0)) / MiB:,.1f}" if record.get("bytes") else "",
+            f"{record.restore_seconds:,.1f}" if record.restore_seconds else "",
+            f"{record.bytes / MiB:,.1f}" if record.bytes else "",
             time.strftime("%Y-%m-%d %H:%M", time.localtime(torn)) if torn else "no",
         )
     console.print(table)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,14 @@ from shardvault.assurance.drills import DrillRequest
 from shardvault.aws.stack_outputs import stack_variables
 from shardvault.aws.tables import Catalog, NodeRegistry, table
 from shardvault.backup.admission import registered_nodes
+from shardvault.contracts.catalog import (
+    ArchiveTotals,
+    BackupItem,
+    CatalogItem,
+    DrillItem,
+    Outcome,
+    RestoreItem,
+)
 from shardvault.contracts.models import BackupRequest, BackupStatus, NodeRecord, RestoreRequest
 from shardvault.errors import BackupNotFound, InvalidRequest
 from shardvault.workflow.causes import readable_cause
@@ -216,7 +224,7 @@ def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
 
 
 def execution_progress(
-    execution_arn: str, cluster_field: str, records: Callable[[str], list[dict[str, Any]]]
+    execution_arn: str, cluster_field: str, records: Callable[[str], Sequence[CatalogItem]]
 ) -> Progress:
     """An execution's status and output (or error), with the counts of the catalog record
     it wrote: ``records(cluster)`` lists the records of the cluster its input names."""
@@ -235,22 +243,28 @@ def execution_progress(
         (
             r
             for r in (records(cluster) if cluster else [])
-            if r.get("execution_id") == execution_arn
+            if isinstance(r, Outcome | DrillItem) and r.execution_id == execution_arn
         ),
         None,
     )
     if record:
-        progress.record = {**record, **(progress.record or {})}
-        progress.bytes_done = record.get("bytes_done", 0)
-        progress.bytes_total = record.get("bytes_total", 0)
-        progress.objects_done = record.get("objects_done", 0)
-        progress.objects_total = record.get("objects_total", 0)
-        if progress.status in TERMINAL and record.get("status") == "FAILED":
+        progress.record = {**as_row(record), **(progress.record or {})}
+        if isinstance(record, Outcome):
+            progress.bytes_done, progress.bytes_total = record.bytes_done, record.bytes_total or 0
+            progress.objects_done = record.objects_done
+            progress.objects_total = record.objects_total or 0
+        if progress.status in TERMINAL and record.status in ("FAILED", "failed"):
             # The failure path's cause: it names silent agents and carries an agent's cause
             # where the execution's lost it (shardvault.workflow.causes).
-            progress.error = progress.error or record.get("error", "")
-            progress.cause = record.get("cause") or progress.cause
+            progress.error = progress.error or record.error or ""
+            progress.cause = record.cause or progress.cause
     return progress
+
+
+def as_row(item: CatalogItem) -> dict[str, Any]:
+    """A catalog item as the CLI prints it (``--json``, tables): JSON types, unset fields
+    left out."""
+    return item.model_dump(mode="json", exclude_none=True)
 
 
 def wait_backup(
@@ -279,13 +293,13 @@ def wait_for(
         time.sleep(interval)
 
 
-def list_backups(config: ClientConfig, cluster: str | None) -> list[dict[str, Any]]:
+def list_backups(config: ClientConfig, cluster: str | None) -> list[BackupItem]:
     catalog = Catalog(table(config.catalog_table))
     records = catalog.backups(cluster) if cluster else catalog.all_backups()
-    return sorted(records, key=lambda r: (r["cluster"], r["backup_id"]))
+    return sorted(records, key=lambda r: (r.cluster, r.backup_id))
 
 
-def archive_totals(config: ClientConfig, cluster: str) -> dict[str, Any] | None:
+def archive_totals(config: ClientConfig, cluster: str) -> ArchiveTotals | None:
     """The cluster's WAL archive counters (``Catalog.count_archived``); None: never archived."""
     return Catalog(table(config.catalog_table)).archive_totals(cluster)
 
@@ -318,7 +332,7 @@ def remove_node(
     return node
 
 
-def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> dict[str, Any]:
+def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> BackupItem:
     record = Catalog(table(config.catalog_table)).get(cluster, backup_id)
     if record is None:
         raise InvalidRequest(
@@ -353,7 +367,7 @@ def wait_restore(
     return wait_for(lambda: restore_progress(config, execution_arn), on_progress, interval, timeout)
 
 
-def list_restores(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
+def list_restores(config: ClientConfig, cluster: str) -> list[RestoreItem]:
     return Catalog(table(config.catalog_table)).restores(cluster)
 
 
@@ -382,10 +396,10 @@ def wait_drill(
     return wait_for(lambda: drill_progress(config, execution_arn), on_progress, interval, timeout)
 
 
-def list_drills(config: ClientConfig, cluster: str) -> list[dict[str, Any]]:
+def list_drills(config: ClientConfig, cluster: str) -> list[DrillItem]:
     """The cluster's drills, newest first."""
     drills = Catalog(table(config.catalog_table)).drills(cluster)
-    return sorted(drills, key=lambda r: r.get("started_at", 0), reverse=True)
+    return sorted(drills, key=lambda r: r.started_at, reverse=True)
 
 
 # --- retention -----------------------------------------------------------------------------------

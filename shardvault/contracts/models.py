@@ -21,7 +21,6 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -118,6 +117,8 @@ class BackupStatus(StrEnum):
     COMPLETE = "COMPLETE"
     FAILED = "FAILED"
     REFUSED = "REFUSED"  # a scheduled run that validation refused: it never started
+    EXPIRING = "EXPIRING"  # retention began deleting it: the next run finishes if this one stops
+    EXPIRED = "EXPIRED"
 
 
 def new_backup_id(now: float) -> str:
@@ -274,12 +275,6 @@ def unpack_file_pairs(packed: str) -> list[tuple[str, int]]:
     """A packed file list as ``(path, size)`` pairs, unchecked: for matching files by path
     (a chain's placement), never for opening them (``FileEntry`` checks each path)."""
     return [(path, size) for path, size in json.loads(gzip.decompress(base64.b64decode(packed)))]
-
-
-def recorded_stored_bytes(record: Mapping[str, Any]) -> int:
-    """What the store holds for a backup's catalog record (compressed, sealed): its
-    ``stored_bytes``; records of backups made before compression hold only ``bytes``."""
-    return int(record.get("stored_bytes") or record.get("bytes", 0))
 
 
 class LockMode(StrEnum):

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cache, lru_cache
 from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from shardvault.config.policy import (
     BackupKind,
@@ -53,8 +53,9 @@ from shardvault.config.policy import (
     Schedule,
     Vault,
 )
+from shardvault.contracts.catalog import ArchiveTotals, BackupItem, recorded_stored_bytes
 from shardvault.contracts.deployment import WATCH_MINUTES
-from shardvault.contracts.models import THAW_DAYS, Frozen, recorded_stored_bytes
+from shardvault.contracts.models import THAW_DAYS, Frozen
 from shardvault.data.planning import (
     GiB,
     MiB,
@@ -338,12 +339,10 @@ class RestoreOption(NamedTuple):
     ready_within_hours: float  # the thaw, before any byte moves
 
 
-def stored_part(record: Mapping[str, Any]) -> StoredPart:
+def stored_part(record: BackupItem) -> StoredPart:
     """A catalog record as a restore reads it: the class it is billed in (``recorded_class``:
     its vault class once promoted, else the staging bucket's STANDARD), bytes and objects."""
-    return StoredPart(
-        recorded_class(record), recorded_stored_bytes(record), int(record.get("objects", 0))
-    )
+    return StoredPart(recorded_class(record), recorded_stored_bytes(record), record.objects or 0)
 
 
 def restore_options(parts: Iterable[StoredPart]) -> list[RestoreOption]:
@@ -695,17 +694,15 @@ def archive_month(growth: WalGrowth, window_days: float) -> dict[str, float]:
     }
 
 
-def measured_wal(totals: Mapping[str, Any] | None, now: float) -> WalGrowth | None:
+def measured_wal(totals: ArchiveTotals | None, now: float) -> WalGrowth | None:
     """The archive's growth from its counters (``Catalog.archive_totals``): what it recorded
     since its first batch, a day's worth at a time; None before a day of it."""
-    if not totals:
+    if totals is None or totals.first_at is None:
         return None
-    days = (now - float(totals.get("first_at", now))) / 86400
+    days = (now - totals.first_at) / 86400
     if days < 1:
         return None
-    return WalGrowth(
-        float(totals.get("stored_bytes", 0)) / days, float(totals.get("batches", 0)) / days
-    )
+    return WalGrowth(totals.stored_bytes / days, totals.batches / days)
 
 
 class MeasuredSizes(NamedTuple):
@@ -723,7 +720,7 @@ class MeasuredSizes(NamedTuple):
         return min(1.0, self.incremental_share / incremental_interval_days(schedule))
 
 
-def measured_sizes(items: Iterable[Mapping[str, Any]], cluster: str) -> MeasuredSizes | None:
+def measured_sizes(items: Iterable[BackupItem], cluster: str) -> MeasuredSizes | None:
     """The cluster's measured sizes from its catalog items (None: no complete full yet)."""
     backups = from_catalog(cluster, items)
     by_id = {b.backup_id: b for b in backups}
@@ -963,15 +960,15 @@ class Spend(NamedTuple):
     usd_per_month: float
 
 
-def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
+def recorded_spend(records: Iterable[BackupItem]) -> list[Spend]:
     """The catalog's complete backups (failed, running and expired ones cost nothing to keep)
     priced by cluster and class: promoted ones in their vault class, others at STANDARD."""
     totals: dict[tuple[str, StorageClass], Spend] = {}
     for record in records:
-        if record.get("status") != "COMPLETE":
+        if record.status != "COMPLETE":
             continue
-        key = (str(record["cluster"]), recorded_class(record))
-        size, objects = recorded_stored_bytes(record), max(1, int(record.get("objects", 1)))
+        key = (record.cluster, recorded_class(record))
+        size, objects = recorded_stored_bytes(record), max(1, record.objects or 1)
         was = totals.get(key, Spend(*key, 0, 0, 0.0))
         totals[key] = Spend(
             *key,
@@ -982,8 +979,8 @@ def recorded_spend(records: Iterable[Mapping[str, Any]]) -> list[Spend]:
     return [totals[key] for key in sorted(totals)]
 
 
-def recorded_class(record: Mapping[str, Any]) -> StorageClass:
+def recorded_class(record: BackupItem) -> StorageClass:
     """The class a backup is billed in; a class the price table lacks (a non-AWS store's own)
     is priced as STANDARD."""
-    name = record.get("storage_class") if record.get("location") == "vault" else None
+    name = record.storage_class if record.location == "vault" else None
     return StorageClass(name) if name in StorageClass.__members__ else StorageClass.STANDARD

@@ -25,6 +25,7 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.tables import completion_order
+from shardvault.contracts.catalog import EXPIRED, EXPIRING, BackupItem
 from shardvault.contracts.layout import backup_prefix
 from shardvault.errors import ExpiryFailed, InvalidRequest
 from shardvault.lifecycle import costs
@@ -35,9 +36,6 @@ from shardvault.lifecycle.retention import (
     deletion_batches,
     from_catalog,
 )
-
-EXPIRED = "EXPIRED"
-EXPIRING = "EXPIRING"  # deletion started: finished by the next run if this one stops
 
 
 def clusters_to_check(requested: str | None, svc: Services) -> list[str]:
@@ -73,20 +71,16 @@ def decide_cluster(cluster: str, svc: Services, now: float) -> RetentionDecision
 
 def unfinished(cluster: str, svc: Services) -> list[str]:
     """Backups whose expiry started and did not finish (newest first)."""
-    items = [r for r in svc.catalog.backups(cluster) if r.get("status") == EXPIRING]
+    items = [r for r in svc.catalog.backups(cluster) if r.status == EXPIRING]
     items.sort(key=completion_order, reverse=True)
-    return [r["backup_id"] for r in items]
+    return [r.backup_id for r in items]
 
 
 def record_holds(cluster: str, decision: RetentionDecision, svc: Services) -> None:
     """Writes each held backup's end into its catalog item, for ``list`` and ``show``."""
     for held in decision.held:
-        svc.catalog.update(
-            cluster,
-            held.backup_id,
-            held_until=held.until.isoformat(),
-            held_for=held.reason,
-        )
+        until = BackupItem.changes(held_until=held.until.isoformat(), held_for=held.reason)
+        svc.catalog.update(cluster, held.backup_id, until)
 
 
 def decision_summary(
@@ -163,7 +157,7 @@ def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> di
     """Marks the backup ``EXPIRING``, deletes every version of its objects, wherever they are
     (vault and store), manifests last, then marks it expired. Idempotent: a retry, or the
     next run (see *expire*), deletes what is left."""
-    svc.catalog.update(cluster, backup_id, status=EXPIRING, expiring_at=now)
+    svc.catalog.update(cluster, backup_id, BackupItem.changes(status=EXPIRING, expiring_at=now))
     deleted = 0
     for s3, location in [(svc.store_s3, svc.store)] + (
         [(svc.vault_s3, svc.vault)] if svc.vault else []
@@ -190,7 +184,8 @@ def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> di
                     "next retention run retries.",
                 )
             deleted += len(batch)
-    svc.catalog.update(cluster, backup_id, status=EXPIRED, expired_at=now, deleted_objects=deleted)
+    expired = BackupItem.changes(status=EXPIRED, expired_at=now, deleted_objects=deleted)
+    svc.catalog.update(cluster, backup_id, expired)
     return {"cluster": cluster, "backup_id": backup_id, "deleted_objects": deleted}
 
 

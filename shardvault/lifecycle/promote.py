@@ -41,6 +41,7 @@ from botocore.exceptions import ClientError
 from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing, stored_checksum, versioned
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import (
     BackupContext,
     LockMode,
@@ -164,8 +165,8 @@ def promote(
     still to copy: call again) and, when done, the backup's summary with its vault fields."""
     if context.vault is None or svc.vault is None:
         raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
-    record = svc.catalog.get(context.cluster, context.backup_id) or {}
-    if record.get("location") == "vault":  # a retried call after success: staging is gone
+    record = svc.catalog.get(context.cluster, context.backup_id)
+    if record and record.location == "vault":  # a retried call after success: staging is gone
         return {"remaining": 0, "summary": {**summary, **_promotion_of(record)}}
     manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
     until = retain_until(context.vault, summary.get("completed_at", now))
@@ -203,10 +204,11 @@ def promote(
         ),
         "promoted_at": time.time(),
     }
-    svc.catalog.update(context.cluster, context.backup_id, **promotion)
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**promotion))
     left = remove_staging_copy(svc, staging_keys)
     if left:
-        svc.catalog.update(context.cluster, context.backup_id, staging_left=left)
+        left_over = BackupItem.changes(staging_left=left)
+        svc.catalog.update(context.cluster, context.backup_id, left_over)
     return {"remaining": 0, "summary": {**summary, **promotion}}
 
 
@@ -227,33 +229,32 @@ def hold_ancestors(svc: Services, cluster: str, manifest: Manifest, until: datet
     never names a restore point whose chain may be deleted before it. An ancestor already
     recorded as held that long (read back at an earlier extension) costs no request."""
     for backup_id in manifest.chain.ancestors if manifest.chain else []:
-        record = svc.catalog.get(cluster, backup_id) or {}
-        if record.get("location") != "vault":
+        record = svc.catalog.get(cluster, backup_id)
+        if record is None or record.location != "vault" or record.retain_until is None:
+            state = (record.promotion or record.status) if record else "no record"
             raise PromotionFailed(
                 f"backup {manifest.backup_id} is an incremental of {backup_id}, which is not in "
-                f"the vault ({record.get('promotion') or record.get('status') or 'no record'}): "
+                f"the vault ({state}): "
                 "a vault copy of it could not be restored on its own.",
                 fix="start a full backup (a new chain): an incremental bound for the vault "
                 "continues only a parent already there, so its chain lost a vault copy since; "
                 "this backup stays complete and restorable from the store.",
             )
-        held = datetime.fromisoformat(record["retain_until"])
+        held = datetime.fromisoformat(record.retain_until)
         if held >= until:
             continue
         locks = [extend_lock(svc, *place, until) for place in vault_keys_of(svc, record)]
+        earliest = min(s.retain_until for s in locks if s.retain_until)
         svc.catalog.update(
-            cluster, backup_id, retain_until=min(s.retain_until for s in locks).isoformat()
+            cluster, backup_id, BackupItem.changes(retain_until=earliest.isoformat())
         )
         log.info("vault lock of %s extended to %s for %s", backup_id, until, manifest.backup_id)
 
 
-def vault_keys_of(svc: Services, record: dict[str, Any]) -> list[tuple[str, str | None]]:
+def vault_keys_of(svc: Services, record: BackupItem) -> list[tuple[str, str | None]]:
     """Every (key, locked version) of a promoted backup in the vault: its objects, block maps
     and manifest (no version: promoted before versions were recorded, the newest is read)."""
-    manifest_key, manifest_version = (
-        record["vault_manifest_key"],
-        record.get("vault_manifest_version"),
-    )
+    manifest_key, manifest_version = record.vault_manifest_key or "", record.vault_manifest_version
     manifest = load_manifest(svc.vault_s3, svc.vault.bucket, manifest_key, manifest_version)
     objects = [(o.key, o.version_id) for s in manifest.shards for o in s.objects]
     return [*objects, (manifest_key, manifest_version)]
@@ -281,8 +282,8 @@ def extend_lock(svc: Services, key: str, version_id: str | None, until: datetime
     return stored
 
 
-def _promotion_of(record: dict[str, Any]) -> dict[str, Any]:
-    return {name: record[name] for name in PROMOTION_FIELDS if name in record}
+def _promotion_of(record: BackupItem) -> dict[str, Any]:
+    return record.model_dump(mode="json", include=set(PROMOTION_FIELDS), exclude_none=True)
 
 
 def remove_staging_copy(svc: Services, keys: list[str]) -> int:
@@ -454,7 +455,7 @@ def record_failure(
         "promotion_cause": readable_cause(str(error.get("Cause") or ""))[:2000],
         "promotion_failed_at": now,
     }
-    svc.catalog.update(context.cluster, context.backup_id, **outcome)
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**outcome))
     svc.notify(
         f"ShardVault backup {context.backup_id}: promotion to the vault FAILED",
         {"backup_id": context.backup_id, **outcome},

@@ -27,15 +27,16 @@ Terms:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import AwareDatetime, Field, model_validator
 
 from shardvault.config.policy import BackupKind, Retention
-from shardvault.contracts.models import BackupStatus, Frozen, recorded_stored_bytes
+from shardvault.contracts.catalog import BackupItem, recorded_stored_bytes
+from shardvault.contracts.models import BackupStatus, Frozen
 from shardvault.errors import ShardVaultError
 from shardvault.pricing.prices import STORAGE, StorageClass
 from shardvault.pricing.storage_costs import early_deletion_charge, monthly_storage_cost
@@ -75,25 +76,25 @@ class BackupRecord(Frozen):
         return self
 
 
-def from_catalog(cluster: str, items: Iterable[Mapping[str, Any]]) -> list[BackupRecord]:
+def from_catalog(cluster: str, items: Iterable[BackupItem]) -> list[BackupRecord]:
     """The cluster's complete backups among catalog items, as retention and costs see them:
     failed, running and expired ones are not kept and cost nothing to keep."""
     out = []
     for r in items:
-        if r.get("status") != BackupStatus.COMPLETE or r.get("cluster", cluster) != cluster:
+        if r.status != BackupStatus.COMPLETE or r.cluster != cluster:
             continue
-        until, promoted = r.get("retain_until"), r.get("promoted_at")
+        until, promoted = r.retain_until, r.promoted_at
         out.append(
             BackupRecord(
-                backup_id=r["backup_id"],
+                backup_id=r.backup_id,
                 cluster=cluster,
-                completed_at=datetime.fromtimestamp(r["completed_at"], UTC),
-                kind=BackupKind(r.get("kind", BackupKind.FULL)),
-                parent_id=r.get("parent_id"),
-                storage_class=r.get("storage_class", "STANDARD"),
+                completed_at=datetime.fromtimestamp(r.completed_at or 0, UTC),
+                kind=r.kind,
+                parent_id=r.parent_id,
+                storage_class=r.storage_class or "STANDARD",
                 retain_until=datetime.fromisoformat(until) if until else None,
                 bytes=recorded_stored_bytes(r),
-                objects=max(1, r.get("objects", 1)),
+                objects=max(1, r.objects or 1),
                 landed_at=datetime.fromtimestamp(promoted, UTC) if promoted else None,
             )
         )

@@ -40,9 +40,7 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
 
     def running(cluster: str, backup_id: str) -> bool:
         if cluster not in statuses:
-            statuses[cluster] = {
-                r["backup_id"]: r.get("status", "") for r in svc.catalog.backups(cluster)
-            }
+            statuses[cluster] = {r.backup_id: r.status for r in svc.catalog.backups(cluster)}
         return statuses[cluster].get(backup_id) == BackupStatus.RUNNING
 
     aborted = []

@@ -20,6 +20,7 @@ from shardvault.backup import (
     check_nodes_available,
 )
 from shardvault.contracts import engines
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
 from shardvault.contracts.models import (
     BackupStatus,
@@ -57,7 +58,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     else:
         record = resolve_backup(request, svc.catalog)
     check_not_damaged(record, request.accept_damaged)
-    source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+    source = "vault" if record.location == "vault" and svc.vault else "store"
     if source == "vault":
         check_tier(record, request.tier)
     manifest_key, manifest_version = manifest_place(record, source)
@@ -66,8 +67,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
     wal_batches, wal_bytes = 0, 0
     if request.target is not None:  # the archive reaches the target, or refused by name
-        complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
-        oldest = min(float(b["completed_at"]) for b in complete)
+        complete = [b for b in backups if b.status == BackupStatus.COMPLETE]
+        oldest = min(b.completed_at or 0 for b in complete)
         found = pitr.archives(svc, request, manifest, oldest)
         wal_batches, wal_bytes = pitr.replayed(found)
     # Each engine's own lexing: a text one reads as one statement another may split.
@@ -130,16 +131,16 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     )
 
 
-def check_not_damaged(record: dict[str, Any], accepted: bool) -> None:
+def check_not_damaged(record: BackupItem, accepted: bool) -> None:
     """A backup that verify found damaged fails its restore only when the damaged frame is
     reached (minutes or hours in): refuse it before anything, unless the request accepts it."""
-    verdict = record.get("verify") or {}
-    if verdict.get("result") != "damaged" or accepted:
+    verdict = record.verify
+    if verdict is None or verdict.result != "damaged" or accepted:
         return
-    problems = verdict.get("problems") or ["(no problem recorded)"]
-    when = time.gmtime(float(verdict.get("verified_at") or record.get("verified_at") or 0))
+    problems = verdict.problems or ["(no problem recorded)"]
+    when = time.gmtime(verdict.verified_at)
     raise BackupDamaged(
-        f"backup {record.get('backup_id')} was found damaged by verify on "
+        f"backup {record.backup_id} was found damaged by verify on "
         f"{time.strftime('%Y-%m-%d %H:%M:%SZ', when)}: {problems[0]}.",
         fix="restore another backup (shardvault list), or verify this one again if the store "
         'was repaired; to restore what is intact anyway, pass --accept-damaged ("accept_damaged":'
@@ -147,11 +148,11 @@ def check_not_damaged(record: dict[str, Any], accepted: bool) -> None:
     )
 
 
-def check_tier(record: dict[str, Any], tier: RetrievalTier) -> None:
+def check_tier(record: BackupItem, tier: RetrievalTier) -> None:
     """S3 refuses a thaw in a tier its class lacks (DEEP_ARCHIVE has no Expedited) only once
     the restore has started thawing: refuse it here, before anything, with the tiers it has."""
     try:
-        storage_class = StorageClass(record.get("storage_class", ""))
+        storage_class = StorageClass(record.storage_class or "")
     except ValueError:
         return  # a class the price table does not know (a non-AWS store's own): no tiers known
     tiers = thaw_tiers(storage_class)
@@ -159,7 +160,7 @@ def check_tier(record: dict[str, Any], tier: RetrievalTier) -> None:
         return
     possible = [RetrievalTier(t.value.capitalize()).value for t in tiers]
     raise InvalidRequest(
-        f"backup {record.get('backup_id')} is in {storage_class.value}, which has no "
+        f"backup {record.backup_id} is in {storage_class.value}, which has no "
         f"{tier.value} thaw tier; it has {' and '.join(possible)}.",
         fix=f'set "tier" to {" or ".join(repr(t) for t in possible)} (shardvault restore '
         f"--tier), or restore a backup kept in another class.",
@@ -191,7 +192,7 @@ def check_target_engines(manifest: Manifest, nodes: list[NodeRecord]) -> None:
         )
 
 
-def resolve_backup(request: RestoreRequest, catalog: Catalog) -> dict[str, Any]:
+def resolve_backup(request: RestoreRequest, catalog: Catalog) -> BackupItem:
     """The catalog record of the requested backup (``latest``: the newest complete one); the
     CLI asks too, before it starts a restore."""
     if request.backup_id == "latest":
@@ -205,17 +206,17 @@ def resolve_backup(request: RestoreRequest, catalog: Catalog) -> dict[str, Any]:
             fix="check the cluster name ('shardvault list'), or run a backup first.",
         )
     backups = catalog.backups(request.cluster)
-    record = next((b for b in backups if b["backup_id"] == request.backup_id), None)
+    record = next((b for b in backups if b.backup_id == request.backup_id), None)
     if record is None:
-        known = ", ".join(sorted(b["backup_id"] for b in backups)[-3:]) or "none"
+        known = ", ".join(sorted(b.backup_id for b in backups)[-3:]) or "none"
         raise BackupNotFound(
             f"cluster {request.cluster!r} has no backup {request.backup_id!r} (latest: {known}).",
             fix="pick a backup id from 'shardvault list CLUSTER', or use \"latest\".",
         )
-    if record.get("status") != BackupStatus.COMPLETE or not record.get("manifest_key"):
+    if record.status != BackupStatus.COMPLETE or not record.manifest_key:
         raise BackupNotRestorable(
-            f"backup {request.backup_id} is {record.get('status', 'unknown')}, not COMPLETE"
-            + (f": {record['cause']}" if record.get("cause") else "."),
+            f"backup {request.backup_id} is {record.status}, not COMPLETE"
+            + (f": {record.cause}" if record.cause else "."),
             fix="restore a complete, verified backup ('shardvault list' shows their status).",
         )
     return record

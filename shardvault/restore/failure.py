@@ -10,6 +10,7 @@ from shardvault.backup import (
     REAPED_STATUSES,
     reaped_error,
 )
+from shardvault.contracts.catalog import RestoreItem
 from shardvault.contracts.models import (
     BackupStatus,
     RestoreContext,
@@ -35,18 +36,20 @@ def finalize(
             bytes_done=sum(p.get("bytes", 0) for p in prefetched),
             objects_done=sum(p.get("objects", 0) for p in prefetched),
         )
-    record = svc.catalog.get(context.target_cluster, catalog_key(context.restore_id)) or {}
+    record = svc.catalog.restore(context.target_cluster, context.restore_id)
+    planned = record.objects_total if record else None
     summary = {
         "status": BackupStatus.COMPLETE.value,
         "completed_at": now,
         "duration_seconds": round(duration, 3),
         "bytes": context.bytes,
-        "objects": record.get("objects_total", context.objects),  # a chain's, as planned
+        "objects": context.objects if planned is None else planned,  # a chain's, as planned
         "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
         "shards": shards,
         "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",
     }
-    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), **summary)
+    restored = RestoreItem.changes(**summary)
+    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), restored)
     svc.notify(
         f"ShardVault restore {context.restore_id} complete",
         {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
@@ -84,7 +87,7 @@ def mark_failed(
         "error": error.get("Error", "States.Runtime"),
         "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
     }
-    svc.catalog.update(target_cluster, catalog_key(restore_id), **outcome)
+    svc.catalog.update(target_cluster, catalog_key(restore_id), RestoreItem.changes(**outcome))
     svc.notify(
         f"ShardVault restore into {target_cluster} FAILED ({restore_id})",
         {"target_cluster": target_cluster, "restore_id": restore_id, **outcome},
@@ -103,13 +106,13 @@ def reap(
     if status not in REAPED_STATUSES:
         return {"reaped": False, "why": f"status {status}"}
     record = next(
-        (r for r in svc.catalog.restores(target_cluster) if r.get("execution_id") == execution_arn),
+        (r for r in svc.catalog.restores(target_cluster) if r.execution_id == execution_arn),
         None,
     )
-    if record is None or record.get("status") != BackupStatus.RUNNING:
+    if record is None or record.status != BackupStatus.RUNNING:
         return {"reaped": False, "why": "no running restore of that execution"}
-    restore_id = record["restore_id"]
-    nodes = sorted(set(record.get("placement", {}).values()))
+    restore_id = record.restore_id
+    nodes = sorted(set(record.placement.values()))
     for node_id in nodes:
         post_untracked(
             svc, node_id, f"abort_restore:{restore_id}:reaped", "abort_restore",

@@ -17,6 +17,7 @@ from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
 from shardvault.contracts import engines
+from shardvault.contracts.catalog import RestoreItem
 from shardvault.contracts.models import (
     BackupKind,
     BackupStatus,
@@ -79,23 +80,21 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         )
     prefetched = sum(len(items) for items in prefetch.values())
     svc.catalog.put(
-        {
-            "cluster": context.target_cluster,
-            "backup_id": catalog_key(context.restore_id),
-            "restore_id": context.restore_id,
-            "status": BackupStatus.RUNNING.value,
-            "source_cluster": context.cluster,
-            "source_backup_id": context.backup_id,
-            "engine": engines.label(manifest.engines),
-            "started_at": context.started_at,
-            "execution_id": context.execution_id,
-            "placement": {p.shard_id: p.node_id for p in context.placements},
+        RestoreItem(
+            cluster=context.target_cluster,
+            backup_id=catalog_key(context.restore_id),
+            restore_id=context.restore_id,
+            status=BackupStatus.RUNNING,
+            source_cluster=context.cluster,
+            source_backup_id=context.backup_id,
+            engine=engines.label(manifest.engines),
+            started_at=context.started_at,
+            execution_id=context.execution_id,
+            placement={p.shard_id: p.node_id for p in context.placements},
             # Every byte of the restored streams, once, and the archive's WAL it replays.
-            "bytes_total": context.bytes + sum(i.length for _, w in wal.values() for i in w),
-            "objects_total": len(planned) + prefetched,
-            "bytes_done": 0,
-            "objects_done": 0,
-        }
+            bytes_total=context.bytes + sum(i.length for _, w in wal.values() for i in w),
+            objects_total=len(planned) + prefetched,
+        )
     )
     nodes = [
         {

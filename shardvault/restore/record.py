@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from shardvault.aws.tables import RESTORE_PREFIX
+from shardvault.contracts.catalog import restore_key
 
 
 def new_restore_id(now: float) -> str:
@@ -14,4 +14,4 @@ def new_restore_id(now: float) -> str:
 
 
 def catalog_key(restore_id: str) -> str:
-    return f"{RESTORE_PREFIX}{restore_id}"
+    return restore_key(restore_id)

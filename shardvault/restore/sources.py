@@ -36,14 +36,14 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
         return []
     sources = []
     for backup_id in manifest.chain.ancestors:  # the catalog's table is not shared by threads
-        record = svc.catalog.get(manifest.cluster, backup_id) or {}
-        if record.get("status") != BackupStatus.COMPLETE:
+        record = svc.catalog.get(manifest.cluster, backup_id)
+        if record is None or record.status != BackupStatus.COMPLETE:
             raise ParentUnavailable(
                 f"backup {manifest.backup_id} is an incremental whose ancestor {backup_id} is "
-                f"{record.get('status', 'gone').lower()}: its chain cannot be restored.",
+                f"{record.status.lower() if record else 'gone'}: its chain cannot be restored.",
                 fix="restore another backup ('shardvault list'), e.g. the newest full.",
             )
-        source = "vault" if record.get("location") == "vault" and svc.vault else "store"
+        source = "vault" if record.location == "vault" and svc.vault else "store"
         key, version = manifest_place(record, source)
         sources.append(
             ChainSource(

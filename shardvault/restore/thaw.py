@@ -8,6 +8,7 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import readable_now, versioned
+from shardvault.contracts.catalog import RestoreItem
 from shardvault.contracts.models import (
     THAW_DAYS,
     RestoreContext,
@@ -33,7 +34,8 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
         states = list(pool.map(lambda o: thaw_object(*o, tier=context.tier), objects))
     frozen = sum(state != "readable" for state in states)
     requested = states.count("requested")
-    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), frozen=frozen)
+    key = catalog_key(context.restore_id)
+    svc.catalog.update(context.target_cluster, key, RestoreItem.changes(frozen=frozen))
     first = svc.settings.thaw_first_wait_seconds
     wait = min(first * 2**attempt, THAW_MAX_WAIT)
     return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}

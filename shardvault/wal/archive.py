@@ -45,6 +45,7 @@ from shardvault.aws.keys import new_data_key
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing, presign_put, stored_checksum
 from shardvault.aws.tables import completion_order
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import archive_prefix, batch_key, index_key
 from shardvault.contracts.models import (
     FileEntry,
@@ -432,18 +433,18 @@ def expired_keys(keys: list[str], cutoffs: dict[str, str]) -> list[str]:
 
 
 def cutoffs(
-    backups: list[dict[str, Any]], window_days: float | None = None, now: float = 0.0
+    backups: list[BackupItem], window_days: float | None = None, now: float = 0.0
 ) -> dict[str, str]:
     """Per shard, where the archive's oldest needed WAL begins: the ``wal_from`` of the base a
     restore to the window's start would use (the newest complete backup that completed
     before it), or, without a window, of the oldest complete backup. Nothing (everything kept)
     when that backup predates the record."""
-    complete = sorted((b for b in backups if b.get("status") == "COMPLETE"), key=completion_order)
+    complete = sorted((b for b in backups if b.status == "COMPLETE"), key=completion_order)
     if not complete:
         return {}
     base = complete[0]
     if window_days is not None:
         start = now - window_days * 86400
-        before = [b for b in complete if float(b.get("completed_at", 0)) <= start]
+        before = [b for b in complete if (b.completed_at or 0) <= start]
         base = before[-1] if before else base
-    return dict(base.get("wal_from") or {})
+    return dict(base.wal_from)

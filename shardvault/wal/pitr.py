@@ -32,6 +32,7 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.tables import completion_order
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import label, traits
 from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import (
@@ -54,28 +55,28 @@ def when(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
-def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[str, Any]:
+def base_backup(request: RestoreRequest, backups: list[BackupItem]) -> BackupItem:
     """The backup a point-in-time restore starts from (see the module docstring, *base*), or
     the one the request names if it qualifies."""
     target = request.target
     assert target is not None
-    complete = [b for b in backups if b.get("status") == BackupStatus.COMPLETE]
+    complete = [b for b in backups if b.status == BackupStatus.COMPLETE]
     if target.kind == "lsn":
         before = before_lsn(request, complete)
     elif target.kind == "time":
-        before = [b for b in complete if float(b.get("completed_at", 0)) <= (target.epoch or 0)]
+        before = [b for b in complete if (b.completed_at or 0) <= (target.epoch or 0)]
     else:  # latest, or a restore point: PostgreSQL finds it in the WAL after the base
         before = complete
     if target.kind == "name" and request.backup_id == "latest":
-        named = [b for b in complete if b["backup_id"] == target.name]
+        named = [b for b in complete if b.backup_id == target.name]
         before = named or before  # a backup's own cut: restore from that backup
     if request.backup_id != "latest":
-        before = [b for b in before if b["backup_id"] == request.backup_id]
+        before = [b for b in before if b.backup_id == request.backup_id]
     if not before:
-        oldest = min((float(b.get("completed_at", 0)) for b in complete), default=None)
-        named = "" if request.backup_id == "latest" else f" {request.backup_id}"
+        oldest = min((b.completed_at or 0 for b in complete), default=None)
+        which = "" if request.backup_id == "latest" else f" {request.backup_id}"
         raise TargetOutOfRange(
-            f"cluster {request.cluster!r} has no complete backup{named} "
+            f"cluster {request.cluster!r} has no complete backup{which} "
             + ("that completed" if target.kind == "time" else "whose WAL ends")
             + f" before {target.describe()}"
             + (f": the oldest completed at {when(oldest)}." if oldest else "."),
@@ -85,20 +86,20 @@ def base_backup(request: RestoreRequest, backups: list[dict[str, Any]]) -> dict[
     return max(before, key=completion_order)
 
 
-def before_lsn(request: RestoreRequest, complete: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def before_lsn(request: RestoreRequest, complete: list[BackupItem]) -> list[BackupItem]:
     """The complete backups whose own WAL ends in a segment before the target LSN's: a
     recovery can stop there (PostgreSQL refuses a target before its base's end). An LSN is a
     place in one shard's WAL: a cluster of several shards is refused by name."""
     target = request.target
     assert target is not None
     assert target.lsn is not None
-    shards = max((len(b.get("wal_from") or {}) for b in complete), default=1)
+    shards = max((len(b.wal_from) for b in complete), default=1)
     one_shard_for_lsn(request.cluster, shards)
     at = lsn_number(target.lsn) // DEFAULT_SEGMENT_SIZE
     return [
         b
         for b in complete
-        if (first := next(iter((b.get("wal_from") or {}).values()), None)) is not None
+        if (first := next(iter(b.wal_from.values()), None)) is not None
         and segment_number(first) < at
     ]
 

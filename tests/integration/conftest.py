@@ -112,7 +112,9 @@ class Cluster:
         return ops.start_backup(self.client, BackupRequest(cluster=self.name, **request))
 
     def records(self) -> list[dict[str, Any]]:
-        return Catalog(table(self.stack.settings.catalog_table)).backups(self.name)
+        """The cluster's backup items as the table holds them."""
+        backups = Catalog(table(self.stack.settings.catalog_table)).backups(self.name)
+        return [ops.as_row(item) for item in backups]
 
     def store_keys(self) -> list[str]:
         svc = self.stack.services()
@@ -195,7 +197,9 @@ class Target:
         return Path(self.configs[node]["restore_dir"])
 
     def records(self) -> list[dict[str, Any]]:
-        return Catalog(table(self.stack.settings.catalog_table)).restores(self.name)
+        """The restore items into this cluster as the table holds them."""
+        restores = Catalog(table(self.stack.settings.catalog_table)).restores(self.name)
+        return [ops.as_row(item) for item in restores]
 
     def agent_log(self, node: int) -> str:
         return (self.stack.root / "agents" / f"{self.configs[node]['node_id']}.log").read_text()

@@ -108,6 +108,7 @@ def test_a_scheduled_drill_restores_validates_records_and_tears_down(
     states = entered_states(drill["execution"])
     assert states.index("Restore") < states.index("Record") < states.index("Teardown")
     (record,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
+    record = ops.as_row(record)
     assert record["status"] == "passed"
     assert record["requested_by"] == "schedule:drill"
     assert record["source_backup_id"] == backup.record["backup_id"]
@@ -145,6 +146,7 @@ def test_a_drill_of_a_damaged_backup_fails_notifies_and_leaves_nothing(
     assert progress.status == "FAILED"
     assert progress.error == "ChecksumMismatch", progress.cause
     (record,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
+    record = ops.as_row(record)
     assert record["status"] == "failed"
     assert record["error"] == "ChecksumMismatch"
     assert key in record["cause"]  # the node's own words, through the restore's record
@@ -187,7 +189,7 @@ def test_a_scheduled_drill_that_is_refused_is_recorded_and_reaches_the_inbox(mak
 
     assert progress.status == "FAILED"
     (drill,) = Catalog(table(stack.settings.catalog_table)).drills(cluster.name)
-    assert (drill["status"], drill["error"]) == (drills.REFUSED, "InvalidRequest")
+    assert (drill.status, drill.error) == (drills.REFUSED, "InvalidRequest")
     # Published by the drill's role through the topic's KMS key (nobody watches a schedule).
     assert f"ShardVault: scheduled drill of {cluster.name} refused (InvalidRequest)" in (
         subjects(inbox)
@@ -203,7 +205,7 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     catalog = Catalog(table(stack.settings.catalog_table))
     first = start_drill_into(cluster, target, keep_minutes=30)
     deadline = time.monotonic() + 300
-    while not [r for r in catalog.drills(cluster.name) if r.get("status") == "passed"]:
+    while not [r for r in catalog.drills(cluster.name) if r.status == "passed"]:
         assert time.monotonic() < deadline, "the first drill never validated its copy"
         time.sleep(0.2)
     # Its copy is up (kept for 30 minutes) when its execution is stopped: nothing tears it down.
@@ -217,8 +219,8 @@ def test_a_copy_left_by_a_stopped_drill_is_torn_down_by_the_next_one(
     states = entered_states(second)
     assert states.count("Teardown") == 2  # the stale copy first, then its own
     assert states.index("Teardown") < states.index("Restore")
-    records = {r["drill_id"]: r for r in catalog.drills(cluster.name)}
-    assert all(r.get("torn_down_at") for r in records.values()), records
+    records = {r.drill_id: r for r in catalog.drills(cluster.name)}
+    assert all(r.torn_down_at for r in records.values()), records
     assert [r["status"] for r in target.records()] == ["COMPLETE", "COMPLETE"]
     assert shard_dirs(target) == []
     assert adoptions(target) == {}
@@ -243,9 +245,7 @@ def test_a_second_drill_is_refused_while_the_first_runs(make_cluster, make_targe
     finally:  # the first drill, and its restore (moto does not stop a nested execution)
         stop(first)
         for record in catalog.drills(cluster.name):
-            restore = drills.restore_execution_arn(
-                stack.restore_state_machine_arn, record["drill_id"]
-            )
+            restore = drills.restore_execution_arn(stack.restore_state_machine_arn, record.drill_id)
             with contextlib.suppress(Exception):
                 stop(restore)
 

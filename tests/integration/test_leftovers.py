@@ -11,6 +11,7 @@ import pytest
 
 from shardvault.aws.store import open_uploads
 from shardvault.client import operations as ops
+from tests.unit.support import catalog_item
 
 
 def bucket_uploads(cluster, backup_id: str) -> list[str]:
@@ -104,7 +105,9 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     s3.put_object(Bucket=bucket, Key=wal, Body=b"w")
     live = f"{root}/20200101T000000Z-live00/shard-1/data-00000"
     svc.catalog.put(
-        {"cluster": cluster.name, "backup_id": "20200101T000000Z-live00", "status": "RUNNING"}
+        catalog_item(
+            {"cluster": cluster.name, "backup_id": "20200101T000000Z-live00", "status": "RUNNING"}
+        )
     )
     s3.create_multipart_upload(Bucket=bucket, Key=live)
     svc.catalog.table.delete_item(
@@ -117,6 +120,7 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
 
     assert dry.status == "SUCCEEDED", dry.cause
     # The sweep covers the whole store; this test looks at its own cluster's prefix.
+    assert "sweep" in dry.record, dry.record
     ours = [k for k in dry.record["sweep"]["aborted_uploads"] if k.startswith(root)]
     assert ours == [crashed]
     assert bucket_uploads(cluster, "dead00") == [crashed]  # a dry run removes nothing

@@ -14,6 +14,7 @@ import pytest
 from shardvault.aws.tables import Inbox, table
 from shardvault.client import operations as ops
 from shardvault.contracts.models import RestoreRequest
+from tests.unit.support import catalog_item
 
 from .conftest import Target, client_of
 
@@ -61,12 +62,14 @@ def test_cluster_without_backups(make_target):
 def test_failed_backup(backed_up, make_target):
     catalog = backed_up.stack.services().catalog
     catalog.put(
-        {
-            "cluster": backed_up.name,
-            "backup_id": "20200101T000000Z-dead00",
-            "status": "FAILED",
-            "cause": "the agent of node-2 stopped answering.",
-        }
+        catalog_item(
+            {
+                "cluster": backed_up.name,
+                "backup_id": "20200101T000000Z-dead00",
+                "status": "FAILED",
+                "cause": "the agent of node-2 stopped answering.",
+            }
+        )
     )
     target = make_target(nodes=2)
     progress = target.restore(backed_up.name, backup_id="20200101T000000Z-dead00")

@@ -13,6 +13,7 @@ import boto3
 from shardvault.aws.tables import Catalog, table
 from shardvault.client import cli
 from shardvault.client import operations as ops
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import VaultTarget
 from shardvault.lifecycle import expire
 from shardvault.pricing.prices import STORAGE, StorageClass
@@ -121,13 +122,9 @@ def age(cluster, backup_id: str, days: float) -> None:
     """Moves a promoted backup ``days`` into the past in the catalog, its Object Lock date
     with it (the vault's own lock is left alone: a held backup is never deleted)."""
     then = time.time() - days * 86_400
-    Catalog(table(cluster.stack.settings.catalog_table)).update(
-        cluster.name,
-        backup_id,
-        completed_at=then,
-        promoted_at=then,
-        retain_until=datetime.fromtimestamp(then + 86_400, UTC).isoformat(),
-    )
+    until = datetime.fromtimestamp(then + 86_400, UTC).isoformat()
+    aged = BackupItem.changes(completed_at=then, promoted_at=then, retain_until=until)
+    Catalog(table(cluster.stack.settings.catalog_table)).update(cluster.name, backup_id, aged)
 
 
 def test_an_expired_backup_is_held_until_its_classs_paid_minimum(make_cluster, policy_for):
@@ -154,7 +151,9 @@ def test_an_expired_backup_is_held_until_its_classs_paid_minimum(make_cluster, p
     landed = datetime.fromtimestamp(after[old]["promoted_at"], UTC)
     assert until == landed + timedelta(days=minimum)
     assert after[old]["held_for"] == f"paid minimum of {record['storage_class']}"
-    assert cli.hold_note(after[old]).startswith(f"held until {until.date()}: paid minimum of")
+    assert cli.hold_note(BackupItem.model_validate(after[old])).startswith(
+        f"held until {until.date()}: paid minimum of"
+    )
     assert "held_until" not in after[new]
 
 
@@ -193,9 +192,8 @@ def test_an_expiry_cut_short_after_its_catalog_update_is_finished_by_the_next_ru
     policy_for(cluster.name)  # declared now: neither backup is in the vault
     # What a crash right after expire_backup's first catalog update leaves: the record says
     # EXPIRING, every object is still there.
-    Catalog(table(cluster.stack.settings.catalog_table)).update(
-        cluster.name, old, status=expire.EXPIRING, expiring_at=time.time()
-    )
+    expiring = BackupItem.changes(status=expire.EXPIRING, expiring_at=time.time())
+    Catalog(table(cluster.stack.settings.catalog_table)).update(cluster.name, old, expiring)
     assert backup_keys(cluster, old)
 
     result = ops.run_retention(client_of(cluster.stack), cluster.name, dry_run=False)

@@ -254,7 +254,7 @@ def test_the_record_holds_the_lock_read_back_from_the_vault(make_cluster):
     assert record["storage_class"] == "DEEP_ARCHIVE"
     # 'shardvault show' prints the record: the same, read-back date.
     shown = ops.show_backup(cluster.client, cluster.name, record["backup_id"])
-    assert shown["retain_until"] == record["retain_until"]
+    assert shown.retain_until == record["retain_until"]
 
 
 PROMOTE = "promote_backup"

@@ -86,8 +86,9 @@ def test_every_archived_wal_file_reaches_the_store_compressed_and_in_sequence(ar
     # Counted for the cost model, and no backup for 'list'.
     svc = node.stack.services()
     totals = svc.catalog.archive_totals(node.cluster)
-    assert totals["batches"] == len(batches)
-    assert totals["stored_bytes"] == stored
+    assert totals is not None
+    assert totals.batches == len(batches)
+    assert totals.stored_bytes == stored
     assert svc.catalog.backups(node.cluster) == []
 
 

@@ -6,22 +6,23 @@ import pytest
 
 from shardvault.backup.admission import INCREMENTAL_FORMAT, chain_for
 from shardvault.config.policy import ClusterPolicy
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import BackupKind, BackupRequest, VaultTarget
 from shardvault.errors import ParentUnavailable
 
 
 class Catalog:
-    def __init__(self, records: list[dict]) -> None:
+    def __init__(self, records: list[BackupItem]) -> None:
         self.records = records
 
-    def newest_backup(self, cluster: str, status: str) -> dict | None:
+    def newest_backup(self, cluster: str, status: str) -> BackupItem | None:
         """The newest in ``status``; the real catalog's ids sort by time (test_tables)."""
-        found = [r for r in self.records if r["status"] == status]
-        return max(found, key=lambda r: r["completed_at"]) if found else None
+        found = [r for r in self.records if r.status == status]
+        return max(found, key=lambda r: r.completed_at or 0) if found else None
 
 
 class Svc:
-    def __init__(self, records: list[dict]) -> None:
+    def __init__(self, records: list[BackupItem]) -> None:
         self.catalog = Catalog(records)
 
 
@@ -40,14 +41,11 @@ def policy(**incremental) -> ClusterPolicy:
     )
 
 
-def record(backup_id: str, at: float, status: str = "COMPLETE", **more) -> dict:
-    return {
-        "backup_id": backup_id,
-        "status": status,
-        "completed_at": at,
-        "format": INCREMENTAL_FORMAT,
-        **more,
-    }
+def record(backup_id: str, at: float, status: str = "COMPLETE", **more) -> BackupItem:
+    fields = {"format": INCREMENTAL_FORMAT, **more}
+    return BackupItem.model_validate(
+        {"cluster": "orders", "backup_id": backup_id, "status": status, "completed_at": at} | fields
+    )
 
 
 INCREMENTAL = BackupRequest(cluster="orders", incremental=True)
@@ -67,7 +65,7 @@ def test_an_incremental_continues_the_newest_complete_backup() -> None:
         2,
         ["full", "i1"],
     )
-    assert parent["backup_id"] == "i1"
+    assert parent.backup_id == "i1"
 
 
 def test_a_full_is_due_when_the_chain_is_as_long_as_the_policy_allows() -> None:

@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from shardvault.client import cli
+from shardvault.contracts.catalog import ArchiveTotals, BackupItem
 from shardvault.lifecycle import costs
 
 POLICY = """
@@ -49,14 +50,18 @@ def with_catalog(
 ) -> None:
     """A catalog for ``cost``: these backup records and WAL archive counters (None: the
     cluster never archived); ``asked`` collects the clusters listed."""
+    items = [BackupItem.model_validate(record) for record in records]
+    totals = None
+    if archive is not None:
+        totals = ArchiveTotals.model_validate({"cluster": "big", "backup_id": "#archive"} | archive)
 
-    def list_backups(config: object, cluster: str) -> list[dict]:
+    def list_backups(config: object, cluster: str) -> list[BackupItem]:
         if asked is not None:
             asked.append(cluster)
-        return records
+        return items
 
     monkeypatch.setattr(cli.ops, "list_backups", list_backups)
-    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: archive)
+    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: totals)
     monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
     monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
 

@@ -78,6 +78,7 @@ from shardvault.restore import planner as restore_planner
 from shardvault.restore.download import sign_download
 from shardvault.restore.failure import reap
 from shardvault.workflow.dispatch import COMMANDS, DispatchRequest, dispatch
+from tests.unit.support import catalog_item
 
 from .support import (
     leader_node,
@@ -245,13 +246,15 @@ def store_chain(svc: Services) -> dict[str, str]:
         body = stored_manifest(backup_id, chain).model_dump_json().encode()
         svc.store_s3.put_object(Bucket="store", Key=key, Body=body)
         svc.catalog.put(
-            {
-                "cluster": "c",
-                "backup_id": backup_id,
-                "status": "COMPLETE",
-                "manifest_key": key,
-                "bytes_total": 8292,
-            }
+            catalog_item(
+                {
+                    "cluster": "c",
+                    "backup_id": backup_id,
+                    "status": "COMPLETE",
+                    "manifest_key": key,
+                    "bytes_total": 8292,
+                }
+            )
         )
     return keys
 
@@ -328,7 +331,7 @@ def backup_flow(svc: Services, tmp: Path, posts: Posted, results: Results) -> No
 
     limits = UploadLimits(parallelism=2, throttle="static", max_held_log_bytes=1 << 30)
     context = lone_node_context("b1", upload=limits, cut_commit_lock=7, cut_commit_database="app")
-    svc.catalog.put({"cluster": "c", "backup_id": "b1", "status": "RUNNING"})
+    svc.catalog.put(catalog_item({"cluster": "c", "backup_id": "b1", "status": "RUNNING"}))
     state: dict[str, Any] = {"backup": context.model_dump(mode="json")}
     state["scan"] = prepare_scan(context, svc)
     source = state["backup"]["sources"][0]
@@ -464,8 +467,8 @@ def restore_flows(svc: Services, tmp: Path, keys: dict[str, str], posts: Posted,
         svc, ("restore", "PrepareNode"), state, node, {"signed": {"url_key": None}}
     )
 
-    record = next(r for r in svc.catalog.restores("c") if r["restore_id"] == "r2")
-    reap(record["execution_id"], "ABORTED", "c", svc, time.time())
+    record = next(r for r in svc.catalog.restores("c") if r.restore_id == "r2")
+    reap(record.execution_id, "ABORTED", "c", svc, time.time())
     posts["abort_restore by the reaper"] = inboxed(svc, "n1", "abort_restore:r2:reaped")
     teardown = {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"}
     posts["abort_restore of a drill"] = posted(svc, ("drill", "TeardownNode"), {}, teardown)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardvault.config.policy import load_policy, parse_policy
+from shardvault.contracts.catalog import ArchiveTotals
 from shardvault.lifecycle import costs
 from shardvault.lifecycle.costs import CostError, Landing
 from shardvault.lifecycle.promote import COPY_CONFIG
@@ -430,8 +431,10 @@ def test_the_wal_archive_costs_its_window_at_standard_and_its_requests() -> None
     # 1,440 batches a day: two PUTs and a check each, three function calls, three writes.
     # $1.0e-5 of PUTs, 4e-7 a check, 6e-7 + 2e-6 the function, 1.9e-6 the items: 1.49e-5.
     assert week.wal_requests_usd == pytest.approx(1440 * costs.DAYS_PER_MONTH * 1.4875e-5, rel=0.01)
-    assert costs.measured_wal({"first_at": 0, "stored_bytes": 2 * GiB, "batches": 10}, 2 * 86400)
-    assert costs.measured_wal({"first_at": 0, "stored_bytes": 1, "batches": 1}, 3600) is None
+    two_days = ArchiveTotals(cluster="c", backup_id="#archive", first_at=0, stored_bytes=2 * GiB)
+    assert costs.measured_wal(two_days, 2 * 86400)
+    hour = ArchiveTotals(cluster="c", backup_id="#archive", first_at=0, stored_bytes=1, batches=1)
+    assert costs.measured_wal(hour, 3600) is None
 
 
 def test_weekly_drills_read_the_data_back_from_the_class_backups_land_in() -> None:

@@ -13,6 +13,7 @@ from shardvault.config.policy import PolicyError, parse_policy
 from shardvault.contracts.cut import CutRequest, cut_margin_seconds
 from shardvault.contracts.models import Phase, ShardListing
 from shardvault.errors import InvalidRequest, RestoreValidationFailed
+from tests.unit.support import backup_item
 
 
 def test_every_node_computes_the_same_instant_from_the_stop_steps_start() -> None:
@@ -54,7 +55,7 @@ def test_the_skew_is_the_spread_of_the_restore_points_and_lateness_is_kept() -> 
         "cut_shards": 2,
     }
     assert (
-        cut_cell(summary)
+        cut_cell(backup_item(backup_id="b1", **summary))
         == "restore point b1, skew 12.0 ms (a node came 250 ms after the cut instant)"
     )
 
@@ -70,7 +71,8 @@ def test_a_pause_every_node_held_at_one_moment_makes_the_cut_paused() -> None:
     )
     assert summary["cut_paused"] is True
     assert summary["cut_pause_seconds"] == pytest.approx(0.011)  # s2: asked to let go
-    assert cut_cell(summary).endswith("; commits paused at most 11.0 ms")
+    cell = cut_cell(backup_item(backup_id="b1", **summary))
+    assert cell.endswith("; commits paused at most 11.0 ms")
 
 
 @pytest.mark.parametrize(
@@ -83,7 +85,7 @@ def test_a_pause_every_node_held_at_one_moment_makes_the_cut_paused() -> None:
 def test_a_pause_not_held_everywhere_at_once_leaves_a_best_effort_cut(second) -> None:
     summary = cut_summary([paused("s1", 100.000, 100.002, 100.009), paused("s2", *second)], "b1")
     assert summary["cut_paused"] is False
-    assert cut_cell(summary).endswith("best-effort")
+    assert cut_cell(backup_item(backup_id="b1", **summary)).endswith("best-effort")
 
 
 def test_a_cut_without_a_pause_asked_records_none() -> None:
@@ -107,7 +109,8 @@ def test_a_tail_that_records_another_point_or_no_time_is_refused(marker: dict) -
     tails = [tail("s1", cut_name="b1", cut_at="100.0"), tail("s2", **marker)]
     with pytest.raises(InvalidRequest, match="restore point b1"):
         cut_summary(tails, "b1")
-    assert cut_cell({}) == "none (each shard restores to where its own copy ends)"
+    no_cut = cut_cell(backup_item(backup_id="b1"))
+    assert no_cut == "none (each shard restores to where its own copy ends)"
 
 
 def test_the_last_segment_is_kept_up_to_the_cut_and_zero_past_it(tmp_path) -> None:

@@ -39,6 +39,7 @@ from shardvault.errors import AgentUnavailable, BackupReleased, PartUploadFailed
 from shardvault.restore import failure
 from shardvault.restore.record import catalog_key
 from shardvault.workflow.dispatch import DispatchRequest, dispatch
+from tests.unit.support import catalog_item
 
 from .support import moto_services, sqlite_agent
 
@@ -307,10 +308,11 @@ def test_the_cleanups_ring_the_nodes_they_post_releases_and_aborts_to(svc, tmp_p
         backup_id="b5", cluster="c", sources=[Source(node_id="n1", shard_ids=["s1"])]
     )
     post_releases(context, svc)
-    svc.catalog.put(
+    svc.catalog.put(catalog_item(
         {"cluster": "t", "backup_id": catalog_key("r1"), "restore_id": "r1", "status": "RUNNING",
-         "execution_id": "arn:x", "placement": {"s1": "n1"}}
-    )  # fmt: skip
+         "execution_id": "arn:x", "placement": {"s1": "n1"}, "source_cluster": "c",
+         "source_backup_id": "b1"}
+    ))  # fmt: skip
     assert failure.reap("arn:x", "ABORTED", "t", svc, time.time())["reaped"]
     rings = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
     assert sorted(json.loads(m["Body"])["ring"] for m in rings) == [

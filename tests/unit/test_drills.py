@@ -15,9 +15,11 @@ from shardvault.assurance import drills
 from shardvault.assurance.drills import DrillContext, DrillRequest
 from shardvault.client.operations import ClientConfig
 from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.catalog import DrillItem
 from shardvault.errors import DrillAlreadyRunning, InvalidRequest
 from shardvault.local import scheduler
 from shardvault.restore.record import catalog_key as restore_key
+from tests.unit.support import catalog_item
 
 from .support import moto_services
 
@@ -87,6 +89,18 @@ def backup(backup_id: str, completed_at: float, status: str = "COMPLETE") -> dic
     }
 
 
+def drill_item(drill_id: str, **fields: object) -> dict:
+    """A drill's item under the drilled cluster (``orders``), started at ``NOW``."""
+    return {
+        "cluster": "orders",
+        "backup_id": f"drill#{drill_id}",
+        "drill_id": drill_id,
+        "status": "passed",
+        "started_at": NOW,
+        **fields,
+    }
+
+
 def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch):
     with moto_services(monkeypatch, policy=policy_text(", backup: random, within_days: 3")) as svc:
         for record in (
@@ -95,19 +109,19 @@ def test_a_drill_picks_the_newest_or_a_random_recent_complete_backup(monkeypatch
             backup("c", NOW - DAY),
             backup("d-failed", NOW - 1, status="FAILED"),
         ):
-            svc.catalog.put(record)
+            svc.catalog.put(catalog_item(record))
         spec = svc.policy().clusters["orders"].drill
         request = DrillRequest(cluster="orders")
         picks = {
-            drills.pick_backup(request, spec, svc, NOW, random.Random(seed))["backup_id"]
+            drills.pick_backup(request, spec, svc, NOW, random.Random(seed)).backup_id
             for seed in range(20)
         }
         assert picks == {"b", "c"}  # complete and within 3 days; never the failed one
         latest = DrillRequest(cluster="orders", backup_id="latest")
-        assert drills.pick_backup(latest, spec, svc, NOW, random.Random(0))["backup_id"] == "c"
+        assert drills.pick_backup(latest, spec, svc, NOW, random.Random(0)).backup_id == "c"
         # Nothing in the window: the newest complete one.
         assert (
-            drills.pick_backup(request, spec, svc, NOW + 30 * DAY, random.Random(0))["backup_id"]
+            drills.pick_backup(request, spec, svc, NOW + 30 * DAY, random.Random(0)).backup_id
             == "c"
         )
 
@@ -133,7 +147,7 @@ def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(m
     with moto_services(
         monkeypatch, policy=policy_text(", validation_queries: ['SELECT true']")
     ) as svc:
-        svc.catalog.put(backup("b1", NOW - 60))
+        svc.catalog.put(catalog_item(backup("b1", NOW - 60)))
         first = running_execution()
         started = drills.start(DrillRequest(cluster="orders"), svc, NOW, first)
         restore = started["restore"]
@@ -143,9 +157,9 @@ def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(m
         assert started["restore_name"] == f"drill-{started['drill']['drill_id']}"
         assert started["teardown"] == []
         (record,) = svc.catalog.drills("orders")
-        assert record["status"] == "running"
-        assert record["keep_seconds"] == 3600
-        assert svc.catalog.lock_holder("orders-drill", "#drill")["execution_id"] == first
+        assert record.status == "running"
+        assert record.keep_seconds == 3600
+        assert svc.catalog.lock_holder("orders-drill", "#drill").execution_id == first
         # A retried start of the same execution goes on with its drill.
         again = drills.start(DrillRequest(cluster="orders"), svc, NOW + 1, first)
         assert again["drill"]["drill_id"] == started["drill"]["drill_id"]
@@ -155,22 +169,25 @@ def test_a_drill_takes_its_target_and_a_second_is_refused_while_the_first_runs(m
         assert len(svc.catalog.drills("orders")) == 1
         # Once the first has ended (here: an execution moto does not know), the target is
         # taken over and the first one's copy is stale.
-        svc.catalog.update("orders", "drill#" + record["drill_id"], execution_id=GONE)
+        gone = DrillItem.changes(execution_id=GONE)
+        svc.catalog.update("orders", "drill#" + record.drill_id, gone)
         svc.catalog.put(
-            {
-                "cluster": "orders-drill",
-                "backup_id": "#drill",
-                "holder": "x",
-                "execution_id": GONE,
-            }
+            catalog_item(
+                {
+                    "cluster": "orders-drill",
+                    "backup_id": "#drill",
+                    "holder": "x",
+                    "execution_id": GONE,
+                }
+            )
         )
         third = drills.start(DrillRequest(cluster="orders"), svc, NOW + 3, running_execution())
-        assert third["drill"]["stale"] == [record["drill_id"]]
+        assert third["drill"]["stale"] == [record.drill_id]
 
 
 def test_a_stopped_drill_whose_restore_still_runs_holds_its_target(monkeypatch):
     with moto_services(monkeypatch, policy=policy_text()) as svc:
-        svc.catalog.put(backup("b1", NOW - 60))
+        svc.catalog.put(catalog_item(backup("b1", NOW - 60)))
         restores = waiting_machine()
         svc.catalog.try_lock("orders-drill", "d1", GONE, key="#drill")  # its execution ended
         running_execution(restores, "drill-d1")  # but its nested restore has not
@@ -180,7 +197,14 @@ def test_a_stopped_drill_whose_restore_still_runs_holds_its_target(monkeypatch):
         # with the lock's drill id, and the lock is released under it at the end.
         mine = running_execution()
         svc.catalog.put(
-            {"cluster": "orders-drill", "backup_id": "#drill", "holder": "d7", "execution_id": mine}
+            catalog_item(
+                {
+                    "cluster": "orders-drill",
+                    "backup_id": "#drill",
+                    "holder": "d7",
+                    "execution_id": mine,
+                }
+            )
         )
         started = drills.start(
             DrillRequest(cluster="orders"), svc, NOW, mine, restore_machine=restores
@@ -193,7 +217,7 @@ def test_a_stopped_drill_whose_restore_still_runs_holds_its_target(monkeypatch):
 
 def test_a_teardown_that_failed_as_a_whole_removes_no_copy_from_the_record(monkeypatch):
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d0"})
+        svc.catalog.put(catalog_item(drill_item("d0")))
         asked = [{"node_id": "n1", "restore_id": "r0", "drill_id": "d0"}]
         every = [{"restore_id": "*", "torn_down": False}]  # the ASL's TeardownFailed
         noted = drills.note_teardown(
@@ -205,8 +229,10 @@ def test_a_teardown_that_failed_as_a_whole_removes_no_copy_from_the_record(monke
 def test_a_drill_never_restores_into_a_cluster_someone_backs_up(monkeypatch):
     other = BASE.replace("orders:", "billing:").split("clusters:\n")[1]
     with moto_services(monkeypatch, policy=policy_text() + other) as svc:
-        svc.catalog.put(backup("b1", NOW - 60))
-        svc.catalog.put({**backup("x1", NOW - 60), "cluster": "analytics"})  # not in the policy
+        svc.catalog.put(catalog_item(backup("b1", NOW - 60)))
+        svc.catalog.put(
+            catalog_item({**backup("x1", NOW - 60), "cluster": "analytics"})
+        )  # not in the policy
         for target in ("orders", "billing", "analytics"):
             request = DrillRequest(cluster="orders", target_cluster=target)
             with pytest.raises(InvalidRequest, match="is backed up"):
@@ -220,7 +246,7 @@ def test_a_drill_never_restores_into_a_cluster_someone_backs_up(monkeypatch):
 
 def test_a_drill_without_a_policy_section_or_a_target_is_refused(monkeypatch):
     with moto_services(monkeypatch, policy=BASE) as svc:
-        svc.catalog.put(backup("b1", NOW - 60))
+        svc.catalog.put(catalog_item(backup("b1", NOW - 60)))
         with pytest.raises(InvalidRequest, match="no drill in the policy"):
             drills.start(DrillRequest(cluster="orders"), svc, NOW)
         assert svc.catalog.drills("orders") == []
@@ -232,8 +258,8 @@ def test_a_refused_scheduled_drill_is_recorded_for_the_operator(monkeypatch):
         with pytest.raises(Exception, match="no complete backup"):
             drills.start(request, svc, NOW)
         (record,) = svc.catalog.drills("orders")
-        assert record["status"] == "refused"
-        assert record["error"] == "BackupNotFound"
+        assert record.status == "refused"
+        assert record.error == "BackupNotFound"
 
 
 def context(**changes) -> DrillContext:
@@ -251,21 +277,25 @@ def context(**changes) -> DrillContext:
 
 def restore_record(svc, status: str = "COMPLETE", **fields) -> None:
     svc.catalog.put(
-        {
-            "cluster": "orders-drill",
-            "backup_id": restore_key("r1"),
-            "restore_id": "r1",
-            "status": status,
-            "execution_id": "arn:aws:states:us-east-1:1:execution:restore:drill-d1",
-            "placement": {"shard-1": "n1", "shard-2": "n2", "shard-3": "n1"},
-            **fields,
-        }
+        catalog_item(
+            {
+                "cluster": "orders-drill",
+                "backup_id": restore_key("r1"),
+                "restore_id": "r1",
+                "status": status,
+                "source_cluster": "orders",
+                "source_backup_id": "b1",
+                "execution_id": "arn:aws:states:us-east-1:1:execution:restore:drill-d1",
+                "placement": {"shard-1": "n1", "shard-2": "n2", "shard-3": "n1"},
+                **fields,
+            }
+        )
     )
 
 
 def test_a_validated_restore_passes_with_its_rto_and_its_copy_kept_then_torn_down(monkeypatch):
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d1", "drill_id": "d1"})
+        svc.catalog.put(catalog_item(drill_item("d1")))
         restore_record(svc)
         summary = {
             "completed_at": NOW + 90,
@@ -282,8 +312,8 @@ def test_a_validated_restore_passes_with_its_rto_and_its_copy_kept_then_torn_dow
             {"node_id": "n2", "restore_id": "r1", "drill_id": "d1"},
         ]
         (record,) = svc.catalog.drills("orders")
-        assert record["checks_passed"] == 6
-        assert record["nodes"] == ["n1", "n2"]
+        assert record.checks_passed == 6
+        assert record.nodes == ["n1", "n2"]
         # Slower than its target: slow, and the copy is kept and torn down all the same.
         slow = drills.record(context(rto_target_seconds=60.0), {"output": summary}, None, svc, NOW)
         assert slow["verdict"] == "slow"
@@ -295,7 +325,7 @@ def test_a_failed_restore_fails_the_drill_with_the_nodes_cause(
     monkeypatch,
 ):
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "orders", "backup_id": "drill#d1", "drill_id": "d1"})
+        svc.catalog.put(catalog_item(drill_item("d1")))
         restore_record(svc, "FAILED", error="ChecksumMismatch", cause="object k: part 3 differs")
         nested = {"Status": "FAILED", "Error": "States.TaskFailed", "Cause": "generic"}
         error = {"Error": "States.TaskFailed", "Cause": json.dumps(nested)}
@@ -336,7 +366,11 @@ def test_copies_of_drills_that_ended_without_a_teardown_are_torn_down_first(monk
                 "execution_id": running_execution(),
             },
         ]
-        stale, teardown = drills.stale_copies(earlier, "", svc)
+        items = [
+            DrillItem.model_validate({"backup_id": f"drill#{e['drill_id']}", "started_at": NOW} | e)
+            for e in earlier
+        ]
+        stale, teardown = drills.stale_copies(items, "", svc)
         assert stale == ["d1", "dx"]
         assert teardown == [
             {"node_id": "n1", "restore_id": "r1", "drill_id": "d1"},
@@ -347,7 +381,7 @@ def test_copies_of_drills_that_ended_without_a_teardown_are_torn_down_first(monk
 def test_a_copy_a_node_could_not_tear_down_stays_recorded_for_the_next_drill(monkeypatch):
     with moto_services(monkeypatch) as svc:
         for drill_id in ("d0", "d1", "d2"):
-            svc.catalog.put({"cluster": "orders", "backup_id": f"drill#{drill_id}"})
+            svc.catalog.put(catalog_item(drill_item(drill_id)))
         svc.catalog.try_lock("orders-drill", "d2", "arn:x", key="#drill")
         drill = context(drill_id="d2", stale=["d0", "d1"])
         asked = [
@@ -358,11 +392,11 @@ def test_a_copy_a_node_could_not_tear_down_stays_recorded_for_the_next_drill(mon
         answers = [asked[0], asked[1], asked[2] | {"torn_down": False, "error": "States.Timeout"}]
         noted = drills.note_teardown(drill, "before", asked, answers, svc, NOW)
         assert noted == {"removed": ["d0"], "left": ["d1"]}
-        assert svc.catalog.get("orders", "drill#d1").get("torn_down_at") is None
+        assert svc.catalog.drills("orders")[1].torn_down_at is None
         assert svc.catalog.lock_holder("orders-drill", "#drill")  # held through the restore
         mine = [{"node_id": "n1", "restore_id": "r2", "drill_id": "d2"}]
         assert drills.note_teardown(drill, "after", mine, mine, svc, NOW)["removed"] == ["d2"]
-        assert svc.catalog.get("orders", "drill#d2")["torn_down_at"] == NOW
+        assert svc.catalog.drills("orders")[2].torn_down_at == NOW
         assert svc.catalog.lock_holder("orders-drill", "#drill") is None
 
 

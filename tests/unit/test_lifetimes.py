@@ -19,6 +19,7 @@ from shardvault.config.policy import parse_policy
 from shardvault.contracts.models import BackupRequest
 from shardvault.lifecycle import costs, lifetimes
 from shardvault.pricing.prices import StorageClass
+from tests.unit.support import catalog_item
 
 from .support import leader_node, moto_services
 
@@ -143,18 +144,20 @@ def svc(monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
 def measured_full(svc: Services, cluster: str, stored: int) -> None:
     """A complete full in the catalog, as Finalize and promotion leave it."""
     svc.catalog.put(
-        {
-            "cluster": cluster,
-            "backup_id": "20260101T020000Z-aaaaaa",
-            "status": "COMPLETE",
-            "kind": "full",
-            "completed_at": time.time() - 86_400,
-            "bytes": stored,
-            "stored_bytes": stored,
-            "objects": 1,
-            "location": "vault",
-            "storage_class": "DEEP_ARCHIVE",
-        }
+        catalog_item(
+            {
+                "cluster": cluster,
+                "backup_id": "20260101T020000Z-aaaaaa",
+                "status": "COMPLETE",
+                "kind": "full",
+                "completed_at": time.time() - 86_400,
+                "bytes": stored,
+                "stored_bytes": stored,
+                "objects": 1,
+                "location": "vault",
+                "storage_class": "DEEP_ARCHIVE",
+            }
+        )
     )
 
 

@@ -30,6 +30,7 @@ from shardvault.data.checksums import crc64nvme_of_stream
 from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.data.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 from shardvault.errors import AnswerMismatch
+from tests.unit.support import catalog_item
 
 from .support import (
     lone_node_context,
@@ -304,7 +305,7 @@ def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_an
     context = lone_node_context("b2", part_size=PACK["part_size"])
     with moto_services(monkeypatch, work_bucket="work") as svc:
         with_buckets(svc, "work", "store")
-        svc.catalog.put({"cluster": "c", "backup_id": "b2", "status": "RUNNING"})
+        svc.catalog.put(catalog_item({"cluster": "c", "backup_id": "b2", "status": "RUNNING"}))
         calls = requests_made(svc.catalog.table.meta.client, svc.work_s3, svc.store_s3)
 
         summary = plan(context, [answer], Phase.DATA, svc)
@@ -320,7 +321,8 @@ def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_an
         assert phases == ["data", "blockmap"]  # SQLite's tail is empty: its map went with data
         assert summary["objects"] == len(items)
         assert all(item["signed"] for item in items)  # one part each: signed at plan
-        record = svc.catalog.get("c", "b2") or {}
-        assert record["data_packed"] is True
-        assert record["objects_total"] == len(items)
-        assert (record["data_objects"], record["tail_objects"]) == (2, 0)
+        record = svc.catalog.get("c", "b2")
+        assert record is not None
+        assert record.data_packed is True
+        assert record.objects_total == len(items)
+        assert (record.data_objects, record.tail_objects) == (2, 0)

@@ -19,6 +19,7 @@ from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import InvalidRequest, TargetOutOfRange, TargetUnsupported
 from shardvault.wal import pitr
 from shardvault.wal.archive import cutoffs, expired_keys, shard_archive, wal_stream
+from tests.unit.support import backup_item
 
 SEG = 16 * 1024 * 1024
 
@@ -95,9 +96,9 @@ def test_a_file_two_batches_hold_is_placed_once_and_its_copy_aside() -> None:
 
 
 BACKUPS = [
-    {"backup_id": "20261123T010000Z-aaaaaa", "status": "COMPLETE", "completed_at": 1000.0},
-    {"backup_id": "20261123T020000Z-bbbbbb", "status": "COMPLETE", "completed_at": 2000.0},
-    {"backup_id": "20261123T030000Z-cccccc", "status": "FAILED", "completed_at": 2500.0},
+    backup_item(backup_id="20261123T010000Z-aaaaaa", status="COMPLETE", completed_at=1000.0),
+    backup_item(backup_id="20261123T020000Z-bbbbbb", status="COMPLETE", completed_at=2000.0),
+    backup_item(backup_id="20261123T030000Z-cccccc", status="FAILED", completed_at=2500.0),
 ]
 
 
@@ -107,52 +108,52 @@ def request(**fields) -> RestoreRequest:
 
 def test_the_base_is_the_newest_complete_backup_before_the_target() -> None:
     at = {"time": "1970-01-01T00:40:00+00:00"}  # 2400 s
-    assert pitr.base_backup(request(target=at), BACKUPS)["backup_id"].endswith("bbbbbb")
+    assert pitr.base_backup(request(target=at), BACKUPS).backup_id.endswith("bbbbbb")
     early = {"time": "1970-01-01T00:20:00+00:00"}  # 1200 s: only the first had completed
-    assert pitr.base_backup(request(target=early), BACKUPS)["backup_id"].endswith("aaaaaa")
+    assert pitr.base_backup(request(target=early), BACKUPS).backup_id.endswith("aaaaaa")
     latest = pitr.base_backup(request(target={"latest": True}), BACKUPS)
-    assert latest["backup_id"].endswith("bbbbbb")
+    assert latest.backup_id.endswith("bbbbbb")
 
 
 def test_a_target_before_every_backup_or_the_named_one_is_refused() -> None:
     before = {"time": "1970-01-01T00:10:00+00:00"}  # 600 s
     with pytest.raises(TargetOutOfRange, match="the oldest completed at 1970-01-01T00:16:40"):
         pitr.base_backup(request(target=before), BACKUPS)
-    named = request(target={"time": "1970-01-01T00:20:00+00:00"}, backup_id=BACKUPS[1]["backup_id"])
+    named = request(target={"time": "1970-01-01T00:20:00+00:00"}, backup_id=BACKUPS[1].backup_id)
     with pytest.raises(TargetOutOfRange, match="bbbbbb that completed before"):
         pitr.base_backup(named, BACKUPS)
 
 
 ONE_SHARD = [
-    {"backup_id": f"2026112{i}T000000Z-aaaaaa", "status": "COMPLETE", "completed_at": i * 100.0,
-     "wal_from": {"s1": name(10 * i)}}
+    backup_item(backup_id=f"2026112{i}T000000Z-aaaaaa", completed_at=i * 100.0,
+                wal_from={"s1": name(10 * i)})
     for i in range(1, 4)
 ]  # fmt: skip
 
 
 def test_an_lsn_target_starts_from_the_newest_backup_whose_wal_ends_before_it() -> None:
     def base(lsn: str, **fields) -> str:
-        return pitr.base_backup(request(target={"lsn": lsn}, **fields), ONE_SHARD)["backup_id"]
+        return pitr.base_backup(request(target={"lsn": lsn}, **fields), ONE_SHARD).backup_id
 
     assert base(f"0/{21 * SEG:X}").startswith("20261122")  # segment 21: after 20, not 30
     assert base(f"0/{20 * SEG + 8:X}").startswith("20261121")  # inside backup 2's last segment
     with pytest.raises(TargetOutOfRange, match="no complete backup whose WAL ends before LSN"):
         base(f"0/{5 * SEG:X}")
     with pytest.raises(TargetOutOfRange, match="no complete backup 20261123T000000Z-aaaaaa"):
-        base(f"0/{25 * SEG:X}", backup_id=ONE_SHARD[2]["backup_id"])
-    two = [{**b, "wal_from": {"s1": name(1), "s2": name(1)}} for b in ONE_SHARD]
+        base(f"0/{25 * SEG:X}", backup_id=ONE_SHARD[2].backup_id)
+    two = [b.model_copy(update={"wal_from": {"s1": name(1), "s2": name(1)}}) for b in ONE_SHARD]
     with pytest.raises(TargetUnsupported, match="has 2 shards"):
         pitr.base_backup(request(target={"lsn": "0/5000000"}), two)
 
 
 def test_a_restore_point_starts_from_the_backup_of_its_name_or_the_newest() -> None:
     def base(point: str, **fields) -> str:
-        return pitr.base_backup(request(target={"name": point}, **fields), ONE_SHARD)["backup_id"]
+        return pitr.base_backup(request(target={"name": point}, **fields), ONE_SHARD).backup_id
 
-    assert base(ONE_SHARD[0]["backup_id"]) == ONE_SHARD[0]["backup_id"]  # a backup's own cut
-    assert base("before-migration") == ONE_SHARD[2]["backup_id"]  # newest, as pgBackRest
-    older = base("before-migration", backup_id=ONE_SHARD[1]["backup_id"])
-    assert older == ONE_SHARD[1]["backup_id"]
+    assert base(ONE_SHARD[0].backup_id) == ONE_SHARD[0].backup_id  # a backup's own cut
+    assert base("before-migration") == ONE_SHARD[2].backup_id  # newest, as pgBackRest
+    older = base("before-migration", backup_id=ONE_SHARD[1].backup_id)
+    assert older == ONE_SHARD[1].backup_id
 
 
 @pytest.mark.parametrize(
@@ -217,14 +218,14 @@ def test_recovery_reads_the_placed_archive_and_stops_at_the_target() -> None:
 def test_the_archive_keeps_what_a_restore_inside_its_window_needs() -> None:
     day = 86400.0
     backups = [
-        {"backup_id": f"2026112{i}T000000Z-aaaaaa", "status": "COMPLETE",
-         "completed_at": i * day, "wal_from": {"s1": name(10 * i)}}
+        backup_item(backup_id=f"2026112{i}T000000Z-aaaaaa", completed_at=i * day,
+                    wal_from={"s1": name(10 * i)})
         for i in range(1, 6)
     ]  # fmt: skip
     assert cutoffs(backups) == {"s1": name(10)}  # back to the oldest kept backup
     # A window of 2.5 days on day 5.5: a target at day 3 starts from the day-3 backup.
     assert cutoffs(backups, window_days=2.5, now=5.5 * day) == {"s1": name(30)}
-    assert cutoffs([{**backups[0], "wal_from": None}]) == {}  # before the record: keep all
+    assert cutoffs([backups[0].model_copy(update={"wal_from": {}})]) == {}  # before the record
     keys = [
         f"r/c/_wal/s1/{name(3)}--{name(9)}--{'a' * 32}.wal",
         f"r/c/_wal/s1/{name(9)}--{name(11)}--{'b' * 32}.wal",

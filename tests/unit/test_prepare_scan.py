@@ -10,6 +10,7 @@ import pytest
 from shardvault.backup.scanning import prepare_scan
 from shardvault.contracts.models import BackupContext, BackupKind, ChainLink, Manifest
 from shardvault.data.planning import choose_part_size
+from tests.unit.support import catalog_item
 
 from .support import lone_node_context, moto_services, requests_made, with_buckets
 
@@ -49,15 +50,16 @@ def prepared(monkeypatch: pytest.MonkeyPatch, context: BackupContext) -> tuple[A
             body = manifest(backup_id).model_dump_json().encode()
             svc.store_s3.put_object(Bucket="store", Key=key, Body=body)
             record = {"backup_id": backup_id, "manifest_key": key, "bytes_total": total}
-            svc.catalog.put({"cluster": "c", "status": "COMPLETE", **record})
-        svc.catalog.put({"cluster": "c", "backup_id": "incr", "status": "RUNNING"})
+            svc.catalog.put(catalog_item({"cluster": "c", "status": "COMPLETE", **record}))
+        svc.catalog.put(catalog_item({"cluster": "c", "backup_id": "incr", "status": "RUNNING"}))
         calls = requests_made(svc.catalog.table.meta.client)
 
         prepare_scan(context, svc)
 
         made = [call for call in calls if call != "UpdateItem"]  # but the part size's record
         args = svc.get_work(svc.scan_args_key("incr", "n1"))
-        return (svc.catalog.get("c", "incr") or {}).get("part_size"), made, args
+        record = svc.catalog.get("c", "incr")
+        return record.part_size if record else None, made, args
 
 
 def test_a_first_incrementals_part_size_comes_from_its_parent_the_full_read_once(

@@ -8,7 +8,7 @@ from botocore.exceptions import ClientError
 from shardvault.aws.tables import Catalog
 from shardvault.contracts.models import ThrottleReport
 
-from .support import moto_services
+from .support import backup_item, moto_services
 
 
 class RefusingTable:
@@ -32,16 +32,16 @@ def test_any_other_refusal_still_fails() -> None:
 
 def test_the_catalog_keeps_the_most_wal_any_node_held_and_the_latest_throttle(monkeypatch):
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "c", "backup_id": "b"})
+        svc.catalog.put(backup_item(backup_id="b", status="RUNNING"))
         reports = ((50, ThrottleReport(cuts=1)), (80, ThrottleReport(cuts=2)), (60, None))
         for held, throttle in reports:
             svc.catalog.add_progress(
                 "c", "b", bytes_done=1, objects_done=1, throttle=throttle, held_log_bytes=held
             )
         record = svc.catalog.get("c", "b")
-    assert record["held_log_bytes"] == 80  # a smaller report from another node does not win
-    assert ThrottleReport.model_validate(record["throttle"]) == ThrottleReport(cuts=2)
-    assert (record["bytes_done"], record["objects_done"]) == (3, 3)
+    assert record.held_log_bytes == 80  # a smaller report from another node does not win
+    assert record.throttle == ThrottleReport(cuts=2)
+    assert (record.bytes_done, record.objects_done) == (3, 3)
 
 
 def test_objects_verified_together_count_as_one_update_of_the_same_totals(monkeypatch):
@@ -64,11 +64,22 @@ def test_objects_verified_together_count_as_one_update_of_the_same_totals(monkey
         return obj, sums
 
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "c", "backup_id": "b", "held_log_bytes": 70})
+        svc.catalog.put(backup_item(backup_id="b", status="RUNNING", held_log_bytes=70))
         count_progress([done(0, 5, {"cuts": 1}, 50), done(1, 7, {"cuts": 2}, 90)], svc)
         count_progress([done(2, 11, None, None)], svc)
         count_progress([], svc)  # nothing verified: nothing counted
         record = svc.catalog.get("c", "b")
-    assert (record["bytes_done"], record["objects_done"]) == (23, 3)
-    assert ThrottleReport.model_validate(record["throttle"]) == ThrottleReport(cuts=2)
-    assert record["held_log_bytes"] == 90
+    assert (record.bytes_done, record.objects_done) == (23, 3)
+    assert record.throttle == ThrottleReport(cuts=2)
+    assert record.held_log_bytes == 90
+
+
+def test_a_count_for_an_item_that_does_not_exist_writes_nothing(monkeypatch):
+    """A count for a backup the catalog does not hold is dropped: an item of counts alone has
+    no status, and no reader could read it."""
+    with moto_services(monkeypatch) as svc:
+        counted = svc.catalog.add_progress(
+            "c", "gone", bytes_done=1, objects_done=1, held_log_bytes=5
+        )
+        assert counted is False
+        assert svc.catalog.table.scan()["Items"] == []

@@ -20,11 +20,13 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from shardvault.aws.store import stored_checksum
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import LockMode, ObjectResult, Phase, VaultTarget
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.data.planning import MiB
 from shardvault.errors import PromotionFailed
 from shardvault.lifecycle import promote
+from tests.unit.support import backup_item
 
 from .support import moto_services
 
@@ -181,10 +183,10 @@ def test_a_copy_already_in_the_vault_counts_only_while_its_lock_holds(svc, monke
 
 class OneRecordCatalog:
     def __init__(self, record: dict) -> None:
-        self.record = record
+        self.record = backup_item(**record)
 
-    def get(self, cluster: str, backup_id: str) -> dict | None:
-        return self.record if backup_id == self.record.get("backup_id") else None
+    def get(self, cluster: str, backup_id: str) -> BackupItem | None:
+        return self.record if backup_id == self.record.backup_id else None
 
 
 @pytest.mark.parametrize(

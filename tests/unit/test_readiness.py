@@ -9,7 +9,9 @@ import pytest
 
 from shardvault.assurance.readiness import drill_findings, findings, probe_findings
 from shardvault.config.policy import PolicyError, parse_policy
+from shardvault.contracts.catalog import BackupItem, DrillItem
 from shardvault.contracts.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
+from tests.unit.support import backup_item
 
 NOW = 1_800_000_000.0
 POLICY_TEXT = """
@@ -36,13 +38,15 @@ def node(node_id: str, *shards: tuple[str, str], heartbeat_at: float = NOW) -> N
     )
 
 
-def backup(hours_ago: float, **fields: object) -> dict:
-    return {
-        "backup_id": "20270115T000000Z-aaaaaa",
-        "status": "COMPLETE",
-        "completed_at": NOW - hours_ago * 3600,
-        **fields,
-    }
+VERIFIED = {"verified_at": 0, "objects": 1, "read": 1, "skipped": 0}
+
+
+def backup(hours_ago: float, **fields: object) -> BackupItem:
+    if isinstance(verify := fields.get("verify"), dict):
+        fields["verify"] = VERIFIED | verify
+    return backup_item(
+        backup_id="20270115T000000Z-aaaaaa", completed_at=NOW - hours_ago * 3600, **fields
+    )
 
 
 def failed(found: list) -> dict[str, str]:
@@ -118,14 +122,18 @@ def drill_node(node_id: str, restore_dir: bool = True) -> NodeRecord:
     return record.model_copy(update={"restore_free_bytes": 1 << 30 if restore_dir else None})
 
 
-def drill(hours_ago: float, status: str = "passed", **fields: object) -> dict:
-    return {
-        "drill_id": "d1",
-        "status": status,
-        "started_at": NOW - hours_ago * 3600,
-        "rto_seconds": 42.0,
-        **fields,
-    }
+def drill(hours_ago: float, status: str = "passed", **fields: object) -> DrillItem:
+    return DrillItem.model_validate(
+        {
+            "cluster": "a",
+            "backup_id": "drill#d1",
+            "drill_id": "d1",
+            "status": status,
+            "started_at": NOW - hours_ago * 3600,
+            "rto_seconds": 42.0,
+        }
+        | fields
+    )
 
 
 def test_a_cluster_without_a_drill_is_told_so_without_failing() -> None:

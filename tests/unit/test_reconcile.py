@@ -14,6 +14,7 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile, reconcile_safely
 
 from shardvault.aws.tables import Catalog
+from tests.unit.support import catalog_item
 
 from .support import moto_services, sqlite_agent
 
@@ -41,8 +42,10 @@ def test_ended_backups_are_released_and_running_ones_kept(tmp_path, monkeypatch)
     for backup_id in ("b-failed", "b-running", "b-unknown"):
         checkpoint(commands, backup_id)
     with moto_services(monkeypatch) as svc:
-        svc.catalog.put({"cluster": "c", "backup_id": "b-failed", "status": "FAILED"})
-        svc.catalog.put({"cluster": "c", "backup_id": "b-running", "status": "RUNNING"})
+        svc.catalog.put(catalog_item({"cluster": "c", "backup_id": "b-failed", "status": "FAILED"}))
+        svc.catalog.put(
+            catalog_item({"cluster": "c", "backup_id": "b-running", "status": "RUNNING"})
+        )
         catalog = Catalog(svc.catalog.table)
 
         done = reconcile(commands, lambda key: catalog.status("c", key))

@@ -12,6 +12,7 @@ from shardvault.client import cli
 from shardvault.client import operations as ops
 from shardvault.lifecycle.costs import StoredPart, price_restore, restore_options
 from shardvault.pricing.prices import RestoreTier, StorageClass
+from tests.unit.support import backup_item
 
 GIB = 2**30
 
@@ -55,10 +56,10 @@ def test_plan_only_prints_the_tiers_of_the_chain_it_would_read(monkeypatch) -> N
     monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
     monkeypatch.setenv("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", "arn:restore")
     records = {
-        "full": {"backup_id": "full", "kind": "full", "bytes": 10 * GIB, "objects": 40,
-                 "stored_bytes": 2 * GIB, "location": "vault", "storage_class": "GLACIER"},
-        "incr": {"backup_id": "incr", "kind": "incremental", "parent_id": "full", "depth": 1,
-                 "bytes": GIB, "objects": 2, "stored_bytes": GIB // 8},
+        "full": backup_item(backup_id="full", kind="full", bytes=10 * GIB, objects=40,
+                            stored_bytes=2 * GIB, location="vault", storage_class="GLACIER"),
+        "incr": backup_item(backup_id="incr", kind="incremental", parent_id="full", depth=1,
+                            bytes=GIB, objects=2, stored_bytes=GIB // 8),
     }  # fmt: skip
     plan = {"cluster": "orders", "backup_id": "incr", "target_cluster": "copy", "placements": []}
     monkeypatch.setattr(ops, "start_restore", lambda config, request: "arn:execution")

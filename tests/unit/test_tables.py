@@ -32,8 +32,9 @@ def test_the_newest_backup_in_a_status_is_found_among_restores_drills_and_the_lo
         other = {"cluster": "other", "backup_id": "20261107T0Z-0", "status": "COMPLETE"}
         table.put_item(Item=other)
 
-        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20261102T020000Z-bbbbbb"
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE)
+        assert newest is not None
+        assert newest.backup_id == "20261102T020000Z-bbbbbb"
         assert svc.catalog.newest_backup("c", BackupStatus.REFUSED) is None
         assert svc.catalog.newest_backup("nobody", BackupStatus.COMPLETE) is None
 
@@ -48,8 +49,9 @@ def test_the_newest_backup_is_found_past_pages_of_others(monkeypatch: pytest.Mon
             item = {"cluster": "c", "backup_id": backup_id, "status": "FAILED", "pad": "x" * 60_000}
             table.put_item(Item=item)
 
-        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20250101T0Z-0"
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE)
+        assert newest is not None
+        assert newest.backup_id == "20250101T0Z-0"
 
 
 def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pytest.MonkeyPatch):
@@ -60,7 +62,12 @@ def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pyte
         table = svc.catalog.table
         for second in range(1, 41):
             backup_id = f"20260101T{second:06d}Z-0"
-            item = {"cluster": "c", "backup_id": backup_id, "status": "COMPLETE", "pad": "x" * 999}
+            item = {
+                "cluster": "c",
+                "backup_id": backup_id,
+                "status": "COMPLETE",
+                "cause": "x" * 999,
+            }
             table.put_item(Item=item)
         returned: list[dict] = []
         query = table.query
@@ -71,9 +78,10 @@ def test_the_newest_backup_is_read_from_a_page_not_the_history(monkeypatch: pyte
             return page
 
         monkeypatch.setattr(svc.catalog.table, "query", counted)
-        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20260101T000040Z-0"
-        assert newest.get("pad") == "x" * 999  # the record, whole
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE)
+        assert newest is not None
+        assert newest.backup_id == "20260101T000040Z-0"
+        assert newest.cause == "x" * 999  # the record, whole
         assert len(returned) <= NEWEST_PAGE_ITEMS
         assert all(set(item) <= {"backup_id", "completed_at"} for item in returned)
 
@@ -99,8 +107,9 @@ def test_a_newest_backup_whose_status_changed_meanwhile_is_looked_for_again(
             return get(cluster, backup_id)
 
         monkeypatch.setattr(svc.catalog, "get", expiring)
-        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20261101T0Z-0"
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE)
+        assert newest is not None
+        assert newest.backup_id == "20261101T0Z-0"
 
 
 def test_of_two_backups_started_in_one_second_the_one_that_completed_last_is_newest(
@@ -117,5 +126,19 @@ def test_of_two_backups_started_in_one_second_the_one_that_completed_last_is_new
             item = {"cluster": "c", "backup_id": backup_id, "status": "COMPLETE"}
             svc.catalog.table.put_item(Item=item | {"completed_at": Decimal(str(completed))})
 
-        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE) or {}
-        assert newest.get("backup_id") == "20261129T061235Z-60518e"
+        newest = svc.catalog.newest_backup("c", BackupStatus.COMPLETE)
+        assert newest is not None
+        assert newest.backup_id == "20261129T061235Z-60518e"
+
+
+def test_a_partial_item_is_left_out_of_a_listing_and_left_in_the_table(monkeypatch, caplog):
+    """An item that does not read as a backup (written by hand, without a status) does not
+    hide the cluster's other backups; it stays in the table, and the log names it."""
+    with moto_services(monkeypatch) as svc:
+        svc.catalog.table.put_item(Item={"cluster": "c", "backup_id": "20261101T0Z-bad"})
+        svc.catalog.table.put_item(
+            Item={"cluster": "c", "backup_id": "20261102T0Z-good", "status": "COMPLETE"}
+        )
+        assert [b.backup_id for b in svc.catalog.backups("c")] == ["20261102T0Z-good"]
+        assert len(svc.catalog.table.scan()["Items"]) == 2
+    assert "c/20261101T0Z-bad is not a readable BackupItem" in caplog.text

@@ -8,6 +8,7 @@ import boto3
 
 from shardvault.backup import TAKEN_OVER, clean_up_abandoned, take_lock
 from shardvault.contracts.models import BackupRequest
+from tests.unit.support import catalog_item
 
 from .support import moto_services
 
@@ -23,22 +24,24 @@ def test_an_abandoned_backup_with_an_unreadable_context_is_cleaned_and_its_lock_
         s3.put_object(Bucket="store", Key="backups/c1/old/shard-1/data-00000", Body=b"partial")
         upload = s3.create_multipart_upload(Bucket="store", Key="backups/c1/old/shard-1/x")
         svc.catalog.put(
-            {
-                "cluster": "c1",
-                "backup_id": "old",
-                "status": "RUNNING",
-                "execution_id": ENDED,
-                "context": '{"vault": {"lock_mode": "NONE"}}',  # an older version's
-            }
+            catalog_item(
+                {
+                    "cluster": "c1",
+                    "backup_id": "old",
+                    "status": "RUNNING",
+                    "execution_id": ENDED,
+                    "context": '{"vault": {"lock_mode": "NONE"}}',  # an older version's
+                }
+            )
         )
         assert svc.catalog.try_lock("c1", "old", ENDED) is None
 
         taken = take_lock(svc, BackupRequest(cluster="c1", execution_id="arn:new"), "new")
 
         assert taken == "new"
-        assert svc.catalog.lock_holder("c1")["holder"] == "new"
+        assert svc.catalog.lock_holder("c1").holder == "new"
         old = svc.catalog.get("c1", "old")
-        assert (old["status"], old["error"]) == ("FAILED", TAKEN_OVER["Error"])
+        assert (old.status, old.error) == ("FAILED", TAKEN_OVER["Error"])
         assert "Contents" not in s3.list_objects_v2(Bucket="store", Prefix="backups/c1/old/")
         uploads = s3.list_multipart_uploads(Bucket="store").get("Uploads", [])
         assert upload["UploadId"] not in [u["UploadId"] for u in uploads]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shardvault.aws.services import Services
+from shardvault.contracts.catalog import RestoreItem
 from shardvault.contracts.models import (
     Engine,
     FileEntry,
@@ -23,7 +24,7 @@ from shardvault.contracts.models import (
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.restore import thaw
 
-from .support import moto_services
+from .support import backup_item, moto_services
 
 BUCKET = "store"
 MANIFEST = "backups/c/b1/manifest.json"
@@ -72,6 +73,12 @@ def archived_backup(svc: Services) -> RestoreContext:
         ],
     )  # fmt: skip
     s3.put_object(Bucket=BUCKET, Key=MANIFEST, Body=manifest.model_dump_json().encode())
+    svc.catalog.put(
+        RestoreItem(
+            cluster="t", backup_id="restore#r1", restore_id="r1", status="RUNNING",
+            source_cluster="c", source_backup_id="b1",
+        )
+    )  # fmt: skip
     return RestoreContext(
         restore_id="r1", cluster="c", backup_id="b1", manifest_key=MANIFEST,
         target_cluster="t",
@@ -100,11 +107,11 @@ def test_archived_objects_are_thawed_at_the_tier_and_counted_until_readable(svc,
     assert first["requested"] == 2
     assert sorted(a["Key"][-1] for a in asked) == ["a", "b"]
     assert {a["RestoreRequest"]["GlacierJobParameters"]["Tier"] for a in asked} == {"Bulk"}
-    assert svc.catalog.get("t", "restore#r1")["frozen"] == 2  # what the CLI shows
+    assert svc.catalog.restore("t", "r1").frozen == 2  # what the CLI shows
     # moto thaws at once: the next poll finds nothing frozen and asks for nothing.
     second = thaw.thaw(context, first["attempt"], svc)
     assert second["frozen"] == 0
-    assert svc.catalog.get("t", "restore#r1")["frozen"] == 0
+    assert svc.catalog.restore("t", "r1").frozen == 0
     assert len(asked) == 2
 
 
@@ -119,12 +126,13 @@ def test_a_tier_the_vaults_class_lacks_is_refused_before_anything_with_those_it_
     from shardvault.errors import InvalidRequest
     from shardvault.restore.admission import check_tier
 
-    deep = {"backup_id": "b1", "location": "vault", "storage_class": "DEEP_ARCHIVE"}
+    deep = backup_item(backup_id="b1", location="vault", storage_class="DEEP_ARCHIVE")
     with pytest.raises(InvalidRequest, match="no Expedited thaw tier; it has Standard and Bulk"):
         check_tier(deep, RetrievalTier.EXPEDITED)
     check_tier(deep, RetrievalTier.BULK)
-    check_tier({**deep, "storage_class": "GLACIER"}, RetrievalTier.EXPEDITED)
-    check_tier({**deep, "storage_class": "GLACIER_IR"}, RetrievalTier.EXPEDITED)  # no thaw
+    check_tier(deep.model_copy(update={"storage_class": "GLACIER"}), RetrievalTier.EXPEDITED)
+    glacier_ir = deep.model_copy(update={"storage_class": "GLACIER_IR"})
+    check_tier(glacier_ir, RetrievalTier.EXPEDITED)  # no thaw
 
 
 def test_a_restore_outlives_the_slowest_thaw_it_may_wait_for():
@@ -141,13 +149,13 @@ def test_a_backup_verify_found_damaged_is_refused_unless_accepted():
     from shardvault.errors import BackupDamaged
     from shardvault.restore.admission import check_not_damaged
 
-    damaged = {
-        "backup_id": "b1",
-        "verify": {"result": "damaged", "verified_at": 0, "problems": ["k is missing"]},
-    }
+    verdict = {"verified_at": 0, "objects": 1, "read": 1, "skipped": 0}
+    damaged = backup_item(
+        backup_id="b1", verify=verdict | {"result": "damaged", "problems": ["k is missing"]}
+    )
     with pytest.raises(BackupDamaged, match="k is missing") as refused:
         check_not_damaged(damaged, accepted=False)
     assert "--accept-damaged" in refused.value.fix
     check_not_damaged(damaged, accepted=True)
-    check_not_damaged({"backup_id": "b2", "verify": {"result": "ok"}}, accepted=False)
-    check_not_damaged({"backup_id": "b3"}, accepted=False)  # never verified
+    check_not_damaged(backup_item(backup_id="b2", verify=verdict | {"result": "ok"}), False)
+    check_not_damaged(backup_item(backup_id="b3"), accepted=False)  # never verified

@@ -1,7 +1,8 @@
-"""Nothing untyped crosses the control plane <-> agent boundary.
+"""Nothing untyped crosses the control plane <-> agent boundary or the catalog's.
 
-Every agent command's arguments and result is a model whose fields are typed all the way
-down: no ``Any``, no ``dict[str, Any]``, no bare ``dict``.
+Every agent command's arguments and result, and every kind of catalog item, is a model whose
+fields are typed all the way down: no ``Any``, no ``dict[str, Any]``. The catalog's methods
+take and return those models, and a writer's fields are checked before they are written.
 """
 
 from __future__ import annotations
@@ -9,12 +10,22 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 from pydantic import BaseModel
 
+from shardvault.aws.tables import Catalog
+from shardvault.contracts import catalog
 from shardvault.contracts.commands import ARGUMENTS, RESULTS
+
+CATALOG_KINDS = [
+    catalog.BackupItem,
+    catalog.RestoreItem,
+    catalog.DrillItem,
+    catalog.LockItem,
+    catalog.ArchiveTotals,
+]
 
 
 def untyped_fields(model: type[BaseModel], seen: set[type] | None = None) -> list[str]:
@@ -47,7 +58,7 @@ def untyped(annotation: Any, seen: set[type]) -> list[str]:
 
 @pytest.mark.parametrize(
     "model",
-    [*ARGUMENTS.values(), *RESULTS.values()],
+    [*ARGUMENTS.values(), *RESULTS.values(), *CATALOG_KINDS],
     ids=lambda m: m.__name__,
 )
 def test_every_field_that_crosses_a_boundary_is_typed(model: type[BaseModel]) -> None:
@@ -63,3 +74,30 @@ def test_the_walk_finds_an_untyped_field() -> None:
         inner: Loose
 
     assert untyped_fields(Outer) == ["Outer.inner -> Loose.nested: Any"]
+
+
+def test_the_catalog_takes_and_returns_models_only() -> None:
+    for name, method in inspect.getmembers(Catalog, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        hints = get_type_hints(method)
+        loose = {k: v for k, v in hints.items() if "Any" in str(v) or "dict" in str(v)}
+        assert loose == {}, f"Catalog.{name} takes or returns untyped data: {loose}"
+
+
+def test_a_writer_s_fields_are_checked_before_anything_is_written() -> None:
+    with pytest.raises(ValueError, match="no field 'complted_at'"):
+        catalog.BackupItem.changes(complted_at=1.0)
+    with pytest.raises(ValueError, match="bytes"):
+        catalog.BackupItem.changes(bytes="a lot")
+    with pytest.raises(ValueError, match="no field 'cluster'"):
+        catalog.BackupItem.changes(cluster="elsewhere")  # an item's keys never change
+    changes = catalog.RestoreItem.changes(status="FAILED", failed_at=3)
+    assert changes.values == {"status": "FAILED", "failed_at": 3.0}
+
+
+def test_an_item_written_by_an_older_release_still_reads() -> None:
+    item = catalog.BackupItem.from_item(
+        {"cluster": "c", "backup_id": "b", "status": "COMPLETE", "a_field_long_gone": 1}
+    )
+    assert item.status == "COMPLETE"

@@ -146,10 +146,10 @@ def test_a_request_may_make_the_policy_stricter(svc, cluster, vault, expected):
 
     target = context.vault
     assert (target.storage_class, target.lock_mode, target.lock_days) == expected
-    assert svc.catalog.lock_holder(cluster)["holder"] == context.backup_id
+    assert svc.catalog.lock_holder(cluster).holder == context.backup_id
     # The record's context, which later steps and the reaper read, holds the merged vault.
     (record,) = svc.catalog.backups(cluster)
-    assert BackupContext.model_validate_json(record["context"]).vault == target
+    assert BackupContext.model_validate_json(record.context).vault == target
 
 
 def test_a_cluster_outside_the_policy_without_a_vault_request_stays_in_the_store(svc):

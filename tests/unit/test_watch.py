@@ -17,7 +17,7 @@ from shardvault.assurance.watch import (
     watch,
 )
 from shardvault.contracts.models import AGENT_PROTOCOL, ShardInfo
-from tests.unit.support import leader_node, moto_services
+from tests.unit.support import catalog_item, leader_node, moto_services
 
 HOUR = 3600.0
 
@@ -38,20 +38,30 @@ def test_the_age_runs_from_the_newest_complete_backup_or_the_first_attempt(
     now = 1_800_000_000.0
     with moto_services(monkeypatch) as svc:
         assert backup_age_hours(svc, "a", now) is None  # never attempted
-        svc.catalog.put(record("20270115T000000Z-aaaaaa", "FAILED", now - 50 * HOUR))
-        svc.catalog.put(record("20270116T000000Z-bbbbbb", "REFUSED", now - 26 * HOUR))
+        svc.catalog.put(catalog_item(record("20270115T000000Z-aaaaaa", "FAILED", now - 50 * HOUR)))
+        svc.catalog.put(catalog_item(record("20270116T000000Z-bbbbbb", "REFUSED", now - 26 * HOUR)))
         assert backup_age_hours(svc, "a", now) == pytest.approx(50)
         svc.catalog.put(
-            record(
-                "20270116T010000Z-cccccc", "COMPLETE", now - 30 * HOUR, completed_at=now - 29 * HOUR
+            catalog_item(
+                record(
+                    "20270116T010000Z-cccccc",
+                    "COMPLETE",
+                    now - 30 * HOUR,
+                    completed_at=now - 29 * HOUR,
+                )
             )
         )
         svc.catalog.put(
-            record(
-                "20270116T020000Z-dddddd", "COMPLETE", now - 10 * HOUR, completed_at=now - 9 * HOUR
+            catalog_item(
+                record(
+                    "20270116T020000Z-dddddd",
+                    "COMPLETE",
+                    now - 10 * HOUR,
+                    completed_at=now - 9 * HOUR,
+                )
             )
         )
-        svc.catalog.put(record("20270117T000000Z-eeeeee", "FAILED", now - 1 * HOUR))
+        svc.catalog.put(catalog_item(record("20270117T000000Z-eeeeee", "FAILED", now - 1 * HOUR)))
         assert backup_age_hours(svc, "a", now) == pytest.approx(9)
 
 
