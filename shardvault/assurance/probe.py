@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get, presign_put
+from shardvault.contracts.commands import Probed, parse_result
 from shardvault.contracts.models import ClusterName, Frozen, new_backup_id
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import UnknownCluster
@@ -117,6 +118,7 @@ def finish(step: ProbeStep, svc: Services) -> dict[str, Any]:
                 {"node_id": node_id, "ok": False, "error": error.get("Error"), "cause": cause}
             )
             continue
-        seconds = {k: result.get(k) for k in ("put_seconds", "get_seconds")}
+        probed = parse_result(Probed, node_id, result)
+        seconds = {"put_seconds": probed.put_seconds, "get_seconds": probed.get_seconds}
         nodes.append({"node_id": node_id, "ok": True, **seconds})
     return {"probe_id": step.probe_id, "ok": all(n["ok"] for n in nodes), "nodes": nodes}

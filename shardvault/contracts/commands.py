@@ -49,7 +49,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -74,7 +74,7 @@ from shardvault.contracts.models import (
     UploadedPart,
     UploadLimits,
 )
-from shardvault.errors import InvalidRequest
+from shardvault.errors import AnswerMismatch, InvalidRequest
 
 ShardIds = list[str]  # the node's shards a command is about, as its registry record names them
 Marker = dict[str, str]  # an engine's marker of a capture (e.g. {"start_lsn": "0/2000028"})
@@ -369,8 +369,8 @@ ARGUMENTS: dict[str, type[CommandArgs]] = {
 }
 
 FIX = (
-    "the control plane and the agent disagree on the command's arguments: run one ShardVault "
-    "version on both (shardvault nodes shows each agent's)."
+    "the control plane and the agent disagree on a command's arguments or answer: run one "
+    "ShardVault version on both (shardvault nodes shows each agent's)."
 )
 
 
@@ -390,10 +390,7 @@ def parse_args(command: str, args: Mapping[str, Any]) -> CommandArgs:
     try:
         return model.model_validate(dict(args) if isinstance(args, Mapping) else args)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
-            for e in error.errors()
-        )
+        problems = problems_of(error, "(arguments)")
         raise InvalidRequest(
             f"the arguments of agent command {command!r} are invalid: {problems}.", fix=FIX
         ) from None
@@ -405,6 +402,9 @@ def parse_args(command: str, args: Mapping[str, Any]) -> CommandArgs:
 
 
 # --- Results ------------------------------------------------------------------------------------
+Result = TypeVar("Result", bound=BaseModel)
+
+
 class CommandResult(BaseModel):
     """What an agent answers. A field this release does not know (a newer agent's) is
     ignored: upgrading the agents first must not stop every backup."""
@@ -520,6 +520,25 @@ class Aborted(NodeResult):
 class Probed(NodeResult):
     put_seconds: float
     get_seconds: float
+
+
+def problems_of(error: ValidationError, whole: str) -> str:
+    """A validation error's problems, each with its field's path (``whole`` for the root)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in error.errors()
+    )
+
+
+def parse_result(model: type[Result], node_id: str, result: object) -> Result:
+    """A node's answer as ``model``; AnswerMismatch naming the node and each field otherwise."""
+    try:
+        return model.model_validate(result)
+    except ValidationError as error:
+        raise AnswerMismatch(
+            f"node {node_id} answered with a {model.__name__} this control plane cannot read: "
+            f"{problems_of(error, '(answer)')}.",
+            fix=FIX,
+        ) from None
 
 
 RESULTS: dict[str, type[BaseModel]] = {

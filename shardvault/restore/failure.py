@@ -11,6 +11,7 @@ from shardvault.backup import (
     reaped_error,
 )
 from shardvault.contracts.catalog import RestoreItem
+from shardvault.contracts.commands import Finished, parse_result
 from shardvault.contracts.models import (
     BackupStatus,
     RestoreContext,
@@ -25,16 +26,17 @@ def finalize(
     context: RestoreContext, results: list[dict[str, Any]], svc: Services, now: float
 ) -> dict[str, Any]:
     """Records the restored cluster: where each shard runs and what its checks found."""
-    shards = sorted((s for r in results for s in r.get("shards", [])), key=lambda s: s["shard_id"])
+    answers = [parse_result(Finished, str(r.get("node_id", "?")), r) for r in results]
+    shards = sorted((s for a in answers for s in a.shards), key=lambda s: s.shard_id)
     duration = now - context.started_at
     # A chain's objects each node prefetched as it prepared: counted now, as the nodes say.
-    prefetched = [r["prefetched"] for r in results if isinstance(r.get("prefetched"), dict)]
+    prefetched = [a.prefetched for a in answers if a.prefetched is not None]
     if prefetched:
         svc.catalog.add_progress(
             context.target_cluster,
             catalog_key(context.restore_id),
-            bytes_done=sum(p.get("bytes", 0) for p in prefetched),
-            objects_done=sum(p.get("objects", 0) for p in prefetched),
+            bytes_done=sum(p.bytes or 0 for p in prefetched),
+            objects_done=sum(p.objects for p in prefetched),
         )
     record = svc.catalog.restore(context.target_cluster, context.restore_id)
     planned = record.objects_total if record else None
@@ -45,8 +47,8 @@ def finalize(
         "bytes": context.bytes,
         "objects": context.objects if planned is None else planned,  # a chain's, as planned
         "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
-        "shards": shards,
-        "validation": "passed" if all(s.get("checks_passed") for s in shards) else "failed",
+        "shards": [s.model_dump(mode="json", exclude_none=True) for s in shards],
+        "validation": "passed" if all(s.checks_passed for s in shards) else "failed",
     }
     restored = RestoreItem.changes(**summary)
     svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), restored)

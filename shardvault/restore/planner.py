@@ -18,6 +18,7 @@ from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import RestoreItem
+from shardvault.contracts.commands import Prepared, parse_result
 from shardvault.contracts.models import (
     BackupKind,
     BackupStatus,
@@ -159,9 +160,13 @@ def check_prepared(results: list[dict[str, Any]], nodes: list[dict[str, Any]]) -
     a node that was given objects to prefetch and did not say it would (an agent from before
     prefetching, which would leave a chain without its newer blocks)."""
     counted = raise_first_failure(results)
-    answers = {r.get("node_id"): r for r in results if isinstance(r, dict)}
+    answers = {
+        answer.node_id: answer
+        for answer in (parse_result(Prepared, str(r.get("node_id", "?")), r) for r in results)
+    }
     for node in nodes:
-        if node.get("prefetch_key") and "prefetched" not in answers.get(node["node_id"], {}):
+        answer = answers.get(node["node_id"])
+        if node.get("prefetch_key") and (answer is None or answer.prefetched is None):
             raise UnknownCommand(
                 f"the agent of node {node['node_id']} did not prefetch the newer backups of the "
                 "chain it restores: it is older than this control plane.",

@@ -22,8 +22,8 @@ NODES = [
 
 def test_nodes_that_said_they_prefetch_pass() -> None:
     results = [
-        {"node_id": "n1", "prefetched": {"objects": 3}},
-        {"node_id": "n2", "prefetched": {"objects": 0}},
+        {"node_id": "n1", "prepared": ["s1"], "bytes": 10, "prefetched": {"objects": 3}},
+        {"node_id": "n2", "prepared": ["s2"], "bytes": 10, "prefetched": {"objects": 0}},
     ]
 
     assert check_prepared(results, NODES) == {"nodes": 2}
@@ -32,7 +32,10 @@ def test_nodes_that_said_they_prefetch_pass() -> None:
 def test_an_agent_that_did_not_prefetch_is_refused_by_name() -> None:
     """An agent from before prefetching ignores the list and would finish the chain without
     its newer blocks (or refuse the full's objects later): refused here, with the fix."""
-    results = [{"node_id": "n1", "prepared": ["s1"]}, {"node_id": "n2", "prepared": ["s2"]}]
+    results = [
+        {"node_id": "n1", "prepared": ["s1"], "bytes": 10},
+        {"node_id": "n2", "prepared": ["s2"], "bytes": 10},
+    ]
 
     with pytest.raises(UnknownCommand, match="node n1 did not prefetch") as raised:
         check_prepared(results, NODES)

@@ -101,3 +101,22 @@ def test_an_item_written_by_an_older_release_still_reads() -> None:
         {"cluster": "c", "backup_id": "b", "status": "COMPLETE", "a_field_long_gone": 1}
     )
     assert item.status == "COMPLETE"
+
+
+def test_an_answer_this_release_cannot_read_is_refused_naming_the_node_and_field() -> None:
+    from shardvault.contracts.commands import Finished, parse_result
+    from shardvault.errors import AnswerMismatch
+
+    answer = {"node_id": "n1", "shards": [{"shard_id": "s1", "checks": {}, "checks_passed": 1}]}
+    with pytest.raises(AnswerMismatch, match=r"node n1 .* shards\.0\.node_id: Field required"):
+        parse_result(Finished, "n1", answer)
+    newer = {
+        "node_id": "n1",
+        "shards": [
+            {"shard_id": "s1", "node_id": "n1", "path": "/r/s1", "checks": {"x": "ok"},
+             "checks_passed": True, "a_newer_agents_field": 1}
+        ],
+    }  # fmt: skip
+    (shard,) = parse_result(Finished, "n1", newer).shards
+    assert shard.checks_passed  # what a newer agent adds is ignored
+    assert shard.path == "/r/s1"
