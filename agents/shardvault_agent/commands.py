@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import boto3
 
-from shardvault.contracts.commands import parse_args
+from shardvault.contracts.commands import Listing, parse_args
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.extents import pack_within, unpack_extents
 from shardvault.contracts.models import (
@@ -622,7 +622,8 @@ class Commands:
         if phase == Phase.DATA and any(s.get("delta_bytes") is None for s in result["shards"]):
             return
         # The plan step's own listings of this answer: the objects are the ones it will plan.
-        listings = listings_from_results([result], phase) + blockmap_listings([result])
+        listed = Listing.model_validate(result)
+        listings = listings_from_results([listed], phase) + blockmap_listings([listed])
         objects = plan_objects(backup_id=backup_id, listings=listings, **pack)
         if not objects or len(objects) > OBJECTS_IN_FLIGHT_PER_NODE:
             return

@@ -30,6 +30,7 @@ from shardvault.aws.services import Services
 from shardvault.backup.answers import read_answers
 from shardvault.backup.upload import sign_at_plan
 from shardvault.contracts.catalog import BackupItem
+from shardvault.contracts.commands import Listing, PackedObject, parse_result
 from shardvault.contracts.cut import cut_skew_seconds, pause_summary
 from shardvault.contracts.models import (
     BackupContext,
@@ -70,13 +71,13 @@ def plan(
 ) -> dict:
     """Writes the phase's listings and object plan to the work bucket; returns a summary.
     A node whose command failed fails it first, with that node's own error."""
-    results = phase_answers(context, results, phase, svc)
+    answers = phase_answers(context, results, phase, svc)
     record = svc.catalog.get(context.cluster, context.backup_id) or BackupItem(
         cluster=context.cluster, backup_id=context.backup_id, status=BackupStatus.RUNNING
     )
-    planned = plan_phase(context, results, phase, record, svc)
-    if phase == Phase.DATA and any("stopped" in result for result in results):
-        return plan_stopped_with_checkpoint(context, results, planned, record, svc)
+    planned = plan_phase(context, answers, phase, record, svc)
+    if phase == Phase.DATA and any(answer.stopped for answer in answers):
+        return plan_stopped_with_checkpoint(context, answers, planned, record, svc)
     items = planned.items
     if phase == Phase.TAIL and record.data_packed:  # the data goes with the tail
         items = svc.get_work(svc.work_key(context.backup_id, "plans", f"{Phase.DATA}.json")) + items
@@ -85,16 +86,20 @@ def plan(
 
 def phase_answers(
     context: BackupContext, results: list[dict[str, Any]], phase: Phase, svc: Services
-) -> list[dict[str, Any]]:
-    """The nodes' answers of ``phase``, read back where they were handed over; a node whose
-    command failed fails the plan first, with that node's own error."""
+) -> list[Listing]:
+    """The nodes' answers of ``phase``, read back where they were handed over, each read as
+    a listing (``parse_result``); a node whose command failed fails the plan first, with
+    that node's own error."""
     fanout.raise_first_failure(results)
-    return read_answers(svc, context.backup_id, phase, results)
+    return [
+        parse_result(Listing, str(answer.get("node_id", "?")), answer)
+        for answer in read_answers(svc, context.backup_id, phase, results)
+    ]
 
 
 def plan_phase(
     context: BackupContext,
-    results: list[dict[str, Any]],
+    answers: list[Listing],
     phase: Phase,
     record: BackupItem,
     svc: Services,
@@ -103,8 +108,8 @@ def plan_phase(
     its one-part packed objects signed; ``record`` is the backup's catalog record as the
     phase finds it."""
     if phase == Phase.DATA:
-        check_scanned(results)
-    listings = listings_from_results(results, phase)
+        check_scanned(answers)
+    listings = listings_from_results(answers, phase)
     check_listings_match_sources(context, listings)
     # An incremental reads every block of the files its scan did not find unchanged, but the
     # blocks an engine's screen proved unchanged from their headers (whose bytes it reported).
@@ -113,7 +118,7 @@ def plan_phase(
     )
     # Block maps go with the phase whose answer announces them: an incremental's scan wrote
     # its map (data), a full's map is joined from its packs' hashes at Stop (tail).
-    maps = blockmap_listings(results)
+    maps = blockmap_listings(answers)
     streamed = sum(listing.sent_bytes for listing in listings)
     map_bytes = sum(listing.sent_bytes for listing in maps)
     listings += maps
@@ -133,7 +138,7 @@ def plan_phase(
     for listing in listings:
         key = svc.work_key(context.backup_id, "listings", listing.phase, f"{listing.shard_id}.json")
         svc.put_work(key, listing.model_dump(mode="json"))
-    items = sign_items(plan_items(objects, packed_by_nodes(results)), svc)
+    items = sign_items(plan_items(objects, packed_by_nodes(answers)), svc)
     packed = phase == Phase.DATA and all(item["checksums"] for item in items)
     update: dict[str, Any] = {
         "part_size": part_size,
@@ -192,7 +197,7 @@ def write_plan(
 
 def plan_stopped_with_checkpoint(
     context: BackupContext,
-    results: list[dict[str, Any]],
+    answers: list[Listing],
     data: PhasePlan,
     record: BackupItem,
     svc: Services,
@@ -203,15 +208,15 @@ def plan_stopped_with_checkpoint(
     pack would be read after the stop, which a backup's data must never be: refused. Both
     phases are planned from one read of the record and written as one plan with one update:
     the data's plan has no reader of its own (no CheckUploads runs before the tail)."""
-    if not data.packed or not all("stopped" in result for result in results):
-        nodes = [r["node_id"] for r in results if "stopped" in r]
+    stopped = [answer.stopped for answer in answers if answer.stopped]
+    if not data.packed or len(stopped) != len(answers):
+        nodes = [answer.node_id for answer in answers if answer.stopped]
         raise AnswerMismatch(
             f"node(s) {', '.join(nodes)} ended the backup in the Checkpoint command, but the "
             "plan holds objects they did not pack, or nodes that did not end it.",
             fix="check that each agent's version matches the control plane's (shardvault "
             "nodes), then retry the backup.",
         )
-    stopped = phase_answers(context, [result["stopped"] for result in results], Phase.TAIL, svc)
     tail = plan_phase(context, stopped, Phase.TAIL, record.model_copy(update=data.update), svc)
     items = data.items + tail.items
     return write_plan(context, Phase.TAIL, items, tail, data.update | tail.update, svc)
@@ -228,19 +233,17 @@ def pack_arguments(context: BackupContext, prefix: str, part_size: int) -> dict[
     }
 
 
-def packed_by_nodes(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per object key, what a node packed as it listed it: ``{"object", "checksums"}``."""
+def packed_by_nodes(answers: list[Listing]) -> dict[str, PackedObject]:
+    """Per object key, what a node packed as it listed it (its plan and checksums)."""
     return {
-        packed["object"]["key"]: packed
-        for result in results
-        for shard in result["shards"]
-        for packed in shard.get("packed", [])
+        packed.object.key: packed
+        for answer in answers
+        for shard in answer.shards
+        for packed in shard.packed or []
     }
 
 
-def plan_items(
-    objects: list[ObjectPlan], packed: dict[str, dict[str, Any]]
-) -> list[dict[str, Any]]:
+def plan_items(objects: list[ObjectPlan], packed: dict[str, PackedObject]) -> list[dict[str, Any]]:
     """The Upload map's items: each object with the checksums its node packed it with, when
     it packed this very plan (a node's answer is data from a database host: checked), or
     None."""
@@ -248,10 +251,8 @@ def plan_items(
     for obj in objects:
         found = packed.get(obj.key)
         sums = None
-        if found and ObjectPlan.model_validate(found["object"]) == obj:
-            sums = ObjectChecksums.model_validate(found["checksums"])
-            if sums.key != obj.key:
-                sums = None
+        if found and found.object == obj and found.checksums.key == obj.key:
+            sums = found.checksums
         items.append(
             {
                 "object": obj.model_dump(mode="json"),
@@ -292,16 +293,17 @@ def check_listings_match_sources(context: BackupContext, listings: list[ShardLis
         )
 
 
-def check_scanned(results: list[dict[str, Any]]) -> None:
-    """Every shard's data listing carries its scan's answer (``extents``, ``delta_bytes``).
-    An agent older than this control plane checkpoints without scanning; planning its answer
-    would send an incremental's whole stream under extents that say nothing changed."""
-    for result in results:
-        for shard in result["shards"]:
-            if "extents" not in shard or "delta_bytes" not in shard:
+def check_scanned(answers: list[Listing]) -> None:
+    """Every shard's data listing carries its scan's answer (``extents``, ``delta_bytes``:
+    sent, even when None). An agent older than this control plane checkpoints without
+    scanning; planning its answer would send an incremental's whole stream under extents that
+    say nothing changed."""
+    for answer in answers:
+        for shard in answer.shards:
+            if not {"extents", "delta_bytes"} <= shard.model_fields_set:
                 raise UnknownCommand(
-                    f"the agent of node {result['node_id']} checkpointed shard "
-                    f"{shard['shard_id']} without scanning it: it is older than the control "
+                    f"the agent of node {answer.node_id} checkpointed shard "
+                    f"{shard.shard_id} without scanning it: it is older than the control "
                     "plane.",
                     fix="upgrade shardvault-agent on that node, then retry the backup.",
                 )

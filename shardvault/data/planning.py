@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
+from shardvault.contracts.commands import Listing
 from shardvault.contracts.deployment import NODE_MAP_CONCURRENCY
 from shardvault.contracts.layout import object_key
 from shardvault.contracts.models import (
@@ -176,45 +177,43 @@ def interleave_by_node(items: Sequence[Item]) -> list[Item]:
     return out
 
 
-def listings_from_results(results: list[dict[str, Any]], phase: Phase) -> list[ShardListing]:
-    """Agents' scan/checkpoint/stop results (one per node) to shard listings: the plan
+def listings_from_results(answers: list[Listing], phase: Phase) -> list[ShardListing]:
+    """Agents' scan/checkpoint/stop answers (one per node) to shard listings: the plan
     step's, and a node's own when it packs what it listed (``shardvault_agent.commands``)."""
-    listings = []
-    for result in results:
-        for shard in result["shards"]:
-            listings.append(
-                ShardListing(
-                    shard_id=shard["shard_id"],
-                    node_id=result["node_id"],
-                    phase=phase,
-                    files=unpack_files(shard["files"]),
-                    marker=shard.get("marker", {}),
-                    checkpoint_at=shard.get("checkpoint_at", 0.0),
-                    mutable=shard.get("mutable", False),
-                    extents=shard.get("extents", ""),
-                    delta_bytes=shard.get("delta_bytes"),
-                    scan_seconds=shard.get("scan_seconds"),
-                    unchanged_bytes=shard.get("unchanged_bytes", 0),
-                    screened_bytes=shard.get("screened_bytes", 0),
-                )
-            )
-    return listings
+    return [
+        ShardListing(
+            shard_id=shard.shard_id,
+            node_id=answer.node_id,
+            phase=phase,
+            files=unpack_files(shard.files),
+            marker=shard.marker,
+            checkpoint_at=shard.checkpoint_at,
+            mutable=shard.mutable,
+            extents=shard.extents,
+            delta_bytes=shard.delta_bytes,
+            scan_seconds=shard.scan_seconds,
+            unchanged_bytes=shard.unchanged_bytes,
+            screened_bytes=shard.screened_bytes,
+        )
+        for answer in answers
+        for shard in answer.shards
+    ]
 
 
-def blockmap_listings(results: list[dict[str, Any]]) -> list[ShardListing]:
+def blockmap_listings(answers: list[Listing]) -> list[ShardListing]:
     """One listing per shard whose agent's answer announces a block map (``blockmap_bytes``):
     the map file, sent as one stream (phase ``blockmap``) through the same pipeline as the
     data."""
     return [
         ShardListing(
-            shard_id=shard["shard_id"],
-            node_id=result["node_id"],
+            shard_id=shard.shard_id,
+            node_id=answer.node_id,
             phase=Phase.BLOCKMAP,
-            files=[FileEntry(path=f"{shard['shard_id']}.map", size=shard["blockmap_bytes"])],
+            files=[FileEntry(path=f"{shard.shard_id}.map", size=shard.blockmap_bytes)],
         )
-        for result in results
-        for shard in result["shards"]
-        if shard.get("blockmap_bytes")
+        for answer in answers
+        for shard in answer.shards
+        if shard.blockmap_bytes
     ]
 
 

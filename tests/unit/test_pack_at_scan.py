@@ -25,6 +25,7 @@ from shardvault.backup.planner import (
     plan_items,
     plan_stopped_with_checkpoint,
 )
+from shardvault.contracts.commands import Listing
 from shardvault.contracts.models import ObjectChecksums, Phase
 from shardvault.data.checksums import crc64nvme_of_stream
 from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
@@ -76,7 +77,8 @@ def checkpoint(cmds: Commands, backup_id: str, pack: dict[str, Any] | None) -> d
 
 def planned(answer: dict[str, Any], backup_id: str, pack: dict[str, Any], phase=Phase.DATA):
     """What the control plane plans from a node's answer (its planner's own listings)."""
-    listings = listings_from_results([answer], phase) + blockmap_listings([answer])
+    listed = Listing.model_validate(answer)
+    listings = listings_from_results([listed], phase) + blockmap_listings([listed])
     return plan_objects(backup_id=backup_id, listings=listings, **pack)
 
 
@@ -87,7 +89,7 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
     (shard,) = answer["shards"]
     assert 0 < shard["delta_bytes"] < shard["bytes"] / 10
     objects = planned(answer, "b2", PACK)
-    items = plan_items(objects, packed_by_nodes([answer]))
+    items = plan_items(objects, packed_by_nodes([Listing.model_validate(answer)]))
     assert [item["object"]["phase"] for item in items] == ["data", "blockmap"]
     assert all(item["checksums"] for item in items)
     for item, obj in zip(items, objects, strict=True):
@@ -146,7 +148,7 @@ def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> Non
     other = PACK | {"compression_level": 9}
     objects = planned(answer, "b2", other)
 
-    items = plan_items(objects, packed_by_nodes([answer]))
+    items = plan_items(objects, packed_by_nodes([Listing.model_validate(answer)]))
     assert [item["checksums"] for item in items] == [None, None]
     cmds.do_pack({"object": items[0]["object"]})
     summary = json.loads(cmds._packed_path(objects[0]).with_suffix(".json").read_text())
@@ -160,7 +162,9 @@ def test_an_answer_whose_checksums_name_another_object_is_not_taken(tmp_path: Pa
     data, blockmap = shard["packed"]
     data["checksums"] = blockmap["checksums"]  # another object's
 
-    items = plan_items(planned(answer, "b2", PACK), packed_by_nodes([answer]))
+    items = plan_items(
+        planned(answer, "b2", PACK), packed_by_nodes([Listing.model_validate(answer)])
+    )
     assert items[0]["checksums"] is None
     assert items[1]["checksums"] is not None
 
@@ -195,7 +199,7 @@ def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Pa
     stopped = cmds.do_stop({"backup_id": "f2", "shard_ids": ["s1"], "pack": PACK})
 
     objects = planned(stopped, "f2", PACK, Phase.TAIL)
-    items = plan_items(objects, packed_by_nodes([stopped]))
+    items = plan_items(objects, packed_by_nodes([Listing.model_validate(stopped)]))
     assert [item["object"]["phase"] for item in items] == ["blockmap"]
     (item,) = items
     assert item["checksums"] is not None
@@ -286,10 +290,11 @@ def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
 
 def test_a_plan_refuses_a_stop_whose_data_is_not_all_packed() -> None:
     """Data packed after the stop would be read after it: the backup fails instead."""
-    results = [{"node_id": "n1", "shards": [], "stopped": {"node_id": "n1", "shards": []}}]
+    answer = {"node_id": "n1", "shards": [], "stopped": {"node_id": "n1", "shards": []}}
+    answers = [Listing.model_validate(answer)]
     unpacked = PhasePlan(items=[], objects=[], part_size=0, packed=False, update={})
     with pytest.raises(AnswerMismatch, match="n1 ended the backup in the Checkpoint command"):
-        plan_stopped_with_checkpoint(None, results, unpacked, {}, None)  # type: ignore[arg-type]
+        plan_stopped_with_checkpoint(None, answers, unpacked, {}, None)  # type: ignore[arg-type]
 
 
 def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_and_one_plan(

@@ -19,6 +19,7 @@ from shardvault_agent.ratelimit import RateLimiter
 from shardvault.aws.materialize import StreamWriter
 from shardvault.backup import check_listings_match_sources
 from shardvault.backup.planner import check_scanned
+from shardvault.contracts.commands import Listing
 from shardvault.contracts.models import FileEntry, ObjectPlan, Phase, ShardListing
 from shardvault.errors import (
     BackupReleased,
@@ -109,13 +110,15 @@ def test_a_checkpoint_told_the_parents_answers_with_its_scan_as_a_separate_scan_
     (shard,) = merged["shards"]
     assert shard["delta_bytes"] is None
     assert shard["extents"] == ""
-    check_scanned([merged])
+    check_scanned([Listing.model_validate(merged)])
 
     plain = sqlite_commands.do_checkpoint({"backup_id": "b4", "shard_ids": ["s1"]})
     with pytest.raises(UnknownCommand, match="without scanning it: it is older"):
-        check_scanned([plain])  # planned, it would be an incremental that says nothing changed
+        check_scanned(
+            [Listing.model_validate(plain)]
+        )  # planned, it would be an incremental that says nothing changed
     scanned = sqlite_commands.do_scan({"backup_id": "b4", "shard_ids": ["s1"], "parents": {}})
-    check_scanned([scanned])
+    check_scanned([Listing.model_validate(scanned)])
     same = ("files", "extents", "delta_bytes", "scan_seconds")
     assert {k: scanned["shards"][0][k] for k in same} == {k: shard[k] for k in same}
 
