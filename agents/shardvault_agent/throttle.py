@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from shardvault.contracts.models import ThrottleReport as Reported
 from shardvault_agent.ratelimit import RateLimiter
 
 log = logging.getLogger("shardvault.agent")
@@ -293,18 +294,18 @@ class ThrottleReport:
     pressures: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        rounded = {k: round(v, 2) for k, v in self.pressures.items()}
-        return {
-            "mode": "adaptive",
-            "rate_bytes_per_second": _whole(self.rate_bytes_per_second),
-            "limited_by": self.limited_by,
-            "cuts": self.cuts,
-            "throttled_seconds": round(self.throttled_seconds, 1),
-            "lowest_rate_bytes_per_second": _whole(self.lowest_rate_bytes_per_second),
-            "floor_bytes_per_second": round(self.floor_bytes_per_second),
-            "rebases": self.rebases,
-            "pressures": rounded,
-        }
+        """The report as a pack's answer carries it: the control plane's ``ThrottleReport``,
+        rounded."""
+        return Reported(
+            rate_bytes_per_second=_whole(self.rate_bytes_per_second),
+            limited_by=self.limited_by,
+            cuts=self.cuts,
+            throttled_seconds=round(self.throttled_seconds, 1),
+            lowest_rate_bytes_per_second=_whole(self.lowest_rate_bytes_per_second),
+            floor_bytes_per_second=round(self.floor_bytes_per_second),
+            rebases=self.rebases,
+            pressures={k: round(v, 2) for k, v in self.pressures.items()},
+        ).model_dump(mode="json")
 
 
 def _whole(value: float | None) -> int | None:

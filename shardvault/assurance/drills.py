@@ -80,10 +80,6 @@ class DrillContext(Frozen):
     stale: list[str] = Field(default_factory=list)  # earlier drills whose copies go first
 
 
-def catalog_key(drill_id: str) -> str:
-    return drill_key(drill_id)
-
-
 def restore_name(drill_id: str) -> str:
     return f"{RESTORE_NAME_PREFIX}{drill_id}"
 
@@ -138,7 +134,7 @@ def start(
     svc.catalog.put(
         DrillItem(
             cluster=request.cluster,
-            backup_id=catalog_key(drill_id),
+            backup_id=drill_key(drill_id),
             drill_id=drill_id,
             status=RUNNING,
             started_at=now,
@@ -330,7 +326,7 @@ def report_refusal(
     svc.catalog.put(
         DrillItem(
             cluster=request.cluster,
-            backup_id=catalog_key(drill_id),
+            backup_id=drill_key(drill_id),
             drill_id=drill_id,
             status=REFUSED,
             started_at=now,
@@ -372,7 +368,7 @@ def record(
     verdict = DrillItem.changes(
         **outcome, restore_id=placed.restore_id if placed else "", nodes=nodes
     )
-    svc.catalog.update(drill.cluster, catalog_key(drill.drill_id), verdict)
+    svc.catalog.update(drill.cluster, drill_key(drill.drill_id), verdict)
     # A Record retried after a Lambda fault sends this again: an alarm goes out at least once,
     # never lost between its record and its send; the message's drill_id tells a duplicate.
     svc.notify(
@@ -479,7 +475,7 @@ def note_teardown(
             left.append(drill_id)
             continue
         torn = DrillItem.changes(torn_down_at=now)
-        svc.catalog.update(drill.cluster, catalog_key(drill_id), torn)
+        svc.catalog.update(drill.cluster, drill_key(drill_id), torn)
         removed.append(drill_id)
     if phase != BEFORE:
         svc.catalog.unlock(drill.target_cluster, drill.drill_id, key=DRILL_LOCK_KEY)

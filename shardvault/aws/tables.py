@@ -36,6 +36,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from shardvault.contracts.catalog import (
+    ARCHIVE_KEY,
     DRILL_PREFIX,
     RESTORE_PREFIX,
     ArchiveTotals,
@@ -45,6 +46,7 @@ from shardvault.contracts.catalog import (
     DrillItem,
     LockItem,
     RestoreItem,
+    kind_of,
     restore_key,
 )
 from shardvault.contracts.models import NodeRecord, ThrottleReport
@@ -59,7 +61,6 @@ THROTTLED = {
 
 LOCK_KEY = "#lock"
 DRILL_LOCK_KEY = "#drill"  # under a drill's target cluster: one drill restores there at a time
-ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 DOORBELL_KEY = "#doorbell"  # the inbox item whose counter each post increments
 FAILURE_PREFIX = "#failed:"  # inbox items noting why a command failed (see Inbox.note_failure)
 NEWEST_PAGE_ITEMS = 16  # items a page of Catalog.newest_backup's query reads (before its filter)
@@ -69,7 +70,7 @@ NEWEST_TRIES = 3  # Catalog.newest_backup's searches, when the chosen backup cha
 def is_backup(sort_key: str) -> bool:
     """Backup ids start with their date; '#' items (the lock, the archive's counters),
     restores and drills are no backups."""
-    return not sort_key.startswith(("#", RESTORE_PREFIX, DRILL_PREFIX))
+    return kind_of(sort_key) is BackupItem
 
 
 def start_second(backup_id: str) -> str:
@@ -341,6 +342,8 @@ class Catalog:
     def update(self, cluster: str, key: str, changes: Changes) -> None:
         """Sets fields of one item (a backup's id, ``restore_key`` or ``drill_key``), checked
         against its kind's model when ``changes`` was made."""
+        if kind_of(key) is not changes.kind:
+            raise ValueError(f"{changes.kind.__name__} changes cannot go to item {key!r}")
         fields = changes.values
         names = {f"#{k}": k for k in fields}
         values = {f":{k}": dynamo(v) for k, v in fields.items()}

@@ -264,7 +264,7 @@ def execution_progress(
 def as_row(item: CatalogItem) -> dict[str, Any]:
     """A catalog item as the CLI prints it (``--json``, tables): JSON types, unset fields
     left out."""
-    return item.model_dump(mode="json", exclude_none=True)
+    return item.stored()
 
 
 def wait_backup(

@@ -35,6 +35,7 @@ log = logging.getLogger("shardvault.contracts.catalog")
 
 RESTORE_PREFIX = "restore#"  # restore items share the table, under the target cluster
 DRILL_PREFIX = "drill#"  # drill items, under the drilled cluster
+ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 
 EXPIRING, EXPIRED = BackupStatus.EXPIRING, BackupStatus.EXPIRED
 DrillStatus = Literal["running", "passed", "slow", "failed", "refused"]
@@ -247,6 +248,20 @@ class RestoreItem(Outcome):
     throughput_mib_s: float | None = None
     shards: list[RestoredShard] = Field(default_factory=list)
     validation: Literal["passed", "failed"] | None = None
+
+
+def kind_of(key: str) -> type[CatalogItem]:
+    """The kind of item a catalog sort key holds: ``#archive`` the archive's counters, other
+    ``#`` keys a lock, ``restore#`` and ``drill#`` theirs, anything else a backup."""
+    if key == ARCHIVE_KEY:
+        return ArchiveTotals
+    if key.startswith("#"):
+        return LockItem
+    if key.startswith(RESTORE_PREFIX):
+        return RestoreItem
+    if key.startswith(DRILL_PREFIX):
+        return DrillItem
+    return BackupItem
 
 
 def restore_key(restore_id: str) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
+from shardvault.contracts.catalog import restore_key
 from shardvault.contracts.models import DownloadItem
-from shardvault.restore.record import catalog_key
 from shardvault.restore.sources import source_of
 
 
@@ -25,7 +25,7 @@ def record_download(item: DownloadItem, written: int | None, svc: Services) -> N
     the node says it wrote (a chain member's object writes only its placements)."""
     svc.catalog.add_progress(
         item.target_cluster,
-        catalog_key(item.restore_id),
+        restore_key(item.restore_id),
         bytes_done=item.placed_bytes if written is None else written,
         objects_done=1,
     )

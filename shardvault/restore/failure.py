@@ -10,14 +10,13 @@ from shardvault.backup import (
     REAPED_STATUSES,
     reaped_error,
 )
-from shardvault.contracts.catalog import RestoreItem
+from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.commands import Finished, parse_result
 from shardvault.contracts.models import (
     BackupStatus,
     RestoreContext,
 )
 from shardvault.errors import DownloadIncomplete
-from shardvault.restore.record import catalog_key
 from shardvault.workflow.causes import failure_cause, transfer_failure
 from shardvault.workflow.dispatch import post_untracked
 
@@ -34,7 +33,7 @@ def finalize(
     if prefetched:
         svc.catalog.add_progress(
             context.target_cluster,
-            catalog_key(context.restore_id),
+            restore_key(context.restore_id),
             bytes_done=sum(p.bytes or 0 for p in prefetched),
             objects_done=sum(p.objects for p in prefetched),
         )
@@ -51,7 +50,7 @@ def finalize(
         "validation": "passed" if all(s.checks_passed for s in shards) else "failed",
     }
     restored = RestoreItem.changes(**summary)
-    svc.catalog.update(context.target_cluster, catalog_key(context.restore_id), restored)
+    svc.catalog.update(context.target_cluster, restore_key(context.restore_id), restored)
     svc.notify(
         f"ShardVault restore {context.restore_id} complete",
         {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
@@ -89,7 +88,7 @@ def mark_failed(
         "error": error.get("Error", "States.Runtime"),
         "cause": failure_cause(error, svc, restore_id, nodes)[:2000],
     }
-    svc.catalog.update(target_cluster, catalog_key(restore_id), RestoreItem.changes(**outcome))
+    svc.catalog.update(target_cluster, restore_key(restore_id), RestoreItem.changes(**outcome))
     svc.notify(
         f"ShardVault restore into {target_cluster} FAILED ({restore_id})",
         {"target_cluster": target_cluster, "restore_id": restore_id, **outcome},

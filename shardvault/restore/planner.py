@@ -17,7 +17,7 @@ from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import presign_get
 from shardvault.contracts import engines
-from shardvault.contracts.catalog import RestoreItem
+from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.commands import Prepared, parse_result
 from shardvault.contracts.models import (
     BackupKind,
@@ -37,7 +37,6 @@ from shardvault.contracts.models import (
 from shardvault.data.chains import chain_args, data_stream
 from shardvault.data.planning import interleave_by_node, transfer_concurrency
 from shardvault.errors import UnknownCommand
-from shardvault.restore.record import catalog_key
 from shardvault.restore.sources import chain_manifests, source_of
 from shardvault.wal import pitr
 from shardvault.workflow.fanout import raise_first_failure
@@ -83,7 +82,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     svc.catalog.put(
         RestoreItem(
             cluster=context.target_cluster,
-            backup_id=catalog_key(context.restore_id),
+            backup_id=restore_key(context.restore_id),
             restore_id=context.restore_id,
             status=BackupStatus.RUNNING,
             source_cluster=context.cluster,

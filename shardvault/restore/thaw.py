@@ -8,13 +8,12 @@ from typing import Any
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import readable_now, versioned
-from shardvault.contracts.catalog import RestoreItem
+from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.models import (
     THAW_DAYS,
     RestoreContext,
     RetrievalTier,
 )
-from shardvault.restore.record import catalog_key
 from shardvault.restore.sources import PARALLEL_READS, chain_manifests, source_of
 
 THAW_MAX_WAIT = 3600
@@ -34,7 +33,7 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
         states = list(pool.map(lambda o: thaw_object(*o, tier=context.tier), objects))
     frozen = sum(state != "readable" for state in states)
     requested = states.count("requested")
-    key = catalog_key(context.restore_id)
+    key = restore_key(context.restore_id)
     svc.catalog.update(context.target_cluster, key, RestoreItem.changes(frozen=frozen))
     first = svc.settings.thaw_first_wait_seconds
     wait = min(first * 2**attempt, THAW_MAX_WAIT)

@@ -146,7 +146,7 @@ def test_a_killed_stack_takes_minio_and_its_agents_with_it(root: Path) -> None:
         wait_until(lambda: not minio_of(root), 30, f"MinIO to stop: {minio_of(root)}")
         # Within seconds: the agent's last heartbeat to the gone control plane is tried once
         # (it took DynamoDB's ten tries, 25 s, before; the README says they die with it).
-        # Measured 12 to 15 s on a loaded 2-core CI machine: 30 s leaves room for its load.
+        # One fresh-clone CI run on this 2-core machine took just over 15 s: 30 s leaves room.
         wait_until(lambda: not agents_of(root), 30, f"agents to stop: {agents_of(root)}")
         assert running_stack_pid(root) is None  # the directory is free for a new stack
     finally:

@@ -17,13 +17,9 @@ from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault.aws.services import Services
 from shardvault.config.settings import Settings
 from shardvault.contracts.catalog import (
-    DRILL_PREFIX,
-    RESTORE_PREFIX,
     BackupItem,
     CatalogItem,
-    DrillItem,
-    LockItem,
-    RestoreItem,
+    kind_of,
 )
 from shardvault.contracts.models import AGENT_PROTOCOL, BackupContext, NodeRecord, ShardInfo, Source
 from shardvault.local import moto_fidelity
@@ -131,15 +127,7 @@ def leader_node(cluster: str, heartbeat_at: float) -> NodeRecord:
 def catalog_item(fields: dict[str, object]) -> CatalogItem:
     """A catalog item of the kind its key names (a backup, ``restore#...``, ``drill#...``),
     as a test writes it: checked like every writer's."""
-    key = str(fields["backup_id"])
-    kind: type[CatalogItem] = BackupItem
-    if key.startswith("#"):
-        kind = LockItem
-    elif key.startswith(RESTORE_PREFIX):
-        kind = RestoreItem
-    elif key.startswith(DRILL_PREFIX):
-        kind = DrillItem
-    return kind.model_validate(fields)
+    return kind_of(str(fields["backup_id"])).model_validate(fields)
 
 
 def backup_item(**fields: Any) -> BackupItem:

@@ -28,6 +28,7 @@ from shardvault_agent.config import AgentConfig
 from shardvault.aws.services import Services
 from shardvault.backup.admission import check_nodes_available
 from shardvault.backup.failure import explain, post_releases
+from shardvault.contracts.catalog import restore_key
 from shardvault.contracts.models import (
     AGENT_PROTOCOL,
     BackupContext,
@@ -37,7 +38,6 @@ from shardvault.contracts.models import (
 )
 from shardvault.errors import AgentUnavailable, BackupReleased, PartUploadFailed
 from shardvault.restore import failure
-from shardvault.restore.record import catalog_key
 from shardvault.workflow.dispatch import DispatchRequest, dispatch
 from tests.unit.support import catalog_item
 
@@ -309,7 +309,7 @@ def test_the_cleanups_ring_the_nodes_they_post_releases_and_aborts_to(svc, tmp_p
     )
     post_releases(context, svc)
     svc.catalog.put(catalog_item(
-        {"cluster": "t", "backup_id": catalog_key("r1"), "restore_id": "r1", "status": "RUNNING",
+        {"cluster": "t", "backup_id": restore_key("r1"), "restore_id": "r1", "status": "RUNNING",
          "execution_id": "arn:x", "placement": {"s1": "n1"}, "source_cluster": "c",
          "source_backup_id": "b1"}
     ))  # fmt: skip

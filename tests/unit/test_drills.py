@@ -15,10 +15,9 @@ from shardvault.assurance import drills
 from shardvault.assurance.drills import DrillContext, DrillRequest
 from shardvault.client.operations import ClientConfig
 from shardvault.config.policy import PolicyError, parse_policy
-from shardvault.contracts.catalog import DrillItem
+from shardvault.contracts.catalog import DrillItem, restore_key
 from shardvault.errors import DrillAlreadyRunning, InvalidRequest
 from shardvault.local import scheduler
-from shardvault.restore.record import catalog_key as restore_key
 from tests.unit.support import catalog_item
 
 from .support import moto_services

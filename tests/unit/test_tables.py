@@ -142,3 +142,13 @@ def test_a_partial_item_is_left_out_of_a_listing_and_left_in_the_table(monkeypat
         assert [b.backup_id for b in svc.catalog.backups("c")] == ["20261102T0Z-good"]
         assert len(svc.catalog.table.scan()["Items"]) == 2
     assert "c/20261101T0Z-bad is not a readable BackupItem" in caplog.text
+
+
+def test_changes_of_one_kind_are_refused_on_an_item_of_another(monkeypatch):
+    """A restore's fields written under a backup's key would make an item no reader reads."""
+    from shardvault.contracts.catalog import RestoreItem
+
+    with moto_services(monkeypatch) as svc:
+        with pytest.raises(ValueError, match="RestoreItem changes cannot go to item 'b1'"):
+            svc.catalog.update("c", "b1", RestoreItem.changes(frozen=1))
+        assert svc.catalog.table.scan()["Items"] == []
