@@ -414,8 +414,18 @@ class ArchivingNode:
             assert time.monotonic() < deadline, (last, names_[-3:], spooled)
             time.sleep(0.2)
 
-    def leftovers(self) -> dict[str, list[str]]:
-        """What archiving may leave behind once it is done: nothing."""
+    def leftovers(self, settle: float = 10) -> dict[str, list[str]]:
+        """What archiving leaves behind once it is done: nothing. A send empties the spool
+        before it removes its batch's state and request (``Archiver.send``), so what is left
+        is read again for up to ``settle`` seconds; a real leftover stays."""
+        deadline = time.monotonic() + settle
+        while True:
+            left = self._leftovers()
+            if not any(left.values()) or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+    def _leftovers(self) -> dict[str, list[str]]:
         state = Path(self.config["state_dir"]) / "archive"
         inbox = table(self.stack.settings.inbox_table)
         items = inbox.query(
