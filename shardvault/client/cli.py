@@ -46,6 +46,7 @@ from botocore.exceptions import (
     NoRegionError,
 )
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -73,7 +74,9 @@ from shardvault.restore import admission
 from shardvault.versions import installed
 
 console = Console(width=cli_drills.PIPED_WIDTH)
-errors = Console(stderr=True)  # refusals and their fixes: stdout stays what a script parses
+# Refusals and their fixes go to stderr, so stdout stays what a script parses. They are never
+# hard-wrapped: a path or key in an error must survive a copy and paste whole.
+errors = Console(stderr=True, soft_wrap=True)
 REFUSED = 3  # argparse exits 2 on a usage error
 DEFAULT_STACK_DIR = Path("local-stack")
 DEFAULT_DATA_GIB = 100.0  # a cost forecast's data size when neither asked nor measured
@@ -88,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             ops.load_stack_outputs(args.stack)
         return args.run(args) or 0
     except ShardVaultError as error:
-        errors.print(f"[bold red]{error.name}[/]: {error.message}")
+        errors.print(f"[bold red]{error.name}[/]: {escape(error.message)}")
         if error.fix:
-            errors.print(f"[yellow]Fix[/]: {error.fix}")
+            errors.print(f"[yellow]Fix[/]: {escape(error.fix)}")
         return REFUSED
     except (BotoCoreError, ClientError) as error:  # AWS configuration: one line, no traceback
-        errors.print(f"[bold red]AWS[/]: {aws_problem(error)}")
+        errors.print(f"[bold red]AWS[/]: {escape(aws_problem(error))}")
         return REFUSED
     except KeyboardInterrupt:
         return 130
@@ -395,8 +398,8 @@ def follow(
 
 def print_failure(what: str, outcome: ops.Progress) -> None:
     """A followed run that failed: its error and cause, on stderr (stdout is the output)."""
-    errors.print(f"[bold red]{what} {outcome.status}[/]: [bold]{outcome.error}[/]")
-    errors.print(outcome.cause)
+    errors.print(f"[bold red]{what} {outcome.status}[/]: [bold]{escape(outcome.error)}[/]")
+    errors.print(escape(outcome.cause))
 
 
 def backup_type(record: BackupItem) -> str:
@@ -750,7 +753,9 @@ def run_verify(args: argparse.Namespace) -> int:
         if args.json:
             emit_json({"result": "failed", "error": outcome.error, "cause": outcome.cause})
         else:
-            errors.print(f"[bold red]{outcome.error or outcome.status}[/]: {outcome.cause}")
+            errors.print(
+                f"[bold red]{escape(outcome.error or outcome.status)}[/]: {escape(outcome.cause)}"
+            )
         return REFUSED if outcome.error in VERIFY_REFUSALS else 1
     result = outcome.record or {}
     if args.json:

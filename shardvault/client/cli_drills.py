@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shardvault.assurance.drills import FAILED, PASSED, REFUSED, RUNNING, SLOW, DrillRequest
@@ -20,7 +21,7 @@ from shardvault.data.planning import MiB
 # at 80 columns; COLUMNS, when set, still decides.
 PIPED_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
 console = Console(width=PIPED_WIDTH)
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # errors never hard-wrapped; see cli.errors
 VERDICT_STYLE = {PASSED: "green", SLOW: "yellow", FAILED: "bold red", REFUSED: "red"}
 
 
@@ -78,8 +79,8 @@ def follow_drill(config: ops.ClientConfig, execution: str) -> ops.Progress:
     if record.get("verdict") or record.get("status") in (PASSED, SLOW, FAILED):
         print_verdict(record)
     if outcome.status != "SUCCEEDED":
-        errors.print(f"[bold red]drill {outcome.status}[/]: [bold]{outcome.error}[/]")
-        errors.print(outcome.cause)
+        errors.print(f"[bold red]drill {outcome.status}[/]: [bold]{escape(outcome.error)}[/]")
+        errors.print(escape(outcome.cause))
     return outcome
 
 

@@ -52,8 +52,16 @@ def test_a_stack_env_that_is_not_one_is_refused_in_a_line(tmp_path, capsys, what
     assert cli.main(["list", "--stack-env", str(path)]) == cli.REFUSED
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert str(path) in " ".join(err.split())
+    assert str(path) in err.splitlines()[0]  # whole, so it can be copied from the terminal
     assert "Fix" in err
+
+
+def test_a_long_path_with_brackets_is_printed_whole_and_as_written(tmp_path, capsys):
+    path = tmp_path / ("[bold]deployments-" + "x" * 120) / "stack.env"
+    path.mkdir(parents=True)
+    assert cli.main(["list", "--stack-env", str(path)]) == cli.REFUSED
+    first = capsys.readouterr().err.splitlines()[0]
+    assert str(path) in first
 
 
 def test_a_policy_file_that_is_not_utf8_is_refused_in_a_line(tmp_path, capsys):
