@@ -111,11 +111,6 @@ class UploadIncomplete(ShardVaultError):
     """Objects of a planned phase have no verified result (an upload task failed)."""
 
 
-class ListingTooLarge(ShardVaultError):
-    """A checkpoint's file listing does not fit in one task result (an agent answering
-    inline, to a control plane that gives it no answer URL)."""
-
-
 class AnswerMismatch(ShardVaultError):
     """An agent's answer in the work bucket is missing, too large, or not the one its task
     token vouched for (checksum, size or node)."""

@@ -1,9 +1,13 @@
-"""The commands an agent runs for the backup state machine, each idempotent.
+"""The commands an agent runs for the state machines, each idempotent.
 
-A *capture* (files, root, marker) is saved under ``state_dir/backups/<backup_id>/`` the
-moment it is taken, so later commands (pack, upload, stop) and a retried command find
-it; release deletes that directory. Uploaded parts are recorded as they finish, so a retried
-upload sends only the parts still missing.
+``Commands.run`` is the wire: it takes a command's arguments as the inbox item holds them
+(JSON), reads them into the command's model (``shardvault.contracts.commands``), runs the
+command's handler (``do_<name>``, which takes that model and answers with its result model)
+and sends the answer back as JSON. A listing command's answer goes through its answer URL.
+
+A backup's *captures* and *scans* (``captures``) are kept under
+``state_dir/backups/<backup_id>/``; release deletes that directory. Uploaded parts are
+recorded as they finish, so a retried upload sends only the parts still missing.
 """
 
 from __future__ import annotations
@@ -26,7 +30,38 @@ from typing import Any, BinaryIO
 
 import boto3
 
-from shardvault.contracts.commands import Listing, parse_args
+from shardvault.contracts.commands import (
+    Aborted,
+    AbortRestoreArgs,
+    AnswerReceipt,
+    CheckpointArgs,
+    CommandArgs,
+    CommandResult,
+    DownloadArgs,
+    Downloaded,
+    Finished,
+    FinishRestoreArgs,
+    FlushArgs,
+    Flushed,
+    ListedShard,
+    Listing,
+    ListingArgs,
+    PackArgs,
+    PackedObject,
+    PackSpec,
+    ParentMap,
+    Prepared,
+    PrepareRestoreArgs,
+    ProbeArgs,
+    Probed,
+    ReleaseArgs,
+    Released,
+    ScanArgs,
+    StopArgs,
+    UploadArgs,
+    Uploaded,
+    parse_args,
+)
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.extents import pack_within, unpack_extents
 from shardvault.contracts.models import (
@@ -59,12 +94,12 @@ from shardvault.errors import (
     BackupReleased,
     CheckpointNotFound,
     InvalidRequest,
-    ListingTooLarge,
     StoreObjectDamaged,
     UnknownCommand,
 )
 from shardvault_agent.archiver import Archiver
 from shardvault_agent.blockmap import BlockMap
+from shardvault_agent.captures import SavedCapture, ShardScan
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
 from shardvault_agent.hostcpu import OthersCores
@@ -101,24 +136,9 @@ from shardvault_agent.transfer import (
 
 log = logging.getLogger("shardvault.agent")
 
-MAX_LISTING_CHARS = 200_000  # an inline answer: room in the 256 KiB task result for the rest
 EXTENTS_BUDGET = 40_000  # per shard: about 10,000 scattered pages before they coarsen
 KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
 ARCHIVE_WAIT_SECONDS = 600.0  # for the archive to record a tail's WAL (the Stop task beats)
-
-
-def check_fits_task_result(result: dict[str, Any]) -> None:
-    """An answer sent inline (a control plane that gives no answer URL) must fit in the task
-    result: a listing too long for it is refused by name."""
-    for shard in result.get("shards", []):
-        packed = shard.get("files", "")  # a listing command's (finish_restore's have none)
-        if len(packed) > MAX_LISTING_CHARS:
-            raise ListingTooLarge(
-                f"shard {shard['shard_id']} lists {len(packed)} characters of files "
-                "(packed), more than one task result holds.",
-                fix="upgrade the ShardVault stack: it takes listings of any length through "
-                "the work bucket.",
-            )
 
 
 class Commands:
@@ -149,32 +169,34 @@ class Commands:
         downloader = Downloader(self.sender.http, self.config.part_attempts, self.limiter)
         return Restorer(self.config, self.engine, downloader, self.keys)
 
-    def run(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        handler: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(
-            self, f"do_{name}", None
-        )
+    def run(self, name: str, wire_args: dict[str, Any]) -> dict[str, Any]:
+        """Runs command ``name`` on its arguments as the inbox item holds them; its answer as
+        the task result holds it (a listing command's: the receipt of its answer)."""
+        handler: Callable[[Any], CommandResult] | None = getattr(self, f"do_{name}", None)
         if handler is None:
             raise UnknownCommand(
                 f"command {name!r} is unknown to this agent.", fix="upgrade the agent."
             )
-        fetched = self._fetched_args(args)
-        parse_args(name, fetched)  # the contract both sides hold (shardvault.contracts.commands)
-        result = handler(fetched)
-        if url := args.get("answer_url"):
-            return self._hand_answer(name, url, result)
-        check_fits_task_result(result)
-        return result
+        args = parse_args(name, self._fetched_args(wire_args))
+        # Only the fields the handler set: a listing not scanned must not look scanned
+        # (``shardvault.backup.planner.check_scanned``).
+        answer = handler(args).model_dump(mode="json", exclude_unset=True)
+        if isinstance(args, ListingArgs):
+            return self._hand_answer(name, args.answer_url, answer)
+        return answer
 
     def _hand_answer(self, command: str, url: str, answer: dict[str, Any]) -> dict[str, Any]:
         """Puts a listing command's answer in the work bucket through its URL and returns the
-        receipt the task token carries (``shardvault.backup.answers``)."""
+        receipt the task token carries (``shardvault.backup.answers``): a listing is too long
+        for a task result."""
         body = json.dumps(answer, separators=(",", ":")).encode()
         self.sender.send_answer(url, body, f"the answer of {command}")
-        return {
-            "node_id": self.config.node_id,
-            "answer_bytes": len(body),
-            "answer_crc64nvme": crc64nvme_of_bytes(body),
-        }
+        receipt = AnswerReceipt(
+            node_id=self.config.node_id,
+            answer_bytes=len(body),
+            answer_crc64nvme=crc64nvme_of_bytes(body),
+        )
+        return receipt.model_dump(mode="json")
 
     def _fetched_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The command's arguments, those too large for its inbox item read from the store
@@ -201,36 +223,21 @@ class Commands:
         self, backup_id: str, shard_id: str, phase: Phase, capture: Capture, at: float
     ) -> None:
         path = self._capture_path(backup_id, shard_id, phase)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "root": str(capture.root),
-            "files": [[f.path, f.size] for f in capture.files],
-            "marker": capture.marker,
-            "mutable": capture.mutable,
-            "trust_identity": capture.trust_identity,
-            "checkpoint_at": at,
-        }
-        write_json(path, record)
+        SavedCapture.taken(capture, at).save(path)
 
-    def load_capture(self, backup_id: str, shard_id: str, phase: Phase) -> dict[str, Any]:
+    def load_capture(self, backup_id: str, shard_id: str, phase: Phase) -> SavedCapture:
         path = self._capture_path(backup_id, shard_id, phase)
-        if not path.exists():
-            raise CheckpointNotFound(
-                f"this agent holds no {phase} capture of shard {shard_id} for backup {backup_id}.",
-                fix="retry the backup (the agent may have been restarted or released it).",
-            )
-        record = json.loads(path.read_text())
-        record["files"] = [FileEntry(path=p, size=s) for p, s in record["files"]]
-        return record
+        what = f"{phase} capture of shard {shard_id} for backup {backup_id}"
+        return SavedCapture.load(path, what)
 
     def _limits_path(self, backup_id: str) -> Path:
         return self.backup_dir(backup_id) / "upload-limits.json"
 
-    def save_limits(self, backup_id: str, limits: dict[str, Any] | None) -> None:
+    def save_limits(self, backup_id: str, limits: UploadLimits | None) -> None:
         """Keeps the policy's upload limits the checkpoint command brought, for the backup's
         pack and upload commands (they survive an agent restart like the captures)."""
-        checked = UploadLimits.model_validate(limits or {})
-        write_json(self._limits_path(backup_id), checked.model_dump(mode="json"))
+        kept = limits or UploadLimits()
+        write_json(self._limits_path(backup_id), kept.model_dump(mode="json"))
 
     def limits(self, backup_id: str) -> tuple[RateLimiter, int]:
         """The rate limiter and the parts sent at once for a backup: the stricter of the
@@ -342,7 +349,7 @@ class Commands:
             for shard_id in self.shards()
             if self._capture_path(backup_id, shard_id, Phase.DATA).exists()
         ]
-        data_bytes = sum(f.size for capture in captured for f in capture["files"])
+        data_bytes = sum(capture.bytes for capture in captured)
         window = limits.throttle_window_seconds
         return max(limits.throttle_floor_bytes_per_second or 1, data_bytes / window)
 
@@ -372,11 +379,11 @@ class Commands:
     def _encryption_path(self, backup_id: str) -> Path:
         return self.backup_dir(backup_id) / "encryption.json"
 
-    def save_encryption(self, backup_id: str, encryption: dict[str, Any] | None) -> None:
+    def save_encryption(self, backup_id: str, encryption: Encryption | None) -> None:
         """Keeps the backup's wrapped data key (never the key itself) for its pack commands."""
         path = self._encryption_path(backup_id)
         if encryption:
-            write_json(path, Encryption.model_validate(encryption).model_dump(mode="json"))
+            write_json(path, encryption.model_dump(mode="json"))
         else:
             path.unlink(missing_ok=True)
 
@@ -390,66 +397,63 @@ class Commands:
         adopted = self.restorer.adopted_shards() if self.config.restore_dir else []
         return {s.shard_id: s for s in [*adopted, *self.config.shards]}
 
-    def _shards(self, args: dict[str, Any]) -> list[ShardConfig]:
+    def _shards(self, shard_ids: list[str]) -> list[ShardConfig]:
         shards = self.shards()
-        missing = [s for s in args.get("shard_ids", []) if s not in shards]
+        missing = [s for s in shard_ids if s not in shards]
         if missing:
             raise InvalidRequest(
                 f"node {self.config.node_id} has no shard {', '.join(missing)}.",
                 fix="check the agent config; the registry and the config disagree.",
             )
-        return [shards[s] for s in args.get("shard_ids", [])]
+        return [shards[s] for s in shard_ids]
 
-    def _listing_result(
-        self, backup_id: str, phase: Phase, shards: list[ShardConfig]
-    ) -> dict[str, Any]:
-        out = []
-        for shard in shards:
-            record = self.load_capture(backup_id, shard.shard_id, phase)
-            out.append(
-                {
-                    "shard_id": shard.shard_id,
-                    "files": pack_files(record["files"]),
-                    "marker": record["marker"],
-                    "checkpoint_at": record["checkpoint_at"],
-                    "mutable": record["mutable"],
-                    "bytes": sum(f.size for f in record["files"]),
-                }
-            )
-        return {"node_id": self.config.node_id, "shards": out}
+    def _listed(self, backup_id: str, phase: Phase, shard_id: str) -> ListedShard:
+        capture = self.load_capture(backup_id, shard_id, phase)
+        return ListedShard(
+            shard_id=shard_id,
+            files=pack_files(capture.files),
+            marker=capture.marker,
+            checkpoint_at=capture.checkpoint_at,
+            mutable=capture.mutable,
+            bytes=capture.bytes,
+        )
+
+    def _listing(self, backup_id: str, phase: Phase, shards: list[ShardConfig]) -> Listing:
+        listed = [self._listed(backup_id, phase, shard.shard_id) for shard in shards]
+        return Listing(node_id=self.config.node_id, shards=listed)
 
     # --- commands ------------------------------------------------------------------------------
-    def do_probe(self, args: dict[str, Any]) -> dict[str, Any]:
+    def do_probe(self, args: ProbeArgs) -> Probed:
         """``shardvault check``'s round trip (``shardvault.assurance.probe``): puts the probe's
         bytes through their checksum-bound URL and reads them back through the other, as a backup's
         parts and a restore's ranges go."""
-        body = base64.b64decode(args["body"])
+        body = base64.b64decode(args.body)
         started = time.monotonic()
-        self.sender.send_probe(args["put_url"], body, args["crc64nvme"])
+        self.sender.send_probe(args.put_url, body, args.crc64nvme)
         stored = time.monotonic()
         read = bytearray(len(body))
 
         def write(position: int, chunk: bytes) -> None:
             read[position : position + len(chunk)] = chunk
 
-        self.restorer.downloader.fetch(args["get_url"], "the probe object", 0, len(body), write)
+        self.restorer.downloader.fetch(args.get_url, "the probe object", 0, len(body), write)
         if bytes(read) != body:
             raise StoreObjectDamaged(
                 "the probe object read back differs from the bytes this node put.",
                 fix="check what stands between this node and the store (a proxy that rewrites "
                 "bodies, a cache); backups from this node cannot be trusted until it is fixed.",
             )
-        return {
-            "node_id": self.config.node_id,
-            "put_seconds": round(stored - started, 3),
-            "get_seconds": round(time.monotonic() - stored, 3),
-        }
+        return Probed(
+            node_id=self.config.node_id,
+            put_seconds=round(stored - started, 3),
+            get_seconds=round(time.monotonic() - stored, 3),
+        )
 
-    def do_flush(self, args: dict[str, Any]) -> dict[str, Any]:
-        shards = self._shards(args)
+    def do_flush(self, args: FlushArgs) -> Flushed:
+        shards = self._shards(args.shard_ids)
         for shard in shards:
             self.engine.flush(shard)
-        return {"node_id": self.config.node_id, "flushed": [s.shard_id for s in shards]}
+        return Flushed(node_id=self.config.node_id, flushed=[s.shard_id for s in shards])
 
     def _tombstone(self, backup_id: str) -> Path:
         return self.config.state_dir / "released" / backup_id
@@ -461,53 +465,56 @@ class Commands:
                 fix="nothing to do: that backup has ended; start a new one.",
             )
 
-    def do_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Takes each shard's checkpoint, then (when the command names the parents, as the
-        backup state machine's does) scans it: one command, one round trip, where there were
-        two. Without ``parents`` it answers with the listing alone, for a control plane that
-        still sends ``scan`` on its own. With ``flush`` (a backup of this node alone) it
-        flushes each shard first, as the Flush command would have, unless the engine's
-        checkpoint flushes itself (``checkpoint_flushes``). With ``stop`` (an
-        incremental of this node alone) it also ends the backup and packs the tail once every
-        changed block is packed, as the Stop command would have (``stopped`` in the answer);
-        a change too large to pack at the scan is stopped by the Stop command, after the
-        Upload map has read it."""
-        backup_id, shards = args["backup_id"], self._shards(args)
+    def do_checkpoint(self, args: CheckpointArgs) -> Listing:
+        """Takes each shard's checkpoint, then, when the command names the parents, scans it
+        (one round trip). Without ``parents`` it answers with the listing alone: a backup of
+        more nodes than a Map runs at once scans in a Scan step apart. With ``flush`` (a
+        backup of this node alone) it flushes each shard first, as the Flush command would
+        have, unless the engine's checkpoint flushes itself (``checkpoint_flushes``). With
+        ``stop`` (an incremental of this node alone) it also ends the backup and packs the
+        tail once every changed block is packed, as the Stop command would have (``stopped``
+        in the answer); a change too large to pack at the scan is stopped by the Stop
+        command, after the Upload map has read it."""
+        backup_id, shards = args.backup_id, self._shards(args.shard_ids)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            self.save_limits(backup_id, args.get("upload"))
-            self.save_encryption(backup_id, args.get("encryption"))
+            self.save_limits(backup_id, args.upload)
+            self.save_encryption(backup_id, args.encryption)
             for shard in shards:
-                # A retried command: the checkpoint is held, or was already stopped (by this
-                # command's ``stop``; an engine holds nothing after its stop). Taken again, the
-                # data would be read after the stop and paired with the first tail.
-                taken = self.engine.holds(shard, backup_id) or self._stopped_before(
-                    backup_id, shard.shard_id
-                )
-                if taken and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
-                    continue
-                # Taken (again): what a lost checkpoint's scan saved describes other files.
-                self._discard_scan(backup_id, shard.shard_id)
-                if args.get("flush") and not self.engine.checkpoint_flushes:
-                    self.engine.flush(shard)
-                at = time.time()
-                capture = self.engine.checkpoint(
-                    shard,
-                    backup_id,
-                    self.backup_dir(backup_id),
-                    log_archived=bool(args.get("archived_tails")),
-                )
-                self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
+                self._take_checkpoint(backup_id, shard, args.flush, args.archived_tails)
             self.limits(backup_id)  # an adaptive throttle's baseline comes before the reads
-            if "parents" not in args:
-                return self._listing_result(backup_id, Phase.DATA, shards)
-            result = self._scanned(backup_id, shards, args["parents"], args.get("pack"))
-            if args.get("stop") and all("packed" in s for s in result["shards"]):
-                # The cut's instant is now: this node is the backup's only one.
-                now = datetime.now(UTC).isoformat()
-                cut = CutRequest.model_validate({**args["stop"]["cut"], "entered": now})
-                result["stopped"] = self._stopped(backup_id, shards, cut, args["pack"])
-            return result
+            if args.parents is None:
+                return self._listing(backup_id, Phase.DATA, shards)
+            listing = self._scanned(backup_id, shards, args.parents, args.pack)
+            if args.stop is None or any(s.packed is None for s in listing.shards):
+                return listing
+            assert args.pack is not None  # the model's rule: a stop comes with its pack
+            # The cut's instant is now: this node is the backup's only one.
+            cut = args.stop.cut.entered_at(datetime.now(UTC).isoformat())
+            stopped = self._stopped(backup_id, shards, cut, args.pack)
+            return listing.model_copy(update={"stopped": stopped})
+
+    def _take_checkpoint(
+        self, backup_id: str, shard: ShardConfig, flush: bool, archived_tails: bool
+    ) -> None:
+        """Takes and saves one shard's checkpoint, unless a command this retries took it."""
+        # A retried command: the checkpoint is held, or was already stopped (by this
+        # command's ``stop``; an engine holds nothing after its stop). Taken again, the data
+        # would be read after the stop and paired with the first tail.
+        taken = self.engine.holds(shard, backup_id) or self._stopped_before(
+            backup_id, shard.shard_id
+        )
+        if taken and self._capture_path(backup_id, shard.shard_id, Phase.DATA).exists():
+            return
+        # Taken (again): what a lost checkpoint's scan saved describes other files.
+        self._discard_scan(backup_id, shard.shard_id)
+        if flush and not self.engine.checkpoint_flushes:
+            self.engine.flush(shard)
+        at = time.time()
+        capture = self.engine.checkpoint(
+            shard, backup_id, self.backup_dir(backup_id), log_archived=archived_tails
+        )
+        self.save_capture(backup_id, shard.shard_id, Phase.DATA, capture, at)
 
     def _stopped_before(self, backup_id: str, shard_id: str) -> bool:
         return self._capture_path(backup_id, shard_id, Phase.TAIL).exists()
@@ -538,36 +545,35 @@ class Commands:
                     summary.with_suffix(".bin").unlink(missing_ok=True)
                     summary.unlink(missing_ok=True)
 
-    def _saved_scan(self, backup_id: str, shard_id: str) -> dict[str, Any]:
-        saved = self._extents_path(backup_id, shard_id)
-        return json.loads(saved.read_text()) if saved.exists() else {}
+    def _saved_scan(self, backup_id: str, shard_id: str) -> ShardScan | None:
+        return ShardScan.load(self._extents_path(backup_id, shard_id))
 
     def _hashed_in_pack(self, backup_id: str, shard_id: str) -> bool:
         """A full (its scan found no parent: every byte is sent) has its block map made of
         its packs' hashes, not by a scan."""
         scan = self._saved_scan(backup_id, shard_id)
-        return bool(scan) and scan["delta_bytes"] is None
+        return scan is not None and scan.is_full
 
     def _map_goes_with_tail(self, backup_id: str, shard_id: str) -> bool:
-        """A full's map (joined at Stop), or an incremental's scanned by a ``scan`` command:
-        a control plane that still sends one plans block maps with the tail only."""
+        """A full's map (joined at Stop), or an incremental's scanned by a Scan command (its
+        map is planned with the tail)."""
         scan = self._saved_scan(backup_id, shard_id)
-        return bool(scan) and (scan["delta_bytes"] is None or scan.get("map_with_tail", False))
+        return scan is not None and (scan.is_full or scan.map_with_tail)
 
     def cached_map(self, shard_id: str, backup_id: str) -> Path:
         """Where this node keeps the block map of a backup it made, for the next incremental."""
         return self.config.state_dir / "blockmaps" / shard_id / f"{backup_id}.map"
 
-    def parent_map(self, shard_id: str, parent: dict[str, Any] | None) -> Path | None:
+    def parent_map(self, shard_id: str, parent: ParentMap | None) -> Path | None:
         """The parent's block map: the cached file when its CRC64NVME is the plaintext CRC the
         manifest records for the map (its frames'), else fetched from the store and decoded
         through the pipeline. The cache is read whole to be checked: correctness never
         depends on it. None: no parent (a full)."""
-        if not parent:
+        if parent is None:
             return None
-        path = self.cached_map(shard_id, parent["backup_id"])
-        obj = parent["object"]
-        spans = frame_spans(unpack_frames(obj["frames"]), obj["frame_size"], obj["length"])
+        path = self.cached_map(shard_id, parent.backup_id)
+        obj = parent.object
+        spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
         if path.exists():
             with open(path, "rb") as cached:
                 if crc64nvme_of_stream(cached) == plaintext_crc(spans):
@@ -575,41 +581,41 @@ class Commands:
         fetched = self.restorer.fetch_object_plain(parent, path.with_suffix(".fetching"))
         return fetched.replace(path)
 
-    def do_scan(self, args: dict[str, Any]) -> dict[str, Any]:
+    def do_scan(self, args: ScanArgs) -> Listing:
         """Hashes every block of each shard's capture into this backup's block map and
         compares it with the parent's; returns the listings with each shard's changed extents
         (packed, coarsened to fit) and what the scan read and took."""
-        backup_id, shards = args["backup_id"], self._shards(args)
+        backup_id, shards = args.backup_id, self._shards(args.shard_ids)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            parents, pack = args.get("parents", {}), args.get("pack")
-            return self._scanned(backup_id, shards, parents, pack, map_with_data=False)
+            return self._scanned(backup_id, shards, args.parents, args.pack, map_with_data=False)
 
     def _scanned(
         self,
         backup_id: str,
         shards: list[ShardConfig],
-        parents: dict[str, Any],
-        pack: dict[str, Any] | None = None,
+        parents: dict[str, ParentMap],
+        pack: PackSpec | None = None,
         map_with_data: bool = True,
-    ) -> dict[str, Any]:
+    ) -> Listing:
         limiter, _ = self.limits(backup_id)
-        result = self._listing_result(backup_id, Phase.DATA, shards)
-        for shard, listed in zip(shards, result["shards"], strict=True):
-            scan = self._scan_shard(backup_id, shard.shard_id, parents, limiter, map_with_data)
-            listed.update(scan)
-            if scan["delta_bytes"] is not None:
+        listed = []
+        for shard in shards:
+            parent = parents.get(shard.shard_id)
+            scan = self._scan_shard(backup_id, shard.shard_id, parent, limiter, map_with_data)
+            listing = self._listed(backup_id, Phase.DATA, shard.shard_id)
+            listed.append(listing.model_copy(update=scan.model_dump()))
+            if not scan.is_full:
                 log.info(
                     "%s: scanned shard %s in %.3f s: %d bytes changed",
-                    backup_id, shard.shard_id, scan["scan_seconds"], scan["delta_bytes"],
+                    backup_id, shard.shard_id, scan.scan_seconds, scan.delta_bytes,
                 )  # fmt: skip
-        if pack:
-            self._pack_listed(backup_id, result, pack, Phase.DATA)
-        return result
+        scanned = Listing(node_id=self.config.node_id, shards=listed)
+        return self._pack_listed(backup_id, scanned, pack, Phase.DATA) if pack else scanned
 
     def _pack_listed(
-        self, backup_id: str, result: dict[str, Any], pack: dict[str, Any], phase: Phase
-    ) -> None:
+        self, backup_id: str, listing: Listing, pack: PackSpec, phase: Phase
+    ) -> Listing:
         """Packs this node's objects of ``phase`` (with the block maps its answer announces)
         right after the command that listed them: an incremental's changes at its scan
         (``shardvault.backup.scanning``), every tail at its stop. They are cut as the control
@@ -619,52 +625,57 @@ class Commands:
         packed bytes than it would have.
         Every shard of an answer packed has ``packed`` (empty when it changed nothing)."""
         started = time.monotonic()
-        if phase == Phase.DATA and any(s.get("delta_bytes") is None for s in result["shards"]):
-            return
+        if phase == Phase.DATA and any(s.delta_bytes is None for s in listing.shards):
+            return listing
         # The plan step's own listings of this answer: the objects are the ones it will plan.
-        listed = Listing.model_validate(result)
-        listings = listings_from_results([listed], phase) + blockmap_listings([listed])
-        objects = plan_objects(backup_id=backup_id, listings=listings, **pack)
+        listings = listings_from_results([listing], phase) + blockmap_listings([listing])
+        objects = plan_objects(backup_id=backup_id, listings=listings, **pack.model_dump())
         if not objects or len(objects) > OBJECTS_IN_FLIGHT_PER_NODE:
-            return
+            return listing
         with ThreadPoolExecutor(len(objects)) as pool:
             sums = list(pool.map(self._packed, objects))
-        for listed in result["shards"]:
-            listed["packed"] = [
-                {"object": item.model_dump(mode="json"), "checksums": checksums}
-                for item, checksums in zip(objects, sums, strict=True)
-                if item.shard_id == listed["shard_id"]
-            ]
+        packed = [
+            shard.model_copy(
+                update={
+                    "packed": [
+                        PackedObject(object=item, checksums=checksums)
+                        for item, checksums in zip(objects, sums, strict=True)
+                        if item.shard_id == shard.shard_id
+                    ]
+                }
+            )
+            for shard in listing.shards
+        ]
         seconds = time.monotonic() - started
         log.info("%s: packed %d %s objects in %.3f s", backup_id, len(objects), phase, seconds)
+        return listing.model_copy(update={"shards": packed})
 
     def _scan_shard(
         self,
         backup_id: str,
         shard_id: str,
-        parents: dict[str, Any],
+        parent: ParentMap | None,
         limiter: RateLimiter,
         map_with_data: bool,
-    ) -> dict[str, Any]:
+    ) -> ShardScan:
         saved = self._extents_path(backup_id, shard_id)
-        if saved.exists():  # a retried scan: the first one's answer
-            return json.loads(saved.read_text())
-        parent_path = self.parent_map(shard_id, parents.get(shard_id))
+        if (retried := ShardScan.load(saved)) is not None:  # a retried scan: the first answer
+            return retried
+        parent_path = self.parent_map(shard_id, parent)
         capture = self.load_capture(backup_id, shard_id, Phase.DATA)
         # Identities are judged against the checkpoint's time, for engines that trust them.
-        trusted = capture["checkpoint_at"] if capture.get("trust_identity") else None
-        root = Path(capture["root"])
-        if parent_path is None:  # a full: its objects hold the whole stream, its packs hash it
+        trusted = capture.checkpoint_at if capture.trust_identity else None
+        if parent is None or parent_path is None:  # a full: its packs hash the whole stream
             hashes_dir = self._hashes_dir(backup_id, shard_id)
-            save_identities(hashes_dir, root, capture["files"], trusted)
-            answer = {"extents": "", "delta_bytes": None, "scan_seconds": None}
-            write_json(saved, answer)
-            return answer
-        parent_args = parents.get(shard_id) or {}
-        screen = parent_screen(self.engine, self.config.node_id, capture["marker"], parent_args)
-        with BlockMap(parent_path) as parent:
+            save_identities(hashes_dir, capture.root, capture.files, trusted)
+            full = ShardScan(extents="", delta_bytes=None, scan_seconds=None)
+            full.save(saved)
+            return full
+        screen = parent_screen(self.engine, self.config.node_id, capture.marker, parent)
+        with BlockMap(parent_path) as parent_blocks:
             scan = scan_capture(
-                root, capture["files"], limiter, parent, self._map_path(backup_id, shard_id),
+                capture.root, capture.files, limiter, parent_blocks,
+                self._map_path(backup_id, shard_id),
                 trusted_before=trusted, screen=screen, mapped=self.mapped,
             )  # fmt: skip
         if scan.screened_bytes:
@@ -674,35 +685,37 @@ class Commands:
                 backup_id, shard_id, scan.screened_bytes, scan.mapped_bytes,
             )  # fmt: skip
         packed, extents = pack_within(scan.extents, EXTENTS_BUDGET)
-        answer = {
-            "extents": packed,
-            "delta_bytes": sum(n for _, n in extents),
-            "scan_seconds": scan.scan_seconds,
-            "unchanged_bytes": scan.unchanged_bytes,
-            "screened_bytes": scan.screened_bytes,
-            "parent_id": parent_args.get("backup_id"),
-        }
-        if map_with_data:  # the scan wrote the map: it is uploaded with the data
-            answer["blockmap_bytes"] = self._map_path(backup_id, shard_id).stat().st_size
-        else:
-            answer["map_with_tail"] = True
-        write_json(saved, answer)
+        where_the_map_goes = (
+            # The scan wrote the map: it is uploaded with the data.
+            {"blockmap_bytes": self._map_path(backup_id, shard_id).stat().st_size}
+            if map_with_data
+            else {"map_with_tail": True}
+        )
+        answer = ShardScan(
+            extents=packed,
+            delta_bytes=sum(n for _, n in extents),
+            scan_seconds=scan.scan_seconds,
+            unchanged_bytes=scan.unchanged_bytes,
+            screened_bytes=scan.screened_bytes,
+            parent_id=parent.backup_id,
+            **where_the_map_goes,
+        )
+        answer.save(saved)
         return answer
 
-    def do_stop(self, args: dict[str, Any]) -> dict[str, Any]:
-        backup_id, shards = args["backup_id"], self._shards(args)
-        cut = CutRequest.model_validate(args["cut"]) if args.get("cut") else None
+    def do_stop(self, args: StopArgs) -> Listing:
+        backup_id, shards = args.backup_id, self._shards(args.shard_ids)
         with self._lock(backup_id):
             self._refuse_released(backup_id)
-            return self._stopped(backup_id, shards, cut, args.get("pack"))
+            return self._stopped(backup_id, shards, args.cut, args.pack)
 
     def _stopped(
         self,
         backup_id: str,
         shards: list[ShardConfig],
         cut: CutRequest | None,
-        pack: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+        pack: PackSpec | None,
+    ) -> Listing:
         """Ends each shard's backup (cut at ``cut``'s instant), lists the tails and packs them
         (``pack``); the caller holds the backup's lock."""
 
@@ -717,27 +730,28 @@ class Commands:
             for future in [pool.submit(stop, shard) for shard in shards]:
                 future.result()
         self._archived_tails(backup_id, shards)
-        result = self._listing_result(backup_id, Phase.TAIL, shards)
-        for shard, listed in zip(shards, result["shards"], strict=True):
-            # A full's map is joined from its packs' hashes now, and goes with the tail;
-            # an incremental's went with the data (its scan wrote it).
-            if not self._map_goes_with_tail(backup_id, shard.shard_id):
-                continue
-            block_map = self._map_path(backup_id, shard.shard_id)
-            if not block_map.exists():
-                files = self.load_capture(backup_id, shard.shard_id, Phase.DATA)["files"]
-                assemble_map(self._hashes_dir(backup_id, shard.shard_id), files, block_map)
-            listed["blockmap_bytes"] = block_map.stat().st_size
-        if pack:
-            self._pack_listed(backup_id, result, pack, Phase.TAIL)
-        return result
+        tails = [self._tail_listed(backup_id, shard.shard_id) for shard in shards]
+        listing = Listing(node_id=self.config.node_id, shards=tails)
+        return self._pack_listed(backup_id, listing, pack, Phase.TAIL) if pack else listing
+
+    def _tail_listed(self, backup_id: str, shard_id: str) -> ListedShard:
+        """A shard's tail, with the block map when it goes with the tail: a full's, joined
+        from its packs' hashes now. An incremental's went with the data (its scan wrote it)."""
+        listed = self._listed(backup_id, Phase.TAIL, shard_id)
+        if not self._map_goes_with_tail(backup_id, shard_id):
+            return listed
+        block_map = self._map_path(backup_id, shard_id)
+        if not block_map.exists():
+            files = self.load_capture(backup_id, shard_id, Phase.DATA).files
+            assemble_map(self._hashes_dir(backup_id, shard_id), files, block_map)
+        return listed.model_copy(update={"blockmap_bytes": block_map.stat().st_size})
 
     def _archived_tails(self, backup_id: str, shards: list[ShardConfig]) -> None:
         """Waits until the archive has recorded the log each tail refers to instead of
         holding it (``archived_through`` in its marker: PostgreSQL's archived tail), so that
         Finalize finds it there; a retried stop waits again (nothing if it is stored)."""
         for shard in shards:
-            marker = self.load_capture(backup_id, shard.shard_id, Phase.TAIL)["marker"]
+            marker = self.load_capture(backup_id, shard.shard_id, Phase.TAIL).marker
             if through := marker.get("archived_through"):
                 # The daemon tells the engine which shards its archiver stores: only theirs
                 # refer to the archive.
@@ -752,22 +766,22 @@ class Commands:
                     time.monotonic() - started,
                 )
 
-    def do_release(self, args: dict[str, Any]) -> dict[str, Any]:
+    def do_release(self, args: ReleaseArgs) -> Released:
         """Releases everything held for the backup and leaves a tombstone, so that a
         checkpoint still in flight, or replayed after a restart, gives up instead of taking
         a checkpoint nobody will release. The lock makes release wait for such a checkpoint."""
-        backup_id = args["backup_id"]
+        backup_id = args.backup_id
         tombstone = self._tombstone(backup_id)
         tombstone.parent.mkdir(parents=True, exist_ok=True)
         tombstone.touch()
         with self._lock(backup_id):
-            for shard in self._shards(args):
+            for shard in self._shards(args.shard_ids):
                 self.engine.release(shard, backup_id)
             shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
         with self.locks_guard:
             limiter = self.backup_limiters.pop(backup_id, None)
         self._close_limits(backup_id, limiter)
-        return {"node_id": self.config.node_id, "released": True}
+        return Released(node_id=self.config.node_id, released=True)
 
     def _lock(self, backup_id: str) -> threading.Lock:
         """One lock per backup: checkpoint, stop and release of a backup never overlap."""
@@ -783,12 +797,12 @@ class Commands:
         digest = hashlib.sha256(item.key.encode()).hexdigest()[:24]
         return self._packed_dir(item.backup_id) / f"{digest}.bin"
 
-    def do_pack(self, args: dict[str, Any]) -> dict[str, Any]:
+    def do_pack(self, args: PackArgs) -> ObjectChecksums:
         """Reads the object's range of the stream once, through the part pipeline (frames,
         zstd, sealing), into a packed copy; returns the stored bytes' checksums and the frame
         table. A retried pack returns what the first one packed: the URLs signed next are
         bound to those bytes."""
-        item = ObjectPlan.model_validate(args["object"])
+        item = args.object
         self._refuse_released(item.backup_id)
         try:
             return self._packed(item)
@@ -798,7 +812,7 @@ class Commands:
             if self._tombstone(item.backup_id).exists():
                 shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
 
-    def _packed(self, item: ObjectPlan) -> dict[str, Any]:
+    def _packed(self, item: ObjectPlan) -> ObjectChecksums:
         """The checksums of ``item``'s packed copy: packed before for this very plan (at the
         scan, or by a pack this retries), or packed now."""
         path = self._packed_path(item)
@@ -806,10 +820,10 @@ class Commands:
         if summary.exists() and path.exists():
             saved = json.loads(summary.read_text())
             if saved.get("object") == item.model_dump(mode="json"):
-                return saved["checksums"]
+                return ObjectChecksums.model_validate(saved["checksums"])
         return self._pack(item, path, summary)
 
-    def _pack(self, item: ObjectPlan, path: Path, summary: Path) -> dict[str, Any]:
+    def _pack(self, item: ObjectPlan, path: Path, summary: Path) -> ObjectChecksums:
         limiter, _ = self.limits(item.backup_id)
         capture = self._capture_of(item)
         sealer = self.keys.sealer(self.encryption(item.backup_id))
@@ -833,24 +847,23 @@ class Commands:
             throttle=limiter.snapshot() if isinstance(limiter, AdaptiveLimiter) else None,
             held_log_bytes=guard.peak if (guard := self.guards.get(item.backup_id)) else None,
         )
-        result = sums.model_dump(mode="json")
         unfinished.replace(path)
         if item.phase == Phase.BLOCKMAP:
             self.keep_map(item)
-        write_json(summary, {"object": item.model_dump(mode="json"), "checksums": result})
-        return result
+        saved = {"object": item.model_dump(mode="json"), "checksums": sums.model_dump(mode="json")}
+        write_json(summary, saved)
+        return sums
 
     def _hasher(
-        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+        self, item: ObjectPlan, capture: SavedCapture, limiter: RateLimiter
     ) -> PackHasher | None:
         """A full's data objects hash the blocks they read, for its block map."""
         if item.phase != Phase.DATA or not self._hashed_in_pack(item.backup_id, item.shard_id):
             return None
-        root, files = Path(capture["root"]), capture["files"]
-        read_at = partial(read_range, root, files, limiter=limiter)
-        return PackHasher(files, item.stream_offset, item.length, read_at)
+        read_at = partial(read_range, capture.root, capture.files, limiter=limiter)
+        return PackHasher(capture.files, item.stream_offset, item.length, read_at)
 
-    def _capture_of(self, item: ObjectPlan) -> dict[str, Any]:
+    def _capture_of(self, item: ObjectPlan) -> SavedCapture:
         """What an object reads: a phase's capture, or the shard's block map file."""
         if item.phase != Phase.BLOCKMAP:
             return self.load_capture(item.backup_id, item.shard_id, item.phase)
@@ -860,10 +873,8 @@ class Commands:
                 f"this agent holds no block map of shard {item.shard_id} for {item.backup_id}.",
                 fix="retry the backup (the agent may have been restarted or released it).",
             )
-        return {
-            "root": str(path.parent),
-            "files": [FileEntry(path=path.name, size=path.stat().st_size)],
-        }
+        files = [FileEntry(path=path.name, size=path.stat().st_size)]
+        return SavedCapture(root=path.parent, files=files, checkpoint_at=path.stat().st_mtime)
 
     def keep_map(self, item: ObjectPlan) -> None:
         """Keeps a packed block map for the next incremental (checked against the manifest
@@ -877,33 +888,32 @@ class Commands:
             old.unlink(missing_ok=True)
 
     def _source(
-        self, item: ObjectPlan, capture: dict[str, Any], limiter: RateLimiter
+        self, item: ObjectPlan, capture: SavedCapture, limiter: RateLimiter
     ) -> Callable[[int], bytes]:
         """What an object holds: a range of its shard's stream, or, for an incremental's data,
         of its delta stream (the changed extents the scan found)."""
-        root, files = Path(capture["root"]), capture["files"]
-        extents = self._extents_path(item.backup_id, item.shard_id)
-        packed = json.loads(extents.read_text())["extents"] if extents.exists() else ""
+        root, files = capture.root, capture.files
+        scan = self._saved_scan(item.backup_id, item.shard_id)
+        packed = scan.extents if scan is not None else ""
         if item.phase == Phase.DATA and packed:
             changed = unpack_extents(packed)
             delta = DeltaReader(root, files, changed, item.stream_offset, item.length, limiter)
             return delta.read
         return stream_source(root, files, item.stream_offset, item.length, limiter)
 
-    def do_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+    def do_upload(self, args: UploadArgs) -> Uploaded:
         """Sends the packed copy's parts that have a URL and are not yet stored."""
-        item = ObjectPlan.model_validate(args["object"])
-        sums = ObjectChecksums.model_validate(args["checksums"])
-        urls = {p["part_number"]: p["url"] for p in args["parts"]}
+        item, sums = args.object, args.checksums
+        urls = {p.part_number: p.url for p in args.parts}
         self._refuse_released(item.backup_id)  # a late command must not recreate its state
         # What was sent is recorded per upload: a multipart upload's id, or (a single PUT,
         # ``upload_id`` None) the object's key.
-        digest = hashlib.sha256((args["upload_id"] or item.key).encode()).hexdigest()[:24]
+        digest = hashlib.sha256((args.upload_id or item.key).encode()).hexdigest()[:24]
         record = self.backup_dir(item.backup_id) / "uploads" / f"{digest}.jsonl"
         record.parent.mkdir(parents=True, exist_ok=True)
         done = {p.part_number: p for p in _read_parts(record)}
         if all(p.part_number in done for p in sums.parts):  # a retried upload that had ended
-            return {"parts": [done[n].model_dump(mode="json") for n in sorted(done)]}
+            return Uploaded(parts=[done[n] for n in sorted(done)])
         packed = self._packed_path(item)
         if not packed.exists():
             raise CheckpointNotFound(
@@ -937,35 +947,38 @@ class Commands:
                 shutil.rmtree(self.backup_dir(item.backup_id), ignore_errors=True)
         if len(uploaded) == len(sums.parts):  # all stored: the copy is not needed again
             packed.unlink(missing_ok=True)
-        return {"parts": [p.model_dump(mode="json") for p in uploaded]}
+        return Uploaded(parts=uploaded)
 
     # --- restore (``backup_id`` is the restore's id) -------------------------------------------
-    def do_prepare_restore(self, args: dict[str, Any]) -> dict[str, Any]:
-        with self._lock(args["backup_id"]):
-            return self.restorer.prepare(args)
+    def do_prepare_restore(self, args: PrepareRestoreArgs) -> Prepared:
+        with self._lock(args.backup_id):
+            return Prepared.model_validate(self.restorer.prepare(_as_sent(args)))
 
-    def do_download(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self.restorer.download(args)
+    def do_download(self, args: DownloadArgs) -> Downloaded:
+        return Downloaded.model_validate(self.restorer.download(_as_sent(args)))
 
-    def do_finish_restore(self, args: dict[str, Any]) -> dict[str, Any]:
-        with self._lock(args["backup_id"]):
-            return self.restorer.finish(args)
+    def do_finish_restore(self, args: FinishRestoreArgs) -> Finished:
+        with self._lock(args.backup_id):
+            return Finished.model_validate(self.restorer.finish(_as_sent(args)))
 
-    def do_abort_restore(self, args: dict[str, Any]) -> dict[str, Any]:
-        with self._lock(args["backup_id"]):
-            return self.restorer.abort(args)
+    def do_abort_restore(self, args: AbortRestoreArgs) -> Aborted:
+        with self._lock(args.backup_id):
+            return Aborted.model_validate(self.restorer.abort(_as_sent(args)))
+
+
+def _as_sent(args: CommandArgs) -> dict[str, Any]:
+    return args.model_dump(mode="json", exclude_unset=True)
 
 
 def parent_screen(
-    engine: EngineAdapter, node_id: str, marker: dict[str, str], parent: dict[str, Any]
+    engine: EngineAdapter, node_id: str, marker: dict[str, str], parent: ParentMap
 ) -> BlockScreen | None:
     """The engine's block screen against ``parent`` (``scan``: it reads only the headers of
     blocks it can vouch for), for a parent this node made: a device and inode name a file on
-    one host only. None for a parent of another node, or of a control plane that does not
-    say which."""
-    if parent.get("node_id") != node_id:
+    one host only. None for a parent of another node."""
+    if parent.node_id != node_id:
         return None
-    return engine.block_screen(marker, parent.get("marker") or {})
+    return engine.block_screen(marker, parent.marker)
 
 
 def _read_parts(path: Path) -> list[UploadedPart]:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardvault.aws.tables import RESTORE_PREFIX
+from shardvault.contracts.commands import AbortRestoreArgs, ReleaseArgs
 from shardvault.contracts.models import BackupStatus
 from shardvault_agent.commands import Commands
 
@@ -36,12 +37,12 @@ def reconcile(commands: Commands, status_of: StatusOf) -> dict[str, list[str]]:
     for backup_id in sorted(commands.held_backups()):
         if status_of(backup_id) != BackupStatus.RUNNING:
             shard_ids = list(commands.shards())
-            commands.do_release({"backup_id": backup_id, "shard_ids": shard_ids})
+            commands.do_release(ReleaseArgs(backup_id=backup_id, shard_ids=shard_ids))
             done["released"].append(backup_id)
     for restore_id in sorted(commands.restorer.held_restores()):
         status = status_of(f"{RESTORE_PREFIX}{restore_id}")
         if status == BackupStatus.FAILED:
-            commands.do_abort_restore({"backup_id": restore_id})
+            commands.do_abort_restore(AbortRestoreArgs(backup_id=restore_id))
             done["undone"].append(restore_id)
         elif status == BackupStatus.COMPLETE and commands.restorer.drop_staging(restore_id):
             done["unstaged"].append(restore_id)

@@ -42,6 +42,7 @@ from typing import Any
 
 from shardvault import errors
 from shardvault.aws.tables import INBOX_TTL_SECONDS
+from shardvault.contracts.commands import ParentMap
 from shardvault.contracts.extents import unpack_numbers
 from shardvault.contracts.models import DownloadItem, Encryption, unpack_files
 from shardvault.data.checksums import combine, to_b64
@@ -507,13 +508,9 @@ class Restorer:
     def _place(self, restore_id: str, shard: dict[str, Any]) -> None:
         """Places the shard's chain, if it restores one, and saves what its downloads need:
         each object's placements and patches, and the shard's patch index."""
-        # Layered only when the control plane downloads the newer members' objects first
-        # (two waves). An older control plane's waves put the root first: placed exclusively,
-        # a chain restores right in any order.
-        layered = bool(shard.pop("chain_layered", False))
-        shard.pop("chain_root_first", None)
+        # Layered: the control plane downloads the newer members' objects first (two waves).
         if chain := shard.pop("chain", None):
-            placed = place_chain(chain, layered)
+            placed = place_chain(chain, layered=True)
             self._save_placements(restore_id, placed)
             # Every object that writes a byte, which finish requires: an object that failed
             # for good in the Download map (it tolerates failures) must not pass unnoticed.
@@ -750,30 +747,27 @@ class Restorer:
             )
 
     # --- whole objects (a parent's block map) ---------------------------------------------
-    def fetch_object_plain(self, source: dict[str, Any], dest: Path) -> Path:
-        """Fetches a stored object whole through ``source["url"]`` and writes its plaintext to
+    def fetch_object_plain(self, source: ParentMap, dest: Path) -> Path:
+        """Fetches a stored object whole through ``source.url`` and writes its plaintext to
         ``dest``, every frame checked (and opened with the backup's key when sealed)."""
-        obj = source["object"]
-        spans = frame_spans(unpack_frames(obj["frames"]), obj["frame_size"], obj["length"])
-        encryption = source.get("encryption")
-        sealer = self.keys.sealer(
-            Encryption.model_validate(encryption) if encryption else None, obj.get("key_check")
-        )
+        obj = source.object
+        spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
+        sealer = self.keys.sealer(source.encryption, obj.key_check)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest, "wb") as out:
             sink = FrameSink(
                 spans,
                 FrameCodec(sealer=sealer),
-                source["place"],
+                source.place,
                 lambda offset, plain: os.pwrite(out.fileno(), plain, offset),
-                where=obj["key"],
+                where=obj.key,
             )
             size = sum(s.stored_size for s in spans)
-            crc = self.downloader.fetch(source["url"], obj["key"], 0, size, sink.receive)
-        if crc != obj["crc64nvme"] or not sink.complete:
+            crc = self.downloader.fetch(source.url, obj.key, 0, size, sink.receive)
+        if crc != obj.crc64nvme or not sink.complete:
             dest.unlink(missing_ok=True)
             raise ChecksumMismatch(
-                f"{obj['key']} arrived with CRC64NVME {crc}; the manifest says {obj['crc64nvme']}.",
+                f"{obj.key} arrived with CRC64NVME {crc}; the manifest says {obj.crc64nvme}.",
                 fix="the object is damaged in the store: run a full backup (omit --incremental).",
             )
         return dest

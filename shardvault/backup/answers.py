@@ -1,12 +1,13 @@
 """Answers: what the agents' listing commands (checkpoint, scan, stop) answered, read back.
 
 An agent given an ``answer_url`` (``shardvault.workflow.dispatch``) puts its *answer* (its shards'
-listings) in the work bucket there, and answers its task token with a *receipt*:
-``{"node_id", "answer_bytes", "answer_crc64nvme"}``. The receipt comes through Step Functions,
-sent with the agent's own credentials; the object through a URL that whoever holds it could
-use until it expires. So an answer is taken only when the object is the one its receipt
-describes (size and checksum) and names the node that sent it. An answer that came inline (an
-agent older than answer URLs) is taken as it is, as it always was.
+listings) in the work bucket there, and answers its task token with a *receipt*
+(``contracts.commands.AnswerReceipt``: its node, the answer's size and CRC64NVME). The
+receipt comes through Step Functions, sent with the agent's own credentials; the object
+through a URL that whoever holds it could use until it expires. So an answer is taken only
+when the object is the one its receipt describes (size and checksum) and names the node that
+sent it. Every listing is answered so (agent protocol 4): a task result that is not a receipt
+is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from botocore.exceptions import ClientError
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing
+from shardvault.contracts.commands import AnswerReceipt, parse_result
 from shardvault.contracts.models import Phase
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import AnswerMismatch
@@ -27,26 +29,22 @@ from shardvault.errors import AnswerMismatch
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
-def is_receipt(result: dict[str, Any]) -> bool:
-    return "answer_crc64nvme" in result
-
-
 def read_answers(
     svc: Services, operation_id: str, phase: Phase, results: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The nodes' answers for ``phase``: each receipt replaced by the answer it vouches for."""
-    return [
-        read_answer(svc, operation_id, phase, result) if is_receipt(result) else result
-        for result in results
-    ]
+    return [read_answer(svc, operation_id, phase, receipt_of(result)) for result in results]
+
+
+def receipt_of(result: dict[str, Any]) -> AnswerReceipt:
+    return parse_result(AnswerReceipt, str(result.get("node_id", "?")), result)
 
 
 def read_answer(
-    svc: Services, operation_id: str, phase: Phase, receipt: dict[str, Any]
+    svc: Services, operation_id: str, phase: Phase, receipt: AnswerReceipt
 ) -> dict[str, Any]:
-    node_id = str(receipt["node_id"])
+    node_id, size, crc = receipt.node_id, receipt.answer_bytes, receipt.answer_crc64nvme
     key = svc.answer_key(operation_id, phase, node_id)
-    size, crc = int(receipt["answer_bytes"]), str(receipt["answer_crc64nvme"])
     fix = "retry the backup; if it happens again, look for another writer of the work bucket."
     if size > MAX_ANSWER_BYTES:
         raise AnswerMismatch(

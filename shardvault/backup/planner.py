@@ -295,9 +295,9 @@ def check_listings_match_sources(context: BackupContext, listings: list[ShardLis
 
 def check_scanned(answers: list[Listing]) -> None:
     """Every shard's data listing carries its scan's answer (``extents``, ``delta_bytes``:
-    sent, even when None). An agent older than this control plane checkpoints without
-    scanning; planning its answer would send an incremental's whole stream under extents that
-    say nothing changed."""
+    sent, even when None). A checkpoint without parents lists without scanning; planning
+    such an answer would send an incremental's whole stream under extents that say nothing
+    changed."""
     for answer in answers:
         for shard in answer.shards:
             if not {"extents", "delta_bytes"} <= shard.model_fields_set:

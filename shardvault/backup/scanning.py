@@ -35,6 +35,7 @@ from shardvault.aws.store import presign_get
 from shardvault.backup.planner import pack_arguments
 from shardvault.contracts import deployment
 from shardvault.contracts.catalog import BackupItem
+from shardvault.contracts.commands import ParentMap
 from shardvault.contracts.models import BackupContext, Manifest, object_place
 from shardvault.data.planning import choose_part_size
 from shardvault.errors import ParentUnavailable
@@ -51,7 +52,8 @@ def prepare_scan(context: BackupContext, svc: Services) -> dict[str, Any]:
     separate = len(context.sources) > deployment.NODE_MAP_CONCURRENCY
     pack = pack_args(context, parent, svc) | stop_args(context)
     for source in context.sources:
-        args = {"parents": {s: parents[s] for s in source.shard_ids if s in parents}}
+        mine = {s: parents[s].model_dump(mode="json") for s in source.shard_ids if s in parents}
+        args = {"parents": mine}
         svc.put_work(svc.scan_args_key(context.backup_id, source.node_id), args | pack)
     return {
         "separate": separate,
@@ -103,7 +105,7 @@ def stop_args(context: BackupContext) -> dict[str, Any]:
 
 def parent_maps(
     context: BackupContext, record: BackupItem | None, svc: Services
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ParentMap]:
     """Per shard, the parent's block map as an agent fetches it (URL included); ``record`` is
     the parent's catalog record."""
     if context.chain is None:
@@ -119,23 +121,22 @@ def parent_maps(
             fix="run a full backup (omit --incremental).",
         )
     manifest: Manifest = load_manifest(s3, bucket, key, version)
-    encryption = manifest.encryption.model_dump(mode="json") if manifest.encryption else None
     maps = {}
     for shard in manifest.shards:
         if shard.blockmap is None:
             continue
         obj = shard.blockmap
         url = presign_get(s3, bucket, obj.key, svc.settings.url_ttl_seconds, obj.version_id)
-        maps[shard.shard_id] = {
-            "backup_id": parent_id,
-            "object": obj.model_dump(mode="json"),
-            "place": object_place(manifest.cluster, parent_id, obj.shard_id, obj.phase, obj.index),
-            "encryption": encryption,
+        maps[shard.shard_id] = ParentMap(
+            backup_id=parent_id,
+            object=obj,
+            place=object_place(manifest.cluster, parent_id, obj.shard_id, obj.phase, obj.index),
+            encryption=manifest.encryption,
             # Where the parent began (PostgreSQL: its start LSN) and on which node: an
             # engine's block screen proves blocks unchanged against it, on that node only
             # (``shardvault_agent.engines.pgpages``).
-            "marker": shard.marker,
-            "node_id": shard.node_id,
-            "url": url,
-        }
+            marker=shard.marker,
+            node_id=shard.node_id,
+            url=url,
+        )
     return maps

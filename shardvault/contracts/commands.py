@@ -28,20 +28,11 @@ Results are read more loosely than arguments: the agents are upgraded first, so 
 plane may read the result of a newer agent; a field it does not know is ignored, as in a
 node's record (``models.Registered``).
 
-*For older producers*: the agent still reads a control plane older than itself (its
-branches say so), so these fields keep a default, or exist, for it alone; they go with the
-next protocol bump:
-- ``answer_url`` (checkpoint, scan, stop): without it the agent answers inline.
-- ``ParentMap.node_id`` and ``ParentMap.marker``: without them no block screen.
-- ``ShardLayout.chain_layered`` left out (False: the chain's root placed first), and
-  ``ShardLayout.chain_root_first``, which such a control plane sent and no agent reads.
-- ``StopCut.database`` (and ``CutRequest.database``) None with a commit lock: a control plane
-  older than ``cut.database``; ``DownloadItem.pieces`` (``models``).
-Other defaults stand for a key this control plane always sends but the agent reads with a
-default: checkpoint's ``upload``, ``encryption``, ``flush`` and ``archived_tails``, stop's
-``cut`` and ``pack``, the shards' ``shard_ids``, a layout's ``marker`` and ``encryption``.
-A checkpoint without ``parents`` is not one of them: a backup that scans in a Scan step
-apart sends none.
+Protocol 4 (``models.AGENT_PROTOCOL``) dropped what the agent kept for control planes older
+than itself: a listing command always has its ``answer_url`` (no answer inline), a parent's
+block map names its node and marker, and a chain is always layered (its newer members'
+objects download first). A default here stands for "not this time" (no encryption, no
+parents: a backup that scans in a Scan step apart), never for an older sender.
 """
 
 from __future__ import annotations
@@ -102,9 +93,10 @@ class ShardArgs(CommandArgs):
 
 
 class ListingArgs(ShardArgs):
-    """A listing command's: where it puts its answer (``dispatch.ANSWERED``)."""
+    """A listing command's: where it puts its answer (``dispatch.ANSWERED``); a listing is
+    too long for a task result."""
 
-    answer_url: str | None = None  # None: answered inline (an older control plane)
+    answer_url: str
 
 
 class PackSpec(Frozen):
@@ -125,11 +117,11 @@ class ParentMap(Frozen):
     object: ObjectResult  # the manifest's blockmap object
     place: str  # its frames' place (``models.object_place``)
     url: str  # presigned GET
-    encryption: Encryption | None = None  # the chain's wrapped data key; None: not sealed
     # Where the parent began and on which node: an engine's block screen proves blocks
-    # unchanged against it, on that node only. Defaults: an older control plane (no screen).
-    marker: Marker = Field(default_factory=dict)
-    node_id: str | None = None
+    # unchanged against it, on that node only.
+    marker: Marker
+    node_id: str
+    encryption: Encryption | None = None  # the chain's wrapped data key; None: not sealed
 
 
 class StopCut(Frozen):
@@ -188,7 +180,7 @@ class CheckpointArgs(ListingArgs):
 class StopArgs(ListingArgs):
     """End each shard's backup at the cut, list the tails and pack them."""
 
-    cut: CutRequest | None = None  # None: no cut (an older control plane)
+    cut: CutRequest | None = None  # None: no cut (an engine without one: SQLite)
     pack: PackSpec | None = None  # None: the tails are packed in the Upload map
 
 
@@ -278,9 +270,10 @@ class ShardLayout(Frozen):
     streams: list[LayoutStream]
     marker: Marker = Field(default_factory=dict)  # the backup's (PostgreSQL: its cut)
     encryption: Encryption | None = None  # the wrapped data key, for the target cluster
-    chain: list[ChainMember] | None = None  # an incremental's
-    chain_layered: bool = False  # False: an older control plane's (root first)
-    chain_root_first: bool | None = None  # an older control plane's; never read
+    # An incremental's. The newer members' objects download before the root's (two waves):
+    # the node lays the root down whole, their changed blocks laid into its frames
+    # (``shardvault_agent.chain_placement``: layered).
+    chain: list[ChainMember] | None = None
     recovery: Recovery | None = None  # a point-in-time restore's
 
 
@@ -535,8 +528,8 @@ def parse_result(model: type[Result], node_id: str, result: object) -> Result:
         return model.model_validate(result)
     except ValidationError as error:
         raise AnswerMismatch(
-            f"node {node_id} answered with a {model.__name__} this control plane cannot read: "
-            f"{problems_of(error, '(answer)')}.",
+            f"node {node_id} answered with what this control plane cannot read as "
+            f"{model.__name__}: {problems_of(error, '(answer)')}.",
             fix=FIX,
         ) from None
 

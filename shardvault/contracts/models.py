@@ -165,8 +165,10 @@ HEARTBEAT_MISSES = 3
 # command changes in a way an older agent would fail on. 1: an object of one part is sent by
 # one presigned PUT (a transfer without an upload id). 2: the upload limits' throttle may be
 # ``auto``. 3: a download item may name the vault version it reads (``version_id``), and a
-# cut the database its commit lock lives in (``CutRequest.database``).
-AGENT_PROTOCOL = 3
+# cut the database its commit lock lives in (``CutRequest.database``). 4: every listing
+# answer goes through its answer URL, a parent map names its node, a chain is always layered
+# (``contracts.commands``: the agent no longer reads what older control planes sent).
+AGENT_PROTOCOL = 4
 
 
 class NodeRecord(Registered):

@@ -189,17 +189,9 @@ def prepare_args(
         "shards": [
             {
                 "shard_id": shard.shard_id,
-                **(
-                    {
-                        "chain": chain_args([m for m, _ in chain], shard.shard_id),
-                        # The newer members' objects download before the root's (two
-                        # waves): the node lays the root down whole, their changed blocks
-                        # laid into its frames (chains: layered).
-                        "chain_layered": True,
-                    }
-                    if chain
-                    else {}
-                ),
+                # The newer members' objects download before the root's (two waves): the
+                # node lays the root down whole, their changed blocks laid into its frames.
+                **({"chain": chain_args([m for m, _ in chain], shard.shard_id)} if chain else {}),
                 "marker": shard.marker,
                 # The wrapped data key (never the key): the node unwraps it itself.
                 "encryption": encryption.model_dump(mode="json") if encryption else None,

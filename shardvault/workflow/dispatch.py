@@ -18,8 +18,7 @@ scan, stop) get a presigned PUT of one work object (``answer_url``, the key
 with the answer's size and CRC64NVME alone, so that the execution's state, which a Map gathers
 from every node, carries a few dozen bytes a node instead of every listing (256 KiB bound a
 cluster at about 50 PostgreSQL nodes). The plan step reads the answers back and refuses one
-that is not what the token vouched for (``shardvault.backup.answers``). An agent that does not
-know the URL answers inline, as before.
+that is not what the token vouched for (``shardvault.backup.answers``).
 
 *Ring*: after the post, the dispatcher sends one small message (``{"ring": <command id>}``,
 nothing secret) to the node's *doorbell* queue (``shardvault.contracts.models.doorbell_name``),

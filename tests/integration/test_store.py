@@ -78,11 +78,11 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     from shardvault_agent.transfer import PartSender
 
     from shardvault.aws.materialize import materialize
+    from shardvault.contracts.commands import PackArgs, UploadArgs
     from shardvault.contracts.models import (
         Manifest,
         ManifestShard,
         ManifestStream,
-        ObjectChecksums,
         ObjectPlan,
         Phase,
     )  # fmt: skip
@@ -109,7 +109,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
         part_size=5 * MiB, part_count=part_count(15 * MiB, 5 * MiB),
     )  # fmt: skip
 
-    sums = ObjectChecksums.model_validate(agent.do_pack({"object": item.model_dump()}))
+    sums = agent.do_pack(PackArgs(backup_id="b1", object=item))
     as_read = live.read_bytes()
     with open(live, "r+b") as f:  # the database rewrites a page after the object was read
         f.seek(7 * MiB)
@@ -117,14 +117,14 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     signed = backup.sign(item, sums, None, svc)
     urls = svc.get_work(signed["urls_key"])
     assert "Signature" not in json.dumps(signed)  # URLs stay out of the execution's history
-    args = {"object": item.model_dump(), "upload_id": signed["upload_id"]}
-    sent = agent.do_upload({**args, "checksums": signed["checksums"], **urls})
-    assert sorted(p["part_number"] for p in sent["parts"]) == [p.part_number for p in sums.parts]
+    args = {"backup_id": "b1", "object": item.model_dump(), "upload_id": signed["upload_id"]}
+    upload = UploadArgs.model_validate({**args, "checksums": signed["checksums"], **urls})
+    sent = agent.do_upload(upload)
+    assert sorted(p.part_number for p in sent.parts) == [p.part_number for p in sums.parts]
     assert not list(agent._packed_path(item).parent.glob("*.bin"))  # gone once all is stored
-    again = agent.do_upload({**args, "checksums": signed["checksums"], **urls})  # a retried task
-    assert again["parts"] == sent["parts"]
-    uploaded = [UploadedPart.model_validate(p) for p in sent["parts"]]
-    result = backup.complete(item, sums, signed["upload_id"], uploaded, svc)
+    again = agent.do_upload(upload)  # a retried task
+    assert again.parts == sent.parts
+    result = backup.complete(item, sums, signed["upload_id"], sent.parts, svc)
     assert result.verified_by == "attributes"
     stored = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=item.key)["Body"].read()
     assert crc64nvme_of_bytes(stored) == sums.crc64nvme

@@ -12,6 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
 
 from shardvault.aws.services import Services
@@ -21,6 +22,7 @@ from shardvault.contracts.catalog import (
     CatalogItem,
     kind_of,
 )
+from shardvault.contracts.commands import ARGUMENTS, ListingArgs, parse_args
 from shardvault.contracts.models import AGENT_PROTOCOL, BackupContext, NodeRecord, ShardInfo, Source
 from shardvault.local import moto_fidelity
 from shardvault.local.stack import create_tables
@@ -133,3 +135,16 @@ def catalog_item(fields: dict[str, object]) -> CatalogItem:
 def backup_item(**fields: Any) -> BackupItem:
     """A backup's catalog item: complete, of cluster ``c``, unless ``fields`` say otherwise."""
     return BackupItem.model_validate({"cluster": "c", "status": "COMPLETE"} | fields)
+
+
+def handle(commands: Commands, command: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Runs agent command ``command``'s handler on ``args`` read into its model, and answers
+    as the agent sends it (``Commands.run``), but a listing command's answer comes back whole
+    (its answer URL is never used). A pack's or upload's backup is its object's."""
+    if issubclass(ARGUMENTS[command], ListingArgs):
+        args = {"answer_url": "https://answers.invalid/unused", **args}
+    if "object" in args and "backup_id" not in args:
+        args = {"backup_id": args["object"]["backup_id"], **args}
+    handler = getattr(commands, f"do_{command}")
+    answer = handler(parse_args(command, args))
+    return answer.model_dump(mode="json", exclude_unset=True)

@@ -48,7 +48,7 @@ def test_a_restored_shard_becomes_a_shard_the_node_holds(tmp_path):
     held = commands.shards()
     assert list(held) == ["shard-1"]
     assert held["shard-1"].path == tmp_path / "restored" / "shard-1" / "orders.db"
-    assert commands._shards({"shard_ids": ["shard-1"]}) == [held["shard-1"]]
+    assert commands._shards(["shard-1"]) == [held["shard-1"]]
 
 
 def test_an_aborted_restore_takes_back_only_its_own_adoption(tmp_path):

@@ -8,13 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from shardvault_agent.commands import MAX_LISTING_CHARS, check_fits_task_result
 
 from shardvault.aws.services import Services
 from shardvault.backup.answers import MAX_ANSWER_BYTES, read_answers
 from shardvault.contracts.models import Phase
 from shardvault.data.checksums import crc64nvme_of_bytes
-from shardvault.errors import AnswerMismatch, ListingTooLarge
+from shardvault.errors import AnswerMismatch
 
 from .support import moto_services
 
@@ -47,8 +46,13 @@ def test_a_receipt_is_replaced_by_the_answer_it_vouches_for(svc: Services) -> No
     assert read_answers(svc, "b1", Phase.DATA, [receipt]) == [ANSWER]
 
 
-def test_an_inline_answer_is_taken_as_it_is(svc: Services) -> None:
-    assert read_answers(svc, "b1", Phase.DATA, [ANSWER]) == [ANSWER]
+def test_an_answer_sent_inline_is_refused_as_no_receipt(svc: Services) -> None:
+    """Only an agent older than protocol 4 answered a listing inline: it is refused by name,
+    never planned unchecked."""
+    with pytest.raises(
+        AnswerMismatch, match=r"node n1 .* cannot read as AnswerReceipt: answer_bytes"
+    ):
+        read_answers(svc, "b1", Phase.DATA, [ANSWER])
 
 
 def test_an_answer_replaced_in_the_work_bucket_is_refused(svc: Services) -> None:
@@ -82,12 +86,3 @@ def test_an_answer_too_large_to_plan_is_refused_before_it_is_read(svc: Services)
     with pytest.raises(AnswerMismatch, match="more than the plan step reads") as refused:
         read_answers(svc, "b1", Phase.DATA, [receipt])  # nothing is kept: nothing was read
     assert "split the node's shards" in refused.value.fix
-
-
-def test_an_agent_answering_inline_refuses_a_listing_longer_than_a_task_result() -> None:
-    """Only without an answer URL (a stack older than the agent): the task result is the limit."""
-    long = {"node_id": "n1", "shards": [{"shard_id": "s1", "files": "x" * (MAX_LISTING_CHARS + 1)}]}
-    with pytest.raises(ListingTooLarge, match="shard s1 lists 200001 characters"):
-        check_fits_task_result(long)
-    check_fits_task_result(ANSWER)
-    check_fits_task_result({"node_id": "n1", "shards": [{"shard_id": "s1", "restored": True}]})

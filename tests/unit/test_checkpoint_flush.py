@@ -12,7 +12,7 @@ from shardvault_agent.commands import Commands
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
-from .support import sqlite_agent
+from .support import handle, sqlite_agent
 
 
 def recording_commands(tmp_path: Path) -> tuple[Commands, list[str]]:
@@ -37,8 +37,8 @@ def test_a_lone_nodes_checkpoint_flushes_first(tmp_path: Path) -> None:
     cmds, calls = recording_commands(tmp_path)
     args = {"backup_id": "b1", "shard_ids": ["s1"], "flush": True}
 
-    cmds.do_checkpoint(args)
-    cmds.do_checkpoint(args)  # retried: the checkpoint is held, nothing is taken again
+    handle(cmds, "checkpoint", args)
+    handle(cmds, "checkpoint", args)  # retried: the checkpoint is held, nothing is taken again
 
     assert calls == ["flush s1", "checkpoint s1"]
 
@@ -46,11 +46,11 @@ def test_a_lone_nodes_checkpoint_flushes_first(tmp_path: Path) -> None:
 def test_an_engine_whose_checkpoint_flushes_is_not_flushed_first(tmp_path: Path) -> None:
     cmds, calls = recording_commands(tmp_path)
     cmds.engine.checkpoint_flushes = True  # as PostgresAdapter's: pg_backup_start checkpoints
-    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "flush": True})
+    handle(cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "flush": True})
     assert calls == ["checkpoint s1"]
 
 
 def test_without_the_flag_the_checkpoint_does_not_flush(tmp_path: Path) -> None:
     cmds, calls = recording_commands(tmp_path)
-    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"]})
+    handle(cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"]})
     assert calls == ["checkpoint s1"]

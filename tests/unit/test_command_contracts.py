@@ -612,7 +612,6 @@ def test_the_typed_restore_arguments_carry_what_their_consumers_read(produced):
     assert isinstance(chain, PrepareRestoreArgs)
     assert isinstance(chain.prefetch, Prefetch)
     shard = chain.shards[0]
-    assert shard.chain_layered
     assert [m.backup_id for m in shard.chain or []] == ["full", "incr"]
     assert [m.extents for m in shard.chain or []] == [None, ""]
     assert [d.object.from_chain for d in chain.prefetch.downloads] == [True]
@@ -739,25 +738,22 @@ def test_a_probe_body_that_is_not_base64_is_refused(produced):
         parse_args(command, args | {"body": "not base64!"})
 
 
-def test_what_an_older_control_plane_sends_is_still_accepted(produced):
-    """The defaults kept for older producers (the module's docstring lists them): the agent
-    still handles their absence, so its check must not refuse them before the handler."""
+def test_what_a_control_plane_before_protocol_4_sends_is_refused_by_name(produced):
+    """Protocol 4 dropped the agent's branches for older control planes: what only they sent,
+    or left out, is refused by field before any handler runs (the control plane is upgraded
+    first, so an agent of this release never meets one)."""
     posts = produced[0]
     command, args = posts["checkpoint of a lone incremental"]
-    parent = {k: v for k, v in args["parents"]["s1"].items() if k not in ("node_id", "marker")}
-    older = {k: v for k, v in args.items() if k not in ("answer_url", "archived_tails")}
-    parsed = parse_args(command, older | {"parents": {"s1": parent}})
-    assert isinstance(parsed, CheckpointArgs)
-    assert parsed.parents
-    assert parsed.parents["s1"].node_id is None
-    assert not parsed.archived_tails
-    command, args = posts["stop"]
-    assert parse_args(command, {"backup_id": "b1", "shard_ids": ["s1"]})
+    inline = {k: v for k, v in args.items() if k != "answer_url"}
+    with pytest.raises(InvalidRequest, match=r"'checkpoint'.*answer_url: Field required"):
+        parse_args(command, inline)
+    parent = {k: v for k, v in args["parents"]["s1"].items() if k != "node_id"}
+    with pytest.raises(InvalidRequest, match=r"parents.s1.node_id: Field required"):
+        parse_args(command, args | {"parents": {"s1": parent}})
     command, args = posts["prepare_restore of the incr"]
-    shard = {k: v for k, v in args["shards"][0].items() if k != "chain_layered"}
-    parsed = parse_args(command, args | {"shards": [shard | {"chain_root_first": True}]})
-    assert isinstance(parsed, PrepareRestoreArgs)
-    assert not parsed.shards[0].chain_layered
+    shard = args["shards"][0] | {"chain_layered": False}
+    with pytest.raises(InvalidRequest, match=r"shards.0.chain_layered: Extra inputs"):
+        parse_args(command, args | {"shards": [shard]})
 
 
 @pytest.mark.parametrize("label", ANSWERED)

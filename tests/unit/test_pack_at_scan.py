@@ -25,15 +25,16 @@ from shardvault.backup.planner import (
     plan_items,
     plan_stopped_with_checkpoint,
 )
-from shardvault.contracts.commands import Listing
+from shardvault.contracts.commands import AnswerReceipt, Listing
 from shardvault.contracts.models import ObjectChecksums, Phase
-from shardvault.data.checksums import crc64nvme_of_stream
+from shardvault.data.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
 from shardvault.data.pipeline import frame_spans, plaintext_crc, unpack_frames
 from shardvault.data.planning import MiB, blockmap_listings, listings_from_results, plan_objects
 from shardvault.errors import AnswerMismatch
 from tests.unit.support import catalog_item
 
 from .support import (
+    handle,
     lone_node_context,
     moto_services,
     requests_made,
@@ -42,6 +43,28 @@ from .support import (
 )
 
 PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
+# The parent's block map as the control plane names it; its bytes are the test's own
+# (``incremental_agent``), and it was made on another node (no block screen).
+PARENT = {
+    "backup_id": "parent",
+    "object": {
+        "key": "backups/c/parent/s1/blockmap/00000",
+        "node_id": "n0",
+        "shard_id": "s1",
+        "phase": "blockmap",
+        "index": 0,
+        "stream_offset": 0,
+        "length": 1,
+        "part_size": 8 * MiB,
+        "part_count": 1,
+        "crc64nvme": "AAAAAAAAAAA=",
+        "verified_by": "attributes",
+    },
+    "place": "c/parent/s1/blockmap/00000",
+    "url": "https://store.invalid/parent.map",
+    "marker": {},
+    "node_id": "n0",
+}
 
 
 def incremental_agent(tmp_path: Path) -> tuple[Commands, Path]:
@@ -54,10 +77,10 @@ def incremental_agent(tmp_path: Path) -> tuple[Commands, Path]:
         RateLimiter(None),
         sender=SimpleNamespace(),
     )
-    cmds.do_checkpoint({"backup_id": "parent", "shard_ids": ["s1"]})
+    handle(cmds, "checkpoint", {"backup_id": "parent", "shard_ids": ["s1"]})
     capture = cmds.load_capture("parent", "s1", Phase.DATA)
     parent_map = tmp_path / "parent.map"
-    scan_capture(Path(capture["root"]), capture["files"], RateLimiter(None), None, parent_map)
+    scan_capture(capture.root, capture.files, RateLimiter(None), None, parent_map)
     cmds.parent_map = lambda shard_id, parent: parent_map if parent else None  # type: ignore[method-assign]
     with sqlite3.connect(config.shards[0].path) as conn:
         conn.execute("UPDATE t SET x = randomblob(1024) WHERE rowid % 100 = 0")
@@ -68,11 +91,11 @@ def checkpoint(cmds: Commands, backup_id: str, pack: dict[str, Any] | None) -> d
     args: dict[str, Any] = {
         "backup_id": backup_id,
         "shard_ids": ["s1"],
-        "parents": {"s1": {"backup_id": "parent"}},
+        "parents": {"s1": PARENT},
     }
     if pack is not None:
         args["pack"] = pack
-    return cmds.do_checkpoint(args)
+    return handle(cmds, "checkpoint", args)
 
 
 def planned(answer: dict[str, Any], backup_id: str, pack: dict[str, Any], phase=Phase.DATA):
@@ -104,7 +127,7 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
         assert plaintext_crc(spans) == crc64nvme_of_stream(written)
     # The Upload map's pack of the same object is the packed copy, not another.
     before = {p: p.stat().st_mtime_ns for p in cmds._packed_path(objects[0]).parent.iterdir()}
-    assert cmds.do_pack({"object": items[0]["object"]}) == items[0]["checksums"]
+    assert handle(cmds, "pack", {"object": items[0]["object"]}) == items[0]["checksums"]
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
@@ -150,7 +173,7 @@ def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> Non
 
     items = plan_items(objects, packed_by_nodes([Listing.model_validate(answer)]))
     assert [item["checksums"] for item in items] == [None, None]
-    cmds.do_pack({"object": items[0]["object"]})
+    handle(cmds, "pack", {"object": items[0]["object"]})
     summary = json.loads(cmds._packed_path(objects[0]).with_suffix(".json").read_text())
     assert summary["object"] == items[0]["object"]
 
@@ -182,8 +205,8 @@ def test_no_packing_without_the_request_nor_beyond_what_the_map_holds_at_once(
 
 def test_a_full_packs_nothing_at_its_checkpoint(tmp_path: Path) -> None:
     cmds, _ = incremental_agent(tmp_path)
-    answer = cmds.do_checkpoint(
-        {"backup_id": "f2", "shard_ids": ["s1"], "parents": {}, "pack": PACK}
+    answer = handle(
+        cmds, "checkpoint", {"backup_id": "f2", "shard_ids": ["s1"], "parents": {}, "pack": PACK}
     )
     assert "packed" not in answer["shards"][0]  # its objects are packed in the Upload map
 
@@ -192,11 +215,11 @@ def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Pa
     """A full's data is packed in the Upload map (its packs hash its blocks); its stop joins
     the block map from those hashes and packs it, with the tail (SQLite has none)."""
     cmds, _ = incremental_agent(tmp_path)
-    answer = cmds.do_checkpoint({"backup_id": "f2", "shard_ids": ["s1"], "parents": {}})
+    answer = handle(cmds, "checkpoint", {"backup_id": "f2", "shard_ids": ["s1"], "parents": {}})
     for obj in planned(answer, "f2", PACK):
-        cmds.do_pack({"object": obj.model_dump(mode="json")})
+        handle(cmds, "pack", {"object": obj.model_dump(mode="json")})
 
-    stopped = cmds.do_stop({"backup_id": "f2", "shard_ids": ["s1"], "pack": PACK})
+    stopped = handle(cmds, "stop", {"backup_id": "f2", "shard_ids": ["s1"], "pack": PACK})
 
     objects = planned(stopped, "f2", PACK, Phase.TAIL)
     items = plan_items(objects, packed_by_nodes([Listing.model_validate(stopped)]))
@@ -228,9 +251,9 @@ def test_a_lone_nodes_checkpoint_stops_once_every_change_is_packed(tmp_path: Pat
     stops again nor answers differently."""
     cmds, _ = incremental_agent(tmp_path)
     stops = counted_stops(cmds)
-    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": PARENT}}
 
-    answer = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    answer = handle(cmds, "checkpoint", args | {"pack": PACK} | STOP)
 
     assert stops == ["s1"]
     assert cmds._capture_path("b2", "s1", Phase.TAIL).exists()
@@ -238,7 +261,7 @@ def test_a_lone_nodes_checkpoint_stops_once_every_change_is_packed(tmp_path: Pat
     assert [s["shard_id"] for s in stopped["shards"]] == ["s1"]
     assert planned(stopped, "b2", PACK, Phase.TAIL) == []  # SQLite: no tail; the map went with data
     assert len(answer["shards"][0]["packed"]) == 2  # the changes and the block map
-    assert cmds.do_checkpoint(args | {"pack": PACK} | STOP) == answer
+    assert handle(cmds, "checkpoint", args | {"pack": PACK} | STOP) == answer
     assert stops == ["s1"]
 
 
@@ -261,12 +284,12 @@ def test_a_checkpoint_retried_after_its_stop_takes_nothing_again(tmp_path: Path)
         return holds(shard, backup_id) and not cmds._stopped_before(backup_id, shard.shard_id)
 
     cmds.engine.holds = held  # type: ignore[method-assign]
-    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
-    first = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": PARENT}}
+    first = handle(cmds, "checkpoint", args | {"pack": PACK} | STOP)
     with sqlite3.connect(cmds.config.shards[0].path) as conn:  # written after the stop
         conn.execute("UPDATE t SET x = randomblob(1024)")
 
-    again = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    again = handle(cmds, "checkpoint", args | {"pack": PACK} | STOP)
 
     assert (checkpoints, stops) == (["s1"], ["s1"])
     assert again == first
@@ -279,9 +302,9 @@ def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
     cmds, _ = incremental_agent(tmp_path)
     stops = counted_stops(cmds)
     tiny = PACK | {"part_size": 64}
-    args = {"backup_id": "b3", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
+    args = {"backup_id": "b3", "shard_ids": ["s1"], "parents": {"s1": PARENT}}
 
-    answer = cmds.do_checkpoint(args | {"pack": tiny} | STOP)
+    answer = handle(cmds, "checkpoint", args | {"pack": tiny} | STOP)
 
     assert "stopped" not in answer
     assert stops == []
@@ -305,20 +328,30 @@ def test_a_lone_nodes_stopped_incremental_is_planned_with_one_read_one_update_an
     data's items first: each request a step of every small incremental waits for (one of
     moto's took 2 to 6 ms, DynamoDB's take milliseconds too)."""
     cmds, _ = incremental_agent(tmp_path)
-    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": {"backup_id": "parent"}}}
-    answer = cmds.do_checkpoint(args | {"pack": PACK} | STOP)
+    args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": PARENT}}
+    answer = handle(cmds, "checkpoint", args | {"pack": PACK} | STOP)
     context = lone_node_context("b2", part_size=PACK["part_size"])
     with moto_services(monkeypatch, work_bucket="work") as svc:
         with_buckets(svc, "work", "store")
         svc.catalog.put(catalog_item({"cluster": "c", "backup_id": "b2", "status": "RUNNING"}))
         calls = requests_made(svc.catalog.table.meta.client, svc.work_s3, svc.store_s3)
 
-        summary = plan(context, [answer], Phase.DATA, svc)
+        body = json.dumps(answer).encode()  # handed over as the agent hands it (run)
+        key = svc.answer_key("b2", Phase.DATA, answer["node_id"])
+        svc.work_s3.put_object(Bucket="work", Key=key, Body=body)
+        receipt = AnswerReceipt(
+            node_id=answer["node_id"],
+            answer_bytes=len(body),
+            answer_crc64nvme=crc64nvme_of_bytes(body),
+        )
+        calls.clear()
+
+        summary = plan(context, [receipt.model_dump()], Phase.DATA, svc)
 
         assert summary["phase"] == "tail"
         assert calls.count("GetItem") == 1
         assert calls.count("UpdateItem") == 1
-        assert calls.count("GetObject") == 0  # the answer came inline; no plan read back
+        assert calls.count("GetObject") == 1  # the answer; no plan read back
         plans = svc.work_s3.list_objects_v2(Bucket="work", Prefix="_work/b2/plans/")["Contents"]
         assert [p["Key"].rsplit("/", 1)[1] for p in plans] == ["tail.json"]
         items = svc.get_work(svc.work_key("b2", "plans", "tail.json"))

@@ -210,10 +210,9 @@ def test_only_a_parent_this_node_made_is_screened_against():
     from shardvault_agent.engines import pgpages
 
     engine = SimpleNamespace(block_screen=pgpages.screen_since)
-    own = {"marker": MARKER, "node_id": "n1"}
+    own = SimpleNamespace(marker=MARKER, node_id="n1")  # the ParentMap fields it reads
     assert isinstance(parent_screen(engine, "n1", LATER, own), PageLsnScreen)
     assert parent_screen(engine, "n2", LATER, own) is None
-    assert parent_screen(engine, "n1", LATER, {"marker": MARKER}) is None  # no node named
 
 
 def test_a_grown_file_is_read_and_judged_a_chunk_at_a_time(tmp_path: Path, monkeypatch):

@@ -16,7 +16,7 @@ from shardvault_agent.reconcile import reconcile, reconcile_safely
 from shardvault.aws.tables import Catalog
 from tests.unit.support import catalog_item
 
-from .support import moto_services, sqlite_agent
+from .support import handle, moto_services, sqlite_agent
 
 
 def agent(tmp_path: Path) -> Commands:
@@ -29,7 +29,7 @@ def agent(tmp_path: Path) -> Commands:
 
 
 def checkpoint(commands: Commands, backup_id: str) -> None:
-    commands.do_checkpoint({"backup_id": backup_id, "shard_ids": ["s1"]})
+    handle(commands, "checkpoint", {"backup_id": backup_id, "shard_ids": ["s1"]})
 
 
 def held(commands: Commands) -> set[str]:

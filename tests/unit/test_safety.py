@@ -30,7 +30,7 @@ from shardvault.errors import (
     UnknownCommand,
 )
 
-from .support import backup_context, sqlite_agent
+from .support import backup_context, handle, sqlite_agent
 
 
 @pytest.mark.parametrize("path", ["../etc/passwd", "/abs", "a/../b", "a//b", "./a", "", "a\\b"])
@@ -84,9 +84,9 @@ def sqlite_commands(tmp_path: Path) -> Commands:
 
 def test_a_checkpoint_after_release_is_refused_and_holds_nothing(sqlite_commands):
     args = {"backup_id": "b1", "shard_ids": ["s1"]}
-    sqlite_commands.do_release(args)  # e.g. the backup failed elsewhere first
+    handle(sqlite_commands, "release", args)  # e.g. the backup failed elsewhere first
     with pytest.raises(CheckpointNotFound, match="already released"):
-        sqlite_commands.do_checkpoint(args)
+        handle(sqlite_commands, "checkpoint", args)
     state = sqlite_commands.config.state_dir
     assert not (state / "snapshots" / "b1").exists()
     assert not (state / "backups" / "b1").exists()
@@ -94,9 +94,9 @@ def test_a_checkpoint_after_release_is_refused_and_holds_nothing(sqlite_commands
 
 def test_a_retried_checkpoint_returns_the_same_listing(sqlite_commands):
     args = {"backup_id": "b2", "shard_ids": ["s1"]}
-    first = sqlite_commands.do_checkpoint(args)
-    assert sqlite_commands.do_checkpoint(args) == first
-    sqlite_commands.do_release(args)
+    first = handle(sqlite_commands, "checkpoint", args)
+    assert handle(sqlite_commands, "checkpoint", args) == first
+    handle(sqlite_commands, "release", args)
     assert not (sqlite_commands.config.state_dir / "snapshots" / "b2" / "s1").exists()
 
 
@@ -106,18 +106,22 @@ def test_a_checkpoint_told_the_parents_answers_with_its_scan_as_a_separate_scan_
     """One command where there were two: the listing carries the scan's answer (a full's:
     every byte sent), and a control plane that still sends ``scan`` after a plain checkpoint
     gets the same answer."""
-    merged = sqlite_commands.do_checkpoint({"backup_id": "b3", "shard_ids": ["s1"], "parents": {}})
+    merged = handle(
+        sqlite_commands, "checkpoint", {"backup_id": "b3", "shard_ids": ["s1"], "parents": {}}
+    )
     (shard,) = merged["shards"]
     assert shard["delta_bytes"] is None
     assert shard["extents"] == ""
     check_scanned([Listing.model_validate(merged)])
 
-    plain = sqlite_commands.do_checkpoint({"backup_id": "b4", "shard_ids": ["s1"]})
+    plain = handle(sqlite_commands, "checkpoint", {"backup_id": "b4", "shard_ids": ["s1"]})
     with pytest.raises(UnknownCommand, match="without scanning it: it is older"):
         check_scanned(
             [Listing.model_validate(plain)]
         )  # planned, it would be an incremental that says nothing changed
-    scanned = sqlite_commands.do_scan({"backup_id": "b4", "shard_ids": ["s1"], "parents": {}})
+    scanned = handle(
+        sqlite_commands, "scan", {"backup_id": "b4", "shard_ids": ["s1"], "parents": {}}
+    )
     check_scanned([Listing.model_validate(scanned)])
     same = ("files", "extents", "delta_bytes", "scan_seconds")
     assert {k: scanned["shards"][0][k] for k in same} == {k: shard[k] for k in same}
@@ -128,7 +132,7 @@ def test_a_checkpoint_taken_again_is_scanned_again(sqlite_commands):
     no longer holds (PostgreSQL's backup mode dies with the session) is taken anew, and the
     scan answer saved for the lost one, extents of other bytes, must not answer for it."""
     args = {"backup_id": "b6", "shard_ids": ["s1"], "parents": {}}
-    sqlite_commands.do_checkpoint(args)
+    handle(sqlite_commands, "checkpoint", args)
     backup_dir = sqlite_commands.backup_dir("b6")
     # What a lost incremental's scan left behind: its answer and its block map.
     stale = {"extents": "c3RhbGU=", "delta_bytes": 5, "scan_seconds": 0.1}
@@ -138,7 +142,7 @@ def test_a_checkpoint_taken_again_is_scanned_again(sqlite_commands):
     shutil.rmtree(sqlite_commands.engine.copy_dir("b6", shard))  # the hold is lost
     assert not sqlite_commands.engine.holds(shard, "b6")
 
-    again = sqlite_commands.do_checkpoint(args)
+    again = handle(sqlite_commands, "checkpoint", args)
 
     (answer,) = again["shards"]
     assert (answer["extents"], answer["delta_bytes"]) == ("", None)  # this capture's scan
@@ -153,7 +157,7 @@ def test_stop_announces_an_incrementals_map_only_to_a_control_plane_that_plans_i
     the data (the scan's answer announces it); one that still sends ``scan`` plans maps with
     the tail only, and would otherwise never upload it."""
     args = {"backup_id": "b7", "shard_ids": ["s1"]}
-    sqlite_commands.do_checkpoint(args)
+    handle(sqlite_commands, "checkpoint", args)
     backup_dir = sqlite_commands.backup_dir("b7")
     answer = {"extents": "", "delta_bytes": 0, "scan_seconds": 0.1}  # as a scan saved it
     if flow == "scan command":
@@ -161,7 +165,7 @@ def test_stop_announces_an_incrementals_map_only_to_a_control_plane_that_plans_i
     (backup_dir / "s1.extents.json").write_text(json.dumps(answer))
     (backup_dir / "s1.map").write_bytes(b"the map of this incremental")
 
-    (stopped,) = sqlite_commands.do_stop(args)["shards"]
+    (stopped,) = handle(sqlite_commands, "stop", args)["shards"]
 
     announced = stopped.get("blockmap_bytes")
     assert announced == (len(b"the map of this incremental") if flow == "scan command" else None)
@@ -174,7 +178,7 @@ def test_a_pack_the_release_overtakes_leaves_nothing_behind(tmp_path, monkeypatc
     config = sqlite_agent(tmp_path, rows=300)
     cmds = Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
     args = {"backup_id": "b8", "shard_ids": ["s1"]}
-    (listing,) = cmds.do_checkpoint({**args, "parents": {}})["shards"]
+    (listing,) = handle(cmds, "checkpoint", {**args, "parents": {}})["shards"]
     plan = ObjectPlan(
         backup_id="b8", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
         key="k", stream_offset=0, length=listing["bytes"], part_size=8 << 20, part_count=1,
@@ -183,12 +187,12 @@ def test_a_pack_the_release_overtakes_leaves_nothing_behind(tmp_path, monkeypatc
 
     def released_while_packing(*pack_args, **kwargs):
         packed = packing(*pack_args, **kwargs)
-        cmds.do_release(args)
+        handle(cmds, "release", args)
         return packed
 
     monkeypatch.setattr(commands_module, "pack_object", released_while_packing)
     with pytest.raises(FileNotFoundError, match="partial"):  # its packed copy went
-        cmds.do_pack({"object": plan.model_dump(mode="json")})
+        handle(cmds, "pack", {"object": plan.model_dump(mode="json")})
     assert not cmds.backup_dir("b8").exists()
 
 
@@ -216,13 +220,13 @@ def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
     config = sqlite_agent(tmp_path, rows=300)
     args = {"backup_id": "b9", "shard_ids": ["s1"]}
     cmds = Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
-    cmds.sender = ReleasedBetweenTries(lambda: cmds.do_release(args))
-    (listing,) = cmds.do_checkpoint({**args, "parents": {}})["shards"]
+    cmds.sender = ReleasedBetweenTries(lambda: handle(cmds, "release", args))
+    (listing,) = handle(cmds, "checkpoint", {**args, "parents": {}})["shards"]
     plan = ObjectPlan(
         backup_id="b9", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
         key="k", stream_offset=0, length=listing["bytes"], part_size=8 << 20, part_count=1,
     )  # fmt: skip
-    sums = cmds.do_pack({"object": plan.model_dump(mode="json")})
+    sums = handle(cmds, "pack", {"object": plan.model_dump(mode="json")})
     upload = {
         "object": plan.model_dump(mode="json"),
         "checksums": sums,
@@ -230,7 +234,7 @@ def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
         "parts": [{"part_number": 1, "url": "https://store.invalid/part"}],
     }
     with pytest.raises(BackupReleased, match="already released"):
-        cmds.do_upload(upload)
+        handle(cmds, "upload", upload)
     assert cmds.sender.tries == 1
     assert not cmds.backup_dir("b9").exists()
 

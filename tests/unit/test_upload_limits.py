@@ -19,7 +19,7 @@ from shardvault.config.policy import parse_policy
 from shardvault.contracts.models import ObjectPlan, Phase, UploadLimits
 from shardvault.data.planning import MiB
 
-from .support import sqlite_agent
+from .support import handle, sqlite_agent
 
 POLICY = """version: 1
 clusters:
@@ -78,21 +78,23 @@ def test_an_agent_applies_the_stricter_of_the_policy_and_its_config(
     tmp_path: Path, agent: dict, policy: dict, rate: int | None, parallelism: int
 ) -> None:
     cmds = commands(tmp_path, **agent)
-    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": policy})
+    handle(cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": policy})
 
     limiter, parts_at_once = cmds.limits("b1")
 
     own = limiter.parent.rate if limiter.parent else None  # the agent's cap, shared by all
     assert (limiter.rate or own, parts_at_once) == (rate, parallelism)
-    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
+    handle(cmds, "release", {"backup_id": "b1", "shard_ids": ["s1"]})
     assert "b1" not in cmds.backup_limiters
 
 
 def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> None:
     cmds = commands(tmp_path)
     rate = 4 * MiB
-    (listing,) = cmds.do_checkpoint(
-        {"backup_id": "b1", "shard_ids": ["s1"], "upload": {"rate_limit_bytes_per_second": rate}}
+    (listing,) = handle(
+        cmds,
+        "checkpoint",
+        {"backup_id": "b1", "shard_ids": ["s1"], "upload": {"rate_limit_bytes_per_second": rate}},
     )["shards"]
     size = listing["bytes"]
     assert size > 2 * MiB  # enough to outlast the limiter's burst (a quarter second)
@@ -102,7 +104,7 @@ def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> N
     )  # fmt: skip
 
     started = time.monotonic()
-    cmds.do_pack({"object": plan.model_dump(mode="json")})
+    handle(cmds, "pack", {"object": plan.model_dump(mode="json")})
     elapsed = time.monotonic() - started
 
     # A token bucket never lets more through than its rate plus its burst: a lower bound only.
@@ -119,9 +121,9 @@ def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_pat
         "throttle_window_seconds": 1,  # the floor: all the data in a second
         "throttle_floor_bytes_per_second": 1024,
     }
-    (listing,) = cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": upload})[
-        "shards"
-    ]
+    (listing,) = handle(
+        cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": upload}
+    )["shards"]
     limiter, _ = cmds.limits("b1")
     assert isinstance(limiter, AdaptiveLimiter)
     assert cmds.limits("b1")[0] is limiter  # one per backup, shared by its readers
@@ -131,11 +133,11 @@ def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_pat
         backup_id="b1", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
         key="k", stream_offset=0, length=listing["bytes"], part_size=8 * MiB, part_count=1,
     )  # fmt: skip
-    packed = cmds.do_pack({"object": plan.model_dump(mode="json")})
+    packed = handle(cmds, "pack", {"object": plan.model_dump(mode="json")})
     assert packed["throttle"]["mode"] == "adaptive"
     assert packed["throttle"]["floor_bytes_per_second"] == listing["bytes"]
 
-    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
+    handle(cmds, "release", {"backup_id": "b1", "shard_ids": ["s1"]})
     assert "b1" not in cmds.backup_limiters
     assert limiter.thread is None  # the controller ended, and closed its signals
 
@@ -169,10 +171,12 @@ def test_auto_steers_a_backup_only_when_its_source_is_in_use(
 ) -> None:
     cmds = commands(tmp_path)
     monkeypatch.setattr(cmds.engine, "health_probe", lambda shard: probe)
-    cmds.do_checkpoint({"backup_id": "b1", "shard_ids": ["s1"], "upload": {"throttle": "auto"}})
+    handle(
+        cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": {"throttle": "auto"}}
+    )
 
     limiter, _ = cmds.limits("b1")
 
     assert isinstance(limiter, AdaptiveLimiter) == adaptive
     assert probe is None or probe.closed  # asked once, then its session closed
-    cmds.do_release({"backup_id": "b1", "shard_ids": ["s1"]})
+    handle(cmds, "release", {"backup_id": "b1", "shard_ids": ["s1"]})
