@@ -35,7 +35,6 @@ from shardvault.contracts.commands import (
     AbortRestoreArgs,
     AnswerReceipt,
     CheckpointArgs,
-    CommandArgs,
     CommandResult,
     DownloadArgs,
     Downloaded,
@@ -952,22 +951,18 @@ class Commands:
     # --- restore (``backup_id`` is the restore's id) -------------------------------------------
     def do_prepare_restore(self, args: PrepareRestoreArgs) -> Prepared:
         with self._lock(args.backup_id):
-            return Prepared.model_validate(self.restorer.prepare(_as_sent(args)))
+            return self.restorer.prepare(args)
 
     def do_download(self, args: DownloadArgs) -> Downloaded:
-        return Downloaded.model_validate(self.restorer.download(_as_sent(args)))
+        return self.restorer.download(args)
 
     def do_finish_restore(self, args: FinishRestoreArgs) -> Finished:
         with self._lock(args.backup_id):
-            return Finished.model_validate(self.restorer.finish(_as_sent(args)))
+            return self.restorer.finish(args)
 
     def do_abort_restore(self, args: AbortRestoreArgs) -> Aborted:
         with self._lock(args.backup_id):
-            return Aborted.model_validate(self.restorer.abort(_as_sent(args)))
-
-
-def _as_sent(args: CommandArgs) -> dict[str, Any]:
-    return args.model_dump(mode="json", exclude_unset=True)
+            return self.restorer.abort(args.backup_id)
 
 
 def parent_screen(

@@ -272,7 +272,7 @@ class ShardLayout(Frozen):
     encryption: Encryption | None = None  # the wrapped data key, for the target cluster
     # An incremental's. The newer members' objects download before the root's (two waves):
     # the node lays the root down whole, their changed blocks laid into its frames
-    # (``shardvault_agent.chain_placement``: layered).
+    # (``shardvault_agent.restore.chain_placement``: layered).
     chain: list[ChainMember] | None = None
     recovery: Recovery | None = None  # a point-in-time restore's
 

@@ -37,7 +37,6 @@ from pydantic import (
     model_validator,
 )
 
-from shardvault.contracts.extents import unpack_numbers
 from shardvault.contracts.pgwal import LSN, check_restore_point_name
 from shardvault.contracts.sqlcheck import check_validation_queries
 from shardvault.errors import InvalidRequest
@@ -859,18 +858,6 @@ class DownloadItem(Frozen):
     # A WAL batch's own data key (wrapped), which is not its shard's backup's.
     encryption: Encryption | None = None
     # A chain member's object: the node placed its bytes when it prepared the shard
-    # (shardvault_agent.chain_placement, over the chain the prepare step names); only the frames
-    # it contributes are fetched. An agent too old to know this field refuses the item
-    # rather than write the object at stream_offset.
+    # (shardvault_agent.restore.chain_placement, over the chain the prepare step names);
+    # only the frames it contributes are fetched.
     from_chain: bool = False
-    # The same from a control plane that resolved the chain itself (kept so that its restores
-    # finish on upgraded agents): (frame, offset in frame, length, stream offset) packed as
-    # shardvault.contracts.extents.pack_numbers.
-    pieces: str = ""
-
-    @property
-    def placed_bytes(self) -> int:
-        """The plaintext bytes this item fetches at most (a restore's progress)."""
-        if not self.pieces:
-            return self.length
-        return sum(unpack_numbers(self.pieces)[2::4])

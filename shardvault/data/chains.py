@@ -8,7 +8,7 @@ Terms:
   stream*: the bytes of its extents, in order.
 
 The node that restores a shard places its chain itself
-(``shardvault_agent.chain_placement``): which member holds each byte of the restored stream,
+(``shardvault_agent.restore.chain_placement``): which member holds each byte of the restored stream,
 and where in that member's objects. A chain of scattered changes makes millions of
 placements, too many for a task's input, and each node places only its own shards.
 """
@@ -29,7 +29,8 @@ def chain_args(chain: list[Manifest], shard_id: str) -> list[dict[str, Any]]:
     """A shard's chain, root first, as the restore's prepare step hands it to the node that
     restores the shard: per member its data stream's files (packed), its extents (None: the
     root, whose objects hold the whole stream; "": nothing changed in this shard) and its
-    objects. The node places the chain itself (``shardvault_agent.chain_placement.place_chain``)."""
+    objects. The node places the chain itself
+    (``shardvault_agent.restore.chain_placement.place_chain``)."""
     members = []
     for manifest in chain:
         stream = data_stream(manifest, shard_id)

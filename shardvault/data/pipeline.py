@@ -354,7 +354,7 @@ class FrameSink:
     """Receives a ranged read of stored bytes chunk by chunk and hands each complete frame's
     plaintext to ``write(plain_offset, plain)``. A retried read starts again at position 0.
     ``wanted``: the indexes of the frames to open; the others are passed over unopened (a
-    chain member's frames kept stored for later, ``shardvault_agent.overlay``)."""
+    chain member's frames kept stored for later, ``shardvault_agent.restore.overlay``)."""
 
     def __init__(
         self,

@@ -26,6 +26,6 @@ def record_download(item: DownloadItem, written: int | None, svc: Services) -> N
     svc.catalog.add_progress(
         item.target_cluster,
         restore_key(item.restore_id),
-        bytes_done=item.placed_bytes if written is None else written,
+        bytes_done=item.length if written is None else written,
         objects_done=1,
     )

@@ -48,7 +48,8 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     *prefetched*: each node fetches its own from its prepare on (``prefetch_key``: the items,
     signed by ``sign_prefetch``), so that the root's objects, downloaded by the Download map
     with the restored backup's WAL, are written with the newer members' changed blocks laid
-    in (``shardvault_agent.chain_placement``, layered) and no download wave waits for another."""
+    in (``shardvault_agent.restore.chain_placement``, layered) and no download wave waits for
+    another."""
     manifest = load_manifest(
         *source_of(svc, context.source), context.manifest_key, context.manifest_version
     )

@@ -43,7 +43,7 @@ def test_a_restored_shard_becomes_a_shard_the_node_holds(tmp_path):
     commands = target(tmp_path)
     result = restored_shard(tmp_path / "restored" / "shard-1", "orders.db")
 
-    commands.restorer._adopt("r1", "shard-1", result)
+    commands.restorer.adoption.adopt("r1", "shard-1", result)
 
     held = commands.shards()
     assert list(held) == ["shard-1"]
@@ -54,16 +54,16 @@ def test_a_restored_shard_becomes_a_shard_the_node_holds(tmp_path):
 def test_an_aborted_restore_takes_back_only_its_own_adoption(tmp_path):
     commands = target(tmp_path)
     restorer = commands.restorer
-    restorer._adopt("r1", "shard-1", restored_shard(tmp_path / "a", "one.db"))
-    restorer._adopt("r2", "shard-1", restored_shard(tmp_path / "b", "two.db"))
+    restorer.adoption.adopt("r1", "shard-1", restored_shard(tmp_path / "a", "one.db"))
+    restorer.adoption.adopt("r2", "shard-1", restored_shard(tmp_path / "b", "two.db"))
     assert commands.shards()["shard-1"].path == tmp_path / "b" / "two.db"
 
-    restorer._unadopt("r2", "shard-1")  # r2 replaced r1's copy, then was aborted
+    restorer.adoption.unadopt("r2", "shard-1")  # r2 replaced r1's copy, then was aborted
     assert commands.shards()["shard-1"].path == tmp_path / "a" / "one.db"
-    restorer._unadopt("r2", "shard-1")  # twice: nothing more changes
+    restorer.adoption.unadopt("r2", "shard-1")  # twice: nothing more changes
     assert commands.shards()["shard-1"].path == tmp_path / "a" / "one.db"
 
-    restorer._unadopt("r1", "shard-1")
+    restorer.adoption.unadopt("r1", "shard-1")
     assert commands.shards() == {}
 
 
@@ -71,7 +71,7 @@ def test_a_configured_shard_wins_over_an_adopted_one_of_the_same_id(tmp_path):
     configured = ShardConfig(shard_id="shard-1", path=tmp_path / "live.db")
     commands = target(tmp_path, [configured])
 
-    commands.restorer._adopt("r1", "shard-1", restored_shard(tmp_path / "r", "copy.db"))
+    commands.restorer.adoption.adopt("r1", "shard-1", restored_shard(tmp_path / "r", "copy.db"))
 
     assert commands.shards() == {"shard-1": configured}
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import pytest
-from shardvault_agent import chain_placement
-from shardvault_agent.chain_placement import extent_columns, place_chain
+from shardvault_agent.restore import chain_placement
+from shardvault_agent.restore.chain_placement import extent_columns, place_chain
 
 from shardvault.contracts.extents import pack_extents, unpack_extents
 from shardvault.contracts.models import FileEntry, pack_files

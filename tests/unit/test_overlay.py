@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from shardvault_agent.overlay import Overlay, save_index, write_vectored
+from shardvault_agent.restore.objects import ObjectRecord
+from shardvault_agent.restore.overlay import Overlay, save_index, write_vectored
 
 from shardvault.contracts.models import DownloadItem, Phase
 from shardvault.data.checksums import crc64nvme
@@ -42,7 +43,7 @@ def spooled(tmp_path: Path, key: str, plain: bytes, sealer: Sealer | None = None
 def overlay(tmp_path: Path, patches: dict[str, list[int]], sealer: Sealer | None = None):
     index = tmp_path / "s.patchindex"
     save_index(index, sorted(patches), patches)
-    return Overlay(index, lambda key: tmp_path / f"{key}.spool", lambda item: sealer)
+    return Overlay(index, lambda key: ObjectRecord(tmp_path / key), lambda item: sealer)
 
 
 def test_a_root_piece_is_written_once_with_the_newer_blocks_laid_in(tmp_path: Path):

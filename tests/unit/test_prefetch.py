@@ -78,6 +78,7 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     from shardvault_agent.engines.sqlite import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
 
+    from shardvault.contracts.commands import PrepareRestoreArgs
     from shardvault.contracts.models import DownloadItem
     from shardvault.errors import TargetTooSmall
 
@@ -93,7 +94,7 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
         SimpleNamespace(http=None),
     )
     restorer = commands.restorer
-    restorer.downloader = downloader  # type: ignore[assignment]
+    restorer.downloads.downloader = downloader  # type: ignore[assignment]
     item = DownloadItem(
         restore_id="r1",
         target_cluster="t",
@@ -117,7 +118,7 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
 
     with pytest.raises(TargetTooSmall, match=r"needs 4194304 bytes in state_dir") as raised:
-        restorer.prepare(args)
+        restorer.prepare(PrepareRestoreArgs.model_validate(args))
 
     assert "free space in state_dir" in str(raised.value.fix)
     assert fetched == []

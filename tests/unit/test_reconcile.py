@@ -63,7 +63,9 @@ def test_a_failed_restore_is_undone_and_a_finished_one_keeps_its_shards(tmp_path
         shard = restore_dir / f"{restore_id}-shard"
         shard.mkdir(parents=True)
         (shard / "data.db").write_bytes(b"restored")
-        commands.restorer._note_started(restore_id, f"{restore_id}-shard", {"path": str(shard)})
+        commands.restorer.finisher._note_started(
+            restore_id, f"{restore_id}-shard", {"path": str(shard)}
+        )
         (restore_dir / ".incoming" / restore_id / "leftover").mkdir(parents=True)
     statuses = {"restore#r-failed": "FAILED", "restore#r-done": "COMPLETE"}
 
@@ -94,9 +96,9 @@ def test_a_late_undo_leaves_a_later_restores_shard_alone(tmp_path):
     shard = restore_dir / "s9"
     shard.mkdir(parents=True)
     (shard / "data.db").write_bytes(b"SQLite format 3\x00 from r2")
-    restorer._note_started("r1", "s9", {"path": str(shard)})
-    restorer._note_started("r2", "s9", {"path": str(shard)})
-    restorer._adopt("r2", "s9", {"path": str(shard)})
+    restorer.finisher._note_started("r1", "s9", {"path": str(shard)})
+    restorer.finisher._note_started("r2", "s9", {"path": str(shard)})
+    restorer.adoption.adopt("r2", "s9", {"path": str(shard)})
 
     done = reconcile(commands, {"restore#r1": "FAILED", "restore#r2": "COMPLETE"}.get)
 

@@ -19,6 +19,7 @@ from shardvault_agent.engines.base import Finishing
 from shardvault_agent.engines.sqlite import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
+from shardvault.contracts.commands import FinishRestoreArgs
 from shardvault.errors import RestoreValidationFailed
 
 from .support import restore_target
@@ -60,26 +61,28 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path, e
     engine = RecordingEngine(config)
     commands = Commands(config, engine, RateLimiter(None), SimpleNamespace(http=None))
     restorer = commands.restorer
-    final = restorer.final("s1")
+    final = restorer.places.final("s1")
     final.mkdir(parents=True)
     (final / "old.db").write_text("the earlier copy")
     if earlier == "adopted":
         shard = {"shard_id": "s1", "path": str(final / "old.db"), "role": "leader"}
-        restorer._adoption_file.parent.mkdir(parents=True, exist_ok=True)
-        restorer._adoption_file.write_text(json.dumps({"s1": {"restore_id": "r0", "shard": shard}}))
-    staged = restorer.staging("r1", "s1")
+        restorer.adoption.path.parent.mkdir(parents=True, exist_ok=True)
+        restorer.adoption.path.write_text(json.dumps({"s1": {"restore_id": "r0", "shard": shard}}))
+    staged = restorer.places.staging("r1", "s1")
     staged.mkdir(parents=True)
     (staged / "new.db").write_text("this restore's copy")
-    restorer.state("r1").mkdir(parents=True)
-    (restorer.state("r1") / "s1.layout.json").write_text(json.dumps({"streams": []}))
+    restorer.places.state("r1").mkdir(parents=True)
+    (restorer.places.state("r1") / "s1.layout.json").write_text(
+        json.dumps({"shard_id": "s1", "streams": []})
+    )
 
     with pytest.raises(RestoreValidationFailed):
-        restorer.finish({"backup_id": "r1", "shard_ids": ["s1"]})
+        restorer.finish(FinishRestoreArgs(backup_id="r1", shard_ids=["s1"]))
     socket_dir, log = engine.server_files(final)  # what this restore's server left beside it
     socket_dir.mkdir()
     (socket_dir / ".s.PGSQL.8").touch()
     log.write_text("server log")
-    restorer.abort({"backup_id": "r1"})
+    restorer.abort("r1")
 
     assert engine.calls == [
         ("stop", "s1", False),  # the earlier copy's server, before its files moved aside
@@ -89,7 +92,7 @@ def test_a_failed_restore_over_a_running_copy_starts_that_copy_again(tmp_path, e
     assert (final / "old.db").read_text() == "the earlier copy"
     assert not staged.exists()
     if earlier == "adopted":  # still the earlier restore's, as it was
-        assert restorer.adopted()["s1"]["restore_id"] == "r0"
+        assert restorer.adoption.adopted()["s1"]["restore_id"] == "r0"
     # This restore's server's socket is gone with its copy; the earlier copy's server, started
     # again after the removal, made its own.
     assert sorted(p.name for p in socket_dir.iterdir()) == [".s.PGSQL.7"]
@@ -105,23 +108,26 @@ def test_an_abort_prunes_tombstones_no_command_can_reach_any_more(tmp_path):
         SimpleNamespace(http=None),
     )
     restorer = commands.restorer
-    restorer.restores_dir.mkdir(parents=True, exist_ok=True)
-    old, recent = restorer.restores_dir / "r-old.aborted", restorer.restores_dir / "r-new.aborted"
+    restorer.places.restores_dir.mkdir(parents=True, exist_ok=True)
+    old, recent = (
+        restorer.places.restores_dir / "r-old.aborted",
+        restorer.places.restores_dir / "r-new.aborted",
+    )
     old.touch()
     recent.touch()
     fifteen_days_ago = time.time() - 15 * 86400  # past twice the inbox items' 7 days
     os.utime(old, (fifteen_days_ago, fifteen_days_ago))
 
-    restorer.abort({"backup_id": "r1"})
+    restorer.abort("r1")
 
-    assert sorted(p.name for p in restorer.restores_dir.glob("*.aborted")) == [
+    assert sorted(p.name for p in restorer.places.restores_dir.glob("*.aborted")) == [
         "r-new.aborted",
         "r1.aborted",
     ]
 
 
 def test_a_directory_that_is_no_socket_directory_is_left_alone(tmp_path):
-    from shardvault_agent.restore import remove_server_file
+    from shardvault_agent.restore.finish import remove_server_file
 
     shard = tmp_path / "a.sock"  # a shard whose id ends in .sock: a database, not sockets
     (shard / "base" / "1").mkdir(parents=True)

@@ -8,7 +8,8 @@ import itertools
 import os
 import random
 
-from shardvault_agent.restore import FLUSH_GAP, ShardFiles, dense_runs
+from shardvault_agent.restore.files import FLUSH_GAP, ShardFiles, dense_runs
+from shardvault_agent.restore.objects import Placements
 
 from shardvault.contracts.models import FileEntry
 from shardvault.data.streams import StreamIndex
@@ -65,7 +66,7 @@ def test_pieces_resolved_to_files_land_where_a_contiguous_write_puts_them(tmp_pa
             delta += stream[at : at + take]
             at += take
     files = staged(tmp_path)
-    pieces = files.resolve(numbers)
+    pieces = files.resolve(Placements.of(numbers))
     for frame, runs in pieces.items():
         plain = memoryview(delta)[frame * frame_size : (frame + 1) * frame_size]
         for inside, length, fd, at, _ in runs:

@@ -10,10 +10,9 @@ Terms (see ``chain_placement`` for chains, members, pieces and placements):
   incrementals restore in 1.65 times a full's time.
 - *spool*: a newer member's object as far as it was fetched for its patches: its stored
   (compressed, sealed) frames at their offsets in a sparse file in the restore's state
-  directory (``objects/<object>.spool``), beside the download item that says how to open
-  them (``.item``). The
-  newer members download first (the restore's first wave), the root's objects second; a
-  root object refuses to start before its shard's spools are complete (``restore``).
+  directory, beside the download item that says how to open them (``objects.ObjectRecord``).
+  The newer members download first (the restore's first wave), the root's objects second; a
+  root object refuses to start before its shard's spools are complete (``download``).
 - *patch index*: a shard's patches sorted by their place in the restored stream, as five
   columns of 64-bit numbers (place, length, object, frame, offset in the frame) in one file,
   read through ``mmap``: a chain of scattered changes makes hundreds of thousands.
@@ -47,6 +46,7 @@ from shardvault.data.pipeline import (
     frame_spans,
     unpack_frames,
 )
+from shardvault_agent.restore.objects import ObjectRecord
 
 COLUMNS = 5  # place in the stream, length, object, frame, offset in the frame
 CACHE_BYTES = 64 << 20  # decoded newer frames kept (a frame is 1 to 4 MiB)
@@ -84,13 +84,15 @@ def write_vectored(fd: int, buffers: list[memoryview], offset: int) -> None:
 class _Spooled:
     """A newer member's object as spooled: how to read and open each of its frames."""
 
-    def __init__(self, spool: Path, sealer_of: Callable[[DownloadItem], Sealer | None]) -> None:
-        self.item = DownloadItem.model_validate_json(spool.with_suffix(".item").read_text())
+    def __init__(
+        self, record: ObjectRecord, sealer_of: Callable[[DownloadItem], Sealer | None]
+    ) -> None:
+        self.item = record.spooled_item()
         self.spans = frame_spans(
             unpack_frames(self.item.frames), self.item.frame_size, self.item.length
         )
         self.sealer = sealer_of(self.item)
-        self.fd = os.open(spool, os.O_RDONLY)
+        self.fd = os.open(record.spool, os.O_RDONLY)
 
     def stored(self, frame: int) -> tuple[FrameSpan, bytes]:
         span = self.spans[frame]
@@ -103,7 +105,7 @@ class Overlay:
     def __init__(
         self,
         index: Path,
-        spool_of: Callable[[str], Path],
+        record_of: Callable[[str], ObjectRecord],
         sealer_of: Callable[[DownloadItem], Sealer | None],
     ) -> None:
         self.keys: list[str] = json.loads(index.with_suffix(".keys").read_text())
@@ -114,7 +116,7 @@ class Overlay:
         n = len(self._numbers) // COLUMNS
         self._columns = [self._numbers[c * n : (c + 1) * n] for c in range(COLUMNS)]
         self.places, self.lengths, self.objects, self.frames, self.insides = self._columns
-        self._spool_of, self._sealer_of = spool_of, sealer_of
+        self._record_of, self._sealer_of = record_of, sealer_of
         self._spooled: dict[int, _Spooled] = {}
         self._cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._cached = 0
@@ -157,8 +159,8 @@ class Overlay:
                 return plain
             spooled = self._spooled.get(obj)
             if spooled is None:
-                spool = self._spool_of(self.keys[obj])
-                spooled = self._spooled[obj] = _Spooled(spool, self._sealer_of)
+                record = self._record_of(self.keys[obj])
+                spooled = self._spooled[obj] = _Spooled(record, self._sealer_of)
         span, stored = spooled.stored(frame)
         # One codec a thread per data key (a chain has one, or none): not one per object.
         codecs = self._codecs.__dict__.setdefault("by_key", {})
