@@ -1,2 +1,3 @@
-"""The ``shardvault`` command: its parser and output (``cli``, ``cli_drills``) over plain
-functions (``operations``), against AWS or the local stack."""
+"""The ``shardvault`` command: ``cli`` puts together its subcommands (``commands``, one module
+each), which print through ``output``, ``records`` and ``follow`` over plain functions
+(``operations``), against AWS or the local stack."""

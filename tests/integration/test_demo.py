@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from shardvault.client import cli
+from shardvault.client.commands import local
 from shardvault.local import demo
 
 pytestmark = pytest.mark.minio
@@ -52,8 +52,8 @@ def test_a_restored_shard_unlike_its_source_is_reported_and_fails_the_demo(tmp_p
     shards = [{"shard_id": "shard-1", "node_id": "n1", "path": str(shard_dir)}]
     source = demo.table_digests(shard_dir / "shard-1.db")
 
-    assert cli.compare_with_source("sqlite", shards, {"shard-1": source})
-    assert not cli.compare_with_source("sqlite", shards, {"shard-1": {"items": "other"}})
+    assert local.compare_with_source("sqlite", shards, {"shard-1": source})
+    assert not local.compare_with_source("sqlite", shards, {"shard-1": {"items": "other"}})
     assert "NO" in capsys.readouterr().out
     # A shard the restore did not bring back fails it too.
-    assert not cli.compare_with_source("sqlite", shards, {"shard-1": source, "shard-2": source})
+    assert not local.compare_with_source("sqlite", shards, {"shard-1": source, "shard-2": source})

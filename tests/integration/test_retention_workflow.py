@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import boto3
 
 from shardvault.aws.tables import Catalog, table
-from shardvault.client import cli
 from shardvault.client import operations as ops
+from shardvault.client import records
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import VaultTarget
 from shardvault.lifecycle import expire
@@ -151,7 +151,7 @@ def test_an_expired_backup_is_held_until_its_classs_paid_minimum(make_cluster, p
     landed = datetime.fromtimestamp(after[old]["promoted_at"], UTC)
     assert until == landed + timedelta(days=minimum)
     assert after[old]["held_for"] == f"paid minimum of {record['storage_class']}"
-    assert cli.hold_note(BackupItem.model_validate(after[old])).startswith(
+    assert records.hold_note(BackupItem.model_validate(after[old])).startswith(
         f"held until {until.date()}: paid minimum of"
     )
     assert "held_until" not in after[new]

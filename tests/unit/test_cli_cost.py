@@ -11,6 +11,8 @@ import pytest
 from rich.console import Console
 
 from shardvault.client import cli
+from shardvault.client import operations as ops
+from shardvault.client.commands import cost as cost_command
 from shardvault.contracts.catalog import ArchiveTotals, BackupItem
 from shardvault.lifecycle import costs
 
@@ -30,7 +32,7 @@ clusters:
 def screen(monkeypatch: pytest.MonkeyPatch) -> Console:
     """What the command prints, as plain text (wide: no figure wraps)."""
     console = Console(width=160, record=True, file=io.StringIO())
-    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(cost_command, "console", console)
     monkeypatch.setattr(cli, "errors", console)
     monkeypatch.delenv("SHARDVAULT_CATALOG_TABLE", raising=False)
     return console
@@ -60,8 +62,8 @@ def with_catalog(
             asked.append(cluster)
         return items
 
-    monkeypatch.setattr(cli.ops, "list_backups", list_backups)
-    monkeypatch.setattr(cli.ops, "archive_totals", lambda config, c: totals)
+    monkeypatch.setattr(ops, "list_backups", list_backups)
+    monkeypatch.setattr(ops, "archive_totals", lambda config, c: totals)
     monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:sm")
     monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
 

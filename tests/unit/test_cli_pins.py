@@ -11,7 +11,9 @@ from rich.console import Console
 
 from shardvault.client import cli
 from shardvault.client import operations as ops
+from shardvault.client.commands import restore as restore_command
 from shardvault.contracts.models import RestoreRequest
+from shardvault.restore import admission
 
 
 @pytest.fixture
@@ -29,15 +31,15 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[RestoreRequest]:
 
     monkeypatch.setattr(ops, "start_restore", start_restore)
     # The backup named exists (the CLI asks the catalog before it starts a restore).
-    monkeypatch.setattr(cli.admission, "resolve_backup", lambda request, catalog: {})
-    monkeypatch.setattr(cli, "table", lambda name: None)
+    monkeypatch.setattr(admission, "resolve_backup", lambda request, catalog: {})
+    monkeypatch.setattr(restore_command, "table", lambda name: None)
     return requests
 
 
 @pytest.fixture
 def output(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     text = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=text, width=200))
+    monkeypatch.setattr(restore_command, "console", Console(file=text, width=200))
     monkeypatch.setattr(cli, "errors", Console(file=text, width=200))
     return text
 

@@ -8,7 +8,7 @@ from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to, cut
 from shardvault_agent.engines.postgres_restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
-from shardvault.client.cli import cut_cell
+from shardvault.client.records import cut_cell
 from shardvault.config.policy import PolicyError, parse_policy
 from shardvault.contracts.cut import CutRequest, cut_margin_seconds
 from shardvault.contracts.models import Phase, ShardListing

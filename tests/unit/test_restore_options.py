@@ -10,8 +10,10 @@ from rich.console import Console
 
 from shardvault.client import cli
 from shardvault.client import operations as ops
+from shardvault.client.commands import restore as restore_command
 from shardvault.lifecycle.costs import StoredPart, price_restore, restore_options
 from shardvault.pricing.prices import RestoreTier, StorageClass
+from shardvault.restore import admission
 from tests.unit.support import backup_item
 
 GIB = 2**30
@@ -67,10 +69,10 @@ def test_plan_only_prints_the_tiers_of_the_chain_it_would_read(monkeypatch) -> N
         ops, "wait_restore", lambda config, arn: ops.Progress(status="SUCCEEDED", record=plan)
     )
     monkeypatch.setattr(ops, "show_backup", lambda config, cluster, backup_id: records[backup_id])
-    monkeypatch.setattr(cli.admission, "resolve_backup", lambda request, catalog: records["incr"])
-    monkeypatch.setattr(cli, "table", lambda name: None)
+    monkeypatch.setattr(admission, "resolve_backup", lambda request, catalog: records["incr"])
+    monkeypatch.setattr(restore_command, "table", lambda name: None)
     text = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=text, width=200))
+    monkeypatch.setattr(restore_command, "console", Console(file=text, width=200))
 
     assert cli.main(["restore", "orders", "--into", "copy", "--plan-only", "--tier", "Bulk"]) == 0
 

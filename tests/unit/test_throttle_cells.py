@@ -3,7 +3,7 @@ backup held on its source and of what an incremental read."""
 
 from __future__ import annotations
 
-from shardvault.client.cli import held_cell, throttle_cell, throttle_note
+from shardvault.client.records import held_cell, throttle_cell, throttle_note
 from shardvault.contracts.models import ThrottleReport
 from tests.unit.support import backup_item
 
@@ -43,7 +43,7 @@ def test_the_wal_a_backup_held_is_said_in_bytes_and_mib() -> None:
 
 
 def test_the_summary_says_what_page_headers_vouched_for_beside_the_bytes_read() -> None:
-    from shardvault.client.cli import read_cell
+    from shardvault.client.records import read_cell
 
     assert read_cell(backup_item(backup_id="b", read_bytes=3 * MiB)) == "3,145,728 (3.0 MiB)"
     screened = backup_item(backup_id="b", read_bytes=3 * MiB, data_screened_bytes=96 * MiB)

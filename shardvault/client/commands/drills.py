@@ -4,24 +4,17 @@ CLUSTER`` lists them (``shardvault.assurance.drills`` says what a drill is)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from shardvault.assurance.drills import FAILED, PASSED, REFUSED, RUNNING, SLOW, DrillRequest
 from shardvault.client import operations as ops
+from shardvault.client.output import console, emit_json, errors
 from shardvault.data.planning import MiB
 
-# The CLI's width when stdout is not a terminal (a pipe, a file, a log): rich would cut tables
-# at 80 columns; COLUMNS, when set, still decides.
-PIPED_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
-console = Console(width=PIPED_WIDTH)
-errors = Console(stderr=True, soft_wrap=True)  # errors never hard-wrapped; see cli.errors
 VERDICT_STYLE = {PASSED: "green", SLOW: "yellow", FAILED: "bold red", REFUSED: "red"}
 
 
@@ -125,8 +118,6 @@ def print_verdict(record: dict[str, Any]) -> None:
 
 
 def run_drills(args: argparse.Namespace) -> int:
-    from shardvault.client.cli import emit_json
-
     config = ops.ClientConfig.from_env()
     records = ops.list_drills(config, args.cluster)
     if args.json:
