@@ -6,11 +6,14 @@ What the agent's commands rely on, whatever the engine: a healthy shard is ready
 checkpoint captures files that exist and is held until its release; stop captures the tail;
 release lets it go and may be repeated; an agent restarted (a new adapter) lets go of what
 the old one held without error; a shard whose data is gone is refused by name, never with a
-crash. restic runs one suite against every storage backend in the same way.
+crash; a backup's captures laid out as a restore lays them out finish and pass their checks,
+and the same files cut short never pass (a failed check, or a named error with its fix).
+restic runs one suite against every storage backend in the same way.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -20,7 +23,7 @@ from pathlib import Path
 import pytest
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines import adapter_for
-from shardvault_agent.engines.base import Capture, EngineAdapter
+from shardvault_agent.engines.base import Capture, EngineAdapter, Finishing
 
 from shardvault.errors import ShardVaultError
 from shardvault.local import demo
@@ -95,7 +98,16 @@ def hook_scripts(root: Path) -> dict:
         f"shutil.rmtree(pathlib.Path({str(snapshots)!r}) / os.environ['SHARDVAULT_BACKUP_ID'],"
         " ignore_errors=True)"
     )
-    return {"checkpoint": script("checkpoint", take), "release": script("release", drop)}
+    # The operator's check of a restored copy: here, that the store's file is whole.
+    check = (
+        "restored = pathlib.Path(os.environ['SHARDVAULT_RESTORED_DIR'])\n"
+        "assert (restored / '000001.sst').read_bytes() == b'sst' * 1000, 'damaged'"
+    )
+    return {
+        "checkpoint": script("checkpoint", take),
+        "release": script("release", drop),
+        "finish": script("finish", check),
+    }
 
 
 SHARDS = {
@@ -193,3 +205,85 @@ def test_a_shard_whose_data_is_gone_is_refused_by_name(engine_shard, tmp_path):
         adapter_for(gone).check(gone.shards[0])
     assert refused.value.name  # a named error with its fix, not a crash
     assert refused.value.fix
+
+
+def laid_out(captures: list[Capture], root: Path) -> Path:
+    """The captures' files placed under ``root`` as a restore places its streams: the data's,
+    then the tail's (a file in both is the tail's)."""
+    root.mkdir(parents=True)
+    for capture in captures:
+        for entry in capture.files:
+            target = root / entry.path.rstrip("/")
+            if entry.path.endswith("/"):
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(capture.root / entry.path, "rb") as source, open(target, "wb") as out:
+                out.write(source.read(entry.size))  # the size captured, as a backup reads
+    return root
+
+
+def finish(adapter: EngineAdapter, root: Path, marker: dict[str, str]) -> dict:
+    """Finishes a restored shard at ``root``; stops whatever server it started."""
+    servers: list[dict] = []
+    job = Finishing(
+        shard_id="s1",
+        root=root,
+        layout={"shard_id": "s1", "marker": marker},
+        validation_queries=[],
+        heapallindexed=False,
+        servers_given=[],
+        note_server=servers.append,
+    )
+    try:
+        return adapter.finish(job)
+    finally:
+        if servers or adapter.serving(root):
+            adapter.stop_server(root, immediate=True)
+
+
+def test_a_backup_laid_out_as_a_restore_lays_it_out_finishes_and_passes_its_checks(
+    engine_shard, tmp_path
+):
+    """What a restore does with a backup's captures: the engine's finish starts (or opens)
+    the shard and its checks pass."""
+    config, adapter = engine_shard
+    shard = config.shards[0]
+    work = config.state_dir / "work" / "b1"
+    work.mkdir(parents=True)
+    data = adapter.checkpoint(shard, "b1", work)
+    tail = adapter.stop(shard, "b1", work)
+    root = laid_out([data, tail], tmp_path / "restored" / "s1")
+    adapter.release(shard, "b1")
+
+    result = finish(adapter, root, {**data.marker, **tail.marker})
+
+    assert result["checks_passed"], result["checks"]
+    assert result["shard_id"] == "s1"
+
+
+def test_a_restored_shard_cut_short_does_not_pass(engine_shard, tmp_path):
+    """Bad data is refused: a shard whose files arrived cut short either fails its checks or
+    is refused by name (with its fix), never reported restored."""
+    config, adapter = engine_shard
+    shard = config.shards[0]
+    work = config.state_dir / "work" / "b1"
+    work.mkdir(parents=True)
+    data = adapter.checkpoint(shard, "b1", work)
+    tail = adapter.stop(shard, "b1", work)
+    root = laid_out([data, tail], tmp_path / "restored" / "s1")
+    adapter.release(shard, "b1")
+    for entry in data.files:  # every file of the checkpoint arrived cut short
+        if not entry.path.endswith("/") and entry.size:
+            os.truncate(root / entry.path, entry.size // 2)
+
+    refused: ShardVaultError | None = None
+    result: dict = {}
+    try:
+        result = finish(adapter, root, {**data.marker, **tail.marker})
+    except ShardVaultError as error:
+        refused = error
+    if refused is not None:
+        assert refused.fix  # by name, with its fix
+    else:
+        assert not result["checks_passed"], result["checks"]

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardvault.errors import EngineError, ShardDataMissing
+from shardvault.errors import EngineError, RestoreValidationFailed, ShardDataMissing
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import (
     Capture,
@@ -175,7 +175,14 @@ class MariadbAdapter(CopySource):
             ) from None
         server = MariadbServer(root, socket_for(root))
         job.note_server({"socket": str(server.socket)})
-        server.start()
+        try:
+            server.start()
+        except RuntimeError as error:  # its log is in the message
+            raise RestoreValidationFailed(
+                f"shard {job.shard_id}: the restored MariaDB server did not start: {error}",
+                fix="the backup is incomplete or damaged: run shardvault verify on it, restore "
+                "another backup, and report this one.",
+            ) from None
         checks = mariadb_checks(server, job.validation_queries)
         return {
             "shard_id": job.shard_id,

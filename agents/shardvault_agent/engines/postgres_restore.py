@@ -67,7 +67,9 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
         instance = attach_instance(root, port=port)
         recovered = promoted(instance, RECOVERY_SECONDS)
     except RuntimeError as error:  # the server stopped: its log is in the message
-        raise short_of_target(str(error), shard_id, cut, target) or error from None
+        raise short_of_target(str(error), shard_id, cut, target) or did_not_start(
+            str(error), shard_id
+        ) from None
     # Replayed (a target's archive), or never read (an archived tail's batches' other files):
     # not part of the copy.
     shutil.rmtree(root / WAL_DIR, ignore_errors=True)
@@ -178,6 +180,18 @@ def short_of_target(
         f"shard {shard_id}: the WAL in its backup ends before the backup's restore point {cut}, "
         "so it cannot be recovered to the cluster's cut.",
         fix="the backup's tail is incomplete: restore another backup, and report this one.",
+    )
+
+
+def did_not_start(log: str, shard_id: str) -> ShardVaultError:
+    """A restored copy whose server would not start (its files or WAL incomplete or damaged),
+    with the server's last words: a named error, not a crash of the finish command."""
+    fatal = [line.strip() for line in log.splitlines() if "FATAL" in line or "PANIC" in line]
+    said = fatal[-1] if fatal else log.strip().splitlines()[-1] if log.strip() else "no log"
+    return RestoreValidationFailed(
+        f"shard {shard_id}: the restored PostgreSQL server did not start: {said}",
+        fix="the backup is incomplete or damaged: run shardvault verify on it, restore "
+        "another backup, and report this one.",
     )
 
 

@@ -22,7 +22,10 @@ def sqlite_checks(db: Path, queries: list[str]) -> dict[str, str]:
     """``PRAGMA integrity_check``, then the validation queries under the authorizer."""
     # as_uri() escapes '#' and '?' in the file name, which would otherwise cut off mode=ro.
     with closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)) as conn:
-        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        try:
+            integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        except sqlite3.DatabaseError as error:  # too damaged to check: a failed check
+            return {f"integrity_check {db.name}": f"error: {error}"}
         checks = {f"integrity_check {db.name}": integrity}
         conn.set_authorizer(sqlite_authorizer)
 
