@@ -132,6 +132,7 @@ from shardvault_agent.archiver import spool_state
 from shardvault_agent.config import AgentConfig
 
 from shardvault.aws.readback import load_manifest
+from shardvault.aws.store import Bucket
 from shardvault.client import operations as ops
 from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
@@ -786,7 +787,8 @@ def shardvault_backup(bench: Bench, request: BackupRequest) -> ShardVaultBackup:
             f"Agent log: {bench.agent_log}"
         )
     record = json.loads(execution["output"])
-    manifest = load_manifest(bench.store_s3, bench.store_bucket, record["manifest_key"])
+    store = Bucket(bench.store_s3, bench.store_bucket)
+    manifest = load_manifest(store, record["manifest_key"])
     data, tail = stream_of(manifest, Phase.DATA), stream_of(manifest, Phase.TAIL)
     prefix = backup_prefix(bench.stack.services().store.prefix, CLUSTER, manifest.backup_id)
     stored = shardvault_stored(bench, manifest, prefix, record["manifest_key"])

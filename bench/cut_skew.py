@@ -259,7 +259,7 @@ def pause_split(svc: Any, record: dict[str, Any]) -> dict[str, Any]:
     go (the hold)."""
     location = "vault" if record.get("location") == "vault" else "store"
     key = record["vault_manifest_key"] if location == "vault" else record["manifest_key"]
-    manifest = load_manifest(*source_of(svc, location), key)
+    manifest = load_manifest(source_of(svc, location), key)
     nodes = []
     for shard in manifest.shards:
         if "cut_pause" not in shard.marker:

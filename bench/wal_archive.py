@@ -396,7 +396,7 @@ class ShardVaultArchiving:
     def measure(self, window: Window) -> dict[str, Any]:
         svc = self.env.stack.services()
         prefix = layout.archive_prefix(svc.store.prefix, self.cluster, SHARD_ID)
-        sizes = {o["Key"]: o["Size"] for o in list_keys(svc.store_s3, svc.store.bucket, prefix)}
+        sizes = {o["Key"]: o["Size"] for o in list_keys(svc.store_bucket, prefix)}
         batches = [
             b
             for b in self.batches(window.first)

@@ -21,7 +21,6 @@ import os
 from typing import Any, Literal
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import presign_get, presign_put
 from shardvault.contracts.commands import Probed, parse_result
 from shardvault.contracts.models import ClusterName, Frozen, new_backup_id
 from shardvault.data.checksums import crc64nvme_of_bytes
@@ -58,17 +57,13 @@ def probe_key(svc: Services, probe_id: str, node_id: str) -> str:
 def sweep_stale(svc: Services, now: float) -> list[str]:
     """Deletes the probe objects a probe that died before ``finish`` left (older than a probe
     lives); returns their keys."""
-    pages = svc.store_s3.get_paginator("list_objects_v2").paginate(
-        Bucket=svc.store.bucket, Prefix=probes_prefix(svc)
-    )
     stale = [
         o["Key"]
-        for page in pages
-        for o in page.get("Contents", [])
+        for o in svc.store_bucket.objects(probes_prefix(svc))
         if o["LastModified"].timestamp() < now - STALE_PROBE_SECONDS
     ]
     for key in stale:
-        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=key)
+        svc.store_bucket.delete(key)
     return stale
 
 
@@ -88,7 +83,7 @@ def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
         )
     sweep_stale(svc, now)
     probe_id = f"probe-{new_backup_id(now)}"
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     out = []
     for node in members:
         key = probe_key(svc, probe_id, node.node_id)
@@ -97,8 +92,8 @@ def plan(request: ProbeRequest, svc: Services, now: float) -> dict[str, Any]:
         urls = {
             "body": base64.b64encode(body).decode(),
             "crc64nvme": crc,
-            "put_url": presign_put(s3, bucket, key, PROBE_URL_TTL_SECONDS, crc),
-            "get_url": presign_get(s3, bucket, key, PROBE_URL_TTL_SECONDS),
+            "put_url": bucket.presign_put(key, PROBE_URL_TTL_SECONDS, crc),
+            "get_url": bucket.presign_get(key, PROBE_URL_TTL_SECONDS),
         }
         out.append({"node_id": node.node_id, "args_key": svc.put_urls(probe_id, key, urls)})
     return {"probe_id": probe_id, "nodes": out}
@@ -111,7 +106,7 @@ def finish(step: ProbeStep, svc: Services) -> dict[str, Any]:
     for result in step.results:
         node_id = str(result["node_id"])
         key = probe_key(svc, step.probe_id, node_id)
-        svc.store_s3.delete_object(Bucket=svc.store.bucket, Key=key)
+        svc.store_bucket.delete(key)
         if error := result.get("error"):
             cause = failure_cause(error, svc, step.probe_id, [node_id])
             nodes.append(

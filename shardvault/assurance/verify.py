@@ -37,13 +37,7 @@ from pydantic import Field
 
 from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
-from shardvault.aws.store import (
-    is_missing,
-    readable_now,
-    readback_checksum,
-    stored_checksum,
-    versioned,
-)
+from shardvault.aws.store import Bucket, is_missing, readable_now
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
 from shardvault.contracts.models import (
@@ -155,22 +149,22 @@ def verify_one(
         return None
     location = "vault" if record.location == "vault" and svc.vault else "store"
     key, version = manifest_place(record, location)
-    s3, bucket = source_of(svc, location)
+    bucket = source_of(svc, location)
     try:
-        manifest = load_manifest(s3, bucket, key, version)
+        manifest = load_manifest(bucket, key, version)
     except ShardVaultError as error:
         problems.append(f"{backup_id}: {error.message}")
         return None
     problems += [f"{backup_id}: {p}" for p in consistency_problems(manifest, record, key)]
     objects = [o for shard in manifest.shards for o in shard.objects]
     with ThreadPoolExecutor(PARALLEL_HEADS) as pool:  # boto3 clients may be shared by threads
-        found = list(pool.map(lambda o: attribute_problem(s3, bucket, o), objects))
+        found = list(pool.map(lambda o: attribute_problem(bucket, o), objects))
     problems += [f"{backup_id}: {p}" for p in found if p]
-    read, skipped = read_sample(s3, bucket, objects, request.read_data_percent, problems)
+    read, skipped = read_sample(bucket, objects, request.read_data_percent, problems)
     locked = [(o.key, o.version_id) for o in objects if o.version_id]
     locked += [(key, version)] if version else []
     with ThreadPoolExecutor(PARALLEL_HEADS) as pool:
-        covered = [note for note in pool.map(lambda p: cover_of(s3, bucket, *p), locked) if note]
+        covered = [note for note in pool.map(lambda p: cover_of(bucket, *p), locked) if note]
     checked.append(
         Checked(
             backup_id=backup_id,
@@ -185,12 +179,12 @@ def verify_one(
     return manifest
 
 
-def cover_of(s3: Any, bucket: str, key: str, locked: str) -> str:
+def cover_of(bucket: Bucket, key: str, locked: str) -> str:
     """What covers the locked version of a vault key ('' when it is still the newest): a
     delete marker, or a newer version. Object Lock allows both to anyone who may write the
     bucket; reads by version still find the backup, but someone wrote into the vault."""
     try:
-        newest = s3.head_object(Bucket=bucket, Key=key).get("VersionId")
+        newest = bucket.head(key).get("VersionId")
     except ClientError as error:
         if is_missing(error):
             return f"{key}: a delete marker hides its locked version"
@@ -244,7 +238,6 @@ def archive_problems(
     could replay (``from`` .. ``to``); appends a gap, and a batch the store does not hold as
     its index says, to ``problems``."""
     found: dict[str, dict[str, Any]] = {}
-    s3, bucket = svc.store_s3, svc.store.bucket
     for shard in manifest.shards:
         if not traits(manifest.engine_of(shard)).point_in_time:
             continue
@@ -261,17 +254,17 @@ def archive_problems(
                 "cannot pass the gap"
             )
         for index in indexes:
-            problem = batch_problem(s3, bucket, index)
+            problem = batch_problem(svc.store_bucket, index)
             if problem:
                 problems.append(f"shard {shard.shard_id}'s WAL archive: {problem}")
         found[shard.shard_id] = {"from": first, "to": run.last, "batches": len(indexes)}
     return found
 
 
-def batch_problem(s3: Any, bucket: str, index: dict[str, Any]) -> str:
+def batch_problem(bucket: Bucket, index: dict[str, Any]) -> str:
     """'' when the store holds the batch with its index's size and checksum."""
     try:
-        crc, size = stored_checksum(s3, bucket, index["key"])
+        crc, size = bucket.stored_checksum(index["key"])
     except ClientError as error:
         return f"{index['key']} is missing ({error.response['Error'].get('Code')})"
     if (crc, size) != (index["crc64nvme"], index["stored_length"]):
@@ -279,14 +272,14 @@ def batch_problem(s3: Any, bucket: str, index: dict[str, Any]) -> str:
     return ""
 
 
-def attribute_problem(s3: Any, bucket: str, obj: ObjectResult) -> str:
+def attribute_problem(bucket: Bucket, obj: ObjectResult) -> str:
     """'' when the store holds the object (the version the vault's manifest names, if any)
     with the manifest's size and checksum. An object whose store reports no full-object
     CRC64NVME (every object ShardVault writes has one; a stored object replaced without one
     has not) is read back instead, unless archived."""
-    key, named = obj.key, versioned(bucket, obj.key, obj.version_id)
+    key = obj.key
     try:
-        crc, size = stored_checksum(s3, bucket, key, obj.version_id)
+        crc, size = bucket.stored_checksum(key, obj.version_id)
     except ClientError as error:
         if is_missing(error):
             return f"{key} is missing"
@@ -294,10 +287,10 @@ def attribute_problem(s3: Any, bucket: str, obj: ObjectResult) -> str:
     if size != obj.stored_bytes:
         return f"{key} holds {size} bytes, the manifest says {obj.stored_bytes}"
     if crc is None:
-        if not readable_now(s3.head_object(**named)):
+        if not readable_now(bucket.head(key, obj.version_id)):
             return f"{key} has no CRC64NVME checksum attribute and is archived (unreadable)"
         try:
-            crc, size = readback_checksum(s3, bucket, key, obj.version_id)
+            crc, size = bucket.readback_checksum(key, obj.version_id)
         except (ClientError, BotoCoreError) as error:
             return unreadable(key, error)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
@@ -322,7 +315,7 @@ def unreadable(key: str, error: ClientError | BotoCoreError) -> str:
 
 
 def read_sample(
-    s3: Any, bucket: str, objects: list[Any], percent: float, problems: list[str]
+    bucket: Bucket, objects: list[Any], percent: float, problems: list[str]
 ) -> tuple[int, int]:
     """Reads back a random ``percent`` of the objects (at least one when above 0); returns how
     many were read and how many were skipped as archived."""
@@ -331,12 +324,12 @@ def read_sample(
     sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
     read = skipped = 0
     for obj in sample:
-        if not readable_now(s3.head_object(**versioned(bucket, obj.key, obj.version_id))):
+        if not readable_now(bucket.head(obj.key, obj.version_id)):
             skipped += 1
             continue
         read += 1
         try:
-            crc, size = readback_checksum(s3, bucket, obj.key, obj.version_id)
+            crc, size = bucket.readback_checksum(obj.key, obj.version_id)
         except (ClientError, BotoCoreError) as error:
             problems.append(unreadable(obj.key, error))
             continue

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from shardvault.aws.store import Bucket
 from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import (
     FileEntry,
@@ -71,20 +72,16 @@ class StreamWriter:
             raise ChecksumMismatch("the stream ended before its last non-empty file.")
 
 
-def read_stream(
-    s3: Any, bucket: str, manifest: Manifest, stream: ManifestStream, root: Path
-) -> int:
+def read_stream(bucket: Bucket, manifest: Manifest, stream: ManifestStream, root: Path) -> int:
     writer = StreamWriter(root, stream.files)
     written = 0
     for obj in stream.objects:
-        written += read_object(s3, bucket, manifest, obj, writer)
+        written += read_object(bucket, manifest, obj, writer)
     writer.close()
     return written
 
 
-def read_object(
-    s3: Any, bucket: str, manifest: Manifest, obj: ObjectResult, writer: StreamWriter
-) -> int:
+def read_object(bucket: Bucket, manifest: Manifest, obj: ObjectResult, writer: StreamWriter) -> int:
     """Streams one object into the writer; returns its stored bytes."""
     if obj.frames:
         spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
@@ -101,7 +98,7 @@ def read_object(
         def receive(_: int, chunk: bytes) -> None:
             writer.write(memoryview(chunk))
 
-    crc, size = stream_object(s3, bucket, obj.key, receive)
+    crc, size = stream_object(bucket, obj.key, receive)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
         raise ChecksumMismatch(
             f"object {obj.key}: read {size} bytes with CRC64NVME {crc}, the manifest "
@@ -112,11 +109,11 @@ def read_object(
 
 
 def stream_object(
-    s3: Any, bucket: str, key: str, receive: Callable[[int, bytes], None]
+    bucket: Bucket, key: str, receive: Callable[[int, bytes], None]
 ) -> tuple[str, int]:
     """Hands an object's stored bytes to ``receive(position, chunk)`` as they arrive; returns
     their CRC64NVME and size."""
-    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    body = bucket.get(key)["Body"]
     crc, size = 0, 0
     for chunk in body.iter_chunks(CHUNK):
         receive(size, chunk)
@@ -124,19 +121,19 @@ def stream_object(
     return to_b64(crc), size
 
 
-def materialize(manifest: Manifest, s3: Any, bucket: str, target: Path) -> dict[str, Path]:
+def materialize(manifest: Manifest, bucket: Bucket, target: Path) -> dict[str, Path]:
     """Writes every shard's files under ``target/<shard_id>/``; returns the shard roots."""
     roots = {}
     for shard in manifest.shards:
         root = target / shard.shard_id
         root.mkdir(parents=True, exist_ok=True)
         for stream in shard.streams:
-            read_stream(s3, bucket, manifest, stream, root)
+            read_stream(bucket, manifest, stream, root)
         roots[shard.shard_id] = root
     return roots
 
 
-def read_batch(s3: Any, bucket: str, index: dict[str, Any], sealer: Any = None) -> dict[str, bytes]:
+def read_batch(bucket: Bucket, index: dict[str, Any], sealer: Any = None) -> dict[str, bytes]:
     """A WAL batch of the archive (``shardvault.wal.archive``), read back per its index: each WAL
     file's bytes by name, every frame checked against its CRC64NVME and the object against its
     stored checksum. ``sealer``: the batch's data key (``pipeline.Sealer``), if sealed."""
@@ -149,7 +146,7 @@ def read_batch(s3: Any, bucket: str, index: dict[str, Any], sealer: Any = None) 
 
     place = batch_place(index["cluster"], index["shard_id"], index["batch_id"])
     sink = FrameSink(spans, FrameCodec(sealer=sealer), place, put, where=index["key"])
-    crc, size = stream_object(s3, bucket, index["key"], sink.receive)
+    crc, size = stream_object(bucket, index["key"], sink.receive)
     if crc != index["crc64nvme"] or size != index["stored_length"] or not sink.complete:
         raise ChecksumMismatch(
             f"WAL batch {index['key']}: read {size} bytes with CRC64NVME {crc}, its "

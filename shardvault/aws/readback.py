@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from shardvault.aws.store import versioned
+from shardvault.aws.store import Bucket
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import Manifest
 from shardvault.errors import InvalidRequest, ManifestDamaged
@@ -55,17 +55,16 @@ def manifest_place(record: BackupItem, location: str) -> tuple[str, str | None]:
     return record.manifest_key or "", None
 
 
-def load_manifest(s3: Any, bucket: str, key: str, version_id: str | None = None) -> Manifest:
+def load_manifest(bucket: Bucket, key: str, version_id: str | None = None) -> Manifest:
     """The manifest at ``key`` (its ``version_id``, when named: a vault manifest's locked
     version, which a delete marker or a newer version cannot hide)."""
-    place = (s3.meta.endpoint_url, bucket, key, version_id)
+    place = (bucket.endpoint, bucket.name, key, version_id)
     known = READ_MANIFESTS.get(place)
-    named = versioned(bucket, key, version_id)
     try:
         if known is not None:
-            response = s3.get_object(**named, IfNoneMatch=known[0])
+            response = bucket.get(key, version_id, IfNoneMatch=known[0])
         else:
-            response = s3.get_object(**named)
+            response = bucket.get(key, version_id)
         body = response["Body"].read()
     except ClientError as error:
         if known is not None and error.response["Error"]["Code"] in ("304", "NotModified"):
@@ -75,7 +74,7 @@ def load_manifest(s3: Any, bucket: str, key: str, version_id: str | None = None)
         if error.response["Error"]["Code"] not in ("NoSuchKey", "AccessDenied", "403"):
             raise
         raise InvalidRequest(
-            f"no manifest at s3://{bucket}/{key} (or no access to it).",
+            f"no manifest at s3://{bucket.name}/{key} (or no access to it).",
             fix="check the cluster and backup id ('shardvault list'); if it is listed, the "
             "catalog and the store disagree: the backup's objects were removed.",
         ) from None
@@ -85,7 +84,7 @@ def load_manifest(s3: Any, bucket: str, key: str, version_id: str | None = None)
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the document"
         raise ManifestDamaged(
-            f"the manifest at s3://{bucket}/{key} is damaged: {where}: {first['msg']} "
+            f"the manifest at s3://{bucket.name}/{key} is damaged: {where}: {first['msg']} "
             f"({error.error_count()} problem(s), {len(body)} bytes).",
             fix="restore another backup ('shardvault list'); this backup's objects may be "
             "intact, but without its manifest nothing says which bytes belong where.",

@@ -19,7 +19,7 @@ from typing import Any
 
 import boto3
 
-from shardvault.aws.store import StoreLocation, presign_get, presign_put, s3_client
+from shardvault.aws.store import Bucket, StoreLocation, s3_client
 from shardvault.aws.tables import Catalog, Inbox, NodeRegistry, table
 from shardvault.config.settings import Settings
 
@@ -68,6 +68,11 @@ class Services:
         return self.bind(self.store.client())
 
     @cached_property
+    def store_bucket(self) -> Bucket:
+        """The store's bucket: where backups are staged, and the WAL archive."""
+        return self.store.bucket_through(self.store_s3)
+
+    @cached_property
     def vault(self) -> StoreLocation | None:
         settings = self.settings
         if not settings.vault_url:
@@ -79,6 +84,11 @@ class Services:
     @cached_property
     def vault_s3(self) -> Any:
         return self.bind(self.vault.client()) if self.vault else None
+
+    @cached_property
+    def vault_bucket(self) -> Bucket | None:
+        """The vault's bucket (Object Lock), if the deployment has one."""
+        return self.vault.bucket_through(self.vault_s3) if self.vault else None
 
     def policy(self) -> Any:
         """The deployment's policy (None when it has none); read at each call, so an edited
@@ -102,6 +112,11 @@ class Services:
         return self.bind(s3_client())
 
     @cached_property
+    def work_bucket(self) -> Bucket:
+        """The work bucket: what steps hand each other, and the agents' answers."""
+        return Bucket(self.work_s3, self.settings.work_bucket)
+
+    @cached_property
     def sns(self) -> Any:
         return self.bind(boto3.client("sns"))
 
@@ -119,7 +134,7 @@ class Services:
 
     def put_work(self, key: str, value: Any) -> None:
         body = json.dumps(value, separators=(",", ":")).encode()
-        self.work_s3.put_object(Bucket=self.settings.work_bucket, Key=key, Body=body)
+        self.work_bucket.put(key, body)
 
     def put_urls(self, operation_id: str, object_key: str, urls: dict[str, Any]) -> str:
         """Keeps presigned URLs in the work bucket for the dispatcher, which inlines them into
@@ -138,18 +153,16 @@ class Services:
         reads a backup's results or listings one by one waits on each read in turn."""
         if len(keys) < 2:
             return [self.get_work(key) for key in keys]
-        _ = self.work_s3  # built once, before the threads share it
+        _ = self.work_bucket  # built once, before the threads share it
         with ThreadPoolExecutor(min(WORK_READS, len(keys))) as pool:
             return list(pool.map(self.get_work, keys))
 
     def get_work_bytes(self, key: str) -> bytes:
-        return self.work_s3.get_object(Bucket=self.settings.work_bucket, Key=key)["Body"].read()
+        return self.work_bucket.read(key)
 
     def work_url(self, key: str) -> str:
         """A presigned GET URL of a work object (for an agent: it holds no credentials)."""
-        return presign_get(
-            self.work_s3, self.settings.work_bucket, key, self.settings.url_ttl_seconds
-        )
+        return self.work_bucket.presign_get(key, self.settings.url_ttl_seconds)
 
     def scan_args_key(self, backup_id: str, node_id: str) -> str:
         """A node's scan arguments (its shards' parent block maps: ``backup.scanning``)."""
@@ -163,14 +176,10 @@ class Services:
         """A presigned PUT of one work object, for an agent's answer. It cannot bind the
         content (the agent has not produced it yet): the answer's reader checks the object
         against the checksum the agent sent through its task token instead."""
-        return presign_put(self.work_s3, self.settings.work_bucket, key, ttl_seconds)
+        return self.work_bucket.presign_put(key, ttl_seconds)
 
     def list_work(self, prefix: str) -> list[str]:
-        keys: list[str] = []
-        paginator = self.work_s3.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.settings.work_bucket, Prefix=prefix):
-            keys += [o["Key"] for o in page.get("Contents", [])]
-        return sorted(keys)
+        return self.work_bucket.keys(prefix)
 
     def notify(self, subject: str, message: dict[str, Any]) -> bool:
         """Best effort: a notification that cannot be sent must never fail (and so clean up)

@@ -54,7 +54,7 @@ def read_answer(
             "the plan function's memory.",
         )
     try:
-        stored = svc.work_s3.get_object(Bucket=svc.settings.work_bucket, Key=key)
+        stored = svc.work_bucket.get(key)
     except ClientError as error:
         if not is_missing(error):
             raise

@@ -102,13 +102,7 @@ def covering(
 def copied(svc: Services, index: dict[str, Any], key: str) -> str:
     """Copies a batch's object to ``key`` inside the store; how the copy was verified (its
     checksum and size as the store reports them, against the batch's index)."""
-    s3, bucket = svc.store_s3, svc.store.bucket
-    s3.copy_object(
-        Bucket=bucket,
-        Key=key,
-        CopySource={"Bucket": bucket, "Key": index["key"]},
-        ChecksumAlgorithm="CRC64NVME",
-    )
+    svc.store_bucket.copy_within(index["key"], key)
     return verify_object(svc, key, index["crc64nvme"], index["stored_length"])
 
 

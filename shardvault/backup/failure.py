@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import abort_uploads, delete_prefix
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import backup_prefix
 from shardvault.contracts.models import (
@@ -62,8 +61,8 @@ def cleanup(
     nodes = [source.node_id for source in context.sources]
     error = transfer_failure(error, UploadIncomplete.__name__, svc, context.backup_id, nodes)
     prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
-    aborted = abort_uploads(svc.store_s3, svc.store.bucket, prefix)
-    deleted = delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+    aborted = svc.store_bucket.abort_uploads(prefix)
+    deleted = svc.store_bucket.delete_prefix(prefix)
     post_releases(context, svc)
     named = named_failure(svc, context.backup_id, nodes)
     outcome = {
@@ -156,8 +155,8 @@ def clean_up_abandoned(
             return cleanup(context, error, svc, now)
         # An older version's record without a usable context: what needs none.
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
-        abort_uploads(svc.store_s3, svc.store.bucket, prefix)
-        delete_prefix(svc.store_s3, svc.store.bucket, prefix)
+        svc.store_bucket.abort_uploads(prefix)
+        svc.store_bucket.delete_prefix(prefix)
         failed = BackupItem.changes(
             status=BackupStatus.FAILED, error=error["Error"], cause=error["Cause"]
         )

@@ -40,10 +40,9 @@ def finalize(context: BackupContext, svc: Services, now: float) -> dict[str, Any
     results, _ = verified_results(context, Phase.TAIL, svc)
     manifest = build_manifest(context, svc, now, results)
     key = manifest_key(svc.store.prefix, context.cluster, context.backup_id)
-    svc.store_s3.put_object(
-        Bucket=svc.store.bucket,
-        Key=key,
-        Body=manifest.model_dump_json(indent=1).encode(),
+    svc.store_bucket.put(
+        key,
+        manifest.model_dump_json(indent=1).encode(),
         ContentType="application/json",
         ChecksumAlgorithm="CRC64NVME",
     )

@@ -276,7 +276,7 @@ def sign_items(items: list[dict[str, Any]], svc: Services) -> list[dict[str, Any
 
     if not any(item["checksums"] for item in items):
         return [item | {"signed": None} for item in items]
-    _ = svc.store_s3, svc.work_s3  # built once, before the threads share them
+    _ = svc.store_bucket, svc.work_bucket  # built once, before the threads share them
     with ThreadPoolExecutor(SIGN_THREADS) as pool:
         return list(pool.map(signed, items))
 

@@ -31,7 +31,6 @@ from typing import Any
 
 from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
-from shardvault.aws.store import presign_get
 from shardvault.backup.planner import pack_arguments
 from shardvault.contracts import deployment
 from shardvault.contracts.catalog import BackupItem
@@ -111,22 +110,22 @@ def parent_maps(
     if context.chain is None:
         return {}
     parent_id = context.chain.parent_id
-    s3, bucket, location = svc.store_s3, svc.store.bucket, "store"
-    if record is not None and record.location == "vault" and svc.vault is not None:
-        s3, bucket, location = svc.vault_s3, svc.vault.bucket, "vault"
+    bucket, location = svc.store_bucket, "store"
+    if record is not None and record.location == "vault" and svc.vault_bucket is not None:
+        bucket, location = svc.vault_bucket, "vault"
     key, version = manifest_place(record, location) if record else ("", None)
     if not key:
         raise ParentUnavailable(
             f"the parent {parent_id} of this incremental has no manifest on record.",
             fix="run a full backup (omit --incremental).",
         )
-    manifest: Manifest = load_manifest(s3, bucket, key, version)
+    manifest: Manifest = load_manifest(bucket, key, version)
     maps = {}
     for shard in manifest.shards:
         if shard.blockmap is None:
             continue
         obj = shard.blockmap
-        url = presign_get(s3, bucket, obj.key, svc.settings.url_ttl_seconds, obj.version_id)
+        url = bucket.presign_get(obj.key, svc.settings.url_ttl_seconds, obj.version_id)
         maps[shard.shard_id] = ParentMap(
             backup_id=parent_id,
             object=obj,

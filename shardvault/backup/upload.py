@@ -21,7 +21,6 @@ Terms:
 
 from __future__ import annotations
 
-import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,16 +28,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import (
-    complete_upload,
-    create_upload,
-    is_missing,
-    presign_part,
-    presign_put,
-    readback_checksum,
-    stored_checksum,
-    uploaded_parts,
-)
+from shardvault.aws.store import is_missing
 from shardvault.contracts.models import (
     BackupContext,
     ObjectChecksums,
@@ -63,22 +53,20 @@ def sign(item: ObjectPlan, sums: ObjectChecksums, upload_id: str | None, svc: Se
     accepts those bytes and no others: a PutObject for a single-PUT object, else the parts of
     a multipart upload (created once). The URLs go to the work bucket (``urls_key``) for the
     dispatcher: execution history never holds one."""
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     ttl = svc.settings.url_ttl_seconds
     if single_put(sums):
-        url = presign_put(s3, bucket, item.key, ttl, sums.crc64nvme)
+        url = bucket.presign_put(item.key, ttl, sums.crc64nvme)
         upload_id, parts = None, [{"part_number": 1, "url": url}]
     else:
         if upload_id:
-            done = uploaded_parts(s3, bucket, item.key, upload_id)
+            done = bucket.uploaded_parts(item.key, upload_id)
         else:
-            upload_id, done = create_upload(s3, bucket, item.key), {}
+            upload_id, done = bucket.create_upload(item.key), {}
         parts = [
             {
                 "part_number": p.part_number,
-                "url": presign_part(
-                    s3, bucket, item.key, upload_id, p.part_number, p.crc64nvme, ttl
-                ),
+                "url": bucket.presign_part(item.key, upload_id, p.part_number, p.crc64nvme, ttl),
             }
             for p in sums.parts
             if p.part_number not in done
@@ -125,11 +113,11 @@ def complete_multipart(
     uploaded: list[UploadedPart],
     svc: Services,
 ) -> None:
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     known = {p.part_number: p for p in uploaded}
     missing = [p for p in sums.parts if p.part_number not in known]
     if missing:
-        etags = uploaded_parts(s3, bucket, item.key, upload_id)
+        etags = bucket.uploaded_parts(item.key, upload_id)
         known |= {
             p.part_number: UploadedPart(
                 part_number=p.part_number, etag=etags[p.part_number], crc64nvme=p.crc64nvme
@@ -138,8 +126,7 @@ def complete_multipart(
             if p.part_number in etags
         }
     # A retry after S3 completed the upload finds no upload: verification decides.
-    with contextlib.suppress(s3.exceptions.NoSuchUpload):
-        complete_upload(s3, bucket, item.key, upload_id, list(known.values()), sums.crc64nvme)
+    bucket.complete_upload(item.key, upload_id, list(known.values()), sums.crc64nvme)
 
 
 def write_result(
@@ -192,12 +179,12 @@ def count_progress(done: list[tuple[ObjectPlan, ObjectChecksums]], svc: Services
 def verify_object(svc: Services, key: str, expected: str, size: int) -> str:
     """Verifies a stored object by its checksum attribute (no download); reads it back when
     the store cannot report one or reports another (some S3 servers compute it wrongly)."""
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     if svc.settings.verify_mode == "attributes":
-        crc, stored_size = stored_checksum(s3, bucket, key)
+        crc, stored_size = bucket.stored_checksum(key)
         if crc == expected and stored_size == size:
             return "attributes"
-    crc, stored_size = readback_checksum(s3, bucket, key)
+    crc, stored_size = bucket.readback_checksum(key)
     if crc != expected or stored_size != size:
         raise ChecksumMismatch(
             f"object {key} holds {stored_size} bytes with CRC64NVME {crc}; the agent read "
@@ -274,7 +261,7 @@ def verify_after_map(items: list[dict[str, Any]], svc: Services) -> list[ObjectR
 
     if not items:
         return []
-    _ = svc.store_s3, svc.work_s3  # built once, before the threads share them
+    _ = svc.store_bucket, svc.work_bucket  # built once, before the threads share them
     with ThreadPoolExecutor(min(VERIFY_THREADS, len(items))) as pool:
         verified = [done for done in pool.map(one, items) if done]
     count_progress([(obj, sums) for obj, sums, _ in verified], svc)

@@ -159,23 +159,17 @@ def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> di
     next run (see *expire*), deletes what is left."""
     svc.catalog.update(cluster, backup_id, BackupItem.changes(status=EXPIRING, expiring_at=now))
     deleted = 0
-    for s3, location in [(svc.store_s3, svc.store)] + (
-        [(svc.vault_s3, svc.vault)] if svc.vault else []
-    ):
+    places = [(svc.store_bucket, svc.store)]
+    if svc.vault_bucket is not None and svc.vault is not None:
+        places.append((svc.vault_bucket, svc.vault))
+    for bucket, location in places:
         prefix = backup_prefix(location.prefix, cluster, backup_id)
         versions = sorted(
-            list_versions(s3, location.bucket, prefix),
+            bucket.versions(prefix),
             key=lambda kv: kv[0].endswith("manifest.json"),  # manifests last
         )
         for batch in deletion_batches(versions):
-            response = s3.delete_objects(
-                Bucket=location.bucket,
-                Delete={
-                    "Objects": [{"Key": k, "VersionId": v} if v else {"Key": k} for k, v in batch],
-                    "Quiet": True,
-                },
-            )
-            if errors := response.get("Errors"):
+            if errors := bucket.delete_batch(batch):
                 raise ExpiryFailed(
                     f"the store refused to delete {len(errors)} objects of backup {backup_id}, "
                     f"e.g. {errors[0].get('Key')}: {errors[0].get('Code')} "
@@ -187,13 +181,3 @@ def expire_backup(cluster: str, backup_id: str, svc: Services, now: float) -> di
     expired = BackupItem.changes(status=EXPIRED, expired_at=now, deleted_objects=deleted)
     svc.catalog.update(cluster, backup_id, expired)
     return {"cluster": cluster, "backup_id": backup_id, "deleted_objects": deleted}
-
-
-def list_versions(s3: Any, bucket: str, prefix: str) -> list[tuple[str, str | None]]:
-    """Every (key, version id) under ``prefix``; buckets without versioning give ``null`` ids."""
-    out: list[tuple[str, str | None]] = []
-    for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
-            version = item.get("VersionId")
-            out.append((item["Key"], None if version in (None, "null") else version))
-    return out

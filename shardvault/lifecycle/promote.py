@@ -40,7 +40,7 @@ from botocore.exceptions import ClientError
 
 from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
-from shardvault.aws.store import is_missing, stored_checksum, versioned
+from shardvault.aws.store import Bucket, is_missing
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import (
     BackupContext,
@@ -101,7 +101,7 @@ def read_lock(svc: Services, key: str, version_id: str | None = None) -> StoredL
     """The vault's class and lock of ``key`` (its newest version, or ``version_id``):
     HeadObject shows the lock only to a caller allowed s3:GetObjectRetention; without it the
     copy reads as unlocked."""
-    head = svc.vault_s3.head_object(**versioned(svc.vault.bucket, key, version_id))
+    head = vault_of(svc).head(key, version_id)
     until = head.get("ObjectLockRetainUntilDate")
     return StoredLock(
         key=key,
@@ -120,11 +120,7 @@ def confirm_lock(
     stored = read_lock(svc, key)
     if stored.mode is None:
         try:
-            svc.vault_s3.put_object_retention(
-                Bucket=svc.vault.bucket,
-                Key=key,
-                Retention={"Mode": vault.lock_mode.value, "RetainUntilDate": until},
-            )
+            vault_of(svc).lock(key, None, vault.lock_mode.value, until)
         except ClientError as error:
             problem = f"keeps no Object Lock and refused one ({error})"
             raise unlocked(stored.key, problem, vault, until) from None
@@ -168,7 +164,7 @@ def promote(
     record = svc.catalog.get(context.cluster, context.backup_id)
     if record and record.location == "vault":  # a retried call after success: staging is gone
         return {"remaining": 0, "summary": {**summary, **_promotion_of(record)}}
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
+    manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
     until = retain_until(context.vault, summary.get("completed_at", now))
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
     objects = [o for s in manifest.shards for o in s.objects]
@@ -255,7 +251,7 @@ def vault_keys_of(svc: Services, record: BackupItem) -> list[tuple[str, str | No
     """Every (key, locked version) of a promoted backup in the vault: its objects, block maps
     and manifest (no version: promoted before versions were recorded, the newest is read)."""
     manifest_key, manifest_version = record.vault_manifest_key or "", record.vault_manifest_version
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, manifest_key, manifest_version)
+    manifest = load_manifest(vault_of(svc), manifest_key, manifest_version)
     objects = [(o.key, o.version_id) for s in manifest.shards for o in s.objects]
     return [*objects, (manifest_key, manifest_version)]
 
@@ -265,10 +261,7 @@ def extend_lock(svc: Services, key: str, version_id: str | None, until: datetime
     lets any lock be extended, never shortened), and returns the lock read back."""
     stored = read_lock(svc, key, version_id)
     if stored.mode is not None and stored.retain_until is not None and stored.retain_until < until:
-        svc.vault_s3.put_object_retention(
-            **versioned(svc.vault.bucket, key, version_id),
-            Retention={"Mode": stored.mode, "RetainUntilDate": until},
-        )
+        vault_of(svc).lock(key, version_id, stored.mode, until)
         stored = read_lock(svc, key, version_id)
     if stored.mode is None or stored.retain_until is None or stored.retain_until < until:
         raise PromotionFailed(
@@ -293,15 +286,19 @@ def remove_staging_copy(svc: Services, keys: list[str]) -> int:
     left, batches = 0, deletion_batches(keys)  # the store is not versioned: keys suffice
     for done, batch in enumerate(batches):
         try:
-            response = svc.store_s3.delete_objects(
-                Bucket=svc.store.bucket,
-                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
-            )
+            errors = svc.store_bucket.delete_batch([(key, None) for key in batch])
         except ClientError as error:
             log.warning("staging copy not deleted (%s): lifecycle expires it", error)
             return left + sum(len(b) for b in batches[done:])
-        left += len(response.get("Errors", []))
+        left += len(errors)
     return left
+
+
+def vault_of(svc: Services) -> Bucket:
+    """The vault's bucket; a promotion is refused before any call when there is none."""
+    if svc.vault_bucket is None:
+        raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
+    return svc.vault_bucket
 
 
 def vault_key(svc: Services, store_key: str) -> str:
@@ -318,7 +315,7 @@ def held_in_vault(
     checksum and the lock asked; None: copy it (again: a new, locked version)."""
     key = vault_key(svc, obj.key)
     try:
-        crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
+        crc, size = vault_of(svc).stored_checksum(key)
     except ClientError as error:
         if is_missing(error):
             return None
@@ -353,9 +350,9 @@ def copy_into_vault(
     if not (same_server(svc) and copy_server_side(svc, obj.key, key, extra)):
         # Another server (a local store, or staging outside AWS), or one that cannot copy
         # parts into a checksummed upload: stream it through.
-        body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=obj.key)["Body"]
-        svc.vault_s3.upload_fileobj(body, svc.vault.bucket, key, ExtraArgs=extra)
-    crc, size = stored_checksum(svc.vault_s3, svc.vault.bucket, key)
+        body = svc.store_bucket.get(obj.key)["Body"]
+        vault_of(svc).upload(body, key, extra)
+    crc, size = vault_of(svc).stored_checksum(key)
     if crc != obj.crc64nvme or size != obj.stored_bytes:
         raise ChecksumMismatch(
             f"the vault's copy of {obj.key} holds {size} bytes with CRC64NVME {crc}; the "
@@ -371,9 +368,8 @@ def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, A
     when the server refuses to copy parts into an upload with a checksum algorithm: S3
     computes each copied part's checksum itself (there is no parameter to send one), but
     MinIO asks for one (``checksum missing, want "CRC64NVME"``) and cannot be given it."""
-    source = {"Bucket": svc.store.bucket, "Key": store_key}
     try:
-        svc.vault_s3.copy(source, svc.vault.bucket, key, ExtraArgs=extra, Config=COPY_CONFIG)
+        vault_of(svc).copy_from(svc.store_bucket, store_key, key, extra, COPY_CONFIG)
     except ClientError as error:
         info = error.response.get("Error", {})
         if info.get("Code") == "InvalidArgument" and "checksum" in info.get("Message", "").lower():
@@ -385,11 +381,7 @@ def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, A
 
 def mark_promoted(svc: Services, key: str) -> None:
     """Tags the staging copy: should its deletion fail, the store's lifecycle rule expires it."""
-    svc.store_s3.put_object_tagging(
-        Bucket=svc.store.bucket,
-        Key=key,
-        Tagging={"TagSet": [{"Key": PROMOTED_TAG, "Value": "true"}]},
-    )
+    svc.store_bucket.tag(key, {PROMOTED_TAG: "true"})
 
 
 def same_server(svc: Services) -> bool:
@@ -433,10 +425,9 @@ def write_vault_manifest(
         }
     )
     key = vault_key(svc, store_key)
-    written = svc.vault_s3.put_object(
-        Bucket=svc.vault.bucket,
-        Key=key,
-        Body=moved.model_dump_json(indent=1).encode(),
+    written = vault_of(svc).put(
+        key,
+        moved.model_dump_json(indent=1).encode(),
         ContentType="application/json",
         ChecksumAlgorithm="CRC64NVME",
         ObjectLockMode=vault.lock_mode.value,

@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import delete_keys, delete_prefix, open_uploads
+from shardvault.aws.store import Bucket
 from shardvault.contracts import layout
 from shardvault.contracts.layout import backup_prefix, manifest_key, store_root
 from shardvault.contracts.models import BackupStatus
@@ -34,7 +34,7 @@ from shardvault.wal import archive
 
 def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]:
     """Aborts orphan uploads and deletes orphan prefixes (or, with ``dry_run``, lists them)."""
-    s3, bucket, root = svc.store_s3, svc.store.bucket, store_root(svc.store.prefix)
+    bucket, root = svc.store_bucket, store_root(svc.store.prefix)
     grace_seconds = svc.settings.sweep_grace_seconds
     statuses: dict[str, dict[str, str]] = {}
 
@@ -44,23 +44,23 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
         return statuses[cluster].get(backup_id) == BackupStatus.RUNNING
 
     aborted = []
-    for upload in open_uploads(s3, bucket, root):
+    for upload in bucket.open_uploads(root):
         owner = backup_of(upload["Key"], root)
         young = now - upload["Initiated"].timestamp() < grace_seconds
         if owner is None or young or running(*owner):
             continue
         aborted.append(upload["Key"])
         if not dry_run:
-            s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+            bucket.abort_upload(upload["Key"], upload["UploadId"])
     deleted: dict[str, int] = {}
-    prefixes, archives = store_listing(s3, bucket, root)
+    prefixes, archives = store_listing(bucket, root)
     for (cluster, backup_id), newest in prefixes.items():
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
         if now - newest < grace_seconds or running(cluster, backup_id):
             continue
-        if has_manifest(s3, bucket, manifest_key(svc.store.prefix, cluster, backup_id)):
+        if bucket.holds_any(manifest_key(svc.store.prefix, cluster, backup_id)):
             continue
-        deleted[prefix] = 0 if dry_run else delete_prefix(s3, bucket, prefix)
+        deleted[prefix] = 0 if dry_run else bucket.delete_prefix(prefix)
     expired_wal = {}
     policy = svc.policy()
     for cluster, keys in archives.items():
@@ -71,7 +71,7 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
         if expired:
             expired_wal[cluster] = len(expired)
             if not dry_run:
-                delete_keys(s3, bucket, expired)
+                bucket.delete_keys(expired)
     return {
         "dry_run": dry_run,
         "aborted_uploads": aborted,
@@ -92,23 +92,17 @@ def backup_of(key: str, root: str) -> tuple[str, str] | None:
 
 
 def store_listing(
-    s3: Any, bucket: str, root: str
+    bucket: Bucket, root: str
 ) -> tuple[dict[tuple[str, str], float], dict[str, list[str]]]:
     """One listing of the store: every backup prefix, with the time (epoch seconds) of its
     newest object; and every cluster's WAL archive keys."""
     newest: dict[tuple[str, str], float] = defaultdict(float)
     archives: dict[str, list[str]] = defaultdict(list)
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
-        for obj in page.get("Contents", []):
-            parts = obj["Key"].removeprefix(root).split("/")
-            if len(parts) > 3 and parts[1] == layout.ARCHIVE_DIR:
-                archives[parts[0]].append(obj["Key"])
-            owner = backup_of(obj["Key"], root)
-            if owner is not None:
-                newest[owner] = max(newest[owner], obj["LastModified"].timestamp())
+    for obj in bucket.objects(root):
+        parts = obj["Key"].removeprefix(root).split("/")
+        if len(parts) > 3 and parts[1] == layout.ARCHIVE_DIR:
+            archives[parts[0]].append(obj["Key"])
+        owner = backup_of(obj["Key"], root)
+        if owner is not None:
+            newest[owner] = max(newest[owner], obj["LastModified"].timestamp())
     return dict(newest), dict(archives)
-
-
-def has_manifest(s3: Any, bucket: str, key: str) -> bool:
-    found = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
-    return bool(found.get("KeyCount"))

@@ -62,8 +62,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     if source == "vault":
         check_tier(record, request.tier)
     manifest_key, manifest_version = manifest_place(record, source)
-    s3, bucket = source_of(svc, source)
-    manifest = load_manifest(s3, bucket, manifest_key, manifest_version)
+    manifest = load_manifest(source_of(svc, source), manifest_key, manifest_version)
     chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
     wal_batches, wal_bytes = 0, 0
     if request.target is not None:  # the archive reaches the target, or refused by name

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import presign_get
 from shardvault.contracts.catalog import restore_key
 from shardvault.contracts.models import DownloadItem
 from shardvault.restore.sources import source_of
@@ -15,8 +14,8 @@ from shardvault.restore.sources import source_of
 def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     """A presigned GET URL of one object (the agent reads ranges of it), written to the work
     bucket for the dispatcher: a URL never enters the execution's history."""
-    s3, bucket = source_of(svc, item.source)
-    url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
+    bucket = source_of(svc, item.source)
+    url = bucket.presign_get(item.key, svc.settings.url_ttl_seconds, item.version_id)
     return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 

@@ -15,7 +15,6 @@ from typing import Any
 from shardvault.aws.keys import Rewrapper
 from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
-from shardvault.aws.store import presign_get
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.commands import Prepared, parse_result
@@ -51,7 +50,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     in (``shardvault_agent.restore.chain_placement``, layered) and no download wave waits for
     another."""
     manifest = load_manifest(
-        *source_of(svc, context.source), context.manifest_key, context.manifest_version
+        source_of(svc, context.source), context.manifest_key, context.manifest_version
     )
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
@@ -146,8 +145,8 @@ def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
     downloads = []
     for entry in svc.get_work(prefetch_key):
         item = DownloadItem.model_validate(entry["object"])
-        s3, bucket = source_of(svc, item.source)
-        url = presign_get(s3, bucket, item.key, svc.settings.url_ttl_seconds, item.version_id)
+        bucket = source_of(svc, item.source)
+        url = bucket.presign_get(item.key, svc.settings.url_ttl_seconds, item.version_id)
         downloads.append({"object": entry["object"], "url": url})
     if not downloads:
         return {"url_key": None}

@@ -4,10 +4,10 @@ backups an incremental builds on, and their manifests read side by side."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
+from shardvault.aws.store import Bucket
 from shardvault.contracts.models import (
     BackupStatus,
     ChainSource,
@@ -18,11 +18,11 @@ from shardvault.contracts.models import (
 from shardvault.errors import ParentUnavailable
 
 
-def source_of(svc: Services, source: str) -> tuple[Any, str]:
-    """The client and bucket a backup is read from: the vault once promoted, else the store."""
-    if source == "vault":
-        return svc.vault_s3, svc.vault.bucket
-    return svc.store_s3, svc.store.bucket
+def source_of(svc: Services, source: str) -> Bucket:
+    """The bucket a backup is read from: the vault once promoted, else the store."""
+    if source == "vault" and svc.vault_bucket is not None:
+        return svc.vault_bucket
+    return svc.store_bucket
 
 
 PARALLEL_READS = 8
@@ -52,9 +52,7 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
         )
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
         reads = [
-            pool.submit(
-                load_manifest, *source_of(svc, s.source), s.manifest_key, s.manifest_version
-            )
+            pool.submit(load_manifest, source_of(svc, s.source), s.manifest_key, s.manifest_version)
             for s in sources
         ]
         for read in reads:  # root first: the oldest damaged manifest is the one named
@@ -68,7 +66,7 @@ def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manife
     places = [(c.source, c.manifest_key, c.manifest_version) for c in context.chain]
     places.append((context.source, context.manifest_key, context.manifest_version))
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
-        found = list(pool.map(lambda p: load_manifest(*source_of(svc, p[0]), *p[1:]), places))
+        found = list(pool.map(lambda p: load_manifest(source_of(svc, p[0]), *p[1:]), places))
     return [(manifest, source) for manifest, (source, *_) in zip(found, places, strict=True)]
 
 

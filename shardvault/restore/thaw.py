@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import readable_now, versioned
+from shardvault.aws.store import Bucket, readable_now
 from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.models import (
     THAW_DAYS,
@@ -23,7 +23,7 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
     objects = [
-        (*source_of(svc, source), obj.key, obj.version_id)
+        (source_of(svc, source), obj.key, obj.version_id)
         for manifest, source in chain_manifests(context, svc)  # a full: itself alone
         for shard in manifest.shards
         for stream in shard.streams
@@ -40,18 +40,12 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
     return {"frozen": frozen, "requested": requested, "attempt": attempt + 1, "wait_seconds": wait}
 
 
-def thaw_object(
-    s3: Any, bucket: str, key: str, version_id: str | None, *, tier: RetrievalTier
-) -> str:
+def thaw_object(bucket: Bucket, key: str, version_id: str | None, *, tier: RetrievalTier) -> str:
     """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
-    named = versioned(bucket, key, version_id)
-    head = s3.head_object(**named)
+    head = bucket.head(key, version_id)
     if readable_now(head):  # not archived, or thawed
         return "readable"
     if head.get("Restore"):
         return "thawing"
-    s3.restore_object(
-        **named,
-        RestoreRequest={"Days": THAW_DAYS, "GlacierJobParameters": {"Tier": tier.value}},
-    )
+    bucket.thaw(key, version_id, THAW_DAYS, tier.value)
     return "requested"

@@ -43,7 +43,7 @@ from pydantic import ValidationError
 
 from shardvault.aws.keys import new_data_key
 from shardvault.aws.services import Services
-from shardvault.aws.store import is_missing, presign_put, stored_checksum
+from shardvault.aws.store import is_missing
 from shardvault.aws.tables import completion_order
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import archive_prefix, batch_key, index_key
@@ -204,7 +204,7 @@ def sign(svc: Services, node_id: str, batch_id: str | None) -> dict[str, Any]:
     node = member_node(svc, node_id)
     batch = checked_batch(svc, node, batch_id)
     key = batch_key(svc.store.prefix, node.cluster, batch)
-    url = presign_put(svc.store_s3, svc.store.bucket, key, URL_TTL_SECONDS, batch.crc64nvme)
+    url = svc.store_bucket.presign_put(key, URL_TTL_SECONDS, batch.crc64nvme)
     return {"key": key, "url": url}
 
 
@@ -214,9 +214,9 @@ def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dic
     node = member_node(svc, node_id)
     batch = checked_batch(svc, node, batch_id)
     key = batch_key(svc.store.prefix, node.cluster, batch)
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     try:
-        crc, size = stored_checksum(s3, bucket, key)
+        crc, size = bucket.stored_checksum(key)
     except ClientError as error:
         if not is_missing(error):
             raise
@@ -236,12 +236,8 @@ def record(svc: Services, node_id: str, batch_id: str | None, now: float) -> dic
         "key": key,
         **batch.model_dump(mode="json"),
     }
-    s3.put_object(
-        Bucket=bucket,
-        Key=index_key(key),
-        Body=json.dumps(index, separators=(",", ":")).encode(),
-        ContentType="application/json",
-    )
+    body = json.dumps(index, separators=(",", ":")).encode()
+    bucket.put(index_key(key), body, ContentType="application/json")
     try:  # for the cost model only: a batch recorded again may count twice, none is lost
         svc.catalog.count_archived(
             node.cluster, stored_bytes=batch.stored_length, wal_bytes=batch.plain_length, now=now
@@ -264,17 +260,16 @@ def archived_batches(
 ) -> list[dict[str, Any]]:
     """The recorded batches of a shard's archive, in WAL order (their indexes); with
     ``since``, only those whose last file is not before it (named in the key: no read)."""
-    s3, bucket = svc.store_s3, svc.store.bucket
+    bucket = svc.store_bucket
     prefix = archive_prefix(svc.store.prefix, cluster, shard_id)
     keys = [
         o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for o in page.get("Contents", [])
+        for o in bucket.objects(prefix)
         if o["Key"].endswith(".json") and o["Key"].removeprefix(prefix).split("--")[1] >= since
     ]
 
     def read(key: str) -> dict[str, Any]:
-        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        return json.loads(bucket.read(key))  # type: ignore[no-any-return]
 
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # each read waits on the store
         return list(pool.map(read, sorted(keys)))

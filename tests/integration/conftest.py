@@ -24,7 +24,6 @@ import boto3
 import pytest
 from shardvault_agent import walspool
 
-from shardvault.aws.store import open_uploads
 from shardvault.aws.tables import Catalog, Inbox, table
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest, RestoreRequest
@@ -126,7 +125,7 @@ class Cluster:
 
     def open_uploads(self) -> list[dict[str, Any]]:
         svc = self.stack.services()
-        return open_uploads(svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/{self.name}/")
+        return svc.store_bucket.open_uploads(f"{svc.store.prefix}/{self.name}/")
 
     def inbox_items(self) -> list[dict[str, Any]]:
         inbox = Inbox(table(self.stack.settings.inbox_table))

@@ -47,7 +47,7 @@ def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(
     assert summary["objects"] == 3  # data objects; block maps are an index, not counted
 
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, summary["manifest_key"])
+    manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
     # Each shard was read from its leader, never from the follower's stale copy.
     assert {s.shard_id: s.node_id for s in manifest.shards} == {
         f"shard-{i}": f"{cluster.name}-node-{i}" for i in (1, 2, 3)
@@ -62,7 +62,7 @@ def test_backup_of_three_nodes_reads_leaders_and_reads_back_equal(
         obj = shard.blockmap
         spans = frame_spans(unpack_frames(obj.frames), obj.frame_size, obj.length)
         assert crc64nvme_of_bytes(cached.read_bytes()) == plaintext_crc(spans)
-    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    roots = materialize(manifest, svc.store_bucket, tmp_path / "readback")
     for shard_id, source in cluster.sources.items():
         restored = roots[shard_id] / source.name
         assert content_hash(restored) == content_hash(source)
@@ -163,8 +163,8 @@ def test_parts_damaged_on_the_way_are_refused_by_the_store_and_sent_again(make_c
     assert "part 1 of" in log
     assert any(e in log for e in ("BadDigest", "XAmzContentChecksumMismatch", "InvalidChecksum"))
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, progress.record["manifest_key"])
-    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    manifest = load_manifest(svc.store_bucket, progress.record["manifest_key"])
+    roots = materialize(manifest, svc.store_bucket, tmp_path / "readback")
     for shard_id, source in cluster.sources.items():
         assert content_hash(roots[shard_id] / source.name) == content_hash(source)
 

@@ -33,13 +33,12 @@ def plant(db: Path) -> bytes:
 def stored_objects(cluster, record: dict) -> tuple[Manifest, list[bytes]]:
     """The manifest and every object of a backup, read where they are (promoted: the vault)."""
     svc = cluster.stack.services()
-    s3, bucket = svc.store_s3, svc.store.bucket
-    key = record["manifest_key"]
+    bucket, key = svc.store_bucket, record["manifest_key"]
     if record.get("location") == "vault":
-        s3, bucket, key = svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"]
-    manifest = load_manifest(s3, bucket, key)
+        bucket, key = svc.vault_bucket, record["vault_manifest_key"]
+    manifest = load_manifest(bucket, key)
     blobs = [
-        s3.get_object(Bucket=bucket, Key=obj.key)["Body"].read()
+        bucket.read(obj.key)
         for shard in manifest.shards
         for stream in shard.streams
         for obj in stream.objects

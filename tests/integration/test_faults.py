@@ -41,7 +41,7 @@ def test_a_damaged_manifest_is_refused_by_name_before_any_change(make_cluster, m
     assert backup.status == "SUCCEEDED", backup.cause
     svc = cluster.stack.services()
     key = manifest_key(svc.store.prefix, cluster.name, backup.record["backup_id"])
-    load_manifest(svc.store_s3, svc.store.bucket, key)  # read whole once: a reader may keep it
+    load_manifest(svc.store_bucket, key)  # read whole once: a reader may keep it
     body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=key)["Body"].read()
     svc.store_s3.put_object(Bucket=svc.store.bucket, Key=key, Body=body[: len(body) // 2])
     target = make_target(nodes=1)

@@ -108,7 +108,7 @@ def test_a_small_incrementals_changes_are_packed_at_its_scan_and_upload_with_its
     assert 0 < record["data_bytes"] < record["bytes_total"]
     assert (record["objects_done"], record["bytes_done"]) == (2, record["bytes_total"])
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    manifest = load_manifest(svc.vault_bucket, record["vault_manifest_key"])
     (shard,) = manifest.shards
     stored = [o for o in shard.objects if f"/{backup_id}/" in o.key]  # not its parent's
     assert [(o.part_count, o.verified_by) for o in stored] == [(1, "attributes")] * 2
@@ -320,7 +320,7 @@ def test_an_incrementals_promotion_keeps_its_chain_locked_as_long_as_itself(
     assert (child_until - parent_until).days >= 3  # the parent alone would expire first
     svc = cluster.stack.services()
     manifest_key = full.record["vault_manifest_key"]
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, manifest_key)
+    manifest = load_manifest(svc.vault_bucket, manifest_key)
     keys = [*(o.key for s in manifest.shards for o in s.objects), manifest_key]
     assert any("/blockmap-" in k for k in keys)
     for key in keys:
@@ -369,7 +369,7 @@ def test_a_damaged_newer_object_fails_the_chains_restore_by_name_and_leaves_noth
     cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
     svc = cluster.stack.services()
     incremental = last.record["backup_id"]
-    vault, bucket = svc.vault_s3, svc.vault.bucket  # promoted: restores read the vault
+    vault, bucket = svc.vault_bucket  # promoted: restores read the vault
     pages = vault.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
     key = sorted(k for k in keys if incremental in k and "/data-" in k)[0]

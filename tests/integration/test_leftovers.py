@@ -9,7 +9,6 @@ import time
 import boto3
 import pytest
 
-from shardvault.aws.store import open_uploads
 from shardvault.client import operations as ops
 from tests.unit.support import catalog_item
 
@@ -17,9 +16,7 @@ from tests.unit.support import catalog_item
 def bucket_uploads(cluster, backup_id: str) -> list[str]:
     """Open multipart uploads of one backup, listed bucket-wide (no prefix filter)."""
     svc = cluster.stack.services()
-    return [
-        u["Key"] for u in open_uploads(svc.store_s3, svc.store.bucket, "") if backup_id in u["Key"]
-    ]
+    return [u["Key"] for u in svc.store_bucket.open_uploads("") if backup_id in u["Key"]]
 
 
 def held(cluster, backup_id: str) -> list:
@@ -95,7 +92,7 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     kept = cluster.backup()
     assert kept.status == "SUCCEEDED", kept.cause
     svc = cluster.stack.services()
-    s3, bucket, root = svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/{cluster.name}"
+    s3, bucket, root = svc.store_bucket, f"{svc.store.prefix}/{cluster.name}"
     crashed = f"{root}/20200101T000000Z-dead00/shard-1/data-00000"
     orphan_upload = s3.create_multipart_upload(Bucket=bucket, Key=crashed)["UploadId"]
     s3.put_object(

@@ -49,7 +49,7 @@ def test_a_mixed_cluster_is_backed_up_only_as_the_policy_says_and_restored_by_en
     assert record["kind"] == "incremental"
     assert record["engine"] == "rocksdb+sqlite"
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    manifest = load_manifest(svc.vault_bucket, record["vault_manifest_key"])
     assert manifest.engine is None  # mixed: each shard names its own
     assert {s.shard_id: s.engine for s in manifest.shards} == {
         "shard-1": "sqlite",

@@ -65,8 +65,8 @@ def test_backup_under_pgbench_load_reads_back_and_recovers_consistently(pg_clust
     assert progress.status == "SUCCEEDED", progress.cause
 
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, progress.record["manifest_key"])
-    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    manifest = load_manifest(svc.store_bucket, progress.record["manifest_key"])
+    roots = materialize(manifest, svc.store_bucket, tmp_path / "readback")
 
     for shard in manifest.shards:
         root = roots[shard.shard_id]
@@ -468,7 +468,7 @@ def test_every_node_restores_to_the_backups_cut(pg_cluster, make_target, policy_
     assert "commits paused at most" in shown.stdout, shown.stdout
     svc = cluster.stack.services()
     assert record["location"] == "vault"  # the policy's vault
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, record["vault_manifest_key"])
+    manifest = load_manifest(svc.vault_bucket, record["vault_manifest_key"])
     assert manifest.cut_name == record["backup_id"]
     cut_at = {s.shard_id: float(s.marker["cut_at"]) for s in manifest.shards}
     assert manifest.cut_skew_seconds == pytest.approx(

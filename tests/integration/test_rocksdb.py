@@ -97,8 +97,7 @@ def test_rocksdb_shards_copied_under_writes_restore_into_two_nodes(rocks_cluster
     # The incremental sent the files made since the full, not the ones it already holds.
     svc = cluster.stack.services()
     manifests = [
-        load_manifest(svc.store_s3, svc.store.bucket, b.record["manifest_key"])
-        for b in (full, incremental)
+        load_manifest(svc.store_bucket, b.record["manifest_key"]) for b in (full, incremental)
     ]
     new_ssts, others = 0, 0
     for shard_id in cluster.sources:

@@ -9,7 +9,7 @@ import pytest
 import urllib3
 
 from shardvault import backup
-from shardvault.aws.store import CHECKSUM_HEADER, complete_upload, create_upload, presign_part
+from shardvault.aws.store import CHECKSUM_HEADER
 from shardvault.contracts.models import FileEntry, UploadedPart
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import ChecksumMismatch
@@ -20,7 +20,7 @@ MiB = 1024 * 1024
 @pytest.fixture
 def store(stack):
     svc = stack.services()
-    return svc, svc.store_s3, svc.store.bucket
+    return svc, svc.store_s3, svc.store_bucket
 
 
 def put(url: str, body: bytes, crc: str):
@@ -30,11 +30,11 @@ def put(url: str, body: bytes, crc: str):
 
 
 def test_a_part_url_accepts_only_the_bytes_it_was_signed_for(store):
-    _svc, s3, bucket = store
+    _svc, _s3, bucket = store
     key = "tests/bound-url"
     good, bad = os.urandom(5 * MiB), os.urandom(5 * MiB)
-    upload_id = create_upload(s3, bucket, key)
-    url = presign_part(s3, bucket, key, upload_id, 1, crc64nvme_of_bytes(good), 300)
+    upload_id = bucket.create_upload(key)
+    url = bucket.presign_part(key, upload_id, 1, crc64nvme_of_bytes(good), 300)
     try:
         # Other bytes under the signed checksum: the store rejects them (checksum mismatch).
         assert put(url, bad, crc64nvme_of_bytes(good)).status == 400
@@ -42,26 +42,26 @@ def test_a_part_url_accepts_only_the_bytes_it_was_signed_for(store):
         assert put(url, bad, crc64nvme_of_bytes(bad)).status == 403
         assert put(url, good, crc64nvme_of_bytes(good)).status == 200
     finally:
-        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        bucket.abort_upload(key, upload_id)
 
 
 def test_an_object_verifies_by_its_attributes_without_download(store):
     svc, s3, bucket = store
     key = "tests/verified"
     parts = [os.urandom(5 * MiB), os.urandom(3 * MiB)]
-    upload_id = create_upload(s3, bucket, key)
+    upload_id = bucket.create_upload(key)
     uploaded = []
     for n, body in enumerate(parts, start=1):
         crc = crc64nvme_of_bytes(body)
-        response = put(presign_part(s3, bucket, key, upload_id, n, crc, 300), body, crc)
+        response = put(bucket.presign_part(key, upload_id, n, crc, 300), body, crc)
         uploaded.append(UploadedPart(part_number=n, etag=response.headers["ETag"], crc64nvme=crc))
     whole = crc64nvme_of_bytes(b"".join(parts))
-    complete_upload(s3, bucket, key, upload_id, uploaded, whole)
+    assert bucket.complete_upload(key, upload_id, uploaded, whole)
     assert backup.verify_object(svc, key, whole, 8 * MiB) == "attributes"
     # A wrong expectation is caught (after a read-back confirms the store's answer).
     with pytest.raises(ChecksumMismatch, match="CRC64NVME"):
         backup.verify_object(svc, key, crc64nvme_of_bytes(b"other"), 8 * MiB)
-    s3.delete_object(Bucket=bucket, Key=key)
+    s3.delete_object(Bucket=bucket.name, Key=key)
 
 
 def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tmp_path):
@@ -137,7 +137,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
             shard_id="s1", node_id="n1", marker={}, checkpoint_at=0, streams=[ManifestStream(
                 phase=Phase.DATA, files=files, objects=[result])])],
     )  # fmt: skip
-    roots = materialize(manifest, svc.store_s3, svc.store.bucket, tmp_path / "readback")
+    roots = materialize(manifest, svc.store_bucket, tmp_path / "readback")
     assert (roots["s1"] / "relation").read_bytes() == as_read  # the bytes as they were read
 
 
@@ -154,19 +154,21 @@ def test_a_manifest_read_again_unchanged_is_not_parsed_again(store, monkeypatch)
         checkpoint_skew_seconds=0, part_size=5 * MiB, bytes=0, objects=0, parts=0,
         verification="", shards=[],
     )  # fmt: skip
-    s3.put_object(Bucket=bucket, Key=key, Body=manifest.model_dump_json())
+    s3.put_object(Bucket=bucket.name, Key=key, Body=manifest.model_dump_json())
     parsed = []
     parse = Manifest.model_validate_json
     monkeypatch.setattr(
         Manifest, "model_validate_json", lambda body: parsed.append(1) or parse(body)
     )
 
-    first, second = load_manifest(s3, bucket, key), load_manifest(s3, bucket, key)
+    first, second = load_manifest(bucket, key), load_manifest(bucket, key)
     assert first == second
     assert len(parsed) == 1  # the second read was answered 304
     s3.put_object(
-        Bucket=bucket, Key=key, Body=manifest.model_copy(update={"cluster": "c2"}).model_dump_json()
+        Bucket=bucket.name,
+        Key=key,
+        Body=manifest.model_copy(update={"cluster": "c2"}).model_dump_json(),
     )
-    third = load_manifest(s3, bucket, key)
+    third = load_manifest(bucket, key)
     assert third.cluster == "c2"
     assert len(parsed) == 2

@@ -55,7 +55,7 @@ def test_a_verified_backup_lands_in_the_vault_locked_in_its_class(make_cluster):
     until = datetime.fromisoformat(summary["retain_until"])
     assert timedelta(days=1.9) < until - datetime.now(UTC) < timedelta(days=2.1)
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.vault_s3, svc.vault.bucket, summary["vault_manifest_key"])
+    manifest = load_manifest(svc.vault_bucket, summary["vault_manifest_key"])
     keys = {o["Key"] for o in vault_objects(svc, cluster.name)}
     for obj in (o for s in manifest.shards for st in s.streams for o in st.objects):
         assert obj.key in keys

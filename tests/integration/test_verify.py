@@ -48,8 +48,7 @@ def test_verify_and_restore_read_the_locked_versions_whatever_hides_them(
     svc = cluster.stack.services()
     records = {r["backup_id"]: r for r in cluster.records()}
     full = load_manifest(
-        svc.vault_s3,
-        svc.vault.bucket,
+        svc.vault_bucket,
         records[full_id]["vault_manifest_key"],
         records[full_id]["vault_manifest_version"],
     )
@@ -91,7 +90,7 @@ def test_verify_names_an_object_changed_in_the_store(make_cluster):
     assert cluster.backup().status == "SUCCEEDED"
     (record,) = cluster.records()
     svc = cluster.stack.services()
-    manifest = load_manifest(svc.store_s3, svc.store.bucket, record["manifest_key"])
+    manifest = load_manifest(svc.store_bucket, record["manifest_key"])
     changed = manifest.shards[0].streams[0].objects[0].key
     body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=changed)["Body"].read()
     svc.store_s3.put_object(Bucket=svc.store.bucket, Key=changed, Body=body[:-1] + b"\0")

@@ -55,7 +55,7 @@ def read_all(stack: Any, batches: list[dict[str, Any]], keys: DataKeys | None = 
     for index in batches:
         encryption = index.get("encryption")
         sealer = keys.sealer(Encryption.model_validate(encryption)) if encryption else None
-        files.update(read_batch(svc.store_s3, svc.store.bucket, index, sealer))
+        files.update(read_batch(svc.store_bucket, index, sealer))
     return files
 
 
@@ -112,11 +112,11 @@ def test_a_sealed_archive_shows_a_bucket_reader_no_plaintext(archiving) -> None:
     assert MARKER.encode() not in raw_objects(node.stack, batches)
     svc = node.stack.services()
     with pytest.raises(FrameUnreadable, match="fails authentication"):  # another key
-        read_batch(svc.store_s3, svc.store.bucket, batches[0], Sealer(os.urandom(32)))
+        read_batch(svc.store_bucket, batches[0], Sealer(os.urandom(32)))
     # Read as if not sealed, a nonce's first byte is taken for the codec: unknown (most), zstd
     # that does not decode, or raw bytes that fail their checksum (2 in 256): never plaintext.
     with pytest.raises((FrameUnreadable, ChecksumMismatch)):
-        read_batch(svc.store_s3, svc.store.bucket, batches[0], None)
+        read_batch(svc.store_bucket, batches[0], None)
     files = read_all(node.stack, batches, DataKeys(lambda: boto3.client("kms")))
     assert segments_in_sequence(files)[-1] == last
     assert MARKER.encode() in b"".join(files.values())
@@ -259,8 +259,8 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     assert "the archive keeps it now (slot dropped)" in log  # it handed off
     svc = node.stack.services()
     assert backup.record["location"] == "vault"  # promoted: the copies went too
-    s3, bucket = source_of(svc, "vault")
-    manifest = load_manifest(s3, bucket, backup.record["vault_manifest_key"])
+    bucket = source_of(svc, "vault")
+    manifest = load_manifest(bucket, backup.record["vault_manifest_key"])
     (shard,) = manifest.shards
     (tail,) = [s for s in shard.streams if s.phase == Phase.TAIL]
     assert tail.files[0].path == "backup_label"  # read on the source: the label alone
@@ -274,7 +274,7 @@ def test_an_archiving_shards_backup_takes_its_wal_from_the_archive_and_restores_
     prefix = backup.record["vault_manifest_key"].rsplit("/", 1)[0] + "/"
     for obj in tail.objects[1:]:  # the batches, copied into the backup as the store holds them
         assert obj.key.startswith(prefix)
-        attrs = s3.head_object(Bucket=bucket, Key=obj.key)
+        attrs = bucket.head(obj.key)
         assert attrs["ContentLength"] == obj.stored_length
     assert verify(VerifyRequest(cluster=node.cluster), svc, time.time())["result"] == "ok"
     for batch in node.batches():  # the archive's own retention may remove them
@@ -303,8 +303,8 @@ def test_a_quick_backup_of_an_archiving_shard_copies_its_few_segments_itself(arc
 
     assert backup.status == "SUCCEEDED", backup.cause
     svc = node.stack.services()
-    s3, bucket = source_of(svc, "vault")
-    manifest = load_manifest(s3, bucket, backup.record["vault_manifest_key"])
+    bucket = source_of(svc, "vault")
+    manifest = load_manifest(bucket, backup.record["vault_manifest_key"])
     (shard,) = manifest.shards
     assert "archived_through" not in shard.marker
     (tail,) = [s for s in shard.streams if s.phase == Phase.TAIL]

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from shardvault.aws.store import stored_checksum
+from shardvault.aws.store import Bucket
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import LockMode, ObjectResult, Phase, VaultTarget
 from shardvault.data.checksums import crc64nvme_of_bytes
@@ -89,7 +89,8 @@ def test_a_large_object_is_copied_in_parts_by_the_server_with_its_checksum(svc, 
 
     assert len(part_copies) == 3  # copied by the server, part by part: nothing streamed
     copied = promote.vault_key(svc, obj.key)
-    assert stored_checksum(svc.vault_s3, "vault-bucket", copied) == (obj.crc64nvme, len(data))
+    vault = Bucket(svc.vault_s3, "vault-bucket")
+    assert vault.stored_checksum(copied) == (obj.crc64nvme, len(data))
     assert svc.vault_s3.head_object(Bucket="vault-bucket", Key=copied)["StorageClass"] == (
         "DEEP_ARCHIVE"
     )

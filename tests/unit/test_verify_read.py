@@ -10,6 +10,7 @@ import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
 from shardvault.assurance.verify import read_sample
+from shardvault.aws.store import Bucket
 
 
 class BrokenBody:
@@ -39,7 +40,8 @@ def test_an_object_the_store_will_not_serve_whole_is_a_named_problem(how, named)
         key="backups/c/b/shard-1/data-00000", crc64nvme="x", stored_bytes=100, version_id=None
     )
     problems: list[str] = []
-    read, skipped = read_sample(DamagingStore(how), "store", [obj], 100, problems)
+    damaging = Bucket(DamagingStore(how), "store")  # the client under the storage interface
+    read, skipped = read_sample(damaging, [obj], 100, problems)
     assert (read, skipped) == (1, 0)
     (problem,) = problems
     assert problem.startswith(f"{obj.key} cannot be read back")
