@@ -127,9 +127,9 @@ from peers import (
     upload_one,
 )
 from probes import Probe
-from shardvault_agent import walspool
-from shardvault_agent.archiver import spool_state
 from shardvault_agent.config import AgentConfig
+from shardvault_agent.wal import walspool
+from shardvault_agent.wal.archiver import spool_state
 
 from shardvault.aws.readback import load_manifest
 from shardvault.aws.store import Bucket

@@ -93,7 +93,7 @@ from incremental_vs_peers import (
     wal_lsn,
     wal_since,
 )
-from shardvault_agent.engines.postgres import listing
+from shardvault_agent.engines.postgres.adapter import listing
 
 from shardvault.local.postgres import (
     PostgresInstance,

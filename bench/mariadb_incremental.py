@@ -26,7 +26,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from shardvault_agent.engines.mariaserver import MariadbServer
+from shardvault_agent.engines.mariadb.server import MariadbServer
 
 from shardvault.local.mariadb import init_server, stop_server
 

@@ -125,8 +125,8 @@ from peers import (
 from probes import Probe
 from report import MiB, median_cell, spread_cell, spread_of
 from shardvault_agent.config import AgentConfig
-from shardvault_agent.engines.mariadb_checks import check_tables
-from shardvault_agent.engines.mariaserver import (
+from shardvault_agent.engines.mariadb.checks import check_tables
+from shardvault_agent.engines.mariadb.server import (
     MariadbServer,
     client_user,
     program,

@@ -14,7 +14,7 @@ of that template (same data, same WAL position, so every run starts alike) with 
 round runs the configurations in this order, so that noise from the shared machine hits all:
 
 1. ``baseline``: ``archive_command = '/bin/true'``.
-2. ``shardvault``: the system python3 running a copy of ``agents/shardvault_agent/walspool.py``
+2. ``shardvault``: the system python3 running a copy of ``agents/shardvault_agent/wal/walspool.py``
    (``--spool DIR --max-bytes 2^34 %p``, as ``tests/integration/conftest.py``'s
    ``ArchivingNode`` sets it up), and a ShardVault agent (``wal_spool_dir``, ``archive_poll_seconds
    0.2``, other settings at their defaults) storing the spool into the local stack (moto control

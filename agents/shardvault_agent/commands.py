@@ -96,17 +96,11 @@ from shardvault.errors import (
     StoreObjectDamaged,
     UnknownCommand,
 )
-from shardvault_agent.archiver import Archiver
-from shardvault_agent.blockmap import BlockMap
-from shardvault_agent.captures import SavedCapture, ShardScan
-from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
-from shardvault_agent.hostcpu import OthersCores
-from shardvault_agent.keys import DataKeys
-from shardvault_agent.mappedscreen import MappedScreener
-from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.restore import Restorer
-from shardvault_agent.scan import (
+from shardvault_agent.backup.blockmap import BlockMap
+from shardvault_agent.backup.captures import SavedCapture, ShardScan
+from shardvault_agent.backup.hostcpu import OthersCores
+from shardvault_agent.backup.mappedscreen import MappedScreener
+from shardvault_agent.backup.scan import (
     DeltaReader,
     PackHasher,
     assemble_map,
@@ -114,15 +108,20 @@ from shardvault_agent.scan import (
     scan_capture,
     write_fragment,
 )
-from shardvault_agent.sourceguard import SourceGuard
-from shardvault_agent.statefiles import write_json
-from shardvault_agent.throttle import (
+from shardvault_agent.backup.sourceguard import SourceGuard
+from shardvault_agent.backup.throttle import (
     AdaptiveLimiter,
     LatencySignal,
     Signal,
     StallSignal,
     pressure_files,
 )
+from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.engines.base import BlockScreen, Capture, EngineAdapter
+from shardvault_agent.keys import DataKeys
+from shardvault_agent.ratelimit import RateLimiter
+from shardvault_agent.restore import Restorer
+from shardvault_agent.statefiles import write_json
 from shardvault_agent.transfer import (
     Downloader,
     PartSender,
@@ -132,6 +131,7 @@ from shardvault_agent.transfer import (
     stream_source,
     upload_object,
 )
+from shardvault_agent.wal.archiver import Archiver
 
 log = logging.getLogger("shardvault.agent")
 
@@ -157,7 +157,7 @@ class Commands:
         self.guards: dict[str, SourceGuard] = {}
         # Idle cores a pack may borrow (shardvault.data.pipeline), none the database is using.
         self.spare = SpareCores(others=OthersCores())
-        # The helper that reads screened ranges through a mapping (shardvault_agent.mappedscreen).
+        # The helper that reads screened ranges through a mapping (backup.mappedscreen).
         self.mapped = MappedScreener()
         # The WAL archiver (set by the daemon when a shard archives): a tail that refers to
         # the archive waits for it (``_archived_tails``).

@@ -45,7 +45,6 @@ from shardvault.aws.tables import Catalog, Inbox, NodeRegistry
 from shardvault.contracts.models import NodeRecord, Role, ShardInfo
 from shardvault.errors import BackupReleased, ShardVaultError
 from shardvault_agent import PROTOCOL, __version__, restore
-from shardvault_agent.archiver import Archiver, Spool, lambda_invoker, spool_state
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.doorbell import Doorbell, DoorbellUnavailable
@@ -53,6 +52,7 @@ from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile_safely
 from shardvault_agent.transfer import PartSender
+from shardvault_agent.wal.archiver import Archiver, Spool, lambda_invoker, spool_state
 
 log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000

@@ -4,8 +4,8 @@ archive's batches into itself instead of having the agent copy the WAL again.
 Terms:
 - *archived tail*: a shard's tail whose marker names ``archived_from`` and
   ``archived_through`` (PostgreSQL with a ``wal_spool_dir``:
-  ``shardvault_agent.engines.postgres``). The tail holds the backup label alone; the WAL from
-  the backup's first segment through the last it needs is in the shard's archive, recorded
+  ``shardvault_agent.engines.postgres.adapter``). The tail holds the backup label alone; the
+  WAL from the backup's first segment through the last it needs is in the shard's archive, recorded
   before the agent answered Stop.
 - *copies*: Finalize copies each batch that holds some of that WAL into the backup's prefix
   (``<shard>/wal-<n>``), inside the store (no byte through the database host), and checks

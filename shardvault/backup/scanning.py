@@ -133,7 +133,7 @@ def parent_maps(
             encryption=manifest.encryption,
             # Where the parent began (PostgreSQL: its start LSN) and on which node: an
             # engine's block screen proves blocks unchanged against it, on that node only
-            # (``shardvault_agent.engines.pgpages``).
+            # (``shardvault_agent.engines.postgres.pages``).
             marker=shard.marker,
             node_id=shard.node_id,
             url=url,

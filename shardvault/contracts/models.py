@@ -143,7 +143,7 @@ class ShardInfo(Registered):
     # (ShardDataMissing, EngineError; None from an agent too old to say).
     problem: str | None = None
     problem_error: str | None = None
-    # Continuous archiving (shardvault_agent.archiver): the WAL waiting in the shard's spool
+    # Continuous archiving (shardvault_agent.wal.archiver): the WAL waiting in the shard's spool
     # at the heartbeat, and how long its oldest file had waited (None: no spool).
     wal_spool_bytes: int | None = None
     wal_spool_oldest_seconds: float | None = None
@@ -423,13 +423,13 @@ class UploadLimits(Frozen):
 
     rate_limit_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
     parallelism: Annotated[int, Field(ge=1)] | None = None
-    # adaptive: the agent steers its read rate by the source's health (shardvault_agent.throttle),
-    # under the rate limit, above the floor; auto: adaptive when the source is in use as the
-    # backup starts reading (other clients connected), else static
+    # adaptive: the agent steers its read rate by the source's health
+    # (shardvault_agent.backup.throttle), under the rate limit, above the floor; auto: adaptive
+    # when the source is in use as the backup starts reading (other clients), else static
     throttle: Literal["static", "adaptive", "auto"] = "auto"
     throttle_window_seconds: Annotated[int, Field(gt=0)] = DEFAULT_THROTTLE_WINDOW_SECONDS
     throttle_floor_bytes_per_second: Annotated[int, Field(gt=0)] | None = None
-    # what the backup may hold of the source's log (shardvault_agent.sourceguard)
+    # what the backup may hold of the source's log (shardvault_agent.backup.sourceguard)
     max_held_log_bytes: Annotated[int, Field(gt=0)] | None = None
     min_source_free_percent: Annotated[float, Field(ge=0, lt=100)] = DEFAULT_MIN_SOURCE_FREE_PERCENT
 
@@ -521,9 +521,9 @@ class PartChecksum(Frozen):
 
 
 class ThrottleReport(BaseModel):
-    """An adaptive throttle as its agent last reported it (``shardvault_agent.throttle``): how
-    often the source's health held the read rate back, for how long, and its lowest rate. A
-    field this release does not know (a newer agent's) is ignored."""
+    """An adaptive throttle as its agent last reported it (``shardvault_agent.backup.throttle``):
+    how often the source's health held the read rate back, for how long, and its lowest rate.
+    A field this release does not know (a newer agent's) is ignored."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

@@ -18,7 +18,7 @@ BATCH_MAX_BYTES = 256 * 1024 * 1024  # plaintext of one batch: 16 segments of 16
 MAX_FILES = 4096  # a batch of small history files stays a small request
 WAL_DIR = ".shardvault-wal"  # in a restored shard: the archive's WAL its recovery reads
 # Segments (24 hex digits), timeline history files, backup history files, partial segments:
-# the names shardvault_agent.walspool accepts (it imports nothing of ShardVault's: a unit test
+# the names shardvault_agent.wal.walspool accepts (it imports nothing of ShardVault's: a unit test
 # holds the two patterns equal).
 WAL_FILE = re.compile(r"^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$|^[0-9A-F]{8}\.history$")
 BATCH_ID = re.compile(r"^[0-9a-f]{32}$")

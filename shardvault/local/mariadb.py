@@ -1,6 +1,6 @@
 """MariaDB servers for the tests and benchmarks: real servers on Unix sockets.
 
-The server control is the agent's (``shardvault_agent.engines.mariaserver``: its docstring
+The server control is the agent's (``shardvault_agent.engines.mariadb.server``: its docstring
 defines *server*, *mysql user* and *client*); this module adds what only the tests do: create
 a server (``mariadb-install-db``) and put a write load on it.
 """
@@ -11,7 +11,7 @@ import random
 import threading
 from pathlib import Path
 
-from shardvault_agent.engines.mariaserver import (
+from shardvault_agent.engines.mariadb.server import (
     MARIADB_USER,
     MariadbServer,
     give_to_mysql,

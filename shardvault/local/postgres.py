@@ -1,7 +1,7 @@
 """PostgreSQL instances for the demo and the tests: real servers on Unix sockets.
 
 The server control itself (finding the programs, starting, stopping, reaching a server) is
-the agent's, which starts restored copies with it: ``shardvault_agent.engines.pgserver``
+the agent's, which starts restored copies with it: ``shardvault_agent.engines.postgres.server``
 (its docstring defines *bin dir*, *instance*, *socket only* and *postgres user*). This module
 adds what only the demo and the tests do: create instances (``initdb``) with
 ``listen_addresses = ''`` (so instances never fight over TCP ports) and put pgbench load on
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from shardvault_agent.engines.pgserver import (
+from shardvault_agent.engines.postgres.server import (
     PG_USER,
     PostgresInstance,
     PostgresNotFound,
@@ -28,7 +28,7 @@ from shardvault_agent.engines.pgserver import (
     run_program,
     stop_server,
 )
-from shardvault_agent.engines.pgserver import attach_instance as attach_on_port
+from shardvault_agent.engines.postgres.server import attach_instance as attach_on_port
 
 from shardvault.local.ports import free_port
 

@@ -3,7 +3,7 @@ archiving, issue 11), and what the control plane checks before it signs or recor
 
 Terms:
 - *WAL file*: what PostgreSQL's ``archive_command`` hands to the agent's spool
-  (``shardvault_agent.walspool``): a segment, a timeline history file, a backup history file
+  (``shardvault_agent.wal.walspool``): a segment, a timeline history file, a backup history file
   or a partial segment.
 - *batch*: WAL files of one shard, in name order, stored as one object: their bytes back to
   back, packed through the part pipeline (frames, zstd, sealed under the cluster's WAL data key

@@ -22,7 +22,7 @@ from typing import Any
 
 import boto3
 import pytest
-from shardvault_agent import walspool
+from shardvault_agent.wal import walspool
 
 from shardvault.aws.tables import Catalog, Inbox, table
 from shardvault.client import operations as ops

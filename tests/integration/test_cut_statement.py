@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.postgres import PostgresAdapter, restore_point, take_cut
+from shardvault_agent.engines.postgres.adapter import PostgresAdapter, restore_point, take_cut
 
 from shardvault.backup.planner import cut_summary
 from shardvault.contracts.cut import (

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent.engines.mariaserver import MariadbServer, running_pid
+from shardvault_agent.engines.mariadb.server import MariadbServer, running_pid
 
 from shardvault.local import demo
 from shardvault.local.mariadb import ACCOUNTS, BALANCE, Transfers, consistent, init_server

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.postgres import PostgresAdapter
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.postgres.adapter import PostgresAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 
 from shardvault.errors import EngineError, ShardDataMissing
 from shardvault.local.postgres import PostgresInstance, init_instance

@@ -73,7 +73,7 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     from shardvault_agent.commands import Commands
     from shardvault_agent.config import AgentConfig, ShardConfig
     from shardvault_agent.engines.base import Capture
-    from shardvault_agent.engines.sqlite import SqliteAdapter
+    from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
     from shardvault_agent.transfer import PartSender
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines.postgres import PostgresAdapter
+from shardvault_agent.engines.postgres.adapter import PostgresAdapter
 
 from shardvault.local import demo
 from shardvault.local.postgres import init_instance, start_pgbench, stop_process

@@ -1,5 +1,5 @@
-"""Continuous WAL archiving (shardvault.wal.archive, shardvault_agent.archiver): every WAL file a
-real PostgreSQL archives through shardvault-wal-push reaches the store, compressed (sealed
+"""Continuous WAL archiving (shardvault.wal.archive, shardvault_agent.wal.archiver): every WAL
+file a real PostgreSQL archives through shardvault-wal-push reaches the store, compressed (sealed
 when the policy says so), in batches whose indexes describe it; the spool empties; an agent
 killed while archiving loses nothing.
 

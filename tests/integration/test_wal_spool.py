@@ -1,4 +1,4 @@
-"""PostgreSQL's archive_command into the agent's WAL spool (shardvault_agent.walspool): every
+"""PostgreSQL's archive_command into the agent's WAL spool (shardvault_agent.wal.walspool): every
 file PostgreSQL archives is in the spool whole and in sequence, and a full spool makes
 PostgreSQL keep its WAL and try again, never a gap.
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent import walspool
+from shardvault_agent.wal import walspool
 
 from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, segment_number
 from shardvault.local.postgres import (

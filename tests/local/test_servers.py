@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
-from shardvault_agent.engines.pgserver import (
+from shardvault_agent.engines.postgres.server import (
     BIN_ENV,
     SOCKET_PATH_MAX,
     PostgresNotFound,

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from shardvault_agent import checks
 from shardvault_agent.checks import REFUSED, raise_if_refused
-from shardvault_agent.engines import mariadb_checks, postgres_checks, sqlite_checks
+from shardvault_agent.engines.mariadb import checks as mariadb_checks
+from shardvault_agent.engines.postgres import checks as postgres_checks
+from shardvault_agent.engines.sqlite import checks as sqlite_checks
 
 from shardvault.errors import InvalidRequest
 from shardvault.local.mariadb import init_server

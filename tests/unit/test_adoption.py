@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines import adapter_class
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.contracts.models import Engine

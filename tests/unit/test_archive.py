@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from shardvault_agent import walspool
+from shardvault_agent.wal import walspool
 
 from shardvault.aws.services import Services
 from shardvault.contracts import wal_archive

@@ -1,4 +1,4 @@
-"""The agent's WAL archiver (shardvault_agent.archiver), against fakes of the archive function,
+"""The agent's WAL archiver (shardvault_agent.wal.archiver), against fakes of the archive function,
 the inbox table and the uploads: which spooled files make a batch and when, and what a failure
 at each step leaves (the spool keeps every file until its batch is recorded)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shardvault_agent import archiver as archiver_module
-from shardvault_agent.archiver import Archiver, Spool
+from shardvault_agent.wal import archiver as archiver_module
+from shardvault_agent.wal.archiver import Archiver, Spool
 
 from shardvault.errors import ArchiveRefused, WalNotArchived
 

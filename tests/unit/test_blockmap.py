@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from shardvault_agent.blockmap import (
+from shardvault_agent.backup.blockmap import (
     BLOCK_SIZE,
     NO_IDENTITY,
     BlockMap,

@@ -115,7 +115,7 @@ def test_random_chains_rebuild_the_newest_stream_exactly():
     """Chains made the way agents make them (block hashes against the parent's, per file)."""
     import random
 
-    from shardvault_agent.blockmap import changes, hash_blocks, merge_extents
+    from shardvault_agent.backup.blockmap import changes, hash_blocks, merge_extents
 
     rng = random.Random(7)
     for _ in range(30):

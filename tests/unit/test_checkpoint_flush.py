@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from shardvault_agent.commands import Commands
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from .support import handle, sqlite_agent

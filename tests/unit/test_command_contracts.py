@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from shardvault_agent.commands import Commands
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.assurance import probe

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from shardvault_agent.engines.postgres import WHOLE_SEGMENT, copy_wal_up_to, cut_conninfo
-from shardvault_agent.engines.postgres_restore import recovery_to_cut, short_of_target
+from shardvault_agent.engines.postgres.adapter import WHOLE_SEGMENT, copy_wal_up_to, cut_conninfo
+from shardvault_agent.engines.postgres.restore import recovery_to_cut, short_of_target
 
 from shardvault.backup.planner import cut_summary
 from shardvault.client.records import cut_cell

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent.hostcpu import WINDOW_SECONDS, OthersCores, read_host_ticks
+from shardvault_agent.backup.hostcpu import WINDOW_SECONDS, OthersCores, read_host_ticks
 
 
 class Fake:

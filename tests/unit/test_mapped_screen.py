@@ -1,5 +1,5 @@
 """The mapped screen: an incremental's screened ranges judged through a mapping, in the
-agent's helper process (``shardvault_agent.mappedscreen``), with the same outcome as reading
+agent's helper process (``shardvault_agent.backup.mappedscreen``), with the same outcome as reading
 them, and reads whenever the helper cannot answer."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent import mappedscreen
-from shardvault_agent import scan as scan_module
-from shardvault_agent.blockmap import BlockMap
-from shardvault_agent.mappedscreen import MappedScreener
+from shardvault_agent.backup import mappedscreen
+from shardvault_agent.backup import scan as scan_module
+from shardvault_agent.backup.blockmap import BlockMap
+from shardvault_agent.backup.mappedscreen import MappedScreener
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.contracts.models import FileEntry
@@ -28,7 +28,7 @@ OLD = PARENT_START - 0x1000
 @pytest.fixture
 def mapped():
     screener = MappedScreener()
-    screener.start(preload="shardvault_agent.engines.pgpages")
+    screener.start(preload="shardvault_agent.engines.postgres.pages")
     yield screener
     screener.close()
 

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from shardvault_agent.backup.scan import scan_capture
 from shardvault_agent.commands import Commands
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.scan import scan_capture
 
 from shardvault.backup.planner import (
     PhasePlan,

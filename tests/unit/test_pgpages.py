@@ -9,15 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from shardvault_agent.blockmap import BLOCK_SIZE, HASH_SIZE, BlockMap, hash_blocks
-from shardvault_agent.engines.pgpages import (
+from shardvault_agent.backup.blockmap import BLOCK_SIZE, HASH_SIZE, BlockMap, hash_blocks
+from shardvault_agent.backup.scan import scan_capture
+from shardvault_agent.engines.postgres.pages import (
     PageLsnScreen,
     page_lsns,
     screen_since,
     system_identifier,
 )
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.scan import scan_capture
 
 from shardvault.contracts.models import FileEntry
 
@@ -181,8 +181,8 @@ def test_a_file_that_shrank_under_the_scan_reads_as_zeros(tmp_path: Path, monkey
         os.truncate(root / "base/5/1", 2 * B)  # as the read starts: the last two pages go
         return real_preadv(fd, buffers, offset)
 
-    monkeypatch.setattr("shardvault_agent.scan.os.preadv", truncating_preadv)
-    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 2)  # the buffer's second fill
+    monkeypatch.setattr("shardvault_agent.backup.scan.os.preadv", truncating_preadv)
+    monkeypatch.setattr("shardvault_agent.backup.scan.READ_BLOCKS", 2)  # the buffer's second fill
     incremental = scan(root, listing, tmp_path / "full.map", tmp_path / "incr.map", screen())
 
     assert incremental.extents == [(2 * B, 2 * B)]  # zeros now, where the pages were
@@ -207,7 +207,7 @@ def test_only_a_parent_this_node_made_is_screened_against():
     from types import SimpleNamespace
 
     from shardvault_agent.commands import parent_screen
-    from shardvault_agent.engines import pgpages
+    from shardvault_agent.engines.postgres import pages as pgpages
 
     engine = SimpleNamespace(block_screen=pgpages.screen_since)
     own = SimpleNamespace(marker=MARKER, node_id="n1")  # the ParentMap fields it reads
@@ -218,7 +218,7 @@ def test_only_a_parent_this_node_made_is_screened_against():
 def test_a_grown_file_is_read_and_judged_a_chunk_at_a_time(tmp_path: Path, monkeypatch):
     """Pages are read and judged ``READ_BLOCKS`` at a time (a MiB), into one buffer: a file
     grown by far more than that still comes out whole and right."""
-    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 4)
+    monkeypatch.setattr("shardvault_agent.backup.scan.READ_BLOCKS", 4)
     reads: list[int] = []
     real_preadv = os.preadv
 
@@ -236,7 +236,7 @@ def test_a_grown_file_is_read_and_judged_a_chunk_at_a_time(tmp_path: Path, monke
         f.write(b"".join(page(old, bytes([i % 250])) for i in range(300)))
     listing = [FileEntry(path="base/5/1", size=rel.stat().st_size)]
 
-    monkeypatch.setattr("shardvault_agent.scan.os.preadv", recording_preadv)
+    monkeypatch.setattr("shardvault_agent.backup.scan.os.preadv", recording_preadv)
     incremental = scan(root, listing, tmp_path / "full.map", tmp_path / "incr.map", screen())
 
     assert incremental.extents == [(6 * B, B), (10 * B, 300 * B)]
@@ -265,8 +265,8 @@ def test_a_file_screened_in_ranges_comes_out_as_if_screened_whole(tmp_path: Path
     listing = [FileEntry(path="base/5/1", size=rel.stat().st_size)]
 
     whole = scan(root, listing, tmp_path / "full.map", tmp_path / "whole.map", screen())
-    monkeypatch.setattr("shardvault_agent.scan.READ_BLOCKS", 2)
-    monkeypatch.setattr("shardvault_agent.scan.SCREEN_RANGE_READS", 1)
+    monkeypatch.setattr("shardvault_agent.backup.scan.READ_BLOCKS", 2)
+    monkeypatch.setattr("shardvault_agent.backup.scan.SCREEN_RANGE_READS", 1)
     ranged = scan(root, listing, tmp_path / "full.map", tmp_path / "ranged.map", screen())
 
     assert whole.extents == [(B, 2 * B), (5 * B, B), (8 * B, 2 * B + 100)]

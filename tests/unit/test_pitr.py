@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shardvault_agent.engines.postgres_restore import recovery_to_target
+from shardvault_agent.engines.postgres.restore import recovery_to_target
 
 from shardvault.contracts.models import (
     Engine,

@@ -75,7 +75,7 @@ def test_no_room_for_the_spools_in_state_dir_fails_before_any_fetch(tmp_path, mo
     import shutil
 
     from shardvault_agent.commands import Commands
-    from shardvault_agent.engines.sqlite import SqliteAdapter
+    from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
     from shardvault_agent.ratelimit import RateLimiter
 
     from shardvault.contracts.commands import PrepareRestoreArgs

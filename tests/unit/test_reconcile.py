@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile, reconcile_safely
 

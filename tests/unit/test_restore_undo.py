@@ -16,7 +16,7 @@ import pytest
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.contracts.commands import FinishRestoreArgs

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from shardvault_agent import commands as commands_module
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import ShardConfig
-from shardvault_agent.engines.postgres import refuse_tablespaces
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.postgres.adapter import refuse_tablespaces
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
 from shardvault.aws.materialize import StreamWriter

@@ -9,9 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent.blockmap import BLOCK_SIZE, HASH_SIZE, NO_IDENTITY, BlockMap, hash_blocks
-from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.scan import (
+from shardvault_agent.backup.blockmap import (
+    BLOCK_SIZE,
+    HASH_SIZE,
+    NO_IDENTITY,
+    BlockMap,
+    hash_blocks,
+)
+from shardvault_agent.backup.scan import (
     DeltaReader,
     PackHasher,
     assemble_map,
@@ -19,6 +24,7 @@ from shardvault_agent.scan import (
     scan_capture,
     write_fragment,
 )
+from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import stream_source
 
 from shardvault.contracts.models import FileEntry
@@ -176,7 +182,7 @@ def no_racy_margin(monkeypatch):
     """Files written by the test a moment ago count as old enough to prove themselves; the
     test then waits for the next tick of the clock behind ctime (``next_tick``) before it
     changes one, which the margin does in a real scan."""
-    monkeypatch.setattr("shardvault_agent.blockmap.RACY_SECONDS", 0)
+    monkeypatch.setattr("shardvault_agent.backup.blockmap.RACY_SECONDS", 0)
 
 
 def next_tick() -> None:

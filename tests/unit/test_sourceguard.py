@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shardvault_agent.backup.sourceguard import HOLDS_SOMETHING, SourceGuard
 from shardvault_agent.engines.base import HeldLog
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.sourceguard import HOLDS_SOMETHING, SourceGuard
 
 from shardvault.errors import SourceLogFull
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from shardvault_agent import throttle
-from shardvault_agent.throttle import (
+from shardvault_agent.backup import throttle
+from shardvault_agent.backup.throttle import (
     REBASE_SECONDS,
     RECOVERY_SHARE,
     SETTLE_SECONDS,

@@ -9,10 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from shardvault_agent.backup.throttle import AdaptiveLimiter
 from shardvault_agent.commands import Commands
-from shardvault_agent.engines.sqlite import SqliteAdapter
+from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
-from shardvault_agent.throttle import AdaptiveLimiter
 
 from shardvault.backup import upload_limits
 from shardvault.config.policy import parse_policy

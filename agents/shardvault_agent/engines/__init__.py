@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 # Imported on first use: an agent loads only its own engine's module (and its client library).
 # Keyed by the engines' names (``Engine`` is a StrEnum: its members look them up), so that a
 # module of this package imports no models: the mapped screen's helper loads only its
-# engine's screen (``shardvault_agent.mappedscreen``).
+# engine's screen (``shardvault_agent.backup.mappedscreen``).
 ADAPTERS = {
-    "sqlite": "shardvault_agent.engines.sqlite:SqliteAdapter",
-    "postgres": "shardvault_agent.engines.postgres:PostgresAdapter",
-    "mariadb": "shardvault_agent.engines.mariadb:MariadbAdapter",
+    "sqlite": "shardvault_agent.engines.sqlite.adapter:SqliteAdapter",
+    "postgres": "shardvault_agent.engines.postgres.adapter:PostgresAdapter",
+    "mariadb": "shardvault_agent.engines.mariadb.adapter:MariadbAdapter",
     "rocksdb": "shardvault_agent.engines.rocksdb:RocksdbAdapter",
     "hooks": "shardvault_agent.engines.hooks:HooksAdapter",
 }

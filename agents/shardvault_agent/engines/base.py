@@ -29,7 +29,7 @@ Backup:
 - *screen_module*: the module of the engine's block screen (PostgreSQL's page LSNs,
   ``engines.pgpages``), None for an engine without one (``block_screen`` returns None). The
   agent starts the mapped screen's helper with it at its own start
-  (``shardvault_agent.mappedscreen``: the imports take about 0.2 s, which an incremental
+  (``shardvault_agent.backup.mappedscreen``: the imports take about 0.2 s, which an incremental
   would otherwise wait for at its first screened range).
 - *checkpoint*: fix a consistent set of files to copy and return its listing; the engine
   keeps them restorable (a snapshot, or a backup mode with WAL retained) until release.
@@ -79,8 +79,8 @@ from typing import Any, ClassVar, Protocol
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, ShardDataMissing
+from shardvault_agent.backup.throttle import HealthProbe
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.throttle import HealthProbe
 
 log = logging.getLogger("shardvault.agent")
 _reported: set[str] = set()  # problems already logged by size_or_zero

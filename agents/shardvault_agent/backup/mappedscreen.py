@@ -11,7 +11,7 @@ Terms:
 - *helper*: a mapped page past its file's end kills the process that touches it (SIGBUS),
   and a live file may shrink under the scan (PostgreSQL's VACUUM truncates a table's empty
   tail; DROP and TRUNCATE empty a relation's first segment). So the mapping is read by a
-  helper process of the agent's own (``python -m shardvault_agent.mappedscreen``, started
+  helper process of the agent's own (``python -m shardvault_agent.backup.mappedscreen``, started
   when first asked), over a pipe: the helper maps no more than its file holds when it
   opens it, and one killed by a truncation racing its read takes only that request with it.
   The scan reads that range instead, as it does without a helper, and the helper is started
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from shardvault_agent.blockmap import block_count
+from shardvault_agent.backup.blockmap import block_count
 
 if TYPE_CHECKING:  # the helper imports little: its engine's screen comes with its requests
     from shardvault_agent.engines.base import BlockScreen
@@ -56,7 +56,7 @@ class MappedScreener:
     judged in well under a millisecond once mapped, so they seldom wait)."""
 
     def __init__(self, command: list[str] | None = None) -> None:
-        self.command = command or [sys.executable, "-m", "shardvault_agent.mappedscreen"]
+        self.command = command or [sys.executable, "-m", "shardvault_agent.backup.mappedscreen"]
         self.lock = threading.Lock()
         self.process: subprocess.Popen[bytes] | None = None
         self.resting_until = 0.0

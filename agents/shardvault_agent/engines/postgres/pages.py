@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardvault.contracts.pgwal import lsn_number
-from shardvault_agent.blockmap import BLOCK_SIZE
+from shardvault_agent.backup.blockmap import BLOCK_SIZE
 
 if TYPE_CHECKING:  # not at run time: the mapped screen's helper imports this module alone
     from shardvault_agent.engines.base import BlockScreen

@@ -57,7 +57,6 @@ from shardvault.contracts.cut import (
 from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing, WalNotArchived
 from shardvault_agent.config import AgentConfig, ShardConfig
-from shardvault_agent.engines import pgpages, postgres_restore
 from shardvault_agent.engines.base import (
     BlockScreen,
     Capture,
@@ -67,7 +66,9 @@ from shardvault_agent.engines.base import (
     size_or_zero,
     tree_bytes,
 )
-from shardvault_agent.engines.pgserver import beside, stop_server
+from shardvault_agent.engines.postgres import pages as pgpages
+from shardvault_agent.engines.postgres import restore as postgres_restore
+from shardvault_agent.engines.postgres.server import beside, stop_server
 
 log = logging.getLogger("shardvault.agent.postgres")
 
@@ -155,7 +156,7 @@ class PostgresAdapter:
     # Recovery from a backup label fsyncs the whole data directory before it replays.
     fsyncs_restored_files = True
     checkpoint_flushes = True  # pg_backup_start(..., fast) checkpoints at once
-    screen_module = "shardvault_agent.engines.pgpages"
+    screen_module = "shardvault_agent.engines.postgres.pages"
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault_agent.checks import REFUSED, run_queries, verdict
-from shardvault_agent.engines.mariaserver import MariadbServer, program
+from shardvault_agent.engines.mariadb.server import MariadbServer, program
 
 TABLES_CHECK = "mariadb-check --all-databases"
 # MariaDB errors that mean "the query was not allowed", by error number.

@@ -60,7 +60,7 @@ from typing import BinaryIO
 from shardvault.contracts.models import FileEntry
 from shardvault.data.streams import StreamIndex
 from shardvault.errors import CheckpointNotFound
-from shardvault_agent.blockmap import (
+from shardvault_agent.backup.blockmap import (
     BLOCK_SIZE,
     HASH_SIZE,
     NO_IDENTITY,
@@ -77,8 +77,8 @@ from shardvault_agent.blockmap import (
     scan_file,
     write_map,
 )
+from shardvault_agent.backup.mappedscreen import MappedScreener
 from shardvault_agent.engines.base import BlockScreen
-from shardvault_agent.mappedscreen import MappedScreener
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.transfer import StreamReader, read_exactly
 

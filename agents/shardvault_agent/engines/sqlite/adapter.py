@@ -22,7 +22,7 @@ from shardvault.contracts.models import FileEntry
 from shardvault.errors import EngineError, ShardDataMissing
 from shardvault_agent.config import ShardConfig
 from shardvault_agent.engines.base import Capture, CopySource, Finishing, NoServer, size_or_zero
-from shardvault_agent.engines.sqlite_checks import sqlite_checks
+from shardvault_agent.engines.sqlite.checks import sqlite_checks
 
 HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 PATH_FIX = "correct 'path' in the agent config: the shard's database file, which must exist."

@@ -24,7 +24,7 @@ from psycopg import sql
 from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
 from shardvault.errors import InvalidRequest
 from shardvault_agent.checks import REFUSED, run_queries, verdict
-from shardvault_agent.engines.pgserver import PostgresInstance
+from shardvault_agent.engines.postgres.server import PostgresInstance
 
 # PostgreSQL errors that mean "the query was not allowed", by SQLSTATE class or code.
 PG_REFUSALS = {

@@ -34,8 +34,8 @@ from shardvault.errors import (
 )
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
-from shardvault_agent.engines.pgserver import attach_instance
-from shardvault_agent.engines.postgres_checks import postgres_checks
+from shardvault_agent.engines.postgres.checks import postgres_checks
+from shardvault_agent.engines.postgres.server import attach_instance
 
 log = logging.getLogger("shardvault.agent.restore")
 

@@ -43,8 +43,8 @@ from shardvault_agent.engines.base import (
     size_or_zero,
     tree_bytes,
 )
-from shardvault_agent.engines.mariadb_checks import mariadb_checks
-from shardvault_agent.engines.mariaserver import (
+from shardvault_agent.engines.mariadb.checks import mariadb_checks
+from shardvault_agent.engines.mariadb.server import (
     MariadbServer,
     client_user,
     program,
