@@ -369,7 +369,7 @@ def test_a_damaged_newer_object_fails_the_chains_restore_by_name_and_leaves_noth
     cluster, _, last = scattered_incremental(make_cluster, policy_for, every=7)
     svc = cluster.stack.services()
     incremental = last.record["backup_id"]
-    vault, bucket = svc.vault_bucket  # promoted: restores read the vault
+    vault, bucket = svc.vault_s3, svc.vault.bucket  # promoted: restores read the vault
     pages = vault.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
     key = sorted(k for k in keys if incremental in k and "/data-" in k)[0]

@@ -92,7 +92,7 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     kept = cluster.backup()
     assert kept.status == "SUCCEEDED", kept.cause
     svc = cluster.stack.services()
-    s3, bucket, root = svc.store_bucket, f"{svc.store.prefix}/{cluster.name}"
+    s3, bucket, root = svc.store_s3, svc.store.bucket, f"{svc.store.prefix}/{cluster.name}"
     crashed = f"{root}/20200101T000000Z-dead00/shard-1/data-00000"
     orphan_upload = s3.create_multipart_upload(Bucket=bucket, Key=crashed)["UploadId"]
     s3.put_object(

@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from shardvault.aws import lambda_support
 from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
+from shardvault.aws.store import Bucket
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupContext, LockMode, VaultTarget
 from shardvault.data.planning import MiB
@@ -191,7 +192,7 @@ def test_server_side_copy_into_a_minio_vault_keeps_the_checksum(make_cluster, mo
     done = promote.promote(context_of(cluster, record, standard), record, svc, 0)
 
     assert done["remaining"] == 0
-    manifest = load_manifest(s3, bucket, done["summary"]["vault_manifest_key"])
+    manifest = load_manifest(Bucket(s3, bucket), done["summary"]["vault_manifest_key"])
     for obj in (o for s in manifest.shards for st in s.streams for o in st.objects):
         attrs = s3.get_object_attributes(Bucket=bucket, Key=obj.key, ObjectAttributes=["Checksum"])
         assert attrs["Checksum"]["ChecksumCRC64NVME"] == obj.crc64nvme
