@@ -74,6 +74,31 @@ class ClientConfig:
         )
 
 
+# How the CLI's clients are made: with the caller's credentials, as they come; run inside
+# the local stack's process (the demo), bound by its IAM gate to the operator's policy, so that
+# the demo's calls are judged as a CLI's in another shell are (``act_as``).
+def as_they_come(client: Any) -> Any:
+    return client
+
+
+CLIENTS: dict[str, Callable[[Any], Any]] = {"bind": as_they_come}
+
+
+def act_as(bind: Callable[[Any], Any] | None) -> None:
+    """Makes the CLI's clients through ``bind`` from now on (None: as they come)."""
+    CLIENTS["bind"] = bind or as_they_come
+
+
+def _client(service: str) -> Any:
+    return CLIENTS["bind"](boto3.client(service))
+
+
+def _table(name: str) -> Any:
+    dynamo_table = table(name)
+    CLIENTS["bind"](dynamo_table.meta.client)
+    return dynamo_table
+
+
 def load_env_file(path: Path) -> None:
     """Loads ``KEY=value`` lines (a local stack's ``stack.env``) into the environment."""
     fix = "pass the stack.env that 'shardvault local up' wrote in its --dir (local-stack/)."
@@ -130,14 +155,14 @@ class Progress:
 def check_cluster(config: ClientConfig, cluster: str) -> None:
     """Refuses a cluster no agent has registered for (``UnknownCluster``), as the backup's
     Validate step would, before an execution starts: a script learns it from the exit status."""
-    registered_nodes(NodeRegistry(table(config.nodes_table)), cluster)
+    registered_nodes(NodeRegistry(_table(config.nodes_table)), cluster)
 
 
 def check_drill(config: ClientConfig, cluster: str, target: str | None) -> None:
     """Refuses, before an execution starts, the drills the catalog alone shows cannot run (as
     the drill's StartDrill step would, later): a cluster without a complete backup to restore,
     a target that is itself backed up (a drill removes what it restored there)."""
-    catalog = Catalog(table(config.catalog_table))
+    catalog = Catalog(_table(config.catalog_table))
     if catalog.newest_backup(cluster, BackupStatus.COMPLETE) is None:
         raise BackupNotFound(
             f"cluster {cluster!r} has no complete backup to drill.",
@@ -165,7 +190,7 @@ def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[s
             "or pass --stack-env for the local stack.",
         )
     name = f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"[:80]
-    return boto3.client("stepfunctions").start_execution(
+    return _client("stepfunctions").start_execution(
         stateMachineArn=machine_arn, name=name, input=json.dumps(payload)
     )["executionArn"]
 
@@ -200,7 +225,7 @@ def exit_status(outcome: Progress) -> int:
 
 def execution_history(execution_arn: str) -> list[dict[str, Any]]:
     """Every event of an execution's history, across pages."""
-    sfn = boto3.client("stepfunctions")
+    sfn = _client("stepfunctions")
     events: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"executionArn": execution_arn, "maxResults": 1000}
     while True:
@@ -219,7 +244,7 @@ def start_backup(config: ClientConfig, request: BackupRequest) -> str:
 def backup_progress(config: ClientConfig, execution_arn: str) -> Progress:
     """The backup's state: the execution's status, and bytes and objects uploaded so far from
     its catalog record (merged with the summary once it succeeded)."""
-    catalog = Catalog(table(config.catalog_table))
+    catalog = Catalog(_table(config.catalog_table))
     return execution_progress(execution_arn, "cluster", catalog.backups)
 
 
@@ -228,7 +253,7 @@ def execution_progress(
 ) -> Progress:
     """An execution's status and output (or error), with the counts of the catalog record
     it wrote: ``records(cluster)`` lists the records of the cluster its input names."""
-    sfn = boto3.client("stepfunctions")
+    sfn = _client("stepfunctions")
     execution = sfn.describe_execution(executionArn=execution_arn)
     progress = Progress(status=execution["status"])
     if execution["status"] == "SUCCEEDED":
@@ -294,18 +319,18 @@ def wait_for(
 
 
 def list_backups(config: ClientConfig, cluster: str | None) -> list[BackupItem]:
-    catalog = Catalog(table(config.catalog_table))
+    catalog = Catalog(_table(config.catalog_table))
     records = catalog.backups(cluster) if cluster else catalog.all_backups()
     return sorted(records, key=lambda r: (r.cluster, r.backup_id))
 
 
 def archive_totals(config: ClientConfig, cluster: str) -> ArchiveTotals | None:
     """The cluster's WAL archive counters (``Catalog.count_archived``); None: never archived."""
-    return Catalog(table(config.catalog_table)).archive_totals(cluster)
+    return Catalog(_table(config.catalog_table)).archive_totals(cluster)
 
 
 def list_nodes(config: ClientConfig, cluster: str | None) -> list[NodeRecord]:
-    registry = NodeRegistry(table(config.nodes_table))
+    registry = NodeRegistry(_table(config.nodes_table))
     clusters = [cluster] if cluster else registry.clusters()
     return [node for name in clusters for node in registry.in_cluster(name)]
 
@@ -316,7 +341,7 @@ def remove_node(
     """Forgets a decommissioned node, so validation stops waiting for its agent. A node whose
     agent is up and heartbeating is refused (it would register again at its next heartbeat,
     and a running backup or restore would lose it) unless ``force``."""
-    registry = NodeRegistry(table(config.nodes_table))
+    registry = NodeRegistry(_table(config.nodes_table))
     node = registry.get(node_id)
     if node is None:
         raise InvalidRequest(
@@ -333,7 +358,7 @@ def remove_node(
 
 
 def show_backup(config: ClientConfig, cluster: str, backup_id: str) -> BackupItem:
-    record = Catalog(table(config.catalog_table)).get(cluster, backup_id)
+    record = Catalog(_table(config.catalog_table)).get(cluster, backup_id)
     if record is None:
         raise InvalidRequest(
             f"no backup {backup_id} of cluster {cluster}.",
@@ -353,7 +378,7 @@ def start_restore(config: ClientConfig, request: RestoreRequest) -> str:
 def restore_progress(config: ClientConfig, execution_arn: str) -> Progress:
     """The restore's state: the execution's status, and bytes and objects downloaded so far
     from its catalog record (``record`` once it succeeded: the summary, or the plan)."""
-    catalog = Catalog(table(config.catalog_table))
+    catalog = Catalog(_table(config.catalog_table))
     return execution_progress(execution_arn, "target_cluster", catalog.restores)
 
 
@@ -368,7 +393,7 @@ def wait_restore(
 
 
 def list_restores(config: ClientConfig, cluster: str) -> list[RestoreItem]:
-    return Catalog(table(config.catalog_table)).restores(cluster)
+    return Catalog(_table(config.catalog_table)).restores(cluster)
 
 
 # --- drills --------------------------------------------------------------------------------------
@@ -382,7 +407,7 @@ def start_drill(config: ClientConfig, request: DrillRequest) -> str:
 
 def drill_progress(config: ClientConfig, execution_arn: str) -> Progress:
     """The drill's state: the execution's status, and its catalog record (``drill#<id>``)."""
-    catalog = Catalog(table(config.catalog_table))
+    catalog = Catalog(_table(config.catalog_table))
     return execution_progress(execution_arn, "cluster", catalog.drills)
 
 
@@ -398,7 +423,7 @@ def wait_drill(
 
 def list_drills(config: ClientConfig, cluster: str) -> list[DrillItem]:
     """The cluster's drills, newest first."""
-    drills = Catalog(table(config.catalog_table)).drills(cluster)
+    drills = Catalog(_table(config.catalog_table)).drills(cluster)
     return sorted(drills, key=lambda r: r.started_at, reverse=True)
 
 
@@ -442,8 +467,8 @@ def check_readiness(
     from shardvault.config.settings import Settings
 
     registry, catalog = (
-        NodeRegistry(table(config.nodes_table)),
-        Catalog(table(config.catalog_table)),
+        NodeRegistry(_table(config.nodes_table)),
+        Catalog(_table(config.catalog_table)),
     )
     nodes = registry.in_cluster(cluster)
     records = catalog.backups(cluster)

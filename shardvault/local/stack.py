@@ -59,6 +59,7 @@ from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
 from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
 from shardvault.local.iam.gate import Gate, load_gate
 from shardvault.local.iam.resolve import LocalNames
+from shardvault.local.iam.template import OPERATOR
 from shardvault.local.lambda_bridge import LambdaBridge
 from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
@@ -430,6 +431,17 @@ class LocalStack:
         built anew, still bound to their roles."""
         self._presign_endpoint = endpoint
         lambda_support.use_settings(self.settings, bind_for=self._bind_for)
+
+    def operator_binding(self) -> Callable[[Any], Any]:
+        """Binds a client made in this process to the operator's policy (the CLI's grants):
+        the demo's CLI calls are judged as those of a CLI in another shell are."""
+        assert self.gate is not None
+        return functools.partial(self.gate.bind, principal=self.gate.principal(OPERATOR))
+
+    def refused_calls(self) -> list[tuple[str, str, str]]:
+        """(holder, action, resource) of every call refused that no test asked for."""
+        assert self.gate is not None
+        return sorted(self.gate.recorder.refused)
 
     def client_config(self) -> Any:
         """What the CLI's operations need to reach this stack."""

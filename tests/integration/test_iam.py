@@ -166,3 +166,27 @@ def test_the_watch_publishes_each_clusters_backup_age(make_cluster, policy_for, 
     )["Metrics"]
     clusters = {d["Value"] for m in metrics for d in m.get("Dimensions", [])}
     assert cluster.name in clusters
+
+
+def test_the_demos_cli_calls_are_judged_by_the_operators_policy(make_cluster, stack):
+    """The demo runs the CLI's operations in the stack's own process: bound as the operator
+    (``ops.act_as``), each call is judged by the operator's policy, as a CLI's in another
+    shell is. Without the grant to start executions, starting a backup is AccessDenied and
+    nothing starts; listing still works."""
+    from shardvault.client import operations as ops
+    from shardvault.contracts.models import BackupRequest
+
+    cluster = make_cluster(nodes=1, size_mb=1)
+    config = stack.client_config()
+    ops.act_as(stack.operator_binding())
+    try:
+        assert ops.list_backups(config, cluster.name) == []
+        request = BackupRequest(cluster=cluster.name, requested_by="test")
+        with (
+            stack.gate.withdrawn("operator", "states:StartExecution"),
+            pytest.raises(ClientError, match="AccessDenied"),
+        ):
+            ops.start_backup(config, request)
+    finally:
+        ops.act_as(None)
+    assert cluster.records() == []  # refused before the call was sent: no backup began

@@ -14,7 +14,7 @@ from rich.table import Table
 from shardvault.client import operations as ops
 from shardvault.client.commands import drills
 from shardvault.client.follow import follow
-from shardvault.client.output import console
+from shardvault.client.output import console, errors
 from shardvault.client.records import read_bytes
 from shardvault.contracts.catalog import BackupItem, recorded_stored_bytes
 from shardvault.contracts.models import (
@@ -75,7 +75,6 @@ def run_local(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from shardvault.local import demo
     from shardvault.local.stack import LocalStack
 
     root = args.dir.resolve()
@@ -87,43 +86,59 @@ def run_demo(args: argparse.Namespace) -> int:
             else "moto S3 (read-back verification)"
         )
         console.print(f"[bold]local stack[/]: control plane {stack.endpoint}; store: {store}")
-        with console.status("creating the demo cluster's data"):
-            cluster = demo.demo_cluster(
-                args.engine, root, size_mb=args.size_mb, scale=args.pgbench_scale
-            )
+        ops.act_as(stack.operator_binding())  # the CLI's calls, judged by the operator's policy
         try:
-            for config in cluster.agent_configs:
-                stack.start_agent(config)
-            stack.wait_for_nodes([c["node_id"] for c in cluster.agent_configs])
-            console.print(
-                f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, "
-                f"engine {cluster.engine}, agents registered"
-            )
-            config = stack.client_config()
-            full = demo_backup(config, cluster.name, incremental=False)
-            if full is None:
-                return 1
-            with console.status("changing 1 % of each shard's rows"):
-                rows = cluster.change(0.01)
-            console.print(
-                f"[bold]change[/]: {rows:,} rows rewritten, one contiguous range in each shard"
-            )
-            incremental = demo_backup(config, cluster.name, incremental=True)
-            if incremental is None:
-                return 1
-            print_reduction(full, incremental)
-            source = cluster.digests()  # no write since the incremental: what it must restore
-            if not restore_demo(stack, cluster, root, incremental.backup_id, source):
-                return 1
-            if not drill_demo(stack, cluster, root):
-                return 1
+            done = demo_cycle(args, stack, root)
         finally:
-            cluster.stop()
-    console.print(
-        f"demo finished in {time.monotonic() - started:.1f} s; logs in {root} "
-        "(functions.log, agents/*.log, minio.log)"
-    )
-    return 0
+            ops.act_as(None)
+        if refused := stack.refused_calls():  # what the stack refused, though nothing failed
+            for holder, action, resource in refused:
+                errors.print(f"[bold red]refused[/]: {holder} {action} on {resource}")
+            return 1
+    if done:
+        console.print(
+            f"demo finished in {time.monotonic() - started:.1f} s; logs in {root} "
+            "(functions.log, agents/*.log, minio.log)"
+        )
+    return 0 if done else 1
+
+
+def demo_cycle(args: argparse.Namespace, stack: Any, root: Path) -> bool:
+    """The demo's cluster backed up, changed, backed up again, restored and drilled; whether
+    every step passed."""
+    from shardvault.local import demo
+
+    with console.status("creating the demo cluster's data"):
+        cluster = demo.demo_cluster(
+            args.engine, root, size_mb=args.size_mb, scale=args.pgbench_scale
+        )
+    try:
+        for config in cluster.agent_configs:
+            stack.start_agent(config)
+        stack.wait_for_nodes([c["node_id"] for c in cluster.agent_configs])
+        console.print(
+            f"[bold]cluster {cluster.name}[/]: {len(cluster.agent_configs)} nodes, "
+            f"engine {cluster.engine}, agents registered"
+        )
+        config = stack.client_config()
+        full = demo_backup(config, cluster.name, incremental=False)
+        if full is None:
+            return False
+        with console.status("changing 1 % of each shard's rows"):
+            rows = cluster.change(0.01)
+        console.print(
+            f"[bold]change[/]: {rows:,} rows rewritten, one contiguous range in each shard"
+        )
+        incremental = demo_backup(config, cluster.name, incremental=True)
+        if incremental is None:
+            return False
+        print_reduction(full, incremental)
+        source = cluster.digests()  # no write since the incremental: what it must restore
+        return restore_demo(stack, cluster, root, incremental.backup_id, source) and drill_demo(
+            stack, cluster, root
+        )
+    finally:
+        cluster.stop()
 
 
 DEMO_CHECKS = {  # a query each restored shard must answer true
