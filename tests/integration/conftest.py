@@ -84,7 +84,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     with LocalStack(
         root, require_minio=True, heartbeat_max_age=5.0, task_heartbeat_seconds=30
     ) as running:
-        yield running
+        # The CLI's operations the tests call in this process act as the operator, as a CLI in
+        # another shell does with the stack.env key: its policy judges each call.
+        ops.act_as(running.operator_binding())
+        try:
+            yield running
+        finally:
+            ops.act_as(None)
         record = os.environ.get("SHARDVAULT_IAM_RECORD")  # a directory: the calls-vs-grants check
         if record:
             worker = os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -168,25 +168,23 @@ def test_the_watch_publishes_each_clusters_backup_age(make_cluster, policy_for, 
     assert cluster.name in clusters
 
 
-def test_the_demos_cli_calls_are_judged_by_the_operators_policy(make_cluster, stack):
-    """The demo runs the CLI's operations in the stack's own process: bound as the operator
-    (``ops.act_as``), each call is judged by the operator's policy, as a CLI's in another
-    shell is. Without the grant to start executions, starting a backup is AccessDenied and
-    nothing starts; listing still works."""
+def test_the_clis_calls_in_the_stacks_process_are_judged_by_the_operators_policy(
+    make_cluster, stack
+):
+    """The demo, and these tests, run the CLI's operations in the stack's own process: bound
+    as the operator (``ops.act_as``, in the demo and in the ``stack`` fixture), each call is
+    judged by the operator's policy, as a CLI's in another shell is. Without the grant to
+    start executions, starting a backup is AccessDenied and nothing starts; listing works."""
     from shardvault.client import operations as ops
     from shardvault.contracts.models import BackupRequest
 
     cluster = make_cluster(nodes=1, size_mb=1)
     config = stack.client_config()
-    ops.act_as(stack.operator_binding())
-    try:
-        assert ops.list_backups(config, cluster.name) == []
-        request = BackupRequest(cluster=cluster.name, requested_by="test")
-        with (
-            stack.gate.withdrawn("operator", "states:StartExecution"),
-            pytest.raises(ClientError, match="AccessDenied"),
-        ):
-            ops.start_backup(config, request)
-    finally:
-        ops.act_as(None)
+    assert ops.list_backups(config, cluster.name) == []
+    request = BackupRequest(cluster=cluster.name, requested_by="test")
+    with (
+        stack.gate.withdrawn("operator", "states:StartExecution"),
+        pytest.raises(ClientError, match="AccessDenied"),
+    ):
+        ops.start_backup(config, request)
     assert cluster.records() == []  # refused before the call was sent: no backup began
