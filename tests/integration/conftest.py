@@ -198,6 +198,10 @@ class Target:
         restore = RestoreRequest(cluster=source, target_cluster=self.name, **request)
         return ops.start_restore(client_of(self.stack), restore)
 
+    def inbox_items(self) -> list[dict[str, Any]]:
+        inbox = Inbox(table(self.stack.settings.inbox_table))
+        return [item for c in self.configs for item in inbox.pending(c["node_id"])]
+
     def restore_dir(self, node: int) -> Path:
         return Path(self.configs[node]["restore_dir"])
 

@@ -188,3 +188,28 @@ def test_the_clis_calls_in_the_stacks_process_are_judged_by_the_operators_policy
     ):
         ops.start_backup(config, request)
     assert cluster.records() == []  # refused before the call was sent: no backup began
+
+
+def test_a_promotion_without_listbucket_meets_403_where_a_copy_is_missing(
+    make_cluster, policy_for, stack
+):
+    """S3 answers a missing key with 403, not 404, to a caller without s3:ListBucket (the
+    local stack answers so too). Promotion asks whether the vault holds each copy yet, so its
+    function holds ListBucket on the vault. Withdrawn, the promotion fails by name and the
+    backup stays complete and restorable in the store; given back, the next one promotes."""
+    cluster = make_cluster(nodes=1, size_mb=1)
+    policy_for(cluster.name)  # a vault in GLACIER_IR
+
+    with stack.gate.withdrawn("function:promote_backup", "s3:ListBucket"):
+        backup = cluster.backup()
+
+    assert backup.status == "FAILED"  # the execution says the promotion failed...
+    (record,) = cluster.records()
+    assert record["status"] == "COMPLETE"  # ...and the backup is whole, in the store
+    assert record.get("location") != "vault"
+    assert record["promotion"] == "FAILED"
+    assert record["promotion_error"] == "AccessDenied", record
+    promoted = cluster.backup()
+    assert promoted.status == "SUCCEEDED", promoted.cause
+    newest = next(r for r in cluster.records() if r["backup_id"] == promoted.record["backup_id"])
+    assert newest["location"] == "vault"

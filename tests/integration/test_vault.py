@@ -28,7 +28,7 @@ from shardvault.lifecycle import promote
 from shardvault.local.demo import table_digests
 from shardvault.pricing.prices import StorageClass
 
-from .conftest import client_of, entered_states, output
+from .conftest import client_of, entered_states, output, run_cli
 from .test_bad_requests import assert_rejected, assert_unchanged, run_raw
 
 DEEP = VaultTarget(storage_class="DEEP_ARCHIVE", lock_mode="GOVERNANCE", lock_days=2)
@@ -97,6 +97,16 @@ def test_a_vaulted_backup_restores_after_its_objects_thaw(make_cluster, make_tar
     backup = cluster.backup(vault=DEEP)
     assert backup.status == "SUCCEEDED", backup.cause
     target = make_target(nodes=2)
+    # DEEP_ARCHIVE has no Expedited tier: S3 would refuse the thaw hours into the restore;
+    # refused before anything instead, with the tiers it has (issue 43).
+    refused = run_cli(
+        cluster.stack, "restore", cluster.name, "--into", target.name, "--tier", "Expedited",
+        "--wait",
+    )  # fmt: skip
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "no Expedited thaw tier" in " ".join(refused.stderr.split())
+    assert target.records() == []
+    assert target.inbox_items() == []
 
     execution = target.start_restore(cluster.name, tier="Bulk")
     restored = ops.wait_restore(client_of(target.stack), execution, interval=0.2, timeout=300)
