@@ -20,6 +20,7 @@ keep
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +37,8 @@ from shardvault.lifecycle.retention import (
     deletion_batches,
     from_catalog,
 )
+
+log = logging.getLogger("shardvault.lifecycle.expire")
 
 
 def clusters_to_check(requested: str | None, svc: Services) -> list[str]:
@@ -125,7 +128,7 @@ def decide_all(
             record_holds(cluster, decision, svc)
         decisions.append(decision_summary(cluster, decision, unfinished(cluster, svc)))
     expiring = [{"cluster": d["cluster"], "backup_id": b} for d in decisions for b in d["expire"]]
-    alerts = [a for c in clusters_to_check(requested, svc) if (a := budget_alert(c, svc))]
+    alerts = [a for c in clusters_to_check(requested, svc) if (a := checked_budget(c, svc))]
     for alert in alerts:
         svc.notify("ShardVault: a cluster is over its budget", {"alert": alert})
     return {
@@ -137,6 +140,18 @@ def decide_all(
             sum(d["early_deletion_charge_usd"] for d in decisions), 4
         ),
     }
+
+
+def checked_budget(cluster: str, svc: Services) -> str | None:
+    """``budget_alert``, but a forecast that fails is logged and skipped: one cluster's
+    forecast must never stop the daily run from expiring anything, in any cluster."""
+    try:
+        return budget_alert(cluster, svc)
+    except Exception as error:
+        log.warning(
+            "budget of cluster %s not checked: %s: %s", cluster, type(error).__name__, error
+        )
+        return None
 
 
 def budget_alert(cluster: str, svc: Services) -> str | None:

@@ -539,3 +539,39 @@ def test_a_catalog_that_contradicts_itself_is_refused(
 def test_now_without_a_time_zone_is_refused() -> None:
     with pytest.raises(RetentionError, match="no time zone"):
         decide([], Retention(keep_daily=1), datetime(2026, 11, 22))
+
+
+def test_a_forecast_that_fails_does_not_stop_the_daily_run(monkeypatch, caplog) -> None:
+    """Issue 44 (1) left this open: ``decide_all`` forecast every cluster's budget unguarded,
+    so one cluster's failing forecast failed the daily run for every cluster, and nothing was
+    expired anywhere. Now the failure is logged and the decisions stand."""
+    from types import SimpleNamespace
+
+    from shardvault.lifecycle import expire
+
+    decided = {"cluster": "a", "expire": ["b-old"], "monthly_saving_usd": 1.0}
+    decided |= {"early_deletion_charge_usd": 0.0}
+    monkeypatch.setattr(expire, "clusters_to_check", lambda requested, svc: ["a", "b"])
+    monkeypatch.setattr(expire, "decide_cluster", lambda cluster, svc, now: cluster)
+    monkeypatch.setattr(expire, "unfinished", lambda cluster, svc: [])
+    monkeypatch.setattr(
+        expire,
+        "decision_summary",
+        lambda cluster, decision, unfinished: decided | {"cluster": cluster},
+    )
+
+    def forecast(cluster: str, svc: object) -> str | None:
+        if cluster == "a":
+            raise ValueError("a forecast that cannot be made")
+        return "b is over its budget"
+
+    monkeypatch.setattr(expire, "budget_alert", forecast)
+    notified: list[str] = []
+    svc = SimpleNamespace(notify=lambda subject, message: notified.append(message["alert"]))
+
+    result = expire.decide_all(None, svc, 0.0, dry_run=True)
+
+    assert [e["cluster"] for e in result["expire"]] == ["a", "b"]  # both clusters decided
+    assert result["budget_alerts"] == ["b is over its budget"]
+    assert notified == ["b is over its budget"]
+    assert "budget of cluster a not checked: ValueError" in caplog.text
