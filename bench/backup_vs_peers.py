@@ -698,7 +698,7 @@ def shardvault_stored(
         "stored_manifest_bytes": size_of(keys) - in_bucket,
         "manifest_stored_bytes": manifest.stored_bytes,
         "catalog_stored_bytes": catalog,
-        "compression_level": json.loads(record["context"])["compression_level"],
+        "compression_level": json.loads(record.context or "{}").get("compression_level"),
         "encrypted": manifest.encryption is not None,
     }
 
