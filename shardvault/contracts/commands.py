@@ -442,7 +442,7 @@ class ListedShard(CommandResult):
 
 
 class Listing(NodeResult):
-    """The answer of checkpoint, scan and stop (put through ``answer_url``, or inline)."""
+    """The answer of checkpoint, scan and stop, put through ``answer_url``."""
 
     shards: list[ListedShard]
     stopped: Listing | None = None  # a checkpoint that also stopped: the tails' listing
@@ -536,7 +536,7 @@ def parse_result(model: type[Result], node_id: str, result: object) -> Result:
 
 RESULTS: dict[str, type[BaseModel]] = {
     "flush": Flushed,
-    "checkpoint": Listing,  # or AnswerReceipt, with an answer_url
+    "checkpoint": Listing,  # the answer in the work bucket; the task result: AnswerReceipt
     "scan": Listing,
     "pack": ObjectChecksums,
     "upload": Uploaded,
