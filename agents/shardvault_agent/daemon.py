@@ -109,7 +109,7 @@ class Agent:
         self.archiver = self.make_archiver(archive_function, inbox_table, sender)
         if self.archiver is not None:  # backups of these shards refer to the archive
             self.engine.use_log_archive({spool.shard_id for spool in self.archiver.spools})
-            self.commands.archiver = self.archiver
+            self.commands.backup.archiver = self.archiver
         # Commands by (command_id, dispatch_id, token): a retried dispatch may reuse the token
         # (moto does), but each post has its own dispatch id.
         self.running: dict[tuple[str, str, str], str] = {}
@@ -429,7 +429,7 @@ class Agent:
         if self.archiver is not None:
             threading.Thread(target=self.archiver.run, name="archiver", daemon=True).start()
         if self.engine.screen_module:  # ready before an incremental's first screened range
-            self.commands.mapped.start(preload=self.engine.screen_module)
+            self.commands.backup.mapped.start(preload=self.engine.screen_module)
         log.info("agent %s of cluster %s up", self.config.node_id, self.config.cluster)
         settle_start_up_objects()
         while not self.stopping.is_set():
@@ -443,7 +443,7 @@ class Agent:
                 log.warning("inbox poll failed: %s", error)
             self.wake.wait(self.poll_interval())
         self.pool.shutdown(wait=True, cancel_futures=False)
-        self.commands.mapped.close()
+        self.commands.backup.mapped.close()
         with contextlib.suppress(Exception):
             self.registry = NodeRegistry(last_word(self.registry.table.name))
             self.beat(status="stopped")

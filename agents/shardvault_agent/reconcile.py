@@ -37,7 +37,7 @@ def reconcile(commands: Commands, status_of: StatusOf) -> dict[str, list[str]]:
     for backup_id in sorted(commands.held_backups()):
         if status_of(backup_id) != BackupStatus.RUNNING:
             shard_ids = list(commands.shards())
-            commands.do_release(ReleaseArgs(backup_id=backup_id, shard_ids=shard_ids))
+            commands.backup.do_release(ReleaseArgs(backup_id=backup_id, shard_ids=shard_ids))
             done["released"].append(backup_id)
     for restore_id in sorted(commands.restorer.held_restores()):
         status = status_of(f"{RESTORE_PREFIX}{restore_id}")

@@ -414,22 +414,19 @@ class Flushed(NodeResult):
 
 
 class PackedObject(Frozen):
-    """An object a node packed as it listed it (``commands._pack_listed``)."""
+    """An object a node packed as it listed it, at the scan or the stop
+    (``shardvault_agent.backup.commands``)."""
 
     object: ObjectPlan
     checksums: ObjectChecksums
 
 
-class ListedShard(CommandResult):
-    """One shard's listing (``data.planning.listings_from_results`` reads it)."""
+class ScanFields(BaseModel):
+    """What a shard's scan against its parent found, as its listing answers it (checkpoint
+    with parents, scan): the changed extents, packed, and what it read. A full has no parent:
+    ``delta_bytes`` is None. The agent saves the same fields between commands
+    (``shardvault_agent.backup.captures.ShardScan``), so a retried scan answers the same."""
 
-    shard_id: str
-    files: str  # packed
-    marker: Marker
-    checkpoint_at: float
-    mutable: bool
-    bytes: int
-    # The scan's (checkpoint with parents, scan): a full's delta_bytes is None.
     extents: str = ""
     delta_bytes: int | None = None
     scan_seconds: float | None = None
@@ -438,6 +435,18 @@ class ListedShard(CommandResult):
     parent_id: str | None = None
     blockmap_bytes: int | None = None  # the map goes with this answer's objects
     map_with_tail: bool = False  # scanned by a Scan command: the map goes with the tail
+
+
+class ListedShard(ScanFields, CommandResult):
+    """One shard's listing (``data.planning.listings_from_results`` reads it): what its
+    engine captured, and what its scan found when it had one."""
+
+    shard_id: str
+    files: str  # packed
+    marker: Marker
+    checkpoint_at: float
+    mutable: bool
+    bytes: int
     packed: list[PackedObject] | None = None  # packed as listed; None: in the Upload map
 
 

@@ -179,7 +179,7 @@ def interleave_by_node(items: Sequence[Item]) -> list[Item]:
 
 def listings_from_results(answers: list[Listing], phase: Phase) -> list[ShardListing]:
     """Agents' scan/checkpoint/stop answers (one per node) to shard listings: the plan
-    step's, and a node's own when it packs what it listed (``shardvault_agent.commands``)."""
+    step's, and a node's own when it packs what it listed (``shardvault_agent.backup.commands``)."""
     return [
         ShardListing(
             shard_id=shard.shard_id,

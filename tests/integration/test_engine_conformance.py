@@ -223,6 +223,21 @@ def laid_out(captures: list[Capture], root: Path) -> Path:
     return root
 
 
+def backed_up_and_laid_out(
+    config: AgentConfig, adapter: EngineAdapter, root: Path
+) -> tuple[Capture, dict[str, str]]:
+    """A backup of the shard (checkpoint, stop, release) laid out under ``root`` as a restore
+    lays it out: the checkpoint's capture and the marker the restore's finish gets."""
+    shard = config.shards[0]
+    work = config.state_dir / "work" / "b1"
+    work.mkdir(parents=True)
+    data = adapter.checkpoint(shard, "b1", work)
+    tail = adapter.stop(shard, "b1", work)
+    laid_out([data, tail], root)
+    adapter.release(shard, "b1")
+    return data, {**data.marker, **tail.marker}
+
+
 def finish(adapter: EngineAdapter, root: Path, marker: dict[str, str]) -> dict:
     """Finishes a restored shard at ``root``; stops whatever server it started."""
     servers: list[dict] = []
@@ -248,15 +263,10 @@ def test_a_backup_laid_out_as_a_restore_lays_it_out_finishes_and_passes_its_chec
     """What a restore does with a backup's captures: the engine's finish starts (or opens)
     the shard and its checks pass."""
     config, adapter = engine_shard
-    shard = config.shards[0]
-    work = config.state_dir / "work" / "b1"
-    work.mkdir(parents=True)
-    data = adapter.checkpoint(shard, "b1", work)
-    tail = adapter.stop(shard, "b1", work)
-    root = laid_out([data, tail], tmp_path / "restored" / "s1")
-    adapter.release(shard, "b1")
+    root = tmp_path / "restored" / "s1"
+    _, marker = backed_up_and_laid_out(config, adapter, root)
 
-    result = finish(adapter, root, {**data.marker, **tail.marker})
+    result = finish(adapter, root, marker)
 
     assert result["checks_passed"], result["checks"]
     assert result["shard_id"] == "s1"
@@ -266,13 +276,8 @@ def test_a_restored_shard_cut_short_does_not_pass(engine_shard, tmp_path):
     """Bad data is refused: a shard whose files arrived cut short either fails its checks or
     is refused by name (with its fix), never reported restored."""
     config, adapter = engine_shard
-    shard = config.shards[0]
-    work = config.state_dir / "work" / "b1"
-    work.mkdir(parents=True)
-    data = adapter.checkpoint(shard, "b1", work)
-    tail = adapter.stop(shard, "b1", work)
-    root = laid_out([data, tail], tmp_path / "restored" / "s1")
-    adapter.release(shard, "b1")
+    root = tmp_path / "restored" / "s1"
+    data, marker = backed_up_and_laid_out(config, adapter, root)
     for entry in data.files:  # every file of the checkpoint arrived cut short
         if not entry.path.endswith("/") and entry.size:
             os.truncate(root / entry.path, entry.size // 2)
@@ -280,7 +285,7 @@ def test_a_restored_shard_cut_short_does_not_pass(engine_shard, tmp_path):
     refused: ShardVaultError | None = None
     result: dict = {}
     try:
-        result = finish(adapter, root, {**data.marker, **tail.marker})
+        result = finish(adapter, root, marker)
     except ShardVaultError as error:
         refused = error
     if refused is not None:

@@ -102,14 +102,14 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     agent = Commands(config, SqliteAdapter(config), RateLimiter(None), sender)
     files = [FileEntry(path="relation", size=live.stat().st_size)]
     capture = Capture(root=live.parent, files=files, mutable=True)
-    agent.save_capture("b1", "s1", Phase.DATA, capture, 0.0)
+    agent.backup.files.save_capture("b1", "s1", Phase.DATA, capture, 0.0)
     item = ObjectPlan(
         backup_id="b1", cluster="live", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
         key="backups/live/b1/s1/data-00000", stream_offset=0, length=15 * MiB,
         part_size=5 * MiB, part_count=part_count(15 * MiB, 5 * MiB),
     )  # fmt: skip
 
-    sums = agent.do_pack(PackArgs(backup_id="b1", object=item))
+    sums = agent.backup.do_pack(PackArgs(backup_id="b1", object=item))
     as_read = live.read_bytes()
     with open(live, "r+b") as f:  # the database rewrites a page after the object was read
         f.seek(7 * MiB)
@@ -119,10 +119,11 @@ def test_a_file_rewritten_after_packing_changes_nothing_that_is_stored(stack, tm
     assert "Signature" not in json.dumps(signed)  # URLs stay out of the execution's history
     args = {"backup_id": "b1", "object": item.model_dump(), "upload_id": signed["upload_id"]}
     upload = UploadArgs.model_validate({**args, "checksums": signed["checksums"], **urls})
-    sent = agent.do_upload(upload)
+    sent = agent.backup.do_upload(upload)
     assert sorted(p.part_number for p in sent.parts) == [p.part_number for p in sums.parts]
-    assert not list(agent._packed_path(item).parent.glob("*.bin"))  # gone once all is stored
-    again = agent.do_upload(upload)  # a retried task
+    # Gone once all is stored.
+    assert not list(agent.backup.files.packed_path(item).parent.glob("*.bin"))
+    again = agent.backup.do_upload(upload)  # a retried task
     assert again.parts == sent.parts
     result = backup.complete(item, sums, signed["upload_id"], sent.parts, svc)
     assert result.verified_by == "attributes"

@@ -145,6 +145,6 @@ def handle(commands: Commands, command: str, args: dict[str, Any]) -> dict[str, 
         args = {"answer_url": "https://answers.invalid/unused", **args}
     if "object" in args and "backup_id" not in args:
         args = {"backup_id": args["object"]["backup_id"], **args}
-    handler = getattr(commands, f"do_{command}")
+    handler = commands.handler(command)
     answer = handler(parse_args(command, args))
     return answer.model_dump(mode="json", exclude_unset=True)

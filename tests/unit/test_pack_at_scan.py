@@ -78,10 +78,10 @@ def incremental_agent(tmp_path: Path) -> tuple[Commands, Path]:
         sender=SimpleNamespace(),
     )
     handle(cmds, "checkpoint", {"backup_id": "parent", "shard_ids": ["s1"]})
-    capture = cmds.load_capture("parent", "s1", Phase.DATA)
+    capture = cmds.backup.files.load_capture("parent", "s1", Phase.DATA)
     parent_map = tmp_path / "parent.map"
     scan_capture(capture.root, capture.files, RateLimiter(None), None, parent_map)
-    cmds.parent_map = lambda shard_id, parent: parent_map if parent else None  # type: ignore[method-assign]
+    cmds.backup.parent_map = lambda shard_id, parent: parent_map if parent else None  # type: ignore[method-assign]
     with sqlite3.connect(config.shards[0].path) as conn:
         conn.execute("UPDATE t SET x = randomblob(1024) WHERE rowid % 100 = 0")
     return cmds, parent_map
@@ -118,15 +118,16 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
     for item, obj in zip(items, objects, strict=True):
         sums = ObjectChecksums.model_validate(item["checksums"])
         frames = unpack_frames(sums.frames)
-        assert cmds._packed_path(obj).stat().st_size == sums.stored_length
+        assert cmds.backup.files.packed_path(obj).stat().st_size == sums.stored_length
         assert sum(frame.stored_size for frame in frames) == sums.stored_length
     # The block map packed is the one the scan wrote, byte for byte.
     blockmap = ObjectChecksums.model_validate(items[1]["checksums"])
     spans = frame_spans(unpack_frames(blockmap.frames), objects[1].frame_size, objects[1].length)
-    with open(cmds._map_path("b2", "s1"), "rb") as written:
+    with open(cmds.backup.files.map_path("b2", "s1"), "rb") as written:
         assert plaintext_crc(spans) == crc64nvme_of_stream(written)
     # The Upload map's pack of the same object is the packed copy, not another.
-    before = {p: p.stat().st_mtime_ns for p in cmds._packed_path(objects[0]).parent.iterdir()}
+    packed_dir = cmds.backup.files.packed_path(objects[0]).parent
+    before = {p: p.stat().st_mtime_ns for p in packed_dir.iterdir()}
     assert handle(cmds, "pack", {"object": items[0]["object"]}) == items[0]["checksums"]
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
@@ -134,7 +135,7 @@ def test_an_incrementals_node_packs_the_objects_the_plan_will_hold(tmp_path: Pat
 def test_a_retried_checkpoint_answers_the_same_packed_objects(tmp_path: Path) -> None:
     cmds, _ = incremental_agent(tmp_path)
     first = checkpoint(cmds, "b2", PACK)
-    packed = cmds.backup_dir("b2") / "packed"
+    packed = cmds.backup.files.backup_dir("b2") / "packed"
     before = {p: p.stat().st_mtime_ns for p in packed.iterdir()}
     again = checkpoint(cmds, "b2", PACK)
     assert again["shards"][0]["packed"] == first["shards"][0]["packed"]
@@ -150,7 +151,7 @@ def test_a_checkpoint_taken_again_does_not_send_the_lost_ones_packed_copies(
     they are packed again from the new capture."""
     cmds, _ = incremental_agent(tmp_path)
     first = checkpoint(cmds, "b2", PACK)
-    packed = cmds.backup_dir("b2") / "packed"
+    packed = cmds.backup.files.backup_dir("b2") / "packed"
     lost = {p.name: p.stat().st_mtime_ns for p in packed.glob("*.bin")}
     shard = cmds.shards()["s1"]
     shutil.rmtree(cmds.engine.copy_dir("b2", shard))  # the hold is lost
@@ -174,7 +175,7 @@ def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> Non
     items = plan_items(objects, packed_by_nodes([Listing.model_validate(answer)]))
     assert [item["checksums"] for item in items] == [None, None]
     handle(cmds, "pack", {"object": items[0]["object"]})
-    summary = json.loads(cmds._packed_path(objects[0]).with_suffix(".json").read_text())
+    summary = json.loads(cmds.backup.files.packed_path(objects[0]).with_suffix(".json").read_text())
     assert summary["object"] == items[0]["object"]
 
 
@@ -200,7 +201,7 @@ def test_no_packing_without_the_request_nor_beyond_what_the_map_holds_at_once(
     # Parts so small that the change makes more objects than the Upload map holds at once.
     tiny = PACK | {"part_size": 64}
     assert "packed" not in checkpoint(cmds, "b3", tiny)["shards"][0]
-    assert not list(Path(cmds.backup_dir("b3")).rglob("*.bin"))
+    assert not list(Path(cmds.backup.files.backup_dir("b3")).rglob("*.bin"))
 
 
 def test_a_full_packs_nothing_at_its_checkpoint(tmp_path: Path) -> None:
@@ -226,7 +227,7 @@ def test_a_fulls_stop_packs_its_block_map_as_the_tails_plan_cuts_it(tmp_path: Pa
     assert [item["object"]["phase"] for item in items] == ["blockmap"]
     (item,) = items
     assert item["checksums"] is not None
-    assert cmds._packed_path(objects[0]).exists()
+    assert cmds.backup.files.packed_path(objects[0]).exists()
 
 
 STOP = {"stop": {"cut": {"name": "b2", "margin_seconds": 0.0, "commit_lock": None}}}
@@ -256,7 +257,7 @@ def test_a_lone_nodes_checkpoint_stops_once_every_change_is_packed(tmp_path: Pat
     answer = handle(cmds, "checkpoint", args | {"pack": PACK} | STOP)
 
     assert stops == ["s1"]
-    assert cmds._capture_path("b2", "s1", Phase.TAIL).exists()
+    assert cmds.backup.files.capture_path("b2", "s1", Phase.TAIL).exists()
     stopped = answer["stopped"]
     assert [s["shard_id"] for s in stopped["shards"]] == ["s1"]
     assert planned(stopped, "b2", PACK, Phase.TAIL) == []  # SQLite: no tail; the map went with data
@@ -281,7 +282,8 @@ def test_a_checkpoint_retried_after_its_stop_takes_nothing_again(tmp_path: Path)
     cmds.engine.checkpoint = counting  # type: ignore[method-assign]
 
     def held(shard, backup_id):  # PostgreSQL's: its session ended once its tail was captured
-        return holds(shard, backup_id) and not cmds._stopped_before(backup_id, shard.shard_id)
+        stopped = cmds.backup.files.stopped_before(backup_id, shard.shard_id)
+        return holds(shard, backup_id) and not stopped
 
     cmds.engine.holds = held  # type: ignore[method-assign]
     args = {"backup_id": "b2", "shard_ids": ["s1"], "parents": {"s1": PARENT}}
@@ -308,7 +310,7 @@ def test_a_change_too_large_to_pack_at_the_scan_is_stopped_by_the_stop_command(
 
     assert "stopped" not in answer
     assert stops == []
-    assert not cmds._capture_path("b3", "s1", Phase.TAIL).exists()
+    assert not cmds.backup.files.capture_path("b3", "s1", Phase.TAIL).exists()
 
 
 def test_a_plan_refuses_a_stop_whose_data_is_not_all_packed() -> None:

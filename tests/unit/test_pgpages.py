@@ -206,7 +206,7 @@ def test_only_a_parent_this_node_made_is_screened_against():
     replica, before a switch of the source) proves nothing here."""
     from types import SimpleNamespace
 
-    from shardvault_agent.commands import parent_screen
+    from shardvault_agent.backup.commands import parent_screen
     from shardvault_agent.engines.postgres import pages as pgpages
 
     engine = SimpleNamespace(block_screen=pgpages.screen_since)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from shardvault_agent import commands as commands_module
+from shardvault_agent.backup import commands as backup_commands
 from shardvault_agent.commands import Commands
 from shardvault_agent.config import ShardConfig
 from shardvault_agent.engines.postgres.adapter import refuse_tablespaces
@@ -133,7 +133,7 @@ def test_a_checkpoint_taken_again_is_scanned_again(sqlite_commands):
     scan answer saved for the lost one, extents of other bytes, must not answer for it."""
     args = {"backup_id": "b6", "shard_ids": ["s1"], "parents": {}}
     handle(sqlite_commands, "checkpoint", args)
-    backup_dir = sqlite_commands.backup_dir("b6")
+    backup_dir = sqlite_commands.backup.files.backup_dir("b6")
     # What a lost incremental's scan left behind: its answer and its block map.
     stale = {"extents": "c3RhbGU=", "delta_bytes": 5, "scan_seconds": 0.1}
     (backup_dir / "s1.extents.json").write_text(json.dumps(stale))
@@ -158,7 +158,7 @@ def test_stop_announces_an_incrementals_map_only_to_a_control_plane_that_plans_i
     the tail only, and would otherwise never upload it."""
     args = {"backup_id": "b7", "shard_ids": ["s1"]}
     handle(sqlite_commands, "checkpoint", args)
-    backup_dir = sqlite_commands.backup_dir("b7")
+    backup_dir = sqlite_commands.backup.files.backup_dir("b7")
     answer = {"extents": "", "delta_bytes": 0, "scan_seconds": 0.1}  # as a scan saved it
     if flow == "scan command":
         answer["map_with_tail"] = True
@@ -183,17 +183,17 @@ def test_a_pack_the_release_overtakes_leaves_nothing_behind(tmp_path, monkeypatc
         backup_id="b8", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
         key="k", stream_offset=0, length=listing["bytes"], part_size=8 << 20, part_count=1,
     )  # fmt: skip
-    packing = commands_module.pack_object
+    packing = backup_commands.pack_object
 
     def released_while_packing(*pack_args, **kwargs):
         packed = packing(*pack_args, **kwargs)
         handle(cmds, "release", args)
         return packed
 
-    monkeypatch.setattr(commands_module, "pack_object", released_while_packing)
+    monkeypatch.setattr(backup_commands, "pack_object", released_while_packing)
     with pytest.raises(FileNotFoundError, match="partial"):  # its packed copy went
         handle(cmds, "pack", {"object": plan.model_dump(mode="json")})
-    assert not cmds.backup_dir("b8").exists()
+    assert not cmds.backup.files.backup_dir("b8").exists()
 
 
 class ReleasedBetweenTries:
@@ -220,7 +220,7 @@ def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
     config = sqlite_agent(tmp_path, rows=300)
     args = {"backup_id": "b9", "shard_ids": ["s1"]}
     cmds = Commands(config, SqliteAdapter(config), RateLimiter(None), sender=None)
-    cmds.sender = ReleasedBetweenTries(lambda: handle(cmds, "release", args))
+    cmds.backup.sender = ReleasedBetweenTries(lambda: handle(cmds, "release", args))
     (listing,) = handle(cmds, "checkpoint", {**args, "parents": {}})["shards"]
     plan = ObjectPlan(
         backup_id="b9", cluster="c", node_id="n1", shard_id="s1", phase=Phase.DATA, index=0,
@@ -235,8 +235,8 @@ def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
     }
     with pytest.raises(BackupReleased, match="already released"):
         handle(cmds, "upload", upload)
-    assert cmds.sender.tries == 1
-    assert not cmds.backup_dir("b9").exists()
+    assert cmds.backup.sender.tries == 1
+    assert not cmds.backup.files.backup_dir("b9").exists()
 
 
 def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):

@@ -80,12 +80,12 @@ def test_an_agent_applies_the_stricter_of_the_policy_and_its_config(
     cmds = commands(tmp_path, **agent)
     handle(cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": policy})
 
-    limiter, parts_at_once = cmds.limits("b1")
+    limiter, parts_at_once = cmds.backup.limits.of("b1")
 
     own = limiter.parent.rate if limiter.parent else None  # the agent's cap, shared by all
     assert (limiter.rate or own, parts_at_once) == (rate, parallelism)
     handle(cmds, "release", {"backup_id": "b1", "shard_ids": ["s1"]})
-    assert "b1" not in cmds.backup_limiters
+    assert "b1" not in cmds.backup.limits.limiters
 
 
 def test_the_policys_rate_limit_paces_the_reads_of_a_backup(tmp_path: Path) -> None:
@@ -124,9 +124,9 @@ def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_pat
     (listing,) = handle(
         cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": upload}
     )["shards"]
-    limiter, _ = cmds.limits("b1")
+    limiter, _ = cmds.backup.limits.of("b1")
     assert isinstance(limiter, AdaptiveLimiter)
-    assert cmds.limits("b1")[0] is limiter  # one per backup, shared by its readers
+    assert cmds.backup.limits.of("b1")[0] is limiter  # one per backup, shared by its readers
     assert limiter.aimd.ceiling == 32 * MiB
     assert limiter.aimd.floor == listing["bytes"]  # its data once within the 1 s window
     plan = ObjectPlan(
@@ -138,7 +138,7 @@ def test_an_adaptive_backup_gets_a_limiter_of_its_own_that_release_stops(tmp_pat
     assert packed["throttle"]["floor_bytes_per_second"] == listing["bytes"]
 
     handle(cmds, "release", {"backup_id": "b1", "shard_ids": ["s1"]})
-    assert "b1" not in cmds.backup_limiters
+    assert "b1" not in cmds.backup.limits.limiters
     assert limiter.thread is None  # the controller ended, and closed its signals
 
 
@@ -175,7 +175,7 @@ def test_auto_steers_a_backup_only_when_its_source_is_in_use(
         cmds, "checkpoint", {"backup_id": "b1", "shard_ids": ["s1"], "upload": {"throttle": "auto"}}
     )
 
-    limiter, _ = cmds.limits("b1")
+    limiter, _ = cmds.backup.limits.of("b1")
 
     assert isinstance(limiter, AdaptiveLimiter) == adaptive
     assert probe is None or probe.closed  # asked once, then its session closed

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardvault.contracts.commands import Marker
+from shardvault.contracts.commands import Marker, ScanFields
 from shardvault.contracts.models import FileEntry, Frozen
 from shardvault.errors import CheckpointNotFound
 from shardvault_agent.engines.base import Capture
@@ -82,18 +82,8 @@ class SavedCapture:
         )
 
 
-class ShardScan(Frozen):
-    """One shard's scan, as its listing answers it (``contracts.commands.ListedShard``'s scan
-    fields). A full has no parent: ``delta_bytes`` None, its packs hash the stream."""
-
-    extents: str = ""
-    delta_bytes: int | None = None
-    scan_seconds: float | None = None
-    unchanged_bytes: int = 0
-    screened_bytes: int = 0
-    parent_id: str | None = None
-    blockmap_bytes: int | None = None  # the scan wrote the map: it goes with the data
-    map_with_tail: bool = False  # scanned by a Scan command: the map goes with the tail
+class ShardScan(ScanFields, Frozen):
+    """One shard's scan, saved before it answers (``ScanFields`` says what each field is)."""
 
     @property
     def is_full(self) -> bool:

@@ -139,7 +139,7 @@ class BlockScreen(Protocol):
       unchanged (a block too short to hold its header must be among them).
 
     The scan only screens a file the parent read at the same path, by its device and inode
-    (``BlockMap.same_file``), against a parent this node made (``commands.parent_screen``),
+    (``BlockMap.same_file``), against a parent this node made (``backup.commands.parent_screen``),
     and hashes every block the screen lets through, so a block whose header moved but whose
     bytes did not is not sent."""
 
