@@ -134,8 +134,8 @@ from report import MiB, median_cell, spread_cell, spread_of
 from shardvault.aws import lambda_support
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest
-from shardvault.local.minio import die_with_parent
 from shardvault.local.postgres import PostgresInstance, stop_process
+from shardvault.local.processes import die_with_parent
 
 DBNAME = "postgres"  # where backup_vs_peers' setup runs pgbench -i
 CLIENTS, JOBS = 4, 2

@@ -5,15 +5,17 @@
 #     mariabackup; no service) (Debian packages),
 #   * a Python venv (.venv) with requirements-dev.txt and the two packages (editable),
 #     installed by uv (requirements-setup.txt; pip where uv cannot be installed),
-#   * MinIO, built from source at a pinned version with `go install` (Go from Debian if absent).
+#   * MinIO, built from source at a pinned version with `go install` (Go from Debian if absent),
+#   * fake-gcs-server (Google Cloud Storage for the tests), built the same way.
 #
 # Idempotent: each step checks first and does nothing when its result is already there, so a
 # second run takes about a second. Installing packages needs root on Debian 12; as another
 # user the script works as long as nothing has to be installed.
 #
 # Environment:
-#   SHARDVAULT_SKIP_MINIO=1   do not build MinIO (nor install Go)
+#   SHARDVAULT_SKIP_MINIO=1   do not build MinIO nor fake-gcs-server (nor install Go)
 #   SHARDVAULT_MINIO_BIN      a minio binary to use instead of building one
+#   SHARDVAULT_FAKE_GCS_BIN   a fake-gcs-server binary to use instead of building one
 #   PYTHON                    interpreter for a new venv (default: python3)
 #   VENV                      the venv (default: .venv, as in the Makefile)
 #
@@ -27,6 +29,8 @@ PG_MAJOR=15
 PG_BIN="/usr/lib/postgresql/$PG_MAJOR/bin"
 MINIO_MODULE="github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 MINIO_GO_MIN="1.24"   # the `go` line of that MinIO version's go.mod
+FAKE_GCS_MODULE="github.com/fsouza/fake-gcs-server@v1.56.1"
+FAKE_GCS_GO_MIN="1.26" # the `go` line of that version's go.mod
 GO_TOOLCHAIN_MIN="1.21" # from this version on, Go fetches a newer toolchain by itself
 VENV="${VENV:-.venv}"
 [[ "$VENV" = /* ]] || VENV="$ROOT/$VENV"
@@ -215,7 +219,8 @@ version_at_least() { # version_at_least HAVE NEED
     [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
 }
 
-step_go() {
+step_go() { # step_go NEED: a Go that builds a module whose go.mod says NEED
+    local need=$1
     begin go
     if ! command -v go >/dev/null; then
         # Go's own tarball installs here without touching PATH.
@@ -227,17 +232,17 @@ step_go() {
     local version
     version=$(go env GOVERSION)
     version=${version#go}
-    if version_at_least "$version" "$MINIO_GO_MIN"; then
+    if version_at_least "$version" "$need"; then
         finish "go $version at $(command -v go)"
     elif version_at_least "$version" "$GO_TOOLCHAIN_MIN"; then
-        # Go fetches go$MINIO_GO_MIN+ as a module (golang.org/toolchain) from the module proxy.
+        # Go fetches go$need+ as a module (golang.org/toolchain) from the module proxy.
         export GOTOOLCHAIN=auto
         finish "go $version; the build fetches a newer toolchain (GOTOOLCHAIN=auto)"
     else
-        die "go $version ($(command -v go)) is too old to build MinIO, whose go.mod needs go >= \
-$MINIO_GO_MIN, and Go < $GO_TOOLCHAIN_MIN cannot fetch a newer toolchain (Debian 12's golang-go \
-is 1.19). Fix: install Go >= $GO_TOOLCHAIN_MIN (bookworm-backports) or >= $MINIO_GO_MIN (go.dev) \
-first on PATH, or set SHARDVAULT_MINIO_BIN to a minio binary, or SHARDVAULT_SKIP_MINIO=1."
+        die "go $version ($(command -v go)) is too old for a go.mod that needs go >= $need, \
+and Go < $GO_TOOLCHAIN_MIN cannot fetch a newer toolchain (Debian 12's golang-go \
+is 1.19). Fix: install Go >= $GO_TOOLCHAIN_MIN (bookworm-backports) or >= $need (go.dev) \
+first on PATH, or set SHARDVAULT_MINIO_BIN and SHARDVAULT_FAKE_GCS_BIN to built binaries."
     fi
 }
 
@@ -255,7 +260,7 @@ step_minio() {
     fi
     [ -z "${SHARDVAULT_MINIO_BIN:-}" ] ||
         die "SHARDVAULT_MINIO_BIN=$SHARDVAULT_MINIO_BIN is not an executable file"
-    step_go
+    step_go "$MINIO_GO_MIN"
     begin minio
     # -mod=mod: build MinIO's own module graph, whatever GOFLAGS this machine sets.
     GOFLAGS=-mod=mod go install "$MINIO_MODULE" >>"$STEP_LOG" 2>&1 ||
@@ -265,9 +270,40 @@ step_minio() {
     finish "built $found"
 }
 
+# the binary shardvault.local.fakegcs would use, or nothing
+fake_gcs_binary() {
+    "$VENV/bin/python" -c '
+from shardvault.local.fakegcs import find_fake_gcs_binary
+print(find_fake_gcs_binary() or "")'
+}
+
+step_fake_gcs() {
+    begin fake-gcs
+    if [ "${SHARDVAULT_SKIP_MINIO:-0}" = 1 ]; then
+        finish "skipped (SHARDVAULT_SKIP_MINIO=1)"
+        return
+    fi
+    local found
+    found=$(fake_gcs_binary)
+    if [ -n "$found" ]; then
+        finish "present: $found"
+        return
+    fi
+    [ -z "${SHARDVAULT_FAKE_GCS_BIN:-}" ] ||
+        die "SHARDVAULT_FAKE_GCS_BIN=$SHARDVAULT_FAKE_GCS_BIN is not an executable file"
+    step_go "$FAKE_GCS_GO_MIN"
+    begin fake-gcs
+    GOFLAGS=-mod=mod go install "$FAKE_GCS_MODULE" >>"$STEP_LOG" 2>&1 ||
+        die "go install $FAKE_GCS_MODULE failed"
+    found=$(fake_gcs_binary)
+    [ -n "$found" ] || die "go install succeeded but no fake-gcs-server was found (check GOBIN/GOPATH)"
+    finish "built $found"
+}
+
 step_postgres
 step_mariadb
 step_systemd
 step_venv
 step_pip
 step_minio
+step_fake_gcs

@@ -9,29 +9,29 @@ Terms:
 * *root credentials*: the server's only account (``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``).
   The secret key is fresh per start unless given, and is never written to logs or reprs.
 * *ready*: ``GET /minio/health/ready`` answers 200, i.e. the server accepts S3 requests.
-* *parent-death signal*: a signal the kernel sends a child when the process that started it
-  dies, however it dies (``prctl(PR_SET_PDEATHSIG)``, Linux). MinIO and the local stack's
-  agents get SIGTERM this way, so none outlives a stack or test that was killed.
+
+MinIO dies with the process that started it (``processes.die_with_parent``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import secrets
-import shutil
-import signal
-import ssl
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardvault.local.ports import free_port
+from shardvault.local.processes import (
+    die_with_parent,
+    go_bin_dirs,
+    go_binary,
+    log_tail,
+    stop_child,
+    wait_ready,
+)
 
 PINNED_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 INSTALL_COMMAND = f"GOFLAGS=-mod=mod go install {PINNED_MODULE}"
@@ -41,30 +41,6 @@ STOP_TIMEOUT = 10.0
 # Auto-picked ports can be taken between free_port() and MinIO's bind; retry on a new one.
 PORT_ATTEMPTS = 3
 _PORT_IN_USE = re.compile(r"address already in use|port .* in use", re.IGNORECASE)
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child receive SIGTERM when this process dies (None where
-    there is no ``prctl``: there a killed parent leaves its children running).
-
-    The kernel sends it when the *thread* that started the child ends, so start children
-    from a thread that lives as long as they should (the local stack starts them from the
-    caller's). The function is looked up here, in the parent: the child only calls it."""
-    if _prctl is None:
-        return None
-    parent = os.getpid()
-    prctl = _prctl
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return preexec
 
 
 class MinioNotFound(RuntimeError):
@@ -81,48 +57,9 @@ class MinioStartError(RuntimeError):
     """The server exited or did not become ready; the message carries its log tail."""
 
 
-def _executable(path: str | os.PathLike[str] | None) -> Path | None:
-    if path and Path(path).is_file() and os.access(path, os.X_OK):
-        return Path(path)
-    return None
-
-
-def go_bin_dirs() -> list[Path]:
-    """Where ``go install`` puts binaries: ``GOBIN`` if set, else the first GOPATH's ``bin``."""
-    default = [Path.home() / "go" / "bin"]
-    go = shutil.which("go")
-    if go is None:
-        return default
-    try:
-        out = subprocess.run(
-            [go, "env", "GOBIN", "GOPATH"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return default
-    gobin, gopath = [*out, "", ""][:2]
-    dirs = [Path(gobin)] if gobin else []
-    first_gopath = gopath.split(os.pathsep)[0]
-    dirs.append(Path(first_gopath) / "bin" if first_gopath else default[0])
-    return dirs
-
-
 def find_minio_binary() -> Path | None:
-    """``$SHARDVAULT_MINIO_BIN``, else ``minio`` on PATH, else the one ``go install`` built.
-
-    An explicit ``$SHARDVAULT_MINIO_BIN`` is the only candidate when set: a wrong setting must
-    not be papered over by some other binary.
-    """
-    explicit = os.environ.get(BINARY_ENV)
-    if explicit:
-        return _executable(explicit)
-    on_path = _executable(shutil.which("minio"))
-    if on_path:
-        return on_path
-    for directory in go_bin_dirs():
-        built = _executable(directory / "minio")
-        if built:
-            return built
-    return None
+    """``$SHARDVAULT_MINIO_BIN``, else ``minio`` on PATH, else the one ``go install`` built."""
+    return go_binary("minio", BINARY_ENV)
 
 
 def require_minio_binary() -> Path:
@@ -157,60 +94,13 @@ class MinioServer:
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM, then SIGKILL if MinIO has not exited within ``timeout`` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_child(self.process, timeout)
 
     def __enter__(self) -> MinioServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _log_tail(log_path: Path, offset: int, lines: int = 40) -> str:
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(offset)
-            text = log.read().decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(log empty)"
-
-
-def _probe_opener(https: bool) -> urllib.request.OpenerDirector:
-    # No proxies: CI machines often set HTTP(S)_PROXY, and loopback must not go through one.
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
-    if https:
-        # The probe only asks our own child process whether it is up; certificate names are
-        # the clients' business (they get the CA from certs_dir).
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    return urllib.request.build_opener(*handlers)
-
-
-def _wait_ready(server: MinioServer, timeout: float) -> bool:
-    """True once ready; False if the process exited or the timeout passed."""
-    opener = _probe_opener(server.endpoint.startswith("https:"))
-    url = f"{server.endpoint}/minio/health/ready"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            return False
-        try:
-            with opener.open(url, timeout=1) as response:
-                if response.status == 200:
-                    return True
-        except OSError:  # refused while starting, 503 until the drive is up, timeouts
-            pass
-        time.sleep(0.1)
-    return False
 
 
 def _spawn(
@@ -282,11 +172,11 @@ def start_minio(
         server = MinioServer(
             f"{scheme}://127.0.0.1:{chosen}", access_key, secret_key, data_dir, process, log_path
         )
-        if _wait_ready(server, timeout):
+        if wait_ready(process, f"{server.endpoint}/minio/health/ready", timeout):
             return server
         exited = process.poll()
         server.stop()
-        tail = _log_tail(log_path, offset)
+        tail = log_tail(log_path, offset)
         if exited is not None and attempt < attempts and _PORT_IN_USE.search(tail):
             continue
         state = (

@@ -16,7 +16,7 @@ from another shell reach the same stack. ``stack.pid`` holds the pid of the proc
 it, under an exclusive ``flock`` held while it runs (the kernel drops it when the process
 dies, however it dies): a second stack in the same directory is refused, and ``shardvault
 local down`` finds what to stop. MinIO and the agents get a parent-death signal
-(``minio.die_with_parent``), so a stack killed outright takes them with it.
+(``processes.die_with_parent``), so a stack killed outright takes them with it.
 
 *Reaper*: on AWS an EventBridge rule sends backup and restore executions that end ABORTED or
 TIMED_OUT to the ``reap_execution`` Lambda; moto emits no events, so ``ExecutionReaper``
@@ -61,8 +61,8 @@ from shardvault.local.iam.gate import Gate, load_gate
 from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.iam.template import OPERATOR
 from shardvault.local.lambda_bridge import LambdaBridge
-from shardvault.local.minio import die_with_parent
 from shardvault.local.ports import free_port
+from shardvault.local.processes import die_with_parent
 from shardvault.local.s3_answers import presign_through
 
 REGION = "us-east-1"
