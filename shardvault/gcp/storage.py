@@ -1,0 +1,189 @@
+"""Google Cloud Storage: one bucket of a GCS vault target (``GcsBucket``), the second provider
+a verified backup can be copied to (docs/design/vault-targets.md).
+
+Terms:
+
+- *copy in*: one object streamed from the store into the bucket once, in the target's class,
+  with its retention, never replacing an object that is already there (``ifGenerationMatch=0``).
+- *proof*: what GCS reports of a copy, read back after it lands: its CRC32C and MD5, its
+  class, its retention. GCS computes no CRC64NVME, the checksum the manifest records. So
+  ``copy_in`` computes all three on the bytes it streams. The CRC64NVME must be the
+  manifest's (these are the backup's bytes), and GCS's CRC32C and MD5 must be the ones
+  computed on the same bytes (GCS holds them). Together they prove that GCS holds the
+  manifest's bytes.
+- *retention*: per-object, ``Locked`` (GCS lets it be extended, never shortened, and refuses
+  deleting or replacing the object before it ends), or the bucket's own retention policy.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, BinaryIO
+
+import google_crc32c
+from google.api_core import exceptions as gcs_errors
+
+from shardvault.data.checksums import crc64nvme, to_b64
+from shardvault.errors import ChecksumMismatch, PromotionFailed
+
+GCS_VAULT_CLASSES = ("NEARLINE", "COLDLINE", "ARCHIVE")
+LOCKED = "Locked"
+READ_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GcsCopy:
+    """One object as GCS reports it after it landed (the module docstring's *proof*)."""
+
+    key: str
+    size: int
+    crc32c: str  # base64, as GCS reports it
+    md5: str  # base64
+    generation: int
+    storage_class: str
+    retention_mode: str | None
+    retain_until: datetime | None
+
+
+class _CheckedStream:
+    """The object's bytes on their way from the store to GCS, with the three checksums of what
+    passed. The read that completes ``size`` bytes checks their CRC64NVME against the
+    manifest's before it returns them: an upload sends its last bytes only after that read, so
+    GCS never commits (and locks) bytes that are not the backup's."""
+
+    def __init__(self, source: BinaryIO, key: str, size: int, expected_crc64nvme: str) -> None:
+        self.source, self.key, self.size, self.expected = source, key, size, expected_crc64nvme
+        self.crc64 = 0
+        self.crc32c = google_crc32c.Checksum()
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.passed = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        want = self.size - self.passed if size is None or size < 0 else size
+        chunk: bytes = self.source.read(min(want, self.size - self.passed))
+        self.crc64 = crc64nvme(chunk, self.crc64)
+        self.crc32c.update(chunk)
+        self.md5.update(chunk)
+        self.passed += len(chunk)
+        if (not chunk and want) or self.passed >= self.size:
+            self._check_whole()
+        return chunk
+
+    def _check_whole(self) -> None:
+        got = to_b64(self.crc64)
+        if self.passed != self.size or got != self.expected:
+            raise ChecksumMismatch(
+                f"{self.key} read from the store with CRC64NVME {got} ({self.passed} bytes); "
+                f"the manifest says {self.expected} ({self.size} bytes). Nothing was committed "
+                "to GCS.",
+                fix="the staging copy is damaged: verify the backup (shardvault verify "
+                "--read-data) and take a new one.",
+            )
+
+    def tell(self) -> int:
+        return self.passed
+
+    @property
+    def sent(self) -> tuple[str, str]:
+        """The CRC32C and MD5 of the bytes sent, in GCS's form (base64)."""
+        return _b64(self.crc32c.digest()), _b64(self.md5.digest())
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
+
+
+@dataclass(frozen=True)
+class GcsBucket:
+    """One GCS bucket through one ``google.cloud.storage.Client``."""
+
+    client: Any
+    name: str
+
+    @property
+    def _bucket(self) -> Any:
+        return self.client.bucket(self.name)
+
+    def copy_in(
+        self,
+        open_source: Callable[[], BinaryIO],
+        key: str,
+        size: int,
+        expected_crc64nvme: str,
+        storage_class: str,
+        retain_until: datetime | None,
+    ) -> GcsCopy:
+        """Streams ``size`` bytes from ``open_source()`` into ``key`` and returns the copy as
+        GCS reports it, proven equal to the bytes the manifest records (the module docstring).
+        An object already at ``key`` (a resumed promotion's) is not replaced: the source is
+        read again, and GCS's copy must prove equal to it."""
+        blob = self._bucket.blob(key)
+        blob.storage_class = storage_class
+        if retain_until is not None:
+            blob.retention.mode = LOCKED
+            blob.retention.retain_until_time = retain_until
+        stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
+        try:
+            blob.upload_from_file(stream, size=size, checksum="crc32c", if_generation_match=0)
+        except gcs_errors.PreconditionFailed:  # copied before: a resumed promotion
+            stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
+            while stream.read(READ_CHUNK):
+                pass
+        copy = self.read_back(key)
+        if copy is None or copy.size != size or (copy.crc32c, copy.md5) != stream.sent:
+            got = "nothing" if copy is None else f"CRC32C {copy.crc32c}, MD5 {copy.md5}"
+            raise ChecksumMismatch(
+                f"GCS reports {got} for {key}; the store's copy has CRC32C {stream.sent[0]}, "
+                f"MD5 {stream.sent[1]}.",
+                fix="the copy did not land whole, or another object holds its key: check the "
+                "bucket (ShardVault writes each key once), then promote again.",
+            )
+        return copy
+
+    def read_back(self, key: str) -> GcsCopy | None:
+        """The object as GCS reports it now, or None when there is none."""
+        blob = self._bucket.get_blob(key)
+        if blob is None:
+            return None
+        retention = blob.retention
+        return GcsCopy(
+            key=key,
+            size=int(blob.size),
+            crc32c=blob.crc32c,
+            md5=blob.md5_hash,
+            generation=int(blob.generation),
+            storage_class=blob.storage_class,
+            retention_mode=retention.mode,
+            retain_until=retention.retain_until_time,
+        )
+
+    def read(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object."""
+        return self._bucket.blob(key).download_as_bytes(start=start, end=end - 1)  # type: ignore[no-any-return]
+
+
+def check_held(copy: GcsCopy, storage_class: str, retain_until: datetime | None) -> None:
+    """Refuses a copy GCS does not hold as asked: another class, or a retention that ends
+    sooner (or is not locked)."""
+    problems = []
+    if copy.storage_class != storage_class:
+        problems.append(f"class {copy.storage_class}, not {storage_class}")
+    if retain_until is not None and (
+        copy.retention_mode != LOCKED
+        or copy.retain_until is None
+        or copy.retain_until < retain_until
+    ):
+        problems.append(
+            f"retention {copy.retention_mode or 'none'} until {copy.retain_until}, not Locked "
+            f"until {retain_until.isoformat()}"
+        )
+    if problems:
+        raise PromotionFailed(
+            f"GCS holds {copy.key} with {'; '.join(problems)}.",
+            fix="check the bucket's settings (object retention enabled, the class allowed) and "
+            "the federated identity's roles; the backup stays restorable from the store.",
+        )
