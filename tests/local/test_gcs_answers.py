@@ -1,0 +1,105 @@
+"""The retention proxy in front of fake-gcs-server answers as GCS does where the fake does not
+(``shardvault.local.gcs_answers``): a retained object is neither deleted nor replaced, a Locked
+retention is extended but never shortened or removed, and the extended date is what every
+answer reports. Checked through Google's own client, and against the fake alone, so a new
+pinned fake that holds retention itself shows here."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.api_core import exceptions as gcs_errors
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from shardvault.local.fakegcs import start_fake_gcs
+from shardvault.local.gcs_answers import GcsAnswersProxy
+
+SOON = (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0)
+LATER = SOON + timedelta(days=60)
+
+
+def client_for(endpoint: str) -> storage.Client:
+    return storage.Client(
+        project="shardvault-test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": endpoint},
+    )
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fakegcs") / "fake-gcs.log"
+    with start_fake_gcs(log) as fake, GcsAnswersProxy(fake.endpoint) as proxy:
+        yield fake, proxy
+
+
+@pytest.fixture
+def bucket(servers):
+    _, proxy = servers
+    return client_for(proxy.endpoint).create_bucket(f"vault-{uuid.uuid4().hex[:8]}")
+
+
+def locked(bucket, name: str, until: datetime, body: bytes = b"backup") -> storage.Blob:
+    blob = bucket.blob(name)
+    blob.retention.mode = "Locked"
+    blob.retention.retain_until_time = until
+    blob.upload_from_string(body, if_generation_match=0)
+    return blob
+
+
+def test_the_fake_alone_does_not_hold_retention(servers):
+    """Why the proxy exists: if this fails, the pinned fake holds retention itself."""
+    fake, _ = servers
+    bucket = client_for(fake.endpoint).create_bucket(f"raw-{uuid.uuid4().hex[:8]}")
+    locked(bucket, "k", SOON).delete()
+    assert bucket.get_blob("k") is None
+
+
+def test_a_retained_object_is_neither_deleted_nor_replaced(bucket, servers):
+    locked(bucket, "backups/b1/data/1", SOON, b"the backup")
+
+    with pytest.raises(gcs_errors.Forbidden) as refused:
+        bucket.blob("backups/b1/data/1").delete()
+    assert "retained until" in str(refused.value)
+    with pytest.raises(gcs_errors.Forbidden):
+        bucket.blob("backups/b1/data/1").upload_from_string(b"ransom note")
+
+    assert bucket.blob("backups/b1/data/1").download_as_bytes() == b"the backup"
+
+
+def test_an_object_whose_retention_ended_may_go(bucket):
+    blob = bucket.blob("old")
+    blob.upload_from_string(b"x", if_generation_match=0)  # no retention
+    blob.delete()
+    assert bucket.get_blob("old") is None
+
+
+def test_a_locked_retention_is_extended_and_reported_extended(bucket):
+    blob = locked(bucket, "k", SOON)
+    blob.retention.retain_until_time = LATER
+    blob.patch()
+
+    assert bucket.get_blob("k").retention.retain_until_time == LATER
+    listed = {b.name: b.retention.retain_until_time for b in bucket.list_blobs()}
+    assert listed["k"] == LATER
+
+
+@pytest.mark.parametrize("change", ["shorten", "unlock", "remove"])
+def test_a_locked_retention_is_never_weakened(bucket, change):
+    blob = locked(bucket, "k", LATER)
+    if change == "shorten":
+        blob.retention.retain_until_time = SOON
+    elif change == "unlock":
+        blob.retention.mode = "Unlocked"
+    else:
+        blob.retention.mode = None
+        blob.retention.retain_until_time = None
+
+    with pytest.raises(gcs_errors.Forbidden):
+        blob.patch()
+
+    held = bucket.get_blob("k").retention
+    assert (held.mode, held.retain_until_time) == ("Locked", LATER)
