@@ -30,7 +30,6 @@ from google.api_core import exceptions as gcs_errors
 from shardvault.data.checksums import crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 
-GCS_VAULT_CLASSES = ("NEARLINE", "COLDLINE", "ARCHIVE")
 LOCKED = "Locked"
 READ_CHUNK = 8 * 1024 * 1024
 

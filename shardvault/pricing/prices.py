@@ -140,6 +140,47 @@ def thaw_tiers(storage_class: StorageClass) -> list[RestoreTier]:
 # h), then its downloads: statemachines/restore.asl.json's TimeoutSeconds (72 h) holds this.
 SLOWEST_THAW_HOURS = max(prices.ready_within_hours for prices in RESTORE.values())
 
+# --- a GCS vault target (docs/design/vault-targets.md) ---------------------------------------
+# Google Cloud Storage's cold classes, regional (us-central1), from Google's pricing page as a
+# transcription of 2026-09 has it: storage and retrieval UNCONFIRMED (no primary source here),
+# minimum durations from Google's storage-class documentation. GCS bills an object deleted or
+# replaced sooner than its minimum as if stored for the rest of it, as S3 does; a read pays the
+# class's retrieval per GB, and no thaw is needed (every class reads at once).
+GCS_VAULT_CLASSES = ("NEARLINE", "COLDLINE", "ARCHIVE")
+GCS_STORAGE: dict[str, ClassPrices] = {
+    "NEARLINE": ClassPrices(
+        storage_gb_month=0.010,
+        minimum_days=30,
+        minimum_object_bytes=0,
+        put=0.01 / 1000,  # UNCONFIRMED: class A operation
+        get=0.001 / 1000,  # UNCONFIRMED: class B operation
+        transition=0.0,  # written in its class, never transitioned
+        retrieval_gb=0.01,
+    ),
+    "COLDLINE": ClassPrices(
+        storage_gb_month=0.004,
+        minimum_days=90,
+        minimum_object_bytes=0,
+        put=0.02 / 1000,  # UNCONFIRMED
+        get=0.01 / 1000,  # UNCONFIRMED
+        transition=0.0,
+        retrieval_gb=0.02,
+    ),
+    "ARCHIVE": ClassPrices(
+        storage_gb_month=0.0012,
+        minimum_days=365,
+        minimum_object_bytes=0,
+        put=0.05 / 1000,  # UNCONFIRMED
+        get=0.05 / 1000,  # UNCONFIRMED
+        transition=0.0,
+        retrieval_gb=0.05,
+    ),
+}
+# Bytes leaving AWS for another provider (a GCS target's copy), and leaving Google for AWS (a
+# restore from it, staged back into the work bucket): first-tier internet prices per GB.
+AWS_EGRESS_INTERNET_GB = 0.09  # UNCONFIRMED: S3 data transfer out, first 10 TB a month
+GCS_EGRESS_INTERNET_GB = 0.12  # UNCONFIRMED: GCS network egress, first 10 TB a month
+
 # Orchestration.
 STATE_TRANSITION = 0.025 / 1000  # Step Functions Standard, retries included
 LAMBDA_GB_SECOND = 0.0000133334  # arm64; UNCONFIRMED
