@@ -139,6 +139,29 @@ def test_an_explicit_deny_in_the_buckets_policy_wins():
     assert not allowed(statements, request, [deny])
 
 
+def test_another_accounts_principal_needs_the_resource_policys_allow_too():
+    """A vault in another account (issue 46): the writer's own grant is not enough; the
+    bucket's policy must allow it by name, and a bucket policy alone is not enough either."""
+    writer = "arn:aws:iam::222233334444:role/vault-writer"
+    put = Request("s3:PutObject", "arn:aws:s3:::vault-b/backups/k")
+    own = [allow("s3:PutObject", "arn:aws:s3:::vault-b/*")]
+    bucket_allows = {
+        "Effect": "Allow",
+        "Principal": {"AWS": writer},
+        "Action": "s3:PutObject",
+        "Resource": "arn:aws:s3:::vault-b/*",
+    }
+
+    refused = evaluate(own, [], put, writer, cross_account=True)
+    assert not refused.allowed
+    assert refused.no_resource_allow
+    assert evaluate(own, [bucket_allows], put, writer, cross_account=True).allowed
+    assert not evaluate([], [bucket_allows], put, writer, cross_account=True).allowed
+    other = "arn:aws:iam::222233334444:role/someone-else"
+    assert not evaluate(own, [bucket_allows], put, other, cross_account=True).allowed
+    assert evaluate(own, [], put, writer).allowed  # the same account: its own grant suffices
+
+
 def test_actions_match_regardless_of_case_and_resources_exactly():
     statement = allow("S3:getobject", "arn:aws:s3:::store/backups/*")
     assert allowed([statement], Request("s3:GetObject", "arn:aws:s3:::store/backups/x"))

@@ -1,7 +1,9 @@
 """Evaluation: whether a principal's statements allow a request, by IAM's rules.
 
 An explicit ``Deny`` (in the principal's policies or the resource's policy) refuses; else an
-``Allow`` of the principal's allows; else the request is refused (implicit deny). A statement
+``Allow`` of the principal's allows; else the request is refused (implicit deny). A principal
+of another account than the resource's (*cross-account*) needs both: its own policies' Allow
+and an Allow of the resource's policy that names it. A statement
 applies when its action, resource (and, in a resource policy, principal) match and every
 condition holds. Actions match without regard to case, resources with it; ``*`` and ``?`` are
 the only wildcards.
@@ -34,6 +36,8 @@ class Verdict:
     allowed: bool
     allowed_by: tuple[int, ...] = ()  # the indexes of the identity statements that allow it
     denied_by: str | None = None  # "identity" or "resource" for an explicit deny
+    # Cross-account: the principal's own policies allow it, the resource's policy does not.
+    no_resource_allow: bool = False
 
 
 def as_list(value: Any) -> list[Any]:
@@ -132,8 +136,11 @@ def evaluate(
     resource_policy: list[dict[str, Any]],
     request: Request,
     principal_arn: str,
+    *,
+    cross_account: bool = False,
 ) -> Verdict:
-    """The verdict on ``request`` for a principal with ``identity`` statements."""
+    """The verdict on ``request`` for a principal with ``identity`` statements;
+    ``cross_account``: the principal is of another account than the resource."""
     for statement in resource_policy:
         if statement["Effect"] == "Deny" and applies(statement, request, principal_arn):
             return Verdict(False, denied_by="resource")
@@ -144,4 +151,15 @@ def evaluate(
         if statement["Effect"] == "Deny":
             return Verdict(False, denied_by="identity")
         allowed_by.append(index)
+    if (
+        allowed_by
+        and cross_account
+        and not resource_allows(resource_policy, request, principal_arn)
+    ):
+        return Verdict(False, tuple(allowed_by), no_resource_allow=True)
     return Verdict(bool(allowed_by), tuple(allowed_by))
+
+
+def resource_allows(statements: list[dict[str, Any]], request: Request, principal_arn: str) -> bool:
+    """Whether the resource's policy has an Allow that names the principal (or everyone)."""
+    return any(s["Effect"] == "Allow" and applies(s, request, principal_arn) for s in statements)

@@ -242,11 +242,15 @@ class Gate:
         for request in requests_of(service, operation, params, self.where):
             verdict = self.verdict(principal, request)
             if not verdict.allowed:
-                why = (
-                    f"an explicit deny in a {verdict.denied_by}-based policy"
-                    if verdict.denied_by
-                    else f"no identity-based policy allows the {request.action} action"
-                )
+                if verdict.denied_by:
+                    why = f"an explicit deny in a {verdict.denied_by}-based policy"
+                elif verdict.no_resource_allow:
+                    why = (
+                        f"no resource-based policy allows the {request.action} action to "
+                        "a principal of another account"
+                    )
+                else:
+                    why = f"no identity-based policy allows the {request.action} action"
                 raise access_denied(principal, request, operation, why)
 
     # --- clients of a function ------------------------------------------------------------------
