@@ -1,7 +1,8 @@
 """A GCS vault target's bucket (``shardvault.gcp.storage.GcsBucket``) through Google's own
-client against fake-gcs-server: a copy lands in its class with a Locked retention and proves
-equal to the manifest's bytes; a damaged staging copy commits nothing to GCS; a resumed copy
-proves the object already there; a copy held weaker than asked is refused by name.
+client against fake-gcs-server behind its retention proxy, as GCS answers: a copy lands in its
+class with a Locked retention and proves equal to the manifest's bytes; a damaged staging copy
+commits nothing to GCS; a resumed copy proves the object already there; a copy held weaker
+than asked is refused by name.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 from shardvault.gcp.storage import GcsBucket, check_held
 from shardvault.local.fakegcs import start_fake_gcs
+from shardvault.local.gcs_answers import GcsAnswersProxy
 
 UNTIL = (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0)
 
 
 @pytest.fixture(scope="module")
 def gcs_client(tmp_path_factory):
-    with start_fake_gcs(tmp_path_factory.mktemp("fakegcs") / "fake-gcs.log") as server:
+    log = tmp_path_factory.mktemp("fakegcs") / "fake-gcs.log"
+    with start_fake_gcs(log) as server, GcsAnswersProxy(server.endpoint) as proxy:
         yield storage.Client(
             project="shardvault-test",
             credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": server.endpoint},
+            client_options={"api_endpoint": proxy.endpoint},
         )
 
 
