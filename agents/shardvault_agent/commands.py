@@ -52,6 +52,9 @@ from shardvault_agent.transfer import Downloader, PartSender, inlined
 
 
 class Commands:
+    """A node's commands: the wire (``run``), the backup's (``backup``), the restore's
+    (``restorer``) and the probe, over the shards this node holds."""
+
     def __init__(
         self,
         config: AgentConfig,

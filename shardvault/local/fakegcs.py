@@ -16,20 +16,17 @@ with anonymous credentials: the fake checks none. It dies with the process that 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardvault.local.ports import free_port
 from shardvault.local.processes import (
+    ServerStartError,
     die_with_parent,
     go_bin_dirs,
     go_binary,
-    log_tail,
+    start_on_port,
     stop_child,
-    wait_ready,
 )
 
 PINNED_MODULE = "github.com/fsouza/fake-gcs-server@v1.56.1"
@@ -38,8 +35,6 @@ BINARY_ENV = "SHARDVAULT_FAKE_GCS_BIN"
 BINARY_NAME = "fake-gcs-server"
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
-PORT_ATTEMPTS = 3  # an auto-picked port can be taken before the server binds it
-_PORT_IN_USE = re.compile(r"address already in use", re.IGNORECASE)
 
 
 class FakeGcsNotFound(RuntimeError):
@@ -121,26 +116,15 @@ def start_fake_gcs(
     a free one (retried if another process wins it). ``log_path``: its output, appended."""
     binary = require_fake_gcs_binary()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    attempts = 1 if port else PORT_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        chosen = port or free_port()
-        offset = log_path.stat().st_size if log_path.exists() else 0
-        started = time.monotonic()
-        process = _spawn(binary, chosen, log_path)
-        server = FakeGcsServer(f"http://127.0.0.1:{chosen}", process, log_path)
-        if wait_ready(process, f"{server.endpoint}/_internal/healthcheck", timeout):
-            return server
-        exited = process.poll()
-        server.stop()
-        tail = log_tail(log_path, offset)
-        if exited is not None and attempt < attempts and _PORT_IN_USE.search(tail):
-            continue
-        state = (
-            f"exited with code {exited}"
-            if exited is not None
-            else f"was not ready after {time.monotonic() - started:.0f}s"
+    try:
+        process, chosen = start_on_port(
+            f"{BINARY_NAME} ({binary})",
+            lambda p: _spawn(binary, p, log_path),
+            lambda p: f"http://127.0.0.1:{p}/_internal/healthcheck",
+            log_path,
+            port,
+            timeout,
         )
-        raise FakeGcsStartError(
-            f"{BINARY_NAME} ({binary}) on 127.0.0.1:{chosen} {state}. Log {log_path}:\n{tail}"
-        )
-    raise AssertionError("unreachable")
+    except ServerStartError as error:
+        raise FakeGcsStartError(str(error)) from None
+    return FakeGcsServer(f"http://127.0.0.1:{chosen}", process, log_path)

@@ -176,10 +176,10 @@ class _Handler(BaseHTTPRequestHandler):
             if method in ("PATCH", "PUT") and b'"retention"' in body:
                 return self._extend(bucket, name, body)
         if parts.path.startswith(UPLOAD) and self.command == "POST":
-            bucket = unquote(parts.path[len(UPLOAD) :].split("/", 1)[0])
-            name = _upload_name(parts.query, self.headers.get("Content-Type", ""), body)
-            if name and "ifGenerationMatch=0" not in parts.query:
-                why = self.proxy.refusal("UPLOAD", bucket, name, b"")
+            into = unquote(parts.path[len(UPLOAD) :].split("/", 1)[0])
+            written = _upload_name(parts.query, self.headers.get("Content-Type", ""), body)
+            if written and "ifGenerationMatch=0" not in parts.query:
+                why = self.proxy.refusal("UPLOAD", into, written, b"")
                 if why is not None:
                     return self._refuse(why)
         self._forward(body, target, parts.query)
@@ -282,8 +282,9 @@ def _upload_name(query: str, content_type: str, body: bytes) -> str | None:
                 b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
             )
             first = next(iter(message.iter_parts()), None)
-            if first is not None:
-                return json.loads(first.get_payload(decode=True) or b"{}").get("name")
+            payload = first.get_payload(decode=True) if first is not None else None
+            if isinstance(payload, bytes):
+                return json.loads(payload or b"{}").get("name")
     except (ValueError, StopIteration):
         return None
     return None

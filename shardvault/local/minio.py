@@ -16,21 +16,19 @@ MinIO dies with the process that started it (``processes.die_with_parent``).
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardvault.local.ports import free_port
 from shardvault.local.processes import (
+    ServerStartError,
     die_with_parent,
     go_bin_dirs,
     go_binary,
-    log_tail,
+    start_on_port,
     stop_child,
-    wait_ready,
 )
 
 PINNED_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
@@ -38,9 +36,6 @@ INSTALL_COMMAND = f"GOFLAGS=-mod=mod go install {PINNED_MODULE}"
 BINARY_ENV = "SHARDVAULT_MINIO_BIN"
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
-# Auto-picked ports can be taken between free_port() and MinIO's bind; retry on a new one.
-PORT_ATTEMPTS = 3
-_PORT_IN_USE = re.compile(r"address already in use|port .* in use", re.IGNORECASE)
 
 
 class MinioNotFound(RuntimeError):
@@ -163,28 +158,18 @@ def start_minio(
     https = certs_dir is not None and (certs_dir / "public.crt").is_file()
     scheme = "https" if https else "http"
 
-    attempts = 1 if port else PORT_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        chosen = port or free_port()
-        offset = log_path.stat().st_size if log_path.exists() else 0
-        started = time.monotonic()
-        process = _spawn(binary, data_dir, chosen, env, certs_dir, log_path)
-        server = MinioServer(
-            f"{scheme}://127.0.0.1:{chosen}", access_key, secret_key, data_dir, process, log_path
+    def endpoint(chosen: int) -> str:
+        return f"{scheme}://127.0.0.1:{chosen}"
+
+    try:
+        process, chosen = start_on_port(
+            f"MinIO ({binary})",
+            lambda p: _spawn(binary, data_dir, p, env, certs_dir, log_path),
+            lambda p: f"{endpoint(p)}/minio/health/ready",
+            log_path,
+            port,
+            timeout,
         )
-        if wait_ready(process, f"{server.endpoint}/minio/health/ready", timeout):
-            return server
-        exited = process.poll()
-        server.stop()
-        tail = log_tail(log_path, offset)
-        if exited is not None and attempt < attempts and _PORT_IN_USE.search(tail):
-            continue
-        state = (
-            f"exited with code {exited}"
-            if exited is not None
-            else f"was not ready after {time.monotonic() - started:.0f}s"
-        )
-        raise MinioStartError(
-            f"MinIO ({binary}) on 127.0.0.1:{chosen} {state}. Log {log_path}:\n{tail}"
-        )
-    raise AssertionError("unreachable")
+    except ServerStartError as error:
+        raise MinioStartError(str(error)) from None
+    return MinioServer(endpoint(chosen), access_key, secret_key, data_dir, process, log_path)

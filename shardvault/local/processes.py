@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -23,6 +24,8 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from shardvault.local.ports import free_port
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
@@ -142,3 +145,45 @@ def stop_child(process: subprocess.Popen, timeout: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+PORT_ATTEMPTS = 3  # an auto-picked port can be taken before the server binds it
+_PORT_IN_USE = re.compile(r"address already in use|port .* in use", re.IGNORECASE)
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or did not become ready; the message carries its log tail."""
+
+
+def start_on_port(
+    name: str,
+    spawn: Callable[[int], subprocess.Popen],
+    ready_url: Callable[[int], str],
+    log_path: Path,
+    port: int | None,
+    timeout: float,
+) -> tuple[subprocess.Popen, int]:
+    """Starts a server (``spawn(port)``, its output appended to ``log_path``) and returns it
+    and its port once ``ready_url(port)`` answers 200. ``port``: fixed, else a free one,
+    retried when another process binds it first. A server that exits or is not ready in
+    ``timeout`` seconds is stopped, and :class:`ServerStartError` carries its log tail."""
+    attempts = 1 if port else PORT_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        chosen = port or free_port()
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        started = time.monotonic()
+        process = spawn(chosen)
+        if wait_ready(process, ready_url(chosen), timeout):
+            return process, chosen
+        exited = process.poll()
+        stop_child(process, timeout=10.0)
+        tail = log_tail(log_path, offset)
+        if exited is not None and attempt < attempts and _PORT_IN_USE.search(tail):
+            continue
+        state = (
+            f"exited with code {exited}"
+            if exited is not None
+            else f"was not ready after {time.monotonic() - started:.0f}s"
+        )
+        raise ServerStartError(f"{name} on 127.0.0.1:{chosen} {state}. Log {log_path}:\n{tail}")
+    raise AssertionError("unreachable")

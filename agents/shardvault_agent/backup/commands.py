@@ -300,9 +300,9 @@ class BackupCommands:
         limiter: RateLimiter,
         map_with_data: bool,
     ) -> ShardScan:
+        if (retried := self.files.saved_scan(backup_id, shard_id)) is not None:
+            return retried  # a retried scan answers as the first did
         saved = self.files.scan_path(backup_id, shard_id)
-        if (retried := ShardScan.load(saved)) is not None:  # a retried scan: the first answer
-            return retried
         parent_path = self.parent_map(shard_id, parent)
         capture = self.files.load_capture(backup_id, shard_id, Phase.DATA)
         # Identities are judged against the checkpoint's time, for engines that trust them.
