@@ -13,9 +13,10 @@ Terms:
 - *emulator*: in the local stack and the tests, the client reaches fake-gcs-server at an
   endpoint with anonymous credentials. Nothing is exchanged.
 
-The grants on the bucket are the federated principal's: ``roles/storage.objectCreator`` and
-``roles/storage.objectViewer``. Neither can delete or replace an object
-(docs/design/vault-targets.md).
+The grants on the bucket are the federated principal's: a custom role with
+``storage.objects.create``, ``get``, ``list``, ``update`` and ``setRetention`` (an upload
+that carries a retention needs it) and ``storage.buckets.get``; no ``objects.delete``, so
+nothing it wrote can be removed or replaced through it (docs/design/vault-targets.md).
 """
 
 from __future__ import annotations
