@@ -15,7 +15,6 @@ with anonymous credentials: the fake checks none. It dies with the process that 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,10 @@ from pathlib import Path
 from shardvault.local.processes import (
     ServerStartError,
     die_with_parent,
-    go_bin_dirs,
     go_binary,
     start_on_port,
     stop_child,
+    why_missing,
 )
 
 PINNED_MODULE = "github.com/fsouza/fake-gcs-server@v1.56.1"
@@ -58,14 +57,16 @@ def find_fake_gcs_binary() -> Path | None:
 
 
 def require_fake_gcs_binary() -> Path:
+    """The binary, or :class:`FakeGcsNotFound` saying what was looked at."""
     binary = find_fake_gcs_binary()
-    if binary is not None:
-        return binary
-    explicit = os.environ.get(BINARY_ENV)
-    if explicit:
-        raise FakeGcsNotFound(f"{BINARY_ENV}={explicit} is not an executable file.")
-    places = ", ".join(str(d / BINARY_NAME) for d in go_bin_dirs())
-    raise FakeGcsNotFound(f"{BINARY_NAME} not found (looked on PATH and at {places}).")
+    if binary is None:
+        raise FakeGcsNotFound(why_missing(BINARY_NAME, BINARY_NAME, BINARY_ENV))
+    return binary
+
+
+def endpoint(port: int) -> str:
+    """Where the server on ``port`` answers (the client's ``api_endpoint``)."""
+    return f"http://127.0.0.1:{port}"
 
 
 @dataclass
@@ -87,7 +88,6 @@ class FakeGcsServer:
 
 
 def _spawn(binary: Path, port: int, log_path: Path) -> subprocess.Popen:
-    endpoint = f"http://127.0.0.1:{port}"
     cmd = [
         str(binary),
         "-scheme", "http",
@@ -95,7 +95,7 @@ def _spawn(binary: Path, port: int, log_path: Path) -> subprocess.Popen:
         "-port", str(port),
         "-backend", "memory",
         # Object links (mediaLink) name this address, not the default 0.0.0.0.
-        "-external-url", endpoint,
+        "-external-url", endpoint(port),
         "-public-host", f"127.0.0.1:{port}",
         "-log-level", "warn",
     ]  # fmt: skip
@@ -120,11 +120,11 @@ def start_fake_gcs(
         process, chosen = start_on_port(
             f"{BINARY_NAME} ({binary})",
             lambda p: _spawn(binary, p, log_path),
-            lambda p: f"http://127.0.0.1:{p}/_internal/healthcheck",
+            lambda p: f"{endpoint(p)}/_internal/healthcheck",
             log_path,
             port,
             timeout,
         )
     except ServerStartError as error:
         raise FakeGcsStartError(str(error)) from None
-    return FakeGcsServer(f"http://127.0.0.1:{chosen}", process, log_path)
+    return FakeGcsServer(endpoint(chosen), process, log_path)

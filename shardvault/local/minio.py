@@ -25,10 +25,10 @@ from shardvault.local.ports import free_port
 from shardvault.local.processes import (
     ServerStartError,
     die_with_parent,
-    go_bin_dirs,
     go_binary,
     start_on_port,
     stop_child,
+    why_missing,
 )
 
 PINNED_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
@@ -60,13 +60,9 @@ def find_minio_binary() -> Path | None:
 def require_minio_binary() -> Path:
     """The binary, or :class:`MinioNotFound` saying what was looked at."""
     binary = find_minio_binary()
-    if binary is not None:
-        return binary
-    explicit = os.environ.get(BINARY_ENV)
-    if explicit:
-        raise MinioNotFound(f"{BINARY_ENV}={explicit} is not an executable file.")
-    places = ", ".join(str(d / "minio") for d in go_bin_dirs())
-    raise MinioNotFound(f"MinIO binary not found (looked on PATH and at {places}).")
+    if binary is None:
+        raise MinioNotFound(why_missing("MinIO binary", "minio", BINARY_ENV))
+    return binary
 
 
 @dataclass

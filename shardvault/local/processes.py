@@ -94,6 +94,15 @@ def go_binary(name: str, env_var: str) -> Path | None:
     return None
 
 
+def why_missing(label: str, name: str, env_var: str) -> str:
+    """Why :func:`go_binary` found no ``name``: a wrong ``$env_var``, or where it looked."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return f"{env_var}={explicit} is not an executable file."
+    places = ", ".join(str(d / name) for d in go_bin_dirs())
+    return f"{label} not found (looked on PATH and at {places})."
+
+
 def log_tail(log_path: Path, offset: int, lines: int = 40) -> str:
     """The last ``lines`` a server logged since ``offset``: what a start error shows."""
     try:
