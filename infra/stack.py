@@ -55,6 +55,7 @@ from shardvault.aws.services import ANSWERS_DIR
 from shardvault.config.policy import Policy, load_policy
 from shardvault.contracts.layout import ARCHIVE_DIR
 from shardvault.contracts.models import DOORBELL_PREFIX
+from shardvault.lifecycle.copies import COPIES_DIR
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800
@@ -390,8 +391,19 @@ class ShardVaultStack(Stack):
             # Whether the vault holds a copy already: a missing key is then 404, not 403.
             policies.list_prefix(vault, BACKUPS_PREFIX),
             # The backup's and its ancestors' records read, the promotion recorded
-            # (shardvault/lifecycle/promote.py: catalog.get and catalog.update only).
-            policies.table(self.tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
+            # (shardvault/lifecycle/promote.py: catalog.get and catalog.update); a weekly copy
+            # target's earlier copies (shardvault/lifecycle/copies.py: catalog.backups).
+            policies.table(
+                self.tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
+            ),
+            # A copy target's progress between budgeted calls (copies.load_progress: a first
+            # call finds none, a 404 only with ListBucket).
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject"],
+                resources=[bucket.arn_for_objects(f"{WORK_PREFIX}*/{COPIES_DIR}/*")],
+            ),
+            policies.list_prefix(bucket, WORK_PREFIX),
+            *publish,  # a copy target's failure (copies.failed)
         )
         grant(
             "record_promotion_failure",  # promote.record_failure: one catalog.update
@@ -615,7 +627,7 @@ class ShardVaultStack(Stack):
         prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX, probes))
         doorbells = f"{DOORBELL_PREFIX}\\*"
         # The dispatcher's answer URLs under a work prefix; the WAL archives under the backups'.
-        answers = f"(\\/({ANSWERS_DIR}|{ARCHIVE_DIR})\\/\\*)?"
+        answers = f"(\\/({ANSWERS_DIR}|{ARCHIVE_DIR}|{COPIES_DIR})\\/\\*)?"
         NagSuppressions.add_resource_suppressions(
             self.functions,
             [
@@ -623,7 +635,8 @@ class ShardVaultStack(Stack):
                     "id": "AwsSolutions-IAM5",
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
                     "prefix (backups/ for data, backups/*/_wal/ for WAL archives, _work/ for work "
-                    "objects, _work/*/answers/ for the agents' answers, _work/probes/ for the "
+                    "objects, _work/*/answers/ for the agents' answers, _work/*/copies/ for a copy "
+                    "target's progress, _work/probes/ for the "
                     "store probes) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "

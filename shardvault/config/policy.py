@@ -43,8 +43,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 
+from shardvault.config.targets import STACK_TARGET, VaultCopy, check_copies, invalid, target_name
 from shardvault.contracts import models
 from shardvault.contracts.cut import database_name_problem
 from shardvault.contracts.models import (
@@ -76,11 +76,6 @@ class Problem(NamedTuple):
     path: str  # field path, e.g. clusters.demo.retention.keep_daily
     message: str
     fix: str
-
-
-def invalid(message: str, fix: str) -> PydanticCustomError:
-    """A validation error that carries its fix to ``load_policy``."""
-    return PydanticCustomError("policy", message, {"fix": fix})
 
 
 BackupKind = models.BackupKind  # one definition, where the backup's records are modelled
@@ -291,6 +286,10 @@ class ObjectLock(Frozen):
 
 
 class Vault(Frozen):
+    name: Annotated[str, AfterValidator(target_name)] = Field(
+        STACK_TARGET,
+        description="The stack vault's name, as restore --from-vault and the catalog use it.",
+    )
     storage_class: Annotated[StorageClass, BeforeValidator(_vault_class)] = Field(
         description="Storage class backups land in: STANDARD_IA, GLACIER_IR, GLACIER or "
         "DEEP_ARCHIVE.",
@@ -314,6 +313,16 @@ class Vault(Frozen):
         "same; true: deletes it when retention expires it and pays the early-deletion charge "
         "(for erasure duties).",
     )
+    copies: list[VaultCopy] = Field(
+        default_factory=list,
+        description="Other vault targets each verified backup is also copied to "
+        "(shardvault/config/targets.py); []: the stack vault alone.",
+    )
+
+    @model_validator(mode="after")
+    def _copies_named_and_held(self) -> Vault:
+        check_copies(self.name, self.object_lock.days, self.copies)
+        return self
 
 
 class Retention(Frozen):
@@ -645,6 +654,22 @@ class ClusterPolicy(Frozen):
         "null: any agent that registers under the cluster's name.",
     )
 
+    @model_validator(mode="after")
+    def _copies_readable_without_the_stack(self) -> ClusterPolicy:
+        """A copy out of the stack account's reach is worth little if only that account's
+        KMS key unwraps it; until copies carry a recovery key, the policy says so by name."""
+        if self.encryption == "kms":
+            for copy in self.vault.copies:
+                if not copy.stack_key_only:
+                    raise invalid(
+                        f"copy {copy.name!r} would hold backups whose data keys only the stack "
+                        "account's KMS key unwraps",
+                        "set its stack_key_only: true to accept that restoring the copy needs "
+                        "that key (a recovery key in another account is not built yet), or "
+                        "encryption: none",
+                    )
+        return self
+
     @property
     def engines(self) -> frozenset[Engine]:
         """The engines the cluster's nodes may run (more than one: a mixed cluster)."""
@@ -844,10 +869,10 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         if info is None:
             return None
         annotation = _inner(info.annotation)
-        if get_origin(annotation) is dict:
-            if next(parts, None) is None:  # skip the key (a cluster's name)
+        if get_origin(annotation) in (dict, list):
+            if next(parts, None) is None:  # skip the key (a cluster's name) or the index
                 return None
-            annotation = get_args(annotation)[1]
+            annotation = get_args(annotation)[-1]
         is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         model = annotation if is_model else None
     return model
@@ -893,9 +918,15 @@ def describe_fields(model: type[BaseModel] = Policy, prefix: str = "") -> list[F
         rows.append(FieldRow(path, _type_name(info), _default(info), info.description or ""))
         if get_origin(annotation) is dict:
             rows += describe_fields(get_args(annotation)[1], f"{path}.<name>.")
-        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        elif get_origin(annotation) is list and _is_model(get_args(annotation)[0]):
+            rows += describe_fields(get_args(annotation)[0], f"{path}[].")
+        elif _is_model(annotation):
             rows += describe_fields(annotation, f"{path}.")
     return rows
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _type_name(info: FieldInfo) -> str:
@@ -908,10 +939,10 @@ def _type_name(info: FieldInfo) -> str:
         name = " | ".join(str(member.value) for member in annotation)
     elif get_origin(annotation) is Literal:
         name = " | ".join(str(a) for a in get_args(annotation))
-    elif get_origin(annotation) is dict or (
-        isinstance(annotation, type) and issubclass(annotation, BaseModel)
-    ):
+    elif get_origin(annotation) is dict or _is_model(annotation):
         name = "mapping"
+    elif get_origin(annotation) is list and _is_model(get_args(annotation)[0]):
+        name = "list of mappings"
     else:
         name = getattr(annotation, "__name__", str(annotation))
     bounds = [
@@ -926,6 +957,8 @@ def _type_name(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return ""
+    if info.default_factory is list:
+        return "[]"
     if info.default_factory is not None:
         return "{}"  # a mapping whose fields all take their defaults
     value = info.default

@@ -50,6 +50,16 @@ class Settings(BaseModel):
         description="The policy itself (YAML or JSON text), as the stack passes it to its "
         "functions; wins over policy_file.",
     )
+    gcs_endpoint: str | None = Field(
+        None,
+        description="Endpoint of a GCS emulator for every GCS vault copy (the local stack); "
+        "none on AWS, where copies reach GCS through workload identity federation.",
+    )
+    gcs_retry_seconds: float = Field(
+        120.0,
+        description="How long a GCS call keeps retrying (429, 5xx, lost connections) before "
+        "the copy to that target fails.",
+    )
     promote_budget_seconds: float = Field(
         600.0, description="How long one promotion call copies before it is called again."
     )

@@ -147,6 +147,29 @@ class VerifyRecord(BaseModel):
     more_problems: int = 0
 
 
+class CopyRecord(BaseModel):
+    """A backup's copy in one vault target beyond the stack's vault (``vault.copies``), as
+    read back from that provider (``shardvault.lifecycle.copies``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: Literal["COPIED", "FAILED", "SKIPPED"]
+    kind: Literal["gcs"] = "gcs"
+    reason: str | None = None  # why it was skipped, or what failed
+    bucket: str | None = None
+    manifest_key: str | None = None
+    manifest_generation: str | None = None  # the manifest a restore reads
+    storage_class: str | None = None
+    retention_mode: str | None = None  # the weakest any object holds ("Locked")
+    retain_until: str | None = None  # ISO 8601, the earliest any object holds
+    objects: int | None = None
+    bytes: int | None = None
+    # What the provider proved: every object's CRC32C and MD5 equal those of the bytes whose
+    # CRC64NVME is the manifest's.
+    proof: str | None = None
+    copied_at: float | None = None
+
+
 class BackupItem(Outcome):
     """A backup: written at admission (RUNNING), grown by each phase's plan, completed by
     finalize, moved by promotion, verify and retention."""
@@ -210,8 +233,10 @@ class BackupItem(Outcome):
     lock_mode: str | None = None
     retain_until: str | None = None  # ISO 8601, the earliest any of its copies holds
     promoted_at: float | None = None
+    vault_copies: dict[str, CopyRecord] = Field(default_factory=dict)  # by target name
     staging_left: int | None = None
-    promotion: Literal["FAILED"] | None = None
+    # FAILED: not in the stack vault; PARTIAL: there, but a copy target failed.
+    promotion: Literal["FAILED", "PARTIAL"] | None = None
     promotion_error: str | None = None
     promotion_cause: str | None = None
     promotion_failed_at: float | None = None

@@ -26,9 +26,14 @@ from typing import Any, BinaryIO
 
 import google_crc32c
 from google.api_core import exceptions as gcs_errors
+from google.api_core.retry import Retry
+from google.cloud.storage.retry import DEFAULT_RETRY
 
+from shardvault.config.settings import Settings
+from shardvault.config.targets import GcsTarget
 from shardvault.data.checksums import crc64nvme, to_b64
 from shardvault.errors import ChecksumMismatch, PromotionFailed
+from shardvault.gcp.credentials import client
 
 LOCKED = "Locked"
 READ_CHUNK = 8 * 1024 * 1024
@@ -102,6 +107,9 @@ class GcsBucket:
 
     client: Any
     name: str
+    # The client library's own retry policy (backoff on 429, 5xx and lost connections), with
+    # how long it keeps trying: every call here is idempotent or conditional on a generation.
+    retry: Retry = DEFAULT_RETRY
 
     @property
     def _bucket(self) -> Any:
@@ -127,7 +135,9 @@ class GcsBucket:
             blob.retention.retain_until_time = retain_until
         stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
         try:
-            blob.upload_from_file(stream, size=size, checksum="crc32c", if_generation_match=0)
+            blob.upload_from_file(
+                stream, size=size, checksum="crc32c", if_generation_match=0, retry=self.retry
+            )
         except gcs_errors.PreconditionFailed:  # copied before: a resumed promotion
             stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
             while stream.read(READ_CHUNK):
@@ -145,7 +155,7 @@ class GcsBucket:
 
     def read_back(self, key: str) -> GcsCopy | None:
         """The object as GCS reports it now, or None when there is none."""
-        blob = self._bucket.get_blob(key)
+        blob = self._bucket.get_blob(key, retry=self.retry)
         if blob is None:
             return None
         retention = blob.retention
@@ -163,6 +173,41 @@ class GcsBucket:
     def read(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object."""
         return self._bucket.blob(key).download_as_bytes(start=start, end=end - 1)  # type: ignore[no-any-return]
+
+    def read_all(self, key: str, generation: int | None = None) -> bytes:
+        """An object's bytes (``generation``'s, when given: the one a record names)."""
+        blob = self._bucket.blob(key, generation=generation)
+        return blob.download_as_bytes(retry=self.retry)  # type: ignore[no-any-return]
+
+    def open(self, key: str, generation: int | None = None) -> BinaryIO:
+        """An object's bytes as a stream, read in chunks as they are consumed."""
+        blob = self._bucket.blob(key, generation=generation)
+        return blob.open("rb", chunk_size=READ_CHUNK, retry=self.retry)  # type: ignore[no-any-return]
+
+    def extend(self, key: str, until: datetime) -> GcsCopy:
+        """Extends a Locked retention to ``until`` (GCS allows extending, never shortening)
+        unless it already reaches that far; returns the object as read back."""
+        copy = self.read_back(key)
+        if copy is None:
+            raise PromotionFailed(
+                f"GCS holds no {key}, which a newer incremental's chain needs.",
+                fix="start a full backup (a new chain); the incremental stays in the stack vault.",
+            )
+        if copy.retain_until is not None and copy.retain_until >= until:
+            return copy
+        blob = self._bucket.blob(key)
+        blob.retention.mode = LOCKED
+        blob.retention.retain_until_time = until
+        blob.patch(retry=self.retry)
+        return self.read_back(key) or copy
+
+    def locked_retention_days(self) -> float | None:
+        """The bucket's retention policy in days when it is locked, as GCS reports it; None
+        when it has none or it can still be removed."""
+        bucket = self.client.get_bucket(self.name, retry=self.retry)
+        if not bucket.retention_policy_locked or not bucket.retention_period:
+            return None
+        return int(bucket.retention_period) / 86400
 
 
 def check_held(copy: GcsCopy, storage_class: str, retain_until: datetime | None) -> None:
@@ -186,3 +231,23 @@ def check_held(copy: GcsCopy, storage_class: str, retain_until: datetime | None)
             fix="check the bucket's settings (object retention enabled, the class allowed) and "
             "the federated identity's roles; the backup stays restorable from the store.",
         )
+
+
+def target_bucket(target: GcsTarget, settings: Settings) -> GcsBucket:
+    """The bucket of a GCS copy target: through the settings' emulator on the local stack,
+    else through workload identity federation, its calls retried for ``gcs_retry_seconds``."""
+    identity = target.workload_identity
+    if settings.gcs_endpoint is None and identity is None:
+        raise PromotionFailed(
+            f"copy {target.name!r} names no workload_identity, and no GCS emulator is set.",
+            fix="add the copy's workload_identity (its pool's audience) to the policy: on AWS "
+            "the promote function reaches GCS only through it.",
+        )
+    storage_client = client(
+        target.project,
+        audience=identity.audience if identity else None,
+        service_account=identity.service_account if identity else None,
+        endpoint=settings.gcs_endpoint,
+    )
+    retry = DEFAULT_RETRY.with_timeout(settings.gcs_retry_seconds)
+    return GcsBucket(storage_client, target.bucket, retry)

@@ -29,10 +29,9 @@ Terms:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from boto3.s3.transfer import TransferConfig
@@ -52,7 +51,9 @@ from shardvault.contracts.models import (
     lock_strength,
 )
 from shardvault.errors import ChecksumMismatch, PromotionFailed
+from shardvault.lifecycle import copies
 from shardvault.lifecycle.retention import deletion_batches
+from shardvault.lifecycle.targets import days_after, moved_key, moved_manifest
 from shardvault.pricing.prices import ARCHIVE_CLASSES, StorageClass
 from shardvault.workflow.causes import readable_cause
 
@@ -66,7 +67,7 @@ COPY_CONFIG = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksiz
 def retain_until(vault: VaultTarget, now: float) -> datetime:
     """``now`` + the lock's days, in whole seconds (rounded up), so the date the store
     reports back compares exactly with the date asked."""
-    return datetime.fromtimestamp(math.ceil(now), UTC) + timedelta(days=vault.lock_days)
+    return days_after(now, vault.lock_days)
 
 
 MANIFEST_CLASS = "STANDARD"  # the vault's manifest is read without a thaw
@@ -156,17 +157,56 @@ def recorded_lock(
 def promote(
     context: BackupContext, summary: dict[str, Any], svc: Services, now: float
 ) -> dict[str, Any]:
-    """Copies what the vault still lacks, for at most the time budget; once nothing remains,
-    writes the vault's manifest and records the promotion. Returns ``remaining`` (objects
-    still to copy: call again) and, when done, the backup's summary with its vault fields."""
+    """Copies what the vault still lacks, then what each copy target lacks, for at most the
+    time budget; the stack vault's manifest is written once its objects are there, each
+    target's once its are. Returns ``remaining`` (objects still to copy: call again) and,
+    when done, the backup's summary with its vault fields."""
     if context.vault is None or svc.vault is None:
         raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
     record = svc.catalog.get(context.cluster, context.backup_id)
-    if record and record.location == "vault":  # a retried call after success: staging is gone
-        return {"remaining": 0, "summary": {**summary, **_promotion_of(record)}}
+    targets = copies.targets_of(svc, context.cluster)
+    if record and record.location == "vault" and copies.settled(record, targets):
+        return finished(summary, record)  # a retried call after success: staging is gone
     manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
-    until = retain_until(context.vault, summary.get("completed_at", now))
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
+    in_vault = record is not None and record.location == "vault"
+    if not in_vault and (
+        remaining := promote_to_stack(context, summary, manifest, svc, now, deadline)
+    ):
+        return {"remaining": remaining, "summary": summary}
+    if remaining := copies.copy_out(
+        context, manifest, summary["manifest_key"], targets, svc, now, deadline
+    ):
+        return {"remaining": remaining, "summary": summary}
+    staging_keys = [*(o.key for s in manifest.shards for o in s.objects), summary["manifest_key"]]
+    for key in staging_keys:  # every target holds it now (or failed and raised its alarm)
+        mark_promoted(svc, key)
+    left = remove_staging_copy(svc, staging_keys)
+    if left:
+        left_over = BackupItem.changes(staging_left=left)
+        svc.catalog.update(context.cluster, context.backup_id, left_over)
+    return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
+
+
+def finished(summary: dict[str, Any], record: BackupItem | None) -> dict[str, Any]:
+    fields = _promotion_of(record) if record else {}
+    if record and record.vault_copies:
+        fields["vault_copies"] = {name: c.state for name, c in record.vault_copies.items()}
+    return {"remaining": 0, "summary": {**summary, **fields}}
+
+
+def promote_to_stack(
+    context: BackupContext,
+    summary: dict[str, Any],
+    manifest: Manifest,
+    svc: Services,
+    now: float,
+    deadline: float,
+) -> int:
+    """The stack vault's share of a call: copies its missing objects, and once none is
+    missing writes its manifest and records the promotion. Returns how many remain."""
+    assert context.vault is not None
+    until = retain_until(context.vault, summary.get("completed_at", now))
     objects = [o for s in manifest.shards for o in s.objects]
     # Each call reads back every object's lock: those already held, and those it copies.
     held = {o.key: held_in_vault(svc, o, vault_for(o, context.vault), until) for o in objects}
@@ -177,16 +217,13 @@ def promote(
         if time.monotonic() >= deadline:
             break
     if remaining:
-        return {"remaining": len(remaining), "summary": summary}
+        return len(remaining)
     hold_ancestors(svc, context.cluster, manifest, until)
     versions = {key: lock.version_id for key, lock in held.items()}
     vault_key, manifest_version = write_vault_manifest(
         svc, manifest, summary["manifest_key"], context.vault, until, versions
     )
     manifest_lock = confirm_lock(svc, vault_key, context.vault, until, MANIFEST_CLASS)
-    staging_keys = [*(o.key for o in objects), summary["manifest_key"]]
-    for key in staging_keys:
-        mark_promoted(svc, key)
     promotion = {
         "location": "vault",
         "vault_manifest_key": vault_key,
@@ -201,11 +238,7 @@ def promote(
         "promoted_at": time.time(),
     }
     svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**promotion))
-    left = remove_staging_copy(svc, staging_keys)
-    if left:
-        left_over = BackupItem.changes(staging_left=left)
-        svc.catalog.update(context.cluster, context.backup_id, left_over)
-    return {"remaining": 0, "summary": {**summary, **promotion}}
+    return 0
 
 
 PROMOTION_FIELDS = (
@@ -216,6 +249,7 @@ PROMOTION_FIELDS = (
     "lock_mode",
     "retain_until",
     "promoted_at",
+    "promotion",
 )
 
 
@@ -303,9 +337,7 @@ def vault_of(svc: Services) -> Bucket:
 
 def vault_key(svc: Services, store_key: str) -> str:
     """The vault keeps the store's layout under its own prefix."""
-    relative = store_key.removeprefix(svc.store.prefix.strip("/") + "/")
-    prefix = svc.vault.prefix.strip("/")
-    return f"{prefix}/{relative}" if prefix else relative
+    return moved_key(svc, store_key, svc.vault.prefix if svc.vault else "")
 
 
 def held_in_vault(
@@ -400,30 +432,7 @@ def write_vault_manifest(
 ) -> tuple[str, str | None]:
     """The vault's own manifest: the store's, with keys in the vault and the version of each
     copy (``versions``, by store key). Written last; returns its key and version."""
-
-    def moved_object(o: ObjectResult) -> ObjectResult:
-        return o.model_copy(
-            update={"key": vault_key(svc, o.key), "version_id": versions.get(o.key)}
-        )
-
-    moved = manifest.model_copy(
-        update={
-            "shards": [
-                shard.model_copy(
-                    update={
-                        "streams": [
-                            stream.model_copy(
-                                update={"objects": [moved_object(o) for o in stream.objects]}
-                            )
-                            for stream in shard.streams
-                        ],
-                        "blockmap": moved_object(shard.blockmap) if shard.blockmap else None,
-                    }
-                )
-                for shard in manifest.shards
-            ]
-        }
-    )
+    moved = moved_manifest(manifest, lambda k: vault_key(svc, k), versions)
     key = vault_key(svc, store_key)
     written = vault_of(svc).put(
         key,

@@ -9,6 +9,8 @@
   moto's S3, verified by reading objects back since moto's checksums cannot be trusted;
 - the *vault*: a bucket in moto's S3 with Object Lock (it keeps archive storage classes, which
   MinIO refuses); clusters of ``policy.yaml`` beside this module are promoted into it;
+- *GCS*: fake-gcs-server behind a proxy that answers as GCS does on retention; the policy's
+  GCS copy targets land there (``gcs_endpoint``);
 - agents as separate OS processes, given control-plane endpoints but no store credentials.
 
 ``stack.env`` in the stack's directory records the endpoints and names, so CLI commands run
@@ -55,8 +57,11 @@ from shardvault.backup import REAPED_STATUSES
 from shardvault.client.operations import STACK_OUTPUTS
 from shardvault.config.settings import Settings
 from shardvault.errors import InvalidRequest
+from shardvault.gcp.storage import target_bucket
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
 from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
+from shardvault.local.fakegcs import start_fake_gcs
+from shardvault.local.gcs_answers import GcsAnswersProxy
 from shardvault.local.iam.gate import Gate, load_gate
 from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.iam.template import OPERATOR
@@ -243,6 +248,8 @@ class LocalStack:
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
+    _fake_gcs: Any = None
+    gcs: GcsAnswersProxy | None = None  # GCS as it answers: the copy targets' emulator
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
     gate: Gate | None = None  # IAM, as the synthesized template grants it
@@ -262,6 +269,7 @@ class LocalStack:
         self._pid_file = claim_stack_dir(self.root)
         self._start_moto()
         store_url, store_endpoint, credentials = self._start_store()
+        gcs_endpoint = self._start_gcs()
         topic_arn, topic_key = self._create_resources()
         data_key = self._create_data_key()
         self.settings = Settings(
@@ -281,7 +289,10 @@ class LocalStack:
             vault_url=f"s3://{NAMES['vault_bucket']}/backups",
             vault_endpoint=self.endpoint,
             policy_file=str(self.policy_file),
+            gcs_endpoint=gcs_endpoint,
+            gcs_retry_seconds=5.0,
         )
+        self._create_gcs_buckets()
         self._start_gate(topic_key)
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
@@ -423,6 +434,23 @@ class LocalStack:
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=NAMES["store_bucket"])
         return f"s3://{NAMES['store_bucket']}/backups", endpoint, credentials
+
+    def _start_gcs(self) -> str:
+        """fake-gcs-server behind the proxy that answers as GCS does on retention
+        (``shardvault.local.gcs_answers``): every GCS copy target of the policy lands there."""
+        self._fake_gcs = start_fake_gcs(self.root / "fake-gcs.log")
+        self.gcs = GcsAnswersProxy(self._fake_gcs.endpoint).start()
+        return self.gcs.endpoint
+
+    def _create_gcs_buckets(self) -> None:
+        """The policy's GCS buckets, as an operator creates them (object retention on)."""
+        assert self.settings is not None
+        policy = self.services().policy()
+        for cluster in policy.clusters.values() if policy else []:
+            for target in cluster.vault.copies:
+                client = target_bucket(target, self.settings).client
+                if client.lookup_bucket(target.bucket) is None:
+                    client.create_bucket(target.bucket, enable_object_retention=True)
 
     def presign_store_through(self, endpoint: str | None) -> None:
         """Tests: the store's presigned URLs (the ones agents receive) name ``endpoint``, a
@@ -624,6 +652,12 @@ class LocalStack:
         if self._minio is not None:
             self._minio.stop()
             self._minio = None
+        if self.gcs is not None:
+            self.gcs.stop()
+            self.gcs = None
+        if self._fake_gcs is not None:
+            self._fake_gcs.stop()
+            self._fake_gcs = None
         if self._server is not None:
             self._server.stop()
             self._server = None

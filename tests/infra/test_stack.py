@@ -369,6 +369,7 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
                         '"/backups/*"]]}',
                         '"/_work/*"]]}',
                         '"/_work/*/answers/*"]]}',
+                        '"/_work/*/copies/*"]]}',
                         '"/_work/probes/*"]]}',
                         '"/backups/*/_wal/*"]]}',
                     )
@@ -386,6 +387,7 @@ PUBLISHERS = {
     "finalize_backup",
     "cleanup_backup",
     "record_promotion_failure",
+    "promote_backup",  # a copy target's failure: the backup is PARTIAL
     "finalize_restore",
     "cleanup_restore",
     "decide_retention",  # budget alerts

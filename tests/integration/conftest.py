@@ -330,6 +330,9 @@ def policy_for(stack, tmp_path, monkeypatch):
     def write(cluster: str, **options: str) -> None:
         """``options``: more fields of the cluster's entry, e.g. ``encryption="kms"``."""
         engine = options.pop("engine", "sqlite")
+        vault = options.pop(
+            "vault", "{storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}"
+        )
         path = tmp_path / "policy.yaml"
         path.write_text(
             "version: 1\n"
@@ -337,7 +340,7 @@ def policy_for(stack, tmp_path, monkeypatch):
             f"  {cluster}:\n"
             f"    engine: {engine}\n"
             "    schedule: {full: '0 2 * * *'}\n"
-            "    vault: {storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}}\n"
+            f"    vault: {vault}\n"
             "    retention: {keep_daily: 1}\n"
             + "".join(f"    {name}: {value}\n" for name, value in options.items())
         )

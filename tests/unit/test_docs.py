@@ -38,10 +38,11 @@ def leaf_fields(model: type[BaseModel], prefix: str) -> typing.Iterator[str]:
     for name, field in model.model_fields.items():
         args = (field.annotation, *typing.get_args(field.annotation))
         sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        listed = typing.get_origin(field.annotation) is list and sub is not None
         if sub is None:
             yield f"{prefix}{name}"
         else:
-            yield from leaf_fields(sub, f"{prefix}{name}.")
+            yield from leaf_fields(sub, f"{prefix}{name}{'[]' if listed else ''}.")
 
 
 def test_every_policy_field_is_documented():

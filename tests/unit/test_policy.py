@@ -252,3 +252,100 @@ def test_an_unknown_cluster_is_refused_by_name() -> None:
     with pytest.raises(PolicyError, match="no cluster 'billing'") as raised:
         policy.cluster("billing")
     assert "orders" in raised.value.fix
+
+
+# --- vault copies (shardvault/config/targets.py) ----------------------------------------------
+def with_copies(*copies: str, encryption: str = "none") -> str:
+    vault = (
+        "{storage_class: DEEP_ARCHIVE, object_lock: {mode: GOVERNANCE, days: 30}, copies: ["
+        + ", ".join(copies)
+        + "]}"
+    )
+    return policy_with(vault=vault, encryption=encryption)
+
+
+def gcs(**fields: str) -> str:
+    body = {
+        "name": "offsite",
+        "kind": "gcs",
+        "project": "acme",
+        "bucket": "acme-backups",
+        "storage_class": "ARCHIVE",
+        "retention": "{days: 30}",
+        **fields,
+    }
+    return "{" + ", ".join(f"{k}: {v}" for k, v in body.items() if v) + "}"
+
+
+def test_a_gcs_copy_loads_with_its_defaults() -> None:
+    (copy,) = parse_policy(with_copies(gcs())).cluster("orders").vault.copies
+    assert (copy.name, copy.storage_class, copy.prefix) == ("offsite", "ARCHIVE", "shardvault")
+    assert (copy.retention.style, copy.retention.days, copy.select) == ("object", 30, "all")
+    assert copy.workload_identity is None
+
+
+BAD_COPIES = [
+    # (the copies, the cluster's encryption, the field path, in the message, in the fix)
+    ([gcs(retention="")], "none", "vault.copies.0.retention", "Field required", "add retention"),
+    (
+        [gcs(storage_class="DEEP_ARCHIVE")],
+        "none",
+        "vault.copies.0.storage_class",
+        "not a storage class GCS has",
+        "GCS's nearest is ARCHIVE",
+    ),
+    (
+        [gcs(storage_class="nearline")],
+        "none",
+        "vault.copies.0.storage_class",
+        "'nearline'",
+        "capitals: NEARLINE",
+    ),
+    (
+        [gcs(retention="{days: 7}")],
+        "none",
+        "vault",
+        "retains for 7 days, less than the stack vault's lock of 30",
+        "at least 30",
+    ),
+    ([gcs(), gcs()], "none", "vault", "named 'offsite'", "its own name"),
+    ([gcs(name="stack")], "none", "vault", "named 'stack'", "its own name"),
+    (
+        [gcs(retention="{style: bucket, days: 30}")],
+        "none",
+        "vault.copies.0",
+        "bucket's retention policy and selects all",
+        "select: fulls",
+    ),
+    ([gcs()], "kms", "", "only the stack account's KMS key unwraps", "stack_key_only: true"),
+    ([gcs(kind="azure")], "none", "vault.copies.0.kind", "'azure'", "'gcs'"),
+    ([gcs(name="Off_Site")], "none", "vault.copies.0.name", "lowercase", "gcs-archive"),
+    (
+        [gcs(workload_identity="{audience: pool}")],
+        "none",
+        "vault.copies.0.workload_identity.audience",
+        "not a workload identity provider's audience",
+        "//iam.googleapis.com/projects/",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("copies", "encryption", "path", "says", "fix"),
+    BAD_COPIES,
+    ids=[f"{p}:{s[:30]}" for _, _, p, s, _ in BAD_COPIES],
+)
+def test_a_bad_vault_copy_is_refused_by_name_with_a_fix(
+    copies: list[str], encryption: str, path: str, says: str, fix: str
+) -> None:
+    with pytest.raises(PolicyError) as raised:
+        parse_policy(with_copies(*copies, encryption=encryption))
+    (problem,) = raised.value.problems
+    assert problem.path == "clusters.orders" + (f".{path}" if path else "")
+    assert says in problem.message
+    assert fix in problem.fix
+
+
+def test_an_encrypted_clusters_copy_may_accept_the_stack_key_by_name() -> None:
+    policy = parse_policy(with_copies(gcs(stack_key_only="true"), encryption="kms"))
+    assert policy.cluster("orders").vault.copies[0].stack_key_only

@@ -1,0 +1,315 @@
+"""Vault copies: a verified backup copied to each of its cluster's copy targets
+(``vault.copies``, ``shardvault.config.targets``) once the stack's vault holds it.
+
+Terms:
+- *target*: one entry of ``vault.copies``; today a GCS bucket (``shardvault.gcp.storage``).
+- *source*: the backup's staging copy in the store. Every target copies from it, never from
+  the stack's vault, whose archive classes cannot be read without a thaw; so the staging copy
+  is removed only once every target has *settled*.
+- *settled*: the catalog records the target's ``CopyRecord``: COPIED (with what the provider
+  reports), SKIPPED (the target's selection does not take this backup) or FAILED. A failed
+  target leaves the others' copies, and the stack vault's, in place: the backup is marked
+  ``promotion: PARTIAL`` and an alarm is sent.
+- *progress*: the proof of every object already copied in an earlier budgeted call, kept in
+  the work bucket, so a resumed copy goes on from the next object. An object that landed
+  without its proof being kept (a call that died just then) is read again from the store and
+  proven equal (``GcsBucket.copy_in``).
+- *chain hold*: a copied incremental extends the retention of its ancestors' copies in that
+  target to at least its own, as the stack vault does with Object Lock.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from shardvault.aws.services import Services
+from shardvault.aws.store import is_missing
+from shardvault.config.targets import GcsTarget, Selection, VaultCopy
+from shardvault.contracts.catalog import BackupItem, CopyRecord
+from shardvault.contracts.models import BackupContext, Manifest, ObjectResult
+from shardvault.data.checksums import crc64nvme_of_bytes
+from shardvault.errors import PromotionFailed
+from shardvault.gcp.storage import LOCKED, GcsBucket, GcsCopy, check_held, target_bucket
+from shardvault.lifecycle.targets import days_after, moved_key, moved_manifest
+
+log = logging.getLogger("shardvault.lifecycle.copies")
+PROOF = (
+    "GCS's CRC32C and MD5 of every object equal those of the streamed bytes, whose CRC64NVME "
+    "is the manifest's"
+)
+COPIES_DIR = "copies"  # under a backup's work prefix: each target's progress (infra grants it)
+BUCKET_POLICY = "bucket policy"  # the retention mode recorded for a bucket-style target
+
+
+def targets_of(svc: Services, cluster: str) -> list[VaultCopy]:
+    """The cluster's copy targets in the deployed policy ([] without a policy)."""
+    policy = svc.policy()
+    if policy is None or cluster not in policy.clusters:
+        return []
+    return list(policy.cluster(cluster).vault.copies)
+
+
+def settled(record: BackupItem, targets: list[VaultCopy]) -> bool:
+    return all(t.name in record.vault_copies for t in targets)
+
+
+def copy_out(
+    context: BackupContext,
+    manifest: Manifest,
+    manifest_key: str,
+    targets: list[VaultCopy],
+    svc: Services,
+    now: float,
+    deadline: float,
+) -> int:
+    """Copies the backup to every target not yet settled, in the policy's order, until the
+    budget runs out; records each target as it settles. Returns how many objects remain."""
+    for target in targets:
+        record = svc.catalog.get(context.cluster, context.backup_id)
+        if record is None or target.name in record.vault_copies:
+            continue
+        outcome: CopyRecord | int
+        if reason := skipped_because(target, record, svc):
+            outcome = CopyRecord(state="SKIPPED", reason=reason)
+        else:
+            try:
+                outcome = copy_to_gcs(target, context, manifest, manifest_key, svc, now, deadline)
+            except Exception as error:  # one target's failure never stops the others
+                log.exception("copy of %s to %s failed", context.backup_id, target.name)
+                outcome = failed(context, target, error, svc)
+        if isinstance(outcome, int):
+            return outcome
+        settle(svc, context, target.name, outcome)
+    return 0
+
+
+def settle(svc: Services, context: BackupContext, name: str, outcome: CopyRecord) -> None:
+    record = svc.catalog.get(context.cluster, context.backup_id)
+    held = dict(record.vault_copies) if record else {}
+    changes: dict[str, Any] = {"vault_copies": {**held, name: outcome}}
+    if outcome.state == "FAILED":
+        changes["promotion"] = "PARTIAL"
+    svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**changes))
+
+
+def failed(
+    context: BackupContext, target: VaultCopy, error: Exception, svc: Services
+) -> CopyRecord:
+    """The target's failure, named, and the alarm: the backup is in the stack's vault and
+    every other target that took it."""
+    fix = getattr(error, "fix", "")
+    reason = f"{type(error).__name__}: {error}" + (f" Fix: {fix}" if fix else "")
+    svc.notify(
+        f"ShardVault backup {context.backup_id}: copy to {target.name} FAILED (PARTIAL)",
+        {"backup_id": context.backup_id, "target": target.name, "reason": reason[:2000]},
+    )
+    return CopyRecord(state="FAILED", kind=target.kind, bucket=target.bucket, reason=reason[:2000])
+
+
+# --- Selection --------------------------------------------------------------------------------
+def skipped_because(target: VaultCopy, record: BackupItem, svc: Services) -> str | None:
+    """Why the target does not take this backup (None: it does). A target keeps whole
+    chains: an incremental goes only where its parent has a copy."""
+    if record.is_incremental:
+        if target.select != Selection.ALL:
+            return f"select: {target.select} takes fulls only"
+        parent = svc.catalog.get(record.cluster, record.parent_id or "")
+        held = parent.vault_copies.get(target.name) if parent else None
+        if held is None or held.state != "COPIED":
+            return f"its parent {record.parent_id} has no copy there, so it could not be restored"
+        return None
+    if target.select == Selection.WEEKLY and (copied := week_copy(target, record, svc)):
+        return f"select: weekly, and {copied} is this ISO week's copy"
+    return None
+
+
+def week_copy(target: VaultCopy, record: BackupItem, svc: Services) -> str | None:
+    """Another backup of the cluster copied to the target in the same ISO week (UTC)."""
+    week = iso_week(record.completed_at or time.time())
+    for other in svc.catalog.backups(record.cluster):
+        held = other.vault_copies.get(target.name)
+        copied = held is not None and held.state == "COPIED"
+        if (
+            copied
+            and other.backup_id != record.backup_id
+            and iso_week(other.completed_at or 0) == week
+        ):
+            return other.backup_id
+    return None
+
+
+def iso_week(at: float) -> tuple[int, int]:
+    year, week, _ = datetime.fromtimestamp(at, UTC).isocalendar()
+    return year, week
+
+
+# --- GCS --------------------------------------------------------------------------------------
+def copy_to_gcs(
+    target: GcsTarget,
+    context: BackupContext,
+    manifest: Manifest,
+    store_manifest_key: str,
+    svc: Services,
+    now: float,
+    deadline: float,
+) -> CopyRecord | int:
+    """Copies what the target lacks, at least one object per call; once every object is
+    there, holds the chain and writes the target's manifest last. Returns the copy's record,
+    or how many objects remain."""
+    bucket = target_bucket(target, svc.settings)
+    record = svc.catalog.get(context.cluster, context.backup_id)
+    completed = (record.completed_at if record else None) or now
+    until = held_until(target, bucket, completed)
+    progress = load_progress(svc, context.backup_id, target.name)
+    objects = [o for s in manifest.shards for o in s.objects]
+    for index, obj in enumerate(o for o in objects if o.key not in progress):
+        if index and time.monotonic() >= deadline:
+            save_progress(svc, context.backup_id, target.name, progress)
+            return sum(o.key not in progress for o in objects)
+        progress[obj.key] = proof_of(copy_object(bucket, target, obj, svc, until))
+    save_progress(svc, context.backup_id, target.name, progress)
+    if until is not None:
+        hold_chain(bucket, target, svc, context.cluster, manifest, until)
+    moved = moved_manifest(
+        manifest,
+        lambda key: gcs_key(svc, target, key),
+        {key: str(p["generation"]) for key, p in progress.items()},
+    )
+    data = moved.model_dump_json(indent=1).encode()
+    manifest_key = gcs_key(svc, target, store_manifest_key)
+    written = bucket.copy_in(
+        lambda: io.BytesIO(data),
+        manifest_key,
+        len(data),
+        crc64nvme_of_bytes(data),
+        target.storage_class,
+        until,
+    )
+    check_held(written, target.storage_class, until)
+    held = [written.retain_until, *(_when(p["retain_until"]) for p in progress.values())]
+    earliest = min((h for h in held if h is not None), default=None)
+    return CopyRecord(
+        state="COPIED",
+        kind=target.kind,
+        bucket=target.bucket,
+        manifest_key=manifest_key,
+        manifest_generation=str(written.generation),
+        storage_class=written.storage_class,
+        retention_mode=LOCKED if until is not None else BUCKET_POLICY,
+        retain_until=earliest.isoformat() if earliest else None,
+        objects=len(objects),
+        bytes=sum(o.stored_bytes for o in objects),
+        proof=PROOF,
+        copied_at=time.time(),
+    )
+
+
+def held_until(target: GcsTarget, bucket: GcsBucket, completed: float) -> datetime | None:
+    """The Locked retention each object gets (object style); None for a bucket-style target,
+    whose locked retention policy is read back first and must be long enough."""
+    if target.retention.style == "object":
+        return days_after(completed, target.retention.days)
+    days = bucket.locked_retention_days()
+    if days is None or days < target.retention.days:
+        held = "no locked retention policy" if days is None else f"a {days:g}-day policy"
+        raise PromotionFailed(
+            f"GCS bucket {target.bucket} has {held}; copy {target.name!r} asks for a locked "
+            f"{target.retention.days}-day one.",
+            fix="set and lock the bucket's retention policy (gcloud storage buckets update "
+            "--retention-period, then --lock-retention-period), or use retention.style: object.",
+        )
+    return None
+
+
+def copy_object(
+    bucket: GcsBucket, target: GcsTarget, obj: ObjectResult, svc: Services, until: datetime | None
+) -> GcsCopy:
+    copy = bucket.copy_in(
+        lambda: svc.store_bucket.get(obj.key)["Body"],
+        gcs_key(svc, target, obj.key),
+        obj.stored_bytes,
+        obj.crc64nvme,
+        target.storage_class,
+        until,
+    )
+    check_held(copy, target.storage_class, until)
+    return copy
+
+
+def proof_of(copy: GcsCopy) -> dict[str, Any]:
+    return {
+        "generation": copy.generation,
+        "crc32c": copy.crc32c,
+        "md5": copy.md5,
+        "retain_until": copy.retain_until.isoformat() if copy.retain_until else None,
+    }
+
+
+def hold_chain(
+    bucket: GcsBucket,
+    target: GcsTarget,
+    svc: Services,
+    cluster: str,
+    manifest: Manifest,
+    until: datetime,
+) -> None:
+    """Extends the retention of every ancestor's copy in the target to at least ``until``
+    before the incremental's own manifest is written there."""
+    for backup_id in manifest.chain.ancestors if manifest.chain else []:
+        ancestor = svc.catalog.get(cluster, backup_id)
+        held = ancestor.vault_copies.get(target.name) if ancestor else None
+        if held is None or held.state != "COPIED" or held.manifest_key is None:
+            raise PromotionFailed(
+                f"backup {manifest.backup_id} is an incremental of {backup_id}, which has no "
+                f"copy in {target.name!r}.",
+                fix="start a full backup (a new chain); this one stays in the stack vault.",
+            )
+        if held.retain_until and datetime.fromisoformat(held.retain_until) >= until:
+            continue
+        keys = [*copied_keys(bucket, held), held.manifest_key]
+        extended = [bucket.extend(key, until) for key in keys]
+        earliest = min(c.retain_until for c in extended if c.retain_until)
+        copies = {**ancestor.vault_copies}  # type: ignore[union-attr]
+        copies[target.name] = held.model_copy(update={"retain_until": earliest.isoformat()})
+        svc.catalog.update(cluster, backup_id, BackupItem.changes(vault_copies=copies))
+
+
+def copied_keys(bucket: GcsBucket, held: CopyRecord) -> list[str]:
+    """The object keys a copy's manifest in the target names."""
+    generation = int(held.manifest_generation) if held.manifest_generation else None
+    copied = Manifest.model_validate_json(bucket.read_all(held.manifest_key or "", generation))
+    return [o.key for s in copied.shards for o in s.objects]
+
+
+def gcs_key(svc: Services, target: GcsTarget, store_key: str) -> str:
+    return moved_key(svc, store_key, target.prefix)
+
+
+def _when(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+# --- Progress between budgeted calls ----------------------------------------------------------
+def progress_key(svc: Services, backup_id: str, name: str) -> str:
+    return svc.work_key(backup_id, COPIES_DIR, f"{name}.json")
+
+
+def load_progress(svc: Services, backup_id: str, name: str) -> dict[str, dict[str, Any]]:
+    try:
+        return dict(svc.get_work(progress_key(svc, backup_id, name)))
+    except ClientError as error:
+        if is_missing(error):
+            return {}
+        raise
+
+
+def save_progress(
+    svc: Services, backup_id: str, name: str, progress: dict[str, dict[str, Any]]
+) -> None:
+    svc.put_work(progress_key(svc, backup_id, name), progress)
