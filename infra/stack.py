@@ -56,6 +56,7 @@ from shardvault.config.policy import Policy, load_policy
 from shardvault.contracts.layout import ARCHIVE_DIR
 from shardvault.contracts.models import DOORBELL_PREFIX
 from shardvault.lifecycle.copies import COPIES_DIR
+from shardvault.restore.sources import STAGED_DIR
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800
@@ -529,6 +530,7 @@ class ShardVaultStack(Stack):
             policies.objects(vault, BACKUPS_PREFIX, "s3:GetObject", "s3:GetObjectVersion"),
         ]
         update_catalog = policies.table(tables.catalog, ("dynamodb:UpdateItem",))
+        staged = f"{BACKUPS_PREFIX}{STAGED_DIR}/"  # a copy target's objects, for the agents
         grant(
             "validate_restore",
             # Reads only: the source cluster's records (Catalog.backups: a Query; the backup's
@@ -560,6 +562,18 @@ class ShardVaultStack(Stack):
             # lifecycle transition: thaw finds its objects readable and asks nothing).
             policies.objects(vault, BACKUPS_PREFIX, "s3:RestoreObject"),
             update_catalog,  # how many objects are still frozen
+            # A restore from a copy target: its objects staged into the store for the agents
+            # (shardvault/restore/thaw.py: stage), each checked by the store's CRC64NVME, a
+            # damaged one deleted; a managed upload aborts its multipart upload on failure.
+            policies.objects(
+                bucket,
+                staged,
+                "s3:PutObject",
+                "s3:GetObjectAttributes",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+            ),
+            policies.list_prefix(bucket, staged),  # a copy not yet staged: 404, not 403
         )
         # The URL it signs is authorized as this role and bound to one GetObject: reading that
         # backup object is all an agent can do with it. The URL itself goes to the work bucket
@@ -572,6 +586,12 @@ class ShardVaultStack(Stack):
         )
         for module in ("record_download", "finalize_restore", "cleanup_restore"):
             grant(module, update_catalog)
+        for module in ("finalize_restore", "cleanup_restore"):  # failure.remove_staged
+            grant(
+                module,
+                policies.list_prefix(bucket, staged),
+                policies.objects(bucket, staged, "s3:DeleteObject"),
+            )
         # The restore's record as the downloads left it (its objects, as planned).
         grant("finalize_restore", policies.table(tables.catalog, ("dynamodb:GetItem",)))
         publish = self._publish()
@@ -624,7 +644,8 @@ class ShardVaultStack(Stack):
 
     def _suppress_narrow_wildcards(self) -> None:
         probes = f"{WORK_PREFIX}{PROBES_DIR}/"
-        prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX, probes))
+        staged = f"{BACKUPS_PREFIX}{STAGED_DIR}/"
+        prefixes = "|".join(p.rstrip("/") for p in (BACKUPS_PREFIX, WORK_PREFIX, probes, staged))
         doorbells = f"{DOORBELL_PREFIX}\\*"
         # The dispatcher's answer URLs under a work prefix; the WAL archives under the backups'.
         answers = f"(\\/({ANSWERS_DIR}|{ARCHIVE_DIR}|{COPIES_DIR})\\/\\*)?"
@@ -636,8 +657,8 @@ class ShardVaultStack(Stack):
                     "reason": "Object keys hold generated cluster and backup ids, so a key "
                     "prefix (backups/ for data, backups/*/_wal/ for WAL archives, _work/ for work "
                     "objects, _work/*/answers/ for the agents' answers, _work/*/copies/ for a copy "
-                    "target's progress, _work/probes/ for the "
-                    "store probes) is the narrowest "
+                    "target's progress, _work/probes/ for the store probes, backups/_staged/ "
+                    "for a copy target's objects staged for a restore) is the narrowest "
                     "S3 resource; execution names are generated, so executions of the one "
                     "state machine are the narrowest for DescribeExecution; "
                     "kms:GenerateDataKey* is how SNS encrypts with the topic's key, the only "

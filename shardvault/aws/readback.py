@@ -46,6 +46,21 @@ class _ReadManifests:
 READ_MANIFESTS = _ReadManifests()
 
 
+def parse_manifest(body: bytes, place: str) -> Manifest:
+    """A manifest's bytes read from ``place`` (a URL, for the message), or ManifestDamaged."""
+    try:
+        return Manifest.model_validate_json(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        raise ManifestDamaged(
+            f"the manifest at {place} is damaged: {where}: {first['msg']} "
+            f"({error.error_count()} problem(s), {len(body)} bytes).",
+            fix="restore another backup ('shardvault list'); this backup's objects may be "
+            "intact, but without its manifest nothing says which bytes belong where.",
+        ) from None
+
+
 def manifest_place(record: BackupItem, location: str) -> tuple[str, str | None]:
     """A backup's manifest key where it is read (``location``: "vault" or "store") and, in
     the vault, the version promotion locked (None in the store, and for a backup promoted
@@ -78,17 +93,7 @@ def load_manifest(bucket: Bucket, key: str, version_id: str | None = None) -> Ma
             fix="check the cluster and backup id ('shardvault list'); if it is listed, the "
             "catalog and the store disagree: the backup's objects were removed.",
         ) from None
-    try:
-        manifest = Manifest.model_validate_json(body)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the document"
-        raise ManifestDamaged(
-            f"the manifest at s3://{bucket.name}/{key} is damaged: {where}: {first['msg']} "
-            f"({error.error_count()} problem(s), {len(body)} bytes).",
-            fix="restore another backup ('shardvault list'); this backup's objects may be "
-            "intact, but without its manifest nothing says which bytes belong where.",
-        ) from None
+    manifest = parse_manifest(body, f"s3://{bucket.name}/{key}")
     if etag := response.get("ETag"):
         READ_MANIFESTS.put(place, etag, len(body), manifest)
     return manifest

@@ -774,6 +774,9 @@ class RestoreRequest(Frozen):
     # is intact may still be worth having when nothing better is left)
     accept_damaged: StrictBool = False
     target: RestoreTarget | None = None  # point-in-time recovery from the WAL archive
+    # A vault target of the policy to read the backup from (the stack vault's name, or a
+    # copy's: vault.copies); None: the stack vault once promoted, else the store.
+    from_vault: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,39}$")
     requested_by: str = "cli"
     execution_id: str = ""
 
@@ -825,7 +828,9 @@ class RestoreContext(Frozen):
     heapallindexed: bool = False
     started_at: float
     execution_id: str = ""
-    source: str = "store"  # where the backup's objects are read: "store" or "vault"
+    # Where the backup's objects are read: "store", "vault" or "copy:NAME" (a copy target,
+    # staged into the store: shardvault.restore.sources).
+    source: str = "store"
     manifest_version: str | None = None  # the vault manifest's locked version (see ObjectResult)
     chain: list[ChainSource] = Field(default_factory=list)  # an incremental's ancestors, root first
     target: RestoreTarget | None = None  # a point-in-time restore's target (validated)

@@ -81,6 +81,7 @@ class GcsAnswersProxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.overlay = Overlay()
         self.refused: list[str] = []  # what was refused, for a test to read
+        self.rotted: set[tuple[str, str]] = set()  # objects served with a byte flipped
         self.server = ThreadingHTTPServer((host, port), _handler_for(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -103,6 +104,11 @@ class GcsAnswersProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def rot(self, bucket: str, name: str) -> None:
+        """Tests: bitrot under the lock, which no call can cause: the object's bytes are
+        served with their first byte flipped from now on, its metadata unchanged."""
+        self.rotted.add((bucket, name))
 
     # --- what GCS says of an object ---------------------------------------------------------
     def metadata(self, bucket: str, name: str) -> dict[str, Any] | None:
@@ -167,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         parts = urlsplit(self.path)
         method = self.headers.get("X-HTTP-Method-Override") or self.command
-        target = _object_of(parts.path)
+        target = _object_of(parts.path.removeprefix("/download"))
         if target is not None and method in ("DELETE", "PATCH", "PUT"):
             bucket, name = target
             why = self.proxy.refusal(method, bucket, name, body)
@@ -217,7 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
             response = upstream.getresponse()
             json_answer = response.getheader("Content-Type", "").startswith("application/json")
             if self.command == "HEAD" or "alt=media" in query or not json_answer:
-                return self._relay(response)  # media and the like: streamed as they come
+                # Media and the like, streamed as they come.
+                return self._relay(response, rotted=target in self.proxy.rotted)
             payload = response.read()
             document = json.loads(payload) if payload else None
             if isinstance(document, dict):
@@ -228,18 +235,31 @@ class _Handler(BaseHTTPRequestHandler):
                     ]
                 elif document.get("kind") == "storage#object":
                     self.proxy.overlay.apply(bucket, document)
+                    self._media_here(document)
                 payload = json.dumps(document).encode()
             self._send_as(response, payload)
         finally:
             upstream.close()
 
-    def _relay(self, response: http.client.HTTPResponse) -> None:
+    def _media_here(self, document: dict[str, Any]) -> None:
+        """GCS's media link names the API the client called: here, the proxy, not the fake
+        behind it (whose -external-url it would name)."""
+        link = document.get("mediaLink")
+        if isinstance(link, str):
+            host, port = self.server.server_address[:2]
+            parts = urlsplit(link)
+            document["mediaLink"] = parts._replace(netloc=f"{host!s}:{port}").geturl()
+
+    def _relay(self, response: http.client.HTTPResponse, *, rotted: bool = False) -> None:
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in HOP_HEADERS:
                 self.send_header(name, value)
         self.end_headers()
+        first = rotted and response.status < 300
         while chunk := response.read(CHUNK):
+            if first:
+                chunk, first = bytes([chunk[0] ^ 0xFF]) + chunk[1:], False
             self.wfile.write(chunk)
 
     def _send_as(self, response: http.client.HTTPResponse, payload: bytes) -> None:

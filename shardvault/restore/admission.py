@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shardvault.aws.readback import load_manifest, manifest_place
+from shardvault.aws.readback import manifest_place
 from shardvault.aws.services import Services
 from shardvault.aws.tables import Catalog
 from shardvault.backup import (
     check_agents_current,
     check_nodes_available,
 )
+from shardvault.config.targets import STACK_TARGET
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
@@ -44,7 +45,16 @@ from shardvault.errors import (
 from shardvault.pricing.prices import RestoreTier, StorageClass, thaw_tiers
 from shardvault.restore.placement import assignments, place_by_engine
 from shardvault.restore.record import new_restore_id
-from shardvault.restore.sources import chain_sources, shard_size, source_of
+from shardvault.restore.sources import (
+    COPY_SOURCE,
+    chain_sources,
+    copy_name,
+    copy_place,
+    copy_target,
+    read_from,
+    read_manifest,
+    shard_size,
+)
 from shardvault.wal import pitr
 from shardvault.workflow.membership import check_members
 
@@ -58,12 +68,12 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     else:
         record = resolve_backup(request, svc.catalog)
     check_not_damaged(record, request.accept_damaged)
-    source = "vault" if record.location == "vault" and svc.vault else "store"
+    source, manifest_key, manifest_version = source_for(request, record, svc)
     if source == "vault":
         check_tier(record, request.tier)
-    manifest_key, manifest_version = manifest_place(record, source)
-    manifest = load_manifest(source_of(svc, source), manifest_key, manifest_version)
-    chain = chain_sources(manifest, svc)  # every ancestor readable, or refused by name
+    manifest = read_manifest(svc, request.cluster, source, manifest_key, manifest_version)
+    # Every ancestor readable (from the same copy target), or refused by name.
+    chain = chain_sources(manifest, svc, copy_name(source))
     wal_batches, wal_bytes = 0, 0
     if request.target is not None:  # the archive reaches the target, or refused by name
         complete = [b for b in backups if b.status == BackupStatus.COMPLETE]
@@ -191,11 +201,48 @@ def check_target_engines(manifest: Manifest, nodes: list[NodeRecord]) -> None:
         )
 
 
+def source_for(
+    request: RestoreRequest, record: BackupItem, svc: Services
+) -> tuple[str, str, str | None]:
+    """Where the backup is read (source, manifest key, version): the vault target the request
+    names, or refused by name; else the stack vault once promoted, else the store."""
+    name = request.from_vault
+    policy = svc.policy()
+    stack_name = policy.cluster(request.cluster).vault.name if policy else STACK_TARGET
+    if name is None or name == stack_name:
+        source = read_from(record, svc)
+        if name is not None and source != "vault":
+            raise BackupNotRestorable(
+                f"backup {record.backup_id} is not in the stack vault {name!r} "
+                f"({record.promotion or 'not promoted'}).",
+                fix="leave --from-vault out to restore it from where it is.",
+            )
+        return source, *manifest_place(record, source)
+    copy_target(svc, request.cluster, name)  # an unknown name refused before the backup's
+    return COPY_SOURCE + name, *copy_place(record, name)
+
+
+def newest_copied(catalog: Catalog, cluster: str, name: str) -> BackupItem | None:
+    """The newest complete backup that copy target ``name`` holds."""
+    held = [
+        b
+        for b in catalog.backups(cluster)
+        if b.status == BackupStatus.COMPLETE
+        and (copy := b.vault_copies.get(name)) is not None
+        and copy.state == "COPIED"
+    ]
+    return max(held, key=lambda b: b.completed_at or 0, default=None)
+
+
 def resolve_backup(request: RestoreRequest, catalog: Catalog) -> BackupItem:
     """The catalog record of the requested backup (``latest``: the newest complete one); the
     CLI asks too, before it starts a restore."""
     if request.backup_id == "latest":
-        newest = catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
+        newest = (
+            newest_copied(catalog, request.cluster, request.from_vault)
+            if request.from_vault
+            else None
+        ) or catalog.newest_backup(request.cluster, BackupStatus.COMPLETE)
         if newest is not None:
             return newest
         backups = catalog.backups(request.cluster)

@@ -8,14 +8,16 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.contracts.catalog import restore_key
 from shardvault.contracts.models import DownloadItem
-from shardvault.restore.sources import source_of
+from shardvault.restore.sources import readable_place
 
 
 def sign_download(item: DownloadItem, svc: Services) -> dict[str, Any]:
     """A presigned GET URL of one object (the agent reads ranges of it), written to the work
     bucket for the dispatcher: a URL never enters the execution's history."""
-    bucket = source_of(svc, item.source)
-    url = bucket.presign_get(item.key, svc.settings.url_ttl_seconds, item.version_id)
+    bucket, key, version = readable_place(
+        svc, item.source, item.key, item.version_id, item.restore_id
+    )
+    url = bucket.presign_get(key, svc.settings.url_ttl_seconds, version)
     return {"url_key": svc.put_urls(item.restore_id, item.key, {"url": url})}
 
 

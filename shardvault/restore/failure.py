@@ -17,6 +17,7 @@ from shardvault.contracts.models import (
     RestoreContext,
 )
 from shardvault.errors import DownloadIncomplete
+from shardvault.restore.sources import copy_name, staged_key
 from shardvault.workflow.causes import failure_cause, transfer_failure
 from shardvault.workflow.dispatch import post_untracked
 
@@ -51,6 +52,7 @@ def finalize(
     }
     restored = RestoreItem.changes(**summary)
     svc.catalog.update(context.target_cluster, restore_key(context.restore_id), restored)
+    remove_staged(context, svc)
     svc.notify(
         f"ShardVault restore {context.restore_id} complete",
         {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
@@ -70,7 +72,15 @@ def cleanup(
     """The failure path, after the nodes removed what they had written: the restore marked
     failed with its cause, and a notification."""
     nodes = [a.node_id for a in context.assignments]
+    remove_staged(context, svc)
     return mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
+
+
+def remove_staged(context: RestoreContext, svc: Services) -> None:
+    """A copy target's objects staged for the restore (``shardvault.restore.sources``): gone
+    once it ends; the sweep removes what a crash leaves (a prefix without a manifest)."""
+    if copy_name(context.source) is not None:
+        svc.store_bucket.delete_prefix(staged_key(svc, context.restore_id, ""))
 
 
 def mark_failed(

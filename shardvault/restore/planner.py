@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from shardvault.aws.keys import Rewrapper
-from shardvault.aws.readback import load_manifest
 from shardvault.aws.services import Services
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import RestoreItem, restore_key
@@ -36,7 +35,7 @@ from shardvault.contracts.models import (
 from shardvault.data.chains import chain_args, data_stream
 from shardvault.data.planning import interleave_by_node, transfer_concurrency
 from shardvault.errors import UnknownCommand
-from shardvault.restore.sources import chain_manifests, source_of
+from shardvault.restore.sources import chain_manifests, read_manifest, readable_place
 from shardvault.wal import pitr
 from shardvault.workflow.fanout import raise_first_failure
 
@@ -49,8 +48,8 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     with the restored backup's WAL, are written with the newer members' changed blocks laid
     in (``shardvault_agent.restore.chain_placement``, layered) and no download wave waits for
     another."""
-    manifest = load_manifest(
-        source_of(svc, context.source), context.manifest_key, context.manifest_version
+    manifest = read_manifest(
+        svc, context.cluster, context.source, context.manifest_key, context.manifest_version
     )
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
@@ -145,8 +144,10 @@ def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
     downloads = []
     for entry in svc.get_work(prefetch_key):
         item = DownloadItem.model_validate(entry["object"])
-        bucket = source_of(svc, item.source)
-        url = bucket.presign_get(item.key, svc.settings.url_ttl_seconds, item.version_id)
+        bucket, key, version = readable_place(
+            svc, item.source, item.key, item.version_id, item.restore_id
+        )
+        url = bucket.presign_get(key, svc.settings.url_ttl_seconds, version)
         downloads.append({"object": entry["object"], "url": url})
     if not downloads:
         return {"url_key": None}

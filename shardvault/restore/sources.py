@@ -1,13 +1,25 @@
 """What a restore reads: the store its source backup is in (staging or the vault), the
-backups an incremental builds on, and their manifests read side by side."""
+backups an incremental builds on, and their manifests read side by side.
+
+Terms:
+- *source*: where a backup's objects are read: ``store``, ``vault`` (the stack's vault), or
+  ``copy:NAME``, a copy target of the policy (``vault.copies``), chosen by ``restore
+  --from-vault NAME``.
+- *staging* (of a copy): the agents hold no GCS credentials, so the thaw step copies a copy
+  target's objects into the store first, under ``<prefix>/_staged/<restore id>/``; the agents
+  read them there through presigned URLs as always. The restore's end removes them, and the
+  sweep removes what a crash leaves (a prefix without a manifest, ``shardvault.lifecycle.sweep``).
+"""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from shardvault.aws.readback import load_manifest, manifest_place
+from shardvault.aws.readback import load_manifest, manifest_place, parse_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket
+from shardvault.config.targets import VaultCopy
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import (
     BackupStatus,
     ChainSource,
@@ -15,23 +27,97 @@ from shardvault.contracts.models import (
     ManifestShard,
     RestoreContext,
 )
-from shardvault.errors import ParentUnavailable
+from shardvault.errors import BackupNotRestorable, InvalidRequest, ParentUnavailable
+from shardvault.gcp.storage import GcsBucket, target_bucket
+
+COPY_SOURCE = "copy:"
+STAGED_DIR = "_staged"
 
 
 def source_of(svc: Services, source: str) -> Bucket:
-    """The bucket a backup is read from: the vault once promoted, else the store."""
+    """The bucket a backup is read from: the vault once promoted, else the store (where a
+    copy target's objects are staged)."""
     if source == "vault" and svc.vault_bucket is not None:
         return svc.vault_bucket
     return svc.store_bucket
 
 
+def copy_name(source: str) -> str | None:
+    """The copy target a source names (None: the store or the stack vault)."""
+    return source.removeprefix(COPY_SOURCE) if source.startswith(COPY_SOURCE) else None
+
+
+def copy_target(svc: Services, cluster: str, name: str) -> VaultCopy:
+    """The cluster's copy target ``name`` in the deployed policy, or refused by name."""
+    policy = svc.policy()
+    copies = policy.cluster(cluster).vault.copies if policy and cluster in policy.clusters else []
+    for target in copies:
+        if target.name == name:
+            return target
+    known = [policy.cluster(cluster).vault.name] if policy and cluster in policy.clusters else []
+    raise InvalidRequest(
+        f"cluster {cluster} has no vault target named {name!r}.",
+        fix=f"use one of {', '.join(known + [t.name for t in copies])} (the policy's vault.name "
+        "and vault.copies), or leave --from-vault out to read the stack vault.",
+    )
+
+
+def copy_bucket(svc: Services, cluster: str, name: str) -> GcsBucket:
+    return target_bucket(copy_target(svc, cluster, name), svc.settings)
+
+
+def copy_place(record: BackupItem, name: str) -> tuple[str, str | None]:
+    """A backup's manifest key and generation in copy target ``name``, or refused by name
+    when the target holds no copy of it."""
+    held = record.vault_copies.get(name)
+    if held is None or held.state != "COPIED" or held.manifest_key is None:
+        state = f"{held.state}: {held.reason}" if held else "never copied there"
+        raise BackupNotRestorable(
+            f"backup {record.backup_id} has no copy in vault target {name!r} ({state}).",
+            fix="restore it from the stack vault (leave --from-vault out), or pick a backup "
+            f"that target holds ('shardvault show {record.cluster} BACKUP' lists its copies).",
+        )
+    return held.manifest_key, held.manifest_generation
+
+
+def read_manifest(
+    svc: Services, cluster: str, source: str, key: str, version: str | None
+) -> Manifest:
+    """A manifest where its source keeps it: a copy target's is read from the provider."""
+    if (name := copy_name(source)) is None:
+        return load_manifest(source_of(svc, source), key, version)
+    bucket = copy_bucket(svc, cluster, name)
+    body = bucket.read_all(key, int(version) if version else None)
+    return parse_manifest(body, f"gs://{bucket.name}/{key}")
+
+
+def staged_key(svc: Services, restore_id: str, key: str) -> str:
+    """Where a copy target's object is staged in the store for a restore."""
+    return f"{svc.store.prefix.strip('/')}/{STAGED_DIR}/{restore_id}/{key}"
+
+
+def readable_place(
+    svc: Services, source: str, key: str, version: str | None, restore_id: str
+) -> tuple[Bucket, str, str | None]:
+    """Where an agent reads an object of a restore (bucket, key, version): a copy target's
+    from its staged copy in the store."""
+    if copy_name(source) is not None:
+        return svc.store_bucket, staged_key(svc, restore_id, key), None
+    return source_of(svc, source), key, version
+
+
 PARALLEL_READS = 8
 
 
-def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
-    """Where each ancestor of an incremental is read, root first; each manifest is read now
-    (side by side), so a missing or damaged ancestor refuses the restore before anything is
-    placed."""
+def read_from(record: BackupItem, svc: Services) -> str:
+    """Where a backup is read unless a restore names a copy: the vault once promoted."""
+    return "vault" if record.location == "vault" and svc.vault else "store"
+
+
+def chain_sources(manifest: Manifest, svc: Services, copy: str | None = None) -> list[ChainSource]:
+    """Where each ancestor of an incremental is read, root first (from copy target ``copy``
+    when the restore reads one); each manifest is read now (side by side), so a missing or
+    damaged ancestor refuses the restore before anything is placed."""
     if manifest.chain is None:
         return []
     sources = []
@@ -43,8 +129,11 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
                 f"{record.status.lower() if record else 'gone'}: its chain cannot be restored.",
                 fix="restore another backup ('shardvault list'), e.g. the newest full.",
             )
-        source = "vault" if record.location == "vault" and svc.vault else "store"
-        key, version = manifest_place(record, source)
+        if copy:
+            source, (key, version) = COPY_SOURCE + copy, copy_place(record, copy)
+        else:
+            source = read_from(record, svc)
+            key, version = manifest_place(record, source)
         sources.append(
             ChainSource(
                 backup_id=backup_id, manifest_key=key, source=source, manifest_version=version
@@ -52,7 +141,9 @@ def chain_sources(manifest: Manifest, svc: Services) -> list[ChainSource]:
         )
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
         reads = [
-            pool.submit(load_manifest, source_of(svc, s.source), s.manifest_key, s.manifest_version)
+            pool.submit(
+                read_manifest, svc, manifest.cluster, s.source, s.manifest_key, s.manifest_version
+            )
             for s in sources
         ]
         for read in reads:  # root first: the oldest damaged manifest is the one named
@@ -66,7 +157,7 @@ def chain_manifests(context: RestoreContext, svc: Services) -> list[tuple[Manife
     places = [(c.source, c.manifest_key, c.manifest_version) for c in context.chain]
     places.append((context.source, context.manifest_key, context.manifest_version))
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
-        found = list(pool.map(lambda p: load_manifest(source_of(svc, p[0]), *p[1:]), places))
+        found = list(pool.map(lambda p: read_manifest(svc, context.cluster, *p), places))
     return [(manifest, source) for manifest, (source, *_) in zip(found, places, strict=True)]
 
 

@@ -1,20 +1,39 @@
 """Thaw: objects in an archive storage class are restored (RestoreObject) at the requested
-tier before they can be read; the state machine polls with growing waits."""
+tier before they can be read; the state machine polls with growing waits.
+
+A restore from a copy target (``copy:NAME``) thaws nothing: its objects are *staged*, copied
+from the provider into the store where the agents read them (``shardvault.restore.sources``),
+for at most a time budget per call; each staged copy must hold the manifest's CRC64NVME.
+"""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from botocore.exceptions import ClientError
+from google.api_core import exceptions as gcs_errors
+
 from shardvault.aws.services import Services
-from shardvault.aws.store import Bucket, readable_now
+from shardvault.aws.store import Bucket, is_missing, readable_now
 from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.models import (
     THAW_DAYS,
+    ObjectResult,
     RestoreContext,
     RetrievalTier,
 )
-from shardvault.restore.sources import PARALLEL_READS, chain_manifests, source_of
+from shardvault.errors import ChecksumMismatch
+from shardvault.gcp.storage import GcsBucket
+from shardvault.restore.sources import (
+    PARALLEL_READS,
+    chain_manifests,
+    copy_bucket,
+    copy_name,
+    source_of,
+    staged_key,
+)
 
 THAW_MAX_WAIT = 3600
 
@@ -22,6 +41,8 @@ THAW_MAX_WAIT = 3600
 def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
     """Requests a restore of every archived object not yet thawed; returns how many are still
     frozen and how long to wait before asking again (doubling, up to an hour)."""
+    if copy_name(context.source) is not None:
+        return stage(context, attempt, svc)
     objects = [
         (source_of(svc, source), obj.key, obj.version_id)
         for manifest, source in chain_manifests(context, svc)  # a full: itself alone
@@ -49,3 +70,75 @@ def thaw_object(bucket: Bucket, key: str, version_id: str | None, *, tier: Retri
         return "thawing"
     bucket.thaw(key, version_id, THAW_DAYS, tier.value)
     return "requested"
+
+
+STAGE_WAIT = 1  # seconds between two staging calls: there is nothing to wait for
+
+
+def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
+    """Copies the copy target's objects (a chain's too) into the store, at least one per call
+    and until the budget runs out; returns how many remain as ``frozen``."""
+    name = copy_name(context.source) or ""
+    bucket = copy_bucket(svc, context.cluster, name)
+    deadline = time.monotonic() + svc.settings.promote_budget_seconds
+    objects = [
+        obj
+        for manifest, _ in chain_manifests(context, svc)
+        for shard in manifest.shards
+        for stream in shard.streams
+        for obj in stream.objects
+    ]
+    remaining = [o for o in objects if not staged(svc, context.restore_id, o)]
+    while remaining:
+        stage_object(svc, bucket, name, context.restore_id, remaining.pop(0))
+        if time.monotonic() >= deadline:
+            break
+    key = restore_key(context.restore_id)
+    svc.catalog.update(context.target_cluster, key, RestoreItem.changes(frozen=len(remaining)))
+    return {
+        "frozen": len(remaining),
+        "requested": 0,
+        "attempt": attempt + 1,
+        "wait_seconds": STAGE_WAIT,
+    }
+
+
+def staged(svc: Services, restore_id: str, obj: ObjectResult) -> bool:
+    """Whether the store holds the object's staged copy with the manifest's checksum."""
+    try:
+        crc, size = svc.store_bucket.stored_checksum(staged_key(svc, restore_id, obj.key))
+    except ClientError as error:
+        if is_missing(error):
+            return False
+        raise
+    return (crc, size) == (obj.crc64nvme, obj.stored_bytes)
+
+
+def stage_object(
+    svc: Services, bucket: GcsBucket, name: str, restore_id: str, obj: ObjectResult
+) -> None:
+    """Streams one object from the copy target into the store; refuses a copy whose bytes
+    are not the manifest's, by name."""
+    key = staged_key(svc, restore_id, obj.key)
+    generation = int(obj.version_id) if obj.version_id else None
+    try:
+        with bucket.open(obj.key, generation) as body:
+            svc.store_bucket.upload(body, key, {"ChecksumAlgorithm": "CRC64NVME"})
+    except gcs_errors.NotFound:
+        raise ChecksumMismatch(
+            f"vault target {name!r} lacks {obj.key} (generation {generation}), which the "
+            "copy's manifest names.",
+            fix="restore this backup from another vault target (--from-vault, or leave it out "
+            "for the stack vault); check who could delete in that bucket.",
+        ) from None
+    crc, size = svc.store_bucket.stored_checksum(key)
+    if (crc, size) != (obj.crc64nvme, obj.stored_bytes):
+        svc.store_bucket.delete_batch([(key, None)])
+        raise ChecksumMismatch(
+            f"vault target {name!r} holds a damaged copy of {obj.key}: {size} bytes with "
+            f"CRC64NVME {crc}, where the manifest says {obj.stored_bytes} bytes with "
+            f"{obj.crc64nvme}.",
+            fix="restore this backup from another vault target (--from-vault, or leave it out "
+            "for the stack vault), and run a drill against this target to find what else it "
+            "lost.",
+        )

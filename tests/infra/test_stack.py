@@ -370,6 +370,7 @@ def test_function_roles_have_no_broad_wildcards(synth: Synthesized) -> None:
                         '"/_work/*"]]}',
                         '"/_work/*/answers/*"]]}',
                         '"/_work/*/copies/*"]]}',
+                        '"/backups/_staged/*"]]}',
                         '"/_work/probes/*"]]}',
                         '"/backups/*/_wal/*"]]}',
                     )
@@ -466,6 +467,10 @@ def test_only_the_retention_function_deletes_backups(synth: Synthesized) -> None
         elif module == "promote_backup":  # the staging copy, once the vault holds the backup
             deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
             assert deleted == {("s3:DeleteObject", "staging/backups/*")}  # never the vault
+        elif module in ("thaw_objects", "finalize_restore", "cleanup_restore"):
+            # a copy target's objects staged for a restore (shardvault.restore.sources)
+            deleted = {g for g in grants(synth, module) if g[0].startswith("s3:Delete")}
+            assert deleted == {("s3:DeleteObject", "staging/backups/_staged/*")}
         else:
             assert not deletes, module
 
@@ -526,6 +531,9 @@ NOTIFY = {
     ("kms:GenerateDataKey*", "topic key"),
 }
 UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
+# A copy target's objects, staged into the store for the agents (shardvault.restore.sources).
+STAGED = "staging/backups/_staged/*"
+REMOVE_STAGED = {("s3:ListBucket", "staging"), ("s3:DeleteObject", STAGED)}
 # What each restore function calls in shardvault/restore/, and nothing else.
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
@@ -545,13 +553,19 @@ RESTORE_GRANTS = {
     },
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
-    | {("s3:RestoreObject", "vault/backups/*")},  # only the vault's copies are archived
+    | REMOVE_STAGED  # a damaged staged copy
+    | {
+        ("s3:RestoreObject", "vault/backups/*"),  # only the vault's copies are archived
+        ("s3:PutObject", STAGED),
+        ("s3:GetObjectAttributes", STAGED),  # each staged copy's CRC64NVME
+        ("s3:AbortMultipartUpload", STAGED),
+    },
     "sign_download": READ_BACKUPS
     | {("s3:GetObject", "staging/_work/*"), ("s3:PutObject", "staging/_work/*")},
     "record_download": UPDATE_CATALOG,
     "check_prepared": set(),  # it reads its input and raises
-    "finalize_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:GetItem", "catalog")},
-    "cleanup_restore": UPDATE_CATALOG | NOTIFY | {("dynamodb:Query", "inbox")},  # causes
+    "finalize_restore": UPDATE_CATALOG | NOTIFY | REMOVE_STAGED | {("dynamodb:GetItem", "catalog")},
+    "cleanup_restore": UPDATE_CATALOG | NOTIFY | REMOVE_STAGED | {("dynamodb:Query", "inbox")},
 }
 
 

@@ -17,6 +17,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from shardvault.contracts.models import Manifest
+from shardvault.local.demo import table_digests
 from shardvault.local.ports import free_port
 
 from .conftest import output
@@ -209,3 +210,71 @@ def test_a_weekly_target_takes_the_first_full_of_each_iso_week(make_cluster, pol
     assert skipped["reason"] == (
         f"select: weekly, and {first.record['backup_id']} is this ISO week's copy"
     )
+
+
+def test_a_restore_from_a_gcs_copy_stages_it_and_restores_into_another_node_count(
+    make_cluster, make_target, policy_for, gcs, stack
+):
+    cluster = make_cluster(nodes=3, size_mb=3)
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", gcs.new_bucket(), "ARCHIVE")))
+    _full_id, incremental_id = cluster.full_then_incremental()
+    target = make_target(nodes=2)
+
+    restored = target.restore(cluster.name, backup_id=incremental_id, from_vault="offsite")
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source)
+    # What was staged for the agents is gone from the store once the restore ended.
+    svc = stack.services()
+    assert not svc.store_bucket.holds_any(f"{svc.store.prefix}/_staged/")
+
+
+def test_a_damaged_gcs_copy_is_refused_by_name(make_cluster, make_target, policy_for, gcs, stack):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    bucket = gcs.new_bucket()
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    copy = cluster.records()[0]["vault_copies"]["offsite"]
+    manifest = Manifest.model_validate_json(
+        gcs.bucket(bucket).blob(copy["manifest_key"]).download_as_bytes()
+    )
+    victim = next(o for s in manifest.shards for o in s.objects if o.stored_bytes > 100)
+    stack.gcs.rot(bucket, victim.key)
+    target = make_target(nodes=1)
+
+    restored = target.restore(cluster.name, from_vault="offsite")
+
+    assert restored.status == "FAILED"
+    assert "ChecksumMismatch" in restored.error
+    assert f"vault target 'offsite' holds a damaged copy of {victim.key}" in restored.cause
+    svc = stack.services()
+    assert not svc.store_bucket.holds_any(f"{svc.store.prefix}/_staged/")
+
+
+def test_an_unknown_vault_target_or_one_without_the_backup_is_refused_before_anything(
+    make_cluster, make_target, policy_for, gcs
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    policy_for(
+        cluster.name,
+        vault=vault_with(gcs_copy("offsite", gcs.new_bucket(), select="weekly")),
+    )
+    first, second = cluster.backup(), cluster.backup()
+    assert (first.status, second.status) == ("SUCCEEDED", "SUCCEEDED")
+    target = make_target(nodes=1)
+
+    unknown = target.restore(cluster.name, from_vault="elsewhere")
+    skipped = target.restore(
+        cluster.name, backup_id=second.record["backup_id"], from_vault="offsite"
+    )
+
+    assert unknown.status == "FAILED"
+    assert "has no vault target named 'elsewhere'" in unknown.cause
+    assert "use one of stack, offsite" in unknown.cause
+    assert skipped.status == "FAILED"
+    assert "has no copy in vault target 'offsite' (SKIPPED: select: weekly" in skipped.cause
+    assert target.records() == []  # refused at Validate: nothing recorded, nothing posted
+    assert target.inbox_items() == []

@@ -34,6 +34,12 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
     restore.add_argument("--replace", action="store_true", help="restore over existing data")
     restore.add_argument("--tier", choices=[t.value for t in RetrievalTier], default="Standard")
     restore.add_argument(
+        "--from-vault",
+        metavar="NAME",
+        help="read the backup from this vault target of the policy (vault.name, or a name "
+        "under vault.copies); default: the stack vault once promoted",
+    )
+    restore.add_argument(
         "--pin", action="append", default=[], metavar="SHARD=NODE", help="place a shard"
     )
     restore.add_argument(
@@ -101,6 +107,7 @@ def run_restore(args: argparse.Namespace) -> int:
         target_cluster=args.into,
         backup_id=args.backup_id,
         tier=args.tier,
+        from_vault=args.from_vault,
         placement=pins,
         replace=args.replace,
         plan_only=args.plan_only,
