@@ -191,7 +191,8 @@ def promote(
 def finished(summary: dict[str, Any], record: BackupItem | None) -> dict[str, Any]:
     fields = _promotion_of(record) if record else {}
     if record and record.vault_copies:
-        fields["vault_copies"] = {name: c.state for name, c in record.vault_copies.items()}
+        # Each copy target's state (the catalog item holds what each reported back).
+        fields["copies"] = {name: c.state for name, c in record.vault_copies.items()}
     return {"remaining": 0, "summary": {**summary, **fields}}
 
 

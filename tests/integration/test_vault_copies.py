@@ -80,7 +80,7 @@ def test_a_verified_backup_is_copied_to_each_gcs_target_in_its_class_and_locked(
     backup = cluster.backup()
 
     assert backup.status == "SUCCEEDED", backup.cause
-    assert output(backup)["vault_copies"] == {"near": "COPIED", "cold": "COPIED"}
+    assert output(backup)["copies"] == {"near": "COPIED", "cold": "COPIED"}
     (record,) = cluster.records()
     assert record["location"] == "vault"
     assert "promotion" not in record

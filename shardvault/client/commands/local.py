@@ -141,6 +141,7 @@ def demo_cycle(args: argparse.Namespace, stack: Any, root: Path) -> bool:
         cluster.stop()
 
 
+DEMO_COPY = "offsite"  # the local policy's GCS copy of the demo clusters, restored from
 DEMO_CHECKS = {  # a query each restored shard must answer true
     "sqlite": "SELECT count(*) > 0 FROM items",
     "postgres": "SELECT count(*) > 0 FROM pgbench_accounts",
@@ -153,7 +154,26 @@ def demo_backup(config: ops.ClientConfig, cluster: str, *, incremental: bool) ->
     outcome = follow(config, ops.start_backup(config, request))
     if outcome.status != "SUCCEEDED" or outcome.record is None:
         return None
-    return BackupItem.from_item(outcome.record)
+    record = BackupItem.from_item(outcome.record)
+    print_held(record)
+    return record
+
+
+def print_held(record: BackupItem) -> None:
+    """Where the backup is held, as each vault target reported it back."""
+    places = []
+    if record.location == "vault":
+        places.append(
+            f"stack vault {record.storage_class} {record.lock_mode} until {record.retain_until}"
+        )
+    for name, copy in record.vault_copies.items():
+        if copy.state == "COPIED":
+            held = f"{copy.retention_mode} until {copy.retain_until}"
+            places.append(f"{name} (GCS {copy.storage_class}, {held})")
+        else:
+            places.append(f"{name}: [bold red]{copy.state}[/] {copy.reason or ''}")
+    if places:
+        console.print("[bold]held in[/]: " + "; ".join(places))
 
 
 def print_reduction(full: BackupItem, incremental: BackupItem) -> None:
@@ -171,9 +191,10 @@ def print_reduction(full: BackupItem, incremental: BackupItem) -> None:
 def restore_demo(
     stack: Any, cluster: Any, root: Path, backup_id: str, source: dict[str, dict[str, str]]
 ) -> bool:
-    """Restores ``backup_id`` into a new cluster of two nodes (three shards: one node takes
-    two), each shard checked by its engine and then compared, table by table, with its
-    source's digests; restored servers are stopped at the end."""
+    """Restores ``backup_id`` from its GCS copy (the local policy's ``offsite``) into a new
+    cluster of two nodes (three shards: one node takes two), each shard checked by its engine
+    and then compared, table by table, with its source's digests; restored servers are
+    stopped at the end."""
     from shardvault.local import demo
 
     target = f"{cluster.name}-restored"
@@ -182,13 +203,17 @@ def restore_demo(
         stack.start_agent(config)
     try:
         stack.wait_for_nodes([c["node_id"] for c in targets])
-        console.print(f"[bold]cluster {target}[/]: 2 empty nodes, agents registered")
+        console.print(
+            f"[bold]cluster {target}[/]: 2 empty nodes, agents registered; restoring from the "
+            f"GCS copy {DEMO_COPY!r}"
+        )
         config = stack.client_config()
         request = RestoreRequest(
             cluster=cluster.name,
             backup_id=backup_id,
             target_cluster=target,
             replace=True,  # a demo run again in the same directory restores over the last one
+            from_vault=DEMO_COPY,
             validation_queries=[DEMO_CHECKS[cluster.engine]],
             requested_by="demo",
         )
