@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, Fn, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -676,7 +676,12 @@ class ShardVaultStack(Stack):
         )
 
     def _outputs(self) -> None:
+        roles = {m: f.role.role_name for m, f in self.functions.functions.items() if f.role}
         values = {
+            # What a GCS copy target's workload identity provider trusts (docs/guide/
+            # vault-copies.md): the function that copies into it, and those that read from it.
+            "CopyWriterRoleName": roles["promote_backup"],
+            "CopyReaderRoleNames": Fn.join(",", [roles[m] for m in COPY_READERS]),
             "StagingBucketName": self.storage.bucket.bucket_name,
             "CatalogTableName": self.tables.catalog.table_name,
             "NodesTableName": self.tables.nodes.table_name,
@@ -709,6 +714,9 @@ class ShardVaultStack(Stack):
             CfnOutput(self, name, value=value)
 
 
+# The functions that read a copy target (shardvault/restore/sources.py): manifests at Validate
+# and Plan, objects staged at Thaw.
+COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects")
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # as the agent's config requires
 
 

@@ -208,7 +208,8 @@ def source_for(
     names, or refused by name; else the stack vault once promoted, else the store."""
     name = request.from_vault
     policy = svc.policy()
-    stack_name = policy.cluster(request.cluster).vault.name if policy else STACK_TARGET
+    entry = policy.clusters.get(request.cluster) if policy else None
+    stack_name = entry.vault.name if entry else STACK_TARGET
     if name is None or name == stack_name:
         source = read_from(record, svc)
         if name is not None and source != "vault":
