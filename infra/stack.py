@@ -679,8 +679,8 @@ class ShardVaultStack(Stack):
         roles = {m: f.role.role_name for m, f in self.functions.functions.items() if f.role}
         values = {
             # What a GCS copy target's workload identity provider trusts (docs/guide/
-            # vault-copies.md): the function that copies into it, and those that read from it.
-            "CopyWriterRoleName": roles["promote_backup"],
+            # vault-copies.md): the functions that write into it, and those that read from it.
+            "CopyWriterRoleNames": Fn.join(",", [roles[m] for m in COPY_WRITERS]),
             "CopyReaderRoleNames": Fn.join(",", [roles[m] for m in COPY_READERS]),
             "StagingBucketName": self.storage.bucket.bucket_name,
             "CatalogTableName": self.tables.catalog.table_name,
@@ -714,9 +714,12 @@ class ShardVaultStack(Stack):
             CfnOutput(self, name, value=value)
 
 
-# The functions that read a copy target (shardvault/restore/sources.py): manifests at Validate
-# and Plan, objects staged at Thaw.
-COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects")
+# The functions that write to a copy target: promotion, and shardvault check's probe object
+# (shardvault/assurance/copy_check.py).
+COPY_WRITERS = ("promote_backup", "probe_store")
+# The functions that read a copy target: manifests at Validate and Plan, objects staged at Thaw
+# (shardvault/restore/sources.py), and verify --from-vault (shardvault/assurance/copy_check.py).
+COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects", "verify_backup")
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # as the agent's config requires
 
 

@@ -62,6 +62,8 @@ class DrillRequest(Frozen):
     target_cluster: ClusterName | None = None
     backup_id: str | None = None  # a backup id, "latest" or "random"; None: the policy's
     keep_minutes: int | None = Field(None, ge=0, le=7 * 24 * 60)
+    # A vault target to drill from (its copy proven, not assumed); None: the policy's.
+    from_vault: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,39}$")
     requested_by: str = "cli"
 
 
@@ -128,6 +130,7 @@ def start(
         cluster=request.cluster,
         target_cluster=spec.target_cluster,
         backup_id=backup.backup_id,
+        from_vault=spec.from_vault,
         validation_queries=list(spec.validation_queries),
         requested_by=f"drill:{drill_id}",
     )
@@ -179,6 +182,8 @@ def drill_spec(policy: Policy | None, request: DrillRequest, svc: Services) -> D
         overrides["target_cluster"] = request.target_cluster
     if request.backup_id in ("latest", "random"):
         overrides["backup"] = request.backup_id
+    if request.from_vault is not None:
+        overrides["from_vault"] = request.from_vault
     if spec is None:
         spec = Drill(cron="0 9 * * 3", **overrides)  # a person's drill: the schedule is unused
     elif overrides:
@@ -262,18 +267,25 @@ def pick_backup(
     request: DrillRequest, spec: Drill, svc: Services, now: float, rng: random.Random
 ) -> BackupItem:
     """The backup the drill restores: the one the request names, the newest complete one, or
-    (``random``) any complete one of the last ``within_days`` (the newest when none is)."""
+    (``random``) any complete one of the last ``within_days`` (the newest when none is); from
+    a copy target, among those it holds."""
     named = request.backup_id not in (None, "latest", "random")
     choice = request.backup_id if named else "latest"
     if named or spec.backup == "latest":
         return admission.resolve_backup(
             RestoreRequest(
-                cluster=request.cluster, target_cluster=spec.target_cluster, backup_id=choice
+                cluster=request.cluster,
+                target_cluster=spec.target_cluster,
+                backup_id=choice,
+                from_vault=spec.from_vault,
             ),
             svc.catalog,
         )
     complete = [
-        b for b in svc.catalog.backups(request.cluster) if b.status == BackupStatus.COMPLETE
+        b
+        for b in svc.catalog.backups(request.cluster)
+        if b.status == BackupStatus.COMPLETE
+        and (spec.from_vault is None or admission.held_by(b, spec.from_vault))
     ]
     if not complete:
         raise BackupNotFound(

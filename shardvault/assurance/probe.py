@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from typing import Any, Literal
 
+from shardvault.assurance import copy_check
 from shardvault.aws.services import Services
 from shardvault.contracts.commands import Probed, parse_result
 from shardvault.contracts.models import ClusterName, Frozen, new_backup_id
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import UnknownCluster
+from shardvault.lifecycle import copies
 from shardvault.workflow.causes import failure_cause
 from shardvault.workflow.membership import claim_problem
 
@@ -116,4 +119,19 @@ def finish(step: ProbeStep, svc: Services) -> dict[str, Any]:
         probed = parse_result(Probed, node_id, result)
         seconds = {"put_seconds": probed.put_seconds, "get_seconds": probed.get_seconds}
         nodes.append({"node_id": node_id, "ok": True, **seconds})
-    return {"probe_id": step.probe_id, "ok": all(n["ok"] for n in nodes), "nodes": nodes}
+    targets = copy_targets(step, svc, time.time())
+    return {
+        "probe_id": step.probe_id,
+        "ok": all(n["ok"] for n in [*nodes, *targets]),
+        "nodes": nodes,
+        "targets": targets,
+    }
+
+
+def copy_targets(step: ProbeStep, svc: Services, now: float) -> list[dict[str, Any]]:
+    """Each copy target of the cluster, tried as promotion will (``copy_check.check_target``)."""
+    cluster = str(step.request.get("cluster", ""))
+    return [
+        copy_check.check_target(target, svc, step.probe_id, now)
+        for target in copies.targets_of(svc, cluster)
+    ]

@@ -248,7 +248,7 @@ def probe_findings(progress: Any) -> list[Finding]:
                 fix="see the error; 'shardvault check --no-probe' checks the rest meanwhile.",
             )
         ]
-    out = []
+    out = [copy_finding(target) for target in (progress.record or {}).get("targets", [])]
     for node in (progress.record or {}).get("nodes", []):
         check = f"{ROUND_TRIP} ({node['node_id']})"
         if node["ok"]:
@@ -266,6 +266,24 @@ def probe_findings(progress: Any) -> list[Finding]:
             )
         )
     return out
+
+
+COPY_TARGET = "vault copy target"
+
+
+def copy_finding(target: dict[str, Any]) -> Finding:
+    """A copy target as the probe found it: a probe object put and read back, or why not."""
+    check = f"{COPY_TARGET} {target['name']}"
+    if target["ok"]:
+        return Finding(check=check, ok=True, detail=target["detail"])
+    return Finding(
+        check=check,
+        ok=False,
+        detail=target["detail"],
+        fix="check the bucket (created with object retention), the workload identity "
+        "provider and the custom role bound on it (docs/guide/vault-copies.md); until then "
+        "each backup is promoted PARTIAL.",
+    )
 
 
 PAUSE_DATABASE = "commit pause database"

@@ -27,6 +27,7 @@ Terms:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from typing import Annotated, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
 
+from shardvault.assurance import copy_check
 from shardvault.aws.readback import load_manifest, manifest_place
 from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket, is_missing, readable_now
@@ -51,7 +53,7 @@ from shardvault.contracts.models import (
 from shardvault.contracts.pgwal import segment_number, tail_problems
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.restore.admission import resolve_backup
-from shardvault.restore.sources import source_of
+from shardvault.restore.sources import COPY_SOURCE, copy_target, source_of
 from shardvault.wal.archive import after_backup
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
@@ -64,13 +66,16 @@ class VerifyRequest(Frozen):
     cluster: ClusterName
     backup_id: str = "latest"
     read_data_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
+    # A copy target of the policy to verify the backup in (shardvault.assurance.copy_check);
+    # None: where the catalog says the backup is.
+    from_vault: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,39}$")
 
 
 class Checked(Frozen):
     """One backup of the chain, as verified."""
 
     backup_id: str
-    location: str  # "vault" or "store"
+    location: str  # "vault", "store" or "copy:NAME"
     objects: int
     bytes: int  # stored bytes checked by attributes
     read: int = 0  # objects read back
@@ -83,9 +88,13 @@ class Checked(Frozen):
 def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
     """Verifies the backup and its ancestors; records and returns the outcome, or raises
     ``BackupDamaged`` (after recording it) naming the first problems."""
+    copy = copy_of(request, svc)
     record = resolve_backup(
         RestoreRequest(
-            cluster=request.cluster, target_cluster=request.cluster, backup_id=request.backup_id
+            cluster=request.cluster,
+            target_cluster=request.cluster,
+            backup_id=request.backup_id,
+            from_vault=copy,
         ),
         svc.catalog,
     )
@@ -97,14 +106,16 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         )
     checked: list[Checked] = []
     problems: list[str] = []
-    manifest = verify_one(record, request, svc, checked, problems)
+    one = verify_one if copy is None else functools.partial(verify_copy, copy)
+    manifest = one(record, request, svc, checked, problems)
     for ancestor in manifest.chain.ancestors if manifest and manifest.chain else []:
         parent = svc.catalog.get(request.cluster, ancestor)
         if parent is None:
             problems.append(f"{ancestor} (an ancestor of the chain) has no catalog record")
             continue
-        verify_one(parent, request, svc, checked, problems)
-    archives = archive_problems(svc, manifest, problems) if manifest else {}
+        one(parent, request, svc, checked, problems)
+    # The WAL archive is the store's, whichever copy is verified.
+    archives = archive_problems(svc, manifest, problems) if manifest and copy is None else {}
     outcome = {
         "backup_id": record.backup_id,
         "cluster": request.cluster,
@@ -119,9 +130,13 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
         "problems": problems[:MAX_PROBLEMS],
         "more_problems": max(0, len(problems) - MAX_PROBLEMS),
     }
-    verdict = {k: v for k, v in outcome.items() if k not in ("chain", "cluster", "backup_id")}
-    verified = BackupItem.changes(verified_at=now, verify=verdict)
-    svc.catalog.update(request.cluster, record.backup_id, verified)
+    if copy is not None:
+        outcome["copy"] = copy
+        copy_check.record_verdict(svc, record, copy, now, problems)
+    else:
+        verdict = {k: v for k, v in outcome.items() if k not in ("chain", "cluster", "backup_id")}
+        verified = BackupItem.changes(verified_at=now, verify=verdict)
+        svc.catalog.update(request.cluster, record.backup_id, verified)
     if problems:
         raise BackupDamaged(
             f"backup {record.backup_id} of {request.cluster} failed verification: "
@@ -133,6 +148,56 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
             "these objects.",
         )
     return outcome
+
+
+def copy_of(request: VerifyRequest, svc: Services) -> str | None:
+    """The copy target to verify in: None for the stack vault (by its name) or the catalog's
+    place; an unknown name is refused by name."""
+    if request.from_vault is None:
+        return None
+    policy = svc.policy()
+    entry = policy.clusters.get(request.cluster) if policy else None
+    if entry is not None and request.from_vault == entry.vault.name:
+        return None
+    copy_target(svc, request.cluster, request.from_vault)
+    return request.from_vault
+
+
+def verify_copy(
+    name: str,
+    record: BackupItem,
+    request: VerifyRequest,
+    svc: Services,
+    checked: list[Checked],
+    problems: list[str],
+) -> Manifest | None:
+    """Verifies one backup of the chain in copy target ``name`` (``copy_check``)."""
+    backup_id = record.backup_id
+    found: list[str] = []
+    manifest, bucket, held = copy_check.copy_manifest(svc, record, name, found)
+    if manifest is None or held is None:
+        problems += found
+        return None
+    found += consistency_problems(manifest, record, held.manifest_key or "")
+    objects = [o for shard in manifest.shards for o in shard.objects]
+    with ThreadPoolExecutor(PARALLEL_HEADS) as pool:
+        found += [
+            p
+            for p in pool.map(lambda o: copy_check.attribute_problem(bucket, o, held), objects)
+            if p
+        ]
+    read = copy_check.read_sample(bucket, objects, request.read_data_percent, found)
+    problems += [f"{backup_id} in {name!r}: {p}" for p in found]
+    checked.append(
+        Checked(
+            backup_id=backup_id,
+            location=COPY_SOURCE + name,
+            objects=len(objects),
+            bytes=sum(o.stored_bytes for o in objects),
+            read=read,
+        )
+    )
+    return manifest
 
 
 def verify_one(

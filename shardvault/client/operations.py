@@ -444,9 +444,17 @@ def run_verify(
     backup_id: str,
     read_data_percent: float,
     timeout: float = 3600,
+    from_vault: str | None = None,
 ) -> Progress:
-    """Runs the verify state machine on one backup (and its chain) and waits for it."""
-    payload = {"cluster": cluster, "backup_id": backup_id, "read_data_percent": read_data_percent}
+    """Runs the verify state machine on one backup (and its chain) and waits for it;
+    ``from_vault``: in that copy target."""
+    payload: dict[str, Any] = {
+        "cluster": cluster,
+        "backup_id": backup_id,
+        "read_data_percent": read_data_percent,
+    }
+    if from_vault is not None:
+        payload["from_vault"] = from_vault
     arn = start_execution(config.verify_state_machine_arn, "VERIFY", f"verify-{cluster}", payload)
     return run_to_end(arn, timeout)
 

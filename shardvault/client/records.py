@@ -9,7 +9,7 @@ from rich.table import Table
 
 from shardvault.client import operations as ops
 from shardvault.client.output import console, sized
-from shardvault.contracts.catalog import BackupItem, recorded_stored_bytes
+from shardvault.contracts.catalog import BackupItem, CopyRecord, recorded_stored_bytes
 from shardvault.contracts.models import (
     ThrottleReport,
 )
@@ -170,9 +170,23 @@ def print_summary(record: BackupItem, root: BackupItem | None = None) -> None:
             ("retain until", record.retain_until or ""),
             ("vault manifest", record.vault_manifest_key or ""),
         ]
+    if record.promotion:
+        rows.append(("promotion", record.promotion))
+    for name, copy in record.vault_copies.items():
+        rows.append((f"copy {name}", copy_cell(copy)))
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)
+
+
+def copy_cell(copy: CopyRecord) -> str:
+    """One vault copy as its provider reported it back, or why there is none."""
+    if copy.state != "COPIED":
+        return f"{copy.state}: {copy.reason or ''}"
+    return (
+        f"gs://{copy.bucket}/{copy.manifest_key}, {copy.storage_class}, "
+        f"{copy.retention_mode} until {copy.retain_until}"
+    )
 
 
 def stored_cell(record: BackupItem) -> str:
@@ -206,10 +220,12 @@ def backup_json(record: BackupItem, root: BackupItem | None) -> dict[str, Any]:
 
 
 def print_restore(summary: dict[str, Any]) -> None:
+    read = str(summary.get("source") or "")
+    source = f" (vault target {read.removeprefix('copy:')})" if read.startswith("copy:") else ""
     table = Table(show_header=False, title="Restore complete")
     rows = [
         ("restore id", summary.get("restore_id", "")),
-        ("from", f"{summary.get('source_cluster')} / {summary.get('backup_id')}"),
+        ("from", f"{summary.get('source_cluster')} / {summary.get('backup_id')}{source}"),
         ("into", summary.get("target_cluster", "")),
         ("bytes", f"{summary.get('bytes', 0):,} ({summary.get('bytes', 0) / MiB:.1f} MiB)"),
         ("objects", str(summary.get("objects", ""))),

@@ -578,6 +578,11 @@ class Drill(Frozen):
         description="The recovery time objective: a drill whose restore (start to validated) "
         "takes longer fails and notifies; null: recorded, never alarmed.",
     )
+    from_vault: Annotated[str, AfterValidator(target_name)] | None = Field(
+        None,
+        description="The vault target the drill restores from (vault.name, or a copy's name), "
+        "so that copy is proven by a restore; null: the stack vault once promoted.",
+    )
 
     @property
     def zone(self) -> ZoneInfo:
@@ -653,6 +658,17 @@ class ClusterPolicy(Frozen):
         "(shardvault.workflow.membership); "
         "null: any agent that registers under the cluster's name.",
     )
+
+    @model_validator(mode="after")
+    def _drill_from_a_target_of_its_own(self) -> ClusterPolicy:
+        names = [self.vault.name, *(c.name for c in self.vault.copies)]
+        if self.drill and self.drill.from_vault and self.drill.from_vault not in names:
+            raise invalid(
+                f"drill.from_vault names {self.drill.from_vault!r}, which is no vault target "
+                "of this cluster",
+                f"use one of {', '.join(names)} (vault.name and vault.copies), or leave it out",
+            )
+        return self
 
     @model_validator(mode="after")
     def _copies_readable_without_the_stack(self) -> ClusterPolicy:

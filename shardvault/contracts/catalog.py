@@ -168,6 +168,9 @@ class CopyRecord(BaseModel):
     # CRC64NVME is the manifest's.
     proof: str | None = None
     copied_at: float | None = None
+    seconds: float | None = None  # spent copying, over every budgeted call
+    verified_at: float | None = None  # the last ``verify --from-vault`` of this copy
+    verify: Literal["ok", "damaged"] | None = None
 
 
 class BackupItem(Outcome):
@@ -266,6 +269,7 @@ class RestoreItem(Outcome):
     restore_id: str
     source_cluster: str
     source_backup_id: str
+    source: str | None = None  # where it was read: store, vault or copy:NAME
     placement: dict[str, str] = Field(default_factory=dict)  # shard -> node
     frozen: int | None = None  # objects a thaw found in a cold class
     bytes: int | None = None

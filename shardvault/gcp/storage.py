@@ -201,6 +201,11 @@ class GcsBucket:
         blob.patch(retry=self.retry)
         return self.read_back(key) or copy
 
+    def object_retention_enabled(self) -> bool:
+        """Whether the bucket lets objects carry their own retention (set at its creation)."""
+        bucket = self.client.get_bucket(self.name, retry=self.retry)
+        return bool(bucket.object_retention_mode == "Enabled")
+
     def locked_retention_days(self) -> float | None:
         """The bucket's retention policy in days when it is locked, as GCS reports it; None
         when it has none or it can still be removed."""

@@ -10,10 +10,10 @@ Terms:
   reports), SKIPPED (the target's selection does not take this backup) or FAILED. A failed
   target leaves the others' copies, and the stack vault's, in place: the backup is marked
   ``promotion: PARTIAL`` and an alarm is sent.
-- *progress*: the proof of every object already copied in an earlier budgeted call, kept in
-  the work bucket, so a resumed copy goes on from the next object. An object that landed
-  without its proof being kept (a call that died just then) is read again from the store and
-  proven equal (``GcsBucket.copy_in``).
+- *progress*: the proof of every object already copied in an earlier budgeted call (and the
+  time spent so far), kept in the work bucket, so a resumed copy goes on from the next
+  object. An object that landed without its proof being kept (a call that died just then) is
+  read again from the store and proven equal (``GcsBucket.copy_in``).
 - *chain hold*: a copied incremental extends the retention of its ancestors' copies in that
   target to at least its own, as the stack vault does with Object Lock.
 """
@@ -89,6 +89,16 @@ def copy_out(
     return 0
 
 
+def skip_unsettled(
+    context: BackupContext, targets: list[VaultCopy], svc: Services, reason: str
+) -> None:
+    """Settles every target not yet settled as SKIPPED, saying why."""
+    record = svc.catalog.get(context.cluster, context.backup_id)
+    for target in targets:
+        if record is not None and target.name not in record.vault_copies:
+            settle(svc, context, target.name, CopyRecord(state="SKIPPED", reason=reason))
+
+
 def settle(svc: Services, context: BackupContext, name: str, outcome: CopyRecord) -> None:
     record = svc.catalog.get(context.cluster, context.backup_id)
     held = dict(record.vault_copies) if record else {}
@@ -162,24 +172,30 @@ def copy_to_gcs(
     """Copies what the target lacks, at least one object per call; once every object is
     there, holds the chain and writes the target's manifest last. Returns the copy's record,
     or how many objects remain."""
+    started = time.monotonic()
     bucket = target_bucket(target, svc.settings)
     record = svc.catalog.get(context.cluster, context.backup_id)
     completed = (record.completed_at if record else None) or now
     until = held_until(target, bucket, completed)
     progress = load_progress(svc, context.backup_id, target.name)
+    proofs: dict[str, dict[str, Any]] = progress.setdefault("objects", {})
     objects = [o for s in manifest.shards for o in s.objects]
-    for index, obj in enumerate(o for o in objects if o.key not in progress):
+
+    def save() -> None:
+        progress["seconds"] = progress.get("seconds", 0.0) + time.monotonic() - started
+        save_progress(svc, context.backup_id, target.name, progress)
+
+    for index, obj in enumerate(o for o in objects if o.key not in proofs):
         if index and time.monotonic() >= deadline:
-            save_progress(svc, context.backup_id, target.name, progress)
-            return sum(o.key not in progress for o in objects)
-        progress[obj.key] = proof_of(copy_object(bucket, target, obj, svc, until))
-    save_progress(svc, context.backup_id, target.name, progress)
+            save()
+            return sum(o.key not in proofs for o in objects)
+        proofs[obj.key] = proof_of(copy_object(bucket, target, obj, svc, until))
     if until is not None:
         hold_chain(bucket, target, svc, context.cluster, manifest, until)
     moved = moved_manifest(
         manifest,
         lambda key: gcs_key(svc, target, key),
-        {key: str(p["generation"]) for key, p in progress.items()},
+        {key: str(p["generation"]) for key, p in proofs.items()},
     )
     data = moved.model_dump_json(indent=1).encode()
     manifest_key = gcs_key(svc, target, store_manifest_key)
@@ -192,7 +208,8 @@ def copy_to_gcs(
         until,
     )
     check_held(written, target.storage_class, until)
-    held = [written.retain_until, *(_when(p["retain_until"]) for p in progress.values())]
+    save()
+    held = [written.retain_until, *(_when(p["retain_until"]) for p in proofs.values())]
     earliest = min((h for h in held if h is not None), default=None)
     return CopyRecord(
         state="COPIED",
@@ -207,6 +224,7 @@ def copy_to_gcs(
         bytes=sum(o.stored_bytes for o in objects),
         proof=PROOF,
         copied_at=time.time(),
+        seconds=round(progress["seconds"], 3),
     )
 
 
@@ -300,7 +318,9 @@ def progress_key(svc: Services, backup_id: str, name: str) -> str:
     return svc.work_key(backup_id, COPIES_DIR, f"{name}.json")
 
 
-def load_progress(svc: Services, backup_id: str, name: str) -> dict[str, dict[str, Any]]:
+def load_progress(svc: Services, backup_id: str, name: str) -> dict[str, Any]:
+    """``objects``: each copied object's proof, by store key; ``seconds``: the time copying
+    took so far, over every call."""
     try:
         return dict(svc.get_work(progress_key(svc, backup_id, name)))
     except ClientError as error:
@@ -309,7 +329,5 @@ def load_progress(svc: Services, backup_id: str, name: str) -> dict[str, dict[st
         raise
 
 
-def save_progress(
-    svc: Services, backup_id: str, name: str, progress: dict[str, dict[str, Any]]
-) -> None:
+def save_progress(svc: Services, backup_id: str, name: str, progress: dict[str, Any]) -> None:
     svc.put_work(progress_key(svc, backup_id, name), progress)

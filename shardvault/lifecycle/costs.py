@@ -44,6 +44,8 @@ from functools import cache, lru_cache
 from itertools import pairwise
 from typing import NamedTuple
 
+from pydantic import Field
+
 from shardvault.config.policy import (
     BackupKind,
     ClusterPolicy,
@@ -53,6 +55,7 @@ from shardvault.config.policy import (
     Schedule,
     Vault,
 )
+from shardvault.config.targets import Selection, VaultCopy
 from shardvault.contracts.catalog import ArchiveTotals, BackupItem, recorded_stored_bytes
 from shardvault.contracts.deployment import WATCH_MINUTES
 from shardvault.contracts.models import THAW_DAYS, Frozen
@@ -69,12 +72,14 @@ from shardvault.lifecycle.retention import BackupRecord, decide, from_catalog, h
 from shardvault.pricing.prices import (
     ALARM_MONTH,
     ARCHIVE_CLASSES,
+    AWS_EGRESS_INTERNET_GB,
     CUSTOM_METRIC_MONTH,
     DASHBOARD_MONTH,
     DAYS_PER_MONTH,
     DYNAMODB_READ,
     DYNAMODB_WRITE,
     GB,
+    GCS_STORAGE,
     KMS_KEY_MONTH,
     LAMBDA_GB_SECOND,
     LAMBDA_REQUEST,
@@ -429,6 +434,29 @@ def deployment_month(clusters: int) -> DeploymentMonth:
 
 
 # --- A cluster's month -------------------------------------------------------------------------
+class CopyMonth(Frozen):
+    """One copy target's month (USD): what it keeps, what crosses to it, what it is asked."""
+
+    storage_class: str
+    backups_per_month: float
+    stored_bytes: float  # average bytes kept there
+    storage_usd: float
+    egress_usd: float
+    requests_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.storage_usd + self.egress_usd + self.requests_usd
+
+    def summary(self) -> str:
+        return (
+            f"${self.total_usd:.2f}/month in {self.storage_class} ({self.backups_per_month:.2f} "
+            f"backups a month, {self.stored_bytes / TiB:.2f} TiB kept: storage "
+            f"${self.storage_usd:.2f}, egress ${self.egress_usd:.2f}, requests "
+            f"${self.requests_usd:.2f})"
+        )
+
+
 class Forecast(Frozen):
     """A cluster's steady-state month on its policy (USD per month)."""
 
@@ -458,6 +486,10 @@ class Forecast(Frozen):
     # class most backups land in, thawed at the Standard tier as a drill's restore asks.
     drills_per_month: float = 0.0
     drill_usd: float = 0.0
+    # Vault copies (policy ``vault.copies``), by target: storage in the target's class for the
+    # longer of the stack vault's stay, the copy's retention and the class's minimum; the
+    # egress out of AWS; the target's write requests.
+    copies_usd: dict[str, CopyMonth] = Field(default_factory=dict)
 
     @property
     def request_overhead_usd(self) -> float:
@@ -493,8 +525,12 @@ class Forecast(Frozen):
         return self.wal_storage_usd + self.wal_requests_usd
 
     @property
+    def copy_usd(self) -> float:
+        return sum(c.total_usd for c in self.copies_usd.values())
+
+    @property
     def total_usd(self) -> float:
-        return self.storage_usd + self.overhead_usd + self.wal_usd + self.drill_usd
+        return self.storage_usd + self.overhead_usd + self.wal_usd + self.drill_usd + self.copy_usd
 
     @property
     def over_budget(self) -> bool:
@@ -518,6 +554,7 @@ class Forecast(Frozen):
                 if self.drills_per_month
                 else ""
             )
+            + "".join(f"; copy {name}: {c.summary()}" for name, c in self.copies_usd.items())
         )
 
     def landed_summary(self) -> str:
@@ -614,6 +651,7 @@ def monthly_forecast(
     window += cluster.schedule.longest_gap_hours() / 24  # back to the base before it
     wal_month = archive_month(wal, window) if wal else None
     drills = drill_month(cluster, data_bytes, landed, price, start, end)
+    copies = {t.name: copy_month(t, stays, start, end) for t in cluster.vault.copies}
     return Forecast(
         storage_class=cluster.vault.storage_class,
         landed_per_month={c: n for c, n in landed.items() if n},
@@ -634,7 +672,47 @@ def monthly_forecast(
         budget_usd=cluster.budget_usd_per_month,
         **(wal_month or {}),
         **drills,
+        copies_usd=copies,
     )
+
+
+def copy_month(target: VaultCopy, stays: list[Stay], start: datetime, end: datetime) -> CopyMonth:
+    """A copy target's steady-state month: each backup it takes (``selected_stays``) is kept
+    there for the longest of its stay in the stack vault, the copy's retention and the class's
+    minimum billed duration; its bytes leave AWS once; each object is one write."""
+    prices = GCS_STORAGE[target.storage_class]
+    taken = selected_stays(target, stays)
+    made = [s for s in taken if start < s.life.completed_at <= end]
+    months = (end - start) / DAY / DAYS_PER_MONTH
+
+    def kept_days(stay: Stay) -> float:
+        stayed = stay.kept_days or LIFETIME_HORIZON / DAY
+        return max(stayed, target.retention.days, prices.minimum_days)
+
+    byte_days = sum(s.life.bytes * kept_days(s) for s in made)
+    return CopyMonth(
+        storage_class=target.storage_class,
+        backups_per_month=len(made) / months,
+        stored_bytes=byte_days / DAYS_PER_MONTH / months,
+        storage_usd=byte_days / GB / DAYS_PER_MONTH * prices.storage_gb_month / months,
+        egress_usd=sum(s.life.bytes for s in made) / GB * AWS_EGRESS_INTERNET_GB / months,
+        requests_usd=sum(s.cost.objects + 1 for s in made) * prices.put / months,
+    )
+
+
+def selected_stays(target: VaultCopy, stays: list[Stay]) -> list[Stay]:
+    """The simulated backups a copy target takes (``shardvault.lifecycle.copies``'s selection):
+    all; fulls; or the first full of each ISO week."""
+    if target.select == Selection.ALL:
+        return stays
+    fulls = [s for s in stays if s.life.kind == BackupKind.FULL]
+    if target.select == Selection.FULLS:
+        return fulls
+    weeks: dict[tuple[int, int], Stay] = {}
+    for stay in sorted(fulls, key=lambda s: s.life.completed_at):
+        year, week, _ = stay.life.completed_at.isocalendar()
+        weeks.setdefault((year, week), stay)
+    return list(weeks.values())
 
 
 def drill_month(

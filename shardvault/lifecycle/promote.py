@@ -50,7 +50,7 @@ from shardvault.contracts.models import (
     VaultTarget,
     lock_strength,
 )
-from shardvault.errors import ChecksumMismatch, PromotionFailed
+from shardvault.errors import ChecksumMismatch, InvalidRequest, PromotionFailed
 from shardvault.lifecycle import copies
 from shardvault.lifecycle.retention import deletion_batches
 from shardvault.lifecycle.targets import days_after, moved_key, moved_manifest
@@ -167,9 +167,15 @@ def promote(
     targets = copies.targets_of(svc, context.cluster)
     if record and record.location == "vault" and copies.settled(record, targets):
         return finished(summary, record)  # a retried call after success: staging is gone
-    manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
-    deadline = time.monotonic() + svc.settings.promote_budget_seconds
     in_vault = record is not None and record.location == "vault"
+    try:
+        manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
+    except InvalidRequest:  # no staging copy: gone before a target was added to the policy
+        if not in_vault:
+            raise
+        copies.skip_unsettled(context, targets, svc, "its staging copy was gone")
+        return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
+    deadline = time.monotonic() + svc.settings.promote_budget_seconds
     if not in_vault and (
         remaining := promote_to_stack(context, summary, manifest, svc, now, deadline)
     ):

@@ -13,6 +13,10 @@ all three counts. A vault target's tests must see GCS's answers, so this proxy g
   describes the object. A PATCH that removes, unlocks or shortens a ``Locked`` retention is
   refused (403).
 
+- *object retention*: a bucket created with ``enableObjectRetention=true`` reports
+  ``objectRetention.mode: Enabled``, which the fake leaves out; an upload that carries a
+  retention into a bucket created without it is refused (400), as GCS refuses it.
+
 Everything else is forwarded to the *upstream* (the fake) unchanged, media downloads streamed
 as they come. The proxy reads retention from the upstream's metadata of the object, with the
 overlay's dates on top. A bucket's retention policy is not modelled: the fake has none, and a
@@ -82,6 +86,7 @@ class GcsAnswersProxy:
         self.overlay = Overlay()
         self.refused: list[str] = []  # what was refused, for a test to read
         self.rotted: set[tuple[str, str]] = set()  # objects served with a byte flipped
+        self.retaining: set[str] = set()  # buckets created with object retention enabled
         self.server = ThreadingHTTPServer((host, port), _handler_for(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -181,14 +186,26 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._refuse(why)
             if method in ("PATCH", "PUT") and b'"retention"' in body:
                 return self._extend(bucket, name, body)
+        if parts.path.rstrip("/") == API.rstrip("/") and self.command == "POST":
+            return self._create_bucket(body, parts.query)
         if parts.path.startswith(UPLOAD) and self.command == "POST":
             into = unquote(parts.path[len(UPLOAD) :].split("/", 1)[0])
+            if b'"retention"' in body and into not in self.proxy.retaining:
+                return self._send(400, _error(400, f"Object retention is not enabled on {into}."))
             written = _upload_name(parts.query, self.headers.get("Content-Type", ""), body)
             if written and "ifGenerationMatch=0" not in parts.query:
                 why = self.proxy.refusal("UPLOAD", into, written, b"")
                 if why is not None:
                     return self._refuse(why)
         self._forward(body, target, parts.query)
+
+    def _create_bucket(self, body: bytes, query: str) -> None:
+        """A bucket created, and whether with object retention (which the fake ignores)."""
+        name = json.loads(body or b"{}").get("name", "")
+        enabled = [v.lower() for v in parse_qs(query).get("enableObjectRetention", [])] == ["true"]
+        self._forward(body, None, query)
+        if enabled and name:
+            self.proxy.retaining.add(name)
 
     def _extend(self, bucket: str, name: str, body: bytes) -> None:
         """A Locked retention moved later: kept in the overlay, answered as GCS would."""
@@ -236,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
                 elif document.get("kind") == "storage#object":
                     self.proxy.overlay.apply(bucket, document)
                     self._media_here(document)
+                elif document.get("name") in self.proxy.retaining:  # a bucket's resource
+                    document["objectRetention"] = {"mode": "Enabled"}
                 payload = json.dumps(document).encode()
             self._send_as(response, payload)
         finally:
@@ -270,6 +289,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+
+def _error(code: int, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "errors": [{"reason": "invalid"}]}}
 
 
 def _object_of(path: str) -> tuple[str, str] | None:

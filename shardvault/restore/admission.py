@@ -224,15 +224,21 @@ def source_for(
 
 
 def newest_copied(catalog: Catalog, cluster: str, name: str) -> BackupItem | None:
-    """The newest complete backup that copy target ``name`` holds."""
-    held = [
+    """The newest complete backup that copy target ``name`` holds (None: none, or ``name`` is
+    the stack vault's)."""
+    copied = [
         b
         for b in catalog.backups(cluster)
-        if b.status == BackupStatus.COMPLETE
-        and (copy := b.vault_copies.get(name)) is not None
-        and copy.state == "COPIED"
+        if b.status == BackupStatus.COMPLETE and name in b.vault_copies and held_by(b, name)
     ]
-    return max(held, key=lambda b: b.completed_at or 0, default=None)
+    return max(copied, key=lambda b: b.completed_at or 0, default=None)
+
+
+def held_by(record: BackupItem, name: str) -> bool:
+    """Whether vault target ``name`` holds the backup: a copy target's copy, or (a name with
+    no copy record) the stack vault's."""
+    copy = record.vault_copies.get(name)
+    return record.location == "vault" if copy is None else copy.state == "COPIED"
 
 
 def resolve_backup(request: RestoreRequest, catalog: Catalog) -> BackupItem:

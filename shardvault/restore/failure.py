@@ -62,6 +62,7 @@ def finalize(
         "target_cluster": context.target_cluster,
         "source_cluster": context.cluster,
         "backup_id": context.backup_id,
+        "source": context.source,
         **summary,
     }
 

@@ -86,6 +86,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             status=BackupStatus.RUNNING,
             source_cluster=context.cluster,
             source_backup_id=context.backup_id,
+            source=context.source,
             engine=engines.label(manifest.engines),
             started_at=context.started_at,
             execution_id=context.execution_id,

@@ -1052,25 +1052,28 @@ def test_outputs(synth: Synthesized) -> None:
         "VaultBucketName",
         "NotificationsTopicArn",
         "AgentPolicyArn",
-        "CopyWriterRoleName",
+        "CopyWriterRoleNames",
         "CopyReaderRoleNames",
     }
 
 
 def test_a_copy_targets_trust_names_the_roles_that_call_it(synth: Synthesized) -> None:
-    """The GCS side trusts these roles by name (docs/guide/vault-copies.md): the writer is
-    promote_backup's role; the readers are those of the functions that read a copy."""
+    """The GCS side trusts these roles by name (docs/guide/vault-copies.md): the writers
+    (promotion, check's probe) and the readers (restores' steps, verify)."""
     outputs = synth.json["Outputs"]
     roles = resources_of(synth, "AWS::IAM::Role")
-    writer = outputs["CopyWriterRoleName"]["Value"]["Ref"]
-    assert writer in roles
-    assert "promote_backup" in roles[writer]["Properties"]["Description"]
-    readers = [r["Ref"] for r in outputs["CopyReaderRoleNames"]["Value"]["Fn::Join"][1]]
-    described = [roles[r]["Properties"]["Description"] for r in readers]
-    assert [d.split()[1].rstrip(":") for d in described] == [
+
+    def functions_of(output: str) -> list[str]:
+        named = [r["Ref"] for r in outputs[output]["Value"]["Fn::Join"][1]]
+        described = [roles[r]["Properties"]["Description"] for r in named]
+        return [d.split()[1].rstrip(":") for d in described]
+
+    assert functions_of("CopyWriterRoleNames") == ["promote_backup", "probe_store"]
+    assert functions_of("CopyReaderRoleNames") == [
         "validate_restore",
         "plan_restore",
         "thaw_objects",
+        "verify_backup",
     ]
 
 

@@ -38,7 +38,7 @@ def gcs_client(tmp_path_factory):
 
 @pytest.fixture
 def vault(gcs_client) -> GcsBucket:
-    bucket = gcs_client.create_bucket(f"vault-{uuid.uuid4().hex[:8]}")
+    bucket = gcs_client.create_bucket(f"vault-{uuid.uuid4().hex[:8]}", enable_object_retention=True)
     return GcsBucket(gcs_client, bucket.name)
 
 

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
+import boto3
 import pytest
 from google.api_core import exceptions as gcs_errors
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from shardvault.contracts.models import Manifest
+from shardvault.assurance.drills import DrillRequest
+from shardvault.aws.tables import Catalog, table
+from shardvault.client import operations as ops
+from shardvault.contracts.models import Manifest, VaultTarget
+from shardvault.lifecycle import promote
 from shardvault.local.demo import table_digests
 from shardvault.local.ports import free_port
 
-from .conftest import output
+from .conftest import output, run_cli
+from .test_vault import context_of
 
 GLACIER_IR = "{storage_class: GLACIER_IR, object_lock: {mode: GOVERNANCE, days: 1}"
 
@@ -223,6 +230,7 @@ def test_a_restore_from_a_gcs_copy_stages_it_and_restores_into_another_node_coun
     restored = target.restore(cluster.name, backup_id=incremental_id, from_vault="offsite")
 
     assert restored.status == "SUCCEEDED", restored.cause
+    assert target.records()[0]["source"] == "copy:offsite"
     for shard_id, source in cluster.sources.items():
         (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
         assert table_digests(db) == table_digests(source)
@@ -241,7 +249,8 @@ def test_a_damaged_gcs_copy_is_refused_by_name(make_cluster, make_target, policy
     manifest = Manifest.model_validate_json(
         gcs.bucket(bucket).blob(copy["manifest_key"]).download_as_bytes()
     )
-    victim = next(o for s in manifest.shards for o in s.objects if o.stored_bytes > 100)
+    # The last object staged: those before it are in the store when it is found damaged.
+    victim = [o for s in manifest.shards for st in s.streams for o in st.objects][-1]
     stack.gcs.rot(bucket, victim.key)
     target = make_target(nodes=1)
 
@@ -278,3 +287,154 @@ def test_an_unknown_vault_target_or_one_without_the_backup_is_refused_before_any
     assert "has no copy in vault target 'offsite' (SKIPPED: select: weekly" in skipped.cause
     assert target.records() == []  # refused at Validate: nothing recorded, nothing posted
     assert target.inbox_items() == []
+
+
+def test_a_drill_from_a_gcs_copy_proves_that_copy(make_cluster, make_target, policy_for, gcs):
+    cluster = make_cluster(nodes=2, size_mb=2)
+    bucket = gcs.new_bucket()
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
+    assert cluster.backup().status == "SUCCEEDED"
+    target = make_target(nodes=1)
+
+    drill = DrillRequest(
+        cluster=cluster.name, target_cluster=target.name, from_vault="offsite", keep_minutes=0
+    )
+    progress = ops.wait_drill(
+        cluster.client, ops.start_drill(cluster.client, drill), interval=0.2, timeout=600
+    )
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    (record,) = Catalog(table(cluster.stack.settings.catalog_table)).drills(cluster.name)
+    assert record.status == "passed"
+    (restore,) = target.records()
+    assert (restore["status"], restore["source"]) == ("COMPLETE", "copy:offsite")
+    # The drill read GCS through objects staged in the store, and they are gone again.
+    svc = cluster.stack.services()
+    assert not svc.store_bucket.holds_any(f"{svc.store.prefix}/_staged/")
+
+
+def test_verify_of_a_gcs_copy_finds_a_replaced_or_rotted_object(
+    make_cluster, policy_for, gcs, stack
+):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    bucket = gcs.new_bucket()
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
+    full_id, incremental_id = cluster.full_then_incremental()
+    config = cluster.client
+
+    whole = ops.run_verify(config, cluster.name, incremental_id, 100.0, from_vault="offsite")
+
+    assert whole.status == "SUCCEEDED", whole.cause
+    assert [c["location"] for c in whole.record["chain"]] == ["copy:offsite"] * 2
+    assert whole.record["read"] > 0
+    copy = {r["backup_id"]: r for r in cluster.records()}[incremental_id]["vault_copies"]
+    assert copy["offsite"]["verify"] == "ok"
+    assert "verify" not in {r["backup_id"]: r for r in cluster.records()}[incremental_id]
+
+    # Bitrot the provider serves: found by reading back.
+    manifest_key = {r["backup_id"]: r for r in cluster.records()}[full_id]["vault_copies"][
+        "offsite"
+    ]["manifest_key"]
+    manifest = Manifest.model_validate_json(
+        gcs.bucket(bucket).blob(manifest_key).download_as_bytes()
+    )
+    victim = next(o for s in manifest.shards for o in s.objects)
+    stack.gcs.rot(bucket, victim.key)
+    rotted = ops.run_verify(config, cluster.name, incremental_id, 100.0, from_vault="offsite")
+    assert rotted.status == "FAILED"
+    assert rotted.error == "BackupDamaged"
+    assert f"{victim.key} reads back with CRC64NVME" in rotted.cause
+    stack.gcs.rotted.clear()
+
+    # An object written over behind the retention (on the fake itself): a new generation.
+    behind = storage.Client(
+        project="local",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": stack._fake_gcs.endpoint},
+    )
+    behind.bucket(bucket).blob(victim.key).upload_from_string(b"x" * victim.stored_bytes)
+    replaced = ops.run_verify(config, cluster.name, incremental_id, 0.0, from_vault="offsite")
+    assert replaced.status == "FAILED"
+    assert f"{victim.key} is generation" in replaced.cause
+    copy = {r["backup_id"]: r for r in cluster.records()}[incremental_id]["vault_copies"]
+    assert copy["offsite"]["verify"] == "damaged"
+
+
+def test_a_copy_cut_short_by_its_budget_goes_on_from_the_next_object(
+    make_cluster, policy_for, gcs, stack, monkeypatch
+):
+    cluster = make_cluster(nodes=3, size_mb=2)
+    bucket = gcs.new_bucket()
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
+    monkeypatch.setattr(stack.settings, "promote_budget_seconds", 0.0)  # one object a call
+
+    backup = cluster.backup()
+
+    assert backup.status == "SUCCEEDED", backup.cause
+    (record,) = cluster.records()
+    copy = record["vault_copies"]["offsite"]
+    assert copy["state"] == "COPIED"
+    assert copy["seconds"] > 0
+    objects = copy["objects"]
+    assert objects >= 3
+    # One object a call for each target (the call that writes the stack vault's manifest
+    # copies the first object to the target): the Promote task ran that often.
+    history = boto3.client("stepfunctions").get_execution_history(
+        executionArn=record["execution_id"], maxResults=1000
+    )["events"]
+    promotes = [
+        e
+        for e in history
+        if e["type"] == "TaskStateEntered" and e["stateEnteredEventDetails"]["name"] == "Promote"
+    ]
+    assert len(promotes) >= 2 * objects - 1
+    assert len(gcs_objects(gcs, bucket)) == objects + 1  # and the manifest
+
+
+def test_check_tries_each_copy_target_as_promotion_will(make_cluster, policy_for, gcs, tmp_path):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    good, plain = gcs.new_bucket(), f"plain-{datetime.now(UTC):%H%M%S%f}"
+    gcs.create_bucket(plain)  # created without object retention
+    policy_for(
+        cluster.name,
+        vault=vault_with(
+            gcs_copy("good", good), gcs_copy("plain", plain), gcs_copy("gone", "no-such-bucket")
+        ),
+    )
+    assert cluster.backup().status == "SUCCEEDED"
+
+    done = run_cli(
+        cluster.stack, "check", cluster.name, "--policy", str(tmp_path / "policy.yaml"), "--json"
+    )
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    found = checks["vault copy target good"]
+    assert found["ok"], found
+    (probe,) = [b for name, b in gcs_objects(gcs, good).items() if "/check/" in name]
+    assert probe.retention.mode == "Locked"  # as promotion locks, read back from GCS
+    assert not checks["vault copy target plain"]["ok"]
+    assert "object retention disabled" in checks["vault copy target plain"]["detail"]
+    assert not checks["vault copy target gone"]["ok"]
+    assert "no-such-bucket" in checks["vault copy target gone"]["detail"]
+    assert "docs/guide/vault-copies.md" in checks["vault copy target gone"]["fix"]
+
+
+def test_a_target_added_after_promotion_is_skipped_by_a_retried_call(
+    make_cluster, policy_for, gcs, stack
+):
+    cluster = make_cluster(nodes=1, size_mb=1)
+    policy_for(cluster.name)
+    backup = cluster.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    policy_for(cluster.name, vault=vault_with(gcs_copy("later", gcs.new_bucket())))
+    record = output(backup)
+    context = context_of(cluster, record, VaultTarget(storage_class="GLACIER_IR", lock_days=1))
+
+    again = promote.promote(context, record, stack.services(), 0)  # a Lambda's retry
+
+    assert again["remaining"] == 0
+    (item,) = cluster.records()
+    assert item["vault_copies"]["later"]["state"] == "SKIPPED"
+    assert item["vault_copies"]["later"]["reason"] == "its staging copy was gone"
+    assert "promotion" not in item

@@ -39,7 +39,8 @@ def servers(tmp_path_factory):
 @pytest.fixture
 def bucket(servers):
     _, proxy = servers
-    return client_for(proxy.endpoint).create_bucket(f"vault-{uuid.uuid4().hex[:8]}")
+    name = f"vault-{uuid.uuid4().hex[:8]}"
+    return client_for(proxy.endpoint).create_bucket(name, enable_object_retention=True)
 
 
 def locked(bucket, name: str, until: datetime, body: bytes = b"backup") -> storage.Blob:
@@ -103,3 +104,21 @@ def test_a_locked_retention_is_never_weakened(bucket, change):
 
     held = bucket.get_blob("k").retention
     assert (held.mode, held.retain_until_time) == ("Locked", LATER)
+
+
+def test_a_bucket_reports_object_retention_and_refuses_it_when_created_without(servers):
+    _, proxy = servers
+    client = client_for(proxy.endpoint)
+    with_retention = client.create_bucket(
+        f"kept-{uuid.uuid4().hex[:8]}", enable_object_retention=True
+    )
+    without = client.create_bucket(f"plain-{uuid.uuid4().hex[:8]}")
+
+    assert client.get_bucket(with_retention.name).object_retention_mode == "Enabled"
+    assert client.get_bucket(without.name).object_retention_mode is None
+    blob = without.blob("b1/data/1")
+    blob.retention.mode = "Locked"
+    blob.retention.retain_until_time = datetime.now(UTC) + timedelta(days=1)
+    with pytest.raises(gcs_errors.BadRequest, match="Object retention is not enabled"):
+        blob.upload_from_string(b"x", if_generation_match=0)
+    without.blob("b1/data/2").upload_from_string(b"x")  # without a retention: taken

@@ -467,3 +467,49 @@ def test_a_cluster_that_lists_its_nodes_is_forecast():
     again = costs.monthly_forecast(listed, 10 * 2**30, 0.01)  # from the cache
     assert first.storage_usd > 0
     assert again == first
+
+
+# --- vault copies --------------------------------------------------------------------------------
+def with_copy(storage_class: str, days: int, select: str = "all"):
+    copy = (
+        f", copies: [{{name: offsite, kind: gcs, project: p, bucket: acme-b, "
+        f"storage_class: {storage_class}, retention: {{days: {days}}}, select: {select}}}]"
+    )
+    return cluster('{full: "0 2 * * 0", incremental: "0 2 * * 1-6"}', "{keep_daily: 7}", vault=copy)
+
+
+def test_a_copy_is_priced_in_its_class_for_its_longest_stay_and_its_egress() -> None:
+    """ARCHIVE bills 365 days of every copy whatever the stack vault keeps; each byte leaves
+    AWS once, at the internet egress price."""
+    data = 100 * 1024**3
+    forecast = costs.monthly_forecast(with_copy("ARCHIVE", 30), data, 0.01)
+    copy = forecast.copies_usd["offsite"]
+
+    assert copy.backups_per_month == pytest.approx(
+        forecast.fulls_per_month + forecast.incrementals_per_month
+    )
+    # A year of each month's copies (the bytes that left AWS), at ARCHIVE's rate.
+    monthly_gb = copy.egress_usd / 0.09
+    assert monthly_gb > 0
+    assert copy.storage_usd == pytest.approx(monthly_gb * 365 / DAYS_PER_MONTH * 0.0012, rel=1e-6)
+    assert forecast.total_usd == pytest.approx(
+        forecast.storage_usd
+        + forecast.overhead_usd
+        + forecast.wal_usd
+        + forecast.drill_usd
+        + copy.total_usd
+    )
+    assert "copy offsite: $" in forecast.summary()
+
+
+def test_a_copy_that_takes_fulls_or_weekly_pays_less_egress() -> None:
+    data = 100 * 1024**3
+    every = costs.monthly_forecast(with_copy("NEARLINE", 30), data, 0.05).copies_usd["offsite"]
+    fulls = costs.monthly_forecast(with_copy("NEARLINE", 30, "fulls"), data, 0.05)
+    weekly = costs.monthly_forecast(with_copy("NEARLINE", 30, "weekly"), data, 0.05)
+
+    taken = fulls.copies_usd["offsite"]
+    assert taken.backups_per_month == pytest.approx(fulls.fulls_per_month)
+    assert taken.egress_usd < every.egress_usd
+    # One full a week already: weekly takes the same ones.
+    assert weekly.copies_usd["offsite"].backups_per_month == pytest.approx(taken.backups_per_month)

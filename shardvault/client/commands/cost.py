@@ -173,6 +173,18 @@ def print_forecast(title: str, forecast: Any) -> None:
             if forecast.drills_per_month
             else []
         ),
+        *[
+            row
+            for name, copy in forecast.copies_usd.items()
+            for row in (
+                (
+                    f"copy {name}: {copy.storage_class} ({copy.backups_per_month:.1f} backups "
+                    f"a month, {copy.stored_bytes / TiB:,.2f} TiB kept)",
+                    copy.storage_usd + copy.requests_usd,
+                ),
+                (f"copy {name}: egress out of AWS", copy.egress_usd),
+            )
+        ],
         ("total", forecast.total_usd),
     ]:
         table.add_row(label, f"${usd:,.2f}")

@@ -33,6 +33,12 @@ def add_parsers(sub: Any) -> tuple[argparse.ArgumentParser, argparse.ArgumentPar
         help="keep the validated copy up this long before tearing it down (default: the "
         "policy's; 0: at once)",
     )
+    drill.add_argument(
+        "--from-vault",
+        metavar="NAME",
+        help="restore from this vault target of the policy, proving that copy (default: the "
+        "policy's drill.from_vault, else the stack vault)",
+    )
     drill.add_argument("--wait", action="store_true", help="follow it to the end")
     drill.set_defaults(run=run_drill)
 
@@ -50,6 +56,7 @@ def run_drill(args: argparse.Namespace) -> int:
         target_cluster=args.into,
         backup_id=args.backup_id,
         keep_minutes=args.keep_minutes,
+        from_vault=args.from_vault,
         requested_by="cli",
     )
     ops.check_drill(config, request.cluster, request.target_cluster)  # refused now, not later

@@ -28,6 +28,12 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         help="also download this share of the objects and check their bytes (archived ones "
         "are skipped: they need a thaw)",
     )
+    verify.add_argument(
+        "--from-vault",
+        metavar="NAME",
+        help="check the backup's copy in this vault target of the policy (a name under "
+        "vault.copies) instead of where the catalog says it is",
+    )
     verify.set_defaults(run=run_verify)
     return (verify,)
 
@@ -43,7 +49,11 @@ def run_verify(args: argparse.Namespace) -> int:
             fix="give 0 to 100, e.g. --read-data 5 to read back one object in twenty.",
         )
     outcome = ops.run_verify(
-        ops.ClientConfig.from_env(), args.cluster, args.backup_id, args.read_data
+        ops.ClientConfig.from_env(),
+        args.cluster,
+        args.backup_id,
+        args.read_data,
+        from_vault=args.from_vault,
     )
     if outcome.status != "SUCCEEDED":
         if args.json:
