@@ -53,10 +53,9 @@ from shardvault.assurance.probe import PROBES_DIR
 from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
 from shardvault.aws.services import ANSWERS_DIR
 from shardvault.config.policy import Policy, load_policy
-from shardvault.contracts.layout import ARCHIVE_DIR
+from shardvault.contracts.layout import ARCHIVE_DIR, STAGED_DIR
 from shardvault.contracts.models import DOORBELL_PREFIX
 from shardvault.lifecycle.copies import COPIES_DIR
-from shardvault.restore.sources import STAGED_DIR
 
 # Lambda allows 4 KB of environment in all; the policy travels in it, beside the rest.
 MAX_POLICY_CHARS = 2800
@@ -407,8 +406,9 @@ class ShardVaultStack(Stack):
             *publish,  # a copy target's failure (copies.failed)
         )
         grant(
-            "record_promotion_failure",  # promote.record_failure: one catalog.update
-            policies.table(self.tables.catalog, ("dynamodb:UpdateItem",)),
+            # promote.record_failure: whether the stack vault holds it, then one update
+            "record_promotion_failure",
+            policies.table(self.tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
             *publish,
         )
         grant(

@@ -42,8 +42,8 @@ def copy_manifest(
     svc: Services, record: BackupItem, name: str, problems: list[str]
 ) -> tuple[Manifest | None, GcsBucket, CopyRecord | None]:
     """The copy's manifest in target ``name`` (None, with a problem, when there is none)."""
-    bucket = copy_bucket(svc, record.cluster, name)
     held = record.vault_copies.get(name)
+    bucket = copy_bucket(svc, record.cluster, name, held.bucket if held else None)
     if held is None or held.state != "COPIED" or not held.manifest_key:
         state = held.state if held else "never copied there"
         problems.append(f"{record.backup_id} has no copy in {name!r} ({state})")
@@ -88,8 +88,12 @@ def read_sample(
     sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
     for obj in sample:
         generation = int(obj.version_id) if obj.version_id else None
-        with bucket.open(obj.key, generation) as body:
-            crc = crc64nvme_of_stream(body)
+        try:
+            with bucket.open(obj.key, generation) as body:
+                crc = crc64nvme_of_stream(body)
+        except gcs_errors.NotFound:
+            problems.append(f"{obj.key} (generation {generation}) cannot be read: it is gone")
+            continue
         if crc != obj.crc64nvme:
             problems.append(
                 f"{obj.key} reads back with CRC64NVME {crc}; the manifest says {obj.crc64nvme}"
@@ -115,6 +119,7 @@ CHECK_PREFIX = "check"  # under the target's prefix: probes, each retained a day
 CHECK_BYTES = b"shardvault check: a probe of this bucket's copy path\n"
 CHECK_CLASS = "STANDARD"  # no minimum billed duration: a probe costs its day only
 CHECK_DAYS = 1
+CHECK_RETRY_SECONDS = 10.0
 
 
 def check_target(target: VaultCopy, svc: Services, probe_id: str, now: float) -> dict[str, Any]:
@@ -123,7 +128,9 @@ def check_target(target: VaultCopy, svc: Services, probe_id: str, now: float) ->
     target's finding: ``ok``, with what was read back, or the error."""
     key = f"{target.prefix.strip('/')}/{CHECK_PREFIX}/{probe_id}"
     try:
-        bucket = target_bucket(target, svc.settings)
+        # A short retry: one unreachable target must not hold the probe past its timeout.
+        settings = svc.settings.model_copy(update={"gcs_retry_seconds": CHECK_RETRY_SECONDS})
+        bucket = target_bucket(target, settings)
         if target.retention.style == "bucket":
             held_until(target, bucket, now)  # a locked bucket policy, long enough
         elif not bucket.object_retention_enabled():

@@ -56,9 +56,14 @@ class Settings(BaseModel):
         "none on AWS, where copies reach GCS through workload identity federation.",
     )
     gcs_retry_seconds: float = Field(
-        120.0,
+        45.0,
         description="How long a GCS call keeps retrying (429, 5xx, lost connections) before "
         "the copy to that target fails.",
+    )
+    stage_budget_seconds: float = Field(
+        180.0,
+        description="How long one thaw call stages a copy target's objects into the store "
+        "before it is called again (the thaw function runs for at most 300 s).",
     )
     promote_budget_seconds: float = Field(
         600.0, description="How long one promotion call copies before it is called again."

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from shardvault.contracts.wal_archive import Batch
 
 ARCHIVE_DIR = "_wal"  # under a cluster's prefix; never a backup id (those start with a digit)
+# Under the store's root, beside the clusters: a copy target's objects staged for a restore,
+# one directory per restore id (shardvault.restore.sources); never a cluster name (those
+# start with a letter). Kept at most as long as a restore can run (restore.asl.json's
+# TimeoutSeconds), after which the sweep removes what is left.
+STAGED_DIR = "_staged"
+RESTORE_LONGEST_SECONDS = 72 * 3600
 
 
 def store_root(prefix: str) -> str:

@@ -37,6 +37,20 @@ from shardvault.gcp.credentials import client
 
 LOCKED = "Locked"
 READ_CHUNK = 8 * 1024 * 1024
+# The custom role a copy target's writers are bound to (docs/guide/vault-copies.md): write and
+# read objects, set a retention, read the bucket's settings; never delete, never shorten a
+# Locked retention (no storage.objects.delete, no overrideUnlockedRetention). The local stack
+# answers every GCS call as if its caller held exactly this (shardvault/local/gcs_iam.py).
+COPY_WRITER_PERMISSIONS = frozenset(
+    {
+        "storage.objects.create",
+        "storage.objects.get",
+        "storage.objects.list",
+        "storage.objects.update",
+        "storage.objects.setRetention",
+        "storage.buckets.get",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
+from google.api_core import exceptions as gcs_errors
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing
@@ -43,6 +45,17 @@ PROOF = (
     "GCS's CRC32C and MD5 of every object equal those of the streamed bytes, whose CRC64NVME "
     "is the manifest's"
 )
+# Errors worth another call: the provider busy or unreachable once its client's retries ran
+# out (google.api_core's RetryError, 429, 5xx), a connection lost.
+TRANSIENT = (
+    gcs_errors.RetryError,
+    gcs_errors.TooManyRequests,
+    gcs_errors.ServerError,
+    ConnectionError,
+    TimeoutError,
+)
+COPY_ATTEMPTS = 3
+QUERY = re.compile(r"(https?://[^\s?'\"]+)\?[^\s'\"]*")
 COPIES_DIR = "copies"  # under a backup's work prefix: each target's progress (infra grants it)
 BUCKET_POLICY = "bucket policy"  # the retention mode recorded for a bucket-style target
 
@@ -81,8 +94,9 @@ def copy_out(
             try:
                 outcome = copy_to_gcs(target, context, manifest, manifest_key, svc, now, deadline)
             except Exception as error:  # one target's failure never stops the others
-                log.exception("copy of %s to %s failed", context.backup_id, target.name)
-                outcome = failed(context, target, error, svc)
+                reason = scrubbed(f"{type(error).__name__}: {error}")
+                log.warning("copy of %s to %s failed: %s", context.backup_id, target.name, reason)
+                outcome = retried_or_failed(context, target, error, reason, svc)
         if isinstance(outcome, int):
             return outcome
         settle(svc, context, target.name, outcome)
@@ -108,13 +122,34 @@ def settle(svc: Services, context: BackupContext, name: str, outcome: CopyRecord
     svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**changes))
 
 
+def retried_or_failed(
+    context: BackupContext, target: VaultCopy, error: Exception, reason: str, svc: Services
+) -> CopyRecord | int:
+    """A transient error (the provider busy or unreachable after its client's own retries, a
+    throttled AWS call) leaves the target unsettled for the next call, ``COPY_ATTEMPTS`` times
+    over; any other error, or the last attempt, settles it FAILED."""
+    if isinstance(error, TRANSIENT) or (isinstance(error, ClientError) and not is_missing(error)):
+        progress = load_progress(svc, context.backup_id, target.name)
+        progress["attempts"] = progress.get("attempts", 0) + 1
+        save_progress(svc, context.backup_id, target.name, progress)
+        if progress["attempts"] < COPY_ATTEMPTS:
+            return 1
+    return failed(context, target, error, reason, svc)
+
+
+def scrubbed(text: str) -> str:
+    """An error's text without any URL's query: a resumable upload's session URI (its
+    ``upload_id``) works as a bearer token for a week, and must reach no record or log."""
+    return QUERY.sub(r"\1?...", text)
+
+
 def failed(
-    context: BackupContext, target: VaultCopy, error: Exception, svc: Services
+    context: BackupContext, target: VaultCopy, error: Exception, reason: str, svc: Services
 ) -> CopyRecord:
     """The target's failure, named, and the alarm: the backup is in the stack's vault and
     every other target that took it."""
     fix = getattr(error, "fix", "")
-    reason = f"{type(error).__name__}: {error}" + (f" Fix: {fix}" if fix else "")
+    reason += f" Fix: {fix}" if fix else ""
     svc.notify(
         f"ShardVault backup {context.backup_id}: copy to {target.name} FAILED (PARTIAL)",
         {"backup_id": context.backup_id, "target": target.name, "reason": reason[:2000]},
@@ -292,6 +327,13 @@ def hold_chain(
             continue
         keys = [*copied_keys(bucket, held), held.manifest_key]
         extended = [bucket.extend(key, until) for key in keys]
+        if short := [c.key for c in extended if c.retain_until is None or c.retain_until < until]:
+            raise PromotionFailed(
+                f"GCS holds {short[0]} (of {backup_id}, which {manifest.backup_id} needs) "
+                f"retained short of {until.isoformat()} after extending it.",
+                fix="check that the federated role may set retention "
+                "(storage.objects.setRetention); this incremental stays in the stack vault.",
+            )
         earliest = min(c.retain_until for c in extended if c.retain_until)
         copies = {**ancestor.vault_copies}  # type: ignore[union-attr]
         copies[target.name] = held.model_copy(update={"retain_until": earliest.isoformat()})

@@ -165,13 +165,11 @@ def promote(
         raise PromotionFailed("the backup has no vault to go to.", fix="nothing to promote.")
     record = svc.catalog.get(context.cluster, context.backup_id)
     targets = copies.targets_of(svc, context.cluster)
-    if record and record.location == "vault" and copies.settled(record, targets):
-        return finished(summary, record)  # a retried call after success: staging is gone
     in_vault = record is not None and record.location == "vault"
     try:
         manifest = load_manifest(svc.store_bucket, summary["manifest_key"])
-    except InvalidRequest:  # no staging copy: gone before a target was added to the policy
-        if not in_vault:
+    except InvalidRequest:  # the staging copy is gone: a retried call after success, or a
+        if not in_vault:  # target added to the policy after it went
             raise
         copies.skip_unsettled(context, targets, svc, "its staging copy was gone")
         return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
@@ -184,6 +182,8 @@ def promote(
         context, manifest, summary["manifest_key"], targets, svc, now, deadline
     ):
         return {"remaining": remaining, "summary": summary}
+    # Every target settled. A call that died below is retried from here: tagging and deleting
+    # are idempotent, and once the manifest is gone the call above finds nothing to do.
     staging_keys = [*(o.key for s in manifest.shards for o in s.objects), summary["manifest_key"]]
     for key in staging_keys:  # every target holds it now (or failed and raised its alarm)
         mark_promoted(svc, key)
@@ -455,16 +455,19 @@ def write_vault_manifest(
 def record_failure(
     context: BackupContext, error: dict[str, Any], svc: Services, now: float
 ) -> dict[str, Any]:
-    """The backup stays complete and restorable from the store; its promotion is failed."""
+    """The backup stays complete and restorable from the store; its promotion is failed (or
+    PARTIAL, when the stack vault holds it and a copy target's step is what failed)."""
+    record = svc.catalog.get(context.cluster, context.backup_id)
+    in_vault = record is not None and record.location == "vault"
     outcome = {
-        "promotion": "FAILED",
+        "promotion": "PARTIAL" if in_vault else "FAILED",
         "promotion_error": error.get("Error", "States.Runtime"),
         "promotion_cause": readable_cause(str(error.get("Cause") or ""))[:2000],
         "promotion_failed_at": now,
     }
     svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**outcome))
     svc.notify(
-        f"ShardVault backup {context.backup_id}: promotion to the vault FAILED",
+        f"ShardVault backup {context.backup_id}: promotion {outcome['promotion']}",
         {"backup_id": context.backup_id, **outcome},
     )
     return outcome

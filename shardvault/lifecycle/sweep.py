@@ -10,6 +10,9 @@ run sweeps them, so cleanup converges whatever happened:
 - an *orphan prefix* is a backup prefix without ``manifest.json`` whose backup is not RUNNING
   (a prefix with a manifest is a backup, even if the catalog lost its record: never swept).
 
+A restore's staged copy of a copy target (``_staged/<restore id>/``, ``shardvault.restore.
+sources``) is removed once no restore can still be running (72 hours, plus the grace).
+
 A cluster's WAL archive (``<cluster>/_wal/``, ``shardvault.wal.archive``) is no backup prefix: the
 sweep deletes from it only the batches no kept backup needs (``archive.expired_keys``: WAL
 before the oldest complete backup's own).
@@ -56,6 +59,10 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
     prefixes, archives = store_listing(bucket, root)
     for (cluster, backup_id), newest in prefixes.items():
         prefix = backup_prefix(svc.store.prefix, cluster, backup_id)
+        if cluster == layout.STAGED_DIR:  # a restore's staged copy: kept while it may run
+            if now - newest >= layout.RESTORE_LONGEST_SECONDS + grace_seconds:
+                deleted[prefix] = 0 if dry_run else bucket.delete_prefix(prefix)
+            continue
         if now - newest < grace_seconds or running(cluster, backup_id):
             continue
         if bucket.holds_any(manifest_key(svc.store.prefix, cluster, backup_id)):

@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from shardvault.local import gcs_iam
+
 API = "/storage/v1/b/"
 UPLOAD = "/upload/storage/v1/b/"
 LOCKED = "Locked"
@@ -80,13 +82,22 @@ def _held(retention: dict[str, Any] | None) -> bool:
 class GcsAnswersProxy:
     """The proxy: start it, point the client at :attr:`endpoint`, stop it."""
 
-    def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        permissions: frozenset[str] | None = None,
+    ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.overlay = Overlay()
         self.refused: list[str] = []  # what was refused, for a test to read
         self.rotted: set[tuple[str, str]] = set()  # objects served with a byte flipped
         self.retaining: set[str] = set()  # buckets created with object retention enabled
+        # What the caller holds (None: anything): each request is checked (gcs_iam).
+        self.permissions = permissions
+        self.denied: list[str] = []
         self.server = ThreadingHTTPServer((host, port), _handler_for(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -178,6 +189,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         parts = urlsplit(self.path)
         method = self.headers.get("X-HTTP-Method-Override") or self.command
+        if self.proxy.permissions is not None and not self.headers.get(gcs_iam.ADMIN_HEADER):
+            missing = sorted(gcs_iam.needed(method, parts, body) - self.proxy.permissions)
+            if missing:
+                why = gcs_iam.denial(missing[0], parts.path)
+                self.proxy.denied.append(why)
+                return self._send(403, _error(403, why, "forbidden"))
         target = _object_of(parts.path.removeprefix("/download"))
         if target is not None and method in ("DELETE", "PATCH", "PUT"):
             bucket, name = target
@@ -291,8 +308,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-def _error(code: int, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "errors": [{"reason": "invalid"}]}}
+def _error(code: int, message: str, reason: str = "invalid") -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "errors": [{"reason": reason}]}}
 
 
 def _object_of(path: str) -> tuple[str, str] | None:

@@ -57,11 +57,12 @@ from shardvault.backup import REAPED_STATUSES
 from shardvault.client.operations import STACK_OUTPUTS
 from shardvault.config.settings import Settings
 from shardvault.errors import InvalidRequest
-from shardvault.gcp.storage import target_bucket
+from shardvault.gcp.storage import COPY_WRITER_PERMISSIONS
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
 from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
 from shardvault.local.fakegcs import start_fake_gcs
 from shardvault.local.gcs_answers import GcsAnswersProxy
+from shardvault.local.gcs_iam import ADMIN_HEADER
 from shardvault.local.iam.gate import Gate, load_gate
 from shardvault.local.iam.resolve import LocalNames
 from shardvault.local.iam.template import OPERATOR
@@ -439,16 +440,31 @@ class LocalStack:
         """fake-gcs-server behind the proxy that answers as GCS does on retention
         (``shardvault.local.gcs_answers``): every GCS copy target of the policy lands there."""
         self._fake_gcs = start_fake_gcs(self.root / "fake-gcs.log")
-        self.gcs = GcsAnswersProxy(self._fake_gcs.endpoint).start()
+        self.gcs = GcsAnswersProxy(
+            self._fake_gcs.endpoint, permissions=COPY_WRITER_PERMISSIONS
+        ).start()
         return self.gcs.endpoint
+
+    def gcs_admin(self) -> Any:
+        """A storage client of the stack's GCS that is not held to the copy writers' role
+        (``gcs_iam``): an operator's, making buckets; a test's, writing behind ShardVault."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        assert self.gcs is not None
+        return storage.Client(
+            project="shardvault-local",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.gcs.endpoint},
+            extra_headers={ADMIN_HEADER: "1"},
+        )
 
     def _create_gcs_buckets(self) -> None:
         """The policy's GCS buckets, as an operator creates them (object retention on)."""
-        assert self.settings is not None
         policy = self.services().policy()
+        client = self.gcs_admin()
         for cluster in policy.clusters.values() if policy else []:
             for target in cluster.vault.copies:
-                client = target_bucket(target, self.settings).client
                 if client.lookup_bucket(target.bucket) is None:
                     client.create_bucket(target.bucket, enable_object_retention=True)
 

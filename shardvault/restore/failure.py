@@ -3,7 +3,10 @@ left on its target nodes removed, and a stopped execution reaped."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from shardvault.aws.services import Services
 from shardvault.backup import (
@@ -20,6 +23,8 @@ from shardvault.errors import DownloadIncomplete
 from shardvault.restore.sources import copy_name, staged_key
 from shardvault.workflow.causes import failure_cause, transfer_failure
 from shardvault.workflow.dispatch import post_untracked
+
+log = logging.getLogger("shardvault.restore.failure")
 
 
 def finalize(
@@ -52,7 +57,7 @@ def finalize(
     }
     restored = RestoreItem.changes(**summary)
     svc.catalog.update(context.target_cluster, restore_key(context.restore_id), restored)
-    remove_staged(context, svc)
+    remove_staged(context, svc)  # best effort: never fails a restore that is complete
     svc.notify(
         f"ShardVault restore {context.restore_id} complete",
         {"restore_id": context.restore_id, "target_cluster": context.target_cluster, **summary},
@@ -73,15 +78,20 @@ def cleanup(
     """The failure path, after the nodes removed what they had written: the restore marked
     failed with its cause, and a notification."""
     nodes = [a.node_id for a in context.assignments]
+    outcome = mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
     remove_staged(context, svc)
-    return mark_failed(context.target_cluster, context.restore_id, error, svc, now, nodes)
+    return outcome
 
 
 def remove_staged(context: RestoreContext, svc: Services) -> None:
     """A copy target's objects staged for the restore (``shardvault.restore.sources``): gone
     once it ends; the sweep removes what a crash leaves (a prefix without a manifest)."""
-    if copy_name(context.source) is not None:
+    if copy_name(context.source) is None:
+        return
+    try:
         svc.store_bucket.delete_prefix(staged_key(svc, context.restore_id, ""))
+    except ClientError as error:  # the sweep removes them after the restores' longest run
+        log.warning("staged objects of %s not removed: %s", context.restore_id, error)
 
 
 def mark_failed(

@@ -20,6 +20,7 @@ from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket
 from shardvault.config.targets import VaultCopy
 from shardvault.contracts.catalog import BackupItem
+from shardvault.contracts.layout import STAGED_DIR
 from shardvault.contracts.models import (
     BackupStatus,
     ChainSource,
@@ -31,7 +32,6 @@ from shardvault.errors import BackupNotRestorable, InvalidRequest, ParentUnavail
 from shardvault.gcp.storage import GcsBucket, target_bucket
 
 COPY_SOURCE = "copy:"
-STAGED_DIR = "_staged"
 
 
 def source_of(svc: Services, source: str) -> Bucket:
@@ -62,8 +62,13 @@ def copy_target(svc: Services, cluster: str, name: str) -> VaultCopy:
     )
 
 
-def copy_bucket(svc: Services, cluster: str, name: str) -> GcsBucket:
-    return target_bucket(copy_target(svc, cluster, name), svc.settings)
+def copy_bucket(svc: Services, cluster: str, name: str, bucket: str | None = None) -> GcsBucket:
+    """Copy target ``name``'s bucket: ``bucket``, the one a copy's record names, when given
+    (the policy may name another since)."""
+    target = copy_target(svc, cluster, name)
+    if bucket is not None:
+        target = target.model_copy(update={"bucket": bucket})
+    return target_bucket(target, svc.settings)
 
 
 def copy_place(record: BackupItem, name: str) -> tuple[str, str | None]:

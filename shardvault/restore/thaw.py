@@ -80,7 +80,7 @@ def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any
     and until the budget runs out; returns how many remain as ``frozen``."""
     name = copy_name(context.source) or ""
     bucket = copy_bucket(svc, context.cluster, name)
-    deadline = time.monotonic() + svc.settings.promote_budget_seconds
+    deadline = time.monotonic() + svc.settings.stage_budget_seconds
     objects = [
         obj
         for manifest, _ in chain_manifests(context, svc)
@@ -88,7 +88,9 @@ def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any
         for stream in shard.streams
         for obj in stream.objects
     ]
-    remaining = [o for o in objects if not staged(svc, context.restore_id, o)]
+    with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
+        done = list(pool.map(lambda o: staged(svc, context.restore_id, o), objects))
+    remaining = [o for o, there in zip(objects, done, strict=True) if not there]
     while remaining:
         stage_object(svc, bucket, name, context.restore_id, remaining.pop(0))
         if time.monotonic() >= deadline:

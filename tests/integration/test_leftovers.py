@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from shardvault.client import operations as ops
+from shardvault.contracts import layout
 from tests.unit.support import catalog_item
 
 
@@ -110,6 +111,9 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     svc.catalog.table.delete_item(
         Key={"cluster": cluster.name, "backup_id": kept.record["backup_id"]}
     )
+    # A copy target's objects staged for a restore that ended without removing them.
+    staged = f"{svc.store.prefix}/_staged/r20200101T000000Z-old000/shardvault/c/b/data-00000"
+    s3.put_object(Bucket=bucket, Key=staged, Body=b"s")
     policy_for(cluster.name)
     monkeypatch.setattr(services().settings, "sweep_grace_seconds", 0.0)
 
@@ -122,6 +126,10 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     assert ours == [crashed]
     assert bucket_uploads(cluster, "dead00") == [crashed]  # a dry run removes nothing
 
+    # Staged objects stay while a restore might still read them (its longest run).
+    assert not [k for k in dry.record["sweep"]["deleted_prefixes"] if "/_staged/" in k]
+    monkeypatch.setattr(layout, "RESTORE_LONGEST_SECONDS", 0)
+
     real = ops.run_retention(cluster.client, cluster.name, dry_run=False)
 
     assert real.status == "SUCCEEDED", real.cause
@@ -132,5 +140,7 @@ def test_the_daily_retention_run_sweeps_what_no_running_backup_owns(
     assert not [k for k in cluster.store_keys() if "dead01" in k]
     assert [k for k in cluster.store_keys() if kept.record["backup_id"] in k]  # has a manifest
     assert wal in cluster.store_keys()  # the WAL archive is no backup
+    assert staged.rsplit("/", 4)[0] + "/" in real.record["sweep"]["deleted_prefixes"]
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=staged).get("KeyCount", 0) == 0
     with pytest.raises(s3.exceptions.NoSuchUpload):
         s3.list_parts(Bucket=bucket, Key=crashed, UploadId=orphan_upload)

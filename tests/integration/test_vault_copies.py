@@ -51,12 +51,9 @@ def gcs_copy(name: str, bucket: str, storage_class: str = "NEARLINE", **more: st
 
 @pytest.fixture
 def gcs(stack):
-    """A client of the stack's GCS, with ``new_bucket()`` making a bucket as an operator does."""
-    client = storage.Client(
-        project="local",
-        credentials=AnonymousCredentials(),
-        client_options={"api_endpoint": stack.settings.gcs_endpoint},
-    )
+    """The stack's GCS as an operator sees it (not held to the copy writers' role), with
+    ``new_bucket()`` making a bucket as the guide says (object retention on)."""
+    client = stack.gcs_admin()
     made = iter(range(1000))
 
     def bucket() -> str:
@@ -240,7 +237,7 @@ def test_a_restore_from_a_gcs_copy_stages_it_and_restores_into_another_node_coun
 
 
 def test_a_damaged_gcs_copy_is_refused_by_name(make_cluster, make_target, policy_for, gcs, stack):
-    cluster = make_cluster(nodes=1, size_mb=2)
+    cluster = make_cluster(nodes=2, size_mb=2)
     bucket = gcs.new_bucket()
     policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
     backup = cluster.backup()
@@ -351,7 +348,7 @@ def test_verify_of_a_gcs_copy_finds_a_replaced_or_rotted_object(
         project="local",
         credentials=AnonymousCredentials(),
         client_options={"api_endpoint": stack._fake_gcs.endpoint},
-    )
+    )  # the fake itself: past the retention GCS would enforce
     behind.bucket(bucket).blob(victim.key).upload_from_string(b"x" * victim.stored_bytes)
     replaced = ops.run_verify(config, cluster.name, incremental_id, 0.0, from_vault="offsite")
     assert replaced.status == "FAILED"
@@ -438,3 +435,30 @@ def test_a_target_added_after_promotion_is_skipped_by_a_retried_call(
     assert item["vault_copies"]["later"]["state"] == "SKIPPED"
     assert item["vault_copies"]["later"]["reason"] == "its staging copy was gone"
     assert "promotion" not in item
+
+
+def test_every_gcs_call_of_the_copy_path_is_one_the_published_role_allows(
+    make_cluster, make_target, policy_for, gcs, stack
+):
+    """The stack's GCS answers the functions as if they held exactly the custom role the guide
+    publishes: promotion, a restore from the copy, its verify and check all pass, and a call
+    outside the role (a delete) is refused by name."""
+    cluster = make_cluster(nodes=1, size_mb=1)
+    bucket = gcs.new_bucket()
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", bucket)))
+    denied_before = len(stack.gcs.denied)
+    assert cluster.backup().status == "SUCCEEDED"
+    restored = make_target(nodes=1).restore(cluster.name, from_vault="offsite")
+    assert restored.status == "SUCCEEDED", restored.cause
+    verified = ops.run_verify(cluster.client, cluster.name, "latest", 100.0, from_vault="offsite")
+    assert verified.status == "SUCCEEDED", verified.cause
+    assert stack.gcs.denied[denied_before:] == []
+
+    writer = storage.Client(
+        project="local",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": stack.settings.gcs_endpoint},
+    )
+    name = next(iter(gcs_objects(gcs, bucket)))
+    with pytest.raises(gcs_errors.Forbidden, match=r"storage\.objects\.delete"):
+        writer.bucket(bucket).blob(name).delete()

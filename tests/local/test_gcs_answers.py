@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from google.api_core import exceptions as gcs_errors
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
+from shardvault.local import gcs_iam
 from shardvault.local.fakegcs import start_fake_gcs
 from shardvault.local.gcs_answers import GcsAnswersProxy
 
@@ -122,3 +124,49 @@ def test_a_bucket_reports_object_retention_and_refuses_it_when_created_without(s
     with pytest.raises(gcs_errors.BadRequest, match="Object retention is not enabled"):
         blob.upload_from_string(b"x", if_generation_match=0)
     without.blob("b1/data/2").upload_from_string(b"x")  # without a retention: taken
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "needs"),
+    [
+        ("POST", "/upload/storage/v1/b/v/o?uploadType=multipart&ifGenerationMatch=0", b"{}",
+         {"storage.objects.create"}),
+        ("POST", "/upload/storage/v1/b/v/o?uploadType=resumable&ifGenerationMatch=0",
+         b'{"retention": {}}', {"storage.objects.create", "storage.objects.setRetention"}),
+        ("POST", "/upload/storage/v1/b/v/o?uploadType=multipart", b"{}",
+         {"storage.objects.create", "storage.objects.delete"}),  # it may replace one
+        ("PUT", "/upload/storage/v1/b/v/o?uploadType=resumable&upload_id=x", b"", set()),
+        ("GET", "/storage/v1/b/v/o/a%2Fb", b"", {"storage.objects.get"}),
+        ("GET", "/download/storage/v1/b/v/o/a%2Fb?alt=media", b"", {"storage.objects.get"}),
+        ("GET", "/storage/v1/b/v/o", b"", {"storage.objects.list"}),
+        ("GET", "/storage/v1/b/v", b"", {"storage.buckets.get"}),
+        ("PATCH", "/storage/v1/b/v/o/a%2Fb", b'{"retention": {}}',
+         {"storage.objects.update", "storage.objects.setRetention"}),
+        ("DELETE", "/storage/v1/b/v/o/a%2Fb", b"", {"storage.objects.delete"}),
+        ("POST", "/storage/v1/b", b"{}", {"storage.buckets.create"}),
+        ("POST", "/storage/v1/b/v/o/a/copyTo/b/w/o/c", b"", {"unmodelled"}),
+    ],
+)  # fmt: skip
+def test_each_call_needs_what_gcs_asks_of_it(method, url, body, needs):
+    assert gcs_iam.needed(method, urlsplit(url), body) == needs
+
+
+def test_a_caller_holding_the_role_is_refused_what_it_lacks(servers):
+    fake, _ = servers
+    role = frozenset({"storage.objects.create", "storage.objects.get", "storage.buckets.get"})
+    with GcsAnswersProxy(fake.endpoint, permissions=role) as proxy:
+        admin = storage.Client(
+            project="t",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": proxy.endpoint},
+            extra_headers={gcs_iam.ADMIN_HEADER: "1"},
+        )
+        bucket = admin.create_bucket(f"role-{uuid.uuid4().hex[:8]}")
+        caller = client_for(proxy.endpoint).bucket(bucket.name)
+        caller.blob("b1/data/1").upload_from_string(b"x", if_generation_match=0)
+        assert caller.blob("b1/data/1").download_as_bytes() == b"x"
+        with pytest.raises(gcs_errors.Forbidden, match=r"storage\.objects\.delete"):
+            caller.blob("b1/data/1").delete()
+        with pytest.raises(gcs_errors.Forbidden, match=r"storage\.objects\.list"):
+            list(client_for(proxy.endpoint).list_blobs(bucket.name))
+        assert len(proxy.denied) == 2

@@ -108,3 +108,13 @@ def test_every_relative_link_points_at_an_existing_file():
         if not (page.parent / target).exists()
     ]
     assert not broken, f"relative links to files that do not exist: {broken}"
+
+
+def test_the_guides_gcs_role_is_the_one_the_local_stack_enforces():
+    """docs/guide/vault-copies.md's gcloud command creates the role the local stack holds
+    the functions to (shardvault/local/gcs_iam.py): the two cannot drift apart."""
+    from shardvault.gcp.storage import COPY_WRITER_PERMISSIONS
+
+    guide = (ROOT / "docs" / "guide" / "vault-copies.md").read_text()
+    (listed,) = re.findall(r"--permissions=(\S+)", guide)
+    assert frozenset(listed.split(",")) == COPY_WRITER_PERMISSIONS
