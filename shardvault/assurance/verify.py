@@ -53,7 +53,13 @@ from shardvault.contracts.models import (
 from shardvault.contracts.pgwal import segment_number, tail_problems
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.restore.admission import resolve_backup
-from shardvault.restore.sources import COPY_SOURCE, copy_target, source_of
+from shardvault.restore.sources import (
+    COPY_SOURCE,
+    copy_target,
+    read_from,
+    source_of,
+    stack_vault_name,
+)
 from shardvault.wal.archive import after_backup
 
 PARALLEL_HEADS = 16  # requests in flight: each waits on the store, not on this process
@@ -153,14 +159,11 @@ def verify(request: VerifyRequest, svc: Services, now: float) -> dict[str, Any]:
 def copy_of(request: VerifyRequest, svc: Services) -> str | None:
     """The copy target to verify in: None for the stack vault (by its name) or the catalog's
     place; an unknown name is refused by name."""
-    if request.from_vault is None:
+    name = request.from_vault
+    if name is None or name == stack_vault_name(svc, request.cluster):
         return None
-    policy = svc.policy()
-    entry = policy.clusters.get(request.cluster) if policy else None
-    if entry is not None and request.from_vault == entry.vault.name:
-        return None
-    copy_target(svc, request.cluster, request.from_vault)
-    return request.from_vault
+    copy_target(svc, request.cluster, name)
+    return name
 
 
 def verify_copy(
@@ -212,7 +215,7 @@ def verify_one(
     if record.status != "COMPLETE":
         problems.append(f"{backup_id} is {record.status}, not COMPLETE")
         return None
-    location = "vault" if record.location == "vault" and svc.vault else "store"
+    location = read_from(record, svc)
     key, version = manifest_place(record, location)
     bucket = source_of(svc, location)
     try:

@@ -19,7 +19,6 @@ from shardvault.backup import (
     check_agents_current,
     check_nodes_available,
 )
-from shardvault.config.targets import STACK_TARGET
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
@@ -54,6 +53,7 @@ from shardvault.restore.sources import (
     read_from,
     read_manifest,
     shard_size,
+    stack_vault_name,
 )
 from shardvault.wal import pitr
 from shardvault.workflow.membership import check_members
@@ -207,10 +207,7 @@ def source_for(
     """Where the backup is read (source, manifest key, version): the vault target the request
     names, or refused by name; else the stack vault once promoted, else the store."""
     name = request.from_vault
-    policy = svc.policy()
-    entry = policy.clusters.get(request.cluster) if policy else None
-    stack_name = entry.vault.name if entry else STACK_TARGET
-    if name is None or name == stack_name:
+    if name is None or name == stack_vault_name(svc, request.cluster):
         source = read_from(record, svc)
         if name is not None and source != "vault":
             raise BackupNotRestorable(

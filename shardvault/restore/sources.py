@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from shardvault.aws.readback import load_manifest, manifest_place, parse_manifest
 from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket
-from shardvault.config.targets import VaultCopy
+from shardvault.config.targets import STACK_TARGET, VaultCopy
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import STAGED_DIR
 from shardvault.contracts.models import (
@@ -112,6 +112,13 @@ def readable_place(
 
 
 PARALLEL_READS = 8
+
+
+def stack_vault_name(svc: Services, cluster: str) -> str:
+    """The name ``--from-vault`` gives the stack's own vault: the policy's ``vault.name``."""
+    policy = svc.policy()
+    entry = policy.clusters.get(cluster) if policy else None
+    return entry.vault.name if entry else STACK_TARGET
 
 
 def read_from(record: BackupItem, svc: Services) -> str:
