@@ -1,5 +1,6 @@
 """Promotion time and cost per vault target, for a backup of about 1 GiB of data nobody tuned
-for (incompressible rows): the stack's vault, and two GCS copy targets (NEARLINE, ARCHIVE).
+for (incompressible rows): the stack's vault, two GCS copy targets (NEARLINE, ARCHIVE) and an
+Object Lock bucket in another AWS account (DEEP_ARCHIVE).
 
 Usage::
 
@@ -9,22 +10,25 @@ Usage::
 The local stack runs as in the tests: moto's control plane and vault in this process, MinIO as
 the store, fake-gcs-server behind the retention proxy as GCS. A cluster of three SQLite nodes
 holds ``--size-mib`` of random rows; its policy promotes into the vault at GLACIER_IR with a
-one-day lock and copies to two GCS buckets (NEARLINE and ARCHIVE, one-day retention). Each run
-is a new full backup.
+one-day lock and copies to two GCS buckets (NEARLINE and ARCHIVE, one-day retention) and to
+account B's bucket (a second moto account, through its role; DEEP_ARCHIVE, COMPLIANCE for a
+day). Each run is a new full backup.
 
 Measured per run, all read back from the backup's catalog item:
 
 * *stack vault*: ``promoted_at - completed_at`` (the Promote task's first calls: copy, read
   back each lock, write the vault manifest);
 * *each copy*: its record's ``seconds``, the time the promote function spent copying to it
-  (stream from the store, CRC64NVME checked on the way, GCS's CRC32C and MD5 compared, class
-  and retention read back, the copy's manifest), over every budgeted call;
+  (stream from the store, CRC64NVME checked on the way; GCS's CRC32C and MD5 compared, or
+  account B's CRC64NVME; class and retention read back; the copy's manifest), over every
+  budgeted call;
 * *backup*: start to SUCCEEDED, promotion included.
 
 What a copy costs is priced from the price table (``shardvault.pricing.prices``): the bytes
-leaving AWS once, a month in the target's class, its minimum billed duration, and one write
-per object. These are local figures: the store, the vault and GCS are on this machine, so the
-time is the pipeline's (reading, checking, writing), not a network's.
+leaving AWS once (none to account B in the stack's region), a month in the target's class,
+its minimum billed duration, and one write per object. These are local figures: the store,
+the vault, account B and GCS are on this machine, so the time is the pipeline's (reading,
+checking, writing), not a network's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from shardvault.aws.tables import Catalog, table
 from shardvault.client import operations as ops
 from shardvault.contracts.models import BackupRequest
 from shardvault.local import demo
+from shardvault.local.account_b import ACCOUNT_B, KMS_KEY, ROLE_ARN
 from shardvault.local.stack import LocalStack
 from shardvault.pricing.prices import (
     AWS_EGRESS_INTERNET_GB,
@@ -53,6 +58,7 @@ from shardvault.pricing.prices import (
 
 CLUSTER = "bench"
 TARGETS = {"near": "NEARLINE", "cold": "ARCHIVE"}
+ACCOUNT_B_TARGET = ("b", "DEEP_ARCHIVE")
 
 
 def policy(root: Path) -> Path:
@@ -60,6 +66,12 @@ def policy(root: Path) -> Path:
         f"{{name: {name}, kind: gcs, project: bench, bucket: bench-{name}, "
         f"storage_class: {cls}, retention: {{days: 1}}}}"
         for name, cls in TARGETS.items()
+    )
+    name, cls = ACCOUNT_B_TARGET
+    copies += (
+        f", {{name: {name}, kind: aws, account: '{ACCOUNT_B}', bucket: bench-vault-b, "
+        f"region: us-east-1, role_arn: '{ROLE_ARN}', external_id: bench-b, "
+        f"kms_key: '{KMS_KEY}', storage_class: {cls}, object_lock: {{days: 1}}}}"
     )
     path = root / "policy.yaml"
     path.write_text(
@@ -117,6 +129,13 @@ def costs(stored_bytes: int, objects: int) -> dict[str, dict[str, float]]:
             "month_usd": gb * prices.storage_gb_month,
             "minimum_days": prices.minimum_days,
         }
+    name, cls = ACCOUNT_B_TARGET
+    b = STORAGE[StorageClass(cls)]
+    out[f"{name} (account B {cls})"] = {  # one region: no data transfer charge
+        "once_usd": (objects + 1) * b.put,
+        "month_usd": gb * b.storage_gb_month,
+        "minimum_days": b.minimum_days,
+    }
     return out
 
 
@@ -140,6 +159,8 @@ def report(runs: list[dict[str, Any]]) -> str:
         (f"{name} (GCS {cls})", [r["copies"][name]["seconds"] for r in runs])
         for name, cls in TARGETS.items()
     ]
+    name, cls = ACCOUNT_B_TARGET
+    rows.append((f"{name} (account B {cls})", [r["copies"][name]["seconds"] for r in runs]))
     for label, seconds in rows:
         price = priced[label]
         lines.append(

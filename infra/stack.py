@@ -52,7 +52,9 @@ from infra.policies import POST, TABLE_READ
 from shardvault.assurance.probe import PROBES_DIR
 from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
 from shardvault.aws.services import ANSWERS_DIR
+from shardvault.aws.vault_account import COPY_READERS, COPY_WRITERS
 from shardvault.config.policy import Policy, load_policy
+from shardvault.config.targets import AwsTarget
 from shardvault.contracts.layout import ARCHIVE_DIR, STAGED_DIR
 from shardvault.contracts.models import DOORBELL_PREFIX
 from shardvault.lifecycle.copies import COPIES_DIR
@@ -90,6 +92,7 @@ class ShardVaultStack(Stack):
         self._grant_functions()
         self._grant_vault_functions()
         self._grant_restore_functions()
+        self._grant_copy_accounts()
         self.workflows = {
             name: Workflow(
                 self,
@@ -675,13 +678,36 @@ class ShardVaultStack(Stack):
             apply_to_children=True,
         )
 
+    def _grant_copy_accounts(self) -> None:
+        """Each aws copy target's role in its own account, assumed by every function that
+        writes or reads a copy (shardvault/aws/services.py: assumed_s3): exactly the roles
+        the deployed policy names; the role's trust policy in that account allows the
+        other half (shardvault copy-setup prints it)."""
+        roles = sorted(
+            {
+                copy.role_arn
+                for cluster in self.policy.clusters.values()
+                for copy in cluster.vault.copies
+                if isinstance(copy, AwsTarget)
+            }
+        )
+        if not roles:
+            return
+        for module in (*COPY_WRITERS, *COPY_READERS):
+            self.functions.grant(
+                module, iam.PolicyStatement(actions=["sts:AssumeRole"], resources=roles)
+            )
+
     def _outputs(self) -> None:
         roles = {m: f.role.role_name for m, f in self.functions.functions.items() if f.role}
+        role_arns = {m: f.role.role_arn for m, f in self.functions.functions.items() if f.role}
         values = {
             # What a GCS copy target's workload identity provider trusts (docs/guide/
             # vault-copies.md): the functions that write into it, and those that read from it.
             "CopyWriterRoleNames": Fn.join(",", [roles[m] for m in COPY_WRITERS]),
             "CopyReaderRoleNames": Fn.join(",", [roles[m] for m in COPY_READERS]),
+            # What an aws copy target's role trusts in its account (shardvault copy-setup).
+            "CopyRoleArns": Fn.join(",", [role_arns[m] for m in (*COPY_WRITERS, *COPY_READERS)]),
             "StagingBucketName": self.storage.bucket.bucket_name,
             "CatalogTableName": self.tables.catalog.table_name,
             "NodesTableName": self.tables.nodes.table_name,
@@ -714,12 +740,6 @@ class ShardVaultStack(Stack):
             CfnOutput(self, name, value=value)
 
 
-# The functions that write to a copy target: promotion, and shardvault check's probe object
-# (shardvault/assurance/copy_check.py).
-COPY_WRITERS = ("promote_backup", "probe_store")
-# The functions that read a copy target: manifests at Validate and Plan, objects staged at Thaw
-# (shardvault/restore/sources.py), and verify --from-vault (shardvault/assurance/copy_check.py).
-COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects", "verify_backup")
 NODE_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # as the agent's config requires
 
 

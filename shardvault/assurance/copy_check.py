@@ -2,12 +2,13 @@
 checked without a restore, as ``shardvault.assurance.verify`` checks the store's.
 
 Terms:
-- *by attributes*: each object the copy's manifest names is there in the *generation* the
-  copy recorded, with the manifest's size, in the copy's class, retained at least until the
-  copy's recorded retain-until. A GCS object's generation changes with every write of its
-  bytes, and promotion proved that generation's bytes equal the manifest's (CRC64NVME of the
-  streamed bytes, GCS's CRC32C and MD5 of the same), so an unchanged generation is the same
-  proven bytes.
+- *by attributes*: each object the copy's manifest names is there in the *version* the copy
+  recorded (GCS's generation, S3's version id), with the manifest's size, in the copy's
+  class, retained at least until the copy's recorded retain-until. A GCS object's generation
+  changes with every write of its bytes, and promotion proved that generation's bytes equal
+  the manifest's (CRC64NVME of the streamed bytes, GCS's CRC32C and MD5 of the same); an S3
+  version's bytes never change and S3 reports their CRC64NVME. So an unchanged version is the
+  same proven bytes.
 - *read data*: a sample of the objects is downloaded and its CRC64NVME compared with the
   manifest's (every GCS class reads at once; the read is billed at its class's retrieval).
 - *check* (``shardvault check``, the probe's last step): a small object put into each copy
@@ -24,52 +25,54 @@ import random
 from datetime import datetime
 from typing import Any
 
-from google.api_core import exceptions as gcs_errors
-
 from shardvault.aws.readback import parse_manifest
 from shardvault.aws.services import Services
-from shardvault.config.targets import VaultCopy
+from shardvault.config.targets import GcsTarget, VaultCopy
 from shardvault.contracts.catalog import BackupItem, CopyRecord
 from shardvault.contracts.models import Manifest, ObjectResult
 from shardvault.data.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
-from shardvault.gcp.storage import GcsBucket, check_held, target_bucket
+from shardvault.gcp.storage import target_bucket as gcs_bucket
 from shardvault.lifecycle.copies import held_until
-from shardvault.lifecycle.targets import days_after
+from shardvault.lifecycle.targets import TargetBucket, bucket_of, days_after, is_gone
 from shardvault.restore.sources import copy_bucket
 
 
 def copy_manifest(
     svc: Services, record: BackupItem, name: str, problems: list[str]
-) -> tuple[Manifest | None, GcsBucket, CopyRecord | None]:
+) -> tuple[Manifest | None, TargetBucket, CopyRecord | None]:
     """The copy's manifest in target ``name`` (None, with a problem, when there is none)."""
     held = record.vault_copies.get(name)
-    bucket = copy_bucket(svc, record.cluster, name, held.bucket if held else None)
+    session = f"verify-{record.backup_id}"
+    bucket = copy_bucket(svc, record.cluster, name, held.bucket if held else None, session)
     if held is None or held.state != "COPIED" or not held.manifest_key:
         state = held.state if held else "never copied there"
         problems.append(f"{record.backup_id} has no copy in {name!r} ({state})")
         return None, bucket, held
-    generation = int(held.manifest_generation) if held.manifest_generation else None
     try:
-        body = bucket.read_all(held.manifest_key, generation)
-    except gcs_errors.NotFound:
+        body = bucket.read_all(held.manifest_key, held.manifest_generation)
+    except Exception as error:
+        if not is_gone(error):
+            raise
         problems.append(f"{record.backup_id}: its manifest is gone from {name!r}")
         return None, bucket, held
-    return parse_manifest(body, f"gs://{bucket.name}/{held.manifest_key}"), bucket, held
+    return parse_manifest(body, f"{bucket.where}/{held.manifest_key}"), bucket, held
 
 
-def attribute_problem(bucket: GcsBucket, obj: ObjectResult, held: CopyRecord) -> str:
-    """'' when the target holds the object as the copy recorded it."""
+def attribute_problem(bucket: TargetBucket, obj: ObjectResult, held: CopyRecord) -> str:
+    """'' when the target holds the object as the copy recorded it (its newest version: one
+    written over the copy is a finding, though S3 keeps the locked one beneath)."""
     copy = bucket.read_back(obj.key)
     if copy is None:
         return f"{obj.key} is missing"
-    if obj.version_id and str(copy.generation) != obj.version_id:
-        return f"{obj.key} is generation {copy.generation}, not the copied {obj.version_id}"
+    if obj.version_id and copy.version != obj.version_id:
+        return f"{obj.key} is version {copy.version}, not the copied {obj.version_id}"
     if copy.size != obj.stored_bytes:
         return f"{obj.key} holds {copy.size} bytes, the manifest says {obj.stored_bytes}"
     if held.storage_class and copy.storage_class != held.storage_class:
         return f"{obj.key} is in class {copy.storage_class}, not {held.storage_class}"
     until = datetime.fromisoformat(held.retain_until) if held.retain_until else None
-    if until and held.retention_mode == "Locked" and not locked_until(copy.retain_until, until):
+    locked = held.retention_mode in ("Locked", "COMPLIANCE")
+    if until and locked and not locked_until(copy.retain_until, until):
         return f"{obj.key} is retained until {copy.retain_until}, before {held.retain_until}"
     return ""
 
@@ -79,20 +82,27 @@ def locked_until(found: datetime | None, until: datetime) -> bool:
 
 
 def read_sample(
-    bucket: GcsBucket, objects: list[ObjectResult], percent: float, problems: list[str]
+    bucket: TargetBucket,
+    objects: list[ObjectResult],
+    percent: float,
+    problems: list[str],
+    storage_class: str | None = None,
 ) -> int:
     """Downloads a random ``percent`` of the objects (at least one when above 0) and checks
-    each one's CRC64NVME; returns how many were read."""
-    if percent <= 0 or not objects:
+    each one's CRC64NVME; returns how many were read. A copy in a class that needs a thaw
+    (GLACIER, DEEP_ARCHIVE in account B) is not read: a drill from it proves its bytes."""
+    readable = storage_class is None or bucket.readable_class(storage_class) == storage_class
+    if percent <= 0 or not objects or not readable:
         return 0
     sample = random.sample(objects, max(1, math.ceil(len(objects) * percent / 100)))
     for obj in sample:
-        generation = int(obj.version_id) if obj.version_id else None
         try:
-            with bucket.open(obj.key, generation) as body:
+            with bucket.open(obj.key, obj.version_id) as body:
                 crc = crc64nvme_of_stream(body)
-        except gcs_errors.NotFound:
-            problems.append(f"{obj.key} (generation {generation}) cannot be read: it is gone")
+        except Exception as error:
+            if not is_gone(error):
+                raise
+            problems.append(f"{obj.key} (version {obj.version_id}) cannot be read: it is gone")
             continue
         if crc != obj.crc64nvme:
             problems.append(
@@ -128,31 +138,44 @@ def check_target(target: VaultCopy, svc: Services, probe_id: str, now: float) ->
     target's finding: ``ok``, with what was read back, or the error."""
     key = f"{target.prefix.strip('/')}/{CHECK_PREFIX}/{probe_id}"
     try:
-        # A short retry: one unreachable target must not hold the probe past its timeout.
-        settings = svc.settings.model_copy(update={"gcs_retry_seconds": CHECK_RETRY_SECONDS})
-        bucket = target_bucket(target, settings)
-        if target.retention.style == "bucket":
-            held_until(target, bucket, now)  # a locked bucket policy, long enough
-        elif not bucket.object_retention_enabled():
-            return refused(target, f"GCS bucket {target.bucket} has object retention disabled")
+        bucket = checked_bucket(target, svc, probe_id, now)
+        if isinstance(bucket, str):
+            return refused(target, bucket)
         until = days_after(now, CHECK_DAYS)
+        by_bucket = isinstance(target, GcsTarget) and target.retention.style == "bucket"
         copy = bucket.copy_in(
             lambda: io.BytesIO(CHECK_BYTES),
             key,
             len(CHECK_BYTES),
             crc64nvme_of_bytes(CHECK_BYTES),
             CHECK_CLASS,
-            until if target.retention.style == "object" else None,
+            None if by_bucket else until,
         )
-        check_held(copy, CHECK_CLASS, until if target.retention.style == "object" else None)
+        bucket.check_held(copy, CHECK_CLASS, None if by_bucket else until)
     except Exception as error:  # any failure is this target's finding, named
         return refused(target, f"{type(error).__name__}: {error}")
     held = f"{copy.retention_mode} until {copy.retain_until}" if copy.retain_until else "bucket"
     return {
         "name": target.name,
         "ok": True,
-        "detail": f"put and read back gs://{target.bucket}/{key} ({held})",
+        "detail": f"put and read back {bucket.where}/{key} ({held})",
     }
+
+
+def checked_bucket(
+    target: VaultCopy, svc: Services, probe_id: str, now: float
+) -> TargetBucket | str:
+    """The target's bucket, or why it cannot take copies (a GCS bucket's retention)."""
+    if not isinstance(target, GcsTarget):
+        return bucket_of(target, svc, f"check-{probe_id}")
+    # A short retry: one unreachable target must not hold the probe past its timeout.
+    settings = svc.settings.model_copy(update={"gcs_retry_seconds": CHECK_RETRY_SECONDS})
+    bucket = gcs_bucket(target, settings)
+    if target.retention.style == "bucket":
+        held_until(target, bucket, now)  # a locked bucket policy, long enough
+    elif not bucket.object_retention_enabled():
+        return f"GCS bucket {target.bucket} has object retention disabled"
+    return bucket
 
 
 def refused(target: VaultCopy, why: str) -> dict[str, Any]:

@@ -280,9 +280,10 @@ def copy_finding(target: dict[str, Any]) -> Finding:
         check=check,
         ok=False,
         detail=target["detail"],
-        fix="check the bucket (created with object retention), the workload identity "
-        "provider and the custom role bound on it (docs/guide/vault-copies.md); until then "
-        "each backup is promoted PARTIAL.",
+        fix="GCS: check the bucket (created with object retention), the workload identity "
+        "provider and the custom role bound on it; account B: the bucket (Object Lock), the "
+        "role's trust policy and external ID, and the policies shardvault copy-setup prints "
+        "(docs/guide/vault-copies.md); until then each backup is promoted PARTIAL.",
     )
 
 

@@ -189,7 +189,9 @@ def verify_copy(
             for p in pool.map(lambda o: copy_check.attribute_problem(bucket, o, held), objects)
             if p
         ]
-    read = copy_check.read_sample(bucket, objects, request.read_data_percent, found)
+    read = copy_check.read_sample(
+        bucket, objects, request.read_data_percent, found, held.storage_class
+    )
     problems += [f"{backup_id} in {name!r}: {p}" for p in found]
     checked.append(
         Checked(

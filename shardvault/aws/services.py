@@ -3,7 +3,8 @@
 Steps receive a ``Services`` rather than building clients, so tests can hand them clients
 pointed at moto, MinIO or anything else. ``bind`` sees every client built here before it is
 used: the local stack has each function's clients make their calls as that function's role
-(``shardvault/local/iam``).
+(``shardvault/local/iam``), and a client of a role assumed in another account (``assumed``,
+an aws vault copy's) as that role.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -30,14 +32,25 @@ ANSWERS_DIR = "answers"
 WORK_READS = 16  # work objects read side by side (``get_works``): each read waits on the store
 
 
-def unbound(client: Any) -> Any:
+def unbound(client: Any, role_arn: str | None = None) -> Any:
     return client
+
+
+# A role session in another account lasts this long; a promotion call (at most 15 minutes)
+# assumes the role again at its start, so no session ends under it.
+ASSUMED_SECONDS = 3600
+ASSUMED_REUSE_SECONDS = 1200  # longer than any call that starts with the client (15 minutes)
 
 
 @dataclass
 class Services:
     settings: Settings
-    bind: Callable[[Any], Any] = unbound
+    # bind(client): the function's role; bind(client, role_arn=ARN): a role it assumed
+    bind: Callable[..., Any] = unbound
+    # (role, external ID, region) -> an assumed role's client and when its session ends
+    _assumed: dict[tuple[str, str, str], tuple[Any, float]] = field(
+        default_factory=dict, repr=False
+    )
 
     def _table(self, name: str) -> Any:
         dynamo_table = table(name)
@@ -98,6 +111,35 @@ class Services:
         if self.settings.policy:
             return parse_policy(self.settings.policy, source="the deployed policy")
         return load_policy(self.settings.policy_file) if self.settings.policy_file else None
+
+    @cached_property
+    def sts(self) -> Any:
+        return self.bind(boto3.client("sts"))
+
+    def assumed_s3(self, role_arn: str, external_id: str, region: str, session: str) -> Any:
+        """An S3 client of ``role_arn`` (a role in another account whose trust policy asks for
+        ``external_id``), for the buckets of ``region``: a session of ``ASSUMED_SECONDS``,
+        kept while it has ``ASSUMED_REUSE_SECONDS`` left (a chain's manifests are read one
+        after another: one AssumeRole serves them all); ``session`` names a new one."""
+        place = (role_arn, external_id, region)
+        kept = self._assumed.get(place)
+        if kept is not None and kept[1] - time.monotonic() > ASSUMED_REUSE_SECONDS:
+            return kept[0]
+        credentials = self.sts.assume_role(
+            RoleArn=role_arn,
+            RoleSessionName=session[:64],
+            ExternalId=external_id,
+            DurationSeconds=ASSUMED_SECONDS,
+        )["Credentials"]
+        client = s3_client(
+            self.settings.aws_copy_endpoint,
+            (credentials["AccessKeyId"], credentials["SecretAccessKey"]),
+            session_token=credentials["SessionToken"],
+            region=region,
+        )
+        client = self.bind(client, role_arn=role_arn)
+        self._assumed[place] = (client, time.monotonic() + ASSUMED_SECONDS)
+        return client
 
     @cached_property
     def kms(self) -> Any:

@@ -64,10 +64,17 @@ class StoreLocation:
 
 
 def s3_client(
-    endpoint: str | None = None, credentials: tuple[str, str] | None = None, **config: Any
+    endpoint: str | None = None,
+    credentials: tuple[str, str] | None = None,
+    *,
+    session_token: str | None = None,
+    region: str | None = None,
+    **config: Any,
 ) -> Any:
     """An S3 client; path-style addressing for custom endpoints (MinIO has no DNS buckets).
-    Without ``credentials`` it uses the default chain (a Lambda's role on AWS)."""
+    Without ``credentials`` it uses the default chain (a Lambda's role on AWS);
+    ``session_token`` with them: an assumed role's session; ``region``: another region's
+    buckets than the stack's (a copy target's)."""
     # One retry policy for every call: botocore's standard mode (throttling and transient
     # errors, with backoff), ``RETRY_ATTEMPTS`` tries in all.
     options: dict[str, Any] = {
@@ -83,9 +90,13 @@ def s3_client(
         # new bucket's requests with 307 for up to a day and which regions opened after
         # March 2019 refuse: an agent's first upload would fail.
         options["s3"] = {"addressing_style": "virtual", "us_east_1_regional_endpoint": "regional"}
-    keys = {}
+    keys: dict[str, Any] = {}
     if credentials:
         keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]}
+    if session_token:
+        keys["aws_session_token"] = session_token
+    if region:
+        keys["region_name"] = region
     return boto3.client("s3", endpoint_url=endpoint, config=Config(**options), **keys)
 
 

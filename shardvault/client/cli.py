@@ -15,6 +15,8 @@
   shardvault schedule --policy FILE            start scheduled backups (the local stack)
   shardvault cost [--policy FILE] [--target]   monthly cost forecasts against budgets
       [--cluster NAME] [--data-gib N] [--daily-change F]   (exit 1 when a cluster is over)
+  shardvault copy-setup CLUSTER NAME           what account B applies for an aws vault copy
+      --policy FILE --stack-roles ARNS           (its bucket policy, its role's trust, grants)
 
 Which deployment is used comes from ``--stack NAME`` (a deployed stack's outputs, read with
 CloudFormation ``DescribeStacks``), ``--stack-env`` (a local stack's ``stack.env``), or
@@ -45,6 +47,7 @@ from shardvault.client.commands import (
     backup,
     catalog,
     check,
+    copy_setup,
     cost,
     drills,
     local,
@@ -127,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
         *schedule.add_parser(sub),
     ]
     cost.add_parser(sub)  # its deployment is optional: the catalog's measurements
+    copy_setup.add_parser(sub)  # account B's side: the policy file alone
     on_a_deployment += drills.add_parsers(sub)
     for command in on_a_deployment:
         where = command.add_mutually_exclusive_group()

@@ -183,8 +183,9 @@ def copy_cell(copy: CopyRecord) -> str:
     """One vault copy as its provider reported it back, or why there is none."""
     if copy.state != "COPIED":
         return f"{copy.state}: {copy.reason or ''}"
+    scheme = "s3" if copy.kind == "aws" else "gs"
     return (
-        f"gs://{copy.bucket}/{copy.manifest_key}, {copy.storage_class}, "
+        f"{scheme}://{copy.bucket}/{copy.manifest_key}, {copy.storage_class}, "
         f"{copy.retention_mode} until {copy.retain_until}"
     )
 

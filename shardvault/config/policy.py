@@ -826,7 +826,9 @@ def parse_policy(text: str, *, source: str = "policy") -> Policy:
 
 # --- Problems: a field path, what is wrong, and how to fix it -----------------------------------
 def _problem(error: Any) -> Problem:
-    loc = [str(part) for part in error["loc"]]
+    loc = _without_tags([str(part) for part in error["loc"]])
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):  # the kind is the field
+        loc.append(str(error["ctx"]["discriminator"]).strip("'"))
     is_key = loc[-1:] == ["[key]"]
     loc = loc[:-1] if is_key else loc
     path = ".".join(loc) or "(top level)"
@@ -856,6 +858,8 @@ def _fix(error: Any, info: FieldInfo | None, loc: list[str]) -> str:
         return f"remove {leaf} or correct its spelling{meant}{names}"
     if kind in ("enum", "literal_error"):
         return f"use one of {ctx['expected']}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return f"use one of {ctx['expected_tags']}"
     limits = {"ge": "at least", "gt": "more than", "le": "at most", "lt": "less than"}
     for key, words in limits.items():
         if key in ctx:
@@ -876,8 +880,44 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _without_tags(loc: list[str]) -> list[str]:
+    """A field path as pydantic reports it, less the kind it inserts after a list index of
+    kinds (``vault.copies.0.gcs.bucket``): the file has no such level."""
+    return [
+        part
+        for index, part in enumerate(loc)
+        if not (
+            index >= 2
+            and loc[index - 1].isdigit()
+            and part in _members(_list_item(loc[: index - 1]))
+        )
+    ]
+
+
+def _list_item(loc: list[str]) -> Any:
+    """The item annotation of the list field at ``loc`` (None when it is none)."""
+    parent = _model_at(loc[:-1]) if loc else None
+    info = parent.model_fields.get(loc[-1]) if parent else None
+    annotation = _inner(info.annotation) if info else None
+    return get_args(annotation)[-1] if get_origin(annotation) is list else None
+
+
+def _members(annotation: Any) -> dict[str, type[BaseModel]]:
+    """A union of models told apart by ``kind``: each member by its kind (else {})."""
+    annotation = _inner(annotation) if annotation is not None else None
+    if get_origin(annotation) not in (Union, types.UnionType):
+        return {}
+    members = {}
+    for member in get_args(annotation):
+        kind = member.model_fields.get("kind") if _is_model(member) else None
+        for value in get_args(kind.annotation) if kind else ():
+            members[str(value)] = member
+    return members
+
+
 def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    """The model found by walking ``Policy`` along a field path (None where there is none)."""
+    """The model found by walking ``Policy`` along a field path (None where there is none);
+    at a list of kinds, the next part after the index names the kind."""
     model: type[BaseModel] | None = Policy
     parts = iter(loc)
     for part in parts:
@@ -888,7 +928,9 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         if get_origin(annotation) in (dict, list):
             if next(parts, None) is None:  # skip the key (a cluster's name) or the index
                 return None
-            annotation = get_args(annotation)[-1]
+            annotation = _inner(get_args(annotation)[-1])
+            if members := _members(annotation):
+                annotation = members.get(next(parts, ""))
         is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         model = annotation if is_model else None
     return model
@@ -936,6 +978,9 @@ def describe_fields(model: type[BaseModel] = Policy, prefix: str = "") -> list[F
             rows += describe_fields(get_args(annotation)[1], f"{path}.<name>.")
         elif get_origin(annotation) is list and _is_model(get_args(annotation)[0]):
             rows += describe_fields(get_args(annotation)[0], f"{path}[].")
+        elif get_origin(annotation) is list and (members := _members(get_args(annotation)[0])):
+            for kind, member in members.items():  # each kind's fields, kind and all
+                rows += describe_fields(member, f"{path}[kind={kind}].")
         elif _is_model(annotation):
             rows += describe_fields(annotation, f"{path}.")
     return rows
@@ -957,7 +1002,9 @@ def _type_name(info: FieldInfo) -> str:
         name = " | ".join(str(a) for a in get_args(annotation))
     elif get_origin(annotation) is dict or _is_model(annotation):
         name = "mapping"
-    elif get_origin(annotation) is list and _is_model(get_args(annotation)[0]):
+    elif get_origin(annotation) is list and (
+        _is_model(get_args(annotation)[0]) or _members(get_args(annotation)[0])
+    ):
         name = "list of mappings"
     else:
         name = getattr(annotation, "__name__", str(annotation))

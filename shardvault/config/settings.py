@@ -55,6 +55,11 @@ class Settings(BaseModel):
         description="Endpoint of a GCS emulator for every GCS vault copy (the local stack); "
         "none on AWS, where copies reach GCS through workload identity federation.",
     )
+    aws_copy_endpoint: str | None = Field(
+        None,
+        description="S3 endpoint of every aws vault copy, in another account (the local "
+        "stack's second moto account); none on AWS, where each target's region is used.",
+    )
     gcs_retry_seconds: float = Field(
         45.0,
         description="How long a GCS call keeps retrying (429, 5xx, lost connections) before "

@@ -6,7 +6,10 @@ Terms:
   (``vault``, named ``stack`` unless ``vault.name`` says otherwise) is always one; each entry
   of ``vault.copies`` is another:
   - ``gcs``: a Google Cloud Storage bucket in class NEARLINE, COLDLINE or ARCHIVE, every
-    object under a Locked retention, reached through workload identity federation.
+    object under a Locked retention, reached through workload identity federation;
+  - ``aws``: an S3 bucket with Object Lock in *another AWS account* (account B), every object
+    locked in COMPLIANCE mode and encrypted under B's own KMS key, reached through a role in B
+    that the promote function assumes with an external ID (``shardvault.aws.copy_target``).
 - *selection*: which backups a copy target takes (``select``): ``all``; ``fulls``; or
   ``weekly``, the first full of each ISO week. A target keeps whole chains: an incremental
   goes to it only when its parent is there, so it never holds a backup it cannot restore.
@@ -39,6 +42,13 @@ WIF_AUDIENCE = re.compile(
 SERVICE_ACCOUNT = re.compile(
     r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z0-9-]+\.iam\.gserviceaccount\.com$"
 )
+AWS_ACCOUNT = re.compile(r"^\d{12}$")
+S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+AWS_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::(\d{12}):role/[\w+=,.@/-]{1,64}$")
+KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:([a-z0-9-]+):(\d{12}):key/[a-zA-Z0-9-]+$")
+# What STS accepts as an external ID (2 to 1,224 of these characters).
+EXTERNAL_ID = re.compile(r"^[\w+=,.@:/-]{2,1224}$")
 
 
 def invalid(message: str, fix: str) -> PydanticCustomError:
@@ -77,6 +87,18 @@ def _gcs_class(value: Any) -> Any:
     else:
         fix = f"use one of {', '.join(GCS_VAULT_CLASSES)}"
     raise invalid(f"{value!r} is not a storage class GCS has for a vault", fix)
+
+
+def _compliance(value: Any) -> Any:
+    """Before the literal's own check: GOVERNANCE gets the reason it is refused."""
+    if value == "GOVERNANCE":
+        raise invalid(
+            "an aws copy target's object_lock.mode is GOVERNANCE",
+            "set mode: COMPLIANCE: a GOVERNANCE lock can be lifted by anyone granted "
+            "s3:BypassGovernanceRetention, which is what a copy out of the source account's "
+            "reach must not allow",
+        )
+    return value
 
 
 class Selection(StrEnum):
@@ -161,6 +183,11 @@ class GcsTarget(Frozen):
         "only the stack account's KMS key unwraps (restoring them needs that key).",
     )
 
+    @property
+    def held_days(self) -> int:
+        """Days each copy is held against deletion once it lands."""
+        return self.retention.days
+
     @model_validator(mode="after")
     def _bucket_retention_takes_fulls(self) -> GcsTarget:
         if self.retention.style == "bucket" and self.select == Selection.ALL:
@@ -173,7 +200,97 @@ class GcsTarget(Frozen):
         return self
 
 
-VaultCopy = GcsTarget  # one kind so far; a union (discriminated by kind) once there are more
+class AwsObjectLock(Frozen):
+    mode: Annotated[Literal["COMPLIANCE"], BeforeValidator(_compliance)] = Field(
+        "COMPLIANCE",
+        description="COMPLIANCE only: nobody, not even account B's root, can shorten or remove it.",
+    )
+    days: int = Field(
+        ge=1,
+        le=LOCK_DAYS_MAX,
+        strict=True,
+        description="Days each copy stays locked after the backup completed; at least the "
+        "stack vault's object_lock.days, at most account B's bucket policy cap.",
+    )
+
+
+class AwsTarget(Frozen):
+    name: Annotated[str, AfterValidator(target_name)] = Field(
+        description="The copy's name, as restore --from-vault and the catalog use it."
+    )
+    kind: Literal["aws"] = Field(description="aws: an Object Lock bucket in another account.")
+    account: Annotated[
+        str, _pattern(AWS_ACCOUNT, "a 12-digit AWS account id", '"222233334444" (quoted)')
+    ] = Field(description="Account B: the account that owns the bucket, the role and the key.")
+    bucket: Annotated[
+        str, _pattern(S3_BUCKET, "an S3 bucket name", "acme-vault-b (3 to 63 characters)")
+    ] = Field(description="The bucket in account B; created with Object Lock enabled.")
+    region: Annotated[str, _pattern(AWS_REGION, "an AWS region", "eu-west-1")] = Field(
+        description="The bucket's region (and its KMS key's)."
+    )
+    role_arn: Annotated[
+        str,
+        _pattern(
+            ROLE_ARN, "an IAM role's ARN", "arn:aws:iam::222233334444:role/shardvault-vault-writer"
+        ),
+    ] = Field(description="The role in account B the stack's functions assume.")
+    external_id: Annotated[
+        str, _pattern(EXTERNAL_ID, "an external ID", "acme-shardvault-7f3 (2 to 1,224 characters)")
+    ] = Field(description="The external ID the role's trust policy asks for.")
+    kms_key: Annotated[
+        str,
+        _pattern(
+            KMS_KEY_ARN,
+            "a KMS key's ARN",
+            "arn:aws:kms:eu-west-1:222233334444:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        ),
+    ] = Field(description="Account B's KMS key every copy is encrypted under (SSE-KMS).")
+    prefix: str = Field(
+        "shardvault", description="Key prefix of the copies; the store's layout follows it."
+    )
+    storage_class: Literal["STANDARD_IA", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"] = Field(
+        description="The class copies land in: STANDARD_IA, GLACIER_IR, GLACIER or "
+        "DEEP_ARCHIVE (the last two need a thaw before a restore reads them)."
+    )
+    object_lock: AwsObjectLock = Field(description="The COMPLIANCE lock each copy gets.")
+    select: Selection = Field(
+        Selection.ALL,
+        description="Which backups go: all, fulls, or weekly (the first full of each ISO "
+        "week); an incremental goes only when its parent is there.",
+    )
+    stack_key_only: bool = Field(
+        False,
+        strict=True,
+        description="For a cluster with encryption: kms, true accepts copies whose data keys "
+        "only the stack account's KMS key unwraps (restoring them needs that key).",
+    )
+
+    @property
+    def held_days(self) -> int:
+        return self.object_lock.days
+
+    @model_validator(mode="after")
+    def _everything_in_account_b(self) -> AwsTarget:
+        role = ROLE_ARN.match(self.role_arn)
+        key = KMS_KEY_ARN.match(self.kms_key)
+        if role and role.group(1) != self.account:
+            raise invalid(
+                f"copy {self.name!r}: role_arn is in account {role.group(1)}, not {self.account}",
+                "name the role account B made for the copies: a role in the source account "
+                "would leave the copies within its reach",
+            )
+        if key and (key.group(2), key.group(1)) != (self.account, self.region):
+            raise invalid(
+                f"copy {self.name!r}: kms_key is in account {key.group(2)}, region "
+                f"{key.group(1)}, not account {self.account}, region {self.region}",
+                "name a key account B owns in the bucket's region (S3 encrypts with a key of "
+                "the bucket's region only)",
+            )
+        return self
+
+
+# A copy target, told apart by its kind.
+VaultCopy = Annotated[GcsTarget | AwsTarget, Field(discriminator="kind")]
 
 
 def check_copies(stack_name: str, lock_days: int, copies: list[VaultCopy]) -> None:
@@ -187,10 +304,11 @@ def check_copies(stack_name: str, lock_days: int, copies: list[VaultCopy]) -> No
             f"({stack_name!r}): restore --from-vault NAME picks one",
         )
     for copy in copies:
-        if copy.retention.days < lock_days:
+        if copy.held_days < lock_days:
+            field = "retention.days" if copy.kind == "gcs" else "object_lock.days"
             raise invalid(
-                f"copy {copy.name!r} retains for {copy.retention.days} days, less than the "
+                f"copy {copy.name!r} retains for {copy.held_days} days, less than the "
                 f"stack vault's lock of {lock_days}",
-                f"set its retention.days to at least {lock_days}: a backup the stack vault "
+                f"set its {field} to at least {lock_days}: a backup the stack vault "
                 "holds must not be gone from a copy sooner",
             )

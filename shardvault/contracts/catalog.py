@@ -154,18 +154,19 @@ class CopyRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     state: Literal["COPIED", "FAILED", "SKIPPED"]
-    kind: Literal["gcs"] = "gcs"
+    kind: Literal["gcs", "aws"] = "gcs"
     reason: str | None = None  # why it was skipped, or what failed
     bucket: str | None = None
     manifest_key: str | None = None
-    manifest_generation: str | None = None  # the manifest a restore reads
+    # The manifest a restore reads: its GCS generation, or its S3 version id (an aws target).
+    manifest_generation: str | None = None
     storage_class: str | None = None
-    retention_mode: str | None = None  # the weakest any object holds ("Locked")
+    retention_mode: str | None = None  # the weakest any object holds: Locked, COMPLIANCE
     retain_until: str | None = None  # ISO 8601, the earliest any object holds
     objects: int | None = None
     bytes: int | None = None
-    # What the provider proved: every object's CRC32C and MD5 equal those of the bytes whose
-    # CRC64NVME is the manifest's.
+    # What the provider proved: GCS, every object's CRC32C and MD5 equal those of the bytes
+    # whose CRC64NVME is the manifest's; S3 in account B, the manifest's CRC64NVME itself.
     proof: str | None = None
     copied_at: float | None = None
     seconds: float | None = None  # spent copying, over every budgeted call

@@ -31,11 +31,15 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 
 from shardvault.config.settings import Settings
 from shardvault.config.targets import GcsTarget
-from shardvault.data.checksums import crc64nvme, to_b64
+from shardvault.data.checked_stream import CheckedStream
 from shardvault.errors import ChecksumMismatch, PromotionFailed
 from shardvault.gcp.credentials import client
 
 LOCKED = "Locked"
+PROOF = (
+    "GCS's CRC32C and MD5 of every object equal those of the streamed bytes, whose CRC64NVME "
+    "is the manifest's"
+)
 READ_CHUNK = 8 * 1024 * 1024
 # The custom role a copy target's writers are bound to (docs/guide/vault-copies.md): write and
 # read objects, set a retention, read the bucket's settings; never delete, never shorten a
@@ -66,44 +70,24 @@ class GcsCopy:
     retention_mode: str | None
     retain_until: datetime | None
 
+    @property
+    def version(self) -> str:
+        return str(self.generation)
 
-class _CheckedStream:
-    """The object's bytes on their way from the store to GCS, with the three checksums of what
-    passed. The read that completes ``size`` bytes checks their CRC64NVME against the
-    manifest's before it returns them: an upload sends its last bytes only after that read, so
-    GCS never commits (and locks) bytes that are not the backup's."""
+    def proof(self) -> dict[str, Any]:
+        return {"version": self.version, "crc32c": self.crc32c, "md5": self.md5}
 
-    def __init__(self, source: BinaryIO, key: str, size: int, expected_crc64nvme: str) -> None:
-        self.source, self.key, self.size, self.expected = source, key, size, expected_crc64nvme
-        self.crc64 = 0
+
+class _GcsDigests:
+    """GCS's own checksums (CRC32C and MD5) of the bytes a checked stream passes."""
+
+    def __init__(self) -> None:
         self.crc32c = google_crc32c.Checksum()
         self.md5 = hashlib.md5(usedforsecurity=False)
-        self.passed = 0
 
-    def read(self, size: int | None = -1) -> bytes:
-        want = self.size - self.passed if size is None or size < 0 else size
-        chunk: bytes = self.source.read(min(want, self.size - self.passed))
-        self.crc64 = crc64nvme(chunk, self.crc64)
+    def update(self, chunk: bytes) -> None:
         self.crc32c.update(chunk)
         self.md5.update(chunk)
-        self.passed += len(chunk)
-        if (not chunk and want) or self.passed >= self.size:
-            self._check_whole()
-        return chunk
-
-    def _check_whole(self) -> None:
-        got = to_b64(self.crc64)
-        if self.passed != self.size or got != self.expected:
-            raise ChecksumMismatch(
-                f"{self.key} read from the store with CRC64NVME {got} ({self.passed} bytes); "
-                f"the manifest says {self.expected} ({self.size} bytes). Nothing was committed "
-                "to GCS.",
-                fix="the staging copy is damaged: verify the backup (shardvault verify "
-                "--read-data) and take a new one.",
-            )
-
-    def tell(self) -> int:
-        return self.passed
 
     @property
     def sent(self) -> tuple[str, str]:
@@ -124,6 +108,15 @@ class GcsBucket:
     # The client library's own retry policy (backoff on 429, 5xx and lost connections), with
     # how long it keeps trying: every call here is idempotent or conditional on a generation.
     retry: Retry = DEFAULT_RETRY
+    proof_text = PROOF
+    retention_mode = LOCKED
+
+    @property
+    def where(self) -> str:
+        return f"gs://{self.name}"
+
+    def check_held(self, copy: GcsCopy, storage_class: str, retain_until: datetime | None) -> None:
+        check_held(copy, storage_class, retain_until)
 
     @property
     def _bucket(self) -> Any:
@@ -147,29 +140,36 @@ class GcsBucket:
         if retain_until is not None:
             blob.retention.mode = LOCKED
             blob.retention.retain_until_time = retain_until
-        stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
+        digests = _GcsDigests()
+        stream = CheckedStream(
+            open_source(), key, size, expected_crc64nvme, into="GCS", observers=[digests]
+        )
         try:
             blob.upload_from_file(
                 stream, size=size, checksum="crc32c", if_generation_match=0, retry=self.retry
             )
         except gcs_errors.PreconditionFailed:  # copied before: a resumed promotion
-            stream = _CheckedStream(open_source(), key, size, expected_crc64nvme)
+            digests = _GcsDigests()
+            stream = CheckedStream(
+                open_source(), key, size, expected_crc64nvme, into="GCS", observers=[digests]
+            )
             while stream.read(READ_CHUNK):
                 pass
         copy = self.read_back(key)
-        if copy is None or copy.size != size or (copy.crc32c, copy.md5) != stream.sent:
+        if copy is None or copy.size != size or (copy.crc32c, copy.md5) != digests.sent:
             got = "nothing" if copy is None else f"CRC32C {copy.crc32c}, MD5 {copy.md5}"
             raise ChecksumMismatch(
-                f"GCS reports {got} for {key}; the store's copy has CRC32C {stream.sent[0]}, "
-                f"MD5 {stream.sent[1]}.",
+                f"GCS reports {got} for {key}; the store's copy has CRC32C {digests.sent[0]}, "
+                f"MD5 {digests.sent[1]}.",
                 fix="the copy did not land whole, or another object holds its key: check the "
                 "bucket (ShardVault writes each key once), then promote again.",
             )
         return copy
 
-    def read_back(self, key: str) -> GcsCopy | None:
-        """The object as GCS reports it now, or None when there is none."""
-        blob = self._bucket.get_blob(key, retry=self.retry)
+    def read_back(self, key: str, version: str | None = None) -> GcsCopy | None:
+        """The object (its live generation, or ``version``) as GCS reports it now, or None
+        when there is none."""
+        blob = self._bucket.get_blob(key, generation=_generation(version), retry=self.retry)
         if blob is None:
             return None
         retention = blob.retention
@@ -184,23 +184,25 @@ class GcsBucket:
             retain_until=retention.retain_until_time,
         )
 
-    def read(self, key: str, start: int, end: int) -> bytes:
+    def read(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes ``[start, end)`` of an object."""
-        return self._bucket.blob(key).download_as_bytes(start=start, end=end - 1)  # type: ignore[no-any-return]
+        blob = self._bucket.blob(key, generation=_generation(version))
+        return blob.download_as_bytes(start=start, end=end - 1)  # type: ignore[no-any-return]
 
-    def read_all(self, key: str, generation: int | None = None) -> bytes:
-        """An object's bytes (``generation``'s, when given: the one a record names)."""
-        blob = self._bucket.blob(key, generation=generation)
+    def read_all(self, key: str, version: str | None = None) -> bytes:
+        """An object's bytes (generation ``version``'s, when given: the one a record names)."""
+        blob = self._bucket.blob(key, generation=_generation(version))
         return blob.download_as_bytes(retry=self.retry)  # type: ignore[no-any-return]
 
-    def open(self, key: str, generation: int | None = None) -> BinaryIO:
+    def open(self, key: str, version: str | None = None) -> BinaryIO:
         """An object's bytes as a stream, read in chunks as they are consumed."""
-        blob = self._bucket.blob(key, generation=generation)
+        blob = self._bucket.blob(key, generation=_generation(version))
         return blob.open("rb", chunk_size=READ_CHUNK, retry=self.retry)  # type: ignore[no-any-return]
 
-    def extend(self, key: str, until: datetime) -> GcsCopy:
+    def extend(self, key: str, until: datetime, version: str | None = None) -> GcsCopy:
         """Extends a Locked retention to ``until`` (GCS allows extending, never shortening)
-        unless it already reaches that far; returns the object as read back."""
+        unless it already reaches that far; returns the object as read back. Retention is
+        the live generation's (``version`` is an S3 target's)."""
         copy = self.read_back(key)
         if copy is None:
             raise PromotionFailed(
@@ -215,6 +217,13 @@ class GcsBucket:
         blob.patch(retry=self.retry)
         return self.read_back(key) or copy
 
+    def readable_class(self, storage_class: str) -> str:
+        return storage_class  # every GCS class reads at once
+
+    def thawed(self, key: str, version: str | None, days: int, tier: str) -> str:
+        """Every GCS class reads at once: nothing to thaw."""
+        return "readable"
+
     def object_retention_enabled(self) -> bool:
         """Whether the bucket lets objects carry their own retention (set at its creation)."""
         bucket = self.client.get_bucket(self.name, retry=self.retry)
@@ -227,6 +236,10 @@ class GcsBucket:
         if not bucket.retention_policy_locked or not bucket.retention_period:
             return None
         return int(bucket.retention_period) / 86400
+
+
+def _generation(version: str | int | None) -> int | None:
+    return int(version) if version else None
 
 
 def check_held(copy: GcsCopy, storage_class: str, retain_until: datetime | None) -> None:

@@ -2,7 +2,10 @@
 (``vault.copies``, ``shardvault.config.targets``) once the stack's vault holds it.
 
 Terms:
-- *target*: one entry of ``vault.copies``; today a GCS bucket (``shardvault.gcp.storage``).
+- *target*: one entry of ``vault.copies``: a GCS bucket (``shardvault.gcp.storage``) or an
+  Object Lock bucket in another AWS account (``shardvault.aws.copy_target``). Both are
+  reached as a *target bucket*, which copies an object in and proves it, reads it back,
+  extends its retention and reads its bytes; this module knows neither provider.
 - *source*: the backup's staging copy in the store. Every target copies from it, never from
   the stack's vault, whose archive classes cannot be read without a thaw; so the staging copy
   is removed only once every target has *settled*.
@@ -13,7 +16,7 @@ Terms:
 - *progress*: the proof of every object already copied in an earlier budgeted call (and the
   time spent so far), kept in the work bucket, so a resumed copy goes on from the next
   object. An object that landed without its proof being kept (a call that died just then) is
-  read again from the store and proven equal (``GcsBucket.copy_in``).
+  proven equal again (``copy_in``).
 - *chain hold*: a copied incremental extends the retention of its ancestors' copies in that
   target to at least its own, as the stack vault does with Object Lock.
 """
@@ -37,14 +40,17 @@ from shardvault.contracts.catalog import BackupItem, CopyRecord
 from shardvault.contracts.models import BackupContext, Manifest, ObjectResult
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import PromotionFailed
-from shardvault.gcp.storage import LOCKED, GcsBucket, GcsCopy, check_held, target_bucket
-from shardvault.lifecycle.targets import days_after, moved_key, moved_manifest
+from shardvault.gcp.storage import GcsBucket
+from shardvault.lifecycle.targets import (
+    HeldCopy,
+    TargetBucket,
+    bucket_of,
+    days_after,
+    moved_key,
+    moved_manifest,
+)
 
 log = logging.getLogger("shardvault.lifecycle.copies")
-PROOF = (
-    "GCS's CRC32C and MD5 of every object equal those of the streamed bytes, whose CRC64NVME "
-    "is the manifest's"
-)
 # Errors worth another call: the provider busy or unreachable once its client's retries ran
 # out (google.api_core's RetryError, 429, 5xx), a connection lost.
 TRANSIENT = (
@@ -53,6 +59,19 @@ TRANSIENT = (
     gcs_errors.ServerError,
     ConnectionError,
     TimeoutError,
+)
+# AWS's answers worth another call (botocore's own retries ran out on them).
+TRANSIENT_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "SlowDown",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "500",
+        "503",
+    }
 )
 COPY_ATTEMPTS = 3
 QUERY = re.compile(r"(https?://[^\s?'\"]+)\?[^\s'\"]*")
@@ -92,7 +111,9 @@ def copy_out(
             outcome = CopyRecord(state="SKIPPED", reason=reason)
         else:
             try:
-                outcome = copy_to_gcs(target, context, manifest, manifest_key, svc, now, deadline)
+                outcome = copy_to_target(
+                    target, context, manifest, manifest_key, svc, now, deadline
+                )
             except Exception as error:  # one target's failure never stops the others
                 reason = scrubbed(f"{type(error).__name__}: {error}")
                 log.warning("copy of %s to %s failed: %s", context.backup_id, target.name, reason)
@@ -128,13 +149,19 @@ def retried_or_failed(
     """A transient error (the provider busy or unreachable after its client's own retries, a
     throttled AWS call) leaves the target unsettled for the next call, ``COPY_ATTEMPTS`` times
     over; any other error, or the last attempt, settles it FAILED."""
-    if isinstance(error, TRANSIENT) or (isinstance(error, ClientError) and not is_missing(error)):
+    if transient(error):
         progress = load_progress(svc, context.backup_id, target.name)
         progress["attempts"] = progress.get("attempts", 0) + 1
         save_progress(svc, context.backup_id, target.name, progress)
         if progress["attempts"] < COPY_ATTEMPTS:
             return 1
     return failed(context, target, error, reason, svc)
+
+
+def transient(error: Exception) -> bool:
+    if isinstance(error, ClientError):
+        return error.response.get("Error", {}).get("Code") in TRANSIENT_CODES
+    return isinstance(error, TRANSIENT)
 
 
 def scrubbed(text: str) -> str:
@@ -194,9 +221,9 @@ def iso_week(at: float) -> tuple[int, int]:
     return year, week
 
 
-# --- GCS --------------------------------------------------------------------------------------
-def copy_to_gcs(
-    target: GcsTarget,
+# --- The copy ---------------------------------------------------------------------------------
+def copy_to_target(
+    target: VaultCopy,
     context: BackupContext,
     manifest: Manifest,
     store_manifest_key: str,
@@ -208,7 +235,7 @@ def copy_to_gcs(
     there, holds the chain and writes the target's manifest last. Returns the copy's record,
     or how many objects remain."""
     started = time.monotonic()
-    bucket = target_bucket(target, svc.settings)
+    bucket = bucket_of(target, svc, f"promote-{context.backup_id}")
     record = svc.catalog.get(context.cluster, context.backup_id)
     completed = (record.completed_at if record else None) or now
     until = held_until(target, bucket, completed)
@@ -229,20 +256,22 @@ def copy_to_gcs(
         hold_chain(bucket, target, svc, context.cluster, manifest, until)
     moved = moved_manifest(
         manifest,
-        lambda key: gcs_key(svc, target, key),
-        {key: str(p["generation"]) for key, p in proofs.items()},
+        lambda key: target_key(svc, target, key),
+        {key: p.get("version") for key, p in proofs.items()},
     )
     data = moved.model_dump_json(indent=1).encode()
-    manifest_key = gcs_key(svc, target, store_manifest_key)
+    manifest_key = target_key(svc, target, store_manifest_key)
+    # Read without a thaw: by the next incremental's chain hold, by restores and verifies.
+    manifest_class = bucket.readable_class(target.storage_class)
     written = bucket.copy_in(
         lambda: io.BytesIO(data),
         manifest_key,
         len(data),
         crc64nvme_of_bytes(data),
-        target.storage_class,
+        manifest_class,
         until,
     )
-    check_held(written, target.storage_class, until)
+    bucket.check_held(written, manifest_class, until)
     save()
     held = [written.retain_until, *(_when(p["retain_until"]) for p in proofs.values())]
     earliest = min((h for h in held if h is not None), default=None)
@@ -251,23 +280,26 @@ def copy_to_gcs(
         kind=target.kind,
         bucket=target.bucket,
         manifest_key=manifest_key,
-        manifest_generation=str(written.generation),
-        storage_class=written.storage_class,
-        retention_mode=LOCKED if until is not None else BUCKET_POLICY,
+        manifest_generation=written.version,
+        # The data's class, as read back (each checked against the target's); the manifest's
+        # may be a readable one (an archive class in account B).
+        storage_class=next((p["storage_class"] for p in proofs.values()), written.storage_class),
+        retention_mode=bucket.retention_mode if until is not None else BUCKET_POLICY,
         retain_until=earliest.isoformat() if earliest else None,
         objects=len(objects),
         bytes=sum(o.stored_bytes for o in objects),
-        proof=PROOF,
+        proof=bucket.proof_text,
         copied_at=time.time(),
         seconds=round(progress["seconds"], 3),
     )
 
 
-def held_until(target: GcsTarget, bucket: GcsBucket, completed: float) -> datetime | None:
-    """The Locked retention each object gets (object style); None for a bucket-style target,
-    whose locked retention policy is read back first and must be long enough."""
-    if target.retention.style == "object":
-        return days_after(completed, target.retention.days)
+def held_until(target: VaultCopy, bucket: TargetBucket, completed: float) -> datetime | None:
+    """The retention (or lock) each object gets; None for a GCS bucket-style target, whose
+    locked retention policy is read back first and must be long enough."""
+    if not isinstance(target, GcsTarget) or target.retention.style == "object":
+        return days_after(completed, target.held_days)
+    assert isinstance(bucket, GcsBucket)
     days = bucket.locked_retention_days()
     if days is None or days < target.retention.days:
         held = "no locked retention policy" if days is None else f"a {days:g}-day policy"
@@ -281,32 +313,37 @@ def held_until(target: GcsTarget, bucket: GcsBucket, completed: float) -> dateti
 
 
 def copy_object(
-    bucket: GcsBucket, target: GcsTarget, obj: ObjectResult, svc: Services, until: datetime | None
-) -> GcsCopy:
+    bucket: TargetBucket,
+    target: VaultCopy,
+    obj: ObjectResult,
+    svc: Services,
+    until: datetime | None,
+) -> HeldCopy:
     copy = bucket.copy_in(
         lambda: svc.store_bucket.get(obj.key)["Body"],
-        gcs_key(svc, target, obj.key),
+        target_key(svc, target, obj.key),
         obj.stored_bytes,
         obj.crc64nvme,
         target.storage_class,
         until,
     )
-    check_held(copy, target.storage_class, until)
+    bucket.check_held(copy, target.storage_class, until)
     return copy
 
 
-def proof_of(copy: GcsCopy) -> dict[str, Any]:
+def proof_of(copy: HeldCopy) -> dict[str, Any]:
+    """What the progress keeps of a copied object: its version (or generation), what the
+    provider reported of it, and its retain-until."""
     return {
-        "generation": copy.generation,
-        "crc32c": copy.crc32c,
-        "md5": copy.md5,
+        **copy.proof(),
+        "storage_class": copy.storage_class,
         "retain_until": copy.retain_until.isoformat() if copy.retain_until else None,
     }
 
 
 def hold_chain(
-    bucket: GcsBucket,
-    target: GcsTarget,
+    bucket: TargetBucket,
+    target: VaultCopy,
     svc: Services,
     cluster: str,
     manifest: Manifest,
@@ -325,14 +362,16 @@ def hold_chain(
             )
         if held.retain_until and datetime.fromisoformat(held.retain_until) >= until:
             continue
-        keys = [*copied_keys(bucket, held), held.manifest_key]
-        extended = [bucket.extend(key, until) for key in keys]
+        places = [*copied_places(bucket, held), (held.manifest_key, held.manifest_generation)]
+        extended = [bucket.extend(key, until, version) for key, version in places]
         if short := [c.key for c in extended if c.retain_until is None or c.retain_until < until]:
             raise PromotionFailed(
-                f"GCS holds {short[0]} (of {backup_id}, which {manifest.backup_id} needs) "
-                f"retained short of {until.isoformat()} after extending it.",
-                fix="check that the federated role may set retention "
-                "(storage.objects.setRetention); this incremental stays in the stack vault.",
+                f"{target.name!r} holds {short[0]} (of {backup_id}, which "
+                f"{manifest.backup_id} needs) retained short of {until.isoformat()} after "
+                "extending it.",
+                fix="check that the target's identity may set retention (GCS: "
+                "storage.objects.setRetention; account B: s3:PutObjectRetention); this "
+                "incremental stays in the stack vault.",
             )
         earliest = min(c.retain_until for c in extended if c.retain_until)
         copies = {**ancestor.vault_copies}  # type: ignore[union-attr]
@@ -340,14 +379,14 @@ def hold_chain(
         svc.catalog.update(cluster, backup_id, BackupItem.changes(vault_copies=copies))
 
 
-def copied_keys(bucket: GcsBucket, held: CopyRecord) -> list[str]:
-    """The object keys a copy's manifest in the target names."""
-    generation = int(held.manifest_generation) if held.manifest_generation else None
-    copied = Manifest.model_validate_json(bucket.read_all(held.manifest_key or "", generation))
-    return [o.key for s in copied.shards for o in s.objects]
+def copied_places(bucket: TargetBucket, held: CopyRecord) -> list[tuple[str, str | None]]:
+    """The objects (key, version) a copy's manifest in the target names."""
+    body = bucket.read_all(held.manifest_key or "", held.manifest_generation)
+    copied = Manifest.model_validate_json(body)
+    return [(o.key, o.version_id) for s in copied.shards for o in s.objects]
 
 
-def gcs_key(svc: Services, target: GcsTarget, store_key: str) -> str:
+def target_key(svc: Services, target: VaultCopy, store_key: str) -> str:
     return moved_key(svc, store_key, target.prefix)
 
 

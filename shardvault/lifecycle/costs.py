@@ -55,7 +55,7 @@ from shardvault.config.policy import (
     Schedule,
     Vault,
 )
-from shardvault.config.targets import Selection, VaultCopy
+from shardvault.config.targets import AwsTarget, Selection, VaultCopy
 from shardvault.contracts.catalog import ArchiveTotals, BackupItem, recorded_stored_bytes
 from shardvault.contracts.deployment import WATCH_MINUTES
 from shardvault.contracts.models import THAW_DAYS, Frozen
@@ -73,6 +73,7 @@ from shardvault.pricing.prices import (
     ALARM_MONTH,
     ARCHIVE_CLASSES,
     AWS_EGRESS_INTERNET_GB,
+    AWS_INTER_REGION_GB,
     CUSTOM_METRIC_MONTH,
     DASHBOARD_MONTH,
     DAYS_PER_MONTH,
@@ -676,18 +677,31 @@ def monthly_forecast(
     )
 
 
-def copy_month(target: VaultCopy, stays: list[Stay], start: datetime, end: datetime) -> CopyMonth:
+def copy_month(
+    target: VaultCopy,
+    stays: list[Stay],
+    start: datetime,
+    end: datetime,
+    stack_region: str | None = None,
+) -> CopyMonth:
     """A copy target's steady-state month: each backup it takes (``selected_stays``) is kept
     there for the longest of its stay in the stack vault, the copy's retention and the class's
-    minimum billed duration; its bytes leave AWS once; each object is one write."""
-    prices = GCS_STORAGE[target.storage_class]
+    minimum billed duration; its bytes cross once (out of AWS to GCS; between regions to an
+    aws target in another region than ``stack_region``, free within one); each object is one
+    write."""
+    if isinstance(target, AwsTarget):
+        prices = STORAGE[StorageClass(target.storage_class)]
+        across = stack_region is not None and target.region != stack_region
+        egress_gb = AWS_INTER_REGION_GB if across else 0.0
+    else:
+        prices, egress_gb = GCS_STORAGE[target.storage_class], AWS_EGRESS_INTERNET_GB
     taken = selected_stays(target, stays)
     made = [s for s in taken if start < s.life.completed_at <= end]
     months = (end - start) / DAY / DAYS_PER_MONTH
 
     def kept_days(stay: Stay) -> float:
         stayed = stay.kept_days or LIFETIME_HORIZON / DAY
-        return max(stayed, target.retention.days, prices.minimum_days)
+        return max(stayed, target.held_days, prices.minimum_days)
 
     byte_days = sum(s.life.bytes * kept_days(s) for s in made)
     return CopyMonth(
@@ -695,7 +709,7 @@ def copy_month(target: VaultCopy, stays: list[Stay], start: datetime, end: datet
         backups_per_month=len(made) / months,
         stored_bytes=byte_days / DAYS_PER_MONTH / months,
         storage_usd=byte_days / GB / DAYS_PER_MONTH * prices.storage_gb_month / months,
-        egress_usd=sum(s.life.bytes for s in made) / GB * AWS_EGRESS_INTERNET_GB / months,
+        egress_usd=sum(s.life.bytes for s in made) / GB * egress_gb / months,
         requests_usd=sum(s.cost.objects + 1 for s in made) * prices.put / months,
     )
 

@@ -11,6 +11,8 @@
   MinIO refuses); clusters of ``policy.yaml`` beside this module are promoted into it;
 - *GCS*: fake-gcs-server behind a proxy that answers as GCS does on retention; the policy's
   GCS copy targets land there (``gcs_endpoint``);
+- *account B*: a second moto account, where the policy's aws copy targets' buckets and role
+  are (``shardvault.local.account_b``), judged by the gate as B's IAM would judge them;
 - agents as separate OS processes, given control-plane endpoints but no store credentials.
 
 ``stack.env`` in the stack's directory records the endpoints and names, so CLI commands run
@@ -56,9 +58,11 @@ from shardvault.aws.store import s3_client
 from shardvault.backup import REAPED_STATUSES
 from shardvault.client.operations import STACK_OUTPUTS
 from shardvault.config.settings import Settings
+from shardvault.config.targets import AwsTarget
 from shardvault.errors import InvalidRequest
 from shardvault.gcp.storage import COPY_WRITER_PERMISSIONS
 from shardvault.local import moto_fidelity, moto_inprocess, moto_speedups
+from shardvault.local.account_b import AccountB
 from shardvault.local.agent_faults import VARIABLE as FAULTS_VARIABLE
 from shardvault.local.fakegcs import start_fake_gcs
 from shardvault.local.gcs_answers import GcsAnswersProxy
@@ -254,6 +258,7 @@ class LocalStack:
     _reaper: ExecutionReaper | None = None
     _pid_file: IO[str] | None = None
     gate: Gate | None = None  # IAM, as the synthesized template grants it
+    account_b: AccountB | None = None  # aws copy targets: a second account
     _presign_endpoint: str | None = None  # the S3 answers' proxy, while a test uses it
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -292,9 +297,11 @@ class LocalStack:
             policy_file=str(self.policy_file),
             gcs_endpoint=gcs_endpoint,
             gcs_retry_seconds=5.0,
+            aws_copy_endpoint=self.endpoint,  # account B's buckets are moto's too
         )
         self._create_gcs_buckets()
         self._start_gate(topic_key)
+        self._create_account_b()
         self.state_machine_arn = self._create_state_machine("backup")
         self.restore_state_machine_arn = self._create_state_machine("restore")
         self.retention_state_machine_arn = self._create_state_machine("retention")
@@ -360,8 +367,8 @@ class LocalStack:
         as_role = functools.partial(self.gate.bind, principal=self.gate.function(module))
         through = presign_through(self._presign_endpoint) if self._presign_endpoint else None
 
-        def bind(client: Any) -> Any:
-            client = as_role(client)
+        def bind(client: Any, role_arn: str | None = None) -> Any:
+            client = as_role(client, role_arn=role_arn)
             if through is not None and client.meta.endpoint_url == self.settings.store_endpoint:
                 client = through(client)
             return client
@@ -465,8 +472,19 @@ class LocalStack:
         client = self.gcs_admin()
         for cluster in policy.clusters.values() if policy else []:
             for target in cluster.vault.copies:
-                if client.lookup_bucket(target.bucket) is None:
+                if target.kind == "gcs" and client.lookup_bucket(target.bucket) is None:
                     client.create_bucket(target.bucket, enable_object_retention=True)
+
+    def _create_account_b(self) -> None:
+        """Account B, a second moto account, with the policy's aws copy targets' buckets and
+        role (``shardvault.local.account_b``)."""
+        assert self.gate is not None
+        self.account_b = AccountB(self.endpoint, REGION, self.gate)
+        policy = self.services().policy()
+        for cluster in policy.clusters.values() if policy else []:
+            for target in cluster.vault.copies:
+                if isinstance(target, AwsTarget):
+                    self.account_b.add(target)
 
     def presign_store_through(self, endpoint: str | None) -> None:
         """Tests: the store's presigned URLs (the ones agents receive) name ``endpoint``, a

@@ -176,6 +176,9 @@ GCS_STORAGE: dict[str, ClassPrices] = {
         retrieval_gb=0.05,
     ),
 }
+# UNCONFIRMED: data transfer between two AWS regions (an aws copy target in another region
+# than the stack's); between accounts in one region it is free.
+AWS_INTER_REGION_GB = 0.02
 # Bytes leaving AWS for another provider (a GCS target's copy), and leaving Google for AWS (a
 # restore from it, staged back into the work bucket): first-tier internet prices per GB.
 AWS_EGRESS_INTERNET_GB = 0.09  # UNCONFIRMED: S3 data transfer out, first 10 TB a month

@@ -5,8 +5,9 @@ Terms:
 - *source*: where a backup's objects are read: ``store``, ``vault`` (the stack's vault), or
   ``copy:NAME``, a copy target of the policy (``vault.copies``), chosen by ``restore
   --from-vault NAME``.
-- *staging* (of a copy): the agents hold no GCS credentials, so the thaw step copies a copy
-  target's objects into the store first, under ``<prefix>/_staged/<restore id>/``; the agents
+- *staging* (of a copy): the agents hold no credentials of another provider or account, so
+  the thaw step copies a copy target's objects into the store first (an archived object in
+  account B thawed there before), under ``<prefix>/_staged/<restore id>/``; the agents
   read them there through presigned URLs as always. The restore's end removes them, and the
   sweep removes what a crash leaves (a prefix without a manifest, ``shardvault.lifecycle.sweep``).
 """
@@ -29,7 +30,7 @@ from shardvault.contracts.models import (
     RestoreContext,
 )
 from shardvault.errors import BackupNotRestorable, InvalidRequest, ParentUnavailable
-from shardvault.gcp.storage import GcsBucket, target_bucket
+from shardvault.lifecycle.targets import TargetBucket, bucket_of
 
 COPY_SOURCE = "copy:"
 
@@ -62,13 +63,16 @@ def copy_target(svc: Services, cluster: str, name: str) -> VaultCopy:
     )
 
 
-def copy_bucket(svc: Services, cluster: str, name: str, bucket: str | None = None) -> GcsBucket:
+def copy_bucket(
+    svc: Services, cluster: str, name: str, bucket: str | None = None, session: str = "read"
+) -> TargetBucket:
     """Copy target ``name``'s bucket: ``bucket``, the one a copy's record names, when given
-    (the policy may name another since)."""
+    (the policy may name another since); ``session``: what an aws target's role session is
+    for."""
     target = copy_target(svc, cluster, name)
     if bucket is not None:
         target = target.model_copy(update={"bucket": bucket})
-    return target_bucket(target, svc.settings)
+    return bucket_of(target, svc, session)
 
 
 def copy_place(record: BackupItem, name: str) -> tuple[str, str | None]:
@@ -92,8 +96,8 @@ def read_manifest(
     if (name := copy_name(source)) is None:
         return load_manifest(source_of(svc, source), key, version)
     bucket = copy_bucket(svc, cluster, name)
-    body = bucket.read_all(key, int(version) if version else None)
-    return parse_manifest(body, f"gs://{bucket.name}/{key}")
+    body = bucket.read_all(key, version)
+    return parse_manifest(body, f"{bucket.where}/{key}")
 
 
 def staged_key(svc: Services, restore_id: str, key: str) -> str:

@@ -1,9 +1,10 @@
 """Thaw: objects in an archive storage class are restored (RestoreObject) at the requested
 tier before they can be read; the state machine polls with growing waits.
 
-A restore from a copy target (``copy:NAME``) thaws nothing: its objects are *staged*, copied
-from the provider into the store where the agents read them (``shardvault.restore.sources``),
-for at most a time budget per call; each staged copy must hold the manifest's CRC64NVME.
+A restore from a copy target (``copy:NAME``) *stages* its objects: copies them from the
+provider into the store where the agents read them (``shardvault.restore.sources``), for at
+most a time budget per call; each staged copy must hold the manifest's CRC64NVME. An aws
+target's objects in an archive class are thawed in account B first, as the stack vault's are.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from botocore.exceptions import ClientError
-from google.api_core import exceptions as gcs_errors
 
 from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket, is_missing, readable_now
@@ -25,7 +25,7 @@ from shardvault.contracts.models import (
     RetrievalTier,
 )
 from shardvault.errors import ChecksumMismatch
-from shardvault.gcp.storage import GcsBucket
+from shardvault.lifecycle.targets import TargetBucket, is_gone
 from shardvault.restore.sources import (
     PARALLEL_READS,
     chain_manifests,
@@ -77,9 +77,10 @@ STAGE_WAIT = 1  # seconds between two staging calls: there is nothing to wait fo
 
 def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]:
     """Copies the copy target's objects (a chain's too) into the store, at least one per call
-    and until the budget runs out; returns how many remain as ``frozen``."""
+    and until the budget runs out, asking account B to thaw the archived ones first; returns
+    how many remain as ``frozen``."""
     name = copy_name(context.source) or ""
-    bucket = copy_bucket(svc, context.cluster, name)
+    bucket = copy_bucket(svc, context.cluster, name, session=f"restore-{context.restore_id}")
     deadline = time.monotonic() + svc.settings.stage_budget_seconds
     objects = [
         obj
@@ -91,17 +92,26 @@ def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # boto3 clients may be shared by threads
         done = list(pool.map(lambda o: staged(svc, context.restore_id, o), objects))
     remaining = [o for o, there in zip(objects, done, strict=True) if not there]
-    while remaining:
-        stage_object(svc, bucket, name, context.restore_id, remaining.pop(0))
+    thawing = requested = 0
+    for obj in list(remaining):
+        state = bucket.thawed(obj.key, obj.version_id, THAW_DAYS, context.tier.value)
+        if state == "readable":
+            stage_object(svc, bucket, name, context.restore_id, obj)
+            remaining.remove(obj)
+        else:
+            thawing += 1
+            requested += state == "requested"
         if time.monotonic() >= deadline:
             break
     key = restore_key(context.restore_id)
     svc.catalog.update(context.target_cluster, key, RestoreItem.changes(frozen=len(remaining)))
+    first = svc.settings.thaw_first_wait_seconds
+    wait = min(first * 2**attempt, THAW_MAX_WAIT) if thawing else STAGE_WAIT
     return {
         "frozen": len(remaining),
-        "requested": 0,
+        "requested": requested,
         "attempt": attempt + 1,
-        "wait_seconds": STAGE_WAIT,
+        "wait_seconds": wait,
     }
 
 
@@ -117,18 +127,19 @@ def staged(svc: Services, restore_id: str, obj: ObjectResult) -> bool:
 
 
 def stage_object(
-    svc: Services, bucket: GcsBucket, name: str, restore_id: str, obj: ObjectResult
+    svc: Services, bucket: TargetBucket, name: str, restore_id: str, obj: ObjectResult
 ) -> None:
     """Streams one object from the copy target into the store; refuses a copy whose bytes
     are not the manifest's, by name."""
     key = staged_key(svc, restore_id, obj.key)
-    generation = int(obj.version_id) if obj.version_id else None
     try:
-        with bucket.open(obj.key, generation) as body:
+        with bucket.open(obj.key, obj.version_id) as body:
             svc.store_bucket.upload(body, key, {"ChecksumAlgorithm": "CRC64NVME"})
-    except gcs_errors.NotFound:
+    except Exception as error:
+        if not is_gone(error):
+            raise
         raise ChecksumMismatch(
-            f"vault target {name!r} lacks {obj.key} (generation {generation}), which the "
+            f"vault target {name!r} lacks {obj.key} (version {obj.version_id}), which the "
             "copy's manifest names.",
             fix="restore this backup from another vault target (--from-vault, or leave it out "
             "for the stack vault); check who could delete in that bucket.",

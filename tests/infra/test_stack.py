@@ -503,8 +503,8 @@ def grants(synth: Synthesized, module: str) -> set[tuple[str, str]]:
             if action.startswith(("logs:", "xray:")):
                 continue
             for resource in as_list(statement["Resource"]):
-                if resource == "*":  # PutMetricData: bound by its namespace condition
-                    out.add((action, "*"))
+                if isinstance(resource, str):  # "*" (PutMetricData: bound by its namespace
+                    out.add((action, resource))  # condition), or another account's role
                     continue
                 parts = resource.get("Fn::Join", ["", [resource]])[1]
                 suffix = "".join(p for p in parts if isinstance(p, str))
@@ -535,9 +535,13 @@ UPDATE_CATALOG = {("dynamodb:UpdateItem", "catalog")}
 STAGED = "staging/backups/_staged/*"
 REMOVE_STAGED = {("s3:ListBucket", "staging"), ("s3:DeleteObject", STAGED)}
 # What each restore function calls in shardvault/restore/, and nothing else.
+# The example policy's aws copy (examples/shardvault.yaml): its role in account B, assumed by
+# every function that writes or reads a copy, and by no other.
+ASSUME_ACCOUNT_B = {("sts:AssumeRole", "arn:aws:iam::222233334444:role/shardvault-vault-writer")}
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
     | LIST_WAL_ARCHIVE
+    | ASSUME_ACCOUNT_B
     | {
         ("dynamodb:Query", "catalog"),
         ("dynamodb:GetItem", "catalog"),
@@ -545,6 +549,7 @@ RESTORE_GRANTS = {
     },
     "plan_restore": READ_BACKUPS
     | LIST_WAL_ARCHIVE
+    | ASSUME_ACCOUNT_B
     | {
         ("s3:PutObject", "staging/_work/*"),
         ("dynamodb:PutItem", "catalog"),
@@ -554,6 +559,7 @@ RESTORE_GRANTS = {
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
     | REMOVE_STAGED  # a damaged staged copy
+    | ASSUME_ACCOUNT_B
     | {
         ("s3:RestoreObject", "vault/backups/*"),  # only the vault's copies are archived
         ("s3:PutObject", STAGED),
@@ -875,12 +881,14 @@ def test_verify_reads_backups_and_writes_only_its_outcome(synth: Synthesized) ->
     }
     lists = {("s3:ListBucket", store) for store in ("staging", "vault")}
     catalog = {(a, "catalog") for a in ("dynamodb:Query", "dynamodb:GetItem")}
-    assert grants(synth, "verify_backup") == reads | lists | catalog | UPDATE_CATALOG
+    assert grants(synth, "verify_backup") == (
+        reads | lists | catalog | UPDATE_CATALOG | ASSUME_ACCOUNT_B
+    )
 
 
 def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesized) -> None:
     probes = {(a, "staging/_work/probes/*") for a in ("s3:PutObject", "s3:GetObject")}
-    assert grants(synth, "probe_store") == probes | {
+    assert grants(synth, "probe_store") == probes | ASSUME_ACCOUNT_B | {
         ("s3:DeleteObject", "staging/_work/probes/*"),
         ("s3:ListBucket", "staging"),  # only under _work/probes/: the leftovers to delete
         ("s3:PutObject", "staging/_work/*"),  # the URLs, for the dispatcher (args_key)
@@ -1285,6 +1293,23 @@ def test_aborted_and_timed_out_backups_and_restores_are_reaped(synth: Synthesize
     (target,) = rule["Properties"]["Targets"]
     reaper = {m: i for i, m in function_ids(synth).items()}["reap_execution"]
     assert referenced_ids(target["Arn"]) == {reaper}
+
+
+def test_only_the_copy_functions_assume_the_policys_roles_in_other_accounts(
+    synth: Synthesized,
+) -> None:
+    """sts:AssumeRole on exactly the aws copy targets' roles (their ARNs, no wildcard), for
+    the functions that write or read a copy (shardvault/aws/vault_account.py)."""
+    from shardvault.aws.vault_account import COPY_READERS, COPY_WRITERS
+
+    assuming = {
+        module
+        for module in _function_statements(synth)
+        if any(g[0] == "sts:AssumeRole" for g in grants(synth, module))
+    }
+    assert assuming == {*COPY_WRITERS, *COPY_READERS}
+    for module in assuming:
+        assert {g for g in grants(synth, module) if g[0] == "sts:AssumeRole"} == ASSUME_ACCOUNT_B
 
 
 def test_promotion_may_read_back_the_lock_it_set(synth: Synthesized) -> None:

@@ -352,7 +352,7 @@ def test_verify_of_a_gcs_copy_finds_a_replaced_or_rotted_object(
     behind.bucket(bucket).blob(victim.key).upload_from_string(b"x" * victim.stored_bytes)
     replaced = ops.run_verify(config, cluster.name, incremental_id, 0.0, from_vault="offsite")
     assert replaced.status == "FAILED"
-    assert f"{victim.key} is generation" in replaced.cause
+    assert f"{victim.key} is version" in replaced.cause
     copy = {r["backup_id"]: r for r in cluster.records()}[incremental_id]["vault_copies"]
     assert copy["offsite"]["verify"] == "damaged"
 

@@ -513,3 +513,22 @@ def test_a_copy_that_takes_fulls_or_weekly_pays_less_egress() -> None:
     assert taken.egress_usd < every.egress_usd
     # One full a week already: weekly takes the same ones.
     assert weekly.copies_usd["offsite"].backups_per_month == pytest.approx(taken.backups_per_month)
+
+
+def test_an_account_b_copy_is_priced_at_s3s_class_with_no_transfer_in_one_region() -> None:
+    """An aws copy: S3's DEEP_ARCHIVE for the longest of its stay, lock and 180-day minimum,
+    a write per object, and nothing for the bytes between two accounts of one region."""
+    copy = (
+        ", copies: [{name: b, kind: aws, account: '222233334444', bucket: vault-b, "
+        "region: eu-west-1, role_arn: 'arn:aws:iam::222233334444:role/w', external_id: x1, "
+        "kms_key: 'arn:aws:kms:eu-west-1:222233334444:key/k1', storage_class: DEEP_ARCHIVE, "
+        "object_lock: {days: 30}, select: fulls}]"
+    )
+    entry = cluster('{full: "0 2 * * 0"}', "{keep_daily: 7}", vault=copy)
+
+    priced = costs.monthly_forecast(entry, 100 * 1024**3, 0.01).copies_usd["b"]
+
+    assert priced.storage_class == "DEEP_ARCHIVE"
+    assert priced.egress_usd == 0
+    assert priced.storage_usd == pytest.approx(priced.stored_bytes / 1024**3 * 0.00099)
+    assert priced.requests_usd > 0

@@ -309,3 +309,49 @@ def test_head_shows_the_lock_only_to_a_caller_that_may_read_it(monkeypatch, may_
         head = s3.head_object(Bucket="vault", Key="k")
         assert ("ObjectLockMode" in head) is may_read_lock
         assert "ObjectLockMode" in raw.head_object(Bucket="vault", Key="k")
+
+
+def test_a_role_of_another_account_is_assumed_only_as_its_trust_policy_says(monkeypatch):
+    """AssumeRole across accounts: the caller's own grant and the role's trust policy (its
+    external ID) must both allow it; the session's calls are then judged by the role's
+    permissions and the bucket's policy, an account root naming every principal of it."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    role = "arn:aws:iam::222233334444:role/vault-writer"
+    trust = [
+        {
+            "Effect": "Allow",
+            "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"sts:ExternalId": "the-id"}},
+        }
+    ]
+    deny_governance = {
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "s3:PutObject",
+        "Resource": "arn:aws:s3:::vault-b/*",
+        "Condition": {
+            "StringNotEquals": {"s3:object-lock-mode": "COMPLIANCE"},
+            "Null": {"s3:object-lock-mode": "false"},
+        },
+    }
+    with mock_aws():
+        gate = gate_of([allow("sts:AssumeRole", role)])
+        gate.add_account(
+            {role: (trust, [allow("s3:PutObject", "arn:aws:s3:::vault-b/*")])},
+            {"vault-b": [deny_governance]},
+        )
+        sts = gate.bind(boto3.client("sts"), gate.function("x"))
+        with pytest.raises(ClientError, match="no resource-based policy allows"):
+            sts.assume_role(RoleArn=role, RoleSessionName="s1", ExternalId="not-it")
+        keys = sts.assume_role(RoleArn=role, RoleSessionName="s1", ExternalId="the-id")
+        assert keys["Credentials"]["AccessKeyId"]
+        s3 = gate.bind(boto3.client("s3"), gate.function("x"), role_arn=role)
+        boto3.client("s3").create_bucket(Bucket="vault-b")
+        s3.put_object(Bucket="vault-b", Key="k", Body=b"x")
+        with pytest.raises(ClientError, match="explicit deny in a resource-based policy"):
+            s3.put_object(Bucket="vault-b", Key="k", Body=b"x", ObjectLockMode="GOVERNANCE")
+        # The function itself, not the role: another account's bucket allows it nothing.
+        own = gate.bind(boto3.client("s3"), gate.function("x"))
+        with pytest.raises(ClientError, match="s3:PutObject"):
+            own.put_object(Bucket="vault-b", Key="k", Body=b"x")

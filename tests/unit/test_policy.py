@@ -277,6 +277,33 @@ def gcs(**fields: str) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in body.items() if v) + "}"
 
 
+B_KEY = "arn:aws:kms:eu-west-1:222233334444:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def aws(**fields: str) -> str:
+    body = {
+        "name": "air-gapped",
+        "kind": "aws",
+        "account": "'222233334444'",
+        "bucket": "acme-vault-b",
+        "region": "eu-west-1",
+        "role_arn": "arn:aws:iam::222233334444:role/shardvault-vault-writer",
+        "external_id": "acme-7f3",
+        "kms_key": B_KEY,
+        "storage_class": "DEEP_ARCHIVE",
+        "object_lock": "{days: 30}",
+        **fields,
+    }
+    return "{" + ", ".join(f"{k}: {v}" for k, v in body.items() if v) + "}"
+
+
+def test_an_aws_copy_loads_locked_in_compliance_beside_a_gcs_one() -> None:
+    gcs_copy, aws_copy = parse_policy(with_copies(gcs(), aws())).cluster("orders").vault.copies
+    assert (gcs_copy.kind, aws_copy.kind) == ("gcs", "aws")
+    assert (aws_copy.object_lock.mode, aws_copy.held_days) == ("COMPLIANCE", 30)
+    assert (aws_copy.storage_class, aws_copy.prefix) == ("DEEP_ARCHIVE", "shardvault")
+
+
 def test_a_gcs_copy_loads_with_its_defaults() -> None:
     (copy,) = parse_policy(with_copies(gcs())).cluster("orders").vault.copies
     assert (copy.name, copy.storage_class, copy.prefix) == ("offsite", "ARCHIVE", "shardvault")
@@ -320,6 +347,44 @@ BAD_COPIES = [
     ([gcs()], "kms", "", "only the stack account's KMS key unwraps", "stack_key_only: true"),
     ([gcs(kind="azure")], "none", "vault.copies.0.kind", "'azure'", "'gcs'"),
     ([gcs(name="Off_Site")], "none", "vault.copies.0.name", "lowercase", "gcs-archive"),
+    (
+        [aws(object_lock="{mode: GOVERNANCE, days: 30}")],
+        "none",
+        "vault.copies.0.object_lock.mode",
+        "GOVERNANCE",
+        "set mode: COMPLIANCE",
+    ),
+    (
+        [aws(object_lock="{days: 7}")],
+        "none",
+        "vault",
+        "retains for 7 days, less than the stack vault's lock of 30",
+        "object_lock.days to at least 30",
+    ),
+    (
+        [aws(role_arn="arn:aws:iam::111122223333:role/vault-writer")],
+        "none",
+        "vault.copies.0",
+        "role_arn is in account 111122223333, not 222233334444",
+        "a role in the source account",
+    ),
+    (
+        [aws(kms_key=B_KEY.replace("eu-west-1", "us-east-1"))],
+        "none",
+        "vault.copies.0",
+        "kms_key is in account 222233334444, region us-east-1",
+        "the bucket's region",
+    ),
+    (
+        [aws(storage_class="ARCHIVE")],
+        "none",
+        "vault.copies.0.storage_class",
+        "'ARCHIVE'",
+        "DEEP_ARCHIVE",
+    ),
+    ([aws(account="'2222'")], "none", "vault.copies.0.account", "12-digit", "222233334444"),
+    ([aws(account="222233334444")], "none", "vault.copies.0.account", "string", "quote it"),
+    ([aws()], "kms", "", "only the stack account's KMS key unwraps", "stack_key_only: true"),
     (
         [gcs(workload_identity="{audience: pool}")],
         "none",

@@ -182,7 +182,7 @@ def print_forecast(title: str, forecast: Any) -> None:
                     f"a month, {copy.stored_bytes / TiB:,.2f} TiB kept)",
                     copy.storage_usd + copy.requests_usd,
                 ),
-                (f"copy {name}: egress out of AWS", copy.egress_usd),
+                (f"copy {name}: data transfer", copy.egress_usd),
             )
         ],
         ("total", forecast.total_usd),

@@ -169,7 +169,8 @@ def print_held(record: BackupItem) -> None:
     for name, copy in record.vault_copies.items():
         if copy.state == "COPIED":
             held = f"{copy.retention_mode} until {copy.retain_until}"
-            places.append(f"{name} (GCS {copy.storage_class}, {held})")
+            provider = "S3" if copy.kind == "aws" else "GCS"
+            places.append(f"{name} ({provider} {copy.storage_class}, {held})")
         else:
             places.append(f"{name}: [bold red]{copy.state}[/] {copy.reason or ''}")
     if places:

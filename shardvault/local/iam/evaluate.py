@@ -74,7 +74,10 @@ def principal_matches(statement: dict[str, Any], principal_arn: str) -> bool:
     if principal == "*":
         return True
     aws = as_list(principal.get("AWS", []))
-    return "*" in aws or principal_arn in aws
+    account = principal_arn.split(":")[4] if principal_arn.count(":") >= 5 else ""
+    # An account (its id, or its root's ARN) names every principal of that account.
+    names_account = account in aws or f"arn:aws:iam::{account}:root" in aws
+    return "*" in aws or principal_arn in aws or bool(account and names_account)
 
 
 def conditions_hold(condition: dict[str, dict[str, Any]], context: Context) -> bool:

@@ -18,6 +18,14 @@ key (one per node, :meth:`Gate.agent_key`, tagged with the node's id and cluster
 would be) or the operator's (:meth:`Gate.operator_key`, the key ``stack.env`` gives the CLI).
 Requests signed with another key (the harness's, a presigned URL's) pass as before.
 
+*Other accounts* (an aws vault copy's account B, :meth:`Gate.add_account`) bring their own
+roles (a trust policy and permissions each) and buckets (a bucket policy each). A function's
+``sts:AssumeRole`` of such a role is allowed only when its own grants and the role's trust
+policy both allow it (the external ID included); the client made with the session's keys is
+bound to the role (:meth:`Gate.assumed`), whose calls B's bucket policy judges too. A request
+of one account on another's resource needs the resource policy's Allow as well (IAM's
+cross-account rule).
+
 Every verdict is *recorded* (principal, action, resource, which statements allowed it), so a
 test can hold the calls made against the grants both ways (``used_statements``).
 """
@@ -25,6 +33,7 @@ test can hold the calls made against the grants both ways (``used_statements``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
 import itertools
@@ -44,6 +53,7 @@ from shardvault.local.iam.requests import Request, UnmappedCall, Where, requests
 from shardvault.local.iam.resolve import LocalNames, Resolver
 from shardvault.local.iam.template import AGENT, FUNCTION, OPERATOR
 
+ROLE = "role:"  # a principal of another account's role: role:<ARN>
 TAG_VARIABLE = re.compile(r"\$\{aws:PrincipalTag/([^}]+)\}")
 NODE_ID_TAG = "shardvault:node_id"
 CLUSTER_TAG = "shardvault:cluster"
@@ -60,10 +70,14 @@ LOCK_FIELDS = {
 
 @dataclass(frozen=True)
 class Principal:
-    name: str  # function:<module>, agent:<node id>
+    name: str  # function:<module>, agent:<node id>, role:<ARN> (a role of another account)
     arn: str
     statements: tuple[dict[str, Any], ...]
     tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def account(self) -> str:
+        return account_of(self.arn)
 
     def context(self) -> dict[str, list[str]]:
         return {
@@ -151,6 +165,8 @@ class Gate:
             for arn in resolver.arns(logical_id):
                 resolved = [resolver.statement(s) for s in statements]
                 self.bucket_policies[arn.removeprefix("arn:aws:s3:::")] = resolved
+        self.bucket_accounts: dict[str, str] = {}  # another account's buckets -> the account
+        self.trust_policies: dict[str, list[dict[str, Any]]] = {}  # role ARN -> who may assume
         self.recorder = Recorder()
         self.principals: dict[str, Principal] = {}  # by name, as bound clients look them up
         self.keys: dict[str, str] = {}  # access key -> the principal it signs for
@@ -167,6 +183,34 @@ class Gate:
         principal = Principal(
             name, self.names.role_arn(name), statements, tuple(sorted(tags.items()))
         )
+        self.principals[name] = principal
+        return principal
+
+    def add_account(
+        self,
+        roles: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+        buckets: dict[str, list[dict[str, Any]]],
+    ) -> None:
+        """Another account's ``roles`` (ARN -> its trust policy's and its permissions'
+        statements) and ``buckets`` (name -> its bucket policy's statements; versioned, as
+        Object Lock keeps them)."""
+        for arn, (trust, permissions) in roles.items():
+            self.trust_policies[arn] = trust
+            self.grants[f"{ROLE}{arn}"] = permissions
+            self.assumed(arn)  # clients bound to the role already judge by these now
+        for bucket, statements in buckets.items():
+            self.bucket_policies[bucket] = statements
+            self.bucket_accounts[bucket] = account_of_buckets(roles)
+        versioned = self.where.versioned_buckets | frozenset(buckets)
+        self.where = dataclasses.replace(self.where, versioned_buckets=versioned)
+
+    def assumed(self, role_arn: str) -> Principal:
+        """The principal of a session of another account's role (a client made with the keys
+        its ``AssumeRole`` returned)."""
+        name = f"{ROLE}{role_arn}"
+        if name not in self.grants:
+            raise KeyError(f"the local stack knows no role {role_arn!r} of another account")
+        principal = Principal(name, role_arn, tuple(self.grants[name]))
         self.principals[name] = principal
         return principal
 
@@ -220,9 +264,14 @@ class Gate:
         """``probe``: S3 asking itself whether the caller may list (403 or 404), not a call:
         recorded when it allows (the grant is used), never as a refusal."""
         request = Request(request.action, request.resource, principal.context() | request.context)
-        bucket = bucket_of(request.resource)
-        resource_policy = self.bucket_policies.get(bucket, []) if bucket else []
-        verdict = evaluate(list(principal.statements), resource_policy, request, principal.arn)
+        resource_policy, owner = self.resource_policy(request.resource)
+        verdict = evaluate(
+            list(principal.statements),
+            resource_policy,
+            request,
+            principal.arn,
+            cross_account=owner != principal.account,
+        )
         if probe and not verdict.allowed:
             return verdict
         self.recorder.add(
@@ -236,6 +285,16 @@ class Gate:
             )
         )
         return verdict
+
+    def resource_policy(self, resource: str) -> tuple[list[dict[str, Any]], str]:
+        """The resource's own policy (a bucket's, a role's trust policy) and its account."""
+        bucket = bucket_of(resource)
+        if bucket is not None:
+            owner = self.bucket_accounts.get(bucket, self.names.account)
+            return self.bucket_policies.get(bucket, []), owner
+        if resource in self.trust_policies:
+            return self.trust_policies[resource], account_of(resource)
+        return [], account_of(resource) or self.names.account
 
     def authorize(self, principal: Principal, service: str, operation: str, params: dict) -> None:
         """Raises ``AccessDenied`` (a botocore ``ClientError``) for a call AWS would refuse."""
@@ -254,9 +313,13 @@ class Gate:
                 raise access_denied(principal, request, operation, why)
 
     # --- clients of a function ------------------------------------------------------------------
-    def bind(self, client: Any, principal: Principal) -> Any:
+    def bind(self, client: Any, principal: Principal, role_arn: str | None = None) -> Any:
         """Has ``client`` (a boto3 client) make its calls as ``principal`` (looked up by name
-        at each call: ``withdrawn`` reaches clients already made)."""
+        at each call: ``withdrawn`` reaches clients already made), or as another account's
+        role ``role_arn`` when it was made with that role's session (``Services.assumed_s3``:
+        the session came from an ``AssumeRole`` the gate allowed ``principal``)."""
+        if role_arn is not None:
+            principal = self.assumed(role_arn)
         model = client.meta.service_model
         service_id, service = model.service_id.hyphenize(), model.service_name
         events = client.meta.events
@@ -340,6 +403,20 @@ class Gate:
             return app(environ, start_response)
 
         return gated
+
+
+def account_of(arn: str) -> str:
+    """The account an ARN names (S3's name none: ``""``)."""
+    parts = arn.split(":")
+    return parts[4] if len(parts) > 5 else ""
+
+
+def account_of_buckets(roles: dict[str, Any]) -> str:
+    """The account whose roles come with the buckets (one account per ``add_account``)."""
+    accounts = {account_of(arn) for arn in roles}
+    if len(accounts) != 1:
+        raise ValueError(f"add_account takes one account's roles, not {sorted(accounts)}")
+    return accounts.pop()
 
 
 def holder_of(name: str) -> str:

@@ -9,7 +9,11 @@ authorization reference decides each entry; a few calls need more than one actio
 - ``GetObjectAttributes`` needs ``s3:GetObject`` and ``s3:GetObjectAttributes`` on an
   unversioned bucket, ``s3:GetObjectVersion`` and ``s3:GetObjectVersionAttributes`` on a
   versioned one (the vault, which Object Lock keeps versioned);
-- a write that sets an Object Lock also needs ``s3:PutObjectRetention``;
+- a write that sets an Object Lock also needs ``s3:PutObjectRetention``, and sets the lock's
+  condition keys (``s3:object-lock-mode``, ``s3:object-lock-remaining-retention-days``), as
+  ``PutObjectRetention`` does; a write encrypted under a KMS key (SSE-KMS) also needs
+  ``kms:GenerateDataKey`` on it, as the caller (reads' ``kms:Decrypt`` is not modelled);
+- ``sts:AssumeRole`` is on the role, with ``sts:ExternalId`` when the call gives one;
 - ``sns:Publish`` to a topic encrypted with a customer key also needs ``kms:GenerateDataKey``
   and ``kms:Decrypt`` on that key, as the publisher.
 
@@ -20,6 +24,8 @@ because nobody said what it needs.
 from __future__ import annotations
 
 import base64
+import datetime
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +125,13 @@ def s3_requests(operation: str, params: dict[str, Any], where: Where) -> list[Re
         return [Request(action, target) for action in actions]
     if operation in WRITES:
         return write_requests(operation, params, target)
+    if operation == "PutObjectRetention":
+        retention = params.get("Retention", {})
+        context = lock_context(retention.get("Mode"), retention.get("RetainUntilDate"))
+        requests = [Request("s3:PutObjectRetention", target, context)]
+        if params.get("BypassGovernanceRetention"):
+            requests.append(Request(BYPASS, target))
+        return requests
     if operation in OBJECT_READS:
         plain, versioned = OBJECT_READS[operation]
         requests = [Request(versioned if params.get("VersionId") else plain, target)]
@@ -129,9 +142,16 @@ def s3_requests(operation: str, params: dict[str, Any], where: Where) -> list[Re
 
 
 def write_requests(operation: str, params: dict[str, Any], target: str) -> list[Request]:
-    requests = [Request("s3:PutObject", target)]
+    context = {
+        **lock_context(params.get("ObjectLockMode"), params.get("ObjectLockRetainUntilDate")),
+        **encryption_keys(params),
+    }
+    requests = [Request("s3:PutObject", target, context)]
     if params.get("ObjectLockMode") or params.get("ObjectLockRetainUntilDate"):
-        requests.append(Request("s3:PutObjectRetention", target))
+        requests.append(Request("s3:PutObjectRetention", target, context))
+    if params.get("SSEKMSKeyId") and operation != "CopyObject":
+        # S3 asks KMS for the object's data key as the caller: the caller needs the grant.
+        requests.append(Request("kms:GenerateDataKey", str(params["SSEKMSKeyId"])))
     if params.get("ObjectLockLegalHoldStatus"):
         requests.append(Request("s3:PutObjectLegalHold", target))
     if params.get("Tagging"):
@@ -140,6 +160,29 @@ def write_requests(operation: str, params: dict[str, Any], target: str) -> list[
     if source:
         requests.append(copy_source_request(source))
     return requests
+
+
+def lock_context(mode: Any, until: Any) -> Context:
+    """The Object Lock condition keys a write or PutObjectRetention sets (S3 counts the
+    remaining days in whole days, rounded up)."""
+    context: Context = {}
+    if mode:
+        context["s3:object-lock-mode"] = [str(mode)]
+    if isinstance(until, datetime.datetime):
+        until = until if until.tzinfo else until.replace(tzinfo=datetime.UTC)
+        left = (until - datetime.datetime.now(datetime.UTC)).total_seconds()
+        context["s3:object-lock-remaining-retention-days"] = [str(math.ceil(left / 86400))]
+    return context
+
+
+def encryption_keys(params: dict[str, Any]) -> Context:
+    context: Context = {}
+    if params.get("ServerSideEncryption"):
+        context["s3:x-amz-server-side-encryption"] = [str(params["ServerSideEncryption"])]
+    if params.get("SSEKMSKeyId"):
+        key = str(params["SSEKMSKeyId"])
+        context["s3:x-amz-server-side-encryption-aws-kms-key-id"] = [key]
+    return context
 
 
 def copy_source_request(source: Any) -> Request:
@@ -366,7 +409,14 @@ def cloudwatch_requests(operation: str, params: dict[str, Any], where: Where) ->
 
 
 def sts_requests(operation: str, params: dict[str, Any], where: Where) -> list[Request]:
-    return []  # GetCallerIdentity needs no permission
+    if operation == "GetCallerIdentity":
+        return []  # it needs no permission
+    if operation != "AssumeRole":
+        raise UnmappedCall(f"sts:{operation}")
+    context: Context = {"sts:RoleSessionName": [str(params.get("RoleSessionName", ""))]}
+    if params.get("ExternalId"):
+        context["sts:ExternalId"] = [str(params["ExternalId"])]
+    return [Request("sts:AssumeRole", str(params.get("RoleArn", "")), context)]
 
 
 MAPPERS = {
