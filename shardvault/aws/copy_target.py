@@ -105,8 +105,9 @@ class S3TargetBucket:
                 f"CRC64NVME {expected_crc64nvme}.",
                 fix="the copy did not land whole: promote again (a new version is written).",
             )
-        if retain_until is not None and copy.retention_mode is None:
-            # S3 keeps the lock a multipart upload asked for; moto does not: lock it once.
+        if retain_until is not None and not locked_until(copy, retain_until):
+            # S3 keeps the lock a multipart upload asked for; moto does not, and a copy that
+            # landed without one has only the bucket's default: lock it as asked.
             self.bucket.lock(key, copy.version, COMPLIANCE, retain_until)
             copy = self.read_back(key, copy.version) or copy
         return copy
@@ -138,13 +139,9 @@ class S3TargetBucket:
         problems = []
         if copy.storage_class != storage_class:
             problems.append(f"class {copy.storage_class}, not {storage_class}")
-        if copy.kms_key is not None and copy.kms_key != self.kms_key:
-            problems.append(f"encrypted under {copy.kms_key}, not {self.kms_key}")
-        if retain_until is not None and (
-            copy.retention_mode != COMPLIANCE
-            or copy.retain_until is None
-            or copy.retain_until < retain_until
-        ):
+        if copy.kms_key != self.kms_key:
+            problems.append(f"encrypted under {copy.kms_key or 'no KMS key'}, not {self.kms_key}")
+        if retain_until is not None and not locked_until(copy, retain_until):
             problems.append(
                 f"lock {copy.retention_mode or 'none'} until {copy.retain_until}, not "
                 f"COMPLIANCE until {retain_until.isoformat()}"
@@ -197,6 +194,15 @@ class S3TargetBucket:
         """Bytes ``[start, end)`` of an object."""
         body = self.bucket.get(key, version, Range=f"bytes={start}-{end - 1}")["Body"]
         return body.read()  # type: ignore[no-any-return]
+
+
+def locked_until(copy: S3Copy, until: datetime) -> bool:
+    """Whether the copy is held in COMPLIANCE mode at least until ``until``."""
+    return (
+        copy.retention_mode == COMPLIANCE
+        and copy.retain_until is not None
+        and copy.retain_until >= until
+    )
 
 
 def target_bucket(target: AwsTarget, svc: Services, session: str) -> S3TargetBucket:

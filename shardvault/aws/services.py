@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +48,11 @@ class Services:
     settings: Settings
     # bind(client): the function's role; bind(client, role_arn=ARN): a role it assumed
     bind: Callable[..., Any] = unbound
-    # (role, external ID, region) -> an assumed role's client and when its session ends
-    _assumed: dict[tuple[str, str, str], tuple[Any, float]] = field(
+    # (role, external ID, region, session) -> an assumed role's client, when its session ends
+    _assumed: dict[tuple[str, str, str, str], tuple[Any, float]] = field(
         default_factory=dict, repr=False
     )
+    _assuming: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _table(self, name: str) -> Any:
         dynamo_table = table(name)
@@ -118,13 +120,19 @@ class Services:
 
     def assumed_s3(self, role_arn: str, external_id: str, region: str, session: str) -> Any:
         """An S3 client of ``role_arn`` (a role in another account whose trust policy asks for
-        ``external_id``), for the buckets of ``region``: a session of ``ASSUMED_SECONDS``,
-        kept while it has ``ASSUMED_REUSE_SECONDS`` left (a chain's manifests are read one
-        after another: one AssumeRole serves them all); ``session`` names a new one."""
-        place = (role_arn, external_id, region)
-        kept = self._assumed.get(place)
-        if kept is not None and kept[1] - time.monotonic() > ASSUMED_REUSE_SECONDS:
-            return kept[0]
+        ``external_id``), for the buckets of ``region``: a session named ``session`` (in B's
+        CloudTrail) of ``ASSUMED_SECONDS``, kept while it has ``ASSUMED_REUSE_SECONDS`` left
+        (a chain's manifests are read side by side: one AssumeRole serves them all)."""
+        place = (role_arn, external_id, region, session)
+        with self._assuming:  # threads of one call ask at once: one session, one client
+            kept = self._assumed.get(place)
+            if kept is not None and kept[1] - time.monotonic() > ASSUMED_REUSE_SECONDS:
+                return kept[0]
+            client = self._assume(role_arn, external_id, region, session)
+            self._assumed[place] = (client, time.monotonic() + ASSUMED_SECONDS)
+            return client
+
+    def _assume(self, role_arn: str, external_id: str, region: str, session: str) -> Any:
         credentials = self.sts.assume_role(
             RoleArn=role_arn,
             RoleSessionName=session[:64],
@@ -137,9 +145,7 @@ class Services:
             session_token=credentials["SessionToken"],
             region=region,
         )
-        client = self.bind(client, role_arn=role_arn)
-        self._assumed[place] = (client, time.monotonic() + ASSUMED_SECONDS)
-        return client
+        return self.bind(client, role_arn=role_arn)
 
     @cached_property
     def kms(self) -> Any:

@@ -30,6 +30,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from botocore import exceptions as botocore_errors
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
@@ -54,6 +55,8 @@ log = logging.getLogger("shardvault.lifecycle.copies")
 # Errors worth another call: the provider busy or unreachable once its client's retries ran
 # out (google.api_core's RetryError, 429, 5xx), a connection lost.
 TRANSIENT = (
+    botocore_errors.ConnectionError,  # botocore's own: endpoint, connect, closed
+    botocore_errors.HTTPClientError,  # and read timeouts, a stream cut short
     gcs_errors.RetryError,
     gcs_errors.TooManyRequests,
     gcs_errors.ServerError,
@@ -70,7 +73,9 @@ TRANSIENT_CODES = frozenset(
         "InternalError",
         "ServiceUnavailable",
         "500",
+        "502",
         "503",
+        "504",
     }
 )
 COPY_ATTEMPTS = 3
@@ -257,7 +262,7 @@ def copy_to_target(
     moved = moved_manifest(
         manifest,
         lambda key: target_key(svc, target, key),
-        {key: p.get("version") for key, p in proofs.items()},
+        {key: version_of(p) for key, p in proofs.items()},
     )
     data = moved.model_dump_json(indent=1).encode()
     manifest_key = target_key(svc, target, store_manifest_key)
@@ -283,7 +288,10 @@ def copy_to_target(
         manifest_generation=written.version,
         # The data's class, as read back (each checked against the target's); the manifest's
         # may be a readable one (an archive class in account B).
-        storage_class=next((p["storage_class"] for p in proofs.values()), written.storage_class),
+        storage_class=next(
+            (p.get("storage_class", target.storage_class) for p in proofs.values()),
+            written.storage_class,
+        ),
         retention_mode=bucket.retention_mode if until is not None else BUCKET_POLICY,
         retain_until=earliest.isoformat() if earliest else None,
         objects=len(objects),
@@ -329,6 +337,13 @@ def copy_object(
     )
     bucket.check_held(copy, target.storage_class, until)
     return copy
+
+
+def version_of(proof: dict[str, Any]) -> str | None:
+    """A kept proof's version (progress kept by an earlier release names a GCS generation)."""
+    if proof.get("version"):
+        return str(proof["version"])
+    return str(proof["generation"]) if "generation" in proof else None
 
 
 def proof_of(copy: HeldCopy) -> dict[str, Any]:

@@ -80,6 +80,7 @@ from shardvault.pricing.prices import (
     DYNAMODB_READ,
     DYNAMODB_WRITE,
     GB,
+    GCS_EGRESS_INTERNET_GB,
     GCS_STORAGE,
     KMS_KEY_MONTH,
     LAMBDA_GB_SECOND,
@@ -370,6 +371,34 @@ def restore_options(parts: Iterable[StoredPart]) -> list[RestoreOption]:
     ]
 
 
+def copy_restore_options(parts: Iterable[StoredPart], kind: str) -> list[RestoreOption]:
+    """Restoring a chain from a copy target (``restore --from-vault NAME``), whose records give
+    each part's class there. An aws copy (account B) is priced as the stack vault is, at S3's
+    prices for its class: a thaw per tier for GLACIER and DEEP_ARCHIVE, no transfer within the
+    region. A GCS copy reads at once in every class: its retrieval fee per GB, one read per
+    object, and the bytes leaving Google for the store where the restore stages them."""
+    parts = list(parts)
+    if kind == "aws":
+        return restore_options(
+            StoredPart(StorageClass(p.storage_class), p.bytes, p.objects) for p in parts
+        )
+    usd = sum(
+        p.bytes / GB * (GCS_STORAGE[p.storage_class].retrieval_gb + GCS_EGRESS_INTERNET_GB)
+        + p.objects * GCS_STORAGE[p.storage_class].get
+        for p in parts
+    )
+    return [RestoreOption(None, usd, 0.0)]
+
+
+def stored_copy_part(record: BackupItem, name: str) -> StoredPart | None:
+    """A backup as copy target ``name`` holds it (None: that target holds no copy of it)."""
+    held = record.vault_copies.get(name)
+    if held is None or held.state != "COPIED" or not held.storage_class:
+        return None
+    stored = held.bytes if held.bytes is not None else recorded_stored_bytes(record)
+    return StoredPart(held.storage_class, stored, held.objects or 0)  # type: ignore[arg-type]
+
+
 def agents_monthly_cost(
     nodes: int,
     *,
@@ -605,10 +634,12 @@ def monthly_forecast(
     staging_hours: float | None = None,
     nodes: int = 1,
     wal: WalGrowth | None = None,
+    stack_region: str | None = None,
 ) -> Forecast:
     """A cluster of ``data_bytes`` whose data changes by ``daily_change`` (a fraction) a day,
     backed up and expired by its policy, averaged over a year in steady state. Parts are the
-    policy's ``upload.part_size_mib`` unless ``part_size`` is given."""
+    policy's ``upload.part_size_mib`` unless ``part_size`` is given; ``stack_region``: where
+    the stack runs, so an aws copy in another region pays the transfer between them."""
     _check_forecast_inputs(data_bytes, daily_change)
     if part_size is None and cluster.upload.part_size_mib is not None:
         part_size = cluster.upload.part_size_mib * MiB
@@ -652,7 +683,7 @@ def monthly_forecast(
     window += cluster.schedule.longest_gap_hours() / 24  # back to the base before it
     wal_month = archive_month(wal, window) if wal else None
     drills = drill_month(cluster, data_bytes, landed, price, start, end)
-    copies = {t.name: copy_month(t, stays, start, end) for t in cluster.vault.copies}
+    copies = {t.name: copy_month(t, stays, start, end, stack_region) for t in cluster.vault.copies}
     return Forecast(
         storage_class=cluster.vault.storage_class,
         landed_per_month={c: n for c, n in landed.items() if n},

@@ -71,6 +71,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     source, manifest_key, manifest_version = source_for(request, record, svc)
     if source == "vault":
         check_tier(record, request.tier)
+    elif (name := copy_name(source)) and record.vault_copies[name].kind == "aws":
+        check_tier(record, request.tier, record.vault_copies[name].storage_class)
     manifest = read_manifest(svc, request.cluster, source, manifest_key, manifest_version)
     # Every ancestor readable (from the same copy target), or refused by name.
     chain = chain_sources(manifest, svc, copy_name(source))
@@ -157,11 +159,12 @@ def check_not_damaged(record: BackupItem, accepted: bool) -> None:
     )
 
 
-def check_tier(record: BackupItem, tier: RetrievalTier) -> None:
+def check_tier(record: BackupItem, tier: RetrievalTier, held_in: str | None = None) -> None:
     """S3 refuses a thaw in a tier its class lacks (DEEP_ARCHIVE has no Expedited) only once
-    the restore has started thawing: refuse it here, before anything, with the tiers it has."""
+    the restore has started thawing: refuse it here, before anything, with the tiers it has
+    (``held_in``: the class of the copy read, an aws copy target's; else the vault's)."""
     try:
-        storage_class = StorageClass(record.storage_class or "")
+        storage_class = StorageClass(held_in or record.storage_class or "")
     except ValueError:
         return  # a class the price table does not know (a non-AWS store's own): no tiers known
     tiers = thaw_tiers(storage_class)

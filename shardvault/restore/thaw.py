@@ -94,7 +94,7 @@ def stage(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any
     remaining = [o for o, there in zip(objects, done, strict=True) if not there]
     thawing = requested = 0
     for obj in list(remaining):
-        state = bucket.thawed(obj.key, obj.version_id, THAW_DAYS, context.tier.value)
+        state = thawed(bucket, name, obj, context.tier)
         if state == "readable":
             stage_object(svc, bucket, name, context.restore_id, obj)
             remaining.remove(obj)
@@ -126,6 +126,26 @@ def staged(svc: Services, restore_id: str, obj: ObjectResult) -> bool:
     return (crc, size) == (obj.crc64nvme, obj.stored_bytes)
 
 
+def thawed(bucket: TargetBucket, name: str, obj: ObjectResult, tier: RetrievalTier) -> str:
+    """The object's thaw in the target (``TargetBucket.thawed``); one that is gone is refused
+    by name, as staging refuses it."""
+    try:
+        return bucket.thawed(obj.key, obj.version_id, THAW_DAYS, tier.value)
+    except Exception as error:
+        if not is_gone(error):
+            raise
+        raise missing_copy(name, obj) from None
+
+
+def missing_copy(name: str, obj: ObjectResult) -> ChecksumMismatch:
+    return ChecksumMismatch(
+        f"vault target {name!r} lacks {obj.key} (version {obj.version_id}), which the "
+        "copy's manifest names.",
+        fix="restore this backup from another vault target (--from-vault, or leave it out "
+        "for the stack vault); check who could delete in that bucket.",
+    )
+
+
 def stage_object(
     svc: Services, bucket: TargetBucket, name: str, restore_id: str, obj: ObjectResult
 ) -> None:
@@ -138,12 +158,7 @@ def stage_object(
     except Exception as error:
         if not is_gone(error):
             raise
-        raise ChecksumMismatch(
-            f"vault target {name!r} lacks {obj.key} (version {obj.version_id}), which the "
-            "copy's manifest names.",
-            fix="restore this backup from another vault target (--from-vault, or leave it out "
-            "for the stack vault); check who could delete in that bucket.",
-        ) from None
+        raise missing_copy(name, obj) from None
     crc, size = svc.store_bucket.stored_checksum(key)
     if (crc, size) != (obj.crc64nvme, obj.stored_bytes):
         svc.store_bucket.delete_batch([(key, None)])

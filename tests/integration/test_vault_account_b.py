@@ -211,6 +211,12 @@ def test_a_restore_from_account_b_thaws_and_stages_it_into_another_node_count(
         manifest_head = s3.head_object(Bucket=bucket, Key=copy["manifest_key"])
         assert "StorageClass" not in manifest_head  # S3 names no class for STANDARD
         assert copy["storage_class"] == "DEEP_ARCHIVE"  # the data's, not the manifest's
+    # DEEP_ARCHIVE has no Expedited thaw: refused before anything, by the copy's class.
+    expedited = make_target(nodes=1).restore(
+        cluster.name, backup_id=incremental_id, from_vault="b", tier="Expedited"
+    )
+    assert expedited.status == "FAILED"
+    assert "DEEP_ARCHIVE, which has no Expedited thaw tier" in expedited.cause
     # Verify reads the archived copy by its attributes; its bytes are a drill's to prove.
     verified = ops.run_verify(cluster.client, cluster.name, incremental_id, 100.0, from_vault="b")
     assert verified.status == "SUCCEEDED", verified.cause

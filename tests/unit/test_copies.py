@@ -45,3 +45,30 @@ def test_a_refusal_fails_the_target_at_once(monkeypatch):
     missing = gcs_errors.NotFound("no such bucket")
     outcome = copies.retried_or_failed(CONTEXT, TARGET, missing, "gone", None)  # type: ignore[arg-type]
     assert outcome == "FAILED"
+
+
+def test_only_a_busy_or_unreachable_provider_is_worth_another_call():
+    from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
+    def aws(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code}}, "PutObject")
+
+    for error in (
+        EndpointConnectionError(endpoint_url="https://s3"),
+        ReadTimeoutError(endpoint_url="https://s3"),
+        aws("SlowDown"),
+        aws("503"),
+        gcs_errors.TooManyRequests("busy"),
+    ):
+        assert copies.transient(error), error
+    for error in (aws("AccessDenied"), aws("AccessDeniedException"), gcs_errors.Forbidden("no")):
+        assert not copies.transient(error), error
+
+
+def test_progress_kept_by_an_earlier_release_keeps_its_generations():
+    """A promotion resumed across an upgrade: its progress names GCS generations and no
+    class; the copy's manifest must still name each object's generation."""
+    earlier = {"generation": 1733, "crc32c": "x", "md5": "y", "retain_until": None}
+    assert copies.version_of(earlier) == "1733"
+    assert copies.version_of({"version": "v-2", "generation": 1}) == "v-2"
+    assert copies.version_of({"crc32c": "x"}) is None

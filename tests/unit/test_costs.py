@@ -526,9 +526,17 @@ def test_an_account_b_copy_is_priced_at_s3s_class_with_no_transfer_in_one_region
     )
     entry = cluster('{full: "0 2 * * 0"}', "{keep_daily: 7}", vault=copy)
 
-    priced = costs.monthly_forecast(entry, 100 * 1024**3, 0.01).copies_usd["b"]
+    def priced_from(region: str) -> costs.CopyMonth:
+        forecast = costs.monthly_forecast(entry, 100 * 1024**3, 0.01, stack_region=region)
+        return forecast.copies_usd["b"]
 
-    assert priced.storage_class == "DEEP_ARCHIVE"
-    assert priced.egress_usd == 0
-    assert priced.storage_usd == pytest.approx(priced.stored_bytes / 1024**3 * 0.00099)
-    assert priced.requests_usd > 0
+    same, across = priced_from("eu-west-1"), priced_from("us-east-1")
+
+    assert same.storage_class == "DEEP_ARCHIVE"
+    assert same.egress_usd == 0
+    assert same.storage_usd == pytest.approx(same.stored_bytes / 1024**3 * 0.00099)
+    assert same.requests_usd > 0
+    # From another region, each byte crosses once at the inter-region rate.
+    monthly_gb = same.stored_bytes / 1024**3 * DAYS_PER_MONTH / 180  # 180 days kept
+    assert across.egress_usd == pytest.approx(monthly_gb * 0.02, rel=0.05)
+    assert across.storage_usd == same.storage_usd

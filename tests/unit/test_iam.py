@@ -355,3 +355,14 @@ def test_a_role_of_another_account_is_assumed_only_as_its_trust_policy_says(monk
         own = gate.bind(boto3.client("s3"), gate.function("x"))
         with pytest.raises(ClientError, match="s3:PutObject"):
             own.put_object(Bucket="vault-b", Key="k", Body=b"x")
+
+
+def test_a_roles_trust_policy_decides_an_assume_role_in_one_account_too(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    role = "arn:aws:iam::123456789012:role/same-account"
+    with mock_aws():
+        gate = gate_of([allow("sts:AssumeRole", role)])
+        gate.add_account({role: ([], [])}, {})  # a trust policy that trusts nobody
+        sts = gate.bind(boto3.client("sts"), gate.function("x"))
+        with pytest.raises(ClientError, match="no resource-based policy allows"):
+            sts.assume_role(RoleArn=role, RoleSessionName="s1", ExternalId="the-id")

@@ -80,3 +80,47 @@ def test_plan_only_prints_the_tiers_of_the_chain_it_would_read(monkeypatch) -> N
     assert "Reading 2 backup(s)" in said
     for row in ("Expedited", "Standard", "Bulk (--tier)", "up to 5 min", "up to 12 h"):
         assert row in said
+
+
+def test_a_copy_is_priced_where_it_is_held() -> None:
+    """From a GCS copy: no thaw in any class, its retrieval fee and the bytes leaving Google;
+    from account B: S3's tiers for the copy's class, no transfer within the region."""
+    from shardvault.lifecycle.costs import copy_restore_options
+    from shardvault.pricing.prices import GCS_EGRESS_INTERNET_GB, GCS_STORAGE
+
+    (gcs,) = copy_restore_options([StoredPart("ARCHIVE", 10 * GIB, 40)], "gcs")  # type: ignore[arg-type]
+    assert (gcs.tier, gcs.ready_within_hours) == (None, 0.0)
+    per_gb = GCS_STORAGE["ARCHIVE"].retrieval_gb + GCS_EGRESS_INTERNET_GB
+    assert gcs.usd == pytest.approx(10 * per_gb + 40 * GCS_STORAGE["ARCHIVE"].get)
+
+    deep = StoredPart(StorageClass.DEEP_ARCHIVE, 10 * GIB, 40)
+    assert copy_restore_options([deep], "aws") == restore_options([deep])
+
+
+def test_plan_only_from_a_copy_prices_the_copy_not_the_stack_vault(monkeypatch) -> None:
+    monkeypatch.setenv("SHARDVAULT_STATE_MACHINE_ARN", "arn:backup")
+    monkeypatch.setenv("SHARDVAULT_CATALOG_TABLE", "catalog")
+    monkeypatch.setenv("SHARDVAULT_RESTORE_STATE_MACHINE_ARN", "arn:restore")
+    copy = {"state": "COPIED", "kind": "gcs", "storage_class": "NEARLINE", "bytes": GIB,
+            "objects": 4, "manifest_key": "m"}  # fmt: skip
+    record = backup_item(backup_id="full", kind="full", bytes=GIB, objects=4, stored_bytes=GIB,
+                         location="vault", storage_class="DEEP_ARCHIVE",
+                         vault_copies={"offsite": copy})  # fmt: skip
+    plan = {"cluster": "orders", "backup_id": "full", "target_cluster": "copy", "placements": []}
+    monkeypatch.setattr(ops, "start_restore", lambda config, request: "arn:execution")
+    monkeypatch.setattr(
+        ops, "wait_restore", lambda config, arn: ops.Progress(status="SUCCEEDED", record=plan)
+    )
+    monkeypatch.setattr(ops, "show_backup", lambda config, cluster, backup_id: record)
+    monkeypatch.setattr(admission, "resolve_backup", lambda request, catalog: record)
+    monkeypatch.setattr(restore_command, "table", lambda name: None)
+    text = io.StringIO()
+    monkeypatch.setattr(restore_command, "console", Console(file=text, width=200))
+
+    argv = ["restore", "orders", "--into", "copy", "--plan-only", "--from-vault", "offsite"]
+    assert cli.main(argv) == 0
+
+    said = text.getvalue()
+    assert "Reading 1 backup(s) from copy offsite (GCS)" in said
+    assert "read directly (no thaw)" in said  # DEEP_ARCHIVE's tiers are the stack vault's
+    assert "Bulk" not in said

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import boto3
 from rich.table import Table
 
 from shardvault.client import operations as ops
@@ -133,7 +134,8 @@ def cluster_forecast(
     if wal:
         source.append(f"WAL archive {wal.stored_bytes_per_day / GiB:,.2f} GiB a day (measured)")
     title = f"{name}: " + ("; ".join(source) + f" ({asked})" if source else asked)
-    return title, costs.monthly_forecast(cluster, data_bytes, change, wal=wal)
+    region = boto3.session.Session().region_name  # the stack's, as the CLI is configured
+    return title, costs.monthly_forecast(cluster, data_bytes, change, wal=wal, stack_region=region)
 
 
 def print_forecast(title: str, forecast: Any) -> None:

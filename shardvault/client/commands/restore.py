@@ -20,7 +20,12 @@ from shardvault.contracts.models import (
 )
 from shardvault.data.planning import MiB
 from shardvault.errors import InvalidRequest
-from shardvault.lifecycle.costs import restore_options, stored_part
+from shardvault.lifecycle.costs import (
+    copy_restore_options,
+    restore_options,
+    stored_copy_part,
+    stored_part,
+)
 from shardvault.restore import admission
 
 
@@ -125,7 +130,7 @@ def run_restore(args: argparse.Namespace) -> int:
         outcome = ops.wait_restore(config, execution)
         if outcome.status == "SUCCEEDED":
             print_plan(outcome.record or {})
-            print_restore_options(config, outcome.record or {}, args.tier)
+            print_restore_options(config, outcome.record or {}, args.tier, args.from_vault)
             return 0
         print_failure("plan", outcome)
         return 1
@@ -186,17 +191,28 @@ def chain_records(config: ops.ClientConfig, cluster: str, backup_id: str) -> lis
     return records
 
 
-def print_restore_options(config: ops.ClientConfig, plan: dict[str, Any], chosen: str) -> None:
+def print_restore_options(
+    config: ops.ClientConfig, plan: dict[str, Any], chosen: str, from_vault: str | None = None
+) -> None:
     """Before anything moves: per retrieval tier, what the restore will cost and how long the
-    thaw of its archived objects takes (``costs.restore_options``)."""
+    thaw of its archived objects takes (``costs.restore_options``), read from copy target
+    ``from_vault`` when it names one (``costs.copy_restore_options``)."""
     records = chain_records(config, plan["cluster"], plan["backup_id"])
-    options = restore_options(stored_part(r) for r in records)
+    copies = [stored_copy_part(r, from_vault) for r in records] if from_vault else []
+    held = [c for c in copies if c is not None]
+    if from_vault and len(held) == len(records):
+        kind = records[0].vault_copies[from_vault].kind
+        options = copy_restore_options(held, kind)
+        where = f" from copy {from_vault} ({'GCS' if kind == 'gcs' else 'account B'})"
+        stored = sum(c.bytes for c in held)
+    else:  # the stack vault (by its name, or no --from-vault) or the store
+        options = restore_options(stored_part(r) for r in records)
+        where, stored = "", sum(recorded_stored_bytes(r) for r in records)
     table = Table(
         "retrieval tier",
         "cost",
         "thaw before the first byte",
-        title=f"Reading {len(records)} backup(s) "
-        f"({sum(recorded_stored_bytes(r) for r in records) / MiB:,.1f} MiB stored)",
+        title=f"Reading {len(records)} backup(s){where} ({stored / MiB:,.1f} MiB stored)",
     )
     for option in options:
         name = option.tier.value.capitalize() if option.tier else "read directly (no thaw)"

@@ -270,7 +270,8 @@ class Gate:
             resource_policy,
             request,
             principal.arn,
-            cross_account=owner != principal.account,
+            # A role's trust policy decides every AssumeRole, within one account too.
+            cross_account=owner != principal.account or request.action == "sts:AssumeRole",
         )
         if probe and not verdict.allowed:
             return verdict
