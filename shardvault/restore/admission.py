@@ -50,6 +50,7 @@ from shardvault.restore.sources import (
     copy_name,
     copy_place,
     copy_target,
+    held_in_copy,
     read_from,
     read_manifest,
     shard_size,
@@ -224,13 +225,9 @@ def source_for(
 
 
 def newest_copied(catalog: Catalog, cluster: str, name: str) -> BackupItem | None:
-    """The newest complete backup that copy target ``name`` holds (None: none, or ``name`` is
-    the stack vault's)."""
-    copied = [
-        b
-        for b in catalog.backups(cluster)
-        if b.status == BackupStatus.COMPLETE and name in b.vault_copies and held_by(b, name)
-    ]
+    """The newest backup that copy target ``name`` holds, complete or expired from the stack
+    (None: none, or ``name`` is the stack vault's)."""
+    copied = [b for b in catalog.backups(cluster) if held_in_copy(b, name)]
     return max(copied, key=lambda b: b.completed_at or 0, default=None)
 
 
@@ -266,7 +263,8 @@ def resolve_backup(request: RestoreRequest, catalog: Catalog) -> BackupItem:
             f"cluster {request.cluster!r} has no backup {request.backup_id!r} (latest: {known}).",
             fix="pick a backup id from 'shardvault list CLUSTER', or use \"latest\".",
         )
-    if record.status != BackupStatus.COMPLETE or not record.manifest_key:
+    from_copy = request.from_vault is not None and held_in_copy(record, request.from_vault)
+    if (record.status != BackupStatus.COMPLETE and not from_copy) or not record.manifest_key:
         raise BackupNotRestorable(
             f"backup {request.backup_id} is {record.status}, not COMPLETE"
             + (f": {record.cause}" if record.cause else "."),

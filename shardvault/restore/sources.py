@@ -5,6 +5,10 @@ Terms:
 - *source*: where a backup's objects are read: ``store``, ``vault`` (the stack's vault), or
   ``copy:NAME``, a copy target of the policy (``vault.copies``), chosen by ``restore
   --from-vault NAME``.
+- *outliving the stack*: retention expires a backup from the store and the stack vault only
+  (``shardvault.lifecycle.expire``); a copy target keeps its copy for its own retention, so
+  an ``EXPIRED`` backup (and an incremental's ``EXPIRED`` ancestors) is still restored from
+  a copy that holds it (``held_in_copy``).
 - *staging* (of a copy): the agents hold no credentials of another provider or account, so
   the thaw step copies a copy target's objects into the store first (an archived object in
   account B thawed there before), under ``<prefix>/_staged/<restore id>/``; the agents
@@ -75,6 +79,13 @@ def copy_bucket(
     return bucket_of(target, svc, session)
 
 
+def held_in_copy(record: BackupItem, name: str) -> bool:
+    """Whether copy target ``name`` holds the backup, complete or expired from the stack."""
+    held = record.vault_copies.get(name)
+    readable = record.status in (BackupStatus.COMPLETE, BackupStatus.EXPIRED)
+    return readable and held is not None and held.state == "COPIED"
+
+
 def copy_place(record: BackupItem, name: str) -> tuple[str, str | None]:
     """A backup's manifest key and generation in copy target ``name``, or refused by name
     when the target holds no copy of it."""
@@ -139,7 +150,8 @@ def chain_sources(manifest: Manifest, svc: Services, copy: str | None = None) ->
     sources = []
     for backup_id in manifest.chain.ancestors:  # the catalog's table is not shared by threads
         record = svc.catalog.get(manifest.cluster, backup_id)
-        if record is None or record.status != BackupStatus.COMPLETE:
+        held = record is not None and copy is not None and held_in_copy(record, copy)
+        if record is None or (record.status != BackupStatus.COMPLETE and not held):
             raise ParentUnavailable(
                 f"backup {manifest.backup_id} is an incremental whose ancestor {backup_id} is "
                 f"{record.status.lower() if record else 'gone'}: its chain cannot be restored.",

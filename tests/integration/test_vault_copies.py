@@ -21,6 +21,7 @@ from google.cloud import storage
 from shardvault.assurance.drills import DrillRequest
 from shardvault.aws.tables import Catalog, table
 from shardvault.client import operations as ops
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import Manifest, VaultTarget
 from shardvault.lifecycle import promote
 from shardvault.local.demo import table_digests
@@ -462,3 +463,30 @@ def test_every_gcs_call_of_the_copy_path_is_one_the_published_role_allows(
     name = next(iter(gcs_objects(gcs, bucket)))
     with pytest.raises(gcs_errors.Forbidden, match=r"storage\.objects\.delete"):
         writer.bucket(bucket).blob(name).delete()
+
+
+def test_a_backup_expired_from_the_stack_is_restored_from_the_copy_that_outlives_it(
+    make_cluster, make_target, policy_for, gcs, stack
+):
+    """Retention expires a backup from the store and the stack vault only: a copy keeps it
+    for its own retention, and restore --from-vault reads it there, its chain with it."""
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name, vault=vault_with(gcs_copy("offsite", gcs.new_bucket())))
+    full_id, incremental_id = cluster.full_then_incremental()
+    catalog = Catalog(table(stack.settings.catalog_table))
+    for backup_id in (full_id, incremental_id):  # as shardvault.lifecycle.expire leaves them
+        expired = BackupItem.changes(status="EXPIRED", expired_at=datetime.now(UTC).timestamp())
+        catalog.update(cluster.name, backup_id, expired)
+    target = make_target(nodes=1)
+
+    refused = target.restore(cluster.name, backup_id=incremental_id)
+    restored = target.restore(cluster.name, from_vault="offsite")  # the newest held there
+
+    assert refused.status == "FAILED"
+    assert f"backup {incremental_id} is EXPIRED, not COMPLETE" in refused.cause
+    assert restored.status == "SUCCEEDED", restored.cause
+    sources = {r.get("source_backup_id"): r.get("source") for r in target.records()}
+    assert sources[incremental_id] == "copy:offsite", target.records()
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source)
