@@ -221,3 +221,35 @@ def test_a_backup_whose_wal_is_not_archived_in_time_fails_naming_why(tmp_path, s
     assert "2 file(s) from 000000010000000000000001" in message
     assert "ChecksumMismatch" in message  # the archive function's refusal, named
     assert len(list(spool.iterdir())) == 2  # nothing lost
+
+
+def test_a_crash_after_the_record_leaves_nothing_a_restart_does_not_remove(
+    tmp_path, spool, monkeypatch
+) -> None:
+    """Killed between clearing the batch's request and removing the pending batch: a restart
+    sends the batch again and clears both. (In the other order a kill left a request nothing
+    would remove: a fault test found it, and the state it leaves is what is checked here.)"""
+
+    class Killed(BaseException):
+        pass
+
+    def killed(path: Any, ignore_errors: bool = False) -> None:
+        raise Killed
+
+    first = make(tmp_path, spool)
+    spooled(spool, 1, 2, age=10.0)
+    monkeypatch.setattr(archiver_module.shutil, "rmtree", killed)
+    with pytest.raises(Killed):
+        first.send(first.pack(first.spools[0], sorted(spool.iterdir()), first._settings(0)))
+    monkeypatch.undo()
+    assert first.inbox.items == {}  # the request went first
+    assert [p.name for p in (tmp_path / "state" / "archive").iterdir()]  # the batch stayed
+
+    again = make(tmp_path, spool)
+    again.inbox = first.inbox
+    for batch in again.pending():
+        again.send(batch)
+
+    assert list((tmp_path / "state" / "archive").iterdir()) == []
+    assert again.inbox.items == {}
+    assert list(spool.iterdir()) == []

@@ -15,9 +15,9 @@ it, PUT the packed object through the URL (the transfers' one retry policy), ask
 function to record it, and only then delete its files from the spool. A crash anywhere
 before the record leaves the files in the spool and the pending batch in the state
 directory, so nothing is lost: the batch is sent again (the same key, the same bytes,
-recorded again); the pending batch goes only after its files. A file PostgreSQL pushes again
-after a crash of its own goes in a new batch: the archive may hold a WAL file twice, never
-miss one.
+recorded again); the pending batch goes only after its files and its request. A file
+PostgreSQL pushes again after a crash of its own goes in a new batch: the archive may hold a
+WAL file twice, never miss one.
 
 Settings (the zstd level, the delay, whether to seal) come from the function, asked for again
 every ``SETTINGS_SECONDS``; a new data key only when the one in use has run the policy's
@@ -342,8 +342,11 @@ class Archiver:
         spool = next(s.path for s in self.spools if s.shard_id == batch.shard_id)
         for entry in batch.files:
             (spool / entry.name).unlink(missing_ok=True)
-        shutil.rmtree(self.root / batch.batch_id, ignore_errors=True)
+        # The request before the pending batch: a crash between the two leaves the batch,
+        # which a restart sends again (and so removes the request it writes again); the other
+        # order left a request nothing would ever remove.
         self.inbox.delete_item(Key={"node_id": self.node_id, "command_id": request})
+        shutil.rmtree(self.root / batch.batch_id, ignore_errors=True)
         log.info(
             "archived %d WAL file(s) of shard %s, %s..%s: %d bytes stored of %d",
             len(batch.files),
