@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 from botocore.exceptions import ClientError
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import Bucket, is_missing, readable_now
+from shardvault.aws.store import Bucket, is_missing
 from shardvault.config.targets import AwsTarget
 from shardvault.data.checked_stream import CheckedStream
 from shardvault.errors import ChecksumMismatch, PromotionFailed
@@ -182,13 +182,7 @@ class S3TargetBucket:
     def thawed(self, key: str, version: str | None, days: int, tier: str) -> str:
         """``readable`` (not archived, or thawed), ``thawing``, or ``requested``: an archived
         copy is thawed in account B (the role's s3:RestoreObject) before it is staged."""
-        head = self.bucket.head(key, version)
-        if readable_now(head):
-            return "readable"
-        if head.get("Restore"):
-            return "thawing"
-        self.bucket.thaw(key, version, days, tier)
-        return "requested"
+        return self.bucket.thawed(key, version, days, tier)
 
     def read(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes ``[start, end)`` of an object."""

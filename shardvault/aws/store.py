@@ -353,6 +353,17 @@ class Bucket:
         tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
         self.client.put_object_tagging(Bucket=self.name, Key=key, Tagging={"TagSet": tag_set})
 
+    def thawed(self, key: str, version_id: str | None, days: int, tier: str) -> str:
+        """``readable`` (not archived, or thawed), ``thawing``, or ``requested``: a thaw of
+        an archived object was asked for now, for ``days`` at ``tier``."""
+        head = self.head(key, version_id)
+        if readable_now(head):
+            return "readable"
+        if head.get("Restore"):
+            return "thawing"
+        self.thaw(key, version_id, days, tier)
+        return "requested"
+
     def thaw(self, key: str, version_id: str | None, days: int, tier: str) -> None:
         """Asks for a readable copy of an archived object, for ``days``, at ``tier``."""
         self.client.restore_object(

@@ -107,6 +107,29 @@ class Selection(StrEnum):
     WEEKLY = "weekly"
 
 
+# The fields every kind of copy target has, written once.
+CopyName = Annotated[
+    str,
+    AfterValidator(target_name),
+    Field(description="The copy's name, as restore --from-vault and the catalog use it."),
+]
+Selected = Annotated[
+    Selection,
+    Field(
+        description="Which backups go: all, fulls, or weekly (the first full of each ISO "
+        "week); an incremental goes only when its parent is there."
+    ),
+]
+StackKeyOnly = Annotated[
+    bool,
+    Field(
+        strict=True,
+        description="For a cluster with encryption: kms, true accepts copies whose data keys "
+        "only the stack account's KMS key unwraps (restoring them needs that key).",
+    ),
+]
+
+
 class GcsRetention(Frozen):
     style: Literal["object", "bucket"] = Field(
         "object",
@@ -151,9 +174,7 @@ class WorkloadIdentity(Frozen):
 
 
 class GcsTarget(Frozen):
-    name: Annotated[str, AfterValidator(target_name)] = Field(
-        description="The copy's name, as restore --from-vault and the catalog use it."
-    )
+    name: CopyName
     kind: Literal["gcs"] = Field(description="gcs: a Google Cloud Storage bucket.")
     project: str = Field(min_length=1, description="The Google Cloud project of the bucket.")
     bucket: Annotated[
@@ -171,17 +192,8 @@ class GcsTarget(Frozen):
         description="How the promote function reaches GCS without a key; null only on the "
         "local stack, whose gcs_endpoint setting names the emulator.",
     )
-    select: Selection = Field(
-        Selection.ALL,
-        description="Which backups go: all, fulls, or weekly (the first full of each ISO "
-        "week); an incremental goes only when its parent is there.",
-    )
-    stack_key_only: bool = Field(
-        False,
-        strict=True,
-        description="For a cluster with encryption: kms, true accepts copies whose data keys "
-        "only the stack account's KMS key unwraps (restoring them needs that key).",
-    )
+    select: Selected = Selection.ALL
+    stack_key_only: StackKeyOnly = False
 
     @property
     def held_days(self) -> int:
@@ -215,9 +227,7 @@ class AwsObjectLock(Frozen):
 
 
 class AwsTarget(Frozen):
-    name: Annotated[str, AfterValidator(target_name)] = Field(
-        description="The copy's name, as restore --from-vault and the catalog use it."
-    )
+    name: CopyName
     kind: Literal["aws"] = Field(description="aws: an Object Lock bucket in another account.")
     account: Annotated[
         str, _pattern(AWS_ACCOUNT, "a 12-digit AWS account id", '"222233334444" (quoted)')
@@ -253,17 +263,8 @@ class AwsTarget(Frozen):
         "DEEP_ARCHIVE (the last two need a thaw before a restore reads them)."
     )
     object_lock: AwsObjectLock = Field(description="The COMPLIANCE lock each copy gets.")
-    select: Selection = Field(
-        Selection.ALL,
-        description="Which backups go: all, fulls, or weekly (the first full of each ISO "
-        "week); an incremental goes only when its parent is there.",
-    )
-    stack_key_only: bool = Field(
-        False,
-        strict=True,
-        description="For a cluster with encryption: kms, true accepts copies whose data keys "
-        "only the stack account's KMS key unwraps (restoring them needs that key).",
-    )
+    select: Selected = Selection.ALL
+    stack_key_only: StackKeyOnly = False
 
     @property
     def held_days(self) -> int:

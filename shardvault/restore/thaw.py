@@ -16,7 +16,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import Bucket, is_missing, readable_now
+from shardvault.aws.store import Bucket, is_missing
 from shardvault.contracts.catalog import RestoreItem, restore_key
 from shardvault.contracts.models import (
     THAW_DAYS,
@@ -63,13 +63,7 @@ def thaw(context: RestoreContext, attempt: int, svc: Services) -> dict[str, Any]
 
 def thaw_object(bucket: Bucket, key: str, version_id: str | None, *, tier: RetrievalTier) -> str:
     """``readable``, ``thawing`` or ``requested`` (a restore of it was asked for now)."""
-    head = bucket.head(key, version_id)
-    if readable_now(head):  # not archived, or thawed
-        return "readable"
-    if head.get("Restore"):
-        return "thawing"
-    bucket.thaw(key, version_id, THAW_DAYS, tier.value)
-    return "requested"
+    return bucket.thawed(key, version_id, THAW_DAYS, tier.value)
 
 
 STAGE_WAIT = 1  # seconds between two staging calls: there is nothing to wait for
