@@ -4,8 +4,15 @@
   MinIO that holds ShardVault's backups, either one call per file of ShardVault's own data
   listing, or one call for a tar of those files built beforehand (not timed).
 * *pgBackRest*: ``pgbackrest backup --type=full`` as the postgres OS user, into a second MinIO
-  started with TLS, because pgBackRest 2.45 speaks S3 only over TLS. Its configuration file is
-  ours (``--config``), never ``/etc/pgbackrest/pgbackrest.conf``.
+  started with TLS, because pgBackRest (2.45 as 2.59) speaks S3 only over TLS. Its
+  configuration file is ours (``--config``), never ``/etc/pgbackrest/pgbackrest.conf``. The
+  *binary* is ``$PGBACKREST_BIN`` when set (e.g. ``/opt/pgbackrest-2.59.1/bin/pgbackrest``,
+  built from its release source with ``meson setup build && ninja -C build``), else
+  ``pgbackrest`` on ``PATH`` (Debian 12's 2.45); the same binary runs the commands and the
+  ``archive_command``. ``PgBackRest.as_users_run_it`` is the configuration its users run:
+  ``compress-type=zst`` at its default level (3), ``process-max=2``, ``repo1-bundle=y``
+  (small files combined into bundles) and ``repo1-block=y`` (block incremental, which needs
+  bundles; beta in 2.45: use 2.46 or later).
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import json
 import os
 import pwd
 import resource
+import shutil
 import subprocess
 import tarfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,7 @@ MiB = 1024 * 1024
 STANZA = "bench"
 PGBACKREST_BUCKET = "pgbackrest"
 PGBACKREST_REPO_PATH = "/repo"
+PGBACKREST_BIN_ENV = "PGBACKREST_BIN"
 DELETE_BATCH = 1000
 
 
@@ -174,15 +183,65 @@ def start_tls_minio(base: Path) -> MinioServer:
 
 
 # --- pgBackRest ---------------------------------------------------------------------------------
+def default_pgbackrest_binary() -> str:
+    """``$PGBACKREST_BIN``, else the absolute path of ``pgbackrest`` on ``PATH`` (the postgres
+    OS user and the server's ``archive_command`` may have another ``PATH``), else the bare
+    name."""
+    return os.environ.get(PGBACKREST_BIN_ENV) or shutil.which("pgbackrest") or "pgbackrest"
+
+
 @dataclass
 class PgBackRest:
-    """pgBackRest with its own config file, logs and lock directory under ``base``."""
+    """pgBackRest with its own config file, logs and lock directory under ``base``.
+
+    ``binary``: the pgbackrest program (``default_pgbackrest_binary``). ``bundle``:
+    ``repo1-bundle=y``; ``block``: ``repo1-block=y`` (block incremental), which pgBackRest
+    accepts only with ``repo1-bundle=y``. Both off by default (the benches' 2.45 runs).
+    """
 
     base: Path
     minio: MinioServer
     instance: PostgresInstance | None = None  # set once the instance exists
     process_max: int = 2
     compress_type: str = "none"
+    binary: str = field(default_factory=default_pgbackrest_binary)
+    bundle: bool = False
+    block: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block and not self.bundle:
+            raise ValueError("pgBackRest's repo1-block=y needs repo1-bundle=y (bundle=True)")
+
+    @classmethod
+    def as_users_run_it(
+        cls,
+        base: Path,
+        minio: MinioServer,
+        *,
+        binary: str | None = None,
+        instance: PostgresInstance | None = None,
+    ) -> PgBackRest:
+        """zst at its default level, ``process-max=2``, bundles and block incremental."""
+        return cls(
+            base,
+            minio,
+            instance=instance,
+            process_max=2,
+            compress_type="zst",
+            binary=binary or default_pgbackrest_binary(),
+            bundle=True,
+            block=True,
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """What a result should record of this configuration (with ``version()``)."""
+        return {
+            "binary": self.binary,
+            "process_max": self.process_max,
+            "compress_type": self.compress_type,
+            "bundle": self.bundle,
+            "block": self.block,
+        }
 
     @property
     def config_path(self) -> Path:
@@ -190,7 +249,7 @@ class PgBackRest:
 
     @property
     def archive_command(self) -> str:
-        return f"pgbackrest --config={self.config_path} --stanza={STANZA} archive-push %p"
+        return f"{self.binary} --config={self.config_path} --stanza={STANZA} archive-push %p"
 
     def config_text(self) -> str:
         if self.instance is None:
@@ -212,6 +271,8 @@ class PgBackRest:
                 "repo1-retention-full=1000",
                 f"process-max={self.process_max}",
                 f"compress-type={self.compress_type}",
+                *(["repo1-bundle=y"] if self.bundle else []),
+                *(["repo1-block=y"] if self.block else []),
                 "start-fast=y",
                 f"log-path={self.base / 'log'}",
                 f"lock-path={self.base / 'lock'}",
@@ -240,7 +301,7 @@ class PgBackRest:
 
     def command(self, *args: str) -> list[str]:
         return run_as_postgres(
-            ["pgbackrest", f"--config={self.config_path}", f"--stanza={STANZA}", *args]
+            [self.binary, f"--config={self.config_path}", f"--stanza={STANZA}", *args]
         )
 
     def run(self, *args: str) -> str:
@@ -258,7 +319,10 @@ class PgBackRest:
         self.run("stanza-create")
 
     def version(self) -> str:
-        out = subprocess.run(["pgbackrest", "version"], capture_output=True, text=True, check=True)
+        """What ``binary version`` prints, e.g. ``pgBackRest 2.59.1``."""
+        out = subprocess.run(
+            [self.binary, "version"], capture_output=True, text=True, cwd="/", check=True
+        )
         return out.stdout.strip()
 
     def backup(self, backup_type: str = "full") -> dict[str, Any]:
