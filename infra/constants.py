@@ -90,6 +90,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     # object that was not uploaded and verified. Finalize does the same after the tail's.
     FunctionSpec("check_uploads", "CheckUploadsFunctionArn", 300, 1024),
     FunctionSpec("finalize_backup", "FinalizeBackupFunctionArn", 300, 1024),
+    # A synthesized full's copies of its chain, for up to promote_budget_seconds per call.
+    FunctionSpec("synthesize_full", "SynthesizeFullFunctionArn", 900, 1024),
     FunctionSpec("cleanup_backup", "CleanupBackupFunctionArn"),
     # Promotion copies for up to 10 minutes per call (promote_budget_seconds), then returns.
     FunctionSpec("promote_backup", "PromoteBackupFunctionArn", 900, 1024),

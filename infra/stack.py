@@ -276,6 +276,25 @@ class ShardVaultStack(Stack):
                 conditions={"StringEquals": {"cloudwatch:namespace": WATCH_NAMESPACE}},
             ),
         )
+        grant(
+            "synthesize_full",  # shardvault/backup/synthesis.py
+            # What earlier calls verified, and the base Finalize reads.
+            policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
+            policies.list_prefix(bucket, WORK_PREFIX),
+            # The chain's records; the copies' progress on the backup's.
+            policies.table(tables.catalog, ("dynamodb:GetItem", "dynamodb:UpdateItem")),
+            policies.objects(
+                bucket,
+                BACKUPS_PREFIX,
+                # The chain's manifests and objects (CopyObject's source), and a read-back
+                # where the store cannot report a copy's checksum.
+                "s3:GetObject",
+                "s3:PutObject",  # CopyObject's target
+                "s3:GetObjectAttributes",  # each copy verified by its checksum
+            ),
+            # A chain's object gone from the store is then 404 (named), not 403.
+            policies.list_prefix(bucket, BACKUPS_PREFIX),
+        )
         self._grant_complete_upload(bucket)
         self._grant_finalize_and_cleanup(bucket)
         self._suppress_narrow_wildcards()

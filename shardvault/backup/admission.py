@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,6 +106,9 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         )
     vault = vault_target(request, svc, policy)
     kind, chain, parent = chain_for(request, svc, policy, vault)  # refused before the lock
+    synthesis = synthesis_for(request, svc, policy, vault) if kind == BackupKind.FULL else None
+    if isinstance(synthesis, Synthesis):
+        chain, parent = synthesis.link, synthesis.parent
     vault = lifetime_vault(vault, request, svc, policy, kind, now)
     candidate = new_backup_id(now)
     encryption = chain_key(parent) if chain else data_key(policy, svc, request.cluster, candidate)
@@ -126,6 +130,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         encryption=encryption,
         kind=kind,
         chain=chain,
+        synthesized=isinstance(synthesis, Synthesis),
         cut_margin_seconds=cut_margin_seconds(len(sources)),
         cut_commit_lock=policy.cut.commit_lock if policy else None,
         cut_commit_database=policy.cut.database if policy else None,
@@ -142,7 +147,11 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
             nodes=[s.node_id for s in sources],
             shards=sorted(sh for s in sources for sh in s.shard_ids),
             kind=kind,
-            **chain_fields(chain, backup_id),
+            **(
+                synthesis.fields(backup_id)
+                if isinstance(synthesis, Synthesis)
+                else chain_fields(chain, backup_id) | {"full_reason": synthesis}
+            ),
             # What the reaper needs to clean up after an execution that never reached Cleanup.
             context=context.model_dump_json(),
         )
@@ -209,6 +218,63 @@ def usable_parent(
             f"{state}), and an incremental's vault copy needs its whole chain there"
         )
     return parent, ""
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """A full synthesized from the chain of ``parent`` (``shardvault.backup.synthesis``): the
+    node scans against ``link`` as an incremental would; ``in_row`` counts this full among
+    the synthesized ones since the last read full."""
+
+    link: ChainLink
+    parent: BackupItem
+    in_row: int
+
+    def fields(self, backup_id: str) -> dict[str, Any]:
+        """Its catalog record's chain fields: a full, its own root."""
+        return {
+            "depth": 0,
+            "chain_root": backup_id,
+            "ancestors": [],
+            "synthesized_from": self.parent.backup_id,
+            "synthesized_in_row": self.in_row,
+        }
+
+
+def synthesis_for(
+    request: BackupRequest, svc: Services, cluster: ClusterPolicy | None, vault: VaultTarget | None
+) -> Synthesis | str | None:
+    """How a full is made: a ``Synthesis`` when the policy synthesizes fulls
+    (``incremental.synthesized_fulls``) and the cluster's chain can be copied; otherwise None
+    (the policy reads every full, or the request asked for a read full) or why the full is
+    read after all, for its record."""
+    settings = cluster.incremental if cluster else Incremental()
+    if settings.synthesized_fulls == 0 or request.read_full:
+        return None
+    parent, problem = usable_parent(request.cluster, svc, to_vault=vault is not None)
+    if parent is None or problem:
+        return f"no chain to synthesize from: {problem}"
+    root = parent
+    if parent.chain_root and parent.chain_root != parent.backup_id:
+        root = svc.catalog.get(request.cluster, parent.chain_root) or parent
+    if root.synthesized_in_row >= settings.synthesized_fulls:
+        return (
+            f"{root.synthesized_in_row} full(s) in a row were synthesized "
+            "(incremental.synthesized_fulls): this one is read"
+        )
+    for backup_id in [*parent.ancestors, parent.backup_id]:
+        member = (
+            parent if backup_id == parent.backup_id else svc.catalog.get(request.cluster, backup_id)
+        )
+        if member is None or (member.location == "vault" and not member.staging_kept):
+            return f"backup {backup_id} of the chain has no staging copy in the store to copy"
+    link = ChainLink(
+        parent_id=parent.backup_id,
+        root_id=root.backup_id,
+        depth=parent.depth + 1,
+        ancestors=[*parent.ancestors, parent.backup_id],
+    )
+    return Synthesis(link, parent, root.synthesized_in_row + 1)
 
 
 def chain_fields(chain: ChainLink | None, backup_id: str) -> dict[str, Any]:

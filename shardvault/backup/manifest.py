@@ -13,6 +13,7 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.backup.archived import with_archived_wal
 from shardvault.backup.planner import cut_summary, skew_seconds
+from shardvault.backup.synthesis import read_base
 from shardvault.backup.upload import verified_results
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import manifest_key
@@ -68,7 +69,10 @@ def build_manifest(
     engine_of = {source.node_id: source.engine for source in context.sources}
     # The shards' data and tails: what a restore places (block maps are the backup's index).
     streamed_results = [r for r in results if r.phase != Phase.BLOCKMAP]
-    copies: list[ObjectResult] = []  # an archived tail's batches (backup.archived)
+    # Objects copied inside the store: an archived tail's batches (backup.archived).
+    copies: list[ObjectResult] = []
+    # A synthesized full's copies of its chain, by shard (backup.synthesis).
+    base = read_base(svc, context.backup_id) if context.synthesized else {}
     streamed = [listing for listing in listings if listing.phase != Phase.BLOCKMAP]
     for listing in sorted(streamed, key=lambda item: (item.shard_id, item.phase != Phase.DATA)):
         objects = sorted(by_stream[(listing.shard_id, listing.phase)], key=lambda r: r.index)
@@ -78,6 +82,12 @@ def build_manifest(
         )
         stream = with_archived_wal(svc, context.cluster, context.backup_id, listing, stream)
         copies += stream.objects[len(objects) :]  # an archived tail's WAL
+        if listing.phase == Phase.DATA and listing.shard_id in base:
+            layers, chain_copies = base[listing.shard_id]
+            stream = stream.model_copy(
+                update={"layers": layers, "objects": [*stream.objects, *chain_copies]}
+            )
+            copies += chain_copies
         if listing.shard_id in shards:
             shard = shards[listing.shard_id]
             marker = {**shard.marker, **listing.marker}
@@ -118,7 +128,8 @@ def build_manifest(
         stored_bytes=sum(r.stored_bytes for r in [*results, *copies]),
         encryption=sealed_with(context, results),
         kind=context.kind,
-        chain=context.chain,
+        chain=None if context.synthesized else context.chain,
+        synthesized_from=context.chain.parent_id if context.synthesized and context.chain else None,
     )
 
 

@@ -29,7 +29,10 @@ def chain_root_of(config: ops.ClientConfig, record: BackupItem) -> BackupItem | 
 
 
 def backup_type(record: BackupItem) -> str:
-    """``full``, or ``incremental`` with its depth in the chain and its parent."""
+    """``full`` (synthesized from a chain, or read), or ``incremental`` with its depth in the
+    chain and its parent."""
+    if record.synthesized_from:
+        return f"full, synthesized from the chain of {record.synthesized_from}"
     if not record.is_incremental:
         return "full"
     return f"incremental, depth {record.depth}, of {record.parent_id}"

@@ -524,6 +524,18 @@ class Incremental(Frozen):
         "restore reads the whole chain, and a long chain restores slower and breaks with any "
         "of its backups.",
     )
+    synthesized_fulls: int = Field(
+        0,
+        ge=0,
+        le=52,
+        strict=True,
+        description="How many fulls in a row are synthesized before one is read from the "
+        "database again: a synthesized full reads only the changes since the chain's newest "
+        "backup, as an incremental, and copies the chain's objects beneath them inside the "
+        "store, so it stands alone like a read full. Its restore reads every change since the "
+        "last read full; a read full starts over. 0: every full is read. The chain's staging "
+        "copy stays in the store (STANDARD) until the next full.",
+    )
     when_parent_unavailable: Literal["full", "refuse"] = Field(
         "full",
         description="An incremental whose parent is missing, failed or expired (or older than "

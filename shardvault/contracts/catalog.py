@@ -189,6 +189,15 @@ class BackupItem(Outcome):
     depth: int = 0
     chain_root: str | None = None
     ancestors: list[str] = Field(default_factory=list)
+    # A synthesized full (``shardvault.backup.synthesis``): the backup whose chain it copied,
+    # and how many fulls in a row its chain's were synthesized (0: read from the database).
+    synthesized_from: str | None = None
+    synthesized_in_row: int = 0
+    full_reason: str | None = None  # why a full the policy would synthesize was read
+    synthesis_objects: int | None = None  # the chain's objects a synthesized full copies
+    synthesis_copied: int | None = None  # of them, copied and verified so far
+    # Promotion kept the staging copy: the next synthesized full copies this chain from it.
+    staging_kept: bool = False
     # Each phase's plan (``shardvault.backup.planner``).
     part_size: int | None = None
     data_bytes: int | None = None

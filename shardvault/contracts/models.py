@@ -45,8 +45,8 @@ from shardvault.pricing.prices import VAULT_CLASSES, StorageClass
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # 2: objects hold frames (``shardvault.data.pipeline``): compressed, checked per frame. Format 1
 # objects hold the stream's bytes as they are; restores read both. 3: block maps per shard,
-# kind and chain (incrementals).
-MANIFEST_FORMAT = 3
+# kind and chain (incrementals). 4: synthesized fulls (``ManifestStream.layers``).
+MANIFEST_FORMAT = 4
 # bench/compression_levels.py --changes 3: on pgbench data after updates level 3 stores 6 %
 # less than levels 1 and 2, at 1.2 GB/s of one core (level 1: 1.6 GB/s); fresh data, the same.
 DEFAULT_COMPRESSION_LEVEL = 3
@@ -396,8 +396,17 @@ class BackupRequest(Frozen):
     # Send only the blocks changed since the cluster's newest backup (its chain's policy
     # decides when a full is due instead). Strict: "yes" from a console is not a boolean.
     incremental: StrictBool = False
+    # A full read from the database even where the policy synthesizes fulls from the chain
+    # (``incremental.synthesized_fulls``).
+    read_full: StrictBool = False
     requested_by: str = "cli"
     execution_id: str = ""
+
+    @model_validator(mode="after")
+    def _a_full_or_an_incremental(self) -> BackupRequest:
+        if self.incremental and self.read_full:
+            raise ValueError("read_full asks for a full, incremental for an incremental: not both")
+        return self
 
 
 class Source(Frozen):
@@ -477,7 +486,11 @@ class BackupContext(Frozen):
     compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
     encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
     kind: BackupKind = BackupKind.FULL
-    chain: ChainLink | None = None  # incrementals only
+    chain: ChainLink | None = None  # incrementals, and the chain a synthesized full continues
+    # A synthesized full (``shardvault.backup.synthesis``): the node sends the changes since
+    # ``chain.parent_id`` as an incremental's, and the backup becomes a full whose data stream
+    # holds copies of the chain's objects beneath them.
+    synthesized: bool = False
     cut_margin_seconds: float = (
         0.0  # from the Stop step's start to the cut (shardvault.contracts.cut)
     )
@@ -586,6 +599,9 @@ class ObjectResult(Frozen):
     # batch's own frames: they were sealed with the batch's place and its own data key.
     place: str | None = None
     encryption: Encryption | None = None
+    # A synthesized full's copy of an object of its chain: the index of its layer
+    # (``ManifestStream.layers``); None, the backup's own object.
+    layer: int | None = None
     # In a vault manifest: the version of the copy promotion locked (shardvault.lifecycle.promote).
     # Reads name it, so neither a delete marker nor a newer version put over the key (both
     # allowed in a locked bucket) can hide the locked copy from a restore or a verify.
@@ -596,6 +612,16 @@ class ObjectResult(Frozen):
         return self.length if self.stored_length is None else self.stored_length
 
 
+class Layer(Frozen):
+    """One backup of the chain a synthesized full was made from, as its data stream holds it:
+    the files and changed ranges (None: the chain's root, whose objects hold the whole stream)
+    of that backup's data stream; its objects are the stream's with this layer's index."""
+
+    backup_id: str
+    files: list[FileEntry]
+    extents: str | None
+
+
 class ManifestStream(Frozen):
     phase: Phase
     files: list[FileEntry]
@@ -603,6 +629,15 @@ class ManifestStream(Frozen):
     # An incremental's data: the changed ranges its objects hold (shardvault.contracts.extents); "":
     # its objects hold the whole stream.
     extents: str = ""
+    # A synthesized full's data (``shardvault.backup.synthesis``): the chain it was made from,
+    # root first, whose objects it holds copies of (``ObjectResult.layer``); its own objects
+    # then hold its changes since the last layer (``extents``), as an incremental's.
+    layers: list[Layer] = Field(default_factory=list)
+
+    @property
+    def own_objects(self) -> list[ObjectResult]:
+        """The objects this backup's agents sent (a synthesized full's copies excluded)."""
+        return [o for o in self.objects if o.layer is None]
 
 
 class ManifestShard(Frozen):
@@ -641,6 +676,7 @@ class Manifest(Frozen):
     encryption: Encryption | None = None  # sealed frames: the wrapped data key
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # an incremental's parent, root, depth and ancestors
+    synthesized_from: str | None = None  # a synthesized full: the backup whose chain it copied
     # The cluster's cut (shardvault.contracts.cut): the restore point every shard's tail reaches (a
     # restore recovers to it) and the spread of its creation times; None: no shard cut.
     cut_name: str | None = None

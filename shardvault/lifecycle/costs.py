@@ -105,11 +105,11 @@ class Landing(StrEnum):
 # Per object: the Map item's child execution starts and ends, and enters PackedAtScan,
 # NotSignedYet, Pack, Sign, Transfer and Complete (an object packed at the scan or the stop
 # skips Pack; tests/unit/test_costs.py keeps this in step with the workflow). Per backup: the
-# 26 states from Accept to Succeeded (two rounds of the Upload map, the second checked by
+# 27 states from Accept to Succeeded (two rounds of the Upload map, the second checked by
 # Finalize, promotion in one copy), and in each of the four per-node Maps a child per node that
-# starts, runs its task and ends: 50 for two nodes.
+# starts, runs its task and ends: 51 for two nodes.
 TRANSITIONS_PER_OBJECT = 8
-TRANSITIONS_PER_BACKUP = 50
+TRANSITIONS_PER_BACKUP = 51
 # Per object: two dispatches (0.1 s at 0.5 GB), sign (0.3 s at 0.5 GB), complete (0.5 s at 1 GB).
 LAMBDA_INVOCATIONS_PER_OBJECT = 4
 LAMBDA_GB_SECONDS_PER_OBJECT = 0.75

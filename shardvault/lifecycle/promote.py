@@ -43,6 +43,7 @@ from shardvault.aws.store import Bucket, is_missing
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import (
     BackupContext,
+    BackupKind,
     LockMode,
     Manifest,
     ObjectResult,
@@ -184,14 +185,55 @@ def promote(
         return {"remaining": remaining, "summary": summary}
     # Every target settled. A call that died below is retried from here: tagging and deleting
     # are idempotent, and once the manifest is gone the call above finds nothing to do.
+    if context.kind == BackupKind.FULL:  # a new chain: the older ones' kept copies go
+        release_kept_chains(svc, context.cluster, context.backup_id)
+    if keeps_chain(svc, context.cluster):
+        kept = BackupItem.changes(staging_kept=True)
+        svc.catalog.update(context.cluster, context.backup_id, kept)
+    else:
+        release_staging_copy(svc, context.cluster, context.backup_id, manifest, summary)
+    return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
+
+
+def keeps_chain(svc: Services, cluster: str) -> bool:
+    """Whether promotion keeps the staging copy: the cluster's policy synthesizes fulls, which
+    copy the newest chain inside the store (``shardvault.backup.synthesis``)."""
+    policy = svc.policy()
+    entry = policy.clusters.get(cluster) if policy else None
+    return entry is not None and entry.incremental.synthesized_fulls > 0
+
+
+def release_staging_copy(
+    svc: Services, cluster: str, backup_id: str, manifest: Manifest, summary: dict[str, Any]
+) -> None:
+    """Tags, then deletes, a promoted backup's staging copy; what is left is counted."""
     staging_keys = [*(o.key for s in manifest.shards for o in s.objects), summary["manifest_key"]]
     for key in staging_keys:  # every target holds it now (or failed and raised its alarm)
         mark_promoted(svc, key)
     left = remove_staging_copy(svc, staging_keys)
-    if left:
-        left_over = BackupItem.changes(staging_left=left)
-        svc.catalog.update(context.cluster, context.backup_id, left_over)
-    return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
+    changes = {"staging_kept": False} | ({"staging_left": left} if left else {})
+    svc.catalog.update(cluster, backup_id, BackupItem.changes(**changes))
+
+
+def release_kept_chains(svc: Services, cluster: str, newest_full: str) -> None:
+    """Deletes the staging copies kept for older chains (``keeps_chain``): a full newer than
+    them is in the vault, and the next synthesized full copies its chain instead."""
+    for record in svc.catalog.backups(cluster):
+        if not record.staging_kept or record.backup_id >= newest_full:
+            continue
+        try:
+            kept = load_manifest(svc.store_bucket, record.manifest_key or "")
+        except InvalidRequest:  # already gone: a retried call
+            kept = None
+        summary = {"manifest_key": record.manifest_key}
+        try:
+            if kept is not None:
+                release_staging_copy(svc, cluster, record.backup_id, kept, summary)
+            else:
+                released = BackupItem.changes(staging_kept=False)
+                svc.catalog.update(cluster, record.backup_id, released)
+        except ClientError as error:  # housekeeping: the next full's promotion tries again
+            log.warning("kept staging copy of %s not released (%s)", record.backup_id, error)
 
 
 def finished(summary: dict[str, Any], record: BackupItem | None) -> dict[str, Any]:
@@ -419,8 +461,13 @@ def copy_server_side(svc: Services, store_key: str, key: str, extra: dict[str, A
 
 
 def mark_promoted(svc: Services, key: str) -> None:
-    """Tags the staging copy: should its deletion fail, the store's lifecycle rule expires it."""
-    svc.store_bucket.tag(key, {PROMOTED_TAG: "true"})
+    """Tags the staging copy: should its deletion fail, the store's lifecycle rule expires it.
+    A key already gone needs no tag."""
+    try:
+        svc.store_bucket.tag(key, {PROMOTED_TAG: "true"})
+    except ClientError as error:
+        if not is_missing(error):
+            raise
 
 
 def same_server(svc: Services) -> bool:

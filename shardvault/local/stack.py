@@ -89,6 +89,7 @@ FUNCTIONS = {
     "CompleteUploadFunctionArn": "complete_upload",
     "CheckUploadsFunctionArn": "check_uploads",
     "FinalizeBackupFunctionArn": "finalize_backup",
+    "SynthesizeFullFunctionArn": "synthesize_full",
     "CleanupBackupFunctionArn": "cleanup_backup",
     "ValidateRestoreFunctionArn": "validate_restore",
     "PlanRestoreFunctionArn": "plan_restore",

@@ -32,7 +32,7 @@ from shardvault.contracts.models import (
     object_place,
     pack_files,
 )
-from shardvault.data.chains import chain_args, data_stream
+from shardvault.data.chains import ShardLayer, chain_args, chain_layers, is_layered
 from shardvault.data.planning import interleave_by_node, transfer_concurrency
 from shardvault.errors import UnknownCommand
 from shardvault.restore.sources import chain_manifests, read_manifest, readable_place
@@ -53,14 +53,16 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     )
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
-    chain = chain_manifests(context, svc) if manifest.kind == BackupKind.INCREMENTAL else []
+    chain = restored_chain(context, manifest, svc)
     prefetch: dict[str, list[DownloadItem]] = {}
     for shard in manifest.shards if chain else []:
         node_id = node_of[shard.shard_id]
+        layers = chain_layers([m for m, _ in chain], shard.shard_id)
+        source_of = {m.backup_id: source for m, source in chain}
         prefetch.setdefault(node_id, []).extend(
-            chain_items(context, chain[1:], shard.shard_id, node_id)
+            chain_items(context, layers[1:], source_of, shard.shard_id, node_id)
         )
-        planned += chain_items(context, chain[:1], shard.shard_id, node_id)
+        planned += chain_items(context, layers[:1], source_of, shard.shard_id, node_id)
     wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
     # Every data key as the target cluster's agents may unwrap it (keys.Rewrapper).
     rewrap = Rewrapper(svc, context.target_cluster)
@@ -241,8 +243,8 @@ def download_items(
         )
         for shard in manifest.shards
         for stream in shard.streams
-        # An incremental's data comes from its whole chain (chain_items).
-        if not (manifest.kind == BackupKind.INCREMENTAL and stream.phase == Phase.DATA)
+        # A layered backup's data comes from its chain's layers (chain_items).
+        if not (is_layered(manifest) and stream.phase == Phase.DATA)
         for obj in stream.objects
     ]
 
@@ -286,15 +288,36 @@ def download_item(
     )
 
 
+def restored_chain(
+    context: RestoreContext, manifest: Manifest, svc: Services
+) -> list[tuple[Manifest, str]]:
+    """The backups whose layers a restore reads (``data.chains``), root first, each with where
+    it is read: an incremental's chain, a synthesized full alone, nothing for a read full."""
+    if manifest.kind == BackupKind.INCREMENTAL:
+        return chain_manifests(context, svc)
+    return [(manifest, context.source)] if is_layered(manifest) else []
+
+
 def chain_items(
-    context: RestoreContext, chain: list[tuple[Manifest, str]], shard_id: str, node_id: str
+    context: RestoreContext,
+    layers: list[ShardLayer],
+    source_of: dict[str, str],
+    shard_id: str,
+    node_id: str,
 ) -> list[DownloadItem]:
-    """Every data object of a shard's chain; the node fetches of each only the frames it
-    contributes, as it placed them at prepare."""
+    """Every data object of a shard's chain layers; the node fetches of each only the frames
+    it contributes, as it placed them at prepare."""
     return [
         download_item(
-            context, manifest, shard_id, node_id, Phase.DATA, obj, source, from_chain=True
+            context,
+            layer.manifest,
+            shard_id,
+            node_id,
+            Phase.DATA,
+            obj,
+            source_of[layer.manifest.backup_id],
+            from_chain=True,
         )
-        for manifest, source in chain
-        for obj in data_stream(manifest, shard_id).objects
+        for layer in layers
+        for obj in layer.objects
     ]

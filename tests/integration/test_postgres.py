@@ -299,6 +299,57 @@ def test_an_incremental_chain_under_load_restores_consistently_into_two_nodes(
         check_consistent_copy(restored_instance(shard), shard["shard_id"], static, source_history)
 
 
+def test_an_encrypted_synthesized_full_under_load_restores_consistently_into_two_nodes(
+    pg_cluster, make_target, policy_for
+):
+    """Full, then under pgbench writes an incremental and a full the policy synthesizes (the
+    nodes send only their changes; the chain is copied in the store), all sealed under the
+    chain's key: the synthesized full restores into 2 nodes to a consistent copy (pg_amcheck,
+    TPC-B invariants row by row, an untouched table equal by ordered hash)."""
+    cluster, servers = pg_cluster
+    policy_for(
+        cluster.name, engine="postgres", encryption="kms", incremental="{synthesized_fulls: 1}"
+    )
+    static = create_static_tables(servers)
+    full = cluster.backup()
+    assert full.status == "SUCCEEDED", full.cause
+    made = []
+    for request in ({"incremental": True}, {}):
+        loads = [start_pgbench(server, clients=2, seconds=120, rate=LOAD_TPS) for server in servers]
+        try:
+            time.sleep(2)
+            made.append(cluster.backup(**request))
+        finally:
+            for load in loads:
+                stop_process(load)
+        assert made[-1].status == "SUCCEEDED", made[-1].cause
+    records = {r["backup_id"]: r for r in cluster.records()}
+    synthesized, first = records[made[-1].record["backup_id"]], records[full.record["backup_id"]]
+    assert synthesized["kind"] == "full"
+    assert synthesized["synthesized_from"] == made[0].record["backup_id"]
+    assert synthesized["data_bytes"] < first["data_bytes"]
+    assert synthesized["data_read_bytes"] < first["data_read_bytes"]
+    manifest = load_manifest(
+        cluster.stack.services().vault_bucket, synthesized["vault_manifest_key"]
+    )
+    assert manifest.encryption is not None
+    assert (
+        manifest.encryption.wrapped_key
+        == load_manifest(
+            cluster.stack.services().vault_bucket, first["vault_manifest_key"]
+        ).encryption.wrapped_key
+    )  # the chain's key, continued
+    source_history = {f"shard-{i + 1}": history_rows(s.psql) for i, s in enumerate(servers)}
+    target = make_target(nodes=2, engine="postgres")
+
+    restored = target.restore(cluster.name, backup_id=synthesized["backup_id"])
+
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard in output(restored)["shards"]:
+        assert shard["checks"]["pg_amcheck --all"] == "ok", shard
+        check_consistent_copy(restored_instance(shard), shard["shard_id"], static, source_history)
+
+
 def test_a_lone_nodes_incremental_stops_in_its_checkpoint_and_restores_consistently(
     stack, tmp_path, make_target, policy_for
 ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardvault.backup.admission import INCREMENTAL_FORMAT, chain_for
+from shardvault.backup.admission import INCREMENTAL_FORMAT, Synthesis, chain_for, synthesis_for
 from shardvault.config.policy import ClusterPolicy
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.models import BackupKind, BackupRequest, VaultTarget
@@ -115,3 +115,76 @@ def test_a_vaulted_incremental_continues_only_a_parent_in_the_vault(parent, why)
     assert chain_for(INCREMENTAL, Svc(promoted), policy(), VAULT)[0] == BackupKind.INCREMENTAL
     # A backup that stays in the store may continue a parent the store still holds.
     assert chain_for(INCREMENTAL, Svc(records), policy())[0] == BackupKind.INCREMENTAL
+
+
+class ChainCatalog(Catalog):
+    def get(self, cluster: str, backup_id: str) -> BackupItem | None:
+        return next((r for r in self.records if r.backup_id == backup_id), None)
+
+
+def chain_svc(records: list[BackupItem]) -> Svc:
+    svc = Svc(records)
+    svc.catalog = ChainCatalog(records)
+    return svc
+
+
+FULL = BackupRequest(cluster="orders")
+IN_VAULT = VaultTarget()
+
+
+def kept_chain(**root: object) -> list[BackupItem]:
+    """A full and an incremental, both in the vault with their staging copies kept."""
+    kept = {"location": "vault", "staging_kept": True}
+    return [
+        record("full", 1, chain_root="full", **kept, **root),
+        record("i1", 2, parent_id="full", depth=1, chain_root="full", ancestors=["full"], **kept),
+    ]
+
+
+def test_a_full_is_synthesized_from_the_newest_chain_when_the_policy_says_so() -> None:
+    synthesis = synthesis_for(FULL, chain_svc(kept_chain()), policy(synthesized_fulls=2), IN_VAULT)
+
+    assert isinstance(synthesis, Synthesis)
+    assert synthesis.link.parent_id == "i1"
+    assert synthesis.link.ancestors == ["full", "i1"]  # what it copies, root first
+    assert synthesis.in_row == 1
+    assert synthesis.fields("s1") == {
+        "depth": 0,
+        "chain_root": "s1",
+        "ancestors": [],
+        "synthesized_from": "i1",
+        "synthesized_in_row": 1,
+    }
+
+
+def test_fulls_are_read_unless_the_policy_synthesizes_or_when_asked() -> None:
+    svc = chain_svc(kept_chain())
+    assert synthesis_for(FULL, svc, policy(), IN_VAULT) is None
+    read = BackupRequest(cluster="orders", read_full=True)
+    assert synthesis_for(read, svc, policy(synthesized_fulls=2), IN_VAULT) is None
+
+
+@pytest.mark.parametrize(
+    ("records", "why"),
+    [
+        ([], "no chain to synthesize from"),
+        (kept_chain(synthesized_in_row=2), "2 full(s) in a row were synthesized"),
+        (
+            [
+                record("full", 1, chain_root="full", location="vault"),
+                record("i1", 2, depth=1, chain_root="full", ancestors=["full"], location="vault"),
+            ],
+            "backup full of the chain has no staging copy",
+        ),
+    ],
+)
+def test_a_full_the_chain_cannot_give_is_read_and_says_why(records, why) -> None:
+    synthesis = synthesis_for(FULL, chain_svc(records), policy(synthesized_fulls=2), IN_VAULT)
+
+    assert isinstance(synthesis, str)
+    assert synthesis.startswith(why)
+
+
+def test_a_request_for_an_incremental_read_full_is_refused() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        BackupRequest(cluster="orders", incremental=True, read_full=True)

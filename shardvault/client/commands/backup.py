@@ -26,6 +26,12 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         help="send only the blocks changed since the cluster's newest backup (the policy's "
         "incremental settings say when a full is made instead)",
     )
+    backup.add_argument(
+        "--read-full",
+        action="store_true",
+        help="read a full from the database even where the policy synthesizes fulls from the "
+        "chain (incremental.synthesized_fulls)",
+    )
     backup.set_defaults(run=run_backup)
     return (backup,)
 
@@ -34,7 +40,11 @@ def run_backup(args: argparse.Namespace) -> int:
     config = ops.ClientConfig.from_env()
     part_size = args.part_size_mib * MiB if args.part_size_mib else None
     request = BackupRequest(
-        cluster=args.cluster, part_size=part_size, incremental=args.incremental, requested_by="cli"
+        cluster=args.cluster,
+        part_size=part_size,
+        incremental=args.incremental,
+        read_full=args.read_full,
+        requested_by="cli",
     )
     ops.check_cluster(config, request.cluster)  # an unknown name: refused now, not in the run
     execution = ops.start_backup(config, request)
