@@ -172,15 +172,20 @@ def previously_verified(svc: Services, backup_id: str) -> dict[str, str]:
 def copy_until(
     svc: Services, pending: list[PlannedCopy], deadline: float, verified: dict[str, str]
 ) -> None:
-    """Copies and verifies ``pending`` side by side, starting none after ``deadline``, adding
-    each verified copy to ``verified`` (key: how)."""
-    queue = list(reversed(pending))
+    """Copies and verifies ``pending`` side by side, starting none after ``deadline`` but the
+    first (every call makes progress), adding each verified copy to ``verified`` (key: how)."""
+    queue, started = list(reversed(pending)), 0
     with ThreadPoolExecutor(PARALLEL_COPIES) as pool:
         running: dict[Future[str], PlannedCopy] = {}
         while queue or running:
-            while queue and len(running) < PARALLEL_COPIES and time.monotonic() < deadline:
+            while (
+                queue
+                and len(running) < PARALLEL_COPIES
+                and (time.monotonic() < deadline or not started)
+            ):
                 copy = queue.pop()
                 running[pool.submit(copied, svc, copy)] = copy
+                started += 1
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)

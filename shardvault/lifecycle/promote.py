@@ -185,9 +185,10 @@ def promote(
         return {"remaining": remaining, "summary": summary}
     # Every target settled. A call that died below is retried from here: tagging and deleting
     # are idempotent, and once the manifest is gone the call above finds nothing to do.
-    if context.kind == BackupKind.FULL:  # a new chain: the older ones' kept copies go
+    keep = keeps_chain(svc, context.cluster)
+    if context.kind == BackupKind.FULL or not keep:  # no later backup copies older chains
         release_kept_chains(svc, context.cluster, context.backup_id)
-    if keeps_chain(svc, context.cluster):
+    if keep:
         kept = BackupItem.changes(staging_kept=True)
         svc.catalog.update(context.cluster, context.backup_id, kept)
     else:

@@ -182,3 +182,38 @@ def test_a_chain_object_gone_from_the_store_fails_the_synthesis_by_name_and_leav
     assert again.status == "SUCCEEDED", again.cause
     # Its promotion released the older chain's kept staging copy, the gone object and all.
     assert not [k for k in cluster.store_keys() if f"/{first_id}/" in k]
+
+
+def test_a_synthesis_cut_short_by_its_budget_resumes_where_it_stopped(
+    make_cluster, make_target, policy_for, monkeypatch
+):
+    """A budget too short for one copy still copies one per call, and each call skips what
+    an earlier one verified: the loop ends, the full is whole."""
+    from shardvault.backup import synthesis
+
+    cluster = make_cluster(nodes=2, size_mb=2)
+    policy_for(cluster.name, incremental="{synthesized_fulls: 1}")
+    assert cluster.backup().status == "SUCCEEDED"
+    change(cluster, 0)
+    monkeypatch.setattr(cluster.stack.settings, "promote_budget_seconds", 0.0)
+    calls = []
+    original = synthesis.synthesize
+
+    def counted(context, svc):
+        calls.append(original(context, svc))
+        return calls[-1]
+
+    monkeypatch.setattr(synthesis, "synthesize", counted)
+
+    synthesized = cluster.backup()
+
+    assert synthesized.status == "SUCCEEDED", synthesized.cause
+    assert synthesized.record["synthesized_from"]
+    assert len(calls) == synthesized.record["synthesis_objects"] >= 2
+    assert [c["copied"] for c in calls] == list(range(1, len(calls) + 1))
+    target = make_target(nodes=1)
+    restored = target.restore(cluster.name, backup_id=synthesized.record["backup_id"])
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
+        assert table_digests(db) == table_digests(source)

@@ -133,8 +133,14 @@ def demo_cycle(args: argparse.Namespace, stack: Any, root: Path) -> bool:
         if incremental is None:
             return False
         print_reduction(full, incremental)
-        source = cluster.digests()  # no write since the incremental: what it must restore
-        return restore_demo(stack, cluster, root, incremental.backup_id, source) and drill_demo(
+        with console.status("changing 1 % of each shard's rows again"):
+            cluster.change(0.01)
+        synthesized = demo_backup(config, cluster.name, incremental=False)
+        if synthesized is None:
+            return False
+        print_synthesized(synthesized, full)
+        source = cluster.digests()  # no write since the last backup: what it must restore
+        return restore_demo(stack, cluster, root, synthesized.backup_id, source) and drill_demo(
             stack, cluster, root
         )
     finally:
@@ -186,6 +192,19 @@ def print_reduction(full: BackupItem, incremental: BackupItem) -> None:
         f"{(incremental.bytes or 0) / MiB:,.1f} MiB of changed blocks, "
         f"uploaded {stored / MiB:,.1f} MiB: [bold]{stored / of_full:.1%}[/] of the full's "
         f"{of_full / MiB:,.1f} MiB"
+    )
+
+
+def print_synthesized(synthesized: BackupItem, full: BackupItem) -> None:
+    """What the policy's synthesized full read and copied, against the first full's read."""
+    if not synthesized.synthesized_from:
+        console.print(f"[bold]full[/]: read from the database ({synthesized.full_reason})")
+        return
+    console.print(
+        f"[bold]synthesized full[/]: sent {(synthesized.data_bytes or 0) / MiB:,.1f} MiB of "
+        f"changes (the first full read {read_bytes(full) / MiB:,.1f} MiB) and copied the "
+        f"{synthesized.synthesis_objects or 0} objects of its chain inside the store; it "
+        "stands alone as a full"
     )
 
 

@@ -7,10 +7,11 @@
   call's requests are evaluated and a refused one raises ``AccessDenied`` before anything is
   sent. ``generate_presigned_url`` emits the same event, so a URL is refused at signing when
   its signer may not make the call: S3 authorizes a presigned request as its signer.
-- ``after-call`` for S3: a read of a key that is not there answers 404 only to a caller that
-  may list the bucket (``s3:ListBucket``, its ``s3:prefix`` the key), else **403
-  AccessDenied**, as S3 does (MinIO and moto always answer 404); and HeadObject and GetObject
-  show an object's lock only to a caller that may read it (``s3:GetObjectRetention``).
+- ``after-call`` for S3: a read of a key that is not there (or a copy of a source that is not)
+  answers 404 only to a caller that may list the bucket (``s3:ListBucket``, its ``s3:prefix``
+  the key), else **403 AccessDenied**, as S3 does (MinIO and moto always answer 404); and
+  HeadObject and GetObject show an object's lock only to a caller that may read it
+  (``s3:GetObjectRetention``).
 
 *Agents* and the *CLI* run in their own processes and reach moto's server over HTTP;
 :meth:`Gate.wsgi` wraps that server and evaluates each request signed with an agent's access
@@ -49,7 +50,13 @@ from urllib.parse import parse_qs, unquote
 from botocore.exceptions import ClientError
 
 from shardvault.local.iam.evaluate import Verdict, as_list, evaluate
-from shardvault.local.iam.requests import Request, UnmappedCall, Where, requests_of
+from shardvault.local.iam.requests import (
+    Request,
+    UnmappedCall,
+    Where,
+    copy_source,
+    requests_of,
+)
 from shardvault.local.iam.resolve import LocalNames, Resolver
 from shardvault.local.iam.template import AGENT, FUNCTION, OPERATOR
 
@@ -61,6 +68,7 @@ CLUSTER_TAG = "shardvault:cluster"
 TRANSPORT = {"aws:SecureTransport": ["true"], "s3:TlsVersion": ["1.3"]}
 READS_OF_A_KEY = {"GetObject", "HeadObject", "GetObjectAttributes", "GetObjectRetention"}
 MISSING = ("404", "NoSuchKey", "NotFound")
+COPIES = {"CopyObject", "UploadPartCopy"}  # a missing source: 404 or 403 as for a read
 # What HeadObject and GetObject answer of a lock only to a caller with the action.
 LOCK_FIELDS = {
     "s3:GetObjectRetention": {"ObjectLockMode", "ObjectLockRetainUntilDate"},
@@ -349,13 +357,12 @@ class Gate:
         if model.name in ("HeadObject", "GetObject") and code is None:
             self._hide_lock(principal, params, parsed)
             return
-        if model.name not in READS_OF_A_KEY or code not in MISSING:
+        if code not in MISSING or model.name not in {*READS_OF_A_KEY, *COPIES}:
             return
-        listing = Request(
-            "s3:ListBucket",
-            f"arn:aws:s3:::{params.get('Bucket', '')}",
-            {"s3:prefix": [params.get("Key", "")]},
-        )
+        bucket, key = params.get("Bucket", ""), params.get("Key", "")
+        if model.name in COPIES:  # the missing key is the copy's source
+            bucket, key, _ = copy_source(params.get("CopySource", ""))
+        listing = Request("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": [key]})
         if self.verdict(principal, listing, probe=True).allowed:
             return
         parsed["Error"] = {

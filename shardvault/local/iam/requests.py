@@ -185,13 +185,17 @@ def encryption_keys(params: dict[str, Any]) -> Context:
     return context
 
 
-def copy_source_request(source: Any) -> Request:
+def copy_source(source: Any) -> tuple[str, str, str | None]:
+    """A CopySource's bucket, key and version (None: the current one)."""
     if isinstance(source, dict):
-        bucket, key, version = source["Bucket"], source["Key"], source.get("VersionId")
-    else:
-        path, _, query = str(source).lstrip("/").partition("?versionId=")
-        bucket, _, key = path.partition("/")
-        version = query or None
+        return source["Bucket"], source["Key"], source.get("VersionId")
+    path, _, query = str(source).lstrip("/").partition("?versionId=")
+    bucket, _, key = path.partition("/")
+    return bucket, key, query or None
+
+
+def copy_source_request(source: Any) -> Request:
+    bucket, key, version = copy_source(source)
     action = "s3:GetObjectVersion" if version else "s3:GetObject"
     return Request(action, object_arn(bucket, key))
 
