@@ -520,6 +520,10 @@ class Forecast(Frozen):
     # longer of the stack vault's stay, the copy's retention and the class's minimum; the
     # egress out of AWS; the target's write requests.
     copies_usd: dict[str, CopyMonth] = Field(default_factory=dict)
+    # Synthesized fulls (policy ``incremental.synthesized_fulls``): the newest chain's staging
+    # copy kept at STANDARD (its full and the incrementals since, averaged over the year).
+    kept_chain_bytes: float = 0.0
+    kept_chain_usd: float = 0.0
 
     @property
     def request_overhead_usd(self) -> float:
@@ -547,8 +551,9 @@ class Forecast(Frozen):
 
     @property
     def overhead_usd(self) -> float:
-        """The request overhead (idle agents included) and the staging copies."""
-        return self.request_overhead_usd + self.staging_usd
+        """The request overhead (idle agents included) and the staging copies, the chain kept
+        for synthesized fulls included."""
+        return self.request_overhead_usd + self.staging_usd + self.kept_chain_usd
 
     @property
     def wal_usd(self) -> float:
@@ -585,6 +590,11 @@ class Forecast(Frozen):
                 else ""
             )
             + "".join(f"; copy {name}: {c.summary()}" for name, c in self.copies_usd.items())
+            + (
+                f"; chain kept for synthesized fulls ${self.kept_chain_usd:.2f}/month"
+                if self.kept_chain_usd
+                else ""
+            )
         )
 
     def landed_summary(self) -> str:
@@ -684,6 +694,7 @@ def monthly_forecast(
     wal_month = archive_month(wal, window) if wal else None
     drills = drill_month(cluster, data_bytes, landed, price, start, end)
     copies = {t.name: copy_month(t, stays, start, end, stack_region) for t in cluster.vault.copies}
+    kept_chain = kept_chain_bytes(lives, start, end) if cluster.incremental.synthesized_fulls else 0
     return Forecast(
         storage_class=cluster.vault.storage_class,
         landed_per_month={c: n for c, n in landed.items() if n},
@@ -705,7 +716,23 @@ def monthly_forecast(
         **(wal_month or {}),
         **drills,
         copies_usd=copies,
+        kept_chain_bytes=kept_chain,
+        kept_chain_usd=monthly_storage_cost(StorageClass.STANDARD, round(kept_chain)),
     )
+
+
+def kept_chain_bytes(lives: list[Lifetime], start: datetime, end: datetime) -> float:
+    """The bytes of the newest chain (its full and the incrementals since), averaged over
+    ``start`` to ``end``: what the store keeps for the next synthesized full."""
+    made = sorted(lives, key=lambda life: life.completed_at)
+    weighted, chain = 0.0, 0
+    for life, after in zip(made, [*made[1:], None], strict=True):
+        chain = life.bytes if life.kind == BackupKind.FULL else chain + life.bytes
+        since = max(life.completed_at, start)
+        until = min(after.completed_at if after else end, end)
+        if until > since:
+            weighted += chain * ((until - since) / DAY)
+    return weighted / ((end - start) / DAY)
 
 
 def copy_month(

@@ -551,3 +551,20 @@ def test_an_account_b_copy_is_priced_at_s3s_class_with_no_transfer_in_one_region
     monthly_gb = same.stored_bytes / 1024**3 * DAYS_PER_MONTH / 180  # 180 days kept
     assert across.egress_usd == pytest.approx(monthly_gb * 0.02, rel=0.05)
     assert across.storage_usd == same.storage_usd
+
+
+def test_synthesized_fulls_pay_for_the_chain_the_store_keeps() -> None:
+    """A full on Sundays, 5 % a day: the kept chain is a full and 0 to 6 incrementals of 5 %,
+    at STANDARD; a policy that reads every full keeps none."""
+    read = costs.TARGET_CLUSTER
+    incremental = read.incremental.model_copy(update={"synthesized_fulls": 3})
+    synthesized = read.model_copy(update={"incremental": incremental})
+
+    kept = costs.monthly_forecast(synthesized, TiB, 0.05)
+    plain = costs.monthly_forecast(read, TiB, 0.05)
+
+    assert plain.kept_chain_usd == 0
+    assert TiB * 1.0 < kept.kept_chain_bytes < TiB * 1.3  # a full and 3 days of 5 % on average
+    assert kept.kept_chain_usd == pytest.approx(kept.kept_chain_bytes / 2**30 * 0.023, rel=0.01)
+    assert kept.total_usd - plain.total_usd == pytest.approx(kept.kept_chain_usd, rel=1e-6)
+    assert "chain kept for synthesized fulls" in kept.summary()

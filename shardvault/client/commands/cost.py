@@ -156,6 +156,17 @@ def print_forecast(title: str, forecast: Any) -> None:
         *(
             [
                 (
+                    f"chain kept at STANDARD for synthesized fulls "
+                    f"({forecast.kept_chain_bytes / GiB:,.1f} GiB)",
+                    forecast.kept_chain_usd,
+                )
+            ]
+            if forecast.kept_chain_usd
+            else []
+        ),
+        *(
+            [
+                (
                     f"WAL archive at STANDARD ({forecast.wal_bytes / GiB:,.1f} GiB kept)",
                     forecast.wal_storage_usd,
                 ),
