@@ -429,8 +429,23 @@ def pg_settings(archive_command: str) -> dict[str, str]:
     }
 
 
+# Makes the bench's pgBackRest from its base directory and the TLS MinIO (``setup``'s
+# ``make_pgbackrest``; by default the one the module docstring describes).
+PgBackRestMaker = Callable[[Path, MinioServer], PgBackRest]
+# Fills the source instance instead of ``pgbench -i`` (``setup``'s ``load``); its answer is
+# kept in the setup's figures as ``loaded``.
+Load = Callable[[PostgresInstance], dict[str, Any]]
+
+
+def default_pgbackrest(base: Path, minio: MinioServer) -> PgBackRest:
+    return PgBackRest(base, minio, compress_type=PGBACKREST_COMPRESS_TYPE)
+
+
 def start_servers(
-    args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack
+    args: argparse.Namespace,
+    root: Path,
+    cleanup: contextlib.ExitStack,
+    make_pgbackrest: PgBackRestMaker = default_pgbackrest,
 ) -> tuple[MinioServer, LocalStack, PostgresInstance, PgBackRest]:
     say("starting the TLS MinIO (pgBackRest), the local stack and PostgreSQL")
     tls_minio = start_tls_minio(root / "minio-tls")
@@ -440,7 +455,7 @@ def start_servers(
     stack.start()
     data_dir = root / "pg" / "data"
     cleanup.callback(stop_postgres_at, data_dir)
-    pgbackrest = PgBackRest(root / "pgbackrest", tls_minio, compress_type=PGBACKREST_COMPRESS_TYPE)
+    pgbackrest = make_pgbackrest(root / "pgbackrest", tls_minio)
     archive_command = pgbackrest.archive_command
     if args.shardvault_archive:  # both tools archive: a push must succeed for both
         archive_command += f" && {shardvault_push(root)}"
@@ -481,18 +496,25 @@ def shardvault_push(root: Path) -> str:
     return push_command(copy_push_client(root), spool)
 
 
-def fill(pg: PostgresInstance, pgbackrest: PgBackRest, scale: int) -> dict[str, Any]:
-    """stanza-create, ``pgbench -i``, then wait for the WAL archive to catch up."""
+def fill(
+    pg: PostgresInstance, pgbackrest: PgBackRest, scale: int, load: Load | None = None
+) -> dict[str, Any]:
+    """stanza-create, ``pgbench -i`` (or ``load``), then wait for the WAL archive to catch
+    up."""
     pgbackrest.write_config()
     pgbackrest.stanza_create()
-    say(f"pgbench -i -s {scale}")
     started = time.monotonic()
-    pgbench_init(pg, scale)
+    loaded: dict[str, Any] = {}
+    if load is None:
+        say(f"pgbench -i -s {scale}")
+        pgbench_init(pg, scale)
+    else:
+        loaded["loaded"] = load(pg)
     filled = time.monotonic()
     pg.psql("CHECKPOINT")
     wait_archived(pg)
-    return {
-        "pgbench_init_seconds": round(filled - started, 1),
+    return loaded | {
+        "pgbench_init_seconds" if load is None else "load_seconds": round(filled - started, 1),
         "archive_catch_up_seconds": round(time.monotonic() - filled, 1),
         "database_bytes": int(pg.psql("SELECT pg_database_size('postgres')")),
         "data_dir_bytes": sum(p.stat().st_size for p in pg.data_dir.rglob("*") if p.is_file()),
@@ -530,8 +552,17 @@ def start_agent(stack: LocalStack, config: dict[str, Any], cleanup: contextlib.E
     return process.pid
 
 
-def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -> Bench:
-    tls_minio, stack, pg, pgbackrest = start_servers(args, root, cleanup)
+def setup(
+    args: argparse.Namespace,
+    root: Path,
+    cleanup: contextlib.ExitStack,
+    *,
+    make_pgbackrest: PgBackRestMaker = default_pgbackrest,
+    load: Load | None = None,
+) -> Bench:
+    """Everything the runs need (``Bench``). ``make_pgbackrest`` and ``load``: another
+    pgBackRest configuration, another dataset than ``pgbench -i -s --scale``."""
+    tls_minio, stack, pg, pgbackrest = start_servers(args, root, cleanup, make_pgbackrest)
     tls_s3 = s3_client_for(tls_minio)
     ensure_bucket(tls_s3, PGBACKREST_BUCKET)
     ensure_bucket(tls_s3, S3_BUCKET)
@@ -543,7 +574,7 @@ def setup(args: argparse.Namespace, root: Path, cleanup: contextlib.ExitStack) -
         sign_payload=args.s3_signed_payload,
     )
     ensure_bucket(http_s3, S3_BUCKET)
-    filled = fill(pg, pgbackrest, args.scale)
+    filled = fill(pg, pgbackrest, args.scale, load)
     (restore_config,) = demo.restore_targets(root, name=RESTORE_CLUSTER, engine="postgres", nodes=1)
     restore_config["node_id"] = RESTORE_NODE
     config = agent_config(args, root, pg, cleanup)
@@ -896,12 +927,16 @@ def run_pgbackrest(bench: Bench, rnd: Round) -> dict[str, Any]:
 
 
 # --- restores -----------------------------------------------------------------------------------
-def amcheck(bin_dir: Path, socket_dir: Path, port: int, jobs: int) -> None:
+def amcheck(
+    bin_dir: Path, socket_dir: Path, port: int, jobs: int, heapallindexed: bool = False
+) -> None:
     """``pg_amcheck --all`` with the restore agent's ``validation_jobs``: what ShardVault's
-    restore runs before it reports success."""
+    restore runs before it reports success (``--heapallindexed`` too when asked, as a
+    restore request's ``heapallindexed`` asks of ShardVault's)."""
     cmd = [str(bin_dir / "pg_amcheck"), "-h", str(socket_dir), "-p", str(port), "-U", "postgres"]
+    deeper = ["--heapallindexed"] if heapallindexed else []
     done = subprocess.run(
-        [*cmd, "--all", "--install-missing", f"--jobs={jobs}"],
+        [*cmd, "--all", "--install-missing", f"--jobs={jobs}", *deeper],
         capture_output=True,
         text=True,
         check=False,
@@ -979,11 +1014,12 @@ def run_shardvault_restore(bench: Bench, rnd: Round) -> dict[str, Any]:
 
 
 def pgbackrest_restore(
-    bench: Bench, label: str, check: RestoredCheck | None = None
+    bench: Bench, label: str, check: RestoredCheck | None = None, *, heapallindexed: bool = False
 ) -> dict[str, Any]:
     """pgBackRest's restore of its backup ``label`` into an empty directory, the server started
-    (recovery to the backup's consistent point, then promote) and checked by pg_amcheck;
-    ``check`` then looks at the server (not timed), as for ``shardvault_restore``."""
+    (recovery to the backup's consistent point, then promote) and checked by pg_amcheck
+    (``heapallindexed``: with ``--heapallindexed``); ``check`` then looks at the server (not
+    timed), as for ``shardvault_restore``."""
     target = bench.root / "pgbackrest-restored"
     shutil.rmtree(target, ignore_errors=True)
     minio_before = process_cpu(bench.tls_minio.process.pid)
@@ -997,7 +1033,7 @@ def pgbackrest_restore(
                 raise TimeoutError(f"pgBackRest's restore of {label} never promoted")
             time.sleep(0.05)
         jobs = AgentConfig.model_validate(bench.restore_config).validation_jobs
-        amcheck(instance.bin_dir, instance.socket_dir, instance.port, jobs)
+        amcheck(instance.bin_dir, instance.socket_dir, instance.port, jobs, heapallindexed)
         seconds = result["seconds"] + (time.monotonic() - result["ended"])
         if check:
             checked = {"checked": {SHARD_ID: check(instance)}}

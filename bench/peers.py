@@ -335,13 +335,15 @@ class PgBackRest:
         seconds = time.monotonic() - started
         cpu = _children_cpu() - before
         last = self.info()["backup"][-1]
+        # With repo1-bundle=y pgBackRest reports no repository size of a backup (None here).
+        repository = last["info"]["repository"]
         return {
             "seconds": seconds,
             "label": last["label"],
             "bytes": last["info"]["size"],
             "delta_bytes": last["info"]["delta"],
-            "repo_bytes": last["info"]["repository"]["size"],
-            "repo_delta_bytes": last["info"]["repository"]["delta"],
+            "repo_bytes": repository.get("size"),
+            "repo_delta_bytes": repository.get("delta"),
             "client_cpu_seconds": round(cpu, 2),
         }
 

@@ -108,7 +108,7 @@ def synthesize(context: BackupContext, svc: Services) -> dict[str, Any]:
     progress = {"synthesis_objects": len(planned), "synthesis_copied": len(planned) - remaining}
     svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**progress))
     if not remaining:
-        svc.put_work(base_key(svc, context.backup_id), base_of(context, chain, planned, verified))
+        svc.put_work(base_key(svc, context.backup_id), base_of(chain, planned, verified))
     return {"remaining": remaining, "copied": len(planned) - remaining}
 
 
@@ -209,10 +209,7 @@ def copied(svc: Services, copy: PlannedCopy) -> str:
 
 
 def base_of(
-    context: BackupContext,
-    chain: list[Manifest],
-    planned: list[PlannedCopy],
-    verified: dict[str, str],
+    chain: list[Manifest], planned: list[PlannedCopy], verified: dict[str, str]
 ) -> dict[str, Any]:
     """Per shard, its layers and their copies, as Finalize puts them in the manifest."""
     base: dict[str, Any] = {}
