@@ -7,6 +7,8 @@ Usage::
         [--out bench/results]
     PYTHONPATH=.:agents .venv/bin/python bench/compression_levels.py --scale 100 \\
         --changes 3 --levels 1,2,3 --large-frames-every-level
+    PYTHONPATH=.:agents .venv/bin/python bench/compression_levels.py --untuned 2.7 \\
+        --levels 1,2,3
 
 Terms:
 
@@ -84,6 +86,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import untuned
 import xxhash
 import zstandard
 from incremental_vs_peers import (
@@ -134,6 +137,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=100, help="pgbench scale (100 ≈ 1.5 GiB)")
     parser.add_argument(
+        "--untuned",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="measure bench/untuned.py's dataset of this size instead of pgbench -i",
+    )
+    parser.add_argument(
         "--changes",
         type=int,
         default=0,
@@ -180,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             "--scale, --frame-mib, --random-mib, --precheck-kib and --repeats must be at least 1"
         )
+    if args.untuned is not None and (args.untuned <= 0 or args.changes):
+        parser.error("--untuned takes a positive size and no --changes")
     if not 0 <= args.changes <= len(UPDATE_AT):
         parser.error(
             f"--changes must be 0 to {len(UPDATE_AT)}: each round updates its own 1 % of the "
@@ -211,13 +223,19 @@ def change_round(pg: PostgresInstance, scale: int, nth: int) -> dict[str, Any]:
     }
 
 
-def build_data_dir(data_dir: Path, scale: int, changes: int) -> dict[str, Any]:
-    """initdb, ``pgbench -i -s scale``, ``changes`` rounds of changes, CHECKPOINT, stop; the
-    caller stops it on failure."""
-    say(f"initdb and pgbench -i -s {scale} in {data_dir}")
+def build_data_dir(
+    data_dir: Path, scale: int, changes: int, untuned_gb: float | None = None
+) -> dict[str, Any]:
+    """initdb, ``pgbench -i -s scale`` (or ``untuned.build`` of ``untuned_gb``), ``changes``
+    rounds of changes, CHECKPOINT, stop; the caller stops it on failure."""
+    what = f"the untuned dataset of {untuned_gb} GB" if untuned_gb else f"pgbench -i -s {scale}"
+    say(f"initdb and {what} in {data_dir}")
     pg: PostgresInstance = init_instance(data_dir)
     started = time.monotonic()
-    pgbench_init(pg, scale)
+    if untuned_gb:
+        untuned.build(pg, scale_gb=untuned_gb, say=say)
+    else:
+        pgbench_init(pg, scale)
     filled = time.monotonic()
     loaded_bytes = int(pg.psql("SELECT pg_database_size('postgres')"))
     rounds = []
@@ -552,8 +570,13 @@ def markdown(result: dict[str, Any]) -> str:
     setup, machine, hashing = result["setup"], result["machine"], result["hashing"]
     recommended = result["recommended_level"]
     changed = f" after {_rounds(setup['changes'])} of changes" if setup["changes"] else ""
+    data = (
+        f"the untuned dataset ({setup['untuned_gb']} GB)"
+        if setup.get("untuned_gb")
+        else f"pgbench -s {setup['scale']}{changed}"
+    )
     lines = [
-        f"# zstd levels on pgbench -s {setup['scale']}{changed} "
+        f"# zstd levels on {data} "
         f"({setup['stream_bytes'] / GiB:.2f} GiB stream, {setup['files']} files)",
         "",
         _changes_text(setup),
@@ -636,7 +659,8 @@ def measure_large_frames(
 
 
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
-    setup = {"scale": args.scale, **build_data_dir(data_dir, args.scale, args.changes)}
+    built = build_data_dir(data_dir, args.scale, args.changes, args.untuned)
+    setup = {"scale": args.scale, "untuned_gb": args.untuned, **built}
     paths = backup_paths(data_dir)
     frame_bytes = args.frame_mib * MiB
     say(f"reading {len(paths)} files into {frame_bytes // MiB} MiB frames")
