@@ -278,7 +278,8 @@ class ShardVaultStack(Stack):
         )
         grant(
             "synthesize_full",  # shardvault/backup/synthesis.py
-            # What earlier calls verified, and the base Finalize reads.
+            # What earlier calls verified, and the base Finalize reads; a first call finds no
+            # progress, a 404 only with ListBucket (Services.find_work).
             policies.objects(bucket, WORK_PREFIX, "s3:GetObject", "s3:PutObject"),
             policies.list_prefix(bucket, WORK_PREFIX),
             # The chain's records; the copies' progress on the backup's.

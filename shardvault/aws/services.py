@@ -21,8 +21,9 @@ from functools import cached_property
 from typing import Any
 
 import boto3
+from botocore.exceptions import ClientError
 
-from shardvault.aws.store import Bucket, StoreLocation, s3_client
+from shardvault.aws.store import Bucket, StoreLocation, is_missing, s3_client
 from shardvault.aws.tables import Catalog, Inbox, NodeRegistry, table
 from shardvault.config.settings import Settings
 
@@ -195,6 +196,17 @@ class Services:
 
     def get_work(self, key: str) -> Any:
         return json.loads(self.get_work_bytes(key))
+
+    def find_work(self, key: str) -> Any | None:
+        """A work object that may not exist yet (a budgeted loop's progress before its first
+        call ends): None when it is missing, which S3 says (404, not 403) to a role that may
+        list the work prefix."""
+        try:
+            return self.get_work(key)
+        except ClientError as error:
+            if is_missing(error):
+                return None
+            raise
 
     def get_works(self, keys: list[str]) -> list[Any]:
         """Several work objects, in the order of ``keys``, read side by side: a Lambda that

@@ -165,8 +165,7 @@ def shard_chain(chain: list[Manifest], shard_id: str) -> list[ShardLayer]:
 
 def previously_verified(svc: Services, backup_id: str) -> dict[str, str]:
     """The copies earlier calls verified (key: how); none before the first call."""
-    key = progress_key(svc, backup_id)
-    return svc.get_work(key) if svc.list_work(key) else {}
+    return dict(svc.find_work(progress_key(svc, backup_id)) or {})
 
 
 def copy_until(

@@ -35,7 +35,6 @@ from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
 from shardvault.aws.services import Services
-from shardvault.aws.store import is_missing
 from shardvault.config.targets import GcsTarget, Selection, VaultCopy
 from shardvault.contracts.catalog import BackupItem, CopyRecord
 from shardvault.contracts.models import BackupContext, Manifest, ObjectResult
@@ -417,12 +416,7 @@ def progress_key(svc: Services, backup_id: str, name: str) -> str:
 def load_progress(svc: Services, backup_id: str, name: str) -> dict[str, Any]:
     """``objects``: each copied object's proof, by store key; ``seconds``: the time copying
     took so far, over every call."""
-    try:
-        return dict(svc.get_work(progress_key(svc, backup_id, name)))
-    except ClientError as error:
-        if is_missing(error):
-            return {}
-        raise
+    return dict(svc.find_work(progress_key(svc, backup_id, name)) or {})
 
 
 def save_progress(svc: Services, backup_id: str, name: str, progress: dict[str, Any]) -> None:
