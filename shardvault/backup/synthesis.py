@@ -28,6 +28,7 @@ reads every change since the last read full, which ``incremental.synthesized_ful
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -95,8 +96,9 @@ def base_key(svc: Services, backup_id: str) -> str:
 def synthesize(context: BackupContext, svc: Services) -> dict[str, Any]:
     """Copies what the synthesized full still lacks of its chain, for at most the budget;
     returns ``remaining`` (copies still to make: call again) and ``copied``."""
-    chain = chain_manifests(context, svc)
-    planned = planned_copies(context, svc, chain)
+    layers = chain_of_each_shard(context, chain_manifests(context, svc))
+    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+    planned = planned_copies(prefix, layers)
     verified = previously_verified(svc, context.backup_id)
     pending = [c for c in planned if c.key not in verified]
     deadline = time.monotonic() + svc.settings.promote_budget_seconds
@@ -108,7 +110,7 @@ def synthesize(context: BackupContext, svc: Services) -> dict[str, Any]:
     progress = {"synthesis_objects": len(planned), "synthesis_copied": len(planned) - remaining}
     svc.catalog.update(context.cluster, context.backup_id, BackupItem.changes(**progress))
     if not remaining:
-        svc.put_work(base_key(svc, context.backup_id), base_of(chain, planned, verified))
+        svc.put_work(base_key(svc, context.backup_id), base_of(layers, planned, verified))
     return {"remaining": remaining, "copied": len(planned) - remaining}
 
 
@@ -134,14 +136,20 @@ def chain_manifests(context: BackupContext, svc: Services) -> list[Manifest]:
     return manifests
 
 
-def planned_copies(
-    context: BackupContext, svc: Services, chain: list[Manifest]
-) -> list[PlannedCopy]:
-    """Every data object of the chain, per shard and layer, with the key of its copy."""
-    prefix = backup_prefix(svc.store.prefix, context.cluster, context.backup_id)
+def chain_of_each_shard(
+    context: BackupContext, chain: list[Manifest]
+) -> dict[str, list[ShardLayer]]:
+    """Each shard's layers in the chain (``shard_chain``), by shard id, in order."""
+    shard_ids = sorted(s for source in context.sources for s in source.shard_ids)
+    return {shard_id: shard_chain(chain, shard_id) for shard_id in shard_ids}
+
+
+def planned_copies(prefix: str, layers: dict[str, list[ShardLayer]]) -> list[PlannedCopy]:
+    """Every data object of the chain, per shard and layer, with the key of its copy under
+    the backup's ``prefix``."""
     copies = []
-    for shard_id in sorted(s for source in context.sources for s in source.shard_ids):
-        for i, layer in enumerate(shard_chain(chain, shard_id)):
+    for shard_id, shard_layers in layers.items():
+        for i, layer in enumerate(shard_layers):
             copies += [
                 PlannedCopy(
                     shard_id, i, obj, layer.manifest, f"{prefix}{shard_id}/base-{i:03d}-{n:05d}"
@@ -208,21 +216,24 @@ def copied(svc: Services, copy: PlannedCopy) -> str:
 
 
 def base_of(
-    chain: list[Manifest], planned: list[PlannedCopy], verified: dict[str, str]
+    layers: dict[str, list[ShardLayer]], planned: list[PlannedCopy], verified: dict[str, str]
 ) -> dict[str, Any]:
     """Per shard, its layers and their copies, as Finalize puts them in the manifest."""
-    base: dict[str, Any] = {}
-    for shard_id in sorted({c.shard_id for c in planned}):
-        layers = [
-            Layer(backup_id=layer.backup_id, files=layer.files, extents=layer.extents)
-            for layer in shard_chain(chain, shard_id)
-        ]
-        copies = [c.result(verified[c.key]) for c in planned if c.shard_id == shard_id]
-        base[shard_id] = {
-            "layers": [layer.model_dump(mode="json") for layer in layers],
-            "objects": [o.model_dump(mode="json") for o in copies],
+    copies: dict[str, list[ObjectResult]] = defaultdict(list)
+    for copy in planned:
+        copies[copy.shard_id].append(copy.result(verified[copy.key]))
+
+    def recorded(layer: ShardLayer) -> dict[str, Any]:
+        kept = Layer(backup_id=layer.backup_id, files=layer.files, extents=layer.extents)
+        return kept.model_dump(mode="json")
+
+    return {
+        shard_id: {
+            "layers": [recorded(layer) for layer in shard_layers],
+            "objects": [o.model_dump(mode="json") for o in copies[shard_id]],
         }
-    return base
+        for shard_id, shard_layers in layers.items()
+    }
 
 
 def read_base(svc: Services, backup_id: str) -> dict[str, tuple[list[Layer], list[ObjectResult]]]:

@@ -54,11 +54,11 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     node_of = {p.shard_id: p.node_id for p in context.placements}
     planned = download_items(context, manifest, node_of)
     chain = restored_chain(context, manifest, svc)
+    source_of = {m.backup_id: source for m, source in chain}
     prefetch: dict[str, list[DownloadItem]] = {}
     for shard in manifest.shards if chain else []:
         node_id = node_of[shard.shard_id]
         layers = chain_layers([m for m, _ in chain], shard.shard_id)
-        source_of = {m.backup_id: source for m, source in chain}
         prefetch.setdefault(node_id, []).extend(
             chain_items(context, layers[1:], source_of, shard.shard_id, node_id)
         )
