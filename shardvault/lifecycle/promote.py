@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -186,13 +187,18 @@ def promote(
     # Every target settled. A call that died below is retried from here: tagging and deleting
     # are idempotent, and once the manifest is gone the call above finds nothing to do.
     keep = keeps_chain(svc, context.cluster)
-    if context.kind == BackupKind.FULL or not keep:  # no later backup copies older chains
-        release_kept_chains(svc, context.cluster, context.backup_id)
+    if context.kind == BackupKind.FULL:  # a new chain: no later backup copies an older one
+        records = svc.catalog.backups(context.cluster)
+        release_kept_chains(svc, context.cluster, context.backup_id, records)
+    elif not keep:  # the policy stopped synthesizing: this chain's kept copies go
+        records = ancestor_records(svc, context)
+        release_kept_chains(svc, context.cluster, context.backup_id, records)
     if keep:
         kept = BackupItem.changes(staging_kept=True)
         svc.catalog.update(context.cluster, context.backup_id, kept)
-    else:
-        release_staging_copy(svc, context.cluster, context.backup_id, manifest, summary)
+    elif left := release_staging_copy(svc, manifest, summary["manifest_key"]):
+        left_over = BackupItem.changes(staging_left=left)
+        svc.catalog.update(context.cluster, context.backup_id, left_over)
     return finished(summary, svc.catalog.get(context.cluster, context.backup_id))
 
 
@@ -204,35 +210,41 @@ def keeps_chain(svc: Services, cluster: str) -> bool:
     return entry is not None and entry.incremental.synthesized_fulls > 0
 
 
-def release_staging_copy(
-    svc: Services, cluster: str, backup_id: str, manifest: Manifest, summary: dict[str, Any]
-) -> None:
-    """Tags, then deletes, a promoted backup's staging copy; what is left is counted."""
-    staging_keys = [*(o.key for s in manifest.shards for o in s.objects), summary["manifest_key"]]
+def release_staging_copy(svc: Services, manifest: Manifest, manifest_key: str) -> int:
+    """Tags, then deletes, a promoted backup's staging copy; how many keys are left."""
+    staging_keys = [*(o.key for s in manifest.shards for o in s.objects), manifest_key]
     for key in staging_keys:  # every target holds it now (or failed and raised its alarm)
         mark_promoted(svc, key)
-    left = remove_staging_copy(svc, staging_keys)
-    changes = {"staging_kept": False} | ({"staging_left": left} if left else {})
-    svc.catalog.update(cluster, backup_id, BackupItem.changes(**changes))
+    return remove_staging_copy(svc, staging_keys)
 
 
-def release_kept_chains(svc: Services, cluster: str, newest_full: str) -> None:
-    """Deletes the staging copies kept for older chains (``keeps_chain``): a full newer than
-    them is in the vault, and the next synthesized full copies its chain instead."""
-    for record in svc.catalog.backups(cluster):
-        if not record.staging_kept or record.backup_id >= newest_full:
+def ancestor_records(svc: Services, context: BackupContext) -> list[BackupItem]:
+    """The catalog records of an incremental's ancestors when its chain's copies were kept,
+    which its parent's record says (one read; none where nothing was kept)."""
+    link = context.chain
+    parent = svc.catalog.get(context.cluster, link.parent_id) if link else None
+    if link is None or parent is None or not parent.staging_kept:
+        return []
+    others = (svc.catalog.get(context.cluster, a) for a in link.ancestors[:-1])
+    return [*(r for r in others if r is not None), parent]
+
+
+def release_kept_chains(
+    svc: Services, cluster: str, newer: str, records: Iterable[BackupItem]
+) -> None:
+    """Deletes the staging copies kept (``keeps_chain``) of ``records`` older than ``newer``
+    and records them released: nothing copies them any more."""
+    for record in records:
+        if not record.staging_kept or record.backup_id >= newer:
             continue
         try:
             kept = load_manifest(svc.store_bucket, record.manifest_key or "")
         except InvalidRequest:  # already gone: a retried call
             kept = None
-        summary = {"manifest_key": record.manifest_key}
         try:
-            if kept is not None:
-                release_staging_copy(svc, cluster, record.backup_id, kept, summary)
-            else:
-                released = BackupItem.changes(staging_kept=False)
-                svc.catalog.update(cluster, record.backup_id, released)
+            left = release_staging_copy(svc, kept, record.manifest_key or "") if kept else 0
+            changes = {"staging_kept": False} | ({"staging_left": left} if left else {})
+            svc.catalog.update(cluster, record.backup_id, BackupItem.changes(**changes))
         except ClientError as error:  # housekeeping: the next full's promotion tries again
             log.warning("kept staging copy of %s not released (%s)", record.backup_id, error)
 

@@ -217,3 +217,21 @@ def test_a_synthesis_cut_short_by_its_budget_resumes_where_it_stopped(
     for shard_id, source in cluster.sources.items():
         (db,) = target.restore_dir(0).glob(f"{shard_id}/*.db")
         assert table_digests(db) == table_digests(source)
+
+
+def test_a_cluster_that_stops_synthesizing_releases_its_kept_chain(make_cluster, policy_for):
+    cluster = make_cluster(nodes=1, size_mb=2)
+    policy_for(cluster.name, incremental="{synthesized_fulls: 1}")
+    first = cluster.backup()
+    assert first.status == "SUCCEEDED"
+    first_id = first.record["backup_id"]
+    assert [k for k in cluster.store_keys() if f"/{first_id}/" in k]  # kept for a synthesis
+    policy_for(cluster.name)  # synthesized_fulls: 0
+    change(cluster, 0)
+
+    incremental = cluster.backup(incremental=True)
+
+    assert incremental.status == "SUCCEEDED", incremental.cause
+    assert not [k for k in cluster.store_keys() if f"/{first_id}/" in k]
+    (record,) = [r for r in cluster.records() if r["backup_id"] == first_id]
+    assert not record.get("staging_kept")
