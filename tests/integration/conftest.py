@@ -205,6 +205,18 @@ class Target:
     def restore_dir(self, node: int) -> Path:
         return Path(self.configs[node]["restore_dir"])
 
+    def check_tables_equal(self, sources: dict[str, Path]) -> None:
+        """Every restored SQLite shard, on whichever node holds it (exactly one), has its
+        source's tables (``sources``: the source cluster's databases by shard id)."""
+        from shardvault.local.demo import table_digests
+
+        for shard_id, source in sources.items():
+            (db,) = [
+                path for i in range(len(self.configs))
+                for path in self.restore_dir(i).glob(f"{shard_id}/*.db")
+            ]  # fmt: skip
+            assert table_digests(db) == table_digests(source), shard_id
+
     def records(self) -> list[dict[str, Any]]:
         """The restore items into this cluster as the table holds them."""
         restores = Catalog(table(self.stack.settings.catalog_table)).restores(self.name)
