@@ -71,7 +71,8 @@ class Settings(BaseModel):
         "before it is called again (the thaw function runs for at most 300 s).",
     )
     promote_budget_seconds: float = Field(
-        600.0, description="How long one promotion call copies before it is called again."
+        600.0,
+        description="How long one promotion or synthesis call copies before it is called again.",
     )
     topic_arn: str | None = Field(None, description="SNS topic for backup outcomes.")
     data_key_id: str | None = Field(
