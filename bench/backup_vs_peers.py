@@ -272,7 +272,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def labels(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     s3 = f"{args.s3_chunk_mib} MiB parts, {args.s3_concurrency} threads"
     http = f"{s3}, {'SHA-256 signed' if args.s3_signed_payload else 'unsigned'} payload"
-    levels = sorted({run["compression_level"] for run in runs.get("shardvault", [])})
+    levels = sorted({run["compression_level"] for run in runs.get("shardvault", [])}, key=str)
     zstd = f"zstd level {', '.join(map(str, levels))}" if levels else "zstd"
     pgbackrest = f"pgBackRest 2.45, compress-type={PGBACKREST_COMPRESS_TYPE}"
     return {
@@ -729,7 +729,11 @@ def shardvault_stored(
         "stored_manifest_bytes": size_of(keys) - in_bucket,
         "manifest_stored_bytes": manifest.stored_bytes,
         "catalog_stored_bytes": catalog,
-        "compression_level": json.loads(record.context or "{}").get("compression_level"),
+        "compression_level": (json.loads(record.context or "{}").get("compression") or {}).get(
+            "level"
+        ),
+        "frame_levels": record.frame_levels,
+        "pack_cpu_seconds": record.pack_cpu_seconds,
         "encrypted": manifest.encryption is not None,
     }
 

@@ -980,7 +980,7 @@ def run_rounds(bench: MariaBench) -> dict[str, list[dict[str, Any]]]:
 # --- summary ------------------------------------------------------------------------------------
 def labels(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     """Each run's row label; ShardVault's with the zstd level its backups recorded."""
-    levels = sorted({run["compression_level"] for run in runs.get(SV, [])})
+    levels = sorted({run["compression_level"] for run in runs.get(SV, [])}, key=str)
     zstd = f"zstd level {', '.join(map(str, levels))}" if levels else "zstd"
     return {
         SV: f"ShardVault full backup (local stack, 1 agent, {zstd})",

@@ -355,7 +355,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> 
                     "catalog_stored_bytes",
                 )
             },
-            "compression_levels": sorted({run["compression_level"] for run in sv_runs}),
+            "compression_levels": sorted({run["compression_level"] for run in sv_runs}, key=str),
             "encrypted": any(run["encrypted"] for run in sv_runs),
             "tail_bytes": median_of(sv_runs, "tail_bytes"),
             "object_steps": {

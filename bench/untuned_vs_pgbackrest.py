@@ -122,6 +122,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -391,6 +392,11 @@ def shardvault_backup(bench: bvp.Bench, request: BackupRequest, want: str) -> di
         "execution_end_seconds": backup.result["seconds"],
         "catalog_duration_seconds": record.duration_seconds,
         "catalog_stored_bytes": record.stored_bytes,
+        "pack_cpu_seconds": record.pack_cpu_seconds,  # as the agent reports it
+        "frame_levels": record.frame_levels,
+        "compression_level": (json.loads(record.context or "{}").get("compression") or {}).get(
+            "level"
+        ),
         "bytes_read": bytes_read,
         "synthesize_seconds": states_named(split["states"], "Synthesize"),
         "promote_seconds": states_named(split["states"], "Promote"),
@@ -793,6 +799,14 @@ def changes_table(runs: dict) -> str:
     return "\n".join(rows)
 
 
+def frame_levels(runs: dict) -> str:
+    """The read fulls' frames per zstd level, as the agent reported them, e.g. " (the full's
+    frames per level, each round: 1: 700, 3: 12; 1: 702, 3: 10)"."""
+    counts = [run.get("frame_levels") for run in runs.get(SV_FULL, [])]
+    shown = [", ".join(f"{k}: {v}" for k, v in sorted(c.items())) for c in counts if c]
+    return f" (the full's frames per level, each round: {'; '.join(shown)})" if shown else ""
+
+
 def setup_text(bench: bvp.Bench, runs: dict) -> str:
     loaded = bench.setup.get("loaded", {})
     tables = loaded.get("table_bytes", {})
@@ -809,7 +823,8 @@ def setup_text(bench: bvp.Bench, runs: dict) -> str:
             f"(default level), process-max={pgbr['process_max']}, "
             f"repo1-bundle={'y' if pgbr['bundle'] else 'n'}, "
             f"repo1-block={'y' if pgbr['block'] else 'n'}, start-fast=y, TLS MinIO",
-            f"- ShardVault: zstd level {', '.join(map(str, levels))}, not encrypted, "
+            f"- ShardVault: zstd level {', '.join(map(str, levels))}{frame_levels(runs)}, "
+            "not encrypted, "
             "incremental.synthesized_fulls 1; "
             + (
                 f"vault {VAULT}: restores read the vault (moto's S3 in this process), "

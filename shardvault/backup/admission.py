@@ -30,12 +30,12 @@ from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.cut import cut_margin_seconds
 from shardvault.contracts.models import (
     AGENT_PROTOCOL,
-    DEFAULT_COMPRESSION_LEVEL,
     BackupContext,
     BackupKind,
     BackupRequest,
     BackupStatus,
     ChainLink,
+    Compression,
     Encryption,
     Engine,
     NodeRecord,
@@ -126,7 +126,7 @@ def validate(request: BackupRequest, svc: Services, now: float) -> BackupContext
         execution_id=request.execution_id,
         vault=vault,
         upload=upload_limits(policy),
-        compression_level=policy.compression.level if policy else DEFAULT_COMPRESSION_LEVEL,
+        compression=policy.compression if policy else Compression(),
         encryption=encryption,
         kind=kind,
         chain=chain,

@@ -7,7 +7,7 @@ estimate; the lock released.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from shardvault.aws.services import Services
@@ -130,7 +130,23 @@ def build_manifest(
         kind=context.kind,
         chain=None if context.synthesized else context.chain,
         synthesized_from=context.chain.parent_id if context.synthesized and context.chain else None,
+        **packing_cost(results),
     )
+
+
+def packing_cost(results: list[ObjectResult]) -> dict[str, Any]:
+    """The agents' packing CPU-seconds and frames per zstd level over the objects they
+    packed and reported them for (copies and older agents report none)."""
+    packed = [r for r in results if r.pack_cpu_seconds is not None]
+    if not packed:
+        return {}
+    levels: Counter[int] = Counter()
+    for result in packed:
+        levels.update(result.frame_levels or {})
+    return {
+        "pack_cpu_seconds": round(sum(r.pack_cpu_seconds or 0.0 for r in packed), 3),
+        "frame_levels": dict(sorted(levels.items())),
+    }
 
 
 def sealed_with(context: BackupContext, results: list[ObjectResult]) -> Encryption | None:
@@ -198,6 +214,8 @@ def manifest_summary(manifest: Manifest, manifest_key: str) -> dict[str, Any]:
         "duration_seconds": round(duration, 3),
         "bytes": manifest.bytes,
         "stored_bytes": manifest.stored_bytes,
+        "pack_cpu_seconds": manifest.pack_cpu_seconds,
+        "frame_levels": manifest.frame_levels,
         "format": manifest.format,
         "objects": manifest.objects,  # the data's (what a restore downloads)
         # Beside them in the store: each shard's block map (counted in stored_bytes) and the

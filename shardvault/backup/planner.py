@@ -132,7 +132,7 @@ def plan_phase(
             prefix=svc.store.prefix,
             listings=listings,
             part_size=part_size,
-            compression_level=context.compression_level,
+            compression=context.compression,
         )
     )
     for listing in listings:
@@ -229,7 +229,7 @@ def pack_arguments(context: BackupContext, prefix: str, part_size: int) -> dict[
         "cluster": context.cluster,
         "prefix": prefix,
         "part_size": part_size,
-        "compression_level": context.compression_level,
+        "compression": context.compression.model_dump(mode="json"),
     }
 
 

@@ -150,6 +150,8 @@ def write_result(
         frame_size=item.frame_size,
         frames=sums.frames,
         key_check=sums.key_check,
+        pack_cpu_seconds=sums.pack_cpu_seconds,
+        frame_levels=sums.frame_levels,
     )
     key = svc.work_key(
         item.backup_id, "results", item.phase, item.shard_id, f"{item.index:05d}.json"

@@ -48,10 +48,10 @@ from shardvault.config.targets import STACK_TARGET, VaultCopy, check_copies, inv
 from shardvault.contracts import models
 from shardvault.contracts.cut import database_name_problem
 from shardvault.contracts.models import (
-    DEFAULT_COMPRESSION_LEVEL,
     DEFAULT_MIN_SOURCE_FREE_PERCENT,
     DEFAULT_THROTTLE_WINDOW_SECONDS,
     LOCK_DAYS_MAX,
+    Compression,
     Engine,
     Frozen,
     LockMode,
@@ -415,18 +415,6 @@ class Upload(Frozen):
         gt=0,
         strict=True,
         description="adaptive: the lowest read rate per node, whatever the source's health.",
-    )
-
-
-class Compression(Frozen):
-    level: int = Field(
-        DEFAULT_COMPRESSION_LEVEL,
-        ge=-7,
-        le=19,
-        strict=True,
-        description="zstd level of every frame the agents pack, -7 (fastest) to 19 (smallest); "
-        f"default {DEFAULT_COMPRESSION_LEVEL}, chosen by measurement (docs/BENCHMARKS.md). "
-        "Frames zstd cannot shrink are stored raw whatever the level.",
     )
 
 

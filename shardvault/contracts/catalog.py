@@ -225,6 +225,8 @@ class BackupItem(Outcome):
     # Finalize: the manifest's summary (``shardvault.backup.manifest``).
     bytes: int | None = None  # the streams' bytes sent (an incremental's: its changes)
     stored_bytes: int | None = None  # in the store: compressed, with block maps
+    pack_cpu_seconds: float | None = None  # the agents' (``Manifest.pack_cpu_seconds``)
+    frame_levels: dict[int, int] | None = None  # frames per zstd level
     format: int | None = None
     objects: int | None = None
     blockmap_objects: int | None = None

@@ -55,6 +55,7 @@ from pydantic import (
 
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.models import (
+    Compression,
     DownloadItem,
     Encryption,
     Frozen,
@@ -106,7 +107,7 @@ class PackSpec(Frozen):
     cluster: str
     prefix: str
     part_size: Annotated[int, Field(gt=0)]
-    compression_level: int
+    compression: Compression
 
 
 class ParentMap(Frozen):

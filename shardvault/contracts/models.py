@@ -47,9 +47,13 @@ NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # objects hold the stream's bytes as they are; restores read both. 3: block maps per shard,
 # kind and chain (incrementals). 4: synthesized fulls (``ManifestStream.layers``).
 MANIFEST_FORMAT = 4
-# bench/compression_levels.py --changes 3: on pgbench data after updates level 3 stores 6 %
-# less than levels 1 and 2, at 1.2 GB/s of one core (level 1: 1.6 GB/s); fresh data, the same.
-DEFAULT_COMPRESSION_LEVEL = 3
+# A zstd level, or "auto": per stretch of frames, level 1 or 3 by measurement
+# (``shardvault.data.levels``). bench/compression_levels.py: on pgbench data after updates
+# level 3 stores 6 % less than level 1 for 30 % more CPU; on data nobody tuned for it stores
+# 1.7 % more at a third of level 1's speed. No one fixed level fits both.
+CompressionLevel = Annotated[int, Field(ge=-7, le=19, strict=True)] | Literal["auto"]
+DEFAULT_COMPRESSION_LEVEL: CompressionLevel = "auto"
+DEFAULT_UPLOAD_MIB_S = 120  # about a gigabit link's worth
 
 
 class Frozen(BaseModel):
@@ -470,6 +474,28 @@ class ChainLink(Frozen):
     ancestors: list[str]
 
 
+class Compression(Frozen):
+    """How the agents compress the frames they pack (the policy's ``compression``)."""
+
+    level: CompressionLevel = Field(
+        DEFAULT_COMPRESSION_LEVEL,
+        description="zstd level of every frame the agents pack, -7 (fastest) to 19 "
+        "(smallest), or `auto` (the default): level 1 or 3 per stretch of 32 frames, "
+        "whichever makes the backup faster given the cores and `upload_mib_s` "
+        "(docs/guide/compression-encryption.md). Frames zstd cannot shrink are stored raw "
+        "whatever the level.",
+        json_schema_extra={"shown_type": "int >= -7, <= 19 | auto"},
+    )
+    upload_mib_s: int = Field(
+        DEFAULT_UPLOAD_MIB_S,
+        gt=0,
+        strict=True,
+        description="`auto`: what a node can send the store, in MiB/s; level 3 is chosen "
+        "only where the bytes it saves would take longer to send than the CPU it costs. "
+        "Lower it for nodes behind a slow link.",
+    )
+
+
 class BackupContext(Frozen):
     """What validation decided; passed along the state machine as ``$.backup``."""
 
@@ -483,7 +509,7 @@ class BackupContext(Frozen):
     execution_id: str = ""
     vault: VaultTarget | None = None  # None: the backup stays in the store
     upload: UploadLimits = Field(default_factory=UploadLimits)
-    compression_level: int = DEFAULT_COMPRESSION_LEVEL  # the policy's compression.level
+    compression: Compression = Field(default_factory=Compression)  # the policy's
     encryption: Encryption | None = None  # None: frames are not sealed (policy: none)
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # incrementals, and the chain a synthesized full continues
@@ -514,7 +540,7 @@ class ObjectPlan(Frozen):
     part_count: int  # of the stream's bytes; the stored object's count follows its packing
     mutable: bool = False
     frame_size: int = 1024 * 1024  # plaintext per frame (shardvault.data.pipeline.frame_size_for)
-    compression_level: int = DEFAULT_COMPRESSION_LEVEL
+    compression: Compression = Field(default_factory=Compression)
 
     @property
     def place(self) -> str:
@@ -563,6 +589,8 @@ class ObjectChecksums(Frozen):
     key_check: str | None = None  # of the data key that sealed the frames (None: not sealed)
     throttle: ThrottleReport | None = None  # an adaptive backup's throttle as the pack ended
     held_log_bytes: int | None = None  # the most log the backup held on its source so far
+    pack_cpu_seconds: float | None = None  # what packing it cost the agent's threads
+    frame_levels: dict[int, int] | None = None  # its frames per zstd level
 
 
 class UploadedPart(Frozen):
@@ -602,6 +630,10 @@ class ObjectResult(Frozen):
     # A synthesized full's copy of an object of its chain: the index of its layer
     # (``ManifestStream.layers``); None, the backup's own object.
     layer: int | None = None
+    # What packing it cost the agent (``ObjectChecksums``); None: not packed by an agent (a
+    # copy), or by one that did not report it.
+    pack_cpu_seconds: float | None = None
+    frame_levels: dict[int, int] | None = None
     # In a vault manifest: the version of the copy promotion locked (shardvault.lifecycle.promote).
     # Reads name it, so neither a delete marker nor a newer version put over the key (both
     # allowed in a locked bucket) can hide the locked copy from a restore or a verify.
@@ -677,6 +709,10 @@ class Manifest(Frozen):
     kind: BackupKind = BackupKind.FULL
     chain: ChainLink | None = None  # an incremental's parent, root, depth and ancestors
     synthesized_from: str | None = None  # a synthesized full: the backup whose chain it copied
+    # What its agents spent packing its objects (``ObjectResult.pack_cpu_seconds``), and its
+    # frames per zstd level; None: no agent reported them.
+    pack_cpu_seconds: float | None = None
+    frame_levels: dict[int, int] | None = None
     # The cluster's cut (shardvault.contracts.cut): the restore point every shard's tail reaches (a
     # restore recovers to it) and the spread of its creation times; None: no shard cut.
     cut_name: str | None = None

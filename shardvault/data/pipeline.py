@@ -8,6 +8,8 @@ Terms:
   of plaintext (``shardvault.data.planning.frame_size_for``; an object's last frame may be
   shorter), encoded on its own, so a restore decodes any frame it fetched by byte range
   without the frames before it.
+- *level*: the zstd level a frame is compressed at: the policy's, or with ``auto`` the one
+  ``shardvault.data.levels`` chooses for each stretch of frames. A reader needs no level.
 - *encoded frame*: one codec byte (``RAW`` or ``ZSTD``) and the body. A frame that zstd does
   not shrink by at least ``RAW_THRESHOLD`` is stored raw: incompressible data (already
   compressed columns, encrypted tablespaces) costs a fast zstd pass and no inflation.
@@ -36,26 +38,27 @@ import hashlib
 import hmac
 import os
 import threading
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Container, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import BinaryIO
+from dataclasses import dataclass, field
+from typing import BinaryIO, NamedTuple
 
 import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from shardvault.contracts.models import DEFAULT_COMPRESSION_LEVEL, PartChecksum
+from shardvault.contracts.models import Compression, PartChecksum
 from shardvault.data.checksums import combine, crc64nvme, to_b64
 from shardvault.data.frames import FrameInfo, pack_frames, unpack_frames
+from shardvault.data.levels import FAST, LevelChooser
 from shardvault.data.planning import frame_size_for
 from shardvault.errors import ChecksumMismatch, FrameUnreadable, WrongKey
 
 RAW, ZSTD = 0, 1
 RAW_THRESHOLD = 0.97  # a frame must shrink by 3 % to be stored compressed
-DEFAULT_LEVEL = DEFAULT_COMPRESSION_LEVEL
 NONCE_SIZE, TAG_SIZE, KEY_SIZE = 12, 16, 32
 # Frames on an agent's helper threads at once, at most (``SpareCores``): each holds up to
 # 4 MiB of plaintext and its encoding, so a host of many cores does not hold hundreds of MiB.
@@ -125,25 +128,47 @@ def frame_place(object_place: str, index: int) -> bytes:
 
 
 class FrameCodec:
-    """Encodes and decodes frames with one zstd level and an optional sealer. Not shared
-    between threads: a zstd context is not thread-safe."""
+    """Encodes frames at the ``compression``'s level (a fixed one, or ``auto``'s choice per
+    stretch of frames: ``level_for``) with an optional sealer, and decodes them. Not shared
+    between threads: a zstd context is not thread-safe. ``cores``: what ``auto`` weighs
+    the upload bandwidth against (default: the cores this process may run on)."""
 
-    def __init__(self, level: int = DEFAULT_LEVEL, sealer: Sealer | None = None) -> None:
-        self.level = level
+    def __init__(
+        self,
+        compression: Compression | int | None = None,
+        sealer: Sealer | None = None,
+        cores: int | None = None,
+    ) -> None:
+        if compression is None or isinstance(compression, int):
+            compression = Compression(level=compression if compression is not None else FAST)
         self.decompressor = zstandard.ZstdDecompressor()
         self.sealer = sealer
-        self._compressor: zstandard.ZstdCompressor | None = None
+        self._compressors: dict[int, zstandard.ZstdCompressor] = {}
+        fixed = compression.level if isinstance(compression.level, int) else None
+        self.level = FAST if fixed is None else fixed  # of the latest frame
+        self.chooser: LevelChooser | None = None
+        if fixed is None:
+            cores = cores or len(os.sched_getaffinity(0))
+            self.chooser = LevelChooser(compression.upload_mib_s, cores, self.compress)
 
-    @property
-    def compressor(self) -> zstandard.ZstdCompressor:
-        """Made on first use: a restore's codecs only decode, and a compression context at
-        level 3 holds about a MiB."""
-        if self._compressor is None:
-            self._compressor = zstandard.ZstdCompressor(level=self.level)
-        return self._compressor
+    def compress(self, level: int, plain: bytes) -> bytes:
+        """``plain`` as one zstd frame. A level's context is made on first use: a restore's
+        codecs only decode, and a compression context at level 3 holds about a MiB."""
+        compressor = self._compressors.get(level)
+        if compressor is None:
+            compressor = self._compressors[level] = zstandard.ZstdCompressor(level=level)
+        return compressor.compress(plain)
 
-    def encode(self, plain: bytes, place: bytes) -> bytes:
-        body = self.compressor.compress(plain) if plain else b""
+    def level_for(self, index: int, plain: bytes) -> int:
+        """The level of an object's frame ``index``, asked in frame order."""
+        if self.chooser is not None:
+            self.level = self.chooser.level_for(index, plain)
+        return self.level
+
+    def encode(self, plain: bytes, place: bytes, level: int | None = None) -> bytes:
+        """``plain`` encoded at ``level`` (None: the fixed level, or ``auto``'s latest)."""
+        level = self.level if level is None else level
+        body = self.compress(level, plain) if plain else b""
         if len(body) <= len(plain) * RAW_THRESHOLD:
             encoded = bytes([ZSTD]) + body
         else:
@@ -183,13 +208,24 @@ class FrameCodec:
 
 @dataclass
 class PackedObject:
-    """What packing an object produced: the stored bytes' parts and checksum, and its
-    frames."""
+    """What packing an object produced: the stored bytes' parts and checksum, its frames, and
+    what it cost: the CPU-seconds of the pack's thread and of the helpers that encoded its
+    frames (reading, hashing, compressing, sealing, checksumming), and its frames per zstd
+    level."""
 
     parts: list[PartChecksum]
     crc64nvme: str
     stored_length: int
     frames: list[FrameInfo]
+    cpu_seconds: float = 0.0
+    levels: Counter[int] = field(default_factory=Counter)
+
+
+class Encoded(NamedTuple):
+    """A frame a helper thread encoded, and the CPU-seconds it took."""
+
+    stored: bytes
+    cpu_seconds: float
 
 
 class PartCutter:
@@ -258,9 +294,11 @@ class SpareCores:
         finally:
             self._release()
 
-    def encode(self, codec: FrameCodec, plain: bytes, place: bytes) -> Future[bytes] | None:
-        """``plain`` encoded as ``codec`` would, on a helper thread if a core is idle; None if
-        none is (the caller encodes it itself)."""
+    def encode(
+        self, codec: FrameCodec, plain: bytes, place: bytes, level: int
+    ) -> Future[Encoded] | None:
+        """``plain`` encoded as ``codec`` would at ``level``, on a helper thread if a core is
+        idle, with the CPU-seconds it took; None if none is (the caller encodes it itself)."""
         others = self.others() or 0.0
         with self._lock:
             if self._busy + others >= self.cores or self._handed >= self.most:
@@ -268,17 +306,18 @@ class SpareCores:
             self._busy += 1
             self._handed += 1
         try:
-            return self._pool.submit(self._encode, codec.level, codec.sealer, plain, place)
+            return self._pool.submit(self._encode, level, codec.sealer, plain, place)
         except RuntimeError:  # the interpreter is exiting: the caller encodes it
             self._release(handed=True)
             return None
 
-    def _encode(self, level: int, sealer: Sealer | None, plain: bytes, place: bytes) -> bytes:
+    def _encode(self, level: int, sealer: Sealer | None, plain: bytes, place: bytes) -> Encoded:
+        started = time.thread_time()
         try:
             codec: FrameCodec | None = getattr(self._codecs, "codec", None)
-            if codec is None or codec.level != level or codec.sealer is not sealer:
+            if codec is None or codec.sealer is not sealer:
                 codec = self._codecs.codec = FrameCodec(level, sealer)  # one a thread, kept
-            return codec.encode(plain, place)
+            return Encoded(codec.encode(plain, place, level), time.thread_time() - started)
         finally:  # before the future is done: whoever waits on it sees the core idle again
             self._release(handed=True)
 
@@ -302,10 +341,13 @@ def pack(
     """Reads ``length`` bytes through ``read(n)``, writes the stored object to ``out`` and
     returns its parts' checksums, its own and its frame table. With ``spare``, the pack counts
     as one of the host's running packs and may encode frames on idle cores (see *spare
-    cores*); the stored bytes are the same."""
+    cores*); the stored bytes are the same. ``codec`` chooses each frame's level."""
+    started = time.thread_time()
     with spare.packing() if spare else nullcontext():  # one of the running packs
         cutter, frames = PartCutter(part_size), []
-        handed: deque[tuple[Future[bytes], int]] = deque()  # frames on helpers, in order
+        levels: Counter[int] = Counter()
+        helpers_cpu = 0.0
+        handed: deque[tuple[Future[Encoded], int]] = deque()  # frames on helpers, in order
 
         def put(stored: bytes, crc: int) -> None:
             out.write(stored)
@@ -314,25 +356,31 @@ def pack(
 
         def put_handed(keep: int) -> None:
             """Writes the handed frames, in order, that are done or more than ``keep``."""
+            nonlocal helpers_cpu
             while handed and (len(handed) > keep or handed[0][0].done()):
                 earlier, earlier_crc = handed.popleft()
-                put(earlier.result(), earlier_crc)
+                encoded = earlier.result()
+                helpers_cpu += encoded.cpu_seconds
+                put(encoded.stored, earlier_crc)
 
         for index, offset in enumerate(range(0, length, frame_size)):
             plain = read(min(frame_size, length - offset))
             place, crc = frame_place(object_place, index), crc64nvme(plain)
-            future = spare.encode(codec, plain, place) if spare else None
+            level = codec.level_for(index, plain)
+            levels[level] += 1
+            future = spare.encode(codec, plain, place, level) if spare else None
             if future is not None:
                 handed.append((future, crc))
                 put_handed(keep=spare.most if spare else 0)  # a bounded number held in memory
                 continue
-            stored = codec.encode(plain, place)
+            stored = codec.encode(plain, place, level)
             put_handed(keep=0)  # the frames before this one first
             put(stored, crc)
         put_handed(keep=0)
         parts = cutter.finish()
         whole = combine((p.crc64nvme, p.size) for p in parts)
-        return PackedObject(parts, whole, cutter.total, frames)
+        cpu = time.thread_time() - started + helpers_cpu
+        return PackedObject(parts, whole, cutter.total, frames, cpu, levels)
 
 
 def fetch_ranges(spans: list[FrameSpan], target: int) -> Iterator[list[FrameSpan]]:
@@ -400,7 +448,6 @@ def plaintext_crc(spans: list[FrameSpan]) -> str:
 
 
 __all__ = [
-    "DEFAULT_LEVEL",
     "FrameCodec",
     "FrameInfo",
     "FrameSink",

@@ -30,7 +30,7 @@ from shardvault.contracts.commands import Listing
 from shardvault.contracts.deployment import NODE_MAP_CONCURRENCY
 from shardvault.contracts.layout import object_key
 from shardvault.contracts.models import (
-    DEFAULT_COMPRESSION_LEVEL,
+    Compression,
     FileEntry,
     ObjectPlan,
     Phase,
@@ -224,7 +224,7 @@ def plan_objects(
     prefix: str,
     listings: list[ShardListing],
     part_size: int,
-    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
+    compression: Compression | None = None,
 ) -> list[ObjectPlan]:
     """Every object of a backup phase, in a deterministic order (shard, then offset). A block
     map is one object however large (a manifest records one per shard; a TiB's map is 1 GiB,
@@ -251,7 +251,7 @@ def plan_objects(
                     part_count=part_count(length, part_size),
                     mutable=listing.mutable,
                     frame_size=frame_size,
-                    compression_level=compression_level,
+                    compression=compression or Compression(),
                 )
             )
     for plan in plans:

@@ -120,7 +120,7 @@ def member_node(svc: Services, node_id: str) -> NodeRecord:
 
 
 def settings(svc: Services, node_id: str, new_key: bool = False) -> dict[str, Any]:
-    """What the node's cluster policy says of archiving: the zstd level, the longest a WAL file
+    """What the node's cluster policy says of archiving: its compression, the longest a WAL file
     waits in the spool for others to share its object, and whether batches are sealed; with
     ``new_key`` (the agent's key ran out after ``key_seconds``, or it has none) and
     ``encryption: kms``, a fresh data key, wrapped (one KMS request a day per agent, not one
@@ -136,7 +136,7 @@ def settings(svc: Services, node_id: str, new_key: bool = False) -> dict[str, An
     archive = cluster.archive if cluster is not None else None
     return {
         "cluster": node.cluster,
-        "level": cluster.compression.level if cluster is not None else None,
+        "compression": cluster.compression.model_dump(mode="json") if cluster else None,
         "max_delay_seconds": archive.max_delay_seconds if archive else None,
         "key_seconds": archive.key_seconds if archive else None,
         "batch_max_bytes": BATCH_MAX_BYTES,

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from shardvault.contracts.models import AGENT_PROTOCOL
+from shardvault.contracts.models import AGENT_PROTOCOL, Manifest
+from shardvault.data.frames import unpack_frames
 
 from .conftest import run_cli
 
@@ -59,3 +60,29 @@ def test_show_counts_what_the_store_holds(make_cluster):
         stored = sum(backup_id in key for key in keys)
         assert f"= {stored} stored" in objects, (objects, stored)
         assert "none (each shard restores" in done.stdout  # SQLite: no cut, said so
+
+
+def test_show_says_what_packing_cost_and_at_which_levels(make_cluster):
+    """The full's packing CPU and frames per zstd level (``compression.level: auto``), as the
+    manifest in the store records them: every frame of every object the agent packed is
+    counted at one level, 1 or 3."""
+    cluster = make_cluster(nodes=1, size_mb=4)
+    full_id, _ = cluster.full_then_incremental()
+    (shown,) = [
+        r for r in cli_json(cluster.stack, "list", cluster.name) if r["backup_id"] == full_id
+    ]
+    stored = cluster.stack.services().store_bucket.get(shown["manifest_key"])
+    manifest = Manifest.model_validate_json(stored["Body"].read())
+    objects = [o for s in manifest.shards for stream in s.streams for o in stream.objects]
+    objects += [s.blockmap for s in manifest.shards if s.blockmap]
+    frames = sum(len(unpack_frames(o.frames)) for o in objects)
+    assert frames > 0
+    assert {int(k): v for k, v in shown["frame_levels"].items()} == manifest.frame_levels
+    assert set(manifest.frame_levels or {}) <= {1, 3}
+    assert sum((manifest.frame_levels or {}).values()) == frames
+    assert 0 < shown["pack_cpu_seconds"] == manifest.pack_cpu_seconds
+
+    done = run_cli(cluster.stack, "show", cluster.name, full_id)
+    assert done.returncode == 0, done.stderr
+    assert "packing CPU" in done.stdout
+    assert "frames per zstd level" in done.stdout

@@ -31,7 +31,12 @@ class Function:
         if event["action"] == self.refuse:
             return {"errorType": "ChecksumMismatch", "errorMessage": "not stored as described"}
         if event["action"] == "settings":
-            return {"cluster": "c", "level": 1, "max_delay_seconds": 5.0, "encryption": None}
+            return {
+                "cluster": "c",
+                "compression": {"level": 1},
+                "max_delay_seconds": 5.0,
+                "encryption": None,
+            }
         return {"url": "https://store.example/put", "key": "k"}
 
 

@@ -42,7 +42,7 @@ from .support import (
     with_buckets,
 )
 
-PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression_level": 3}
+PACK = {"cluster": "c", "prefix": "backups", "part_size": 8 * MiB, "compression": {}}
 # The parent's block map as the control plane names it; its bytes are the test's own
 # (``incremental_agent``), and it was made on another node (no block screen).
 PARENT = {
@@ -169,7 +169,7 @@ def test_a_plan_other_than_the_packed_one_is_packed_again(tmp_path: Path) -> Non
     plan it was packed for); the plan does not take checksums made for another cut."""
     cmds, _ = incremental_agent(tmp_path)
     answer = checkpoint(cmds, "b2", PACK)
-    other = PACK | {"compression_level": 9}
+    other = PACK | {"compression": {"level": 9}}
     objects = planned(answer, "b2", other)
 
     items = plan_items(objects, packed_by_nodes([Listing.model_validate(answer)]))

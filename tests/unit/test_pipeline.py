@@ -75,7 +75,7 @@ def unpacked(result, stored: bytes, codec: FrameCodec, length: int, frame_size=M
     ids=["compressible", "incompressible", "small"],
 )
 def test_round_trip_restores_every_byte(data: bytes, codec_byte: int) -> None:
-    codec = FrameCodec(level=3)
+    codec = FrameCodec(3)
     result, stored = packed(data, codec)
     assert stored[0] == codec_byte
     plain, spans = unpacked(result, stored, codec, len(data))
@@ -86,7 +86,7 @@ def test_round_trip_restores_every_byte(data: bytes, codec_byte: int) -> None:
 
 
 def test_compression_shrinks_and_incompressible_data_does_not_grow() -> None:
-    codec = FrameCodec(level=3)
+    codec = FrameCodec(3)
     text, _ = packed(compressible(4 * MiB), codec)
     noise, _ = packed(os.urandom(4 * MiB), codec)
     assert text.stored_length < 4 * MiB / 10
@@ -211,12 +211,12 @@ def test_sealed_frames_encoded_on_spare_cores_open_in_their_places() -> None:
 def test_frames_go_to_helpers_only_while_a_core_is_idle() -> None:
     spare, codec = SpareCores(cores=2), FrameCodec()
     with spare.packing():  # one pack on two cores: one idle
-        handed = spare.encode(codec, b"x" * 1000, b"place")
+        handed = spare.encode(codec, b"x" * 1000, b"place", 1)
         assert handed is not None
-        assert handed.result() == codec.encode(b"x" * 1000, b"place")
+        assert handed.result().stored == codec.encode(b"x" * 1000, b"place")
         with spare.packing():  # two packs: none idle
-            assert spare.encode(codec, b"y", b"place") is None
-        again = spare.encode(codec, b"z" * 1000, b"place")  # one idle again
+            assert spare.encode(codec, b"y", b"place", 1) is None
+        again = spare.encode(codec, b"z" * 1000, b"place", 1)  # one idle again
         assert again is not None
         again.result()
 
@@ -226,11 +226,11 @@ def test_a_core_other_processes_keep_busy_is_not_borrowed() -> None:
     busy = {"others": 1.0}
     spare, codec = SpareCores(cores=2, others=lambda: busy["others"]), FrameCodec()
     with spare.packing():
-        assert spare.encode(codec, b"x", b"place") is None
+        assert spare.encode(codec, b"x", b"place", 1) is None
         busy["others"] = 0.4  # the database idles more than half a core: one is idle
-        handed = spare.encode(codec, b"y" * 1000, b"place")
+        handed = spare.encode(codec, b"y" * 1000, b"place", 1)
         assert handed is not None
-        assert handed.result() == codec.encode(b"y" * 1000, b"place")
+        assert handed.result().stored == codec.encode(b"y" * 1000, b"place")
 
 
 def test_no_more_frames_are_handed_out_than_the_most_whatever_the_cores() -> None:
@@ -238,11 +238,11 @@ def test_no_more_frames_are_handed_out_than_the_most_whatever_the_cores() -> Non
     hold = threading.Event()
     held = [spare._pool.submit(hold.wait) for _ in range(spare.most)]  # both helpers busy
     with spare.packing():
-        handed = [spare.encode(codec, b"a" * 5000, b"place") for _ in range(3)]
+        handed = [spare.encode(codec, b"a" * 5000, b"place", 1) for _ in range(3)]
         assert handed[0] is not None
         assert handed[1] is not None
         assert handed[2] is None  # two are out, queued: the third is the caller's
         hold.set()
-        assert [f.result() for f in handed[:2]] == [codec.encode(b"a" * 5000, b"place")] * 2
-        assert spare.encode(codec, b"b", b"place") is not None  # back under the most
+        assert [f.result().stored for f in handed[:2]] == [codec.encode(b"a" * 5000, b"place")] * 2
+        assert spare.encode(codec, b"b", b"place", 1) is not None  # back under the most
     assert all(h.result() for h in held)

@@ -453,7 +453,7 @@ class BackupCommands:
         limiter, _ = self.limits.of(item.backup_id)
         capture = self._capture_of(item)
         sealer = self.keys.sealer(self.files.encryption(item.backup_id))
-        codec = FrameCodec(level=item.compression_level, sealer=sealer)
+        codec = FrameCodec(item.compression, sealer, cores=self.spare.cores)
         path.parent.mkdir(parents=True, exist_ok=True)
         unfinished = path.with_suffix(".partial")
         source, hasher = self._source(item, capture, limiter), self._hasher(item, capture, limiter)
@@ -472,6 +472,8 @@ class BackupCommands:
             key_check=sealer.check if sealer else None,
             throttle=limiter.snapshot() if isinstance(limiter, AdaptiveLimiter) else None,
             held_log_bytes=self.limits.peak_held_log(item.backup_id),
+            pack_cpu_seconds=round(packed.cpu_seconds, 4),
+            frame_levels=dict(packed.levels),
         )
         unfinished.replace(path)
         if item.phase == Phase.BLOCKMAP:

@@ -19,7 +19,7 @@ recorded again); the pending batch goes only after its files and its request. A 
 PostgreSQL pushes again after a crash of its own goes in a new batch: the archive may hold a
 WAL file twice, never miss one.
 
-Settings (the zstd level, the delay, whether to seal) come from the function, asked for again
+Settings (the compression, the delay, whether to seal) come from the function, asked for again
 every ``SETTINGS_SECONDS``; a new data key only when the one in use has run the policy's
 ``archive.key_seconds``.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from shardvault.contracts.layout import batch_place
-from shardvault.contracts.models import DEFAULT_COMPRESSION_LEVEL, Encryption
+from shardvault.contracts.models import Compression, Encryption
 from shardvault.contracts.wal_archive import (
     BATCH_MAX_BYTES,
     REQUEST_PREFIX,
@@ -62,7 +62,7 @@ FAILURE_PAUSE = 5.0  # after a batch failed, before the spool is looked at again
 @dataclass
 class Settings:
     cluster: str
-    level: int
+    compression: Compression
     max_delay_seconds: float
     encryption: Encryption | None
     read_at: float
@@ -187,7 +187,7 @@ class Archiver:
                 encryption, key_until = old.encryption, old.key_until
         self.settings = Settings(
             cluster=answer["cluster"],
-            level=answer.get("level") or DEFAULT_COMPRESSION_LEVEL,
+            compression=Compression.model_validate(answer.get("compression") or {}),
             max_delay_seconds=answer.get("max_delay_seconds") or DEFAULT_DELAY,
             encryption=encryption,
             read_at=now,
@@ -243,7 +243,7 @@ class Archiver:
         ]
         length = sum(e.size for e in entries)
         sealer = self.keys.sealer(settings.encryption) if settings.encryption else None
-        codec = FrameCodec(settings.level, sealer)
+        codec = FrameCodec(settings.compression, sealer)
         frame_size = frame_size_for(length)
         reader = _Concatenated(files)
         try:

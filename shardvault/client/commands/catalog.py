@@ -18,6 +18,7 @@ from shardvault.client.records import (
     held_cell,
     hold_note,
     objects_cell,
+    packing_cell,
     read_bytes,
     share_of_full,
     throttle_cell,
@@ -104,6 +105,8 @@ def run_show(args: argparse.Namespace) -> int:
         table.add_row("throttle", throttle_cell(record.throttle))
     if record.held_log_bytes:
         table.add_row("source WAL held", held_cell(record))
+    if record.pack_cpu_seconds:
+        table.add_row("packing CPU", packing_cell(record))
     if verified := record.verify:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(verified.verified_at))
         table.add_row(
