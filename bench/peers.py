@@ -24,6 +24,7 @@ import pwd
 import resource
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterable
@@ -381,7 +382,26 @@ class PgBackRest:
         self.run("expire", f"--set={label}")
 
     def info(self) -> dict[str, Any]:
-        return json.loads(self.run("info", "--output=json"))[0]
+        """``info --output=json``'s stanza. Asked again when it prints nothing (2.59.1 did,
+        exiting 0, right after a backup, twice in a row on 2026-12-06)."""
+        for _ in range(5):
+            result = subprocess.run(
+                self.command("info", "--output=json"),
+                capture_output=True, text=True, cwd="/", check=False,
+            )  # fmt: skip
+            if result.returncode == 0 and result.stdout.strip():
+                return json.loads(result.stdout)[0]  # type: ignore[no-any-return]
+            log_tail = "".join(
+                p.read_text()[-2000:] for p in sorted((self.base / "log").glob("*info.log"))
+            )
+            print(
+                f"pgbackrest info exited {result.returncode} with stdout {result.stdout!r}, "
+                f"stderr {result.stderr!r}; its log ends:\n{log_tail}",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(1.0)
+        raise RuntimeError(f"pgbackrest info printed nothing; logs in {self.base / 'log'}.")
 
     def backup_prefix(self, label: str) -> str:
         return f"{PGBACKREST_REPO_PATH.strip('/')}/backup/{STANZA}/{label}/"
