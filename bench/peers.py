@@ -24,7 +24,6 @@ import pwd
 import resource
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterable
@@ -307,7 +306,12 @@ class PgBackRest:
 
     def run(self, *args: str) -> str:
         result = subprocess.run(
-            self.command(*args), capture_output=True, text=True, cwd="/", check=False
+            self.command(*args),
+            capture_output=True,
+            text=True,
+            cwd="/",
+            check=False,
+            env=tool_env(),
         )
         if result.returncode != 0:
             raise RuntimeError(
@@ -382,29 +386,16 @@ class PgBackRest:
         self.run("expire", f"--set={label}")
 
     def info(self) -> dict[str, Any]:
-        """``info --output=json``'s stanza. Asked again when it prints nothing (2.59.1 did,
-        exiting 0, right after a backup, twice in a row on 2026-12-06)."""
-        for _ in range(5):
-            result = subprocess.run(
-                self.command("info", "--output=json"),
-                capture_output=True, text=True, cwd="/", check=False,
-            )  # fmt: skip
-            if result.returncode == 0 and result.stdout.strip():
-                return json.loads(result.stdout)[0]  # type: ignore[no-any-return]
-            log_tail = "".join(
-                p.read_text()[-2000:] for p in sorted((self.base / "log").glob("*info.log"))
-            )
-            print(
-                f"pgbackrest info exited {result.returncode} with stdout {result.stdout!r}, "
-                f"stderr {result.stderr!r}; its log ends:\n{log_tail}",
-                file=sys.stderr,
-                flush=True,
-            )
-            time.sleep(1.0)
-        raise RuntimeError(f"pgbackrest info printed nothing; logs in {self.base / 'log'}.")
+        return json.loads(self.run("info", "--output=json"))[0]  # type: ignore[no-any-return]
 
     def backup_prefix(self, label: str) -> str:
         return f"{PGBACKREST_REPO_PATH.strip('/')}/backup/{STANZA}/{label}/"
+
+
+def tool_env() -> dict[str, str]:
+    """The environment pgBackRest runs in: without ``$PGBACKREST_BIN``, which it would take for
+    an option of its own (``bin``) and warn of on stdout, before ``info``'s JSON."""
+    return {k: v for k, v in os.environ.items() if k != PGBACKREST_BIN_ENV}
 
 
 def _children_cpu() -> float:
