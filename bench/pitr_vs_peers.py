@@ -12,8 +12,10 @@ The environment is ``backup_vs_peers.py``'s, set up by its code: one PostgreSQL 
 (``initdb --data-checksums``, ``wal_level=replica``, ``shared_buffers=512MB``) filled by
 ``pgbench -i -s SCALE``; the local stack (moto Step Functions running the real ASL, Lambda
 handlers in this process, MinIO as the store) with one source agent and one restore-target
-agent; pgBackRest 2.45 (``compress-type=zst`` at its default level 3, ``process-max=2``) into a
-second MinIO over TLS. Then, as ``wal_archive.py`` sets each tool's archiving up:
+agent; pgBackRest (``$PGBACKREST_BIN``, else ``pgbackrest`` on ``PATH``) as its users run it
+(``peers.PgBackRest.as_users_run_it``: ``compress-type=zst`` at its default level 3,
+``process-max=2``, ``repo1-bundle=y``, ``repo1-block=y``) into a second MinIO over TLS.
+Then, as ``wal_archive.py`` sets each tool's archiving up:
 
 * both tools archive the same server's WAL: ``archive_command`` is ShardVault's push (the
   system python3 running a copy of ``walspool.py``, ``--spool DIR``) *and then* pgBackRest's
@@ -92,11 +94,11 @@ from peers import (
     PGBACKREST_BUCKET,
     PGBACKREST_REPO_PATH,
     STANZA,
+    PgBackRest,
     avoid_empty_put_stall,
     list_keys,
 )
 
-from shardvault.contracts import layout
 from shardvault.contracts.models import BackupRequest, Manifest, RestoreRequest
 from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number
 from shardvault.local.postgres import PostgresInstance, give_to_postgres
@@ -202,6 +204,9 @@ def archive_both(bench: bvp.Bench, cleanup: contextlib.ExitStack) -> Pitr:
         instance=bench.pg,
         process_max=bench.pgbackrest.process_max,
         compress_type=bench.pgbackrest.compress_type,
+        binary=bench.pgbackrest.binary,
+        bundle=bench.pgbackrest.bundle,
+        block=bench.pgbackrest.block,
         spool_path=root / "pgbackrest-spool",
     )
     pgbackrest.write_config()  # the same file and repository, now with archive-async
@@ -402,22 +407,17 @@ def shardvault_pitr(pitr: Pitr) -> dict[str, Any]:
     result = bvp.shardvault_restore(bench, request, restored_values)
     shard = manifest.shards[0]
     base_end = shard.marker.get("cut_lsn") or shard.marker.get("stop_lsn")
-    # What the restore downloaded of the archive: every batch from the base's segment on (the
-    # archive as it was at the restore: the source wrote nothing to archive since).
+    # The archive after the base (as it was at the restore: the source wrote nothing to
+    # archive since), and what the node's WAL feed fetched of it (the restore's summary).
     found = archive.after_backup(bench.stack.services(), manifest, bvp.SHARD_ID)
     batches = found.batches if found else []
-    log = bench.restore_agent_log.read_text()
-    downloads = {
-        c["key"]
-        for c in report.agent_commands(log, result["restore_id"])
-        if c["command"] == "download" and f"/{layout.ARCHIVE_DIR}/" in (c["key"] or "")
-    }
+    fed = batches[: result.get("wal_batches_fetched") or 0]
     return checked(pitr, result, base_end) | {
         "wal_batches": len(batches),
-        "wal_batches_downloaded_in_log": len(downloads),
-        "wal_fetched_stored_bytes": sum(b["stored_length"] for b in batches),
-        "wal_fetched_bytes": sum(f["size"] for b in batches for f in b["files"]),
-        "wal_fetched_segments": sum(len(b["files"]) for b in batches),
+        "wal_batches_fetched": result.get("wal_batches_fetched"),
+        "wal_fetched_stored_bytes": result.get("wal_stored_bytes_fetched"),
+        "wal_fetched_bytes": result.get("wal_bytes_fetched"),
+        "wal_fetched_segments": sum(len(b["files"]) for b in fed),
         "wal_first": found.first if found else None,
         "wal_last": found.last if found else None,
     }
@@ -545,7 +545,8 @@ def markdown(pitr: Pitr, runs: dict, summary: dict, command: str) -> str:
     ]
     labels = {
         SV: "ShardVault (`--target-time`; base + archive batches from the local stack)",
-        PGBR: "pgBackRest 2.45 (`--type=time`, async archive-get, process-max=2, zst, TLS)",
+        PGBR: f"{bench.pgbackrest.version()} (`--type=time`, async archive-get, process-max=2, "
+        "zst, bundles, block incremental, TLS)",
     }
     for name in (SV, PGBR):
         entry = summary[name]
@@ -563,9 +564,10 @@ def markdown(pitr: Pitr, runs: dict, summary: dict, command: str) -> str:
     per_round = ", ".join(f"{r:.2f}" for r in summary["ratio_per_round"])
     sv_backup, pgbr_backup = summary[SV_BACKUP]["seconds"], summary[PGBR_BACKUP]["seconds"]
     split = (
-        f"Where the time went (medians): ShardVault's Download state (base frames and WAL "
-        f"batches) {summary[SV].get('download_seconds') or 0:.1f} s and Finish (recovery to "
-        f"the target, promotion, pg_amcheck) {summary[SV].get('finish_seconds') or 0:.1f} s; "
+        f"Where the time went (medians): ShardVault's Download state (the base's frames) "
+        f"{summary[SV].get('download_seconds') or 0:.1f} s and Finish (recovery to the target "
+        "fed the archive's batches as it replays, promotion, pg_amcheck) "
+        f"{summary[SV].get('finish_seconds') or 0:.1f} s; "
         f"pgBackRest's restore command (the base's files) "
         f"{summary[PGBR].get('restore_seconds') or 0:.1f} s, then start, recovery, promotion "
         f"and pg_amcheck."
@@ -578,8 +580,8 @@ def markdown(pitr: Pitr, runs: dict, summary: dict, command: str) -> str:
         f"Full backups before the load (one each): ShardVault {sv_backup:.1f} s, pgBackRest "
         f"{pgbr_backup:.1f} s.",
         split,
-        "WAL fetched: ShardVault downloads every archived batch from its base's segment to the "
-        "end of the archive (its WAL bytes; stored: compressed, as downloaded); pgBackRest, the "
+        "WAL fetched: ShardVault, the archive's batches its WAL feed fetched (those recovery "
+        "reached and a few ahead; WAL bytes, stored: compressed, as downloaded); pgBackRest, the "
         "segments its archive-get logged found (async prefetch included; 16 MiB each; stored: "
         "zst).",
     ]
@@ -597,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         root = bvp.make_workdir(args, cleanup)
         # Runs after everything else stopped (LIFO): pgBackRest's async processes, by pid.
         cleanup.callback(wal_archive.wait_gone, str(root / "pgbackrest" / "pgbackrest.conf"))
-        bench = bvp.setup(args, root, cleanup)
+        bench = bvp.setup(args, root, cleanup, make_pgbackrest=PgBackRest.as_users_run_it)
         say(f"setup done in {time.time() - started:.0f} s: {bench.setup}")
         pitr = archive_both(bench, cleanup)
         bench.pg.psql("CREATE TABLE marks (n int, at timestamptz DEFAULT clock_timestamp())")

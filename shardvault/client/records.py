@@ -235,6 +235,15 @@ def backup_json(record: BackupItem, root: BackupItem | None) -> dict[str, Any]:
     return out
 
 
+def wal_fed_cell(summary: dict[str, Any]) -> str:
+    """A point-in-time restore's WAL feed, e.g. "12 of 40 archive batches (190.0 MiB):
+    recovery stopped before the rest"."""
+    fetched, planned = summary.get("wal_batches_fetched", 0), summary["wal_batches"]
+    mib = summary.get("wal_bytes_fetched", 0) / MiB
+    text = f"{fetched} of {planned} archive batches ({mib:,.1f} MiB)"
+    return text + (": recovery stopped before the rest" if fetched < planned else "")
+
+
 def print_restore(summary: dict[str, Any]) -> None:
     read = str(summary.get("source") or "")
     source = f" (vault target {read.removeprefix('copy:')})" if read.startswith("copy:") else ""
@@ -249,6 +258,8 @@ def print_restore(summary: dict[str, Any]) -> None:
         ("throughput", f"{summary.get('throughput_mib_s', 0):.1f} MiB/s"),
         ("validation", summary.get("validation", "")),
     ]
+    if summary.get("wal_batches"):  # a point-in-time restore: what recovery was fed
+        rows.insert(-1, ("WAL fed to recovery", wal_fed_cell(summary)))
     for key, value in rows:
         table.add_row(key, str(value))
     console.print(table)

@@ -289,6 +289,12 @@ class RestoreItem(Outcome):
     throughput_mib_s: float | None = None
     shards: list[RestoredShard] = Field(default_factory=list)
     validation: Literal["passed", "failed"] | None = None
+    # A point-in-time restore: the archive batches planned for it, and those its nodes fed
+    # recovery (it fetches only what recovery reaches, and a few batches ahead).
+    wal_batches: int | None = None
+    wal_batches_fetched: int | None = None
+    wal_bytes_fetched: int | None = None
+    wal_stored_bytes_fetched: int | None = None
 
 
 def kind_of(key: str) -> type[CatalogItem]:

@@ -31,7 +31,8 @@ node's record (``models.Registered``).
 Protocol 4 (``models.AGENT_PROTOCOL``) dropped what the agent kept for control planes older
 than itself: a listing command always has its ``answer_url`` (no answer inline), a parent's
 block map names its node and marker, and a chain is always layered (its newer members'
-objects download first). A default here stands for "not this time" (no encryption, no
+objects download first). Protocol 5: a point-in-time restore's WAL comes with finish
+(``FinishRestoreArgs.wal``). A default here stands for "not this time" (no encryption, no
 parents: a backup that scans in a Scan step apart), never for an older sender.
 """
 
@@ -323,6 +324,9 @@ class FinishRestoreArgs(CommandArgs):
     shard_ids: ShardIds  # read as they are (``Restorer.finish``)
     validation_queries: list[str] = Field(default_factory=list)  # checked at the request
     heapallindexed: bool = False
+    # A point-in-time restore's archive batches, fed to recovery as it replays
+    # (``shardvault_agent.restore.walfeed``), with their URLs (``restore.planner.plan``).
+    wal: PrefetchArgs | None = None
 
 
 class AbortRestoreArgs(CommandArgs):
@@ -492,6 +496,16 @@ class Downloaded(CommandResult):
     resumed: bool
 
 
+class WalFed(CommandResult):
+    """What a node's WAL feeds fetched of the archive batches planned for it: recovery that
+    stops early leaves the rest in the store."""
+
+    planned: int
+    fetched: int
+    bytes: int  # of WAL
+    stored_bytes: int
+
+
 class RestoredShard(CommandResult):
     """One shard as its engine finished it: where it is, its server, what its checks found."""
 
@@ -509,6 +523,7 @@ class RestoredShard(CommandResult):
     # point) and the kind of target it was given.
     recovered_to: str | None = None
     recovery_target: str | None = None
+    wal: WalFed | None = None  # a point-in-time restore's feed: the batches it fetched
 
 
 class Finished(NodeResult):

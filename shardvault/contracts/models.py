@@ -170,8 +170,10 @@ HEARTBEAT_MISSES = 3
 # ``auto``. 3: a download item may name the vault version it reads (``version_id``), and a
 # cut the database its commit lock lives in (``CutRequest.database``). 4: every listing
 # answer goes through its answer URL, a parent map names its node, a chain is always layered
-# (``contracts.commands``: the agent no longer reads what older control planes sent).
-AGENT_PROTOCOL = 4
+# (``contracts.commands``: the agent no longer reads what older control planes sent). 5: a
+# point-in-time restore's archive batches come with finish, fed as recovery replays
+# (``FinishRestoreArgs.wal``), not through the Download map.
+AGENT_PROTOCOL = 5
 
 
 class NodeRecord(Registered):

@@ -14,7 +14,7 @@ from shardvault.backup import (
     reaped_error,
 )
 from shardvault.contracts.catalog import RestoreItem, restore_key
-from shardvault.contracts.commands import Finished, parse_result
+from shardvault.contracts.commands import Finished, RestoredShard, parse_result
 from shardvault.contracts.models import (
     BackupStatus,
     RestoreContext,
@@ -54,6 +54,7 @@ def finalize(
         "throughput_mib_s": round(context.bytes / max(duration, 1e-9) / 2**20, 2),
         "shards": [s.model_dump(mode="json", exclude_none=True) for s in shards],
         "validation": "passed" if all(s.checks_passed for s in shards) else "failed",
+        **wal_fed(shards),
     }
     restored = RestoreItem.changes(**summary)
     svc.catalog.update(context.target_cluster, restore_key(context.restore_id), restored)
@@ -69,6 +70,19 @@ def finalize(
         "backup_id": context.backup_id,
         "source": context.source,
         **summary,
+    }
+
+
+def wal_fed(shards: list[RestoredShard]) -> dict[str, int]:
+    """What the nodes' WAL feeds fetched, all shards' (none: no point-in-time restore)."""
+    fed = [s.wal for s in shards if s.wal is not None]
+    if not fed:
+        return {}
+    return {
+        "wal_batches": sum(f.planned for f in fed),
+        "wal_batches_fetched": sum(f.fetched for f in fed),
+        "wal_bytes_fetched": sum(f.bytes for f in fed),
+        "wal_stored_bytes_fetched": sum(f.stored_bytes for f in fed),
     }
 
 

@@ -6,6 +6,9 @@ Terms:
   URL (agents hold no store credentials) and checks each part and the object as it writes.
 - *prefetch*: the items and URLs a node's prepare may start on before the Download map
   reaches it.
+- *WAL feed*: a point-in-time restore's archive batches, per node (``wal_key``), signed as its
+  finish starts and fetched by the node while recovery replays
+  (``shardvault_agent.restore.walfeed``): only what recovery reaches, and a few batches ahead.
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
     planned = rewrapped(planned, rewrap)
     prefetch = {node_id: rewrapped(items, rewrap) for node_id, items in prefetch.items()}
     wal = {shard: (files, rewrapped(items, rewrap)) for shard, (files, items) in wal.items()}
+    fed: dict[str, list[DownloadItem]] = {}
     for _, items in wal.values():
-        planned += items
+        for item in items:
+            fed.setdefault(item.node_id, []).append(item)
     # Each node's objects in turn: the Download map starts items in plan order.
     plan_key = put_items(svc, context, "downloads.json", interleave_by_node(planned))
     for assignment in context.assignments:
@@ -93,9 +98,11 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             started_at=context.started_at,
             execution_id=context.execution_id,
             placement={p.shard_id: p.node_id for p in context.placements},
-            # Every byte of the restored streams, once, and the archive's WAL it replays.
-            bytes_total=context.bytes + sum(i.length for _, w in wal.values() for i in w),
+            # Every byte of the restored streams, once; the WAL recovery reaches is counted
+            # as it is fed (finalize), and the batches the archive holds for it here.
+            bytes_total=context.bytes,
             objects_total=len(planned) + prefetched,
+            wal_batches=sum(len(items) for _, items in wal.values()) if wal else None,
         )
     )
     nodes = [
@@ -105,6 +112,11 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             "prefetch_key": (
                 put_items(svc, context, f"prefetch/{a.node_id}.json", prefetch[a.node_id])
                 if prefetch.get(a.node_id)
+                else None
+            ),
+            "wal_key": (
+                put_items(svc, context, f"wal/{a.node_id}.json", fed[a.node_id])
+                if fed.get(a.node_id)
                 else None
             ),
         }
@@ -140,10 +152,11 @@ def prepare_key(svc: Services, context: RestoreContext, node_id: str) -> str:
 
 
 def sign_prefetch(prefetch_key: str, svc: Services) -> dict[str, Any]:
-    """Presigned GET URLs of the objects a node prefetches from its prepare on (``plan``), with
-    their items, written to the work bucket for the dispatcher (``prefetch_urls_key``): like
-    ``sign_download``'s, no URL enters the execution's history. Signed when the node's
-    prepare starts, after thaw: a URL signed at plan could expire while objects thaw."""
+    """Presigned GET URLs of the objects a node prefetches from its prepare on (``plan``), or
+    of its WAL feed's batches, with their items, written to the work bucket for the
+    dispatcher (``prefetch_urls_key``, ``wal_urls_key``): like ``sign_download``'s, no URL
+    enters the execution's history. Signed as the node's prepare (or finish) starts: a URL
+    signed at plan could expire while objects thaw and download."""
     downloads = []
     for entry in svc.get_work(prefetch_key):
         item = DownloadItem.model_validate(entry["object"])

@@ -18,11 +18,14 @@ Terms:
   of every shard reaches (its newest contiguous file's push): a target outside it is refused
   with ``TargetOutOfRange`` naming the range, before anything is written.
 
-The archive's WAL goes to the restoring node like any other object (``Phase.WAL`` download
-items, checked frame by frame), into ``.shardvault-wal/`` beside the restored data, where the
-recovery's ``restore_command`` reads it. PostgreSQL stops at a time target only once it meets a
-transaction after it: WAL that holds none (the archive ends too early, or nothing committed
-since) makes the restored server stop, which the node reports as ``TargetOutOfRange``.
+The archive's WAL is *fed* to the restoring node's recovery as it replays: the batches
+(``Phase.WAL`` download items, checked frame by frame like any object) come with the node's
+finish, which starts recovery once the base is in place and fetches the batches recovery asks
+for, and a few ahead, into ``.shardvault-wal/`` beside the restored data, where the recovery's
+``restore_command`` waits for each file (``shardvault_agent.restore.walfeed``). PostgreSQL
+stops at a time target only once it meets a transaction after it: WAL that holds none (the
+archive ends too early, or nothing committed since) makes the restored server stop, which the
+node reports as ``TargetOutOfRange``.
 """
 
 from __future__ import annotations

@@ -96,6 +96,8 @@ def dispatch(
         args |= work_args(svc, key)
     if key := args.pop("prefetch_urls_key", None):  # a restore's prepare: what it prefetches
         args["prefetch"] = work_args(svc, key)
+    if key := args.pop("wal_urls_key", None):  # a restore's finish: the WAL it feeds recovery
+        args["wal"] = work_args(svc, key)
     if args.pop("scan_args", False):  # a backup's Checkpoint or Scan: the node's parents
         args |= work_args(svc, svc.scan_args_key(request.backup_id, request.node_id))
     if phase := ANSWERED.get(request.command):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
+from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.local.postgres import restored_instance
 
 from .conftest import output
@@ -232,3 +234,69 @@ def test_a_sealed_cluster_restores_to_a_time_through_each_batchs_own_key(
 
     assert progress.status == "SUCCEEDED", progress.cause
     assert restored_marks(progress) == list(range(4))
+
+
+def many_batches(archiving, count: int = 14) -> tuple:
+    """A node backed up, then ``count`` markers, each followed by most of a segment of WAL
+    and archived in a batch of its own. Full segments, as a real load writes them: segments
+    a switch leaves nearly empty let recovery's read-ahead (``recovery_prefetch``, 512 kB of
+    records) ask for many at once."""
+    node = archiving(delay=0.1)
+    node.start_agent()
+    node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz)")
+    node.server.psql("CREATE TABLE pad (t text)")
+    backup = node.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    for n in range(count):
+        node.server.psql(f"INSERT INTO marks VALUES ({n}, clock_timestamp())")
+        node.server.psql(
+            "INSERT INTO pad SELECT repeat(md5(g::text), 40) FROM generate_series(1, 9000) g"
+        )
+        last = node.server.psql("SELECT pg_walfile_name(pg_switch_wal())")
+        node.wait_archived(last)
+    settle(node)
+    rows = node.server.psql("SELECT at FROM marks WHERE n < 1000 ORDER BY n").splitlines()
+    return node, [datetime.fromisoformat(r) for r in rows]
+
+
+def test_recovery_is_fed_only_what_it_reaches_and_a_few_batches_ahead(
+    archiving, make_target
+) -> None:
+    node, times = many_batches(archiving)
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"time": after(times, 1).isoformat()})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == [0, 1]
+    summary = output(progress)
+    archived = len(node.batches())  # every batch the archive holds, the base's own too
+    assert 8 < summary["wal_batches"] <= archived
+    # The batches up to the target's (a few), and AHEAD more at most: not the archive.
+    assert 0 < summary["wal_batches_fetched"] <= summary["wal_batches"] - 4
+    (shard,) = summary["shards"]
+    assert shard["wal"]["fetched"] == summary["wal_batches_fetched"]
+    assert not (Path(shard["path"]) / WAL_DIR).exists()  # replayed, then removed
+    assert not any((into.restore_dir(0) / ".incoming").glob("**/*.wal"))  # no landing left
+
+
+def test_a_damaged_batch_fails_recovery_with_its_own_error_not_a_short_copy(
+    archived, make_target
+) -> None:
+    node, _, _ = archived
+    svc = node.stack.services()
+    batch = node.batches()[-2]  # one recovery to the archive's end needs
+    body = svc.store_s3.get_object(Bucket=svc.store.bucket, Key=batch["key"])["Body"].read()
+    damaged = body[:40] + bytes([body[40] ^ 0xFF]) + body[41:]
+    svc.store_s3.put_object(Bucket=svc.store.bucket, Key=batch["key"], Body=damaged)
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"latest": True})
+
+    # Not promoted at the batch before it, as "the end of the archive" would have been.
+    assert progress.status == "FAILED"
+    assert progress.error in ("ChecksumMismatch", "FrameUnreadable"), progress.cause
+    (record,) = into.records()
+    assert batch["key"] in record["cause"]
+    assert not [p for p in into.restore_dir(0).iterdir() if not p.name.startswith(".")]
+    assert not list(into.restore_dir(0).glob("*/postmaster.pid"))  # no server left running

@@ -98,8 +98,8 @@ ENCRYPTION = Encryption(
     key_check="check",
 )
 # The dispatcher's keys that bring other arguments: a work object's (inlined, or by URL), a
-# prepare's prefetch, a backup's scan arguments (parents, pack, stop).
-TRANSPORT = {"args_key", "prefetch_urls_key", "scan_args"}
+# prepare's prefetch, a finish's WAL feed, a backup's scan arguments (parents, pack, stop).
+TRANSPORT = {"args_key", "prefetch_urls_key", "wal_urls_key", "scan_args"}
 
 
 # --- The state machines' dispatch tasks ---------------------------------------------------------
@@ -427,7 +427,7 @@ def restore_flows(svc: Services, tmp: Path, keys: dict[str, str], posts: Posted,
             signed = {"signed": sign_download(download, svc)}
             posts[label] = posted(svc, ("restore", "Fetch"), state, item, signed)
         posts[f"finish_restore of the {backup_id}"] = posted(
-            svc, ("restore", "FinishNode"), state, node
+            svc, ("restore", "FinishNode"), state, node, {"signed": {"url_key": None}}
         )
         posts[f"abort_restore of the {backup_id}"] = posted(
             svc, ("restore", "AbortNode"), state, state["restore"]["assignments"][0]
@@ -465,6 +465,15 @@ def restore_flows(svc: Services, tmp: Path, keys: dict[str, str], posts: Posted,
     node = {"node_id": "n1", "args_key": args_key, "prefetch_key": None}
     posts["prepare_restore to a point in time"] = posted(
         svc, ("restore", "PrepareNode"), state, node, {"signed": {"url_key": None}}
+    )
+    # Its finish feeds recovery the archive's batches, signed as it starts (``SignWal``).
+    wal_key = restore_planner.put_items(
+        svc, restore_context("r3", "full", keys), "wal/n1.json", [wal]
+    )
+    signed = restore_planner.sign_prefetch(wal_key, svc)
+    finish = {"node_id": "n1", "shard_ids": ["s1"], "wal_key": wal_key}
+    posts["finish_restore to a point in time"] = posted(
+        svc, ("restore", "FinishNode"), state, finish, {"signed": signed}
     )
 
     record = next(r for r in svc.catalog.restores("c") if r.restore_id == "r2")
@@ -512,6 +521,7 @@ POSTED = [
     "download of the incr's tail",
     "finish_restore of the full",
     "finish_restore of the incr",
+    "finish_restore to a point in time",
     "abort_restore of the full",
     "abort_restore of the incr",
     "abort_restore by the reaper",
@@ -665,6 +675,7 @@ def test_each_required_field_left_out_is_refused_by_name(produced, label):
         ("prepare_restore of the incr", ("shards", 0), "shards.0.url_key"),
         ("prepare_restore of the incr", ("shards", 0, "chain", 1), "shards.0.chain.1.url_key"),
         ("prepare_restore of the incr", ("prefetch",), "prefetch.inline.url_key"),
+        ("finish_restore to a point in time", ("wal",), "wal.inline.url_key"),
         ("prepare_restore to a point in time", ("shards", 0, "recovery"), "recovery.url_key"),
         ("prepare_restore of the full", ("shards", 0, "streams", 0), "streams.0.url_key"),
     ],

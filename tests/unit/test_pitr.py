@@ -196,8 +196,8 @@ def test_the_first_segment_is_the_one_the_backups_wal_ends_in() -> None:
 def test_recovery_reads_the_placed_archive_and_stops_at_the_target() -> None:
     wal_dir = Path("/srv/re stored/s1") / WAL_DIR
     text = recovery_to_target(wal_dir, {"target_time": "2026-11-23T14:02:59+00:00"})
-    # Quoted for the shell, then for postgresql.conf (a quote doubled).
-    assert f"restore_command = 'cp ''{wal_dir}''/%f %p'\n" in text
+    # The feed's command, its directory quoted for the shell, then for postgresql.conf.
+    assert f"restore_command = 'd=''{wal_dir}''; f=\"%f\";" in text
     assert "recovery_target_time = '2026-11-23T14:02:59+00:00'\n" in text
     assert "recovery_target_action = 'promote'\n" in text
     assert "recovery_target_lsn = '0/3000060'\n" in recovery_to_target(

@@ -126,6 +126,9 @@ class Finishing:
     heapallindexed: bool
     servers_given: list[dict[str, Any]]
     note_server: Callable[[dict[str, Any]], None]
+    # A point-in-time restore's WAL feed (``restore.walfeed``): stops it once recovery is over
+    # (the adapter then removes the WAL directory).
+    wal_done: Callable[[], None] = lambda: None
 
 
 class BlockScreen(Protocol):

@@ -76,7 +76,7 @@ class Downloads:
         files = ShardFiles(staged, StreamIndex(unpack_files(layout.stream(item.phase))))
         record.make_room()
         done = record.reads()
-        sealer = self._sealer(item, layout)
+        sealer = self.sealer(item, layout)
         pieces = None if not item.from_chain else files.resolve(part.placements)  # opens files
         root_object = item.key in layout.patched_objects
         overlay = self._overlay(item.restore_id, item.shard_id, layout) if root_object else None
@@ -131,7 +131,7 @@ class Downloads:
             return self.places.object(item.restore_id, item.key).chain_part()
         return ChainPart(Placements.of(), Placements.of(), item.length)
 
-    def _sealer(self, item: DownloadItem, layout: LaidOut) -> Sealer | None:
+    def sealer(self, item: DownloadItem, layout: LaidOut) -> Sealer | None:
         # A WAL batch has its own data key; every other object, its shard's backup's.
         return self.keys.sealer(item.encryption or layout.encryption, item.key_check)
 

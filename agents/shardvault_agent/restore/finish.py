@@ -26,8 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from shardvault.aws.tables import INBOX_TTL_SECONDS
-from shardvault.contracts.commands import Aborted, Finished, FinishRestoreArgs, RestoredShard
-from shardvault.errors import DownloadIncomplete, RestoreValidationFailed
+from shardvault.contracts.commands import (
+    Aborted,
+    Finished,
+    FinishRestoreArgs,
+    Prefetch,
+    RestoredShard,
+)
+from shardvault.contracts.models import Phase, unpack_files
+from shardvault.contracts.wal_archive import WAL_DIR
+from shardvault.errors import DownloadIncomplete, RestoreValidationFailed, ShardVaultError
 from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
@@ -35,8 +43,10 @@ from shardvault_agent.restore.adoption import Adoption, adopted_since
 from shardvault_agent.restore.download import Downloads
 from shardvault_agent.restore.files import sync_tree
 from shardvault_agent.restore.places import Places
-from shardvault_agent.restore.prepare import ChainWork
+from shardvault_agent.restore.prepare import ChainWork, Signed
+from shardvault_agent.restore.walfeed import WalFeed, wal_batches
 from shardvault_agent.statefiles import write_json
+from shardvault_agent.transfer import inlined
 
 log = logging.getLogger("shardvault.agent.restore")
 
@@ -74,11 +84,13 @@ class Finisher:
         self.chains.wait(restore_id, last=True)
         self.places.raise_recorded_failure(restore_id)
         self.downloads.close_overlays(restore_id)  # every object is in: no more patches
+        wal = self._wal_downloads(args)
         results = []
         for shard_id in args.shard_ids:
             with self._turn(restore_id):
                 self.places.refuse_aborted(restore_id)
-                results.append(self._finish_shard(restore_id, shard_id, args))
+                fed = wal.get(shard_id, [])
+                results.append(self._finish_shard(restore_id, shard_id, args, fed))
         with contextlib.suppress(OSError):  # every shard moved out: staging is empty now
             self.places.incoming(restore_id).rmdir()
         self.places.drop_spools(restore_id)  # every shard restored (an abort drops them too)
@@ -100,8 +112,41 @@ class Finisher:
         started[shard_id] = started.get(shard_id, {}) | info
         write_json(self.places.state(restore_id) / "started.json", started)
 
+    def _wal_downloads(self, args: FinishRestoreArgs) -> dict[str, list[Signed]]:
+        """A point-in-time restore's archive batches and their URLs, by shard (fetched first
+        when they came by URL: too large for the inbox item)."""
+        if args.wal is None:
+            return {}
+        sent = args.wal.model_dump(mode="json")
+        wal = Prefetch.model_validate(inlined(self.downloads.downloader, sent))
+        by_shard: dict[str, list[Signed]] = {}
+        for download in wal.downloads:
+            by_shard.setdefault(download.object.shard_id, []).append(
+                (download.object, download.url)
+            )
+        return by_shard
+
+    def _wal_feed(
+        self, restore_id: str, shard_id: str, final: Path, signed: list[Signed]
+    ) -> WalFeed | None:
+        """The shard's WAL feed, started (None: no archive to replay)."""
+        if not signed:
+            return None
+        layout = self.places.layout(restore_id, shard_id)
+        files = unpack_files(layout.stream(Phase.WAL))
+        feed = WalFeed(
+            wal_dir=final / WAL_DIR,
+            landing=self.places.incoming(restore_id) / f"{shard_id}.wal",
+            files=files,
+            batches=wal_batches(files, signed),
+            downloader=self.downloads.downloader,
+            sealer_of=lambda item: self.downloads.sealer(item, layout),
+        )
+        feed.start()
+        return feed
+
     def _finish_shard(
-        self, restore_id: str, shard_id: str, args: FinishRestoreArgs
+        self, restore_id: str, shard_id: str, args: FinishRestoreArgs, wal: list[Signed]
     ) -> dict[str, Any]:
         started = self._started(restore_id).get(shard_id)
         if started and started.get("result"):
@@ -123,7 +168,7 @@ class Finisher:
                 final.rename(aside)  # put back by abort_restore, deleted once checks pass
             staged.rename(final)
         self._note_started(restore_id, shard_id, {"path": str(final), **replaced})
-        result = self.engine.finish(self._finishing(restore_id, shard_id, final, args))
+        result = self._start_and_check(restore_id, shard_id, final, args, wal)
         raise_if_refused(shard_id, result["checks"])
         if not result["checks_passed"]:
             raise RestoreValidationFailed(
@@ -144,11 +189,39 @@ class Finisher:
         self.adoption.adopt(restore_id, shard_id, result)
         return result
 
+    def _start_and_check(
+        self,
+        restore_id: str,
+        shard_id: str,
+        final: Path,
+        args: FinishRestoreArgs,
+        wal: list[Signed],
+    ) -> dict[str, Any]:
+        """The engine's finish of the shard in place, fed its archive's WAL as it recovers
+        when it restores to a point in time."""
+        feed = self._wal_feed(restore_id, shard_id, final, wal)
+        finishing = self._finishing(restore_id, shard_id, final, args)
+        if feed is None:
+            return self.engine.finish(finishing)
+        finishing.wal_done = feed.stop
+        try:
+            result = self.engine.finish(finishing)
+        except ShardVaultError:
+            if feed.failure is not None:  # the cause, not the symptom
+                raise feed.failure from None
+            raise
+        finally:
+            feed.stop()
+        if feed.failure is not None:  # past where recovery stopped: never needed
+            log.warning("%s: shard %s: %s", restore_id, shard_id, feed.failure)
+        return result | {"wal": feed.counted().model_dump(mode="json")}
+
     def _check_all_in(self, restore_id: str, shard_id: str) -> None:
         """Every object of the shard is written: its streams', and every chain object that
         writes a byte (the Download map tolerates failures; none passes unnoticed)."""
         layout = self.places.layout(restore_id, shard_id)
-        needed = [o.key for s in layout.streams for o in s.objects] + layout.chain_objects
+        streams = [s for s in layout.streams if s.phase != Phase.WAL]  # fed at finish
+        needed = [o.key for s in streams for o in s.objects] + layout.chain_objects
         missing = [
             key
             for key in dict.fromkeys(needed)

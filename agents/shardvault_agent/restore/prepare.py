@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from shardvault.contracts.commands import Prefetch, Prepared, PrepareRestoreArgs, ShardLayout
 from shardvault.contracts.commands import Prefetched as PrefetchedCount
-from shardvault.contracts.models import DownloadItem, unpack_files
+from shardvault.contracts.models import DownloadItem, Phase, unpack_files
 from shardvault.data.checksums import combine
 from shardvault.errors import (
     ChecksumMismatch,
@@ -290,6 +290,8 @@ class Preparer:
                 if entry.path.endswith("/"):
                     path.mkdir(parents=True, exist_ok=True)
                     made.add(path)
+                    continue
+                if stream.phase == Phase.WAL:  # fed as recovery replays (``walfeed``)
                     continue
                 if path.parent not in made:
                     path.parent.mkdir(parents=True, exist_ok=True)

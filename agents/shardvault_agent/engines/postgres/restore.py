@@ -36,6 +36,7 @@ from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
 from shardvault_agent.engines.postgres.checks import postgres_checks
 from shardvault_agent.engines.postgres.server import attach_instance
+from shardvault_agent.restore.walfeed import ASKED, FAILED, PLANNED, POLL_SECONDS, STOPPED
 
 log = logging.getLogger("shardvault.agent.restore")
 
@@ -66,6 +67,7 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
     try:
         instance = attach_instance(root, port=port)
         recovered = promoted(instance, RECOVERY_SECONDS)
+        job.wal_done()
     except RuntimeError as error:  # the server stopped: its log is in the message
         raise short_of_target(str(error), shard_id, cut, target) or did_not_start(
             str(error), shard_id
@@ -123,18 +125,40 @@ def recovery_to_target(wal_dir: Path, target: dict[str, Any]) -> str:
     (``shardvault.wal.pitr.recovery``: a time, an LSN, a restore point, or none: the archive's
     end), then open the copy. Each value is checked again here before it is written into
     ``postgresql.auto.conf``: a time parsed, an LSN and a name matched whole."""
-    # restore_command is a shell command: the directory is quoted for the shell, then for
-    # postgresql.conf. It comes from this node's configuration, never from a request.
-    command = f"cp {shlex.quote(str(wal_dir))}/%f %p".replace("'", "''")
     lines = [
         "# shardvault restore: replay the archive's WAL, then open for writes\n",
-        f"restore_command = '{command}'\n",
+        f"restore_command = '{feed_command(wal_dir)}'\n",
         "recovery_target_timeline = 'latest'\n",
     ]
     setting = recovery_setting(target)
     if setting is not None:
         lines += [f"{setting[0]} = '{setting[1]}'\n", "recovery_target_action = 'promote'\n"]
     return "".join(lines)
+
+
+# The command's exit status when the feed failed or stopped before the file came: above 125,
+# which makes recovery stop with an error. 1 would mean "not in the archive", which ends
+# recovery there and, without a target, promotes a copy short of the archive's end.
+FEED_FAILED_STATUS = 200
+
+
+def feed_command(wal_dir: Path) -> str:
+    """The ``restore_command`` that waits for the WAL feed (``restore.walfeed``), quoted for
+    ``postgresql.conf``: a file the feed does not plan is not in the archive (exit 1 at
+    once); one it plans is asked for, waited for, and copied; a failed or stopped feed, or a
+    failed copy, stops recovery (``FEED_FAILED_STATUS``). Only this node's directory (quoted
+    for the shell, its ``%`` doubled for PostgreSQL) and PostgreSQL's own ``%f`` and ``%p``
+    reach the shell, never a request's value."""
+    d = shlex.quote(str(wal_dir)).replace("%", "%%")
+    fail = FEED_FAILED_STATUS
+    script = (
+        f'd={d}; f="%f"; [ -e "$d/{PLANNED}/$f" ] || exit 1; : >"$d/{ASKED}/$f"; '
+        f'until [ -e "$d/$f" ]; do '
+        f'if [ -e "$d/{FAILED}" ] || [ -e "$d/{STOPPED}" ]; then '
+        f'[ -e "$d/$f" ] || exit {fail}; fi; sleep {POLL_SECONDS}; done; '
+        f'cp "$d/$f" "%p" || exit {fail}'
+    )
+    return script.replace("'", "''")
 
 
 def recovery_setting(target: dict[str, Any]) -> tuple[str, str] | None:

@@ -1,0 +1,253 @@
+"""The WAL feed: a point-in-time restore's archive batches fetched while recovery replays.
+
+Recovery starts as soon as the base is in place. PostgreSQL asks its ``restore_command``
+(``engines.postgres.restore.feed_command``) for one WAL file at a time; the command waits
+only until that file is in the *WAL directory* (``.shardvault-wal/`` in the data directory),
+and the feed fetches the batches holding the files recovery asks for and the next few, in
+parallel, so that replay rarely waits and nothing far past where recovery stops is fetched.
+
+Terms:
+- *batch*: one archive object (``Phase.WAL`` download item): consecutive WAL files, frames
+  checked as they land and the object as a whole against its CRC64NVME, like any download.
+- *planned*: ``.planned/<name>``, an empty file per WAL file the archive holds for this
+  restore, written before the server starts: a name not planned (a newer timeline's history,
+  the segment after the archive's end) is answered "not in the archive" at once.
+- *asked*: ``.asked/<name>``, written by the command as it starts waiting: the feed's
+  *position* is the newest batch holding a segment recovery asked for.
+- *ahead*: batches fetched past the position (``AHEAD``), at most ``PARALLEL`` at once; a
+  batch holding an asked file that is not a segment (a timeline history) jumps the queue.
+- *landing*: a batch's files are written under ``<incoming>/<shard>.wal/<batch>/`` and each
+  first copy renamed into the WAL directory once the batch is checked: a file there is whole.
+- *failed*, *stopped*: ``.failed`` (holding the reason) and ``.stop`` in the WAL directory.
+  The command then exits with 200, which makes recovery stop with an error instead of
+  taking the missing file for the archive's end (which would promote the copy short).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from shardvault.contracts.commands import WalFed
+from shardvault.contracts.models import DownloadItem, FileEntry
+from shardvault.data.checksums import combine, to_b64
+from shardvault.data.pipeline import Sealer
+from shardvault.data.streams import StreamIndex
+from shardvault.errors import ChecksumMismatch, DownloadIncomplete, ShardVaultError
+from shardvault_agent.restore.files import ShardFiles
+from shardvault_agent.restore.reads import fetch_range, planned_reads
+from shardvault_agent.transfer import Downloader
+
+log = logging.getLogger("shardvault.agent.restore")
+
+AHEAD = 4  # batches fetched past the newest one recovery asked from
+PARALLEL = 2  # batches fetched at once: replay and decompression share the node's cores
+POLL_SECONDS = 0.05
+PLANNED, ASKED, FAILED, STOPPED = ".planned", ".asked", ".failed", ".stop"
+
+
+@dataclass(frozen=True)
+class WalBatch:
+    """One archive object of the feed: its item, its presigned GET, the WAL files it holds
+    (their stream paths) and the names of those it supplies first (a file a later batch holds
+    again is that batch's duplicate, ``wal.archive.wal_stream``)."""
+
+    index: int
+    item: DownloadItem
+    url: str
+    paths: list[str]
+    names: list[str]
+
+
+def wal_batches(files: list[FileEntry], signed: list[tuple[DownloadItem, str]]) -> list[WalBatch]:
+    """The feed's batches in stream order, each with the files its byte range holds."""
+    index = StreamIndex(files)
+    batches = []
+    for number, (item, url) in enumerate(sorted(signed, key=lambda s: s[0].stream_offset)):
+        paths = [seg.path for seg in index.segments(item.stream_offset, item.length)]
+        names = [PurePosixPath(p).name for p in paths if is_first_copy(p)]
+        batches.append(WalBatch(number, item, url, paths, names))
+    return batches
+
+
+def is_first_copy(path: str) -> bool:
+    """A stream path directly in the WAL directory (``dup/<batch>/`` holds the repeats)."""
+    return len(PurePosixPath(path).parts) == 2
+
+
+def is_segment(name: str) -> bool:
+    """A WAL segment's name: 24 hex digits (not a history, backup or partial file)."""
+    return len(name) == 24 and all(c in "0123456789ABCDEF" for c in name)
+
+
+@dataclass
+class WalFeed:
+    """Feeds one shard's WAL directory (see the module's terms). ``start`` before the server
+    starts, ``stop`` once recovery is over (or failed); ``failure`` says why it stopped
+    feeding, if it did."""
+
+    wal_dir: Path
+    landing: Path  # the batches' files land here first (same file system as ``wal_dir``)
+    files: list[FileEntry]  # the WAL stream's
+    batches: list[WalBatch]
+    downloader: Downloader
+    sealer_of: Callable[[DownloadItem], Sealer | None]
+    ahead: int = AHEAD
+    parallel: int = PARALLEL
+    fetched: list[WalBatch] = field(default_factory=list)
+    failure: ShardVaultError | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    # --- the server's side ----------------------------------------------------------------
+    def start(self) -> None:
+        """Writes the planned names and the asked directory, then starts feeding."""
+        for name in (PLANNED, ASKED):
+            (self.wal_dir / name).mkdir(parents=True, exist_ok=True)
+        for marker in (FAILED, STOPPED):
+            (self.wal_dir / marker).unlink(missing_ok=True)
+        for batch in self.batches:
+            for name in batch.names:
+                (self.wal_dir / PLANNED / name).touch()
+        self._thread = threading.Thread(target=self._run, name="wal-feed", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops feeding (the batches being fetched end first) and removes the landing."""
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            (self.wal_dir / STOPPED).touch()
+        if self._thread is not None:
+            self._thread.join()
+        shutil.rmtree(self.landing, ignore_errors=True)
+
+    def counted(self) -> WalFed:
+        """What the feed fetched of what was planned."""
+        return WalFed(
+            planned=len(self.batches),
+            fetched=len(self.fetched),
+            bytes=sum(b.item.length for b in self.fetched),
+            stored_bytes=sum(b.item.stored_length or b.item.length for b in self.fetched),
+        )
+
+    # --- feeding --------------------------------------------------------------------------
+    def _run(self) -> None:
+        batch_of = {name: b.index for b in self.batches for name in b.names}
+        todo = [b for b in self.batches if not self._in_place(b)]
+        total = len(self.batches)
+        position, jumped = 0, set[int]()  # recovery starts in the first batch
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="wal-fetch") as pool:
+            running: dict[Future[bool], WalBatch] = {}
+            while (todo or running) and not self._stop.is_set():
+                for name in self._asked():
+                    if (number := batch_of.get(name)) is None:
+                        continue
+                    log.info("recovery asked for %s (batch %d of %d)", name, number + 1, total)
+                    if is_segment(name):
+                        position = max(position, number)
+                    else:
+                        jumped.add(number)
+                while todo and len(running) < self.parallel and self.failure is None:
+                    nxt = next((b for b in todo if b.index in jumped), None)
+                    if nxt is None and todo[0].index <= position + self.ahead:
+                        nxt = todo[0]
+                    if nxt is None:
+                        break
+                    todo.remove(nxt)
+                    running[pool.submit(self._fetch, nxt)] = nxt
+                done, _ = wait(running, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+                for future in done:
+                    batch = running.pop(future)
+                    self._landed(batch, future)
+                if self.failure is not None and not running:
+                    break
+        if self.failure is not None:
+            (self.wal_dir / FAILED).write_text(f"{self.failure}\n")
+
+    def _landed(self, batch: WalBatch, future: Future[bool]) -> None:
+        try:
+            placed = future.result()
+        except ShardVaultError as error:
+            self.failure = self.failure or error
+            return
+        except OSError as error:  # the restore directory's disk: recovery must hear of it
+            self.failure = self.failure or DownloadIncomplete(
+                f"WAL batch {batch.item.key} could not be placed: {error}.",
+                fix="check the restore directory's disk and permissions, then restore again.",
+            )
+            return
+        if placed:
+            self.fetched.append(batch)
+
+    def _asked(self) -> list[str]:
+        """The names the command asked for since the last look (their markers removed)."""
+        names = []
+        with contextlib.suppress(FileNotFoundError):
+            for marker in os.scandir(self.wal_dir / ASKED):
+                names.append(marker.name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(marker.path)
+        return names
+
+    def _in_place(self, batch: WalBatch) -> bool:
+        """Every file the batch supplies is in the WAL directory already (a retried finish)."""
+        return all((self.wal_dir / name).exists() for name in batch.names)
+
+    def _fetch(self, batch: WalBatch) -> bool:
+        """Fetches one batch into its landing, checks it, and moves its files in; False: the
+        feed stopped first."""
+        item = batch.item
+        root = self.landing / f"{batch.index:06d}"
+        shutil.rmtree(root, ignore_errors=True)
+        index = StreamIndex(self.files)
+        for seg in index.segments(item.stream_offset, item.length):
+            path = root / seg.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as out:
+                out.truncate(seg.length)
+        files = ShardFiles(root, index)
+        reads = planned_reads(item)
+        try:
+            crcs = [
+                fetch_range(self.downloader, batch.url, item, read, files, self.sealer_of(item))
+                for read in reads
+                if not self._stop.is_set()
+            ]
+        finally:
+            files.close()
+        if self._stop.is_set():
+            return False
+        whole = combine(zip(crcs, (r.size for r in reads), strict=True)) if reads else to_b64(0)
+        if whole != item.crc64nvme:
+            raise ChecksumMismatch(
+                f"WAL batch {item.key} arrived with CRC64NVME {whole}; the archive recorded "
+                f"{item.crc64nvme}.",
+                fix="the archive's object is damaged in the store: restore to a target before "
+                "it, or from a later backup.",
+            )
+        for path in batch.paths:
+            if is_first_copy(path):
+                landed = root / path
+                _sync(landed)
+                landed.chmod(0o644)  # the server's user reads it (the agent may be root)
+                landed.rename(self.wal_dir / PurePosixPath(path).name)
+        shutil.rmtree(root, ignore_errors=True)
+        return True
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["AHEAD", "PARALLEL", "WalBatch", "WalFeed", "is_segment", "wal_batches"]
