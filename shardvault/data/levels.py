@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FAST, STRONG = 1, 3
 PROBE_BYTES = 1024 * 1024  # of a frame (4 MiB at most): both levels compress this much
@@ -52,6 +52,7 @@ class Probe:
     fast_seconds: float
     strong_size: int
     strong_seconds: float
+    outputs: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def strong_pays(self, bytes_per_core_second: float) -> bool:
         """Whether the strong level's saving outruns the bandwidth one core's compression
@@ -67,13 +68,13 @@ def probe(compress: Compress, plain: bytes, clock: Callable[[], float] = time.th
     """Compresses ``plain``'s first ``PROBE_BYTES`` at both levels, each timed by ``clock``
     (the thread's CPU clock: other threads' work does not count)."""
     sample = plain[:PROBE_BYTES]
-    timed = []
+    timed, outputs = [], {}
     for level in (FAST, STRONG):
         started = clock()
-        size = len(compress(level, sample))
-        timed.append((size, clock() - started))
+        outputs[level] = compress(level, sample)
+        timed.append((len(outputs[level]), clock() - started))
     (fast_size, fast_seconds), (strong_size, strong_seconds) = timed
-    return Probe(fast_size, fast_seconds, strong_size, strong_seconds)
+    return Probe(fast_size, fast_seconds, strong_size, strong_seconds, outputs)
 
 
 @dataclass
@@ -85,6 +86,9 @@ class LevelChooser:
     compress: Compress
     level: int = FAST
     clock: Callable[[], float] = time.thread_time
+    # The frame a probe compressed whole (a frame of at most ``PROBE_BYTES``), and the probe's
+    # outputs: its encoding takes the chosen level's instead of compressing it a third time.
+    _probed: tuple[bytes, dict[int, bytes]] | None = None
 
     def level_for(self, index: int, plain: bytes) -> int:
         """The level of frame ``index`` (``plain`` its plaintext), probing every
@@ -93,7 +97,20 @@ class LevelChooser:
             per_core = self.upload_mib_s * MiB / max(self.cores, 1)
             measured = probe(self.compress, plain, self.clock)
             self.level = STRONG if measured.strong_pays(per_core) else FAST
+            self._probed = (plain, measured.outputs) if len(plain) <= PROBE_BYTES else None
         return self.level
+
+    def probed_whole(self, plain: bytes) -> bool:
+        """Whether the last probe compressed all of ``plain`` (this very frame)."""
+        return self._probed is not None and self._probed[0] is plain
+
+    def take_output(self, level: int, plain: bytes) -> bytes | None:
+        """The probe's output of ``plain`` at ``level``, once (None: not probed whole)."""
+        probed = self._probed
+        if probed is None or probed[0] is not plain:
+            return None
+        self._probed = None
+        return probed[1].get(level)
 
 
 __all__ = ["FAST", "PROBE_BYTES", "PROBE_EVERY", "STRONG", "LevelChooser", "Probe", "probe"]

@@ -168,7 +168,8 @@ class FrameCodec:
     def encode(self, plain: bytes, place: bytes, level: int | None = None) -> bytes:
         """``plain`` encoded at ``level`` (None: the fixed level, or ``auto``'s latest)."""
         level = self.level if level is None else level
-        body = self.compress(level, plain) if plain else b""
+        reused = self.chooser.take_output(level, plain) if self.chooser else None
+        body = reused if reused is not None else self.compress(level, plain) if plain else b""
         if len(body) <= len(plain) * RAW_THRESHOLD:
             encoded = bytes([ZSTD]) + body
         else:
@@ -368,7 +369,8 @@ def pack(
             place, crc = frame_place(object_place, index), crc64nvme(plain)
             level = codec.level_for(index, plain)
             levels[level] += 1
-            future = spare.encode(codec, plain, place, level) if spare else None
+            probed = codec.chooser is not None and codec.chooser.probed_whole(plain)
+            future = spare.encode(codec, plain, place, level) if spare and not probed else None
             if future is not None:
                 handed.append((future, crc))
                 put_handed(keep=spare.most if spare else 0)  # a bounded number held in memory

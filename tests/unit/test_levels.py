@@ -120,3 +120,21 @@ def test_a_fixed_level_is_kept_for_every_frame() -> None:
     data = words(3 * MIN_FRAME_SIZE)
     _, levels, _ = round_trip(data, FrameCodec(Compression(level=9)))
     assert levels == {9: 3}
+
+
+def test_a_frame_the_probe_compressed_whole_is_not_compressed_again() -> None:
+    codec = FrameCodec(Compression(level="auto", upload_mib_s=1), cores=1)
+    calls: list[int] = []
+    compress = codec.compress
+
+    def counting(level: int, plain: bytes) -> bytes:
+        calls.append(level)
+        return compress(level, plain)
+
+    codec.compress = counting  # type: ignore[method-assign]
+    codec.chooser.compress = counting  # type: ignore[union-attr]
+    data = words(2 * MIN_FRAME_SIZE)  # 1 MiB frames: the probe covers a frame whole
+    plain, levels, _ = round_trip(data, codec)
+    assert plain == data
+    assert levels == {STRONG: 2}
+    assert calls == [FAST, STRONG, STRONG]  # frame 0: the probe's two; frame 1 at its level

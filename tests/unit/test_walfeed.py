@@ -213,3 +213,33 @@ def test_a_retried_feed_fetches_nothing_already_in_place(tmp_path: Path):
     assert store.fetched == []
     assert again.counted().fetched == 0
     assert all((again.wal_dir / segment_name(n)).exists() for n in range(4))
+
+
+def test_a_feed_waiting_for_recovery_to_ask_further_uses_no_cpu(tmp_path: Path):
+    store = Store()
+    files, signed = archive(store, batches=6)
+    feed = feed_of(tmp_path, store, files, signed, ahead=1)
+    feed.start()
+    try:
+        wait_for(lambda: len(feed.fetched) == 2)
+        before = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - before < 0.3  # it sleeps between looks, never spins
+    finally:
+        feed.stop()
+
+
+def test_an_abort_ends_the_feed_and_what_waits_on_it(tmp_path: Path):
+    store = Store()
+    files, signed = archive(store, batches=6)
+    aborted = {"now": False}
+    feed = feed_of(tmp_path, store, files, signed, ahead=1)
+    feed.aborted = lambda: aborted["now"]
+    feed.start()
+    wait_for(lambda: len(feed.fetched) == 2)
+    aborted["now"] = True
+    wait_for((feed.wal_dir / ".failed").exists)
+    feed.stop()
+    assert "aborted" in str(feed.failure)
+    done = restore_command(feed.wal_dir, segment_name(8), tmp_path / "RECOVERYXLOG")
+    assert done.returncode == FEED_FAILED_STATUS

@@ -141,6 +141,7 @@ class Finisher:
             batches=wal_batches(files, signed),
             downloader=self.downloads.downloader,
             sealer_of=lambda item: self.downloads.sealer(item, layout),
+            aborted=self.places.aborted(restore_id).exists,
         )
         feed.start()
         return feed
@@ -203,11 +204,14 @@ class Finisher:
         finishing = self._finishing(restore_id, shard_id, final, args)
         if feed is None:
             return self.engine.finish(finishing)
-        finishing.wal_done = feed.stop
+        finishing.wal_done = feed.recovered
+        finishing.wal_progress = lambda: feed.last_progress
         try:
             result = self.engine.finish(finishing)
         except ShardVaultError:
-            if feed.failure is not None:  # the cause, not the symptom
+            # Recovery stopped on the feed's failure: that is the cause, not the server's
+            # stop. After recovery, the server's own error (its checks) is the one.
+            if feed.failure is not None and not feed.recovery_over:
                 raise feed.failure from None
             raise
         finally:

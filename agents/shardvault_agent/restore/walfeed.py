@@ -20,7 +20,15 @@ Terms:
   first copy renamed into the WAL directory once the batch is checked: a file there is whole.
 - *failed*, *stopped*: ``.failed`` (holding the reason) and ``.stop`` in the WAL directory.
   The command then exits with 200, which makes recovery stop with an error instead of
-  taking the missing file for the archive's end (which would promote the copy short).
+  taking the missing file for the archive's end (which would promote the copy short). The
+  feed stops when recovery is over (``recovered``), when the finish ends, and when the
+  restore is aborted (``aborted``: its tombstone).
+- *progress*: when a batch last landed or recovery last asked (``last_progress``): how long
+  recovery may take is counted from it, not from the server's start.
+
+The batches' URLs are signed as the node's finish starts; one that expires before recovery
+reaches its batch fails the restore with ``url_ttl_seconds`` named (the fix: a base nearer the
+target, or a longer lifetime).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -40,9 +49,15 @@ from shardvault.contracts.models import DownloadItem, FileEntry
 from shardvault.data.checksums import combine, to_b64
 from shardvault.data.pipeline import Sealer
 from shardvault.data.streams import StreamIndex
-from shardvault.errors import ChecksumMismatch, DownloadIncomplete, ShardVaultError
+from shardvault.errors import (
+    ChecksumMismatch,
+    DownloadIncomplete,
+    PartDownloadFailed,
+    PresignedUrlExpired,
+    ShardVaultError,
+)
 from shardvault_agent.restore.files import ShardFiles
-from shardvault_agent.restore.reads import fetch_range, planned_reads
+from shardvault_agent.restore.reads import RangeRead, fetch_range, planned_reads
 from shardvault_agent.transfer import Downloader
 
 log = logging.getLogger("shardvault.agent.restore")
@@ -50,6 +65,7 @@ log = logging.getLogger("shardvault.agent.restore")
 AHEAD = 4  # batches fetched past the newest one recovery asked from
 PARALLEL = 2  # batches fetched at once: replay and decompression share the node's cores
 POLL_SECONDS = 0.05
+BATCH_TRIES = 3  # a batch's read that failed for good, tried again (the Download map's 1 + 2)
 PLANNED, ASKED, FAILED, STOPPED = ".planned", ".asked", ".failed", ".stop"
 
 
@@ -99,10 +115,13 @@ class WalFeed:
     batches: list[WalBatch]
     downloader: Downloader
     sealer_of: Callable[[DownloadItem], Sealer | None]
+    aborted: Callable[[], bool] = lambda: False
     ahead: int = AHEAD
     parallel: int = PARALLEL
     fetched: list[WalBatch] = field(default_factory=list)
     failure: ShardVaultError | None = None
+    recovery_over: bool = False  # the server left recovery: later failures never mattered
+    last_progress: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -113,11 +132,18 @@ class WalFeed:
             (self.wal_dir / name).mkdir(parents=True, exist_ok=True)
         for marker in (FAILED, STOPPED):
             (self.wal_dir / marker).unlink(missing_ok=True)
+        self._asked()  # a retried finish's: read and removed before the server's files are
+        self.last_progress = time.monotonic()
         for batch in self.batches:
             for name in batch.names:
                 (self.wal_dir / PLANNED / name).touch()
         self._thread = threading.Thread(target=self._run, name="wal-feed", daemon=True)
         self._thread.start()
+
+    def recovered(self) -> None:
+        """The server left recovery: stop feeding; a batch that fails now was never needed."""
+        self.recovery_over = True
+        self.stop()
 
     def stop(self) -> None:
         """Stops feeding (the batches being fetched end first) and removes the landing."""
@@ -139,6 +165,19 @@ class WalFeed:
 
     # --- feeding --------------------------------------------------------------------------
     def _run(self) -> None:
+        """Feeds until every batch is in, or the feed stops; a failure of any kind is written
+        to ``.failed`` (recovery must never wait for a feed that has ended)."""
+        try:
+            self._feed()
+        except Exception as error:  # anything at all ends the feed, and says so
+            self.failure = self.failure or DownloadIncomplete(
+                f"the WAL feed stopped: {error!r}.",
+                fix="restore again; if this repeats, report it with the agent's log.",
+            )
+        if self.failure is not None:
+            (self.wal_dir / FAILED).write_text(f"{self.failure}\n")
+
+    def _feed(self) -> None:
         batch_of = {name: b.index for b in self.batches for name in b.names}
         todo = [b for b in self.batches if not self._in_place(b)]
         total = len(self.batches)
@@ -146,10 +185,17 @@ class WalFeed:
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="wal-fetch") as pool:
             running: dict[Future[bool], WalBatch] = {}
             while (todo or running) and not self._stop.is_set():
+                if self.aborted():
+                    self.failure = self.failure or DownloadIncomplete(
+                        "the restore was aborted while recovery replayed its WAL.",
+                        fix="nothing to do: that restore has ended; start a new one.",
+                    )
+                    break
                 for name in self._asked():
                     if (number := batch_of.get(name)) is None:
                         continue
                     log.info("recovery asked for %s (batch %d of %d)", name, number + 1, total)
+                    self.last_progress = time.monotonic()
                     if is_segment(name):
                         position = max(position, number)
                     else:
@@ -162,14 +208,15 @@ class WalFeed:
                         break
                     todo.remove(nxt)
                     running[pool.submit(self._fetch, nxt)] = nxt
+                if not running:  # the window is in: wait for recovery to ask further
+                    self._stop.wait(POLL_SECONDS)
+                    continue
                 done, _ = wait(running, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
                 for future in done:
                     batch = running.pop(future)
                     self._landed(batch, future)
                 if self.failure is not None and not running:
                     break
-        if self.failure is not None:
-            (self.wal_dir / FAILED).write_text(f"{self.failure}\n")
 
     def _landed(self, batch: WalBatch, future: Future[bool]) -> None:
         try:
@@ -185,6 +232,7 @@ class WalFeed:
             return
         if placed:
             self.fetched.append(batch)
+            self.last_progress = time.monotonic()
 
     def _asked(self) -> list[str]:
         """The names the command asked for since the last look (their markers removed)."""
@@ -215,11 +263,7 @@ class WalFeed:
         files = ShardFiles(root, index)
         reads = planned_reads(item)
         try:
-            crcs = [
-                fetch_range(self.downloader, batch.url, item, read, files, self.sealer_of(item))
-                for read in reads
-                if not self._stop.is_set()
-            ]
+            crcs = [self._read(batch, read, files) for read in reads if not self._stop.is_set()]
         finally:
             files.close()
         if self._stop.is_set():
@@ -240,6 +284,27 @@ class WalFeed:
                 landed.rename(self.wal_dir / PurePosixPath(path).name)
         shutil.rmtree(root, ignore_errors=True)
         return True
+
+    def _read(self, batch: WalBatch, read: RangeRead, files: ShardFiles) -> str:
+        """One ranged read of a batch, tried ``BATCH_TRIES`` times (the downloader retries
+        each connection itself; this covers a read that failed for good, as the Download map's
+        retries did). An expired URL is named with what bounds it."""
+        for attempt in range(1, BATCH_TRIES + 1):
+            try:
+                sealer = self.sealer_of(batch.item)
+                return fetch_range(self.downloader, batch.url, batch.item, read, files, sealer)
+            except PresignedUrlExpired as error:
+                raise DownloadIncomplete(
+                    f"the URL of WAL batch {batch.item.key} expired before recovery reached "
+                    f"it: {error.message}",
+                    fix="the batches' URLs are signed as the finish starts and live "
+                    "url_ttl_seconds (and no longer than the signing role's session): restore "
+                    "from a backup nearer the target, or raise url_ttl_seconds.",
+                ) from error
+            except PartDownloadFailed:
+                if attempt == BATCH_TRIES or self._stop.is_set():
+                    raise
+        raise AssertionError("unreachable")
 
 
 def _sync(path: Path) -> None:

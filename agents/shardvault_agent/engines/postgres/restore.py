@@ -20,6 +20,7 @@ import shlex
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,9 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
     job.note_server({"port": port})
     try:
         instance = attach_instance(root, port=port)
-        recovered = promoted(instance, RECOVERY_SECONDS)
-        job.wal_done()
+        recovered = promoted(instance, RECOVERY_SECONDS, job.wal_progress)
+        if recovered:
+            job.wal_done()
     except RuntimeError as error:  # the server stopped: its log is in the message
         raise short_of_target(str(error), shard_id, cut, target) or did_not_start(
             str(error), shard_id
@@ -241,12 +243,14 @@ def target_not_reached(shard_id: str, target: dict[str, Any]) -> ShardVaultError
     )
 
 
-def promoted(instance: Any, timeout: float) -> bool:
+def promoted(instance: Any, timeout: float, progress: Callable[[], float] | None = None) -> bool:
     """Waits until the server has left recovery (reached its target and promoted); False
-    if it has not after ``timeout`` seconds. A server in targeted recovery accepts read-only
-    connections before it is done."""
-    deadline = time.monotonic() + timeout
+    if it has not after ``timeout`` seconds, counted from ``progress()`` when given (a WAL
+    feed's last batch or ask: a long archive takes as long as it takes, a stalled one does
+    not). A server in targeted recovery accepts read-only connections before it is done."""
+    started = time.monotonic()
     while True:
+        deadline = max(started, progress() if progress else started) + timeout
         try:
             if instance.psql("SELECT pg_is_in_recovery()") == "f":
                 return True
