@@ -1007,6 +1007,8 @@ def shardvault_restore(
         "minio_cpu_seconds": cpu["minio"],
         "states": report.state_seconds(spans),
         "restore_id": summary["restore_id"],
+        # A point-in-time restore's WAL feed (none otherwise): what recovery was fed.
+        **{k: v for k, v in summary.items() if k.startswith("wal_")},
         **checked,
     }
 

@@ -211,11 +211,8 @@ def archive_both(bench: bvp.Bench, cleanup: contextlib.ExitStack) -> Pitr:
     )
     pgbackrest.write_config()  # the same file and repository, now with archive-async
     bench.pgbackrest = pgbackrest
-    push = wal_archive.copy_push_client(root)
-    command = (
-        f"{wal_archive.SYSTEM_PYTHON} {push} --spool {spool} "
-        f"--max-bytes {wal_archive.SPOOL_MAX_BYTES} %p && {pgbackrest.archive_command}"
-    )
+    push = bvp.push_command(bvp.copy_push_client(root), spool)
+    command = f"{push} && {pgbackrest.archive_command}"
     bench.pg.psql(f"ALTER SYSTEM SET archive_command = {wal_archive.quoted(command)}")
     bench.pg.psql("SELECT pg_reload_conf()")
     config = bvp.agent_config(bench.args, root, bench.pg, cleanup)
