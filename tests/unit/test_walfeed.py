@@ -18,7 +18,7 @@ from shardvault.contracts.models import DownloadItem, FileEntry, Phase
 from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.data.checksums import crc64nvme, to_b64
 from shardvault.data.pipeline import FrameCodec, pack, pack_frames
-from shardvault.errors import ChecksumMismatch
+from shardvault.errors import ChecksumMismatch, FrameUnreadable
 
 SEGMENT = 64 * 1024  # small segments: the feed does not care about their size
 
@@ -190,7 +190,7 @@ def test_a_damaged_batch_fails_the_feed_and_what_waits_on_it(tmp_path: Path):
     feed.start()
     wait_for((feed.wal_dir / ".failed").exists)
     feed.stop()
-    assert isinstance(feed.failure, ChecksumMismatch)
+    assert isinstance(feed.failure, ChecksumMismatch | FrameUnreadable)
     assert "archive/batch-1" in str(feed.failure)
     assert "batch-1" in (feed.wal_dir / ".failed").read_text()
     assert not (feed.wal_dir / segment_name(2)).exists()  # the damaged batch's files: never
@@ -198,21 +198,19 @@ def test_a_damaged_batch_fails_the_feed_and_what_waits_on_it(tmp_path: Path):
     assert done.returncode == FEED_FAILED_STATUS
 
 
-def test_a_retried_feed_fetches_nothing_already_in_place(tmp_path: Path):
+def test_a_retried_feed_trusts_no_file_a_crash_may_have_torn(tmp_path: Path):
     store = Store()
     files, signed = archive(store, batches=2)
     first = feed_of(tmp_path, store, files, signed, ahead=4)
     first.start()
     wait_for(lambda: len(first.fetched) == 2)
     first.stop()
-    store.fetched.clear()
+    (first.wal_dir / segment_name(1)).write_bytes(b"torn")  # written, never synced
     again = feed_of(tmp_path, store, files, signed, ahead=4)
     again.start()
-    time.sleep(0.3)
+    wait_for(lambda: len(again.fetched) == 2)
     again.stop()
-    assert store.fetched == []
-    assert again.counted().fetched == 0
-    assert all((again.wal_dir / segment_name(n)).exists() for n in range(4))
+    assert (again.wal_dir / segment_name(1)).read_bytes()[:24] == segment_name(1).encode()
 
 
 def test_a_feed_waiting_for_recovery_to_ask_further_uses_no_cpu(tmp_path: Path):
@@ -243,3 +241,31 @@ def test_an_abort_ends_the_feed_and_what_waits_on_it(tmp_path: Path):
     assert "aborted" in str(feed.failure)
     done = restore_command(feed.wal_dir, segment_name(8), tmp_path / "RECOVERYXLOG")
     assert done.returncode == FEED_FAILED_STATUS
+
+
+def test_a_file_is_in_place_once_its_frames_are_not_once_its_batch_is(tmp_path: Path):
+    store = Store()
+    files, signed = archive(store, batches=1, per_batch=3)
+    held, release = threading.Event(), threading.Event()
+    fetch = store.fetch
+
+    def slow_after_first(url: str, what: str, offset: int, size: int, write: Any) -> str:
+        if offset > 0:  # every read but the batch's first waits
+            held.set()
+            release.wait(10)
+        return fetch(url, what, offset, size, write)
+
+    store.fetch = slow_after_first  # type: ignore[method-assign]
+    feed = feed_of(tmp_path, store, files, signed, ahead=1)
+    feed.read_bytes = 1  # a read per frame: a frame per segment here
+    feed.start()
+    try:
+        held.wait(10)
+        assert (feed.wal_dir / segment_name(0)).exists()  # recovery may read it already
+        assert not (feed.wal_dir / segment_name(1)).exists()
+        release.set()
+        wait_for(lambda: len(feed.fetched) == 1)
+    finally:
+        release.set()
+        feed.stop()
+    assert all((feed.wal_dir / segment_name(n)).exists() for n in range(3))

@@ -16,8 +16,10 @@ Terms:
   *position* is the newest batch holding a segment recovery asked for.
 - *ahead*: batches fetched past the position (``AHEAD``), at most ``PARALLEL`` at once; a
   batch holding an asked file that is not a segment (a timeline history) jumps the queue.
-- *landing*: a batch's files are written under ``<incoming>/<shard>.wal/<batch>/`` and each
-  first copy renamed into the WAL directory once the batch is checked: a file there is whole.
+- *landing*: a batch's files are written under ``<incoming>/<shard>.wal/<batch>/``, read by
+  read (``READ_BYTES`` of stored bytes each), and each first copy is renamed into the WAL
+  directory as soon as all its frames have arrived and passed their checks: a file there is
+  whole, and recovery waits for its file, not its batch. The batch is then checked whole.
 - *failed*, *stopped*: ``.failed`` (holding the reason) and ``.stop`` in the WAL directory.
   The command then exits with 200, which makes recovery stop with an error instead of
   taking the missing file for the archive's end (which would promote the copy short). The
@@ -39,6 +41,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -65,6 +68,7 @@ log = logging.getLogger("shardvault.agent.restore")
 AHEAD = 4  # batches fetched past the newest one recovery asked from
 PARALLEL = 2  # batches fetched at once: replay and decompression share the node's cores
 POLL_SECONDS = 0.05
+READ_BYTES = 2 * 1024 * 1024  # stored bytes per ranged read: about one compressed segment
 BATCH_TRIES = 3  # a batch's read that failed for good, tried again (the Download map's 1 + 2)
 PLANNED, ASKED, FAILED, STOPPED = ".planned", ".asked", ".failed", ".stop"
 
@@ -118,6 +122,7 @@ class WalFeed:
     aborted: Callable[[], bool] = lambda: False
     ahead: int = AHEAD
     parallel: int = PARALLEL
+    read_bytes: int = READ_BYTES
     fetched: list[WalBatch] = field(default_factory=list)
     failure: ShardVaultError | None = None
     recovery_over: bool = False  # the server left recovery: later failures never mattered
@@ -179,7 +184,7 @@ class WalFeed:
 
     def _feed(self) -> None:
         batch_of = {name: b.index for b in self.batches for name in b.names}
-        todo = [b for b in self.batches if not self._in_place(b)]
+        todo = list(self.batches)  # a retried finish's too: a crash may have torn files
         total = len(self.batches)
         position, jumped = 0, set[int]()  # recovery starts in the first batch
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="wal-fetch") as pool:
@@ -244,30 +249,36 @@ class WalFeed:
                     os.unlink(marker.path)
         return names
 
-    def _in_place(self, batch: WalBatch) -> bool:
-        """Every file the batch supplies is in the WAL directory already (a retried finish)."""
-        return all((self.wal_dir / name).exists() for name in batch.names)
-
     def _fetch(self, batch: WalBatch) -> bool:
-        """Fetches one batch into its landing, checks it, and moves its files in; False: the
-        feed stopped first."""
+        """Fetches one batch into its landing a read at a time, moving each file in as soon
+        as its frames have all arrived and passed their checks (recovery waits for a file,
+        not for its whole batch), then checks the batch whole; False: the feed stopped
+        first."""
         item = batch.item
         root = self.landing / f"{batch.index:06d}"
         shutil.rmtree(root, ignore_errors=True)
         index = StreamIndex(self.files)
-        for seg in index.segments(item.stream_offset, item.length):
+        segments = list(index.segments(item.stream_offset, item.length))
+        for seg in segments:
             path = root / seg.path
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as out:
                 out.truncate(seg.length)
         files = ShardFiles(root, index)
-        reads = planned_reads(item)
+        # Reads of about a segment's stored bytes, not the batch's one part: small GETs.
+        reads = planned_reads(item.model_copy(update={"part_size": self.read_bytes}))
+        crcs, waiting = [], deque(segments)
         try:
-            crcs = [self._read(batch, read, files) for read in reads if not self._stop.is_set()]
+            for read in reads:
+                if self._stop.is_set():
+                    return False
+                crcs.append(self._read(batch, read, files))
+                landed = item.stream_offset + read.plain_offset + read.plain_size
+                while waiting and waiting[0].stream_offset + waiting[0].length <= landed:
+                    self._move_in(root, waiting.popleft().path)
         finally:
             files.close()
-        if self._stop.is_set():
-            return False
+            shutil.rmtree(root, ignore_errors=True)
         whole = combine(zip(crcs, (r.size for r in reads), strict=True)) if reads else to_b64(0)
         if whole != item.crc64nvme:
             raise ChecksumMismatch(
@@ -276,14 +287,18 @@ class WalFeed:
                 fix="the archive's object is damaged in the store: restore to a target before "
                 "it, or from a later backup.",
             )
-        for path in batch.paths:
-            if is_first_copy(path):
-                landed = root / path
-                _sync(landed)
-                landed.chmod(0o644)  # the server's user reads it (the agent may be root)
-                landed.rename(self.wal_dir / PurePosixPath(path).name)
-        shutil.rmtree(root, ignore_errors=True)
         return True
+
+    def _move_in(self, root: Path, path: str) -> None:
+        """A landed file into the WAL directory, readable by the server's user (the agent
+        may be root); a batch's repeat of a file an earlier one holds is dropped. Not synced:
+        the WAL directory is scratch for this recovery, which a crash ends anyway (a retried
+        finish fetches every batch again)."""
+        if not is_first_copy(path):
+            return
+        landed = root / path
+        landed.chmod(0o644)
+        landed.rename(self.wal_dir / PurePosixPath(path).name)
 
     def _read(self, batch: WalBatch, read: RangeRead, files: ShardFiles) -> str:
         """One ranged read of a batch, tried ``BATCH_TRIES`` times (the downloader retries
@@ -305,14 +320,6 @@ class WalFeed:
                 if attempt == BATCH_TRIES or self._stop.is_set():
                     raise
         raise AssertionError("unreachable")
-
-
-def _sync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["AHEAD", "PARALLEL", "WalBatch", "WalFeed", "is_segment", "wal_batches"]
