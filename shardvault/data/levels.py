@@ -16,7 +16,8 @@ Terms:
   and of the ``PROBE_EVERY - 1`` frames after it (an object's frames are consecutive bytes of
   its files, which change character slowly). A probe costs about one frame's compression at
   the fast level (a quarter of one at each level, the strong one three times as slow), once
-  every ``PROBE_EVERY`` frames: about 3 % of the compression's CPU.
+  every ``PROBE_EVERY`` frames: about 3 % of the compression's CPU by the levels' rates (an
+  estimate, not measured); a frame the probe covers whole takes the probe's output.
 - *upload bandwidth*: ``compression.upload_mib_s``, what the node can send the store (the
   policy's declaration: an agent cannot tell its link's capacity from its own uploads, which
   wait on compression when the cores are the limit).

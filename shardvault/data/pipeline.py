@@ -168,8 +168,9 @@ class FrameCodec:
     def encode(self, plain: bytes, place: bytes, level: int | None = None) -> bytes:
         """``plain`` encoded at ``level`` (None: the fixed level, or ``auto``'s latest)."""
         level = self.level if level is None else level
-        reused = self.chooser.take_output(level, plain) if self.chooser else None
-        body = reused if reused is not None else self.compress(level, plain) if plain else b""
+        body = self.chooser.take_output(level, plain) if self.chooser else None  # the probe's
+        if body is None:
+            body = self.compress(level, plain) if plain else b""
         if len(body) <= len(plain) * RAW_THRESHOLD:
             encoded = bytes([ZSTD]) + body
         else:

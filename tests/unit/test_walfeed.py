@@ -7,6 +7,8 @@ import io
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,23 @@ def feed_of(tmp_path: Path, store: Store, files: list, signed: list, ahead: int 
     )
 
 
+def a_feed(tmp_path: Path, batches: int, ahead: int = 1, per_batch: int = 2):
+    """A store holding ``batches`` batches, and a feed of them (not started)."""
+    store = Store()
+    files, signed = archive(store, batches, per_batch)
+    return store, feed_of(tmp_path, store, files, signed, ahead)
+
+
+@contextmanager
+def running(feed: WalFeed) -> Iterator[WalFeed]:
+    """The feed started, and stopped however the block ends."""
+    feed.start()
+    try:
+        yield feed
+    finally:
+        feed.stop()
+
+
 def wait_for(check, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -156,11 +175,8 @@ def wait_for(check, seconds: float = 10.0) -> None:
 
 
 def test_the_feed_fetches_what_recovery_asks_for_and_a_few_batches_ahead(tmp_path: Path):
-    store = Store()
-    files, signed = archive(store, batches=8)
-    feed = feed_of(tmp_path, store, files, signed, ahead=1)
-    feed.start()
-    try:
+    store, feed = a_feed(tmp_path, batches=8, ahead=1)
+    with running(feed):
         wait_for(lambda: len(store.fetched) == 2)  # batches 0 and 1 (one ahead of none asked)
         time.sleep(0.3)
         assert store.fetched == ["archive/batch-0", "archive/batch-1"]
@@ -168,8 +184,6 @@ def test_the_feed_fetches_what_recovery_asks_for_and_a_few_batches_ahead(tmp_pat
         wait_for(lambda: len(store.fetched) == 5)
         time.sleep(0.3)
         assert store.fetched[2:] == ["archive/batch-2", "archive/batch-3", "archive/batch-4"]
-    finally:
-        feed.stop()
     # Every fetched file whole in the WAL directory, readable; nothing past the window.
     for n in range(10):
         assert (feed.wal_dir / segment_name(n)).read_bytes()[:24] == segment_name(n).encode()
@@ -183,13 +197,10 @@ def test_the_feed_fetches_what_recovery_asks_for_and_a_few_batches_ahead(tmp_pat
 
 
 def test_a_damaged_batch_fails_the_feed_and_what_waits_on_it(tmp_path: Path):
-    store = Store()
-    files, signed = archive(store, batches=3)
+    store, feed = a_feed(tmp_path, batches=3, ahead=4)
     store.damaged.add("archive/batch-1")
-    feed = feed_of(tmp_path, store, files, signed, ahead=4)
-    feed.start()
-    wait_for((feed.wal_dir / ".failed").exists)
-    feed.stop()
+    with running(feed):
+        wait_for((feed.wal_dir / ".failed").exists)
     assert isinstance(feed.failure, ChecksumMismatch | FrameUnreadable)
     assert "archive/batch-1" in str(feed.failure)
     assert "batch-1" in (feed.wal_dir / ".failed").read_text()
@@ -201,51 +212,38 @@ def test_a_damaged_batch_fails_the_feed_and_what_waits_on_it(tmp_path: Path):
 def test_a_retried_feed_trusts_no_file_a_crash_may_have_torn(tmp_path: Path):
     store = Store()
     files, signed = archive(store, batches=2)
-    first = feed_of(tmp_path, store, files, signed, ahead=4)
-    first.start()
-    wait_for(lambda: len(first.fetched) == 2)
-    first.stop()
+    with running(feed_of(tmp_path, store, files, signed, ahead=4)) as first:
+        wait_for(lambda: len(first.fetched) == 2)
     (first.wal_dir / segment_name(1)).write_bytes(b"torn")  # written, never synced
-    again = feed_of(tmp_path, store, files, signed, ahead=4)
-    again.start()
-    wait_for(lambda: len(again.fetched) == 2)
-    again.stop()
+    with running(feed_of(tmp_path, store, files, signed, ahead=4)) as again:
+        wait_for(lambda: len(again.fetched) == 2)
     assert (again.wal_dir / segment_name(1)).read_bytes()[:24] == segment_name(1).encode()
 
 
 def test_a_feed_waiting_for_recovery_to_ask_further_uses_no_cpu(tmp_path: Path):
-    store = Store()
-    files, signed = archive(store, batches=6)
-    feed = feed_of(tmp_path, store, files, signed, ahead=1)
-    feed.start()
-    try:
+    _, feed = a_feed(tmp_path, batches=6, ahead=1)
+    with running(feed):
         wait_for(lambda: len(feed.fetched) == 2)
         before = time.process_time()
         time.sleep(1.0)
         assert time.process_time() - before < 0.3  # it sleeps between looks, never spins
-    finally:
-        feed.stop()
 
 
 def test_an_abort_ends_the_feed_and_what_waits_on_it(tmp_path: Path):
-    store = Store()
-    files, signed = archive(store, batches=6)
+    _, feed = a_feed(tmp_path, batches=6, ahead=1)
     aborted = {"now": False}
-    feed = feed_of(tmp_path, store, files, signed, ahead=1)
     feed.aborted = lambda: aborted["now"]
-    feed.start()
-    wait_for(lambda: len(feed.fetched) == 2)
-    aborted["now"] = True
-    wait_for((feed.wal_dir / ".failed").exists)
-    feed.stop()
+    with running(feed):
+        wait_for(lambda: len(feed.fetched) == 2)
+        aborted["now"] = True
+        wait_for((feed.wal_dir / ".failed").exists)
     assert "aborted" in str(feed.failure)
     done = restore_command(feed.wal_dir, segment_name(8), tmp_path / "RECOVERYXLOG")
     assert done.returncode == FEED_FAILED_STATUS
 
 
 def test_a_file_is_in_place_once_its_frames_are_not_once_its_batch_is(tmp_path: Path):
-    store = Store()
-    files, signed = archive(store, batches=1, per_batch=3)
+    store, feed = a_feed(tmp_path, batches=1, per_batch=3)
     held, release = threading.Event(), threading.Event()
     fetch = store.fetch
 
@@ -256,16 +254,14 @@ def test_a_file_is_in_place_once_its_frames_are_not_once_its_batch_is(tmp_path: 
         return fetch(url, what, offset, size, write)
 
     store.fetch = slow_after_first  # type: ignore[method-assign]
-    feed = feed_of(tmp_path, store, files, signed, ahead=1)
     feed.read_bytes = 1  # a read per frame: a frame per segment here
-    feed.start()
     try:
-        held.wait(10)
-        assert (feed.wal_dir / segment_name(0)).exists()  # recovery may read it already
-        assert not (feed.wal_dir / segment_name(1)).exists()
-        release.set()
-        wait_for(lambda: len(feed.fetched) == 1)
+        with running(feed):
+            held.wait(10)
+            assert (feed.wal_dir / segment_name(0)).exists()  # recovery may read it already
+            assert not (feed.wal_dir / segment_name(1)).exists()
+            release.set()
+            wait_for(lambda: len(feed.fetched) == 1)
     finally:
-        release.set()
-        feed.stop()
+        release.set()  # a failed assertion must not leave the fetch waiting
     assert all((feed.wal_dir / segment_name(n)).exists() for n in range(3))

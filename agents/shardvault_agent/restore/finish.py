@@ -30,7 +30,6 @@ from shardvault.contracts.commands import (
     Aborted,
     Finished,
     FinishRestoreArgs,
-    Prefetch,
     RestoredShard,
 )
 from shardvault.contracts.models import Phase, unpack_files
@@ -43,10 +42,9 @@ from shardvault_agent.restore.adoption import Adoption, adopted_since
 from shardvault_agent.restore.download import Downloads
 from shardvault_agent.restore.files import sync_tree
 from shardvault_agent.restore.places import Places
-from shardvault_agent.restore.prepare import ChainWork, Signed
+from shardvault_agent.restore.prepare import ChainWork, Signed, signed_downloads
 from shardvault_agent.restore.walfeed import WalFeed, wal_batches
 from shardvault_agent.statefiles import write_json
-from shardvault_agent.transfer import inlined
 
 log = logging.getLogger("shardvault.agent.restore")
 
@@ -113,17 +111,10 @@ class Finisher:
         write_json(self.places.state(restore_id) / "started.json", started)
 
     def _wal_downloads(self, args: FinishRestoreArgs) -> dict[str, list[Signed]]:
-        """A point-in-time restore's archive batches and their URLs, by shard (fetched first
-        when they came by URL: too large for the inbox item)."""
-        if args.wal is None:
-            return {}
-        sent = args.wal.model_dump(mode="json")
-        wal = Prefetch.model_validate(inlined(self.downloads.downloader, sent))
+        """A point-in-time restore's archive batches and their URLs, by shard."""
         by_shard: dict[str, list[Signed]] = {}
-        for download in wal.downloads:
-            by_shard.setdefault(download.object.shard_id, []).append(
-                (download.object, download.url)
-            )
+        for item, url in signed_downloads(self.downloads.downloader, args.wal):
+            by_shard.setdefault(item.shard_id, []).append((item, url))
         return by_shard
 
     def _wal_feed(

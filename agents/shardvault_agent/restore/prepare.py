@@ -23,7 +23,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from shardvault.contracts.commands import Prefetch, Prepared, PrepareRestoreArgs, ShardLayout
+from shardvault.contracts.commands import (
+    Prefetch,
+    PrefetchArgs,
+    Prepared,
+    PrepareRestoreArgs,
+    ShardLayout,
+)
 from shardvault.contracts.commands import Prefetched as PrefetchedCount
 from shardvault.contracts.models import DownloadItem, Phase, unpack_files
 from shardvault.data.checksums import combine
@@ -40,7 +46,7 @@ from shardvault_agent.restore.download import Downloads
 from shardvault_agent.restore.overlay import save_index
 from shardvault_agent.restore.places import LaidOut, Places, room
 from shardvault_agent.restore.reads import RangeRead, planned_reads
-from shardvault_agent.transfer import inlined
+from shardvault_agent.transfer import Downloader, inlined
 
 log = logging.getLogger("shardvault.agent.restore")
 
@@ -130,13 +136,8 @@ class Preparer:
         )
 
     def _prefetch(self, args: PrepareRestoreArgs) -> list[Signed]:
-        """The prepare's prefetch, fetched first when it came by URL (too large for the
-        inbox item)."""
-        if args.prefetch is None:
-            return []
-        sent = args.prefetch.model_dump(mode="json")
-        prefetch = Prefetch.model_validate(inlined(self.downloads.downloader, sent))
-        return [(d.object, d.url) for d in prefetch.downloads]
+        """The prepare's prefetch."""
+        return signed_downloads(self.downloads.downloader, args.prefetch)
 
     def _check_room(self, needed: int, to_spool: list[DownloadItem]) -> None:
         """Room for the shards' files in restore_dir, and for the prefetched objects' spools
@@ -304,6 +305,15 @@ class Preparer:
                     os.ftruncate(fd, entry.size)
                 finally:
                     os.close(fd)
+
+
+def signed_downloads(downloader: Downloader, sent: PrefetchArgs | None) -> list[Signed]:
+    """Objects and their URLs a command was given (a prepare's prefetch, a finish's WAL),
+    fetched first when they came by URL (too large for the inbox item)."""
+    if sent is None:
+        return []
+    given = Prefetch.model_validate(inlined(downloader, sent.model_dump(mode="json")))
+    return [(d.object, d.url) for d in given.downloads]
 
 
 def shard_bytes(shard: ShardLayout) -> int:

@@ -55,7 +55,6 @@ from shardvault.data.streams import StreamIndex
 from shardvault.errors import (
     ChecksumMismatch,
     DownloadIncomplete,
-    PartDownloadFailed,
     PresignedUrlExpired,
     ShardVaultError,
 )
@@ -69,7 +68,6 @@ AHEAD = 4  # batches fetched past the newest one recovery asked from
 PARALLEL = 2  # batches fetched at once: replay and decompression share the node's cores
 POLL_SECONDS = 0.05
 READ_BYTES = 2 * 1024 * 1024  # stored bytes per ranged read: about one compressed segment
-BATCH_TRIES = 3  # a batch's read that failed for good, tried again (the Download map's 1 + 2)
 PLANNED, ASKED, FAILED, STOPPED = ".planned", ".asked", ".failed", ".stop"
 
 
@@ -129,6 +127,9 @@ class WalFeed:
     last_progress: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._index = StreamIndex(self.files)  # once: every batch's reads find files in it
 
     # --- the server's side ----------------------------------------------------------------
     def start(self) -> None:
@@ -257,14 +258,13 @@ class WalFeed:
         item = batch.item
         root = self.landing / f"{batch.index:06d}"
         shutil.rmtree(root, ignore_errors=True)
-        index = StreamIndex(self.files)
-        segments = list(index.segments(item.stream_offset, item.length))
+        segments = list(self._index.segments(item.stream_offset, item.length))
         for seg in segments:
             path = root / seg.path
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as out:
                 out.truncate(seg.length)
-        files = ShardFiles(root, index)
+        files = ShardFiles(root, self._index)
         # Reads of about a segment's stored bytes, not the batch's one part: small GETs.
         reads = planned_reads(item.model_copy(update={"part_size": self.read_bytes}))
         crcs, waiting = [], deque(segments)
@@ -301,25 +301,19 @@ class WalFeed:
         landed.rename(self.wal_dir / PurePosixPath(path).name)
 
     def _read(self, batch: WalBatch, read: RangeRead, files: ShardFiles) -> str:
-        """One ranged read of a batch, tried ``BATCH_TRIES`` times (the downloader retries
-        each connection itself; this covers a read that failed for good, as the Download map's
-        retries did). An expired URL is named with what bounds it."""
-        for attempt in range(1, BATCH_TRIES + 1):
-            try:
-                sealer = self.sealer_of(batch.item)
-                return fetch_range(self.downloader, batch.url, batch.item, read, files, sealer)
-            except PresignedUrlExpired as error:
-                raise DownloadIncomplete(
-                    f"the URL of WAL batch {batch.item.key} expired before recovery reached "
-                    f"it: {error.message}",
-                    fix="the batches' URLs are signed as the finish starts and live "
-                    "url_ttl_seconds (and no longer than the signing role's session): restore "
-                    "from a backup nearer the target, or raise url_ttl_seconds.",
-                ) from error
-            except PartDownloadFailed:
-                if attempt == BATCH_TRIES or self._stop.is_set():
-                    raise
-        raise AssertionError("unreachable")
+        """One ranged read of a batch (the downloader retries it by the agent's one retry
+        policy); an expired URL is named with what bounds it."""
+        sealer = self.sealer_of(batch.item)
+        try:
+            return fetch_range(self.downloader, batch.url, batch.item, read, files, sealer)
+        except PresignedUrlExpired as error:
+            raise DownloadIncomplete(
+                f"the URL of WAL batch {batch.item.key} expired before recovery reached "
+                f"it: {error.message}",
+                fix="the batches' URLs are signed as the finish starts and live "
+                "url_ttl_seconds (and no longer than the signing role's session): restore "
+                "from a backup nearer the target, or raise url_ttl_seconds.",
+            ) from error
 
 
 __all__ = ["AHEAD", "PARALLEL", "WalBatch", "WalFeed", "is_segment", "wal_batches"]
