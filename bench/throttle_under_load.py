@@ -4,7 +4,7 @@ side by side, in one run on one machine (issue 14).
 Usage::
 
     .venv/bin/python bench/throttle_under_load.py [--scale 100] [--rounds 1] [--max-seconds 20]
-        [--load-fraction 0.7] [--fixed-mib 50] [--out bench/results]
+        [--load-fraction 0.7] [--fixed-mib 10,20,30,40,60] [--out bench/results]
 
 Terms:
 
@@ -33,8 +33,9 @@ Terms:
 
   1. ``sv-unthrottled``: ShardVault, the policy's ``upload: {throttle: static}`` and no rate
      limit (the agent has none of its own either);
-  2. ``sv-fixed``: ``upload: {throttle: static, rate_limit_mib_per_second: --fixed-mib}``
-     (default 50; the policy's default throttle, ``auto``, would steer it under the load);
+  2. ``sv-fixed-<N>``, one for each rate of ``--fixed-mib`` (default 10, 20, 30, 40 and 60):
+     ``upload: {throttle: static, rate_limit_mib_per_second: N}`` (the policy's default
+     throttle, ``auto``, would steer it under the load);
   3. ``sv-adaptive``: ``upload: {throttle: adaptive}`` (its window and floor at the policy's
      defaults, 360 minutes and 4 MiB/s);
   4. ``pgbackrest-zst-pm2``: ``pgbackrest backup --type=full`` as ``backup_vs_peers.py`` runs
@@ -87,6 +88,10 @@ Terms:
   configuration's (``--agent-set low_priority=true`` stands in for the systemd unit's
   ``CPUWeight``/``IOWeight``, which need cgroup controllers this machine's hybrid hierarchy
   lacks).
+* *safe*: a configuration whose backups kept the load's tps ratio at least 0.95 and its p99
+  without lag at most 1.25 times its baseline's (medians over the rounds); the *fastest safe
+  fixed rate* is the ``sv-fixed-<N>`` with the least median wall time among the safe ones,
+  and issue 47's target is the adaptive backup safe within 1.25 times its wall time.
 * *idle reference*: one ``sv-unthrottled`` backup at the start of the run, before the write
   load exists (settled machine, no client but the agent); the issue's target is each
   backup's wall time at most 2 times this one (*÷ idle*).
@@ -147,7 +152,10 @@ LOG_TIMEOUT = 60.0  # seconds to wait for the load's log to cover a window's end
 LOG_POLL = 0.2
 WINDOW_SLACK = 5.0  # seconds: a thread's log lines may be out of order by less than this
 IDLE = "sv-unthrottled-idle"
-IDLE_TARGET = 2.0  # the issue's: a backup's wall time at most 2x the idle unthrottled one
+IDLE_TARGET = 2.0  # issue 14's: a backup's wall time at most 2x the idle unthrottled one
+SAFE_TPS_RATIO = 0.95  # a *safe* backup: the load kept this share of its throughput
+SAFE_P99_RATIO = 1.25  # and its p99 without lag at most this times its baseline's
+ADAPTIVE_TARGET = 1.25  # issue 47's: adaptive wall time at most this times the best safe fixed
 ARCHIVE_DELAY_SECONDS = 60.0  # the policy's default archive.max_delay_seconds
 POLICY_BASE: dict[str, Any] = {  # the bench cluster's entry, less its upload
     "engine": "postgres",
@@ -176,23 +184,35 @@ class Configuration:
         return "pgbackrest" if self.process_max else "shardvault"
 
 
-def configurations(fixed_mib: float) -> tuple[Configuration, ...]:
+FIXED = "sv-fixed-"  # a fixed-rate configuration's name: this and its rate in MiB/s
+
+
+def configurations(fixed_mib: list[float]) -> tuple[Configuration, ...]:
+    fixed = [
+        Configuration(
+            f"{FIXED}{rate:g}",
+            f"ShardVault, rate limit {rate:g} MiB/s",
+            {"throttle": "static", "rate_limit_mib_per_second": float(rate)},
+        )
+        for rate in fixed_mib
+    ]
     return (
         Configuration(
             "sv-unthrottled", "ShardVault, static, no rate limit", {"throttle": "static"}
         ),
-        Configuration(
-            "sv-fixed",
-            f"ShardVault, rate limit {fixed_mib:g} MiB/s",
-            {"throttle": "static", "rate_limit_mib_per_second": float(fixed_mib)},
-        ),
+        *fixed,
         Configuration("sv-adaptive", "ShardVault, adaptive throttle", {"throttle": "adaptive"}),
         Configuration("pgbackrest-zst-pm2", "pgBackRest full, zst, process-max=2", process_max=2),
         Configuration("pgbackrest-zst-pm1", "pgBackRest full, zst, process-max=1", process_max=1),
     )
 
 
-CONFIG_NAMES = tuple(c.name for c in configurations(50.0))
+def fixed_rates(text: str) -> list[float]:
+    """``--fixed-mib``: comma-separated positive rates in MiB/s."""
+    rates = sorted({float(part) for part in text.split(",") if part.strip()})
+    if not rates or rates[0] <= 0:
+        raise argparse.ArgumentTypeError("give one or more positive rates, e.g. 10,20,40")
+    return rates
 
 
 # --- arguments ----------------------------------------------------------------------------------
@@ -212,7 +232,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--load-fraction", type=float, default=0.7, help="the write load's rate ÷ its maximum"
     )
     parser.add_argument(
-        "--fixed-mib", type=float, default=50.0, help="sv-fixed's rate limit, MiB/s"
+        "--fixed-mib",
+        type=fixed_rates,
+        default=fixed_rates("10,20,30,40,60"),
+        help="the fixed rate limits to sweep, MiB/s, comma-separated (one sv-fixed-N each)",
     )
     parser.add_argument(
         "--backlog-ms",
@@ -222,8 +245,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--configs",
-        default=",".join(CONFIG_NAMES),
-        help=f"comma-separated subset of {','.join(CONFIG_NAMES)}",
+        default="all",
+        help="comma-separated subset of sv-unthrottled, sv-fixed (every fixed rate), "
+        "sv-adaptive, pgbackrest-zst-pm2, pgbackrest-zst-pm1 (default: all)",
     )
     # backup_vs_peers' setup also makes the s3transfer controls' clients; none run here.
     parser.set_defaults(runs=1, s3_chunk_mib=8, s3_concurrency=4, s3_signed_payload=False)
@@ -231,12 +255,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bvp.check_environment_arguments(parser, args)
     if not 0 < args.load_fraction <= 1:
         parser.error("--load-fraction must be in (0, 1]")
-    if args.max_seconds <= 0 or args.warm_up_seconds < 0 or args.fixed_mib <= 0:
-        parser.error("--max-seconds and --fixed-mib must be positive, --warm-up-seconds not < 0")
-    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if unknown := sorted(set(chosen) - set(CONFIG_NAMES)):
+    if args.max_seconds <= 0 or args.warm_up_seconds < 0:
+        parser.error("--max-seconds must be positive, --warm-up-seconds not < 0")
+    names = [c.name for c in configurations(args.fixed_mib)]
+    chosen = {c.strip() for c in args.configs.split(",") if c.strip()}
+    if "all" in chosen:
+        chosen = set(names)
+    if "sv-fixed" in chosen:
+        chosen = (chosen - {"sv-fixed"}) | {n for n in names if n.startswith(FIXED)}
+    if unknown := sorted(chosen - set(names)):
         parser.error(f"unknown configurations {', '.join(unknown)}")
-    args.configs = [name for name in CONFIG_NAMES if name in chosen]
+    args.configs = [name for name in names if name in chosen]
     return args
 
 
@@ -660,8 +689,13 @@ def measured_run(h: Harness, config: Configuration, index: int) -> dict[str, Any
     result = backup(h, config)
     result |= load_figures(h, result.pop("window"))
     discard(h.bench, result)
-    result |= {"round": index, "wall_vs_idle": result["seconds"] / h.idle_seconds}
     during, base = result["load"], result["baseline"]
+    p99 = (during["latency_no_lag_p99_ms"], base["latency_no_lag_p99_ms"])
+    result |= {
+        "round": index,
+        "wall_vs_idle": result["seconds"] / h.idle_seconds,
+        "p99_ratio": p99[0] / p99[1] if all(p99) else None,
+    }
     say(
         f"  {config.name}: {result['seconds']:.1f} s ({result['wall_vs_idle']:.2f}x idle); "
         f"tps {during['tps']:,.0f} vs {base['tps']:,.0f} baseline "
@@ -704,6 +738,7 @@ SPREAD_KEYS = (
     "wall_vs_idle",
     "catalog_duration_seconds",
     "tps_ratio",
+    "p99_ratio",
     "transactions_short",
     "load.tps",
     "baseline.tps",
@@ -744,6 +779,32 @@ def summarize(h: Harness, runs: dict[str, list[dict[str, Any]]]) -> dict[str, An
         "max_rate_tps": h.bench.setup["max_rate"]["tps"],
         "load_rate_tps": h.bench.setup["load_rate_tps"],
         "configurations": configs,
+        "against_best_fixed": against_best_fixed(configs),
+    }
+
+
+def is_safe(info: dict[str, Any]) -> bool:
+    """A configuration that kept the load whole (its medians): see *safe*."""
+    tps, p99 = info["tps_ratio"], info["p99_ratio"]
+    return bool(tps and p99 and tps["median"] >= SAFE_TPS_RATIO and p99["median"] <= SAFE_P99_RATIO)
+
+
+def against_best_fixed(configs: dict[str, Any]) -> dict[str, Any] | None:
+    """The fastest safe fixed rate (its median wall time), and the adaptive backup's wall
+    time over it (the issue's target: at most ``ADAPTIVE_TARGET``); None without both."""
+    safe = {n: c for n, c in configs.items() if n.startswith(FIXED) and is_safe(c)}
+    adaptive = configs.get("sv-adaptive")
+    if not safe or adaptive is None:
+        return None
+    best = min(safe, key=lambda n: safe[n]["seconds"]["median"])
+    ratio = adaptive["seconds"]["median"] / safe[best]["seconds"]["median"]
+    return {
+        "best_fixed": best,
+        "best_fixed_seconds": safe[best]["seconds"]["median"],
+        "adaptive_seconds": adaptive["seconds"]["median"],
+        "ratio": ratio,
+        "adaptive_safe": is_safe(adaptive),
+        "held": ratio <= ADAPTIVE_TARGET and is_safe(adaptive),
     }
 
 
@@ -805,8 +866,8 @@ def load_table(summary: dict[str, Any]) -> str:
     rows = [
         "| write load during | tps during / baseline | tps ratio min / median / max | "
         "p50 ms during / baseline | p99 ms during / baseline | p50 ms without lag | "
-        "p99 ms without lag | schedule lag p99 ms | worst second's tps | busy cores during / "
-        "baseline |",
+        "p99 ms without lag (ratio) | schedule lag p99 ms | worst second's tps | "
+        "busy cores during / baseline |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for info in summary["configurations"].values():
@@ -814,8 +875,8 @@ def load_table(summary: dict[str, Any]) -> str:
             f"| {info['label']} | {_pair(info, 'tps', 0)} | {spread_cell(info['tps_ratio'], 3)} | "
             f"{_pair(info, 'latency_p50_ms')} | {_pair(info, 'latency_p99_ms')} | "
             f"{_pair(info, 'latency_no_lag_p50_ms')} | {_pair(info, 'latency_no_lag_p99_ms')} "
-            f"| {_pair(info, 'lag_p99_ms')} | {median_cell(info['load.worst_second_tps'], 0)} "
-            f"| {_pair(info, 'busy_cores', 2)} |"
+            f"({median_cell(info['p99_ratio'], 2)}) | {_pair(info, 'lag_p99_ms')} | "
+            f"{median_cell(info['load.worst_second_tps'], 0)} | {_pair(info, 'busy_cores', 2)} |"
         )
     return "\n".join(rows)
 
@@ -848,6 +909,15 @@ def markdown(h: Harness, summary: dict[str, Any]) -> str:
         "figures are medians over the rounds unless given as min / median / max."
     )
     parts = [head, "Backups:\n\n" + backups_table(summary), load_table(summary)]
+    if best := summary.get("against_best_fixed"):
+        parts.append(
+            f"Fastest safe fixed rate (tps ratio ≥ {SAFE_TPS_RATIO:g}, p99 without lag ≤ "
+            f"{SAFE_P99_RATIO:g}x, medians): {best['best_fixed']}, "
+            f"{best['best_fixed_seconds']:.1f} s. Adaptive: {best['adaptive_seconds']:.1f} s, "
+            f"{best['ratio']:.2f}x it (target ≤ {ADAPTIVE_TARGET:g}x"
+            f"{'' if best['adaptive_safe'] else '; the adaptive backup was not safe'}): "
+            f"{'held' if best['held'] else 'NOT held'}."
+        )
     if bound := cpu_bound(h, summary):
         parts.append(bound)
     return "\n\n".join(parts) + "\n"

@@ -73,6 +73,27 @@ def test_the_command_waits_for_its_file_and_says_it_asked(wal_dir: Path, tmp_pat
     assert (tmp_path / "RECOVERYXLOG").read_bytes() == b"wal" * 100
 
 
+def test_the_command_links_its_file_into_place_and_copies_across_file_systems(
+    wal_dir: Path, tmp_path: Path
+):
+    name = "000000010000000000000005"
+    (wal_dir / ".planned" / name).touch()
+    (wal_dir / name).write_bytes(b"segment" * 100)
+    done = restore_command(wal_dir, name, tmp_path / "RECOVERYXLOG")
+    assert done.returncode == 0, done.stderr
+    # One file, not a copy: recovery pays a link's cost per segment, not 16 MiB written.
+    assert (tmp_path / "RECOVERYXLOG").stat().st_ino == (wal_dir / name).stat().st_ino
+    elsewhere = Path("/dev/shm")  # tmpfs: a link from tmp_path's file system fails there
+    assert elsewhere.stat().st_dev != tmp_path.stat().st_dev
+    into = elsewhere / f"RECOVERYXLOG-{tmp_path.name}"
+    try:
+        done = restore_command(wal_dir, name, into)
+        assert done.returncode == 0, done.stderr
+        assert into.read_bytes() == b"segment" * 100
+    finally:
+        into.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("marker", [".failed", ".stop"])
 def test_a_failed_or_stopped_feed_stops_recovery_instead_of_ending_it(
     wal_dir: Path, tmp_path: Path, marker: str
@@ -194,6 +215,19 @@ def test_the_feed_fetches_what_recovery_asks_for_and_a_few_batches_ahead(tmp_pat
         "stored_bytes": sum(len(store.objects[f"archive/batch-{b}"]) for b in range(5)),
     }  # fmt: skip
     assert not (tmp_path / "landing").exists()
+
+
+def test_the_feed_gives_each_file_to_the_servers_account(tmp_path: Path):
+    # The command links a file into pg_wal, where the server later recycles it and writes
+    # into it: the file must be the server's account's (the agent may run as root).
+    _, feed = a_feed(tmp_path, batches=1)
+    account = (65534, 65534)  # nobody: not the test's own
+    feed.owner = account
+    with running(feed):
+        wait_for((feed.wal_dir / segment_name(1)).exists)
+    for n in range(2):
+        st = (feed.wal_dir / segment_name(n)).stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (*account, 0o600)
 
 
 def test_a_damaged_batch_fails_the_feed_and_what_waits_on_it(tmp_path: Path):

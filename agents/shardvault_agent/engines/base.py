@@ -256,6 +256,12 @@ class ServerControl(Protocol):
         failure is logged: it runs while a failed restore is undone)."""
         ...
 
+    def server_account(self) -> tuple[int, int] | None:
+        """The uid and gid the server runs as when the agent is root: a file the agent puts
+        into a running copy (a WAL feed's segment, which the server later recycles and
+        writes) must be that account's. None: no server, or the agent's own account."""
+        ...
+
 
 class EngineAdapter(BackupSource, LoadSignals, RestoreTarget, ServerControl, Protocol):
     """Everything the agent asks of an engine, both directions (the module's docstring)."""
@@ -335,6 +341,9 @@ class NoServer:
         return []
 
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
+        return None
+
+    def server_account(self) -> tuple[int, int] | None:
         return None
 
 

@@ -133,6 +133,7 @@ class Finisher:
             downloader=self.downloads.downloader,
             sealer_of=lambda item: self.downloads.sealer(item, layout),
             aborted=self.places.aborted(restore_id).exists,
+            owner=self.engine.server_account(),
         )
         feed.start()
         return feed

@@ -45,6 +45,7 @@ from shardvault_agent.engines.base import (
 )
 from shardvault_agent.engines.mariadb.checks import mariadb_checks
 from shardvault_agent.engines.mariadb.server import (
+    MARIADB_USER,
     MariadbServer,
     client_user,
     program,
@@ -53,6 +54,7 @@ from shardvault_agent.engines.mariadb.server import (
     socket_for,
     stop_server,
 )
+from shardvault_agent.engines.serveruser import as_root, user_ids
 
 log = logging.getLogger("shardvault.agent.mariadb")
 DATA_DIR_FIX = (
@@ -211,6 +213,12 @@ class MariadbAdapter(CopySource):
             MariadbServer(root, Path(server["socket"])).start()
         except RuntimeError as error:  # put back whole; report, do not fail the undo
             log.warning("could not start the replaced copy %s again: %s", root, error)
+
+    def server_account(self) -> tuple[int, int] | None:
+        if not as_root():
+            return None
+        uid, gid, _ = user_ids(MARIADB_USER)
+        return uid, gid
 
 
 def checkpoints(copy: Path) -> dict[str, str]:

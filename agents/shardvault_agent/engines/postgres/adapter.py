@@ -68,7 +68,8 @@ from shardvault_agent.engines.base import (
 )
 from shardvault_agent.engines.postgres import pages as pgpages
 from shardvault_agent.engines.postgres import restore as postgres_restore
-from shardvault_agent.engines.postgres.server import beside, stop_server
+from shardvault_agent.engines.postgres.server import beside, postgres_ids, stop_server
+from shardvault_agent.engines.serveruser import as_root
 
 log = logging.getLogger("shardvault.agent.postgres")
 
@@ -522,6 +523,12 @@ class PostgresAdapter:
 
     def start_server(self, root: Path, server: dict[str, Any]) -> None:
         postgres_restore.restart_replaced(root, server["port"])
+
+    def server_account(self) -> tuple[int, int] | None:
+        if not as_root():
+            return None
+        uid, gid, _ = postgres_ids()
+        return uid, gid
 
 
 WHOLE_SEGMENT = -1  # copy_wal_up_to: the segment's every byte

@@ -1,13 +1,12 @@
 """PostgreSQL restores: a restored data directory becomes a recovered, checked server.
 
 Terms:
-- *recovery to the cut*: a backup with a cluster restore point (``shardvault.contracts.cut``)
-replays
-  its tail's WAL to that point and promotes; without one, crash recovery replays the tail to
-  its end (past the end point the backup label names).
+- *recovery to the cut*: a backup with a cluster restore point
+  (``shardvault.contracts.cut``) replays its tail's WAL to that point and promotes; without
+  one, crash recovery replays the tail to its end (past the end point the backup label names).
 - *recovery to a target*: a point-in-time restore (``shardvault.wal.pitr``) replays the WAL
-  archive's batches, placed in ``pg_wal`` by the restore, to a time, an LSN, a restore point,
-  or the archive's end.
+  archive's batches, fed to its ``restore_command`` as it replays (``restore.walfeed``), to
+  a time, an LSN, a restore point, or the archive's end.
 - *served copy*: a restored copy's server runs from the shard's directory on a port of the
   agent's ``restore_ports``; its ``postmaster.pid`` names the port.
 """
@@ -24,6 +23,8 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from shardvault.contracts.pgwal import LSN, check_restore_point_name
 from shardvault.contracts.wal_archive import WAL_DIR
@@ -108,6 +109,8 @@ def adoptable(shard_id: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 RECOVERY_SECONDS = 600  # to replay a backup's tail to its restore point, and promote
+PROMOTED_POLL_SECONDS = 0.05
+PROBE_NAME = "shardvault-restore"  # the session that watches for the promotion
 
 
 def recovery_to_cut(name: str) -> str:
@@ -147,7 +150,8 @@ FEED_FAILED_STATUS = 200
 def feed_command(wal_dir: Path) -> str:
     """The ``restore_command`` that waits for the WAL feed (``restore.walfeed``), quoted for
     ``postgresql.conf``: a file the feed does not plan is not in the archive (exit 1 at
-    once); one it plans is asked for, waited for, and copied; a failed or stopped feed, or a
+    once); one it plans is asked for, waited for, and linked to where PostgreSQL asked for it
+    (copied where ``pg_wal`` is on another file system); a failed or stopped feed, or a
     failed copy, stops recovery (``FEED_FAILED_STATUS``). Only this node's directory (quoted
     for the shell, its ``%`` doubled for PostgreSQL) and PostgreSQL's own ``%f`` and ``%p``
     reach the shell, never a request's value."""
@@ -158,7 +162,7 @@ def feed_command(wal_dir: Path) -> str:
         f'until [ -e "$d/$f" ]; do '
         f'if [ -e "$d/{FAILED}" ] || [ -e "$d/{STOPPED}" ]; then '
         f'[ -e "$d/$f" ] || exit {fail}; fi; sleep {POLL_SECONDS}; done; '
-        f'cp "$d/$f" "%p" || exit {fail}'
+        f'ln "$d/$f" "%p" 2>/dev/null || cp "$d/$f" "%p" || exit {fail}'
     )
     return script.replace("'", "''")
 
@@ -247,19 +251,25 @@ def promoted(instance: Any, timeout: float, progress: Callable[[], float] | None
     """Waits until the server has left recovery (reached its target and promoted); False
     if it has not after ``timeout`` seconds, counted from ``progress()`` when given (a WAL
     feed's last batch or ask: a long archive takes as long as it takes, a stalled one does
-    not). A server in targeted recovery accepts read-only connections before it is done."""
+    not). A server in targeted recovery accepts read-only connections before it is done, and
+    a session outlives the promotion: one session asks every ``PROMOTED_POLL_SECONDS`` (a
+    ``psql`` each time is a process and a backend each, taken from the replay's cores)."""
     started = time.monotonic()
-    while True:
-        deadline = max(started, progress() if progress else started) + timeout
-        try:
-            if instance.psql("SELECT pg_is_in_recovery()") == "f":
-                return True
-        except Exception as error:  # the server stopped in recovery: say why from its log
-            time.sleep(0.5)  # its last lines are written as it exits
-            raise RuntimeError(f"{error}\nServer log:\n{instance.log_tail(60)}") from None
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
+    try:
+        with psycopg.connect(
+            instance.conninfo_for("postgres"), autocommit=True, application_name=PROBE_NAME
+        ) as conn:
+            while True:
+                deadline = max(started, progress() if progress else started) + timeout
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                if row is not None and row[0] is False:
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(PROMOTED_POLL_SECONDS)
+    except psycopg.Error as error:  # the server stopped in recovery: say why from its log
+        time.sleep(0.5)  # its last lines are written as it exits
+        raise RuntimeError(f"{error}\nServer log:\n{instance.log_tail(60)}") from None
 
 
 def ports_of_servers(restore_dir: Path) -> set[int]:
