@@ -26,9 +26,9 @@ Terms:
   holds for ``SETTLE_SECONDS``, so that the cut shows in the smoothed pressure before the next
   step; then below ``RECOVER_BELOW`` it grows by ``RECOVERY_SHARE`` of the *knee* (the rate at
   which the last cut's pressure would have met its target: what the readers took over that
-  pressure) per second, and below ``FAST_BELOW`` (the load went away) it doubles again; well
-  past what the readers take it is unlimited. It never goes below the *floor* or above the
-  *ceiling*.
+  pressure) per second, times the settle periods since that cut, and below ``FAST_BELOW``
+  (the load went away) it doubles again; well past what the readers take it is unlimited.
+  It never goes below the *floor* or above the *ceiling*.
 - *rebase*: pressure that stays above 1 for ``REBASE_SECONDS`` while the backup reads at its
   floor is not the backup's doing (it reads as little as it may): the source got busier, or
   its own checkpoint (which the backup asked for) makes every first write of a page log the
@@ -264,15 +264,19 @@ class Aimd:
         """One tick: ``pressure`` the highest signal's (``name``), ``taken_rate`` what the
         readers took per second over the tick."""
         self.fastest = max(self.fastest, taken_rate)
-        weight = min(1.0, dt / SMOOTHING_SECONDS)
-        taken = self.taken = (
-            taken_rate if self.taken is None else (self.taken + weight * (taken_rate - self.taken))
-        )
-        if now - self.last_cut < SETTLE_SECONDS:
+        if taken_rate > 0 or self.taken is not None:  # smoothed from the first read on
+            weight = min(1.0, dt / SMOOTHING_SECONDS)
+            before = taken_rate if self.taken is None else self.taken
+            self.taken = before + weight * (taken_rate - before)
+        since_cut = now - self.last_cut
+        if since_cut < SETTLE_SECONDS:
             return  # a cut shows its effect first
         if pressure > 1.0:
             if taken_rate <= 0:
                 return  # a backup not reading is not the cause
+            # What the readers took: the smoothed rate, or this tick's when higher (the
+            # smoothing lags a rate that just grew).
+            taken = max(self.taken or 0.0, taken_rate)
             current = taken if self.rate is None else min(self.rate, taken)
             self.knee = max(current / pressure, self.floor)
             # A pressure far over its target (an application's peak) is answered in one cut.
@@ -282,7 +286,10 @@ class Aimd:
             if pressure < FAST_BELOW or (pressure < RECOVER_BELOW and not self.cuts):
                 self.rate *= FAST_GROWTH**dt  # room to spare, or no cut yet: doubling
             elif pressure < RECOVER_BELOW:
-                self.rate += self.knee * RECOVERY_SHARE * dt
+                # Slow near the knee just after a cut, faster the longer the source bears
+                # it (as TCP CUBIC grows its window): a cut far below the knee, made while the
+                # backup's own checkpoint raised the pressure, is not held for long.
+                self.rate += self.knee * RECOVERY_SHARE * max(1.0, since_cut / SETTLE_SECONDS) * dt
             else:
                 return  # near the target: hold
             if self.ceiling is not None and self.rate >= self.ceiling:
