@@ -189,12 +189,12 @@ class AgentConfig(BaseModel):
     )
     low_priority: bool = Field(False, description="Lower CPU (nice) and IO (ionice) priority.")
     throttle_stall_margin: float = Field(
-        0.20,
+        0.10,
         gt=0,
         le=1,
         description="Adaptive throttling (the policy's upload.throttle): the share of time a "
         "backup may add to the database server's CPU or IO stall (Linux PSI) over what it "
-        "was the minute before; above it the read rate is cut.",
+        "was the minute before; above it the read rate halves.",
     )
     throttle_latency_ratio: float = Field(
         1.25,

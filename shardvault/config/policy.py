@@ -378,9 +378,9 @@ class Upload(Frozen):
         description="static: the agents read at the rate limit (or as fast as they can). "
         "adaptive: each agent steers its read rate by the source's health while it reads "
         "(the database server's CPU and IO stall from Linux PSI, and for PostgreSQL the time "
-        "its server takes to answer a probe while other clients are connected): it cuts "
-        "the rate when either rises past its target, holds it until the cut shows and "
-        "recovers it over seconds, under the rate limit and never below the floor. backup --wait and show report the rate and "
+        "its server takes to answer a probe while other clients are connected): it halves "
+        "the rate when either rises past its target and recovers it over seconds, under the "
+        "rate limit and never below the floor. backup --wait and show report the rate and "
         "what limited it. auto: adaptive on a source in use as the backup starts reading "
         "(PostgreSQL: clients other than ShardVault's connected), static otherwise (an idle "
         "source, an engine that cannot tell).",

@@ -74,10 +74,9 @@ def test_a_spike_is_answered_at_once_and_the_rate_recovers_after_it():
     assert next(t for t, taken, _ in trace if taken <= 50 * MB) <= 6 + 6 * SETTLE_SECONDS
     low = aimd.rate
 
-    source.safe = 62 * MB  # a little room: the rate creeps up, faster as the cut ages...
+    source.safe = 62 * MB  # a little room: the rate creeps up...
     trace = list(source.run(aimd, 1, start=16, taken=low))
-    settles_since_cut = (17 - aimd.last_cut) / SETTLE_SECONDS
-    assert 0 < trace[-1][1] - low <= RECOVERY_SHARE * aimd.knee * settles_since_cut * 1.01
+    assert 0 < trace[-1][1] - low <= RECOVERY_SHARE * aimd.peak * 1.01
 
     source.safe = 100_000 * MB  # ...and when the peak ends, it doubles back to unlimited
     list(source.run(aimd, 8, start=17))
@@ -198,7 +197,7 @@ def test_the_limiter_holds_readers_back_while_a_signal_is_high_and_reports_it():
             time.sleep(0.005)
         report = limiter.snapshot()
         assert report["limited_by"] == "s1 latency"
-        assert report["cuts"] >= 1
+        assert report["cuts"] >= 2
         assert report["pressures"] == {"cpu stall": 0.2, "s1 latency": 3.0}
         start = 2 * MB * START_MULTIPLE
         assert 2 * MB <= limiter.rate <= start / 2  # cut from its start, never below the floor

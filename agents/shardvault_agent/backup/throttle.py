@@ -21,14 +21,11 @@ Terms:
   about ``SMOOTHING_SECONDS`` (a tick's stall share is noisy). It starts at ``START_MULTIPLE``
   times the floor (a loaded source is not hit at full speed first) and doubles every half
   second while there is room (*slow start*, as TCP's). While the highest pressure is above 1
-  the rate is cut by ``DECREASE``, or to its share of the target when the pressure is further
-  over (from what the readers took over the last second, when that was less). After a cut it
-  holds for ``SETTLE_SECONDS``, so that the cut shows in the smoothed pressure before the next
-  step; then below ``RECOVER_BELOW`` it grows by ``RECOVERY_SHARE`` of the *knee* (the rate at
-  which the last cut's pressure would have met its target: what the readers took over that
-  pressure) per second, times the settle periods since that cut, and below ``FAST_BELOW``
-  (the load went away) it doubles again; well past what the readers take it is unlimited.
-  It never goes below the *floor* or above the *ceiling*.
+  the rate halves (from what the readers actually took, at most once per ``SETTLE_SECONDS``
+  so a cut shows its effect before the next); after a cut, below ``RECOVER_BELOW`` it grows
+  by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second,
+  and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the readers
+  take it is unlimited. It never goes below the *floor* or above the *ceiling*.
 - *rebase*: pressure that stays above 1 for ``REBASE_SECONDS`` while the backup reads at its
   floor is not the backup's doing (it reads as little as it may): the source got busier, or
   its own checkpoint (which the backup asked for) makes every first write of a page log the
@@ -63,13 +60,9 @@ from shardvault_agent.ratelimit import RateLimiter
 log = logging.getLogger("shardvault.agent")
 
 TICK_SECONDS = 0.25
-# After a cut the rate holds this long before the next step: the smoothed pressure needs about
-# two ``SMOOTHING_SECONDS`` to show the cut. At 0.5 s a cut at 27 MiB/s was followed by three
-# more before the first could show (27, 13, 5.5, then the floor), under a load that a fixed
-# 40 MiB/s kept whole (docs/BENCHMARKS.md, throttle under load).
-SETTLE_SECONDS = 2.0
-DECREASE = 0.7  # TCP CUBIC's: a cut overshoots less than halving when the signal lags
-RECOVERY_SHARE = 0.1  # of the knee, per second, after a cut
+SETTLE_SECONDS = 0.5
+DECREASE = 0.5
+RECOVERY_SHARE = 0.1  # of the peak, per second, after a cut
 RECOVER_BELOW = 0.9  # pressure under which the rate grows (between this and 1: it holds)
 FAST_BELOW = 0.5  # pressure under which it doubles (per FAST_GROWTH) rather than adds
 FAST_GROWTH = 4.0  # per second: doubling every half second
@@ -244,9 +237,8 @@ class Aimd:
     ceiling: float | None = None
     rate: float | None = None  # None: unlimited (below the ceiling, if any)
     limited_by: str | None = None
-    knee: float = 0.0
+    peak: float = 0.0
     fastest: float = 0.0  # the most the readers took in a tick
-    taken: float | None = None  # what the readers took per second, smoothed over a second
     last_cut: float = float("-inf")
     cuts: int = 0
 
@@ -264,32 +256,18 @@ class Aimd:
         """One tick: ``pressure`` the highest signal's (``name``), ``taken_rate`` what the
         readers took per second over the tick."""
         self.fastest = max(self.fastest, taken_rate)
-        if taken_rate > 0 or self.taken is not None:  # smoothed from the first read on
-            weight = min(1.0, dt / SMOOTHING_SECONDS)
-            before = taken_rate if self.taken is None else self.taken
-            self.taken = before + weight * (taken_rate - before)
-        since_cut = now - self.last_cut
-        if since_cut < SETTLE_SECONDS:
-            return  # a cut shows its effect first
         if pressure > 1.0:
-            if taken_rate <= 0:
-                return  # a backup not reading is not the cause
-            # What the readers took: the smoothed rate, or this tick's when higher (the
-            # smoothing lags a rate that just grew).
-            taken = max(self.taken or 0.0, taken_rate)
-            current = taken if self.rate is None else min(self.rate, taken)
-            self.knee = max(current / pressure, self.floor)
-            # A pressure far over its target (an application's peak) is answered in one cut.
-            self.rate = max(self.floor, current * min(DECREASE, 1 / pressure))
+            if now - self.last_cut < SETTLE_SECONDS or taken_rate <= 0:
+                return  # a cut shows its effect first; a backup not reading is not the cause
+            current = taken_rate if self.rate is None else min(self.rate, taken_rate)
+            self.peak = max(self.peak, current, self.floor)
+            self.rate = max(self.floor, current * DECREASE)
             self.limited_by, self.last_cut, self.cuts = name, now, self.cuts + 1
         elif self.rate is not None and self.rate != self.ceiling:
             if pressure < FAST_BELOW or (pressure < RECOVER_BELOW and not self.cuts):
                 self.rate *= FAST_GROWTH**dt  # room to spare, or no cut yet: doubling
             elif pressure < RECOVER_BELOW:
-                # Slow near the knee just after a cut, faster the longer the source bears
-                # it (as TCP CUBIC grows its window): a cut far below the knee, made while the
-                # backup's own checkpoint raised the pressure, is not held for long.
-                self.rate += self.knee * RECOVERY_SHARE * max(1.0, since_cut / SETTLE_SECONDS) * dt
+                self.rate += self.peak * RECOVERY_SHARE * dt
             else:
                 return  # near the target: hold
             if self.ceiling is not None and self.rate >= self.ceiling:
