@@ -798,13 +798,14 @@ def against_best_fixed(configs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     best = min(safe, key=lambda n: safe[n]["seconds"]["median"])
     ratio = adaptive["seconds"]["median"] / safe[best]["seconds"]["median"]
+    adaptive_safe = is_safe(adaptive)
     return {
         "best_fixed": best,
         "best_fixed_seconds": safe[best]["seconds"]["median"],
         "adaptive_seconds": adaptive["seconds"]["median"],
         "ratio": ratio,
-        "adaptive_safe": is_safe(adaptive),
-        "held": ratio <= ADAPTIVE_TARGET and is_safe(adaptive),
+        "adaptive_safe": adaptive_safe,
+        "held": ratio <= ADAPTIVE_TARGET and adaptive_safe,
     }
 
 

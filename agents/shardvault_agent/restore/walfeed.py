@@ -3,7 +3,7 @@
 Recovery starts as soon as the base is in place. PostgreSQL asks its ``restore_command``
 (``engines.postgres.restore.feed_command``) for one WAL file at a time; the command waits
 only until that file is in the *WAL directory* (``.shardvault-wal/`` in the data directory),
-then links it into ``pg_wal`` (a rename's cost, where a copy of 16 MiB took 17 ms of
+then links it into ``pg_wal`` (a link's cost, where a copy of 16 MiB took 17 ms of
 recovery's time per segment), and the feed fetches the batches holding the files recovery
 asks for and the next few, in parallel, so that replay rarely waits and nothing far past
 where recovery stops is fetched.
