@@ -21,8 +21,10 @@ Terms:
   about ``SMOOTHING_SECONDS`` (a tick's stall share is noisy). It starts at ``START_MULTIPLE``
   times the floor (a loaded source is not hit at full speed first) and doubles every half
   second while there is room (*slow start*, as TCP's). While the highest pressure is above 1
-  the rate halves (from what the readers actually took, at most once per ``SETTLE_SECONDS``
-  so a cut shows its effect before the next); after a cut, below ``RECOVER_BELOW`` it grows
+  the rate is *cut* (from what the readers actually took) by the target over the pressure,
+  a fifth at least and half at most (``cut_factor``), at most once per ``SETTLE_SECONDS``:
+  a cut takes about two smoothing periods to show, and cutting again before that cut one
+  overshoot three or four times, to the floor; after a cut, below ``RECOVER_BELOW`` it grows
   by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second,
   and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the readers
   take it is unlimited. It never goes below the *floor* or above the *ceiling*.
@@ -60,14 +62,15 @@ from shardvault_agent.ratelimit import RateLimiter
 log = logging.getLogger("shardvault.agent")
 
 TICK_SECONDS = 0.25
-SETTLE_SECONDS = 0.5
-DECREASE = 0.5
+SMOOTHING_SECONDS = 1.0  # a signal's pressure is averaged (EWMA) over about this long
+SETTLE_SECONDS = 2 * SMOOTHING_SECONDS  # a cut shows in the smoothed pressure by then
+DECREASE = 0.5  # the deepest cut: at twice the target or more, the rate halves
+MILD_DECREASE = 0.8  # the shallowest: just above the target, a fifth off
 RECOVERY_SHARE = 0.1  # of the peak, per second, after a cut
 RECOVER_BELOW = 0.9  # pressure under which the rate grows (between this and 1: it holds)
 FAST_BELOW = 0.5  # pressure under which it doubles (per FAST_GROWTH) rather than adds
 FAST_GROWTH = 4.0  # per second: doubling every half second
 START_MULTIPLE = 4  # the rate at the start: the floor times this, then growing
-SMOOTHING_SECONDS = 1.0  # a signal's pressure is averaged (EWMA) over about this long
 REBASE_SECONDS = 3.0  # pressure above 1 this long at the floor: the source's own level
 IDLE_STOP_SECONDS = 30.0  # a controller with no reads this long stops (a read restarts it)
 BASELINE_PROBES = 5
@@ -261,7 +264,7 @@ class Aimd:
                 return  # a cut shows its effect first; a backup not reading is not the cause
             current = taken_rate if self.rate is None else min(self.rate, taken_rate)
             self.peak = max(self.peak, current, self.floor)
-            self.rate = max(self.floor, current * DECREASE)
+            self.rate = max(self.floor, current * cut_factor(pressure))
             self.limited_by, self.last_cut, self.cuts = name, now, self.cuts + 1
         elif self.rate is not None and self.rate != self.ceiling:
             if pressure < FAST_BELOW or (pressure < RECOVER_BELOW and not self.cuts):
@@ -280,6 +283,14 @@ class Aimd:
     @property
     def throttled(self) -> bool:
         return self.limited_by is not None
+
+
+def cut_factor(pressure: float) -> float:
+    """What a cut keeps of the rate: the target over the pressure (the share that brings a
+    pressure proportional to the rate back to its target), between ``DECREASE`` and
+    ``MILD_DECREASE``. Pressure just past the target is mostly the signal's noise, and
+    halving at each such tick left the backup at its floor most of its time."""
+    return min(MILD_DECREASE, max(DECREASE, 1.0 / pressure))
 
 
 @dataclass
