@@ -194,7 +194,7 @@ class AgentConfig(BaseModel):
         le=1,
         description="Adaptive throttling (the policy's upload.throttle): the share of time a "
         "backup may add to the database server's CPU or IO stall (Linux PSI) over what it "
-        "was the minute before; above it the read rate halves.",
+        "was the minute before; above it the read rate is cut.",
     )
     throttle_latency_ratio: float = Field(
         1.25,
