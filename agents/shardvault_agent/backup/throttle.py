@@ -23,8 +23,8 @@ Terms:
   second while there is room (*slow start*, as TCP's). While the highest pressure is above 1
   the rate is *cut* (from what the readers actually took) by the target over the pressure,
   a fifth at least and half at most (``cut_factor``), at most once per ``SETTLE_SECONDS``:
-  a cut takes about two smoothing periods to show, and cutting again before that cut one
-  overshoot three or four times, to the floor; after a cut, below ``RECOVER_BELOW`` it grows
+  a cut takes about two smoothing periods to show, and cutting again sooner cut one
+  overshoot three or four times, down to the floor; after a cut, below ``RECOVER_BELOW`` it grows
   by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second,
   and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the readers
   take it is unlimited. It never goes below the *floor* or above the *ceiling*.
