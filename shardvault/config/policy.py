@@ -380,8 +380,8 @@ class Upload(Frozen):
         "(the database server's CPU and IO stall from Linux PSI, and for PostgreSQL the time "
         "its server takes to answer a probe while other clients are connected): it cuts "
         "the rate by as much as either rises past its target (half at most), waits for the "
-        "cut to show, and recovers it over seconds, under the "
-        "rate limit and never below the floor. backup --wait and show report the rate and "
+        "cut to show, and recovers it over seconds, under the rate limit and never below the "
+        "floor. backup --wait and show report the rate and "
         "what limited it. auto: adaptive on a source in use as the backup starts reading "
         "(PostgreSQL: clients other than ShardVault's connected), static otherwise (an idle "
         "source, an engine that cannot tell).",

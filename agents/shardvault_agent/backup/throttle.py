@@ -24,10 +24,10 @@ Terms:
   the rate is *cut* (from what the readers actually took) by the target over the pressure,
   a fifth at least and half at most (``cut_factor``), at most once per ``SETTLE_SECONDS``:
   a cut takes about two smoothing periods to show, and cutting again sooner cut one
-  overshoot three or four times, down to the floor; after a cut, below ``RECOVER_BELOW`` it grows
-  by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per second,
-  and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the readers
-  take it is unlimited. It never goes below the *floor* or above the *ceiling*.
+  overshoot three or four times, down to the floor. After a cut, below ``RECOVER_BELOW`` it
+  grows by ``RECOVERY_SHARE`` of the *peak* (the most the readers took before a cut) per
+  second, and below ``FAST_BELOW`` (the load went away) it doubles again; well past what the
+  readers take it is unlimited. It never goes below the *floor* or above the *ceiling*.
 - *rebase*: pressure that stays above 1 for ``REBASE_SECONDS`` while the backup reads at its
   floor is not the backup's doing (it reads as little as it may): the source got busier, or
   its own checkpoint (which the backup asked for) makes every first write of a page log the
