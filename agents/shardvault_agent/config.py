@@ -225,6 +225,11 @@ class AgentConfig(BaseModel):
         None,
         description="Where restored shards go, one directory each (None: no restores here).",
     )
+    restore_link_dirs: list[Path] = Field(
+        default_factory=list,
+        description="Directories under which a restore may place a remapped tablespace "
+        "(shardvault restore --tablespace NAME=DIR); none: tablespaces go only to restore_dir.",
+    )
     restore_capacity_bytes: int | None = Field(
         None, ge=0, description="Cap on the bytes restores may place here (None: free space)."
     )

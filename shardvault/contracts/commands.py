@@ -277,6 +277,9 @@ class ShardLayout(Frozen):
     # (``shardvault_agent.restore.chain_placement``: layered).
     chain: list[ChainMember] | None = None
     recovery: Recovery | None = None  # a point-in-time restore's
+    # The request's remapped linked directories (``shardvault.contracts.links``): link path
+    # -> directory on the node; the others go to the node's default placement.
+    links: dict[str, str] = Field(default_factory=dict)
 
 
 class SignedDownload(Frozen):

@@ -851,6 +851,9 @@ class RestoreRequest(Frozen):
     # A vault target of the policy to read the backup from (the stack vault's name, or a
     # copy's: vault.copies); None: the stack vault once promoted, else the store.
     from_vault: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{0,39}$")
+    # PostgreSQL tablespaces placed elsewhere than the target node's restore_dir:
+    # "[SHARD:]NAME" -> an absolute directory (``shardvault.contracts.links``).
+    tablespaces: dict[str, str] = Field(default_factory=dict)
     requested_by: str = "cli"
     execution_id: str = ""
 
@@ -910,6 +913,9 @@ class RestoreContext(Frozen):
     target: RestoreTarget | None = None  # a point-in-time restore's target (validated)
     wal_batches: int = 0  # a point-in-time restore's archive batches, all shards'
     wal_bytes: int = 0  # and the WAL they hold
+    # The request's tablespaces, checked, by shard: link path -> directory
+    # (``shardvault.contracts.links.remaps``).
+    links: dict[str, dict[str, str]] = Field(default_factory=dict)
 
 
 class DownloadItem(Frozen):

@@ -22,6 +22,7 @@ from shardvault.backup import (
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import traits
+from shardvault.contracts.links import linked_dirs, remaps
 from shardvault.contracts.models import (
     BackupStatus,
     Manifest,
@@ -75,6 +76,9 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     elif (name := copy_name(source)) and record.vault_copies[name].kind == "aws":
         check_tier(record, request.tier, record.vault_copies[name].storage_class)
     manifest = read_manifest(svc, request.cluster, source, manifest_key, manifest_version)
+    links = remaps(
+        request.tablespaces, {s.shard_id: linked_dirs(s.marker) for s in manifest.shards}
+    )
     # Every ancestor readable (from the same copy target), or refused by name.
     chain = chain_sources(manifest, svc, copy_name(source))
     wal_batches, wal_bytes = 0, 0
@@ -140,6 +144,7 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
         target=request.target,
         wal_batches=wal_batches,
         wal_bytes=wal_bytes,
+        links=links,
     )
 
 

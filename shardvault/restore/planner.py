@@ -82,7 +82,9 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         shards = [s for s in manifest.shards if s.shard_id in assignment.shard_ids]
         svc.put_work(
             prepare_key(svc, context, assignment.node_id),
-            prepare_args(shards, rewrap(manifest.encryption), chain, wal, context.target),
+            prepare_args(
+                shards, rewrap(manifest.encryption), chain, wal, context.target, context.links
+            ),
         )
     prefetched = sum(len(items) for items in prefetch.values())
     svc.catalog.put(
@@ -197,11 +199,13 @@ def prepare_args(
     chain: list[tuple[Manifest, str]],
     wal: dict[str, tuple[list[FileEntry], list[DownloadItem]]] | None = None,
     target: RestoreTarget | None = None,
+    links: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """What a node needs to lay out its shards before any byte arrives: every stream's files
     (packed) and the byte ranges of its objects; for an incremental, its chain; for a
-    point-in-time restore, the archive's WAL and where recovery stops."""
-    wal = wal or {}
+    point-in-time restore, the archive's WAL and where recovery stops; the request's
+    remapped linked directories (``links``, by shard)."""
+    wal, links = wal or {}, links or {}
     return {
         "shards": [
             {
@@ -225,6 +229,7 @@ def prepare_args(
                 ]
                 + ([wal_stream_args(*wal[shard.shard_id])] if shard.shard_id in wal else []),
                 **({"recovery": pitr.recovery(target)} if target else {}),
+                **({"links": links[shard.shard_id]} if shard.shard_id in links else {}),
             }
             for shard in shards
         ]

@@ -1,6 +1,6 @@
-"""``shardvault restore --pin``: a shard pinned to two nodes is refused by name before any
-restore starts (the placement used to keep the last pin silently); repeating the same pin is
-harmless and accepted."""
+"""``shardvault restore --pin`` and ``--tablespace``: a shard pinned to two nodes (a tablespace
+given two directories) is refused by name before any restore starts (the placement used to
+keep the last pin silently); repeating the same pin is harmless and accepted."""
 
 from __future__ import annotations
 
@@ -73,3 +73,22 @@ def test_a_pin_without_a_node_is_refused(
     assert restore("shard-1") == cli.REFUSED
     assert started == []
     assert "is not SHARD=NODE" in output.getvalue()
+
+
+def restore_with_tablespaces(*given: str) -> int:
+    options = [f"--tablespace={g}" for g in given]
+    return cli.main(["restore", "orders", "--into", "copy", *options])
+
+
+def test_tablespaces_go_into_the_request_and_one_given_two_directories_is_refused(
+    started: list[RestoreRequest], output: io.StringIO
+) -> None:
+    assert restore_with_tablespaces("fast=/mnt/ssd/fast", "shard-2:slow=/mnt/hdd/s2") == 0
+    (request,) = started
+    assert request.tablespaces == {"fast": "/mnt/ssd/fast", "shard-2:slow": "/mnt/hdd/s2"}
+    assert restore_with_tablespaces("fast=/a", "fast=/b") == cli.REFUSED
+    assert restore_with_tablespaces("fast") == cli.REFUSED
+    assert len(started) == 1
+    said = output.getvalue()
+    assert "tablespace fast is given two directories: /a and /b" in said
+    assert "is not [SHARD:]NAME=DIR" in said

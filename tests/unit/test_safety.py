@@ -11,8 +11,7 @@ import pytest
 from pydantic import ValidationError
 from shardvault_agent.backup import commands as backup_commands
 from shardvault_agent.commands import Commands
-from shardvault_agent.config import ShardConfig
-from shardvault_agent.engines.postgres.adapter import refuse_tablespaces
+from shardvault_agent.engines.postgres import tablespaces
 from shardvault_agent.engines.sqlite.adapter import SqliteAdapter
 from shardvault_agent.ratelimit import RateLimiter
 
@@ -239,9 +238,19 @@ def test_a_part_whose_backup_is_released_between_tries_says_so(tmp_path):
     assert not cmds.backup.files.backup_dir("b9").exists()
 
 
-def test_postgres_tablespaces_are_refused_with_the_reason(tmp_path):
-    (tmp_path / "pg_tblspc").mkdir()
-    (tmp_path / "pg_tblspc" / "16384").symlink_to(tmp_path)
-    shard = ShardConfig(shard_id="s1", data_dir=tmp_path, conninfo="host=/nowhere")
-    with pytest.raises(EngineError, match="tablespaces"):
-        refuse_tablespaces(shard)
+def test_a_tablespace_that_leads_nowhere_or_inside_is_refused_with_the_reason(tmp_path):
+    data_dir, outside = tmp_path / "data", tmp_path / "disk2"
+    (data_dir / "pg_tblspc").mkdir(parents=True)
+    outside.mkdir()
+    link = data_dir / "pg_tblspc" / "16384"
+    link.symlink_to(outside)
+    tablespaces.check(data_dir, "s1")  # a tablespace on another disk is backed up
+    outside.rmdir()
+    with pytest.raises(EngineError, match=r"16384.*leads to no directory") as gone:
+        tablespaces.check(data_dir, "s1")
+    assert "mount the tablespace's disk" in gone.value.fix
+    link.unlink()
+    (data_dir / "inside").mkdir()
+    link.symlink_to(data_dir / "inside")
+    with pytest.raises(EngineError, match="inside the data directory"):
+        tablespaces.check(data_dir, "s1")

@@ -348,26 +348,36 @@ class NoServer:
 
 
 def list_tree(
-    root: Path, skip_dir=lambda rel: False, skip_file=lambda rel: False
+    root: Path,
+    skip_dir: Callable[[str], bool] = lambda rel: False,
+    skip_file: Callable[[str], bool] = lambda rel: False,
+    follow: Callable[[str], bool] = lambda rel: False,
 ) -> list[FileEntry]:
     """Regular files under ``root`` in sorted order (by path component, as ``pathlib`` sorts
     paths), plus directories that would otherwise be lost (as ``path/`` with size 0), so a
     restore recreates the tree exactly. A skipped directory is listed, empty. A link to a file
-    is listed as a file of its target's size; a link to a directory is left out. One
-    ``os.scandir`` per directory: a PostgreSQL data directory's thousand files are listed at
-    every checkpoint, and ``pathlib``'s walk took 0.1 to 0.2 s of it."""
+    is listed as a file of its target's size; a link to a directory is left out unless
+    ``follow`` names it (a *linked directory*, ``shardvault.contracts.links``: then it is
+    listed as a directory and walked). One ``os.scandir`` per directory: a PostgreSQL data
+    directory's thousand files are listed at every checkpoint, and ``pathlib``'s walk took
+    0.1 to 0.2 s of it."""
     found: list[tuple[list[str], FileEntry]] = []
-    _walk(os.fspath(root), "", skip_dir, skip_file, found)
+    _walk(os.fspath(root), "", Walk(skip_dir, skip_file, follow), found)
     found.sort(key=lambda item: item[0])
     return [entry for _, entry in found]
 
 
+@dataclass(frozen=True)
+class Walk:
+    """What ``list_tree`` skips and follows, by path relative to its root."""
+
+    skip_dir: Callable[[str], bool]
+    skip_file: Callable[[str], bool]
+    follow: Callable[[str], bool]
+
+
 def _walk(
-    directory: str,
-    prefix: str,
-    skip_dir: Callable[[str], bool],
-    skip_file: Callable[[str], bool],
-    found: list[tuple[list[str], FileEntry]],
+    directory: str, prefix: str, walk: Walk, found: list[tuple[list[str], FileEntry]]
 ) -> None:
     try:
         with os.scandir(directory) as scan:
@@ -377,11 +387,13 @@ def _walk(
     for entry in entries:
         rel = prefix + entry.name
         try:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False) or (
+                entry.is_symlink() and walk.follow(rel) and entry.is_dir()
+            ):
                 found.append((rel.split("/"), FileEntry(path=rel + "/", size=0)))
-                if not skip_dir(rel):
-                    _walk(entry.path, rel + "/", skip_dir, skip_file, found)
-            elif entry.is_file() and not skip_file(rel):
+                if not walk.skip_dir(rel):
+                    _walk(entry.path, rel + "/", walk, found)
+            elif entry.is_file() and not walk.skip_file(rel):
                 found.append((rel.split("/"), FileEntry(path=rel, size=entry.stat().st_size)))
         except FileNotFoundError:
             continue  # removed while listing; the engine's log recreates or drops it

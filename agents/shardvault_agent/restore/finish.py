@@ -38,6 +38,7 @@ from shardvault.errors import DownloadIncomplete, RestoreValidationFailed, Shard
 from shardvault_agent.checks import raise_if_refused
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import EngineAdapter, Finishing
+from shardvault_agent.restore import linked
 from shardvault_agent.restore.adoption import Adoption, adopted_since
 from shardvault_agent.restore.download import Downloads
 from shardvault_agent.restore.files import sync_tree
@@ -172,7 +173,8 @@ class Finisher:
                 "one.",
             )
         checked = time.monotonic()
-        shutil.rmtree(aside, ignore_errors=True)
+        if aside.exists():
+            linked.remove_with_copy(aside, self.places.restore_dir)
         log.info(
             "%s: shard %s synced in %.2f s, started and checked in %.2f s, the copy it "
             "replaced removed in %.2f s",
@@ -307,6 +309,7 @@ class Finisher:
                 aside.rename(final)
                 if info.get("replaced"):
                     self.engine.start_server(final, info["replaced"])
+        linked.remove_placed(self.places.state(restore_id), self.config.restore_dir, restore_id)
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.places.state(restore_id), ignore_errors=True)
 

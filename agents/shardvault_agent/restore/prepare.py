@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from shardvault.contracts.commands import (
     Prefetch,
@@ -41,6 +42,7 @@ from shardvault.errors import (
     TargetTooSmall,
 )
 from shardvault_agent.config import AgentConfig
+from shardvault_agent.restore import linked
 from shardvault_agent.restore.chain_placement import place_chain
 from shardvault_agent.restore.download import Downloads
 from shardvault_agent.restore.overlay import save_index
@@ -114,8 +116,11 @@ class Preparer:
                     f"{final} on node {self.config.node_id} already holds data.",
                     fix='restore with "replace": true, or empty that directory.',
                 )
-        prefetch = self._prefetch(args)
         fresh = [s for s in args.shards if not self.places.is_laid_out(restore_id, s.shard_id)]
+        for shard in fresh:  # every linked directory allowed and empty, before anything
+            staging = self.places.staging(restore_id, shard.shard_id)
+            linked.to_make(staging, shard.shard_id, self._linked(restore_id, shard))
+        prefetch = self._prefetch(args)
         to_spool = [
             (i, url) for i, url in prefetch if not self.places.object(restore_id, i.key).is_in
         ]
@@ -279,11 +284,18 @@ class Preparer:
             needed["patch_objects"] = keys
         return laid_out.model_copy(update=needed)
 
+    def _linked(self, restore_id: str, shard: ShardLayout) -> dict[str, Path]:
+        return linked.placements(self.config, restore_id, shard)
+
     def _create_files(self, restore_id: str, shard: ShardLayout) -> None:
         """The shard's files in staging at their final sizes, sparse until their bytes
-        arrive, and its directories (a second call keeps what is there)."""
+        arrive, and its directories, its linked ones first (``linked``: their files are
+        written where they stay). A second call keeps what is there."""
         root = self.places.staging(restore_id, shard.shard_id)
         root.mkdir(parents=True, exist_ok=True)
+        state = self.places.state(restore_id)
+        state.mkdir(parents=True, exist_ok=True)
+        linked.lay_out(state, root, shard.shard_id, self._linked(restore_id, shard))
         made = {root}  # each directory made once: a thousand files lie in a few dozen of them
         for stream in shard.streams:
             for entry in unpack_files(stream.files):

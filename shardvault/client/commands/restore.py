@@ -48,6 +48,14 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "--pin", action="append", default=[], metavar="SHARD=NODE", help="place a shard"
     )
     restore.add_argument(
+        "--tablespace",
+        action="append",
+        default=[],
+        metavar="[SHARD:]NAME=DIR",
+        help="PostgreSQL: place this tablespace in DIR (absolute, empty or absent, under the "
+        "target agent's restore_link_dirs) instead of the node's restore_dir",
+    )
+    restore.add_argument(
         "--check",
         action="append",
         default=[],
@@ -114,6 +122,7 @@ def run_restore(args: argparse.Namespace) -> int:
         tier=args.tier,
         from_vault=args.from_vault,
         placement=pins,
+        tablespaces=parse_tablespaces(args.tablespace),
         replace=args.replace,
         plan_only=args.plan_only,
         validation_queries=args.check,
@@ -155,6 +164,26 @@ def parse_pins(texts: list[str]) -> dict[str, str]:
     return pins
 
 
+def parse_tablespaces(texts: list[str]) -> dict[str, str]:
+    """``--tablespace [SHARD:]NAME=DIR`` options; one tablespace given two directories is
+    refused by name."""
+    placed: dict[str, str] = {}
+    for text in texts:
+        name, sep, directory = text.partition("=")
+        if not sep or not name or not directory:
+            raise InvalidRequest(
+                f"--tablespace {text!r} is not [SHARD:]NAME=DIR.",
+                fix="write e.g. --tablespace fast=/mnt/ssd/restored-fast.",
+            )
+        if placed.get(name, directory) != directory:
+            raise InvalidRequest(
+                f"tablespace {name} is given two directories: {placed[name]} and {directory}.",
+                fix=f"keep one --tablespace for {name}.",
+            )
+        placed[name] = directory
+    return placed
+
+
 def parse_pin(text: str) -> tuple[str, str]:
     shard, sep, node = text.partition("=")
     if not sep or not shard or not node:
@@ -173,6 +202,9 @@ def print_plan(plan: dict[str, Any]) -> None:
     for p in plan.get("placements", []):
         table.add_row(p["shard_id"], p["node_id"], f"{p['bytes'] / MiB:.1f} MiB")
     console.print(table)
+    for shard_id, links in sorted(plan.get("links", {}).items()):
+        for path, directory in sorted(links.items()):
+            console.print(f"Tablespace {path} of shard {shard_id} goes to {directory}.")
     if target := plan.get("target"):
         console.print(
             f"Point in time: from backup {plan.get('backup_id')}, replaying the archive to "

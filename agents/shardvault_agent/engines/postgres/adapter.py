@@ -42,18 +42,20 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from shardvault.contracts import links
 from shardvault.contracts.cut import (
     LOCK_TIMEOUT_SECONDS,
     PAUSE_HOLD_SECONDS,
     CutRequest,
 )
+from shardvault.contracts.links import LinkedDir
 from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing, WalNotArchived
 from shardvault_agent.config import AgentConfig, ShardConfig
@@ -68,6 +70,7 @@ from shardvault_agent.engines.base import (
 )
 from shardvault_agent.engines.postgres import pages as pgpages
 from shardvault_agent.engines.postgres import restore as postgres_restore
+from shardvault_agent.engines.postgres import tablespaces
 from shardvault_agent.engines.postgres.server import beside, postgres_ids, stop_server
 from shardvault_agent.engines.serveruser import as_root
 
@@ -103,12 +106,16 @@ def unlogged_relations(root: Path) -> set[tuple[str, str]]:
     """Relations with an init fork are unlogged: only the init fork is copied."""
     return {
         (p.parent.relative_to(root).as_posix(), p.name[: -len("_init")])
-        for p in root.glob("base/*/*_init")
+        for pattern in ("base/*/*_init", "pg_tblspc/*/PG_*/*/*_init")
+        for p in root.glob(pattern)
     }
 
 
 def listing(root: Path) -> list[FileEntry]:
+    """The data directory's files to copy, its tablespaces' among them (``tablespaces``:
+    each link followed, only this server's version directory)."""
     unlogged = unlogged_relations(root)
+    version = tablespaces.version_dir(root)
 
     def skip_file(rel: str) -> bool:
         name = rel.rsplit("/", 1)[-1]
@@ -117,7 +124,12 @@ def listing(root: Path) -> list[FileEntry]:
         match = pgpages.RELATION_FILE.match(rel)
         return bool(match and match["fork"] != "_init" and (match["db"], match["node"]) in unlogged)
 
-    return list_tree(root, skip_dir=skip_dir, skip_file=skip_file)
+    return list_tree(
+        root,
+        skip_dir=lambda rel: skip_dir(rel) or tablespaces.other_version(rel, version),
+        skip_file=skip_file,
+        follow=tablespaces.LINK.match,
+    )
 
 
 @dataclass
@@ -131,6 +143,7 @@ class HeldBackup:
     handed_off: bool = False
     tail_decided: bool = False  # at stop, where the tail's WAL comes from: no hand-off after
     stopped: bool = False
+    linked: list[LinkedDir] = field(default_factory=list)  # its tablespaces at the checkpoint
 
 
 # What a backup needs of the server (PostgresAdapter.check_ready), in one round trip.
@@ -190,7 +203,10 @@ class PostgresAdapter:
         """``check``, then what the backup will ask of the server: that it answers (as the
         instance of ``data_dir``), ``wal_level`` above minimal (``pg_backup_start``), a free
         replication slot (the backup holds one), and a role that may take a slot, run
-        ``pg_backup_start`` and create the cut's restore point."""
+        ``pg_backup_start`` and create the cut's restore point; and tablespaces the backup
+        can follow (``tablespaces.check``)."""
+        self.check(shard)
+        tablespaces.check(shard.data_dir, shard.shard_id)
         conn = self._connect(shard)
         try:
             row = conn.execute(READINESS).fetchone()
@@ -284,7 +300,10 @@ class PostgresAdapter:
         return conn
 
     def shard_bytes(self, shard: ShardConfig) -> int:
-        return size_or_zero(self, shard, lambda: tree_bytes(shard.data_dir / "base"))
+        def measure() -> int:
+            return tree_bytes(shard.data_dir / "base") + tablespaces.placed_bytes(shard.data_dir)
+
+        return size_or_zero(self, shard, measure)
 
     def flush(self, shard: ShardConfig) -> None:
         with self._connect(shard) as conn:
@@ -294,7 +313,7 @@ class PostgresAdapter:
         self, shard: ShardConfig, backup_id: str, work_dir: Path, *, log_archived: bool = False
     ) -> Capture:
         self.check(shard)
-        refuse_tablespaces(shard)
+        tablespaces.check(shard.data_dir, shard.shard_id)
         self.release(shard, backup_id)  # a retried checkpoint starts over
         conn = self._connect(shard)  # refuses another instance before the slot is taken
         archivable = log_archived and shard.shard_id in self.archived
@@ -316,6 +335,7 @@ class PostgresAdapter:
             wal, block_size = conn.execute(
                 "SELECT pg_walfile_name(%s), current_setting('block_size')", (lsn,)
             ).fetchone()
+            linked = tablespaces.catalog(conn)
         except psycopg.Error as error:
             conn.close()
             raise EngineError(
@@ -323,7 +343,9 @@ class PostgresAdapter:
                 fix="check the server log; wal_level must be replica or logical.",
             ) from None
         with self.lock:
-            self.held[(backup_id, shard.shard_id)] = HeldBackup(conn, str(lsn), wal, archivable)
+            self.held[(backup_id, shard.shard_id)] = HeldBackup(
+                conn, str(lsn), wal, archivable, linked=linked
+            )
         marker = {
             "start_lsn": str(lsn),
             "start_wal": wal,
@@ -331,6 +353,8 @@ class PostgresAdapter:
             "block_size": block_size,  # of its pages: the block screen reads their headers
             "system_identifier": pgpages.system_identifier(shard.data_dir),
         }
+        if linked:  # the tablespaces, which a restore places (shardvault.contracts.links)
+            marker[links.LINKS_MARKER] = links.encode(linked)
         # PostgreSQL writes relation files with pwrite (never through a mapping), and any
         # page written after pg_backup_start is in the WAL the backup keeps: a file unchanged
         # since the parent's scan needs no reading.
@@ -373,6 +397,7 @@ class PostgresAdapter:
         if cut is not None:
             marker |= take_cut(conn, shard, cut)
             end = marker["cut_lsn"]
+        tablespaces.refuse_changed(conn, shard.shard_id, held.linked)
         last_wal, last_bytes = self._wait_flushed(conn, end)
         tail = work_dir / "tail" / shard.shard_id
         shutil.rmtree(tail, ignore_errors=True)
@@ -855,19 +880,6 @@ def same_directory(a: Path, b: Path) -> bool:
         return a.samefile(b)
     except OSError:  # one of them is not on this host
         return False
-
-
-def refuse_tablespaces(shard: ShardConfig) -> None:
-    """Tablespaces live outside the data directory (symlinks in ``pg_tblspc``) and are not
-    copied yet: refuse rather than record a backup that restores without their data."""
-    links = sorted(p.name for p in (shard.data_dir / "pg_tblspc").glob("*"))
-    if links:
-        raise EngineError(
-            f"shard {shard.shard_id} has tablespaces ({', '.join(links)}), which this version "
-            "does not back up.",
-            fix="move those tables into the default tablespace, or back up this instance "
-            "with another tool until tablespace support lands.",
-        )
 
 
 def wal_segments(pg_wal: Path, first: str, last: str) -> list[str]:

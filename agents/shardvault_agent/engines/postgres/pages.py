@@ -13,7 +13,8 @@ Terms:
   pg_probackup's DELTA mode; pgBackRest and PostgreSQL 17 read or summarize instead.
 
 What makes it safe, and when it is not used (the file is then read and hashed whole):
-- only relation main forks (``base/<db>/<node>[.<segment>]``, ``global/<node>``). The free
+- only relation main forks (``base/<db>/<node>[.<segment>]``, ``global/<node>``, and in a
+  tablespace ``pg_tblspc/<oid>/<version>/<db>/<node>[.<segment>]``). The free
   space map is not logged, and the visibility map's bits are cleared without moving its
   pages' LSNs: those forks are small and always read;
 - only the file the parent read at the same path on the same node, by its device and inode
@@ -46,10 +47,12 @@ from shardvault_agent.backup.blockmap import BLOCK_SIZE
 if TYPE_CHECKING:  # not at run time: the mapped screen's helper imports this module alone
     from shardvault_agent.engines.base import BlockScreen
 
-# A relation's file: its database (or ``global``), its file node, its fork (none: the main
-# fork) and its 1 GiB segment. The listing skips unlogged relations' forks by it too.
+# A relation's file: its database (or ``global``; in a tablespace, the database's directory
+# in its version directory), its file node, its fork (none: the main fork) and its 1 GiB
+# segment. The listing skips unlogged relations' forks by it too.
 RELATION_FILE = re.compile(
-    r"^(?P<db>base/\d+|global)/(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
+    r"^(?P<db>base/\d+|global|pg_tblspc/\d+/PG_[^/]+/\d+)/"
+    r"(?P<node>\d+)(?P<fork>_fsm|_vm|_init)?(\.\d+)?$"
 )
 LSN_SIZE = 8
 LSN_HALVES = struct.Struct("=II")  # native order, high half first

@@ -36,6 +36,7 @@ from shardvault.errors import (
 )
 from shardvault_agent.config import AgentConfig
 from shardvault_agent.engines.base import Finishing
+from shardvault_agent.engines.postgres import tablespaces
 from shardvault_agent.engines.postgres.checks import postgres_checks
 from shardvault_agent.engines.postgres.server import attach_instance
 from shardvault_agent.restore.walfeed import ASKED, FAILED, PLANNED, POLL_SECONDS, STOPPED
@@ -47,7 +48,8 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
     """Starts the restored copy on a free port of ``restore_ports``: recovery replays the
     WAL in the backup to the cluster's restore point (``shardvault.contracts.cut``; a backup without
     one: to the end of its tail, past the end point the backup label names), or the archive's
-    WAL to a point-in-time target. Then pg_amcheck on every database and the validation
+    WAL to a point-in-time target; its tablespaces stay where the node placed them
+    (``tablespaces.ready_for_recovery``). Then pg_amcheck on every database and the validation
     queries (``checks``)."""
     root, shard_id = job.root, job.shard_id
     cut = job.layout.get("marker", {}).get("cut_name")
@@ -63,11 +65,12 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
             conf.write(recovery_to_cut(check_restore_point_name(cut)))
     if cut is not None or target is not None:
         (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
+    placed = tablespaces.ready_for_recovery(root)
     taken = {s["port"] for s in job.servers_given if "port" in s} | ports_of_servers(root.parent)
     port = free_port_in(config.restore_ports, config.node_id, taken)
     job.note_server({"port": port})
     try:
-        instance = attach_instance(root, port=port)
+        instance = attach_instance(root, port=port, tablespaces=placed)
         recovered = promoted(instance, RECOVERY_SECONDS, job.wal_progress)
         if recovered:
             job.wal_done()

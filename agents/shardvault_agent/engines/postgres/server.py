@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,16 +283,21 @@ def prepare_files(data_dir: Path, port: int, bin_dir: Path) -> PostgresInstance:
     return PostgresInstance(data_dir, port, socket_dir, bin_dir, log_path)
 
 
-def attach_instance(data_dir: Path, *, port: int) -> PostgresInstance:
-    """Starts a server on an existing data directory (a restored copy), on its own port."""
+def attach_instance(
+    data_dir: Path, *, port: int, tablespaces: Sequence[Path] = ()
+) -> PostgresInstance:
+    """Starts a server on an existing data directory (a restored copy), on its own port;
+    ``tablespaces``: the directories its tablespaces' links lead to, given to the server's
+    user with it (a walk does not follow the links)."""
     bin_dir = find_pg_bin_dir()
     data_dir = data_dir.absolute()
-    ensure_traversable(data_dir)
-    if as_root():
-        uid, gid, _ = postgres_ids()
-        for path in [data_dir, *data_dir.rglob("*")]:
-            os.chown(path, uid, gid, follow_symlinks=False)
-    data_dir.chmod(0o700)  # the server refuses a group/world-accessible data directory
+    for directory in [data_dir, *tablespaces]:
+        ensure_traversable(directory)
+        if as_root():
+            uid, gid, _ = postgres_ids()
+            for path in [directory, *directory.rglob("*")]:
+                os.chown(path, uid, gid, follow_symlinks=False)
+        directory.chmod(0o700)  # the server refuses a group/world-accessible data directory
     instance = prepare_files(data_dir, port, bin_dir)
     instance.start()
     return instance
