@@ -192,7 +192,8 @@ class TargetOutOfRange(ShardVaultError):
 
 
 class TargetUnsupported(ShardVaultError):
-    """A point-in-time target for an engine without a WAL archive (SQLite)."""
+    """A point-in-time target for an engine without a WAL archive (SQLite), or a replay that
+    would re-create a tablespace made after its base."""
 
 
 class EngineMismatch(ShardVaultError):

@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import boto3
@@ -133,7 +134,7 @@ class Agent:
     ) -> Archiver | None:
         """The WAL archiver of the leader shards with a spool (None: no shard has one)."""
         spools = [
-            Spool(s.shard_id, s.wal_spool_dir)
+            Spool(s.shard_id, s.wal_spool_dir, partial(self.engine.linked_dirs, s))
             for s in self.config.shards
             if s.wal_spool_dir is not None and s.role == Role.LEADER
         ]

@@ -263,6 +263,9 @@ class Recovery(Frozen):
     target_lsn: str | None = None
     target_name: str | None = None
     wal_dir: bool = True  # the WAL is placed beside the data; no agent reads it
+    # Linked directories (PostgreSQL tablespaces) created after the base: path -> the
+    # location their creation, if replayed, writes into (``wal.pitr.created_after``).
+    created_links: dict[str, str] = Field(default_factory=dict)
 
 
 class ShardLayout(Frozen):

@@ -50,6 +50,10 @@ class Batch(Frozen):
     stored_length: int = Field(ge=0)
     crc64nvme: str  # of the stored bytes, base64
     encryption: Encryption | None = None
+    # The shard's linked directories as the batch was packed (``shardvault.contracts.links``:
+    # path -> where the link leads); None from an agent that does not say. A tablespace
+    # created after a restore's base shows here first (``shardvault.wal.pitr``).
+    links: dict[str, str] | None = None
 
     @field_validator("batch_id")
     @classmethod

@@ -66,7 +66,7 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
             chain_items(context, layers[1:], source_of, shard.shard_id, node_id)
         )
         planned += chain_items(context, layers[:1], source_of, shard.shard_id, node_id)
-    wal = pitr.plan_wal(svc, context, manifest, node_of) if context.target else {}
+    wal, created = pitr.plan_wal(svc, context, manifest, node_of) if context.target else ({}, {})
     # Every data key as the target cluster's agents may unwrap it (keys.Rewrapper).
     rewrap = Rewrapper(svc, context.target_cluster)
     planned = rewrapped(planned, rewrap)
@@ -83,7 +83,13 @@ def plan(context: RestoreContext, svc: Services) -> dict[str, Any]:
         svc.put_work(
             prepare_key(svc, context, assignment.node_id),
             prepare_args(
-                shards, rewrap(manifest.encryption), chain, wal, context.target, context.links
+                shards,
+                rewrap(manifest.encryption),
+                chain,
+                wal,
+                context.target,
+                context.links,
+                created,
             ),
         )
     prefetched = sum(len(items) for items in prefetch.values())
@@ -200,12 +206,14 @@ def prepare_args(
     wal: dict[str, tuple[list[FileEntry], list[DownloadItem]]] | None = None,
     target: RestoreTarget | None = None,
     links: dict[str, dict[str, str]] | None = None,
+    created: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """What a node needs to lay out its shards before any byte arrives: every stream's files
     (packed) and the byte ranges of its objects; for an incremental, its chain; for a
-    point-in-time restore, the archive's WAL and where recovery stops; the request's
-    remapped linked directories (``links``, by shard)."""
-    wal, links = wal or {}, links or {}
+    point-in-time restore, the archive's WAL, where recovery stops and the linked directories
+    created after the base (``created``, by shard); the request's remapped linked
+    directories (``links``, by shard)."""
+    wal, links, created = wal or {}, links or {}, created or {}
     return {
         "shards": [
             {
@@ -228,7 +236,11 @@ def prepare_args(
                     for stream in shard.streams
                 ]
                 + ([wal_stream_args(*wal[shard.shard_id])] if shard.shard_id in wal else []),
-                **({"recovery": pitr.recovery(target)} if target else {}),
+                **(
+                    {"recovery": pitr.recovery(target, created.get(shard.shard_id))}
+                    if target
+                    else {}
+                ),
                 **({"links": links[shard.shard_id]} if shard.shard_id in links else {}),
             }
             for shard in shards

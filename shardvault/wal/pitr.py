@@ -38,6 +38,7 @@ from shardvault.aws.tables import completion_order
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.engines import label, traits
 from shardvault.contracts.layout import batch_place
+from shardvault.contracts.links import linked_dirs
 from shardvault.contracts.models import (
     BackupStatus,
     DownloadItem,
@@ -238,23 +239,42 @@ def wal_items(
     return files, items
 
 
-def recovery(target: RestoreTarget) -> dict[str, Any]:
-    """What the restoring node's recovery is told (``finish_postgres``)."""
+def recovery(target: RestoreTarget, created: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the restoring node's recovery is told (``finish_postgres``); ``created``: the
+    shard's linked directories created after the base (``created_after``)."""
     return {
         "target_time": target.time.isoformat() if target.time else None,
         "target_lsn": target.lsn,
         "target_name": target.name,
         "wal_dir": True,
+        "created_links": created or {},
     }
 
 
 def plan_wal(
     svc: Services, context: RestoreContext, manifest: Manifest, node_of: dict[str, str]
-) -> dict[str, tuple[list[FileEntry], list[DownloadItem]]]:
+) -> tuple[dict[str, tuple[list[FileEntry], list[DownloadItem]]], dict[str, dict[str, str]]]:
     """Per shard, its WAL stream and download items, from the archive as it is now (it may
-    have grown since validation: more WAL, never less)."""
-    planned = {}
+    have grown since validation: more WAL, never less); and the linked directories created
+    after the base (``created_after``)."""
+    planned, created = {}, {}
     for shard in manifest.shards:
         archive = shard_after(svc, manifest, shard.shard_id)
         planned[shard.shard_id] = wal_items(context, archive, node_of[shard.shard_id])
-    return planned
+        created[shard.shard_id] = created_after(archive, shard.marker)
+    return planned, created
+
+
+def created_after(archive: ShardArchive, base_marker: dict[str, str]) -> dict[str, str]:
+    """The linked directories (PostgreSQL's tablespaces) the archive's batches saw that the
+    base did not hold: path -> the location they were created in. Recovery may replay their
+    creation, which writes into that location on the restoring node (on the source's host,
+    the source's own tablespace): the node refuses to replay where the location exists
+    (``engines.postgres.tablespaces.refuse_created``)."""
+    held = {d.path for d in linked_dirs(base_marker)}
+    created: dict[str, str] = {}
+    for batch in archive.batches:
+        for path, location in (batch.get("links") or {}).items():
+            if path not in held:
+                created.setdefault(path, location)
+    return created

@@ -11,6 +11,7 @@ ordered hash, pg_amcheck), and each restored tablespace must be a directory of t
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from shardvault.local.postgres import (
 )
 
 from .conftest import output, running_pg_cluster
+from .test_point_in_time import MARKS, restored_marks, settle, write_marks
 from .test_postgres import LOAD_TPS, check_consistent_copy, create_static_tables, history_rows
 
 TABLESPACES = ("fast", "slow")
@@ -162,3 +164,71 @@ def test_tablespaces_are_backed_up_and_restored_into_other_node_counts(
         for old in links.values():
             assert not old.exists(), old
     assert set(area.glob("*/*/*")) == now
+
+
+def make_tablespace(server: PostgresInstance, name: str, directory: Path) -> None:
+    directory.mkdir(parents=True)
+    give_to_postgres(directory)
+    ensure_traversable(directory)
+    server.psql(f"CREATE TABLESPACE {name} LOCATION '{directory}'")
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+    }
+
+
+def test_a_point_in_time_restore_replays_into_tablespaces_but_not_into_one_made_after_its_base(
+    archiving, make_target, tmp_path
+):
+    """A restore to the archive's end replays the writes into a tablespace the base held.
+    A tablespace created after the base would be re-created by the replay in its source
+    location, which on the source's own host is the source's live directory: the restore is
+    refused by name before a byte is written, and that directory is left as it was."""
+    node = archiving(delay=0.2)
+    node.start_agent()
+    make_tablespace(node.server, "fast", tmp_path / "disks" / "fast")
+    node.server.psql("CREATE TABLE marks (n int PRIMARY KEY, at timestamptz) TABLESPACE fast")
+    backup = node.backup()
+    assert backup.status == "SUCCEEDED", backup.cause
+    write_marks(node)
+    settle(node)
+    into = make_target(nodes=1, engine="postgres")
+
+    progress = into.restore(node.cluster, target={"latest": True})
+
+    assert progress.status == "SUCCEEDED", progress.cause
+    assert restored_marks(progress) == [*range(MARKS), 1000]
+    (shard,) = output(progress)["shards"]
+    (placed,) = tablespace_links(Path(shard["path"])).values()
+    assert into.restore_dir(0) / DEFAULT_AREA in placed.parents
+
+    later = tmp_path / "disks" / "later"
+    make_tablespace(node.server, "later", later)
+    node.server.psql("CREATE TABLE more TABLESPACE later AS SELECT generate_series(1, 500) g")
+    node.wait_archived(node.server.psql("SELECT pg_walfile_name(pg_switch_wal())"))
+    before = tree_state(later)
+    elsewhere = make_target(nodes=1, engine="postgres")
+
+    refused = elsewhere.restore(node.cluster, target={"latest": True})
+
+    assert refused.status == "FAILED"
+    assert "was created after the base backup" in (refused.cause or ""), refused.cause
+    assert str(later) in refused.cause
+    assert tree_state(later) == before
+    assert not any(elsewhere.restore_dir(0).iterdir())
+
+    # Once its directory is gone (the tablespace dropped), the replay gets as far as the
+    # creation, and the restore fails naming it.
+    node.server.psql("DROP TABLE more")
+    node.server.psql("DROP TABLESPACE later")
+    shutil.rmtree(later)
+    node.wait_archived(node.server.psql("SELECT pg_walfile_name(pg_switch_wal())"))
+
+    reached = elsewhere.restore(node.cluster, target={"latest": True})
+
+    assert reached.status == "FAILED"
+    assert "reached the creation of tablespace" in (reached.cause or ""), reached.cause
+    assert not later.exists()

@@ -146,3 +146,48 @@ def test_a_replaced_copy_goes_with_its_default_tablespaces_not_the_operators(tmp
     assert (theirs / "PG_15_1").is_dir()
     assert str(theirs) in caplog.text
     assert "left in place" in caplog.text
+
+
+def test_the_archive_names_tablespaces_made_after_the_base_and_recovery_reaching_one():
+    from shardvault_agent.engines.postgres.tablespaces import creation_reached
+
+    from shardvault.wal.archive import ShardArchive
+    from shardvault.wal.pitr import created_after
+
+    later = {"pg_tblspc/16390": "/mnt/later"}
+    batches = [
+        {"links": None},  # an agent that does not say
+        {"links": {FAST.path: FAST.source}},
+        {"links": {FAST.path: FAST.source} | later},
+        {"links": {}},  # dropped again: its creation is still in the WAL before
+    ]
+    archive = ShardArchive("shard-1", "0" * 24, "1" * 24, 0.0, batches, batches)
+    assert created_after(archive, {LINKS_MARKER: encode([FAST])}) == later
+    assert created_after(archive, {}) == {FAST.path: FAST.source} | later
+    log = (
+        'FATAL:  directory "/mnt/later" does not exist\n'
+        "CONTEXT:  WAL redo at 0/30 for Tablespace/CREATE"
+    )
+    reached = creation_reached(log, later, "shard-1")
+    assert reached is not None
+    assert "reached the creation of tablespace pg_tblspc/16390" in reached.message
+    assert "a backup taken after it" in reached.fix
+    assert creation_reached("FATAL: something else", later, "shard-1") is None
+
+
+def test_a_restore_that_may_replay_a_creation_into_an_existing_directory_is_refused(tmp_path):
+    from shardvault.contracts.commands import Recovery
+    from shardvault.errors import TargetUnsupported
+
+    exists = tmp_path / "source-later"
+    exists.mkdir()
+    shard = ShardLayout(
+        shard_id="shard-1",
+        streams=[],
+        recovery=Recovery(created_links={"pg_tblspc/16390": str(exists)}),
+    )
+    with pytest.raises(TargetUnsupported, match="was created after the base backup") as refused:
+        linked.refuse_created(shard, "n1")
+    assert f"where {exists} does not exist" in refused.value.fix
+    exists.rmdir()
+    linked.refuse_created(shard, "n1")  # elsewhere the replay stops at it, if it gets there

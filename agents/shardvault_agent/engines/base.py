@@ -202,6 +202,13 @@ class BackupSource(Protocol):
         tail takes no slot). Others ignore it."""
         ...
 
+    def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
+        """The shard's linked directories now (``shardvault.contracts.links``): each link's
+        path in the shard and where it leads, as the link says. The archiver records them
+        with each batch: a point-in-time restore must know a tablespace created after its
+        base, whose replay writes into the directory it was created in."""
+        ...
+
     def held_backups(self) -> set[str]:
         """The backups whose hold outlives the agent's process (files in its state directory),
         for ``reconcile`` to release after a restart; a hold that ends with the process (a
@@ -312,6 +319,9 @@ class CopySource:
 
     def use_log_archive(self, shard_ids: set[str]) -> None:
         pass  # no log to archive
+
+    def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
+        return {}  # a copy in the state dir holds no links
 
     def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
         return None  # a copy in the state dir: nothing held on the source

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from shardvault.contracts.commands import ShardLayout
 from shardvault.contracts.links import DEFAULT_AREA, default_placement, linked_dirs
-from shardvault.errors import InvalidRequest, TargetNotEmpty
+from shardvault.errors import InvalidRequest, TargetNotEmpty, TargetUnsupported
 from shardvault_agent.config import AgentConfig, overlaps
 from shardvault_agent.statefiles import write_json
 
@@ -69,6 +69,25 @@ def refuse_outside_allowed(config: AgentConfig, shard_id: str, name: str, direct
             f"{where} overlaps the agent's {clash[0]}.",
             fix="give the tablespace a directory of its own.",
         )
+
+
+def refuse_created(shard: ShardLayout, node_id: str) -> None:
+    """A point-in-time restore that may replay the creation of a linked directory made after
+    its base (``Recovery.created_links``, from the archive's batches: path -> location) is
+    refused where that location exists on this node: the replay links the copy to it and
+    writes into it (on the source's host, the source's own tablespace). Where it does not
+    exist, recovery stops at the creation if it gets there (the engine names that)."""
+    created = shard.recovery.created_links if shard.recovery else {}
+    shard_id = shard.shard_id
+    for path, location in sorted(created.items()):
+        if os.path.lexists(location):
+            raise TargetUnsupported(
+                f"shard {shard_id}: tablespace {path} was created after the base backup, in "
+                f"{location}, which exists on node {node_id}: replaying its creation would "
+                "write into that directory (on the source's host, the source's own tablespace).",
+                fix="restore from a backup taken after the tablespace was created, or onto a "
+                f"node where {location} does not exist.",
+            )
 
 
 def record_path(state: Path, shard_id: str) -> Path:

@@ -120,6 +120,7 @@ class Preparer:
         for shard in fresh:  # every linked directory allowed and empty, before anything
             staging = self.places.staging(restore_id, shard.shard_id)
             linked.to_make(staging, shard.shard_id, self._linked(restore_id, shard))
+            linked.refuse_created(shard, self.config.node_id)
         prefetch = self._prefetch(args)
         to_spool = [
             (i, url) for i, url in prefetch if not self.places.object(restore_id, i.key).is_in

@@ -76,6 +76,9 @@ class Settings:
 class Spool:
     shard_id: str
     path: Path
+    # The shard's linked directories now (``EngineAdapter.linked_dirs``), recorded with
+    # each batch it packs.
+    linked: Callable[[], dict[str, str]] = dict
 
 
 class Archiver:
@@ -271,6 +274,7 @@ class Archiver:
             stored_length=packed.stored_length,
             crc64nvme=packed.crc64nvme,
             encryption=encryption,
+            links=spool.linked(),
         )
         (work / "batch.json").write_text(batch.model_dump_json())
         work.rename(self.root / batch_id)  # now pending: a restart finishes it

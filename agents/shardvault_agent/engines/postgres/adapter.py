@@ -442,6 +442,9 @@ class PostgresAdapter:
     def use_log_archive(self, shard_ids: set[str]) -> None:
         self.archived = set(shard_ids)
 
+    def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
+        return tablespaces.locations(shard.data_dir)
+
     def held_backups(self) -> set[str]:
         return set()  # backup mode and its slot end with the session: nothing outlives the agent
 

@@ -65,6 +65,7 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
             conf.write(recovery_to_cut(check_restore_point_name(cut)))
     if cut is not None or target is not None:
         (root / "recovery.signal").touch()  # targeted recovery, not crash recovery
+    created = (target or {}).get("created_links") or {}
     placed = tablespaces.ready_for_recovery(root)
     taken = {s["port"] for s in job.servers_given if "port" in s} | ports_of_servers(root.parent)
     port = free_port_in(config.restore_ports, config.node_id, taken)
@@ -75,8 +76,11 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
         if recovered:
             job.wal_done()
     except RuntimeError as error:  # the server stopped: its log is in the message
-        raise short_of_target(str(error), shard_id, cut, target) or did_not_start(
-            str(error), shard_id
+        said = str(error)
+        raise (
+            short_of_target(said, shard_id, cut, target)
+            or tablespaces.creation_reached(said, created, shard_id)
+            or did_not_start(said, shard_id)
         ) from None
     # Replayed (a target's archive), or never read (an archived tail's batches' other files):
     # not part of the copy.

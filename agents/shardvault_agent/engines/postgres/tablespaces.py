@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 
 from shardvault.contracts.links import LinkedDir
-from shardvault.errors import EngineError
+from shardvault.errors import EngineError, ShardVaultError, TargetUnsupported
 from shardvault_agent.engines.base import tree_bytes
 
 LINK = re.compile(r"^pg_tblspc/\d+$")  # a tablespace's link, relative to the data directory
@@ -63,6 +63,15 @@ def links(data_dir: Path) -> list[Path]:
     """The tablespaces' links in ``pg_tblspc`` (in-place tablespaces are directories: not)."""
     directory = data_dir / "pg_tblspc"
     return sorted(p for p in directory.iterdir() if p.is_symlink()) if directory.is_dir() else []
+
+
+def locations(data_dir: Path) -> dict[str, str]:
+    """Each tablespace's link path and its location, as the link (and the WAL's ``CREATE
+    TABLESPACE``) says; none when the data directory cannot be read."""
+    try:
+        return {f"pg_tblspc/{link.name}": os.readlink(link) for link in links(data_dir)}
+    except OSError:
+        return {}
 
 
 def placed_bytes(data_dir: Path) -> int:
@@ -120,6 +129,21 @@ def refuse_changed(conn: psycopg.Connection, shard_id: str, linked: list[LinkedD
             f"backup ({changed}); its recovery would replay that into the source's directory.",
             fix="retry the backup: it copies the tablespaces as they are now.",
         )
+
+
+def creation_reached(log: str, created: dict[str, str], shard_id: str) -> ShardVaultError | None:
+    """The named error for a recovery that stopped at the creation of a tablespace made after
+    the base, its location missing on this node (``restore.linked.refuse_created`` refused
+    one that exists); None for any other stop."""
+    for path, location in sorted(created.items()):
+        if f'directory "{location}" does not exist' in log:
+            return TargetUnsupported(
+                f"shard {shard_id}: recovery reached the creation of tablespace {path} (in "
+                f"{location}), made after the base backup; a copy cannot replay it.",
+                fix="choose a target before the tablespace was created, or restore from a "
+                "backup taken after it.",
+            )
+    return None
 
 
 def ready_for_recovery(root: Path) -> list[Path]:
