@@ -74,6 +74,12 @@ class ShardConfig(BaseModel):
         "archive_command (shardvault-wal-push --spool DIR) fills; the agent stores what it "
         "finds there and then removes it (None: no archiving).",
     )
+    archive_binlogs: bool = Field(
+        False,
+        description="MariaDB, continuous archiving: the agent stores the server's closed "
+        "binary logs (closing the open one after the policy's archive.max_delay_seconds) and "
+        "purges each from the server once stored.",
+    )
 
     @field_validator("shard_id")
     @classmethod

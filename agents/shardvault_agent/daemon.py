@@ -35,7 +35,6 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import boto3
@@ -53,7 +52,7 @@ from shardvault_agent.engines import adapter_for
 from shardvault_agent.ratelimit import RateLimiter
 from shardvault_agent.reconcile import reconcile_safely
 from shardvault_agent.transfer import PartSender
-from shardvault_agent.wal.archiver import Archiver, Spool, lambda_invoker, spool_state
+from shardvault_agent.wal.archiver import Archiver, LogSource, lambda_invoker, spool_state
 
 log = logging.getLogger("shardvault.agent")
 MAX_CAUSE = 32_000
@@ -107,6 +106,7 @@ class Agent:
         self.pool = ThreadPoolExecutor(
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
+        self.log_sources: dict[str, LogSource] = {}  # archived shards' logs (make_archiver)
         self.archiver = self.make_archiver(archive_function, inbox_table, sender)
         if self.archiver is not None:  # backups of these shards refer to the archive
             self.engine.use_log_archive({spool.shard_id for spool in self.archiver.spools})
@@ -132,19 +132,22 @@ class Agent:
     def make_archiver(
         self, function: str | None, inbox_table: str, sender: PartSender
     ) -> Archiver | None:
-        """The WAL archiver of the leader shards with a spool (None: no shard has one)."""
-        spools = [
-            Spool(s.shard_id, s.wal_spool_dir, partial(self.engine.linked_dirs, s))
+        """The log archiver of the leader shards whose log is archived (None: no shard's is,
+        or no function is named); their log sources, in ``log_sources`` either way (the
+        heartbeat reports what waits in them)."""
+        self.log_sources = {
+            s.shard_id: source
             for s in self.config.shards
-            if s.wal_spool_dir is not None and s.role == Role.LEADER
-        ]
+            if s.role == Role.LEADER and (source := self.engine.log_source(s)) is not None
+        }
+        spools = list(self.log_sources.values())
         if not spools:
             return None
         if not function:
             log.warning(
-                "shards %s have a wal_spool_dir but no archive function is named "
+                "shards %s archive their log but no archive function is named "
                 "(--archive-function, SHARDVAULT_ARCHIVE_FUNCTION, which shardvault-agent init "
-                "writes): their WAL stays in the spool",
+                "writes): their log stays where it is, unarchived",
                 ", ".join(s.shard_id for s in spools),
             )
             return None
@@ -222,8 +225,8 @@ class Agent:
             )
         bytes_ = self.shard_size(shard)
         spool = {}
-        if shard.wal_spool_dir is not None:
-            waiting, oldest = spool_state(shard.wal_spool_dir, time.time())
+        if (source := self.log_sources.get(shard.shard_id)) is not None:
+            waiting, oldest = spool_state(source, time.time())
             spool = {"wal_spool_bytes": waiting, "wal_spool_oldest_seconds": round(oldest, 1)}
         return ShardInfo(shard_id=shard.shard_id, role=shard.role, bytes=bytes_, **spool)
 

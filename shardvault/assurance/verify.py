@@ -51,6 +51,7 @@ from shardvault.contracts.models import (
     RestoreRequest,
 )
 from shardvault.contracts.pgwal import segment_number, tail_problems
+from shardvault.contracts.wal_archive import BINLOG_FILE, log_order
 from shardvault.errors import BackupDamaged, BackupNotRestorable, ShardVaultError
 from shardvault.restore.admission import resolve_backup
 from shardvault.restore.sources import (
@@ -316,7 +317,7 @@ def archive_problems(
             continue  # a backup older than cuts and stops, or a shard not archived
         first, indexes = run.first, run.indexes
         newest = run.newest or first
-        if run.last is None or segment_number(run.last) < segment_number(newest):
+        if run.last is None or log_place(run.last) < log_place(newest):
             stops = run.last or f"before {first}"
             problems.append(
                 f"shard {shard.shard_id}'s WAL archive misses segments after {stops} (it holds "
@@ -329,6 +330,12 @@ def archive_problems(
                 problems.append(f"shard {shard.shard_id}'s WAL archive: {problem}")
         found[shard.shard_id] = {"from": first, "to": run.last, "batches": len(indexes)}
     return found
+
+
+def log_place(name: str) -> tuple[str, int]:
+    """Where a log file lies in its log: a segment by its number (a newer timeline's copy of
+    a segment is the same place), a binary log by its ordinal."""
+    return log_order(name) if BINLOG_FILE.fullmatch(name) else ("", segment_number(name))
 
 
 def batch_problem(bucket: Bucket, index: dict[str, Any]) -> str:

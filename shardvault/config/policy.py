@@ -482,9 +482,11 @@ class Archive(Frozen):
         gt=0,
         le=3600,
         strict=False,
-        description="Continuous WAL archiving: the longest a WAL file waits in the agent's "
+        description="Continuous log archiving: the longest a WAL file waits in the agent's "
         "spool for others to share its object (fewer requests; the archive's RPO is "
-        "PostgreSQL's archive_timeout plus this). A batch that reaches 256 MiB goes at once.",
+        "PostgreSQL's archive_timeout plus this). A batch that reaches 256 MiB goes at once. "
+        "MariaDB: the longest a binary log stays open with changes before the agent closes "
+        "and stores it (the archive's RPO).",
     )
     key_seconds: float = Field(
         86400.0,

@@ -262,6 +262,7 @@ class Recovery(Frozen):
     target_time: str | None = None  # ISO 8601 with its offset
     target_lsn: str | None = None
     target_name: str | None = None
+    target_position: str | None = None  # MariaDB: FILE:OFFSET in its binary logs
     wal_dir: bool = True  # the WAL is placed beside the data; no agent reads it
     # Linked directories (PostgreSQL tablespaces) created after the base: path -> the
     # location their creation, if replayed, writes into (``wal.pitr.created_after``).
@@ -525,10 +526,11 @@ class RestoredShard(CommandResult):
     port: int | None = None
     socket_dir: str | None = None
     socket: str | None = None
-    # PostgreSQL: where recovery stopped (a time, the archive's end, the cluster's restore
-    # point) and the kind of target it was given.
+    # Where recovery stopped (a time, a position, the archive's end, the cluster's restore
+    # point) and the kind of target it was given; MariaDB: the binary log position reached.
     recovered_to: str | None = None
     recovery_target: str | None = None
+    replayed_to: str | None = None
     wal: WalFed | None = None  # a point-in-time restore's feed: the batches it fetched
 
 

@@ -8,7 +8,9 @@ and check a restored copy, its server) is the agent's, one adapter per engine
   files, from the backup's first segment to its last (PostgreSQL); verify checks them for a
   gap (``pgwal``).
 - *point in time*: the engine archives its log continuously (``shardvault.wal.archive``), so a
-  restore may replay past a backup to a time, a position or a named point (``shardvault.wal.pitr``).
+  restore may replay past a backup to one of its *targets* (``shardvault.wal.pitr``):
+  PostgreSQL's WAL to a time, an LSN, a restore point or its end; MariaDB's binary logs to a
+  time (in whole seconds), a position or their end.
 - *runs queries*: a restored copy answers the request's validation queries (RocksDB and
   command hooks know no query language: a digest of every pair, or the finish hook, checks
   the copy).
@@ -30,12 +32,24 @@ class EngineTraits:
     logged_tail: bool = False
     point_in_time: bool = False
     runs_queries: bool = True
+    # The point-in-time targets its log can stop at (``RestoreTarget.kind``); a time in
+    # whole seconds only (``whole_seconds``: its log stamps events by the second).
+    targets: frozenset[str] = frozenset()
+    whole_seconds: bool = False
 
 
 TRAITS = {
     Engine.SQLITE: EngineTraits(),
-    Engine.POSTGRES: EngineTraits(logged_tail=True, point_in_time=True),
-    Engine.MARIADB: EngineTraits(),
+    Engine.POSTGRES: EngineTraits(
+        logged_tail=True,
+        point_in_time=True,
+        targets=frozenset({"time", "lsn", "name", "latest"}),
+    ),
+    Engine.MARIADB: EngineTraits(
+        point_in_time=True,
+        targets=frozenset({"time", "position", "latest"}),
+        whole_seconds=True,
+    ),
     Engine.ROCKSDB: EngineTraits(runs_queries=False),
     Engine.HOOKS: EngineTraits(runs_queries=False),
 }

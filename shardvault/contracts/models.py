@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from shardvault.contracts.lognames import BINLOG_FILE
 from shardvault.contracts.pgwal import LSN, check_restore_point_name
 from shardvault.contracts.sqlcheck import check_validation_queries
 from shardvault.errors import InvalidRequest
@@ -755,11 +756,14 @@ class RestoreTarget(Frozen):
     replays its WAL to it); ``lsn``, a position in the WAL (``X/Y`` as PostgreSQL writes it:
     one shard's WAL, so a cluster of one shard only); ``name``, a restore point
     (``pg_create_restore_point``: every backup's cut is one, named after the backup, and an
-    operator's own marks are others); ``latest``, the end of each shard's archived WAL."""
+    operator's own marks are others); ``position``, MariaDB: ``FILE:OFFSET`` in one shard's
+    binary logs (a transaction's boundary, as ``SHOW MASTER STATUS`` or ``mariadb-binlog``
+    shows it); ``latest``, the end of each shard's archived log."""
 
     time: AwareDatetime | None = None
     lsn: str | None = None
     name: str | None = None
+    position: str | None = None
     latest: StrictBool = False
 
     @field_validator("time", mode="before")
@@ -795,15 +799,35 @@ class RestoreTarget(Frozen):
     def _a_restore_point(cls, value: str | None) -> str | None:
         return check_restore_point_name(value) if value is not None else value
 
+    @field_validator("position")
+    @classmethod
+    def _a_binlog_position(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        file, _, offset = value.strip().rpartition(":")
+        if not BINLOG_FILE.fullmatch(file) or not offset.isdigit() or int(offset) < 4:
+            raise InvalidRequest(
+                f"target position {value!r} is not a binary log position.",
+                fix="write it as FILE:OFFSET, e.g. 'mysql-bin.000012:1234' (SHOW MASTER STATUS "
+                "answers the current one).",
+            )
+        return f"{file}:{int(offset)}"
+
     @model_validator(mode="after")
     def _one_target(self) -> RestoreTarget:
-        named = [self.time is not None, self.lsn is not None, self.name is not None, self.latest]
+        named = [
+            self.time is not None,
+            self.lsn is not None,
+            self.name is not None,
+            self.position is not None,
+            self.latest,
+        ]
         if sum(named) != 1:
             raise InvalidRequest(
-                "a restore target names a time, an LSN, a restore point or the latest WAL, "
-                "exactly one.",
+                "a restore target names a time, an LSN, a restore point, a binary log position "
+                "or the latest log, exactly one.",
                 fix='set target to {"time": "<ISO 8601 with offset>"}, {"lsn": "X/Y"}, '
-                '{"name": "<restore point>"} or {"latest": true}.',
+                '{"name": "<restore point>"}, {"position": "FILE:OFFSET"} or {"latest": true}.',
             )
         return self
 
@@ -813,9 +837,11 @@ class RestoreTarget(Frozen):
 
     @property
     def kind(self) -> str:
-        """``time``, ``lsn``, ``name`` or ``latest``."""
+        """``time``, ``lsn``, ``name``, ``position`` or ``latest``."""
         if self.time is not None:
             return "time"
+        if self.position is not None:
+            return "position"
         return "lsn" if self.lsn else "name" if self.name else "latest"
 
     def describe(self) -> str:
@@ -823,6 +849,8 @@ class RestoreTarget(Frozen):
             return self.time.isoformat()
         if self.lsn is not None:
             return f"LSN {self.lsn}"
+        if self.position is not None:
+            return f"position {self.position}"
         return f"restore point {self.name!r}" if self.name else "the end of the archive"
 
 

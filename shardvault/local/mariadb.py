@@ -25,15 +25,27 @@ from shardvault_agent.engines.serveruser import as_root, ensure_traversable, mak
 __all__ = ["MariadbServer", "Transfers", "init_server", "stop_server"]
 
 
-def init_server(data_dir: Path) -> MariadbServer:
-    """A new, started server on ``data_dir`` (absent or empty)."""
+# Binary logs as ``shardvault_agent.engines.mariadb.binlogs`` needs them: rows, no expiry (the
+# agent purges what it archived), files of at most 16 MiB (a test's archive has several).
+BINLOG_OPTIONS = (
+    "--log-bin=mysql-bin",
+    "--server-id=1",
+    "--binlog-format=ROW",
+    "--binlog-expire-logs-seconds=0",
+    "--max-binlog-size=16M",
+)
+
+
+def init_server(data_dir: Path, *, binlog: bool = False) -> MariadbServer:
+    """A new, started server on ``data_dir`` (absent or empty); ``binlog``: writing binary
+    logs as an archived shard needs (``BINLOG_OPTIONS``)."""
     data_dir = data_dir.absolute()
     ensure_traversable(data_dir, MARIADB_USER, make_dirs(data_dir))
     give_to_mysql(data_dir)
     command = [program("mariadb-install-db"), "--no-defaults", f"--datadir={data_dir}"]
     command += ["--auth-root-authentication-method=socket", "--skip-test-db"]
     run([*command, "--user=mysql"] if as_root() else command)
-    server = MariadbServer(data_dir, socket_for(data_dir))
+    server = MariadbServer(data_dir, socket_for(data_dir), BINLOG_OPTIONS if binlog else ())
     server.start()
     return server
 

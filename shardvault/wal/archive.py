@@ -25,7 +25,8 @@ Terms:
 
 Store layout: beside the cluster's backups, under ``_wal/<shard>/`` (the sweep leaves it
 alone), one ``.wal`` object per batch and its ``.json`` index (``shardvault.contracts.layout``).
-Names sort as PostgreSQL's do, so a listing of a shard's archive is in WAL order.
+A shard's batches are read in log order (``log_order``: PostgreSQL's names sort so; a binary
+log's by its ordinal).
 """
 
 from __future__ import annotations
@@ -64,10 +65,13 @@ from shardvault.contracts.pgwal import (
 from shardvault.contracts.wal_archive import (
     BATCH_ID,
     BATCH_MAX_BYTES,
+    BINLOG_FILE,
+    ONE_FILE_MAX_BYTES,
     REQUEST_PREFIX,
     WAL_DIR,
     ArchiveCall,
     Batch,
+    log_order,
 )
 from shardvault.data.frames import unpack_frames
 from shardvault.errors import ChecksumMismatch, InvalidRequest, NotAMember, ShardNotReady
@@ -83,10 +87,11 @@ def batch_problems(batch: Batch) -> list[str]:
     """What makes a described batch one the function will not sign."""
     problems = []
     names = [f.name for f in batch.files]
-    if names != sorted(names) or len(set(names)) != len(names):
-        problems.append("its files are not in name order, each once")
-    if batch.plain_length > BATCH_MAX_BYTES:
-        problems.append(f"it holds {batch.plain_length:,} bytes, over {BATCH_MAX_BYTES:,}")
+    if names != sorted(names, key=log_order) or len(set(names)) != len(names):
+        problems.append("its files are not in log order, each once")
+    bound = ONE_FILE_MAX_BYTES if len(names) == 1 else BATCH_MAX_BYTES  # a file is never cut
+    if batch.plain_length > bound:
+        problems.append(f"it holds {batch.plain_length:,} bytes, over {bound:,}")
     try:
         frames = unpack_frames(batch.frames)
     except ValueError:
@@ -262,17 +267,20 @@ def archived_batches(
     ``since``, only those whose last file is not before it (named in the key: no read)."""
     bucket = svc.store_bucket
     prefix = archive_prefix(svc.store.prefix, cluster, shard_id)
-    keys = [
-        o["Key"]
+    named = {
+        o["Key"]: names
         for o in bucket.objects(prefix)
-        if o["Key"].endswith(".json") and o["Key"].removeprefix(prefix).split("--")[1] >= since
-    ]
+        if o["Key"].endswith(".json") and (names := batch_names(o["Key"])) is not None
+    }
+    after = log_order(since) if since else None
+    keys = [k for k, (_, last) in named.items() if after is None or log_order(last) >= after]
+    keys.sort(key=lambda k: (log_order(named[k][0]), k))
 
     def read(key: str) -> dict[str, Any]:
         return json.loads(bucket.read(key))  # type: ignore[no-any-return]
 
     with ThreadPoolExecutor(PARALLEL_READS) as pool:  # each read waits on the store
-        return list(pool.map(read, sorted(keys)))
+        return list(pool.map(read, keys))
 
 
 # --- what a point-in-time restore reads -------------------------------------------------------
@@ -301,6 +309,8 @@ def wal_from(manifest: Manifest, shard_id: str) -> str | None:
     for it; None for a shard without WAL (SQLite) or a backup older than cuts and stops."""
     shard = next(s for s in manifest.shards if s.shard_id == shard_id)
     marker = shard.marker
+    if binlog := marker.get("binlog_file"):  # MariaDB: the binary log its copy ends in
+        return binlog
     start = marker.get("start_wal")
     if start and marker.get("cut_lsn"):
         return segment_holding(timeline(start), marker["cut_lsn"], DEFAULT_SEGMENT_SIZE)
@@ -311,6 +321,37 @@ def newer_timelines(on_timeline: int, names: set[str]) -> set[int]:
     """The timelines after ``on_timeline`` whose history files ``names`` hold: a promotion
     (a failover, a restore in place) starts one and archives its history file first."""
     return {timeline(n) for n in names if HISTORY_NAME.fullmatch(n) and timeline(n) > on_timeline}
+
+
+def binlog_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
+    """The run of archived binary logs from ``first`` on: consecutive ordinals of its
+    basename, without a gap, and the batches that hold it. ``reaches``: when the newest was
+    closed (the file's modification time as the agent read it from the server)."""
+    base, start = log_order(first)
+    held: dict[int, str] = {}
+    pushed: dict[str, float] = {}
+    for index in indexes:
+        for entry in index["files"]:
+            name = entry["name"]
+            of, ordinal = log_order(name)
+            if BINLOG_FILE.fullmatch(name) and of == base and ordinal >= start:
+                held[ordinal] = name
+                pushed[name] = max(pushed.get(name, 0.0), entry.get("pushed_at", 0))
+    run, ordinal = [], start
+    while ordinal in held:
+        run.append(held[ordinal])
+        ordinal += 1
+    wanted = set(run)
+    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}]
+    return ShardArchive(
+        shard_id=shard_id,
+        first=first,
+        last=run[-1] if run else None,
+        reaches=max((pushed[n] for n in run), default=0.0),
+        batches=batches,
+        indexes=indexes,
+        newest=held[max(held)] if held else None,
+    )
 
 
 def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
@@ -365,7 +406,8 @@ def after_backup(svc: Services, manifest: Manifest, shard_id: str) -> ShardArchi
     if first is None:
         return None
     indexes = archived_batches(svc, manifest.cluster, shard_id, since=first)
-    return shard_archive(shard_id, first, indexes)
+    run = binlog_archive if BINLOG_FILE.fullmatch(first) else shard_archive
+    return run(shard_id, first, indexes)
 
 
 def wal_stream(batches: list[dict[str, Any]]) -> tuple[list[FileEntry], list[int]]:
@@ -419,6 +461,11 @@ def expired_keys(keys: list[str], cutoffs: dict[str, str]) -> list[str]:
         names = batch_names(key)
         cutoff = cutoffs.get(shard_id)
         if names is None or cutoff is None:
+            continue
+        if BINLOG_FILE.fullmatch(names[1]):  # before the cutoff's ordinal, of its basename
+            (base, last_ordinal), (cut_base, cut_ordinal) = map(log_order, (names[1], cutoff))
+            if BINLOG_FILE.fullmatch(cutoff) and base == cut_base and last_ordinal < cut_ordinal:
+                expired.append(key)
             continue
         first, last = (name[:24] for name in names)  # a backup history file: its segment's
         segments = SEGMENT_NAME.fullmatch(first) and SEGMENT_NAME.fullmatch(last)

@@ -1,14 +1,16 @@
-"""Point-in-time restores: a backup, then the WAL archive's batches after it, replayed to a
-target (PostgreSQL; issue 11).
+"""Point-in-time restores: a backup, then the log archive's batches after it, replayed to a
+target (PostgreSQL's WAL; MariaDB's binary logs, replayed by its adapter's ``replay``).
 
 Terms:
-- *target*: ``RestoreTarget``: a time (every shard replays its WAL to that instant, so the
-  restored cluster is cut at one moment), an LSN (a cluster of one shard), a restore point
-  (every shard replays to the point of that name), or ``latest`` (each shard to the end of
-  its archive).
+- *target*: ``RestoreTarget``: a time (every shard replays its log to that instant, so the
+  restored cluster is cut at one moment; MariaDB's in whole seconds), an LSN or a binary log
+  position (a cluster of one shard), a restore point (PostgreSQL: every shard replays to the
+  point of that name), or ``latest`` (each shard to the end of its archive). An engine's
+  targets are its traits (``contracts.engines``): another is refused by name.
 - *base*: the backup a point-in-time restore starts from, the newest complete one that can
   reach the target, or the one the request names if it can: for a time, completed before
-  it; for an LSN, its WAL ends in an earlier segment; for a restore point, the backup of
+  it; for an LSN, its WAL ends in an earlier segment; for a position, its copy ends in the
+  same binary log or an earlier one; for a restore point, the backup of
   that name (every backup's cut is a restore point named after it), else the newest (as
   pgBackRest does: PostgreSQL finds the point in the WAL after the base, and a point older
   than the newest backup needs the request to name an older base).
@@ -43,6 +45,7 @@ from shardvault.contracts.models import (
     BackupStatus,
     DownloadItem,
     Encryption,
+    Engine,
     FileEntry,
     Manifest,
     Phase,
@@ -51,7 +54,8 @@ from shardvault.contracts.models import (
     RestoreTarget,
 )
 from shardvault.contracts.pgwal import DEFAULT_SEGMENT_SIZE, lsn_number, lsn_text, segment_number
-from shardvault.errors import TargetOutOfRange, TargetUnsupported
+from shardvault.contracts.wal_archive import BINLOG_FILE, log_order
+from shardvault.errors import InvalidRequest, TargetOutOfRange, TargetUnsupported
 from shardvault.wal.archive import ShardArchive, after_backup, wal_from, wal_stream
 
 
@@ -65,8 +69,11 @@ def base_backup(request: RestoreRequest, backups: list[BackupItem]) -> BackupIte
     target = request.target
     assert target is not None
     complete = [b for b in backups if b.status == BackupStatus.COMPLETE]
+    refuse_target_kind(request, complete)
     if target.kind == "lsn":
         before = before_lsn(request, complete)
+    elif target.kind == "position":
+        before = before_position(request, complete)
     elif target.kind == "time":
         before = [b for b in complete if (b.completed_at or 0) <= (target.epoch or 0)]
     else:  # latest, or a restore point: PostgreSQL finds it in the WAL after the base
@@ -88,6 +95,62 @@ def base_backup(request: RestoreRequest, backups: list[BackupItem]) -> BackupIte
             "restore a backup without a target.",
         )
     return max(before, key=completion_order)
+
+
+def refuse_target_kind(request: RestoreRequest, complete: list[BackupItem]) -> None:
+    """A target the cluster's engines' logs cannot stop at is refused by name (an LSN for
+    MariaDB, a position for PostgreSQL), and so is a fraction of a second where an engine
+    stamps its log by the second. The newest backup says the engines."""
+    target = request.target
+    assert target is not None
+    if not complete:
+        return  # base_backup says there is none
+    newest = max(complete, key=completion_order)
+    engines = [Engine(e) for e in newest.engine.split("+") if e in set(Engine)]
+    lacking = [
+        e for e in engines if traits(e).point_in_time and target.kind not in traits(e).targets
+    ]
+    if lacking:
+        kinds = sorted(set.intersection(*(set(traits(e).targets) for e in lacking)))
+        raise TargetUnsupported(
+            f"cluster {request.cluster!r} runs {label(lacking)}, whose log cannot stop at "
+            f"{target.describe()}.",
+            fix="give a target of "
+            + ", ".join(kinds)
+            + " (--target-time, "
+            + ("--target-position, " if "position" in kinds else "--target-lsn, --target-name, ")
+            + "--target-latest).",
+        )
+    if (
+        target.time is not None
+        and target.time.microsecond
+        and any(traits(e).whole_seconds for e in engines)
+    ):
+        raise InvalidRequest(
+            f"target time {target.describe()} has a fraction of a second, and "
+            f"{label(engines)} stamps its log by the second: the restore could not tell "
+            "the transactions of that second apart.",
+            fix="give the time in whole seconds (the restore holds what was committed before it).",
+        )
+
+
+def before_position(request: RestoreRequest, complete: list[BackupItem]) -> list[BackupItem]:
+    """The complete backups whose copy ends in a binary log no later than the target
+    position's (in the same file, the replay checks the offset): one shard's log, so a
+    cluster of one shard only."""
+    target = request.target
+    assert target is not None
+    assert target.position is not None
+    shards = max((len(b.wal_from) for b in complete), default=1)
+    one_shard_for_lsn(request.cluster, shards)
+    at = log_order(target.position.rpartition(":")[0])
+    return [
+        b
+        for b in complete
+        if (first := next(iter(b.wal_from.values()), None)) is not None
+        and BINLOG_FILE.fullmatch(first)
+        and log_order(first) <= at
+    ]
 
 
 def before_lsn(request: RestoreRequest, complete: list[BackupItem]) -> list[BackupItem]:
@@ -159,6 +222,8 @@ def archives(
         )
     if target.lsn is not None:
         past_lsn(target, found[0], manifest)
+    if target.position is not None:
+        outside_position(target.position, found[0])
     if target.epoch is not None and target.epoch > reach:
         short = min(found, key=lambda a: a.reaches)
         raise TargetOutOfRange(
@@ -184,6 +249,19 @@ def one_shard_for_lsn(cluster: str, shards: int) -> None:
             f"an LSN is a position in one shard's WAL, and cluster {cluster!r} has {shards} "
             "shards, each with its own.",
             fix="restore every shard to a time (--target-time) or a restore point (--target-name).",
+        )
+
+
+def outside_position(position: str, archive: ShardArchive) -> None:
+    """Refuses a binary log position whose file is not in the shard's archived run, naming the
+    run (the replay checks the offset against the base's and the file's boundaries)."""
+    file = position.rpartition(":")[0]
+    assert archive.last is not None
+    if not log_order(archive.first) <= log_order(file) <= log_order(archive.last):
+        raise TargetOutOfRange(
+            f"position {position} is not in shard {archive.shard_id}'s archived binary logs "
+            f"after the base: they run from {archive.first} to {archive.last}.",
+            fix="give a position in those files, or restore from another backup (--backup-id).",
         )
 
 
@@ -246,6 +324,7 @@ def recovery(target: RestoreTarget, created: dict[str, str] | None = None) -> di
         "target_time": target.time.isoformat() if target.time else None,
         "target_lsn": target.lsn,
         "target_name": target.name,
+        "target_position": target.position,
         "wal_dir": True,
         "created_links": created or {},
     }

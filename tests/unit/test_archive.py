@@ -112,7 +112,7 @@ def test_only_a_shards_leader_archives_its_wal(svc) -> None:
                     {"name": "000000010000000000000003", "size": SEGMENT},
                 ]
             },
-            "not in name order",
+            "not in log order",
         ),
         ({"stored_length": 151}, "do not add up"),
         ({"frames": pack_frames([FrameInfo(150, 1)])}, "1 frames where its files make 2"),
@@ -136,7 +136,7 @@ def test_a_name_that_is_no_wal_files_is_refused(svc) -> None:
     described = batch().model_dump(mode="json")
     described["files"][0]["name"] = "../postgresql.conf"
     request(svc, "orders-n1", archive.json.dumps(described))
-    with pytest.raises(InvalidRequest, match="is not a WAL file's name"):
+    with pytest.raises(InvalidRequest, match=r"is not a WAL or binary log file.s name"):
         archive.sign(svc, "orders-n1", BATCH_ID)
 
 

@@ -81,6 +81,7 @@ from shardvault.contracts.models import FileEntry
 from shardvault.errors import CheckpointNotFound, ShardDataMissing
 from shardvault_agent.backup.throttle import HealthProbe
 from shardvault_agent.config import AgentConfig, ShardConfig
+from shardvault_agent.wal.archiver import LogSource
 
 log = logging.getLogger("shardvault.agent")
 _reported: set[str] = set()  # problems already logged by size_or_zero
@@ -200,6 +201,11 @@ class BackupSource(Protocol):
         """The shards whose log the agent's archiver stores (the daemon says so as it starts
         the archiver): what ``check_ready`` asks of them may differ (PostgreSQL: an archived
         tail takes no slot). Others ignore it."""
+        ...
+
+    def log_source(self, shard: ShardConfig) -> LogSource | None:
+        """Where the archiver finds the shard's log to store (``wal.archiver.LogSource``):
+        PostgreSQL's spool, MariaDB's binary logs; None: the shard's log is not archived."""
         ...
 
     def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
@@ -322,6 +328,9 @@ class CopySource:
 
     def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
         return {}  # a copy in the state dir holds no links
+
+    def log_source(self, shard: ShardConfig) -> LogSource | None:
+        return None  # no log archived
 
     def held_log(self, shard: ShardConfig, backup_id: str) -> HeldLog | None:
         return None  # a copy in the state dir: nothing held on the source

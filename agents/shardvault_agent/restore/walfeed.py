@@ -1,4 +1,5 @@
-"""The WAL feed: a point-in-time restore's archive batches fetched while recovery replays.
+"""The WAL feed: a point-in-time restore's archive batches fetched while recovery replays
+(PostgreSQL's WAL; MariaDB's binary logs, asked for by the adapter's replay the same way).
 
 Recovery starts as soon as the base is in place. PostgreSQL asks its ``restore_command``
 (``engines.postgres.restore.feed_command``) for one WAL file at a time; the command waits
@@ -51,6 +52,7 @@ from pathlib import Path, PurePosixPath
 
 from shardvault.contracts.commands import WalFed
 from shardvault.contracts.models import DownloadItem, FileEntry
+from shardvault.contracts.wal_archive import BINLOG_FILE
 from shardvault.data.checksums import combine, to_b64
 from shardvault.data.pipeline import Sealer
 from shardvault.data.streams import StreamIndex
@@ -103,8 +105,10 @@ def is_first_copy(path: str) -> bool:
 
 
 def is_segment(name: str) -> bool:
-    """A WAL segment's name: 24 hex digits (not a history, backup or partial file)."""
-    return len(name) == 24 and all(c in "0123456789ABCDEF" for c in name)
+    """A file of the log's own sequence, which moves the feed's position: a WAL segment
+    (24 hex digits; not a history, backup or partial file) or a binary log."""
+    wal_segment = len(name) == 24 and all(c in "0123456789ABCDEF" for c in name)
+    return wal_segment or BINLOG_FILE.fullmatch(name) is not None
 
 
 @dataclass

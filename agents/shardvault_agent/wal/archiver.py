@@ -36,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shardvault.contracts.layout import batch_place
 from shardvault.contracts.models import Compression, Encryption
@@ -49,7 +49,7 @@ from shardvault.contracts.wal_archive import (
 )
 from shardvault.data.pipeline import FrameCodec, pack, pack_frames
 from shardvault.data.planning import frame_size_for
-from shardvault.errors import ArchiveRefused, WalNotArchived
+from shardvault.errors import ArchiveRefused, ShardVaultError, WalNotArchived
 from shardvault_agent.keys import DataKeys
 from shardvault_agent.transfer import PartSender
 
@@ -72,13 +72,55 @@ class Settings:
         return now - self.read_at >= SETTINGS_SECONDS or now >= self.key_until
 
 
+class LogSource(Protocol):
+    """Where a shard's log waits to be archived (a source of one *log kind*:
+    ``shardvault.contracts.wal_archive.LOG_KINDS``), and what lets it go once stored.
+
+    - ``waiting()``: the files ready to archive, oldest first (a log's closed files);
+    - ``due_at_once``: they go as soon as they wait (the source closed them on the policy's
+      delay itself), not once the oldest has waited ``max_delay``;
+    - ``look(now, max_delay)``: called before each look (a source that closes its own files
+      closes a due one here);
+    - ``let_go(names)``: the archive recorded them (from the oldest on): the source drops them;
+    - ``linked()``: the shard's linked directories now, recorded with each batch."""
+
+    shard_id: str
+    kind: str
+    due_at_once: bool
+
+    def waiting(self) -> list[Path]: ...
+
+    def look(self, now: float, max_delay: float) -> None: ...
+
+    def let_go(self, names: list[str]) -> None: ...
+
+    def linked(self) -> dict[str, str]: ...
+
+
 @dataclass(frozen=True)
 class Spool:
+    """PostgreSQL's spool (``walspool``): the files its ``archive_command`` left, removed once
+    stored."""
+
     shard_id: str
     path: Path
     # The shard's linked directories now (``EngineAdapter.linked_dirs``), recorded with
     # each batch it packs.
     linked: Callable[[], dict[str, str]] = dict
+    kind: str = "wal"
+    due_at_once: bool = False
+
+    def waiting(self) -> list[Path]:
+        return sorted(
+            (p for p in self.path.iterdir() if WAL_FILE.fullmatch(p.name)), key=lambda p: p.name
+        )
+
+    def look(self, now: float, max_delay: float) -> None:
+        return None  # PostgreSQL closes its segments (archive_timeout)
+
+    def let_go(self, names: list[str]) -> None:
+        for name in names:
+            (self.path / name).unlink(missing_ok=True)
 
 
 class Archiver:
@@ -86,7 +128,7 @@ class Archiver:
         self,
         *,
         node_id: str,
-        spools: list[Spool],
+        spools: list[LogSource],
         state_dir: Path,
         invoke: Callable[[dict[str, Any]], dict[str, Any]],
         inbox: Any,
@@ -139,6 +181,11 @@ class Archiver:
                 self._start(batch)
         held = {f.name for batch in pending for f in batch.files}
         for spool in self.spools:
+            try:
+                spool.look(now, settings.max_delay_seconds)
+            except ShardVaultError as error:  # the next look tries again
+                self.last_error = str(error)
+                log.warning("shard %s's log could not be looked at: %s", spool.shard_id, error)
             while self._room():
                 hurried = self.hurried.get(spool.shard_id, "")
                 files = self.ready(spool, settings.max_delay_seconds, now, held, hurried)
@@ -208,7 +255,7 @@ class Archiver:
 
     def ready(
         self,
-        spool: Spool,
+        spool: LogSource,
         max_delay: float,
         now: float,
         held: set[str] | None = None,
@@ -219,10 +266,7 @@ class Archiver:
         past ``hurried`` (a backup waits for it); else none. ``held``: the names pending
         batches hold (read from the state directory when not given)."""
         held = self.held() if held is None else held
-        files = sorted(
-            (p for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name) and p.name not in held),
-            key=lambda p: p.name,
-        )
+        files = [p for p in spool.waiting() if p.name not in held]
         taken, size, oldest = [], 0, now
         for path in files:
             stat = path.stat()
@@ -231,10 +275,12 @@ class Archiver:
             taken.append(path)
             size += stat.st_size
             oldest = min(oldest, stat.st_mtime)
-        due = bool(taken) and (now - oldest >= max_delay or taken[0].name[:24] <= hurried)
+        due = bool(taken) and (
+            spool.due_at_once or now - oldest >= max_delay or taken[0].name[:24] <= hurried
+        )
         return taken if due else []
 
-    def pack(self, spool: Spool, files: list[Path], settings: Settings) -> Batch:
+    def pack(self, spool: LogSource, files: list[Path], settings: Settings) -> Batch:
         """Packs ``files`` into a pending batch (written whole before it counts)."""
         batch_id = secrets.token_hex(16)
         work = self.root / f".{batch_id}"
@@ -255,7 +301,7 @@ class Archiver:
                     reader.read,
                     length,
                     frame_size,
-                    2 * BATCH_MAX_BYTES,  # one part: a batch is one PUT
+                    2 * max(BATCH_MAX_BYTES, length),  # one part: a batch is one PUT
                     codec,
                     out,
                     batch_place(settings.cluster, spool.shard_id, batch_id),
@@ -275,6 +321,7 @@ class Archiver:
             crc64nvme=packed.crc64nvme,
             encryption=encryption,
             links=spool.linked(),
+            kind=spool.kind,
         )
         (work / "batch.json").write_text(batch.model_dump_json())
         work.rename(self.root / batch_id)  # now pending: a restart finishes it
@@ -309,7 +356,7 @@ class Archiver:
                     raise WalNotArchived(
                         f"shard {shard_id}'s WAL up to {through} was not archived within "
                         f"{timeout:g} s: {len(waiting)} file(s) from {waiting[0]} are still in "
-                        f"the spool {spool.path}"
+                        f"the spool of shard {shard_id}"
                         + (f" (last failure: {self.last_error})" if self.last_error else ""),
                         fix="see the agent's log for why the archive does not take the spool "
                         "(the policy's archive section, the archive function); the backup may "
@@ -322,11 +369,11 @@ class Archiver:
                 del self.hurried[shard_id]
 
     @staticmethod
-    def unarchived(spool: Spool, through: str) -> list[str]:
+    def unarchived(spool: LogSource, through: str) -> list[str]:
         """The spool's WAL files up to segment ``through`` (names compare within a timeline;
         a backup history file by its segment's), in name order."""
         try:
-            names = [p.name for p in spool.path.iterdir() if WAL_FILE.fullmatch(p.name)]
+            names = [p.name for p in spool.waiting()]
         except FileNotFoundError:
             return []
         return sorted(n for n in names if n[:24] <= through and not n.endswith(".history"))
@@ -343,9 +390,8 @@ class Archiver:
         what = f"WAL batch {batch.files[0].name}..{batch.files[-1].name}"
         self.sender.send_file(signed["url"], path, batch.stored_length, batch.crc64nvme, what)
         self.call({"action": "record", "batch_id": batch.batch_id})
-        spool = next(s.path for s in self.spools if s.shard_id == batch.shard_id)
-        for entry in batch.files:
-            (spool / entry.name).unlink(missing_ok=True)
+        spool = next(s for s in self.spools if s.shard_id == batch.shard_id)
+        spool.let_go([entry.name for entry in batch.files])
         # The request before the pending batch: a crash between the two leaves the batch,
         # which a restart sends again (and so removes the request it writes again); the other
         # order left a request nothing would ever remove.
@@ -372,12 +418,12 @@ class Archiver:
         return answer
 
 
-def spool_state(path: Path, now: float) -> tuple[int, float]:
-    """Bytes of WAL waiting in a spool, and how long its oldest file has waited (the
+def spool_state(source: LogSource, now: float) -> tuple[int, float]:
+    """Bytes of log waiting in a source, and how long its oldest file has waited (the
     heartbeat's report; the watch alarms on a spool that does not drain)."""
     try:
-        stats = [p.stat() for p in path.iterdir() if WAL_FILE.fullmatch(p.name)]
-    except OSError:  # a file archived meanwhile, or the spool gone: say nothing is waiting
+        stats = [p.stat() for p in source.waiting()]
+    except (OSError, ShardVaultError):  # archived meanwhile, or gone: nothing is waiting
         return 0, 0.0
     return sum(s.st_size for s in stats), max((now - s.st_mtime for s in stats), default=0.0)
 

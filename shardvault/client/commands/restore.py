@@ -1,5 +1,5 @@
 """``shardvault restore CLUSTER --into TARGET``: plan and start a restore (point-in-time for
-PostgreSQL), showing the placement and what an archived backup costs to thaw."""
+PostgreSQL and MariaDB), showing the placement and what an archived backup costs to thaw."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
     target.add_argument(
         "--target-time",
         metavar="TIME",
-        help="PostgreSQL point-in-time restore from the WAL archive: replay every shard to this "
-        "instant (ISO 8601 with its offset, e.g. '2026-11-23 14:02:59+00')",
+        help="point-in-time restore from the log archive: replay every shard to this instant "
+        "(ISO 8601 with its offset, e.g. '2026-11-23 14:02:59+00'; MariaDB: whole seconds)",
     )
     target.add_argument(
         "--target-lsn",
@@ -93,9 +93,15 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "backup, or the one --backup-id names",
     )
     target.add_argument(
+        "--target-position",
+        metavar="FILE:OFFSET",
+        help="MariaDB, a cluster of one shard: replay its binary log archive to this position, "
+        "a transaction's boundary (e.g. 'mysql-bin.000012:1234', as SHOW MASTER STATUS shows)",
+    )
+    target.add_argument(
         "--target-latest",
         action="store_true",
-        help="PostgreSQL: replay each shard's WAL archive to its end",
+        help="replay each shard's log archive (WAL, binary logs) to its end",
     )
     restore.add_argument("--wait", action="store_true", help="follow it to the end")
     restore.set_defaults(run=run_restore)
@@ -107,6 +113,8 @@ def restore_target(args: argparse.Namespace) -> dict[str, Any] | None:
         return {"time": args.target_time.strip().replace(" ", "T", 1)}
     if args.target_lsn:
         return {"lsn": args.target_lsn.strip()}
+    if args.target_position:
+        return {"position": args.target_position.strip()}
     if args.target_name:
         return {"name": args.target_name}
     return {"latest": True} if args.target_latest else None

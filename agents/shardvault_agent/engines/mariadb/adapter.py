@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ from shardvault_agent.engines.base import (
     size_or_zero,
     tree_bytes,
 )
+from shardvault_agent.engines.mariadb import binlogs
 from shardvault_agent.engines.mariadb.checks import mariadb_checks
+from shardvault_agent.engines.mariadb.replay import replay
 from shardvault_agent.engines.mariadb.server import (
     MARIADB_USER,
     MariadbServer,
@@ -55,6 +58,7 @@ from shardvault_agent.engines.mariadb.server import (
     stop_server,
 )
 from shardvault_agent.engines.serveruser import as_root, user_ids
+from shardvault_agent.wal.archiver import LogSource
 
 log = logging.getLogger("shardvault.agent.mariadb")
 DATA_DIR_FIX = (
@@ -118,12 +122,26 @@ class MariadbAdapter(CopySource):
 
     def check_ready(self, shard: ShardConfig) -> None:
         """``check``, a server that answers as the server of ``data_dir``, and
-        ``mariabackup`` on this host."""
-        self._server(shard)
+        ``mariabackup`` on this host; a shard whose binary logs are archived, the server's
+        settings that archiving needs (``binlogs.readiness_problems``)."""
+        server = self._server(shard)
         try:
             program("mariabackup")
         except RuntimeError as error:
             raise EngineError(str(error), fix="install mariadb-backup on this host.") from None
+        if shard.archive_binlogs and (problems := binlogs.readiness_problems(server)):
+            raise EngineError(
+                f"MariaDB shard {shard.shard_id}'s binary logs cannot be archived: "
+                + "; ".join(problems),
+                fix="change what is named in the server's configuration and restart it; the "
+                "agent checks again within 30 s.",
+            )
+
+    def log_source(self, shard: ShardConfig) -> LogSource | None:
+        """The shard's binary logs, read from the server (``archive_binlogs``)."""
+        if not shard.archive_binlogs:
+            return None
+        return binlogs.BinlogSource(shard.shard_id, partial(self._server, shard))
 
     def shard_bytes(self, shard: ShardConfig) -> int:
         return size_or_zero(self, shard, lambda: tree_bytes(shard.data_dir))
@@ -162,6 +180,15 @@ class MariadbAdapter(CopySource):
                 "state_dir.",
             ) from None
         marker = {"copied_at": f"{started:.6f}", **checkpoints(copy)}
+        marker |= binlogs.backup_position(copy)  # where a replay of its binary logs starts
+        if shard.archive_binlogs and "binlog_file" not in marker:
+            self.release(shard, backup_id)
+            raise EngineError(
+                f"mariabackup recorded no binary log position for shard {shard.shard_id}, "
+                "whose binary logs are archived: a point-in-time restore could not start "
+                "from this backup.",
+                fix="check that the server runs with log_bin, and retry the backup.",
+            )
         return Capture(root=copy, files=list_tree(copy), marker=marker, mutable=False)
 
     # --- restore ---------------------------------------------------------------------------
@@ -185,12 +212,18 @@ class MariadbAdapter(CopySource):
                 fix="the backup is incomplete or damaged: run shardvault verify on it, restore "
                 "another backup, and report this one.",
             ) from None
+        target = job.layout.get("recovery")  # a point-in-time restore (shardvault.wal.pitr)
+        reached = None
+        if target is not None:
+            reached = replay(server, root, job.shard_id, job.layout, job.wal_progress)
+            job.wal_done()
         checks = mariadb_checks(server, job.validation_queries)
         return {
             "shard_id": job.shard_id,
             "node_id": self.config.node_id,
             "path": str(root),
             "socket": str(server.socket),
+            **({} if target is None else recovered(target, reached)),
             "checks": checks,
             "checks_passed": all(v == "ok" for v in checks.values()),
         }
@@ -219,6 +252,18 @@ class MariadbAdapter(CopySource):
             return None
         uid, gid, _ = user_ids(MARIADB_USER)
         return uid, gid
+
+
+def recovered(target: dict[str, Any], reached: str | None) -> dict[str, Any]:
+    """Where a point-in-time restore's replay stopped, as the restore's table shows it: the
+    target (a time, a position, the archive's end) and the position reached."""
+    if target.get("target_time"):
+        kind, value = "time", target["target_time"]
+    elif target.get("target_position"):
+        kind, value = "position", target["target_position"]
+    else:
+        kind, value = "latest", f"the end of the binary log archive ({reached})"
+    return {"recovered_to": value, "recovery_target": kind, "replayed_to": reached}
 
 
 def checkpoints(copy: Path) -> dict[str, str]:

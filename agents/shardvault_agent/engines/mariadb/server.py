@@ -100,6 +100,7 @@ class MariadbServer:
 
     data_dir: Path
     socket: Path
+    options: tuple[str, ...] = ()  # more server options (a test server's binary logging)
 
     @property
     def log_path(self) -> Path:
@@ -148,6 +149,7 @@ class MariadbServer:
             f"--log-error={self.log_path}",
             "--innodb-buffer-pool-size=64M",
             *([f"--user={MARIADB_USER}"] if as_root() else []),
+            *self.options,
         ]
         # A session of its own: the server outlives the agent that started it, as a server
         # that pg_ctl starts does.

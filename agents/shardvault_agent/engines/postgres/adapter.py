@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ from shardvault_agent.engines.postgres import restore as postgres_restore
 from shardvault_agent.engines.postgres import tablespaces
 from shardvault_agent.engines.postgres.server import beside, postgres_ids, stop_server
 from shardvault_agent.engines.serveruser import as_root
+from shardvault_agent.wal.archiver import LogSource, Spool
 
 log = logging.getLogger("shardvault.agent.postgres")
 
@@ -444,6 +446,12 @@ class PostgresAdapter:
 
     def linked_dirs(self, shard: ShardConfig) -> dict[str, str]:
         return tablespaces.locations(shard.data_dir)
+
+    def log_source(self, shard: ShardConfig) -> LogSource | None:
+        """The spool its ``archive_command`` fills (``wal_spool_dir``), if it has one."""
+        if shard.wal_spool_dir is None:
+            return None
+        return Spool(shard.shard_id, shard.wal_spool_dir, partial(self.linked_dirs, shard))
 
     def held_backups(self) -> set[str]:
         return set()  # backup mode and its slot end with the session: nothing outlives the agent
