@@ -503,6 +503,20 @@ def placement_problems(config: AgentConfig) -> list[str]:
             f"restore_dir: {restore_dir} overlaps state_dir {state_dir}. Fix: give restored "
             "shards a directory of their own (a restore would replace the agent's state)."
         )
+    for link_dir in config.restore_link_dirs:
+        if not link_dir.is_absolute():
+            problems.append(
+                f"restore_link_dirs: {link_dir} is relative. Fix: give it as an absolute path."
+            )
+        elif clash := [
+            p
+            for p in (state_dir, *(s.data_dir for s in config.shards if s.data_dir))
+            if overlaps(link_dir, p.absolute())
+        ]:
+            problems.append(
+                f"restore_link_dirs: {link_dir} overlaps {clash[0]}. Fix: give restored "
+                "tablespaces a directory apart from the agent's state and the node's own data."
+            )
     for index, shard in enumerate(config.shards):
         source = shard.data_dir or shard.path
         clash = source is not None and (

@@ -178,3 +178,63 @@ def test_a_position_starts_from_the_newest_backup_ending_in_that_file_or_before(
     assert base_backup(request, backups).backup_id == "b2"
     with pytest.raises(InvalidRequest, match="not a binary log position"):
         RestoreRequest(cluster="c1", target_cluster="c2", target={"position": "mysql-bin:4"})
+
+
+class FakeServer:
+    """A server's binary logs as ``SHOW BINARY LOGS`` answers them; statements recorded."""
+
+    def __init__(self, names: list[str], refuse_purge: bool = False) -> None:
+        self.logs = dict.fromkeys(names, 1000)
+        self.said: list[str] = []
+        self.refuse_purge = refuse_purge
+
+    def sql(self, statements: str) -> str:
+        self.said.append(statements)
+        if statements.startswith("PURGE"):
+            if self.refuse_purge:
+                raise RuntimeError("ERROR 1227: Access denied; you need BINLOG ADMIN")
+            to = statements.split("'")[1]
+            self.logs = {n: s for n, s in self.logs.items() if log_order(n) >= log_order(to)}
+            return ""
+        if statements == "FLUSH BINARY LOGS":
+            last = max(self.logs, key=log_order)
+            base, ordinal = log_order(last)
+            self.logs[f"{base}.{ordinal + 1:06d}"] = 300
+            return ""
+        rows = [f"{n}\t{s}" for n, s in self.logs.items()]
+        return "\n".join(["/var/lib/mysql/mysql-bin", *rows])
+
+
+def test_closed_logs_wait_and_are_purged_only_up_to_the_oldest_not_recorded():
+    from shardvault_agent.engines.mariadb.binlogs import BinlogSource
+
+    names = [f"mysql-bin.{n:06d}" for n in range(1, 5)]  # the 4th is open
+    server = FakeServer(names)
+    source = BinlogSource("shard-1", lambda: server)
+    assert [p.name for p in source.waiting()] == names[:3]
+    source.let_go([names[1]])  # a later batch recorded first: nothing purged early
+    assert not any(s.startswith("PURGE") for s in server.said)
+    assert [p.name for p in source.waiting()] == [names[0], names[2]]
+    source.let_go([names[0]])
+    assert server.said[-1] == f"PURGE BINARY LOGS TO '{names[2]}'"
+    assert sorted(server.logs, key=log_order) == names[2:]
+    refusing = FakeServer(names, refuse_purge=True)
+    quiet = BinlogSource("shard-1", lambda: refusing)
+    quiet.let_go([names[0]])  # logged, not raised: a failed send would store it again
+    assert [p.name for p in quiet.waiting()] == names[1:3]
+
+
+def test_an_open_log_with_changes_is_closed_after_the_delay():
+    from shardvault_agent.engines.mariadb.binlogs import BinlogSource
+
+    server = FakeServer(["mysql-bin.000001"])
+    source = BinlogSource("shard-1", lambda: server)
+    source.look(100.0, 5.0)  # first seen: it may hold changes already
+    source.look(104.0, 5.0)
+    assert "FLUSH BINARY LOGS" not in server.said
+    source.look(105.0, 5.0)
+    assert "FLUSH BINARY LOGS" in server.said
+    flushes = server.said.count("FLUSH BINARY LOGS")
+    source.look(106.0, 5.0)  # the new open file, as first seen
+    source.look(200.0, 5.0)  # no change in it since: never closed for nothing
+    assert server.said.count("FLUSH BINARY LOGS") == flushes

@@ -191,3 +191,16 @@ def test_a_restore_that_may_replay_a_creation_into_an_existing_directory_is_refu
     assert f"where {exists} does not exist" in refused.value.fix
     exists.rmdir()
     linked.refuse_created(shard, "n1")  # elsewhere the replay stops at it, if it gets there
+
+
+def test_restore_link_dirs_must_be_absolute_and_apart_from_the_nodes_own_data(tmp_path):
+    from shardvault_agent.config import ShardConfig, placement_problems
+
+    config = agent(tmp_path, [Path("relative"), tmp_path / "state" / "x", tmp_path / "pg"])
+    config = config.model_copy(
+        update={"shards": [ShardConfig(shard_id="s1", data_dir=tmp_path / "pg" / "data")]}
+    )
+    problems = placement_problems(config)
+    assert any("restore_link_dirs: relative is relative" in p for p in problems)
+    assert any(f"{tmp_path / 'state' / 'x'} overlaps {tmp_path / 'state'}" in p for p in problems)
+    assert any(f"{tmp_path / 'pg'} overlaps {tmp_path / 'pg' / 'data'}" in p for p in problems)

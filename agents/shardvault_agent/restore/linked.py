@@ -44,15 +44,16 @@ def placements(config: AgentConfig, restore_id: str, shard: ShardLayout) -> dict
                 restore_id, shard.shard_id, linked.path
             )
             continue
-        directory = Path(remapped)
-        refuse_outside_allowed(config, shard.shard_id, linked.name, directory)
-        placed[linked.path] = directory
+        placed[linked.path] = allowed_place(config, shard.shard_id, linked.name, Path(remapped))
     return placed
 
 
-def refuse_outside_allowed(config: AgentConfig, shard_id: str, name: str, directory: Path) -> None:
+def allowed_place(config: AgentConfig, shard_id: str, name: str, directory: Path) -> Path:
+    """``directory`` with its links resolved (as far as it exists: the place checked is the
+    place used), if it lies under the agent's ``restore_link_dirs`` and apart from its own
+    directories; else refused by name."""
     where = f"tablespace {name} of shard {shard_id} on node {config.node_id}: {directory}"
-    resolved = directory.resolve()  # as far as it exists: a link cannot lead elsewhere
+    resolved = directory.resolve()
     allowed = [d.resolve() for d in config.restore_link_dirs]
     if not any(resolved == d or d in resolved.parents for d in allowed):
         raise InvalidRequest(
@@ -69,6 +70,7 @@ def refuse_outside_allowed(config: AgentConfig, shard_id: str, name: str, direct
             f"{where} overlaps the agent's {clash[0]}.",
             fix="give the tablespace a directory of its own.",
         )
+    return resolved
 
 
 def refuse_created(shard: ShardLayout, node_id: str) -> None:

@@ -182,18 +182,22 @@ class Archiver:
         held = {f.name for batch in pending for f in batch.files}
         for spool in self.spools:
             try:
-                spool.look(now, settings.max_delay_seconds)
-            except ShardVaultError as error:  # the next look tries again
+                self._look(spool, settings, now, held)
+            except ShardVaultError as error:  # the next look tries again; others go on
                 self.last_error = str(error)
                 log.warning("shard %s's log could not be looked at: %s", spool.shard_id, error)
-            while self._room():
-                hurried = self.hurried.get(spool.shard_id, "")
-                files = self.ready(spool, settings.max_delay_seconds, now, held, hurried)
-                if not files:
-                    break
-                batch = self.pack(spool, files, settings)
-                held.update(f.name for f in batch.files)
-                self._start(batch)
+
+    def _look(self, spool: LogSource, settings: Settings, now: float, held: set[str]) -> None:
+        """Packs and starts the source's next batches while there is room."""
+        spool.look(now, settings.max_delay_seconds)
+        while self._room():
+            hurried = self.hurried.get(spool.shard_id, "")
+            files = self.ready(spool, settings.max_delay_seconds, now, held, hurried)
+            if not files:
+                return
+            batch = self.pack(spool, files, settings)
+            held.update(f.name for f in batch.files)
+            self._start(batch)
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.parallelism

@@ -38,6 +38,7 @@ log = logging.getLogger("shardvault.agent.mariadb")
 # GTID, tab-separated (the older name first: MariaDB 10.11 writes it; 11.x the newer).
 BINLOG_INFO = ("xtrabackup_binlog_info", "mariadb_backup_binlog_info")
 # What an archived shard's server must be set to (``readiness_problems``).
+FLUSHED = "(flushed)"  # the open file as last seen: the one this source's flush just opened
 CONFIRM_SECONDS = 60.0  # how long a source trusts that its socket reaches the shard's server
 SETTINGS = "SELECT @@log_bin, @@binlog_format, @@binlog_expire_logs_seconds, @@max_binlog_size"
 
@@ -106,9 +107,20 @@ class BinlogSource:
             self.confirmed = (now, self.server())
         return self.confirmed[1]
 
+    def sql(self, statements: str) -> str:
+        try:
+            return self._server().sql(statements)
+        except RuntimeError as error:
+            self.confirmed = None  # the server is asked who it is again
+            raise EngineError(
+                f"MariaDB shard {self.shard_id}'s binary logs: {error}",
+                fix="the agent's account needs RELOAD, BINLOG MONITOR and BINLOG ADMIN; see the "
+                "server's log.",
+            ) from None
+
     def _logs(self) -> tuple[Path, list[tuple[str, int]]]:
         """The binlog directory, and the server's binary logs in order (the last one open)."""
-        answer = self._server().sql("SELECT @@log_bin_basename; SHOW BINARY LOGS")
+        answer = self.sql("SELECT @@log_bin_basename; SHOW BINARY LOGS")
         basename, *lines = answer.splitlines()
         logs = []
         for line in lines:
@@ -133,25 +145,33 @@ class BinlogSource:
         if not logs:
             return
         name, size = logs[-1]
-        if name != self.open_name:  # a new open file: it may hold changes already
-            self.open_name, self.open_size, self.changed_at = name, size, now
+        if name != self.open_name:  # a new open file: it may hold changes already, unless
+            fresh = self.open_name == FLUSHED  # this source just opened it empty
+            self.open_name, self.open_size = name, size
+            self.changed_at = None if fresh else now
             return
         if size > self.open_size and self.changed_at is None:
             self.changed_at = now
         if self.changed_at is not None and now - self.changed_at >= max_delay:
-            self._server().sql("FLUSH BINARY LOGS")
-            self.open_name, self.changed_at = "", None
+            self.sql("FLUSH BINARY LOGS")
+            self.open_name, self.changed_at = FLUSHED, None
 
     def let_go(self, names: list[str]) -> None:
         """The archive recorded ``names``: purges the server's files before the oldest one
-        not recorded yet (a batch recorded before an older one's purges nothing early)."""
+        not recorded yet (a batch recorded before an older one's purges nothing early). A
+        purge that fails is logged, not raised: the files are stored, and a failed send would
+        store them again and again."""
         with self.guard:
             self.archived.update(names)
-        _, logs = self._logs()
-        kept = next((n for n, _ in logs if n not in self.archived), None)
-        if kept is None or kept == logs[0][0]:
+        try:
+            _, logs = self._logs()
+            kept = next((n for n, _ in logs if n not in self.archived), None)
+            if kept is None or kept == logs[0][0]:
+                return
+            self.sql(f"PURGE BINARY LOGS TO '{kept}'")  # a name the pattern checked
+        except EngineError as error:  # stored all the same: the next batch purges them
+            log.warning("shard %s's archived binary logs not purged: %s", self.shard_id, error)
             return
-        self._server().sql(f"PURGE BINARY LOGS TO '{kept}'")  # a name the pattern checked
         with self.guard:
             self.archived = {n for n in self.archived if log_order(n) >= log_order(kept)}
         log.info("purged shard %s's binary logs before %s: archived", self.shard_id, kept)
