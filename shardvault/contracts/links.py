@@ -30,11 +30,22 @@ DEFAULT_AREA = ".linked"  # in restore_dir: the default placements, per restore 
 _PRINTABLE = re.compile(r"^/[^\x00-\x1f\x7f]*$")
 
 
+# A link's path in a shard: plain names, one or more (a root agent links it in its staging).
+LINK_PATH = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*$")
+
+
 @dataclass(frozen=True)
 class LinkedDir:
     path: str  # the link's path in the shard (``pg_tblspc/16385``)
     name: str  # the name an operator knows it by (the tablespace's)
     source: str  # the directory it was on the source node
+
+    def __post_init__(self) -> None:
+        if not LINK_PATH.fullmatch(self.path):
+            raise InvalidRequest(
+                f"linked directory {self.path!r} is not a plain path inside its shard.",
+                fix="the backup's marker is damaged or forged: restore another backup.",
+            )
 
 
 def encode(linked: list[LinkedDir]) -> str:

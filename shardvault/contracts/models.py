@@ -173,8 +173,12 @@ HEARTBEAT_MISSES = 3
 # answer goes through its answer URL, a parent map names its node, a chain is always layered
 # (``contracts.commands``: the agent no longer reads what older control planes sent). 5: a
 # point-in-time restore's archive batches come with finish, fed as recovery replays
-# (``FinishRestoreArgs.wal``), not through the Download map.
-AGENT_PROTOCOL = 5
+# (``FinishRestoreArgs.wal``), not through the Download map. 6: a restore's layout may link
+# a shard's directories elsewhere (tablespaces: ``ShardLayout.links``) and name what a replay
+# may create (``Recovery.created_links``), a MariaDB recovery replays its binary logs
+# (``Recovery.target_position``), and an archive batch says its log kind and links
+# (``Batch.kind``, ``Batch.links``), which a control plane of protocol 5 refuses.
+AGENT_PROTOCOL = 6
 
 
 class NodeRecord(Registered):

@@ -325,11 +325,12 @@ def newer_timelines(on_timeline: int, names: set[str]) -> set[int]:
 
 def binlog_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
     """The run of archived binary logs from ``first`` on: consecutive ordinals of its
-    basename, without a gap, and the batches that hold it. ``reaches``: when the newest was
-    closed (the file's modification time as the agent read it from the server)."""
+    basename, without a gap or a name reused, and the batches that hold it. ``reaches``: when
+    the newest was closed (the file's modification time as the agent read it)."""
     base, start = log_order(first)
     held: dict[int, str] = {}
     pushed: dict[str, float] = {}
+    sizes: dict[str, set[int]] = {}
     for index in indexes:
         for entry in index["files"]:
             name = entry["name"]
@@ -337,8 +338,11 @@ def binlog_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> 
             if BINLOG_FILE.fullmatch(name) and of == base and ordinal >= start:
                 held[ordinal] = name
                 pushed[name] = max(pushed.get(name, 0.0), entry.get("pushed_at", 0))
+                sizes.setdefault(name, set()).add(entry["size"])
     run, ordinal = [], start
-    while ordinal in held:
+    # A name stored with two sizes is two files (a RESET MASTER, another server after a
+    # failover): the run ends before it, so no replay splices two histories.
+    while ordinal in held and len(sizes[held[ordinal]]) == 1:
         run.append(held[ordinal])
         ordinal += 1
     wanted = set(run)

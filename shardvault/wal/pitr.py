@@ -223,7 +223,7 @@ def archives(
     if target.lsn is not None:
         past_lsn(target, found[0], manifest)
     if target.position is not None:
-        outside_position(target.position, found[0])
+        outside_position(target.position, found[0], manifest.shards[0].marker)
     if target.epoch is not None and target.epoch > reach:
         short = min(found, key=lambda a: a.reaches)
         raise TargetOutOfRange(
@@ -252,15 +252,18 @@ def one_shard_for_lsn(cluster: str, shards: int) -> None:
         )
 
 
-def outside_position(position: str, archive: ShardArchive) -> None:
-    """Refuses a binary log position whose file is not in the shard's archived run, naming the
-    run (the replay checks the offset against the base's and the file's boundaries)."""
-    file = position.rpartition(":")[0]
+def outside_position(position: str, archive: ShardArchive, marker: dict[str, str]) -> None:
+    """Refuses a binary log position whose file is not in the shard's archived run, or that
+    lies before where the base's copy ends (its ``marker``), naming the run (the replay checks
+    the offset against the file's transaction boundaries)."""
+    file, _, offset = position.rpartition(":")
     assert archive.last is not None
-    if not log_order(archive.first) <= log_order(file) <= log_order(archive.last):
+    before_base = file == archive.first and int(offset) < int(marker.get("binlog_pos", 0))
+    if before_base or not log_order(archive.first) <= log_order(file) <= log_order(archive.last):
         raise TargetOutOfRange(
             f"position {position} is not in shard {archive.shard_id}'s archived binary logs "
-            f"after the base: they run from {archive.first} to {archive.last}.",
+            f"after the base: they run from {archive.first}:{marker.get('binlog_pos', 4)} to "
+            f"the end of {archive.last}.",
             fix="give a position in those files, or restore from another backup (--backup-id).",
         )
 

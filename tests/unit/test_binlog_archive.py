@@ -183,10 +183,12 @@ def test_a_position_starts_from_the_newest_backup_ending_in_that_file_or_before(
 class FakeServer:
     """A server's binary logs as ``SHOW BINARY LOGS`` answers them; statements recorded."""
 
-    def __init__(self, names: list[str], refuse_purge: bool = False) -> None:
+    def __init__(self, names: list[str], refuse_purge: bool = False, keep: str = "") -> None:
         self.logs = dict.fromkeys(names, 1000)
         self.said: list[str] = []
         self.refuse_purge = refuse_purge
+        self.keep = keep  # a file it keeps through a purge, silently (its binlog checkpoint)
+        self.gtid = "0-1-10"  # @@gtid_binlog_pos: moves with each commit
 
     def sql(self, statements: str) -> str:
         self.said.append(statements)
@@ -194,7 +196,11 @@ class FakeServer:
             if self.refuse_purge:
                 raise RuntimeError("ERROR 1227: Access denied; you need BINLOG ADMIN")
             to = statements.split("'")[1]
-            self.logs = {n: s for n, s in self.logs.items() if log_order(n) >= log_order(to)}
+            self.logs = {
+                n: s
+                for n, s in self.logs.items()
+                if log_order(n) >= log_order(to) or n == self.keep
+            }
             return ""
         if statements == "FLUSH BINARY LOGS":
             last = max(self.logs, key=log_order)
@@ -202,7 +208,7 @@ class FakeServer:
             self.logs[f"{base}.{ordinal + 1:06d}"] = 300
             return ""
         rows = [f"{n}\t{s}" for n, s in self.logs.items()]
-        return "\n".join(["/var/lib/mysql/mysql-bin", *rows])
+        return "\n".join([f"/var/lib/mysql/mysql-bin\t{self.gtid}", *rows])
 
 
 def test_closed_logs_wait_and_are_purged_only_up_to_the_oldest_not_recorded():
@@ -216,7 +222,9 @@ def test_closed_logs_wait_and_are_purged_only_up_to_the_oldest_not_recorded():
     assert not any(s.startswith("PURGE") for s in server.said)
     assert [p.name for p in source.waiting()] == [names[0], names[2]]
     source.let_go([names[0]])
-    assert server.said[-1] == f"PURGE BINARY LOGS TO '{names[2]}'"
+    assert [s for s in server.said if s.startswith("PURGE")] == [
+        f"PURGE BINARY LOGS TO '{names[2]}'"
+    ]
     assert sorted(server.logs, key=log_order) == names[2:]
     refusing = FakeServer(names, refuse_purge=True)
     quiet = BinlogSource("shard-1", lambda: refusing)
@@ -238,3 +246,21 @@ def test_an_open_log_with_changes_is_closed_after_the_delay():
     source.look(106.0, 5.0)  # the new open file, as first seen
     source.look(200.0, 5.0)  # no change in it since: never closed for nothing
     assert server.said.count("FLUSH BINARY LOGS") == flushes
+    server.gtid = "0-1-11"  # a commit into the new file, right after the flush
+    source.look(201.0, 5.0)
+    source.look(206.0, 5.0)
+    assert server.said.count("FLUSH BINARY LOGS") == flushes + 1
+
+
+def test_a_file_the_server_keeps_through_a_purge_is_not_stored_again():
+    from shardvault_agent.engines.mariadb.binlogs import BinlogSource
+
+    names = [f"mysql-bin.{n:06d}" for n in range(1, 5)]
+    server = FakeServer(names, keep=names[1])
+    source = BinlogSource("shard-1", lambda: server)
+    source.let_go(names[:3])
+    assert names[1] in server.logs  # still listed by the server, after the purge
+    assert source.waiting() == []  # known as archived: not in a batch again
+    server.keep = ""  # its checkpoint moved on
+    source.look(0.0, 60.0)  # the next look purges it
+    assert names[1] not in server.logs

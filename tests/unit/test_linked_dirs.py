@@ -90,8 +90,8 @@ def test_placements_default_to_restore_dir_and_a_remap_must_be_allowed(tmp_path)
 
 
 def test_links_are_made_once_and_a_directory_holding_data_is_refused_first(tmp_path):
-    state, root = tmp_path / "state", tmp_path / "staging"
-    state.mkdir()
+    state, root = tmp_path / "state" / "r1.links.json", tmp_path / "staging"
+    state.parent.mkdir()
     ssd = tmp_path / "ssd"
     (ssd / "fast").mkdir(parents=True)  # an empty mount point of the operator's
     placed = {FAST.path: ssd / "fast", SLOW.path: tmp_path / "area" / "16386"}
@@ -112,8 +112,8 @@ def test_links_are_made_once_and_a_directory_holding_data_is_refused_first(tmp_p
 
 def test_an_abort_removes_what_the_restore_placed_and_keeps_the_operators_mount(tmp_path):
     config = agent(tmp_path, [tmp_path / "ssd"])
-    state = tmp_path / "state" / "restores" / "r1"
-    state.mkdir(parents=True)
+    state = tmp_path / "state" / "restores" / "r1.links.json"
+    state.parent.mkdir(parents=True)
     mount = tmp_path / "ssd" / "fast"
     mount.mkdir(parents=True)
     made = tmp_path / "ssd" / "made-by-restore"
@@ -124,6 +124,7 @@ def test_an_abort_removes_what_the_restore_placed_and_keeps_the_operators_mount(
     for directory in placed.values():
         (directory / "PG_15_1").mkdir()
     linked.remove_placed(state, config.restore_dir, "r1")
+    assert not state.exists()  # the record goes last
     assert mount.is_dir()
     assert not any(mount.iterdir())
     assert not made.exists()

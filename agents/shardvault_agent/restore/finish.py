@@ -93,6 +93,7 @@ class Finisher:
         with contextlib.suppress(OSError):  # every shard moved out: staging is empty now
             self.places.incoming(restore_id).rmdir()
         self.places.drop_spools(restore_id)  # every shard restored (an abort drops them too)
+        self.places.links_record(restore_id).unlink(missing_ok=True)  # placed for good
         shards = [RestoredShard.model_validate(result) for result in results]
         # The restore's progress counts the prefetched objects now (finalize).
         prefetched = self.places.prefetched(restore_id)
@@ -309,7 +310,9 @@ class Finisher:
                 aside.rename(final)
                 if info.get("replaced"):
                     self.engine.start_server(final, info["replaced"])
-        linked.remove_placed(self.places.state(restore_id), self.config.restore_dir, restore_id)
+        linked.remove_placed(
+            self.places.links_record(restore_id), self.config.restore_dir, restore_id
+        )
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(self.places.state(restore_id), ignore_errors=True)
 

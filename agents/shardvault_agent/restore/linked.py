@@ -6,10 +6,11 @@ placed before any byte arrives, removed with the copy.
   under one of the agent's ``restore_link_dirs`` (the agent runs as root: a request must not
   choose where it writes), outside ``restore_dir`` and the agent's state, and be empty or
   absent; it is checked for every link before any is made.
-- *record*: each shard's placements are saved (``<shard>.links.json`` in the restore's state)
-  before the first is made, so an abort removes exactly what the restore placed, even after
-  a crash halfway through: a remapped directory's contents (the directory too, if the restore
-  created it) and the restore's default area (``.linked/<restore_id>``).
+- *record*: the restore's placements are saved (``Places.links_record``: beside the restore's
+  state directory, which an abort's late download removes) before the first is made, so an
+  abort removes exactly what the restore placed, even after a crash halfway through: a
+  remapped directory's contents (the directory too, if the restore created it) and the
+  restore's default area (``.linked/<restore_id>``). A finished restore drops it.
 - a *replaced* copy's linked directories go with it when they are in the default area; one
   elsewhere is the operator's, and is left, with a warning naming it.
 """
@@ -92,10 +93,6 @@ def refuse_created(shard: ShardLayout, node_id: str) -> None:
             )
 
 
-def record_path(state: Path, shard_id: str) -> Path:
-    return state / f"{shard_id}.links.json"
-
-
 def to_make(root: Path, shard_id: str, placed: dict[str, Path]) -> dict[str, Path]:
     """The placements not linked yet in ``root`` (the shard's staging: a retried prepare
     keeps links already made); refuses one whose directory holds data."""
@@ -114,16 +111,17 @@ def to_make(root: Path, shard_id: str, placed: dict[str, Path]) -> dict[str, Pat
     return fresh
 
 
-def lay_out(state: Path, root: Path, shard_id: str, placed: dict[str, Path]) -> None:
+def lay_out(record: Path, root: Path, shard_id: str, placed: dict[str, Path]) -> None:
     """Links each of the shard's paths in ``root`` to its directory, making that, once the
-    placements are recorded (``to_make`` checks them first)."""
+    placements are in ``record`` (the restore's, beside its state: ``to_make`` checks them
+    first)."""
     fresh = to_make(root, shard_id, placed)
     if not fresh:
         return
-    recorded = _read(record_path(state, shard_id))
+    recorded = _read(record)
     for directory in fresh.values():
         recorded.setdefault(str(directory), {"made": not directory.exists()})
-    write_json(record_path(state, shard_id), recorded)
+    write_json(record, recorded)
     for path, directory in fresh.items():
         directory.mkdir(parents=True, exist_ok=True)
         link = root / path
@@ -133,15 +131,16 @@ def lay_out(state: Path, root: Path, shard_id: str, placed: dict[str, Path]) -> 
         link.symlink_to(directory, target_is_directory=True)
 
 
-def remove_placed(state: Path, restore_dir: Path | None, restore_id: str) -> None:
+def remove_placed(record: Path, restore_dir: Path | None, restore_id: str) -> None:
     """Removes what a restore placed in linked directories (an abort): each recorded
-    directory's contents, the directory too if the restore made it, and its default area."""
-    for record in state.glob("*.links.json"):
-        for directory, how in _read(record).items():
-            empty(Path(directory), remove=how.get("made", False))
+    directory's contents, the directory too if the restore made it, and its default area;
+    then the record."""
+    for directory, how in _read(record).items():
+        empty(Path(directory), remove=how.get("made", False))
     if restore_dir is not None:
         shutil.rmtree(restore_dir / DEFAULT_AREA / restore_id, ignore_errors=True)
         prune([restore_dir / DEFAULT_AREA])
+    record.unlink(missing_ok=True)
 
 
 def remove_with_copy(copy: Path, restore_dir: Path) -> None:

@@ -96,6 +96,11 @@ class Places:
     def object(self, restore_id: str, key: str) -> ObjectRecord:
         return ObjectRecord.of(self.state(restore_id) / "objects", key)
 
+    def links_record(self, restore_id: str) -> Path:
+        """Where a restore's linked directories are recorded (``linked``): beside its state
+        directory, which an aborted download removes before the abort reads the record."""
+        return self.restores_dir / f"{restore_id}.links.json"
+
     def patch_index(self, restore_id: str, shard_id: str) -> Path:
         return self.state(restore_id) / f"{shard_id}.patchindex"
 

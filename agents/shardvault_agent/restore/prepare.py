@@ -294,9 +294,9 @@ class Preparer:
         written where they stay). A second call keeps what is there."""
         root = self.places.staging(restore_id, shard.shard_id)
         root.mkdir(parents=True, exist_ok=True)
-        state = self.places.state(restore_id)
-        state.mkdir(parents=True, exist_ok=True)
-        linked.lay_out(state, root, shard.shard_id, self._linked(restore_id, shard))
+        record = self.places.links_record(restore_id)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        linked.lay_out(record, root, shard.shard_id, self._linked(restore_id, shard))
         made = {root}  # each directory made once: a thousand files lie in a few dozen of them
         for stream in shard.streams:
             for entry in unpack_files(stream.files):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardvault.contracts.wal_archive import BATCH_MAX_BYTES, BINLOG_FILE, log_order
+from shardvault.contracts.wal_archive import BATCH_MAX_BYTES, BINLOG_FILE
 from shardvault.errors import EngineError
 from shardvault_agent.engines.mariadb.server import MariadbServer
 
@@ -40,7 +40,10 @@ BINLOG_INFO = ("xtrabackup_binlog_info", "mariadb_backup_binlog_info")
 # What an archived shard's server must be set to (``readiness_problems``).
 FLUSHED = "(flushed)"  # the open file as last seen: the one this source's flush just opened
 CONFIRM_SECONDS = 60.0  # how long a source trusts that its socket reaches the shard's server
-SETTINGS = "SELECT @@log_bin, @@binlog_format, @@binlog_expire_logs_seconds, @@max_binlog_size"
+SETTINGS = (
+    "SELECT @@log_bin, @@binlog_format, @@binlog_expire_logs_seconds, @@max_binlog_size, "
+    "@@encrypt_binlog"
+)
 
 
 def backup_position(copy: Path) -> dict[str, str]:
@@ -56,7 +59,7 @@ def backup_position(copy: Path) -> dict[str, str]:
 
 def readiness_problems(server: MariadbServer) -> list[str]:
     """What keeps the shard's binary logs from being archived, each with its fix."""
-    log_bin, binlog_format, expire, max_size = server.sql(SETTINGS).split("\t")
+    log_bin, binlog_format, expire, max_size, encrypted = server.sql(SETTINGS).split("\t")
     problems = []
     if log_bin != "1":
         problems.append("binary logging is off (start the server with log_bin, and server_id)")
@@ -76,6 +79,12 @@ def readiness_problems(server: MariadbServer) -> list[str]:
             f"max_binlog_size is {int(max_size):,} bytes, over the archive's batch of "
             f"{BATCH_MAX_BYTES:,} (set max_binlog_size = 256M or less)"
         )
+    if encrypted == "1":
+        problems.append(
+            "encrypt_binlog is on: the agent reads the files, which only the server can "
+            "decrypt (the archive seals them itself with the policy's encryption: set "
+            "encrypt_binlog = OFF)"
+        )
     return problems
 
 
@@ -88,10 +97,11 @@ class BinlogSource:
     server: Callable[[], MariadbServer]
     kind: str = "binlog"
     due_at_once: bool = True
-    # The open file as last seen: its name, its size then, and since when it holds changes.
+    # The open file as last seen, since when it holds changes, and the GTID position read
+    # before this source's last flush (what an empty new file's server says).
     open_name: str = ""
-    open_size: int = 0
     changed_at: float | None = None
+    flushed_gtid: str | None = None
     archived: set[str] = field(default_factory=set)  # recorded, not purged yet
     confirmed: tuple[float, MariadbServer] | None = None  # (monotonic time, the server)
     guard: threading.Lock = field(default_factory=threading.Lock)
@@ -118,10 +128,12 @@ class BinlogSource:
                 "server's log.",
             ) from None
 
-    def _logs(self) -> tuple[Path, list[tuple[str, int]]]:
-        """The binlog directory, and the server's binary logs in order (the last one open)."""
-        answer = self.sql("SELECT @@log_bin_basename; SHOW BINARY LOGS")
-        basename, *lines = answer.splitlines()
+    def _logs(self) -> tuple[Path, list[tuple[str, int]], str]:
+        """The binlog directory, the server's binary logs in its own order (the last one
+        open), and its GTID position (what it last logged: ``look`` compares it)."""
+        answer = self.sql("SELECT @@log_bin_basename, @@gtid_binlog_pos; SHOW BINARY LOGS")
+        first, *lines = answer.splitlines()
+        basename, _, gtid = first.partition("\t")
         logs = []
         for line in lines:
             name, size, *_ = line.split("\t")
@@ -132,46 +144,61 @@ class BinlogSource:
                     fix="set log_bin to a basename of letters, digits, '.', '_' and single '-'.",
                 )
             logs.append((name, int(size)))
-        return Path(basename).parent, sorted(logs, key=lambda log_: log_order(log_[0]))
+        return Path(basename).parent, logs, gtid
 
     def waiting(self) -> list[Path]:
-        directory, logs = self._logs()
+        directory, logs, _ = self._logs()
         with self.guard:
             return [directory / name for name, _ in logs[:-1] if name not in self.archived]
 
     def look(self, now: float, max_delay: float) -> None:
-        """Closes the open file once it has held changes for ``max_delay`` seconds."""
-        _, logs = self._logs()
+        """Closes the open file once it has held changes for ``max_delay`` seconds: a file
+        first seen may hold some; one this source's flush opened holds them once the server's
+        GTID position moved past the one read before that flush."""
+        _, logs, gtid = self._logs()
         if not logs:
             return
-        name, size = logs[-1]
-        if name != self.open_name:  # a new open file: it may hold changes already, unless
-            fresh = self.open_name == FLUSHED  # this source just opened it empty
-            self.open_name, self.open_size = name, size
+        with self.guard:
+            left = bool(self.archived) and logs[0][0] in self.archived
+        if left:  # a file the server kept through the last purge
+            self.purge()
+        name = logs[-1][0]
+        if name != self.open_name:
+            fresh = self.open_name == FLUSHED
+            self.open_name = name
             self.changed_at = None if fresh else now
-            return
-        if size > self.open_size and self.changed_at is None:
+        if self.changed_at is None and gtid != self.flushed_gtid:
             self.changed_at = now
         if self.changed_at is not None and now - self.changed_at >= max_delay:
+            self.flushed_gtid = gtid  # read before the flush: a commit between goes in either
             self.sql("FLUSH BINARY LOGS")
             self.open_name, self.changed_at = FLUSHED, None
 
     def let_go(self, names: list[str]) -> None:
-        """The archive recorded ``names``: purges the server's files before the oldest one
-        not recorded yet (a batch recorded before an older one's purges nothing early). A
-        purge that fails is logged, not raised: the files are stored, and a failed send would
-        store them again and again."""
+        """The archive recorded ``names``: the server's files are purged up to the oldest one
+        not recorded yet (``purge``)."""
         with self.guard:
             self.archived.update(names)
+        self.purge()
+
+    def purge(self) -> None:
+        """Purges the server's files before the oldest one not recorded yet (a batch recorded
+        before an older one's purges nothing early). The server may keep a file it still needs
+        (its binlog checkpoint not past it) without a word: what it still lists stays known as
+        archived, never stored twice, and the next look purges again. A purge that fails is
+        logged, not raised: the files are stored, and a failed send would store them again."""
         try:
-            _, logs = self._logs()
-            kept = next((n for n, _ in logs if n not in self.archived), None)
+            _, logs, _ = self._logs()
+            with self.guard:
+                kept = next((n for n, _ in logs if n not in self.archived), None)
             if kept is None or kept == logs[0][0]:
                 return
             self.sql(f"PURGE BINARY LOGS TO '{kept}'")  # a name the pattern checked
-        except EngineError as error:  # stored all the same: the next batch purges them
+            _, logs, _ = self._logs()
+        except Exception as error:  # any: raised, the send would store them again and again
             log.warning("shard %s's archived binary logs not purged: %s", self.shard_id, error)
             return
+        listed = {name for name, _ in logs}
         with self.guard:
-            self.archived = {n for n in self.archived if log_order(n) >= log_order(kept)}
+            self.archived = {n for n in self.archived if n in listed}
         log.info("purged shard %s's binary logs before %s: archived", self.shard_id, kept)

@@ -110,14 +110,20 @@ def stop_of(recovery: dict[str, Any]) -> Stop:
 
 
 def run_of(layout: dict[str, Any], first: str) -> list[str]:
-    """The archived files from ``first`` on, in log order (first copies only)."""
+    """The archived files from ``first`` on, consecutive ordinals of its basename (first
+    copies only), as the control plane's run (``wal.archive.binlog_archive``) counts them."""
     stream = next(s for s in layout["streams"] if s["phase"] == Phase.WAL.value)
     names = [
         Path(f.path).name
         for f in unpack_files(stream["files"])
         if Path(f.path).parent.as_posix() == WAL_DIR and BINLOG_FILE.fullmatch(Path(f.path).name)
     ]
-    return sorted((n for n in names if log_order(n) >= log_order(first)), key=log_order)
+    run, (base, ordinal) = [], log_order(first)
+    held = {log_order(n): n for n in names}
+    while (base, ordinal) in held:  # consecutive: a batch past a gap is not replayed
+        run.append(held[(base, ordinal)])
+        ordinal += 1
+    return run
 
 
 def replay(

@@ -330,6 +330,9 @@ class PostgresAdapter:
                 "agent's user have the REPLICATION attribute.",
             ) from None
         try:
+            # Before the backup starts: a tablespace created from now on, even inside its
+            # checkpoint, lies in the WAL it replays, and the stop refuses it.
+            linked = tablespaces.catalog(conn)
             started = time.time()
             lsn = conn.execute(
                 "SELECT pg_backup_start(%s, true)", (f"shardvault {backup_id}",)
@@ -337,7 +340,6 @@ class PostgresAdapter:
             wal, block_size = conn.execute(
                 "SELECT pg_walfile_name(%s), current_setting('block_size')", (lsn,)
             ).fetchone()
-            linked = tablespaces.catalog(conn)
         except psycopg.Error as error:
             conn.close()
             raise EngineError(
@@ -399,7 +401,6 @@ class PostgresAdapter:
         if cut is not None:
             marker |= take_cut(conn, shard, cut)
             end = marker["cut_lsn"]
-        tablespaces.refuse_changed(conn, shard.shard_id, held.linked)
         last_wal, last_bytes = self._wait_flushed(conn, end)
         tail = work_dir / "tail" / shard.shard_id
         shutil.rmtree(tail, ignore_errors=True)
@@ -411,6 +412,7 @@ class PostgresAdapter:
             pushed(conn, shard, last_wal, last_bytes)
             marker |= {"archived_from": held.start_wal, "archived_through": last_wal}
             files = [f for f in list_tree(tail) if not f.path.endswith("/")]
+            tablespaces.refuse_changed(conn, shard.shard_id, held.linked)  # its WAL's end too
             self.release(shard, backup_id)
             return Capture(root=tail, files=files, marker=marker, mutable=False)
         for name in wal_segments(shard.data_dir / "pg_wal", held.start_wal, last_wal):
@@ -420,6 +422,9 @@ class PostgresAdapter:
             else:
                 shutil.copyfile(source, copy)
         files = [f for f in list_tree(tail) if not f.path.endswith("/")]
+        # After the copy: its last segment may hold WAL past the stop, which crash recovery
+        # replays too.
+        tablespaces.refuse_changed(conn, shard.shard_id, held.linked)
         # The WAL is copied: end the session now, which drops the slot holding the WAL.
         self.release(shard, backup_id)
         return Capture(root=tail, files=files, marker=marker, mutable=False)

@@ -75,6 +75,7 @@ def finish(config: AgentConfig, job: Finishing) -> dict[str, Any]:
         recovered = promoted(instance, RECOVERY_SECONDS, job.wal_progress)
         if recovered:
             job.wal_done()
+        tablespaces.refuse_foreign(root, placed, shard_id)
     except RuntimeError as error:  # the server stopped: its log is in the message
         said = str(error)
         raise (

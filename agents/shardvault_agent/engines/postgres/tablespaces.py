@@ -28,7 +28,12 @@ from pathlib import Path
 import psycopg
 
 from shardvault.contracts.links import LinkedDir
-from shardvault.errors import EngineError, ShardVaultError, TargetUnsupported
+from shardvault.errors import (
+    EngineError,
+    RestoreValidationFailed,
+    ShardVaultError,
+    TargetUnsupported,
+)
 from shardvault_agent.engines.base import tree_bytes
 
 LINK = re.compile(r"^pg_tblspc/\d+$")  # a tablespace's link, relative to the data directory
@@ -144,6 +149,20 @@ def creation_reached(log: str, created: dict[str, str], shard_id: str) -> ShardV
                 "backup taken after it.",
             )
     return None
+
+
+def refuse_foreign(root: Path, placed: list[Path], shard_id: str) -> None:
+    """After recovery: every tablespace link still leads where the node placed it. One that
+    does not was created by the replay in its source directory (a creation the archive's
+    batches did not show: ``restore.linked.refuse_created``), and the copy must not be used."""
+    for link in links(root):
+        if link.resolve() not in placed:
+            raise RestoreValidationFailed(
+                f"shard {shard_id}: recovery created tablespace {link.name} in "
+                f"{os.readlink(link)}, outside what the restore placed: the copy writes there.",
+                fix="restore from a backup taken after that tablespace was created, or onto "
+                "another node; check that directory's owner (a source's tablespace?).",
+            )
 
 
 def ready_for_recovery(root: Path) -> list[Path]:
