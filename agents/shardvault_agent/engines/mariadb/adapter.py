@@ -129,13 +129,22 @@ class MariadbAdapter(CopySource):
             program("mariabackup")
         except RuntimeError as error:
             raise EngineError(str(error), fix="install mariadb-backup on this host.") from None
-        if shard.archive_binlogs and (problems := binlogs.readiness_problems(server)):
+        if shard.archive_binlogs and (problems := self._binlog_problems(shard, server)):
             raise EngineError(
                 f"MariaDB shard {shard.shard_id}'s binary logs cannot be archived: "
                 + "; ".join(problems),
                 fix="change what is named in the server's configuration and restart it; the "
                 "agent checks again within 30 s.",
             )
+
+    def _binlog_problems(self, shard: ShardConfig, server: MariadbServer) -> list[str]:
+        try:
+            return binlogs.readiness_problems(server)
+        except (RuntimeError, ValueError) as error:  # the heartbeat catches named errors only
+            raise EngineError(
+                f"MariaDB shard {shard.shard_id}: its binary log settings cannot be read: {error}",
+                fix="check the agent's account (BINLOG MONITOR) and the server's log.",
+            ) from None
 
     def log_source(self, shard: ShardConfig) -> LogSource | None:
         """The shard's binary logs, read from the server (``archive_binlogs``)."""

@@ -23,6 +23,7 @@ Terms (``binlogs`` defines the logs and positions):
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import struct
 import subprocess
@@ -147,13 +148,19 @@ def replay(
         )
     if stop.file is not None:
         refuse_position(shard_id, stop, files, start_file, start_pos)
-    server.sql(f"SET GLOBAL max_allowed_packet = {MAX_PACKET}")
+    try:
+        server.sql(f"SET GLOBAL max_allowed_packet = {MAX_PACKET}")
+    except RuntimeError as error:
+        raise EngineError(
+            f"shard {shard_id}: the restored server refused the replay's settings: {error}",
+            fix="see the restored server's log.",
+        ) from None
     client = subprocess.Popen(
         [program("mariadb"), *server.client_args(), "--binary-mode",
          f"--max-allowed-packet={MAX_PACKET}"],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
     )  # fmt: skip
-    reached = f"{files[-1]}:end"
+    reached, failed = f"{files[-1]}:end", None
     try:
         for name in files:
             path = asked(root / WAL_DIR, name, shard_id, progress)
@@ -171,11 +178,16 @@ def replay(
                 reached = f"{name}:{until}"
                 break
             reached = f"{name}:end"
+    except EngineError as error:  # the client's own failure, if it failed, is the cause
+        failed = error
     finally:
         assert client.stdin is not None
-        client.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            client.stdin.close()
         said = client.stderr.read().decode(errors="replace") if client.stderr else ""
         code = client.wait()
+    if failed is not None and code == 0:
+        raise failed
     if code != 0:
         raise EngineError(
             f"shard {shard_id}: replaying the binary logs failed: {said.strip()[-1000:]}",
