@@ -6,6 +6,7 @@ position with it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # Segments (24 hex digits), timeline history files, backup history files, partial segments:
 # the names shardvault_agent.wal.walspool accepts (it imports nothing of ShardVault's: a unit test
@@ -22,3 +23,15 @@ def log_order(name: str) -> tuple[str, int]:
         base, _, ordinal = name.rpartition(".")
         return base, int(ordinal)
     return name, 0
+
+
+def binlog_run(first: str, names: Iterable[str]) -> list[str]:
+    """The binary logs of ``names`` from ``first`` on, consecutive ordinals of its basename:
+    the run stops at the first one missing. The archive's run (``wal.archive.binlog_archive``)
+    and the node's replay (``engines.mariadb.replay``) count it alike."""
+    held = {log_order(n): n for n in names if BINLOG_FILE.fullmatch(n)}
+    run, (base, ordinal) = [], log_order(first)
+    while (base, ordinal) in held:
+        run.append(held[(base, ordinal)])
+        ordinal += 1
+    return run

@@ -23,6 +23,7 @@ from shardvault.contracts.lognames import (  # noqa: F401 (the archive's names, 
     BINLOG_FILE,
     LOG_KINDS,
     WAL_FILE,
+    binlog_run,
     log_order,
 )
 from shardvault.contracts.models import Encryption, Frozen, check_name

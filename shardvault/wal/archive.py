@@ -71,6 +71,7 @@ from shardvault.contracts.wal_archive import (
     WAL_DIR,
     ArchiveCall,
     Batch,
+    binlog_run,
     log_order,
 )
 from shardvault.data.frames import unpack_frames
@@ -325,28 +326,36 @@ def newer_timelines(on_timeline: int, names: set[str]) -> set[int]:
 
 def binlog_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> ShardArchive:
     """The run of archived binary logs from ``first`` on: consecutive ordinals of its
-    basename, without a gap or a name reused, and the batches that hold it. ``reaches``: when
-    the newest was closed (the file's modification time as the agent read it)."""
-    base, start = log_order(first)
-    held: dict[int, str] = {}
+    basename (``binlog_run``), without a gap or a name reused, and the batches that hold it.
+    ``reaches``: when the newest was closed (the file's modification time as the agent read
+    it)."""
     pushed: dict[str, float] = {}
     sizes: dict[str, set[int]] = {}
     for index in indexes:
         for entry in index["files"]:
             name = entry["name"]
-            of, ordinal = log_order(name)
-            if BINLOG_FILE.fullmatch(name) and of == base and ordinal >= start:
-                held[ordinal] = name
-                pushed[name] = max(pushed.get(name, 0.0), entry.get("pushed_at", 0))
-                sizes.setdefault(name, set()).add(entry["size"])
-    run, ordinal = [], start
+            pushed[name] = max(pushed.get(name, 0.0), entry.get("pushed_at", 0))
+            sizes.setdefault(name, set()).add(entry["size"])
     # A name stored with two sizes is two files (a RESET MASTER, another server after a
-    # failover): the run ends before it, so no replay splices two histories.
-    while ordinal in held and len(sizes[held[ordinal]]) == 1:
-        run.append(held[ordinal])
-        ordinal += 1
-    wanted = set(run)
-    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}]
+    # failover): left out, it ends the run before it, so no replay splices two histories.
+    run = binlog_run(first, (n for n, held in sizes.items() if len(held) == 1))
+    base, start = log_order(first)
+    later = [n for n in sizes if BINLOG_FILE.fullmatch(n) and log_order(n) >= (base, start)]
+    newest = max((n for n in later if log_order(n)[0] == base), key=log_order, default=None)
+    return archive_of(shard_id, first, run, set(run), indexes, pushed, newest)
+
+
+def archive_of(
+    shard_id: str,
+    first: str,
+    run: list[str],
+    wanted: set[str],
+    indexes: list[dict[str, Any]],
+    pushed: dict[str, float],
+    newest: str | None,
+) -> ShardArchive:
+    """The shard's archive for a ``run`` of files: the batches holding any ``wanted`` file."""
+    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}] if run else []
     return ShardArchive(
         shard_id=shard_id,
         first=first,
@@ -354,7 +363,7 @@ def binlog_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> 
         reaches=max((pushed[n] for n in run), default=0.0),
         batches=batches,
         indexes=indexes,
-        newest=held[max(held)] if held else None,
+        newest=newest,
     )
 
 
@@ -391,16 +400,8 @@ def shard_archive(shard_id: str, first: str, indexes: list[dict[str, Any]]) -> S
         if (SEGMENT_NAME.fullmatch(n) and timeline(n) in lineage and segment_number(n) in numbers)
         or (HISTORY_NAME.fullmatch(n) and timeline(n) in lineage)
     }
-    batches = [i for i in indexes if wanted & {f["name"] for f in i["files"]}] if run else []
-    return ShardArchive(
-        shard_id=shard_id,
-        first=first,
-        last=run[-1] if run else None,
-        reaches=max((pushed[n] for n in run), default=0.0),
-        batches=batches,
-        indexes=indexes,
-        newest=held[max(held)] if held else None,
-    )
+    newest = held[max(held)] if held else None
+    return archive_of(shard_id, first, run, wanted, indexes, pushed, newest)
 
 
 def after_backup(svc: Services, manifest: Manifest, shard_id: str) -> ShardArchive | None:

@@ -20,7 +20,7 @@ import pytest
 from shardvault_agent.engines.mariadb.server import MariadbServer
 
 from shardvault.local import demo
-from shardvault.local.mariadb import Transfers, consistent, init_server
+from shardvault.local.mariadb import ACCOUNTS, BALANCE, Transfers, consistent, init_server
 from shardvault.local.mariadb import stop_server as stop_mariadb
 from shardvault.wal import archive
 
@@ -120,7 +120,7 @@ def test_binary_logs_are_archived_and_replayed_to_times_and_a_position(
         copy, shard = restored(progress)
         assert marks_of(copy) == list(range(n + 1)), n
         total, _ = consistent(copy)
-        assert total == 100 * 1000
+        assert total == ACCOUNTS * BALANCE
         assert shard["recovery_target"] == "time"
         assert shard["checks"]["mariadb-check --all-databases"] == "ok"
 

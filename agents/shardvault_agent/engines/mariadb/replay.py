@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from shardvault.contracts.models import Phase, unpack_files
-from shardvault.contracts.wal_archive import BINLOG_FILE, WAL_DIR, log_order
+from shardvault.contracts.wal_archive import BINLOG_FILE, WAL_DIR, binlog_run
 from shardvault.errors import EngineError, TargetOutOfRange
 from shardvault_agent.engines.mariadb.server import MariadbServer, program
 from shardvault_agent.restore.walfeed import ASKED, FAILED, POLL_SECONDS, STOPPED
@@ -111,20 +111,11 @@ def stop_of(recovery: dict[str, Any]) -> Stop:
 
 
 def run_of(layout: dict[str, Any], first: str) -> list[str]:
-    """The archived files from ``first`` on, consecutive ordinals of its basename (first
-    copies only), as the control plane's run (``wal.archive.binlog_archive``) counts them."""
+    """The archived files from ``first`` on, as the control plane's run counts them
+    (``binlog_run``: a batch past a gap is not replayed), first copies only."""
     stream = next(s for s in layout["streams"] if s["phase"] == Phase.WAL.value)
-    names = [
-        Path(f.path).name
-        for f in unpack_files(stream["files"])
-        if Path(f.path).parent.as_posix() == WAL_DIR and BINLOG_FILE.fullmatch(Path(f.path).name)
-    ]
-    run, (base, ordinal) = [], log_order(first)
-    held = {log_order(n): n for n in names}
-    while (base, ordinal) in held:  # consecutive: a batch past a gap is not replayed
-        run.append(held[(base, ordinal)])
-        ordinal += 1
-    return run
+    paths = [Path(f.path) for f in unpack_files(stream["files"])]
+    return binlog_run(first, (p.name for p in paths if p.parent.as_posix() == WAL_DIR))
 
 
 def replay(
