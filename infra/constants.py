@@ -18,6 +18,7 @@ RETENTION_ASL = STATE_MACHINES_DIR / "retention.asl.json"
 VERIFY_ASL = STATE_MACHINES_DIR / "verify.asl.json"
 PROBE_ASL = STATE_MACHINES_DIR / "probe.asl.json"
 DRILL_ASL = STATE_MACHINES_DIR / "drill.asl.json"
+CUT_ASL = STATE_MACHINES_DIR / "cut.asl.json"
 # The deployment's policy file (CDK context ``policy`` overrides): clusters, schedules, vault.
 DEFAULT_POLICY = REPO_ROOT / "examples" / "shardvault.yaml"
 LAMBDA_REQUIREMENTS = REPO_ROOT / "requirements-lambda.txt"
@@ -41,6 +42,7 @@ RETENTION_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "retention")
 VERIFY_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "verify")
 PROBE_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "probe")
 DRILL_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "drill")
+CUT_STATE_MACHINE_NAME = state_machine_name(STACK_NAME, "cut")
 
 WORK_PREFIX = "_work/"  # control objects: plans, listings, per-object results
 BACKUPS_PREFIX = "backups/"  # backup data and manifests (STORE_URL points here)
@@ -119,6 +121,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec("start_drill", "StartDrillFunctionArn"),
     FunctionSpec("record_drill", "RecordDrillFunctionArn"),
     FunctionSpec("note_teardown", "NoteTeardownFunctionArn"),
+    # Scheduled cuts (shardvault/backup/cuts.py): plan the cut, record its restore points.
+    FunctionSpec("cut_cluster", "CutClusterFunctionArn"),
     # Run by an EventBridge rule when a backup execution is aborted or times out.
     FunctionSpec("reap_execution", None, 300),
     # Run every WATCH_MINUTES by an EventBridge rule: backup ages and silent agents.

@@ -36,6 +36,7 @@ from infra.components.workflow import Workflow
 from infra.constants import (
     BACKUP_ASL,
     BACKUPS_PREFIX,
+    CUT_ASL,
     DEFAULT_POLICY,
     DRILL_ASL,
     POWERTOOLS_METRICS_NAMESPACE,
@@ -109,6 +110,7 @@ class ShardVaultStack(Stack):
                 ("retention", RETENTION_ASL, self.machine("retention")),
                 ("verify", VERIFY_ASL, self.machine("verify")),
                 ("probe", PROBE_ASL, self.machine("probe")),
+                ("cut", CUT_ASL, self.machine("cut")),
             )
         }
         self.workflows["drill"] = Workflow(
@@ -135,6 +137,7 @@ class ShardVaultStack(Stack):
             backup=self.workflows["backup"].state_machine,
             retention=self.workflows["retention"].state_machine,
             drill=self.workflows["drill"].state_machine,
+            cut=self.workflows["cut"].state_machine,
             alarms_to=self.notifications.topic,
         )
         self.monitoring = Monitoring(
@@ -467,6 +470,9 @@ class ShardVaultStack(Stack):
             policies.list_prefix(bucket, BACKUPS_PREFIX),
             policies.objects(bucket, BACKUPS_PREFIX, "s3:AbortMultipartUpload", "s3:DeleteObject"),
             policies.table(self.tables.catalog, ("dynamodb:Query",)),  # which backups run
+            # The items of scheduled cuts the kept archive no longer reaches (IAM cannot narrow
+            # a DeleteItem to keys beginning cut#: the code deletes nothing else).
+            policies.table(self.tables.catalog, ("dynamodb:DeleteItem",)),
         )
         grant(
             "verify_backup",  # shardvault/assurance/verify.py: reads only, and records the outcome
@@ -492,6 +498,13 @@ class ShardVaultStack(Stack):
             # The leftovers of a probe that died: found by listing, deleted by the next probe.
             policies.list_prefix(bucket, f"{WORK_PREFIX}{PROBES_DIR}/"),
             policies.objects(bucket, WORK_PREFIX, "s3:PutObject"),  # the URLs, for the dispatcher
+        )
+        grant(
+            # shardvault/backup/cuts.py: picks the leaders, records the cut (one item, once)
+            "cut_cluster",
+            policies.table(self.tables.nodes, ("dynamodb:Query",), indexes=(NODES_BY_CLUSTER,)),
+            policies.table(self.tables.catalog, ("dynamodb:PutItem",)),
+            policies.table(self.tables.inbox, ("dynamodb:Query",)),  # the agents' failure notes
         )
         wal = f"{BACKUPS_PREFIX}*/{ARCHIVE_DIR}/"  # every cluster's WAL archive, nothing else
         grant(
@@ -739,6 +752,7 @@ class ShardVaultStack(Stack):
             "VerifyStateMachineArn": self.workflows["verify"].state_machine.state_machine_arn,
             "ProbeStateMachineArn": self.workflows["probe"].state_machine.state_machine_arn,
             "DrillStateMachineArn": self.workflows["drill"].state_machine.state_machine_arn,
+            "CutStateMachineArn": self.workflows["cut"].state_machine.state_machine_arn,
             "VaultBucketName": self.storage.vault.bucket_name,
             "ScheduleDeadLetterQueueUrl": self.schedules.dead_letters.queue_url,
             "NotificationsTopicArn": self.notifications.topic.topic_arn,

@@ -11,4 +11,4 @@ __version__ = installed("shardvault-agent")  # registered with the node (agents/
 # The agent protocol this agent speaks, registered with its node: a control plane that needs a
 # newer one refuses backups and restores by name (shardvault.contracts.models.AGENT_PROTOCOL says
 # what each number added).
-PROTOCOL = 6
+PROTOCOL = 7

@@ -5,7 +5,9 @@ machine with ``{"cluster": ..., "requested_by": "schedule:<cadence>"}``, in the 
 zone, with a flexible window (runs spread over it instead of all at the same second), a retry
 policy and a dead-letter queue for starts that still fail; one per cluster with a ``drill``
 starts the drill state machine with ``{"cluster": ..., "requested_by": "schedule:drill"}``;
-one daily schedule runs retention.
+one per cluster with ``cut.every_minutes`` starts the cut state machine (scheduled cuts) on
+time, with no flexible window, and gives up on a start a minute late; one daily schedule runs
+retention.
 
 *Cron conversion*: the policy's five-field cron (minute hour day-of-month month day-of-week,
 days of week 0-7 with Sunday as 0 or 7) becomes Scheduler's six-field ``cron(...)`` (a year
@@ -68,6 +70,7 @@ class Schedules(Construct):
         backup: sfn.IStateMachine,
         retention: sfn.IStateMachine,
         drill: sfn.IStateMachine | None = None,
+        cut: sfn.IStateMachine | None = None,
         alarms_to: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -86,10 +89,10 @@ class Schedules(Construct):
             self,
             "Role",
             assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
-            description="ShardVault schedules: start backups, drills and retention, dead-letter "
-            "failures.",
+            description="ShardVault schedules: start backups, cuts, drills and retention, "
+            "dead-letter failures.",
         )
-        started = [backup, retention] + ([drill] if drill is not None else [])
+        started = [backup, retention] + [m for m in (drill, cut) if m is not None]
         self.role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["states:StartExecution"],
@@ -137,6 +140,17 @@ class Schedules(Construct):
                     drill,
                     {"cluster": name, "requested_by": "schedule:drill"},
                 )
+            if cluster.cut.cron is not None and cut is not None:
+                # On time, not within a window: cuts are minutes apart, and one an hour late
+                # (the retries' default) marks nothing anyone asked for.
+                self._schedule(
+                    f"{name}-cut",
+                    scheduler_cron(cluster.cut.cron),
+                    "UTC",
+                    cut,
+                    {"cluster": name, "requested_by": "schedule:cut"},
+                    on_time=True,
+                )
         self._schedule("retention", RETENTION_CRON, "UTC", retention, {"dry_run": False})
 
     def _schedule(
@@ -146,22 +160,30 @@ class Schedules(Construct):
         timezone: str,
         machine: sfn.IStateMachine,
         payload: dict[str, object],
+        *,
+        on_time: bool = False,
     ) -> None:
+        window = (
+            scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF")
+            if on_time
+            else scheduler.CfnSchedule.FlexibleTimeWindowProperty(
+                mode="FLEXIBLE", maximum_window_in_minutes=FLEXIBLE_WINDOW_MINUTES
+            )
+        )
         self.schedules[label] = scheduler.CfnSchedule(
             self,
             re.sub(r"[^A-Za-z0-9]", "", label.title()),
             description=f"ShardVault: {label}",
             schedule_expression=expression,
             schedule_expression_timezone=timezone,
-            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(
-                mode="FLEXIBLE", maximum_window_in_minutes=FLEXIBLE_WINDOW_MINUTES
-            ),
+            flexible_time_window=window,
             target=scheduler.CfnSchedule.TargetProperty(
                 arn=machine.state_machine_arn,
                 role_arn=self.role.role_arn,
                 input=json.dumps(payload),
                 retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
-                    maximum_event_age_in_seconds=3600, maximum_retry_attempts=5
+                    maximum_event_age_in_seconds=60 if on_time else 3600,
+                    maximum_retry_attempts=5,
                 ),
                 dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
                     arn=self.dead_letters.queue_arn

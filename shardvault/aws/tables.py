@@ -31,18 +31,20 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import boto3
-from boto3.dynamodb.conditions import Attr, Key
+from boto3.dynamodb.conditions import Attr, ConditionBase, Key
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from shardvault.contracts.catalog import (
     ARCHIVE_KEY,
+    CUT_PREFIX,
     DRILL_PREFIX,
     RESTORE_PREFIX,
     ArchiveTotals,
     BackupItem,
     CatalogItem,
     Changes,
+    CutItem,
     DrillItem,
     LockItem,
     RestoreItem,
@@ -71,6 +73,13 @@ def is_backup(sort_key: str) -> bool:
     """Backup ids start with their date; '#' items (the lock, the archive's counters),
     restores and drills are no backups."""
     return kind_of(sort_key) is BackupItem
+
+
+def below_cuts(cluster: str) -> ConditionBase:
+    """The cluster's items whose keys sort before ``cut#``: its backups (ids begin with a digit)
+    and its ``#`` items, not its cuts, drills and restores. A cluster cut every few minutes
+    holds thousands of cut items, which no reader of backups should page through."""
+    return Key("cluster").eq(cluster) & Key("backup_id").lt(CUT_PREFIX)
 
 
 def start_second(backup_id: str) -> str:
@@ -339,6 +348,10 @@ class Catalog:
     def put(self, item: CatalogItem) -> None:
         self.table.put_item(Item=dynamo(item.stored()))
 
+    def delete(self, cluster: str, key: str) -> None:
+        """Deletes one item (a forgotten scheduled cut's: ``lifecycle.sweep``)."""
+        self.table.delete_item(Key={"cluster": cluster, "backup_id": key})
+
     def update(self, cluster: str, key: str, changes: Changes) -> None:
         """Sets fields of one item (a backup's id, ``restore_key`` or ``drill_key``), checked
         against its kind's model when ``changes`` was made."""
@@ -456,7 +469,7 @@ class Catalog:
         return item.get("status") if item else None
 
     def backups(self, cluster: str) -> list[BackupItem]:
-        items = query_all(self.table, KeyConditionExpression=Key("cluster").eq(cluster))
+        items = query_all(self.table, KeyConditionExpression=below_cuts(cluster))
         return readable(BackupItem, (i for i in items if is_backup(i["backup_id"])))
 
     def newest_backup(self, cluster: str, status: str) -> BackupItem | None:
@@ -483,8 +496,8 @@ class Catalog:
         cost moto about 4 ms each to answer, and an incremental's Validate grew from 26 to
         77 ms over three bench rounds; the query of ids took 4 to 9 ms at every depth of a
         chain of six (dev probe)."""
-        query: dict[str, object] = {  # restores and drills (few, small) come first, skipped
-            "KeyConditionExpression": Key("cluster").eq(cluster),
+        query: dict[str, object] = {  # cuts, drills and restores sort after: not read
+            "KeyConditionExpression": below_cuts(cluster),
             "FilterExpression": Attr("status").eq(status),
             "ProjectionExpression": "backup_id, completed_at",
             "ScanIndexForward": False,
@@ -517,6 +530,15 @@ class Catalog:
             & Key("backup_id").begins_with(DRILL_PREFIX),
         )
         return readable(DrillItem, items)
+
+    def cuts(self, cluster: str) -> list[CutItem]:
+        """Scheduled cuts of ``cluster`` (items keyed ``cut#<cut_id>``), oldest first."""
+        items = query_all(
+            self.table,
+            KeyConditionExpression=Key("cluster").eq(cluster)
+            & Key("backup_id").begins_with(CUT_PREFIX),
+        )
+        return readable(CutItem, items)
 
     def all_backups(self) -> list[BackupItem]:
         return readable(BackupItem, (i for i in scan_all(self.table) if is_backup(i["backup_id"])))

@@ -22,6 +22,9 @@ step function re-exported here):
   (``report_refusal``), cleanup after an abandoned execution
   (``clean_up_abandoned``, also used by ``admission`` to take over a lock) and reaping
   (``reap``).
+- ``cuts``: the scheduled cut, the backup's cut with no backup (``plan``, ``record``), and what
+  a restore to one needs (``resolve``, ``base_for``, ``check_reached``); it uses
+  ``admission``'s checks of the cluster's nodes.
 
 Dependencies inside the package go one way: ``admission`` uses ``failure``; ``manifest`` uses
 ``planner``; ``planner`` uses ``answers`` and ``upload``. Callers use the names re-exported

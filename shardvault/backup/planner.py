@@ -31,7 +31,7 @@ from shardvault.backup.answers import read_answers
 from shardvault.backup.upload import sign_at_plan
 from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.commands import Listing, PackedObject, parse_result
-from shardvault.contracts.cut import cut_skew_seconds, pause_summary
+from shardvault.contracts.cut import summary
 from shardvault.contracts.models import (
     BackupContext,
     BackupStatus,
@@ -310,40 +310,9 @@ def check_scanned(answers: list[Listing]) -> None:
 
 
 def cut_summary(tails: list[ShardListing], backup_id: str) -> dict[str, Any]:
-    """The cluster's cut as the shards' tails recorded it (``shardvault.contracts.cut``): its
-    restore point's name, the skew of its creation times, and how late the latest shard came to it;
-    nothing when no shard cut (SQLite, an agent older than cuts). A tail's marker is an
-    agent's answer: one naming another point, or times that are not numbers, is refused."""
-    cut = [listing for listing in tails if "cut_at" in listing.marker]
-    if not cut:
-        return {}
-    try:
-        times = [float(listing.marker["cut_at"]) for listing in cut]
-        late = max(float(listing.marker.get("cut_late_seconds", 0)) for listing in cut)
-        pauses = [pause_of(listing.marker) for listing in cut if "cut_pause" in listing.marker]
-    except ValueError:
-        times, late, pauses = [], 0.0, []
-    wrong = [t.shard_id for t in cut if t.marker.get("cut_name") != backup_id]
-    if wrong or not times:
-        raise InvalidRequest(
-            f"the tails of shards {wrong or [t.shard_id for t in cut]} do not record the "
-            f"backup's restore point {backup_id} as agents of this version do.",
-            fix="check that each agent's version matches the control plane's; retry the backup.",
-        )
-    return {
-        "cut_name": backup_id,
-        "cut_skew_seconds": cut_skew_seconds(times),
-        "cut_late_seconds": late,
-        "cut_shards": len(cut),
-        **pause_summary(pauses),
-    }
-
-
-def pause_of(marker: dict[str, str]) -> tuple[float, float, float]:
-    """A tail's commit pause as its marker records it: ``asked locked released`` (epoch
-    seconds; locked 0: no lock was granted)."""
-    asked, locked, released = (float(v) for v in marker["cut_pause"].split())
-    return asked, locked, released
+    """The cluster's cut as the shards' tails recorded it (``shardvault.contracts.cut.summary``);
+    nothing when no shard cut (SQLite, an agent older than cuts)."""
+    return summary([(listing.shard_id, listing.marker) for listing in tails], backup_id)
 
 
 def skew_seconds(listings: list[ShardListing]) -> float:

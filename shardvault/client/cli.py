@@ -8,6 +8,8 @@
   shardvault show CLUSTER BACKUP_ID [--json]   one backup, in full
   shardvault restore CLUSTER --into TARGET     restore a backup into another cluster
   shardvault retention [CLUSTER] [--dry-run]   expire backups by the policy's keep counts
+  shardvault cut CLUSTER [--wait]              a cluster-wide cut now (a restore point per node)
+  shardvault cuts CLUSTER [--json]             the cluster's cuts (restore --target-cut)
   shardvault check CLUSTER [--policy FILE]     will the next backup run? (exit 1: no)
       [--no-probe] [--json]                      (and each agent's round trip to the store)
   shardvault verify CLUSTER [BACKUP_ID]        check a backup and its chain in the store
@@ -49,6 +51,7 @@ from shardvault.client.commands import (
     check,
     copy_setup,
     cost,
+    cuts,
     drills,
     local,
     restore,
@@ -132,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     cost.add_parser(sub)  # its deployment is optional: the catalog's measurements
     copy_setup.add_parser(sub)  # account B's side: the policy file alone
     on_a_deployment += drills.add_parsers(sub)
+    on_a_deployment += cuts.add_parsers(sub)
     for command in on_a_deployment:
         where = command.add_mutually_exclusive_group()
         where.add_argument("--stack-env", type=Path, help="a local stack's stack.env")

@@ -24,6 +24,7 @@ from shardvault.contracts.catalog import (
     ArchiveTotals,
     BackupItem,
     CatalogItem,
+    CutItem,
     DrillItem,
     Outcome,
     RestoreItem,
@@ -48,6 +49,7 @@ class ClientConfig:
     verify_state_machine_arn: str = ""
     probe_state_machine_arn: str = ""
     drill_state_machine_arn: str = ""
+    cut_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ClientConfig:
@@ -71,6 +73,7 @@ class ClientConfig:
             env.get("SHARDVAULT_VERIFY_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_PROBE_STATE_MACHINE_ARN", ""),
             env.get("SHARDVAULT_DRILL_STATE_MACHINE_ARN", ""),
+            env.get("SHARDVAULT_CUT_STATE_MACHINE_ARN", ""),
         )
 
 
@@ -126,6 +129,7 @@ STACK_OUTPUTS = {
     "VerifyStateMachineArn": "SHARDVAULT_VERIFY_STATE_MACHINE_ARN",
     "ProbeStateMachineArn": "SHARDVAULT_PROBE_STATE_MACHINE_ARN",
     "DrillStateMachineArn": "SHARDVAULT_DRILL_STATE_MACHINE_ARN",
+    "CutStateMachineArn": "SHARDVAULT_CUT_STATE_MACHINE_ARN",
     "CatalogTableName": "SHARDVAULT_CATALOG_TABLE",
     "NodesTableName": "SHARDVAULT_NODES_TABLE",
 }
@@ -178,7 +182,7 @@ def check_drill(config: ClientConfig, cluster: str, target: str | None) -> None:
 
 def start_execution(machine_arn: str, machine: str, prefix: str, payload: dict[str, Any]) -> str:
     """Starts an execution of one of the stack's state machines (``machine``: BACKUP, RESTORE,
-    RETENTION, VERIFY, PROBE, DRILL), named ``<prefix>-<time>-<random>``; a machine the
+    RETENTION, VERIFY, PROBE, DRILL, CUT), named ``<prefix>-<time>-<random>``; a machine the
     configuration does not name is refused with the variable and the stack output that give
     it."""
     if not machine_arn:
@@ -425,6 +429,24 @@ def list_drills(config: ClientConfig, cluster: str) -> list[DrillItem]:
     """The cluster's drills, newest first."""
     drills = Catalog(_table(config.catalog_table)).drills(cluster)
     return sorted(drills, key=lambda r: r.started_at, reverse=True)
+
+
+# --- scheduled cuts ------------------------------------------------------------------------------
+def start_cut(config: ClientConfig, cluster: str, requested_by: str) -> str:
+    """Starts a cluster-wide cut (``shardvault.backup.cuts``)."""
+    payload = {"cluster": cluster, "requested_by": requested_by}
+    return start_execution(config.cut_state_machine_arn, "CUT", f"cut-{cluster}", payload)
+
+
+def wait_cut(config: ClientConfig, execution_arn: str, timeout: float = 900) -> Progress:
+    """Waits for a cut; its record is the cut's catalog item (the execution's output)."""
+    return run_to_end(execution_arn, timeout)
+
+
+def list_cuts(config: ClientConfig, cluster: str) -> list[CutItem]:
+    """The cluster's cuts, newest first."""
+    cuts = Catalog(_table(config.catalog_table)).cuts(cluster)
+    return sorted(cuts, key=lambda c: c.instant, reverse=True)
 
 
 # --- retention -----------------------------------------------------------------------------------

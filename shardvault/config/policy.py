@@ -40,6 +40,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
@@ -47,6 +48,7 @@ from pydantic.fields import FieldInfo
 from shardvault.config.targets import STACK_TARGET, VaultCopy, check_copies, invalid, target_name
 from shardvault.contracts import models
 from shardvault.contracts.cut import database_name_problem
+from shardvault.contracts.engines import traits
 from shardvault.contracts.models import (
     DEFAULT_MIN_SOURCE_FREE_PERCENT,
     DEFAULT_THROTTLE_WINDOW_SECONDS,
@@ -431,6 +433,13 @@ def _database_name(value: str | None) -> str | None:
     return value
 
 
+# Scheduled cut periods, in minutes: each divides an hour or a day, so the cuts fall on the
+# same clock minutes whether EventBridge or the local scheduler starts them, and "the newest
+# cut before T" is never more than one period before T. Five minutes is the floor: each cut is
+# a state machine execution (its transitions and Lambda calls, docs/reference/cost.md).
+CUT_EVERY_MINUTES = (5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 480, 720, 1440)
+
+
 class Cut(Frozen):
     commit_lock: int | None = Field(
         None,
@@ -454,6 +463,47 @@ class Cut(Frozen):
         "it and EXECUTE on pg_create_restore_point(text) in it (function grants are per "
         "database too).",
     )
+
+    every_minutes: int | None = Field(
+        None,
+        strict=True,
+        description="PostgreSQL: take the cut on its own, with no backup, every this many "
+        "minutes (scheduled cuts: one of "
+        + ", ".join(str(n) for n in CUT_EVERY_MINUTES)
+        + ", at the clock's multiples of it, UTC); a restore can then stop every node at one "
+        "of them (restore --target-cut, --target-cut-before). Needs the shards' WAL archived. "
+        "Each cut pauses the commits that hold commit_lock for about 10 ms (docs/guide/"
+        "cluster-cut.md). null: cuts only as each backup ends.",
+    )
+
+    @field_validator("every_minutes")
+    @classmethod
+    def _every_minutes(cls, value: int | None) -> int | None:
+        if value is not None and value not in CUT_EVERY_MINUTES:
+            raise invalid(
+                f"every_minutes {value} is not one of the periods scheduled cuts keep (they fall "
+                "on the clock's multiples of it, the same minutes in every time zone)",
+                "use one of " + ", ".join(str(n) for n in CUT_EVERY_MINUTES),
+            )
+        return value
+
+    @property
+    def cron(self) -> str | None:
+        """When the scheduled cuts fall (a five-field cron, UTC); None: none are scheduled."""
+        minutes = self.every_minutes
+        if minutes is None:
+            return None
+        if minutes < 60:
+            return f"*/{minutes} * * * *"
+        return "0 0 * * *" if minutes == 24 * 60 else f"0 */{minutes // 60} * * *"
+
+    def fires(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        """Scheduled cut times in ``(start, end]``, in order (none when none are scheduled)."""
+        if self.cron is None:
+            return
+        times = croniter(self.cron, start.astimezone(UTC))
+        while (at := times.get_next(datetime)) <= end:
+            yield at
 
     @model_validator(mode="after")
     def _database_with_lock(self) -> Cut:
@@ -629,7 +679,9 @@ class ClusterPolicy(Frozen):
         default_factory=Archive, description="How agents archive WAL continuously."
     )
     cut: Cut = Field(
-        default_factory=Cut, description="How a backup cuts every node at one instant."
+        default_factory=Cut,
+        description="How a backup cuts every node at one instant, and how often the cut is "
+        "also taken on its own (scheduled cuts).",
     )
     encryption: Literal["none", "kms"] = Field(
         "none",
@@ -670,6 +722,17 @@ class ClusterPolicy(Frozen):
                 f"drill.from_vault names {self.drill.from_vault!r}, which is no vault target "
                 "of this cluster",
                 f"use one of {', '.join(names)} (vault.name and vault.copies), or leave it out",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _scheduled_cuts_of_engines_with_restore_points(self) -> ClusterPolicy:
+        without = sorted(e.value for e in self.engines if "name" not in traits(e).targets)
+        if self.cut.every_minutes is not None and without:
+            raise invalid(
+                f"cut.every_minutes asks for scheduled cuts, but {', '.join(without)} makes no "
+                "restore point a restore could stop at",
+                "remove cut.every_minutes for this cluster (its backups are its points)",
             )
         return self
 

@@ -5,6 +5,8 @@ The catalog table (``shardvault.aws.tables.Catalog``) holds, per cluster:
 - *backup items*, keyed by the backup's id (``BackupItem``);
 - *restore items*, keyed ``restore#<restore id>`` under the target cluster (``RestoreItem``);
 - *drill items*, keyed ``drill#<drill id>`` under the drilled cluster (``DrillItem``);
+- *cut items*, keyed ``cut#<cut id>`` under the cut cluster (``CutItem``): a scheduled cut's
+  restore points (``shardvault.wal.cuts``);
 - the cluster's *lock* while a backup runs (``LockItem``) and its WAL archive's counters
   (``ArchiveTotals``).
 
@@ -35,10 +37,12 @@ log = logging.getLogger("shardvault.contracts.catalog")
 
 RESTORE_PREFIX = "restore#"  # restore items share the table, under the target cluster
 DRILL_PREFIX = "drill#"  # drill items, under the drilled cluster
+CUT_PREFIX = "cut#"  # scheduled cuts, under the cut cluster; sorts after every backup id
 ARCHIVE_KEY = "#archive"  # a cluster's WAL archive, counted as it is recorded (the cost model)
 
 EXPIRING, EXPIRED = BackupStatus.EXPIRING, BackupStatus.EXPIRED
 DrillStatus = Literal["running", "passed", "slow", "failed", "refused"]
+CutStatus = Literal["complete", "failed"]
 
 
 @dataclass(frozen=True)
@@ -299,7 +303,7 @@ class RestoreItem(Outcome):
 
 def kind_of(key: str) -> type[CatalogItem]:
     """The kind of item a catalog sort key holds: ``#archive`` the archive's counters, other
-    ``#`` keys a lock, ``restore#`` and ``drill#`` theirs, anything else a backup."""
+    ``#`` keys a lock, ``restore#``, ``drill#`` and ``cut#`` theirs, anything else a backup."""
     if key == ARCHIVE_KEY:
         return ArchiveTotals
     if key.startswith("#"):
@@ -308,6 +312,8 @@ def kind_of(key: str) -> type[CatalogItem]:
         return RestoreItem
     if key.startswith(DRILL_PREFIX):
         return DrillItem
+    if key.startswith(CUT_PREFIX):
+        return CutItem
     return BackupItem
 
 
@@ -347,6 +353,51 @@ class DrillItem(CatalogItem):
 
 def drill_key(drill_id: str) -> str:
     return f"{DRILL_PREFIX}{drill_id}"
+
+
+# --- scheduled cuts ----------------------------------------------------------------------------
+class CutShardPoint(BaseModel):
+    """Where one shard's restore point of a cut is: its node, its LSN, the WAL segment that
+    holds it (archived: the cut can be restored to), when its server made it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    node_id: str
+    lsn: str
+    wal: str
+    at: float
+    late_seconds: float = 0.0
+
+
+class CutItem(CatalogItem):
+    """A scheduled cut (``shardvault.wal.cuts``), under the cut cluster (key ``cut#<cut id>``):
+    written once, when every node answered (complete) or one failed (failed)."""
+
+    cut_id: str
+    status: CutStatus
+    requested_by: str = ""
+    execution_id: str = ""
+    instant: float  # the cut instant every node aimed at (epoch seconds)
+    commit_lock: int | None = None
+    database: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    shards: dict[str, CutShardPoint] = Field(default_factory=dict)
+    cut_skew_seconds: float | None = None
+    cut_late_seconds: float | None = None
+    cut_paused: bool | None = None
+    cut_pause_seconds: float | None = None
+    completed_at: float | None = None
+    error: str | None = None
+    cause: str | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        """Asked to pause the commits and did not get the pause on every node."""
+        return self.commit_lock is not None and not self.cut_paused
+
+
+def cut_key(cut_id: str) -> str:
+    return f"{CUT_PREFIX}{cut_id}"
 
 
 # --- the cluster's lock and archive ------------------------------------------------------------

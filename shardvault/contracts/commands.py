@@ -186,6 +186,19 @@ class StopArgs(ListingArgs):
     pack: PackSpec | None = None  # None: the tails are packed in the Upload map
 
 
+class CutArgs(ShardArgs):
+    """A scheduled cut (``shardvault.wal.cuts``): the cluster's restore point on each shard at
+    the cut's instant, with no backup (``backup_id`` is the cut's id)."""
+
+    cut: CutRequest
+
+    @model_validator(mode="after")
+    def _named_after_itself(self) -> CutArgs:
+        if self.cut.name != self.backup_id:
+            raise ValueError(f"the cut is named {self.cut.name}, not {self.backup_id}")
+        return self
+
+
 class FlushArgs(ShardArgs):
     pass
 
@@ -371,6 +384,7 @@ ARGUMENTS: dict[str, type[CommandArgs]] = {
     "finish_restore": FinishRestoreArgs,
     "abort_restore": AbortRestoreArgs,
     "probe": ProbeArgs,
+    "cut": CutArgs,
 }
 
 FIX = (
@@ -548,6 +562,19 @@ class Probed(NodeResult):
     get_seconds: float
 
 
+class CutShard(CommandResult):
+    """One shard's restore point, as its engine made it (``shardvault.contracts.cut``'s
+    marker fields, and ``cut_wal``: the WAL segment that holds it, which a restore needs
+    archived)."""
+
+    shard_id: str
+    marker: Marker
+
+
+class CutAnswer(NodeResult):
+    shards: list[CutShard]
+
+
 def problems_of(error: ValidationError, whole: str) -> str:
     """A validation error's problems, each with its field's path (``whole`` for the root)."""
     return "; ".join(
@@ -580,4 +607,5 @@ RESULTS: dict[str, type[BaseModel]] = {
     "finish_restore": Finished,
     "abort_restore": Aborted,
     "probe": Probed,
+    "cut": CutAnswer,
 }

@@ -43,7 +43,9 @@ same moment. Each backup therefore ends with a *cut*:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -141,3 +143,41 @@ def pause_summary(pauses: list[tuple[float, float, float]]) -> dict[str, object]
     shared = len(held) == len(pauses) and max(p[1] for p in held) < min(p[2] for p in held)
     longest = max((p[2] - p[0] for p in held), default=0.0)
     return {"cut_paused": shared, "cut_pause_seconds": round(longest, 6)}
+
+
+def pause_of(marker: Mapping[str, str]) -> tuple[float, float, float]:
+    """A shard's commit pause as its marker records it: ``asked locked released`` (epoch
+    seconds; locked 0: no lock was granted)."""
+    asked, locked, released = (float(v) for v in marker["cut_pause"].split())
+    return asked, locked, released
+
+
+def summary(markers: Sequence[tuple[str, Mapping[str, str]]], name: str) -> dict[str, Any]:
+    """The cluster's cut as the shards' markers (``(shard id, marker)``) recorded it: its
+    restore point's name, the skew of its creation times, how late the latest shard came to
+    it, and the pause; nothing when no shard cut (SQLite, an agent older than cuts). A marker
+    is an agent's answer: one naming another point, or times that are not numbers, is
+    refused."""
+    cut = [(shard_id, marker) for shard_id, marker in markers if "cut_at" in marker]
+    if not cut:
+        return {}
+    try:
+        times = [float(marker["cut_at"]) for _, marker in cut]
+        late = max(float(marker.get("cut_late_seconds", 0)) for _, marker in cut)
+        pauses = [pause_of(marker) for _, marker in cut if "cut_pause" in marker]
+    except ValueError:
+        times, late, pauses = [], 0.0, []
+    wrong = [shard_id for shard_id, marker in cut if marker.get("cut_name") != name]
+    if wrong or not times:
+        raise InvalidRequest(
+            f"the markers of shards {wrong or [shard_id for shard_id, _ in cut]} do not record "
+            f"the restore point {name} as agents of this version do.",
+            fix="check that each agent's version matches the control plane's; retry.",
+        )
+    return {
+        "cut_name": name,
+        "cut_skew_seconds": cut_skew_seconds(times),
+        "cut_late_seconds": late,
+        "cut_shards": len(cut),
+        **pause_summary(pauses),
+    }

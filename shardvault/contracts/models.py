@@ -130,6 +130,20 @@ def new_backup_id(now: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
+# A scheduled cut's id is its restore point's name: ``cut-<UTC second>-<random>``. It never
+# looks like a backup's id (a digit first), so a restore to a name cannot take one for the
+# other (``shardvault.backup.cuts``).
+CUT_ID_PREFIX = "cut-"
+
+
+def new_cut_id(now: float) -> str:
+    return CUT_ID_PREFIX + new_backup_id(now)
+
+
+def is_cut_id(name: str) -> bool:
+    return name.startswith(CUT_ID_PREFIX)
+
+
 class Registered(BaseModel):
     """What an agent writes to the node registry. Control planes older and newer than the
     agent read it, so a field this release does not know (from a newer agent) is ignored rather
@@ -177,7 +191,9 @@ HEARTBEAT_MISSES = 3
 # a shard's directories elsewhere (tablespaces: ``ShardLayout.links``) and name what a replay
 # may create (``Recovery.created_links``), a MariaDB recovery replays its binary logs
 # (``Recovery.target_position``), and an archive batch says its log kind and links
-# (``Batch.kind``, ``Batch.links``), which a control plane of protocol 5 refuses.
+# (``Batch.kind``, ``Batch.links``), which a control plane of protocol 5 refuses. 7: the
+# ``cut`` command (scheduled cuts); only a cut needs it (``backup.cuts.CUT_PROTOCOL``), so
+# backups and restores still take agents of 6.
 AGENT_PROTOCOL = 6
 
 
@@ -762,15 +778,20 @@ class RestoreTarget(Frozen):
     (``pg_create_restore_point``: every backup's cut is one, named after the backup, and an
     operator's own marks are others); ``position``, MariaDB: ``FILE:OFFSET`` in one shard's
     binary logs (a transaction's boundary, as ``SHOW MASTER STATUS`` or ``mariadb-binlog``
-    shows it); ``latest``, the end of each shard's archived log."""
+    shows it); ``latest``, the end of each shard's archived log; ``cut``, one of the cluster's
+    scheduled cuts by its id (every node to that cut's restore point); ``cut_before``, the
+    newest scheduled cut at or before an instant that paused the commits it was asked to
+    (``shardvault.backup.cuts``)."""
 
     time: AwareDatetime | None = None
     lsn: str | None = None
     name: str | None = None
     position: str | None = None
     latest: StrictBool = False
+    cut: str | None = None
+    cut_before: AwareDatetime | None = None
 
-    @field_validator("time", mode="before")
+    @field_validator("time", "cut_before", mode="before")
     @classmethod
     def _a_time_with_its_offset(cls, value: Any) -> Any:
         if not isinstance(value, str):
@@ -803,6 +824,17 @@ class RestoreTarget(Frozen):
     def _a_restore_point(cls, value: str | None) -> str | None:
         return check_restore_point_name(value) if value is not None else value
 
+    @field_validator("cut")
+    @classmethod
+    def _a_cut(cls, value: str | None) -> str | None:
+        if value is not None and not is_cut_id(check_restore_point_name(value)):
+            raise InvalidRequest(
+                f"target cut {value!r} is not a scheduled cut's name.",
+                fix="name one as shardvault cuts CLUSTER lists it (cut-<time>-<hex>), or give "
+                "a restore point of your own with --target-name.",
+            )
+        return value
+
     @field_validator("position")
     @classmethod
     def _a_binlog_position(cls, value: str | None) -> str | None:
@@ -825,13 +857,16 @@ class RestoreTarget(Frozen):
             self.name is not None,
             self.position is not None,
             self.latest,
+            self.cut is not None,
+            self.cut_before is not None,
         ]
         if sum(named) != 1:
             raise InvalidRequest(
-                "a restore target names a time, an LSN, a restore point, a binary log position "
-                "or the latest log, exactly one.",
+                "a restore target names a time, an LSN, a restore point, a binary log "
+                "position, the latest log or a scheduled cut, exactly one.",
                 fix='set target to {"time": "<ISO 8601 with offset>"}, {"lsn": "X/Y"}, '
-                '{"name": "<restore point>"}, {"position": "FILE:OFFSET"} or {"latest": true}.',
+                '{"name": "<restore point>"}, {"position": "FILE:OFFSET"}, {"latest": true}, '
+                '{"cut": "<cut id>"} or {"cut_before": "<ISO 8601 with offset>"}.',
             )
         return self
 
@@ -841,7 +876,9 @@ class RestoreTarget(Frozen):
 
     @property
     def kind(self) -> str:
-        """``time``, ``lsn``, ``name``, ``position`` or ``latest``."""
+        """``time``, ``lsn``, ``name``, ``position``, ``latest`` or ``cut``."""
+        if self.cut is not None or self.cut_before is not None:
+            return "cut"
         if self.time is not None:
             return "time"
         if self.position is not None:
@@ -849,6 +886,10 @@ class RestoreTarget(Frozen):
         return "lsn" if self.lsn else "name" if self.name else "latest"
 
     def describe(self) -> str:
+        if self.cut is not None:
+            return f"cut {self.cut}"
+        if self.cut_before is not None:
+            return f"the newest cut at or before {self.cut_before.isoformat()}"
         if self.time is not None:
             return self.time.isoformat()
         if self.lsn is not None:

@@ -156,13 +156,13 @@ AGENT_INBOX_READ_SECONDS = 45.0
 AGENT_HEARTBEAT_SECONDS = 300.0
 # What the stack holds that costs a month whether or not anything is backed up (infra/): the
 # notifications topic's key, the schedules' dead-letter key, the data key; alarm metrics: two
-# per state machine (backup, restore, retention, verify, probe, drill), the dead letters,
+# per state machine (backup, restore, retention, verify, probe, drill, cut), the dead letters,
 # silent agents, outdated agents, stalled WAL spools and the three functions no workflow runs
 # (FunctionErrors sums one metric each); custom metrics: the functions' six outcome metrics,
 # silent agents, outdated agents and stalled spools; the dashboard. Each cluster of the policy
 # adds its backup-age metric and alarm. tests/infra checks these against the template.
 DEPLOYMENT_KMS_KEYS = 3
-DEPLOYMENT_ALARM_METRICS = 19
+DEPLOYMENT_ALARM_METRICS = 21
 DEPLOYMENT_CUSTOM_METRICS = 9
 DEPLOYMENT_DASHBOARDS = 1
 PER_CLUSTER_ALARM_METRICS = 1

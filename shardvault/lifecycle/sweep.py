@@ -15,7 +15,8 @@ sources``) is removed once no restore can still be running (72 hours, plus the g
 
 A cluster's WAL archive (``<cluster>/_wal/``, ``shardvault.wal.archive``) is no backup prefix: the
 sweep deletes from it only the batches no kept backup needs (``archive.expired_keys``: WAL
-before the oldest complete backup's own).
+before the oldest complete backup's own), and forgets the scheduled cuts taken before that
+backup completed (``forget_cuts``: their catalog items; no kept base reaches them).
 
 Both must be older than the settings' ``sweep_grace_seconds`` (6 hours): a backup writes its
 catalog record before its first upload, but the sweep does not bet on clocks and listing
@@ -30,6 +31,7 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.aws.store import Bucket
 from shardvault.contracts import layout
+from shardvault.contracts.catalog import BackupItem
 from shardvault.contracts.layout import backup_prefix, manifest_key, store_root
 from shardvault.contracts.models import BackupStatus
 from shardvault.wal import archive
@@ -68,23 +70,37 @@ def sweep(svc: Services, now: float, *, dry_run: bool = False) -> dict[str, Any]
         if bucket.holds_any(manifest_key(svc.store.prefix, cluster, backup_id)):
             continue
         deleted[prefix] = 0 if dry_run else bucket.delete_prefix(prefix)
-    expired_wal = {}
+    expired_wal, expired_cuts = {}, {}
     policy = svc.policy()
     for cluster, keys in archives.items():
         entry = policy.clusters.get(cluster) if policy else None
         window = entry.archive.window_days if entry else None
-        cuts = archive.cutoffs(svc.catalog.backups(cluster), window, now)
-        expired = archive.expired_keys(keys, cuts)
+        base = archive.kept_base(svc.catalog.backups(cluster), window, now)
+        expired = archive.expired_keys(keys, dict(base.wal_from) if base else {})
         if expired:
             expired_wal[cluster] = len(expired)
             if not dry_run:
                 bucket.delete_keys(expired)
+        if base is not None and (gone := forget_cuts(svc, cluster, base, dry_run)):
+            expired_cuts[cluster] = gone
     return {
         "dry_run": dry_run,
         "aborted_uploads": aborted,
         "deleted_prefixes": deleted,
         "expired_wal": expired_wal,
+        "expired_cuts": expired_cuts,
     }
+
+
+def forget_cuts(svc: Services, cluster: str, base: BackupItem, dry_run: bool) -> int:
+    """Deletes the catalog items of the cluster's scheduled cuts (``backup.cuts``) taken
+    before the kept archive's base completed: no backup the archive still replays from
+    reaches them. Returns how many (would) go."""
+    gone = [c for c in svc.catalog.cuts(cluster) if c.instant < (base.completed_at or 0)]
+    if not dry_run:
+        for cut in gone:
+            svc.catalog.delete(cluster, cut.backup_id)
+    return len(gone)
 
 
 def backup_of(key: str, root: str) -> tuple[str, str] | None:

@@ -3,7 +3,8 @@
 It reads the same policy file, asks each cluster's schedule which backups fell due since the
 last tick (``Schedule.fires``: cron expressions in the schedule's time zone, a full winning a
 minute both claim) and starts them on the stack's backup state machine, and the restore drills
-that fell due (``Drill.fires``) on its drill state machine; once a day it runs retention. A
+that fell due (``Drill.fires``) on its drill state machine, and the scheduled cuts
+(``Cut.fires``) on its cut state machine; once a day it runs retention. A
 backup already running for a cluster makes the new one fail with ``BackupAlreadyRunning``, as
 on AWS.
 
@@ -50,6 +51,17 @@ def drills_due(policy: Policy, since: datetime, until: datetime) -> list[tuple[d
     return sorted(fired)
 
 
+def cuts_due(policy: Policy, since: datetime, until: datetime) -> list[tuple[datetime, str]]:
+    """Scheduled cuts due in ``(since, until]``, one per cluster (the newest: a cut marks the
+    moment it is taken, so a tick that comes late takes one, not the ones it missed)."""
+    newest = {
+        name: times[-1]
+        for name, cluster in policy.clusters.items()
+        if (times := list(cluster.cut.fires(since, until)))
+    }
+    return sorted((at, name) for name, at in newest.items())
+
+
 def tick(
     policy: Policy,
     config: ops.ClientConfig,
@@ -57,8 +69,9 @@ def tick(
     until: datetime,
     start: Callable[[ops.ClientConfig, BackupRequest], str] = ops.start_backup,
     start_drill: Callable[[ops.ClientConfig, DrillRequest], str] = ops.start_drill,
+    start_cut: Callable[[ops.ClientConfig, str, str], str] = ops.start_cut,
 ) -> list[dict[str, Any]]:
-    """Starts what fell due; returns one line per started backup or drill."""
+    """Starts what fell due; returns one line per started backup, drill or cut."""
     started = []
     for at, cluster, kind in due(policy, since, until):
         request = BackupRequest(
@@ -74,6 +87,10 @@ def tick(
         execution = start_drill(config, request)
         log.info("restore drill of %s due at %s: %s", cluster, at.isoformat(), execution)
         started.append({"cluster": cluster, "kind": "drill", "due": at, "execution": execution})
+    for at, cluster in cuts_due(policy, since, until):
+        execution = start_cut(config, cluster, "schedule:cut")
+        log.info("cut of %s due at %s: %s", cluster, at.isoformat(), execution)
+        started.append({"cluster": cluster, "kind": "cut", "due": at, "execution": execution})
     return started
 
 

@@ -109,6 +109,7 @@ FUNCTIONS = {
     "StartDrillFunctionArn": "start_drill",
     "RecordDrillFunctionArn": "record_drill",
     "NoteTeardownFunctionArn": "note_teardown",
+    "CutClusterFunctionArn": "cut_cluster",
 }
 NAMES = {
     "catalog_table": "shardvault-catalog",
@@ -251,6 +252,7 @@ class LocalStack:
     verify_state_machine_arn: str = ""
     probe_state_machine_arn: str = ""
     drill_state_machine_arn: str = ""
+    cut_state_machine_arn: str = ""
     endpoint: str = ""
     _server: Any = None
     _minio: Any = None
@@ -311,6 +313,7 @@ class LocalStack:
         self.drill_state_machine_arn = self._create_state_machine(
             "drill", RestoreStateMachineArn=self.restore_state_machine_arn
         )
+        self.cut_state_machine_arn = self._create_state_machine("cut")
         self._reaper = ExecutionReaper(
             [self.state_machine_arn, self.restore_state_machine_arn]
         ).start()
@@ -519,6 +522,7 @@ class LocalStack:
             self.verify_state_machine_arn,
             self.probe_state_machine_arn,
             self.drill_state_machine_arn,
+            self.cut_state_machine_arn,
         )
 
     def store_client(self) -> Any:
@@ -585,6 +589,7 @@ class LocalStack:
             "SHARDVAULT_VERIFY_STATE_MACHINE_ARN": self.verify_state_machine_arn,
             "SHARDVAULT_PROBE_STATE_MACHINE_ARN": self.probe_state_machine_arn,
             "SHARDVAULT_DRILL_STATE_MACHINE_ARN": self.drill_state_machine_arn,
+            "SHARDVAULT_CUT_STATE_MACHINE_ARN": self.cut_state_machine_arn,
             "SHARDVAULT_CATALOG_TABLE": self.settings.catalog_table,
             "SHARDVAULT_NODES_TABLE": self.settings.nodes_table,
             "SHARDVAULT_INBOX_TABLE": self.settings.inbox_table,

@@ -10,6 +10,7 @@ Validation reads only (catalog, registry, manifest): a bad request changes nothi
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from shardvault.aws.readback import manifest_place
@@ -18,6 +19,7 @@ from shardvault.aws.tables import Catalog
 from shardvault.backup import (
     check_agents_current,
     check_nodes_available,
+    cuts,
 )
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import BackupItem
@@ -29,6 +31,7 @@ from shardvault.contracts.models import (
     NodeRecord,
     RestoreContext,
     RestoreRequest,
+    RestoreTarget,
     RetrievalTier,
 )
 from shardvault.contracts.sqlcheck import DIALECTS, check_validation_queries
@@ -64,7 +67,14 @@ from shardvault.workflow.membership import check_members
 def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
     """Resolves the backup, checks the target and places the shards, or raises a named error.
     Nothing is written."""
-    if request.target is not None:
+    cut = None
+    if request.target is not None and cuts.wanted(request.target):
+        # A scheduled cut: every node to its restore point, from a base completed before it.
+        cut = cuts.resolve(svc.catalog, request.cluster, request.target)
+        request = request.model_copy(update={"target": RestoreTarget(name=cut.cut_id)})
+        backups = svc.catalog.backups(request.cluster)
+        record = cuts.base_for(cut, request, backups)
+    elif request.target is not None:
         backups = svc.catalog.backups(request.cluster)
         record = pitr.base_backup(request, backups)
     else:
@@ -85,7 +95,8 @@ def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreConte
     if request.target is not None:  # the archive reaches the target, or refused by name
         complete = [b for b in backups if b.status == BackupStatus.COMPLETE]
         oldest = min(b.completed_at or 0 for b in complete)
-        found = pitr.archives(svc, request, manifest, oldest)
+        reaches = partial(cuts.check_reached, cut, manifest) if cut is not None else None
+        found = pitr.archives(svc, request, manifest, oldest, reaches)
         wal_batches, wal_bytes = pitr.replayed(found)
     # Each engine's own lexing: a text one reads as one statement another may split.
     check_validation_queries(

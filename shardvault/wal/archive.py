@@ -486,12 +486,21 @@ def cutoffs(
     restore to the window's start would use (the newest complete backup that completed
     before it), or, without a window, of the oldest complete backup. Nothing (everything kept)
     when that backup predates the record."""
+    base = kept_base(backups, window_days, now)
+    return dict(base.wal_from) if base is not None else {}
+
+
+def kept_base(
+    backups: list[BackupItem], window_days: float | None = None, now: float = 0.0
+) -> BackupItem | None:
+    """The backup the kept archive starts from (``cutoffs``): nothing before its completion
+    can be restored to any more. None: no complete backup (everything is kept)."""
     complete = sorted((b for b in backups if b.status == "COMPLETE"), key=completion_order)
     if not complete:
-        return {}
+        return None
     base = complete[0]
     if window_days is not None:
         start = now - window_days * 86400
         before = [b for b in complete if (b.completed_at or 0) <= start]
         base = before[-1] if before else base
-    return dict(base.wal_from)
+    return base

@@ -32,6 +32,7 @@ node reports as ``TargetOutOfRange``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -193,9 +194,14 @@ def first_segment(manifest: Manifest, shard_id: str) -> str:
 
 
 def archives(
-    svc: Services, request: RestoreRequest, manifest: Manifest, oldest_backup: float
+    svc: Services,
+    request: RestoreRequest,
+    manifest: Manifest,
+    oldest_backup: float,
+    reaches: Callable[[list[ShardArchive]], None] | None = None,
 ) -> list[ShardArchive]:
-    """Every shard's archive from the base on; refuses a target it does not reach, by name."""
+    """Every shard's archive from the base on; refuses a target it does not reach, by name
+    (``reaches``: the target's own check of the archives, first: a scheduled cut's)."""
     target = request.target
     assert target is not None
     if without := [e for e in manifest.engines if not traits(e).point_in_time]:
@@ -209,6 +215,8 @@ def archives(
     found = []
     for shard in manifest.shards:
         found.append(shard_after(svc, manifest, shard.shard_id))
+    if reaches is not None:
+        reaches(found)
     reach = min((a.reaches for a in found), default=0.0)
     restorable = f"from {when(oldest_backup)} to {when(reach)}" if reach else "nothing"
     empty = [a for a in found if a.last is None]

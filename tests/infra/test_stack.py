@@ -20,6 +20,7 @@ from aws_cdk import App, Token
 from aws_cdk.assertions import Annotations, Match, Template
 
 from infra.app import build_app
+from infra.components.schedules import scheduler_cron
 from infra.components.workflow import (
     distributed_maps,
     item_readers,
@@ -31,6 +32,8 @@ from infra.constants import (
     BACKUP_ASL,
     BACKUP_STATE_MACHINE_NAME,
     CLUSTER_TAG,
+    CUT_ASL,
+    CUT_STATE_MACHINE_NAME,
     DEFAULT_POLICY,
     DRILL_ASL,
     DRILL_STATE_MACHINE_NAME,
@@ -124,6 +127,7 @@ MACHINES = {
     VERIFY_STATE_MACHINE_NAME: VERIFY_ASL,
     PROBE_STATE_MACHINE_NAME: PROBE_ASL,
     DRILL_STATE_MACHINE_NAME: DRILL_ASL,
+    CUT_STATE_MACHINE_NAME: CUT_ASL,
 }
 
 
@@ -799,10 +803,13 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
     policy = load_policy(DEFAULT_POLICY)
     schedules = list(resources_of(synth, "AWS::Scheduler::Schedule").values())
     expected = sum(
-        1 + bool(c.schedule.incremental) + bool(c.drill) for c in policy.clusters.values()
+        1 + bool(c.schedule.incremental) + bool(c.drill) + bool(c.cut.every_minutes)
+        for c in policy.clusters.values()
     )
-    assert len(schedules) == expected + 1  # each cluster's cadences and drill, and retention
+    assert len(schedules) == expected + 1  # cadences, drills and cuts, and retention
     assert any(c.drill for c in policy.clusters.values())
+    assert any(c.cut.every_minutes for c in policy.clusters.values())
+    cut_id = machines(synth)[CUT_STATE_MACHINE_NAME][0]
     backup_id = machines(synth)[BACKUP_STATE_MACHINE_NAME][0]
     retention_id = machines(synth)[RETENTION_STATE_MACHINE_NAME][0]
     drill_id = machines(synth)[DRILL_STATE_MACHINE_NAME][0]
@@ -810,11 +817,18 @@ def test_schedules_follow_the_policy_with_window_retries_and_dead_letters(
     for schedule in schedules:
         properties = schedule["Properties"]
         target = properties["Target"]
-        assert properties["FlexibleTimeWindow"]["Mode"] == "FLEXIBLE"
+        on_time = json.loads(target["Input"]).get("requested_by") == "schedule:cut"
+        assert properties["FlexibleTimeWindow"]["Mode"] == ("OFF" if on_time else "FLEXIBLE")
         assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1
         assert referenced_ids(target["DeadLetterConfig"]["Arn"]) <= set(queues)
         payload = json.loads(target["Input"])
-        if payload.get("requested_by") == "schedule:drill":
+        if on_time:  # a scheduled cut: on the clock's multiples of its period, UTC
+            cut = policy.clusters[payload["cluster"]].cut
+            assert properties["ScheduleExpressionTimezone"] == "UTC"
+            assert properties["ScheduleExpression"] == scheduler_cron(cut.cron)
+            assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] == 60
+            assert referenced_ids(target["Arn"]) == {cut_id}
+        elif payload.get("requested_by") == "schedule:drill":
             drill = policy.clusters[payload["cluster"]].drill
             assert properties["ScheduleExpressionTimezone"] == drill.timezone
             assert referenced_ids(target["Arn"]) == {drill_id}
@@ -894,6 +908,15 @@ def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesize
         ("s3:PutObject", "staging/_work/*"),  # the URLs, for the dispatcher (args_key)
         ("dynamodb:Query", "nodes"),  # the cluster's agents (its index)
         ("dynamodb:Query", "nodes/index/by_cluster"),
+        ("dynamodb:Query", "inbox"),  # the agents' failure notes
+    }
+
+
+def test_a_scheduled_cut_reads_the_leaders_and_writes_one_catalog_item(synth) -> None:
+    assert grants(synth, "cut_cluster") == {
+        ("dynamodb:Query", "nodes"),  # the cluster's agents (its index)
+        ("dynamodb:Query", "nodes/index/by_cluster"),
+        ("dynamodb:PutItem", "catalog"),  # the cut's item, written once
         ("dynamodb:Query", "inbox"),  # the agents' failure notes
     }
 
@@ -1344,7 +1367,7 @@ def test_a_second_stack_shares_the_account_without_a_name_clash() -> None:
     ]
     assert sorted(machines) == sorted(
         f"ShardVault-staging-{w}"
-        for w in ("backup", "restore", "retention", "verify", "probe", "drill")
+        for w in ("backup", "restore", "retention", "verify", "probe", "drill", "cut")
     )
     machine_logs = [
         r["Properties"].get("LogGroupName")

@@ -365,22 +365,36 @@ class ArchivingNode:
     """One PostgreSQL node, the leader of shard-1 of its own cluster, whose archive_command
     pushes into its agent's spool (the system's python3, as the server's user)."""
 
-    def __init__(self, stack: Any, tmp_path: Path, delay: float, **policy: str) -> None:
-        self.stack, self.cluster = stack, f"wal{next(names)}"
-        self.node_id, self.shard_id = f"{self.cluster}-n1", "shard-1"
-        self.spool = tmp_path / "spool"
-        self.spool.mkdir()
+    def __init__(
+        self,
+        stack: Any,
+        tmp_path: Path,
+        delay: float,
+        *,
+        cluster: str | None = None,
+        index: int = 1,
+        settings: dict[str, str] | None = None,
+        **policy: str,
+    ) -> None:
+        """``cluster``: a cluster of several such nodes (node ``index`` leads shard-<index>);
+        ``settings``: more of the server's postgresql.conf."""
+        self.stack, self.cluster = stack, cluster or f"wal{next(names)}"
+        self.node_id, self.shard_id = f"{self.cluster}-n{index}", f"shard-{index}"
+        root = tmp_path if index == 1 else tmp_path / f"n{index}"
+        self.spool = root / "spool"
+        self.spool.mkdir(parents=True)
         give_to_postgres(self.spool)
-        client = tmp_path / "push" / "walspool.py"
+        client = root / "push" / "walspool.py"
         client.parent.mkdir()
         shutil.copyfile(walspool.__file__, client)
         ensure_traversable(client.parent)
         command = f"{SYSTEM_PYTHON} {client} --spool {self.spool} --max-bytes {1 << 34} %p"
+        archiving = {"archive_mode": "on", "archive_command": command}
         self.server: PostgresInstance = init_postgres(
-            tmp_path / "pg", settings={"archive_mode": "on", "archive_command": command}
+            root / "pg", settings=archiving | (settings or {})
         )
         self.config = demo.agent_config(
-            tmp_path,
+            root,
             self.cluster,
             self.node_id,
             "postgres",

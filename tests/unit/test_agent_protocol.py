@@ -20,7 +20,15 @@ from shardvault import backup
 from shardvault.assurance.readiness import findings
 from shardvault.aws.services import Services
 from shardvault.aws.tables import dynamo
-from shardvault.contracts.models import AGENT_PROTOCOL, BackupRequest, NodeRecord
+from shardvault.backup import cuts
+from shardvault.backup.cuts import CUT_PROTOCOL
+from shardvault.contracts.models import (
+    AGENT_PROTOCOL,
+    BackupRequest,
+    Engine,
+    NodeRecord,
+    ShardInfo,
+)
 from shardvault.errors import AgentOutdated
 from shardvault.restore.admission import check_target_nodes
 
@@ -42,7 +50,19 @@ def outdated(cluster: str, now: float) -> NodeRecord:
 
 def test_this_agent_registers_the_protocol_this_control_plane_needs(svc, tmp_path) -> None:
     agent = daemon.Agent(sqlite_agent(tmp_path), nodes_table="n", inbox_table="i")
-    assert agent.record().protocol == shardvault_agent.PROTOCOL == AGENT_PROTOCOL
+    assert agent.record().protocol == shardvault_agent.PROTOCOL == CUT_PROTOCOL
+    assert shardvault_agent.PROTOCOL >= AGENT_PROTOCOL  # a cut needs more than a backup
+
+
+def test_a_cut_on_an_agent_before_cuts_is_refused_by_name_and_writes_nothing(svc) -> None:
+    archived = ShardInfo(shard_id="s1", role="leader", wal_spool_bytes=0)
+    old = {"protocol": CUT_PROTOCOL - 1, "engine": Engine.POSTGRES, "shards": [archived]}
+    svc.nodes.put(outdated("c", time.time()).model_copy(update=old))
+    with pytest.raises(AgentOutdated) as refused:
+        cuts.plan(cuts.CutRequest(cluster="c"), svc)
+    assert f"needs agent protocol {CUT_PROTOCOL}" in refused.value.message
+    assert "Backups and restores still run" in refused.value.fix
+    assert svc.catalog.cuts("c") == []
 
 
 def test_a_backup_on_an_outdated_agent_is_refused_by_name_before_anything_is_written(

@@ -230,7 +230,7 @@ def test_a_drill_never_restores_into_a_cluster_someone_backs_up(monkeypatch):
     with moto_services(monkeypatch, policy=policy_text() + other) as svc:
         svc.catalog.put(catalog_item(backup("b1", NOW - 60)))
         svc.catalog.put(
-            catalog_item({**backup("x1", NOW - 60), "cluster": "analytics"})
+            catalog_item({**backup("a1", NOW - 60), "cluster": "analytics"})
         )  # not in the policy
         for target in ("orders", "billing", "analytics"):
             request = DrillRequest(cluster="orders", target_cluster=target)

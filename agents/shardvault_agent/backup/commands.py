@@ -25,6 +25,9 @@ from typing import BinaryIO
 
 from shardvault.contracts.commands import (
     CheckpointArgs,
+    CutAnswer,
+    CutArgs,
+    CutShard,
     FlushArgs,
     Flushed,
     ListedShard,
@@ -80,7 +83,7 @@ from shardvault_agent.backup.scan import (
     scan_capture,
     write_fragment,
 )
-from shardvault_agent.backup.state import BackupFiles
+from shardvault_agent.backup.state import KEPT_CUT_SECONDS, BackupFiles
 from shardvault_agent.backup.throttle import AdaptiveLimiter
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import BlockScreen, EngineAdapter
@@ -350,6 +353,25 @@ class BackupCommands:
         with self._lock(backup_id):
             self.files.refuse_released(backup_id)
             return self._stopped(backup_id, shards, args.cut, args.pack)
+
+    def do_cut(self, args: CutArgs) -> CutAnswer:
+        """A scheduled cut (``shardvault.backup.cuts``): the restore point on each shard at the
+        cut's instant, side by side, each answered once it is on disk. A redelivered command
+        answers the points already made (``BackupFiles.saved_cut``)."""
+        cut_id, shards = args.backup_id, self._shards(args.shard_ids)
+
+        def cut(shard: ShardConfig) -> CutShard:
+            marker = self.files.saved_cut(cut_id, shard.shard_id)
+            if marker is None:
+                marker = self.engine.cut(shard, args.cut)
+                self.files.save_cut(cut_id, shard.shard_id, marker)
+            return CutShard(shard_id=shard.shard_id, marker=marker)
+
+        with self._lock(cut_id):
+            self.files.forget_cuts(time.time() - KEPT_CUT_SECONDS)
+            with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
+                answers = [f.result() for f in [pool.submit(cut, s) for s in shards]]
+        return CutAnswer(node_id=self.config.node_id, shards=answers)
 
     def _stopped(
         self,

@@ -8,6 +8,9 @@ Under ``state_dir``:
   of parts sent. Release deletes the directory.
 - ``released/<backup_id>``: the *tombstone* release leaves, so a command still in flight, or
   replayed after a restart, gives up instead of making state nobody will release.
+- ``cuts/<cut_id>/<shard_id>.json``: a scheduled cut's restore point on the shard, as its
+  engine recorded it: a redelivered ``cut`` answers it again instead of making a second point
+  of the same name (recovery stops at the first). Kept ``KEPT_CUT_SECONDS``.
 - ``blockmaps/<shard_id>/``: the block maps of the newest backups this node made, kept for the
   next incremental's scan (checked against the manifest before use).
 """
@@ -28,6 +31,8 @@ from shardvault_agent.engines.base import Capture, EngineAdapter
 from shardvault_agent.statefiles import write_json
 
 KEPT_MAPS = 2  # block maps kept per shard: the newest backup's, and the one before
+# A cut's command lives at most its task's 300 s (cut.asl.json); a day covers any redelivery.
+KEPT_CUT_SECONDS = 24 * 3600
 
 
 class BackupFiles:
@@ -64,6 +69,25 @@ class BackupFiles:
 
     def remove(self, backup_id: str) -> None:
         shutil.rmtree(self.backup_dir(backup_id), ignore_errors=True)
+
+    # --- scheduled cuts ---------------------------------------------------------------------
+    def cut_path(self, cut_id: str, shard_id: str) -> Path:
+        return self.config.state_dir / "cuts" / cut_id / f"{shard_id}.json"
+
+    def saved_cut(self, cut_id: str, shard_id: str) -> dict[str, str] | None:
+        """The shard's restore point of the cut, if this node made it already."""
+        path = self.cut_path(cut_id, shard_id)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def save_cut(self, cut_id: str, shard_id: str, marker: dict[str, str]) -> None:
+        write_json(self.cut_path(cut_id, shard_id), marker)
+
+    def forget_cuts(self, before: float) -> None:
+        """Removes the records of cuts made before ``before`` (epoch seconds)."""
+        for cut_dir in (self.config.state_dir / "cuts").glob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if cut_dir.stat().st_mtime < before:
+                    shutil.rmtree(cut_dir, ignore_errors=True)
 
     # --- captures -------------------------------------------------------------------------
     def capture_path(self, backup_id: str, shard_id: str, phase: Phase) -> Path:

@@ -78,7 +78,7 @@ from typing import Any, ClassVar, Protocol
 
 from shardvault.contracts.cut import CutRequest
 from shardvault.contracts.models import FileEntry
-from shardvault.errors import CheckpointNotFound, ShardDataMissing
+from shardvault.errors import CheckpointNotFound, EngineError, ShardDataMissing
 from shardvault_agent.backup.throttle import HealthProbe
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.wal.archiver import LogSource
@@ -197,6 +197,13 @@ class BackupSource(Protocol):
 
     def release(self, shard: ShardConfig, backup_id: str) -> None: ...
 
+    def cut(self, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
+        """A scheduled cut, with no backup: at the cut's instant, the cluster's restore point
+        in the shard's log, on disk before it answers; the marker fields that record it
+        (``cut_wal``: the log file that holds it). An engine without restore points refuses
+        it (``EngineError``)."""
+        ...
+
     def use_log_archive(self, shard_ids: set[str]) -> None:
         """The shards whose log the agent's archiver stores (the daemon says so as it starts
         the archiver): what ``check_ready`` asks of them may differ (PostgreSQL: an archived
@@ -313,6 +320,13 @@ class CopySource:
                 fix="retry the backup.",
             )
         return Capture(root=self.copy_dir(backup_id, shard), files=[])
+
+    def cut(self, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
+        raise EngineError(
+            f"shard {shard.shard_id}: a {self.what} makes no restore point a restore could stop "
+            "at, so it takes no scheduled cut.",
+            fix="remove cut.every_minutes from this cluster's policy; its backups are its points.",
+        )
 
     def release(self, shard: ShardConfig, backup_id: str) -> None:
         copy = self.copy_dir(backup_id, shard)

@@ -9,10 +9,11 @@ from typing import Any
 from rich.table import Table
 
 from shardvault.aws.tables import Catalog, table
+from shardvault.backup import cuts
 from shardvault.client import operations as ops
 from shardvault.client.follow import follow
 from shardvault.client.output import console, print_failure
-from shardvault.contracts.catalog import BackupItem, recorded_stored_bytes
+from shardvault.contracts.catalog import BackupItem, CutItem, recorded_stored_bytes
 from shardvault.contracts.models import (
     RestoreRequest,
     RestoreTarget,
@@ -99,6 +100,18 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "a transaction's boundary (e.g. 'mysql-bin.000012:1234', as SHOW MASTER STATUS shows)",
     )
     target.add_argument(
+        "--target-cut",
+        metavar="CUT",
+        help="PostgreSQL: replay every shard's WAL archive to this scheduled cut (as "
+        "'shardvault cuts CLUSTER' lists it), from the newest backup completed before it",
+    )
+    target.add_argument(
+        "--target-cut-before",
+        metavar="TIME",
+        help="PostgreSQL: replay every shard to the newest scheduled cut at or before this "
+        "instant that paused the commits it was asked to (ISO 8601 with its offset)",
+    )
+    target.add_argument(
         "--target-latest",
         action="store_true",
         help="replay each shard's log archive (WAL, binary logs) to its end",
@@ -117,6 +130,10 @@ def restore_target(args: argparse.Namespace) -> dict[str, Any] | None:
         return {"position": args.target_position.strip()}
     if args.target_name:
         return {"name": args.target_name}
+    if args.target_cut:
+        return {"cut": args.target_cut.strip()}
+    if args.target_cut_before:
+        return {"cut_before": args.target_cut_before.strip().replace(" ", "T", 1)}
     return {"latest": True} if args.target_latest else None
 
 
@@ -141,6 +158,9 @@ def run_restore(args: argparse.Namespace) -> int:
     )
     if request.target is None:  # the backup asked for exists: refused now, not in the run
         admission.resolve_backup(request, Catalog(table(config.catalog_table)))
+    elif cuts.wanted(request.target):  # the cut exists and did not fail: refused now
+        catalog = Catalog(table(config.catalog_table))
+        warn_best_effort(cuts.resolve(catalog, args.cluster, request.target))
     execution = ops.start_restore(config, request)
     console.print(f"started [bold]{execution}[/]")
     if args.plan_only:
@@ -154,6 +174,18 @@ def run_restore(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return ops.exit_status(follow(config, execution, ops.wait_restore, "restore"))
+
+
+def warn_best_effort(cut: CutItem) -> None:
+    """A cut asked to pause the commits that did not get the pause is restored to as named,
+    with its cost said: a distributed commit may be on one node's side of it and not
+    another's."""
+    if cut.best_effort:
+        console.print(
+            f"[yellow]cut {cut.cut_id} is best-effort: not every node held the commit pause at "
+            "one moment, so a distributed commit may be restored on some nodes only "
+            "(docs/guide/cluster-cut.md).[/]"
+        )
 
 
 def parse_pins(texts: list[str]) -> dict[str, str]:

@@ -429,6 +429,17 @@ class PostgresAdapter:
         self.release(shard, backup_id)
         return Capture(root=tail, files=files, marker=marker, mutable=False)
 
+    def cut(self, shard: ShardConfig, cut: CutRequest) -> dict[str, str]:
+        """The scheduled cut (``take_cut``) on a session of its own, answered once the point
+        is on disk (a paused cut's commit does not flush it), with the segment it lies in."""
+        conn = self._connect(shard)
+        try:
+            marker = take_cut(conn, shard, cut)
+            segment, _ = self._wait_flushed(conn, marker["cut_lsn"])
+        finally:
+            conn.close()
+        return marker | {"cut_wal": segment}
+
     @staticmethod
     def _wait_flushed(conn: psycopg.Connection, lsn: str, timeout: float = 30.0) -> tuple[str, int]:
         """Waits until the WAL up to ``lsn`` is on disk; returns the segment that holds the
