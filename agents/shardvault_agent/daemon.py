@@ -72,6 +72,9 @@ TOKEN_RECHECK_WAITS = (0.2, 0.5, 1.0, 2.0)  # before a token nobody knows counts
 # Commands that change the shards a node holds (a restored shard is adopted, an aborted one
 # dropped): the registry is updated at once rather than at the next heartbeat.
 SHARDS_CHANGED_BY = frozenset({"finish_restore", "abort_restore"})
+# Commands with an instant to keep, run on a pool of their own (``Agent.timed_pool``): a cut
+# that waited behind a backup's uploads would make its restore point late, and the skew wide.
+TIMED_COMMANDS = frozenset({"cut"})
 
 
 class Agent:
@@ -106,6 +109,9 @@ class Agent:
         self.pool = ThreadPoolExecutor(
             max_workers=config.max_parallel_commands, thread_name_prefix="command"
         )
+        # Commands that must run at their instant (a scheduled cut): never queued behind the
+        # transfers that fill the pool during a backup or a restore.
+        self.timed_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="timed")
         self.log_sources: dict[str, LogSource] = {}  # archived shards' logs (make_archiver)
         self.archiver = self.make_archiver(archive_function, inbox_table, sender)
         if self.archiver is not None:  # backups of these shards refer to the archive
@@ -287,7 +293,8 @@ class Agent:
                     continue
                 self.running[key] = item["command"]
             self.last_command = time.monotonic()
-            self.pool.submit(self.execute, item)
+            pool = self.timed_pool if item["command"] in TIMED_COMMANDS else self.pool
+            pool.submit(self.execute, item)
 
     def execute(self, item: dict[str, Any]) -> None:
         token, started = item["task_token"], time.monotonic()
@@ -447,6 +454,7 @@ class Agent:
                 log.warning("inbox poll failed: %s", error)
             self.wake.wait(self.poll_interval())
         self.pool.shutdown(wait=True, cancel_futures=False)
+        self.timed_pool.shutdown(wait=True, cancel_futures=False)
         self.commands.backup.mapped.close()
         with contextlib.suppress(Exception):
             self.registry = NodeRegistry(last_word(self.registry.table.name))

@@ -48,10 +48,11 @@ from shardvault.contracts.catalog import (
     DrillItem,
     LockItem,
     RestoreItem,
+    cut_key,
     kind_of,
     restore_key,
 )
-from shardvault.contracts.models import NodeRecord, ThrottleReport
+from shardvault.contracts.models import CUT_ID_PREFIX, NodeRecord, ThrottleReport
 
 log = logging.getLogger("shardvault.aws.tables")
 Item = TypeVar("Item", bound=CatalogItem)
@@ -348,8 +349,11 @@ class Catalog:
     def put(self, item: CatalogItem) -> None:
         self.table.put_item(Item=dynamo(item.stored()))
 
-    def delete(self, cluster: str, key: str) -> None:
-        """Deletes one item (a forgotten scheduled cut's: ``lifecycle.sweep``)."""
+    def delete_cut(self, cluster: str, cut_id: str) -> None:
+        """Deletes a scheduled cut's item (``lifecycle.sweep``), and never another kind (the
+        sweep's grant cannot be narrowed to these keys)."""
+        key = cut_key(cut_id)
+        assert kind_of(key) is CutItem, key
         self.table.delete_item(Key={"cluster": cluster, "backup_id": key})
 
     def update(self, cluster: str, key: str, changes: Changes) -> None:
@@ -530,6 +534,24 @@ class Catalog:
             & Key("backup_id").begins_with(DRILL_PREFIX),
         )
         return readable(DrillItem, items)
+
+    def cut(self, cluster: str, cut_id: str) -> CutItem | None:
+        return self._read(CutItem, cluster, cut_key(cut_id))
+
+    def cuts_before(self, cluster: str, epoch: float) -> Iterator[CutItem]:
+        """The cluster's cuts whose ids' time is at or before ``epoch``, newest first, a page
+        at a time: a cut's id begins with its plan's second (before its instant), so the keys
+        sort by time and a restore's "newest cut before T" reads from T back, not the whole
+        history."""
+        newest = cut_key(f"{CUT_ID_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(epoch))}~")
+        query = {
+            "KeyConditionExpression": Key("cluster").eq(cluster)
+            & Key("backup_id").between(CUT_PREFIX, newest),
+            "ScanIndexForward": False,
+            "Limit": NEWEST_PAGE_ITEMS,
+        }
+        for item in paged_items(self.table.query, query):
+            yield from readable(CutItem, [item])
 
     def cuts(self, cluster: str) -> list[CutItem]:
         """Scheduled cuts of ``cluster`` (items keyed ``cut#<cut_id>``), oldest first."""

@@ -6,12 +6,13 @@ Terms:
 - *scheduled cut*: the policy's ``cut.every_minutes`` starts the cut state machine
   (``statemachines/cut.asl.json``) at the clock's multiples of that period; ``shardvault cut``
   starts it by hand. ``plan`` picks the shards' leaders and names the cut; each node's agent
-  creates the restore point of that name on its shards at the cut instant (the Cut map's start
-  plus the margin, as a backup's Stop does), inside the commit pause when the policy asks for
-  one, and answers once the point is on disk; ``record`` writes the cut's catalog item
-  (``CutItem``): complete when every node answered, failed (with the node and its cause)
-  otherwise.
-- *cut id*: the restore point's name, ``cut-<UTC second>-<random>`` (``contracts.cut``).
+  creates the restore point of that name on its shards at the cut instant (the Aim state's
+  entry, just before the Cut map, plus the margin, as a backup's Stop counts it), inside the
+  commit pause when the policy asks for one, and answers once the point is on disk;
+  ``record`` writes the cut's catalog item (``CutItem``): complete when every node answered,
+  failed (with the node and its cause) otherwise.
+- *cut id*: the restore point's name, ``cut-<UTC second>-<random>`` (``contracts.models``):
+  the plan's second, so cut items sort by time (``Catalog.cuts_before``).
 - *restorable*: a cut can be restored to once every shard's WAL archive holds the segment its
   point lies in (``cut_wal``): PostgreSQL closes a segment at ``archive_timeout`` at the
   latest, so a cut becomes restorable within that and the archive's ``max_delay_seconds``.
@@ -20,12 +21,13 @@ Terms:
   pause on every node at one moment; its restore is allowed, and warned about.
 
 A cut item lives as long as the WAL archive can reach it: the daily sweep deletes the items
-of cuts older than the base the kept archive starts from (``expired``).
+of cuts older than the base the kept archive starts from (``lifecycle.sweep.forget_cuts``).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any, Literal
 
 from shardvault.aws.services import Services
@@ -194,7 +196,7 @@ def record(step: CutStep, svc: Services, now: float) -> dict[str, Any]:
 
 
 def instant_of(plan: dict[str, Any]) -> float:
-    """The cut's instant from the Cut map's start (``entered``) and the plan's margin."""
+    """The cut's instant: the Aim state's entry (``entered``) plus the plan's margin."""
     request = cuts.CutRequest(
         name=str(plan["cut_id"]),
         entered=str(plan["entered"]),
@@ -222,51 +224,53 @@ def point_of(node_id: str, shard_id: str, marker: dict[str, str]) -> CutShardPoi
 
 
 # --- restore to a cut ----------------------------------------------------------------------------
-def wanted(target: RestoreTarget) -> bool:
-    """Whether a restore target is one of the cluster's scheduled cuts (by name, or the
-    newest before a time)."""
-    return (
-        target.cut is not None
-        or target.cut_before is not None
-        or (target.name is not None and is_cut_id(target.name))
-    )
+def resolve(catalog: Catalog, cluster: str, target: RestoreTarget) -> CutItem | None:
+    """The scheduled cut a restore target names: ``cut``, or the newest complete cut at or
+    before ``cut_before`` that is not best-effort; a ``name`` target is a cut when the catalog
+    holds a cut of that name (None: an operator's own restore point, or any other target).
+    Refused by name: no such cut, a failed one, none before the time."""
+    if target.name is not None:
+        return catalog.cut(cluster, target.name) if is_cut_id(target.name) else None
+    if target.cut is not None:
+        return named(catalog, cluster, target.cut)
+    if target.cut_before is not None:
+        return newest_before(catalog, cluster, target.cut_before)
+    return None
 
 
-def resolve(catalog: Catalog, cluster: str, target: RestoreTarget) -> CutItem:
-    """The cut a restore target names: ``cut`` (or a restore point named like one), or the
-    newest complete cut at or before ``cut_before`` that is not best-effort. Refused by name:
-    no such cut, a failed one, none before the time."""
-    found = catalog.cuts(cluster)
-    name = target.cut or target.name
-    if name is not None:
-        cut = next((c for c in found if c.cut_id == name), None)
-        if cut is None:
-            raise TargetOutOfRange(
-                f"cluster {cluster!r} has no scheduled cut {name!r}.",
-                fix=f"shardvault cuts {cluster} lists its cuts (a cut older than the WAL "
-                "archive's oldest base is forgotten).",
-            )
-        if cut.status != "complete":
-            raise TargetOutOfRange(
-                f"cut {name} of cluster {cluster!r} failed ({cut.error}): not every node made "
-                "its restore point.",
-                fix=f"choose another cut (shardvault cuts {cluster}).",
-            )
-        return cut
-    assert target.cut_before is not None
-    limit = target.cut_before.timestamp()
-    complete = [c for c in found if c.status == "complete" and c.instant <= limit]
-    usable = [c for c in complete if not c.best_effort]
-    if not usable:
-        skipped = len(complete) - len(usable)
-        paused = f" that paused its commits ({skipped} best-effort skipped)" if skipped else ""
+def named(catalog: Catalog, cluster: str, cut_id: str) -> CutItem:
+    cut = catalog.cut(cluster, cut_id)
+    if cut is None:
         raise TargetOutOfRange(
-            f"cluster {cluster!r} has no complete cut at or before "
-            f"{target.cut_before.isoformat()}{paused}.",
-            fix=f"shardvault cuts {cluster} lists its cuts; name one with --target-cut, or "
-            "choose a later time.",
+            f"cluster {cluster!r} has no scheduled cut {cut_id!r}.",
+            fix=f"shardvault cuts {cluster} lists its cuts (a cut older than the WAL archive's "
+            "oldest base is forgotten).",
         )
-    return max(usable, key=lambda c: c.instant)
+    if cut.status != "complete":
+        raise TargetOutOfRange(
+            f"cut {cut_id} of cluster {cluster!r} failed ({cut.error}): not every node made "
+            "its restore point.",
+            fix=f"choose another cut (shardvault cuts {cluster}).",
+        )
+    return cut
+
+
+def newest_before(catalog: Catalog, cluster: str, limit: datetime) -> CutItem:
+    """The newest complete cut whose instant is at or before ``limit`` and that is not
+    best-effort (read from ``limit`` back, ``Catalog.cuts_before``)."""
+    skipped = 0
+    for cut in catalog.cuts_before(cluster, limit.timestamp()):
+        if cut.status != "complete" or cut.instant > limit.timestamp():
+            continue
+        if not cut.best_effort:
+            return cut
+        skipped += 1
+    paused = f" that paused its commits ({skipped} best-effort skipped)" if skipped else ""
+    raise TargetOutOfRange(
+        f"cluster {cluster!r} has no complete cut at or before {limit.isoformat()}{paused}.",
+        fix=f"shardvault cuts {cluster} lists its cuts; name one with --target-cut, or choose "
+        "a later time.",
+    )
 
 
 def base_for(cut: CutItem, request: RestoreRequest, backups: list[BackupItem]) -> BackupItem:
@@ -299,19 +303,25 @@ def check_reached(cut: CutItem, manifest: Manifest, found: list[ShardArchive]) -
             fix="choose a later cut (shardvault cuts lists them).",
         )
     for archive in found:
-        point = cut.shards[archive.shard_id]
-        reached = archive.last is not None and segment_number(archive.last) >= segment_number(
-            point.wal
+        refuse_unarchived(cut, archive, cut.shards[archive.shard_id])
+
+
+def refuse_unarchived(cut: CutItem, archive: ShardArchive, point: CutShardPoint) -> None:
+    """The shard's archive runs without a gap to the segment of its restore point, or the
+    refusal says why: a gap before it (waiting will not help), or not yet (it will)."""
+    segment = segment_number(point.wal)
+    if archive.last is not None and segment_number(archive.last) >= segment:
+        return
+    if archive.newest is not None and segment_number(archive.newest) >= segment:
+        raise TargetOutOfRange(
+            f"cut {cut.cut_id} is past a gap in shard {archive.shard_id}'s WAL archive: it runs "
+            f"without a gap only to {archive.last}, and the point is in {point.wal}.",
+            fix="restore to an earlier cut; cuts after the next backup are reached from it.",
         )
-        if not reached:
-            runs = (
-                f"runs to {archive.last}"
-                if archive.last
-                else f"holds nothing from {archive.first} on"
-            )
-            raise TargetOutOfRange(
-                f"cut {cut.cut_id} is not archived yet: shard {archive.shard_id}'s restore "
-                f"point is in WAL segment {point.wal}, and its archive {runs}.",
-                fix="wait: PostgreSQL closes that segment within its archive_timeout, and the "
-                "agent archives it within the policy's archive.max_delay_seconds.",
-            )
+    runs = f"runs to {archive.last}" if archive.last else f"holds nothing from {archive.first} on"
+    raise TargetOutOfRange(
+        f"cut {cut.cut_id} is not archived yet: shard {archive.shard_id}'s restore point is in "
+        f"WAL segment {point.wal}, and its archive {runs}.",
+        fix="wait: PostgreSQL closes that segment within its archive_timeout, and the agent "
+        "archives it within the policy's archive.max_delay_seconds.",
+    )

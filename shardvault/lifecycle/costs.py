@@ -115,6 +115,13 @@ LAMBDA_INVOCATIONS_PER_OBJECT = 4
 LAMBDA_GB_SECONDS_PER_OBJECT = 0.75
 LAMBDA_INVOCATIONS_PER_BACKUP = 20  # validate, plans, checks, finalize, dispatches to nodes
 LAMBDA_GB_SECONDS_PER_BACKUP = 10.0
+# A scheduled cut (shardvault/backup/cuts.py, cut.asl.json): Accept, Plan, Aim, Cut, Record and
+# the end, and per node a Map child that starts, runs CutNode and ends; Plan and Record, and a
+# dispatch per node (0.1 s at 0.5 GB each); the cut's catalog item, and per node its command
+# written to the inbox, answered and deleted; a doorbell ring per node (send and receive).
+TRANSITIONS_PER_CUT, TRANSITIONS_PER_CUT_NODE = 6, 3
+LAMBDA_GB_SECONDS_PER_CALL = 0.05
+DYNAMODB_WRITES_PER_CUT, DYNAMODB_WRITES_PER_CUT_NODE = 1, 3
 DYNAMODB_WRITES_PER_OBJECT = 4  # two commands written to an inbox, then deleted
 DYNAMODB_WRITES_PER_BACKUP = 20  # catalog record, lock, per-node commands
 # Each command dispatched to an agent rings its doorbell: the send, the agent's receive and
@@ -516,6 +523,11 @@ class Forecast(Frozen):
     # class most backups land in, thawed at the Standard tier as a drill's restore asks.
     drills_per_month: float = 0.0
     drill_usd: float = 0.0
+    # Scheduled cuts (policy ``cut.every_minutes``): each a run of the cut state machine, its
+    # Lambda calls, inbox items and doorbells (``cut_month``). The WAL a cut makes archive (on an
+    # idle server, a segment closed by archive_timeout) is in the measured archive's growth.
+    cuts_per_month: float = 0.0
+    cut_usd: float = 0.0
     # Vault copies (policy ``vault.copies``), by target: storage in the target's class for the
     # longer of the stack vault's stay, the copy's retention and the class's minimum; the
     # egress out of AWS; the target's write requests.
@@ -565,7 +577,14 @@ class Forecast(Frozen):
 
     @property
     def total_usd(self) -> float:
-        return self.storage_usd + self.overhead_usd + self.wal_usd + self.drill_usd + self.copy_usd
+        return (
+            self.storage_usd
+            + self.overhead_usd
+            + self.wal_usd
+            + self.drill_usd
+            + self.cut_usd
+            + self.copy_usd
+        )
 
     @property
     def over_budget(self) -> bool:
@@ -587,6 +606,11 @@ class Forecast(Frozen):
             + (
                 f"; restore drills ${self.drill_usd:.2f}/month ({self.drills_per_month:.1f})"
                 if self.drills_per_month
+                else ""
+            )
+            + (
+                f"; scheduled cuts ${self.cut_usd:.2f}/month ({self.cuts_per_month:,.0f})"
+                if self.cuts_per_month
                 else ""
             )
             + "".join(f"; copy {name}: {c.summary()}" for name, c in self.copies_usd.items())
@@ -715,6 +739,7 @@ def monthly_forecast(
         budget_usd=cluster.budget_usd_per_month,
         **(wal_month or {}),
         **drills,
+        **cut_month(cluster, nodes, start, end),
         copies_usd=copies,
         kept_chain_bytes=kept_chain,
         kept_chain_usd=monthly_storage_cost(StorageClass.STANDARD, round(kept_chain)),
@@ -809,6 +834,23 @@ def drill_month(
         storage_class, data_bytes, objects, tier=RestoreTier.STANDARD, keep_days=THAW_DAYS
     )
     return {"drills_per_month": runs, "drill_usd": runs * one.total_usd}
+
+
+def cut_month(cluster: ClusterPolicy, nodes: int, start: datetime, end: datetime) -> dict:
+    """The cluster's scheduled cuts a month (``cut.every_minutes``), on ``nodes`` source
+    nodes: each a run of the cut state machine and its requests (``TRANSITIONS_PER_CUT``)."""
+    if cluster.cut.every_minutes is None:
+        return {}
+    months = (end - start) / DAY / DAYS_PER_MONTH
+    runs = sum(1 for _ in cluster.cut.fires(start, end)) / months
+    calls = 2 + nodes
+    one = (
+        (TRANSITIONS_PER_CUT + TRANSITIONS_PER_CUT_NODE * nodes) * STATE_TRANSITION
+        + calls * (LAMBDA_REQUEST + LAMBDA_GB_SECONDS_PER_CALL * LAMBDA_GB_SECOND)
+        + (DYNAMODB_WRITES_PER_CUT + DYNAMODB_WRITES_PER_CUT_NODE * nodes) * DYNAMODB_WRITE
+        + 2 * nodes * SQS_REQUEST
+    )
+    return {"cuts_per_month": runs, "cut_usd": runs * one}
 
 
 class WalGrowth(NamedTuple):

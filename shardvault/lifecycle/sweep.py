@@ -99,7 +99,7 @@ def forget_cuts(svc: Services, cluster: str, base: BackupItem, dry_run: bool) ->
     gone = [c for c in svc.catalog.cuts(cluster) if c.instant < (base.completed_at or 0)]
     if not dry_run:
         for cut in gone:
-            svc.catalog.delete(cluster, cut.backup_id)
+            svc.catalog.delete_cut(cluster, cut.cut_id)
     return len(gone)
 
 

@@ -88,6 +88,14 @@ def tick(
         log.info("restore drill of %s due at %s: %s", cluster, at.isoformat(), execution)
         started.append({"cluster": cluster, "kind": "drill", "due": at, "execution": execution})
     for at, cluster in cuts_due(policy, since, until):
+        if not config.cut_state_machine_arn:  # a stack.env from before scheduled cuts
+            log.warning(
+                "cut of %s due at %s not started: the stack has no cut state machine "
+                "(restart it with this release)",
+                cluster,
+                at.isoformat(),
+            )
+            continue
         execution = start_cut(config, cluster, "schedule:cut")
         log.info("cut of %s due at %s: %s", cluster, at.isoformat(), execution)
         started.append({"cluster": cluster, "kind": "cut", "due": at, "execution": execution})

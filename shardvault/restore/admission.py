@@ -67,10 +67,9 @@ from shardvault.workflow.membership import check_members
 def validate(request: RestoreRequest, svc: Services, now: float) -> RestoreContext:
     """Resolves the backup, checks the target and places the shards, or raises a named error.
     Nothing is written."""
-    cut = None
-    if request.target is not None and cuts.wanted(request.target):
+    cut = cuts.resolve(svc.catalog, request.cluster, request.target) if request.target else None
+    if cut is not None:
         # A scheduled cut: every node to its restore point, from a base completed before it.
-        cut = cuts.resolve(svc.catalog, request.cluster, request.target)
         request = request.model_copy(update={"target": RestoreTarget(name=cut.cut_id)})
         backups = svc.catalog.backups(request.cluster)
         record = cuts.base_for(cut, request, backups)

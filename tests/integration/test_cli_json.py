@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import shardvault_agent
 
-from shardvault.contracts.models import AGENT_PROTOCOL, Manifest
+from shardvault.contracts.models import Manifest
 from shardvault.data.frames import unpack_frames
 
 from .conftest import run_cli
@@ -45,7 +46,7 @@ def test_list_show_and_nodes_print_json(make_cluster, policy_for):
     (node,) = cli_json(cluster.stack, "nodes", cluster.name)
     assert node["node_id"] == cluster.configs[0]["node_id"]
     assert node["cluster"] == cluster.name
-    assert node["protocol"] == AGENT_PROTOCOL  # a running agent says what it speaks
+    assert node["protocol"] == shardvault_agent.PROTOCOL  # a running agent says what it speaks
     assert [s["shard_id"] for s in node["shards"]] == list(cluster.sources)
 
 

@@ -465,6 +465,22 @@ def test_weekly_drills_read_the_data_back_from_the_class_backups_land_in() -> No
     assert drilled.request_overhead_usd == pytest.approx(plain.request_overhead_usd)
 
 
+def test_scheduled_cuts_cost_their_runs_of_the_cut_state_machine() -> None:
+    """Every five minutes on three nodes: 8,640 runs a month of 15 transitions, 5 Lambda calls,
+    10 item writes and 6 SQS requests each, about $3.40; none without ``every_minutes``."""
+    schedule, retention = "{full: '0 2 * * *'}", "{keep_daily: 7}"
+    cut = "    cut: {every_minutes: 5}\n"
+    plain = costs.monthly_forecast(cluster(schedule, retention), 100 * GiB, 0.05, nodes=3)
+    cut_ = costs.monthly_forecast(cluster(schedule, retention, extra=cut), 100 * GiB, 0.05, nodes=3)
+    assert (plain.cuts_per_month, plain.cut_usd) == (0.0, 0.0)
+    assert cut_.cuts_per_month == pytest.approx(12 * 24 * DAYS_PER_MONTH, rel=0.01)
+    one = 15 * 0.025e-3 + 5 * (0.2e-6 + 0.05 * 0.0000133334) + 10 * 0.625e-6 + 6 * 0.4e-6
+    assert cut_.cut_usd == pytest.approx(cut_.cuts_per_month * one)
+    assert 3.0 < cut_.cut_usd < 4.0
+    assert cut_.total_usd == pytest.approx(plain.total_usd + cut_.cut_usd)
+    assert "scheduled cuts $" in cut_.summary()
+
+
 def test_a_cluster_that_lists_its_nodes_is_forecast():
     """Issue 44 (1): a policy with a ``nodes:`` list (not hashable) broke the forecast's cache,
     and with it the daily retention run of every cluster."""

@@ -4,6 +4,7 @@ restore takes, and the catalog's readers of backups never paging through cut ite
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -12,13 +13,20 @@ from shardvault.backup import cuts
 from shardvault.client.operations import ClientConfig
 from shardvault.config.policy import parse_policy
 from shardvault.contracts.catalog import CutItem, CutShardPoint, cut_key
-from shardvault.contracts.models import Manifest, RestoreRequest, RestoreTarget
+from shardvault.contracts.models import (
+    Engine,
+    Manifest,
+    NodeRecord,
+    RestoreRequest,
+    RestoreTarget,
+    ShardInfo,
+)
 from shardvault.errors import InvalidRequest, ShardVaultError, TargetOutOfRange
 from shardvault.lifecycle.sweep import forget_cuts
 from shardvault.local import scheduler
 from shardvault.wal.archive import ShardArchive
 
-from .support import backup_item, moto_services
+from .support import backup_item, leader_node, moto_services
 
 POLICY = """
 version: 1
@@ -31,6 +39,7 @@ clusters:
     cut: {commit_lock: 4242, database: bank, every_minutes: 15}
 """
 ENTERED = "2026-12-06T10:15:00.000Z"
+SIX = "000000010000000000000006"
 INSTANT = datetime(2026, 12, 6, 10, 15, 2, tzinfo=UTC).timestamp()
 
 
@@ -48,13 +57,15 @@ def test_cuts_fall_on_the_clocks_multiples_of_their_period_one_per_late_tick() -
     started = []
     lines = scheduler.tick(
         policy,
-        ClientConfig("sm", "catalog"),
+        ClientConfig("sm", "catalog", cut_state_machine_arn="arn:cut-machine"),
         since,
         until,
         start_cut=lambda config, cluster, by: started.append((cluster, by)) or "arn:cut",
     )
     assert started == [("bank", "schedule:cut")]
     assert [line["kind"] for line in lines] == ["cut"]
+    # A stack started by an older release has no cut machine: the tick says so, starts none.
+    assert scheduler.tick(policy, ClientConfig("sm", "catalog"), since, until) == []
 
 
 @pytest.mark.parametrize(
@@ -149,37 +160,44 @@ def cut(cut_id: str, instant: float, **fields) -> CutItem:
     )
 
 
+def cut_id(epoch: float, suffix: str) -> str:
+    """A cut id as the plan names it: the plan's second (before the instant), then hex."""
+    return "cut-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch - 2)) + "-" + suffix
+
+
 def test_a_restore_takes_the_named_cut_or_the_newest_paused_one_before_a_time(
     monkeypatch,
 ) -> None:
+    a, b, c = cut_id(100, "00000a"), cut_id(50, "00000b"), cut_id(300, "00000c")
     with moto_services(monkeypatch) as svc:
         for item in (
-            cut("cut-a", 100.0),
-            cut("cut-b", 50.0, cut_paused=False),  # best-effort: skipped by a time
-            cut("cut-c", 300.0, status="failed", error="n2: EngineError"),
+            cut(a, 100.0),
+            cut(b, 50.0, cut_paused=False),  # best-effort: skipped by a time
+            cut(c, 300.0, status="failed", error="n2: EngineError"),
+            *[cut(cut_id(1000 + n, f"{n:06x}"), 1000.0 + n) for n in range(40)],  # later
         ):
             svc.catalog.put(item)
-        by_name = cuts.resolve(svc.catalog, "bank", RestoreTarget(cut="cut-b"))
-        before = RestoreTarget(cut_before=datetime.fromtimestamp(350, UTC))
-        assert (by_name.cut_id, cuts.resolve(svc.catalog, "bank", before).cut_id) == (
-            "cut-b",
-            "cut-a",
-        )
+
+        def resolve(**target) -> CutItem | None:
+            return cuts.resolve(svc.catalog, "bank", RestoreTarget(**target))
+
+        assert resolve(cut=b).cut_id == b  # named: as asked, best-effort or not
+        assert resolve(cut_before=datetime.fromtimestamp(350, UTC)).cut_id == a
+        assert resolve(name=a).cut_id == a  # a restore point named as a cut is that cut
+        assert resolve(name="cut-20261206T101500Z-0a0b0c") is None  # an operator's own point
+        assert resolve(name="before-upgrade") is None
         with pytest.raises(TargetOutOfRange, match="failed"):
-            cuts.resolve(svc.catalog, "bank", RestoreTarget(cut="cut-c"))
-        only_best_effort = RestoreTarget(cut_before=datetime.fromtimestamp(60, UTC))
+            resolve(cut=c)
         with pytest.raises(TargetOutOfRange, match="1 best-effort skipped"):
-            cuts.resolve(svc.catalog, "bank", only_best_effort)
+            resolve(cut_before=datetime.fromtimestamp(60, UTC))
         with pytest.raises(TargetOutOfRange, match="no scheduled cut 'cut-z'"):
-            cuts.resolve(svc.catalog, "bank", RestoreTarget(cut="cut-z"))
+            resolve(cut="cut-z")
 
 
 def test_a_cut_target_must_name_a_scheduled_cut() -> None:
     with pytest.raises(InvalidRequest, match="not a scheduled cut's name"):
         RestoreTarget(cut="before-upgrade")
     assert RestoreTarget(cut="cut-20261206T101500Z-0a0b0c").kind == "cut"
-    assert cuts.wanted(RestoreTarget(name="cut-20261206T101500Z-0a0b0c"))
-    assert not cuts.wanted(RestoreTarget(name="before-upgrade"))
 
 
 def test_a_cuts_base_completed_before_it_and_its_segment_must_be_archived() -> None:
@@ -193,6 +211,11 @@ def test_a_cuts_base_completed_before_it_and_its_segment_must_be_archived() -> N
     short = ShardArchive("s1", "000000010000000000000002", "000000010000000000000004", 0.0, [], [])
     with pytest.raises(TargetOutOfRange, match="not archived yet"):
         cuts.check_reached(cut("cut-a", 100.0), manifest, [short])
+    gap = ShardArchive(
+        "s1", "000000010000000000000002", "000000010000000000000004", 0.0, [], [], newest=SIX
+    )
+    with pytest.raises(TargetOutOfRange, match="past a gap"):  # waiting would not help
+        cuts.check_reached(cut("cut-a", 100.0), manifest, [gap])
     reached = ShardArchive(
         "s1", "000000010000000000000002", "000000010000000000000005", 0.0, [], []
     )
@@ -224,3 +247,34 @@ def test_readers_of_backups_never_read_the_cut_items_and_the_sweep_forgets_old_c
         assert len(svc.catalog.cuts("bank")) == 30
         assert forget_cuts(svc, "bank", base, dry_run=False) == 5
         assert min(c.instant for c in svc.catalog.cuts("bank")) == 150.0
+
+
+def archiving_leader(**shard: object) -> NodeRecord:
+    """A PostgreSQL leader of shard s1 whose agent archives its WAL and knows ``cut``."""
+    info = ShardInfo(shard_id="s1", role="leader", wal_spool_bytes=0).model_copy(update=shard)
+    update = {"engine": Engine.POSTGRES, "protocol": cuts.CUT_PROTOCOL, "shards": [info]}
+    return leader_node("bank", time.time()).model_copy(update=update)
+
+
+@pytest.mark.parametrize(
+    ("node", "refusal"),
+    [
+        (archiving_leader(wal_spool_bytes=None), "archive no WAL: a cut there could never be"),
+        (
+            archiving_leader().model_copy(update={"engine": Engine.SQLITE}),
+            "run an engine that makes no restore point",
+        ),
+    ],
+)
+def test_a_cut_no_restore_could_reach_is_refused_before_any_node_is_asked(
+    monkeypatch, node: NodeRecord, refusal: str
+) -> None:
+    with moto_services(monkeypatch) as svc:
+        svc.nodes.put(archiving_leader())
+        planned = cuts.plan(cuts.CutRequest(cluster="bank"), svc)
+        assert planned["nodes"] == [{"node_id": "bank-n1", "shard_ids": ["s1"]}]
+        assert cuts.is_cut_id(planned["cut_id"])
+        svc.nodes.put(node)
+        with pytest.raises(ShardVaultError, match=refusal):
+            cuts.plan(cuts.CutRequest(cluster="bank"), svc)
+        assert svc.catalog.cuts("bank") == []

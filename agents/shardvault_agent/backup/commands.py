@@ -128,6 +128,7 @@ class BackupCommands:
         self.config, self.engine, self.sender, self.keys = config, engine, sender, keys
         self._shards, self._lock, self._fetch_plain = shards_named, lock, fetch_plain
         self.files = BackupFiles(config, engine)
+        self.cut_lock = threading.Lock()
         self.limits = BackupLimits(config, engine, limiter, self.files, shards)
         # Idle cores a pack may borrow (shardvault.data.pipeline), none the database is using.
         self.spare = SpareCores(others=OthersCores())
@@ -367,7 +368,7 @@ class BackupCommands:
                 self.files.save_cut(cut_id, shard.shard_id, marker)
             return CutShard(shard_id=shard.shard_id, marker=marker)
 
-        with self._lock(cut_id):
+        with self.cut_lock:  # one cut at a time: a redelivered one finds the first's markers
             self.files.forget_cuts(time.time() - KEPT_CUT_SECONDS)
             with ThreadPoolExecutor(max_workers=max(1, len(shards))) as pool:
                 answers = [f.result() for f in [pool.submit(cut, s) for s in shards]]

@@ -186,6 +186,17 @@ def print_forecast(title: str, forecast: Any) -> None:
             if forecast.drills_per_month
             else []
         ),
+        *(
+            [
+                (
+                    f"scheduled cuts ({forecast.cuts_per_month:,.0f} a month: state machine "
+                    "runs, Lambda calls, inbox items)",
+                    forecast.cut_usd,
+                )
+            ]
+            if forecast.cuts_per_month
+            else []
+        ),
         *[
             row
             for name, copy in forecast.copies_usd.items()

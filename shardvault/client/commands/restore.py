@@ -158,9 +158,8 @@ def run_restore(args: argparse.Namespace) -> int:
     )
     if request.target is None:  # the backup asked for exists: refused now, not in the run
         admission.resolve_backup(request, Catalog(table(config.catalog_table)))
-    elif cuts.wanted(request.target):  # the cut exists and did not fail: refused now
-        catalog = Catalog(table(config.catalog_table))
-        warn_best_effort(cuts.resolve(catalog, args.cluster, request.target))
+    elif cut := cuts.resolve(Catalog(table(config.catalog_table)), args.cluster, request.target):
+        warn_best_effort(cut)  # the cut exists and did not fail (refused now otherwise)
     execution = ops.start_restore(config, request)
     console.print(f"started [bold]{execution}[/]")
     if args.plan_only:

@@ -434,10 +434,26 @@ class PostgresAdapter:
         is on disk (a paused cut's commit does not flush it), with the segment it lies in."""
         conn = self._connect(shard)
         try:
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                raise EngineError(
+                    f"shard {shard.shard_id}'s server is a standby: a restore point is made "
+                    "on the leader only.",
+                    fix="set the shard's role to replica in this agent's configuration (the "
+                    "leader's agent cuts it), or promote this server.",
+                )
             marker = take_cut(conn, shard, cut)
             segment, _ = self._wait_flushed(conn, marker["cut_lsn"])
+            flushed = conn.execute(
+                "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (marker["cut_lsn"],)
+            ).fetchone()[0]
         finally:
             conn.close()
+        if not flushed:
+            raise EngineError(
+                f"shard {shard.shard_id}: restore point {cut.name} was not flushed to disk "
+                "within 30 s; the cut is not answered as made.",
+                fix="check the server's WAL writer and disk (pg_stat_wal, the server log).",
+            )
         return marker | {"cut_wal": segment}
 
     @staticmethod
