@@ -25,10 +25,11 @@ from shardvault.backup.admission import (
     check_sources_readable,
     choose_sources,
 )
+from shardvault.backup.cuts import check_cuttable
 from shardvault.config.policy import ClusterPolicy, Policy
 from shardvault.contracts import engines
 from shardvault.contracts.catalog import BackupItem, DrillItem
-from shardvault.contracts.models import BackupStatus, Frozen, NodeRecord
+from shardvault.contracts.models import BackupStatus, Frozen, NodeRecord, Source
 from shardvault.errors import ShardVaultError, UnknownCluster
 from shardvault.restore.admission import check_target_nodes
 from shardvault.workflow.membership import check_members
@@ -80,8 +81,23 @@ def findings(
                 lambda: check_sources_readable(nodes, chosen),
             )
         )
+        out += cut_findings(cluster, nodes, chosen, policy)
     out += backup_findings(cluster, records, policy, now)
     return out
+
+
+def cut_findings(
+    cluster: str, nodes: list[NodeRecord], chosen: list[Source], policy: Policy | None
+) -> list[Finding]:
+    """Whether the policy's scheduled cuts can be taken (``backup.cuts.check_cuttable``): each
+    leader archives its WAL and its agent knows the ``cut`` command. A cluster without them
+    says nothing; its refused cuts would show only as failed runs."""
+    declared = policy.clusters.get(cluster) if policy else None
+    minutes = declared.cut.every_minutes if declared else None
+    if minutes is None:
+        return []
+    check = f"scheduled cuts (every {minutes} min)"
+    return [attempt(check, lambda: check_cuttable(cluster, nodes, chosen))]
 
 
 def engines_found(cluster: str, nodes: list[NodeRecord], policy: Policy | None) -> str:

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from shardvault.assurance.readiness import drill_findings, findings, probe_findings
+from shardvault.backup.cuts import CUT_PROTOCOL
 from shardvault.config.policy import PolicyError, parse_policy
 from shardvault.contracts.catalog import BackupItem, DrillItem
-from shardvault.contracts.models import AGENT_PROTOCOL, NodeRecord, ShardInfo
+from shardvault.contracts.models import AGENT_PROTOCOL, Engine, NodeRecord, ShardInfo
 from tests.unit.support import backup_item
 
 NOW = 1_800_000_000.0
@@ -202,3 +203,26 @@ def test_the_probe_says_whether_each_node_can_cut_in_the_pauses_database() -> No
     assert not refused.ok
     assert "database 'bank'" in refused.detail
     assert refused.fix.startswith("GRANT CONNECT")
+
+
+def test_scheduled_cuts_the_leaders_cannot_take_are_a_failed_check() -> None:
+    """A policy that schedules cuts on leaders whose WAL no agent archives (or whose agents
+    predate the cut command) fails ``check`` by name, not each cut's run later."""
+    policy = parse_policy(
+        POLICY_TEXT.replace("engine: sqlite", "engine: postgres") + "    cut: {every_minutes: 15}\n"
+    )
+    archiving = ShardInfo(shard_id="s1", role="leader", wal_spool_bytes=0)
+    leader = node("n1", ("s1", "leader")).model_copy(
+        update={"engine": Engine.POSTGRES, "protocol": CUT_PROTOCOL, "shards": [archiving]}
+    )
+    found = {f.check: f for f in findings("a", [leader], [backup(3)], policy, NOW, 30)}
+    assert found["scheduled cuts (every 15 min)"].ok
+    bare = leader.model_copy(update={"shards": [ShardInfo(shard_id="s1", role="leader")]})
+    found = {f.check: f for f in findings("a", [bare], [backup(3)], policy, NOW, 30)}
+    refused = found["scheduled cuts (every 15 min)"]
+    assert not refused.ok
+    assert "archive no WAL" in refused.detail
+    assert "wal-archiving" in refused.fix
+    assert "scheduled cuts (every 15 min)" not in {
+        f.check for f in findings("a", [bare], [backup(3)], POLICY, NOW, 30)
+    }

@@ -20,6 +20,7 @@ from shardvault.contracts.models import (
     RestoreRequest,
     RestoreTarget,
     ShardInfo,
+    is_cut_id,
 )
 from shardvault.errors import InvalidRequest, ShardVaultError, TargetOutOfRange
 from shardvault.lifecycle.sweep import forget_cuts
@@ -257,24 +258,24 @@ def archiving_leader(**shard: object) -> NodeRecord:
 
 
 @pytest.mark.parametrize(
-    ("node", "refusal"),
+    ("change", "refusal"),
     [
-        (archiving_leader(wal_spool_bytes=None), "archive no WAL: a cut there could never be"),
-        (
-            archiving_leader().model_copy(update={"engine": Engine.SQLITE}),
-            "run an engine that makes no restore point",
-        ),
+        ({"wal_spool_bytes": None}, "archive no WAL: a cut there could never be"),
+        ({"engine": Engine.SQLITE}, "run an engine that makes no restore point"),
     ],
 )
 def test_a_cut_no_restore_could_reach_is_refused_before_any_node_is_asked(
-    monkeypatch, node: NodeRecord, refusal: str
+    monkeypatch, change: dict, refusal: str
 ) -> None:
     with moto_services(monkeypatch) as svc:
-        svc.nodes.put(archiving_leader())
+        svc.nodes.put(archiving_leader())  # made now: a node's heartbeat ages
         planned = cuts.plan(cuts.CutRequest(cluster="bank"), svc)
         assert planned["nodes"] == [{"node_id": "bank-n1", "shard_ids": ["s1"]}]
-        assert cuts.is_cut_id(planned["cut_id"])
-        svc.nodes.put(node)
+        assert is_cut_id(planned["cut_id"])
+        if "engine" in change:
+            svc.nodes.put(archiving_leader().model_copy(update=change))
+        else:
+            svc.nodes.put(archiving_leader(**change))
         with pytest.raises(ShardVaultError, match=refusal):
             cuts.plan(cuts.CutRequest(cluster="bank"), svc)
         assert svc.catalog.cuts("bank") == []
