@@ -12,5 +12,5 @@ from shardvault.backup import cuts
 def lambda_handler(event: dict, context: object) -> dict:
     step = parse(cuts.CutStep, event)
     if step.phase == "plan":
-        return cuts.plan(parse(cuts.CutRequest, step.request), services())
+        return cuts.plan(parse(cuts.CutClusterRequest, step.request), services(), time.time())
     return cuts.record(step, services(), time.time())

@@ -52,7 +52,7 @@ from shardvault.contracts.catalog import (
     kind_of,
     restore_key,
 )
-from shardvault.contracts.models import CUT_ID_PREFIX, NodeRecord, ThrottleReport
+from shardvault.contracts.models import CUT_ID_PREFIX, NodeRecord, ThrottleReport, id_second
 
 log = logging.getLogger("shardvault.aws.tables")
 Item = TypeVar("Item", bound=CatalogItem)
@@ -519,21 +519,20 @@ class Catalog:
 
     def restores(self, cluster: str) -> list[RestoreItem]:
         """Restores into ``cluster`` (items keyed ``restore#<restore_id>``)."""
-        items = query_all(
-            self.table,
-            KeyConditionExpression=Key("cluster").eq(cluster)
-            & Key("backup_id").begins_with(RESTORE_PREFIX),
-        )
-        return readable(RestoreItem, items)
+        return self._prefixed(RestoreItem, cluster, RESTORE_PREFIX)
 
     def drills(self, cluster: str) -> list[DrillItem]:
         """Drills of ``cluster`` (items keyed ``drill#<drill_id>``), oldest first."""
+        return self._prefixed(DrillItem, cluster, DRILL_PREFIX)
+
+    def _prefixed(self, kind: type[Item], cluster: str, prefix: str) -> list[Item]:
+        """The cluster's items of one kind, whose keys begin with ``prefix``, in key order."""
         items = query_all(
             self.table,
             KeyConditionExpression=Key("cluster").eq(cluster)
-            & Key("backup_id").begins_with(DRILL_PREFIX),
+            & Key("backup_id").begins_with(prefix),
         )
-        return readable(DrillItem, items)
+        return readable(kind, items)
 
     def cut(self, cluster: str, cut_id: str) -> CutItem | None:
         return self._read(CutItem, cluster, cut_key(cut_id))
@@ -543,7 +542,7 @@ class Catalog:
         at a time: a cut's id begins with its plan's second (before its instant), so the keys
         sort by time and a restore's "newest cut before T" reads from T back, not the whole
         history."""
-        newest = cut_key(f"{CUT_ID_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(epoch))}~")
+        newest = cut_key(f"{CUT_ID_PREFIX}{id_second(epoch)}~")  # after every id of that second
         query = {
             "KeyConditionExpression": Key("cluster").eq(cluster)
             & Key("backup_id").between(CUT_PREFIX, newest),
@@ -555,12 +554,7 @@ class Catalog:
 
     def cuts(self, cluster: str) -> list[CutItem]:
         """Scheduled cuts of ``cluster`` (items keyed ``cut#<cut_id>``), oldest first."""
-        items = query_all(
-            self.table,
-            KeyConditionExpression=Key("cluster").eq(cluster)
-            & Key("backup_id").begins_with(CUT_PREFIX),
-        )
-        return readable(CutItem, items)
+        return self._prefixed(CutItem, cluster, CUT_PREFIX)
 
     def all_backups(self) -> list[BackupItem]:
         return readable(BackupItem, (i for i in scan_all(self.table) if is_backup(i["backup_id"])))

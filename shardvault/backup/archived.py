@@ -36,7 +36,7 @@ from shardvault.contracts.models import (
     Phase,
     ShardListing,
 )
-from shardvault.contracts.pgwal import SEGMENT_NAME, segment_number
+from shardvault.contracts.pgwal import SEGMENT_NAME
 from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import WalNotArchived
 from shardvault.wal.archive import archived_batches, batch_files, shard_archive
@@ -88,7 +88,7 @@ def covering(
     run's timeline history files), in WAL order."""
     indexes = archived_batches(svc, cluster, shard_id, since=first)
     run = shard_archive(shard_id, first, indexes)
-    if run.last is None or segment_number(run.last) < segment_number(last):
+    if not run.holds(last):
         reach = f"runs to {run.last}" if run.last else f"does not hold {first}"
         raise WalNotArchived(
             f"shard {shard_id}'s tail refers to the WAL archive from {first} to {last}, but "

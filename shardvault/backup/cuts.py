@@ -26,7 +26,6 @@ of cuts older than the base the kept archive starts from (``lifecycle.sweep.forg
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from typing import Any, Literal
 
@@ -38,7 +37,7 @@ from shardvault.backup.admission import (
     choose_sources,
     cluster_policy,
 )
-from shardvault.contracts import cut as cuts
+from shardvault.contracts import cut as contract
 from shardvault.contracts.catalog import BackupItem, CutItem, CutShardPoint, cut_key
 from shardvault.contracts.commands import CutAnswer, parse_result
 from shardvault.contracts.engines import traits
@@ -53,7 +52,6 @@ from shardvault.contracts.models import (
     is_cut_id,
     new_cut_id,
 )
-from shardvault.contracts.pgwal import segment_number
 from shardvault.errors import (
     AgentOutdated,
     InvalidRequest,
@@ -72,7 +70,7 @@ from shardvault.workflow.membership import check_members
 CUT_PROTOCOL = 7
 
 
-class CutRequest(Frozen):
+class CutClusterRequest(Frozen):
     """The cut state machine's input: from the schedule, ``shardvault cut`` or a test."""
 
     cluster: ClusterName
@@ -91,7 +89,7 @@ class CutStep(Frozen):
 
 
 # --- plan --------------------------------------------------------------------------------------
-def plan(request: CutRequest, svc: Services) -> dict[str, Any]:
+def plan(request: CutClusterRequest, svc: Services, now: float) -> dict[str, Any]:
     """The cut's id, its nodes (each shard's leader) and how they cut; refuses by name, before
     any side effect, a cluster whose shards cannot make a restore point a restore reaches."""
     nodes = svc.nodes.in_cluster(request.cluster)
@@ -101,16 +99,16 @@ def plan(request: CutRequest, svc: Services) -> dict[str, Any]:
             fix="check the cluster name, or start the cluster's agents.",
         )
     check_members(request.cluster, nodes, svc.policy())
-    check_nodes_available(nodes, time.time(), svc.settings.heartbeat_max_age_seconds)
+    check_nodes_available(nodes, now, svc.settings.heartbeat_max_age_seconds)
     sources = choose_sources(nodes)
     check_sources_readable(nodes, sources)
     check_cuttable(request.cluster, nodes, sources)
     policy = cluster_policy(request.cluster, svc)
-    cut_id = new_cut_id(time.time())
+    cut_id = new_cut_id(now)
     return {
         "cut_id": cut_id,
         "nodes": [{"node_id": s.node_id, "shard_ids": s.shard_ids} for s in sources],
-        "margin_seconds": cuts.cut_margin_seconds(len(sources)),
+        "margin_seconds": contract.cut_margin_seconds(len(sources)),
         "commit_lock": policy.cut.commit_lock if policy else None,
         "database": policy.cut.database if policy else None,
     }
@@ -161,7 +159,7 @@ def record(step: CutStep, svc: Services, now: float) -> dict[str, Any]:
     """Writes the cut's catalog item from the nodes' answers and returns it as a row; a node's
     failure is recorded (the item says which node, and why), then raised: the execution fails,
     and its alarm says so."""
-    request = CutRequest.model_validate(step.request)
+    request = CutClusterRequest.model_validate(step.request)
     cut_id = str(step.plan["cut_id"])
     failed = [r for r in step.results if r.get("error")]
     base = {
@@ -188,7 +186,7 @@ def record(step: CutStep, svc: Services, now: float) -> dict[str, Any]:
     points = {
         s.shard_id: point_of(a.node_id, s.shard_id, s.marker) for a in answers for s in a.shards
     }
-    summary = cuts.summary(markers, cut_id)  # its name is the item's; its shards, listed
+    summary = contract.summary(markers, cut_id)  # its name is the item's; its shards, listed
     kept = {k: v for k, v in summary.items() if k not in ("cut_name", "cut_shards")}
     item = CutItem(**base, status="complete", shards=points, **kept)
     svc.catalog.put(item)
@@ -197,7 +195,7 @@ def record(step: CutStep, svc: Services, now: float) -> dict[str, Any]:
 
 def instant_of(plan: dict[str, Any]) -> float:
     """The cut's instant: the Aim state's entry (``entered``) plus the plan's margin."""
-    request = cuts.CutRequest(
+    request = contract.CutRequest(
         name=str(plan["cut_id"]),
         entered=str(plan["entered"]),
         margin_seconds=float(plan.get("margin_seconds") or 0.0),
@@ -309,10 +307,9 @@ def check_reached(cut: CutItem, manifest: Manifest, found: list[ShardArchive]) -
 def refuse_unarchived(cut: CutItem, archive: ShardArchive, point: CutShardPoint) -> None:
     """The shard's archive runs without a gap to the segment of its restore point, or the
     refusal says why: a gap before it (waiting will not help), or not yet (it will)."""
-    segment = segment_number(point.wal)
-    if archive.last is not None and segment_number(archive.last) >= segment:
+    if archive.holds(point.wal):
         return
-    if archive.newest is not None and segment_number(archive.newest) >= segment:
+    if archive.holds_past_a_gap(point.wal):
         raise TargetOutOfRange(
             f"cut {cut.cut_id} is past a gap in shard {archive.shard_id}'s WAL archive: it runs "
             f"without a gap only to {archive.last}, and the point is in {point.wal}.",

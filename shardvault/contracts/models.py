@@ -125,9 +125,14 @@ class BackupStatus(StrEnum):
     EXPIRED = "EXPIRED"
 
 
+def id_second(now: float) -> str:
+    """The UTC second an id begins with (``20261129T061235Z``): ids sort by time."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+
 def new_backup_id(now: float) -> str:
     """A backup's id: its start time in UTC (so ids sort by time) and a random suffix."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(3)
+    return id_second(now) + "-" + secrets.token_hex(3)
 
 
 # A scheduled cut's id is its restore point's name: ``cut-<UTC second>-<random>``. It never

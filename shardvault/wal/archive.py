@@ -303,6 +303,15 @@ class ShardArchive:
     indexes: list[dict[str, Any]]  # every batch read (the run's and any past a gap)
     newest: str | None = None
 
+    def holds(self, segment: str) -> bool:
+        """Whether the run reaches WAL ``segment`` without a gap (PostgreSQL's archive)."""
+        return self.last is not None and segment_number(self.last) >= segment_number(segment)
+
+    def holds_past_a_gap(self, segment: str) -> bool:
+        """Whether the archive holds ``segment`` or later, with a gap before it."""
+        newest = self.newest
+        return newest is not None and segment_number(newest) >= segment_number(segment)
+
 
 def wal_from(manifest: Manifest, shard_id: str) -> str | None:
     """The segment a backup's own WAL of the shard ends in (the cut's, or the stop's): where a

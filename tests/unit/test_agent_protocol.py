@@ -59,7 +59,7 @@ def test_a_cut_on_an_agent_before_cuts_is_refused_by_name_and_writes_nothing(svc
     old = {"protocol": CUT_PROTOCOL - 1, "engine": Engine.POSTGRES, "shards": [archived]}
     svc.nodes.put(outdated("c", time.time()).model_copy(update=old))
     with pytest.raises(AgentOutdated) as refused:
-        cuts.plan(cuts.CutRequest(cluster="c"), svc)
+        cuts.plan(cuts.CutClusterRequest(cluster="c"), svc, time.time())
     assert f"needs agent protocol {CUT_PROTOCOL}" in refused.value.message
     assert "Backups and restores still run" in refused.value.fix
     assert svc.catalog.cuts("c") == []

@@ -269,7 +269,7 @@ def test_a_cut_no_restore_could_reach_is_refused_before_any_node_is_asked(
 ) -> None:
     with moto_services(monkeypatch) as svc:
         svc.nodes.put(archiving_leader())  # made now: a node's heartbeat ages
-        planned = cuts.plan(cuts.CutRequest(cluster="bank"), svc)
+        planned = cuts.plan(cuts.CutClusterRequest(cluster="bank"), svc, time.time())
         assert planned["nodes"] == [{"node_id": "bank-n1", "shard_ids": ["s1"]}]
         assert is_cut_id(planned["cut_id"])
         if "engine" in change:
@@ -277,5 +277,5 @@ def test_a_cut_no_restore_could_reach_is_refused_before_any_node_is_asked(
         else:
             svc.nodes.put(archiving_leader(**change))
         with pytest.raises(ShardVaultError, match=refusal):
-            cuts.plan(cuts.CutRequest(cluster="bank"), svc)
+            cuts.plan(cuts.CutClusterRequest(cluster="bank"), svc, time.time())
         assert svc.catalog.cuts("bank") == []
