@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from shardvault_agent.engines.mariadb.server import MariadbServer
 
+from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.local import demo
 from shardvault.local.mariadb import ACCOUNTS, BALANCE, Transfers, consistent, init_server
 from shardvault.local.mariadb import stop_server as stop_mariadb
@@ -123,6 +124,7 @@ def test_binary_logs_are_archived_and_replayed_to_times_and_a_position(
         assert total == ACCOUNTS * BALANCE
         assert shard["recovery_target"] == "time"
         assert shard["checks"]["mariadb-check --all-databases"] == "ok"
+        assert not (Path(shard["path"]) / WAL_DIR).exists()  # replayed, then removed
 
     at = into.restore(cluster.name, target={"position": position}, replace=True)
     assert at.status == "SUCCEEDED", at.cause

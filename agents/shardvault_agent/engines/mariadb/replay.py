@@ -24,7 +24,6 @@ Terms (``binlogs`` defines the logs and positions):
 from __future__ import annotations
 
 import contextlib
-import shutil
 import struct
 import subprocess
 import time
@@ -185,7 +184,6 @@ def replay(
             fix="see the restored server's log; restore to an earlier target, or another "
             "backup, and report this one.",
         )
-    shutil.rmtree(root / WAL_DIR, ignore_errors=True)
     return reached
 
 
