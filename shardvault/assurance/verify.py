@@ -310,7 +310,8 @@ def archive_problems(
     its index says, to ``problems``."""
     found: dict[str, dict[str, Any]] = {}
     for shard in manifest.shards:
-        if not traits(manifest.engine_of(shard)).point_in_time:
+        log = traits(manifest.engine_of(shard))
+        if not log.point_in_time:
             continue
         run = after_backup(svc, manifest, shard.shard_id)
         if run is None or not run.indexes:
@@ -320,15 +321,17 @@ def archive_problems(
         if run.last is None or log_place(run.last) < log_place(newest):
             stops = run.last or f"before {first}"
             problems.append(
-                f"shard {shard.shard_id}'s WAL archive misses segments after {stops} (it holds "
-                f"WAL up to {newest}): a point-in-time restore from {manifest.backup_id} "
-                "cannot pass the gap"
+                f"shard {shard.shard_id}'s {log.log} archive misses {log.log_file}s after "
+                f"{stops} (it holds {log.log} up to {newest}): a point-in-time restore from "
+                f"{manifest.backup_id} cannot pass the gap"
             )
         for index in indexes:
             problem = batch_problem(svc.store_bucket, index)
             if problem:
-                problems.append(f"shard {shard.shard_id}'s WAL archive: {problem}")
-        found[shard.shard_id] = {"from": first, "to": run.last, "batches": len(indexes)}
+                problems.append(f"shard {shard.shard_id}'s {log.log} archive: {problem}")
+        found[shard.shard_id] = {
+            "from": first, "to": run.last, "batches": len(indexes), "log": log.log,
+        }  # fmt: skip
     return found
 
 

@@ -36,6 +36,11 @@ class EngineTraits:
     # whole seconds only (``whole_seconds``: its log stamps events by the second).
     targets: frozenset[str] = frozenset()
     whole_seconds: bool = False
+    # How messages name its archived log and one file of it, and what closes the open file
+    # (nothing past it is archived): PostgreSQL's WAL and segments, MariaDB's binary logs.
+    log: str = ""
+    log_file: str = ""
+    closes: str = ""
 
 
 TRAITS = {
@@ -44,11 +49,17 @@ TRAITS = {
         logged_tail=True,
         point_in_time=True,
         targets=frozenset({"time", "lsn", "name", "latest"}),
+        log="WAL",
+        log_file="segment",
+        closes="PostgreSQL closes a segment every archive_timeout",
     ),
     Engine.MARIADB: EngineTraits(
         point_in_time=True,
         targets=frozenset({"time", "position", "latest"}),
         whole_seconds=True,
+        log="binary log",
+        log_file="binary log",
+        closes="the agent closes a binary log after the policy's archive.max_delay_seconds",
     ),
     Engine.ROCKSDB: EngineTraits(runs_queries=False),
     Engine.HOOKS: EngineTraits(runs_queries=False),

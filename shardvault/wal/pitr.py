@@ -39,7 +39,7 @@ from typing import Any
 from shardvault.aws.services import Services
 from shardvault.aws.tables import completion_order
 from shardvault.contracts.catalog import BackupItem
-from shardvault.contracts.engines import label, traits
+from shardvault.contracts.engines import EngineTraits, label, traits
 from shardvault.contracts.layout import batch_place
 from shardvault.contracts.links import linked_dirs
 from shardvault.contracts.models import (
@@ -221,10 +221,12 @@ def archives(
     restorable = f"from {when(oldest_backup)} to {when(reach)}" if reach else "nothing"
     empty = [a for a in found if a.last is None]
     if empty:
+        log = log_of(manifest, empty[0].shard_id)
         raise TargetOutOfRange(
-            f"the WAL archive of shard(s) {', '.join(a.shard_id for a in empty)} holds nothing "
-            f"from backup {manifest.backup_id}'s end on (segment {empty[0].first}): cluster "
-            f"{request.cluster!r} can be restored to its backups only.",
+            f"the {log.log} archive of shard(s) {', '.join(a.shard_id for a in empty)} holds "
+            f"nothing from backup {manifest.backup_id}'s end on ({log.log_file} "
+            f"{empty[0].first}): cluster {request.cluster!r} can be restored to its backups "
+            "only.",
             fix="set up continuous archiving on those shards (docs/guide/wal-archiving.md"
             "), then take a backup; restore without a target meanwhile.",
         )
@@ -234,14 +236,21 @@ def archives(
         outside_position(target.position, found[0], manifest.shards[0].marker)
     if target.epoch is not None and target.epoch > reach:
         short = min(found, key=lambda a: a.reaches)
+        log = log_of(manifest, short.shard_id)
         raise TargetOutOfRange(
-            f"{target.describe()} is past the WAL archive: shard {short.shard_id}'s archived "
-            f"WAL runs without a gap to {short.last}, pushed at {when(short.reaches)}; the "
-            f"restorable range is {restorable}.",
-            fix="choose a target inside the range, or wait until the archive holds WAL past "
-            "the target (PostgreSQL closes a segment every archive_timeout).",
+            f"{target.describe()} is past the {log.log} archive: shard {short.shard_id}'s "
+            f"archived {log.log} runs without a gap to {short.last}, pushed at "
+            f"{when(short.reaches)}; the restorable range is {restorable}.",
+            fix=f"choose a target inside the range, or wait until the archive holds {log.log} "
+            f"past the target ({log.closes}).",
         )
     return found
+
+
+def log_of(manifest: Manifest, shard_id: str) -> EngineTraits:
+    """The traits that name the shard's archived log in messages (WAL, binary log)."""
+    (shard,) = [s for s in manifest.shards if s.shard_id == shard_id]
+    return traits(manifest.engine_of(shard))
 
 
 def replayed(found: list[ShardArchive]) -> tuple[int, int]:

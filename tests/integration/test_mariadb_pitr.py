@@ -163,6 +163,9 @@ def test_targets_a_binary_log_cannot_stop_at_are_refused_by_name(binlog_node, ma
     assert "stamps its log by the second" in said["a fraction of a second"]
     assert "cannot stop at LSN 0/3000060" in said["an LSN"]
     assert "restorable range is from" in said["a year ahead"]
+    # In the binary logs' own words, with what closes one (no PostgreSQL setting).
+    assert "is past the binary log archive" in said["a year ahead"]
+    assert "archive.max_delay_seconds" in said["a year ahead"]
     assert "is not in shard shard-1's archived binary logs" in said["a file not archived"]
     # Each was refused before a node wrote anything.
     assert not [p for p in into.restore_dir(0).rglob("*") if not p.name.startswith(".")]

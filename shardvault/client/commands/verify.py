@@ -92,7 +92,8 @@ def run_verify(args: argparse.Namespace) -> int:
             console.print(f"  {note}")
     for shard_id, wal in sorted((result.get("wal_archive") or {}).items()):
         console.print(
-            f"[green]ok[/]: shard {shard_id}'s WAL archive runs without a gap from {wal['from']} "
-            f"to {wal['to']} ({wal['batches']} batches): a point-in-time restore reaches it"
+            f"[green]ok[/]: shard {shard_id}'s {wal.get('log', 'WAL')} archive runs without a "
+            f"gap from {wal['from']} to {wal['to']} ({wal['batches']} batches): a "
+            "point-in-time restore reaches it"
         )
     return 0
