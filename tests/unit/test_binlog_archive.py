@@ -264,3 +264,18 @@ def test_a_file_the_server_keeps_through_a_purge_is_not_stored_again():
     server.keep = ""  # its checkpoint moved on
     source.look(0.0, 60.0)  # the next look purges it
     assert names[1] not in server.logs
+
+
+def test_a_look_asks_the_server_once_and_a_flush_is_seen_at_once():
+    from shardvault_agent.engines.mariadb.binlogs import BinlogSource
+
+    names = [f"mysql-bin.{n:06d}" for n in range(1, 4)]
+    server = FakeServer(names)
+    source = BinlogSource("shard-1", lambda: server)
+    source.look(100.0, 5.0)
+    for _ in range(3):  # the batches the look packs, and the heartbeat
+        assert [p.name for p in source.waiting()] == names[:2]
+    assert len(server.said) == 1  # one client process for the whole look
+    source.look(105.0, 5.0)  # closes the open file: the listing is read again after it
+    assert "FLUSH BINARY LOGS" in server.said
+    assert [p.name for p in source.waiting()] == names

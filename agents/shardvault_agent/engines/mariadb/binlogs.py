@@ -40,6 +40,9 @@ BINLOG_INFO = ("xtrabackup_binlog_info", "mariadb_backup_binlog_info")
 # What an archived shard's server must be set to (``readiness_problems``).
 FLUSHED = "(flushed)"  # the open file as last seen: the one this source's flush just opened
 CONFIRM_SECONDS = 60.0  # how long a source trusts that its socket reaches the shard's server
+# How long the listing a look read answers ``waiting`` (the batches the look packs, the
+# heartbeat's spool state) before the server is asked again: one client process a look.
+LISTING_SECONDS = 1.0
 SETTINGS = (
     "SELECT @@log_bin, @@binlog_format, @@binlog_expire_logs_seconds, @@max_binlog_size, "
     "@@encrypt_binlog"
@@ -104,14 +107,17 @@ class BinlogSource:
     flushed_gtid: str | None = None
     archived: set[str] = field(default_factory=set)  # recorded, not purged yet
     confirmed: tuple[float, MariadbServer] | None = None  # (monotonic time, the server)
+    # The last listing (monotonic time, binlog directory, logs, GTID position); None once a
+    # flush or purge changed the server's files.
+    listing: tuple[float, Path, list[tuple[str, int]], str] | None = None
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def linked(self) -> dict[str, str]:
         return {}
 
     def _server(self) -> MariadbServer:
-        """The shard's server, confirmed again every ``CONFIRM_SECONDS`` (each look asks it
-        twice: a client process each, on the database's host)."""
+        """The shard's server, confirmed again every ``CONFIRM_SECONDS`` (a look asks it
+        once more: a client process, on the database's host)."""
         now = time.monotonic()
         if self.confirmed is None or now - self.confirmed[0] >= CONFIRM_SECONDS:
             self.confirmed = (now, self.server())
@@ -128,9 +134,13 @@ class BinlogSource:
                 "server's log.",
             ) from None
 
-    def _logs(self) -> tuple[Path, list[tuple[str, int]], str]:
+    def _logs(self, reuse: bool = False) -> tuple[Path, list[tuple[str, int]], str]:
         """The binlog directory, the server's binary logs in its own order (the last one
-        open), and its GTID position (what it last logged: ``look`` compares it)."""
+        open), and its GTID position (what it last logged: ``look`` compares it). ``reuse``:
+        the last listing will do if it is younger than ``LISTING_SECONDS``."""
+        now, last = time.monotonic(), self.listing
+        if reuse and last is not None and now - last[0] < LISTING_SECONDS:
+            return last[1], last[2], last[3]
         answer = self.sql("SELECT @@log_bin_basename, @@gtid_binlog_pos; SHOW BINARY LOGS")
         first, *lines = answer.splitlines()
         basename, _, gtid = first.partition("\t")
@@ -144,10 +154,15 @@ class BinlogSource:
                     fix="set log_bin to a basename of letters, digits, '.', '_' and single '-'.",
                 )
             logs.append((name, int(size)))
+        self.listing = (now, Path(basename).parent, logs, gtid)
         return Path(basename).parent, logs, gtid
 
     def waiting(self) -> list[Path]:
-        directory, logs, _ = self._logs()
+        """The closed files not archived yet, from the look's listing when it is fresh: a
+        file closed since is taken at the next look, a second later. (No backup waits for
+        binary logs to be archived: ``Archiver.wait_archived`` is PostgreSQL's, whose spool
+        is a directory read each time.)"""
+        directory, logs, _ = self._logs(reuse=True)
         with self.guard:
             return [directory / name for name, _ in logs[:-1] if name not in self.archived]
 
@@ -172,7 +187,7 @@ class BinlogSource:
         if self.changed_at is not None and now - self.changed_at >= max_delay:
             self.flushed_gtid = gtid  # read before the flush: a commit between goes in either
             self.sql("FLUSH BINARY LOGS")
-            self.open_name, self.changed_at = FLUSHED, None
+            self.open_name, self.changed_at, self.listing = FLUSHED, None, None
 
     def let_go(self, names: list[str]) -> None:
         """The archive recorded ``names``: the server's files are purged up to the oldest one
@@ -193,6 +208,7 @@ class BinlogSource:
                 kept = next((n for n, _ in logs if n not in self.archived), None)
             if kept is None or kept == logs[0][0]:
                 return
+            self.listing = None
             self.sql(f"PURGE BINARY LOGS TO '{kept}'")  # a name the pattern checked
             _, logs, _ = self._logs()
         except Exception as error:  # any: raised, the send would store them again and again
