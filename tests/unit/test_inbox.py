@@ -4,6 +4,7 @@ it runs, so reading the partition on every poll re-read every running command's 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,31 @@ def test_an_agent_reads_its_inbox_only_when_the_doorbell_rang(
     clock[0] += daemon.FULL_READ_SECONDS  # and now and then a read without a ring
     agent.poll_once()
     assert inbox.reads == 4
+
+
+def test_a_cut_runs_at_once_while_transfers_fill_the_command_pool(
+    inbox_table, tmp_path: Path, monkeypatch
+) -> None:
+    """A scheduled cut keeps its instant: it never queues behind a backup's transfers."""
+    agent = daemon.Agent(sqlite_agent(tmp_path, max_parallel_commands=1), nodes_table="n",
+                         inbox_table="i")  # fmt: skip
+    busy, ran = threading.Event(), {}
+    done = {name: threading.Event() for name in ("c-upload", "c-cut")}
+
+    def execute(item: dict[str, Any]) -> None:
+        ran[item["command_id"]] = threading.current_thread().name
+        done[item["command_id"]].set()
+
+    monkeypatch.setattr(agent, "execute", execute)
+    agent.pool.submit(busy.wait, 30)  # a transfer holding the only command thread
+    try:
+        agent.inbox.post("n1", "c-upload", "upload", {}, "token-1")
+        agent.inbox.post("n1", "c-cut", "cut", {}, "token-2")
+        agent.poll_once()
+        assert done["c-cut"].wait(5), "the cut waited for the transfers"
+        assert list(ran) == ["c-cut"]
+        assert ran["c-cut"].startswith("timed")
+    finally:
+        busy.set()
+    assert done["c-upload"].wait(5)  # and the queued command runs once the pool frees
+    assert ran["c-upload"].startswith("command")
