@@ -14,6 +14,13 @@ command that reaches the host. The defence has two layers:
    ``pg_read_all_data`` (no file or program privileges); SQLite opens the file read-only and an
    authorizer allows reads and function calls only, under a time limit.
 
+*Database*: a query may name the database it runs in, ``DATABASE:QUERY`` (``inventory:
+SELECT count(*) > 0 FROM items``): PostgreSQL connects to that database (else ``postgres``),
+MariaDB makes it the session's default (else none: name tables ``db.table``); a SQLite shard
+is one database and refuses a name. No query the gate lets through begins with a word and a
+colon, so the prefix is never part of a query; the name goes to the engine as a connection
+parameter, never into SQL.
+
 The gate is lexical, not a parser. Where the engines could read the text differently than the
 gate does (a backslash in a string literal, whose meaning depends on server settings) it
 refuses; it may refuse an odd but harmless query (a column named ``update`` must then be
@@ -40,6 +47,9 @@ MAX_QUERIES = 20
 MAX_QUERY_CHARS = 4096
 QUERY_TIMEOUT_SECONDS = 60  # per query, enforced by the engine on the target node
 READ_STARTS = frozenset({"SELECT", "WITH", "VALUES", "TABLE"})
+# ``DATABASE:`` before a query (the module's *database*): a plain name, as PostgreSQL and
+# MariaDB allow one unquoted (and ``-``, which they allow quoted), at most 63 characters.
+_IN_DATABASE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_$-]{0,62})\s*:(?!:)(.*)", re.DOTALL)
 # Words that write, lock, reach files or change the session, wherever they appear outside
 # literals: a data-modifying CTE (WITH x AS (DELETE ...)), SELECT ... INTO (creates a table),
 # SELECT ... FOR UPDATE/SHARE (takes row locks).
@@ -83,12 +93,13 @@ class Dialect:
     nested_comments: bool = False
     dollar_quotes: bool = False
     hash_comments: bool = False
+    databases: bool = True  # a query may name its database (the module's *database*)
 
 
 POSTGRES = Dialect("PostgreSQL", nested_comments=True, dollar_quotes=True)
 DIALECTS = {
     "postgres": POSTGRES,
-    "sqlite": Dialect("SQLite"),
+    "sqlite": Dialect("SQLite", databases=False),
     "mariadb": Dialect("MariaDB", hash_comments=True),
 }
 
@@ -121,8 +132,17 @@ def check_validation_query(query: str, dialect: Dialect = POSTGRES) -> str:
         )
     if "\x00" in query:
         raise InvalidRequest("a validation query contains a NUL character.", fix=FIX)
-    words, statements = _scan(query, dialect)
     shown = _shorten(query)
+    database, statement = split_database(query)
+    if database is not None and not dialect.databases:
+        raise InvalidRequest(
+            f"validation query {shown} names database {database!r}; a {dialect.name} shard is "
+            "one database.",
+            fix=f"drop '{database}:' from the query.",
+        )
+    if database is not None and not statement.strip():
+        raise InvalidRequest(f"validation query {shown} names a database but no query.", fix=FIX)
+    words, statements = _scan(statement, dialect)
     if statements > 1:
         read_as = "" if dialect is POSTGRES else f" (as {dialect.name} reads it)"
         raise InvalidRequest(
@@ -143,6 +163,13 @@ def check_validation_query(query: str, dialect: Dialect = POSTGRES) -> str:
             fix=FIX,
         )
     return query
+
+
+def split_database(query: str) -> tuple[str | None, str]:
+    """A validation query's database (None: the engine's default) and the query itself
+    (the module's *database*)."""
+    found = _IN_DATABASE.fullmatch(query)
+    return (found.group(1), found.group(2)) if found else (None, query)
 
 
 def _scan(query: str, dialect: Dialect = POSTGRES) -> tuple[list[str], int]:

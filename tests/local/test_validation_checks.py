@@ -163,3 +163,33 @@ def test_mariadb_ends_a_query_that_runs_too_long(maria, monkeypatch) -> None:
     query = "SELECT SLEEP(30) = 0 FROM shop.orders LIMIT 1"
     result = mariadb_checks.mariadb_checks(maria, [query])
     assert "longer than 1 s" in result[query], result[query]
+
+
+def test_a_query_runs_in_the_database_it_names(server) -> None:
+    server.psql("CREATE DATABASE shop")
+    server.psql("CREATE DATABASE sealed")
+    server.psql("REVOKE CONNECT ON DATABASE sealed FROM PUBLIC")
+    server.psql("CREATE TABLE orders AS SELECT g AS id FROM generate_series(1, 3) g", "shop")
+    queries = [
+        "shop: SELECT count(*) = 3 FROM orders",  # its own orders, not postgres's hundred
+        "SELECT count(*) = 100 FROM orders",
+        "absent: SELECT true",
+        "sealed: SELECT true",
+    ]
+    result = postgres_checks.postgres_checks(server, queries, jobs=1)
+    assert result[queries[0]] == "ok"
+    assert result[queries[1]] == "ok"
+    assert (
+        result[queries[2]]
+        == "error: the restored server has no database 'absent' that takes connections"
+    )
+    assert result[queries[3]].startswith("error: the check role cannot connect to 'sealed'")
+    assert server.psql("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'shardvault%'") == "0"
+
+
+def test_mariadb_takes_the_database_a_query_names_as_its_default(maria) -> None:
+    queries = ["shop: SELECT COUNT(*) = 100 FROM orders", "absent: SELECT 1"]
+    result = mariadb_checks.mariadb_checks(maria, queries)
+    assert result[queries[0]] == "ok"
+    assert "Unknown database 'absent'" in result[queries[1]], result[queries[1]]
+    assert not result[queries[1]].startswith(REFUSED)  # a failed check, not a refused query

@@ -10,6 +10,7 @@ from shardvault.contracts.sqlcheck import (
     MAX_QUERIES,
     check_validation_queries,
     check_validation_query,
+    split_database,
 )
 from shardvault.errors import InvalidRequest
 
@@ -104,3 +105,34 @@ def test_mariadb_hash_comments_and_executable_comments() -> None:
 def test_plain_queries_pass_in_every_dialect() -> None:
     plain = ["SELECT count(*) > 0 FROM orders", "SELECT 'a;b' <> '' -- c"]
     assert check_validation_queries(plain, DIALECTS.values()) == plain
+
+
+@pytest.mark.parametrize(
+    ("text", "database", "query"),
+    [
+        ("shop: SELECT count(*) > 0 FROM orders", "shop", " SELECT count(*) > 0 FROM orders"),
+        ("  my-db_2 :SELECT true", "my-db_2", "SELECT true"),
+        ("SELECT true", None, "SELECT true"),
+        ("SELECT 'a:b' = x::text FROM t", None, "SELECT 'a:b' = x::text FROM t"),
+        ("x::int", None, "x::int"),  # a cast is not a database
+        ("-- shop: a comment\nSELECT true", None, "-- shop: a comment\nSELECT true"),
+    ],
+)
+def test_a_query_may_name_its_database_before_a_colon(text, database, query) -> None:
+    assert split_database(text) == (database, query)
+
+
+def test_a_named_database_is_gated_like_the_rest_of_the_query() -> None:
+    named = ["shop: SELECT count(*) > 0 FROM orders"]
+    assert check_validation_queries(named, [DIALECTS["postgres"], MARIADB]) == named
+    with pytest.raises(InvalidRequest, match="one database") as refused:
+        check_validation_query(named[0], SQLITE)
+    assert "drop 'shop:'" in refused.value.fix
+    with pytest.raises(InvalidRequest, match="no query"):
+        check_validation_query("shop:  ")
+    with pytest.raises(InvalidRequest, match="starts with DELETE"):
+        check_validation_query("shop: DELETE FROM orders")
+    with pytest.raises(InvalidRequest, match="2 statements"):
+        check_validation_query("shop: SELECT true; DROP TABLE orders")
+    with pytest.raises(InvalidRequest, match="starts with SHOP"):  # no room for SQL in a name
+        check_validation_query("shop x: SELECT true")

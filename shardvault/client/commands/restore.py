@@ -60,8 +60,9 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
         "--check",
         action="append",
         default=[],
-        metavar="SQL",
-        help="a validation query: one read-only statement that must return true",
+        metavar="[DATABASE:]SQL",
+        help="a validation query: one read-only statement that must return true on every "
+        "shard, in DATABASE if given (PostgreSQL: else postgres)",
     )
     restore.add_argument(
         "--accept-damaged",

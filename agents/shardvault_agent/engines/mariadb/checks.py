@@ -1,10 +1,11 @@
 """MariaDB's checks of a restored server (``checks`` defines the terms): ``mariadb-check
---all-databases`` (``CHECK TABLE`` on every table), then the validation queries as a temporary
-account (``shardvault_check_<random>``@``localhost``) holding ``SELECT`` only: no ``FILE``,
-``PROCESS``, ``SUPER`` or write privilege, one connection, a random password that lives only in
-a private option file for the queries' duration; the account is dropped afterwards. Each query
-runs as one prepared statement (a second statement is a syntax error) in a read-only
-transaction under ``max_statement_time``.
+--all-databases`` (``CHECK TABLE`` on every table), then the validation queries (each with the
+database it names as the session's default) as a temporary account
+(``shardvault_check_<random>``@``localhost``) holding ``SELECT`` only: no ``FILE``, ``PROCESS``,
+``SUPER`` or write privilege, one connection, a random password that lives only in a private
+option file for the queries' duration; the account is dropped afterwards. Each query runs as
+one prepared statement (a second statement is a syntax error) in a read-only transaction under
+``max_statement_time``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
+from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS, split_database
 from shardvault_agent.checks import REFUSED, run_queries, verdict
 from shardvault_agent.engines.mariadb.server import MariadbServer, program
 
@@ -79,9 +80,13 @@ def check_account(server: MariadbServer) -> Iterator[Path]:
             server.sql(f"DROP USER IF EXISTS {account};")
 
 
-def account_query(options: Path, query: str) -> str:
-    """One validation query as the check account: its first value's verdict, or why not."""
+def account_query(options: Path, text: str) -> str:
+    """One validation query (``[DATABASE:]QUERY``) as the check account, with its database as
+    the session's default: its first value's verdict, or why not."""
+    database, query = split_database(text)
     command = [program("mariadb"), f"--defaults-file={options}", "--batch", "--skip-column-names"]
+    if database is not None:  # a checked name, one argument: no shell, no SQL
+        command.append(f"--database={database}")
     # The query travels hex-encoded into one prepared statement: the client cannot split it
     # at a ';' and the server prepares one statement only, so a second one is refused.
     script = (

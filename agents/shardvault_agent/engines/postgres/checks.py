@@ -1,5 +1,6 @@
 """PostgreSQL's checks of a restored server (``checks`` defines the terms): ``pg_amcheck`` on
-every database, then the validation queries as a temporary login role
+every database, then the validation queries, each in the database it names (else
+``postgres``: ``shardvault.contracts.sqlcheck``), as a temporary login role
 (``shardvault_check_<random>``), not a superuser, holding only ``pg_read_all_data``: no file,
 program or replication privilege. The restored server's ``pg_hba.conf`` gets one line letting
 that role in over the local socket while the queries run; then the file is put back and the
@@ -21,11 +22,12 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS
+from shardvault.contracts.sqlcheck import QUERY_TIMEOUT_SECONDS, split_database
 from shardvault.errors import InvalidRequest
 from shardvault_agent.checks import REFUSED, run_queries, verdict
 from shardvault_agent.engines.postgres.server import PostgresInstance
 
+EXISTS = "SELECT EXISTS (SELECT FROM pg_database WHERE datname = %s AND datallowconn)"
 # PostgreSQL errors that mean "the query was not allowed", by SQLSTATE class or code.
 PG_REFUSALS = {
     "25006": "it tried to write (read-only transaction)",
@@ -123,12 +125,24 @@ def check_role(instance: PostgresInstance) -> Iterator[str]:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(name))
 
 
-def postgres_query(instance: PostgresInstance, role: str, query: str) -> str:
+def postgres_query(instance: PostgresInstance, role: str, text: str) -> str:
+    """One validation query (``[DATABASE:]QUERY``) as the check role, in its database (else
+    ``postgres``): its first value's verdict, or why not."""
+    database, query = split_database(text)
+    dbname = database or "postgres"
+    with admin(instance) as conn:
+        if not conn.execute(EXISTS, (dbname,)).fetchone()[0]:
+            return f"error: the restored server has no database {dbname!r} that takes connections"
     options = (
         f"-c default_transaction_read_only=on -c statement_timeout={QUERY_TIMEOUT_SECONDS}s "
         f"-c lock_timeout={QUERY_TIMEOUT_SECONDS}s"
     )
-    with connect_as(instance, role, options) as conn:
+    try:
+        conn = connect_as(instance, role, options, dbname)
+    except psycopg.OperationalError as error:  # e.g. CONNECT revoked from PUBLIC there
+        message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+        return f"error: the check role cannot connect to {dbname!r}: {message}"
+    with conn:
         conn.read_only = True  # BEGIN READ ONLY, whatever the session settings say
         try:
             # prepare=True: the extended protocol, where the server refuses a second statement
@@ -146,7 +160,7 @@ def postgres_query(instance: PostgresInstance, role: str, query: str) -> str:
 
 
 def connect_as(
-    instance: PostgresInstance, role: str, options: str, wait: float = 5.0
+    instance: PostgresInstance, role: str, options: str, dbname: str, wait: float = 5.0
 ) -> psycopg.Connection:
     """Connects as ``role``; the server reloads pg_hba.conf after the signal, so the first
     tries may still meet the old rules."""
@@ -157,7 +171,7 @@ def connect_as(
                 host=str(instance.socket_dir),
                 port=instance.port,
                 user=role,
-                dbname="postgres",
+                dbname=dbname,
                 options=options,
                 application_name="shardvault-check",
             )
