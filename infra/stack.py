@@ -53,7 +53,7 @@ from infra.policies import POST, TABLE_READ
 from shardvault.assurance.probe import PROBES_DIR
 from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
 from shardvault.aws.services import ANSWERS_DIR
-from shardvault.aws.vault_account import COPY_READERS, COPY_WRITERS
+from shardvault.aws.vault_account import COPY_READERS, COPY_WRITERS, KEY_UNWRAPPER, KEY_WRAPPER
 from shardvault.config.policy import Policy, load_policy
 from shardvault.config.targets import AwsTarget
 from shardvault.contracts.layout import ARCHIVE_DIR, STAGED_DIR
@@ -715,21 +715,50 @@ class ShardVaultStack(Stack):
         """Each aws copy target's role in its own account, assumed by every function that
         writes or reads a copy (shardvault/aws/services.py: assumed_s3): exactly the roles
         the deployed policy names; the role's trust policy in that account allows the
-        other half (shardvault copy-setup prints it)."""
-        roles = sorted(
-            {
-                copy.role_arn
-                for cluster in self.policy.clusters.values()
-                for copy in cluster.vault.copies
-                if isinstance(copy, AwsTarget)
-            }
-        )
+        other half (shardvault copy-setup prints it). And each target's recovery key
+        (shardvault/aws/keys.py): promotion wraps the data keys under it, from the stack's
+        key; a restore's plan unwraps them from it, into the stack's key (ReEncrypt, the
+        plaintext staying in KMS); the key's policy in that account allows the other half."""
+        targets = [
+            copy
+            for cluster in self.policy.clusters.values()
+            for copy in cluster.vault.copies
+            if isinstance(copy, AwsTarget)
+        ]
+        roles = sorted({copy.role_arn for copy in targets})
         if not roles:
             return
         for module in (*COPY_WRITERS, *COPY_READERS):
             self.functions.grant(
                 module, iam.PolicyStatement(actions=["sts:AssumeRole"], resources=roles)
             )
+        recovery_keys = sorted({c.recovery_key for c in targets if c.recovery_key})
+        if not recovery_keys:
+            return
+        any_cluster = {"StringLike": {CLUSTER_KEY: "*"}}
+        for module, statements in (
+            (
+                KEY_WRAPPER,
+                [
+                    data_key_statement(self.data_key, "kms:ReEncryptFrom", any_cluster),
+                    iam.PolicyStatement(
+                        actions=["kms:ReEncryptTo"], resources=recovery_keys, conditions=any_cluster
+                    ),
+                ],
+            ),
+            (
+                KEY_UNWRAPPER,
+                [
+                    iam.PolicyStatement(
+                        actions=["kms:ReEncryptFrom"],
+                        resources=recovery_keys,
+                        conditions=any_cluster,
+                    )
+                ],
+            ),
+        ):
+            for statement in statements:
+                self.functions.grant(module, statement)
 
     def _outputs(self) -> None:
         roles = {m: f.role.role_name for m, f in self.functions.functions.items() if f.role}

@@ -8,6 +8,12 @@ Terms:
   *trust policy* names the stack's functions' roles and asks for the target's external ID;
   its *permissions* write copies, set and read their locks, read them back and thaw them,
   under the target's prefix, and use B's KMS key; never delete, never bypass a lock.
+- *the recovery key's policy* (a target with ``recovery_key``, ``shardvault.aws.keys``): B's
+  own account administers the key; the stack's promote function may wrap data keys under it
+  (``kms:ReEncryptTo``) and a restore's plan may unwrap them from it into the stack's key
+  (``kms:ReEncryptFrom``), each only in a ShardVault cluster's encryption context. Neither may
+  ``Decrypt``, grant, disable or delete: the plaintext never leaves KMS, and the key's life is
+  B's alone.
 - *the bucket policy*: what B's bucket refuses to anyone, the role included: a lock in a mode
   other than COMPLIANCE, a lock longer than the *cap* (so a taken-over source account cannot
   write objects locked for decades), a KMS key other than B's, plain HTTP, and to the role
@@ -28,6 +34,11 @@ COPY_WRITERS = ("promote_backup", "probe_store")
 # The functions that read a copy target: manifests at Validate and Plan, objects staged at Thaw
 # (shardvault/restore/sources.py), and verify --from-vault (shardvault/assurance/copy_check.py).
 COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects", "verify_backup")
+# The functions that use a copy's recovery key: promotion wraps the data keys under it, and a
+# restore's plan (a drill's too) unwraps them from it (shardvault/aws/keys.py).
+KEY_WRAPPER = "promote_backup"
+KEY_UNWRAPPER = "plan_restore"
+CLUSTER_CONTEXT_KEY = "kms:EncryptionContext:shardvault:cluster"
 # The role's S3 actions on copies: write one (with its lock), extend a lock, read a copy and
 # its lock and checksum back (a versioned bucket: the version actions), thaw an archived one,
 # and abort a failed upload of its own (nothing locked is lost by that).
@@ -172,6 +183,40 @@ def bucket_policy(target: AwsTarget) -> dict[str, Any]:
                 "Principal": {"AWS": target.role_arn},
                 "Action": list(NEVER),
                 "Resource": [bucket_arn(target), objects],
+            },
+        ],
+    }
+
+
+def recovery_key_policy(target: AwsTarget, stack_roles: dict[str, str]) -> dict[str, Any]:
+    """The recovery key's policy in account B (the module docstring); ``stack_roles``: the
+    stack's functions' role ARNs, by function."""
+    in_a_cluster = {"StringLike": {CLUSTER_CONTEXT_KEY: "*"}}
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "AccountBAdministersTheKey",
+                "Effect": "Allow",
+                "Principal": {"AWS": f"arn:aws:iam::{target.account}:root"},
+                "Action": "kms:*",
+                "Resource": "*",
+            },
+            {
+                "Sid": "PromotionWrapsDataKeys",
+                "Effect": "Allow",
+                "Principal": {"AWS": stack_roles[KEY_WRAPPER]},
+                "Action": "kms:ReEncryptTo",
+                "Resource": "*",
+                "Condition": in_a_cluster,
+            },
+            {
+                "Sid": "RestoresUnwrapDataKeys",
+                "Effect": "Allow",
+                "Principal": {"AWS": stack_roles[KEY_UNWRAPPER]},
+                "Action": "kms:ReEncryptFrom",
+                "Resource": "*",
+                "Condition": in_a_cluster,
             },
         ],
     }

@@ -45,7 +45,14 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from shardvault.config.targets import STACK_TARGET, VaultCopy, check_copies, invalid, target_name
+from shardvault.config.targets import (
+    STACK_TARGET,
+    AwsTarget,
+    VaultCopy,
+    check_copies,
+    invalid,
+    target_name,
+)
 from shardvault.contracts import models
 from shardvault.contracts.cut import database_name_problem
 from shardvault.contracts.engines import traits
@@ -739,17 +746,29 @@ class ClusterPolicy(Frozen):
     @model_validator(mode="after")
     def _copies_readable_without_the_stack(self) -> ClusterPolicy:
         """A copy out of the stack account's reach is worth little if only that account's
-        KMS key unwraps it; until copies carry a recovery key, the policy says so by name."""
-        if self.encryption == "kms":
-            for copy in self.vault.copies:
-                if not copy.stack_key_only:
-                    raise invalid(
-                        f"copy {copy.name!r} would hold backups whose data keys only the stack "
-                        "account's KMS key unwraps",
-                        "set its stack_key_only: true to accept that restoring the copy needs "
-                        "that key (a recovery key in another account is not built yet), or "
-                        "encryption: none",
-                    )
+        KMS key unwraps it: an encrypted cluster's copy names a recovery key in its own
+        account, or says by name that it accepts the stack's key."""
+        for copy in self.vault.copies:
+            recovery = getattr(copy, "recovery_key", None)
+            if self.encryption == "kms" and not (copy.stack_key_only or recovery):
+                fix = (
+                    "name a KMS key of account B as its recovery_key (shardvault copy-setup "
+                    "prints its key policy)"
+                    if isinstance(copy, AwsTarget)
+                    else "set its stack_key_only: true to accept that restoring the copy needs "
+                    "that key (a GCS copy takes no recovery key yet)"
+                )
+                raise invalid(
+                    f"copy {copy.name!r} would hold backups whose data keys only the stack "
+                    "account's KMS key unwraps",
+                    f"{fix}, or encryption: none",
+                )
+            if recovery and self.encryption != "kms":
+                raise invalid(
+                    f"copy {copy.name!r} has a recovery_key, but the cluster's frames are not "
+                    "sealed (encryption: none)",
+                    "drop recovery_key, or set encryption: kms",
+                )
         return self
 
     @property

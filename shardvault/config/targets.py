@@ -10,6 +10,10 @@ Terms:
   - ``aws``: an S3 bucket with Object Lock in *another AWS account* (account B), every object
     locked in COMPLIANCE mode and encrypted under B's own KMS key, reached through a role in B
     that the promote function assumes with an external ID (``shardvault.aws.copy_target``).
+- *recovery key*: for a cluster whose frames are sealed (``encryption: kms``), a KMS key in
+  account B (``recovery_key``) that the copy's manifest wraps each data key under instead of
+  the stack's, so that restoring the copy never needs the stack account's key
+  (``shardvault.aws.keys``); or ``stack_key_only: true``, which accepts that it does.
 - *selection*: which backups a copy target takes (``select``): ``all``; ``fulls``; or
   ``weekly``, the first full of each ISO week. A target keeps whole chains: an incremental
   goes to it only when its parent is there, so it never holds a backup it cannot restore.
@@ -265,6 +269,22 @@ class AwsTarget(Frozen):
     object_lock: AwsObjectLock = Field(description="The COMPLIANCE lock each copy gets.")
     select: Selected = Selection.ALL
     stack_key_only: StackKeyOnly = False
+    recovery_key: (
+        Annotated[
+            str,
+            _pattern(
+                KMS_KEY_ARN,
+                "a KMS key's ARN",
+                "arn:aws:kms:us-east-1:222233334444:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+            ),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="For a cluster with encryption: kms, account B's KMS key (in the stack's "
+        "region) that the copy's data keys are wrapped under, so that restoring the copy "
+        "needs no key of the stack's account.",
+    )
 
     @property
     def held_days(self) -> int:
@@ -286,6 +306,19 @@ class AwsTarget(Frozen):
                 f"{key.group(1)}, not account {self.account}, region {self.region}",
                 "name a key account B owns in the bucket's region (S3 encrypts with a key of "
                 "the bucket's region only)",
+            )
+        recovery = KMS_KEY_ARN.match(self.recovery_key or "")
+        if recovery and recovery.group(2) != self.account:
+            raise invalid(
+                f"copy {self.name!r}: recovery_key is in account {recovery.group(2)}, not "
+                f"{self.account}",
+                "name a key account B owns: a key of the stack's account is what a copy "
+                "out of its reach must not depend on",
+            )
+        if self.recovery_key and self.stack_key_only:
+            raise invalid(
+                f"copy {self.name!r} has a recovery_key and stack_key_only: true",
+                "drop stack_key_only: with a recovery key, the copy needs no stack key",
             )
         return self
 

@@ -176,6 +176,9 @@ class CopyRecord(BaseModel):
     seconds: float | None = None  # spent copying, over every budgeted call
     verified_at: float | None = None  # the last ``verify --from-vault`` of this copy
     verify: Literal["ok", "damaged"] | None = None
+    # The KMS key the copy's manifest wraps its data key under, as read back from the written
+    # manifest: a recovery key in the target's account (None: unsealed frames, or the stack's).
+    data_key: str | None = None
 
 
 class BackupItem(Outcome):

@@ -19,6 +19,9 @@ Terms:
   proven equal again (``copy_in``).
 - *chain hold*: a copied incremental extends the retention of its ancestors' copies in that
   target to at least its own, as the stack vault does with Object Lock.
+- *recovery key*: a target's ``recovery_key``: the target's manifest wraps the backup's data
+  key under it instead of the stack's (``keys.for_recovery``), so restoring the copy needs no
+  key of the stack's account; every object's bytes are the store's, unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import io
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,10 +38,11 @@ from botocore import exceptions as botocore_errors
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
+from shardvault.aws.keys import for_recovery
 from shardvault.aws.services import Services
 from shardvault.config.targets import GcsTarget, Selection, VaultCopy
 from shardvault.contracts.catalog import BackupItem, CopyRecord
-from shardvault.contracts.models import BackupContext, Manifest, ObjectResult
+from shardvault.contracts.models import BackupContext, Encryption, Manifest, ObjectResult
 from shardvault.data.checksums import crc64nvme_of_bytes
 from shardvault.errors import PromotionFailed
 from shardvault.gcp.storage import GcsBucket
@@ -262,6 +267,7 @@ def copy_to_target(
         manifest,
         lambda key: target_key(svc, target, key),
         {key: version_of(p) for key, p in proofs.items()},
+        recovery_wrap(svc, target),
     )
     data = moved.model_dump_json(indent=1).encode()
     manifest_key = target_key(svc, target, store_manifest_key)
@@ -298,7 +304,29 @@ def copy_to_target(
         proof=bucket.proof_text,
         copied_at=time.time(),
         seconds=round(progress["seconds"], 3),
+        data_key=held_key(bucket, manifest_key, written.version),
     )
+
+
+def recovery_wrap(svc: Services, target: VaultCopy) -> Callable[[Encryption], Encryption] | None:
+    """The target's *recovery key* wrapping, each data key once (None: no recovery key)."""
+    recovery_key = getattr(target, "recovery_key", None)
+    if recovery_key is None:
+        return None
+    done: dict[str, Encryption] = {}
+
+    def wrap(encryption: Encryption) -> Encryption:
+        if encryption.wrapped_key not in done:
+            done[encryption.wrapped_key] = for_recovery(svc, encryption, recovery_key)
+        return done[encryption.wrapped_key]
+
+    return wrap
+
+
+def held_key(bucket: TargetBucket, manifest_key: str, version: str | None) -> str | None:
+    """The key the target's manifest, read back, wraps the data key under."""
+    held = Manifest.model_validate_json(bucket.read_all(manifest_key, version))
+    return held.encryption.key_id if held.encryption else None
 
 
 def held_until(target: VaultCopy, bucket: TargetBucket, completed: float) -> datetime | None:

@@ -17,7 +17,7 @@ from google.api_core import exceptions as gcs_errors
 from shardvault.aws.services import Services
 from shardvault.aws.store import is_missing
 from shardvault.config.targets import AwsTarget, VaultCopy
-from shardvault.contracts.models import Manifest, ObjectResult
+from shardvault.contracts.models import Encryption, Manifest, ObjectResult
 
 
 class HeldCopy(Protocol):
@@ -108,16 +108,31 @@ def moved_key(svc: Services, store_key: str, prefix: str) -> str:
 
 
 def moved_manifest(
-    manifest: Manifest, key_of: Callable[[str], str], versions: dict[str, str | None]
+    manifest: Manifest,
+    key_of: Callable[[str], str],
+    versions: dict[str, str | None],
+    wrap: Callable[[Encryption], Encryption] | None = None,
 ) -> Manifest:
     """The store's manifest as a vault target keeps it: each object at ``key_of(its store
-    key)``, with the version (or generation) of its copy (``versions``, by store key)."""
+    key)``, with the version (or generation) of its copy (``versions``, by store key); and
+    with ``wrap``, every data key it holds (the backup's, an archived batch's) wrapped as the
+    target keeps it (a copy's recovery key)."""
+
+    def wrapped(encryption: Encryption | None) -> Encryption | None:
+        return wrap(encryption) if wrap and encryption else encryption
 
     def moved_object(o: ObjectResult) -> ObjectResult:
-        return o.model_copy(update={"key": key_of(o.key), "version_id": versions.get(o.key)})
+        return o.model_copy(
+            update={
+                "key": key_of(o.key),
+                "version_id": versions.get(o.key),
+                "encryption": wrapped(o.encryption),
+            }
+        )
 
     return manifest.model_copy(
         update={
+            "encryption": wrapped(manifest.encryption),
             "shards": [
                 shard.model_copy(
                     update={
@@ -131,6 +146,6 @@ def moved_manifest(
                     }
                 )
                 for shard in manifest.shards
-            ]
+            ],
         }
     )

@@ -26,10 +26,17 @@
   COMPLIANCE never, GOVERNANCE only with ``x-amz-bypass-governance-retention``. moto set any
   retention asked, after which the version could be deleted: the vault's promise could be
   undone locally by anyone with the store's credentials. :func:`install` refuses as S3 does.
+- *A key of another account is used by its ARN.* KMS re-encrypts from a key of one account
+  to a key of another (a vault copy's recovery key, ``shardvault.aws.keys``), each key's
+  policy permitting (the gate judges that). moto looks both keys up in the caller's account
+  only, and answers that the other account's does not exist. :func:`install` decrypts with
+  the account that holds the ciphertext's key and encrypts with the one the destination's ARN
+  names, as the one call does on AWS.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import functools
 import threading
@@ -46,6 +53,7 @@ def install() -> None:
     _name_nested_executions_as_aws()
     _fail_map_runs_as_aws()
     _hold_locks_as_s3()
+    _reencrypt_across_accounts()
 
 
 def _hold_locks_as_s3() -> None:
@@ -176,3 +184,54 @@ def _serialized(call: Any, lock: threading.Lock) -> Any:
             return call(*args, **kwargs)
 
     return serialized
+
+
+def _reencrypt_across_accounts() -> None:
+    import json
+
+    from moto.kms.exceptions import NotFoundException
+    from moto.kms.models import KmsBackend, kms_backends
+    from moto.kms.responses import KmsResponse
+    from moto.kms.utils import _deserialize_ciphertext_blob
+
+    original = KmsResponse.re_encrypt
+
+    def holder(key_id: str, region: str) -> KmsBackend | None:
+        """The backend of the account holding key ``key_id`` in ``region``."""
+        for account in list(kms_backends.keys()):
+            backend = kms_backends[account][region]
+            if key_id in backend.keys:
+                return backend
+        return None
+
+    def re_encrypt(self: KmsResponse) -> str:
+        destination = self._get_param("DestinationKeyId")
+        blob = self._get_param("CiphertextBlob")
+        source_key = _deserialize_ciphertext_blob(blob).key_id
+        parts = destination.split(":")
+        other = destination.startswith("arn:") and parts[4] != self.current_account
+        if not other and source_key in self.kms_backend.keys:
+            return original(self)  # one account: moto's own
+        source = holder(source_key, self.region)
+        target = kms_backends[parts[4]][self.region] if other else self.kms_backend
+        target_key = target.get_key_id(destination)
+        if source is None or target_key not in target.keys:
+            raise NotFoundException(f"Key '{destination}' does not exist")
+        plaintext, decrypting_arn = source.decrypt(
+            ciphertext_blob=blob,
+            encryption_context=self._get_param("SourceEncryptionContext", {}),
+        )
+        new_blob, encrypting_arn = target.encrypt(
+            key_id=target_key,
+            plaintext=plaintext,
+            encryption_context=self._get_param("DestinationEncryptionContext", {}),
+        )
+        return json.dumps(
+            {
+                "CiphertextBlob": base64.b64encode(new_blob).decode("utf-8"),
+                "KeyId": encrypting_arn,
+                "SourceKeyId": decrypting_arn,
+            }
+        )
+
+    KmsResponse.re_encrypt = re_encrypt  # type: ignore[method-assign]

@@ -542,6 +542,9 @@ REMOVE_STAGED = {("s3:ListBucket", "staging"), ("s3:DeleteObject", STAGED)}
 # The example policy's aws copy (examples/shardvault.yaml): its role in account B, assumed by
 # every function that writes or reads a copy, and by no other.
 ASSUME_ACCOUNT_B = {("sts:AssumeRole", "arn:aws:iam::222233334444:role/shardvault-vault-writer")}
+# Its recovery key in account B: promotion wraps data keys under it, a restore's plan unwraps
+# them from it (shardvault/aws/keys.py), and no other function uses it.
+RECOVERY_KEY = "arn:aws:kms:us-east-1:222233334444:key/0d4e7b52-8c1f-4e3a-9b6d-5f2a1c8e7d34"
 RESTORE_GRANTS = {
     "validate_restore": READ_BACKUPS
     | LIST_WAL_ARCHIVE
@@ -559,6 +562,7 @@ RESTORE_GRANTS = {
         ("dynamodb:PutItem", "catalog"),
         ("kms:ReEncryptFrom", "DataKey"),  # data keys wrapped for another cluster's agents
         ("kms:ReEncryptTo", "DataKey"),
+        ("kms:ReEncryptFrom", RECOVERY_KEY),  # and a copy's, from its recovery key
     },
     "thaw_objects": READ_BACKUPS
     | UPDATE_CATALOG
@@ -1216,6 +1220,8 @@ def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Sy
             assert data_key_actions == {"kms:GenerateDataKeyWithoutPlaintext"}
         elif module == "plan_restore":  # wraps keys for another cluster: no plaintext either
             assert data_key_actions == {"kms:ReEncryptFrom", "kms:ReEncryptTo"}
+        elif module == "promote_backup":  # wraps keys under a copy's recovery key: nor here
+            assert data_key_actions == {"kms:ReEncryptFrom"}
         else:
             assert not data_key_actions, (module, kms_actions)
 
@@ -1333,6 +1339,22 @@ def test_only_the_copy_functions_assume_the_policys_roles_in_other_accounts(
     assert assuming == {*COPY_WRITERS, *COPY_READERS}
     for module in assuming:
         assert {g for g in grants(synth, module) if g[0] == "sts:AssumeRole"} == ASSUME_ACCOUNT_B
+
+
+def test_only_promotion_wraps_under_a_recovery_key_and_only_a_plan_unwraps(
+    synth: Synthesized,
+) -> None:
+    """A copy's recovery key (its ARN, no wildcard): promotion re-encrypts the data keys from
+    the stack's key to it, a restore's plan from it; neither may Decrypt with it."""
+    using = {
+        module: {g for g in grants(synth, module) if g[1] == RECOVERY_KEY}
+        for module in _function_statements(synth)
+    }
+    assert {m: g for m, g in using.items() if g} == {
+        "promote_backup": {("kms:ReEncryptTo", RECOVERY_KEY)},
+        "plan_restore": {("kms:ReEncryptFrom", RECOVERY_KEY)},
+    }
+    assert ("kms:ReEncryptFrom", "DataKey") in grants(synth, "promote_backup")
 
 
 def test_promotion_may_read_back_the_lock_it_set(synth: Synthesized) -> None:

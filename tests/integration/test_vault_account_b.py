@@ -19,7 +19,7 @@ from shardvault.aws.services import Services
 from shardvault.client import operations as ops
 from shardvault.config.targets import AwsTarget
 from shardvault.contracts.models import Manifest
-from shardvault.local.account_b import ACCOUNT_B, KMS_KEY, ROLE_ARN
+from shardvault.local.account_b import ACCOUNT_B, KMS_KEY, RECOVERY_KEY, ROLE_ARN
 from shardvault.local.demo import table_digests
 
 from .conftest import output, run_cli
@@ -268,3 +268,59 @@ def test_a_target_whose_trust_refuses_the_stack_leaves_the_vault_copy_and_says_s
     assert "sts:AssumeRole" in refused["reason"]
     assert record["vault_copies"]["good"]["state"] == "COPIED"
     assert account_b.s3.list_objects_v2(Bucket=wrong["bucket"]).get("KeyCount", 0) == 0
+
+
+def test_an_encrypted_copy_restores_through_account_bs_recovery_key_alone(
+    make_cluster, make_target, policy_for, account_b, stack
+):
+    """The copy's manifests wrap the chain's data key under B's recovery key only, so a
+    restore from the copy unwraps it there (B's key policy decides), never with the stack's
+    key: the copy stays restorable if the stack's account loses its key."""
+    cluster = make_cluster(nodes=2, size_mb=2)
+    target_fields = account_b.new_target("b", recovery_key=RECOVERY_KEY)
+    policy_for(cluster.name, vault=vault_with(target_fields), encryption="kms")
+    _full_id, incremental_id = cluster.full_then_incremental()
+
+    # What B holds, as B's owner reads it: every data key under B's key, none under the stack's.
+    s3, bucket = account_b.s3, account_b.last_bucket
+    svc = stack.services()
+    for record in cluster.records():
+        copy = record["vault_copies"]["b"]
+        assert copy["data_key"] == RECOVERY_KEY
+        body = s3.get_object(
+            Bucket=bucket, Key=copy["manifest_key"], VersionId=copy["manifest_generation"]
+        )["Body"].read()
+        held = Manifest.model_validate_json(body)
+        assert held.encryption is not None
+        assert held.encryption.key_id == RECOVERY_KEY
+        assert held.encryption.context["shardvault:cluster"] == cluster.name
+        stacks = Manifest.model_validate_json(
+            svc.vault_bucket.read(record["vault_manifest_key"], record["vault_manifest_version"])
+        )
+        assert stacks.encryption is not None
+        assert stacks.encryption.wrapped_key not in body.decode()
+
+    # B's owner withdraws the restores' use of the key: a restore from the copy is refused by
+    # B's key policy, naming the key, before anything is placed (a restore that reached for
+    # the stack's key would not have noticed).
+    policies = stack.gate.key_policies
+    kept = policies[RECOVERY_KEY]
+    policies[RECOVERY_KEY] = [s for s in kept if s["Sid"] != "RestoresUnwrapDataKeys"]
+    try:
+        with stack.gate.expecting_refusals():
+            refused = make_target(nodes=1).restore(
+                cluster.name, backup_id=incremental_id, from_vault="b"
+            )
+    finally:
+        policies[RECOVERY_KEY] = kept
+    assert refused.status == "FAILED"
+    assert refused.error == "KeyUnavailable", refused.cause
+    assert RECOVERY_KEY in refused.cause
+    assert "kms:ReEncryptFrom" in refused.cause
+
+    target = make_target(nodes=2)
+    restored = target.restore(cluster.name, backup_id=incremental_id, from_vault="b")
+    assert restored.status == "SUCCEEDED", restored.cause
+    for shard_id, source in cluster.sources.items():
+        (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
+        assert table_digests(db) == table_digests(source)

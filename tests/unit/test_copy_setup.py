@@ -7,14 +7,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shardvault.aws.vault_account import bucket_policy, merged, role_policy, trust_policy
+from shardvault.aws.vault_account import (
+    COPY_READERS,
+    COPY_WRITERS,
+    bucket_policy,
+    merged,
+    recovery_key_policy,
+    role_policy,
+    trust_policy,
+)
 from shardvault.client.cli import REFUSED, main
 from shardvault.config.policy import load_policy
 
 EXAMPLE_POLICY = Path(__file__).resolve().parents[2] / "examples" / "shardvault.yaml"
 
 SETUP = ["copy-setup", "orders"]
-ROLES = "arn:aws:iam::111122223333:role/ShardVault-Promote,arn:aws:iam::111122223333:role/Thaw"
+# The stack's CopyRoleArns output: its copy writers' and readers' roles, in that order.
+MODULES = (*COPY_WRITERS, *COPY_READERS)
+ROLES = ",".join(f"arn:aws:iam::111122223333:role/ShardVault-{m}" for m in MODULES)
 
 
 def test_copy_setup_prints_account_bs_documents_for_the_policys_target(capsys):
@@ -35,6 +45,26 @@ def test_copy_setup_prints_account_bs_documents_for_the_policys_target(capsys):
     assert days == {"s3:object-lock-remaining-retention-days": str(target.object_lock.days + 1)}
     assert "s3:DeleteObjectVersion" in caps["NoDeletesFromTheSourceAccount"]["Action"]
     assert "Delete" not in json.dumps(found["role_policy"])  # the role itself never deletes
+    # The recovery key: promotion wraps under it, a restore's plan unwraps from it; neither
+    # decrypts, and only account B administers it.
+    roles = dict(zip(MODULES, ROLES.split(","), strict=True))
+    assert found["recovery_key"] == {"arn": target.recovery_key}
+    assert found["recovery_key_policy"] == recovery_key_policy(target, roles)
+    uses = {s["Sid"]: s for s in found["recovery_key_policy"]["Statement"]}
+    assert uses["PromotionWrapsDataKeys"]["Principal"] == {"AWS": roles["promote_backup"]}
+    assert uses["PromotionWrapsDataKeys"]["Action"] == "kms:ReEncryptTo"
+    assert uses["RestoresUnwrapDataKeys"]["Principal"] == {"AWS": roles["plan_restore"]}
+    assert uses["RestoresUnwrapDataKeys"]["Action"] == "kms:ReEncryptFrom"
+    administers = uses["AccountBAdministersTheKey"]["Principal"]
+    assert administers == {"AWS": "arn:aws:iam::222233334444:root"}
+    assert "kms:Decrypt" not in json.dumps(found["recovery_key_policy"])
+
+
+def test_copy_setup_wants_the_whole_role_list_for_a_recovery_key(capsys):
+    one_role = ROLES.split(",")[0]
+    done = main([*SETUP, "air-gapped", "--policy", str(EXAMPLE_POLICY), "--stack-roles", one_role])
+    assert done == REFUSED
+    assert "CopyRoleArns output whole (6 roles" in capsys.readouterr().err
 
 
 def test_copy_setup_refuses_an_unknown_target_or_no_role_by_name(capsys):

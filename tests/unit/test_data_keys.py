@@ -10,7 +10,13 @@ import pytest
 from moto import mock_aws
 from shardvault_agent.keys import DataKeys
 
-from shardvault.aws.keys import CLUSTER_CONTEXT, Rewrapper, new_data_key
+from shardvault.aws.keys import (
+    CLUSTER_CONTEXT,
+    Rewrapper,
+    for_recovery,
+    new_data_key,
+    same_key,
+)
 from shardvault.contracts.models import Encryption
 from shardvault.data.pipeline import key_check
 from shardvault.errors import InvalidRequest, KeyUnavailable, WrongKey
@@ -86,3 +92,30 @@ def test_a_key_wrapped_again_for_a_restores_target_opens_there_to_the_same_key(k
 
     assert plaintext(moved) == plaintext(wrapped)
     assert Rewrapper(Svc(kms_key), "orders")(wrapped) is wrapped  # into its own cluster
+
+
+def test_a_copys_recovery_key_wraps_the_same_data_key_and_a_restore_opens_it_with_ours(kms_key):
+    """A vault copy's manifest holds the data key under account B's recovery key; a restore
+    from it, into the very cluster, wraps it again under the deployment's key, in the target's
+    context, for its agents."""
+    kms = boto3.client("kms", region_name="us-east-1")
+    recovery = kms.create_key(Description="account B's recovery key")["KeyMetadata"]["Arn"]
+    wrapped = new_data_key(Svc(kms_key), "orders", "b1")
+    held = for_recovery(Svc(kms_key), wrapped, recovery)
+    assert (held.key_id, held.context) == (recovery, wrapped.context)
+    assert held.wrapped_key != wrapped.wrapped_key
+
+    def plaintext(encryption: Encryption) -> bytes:
+        blob = base64.b64decode(encryption.wrapped_key)
+        return kms.decrypt(CiphertextBlob=blob, EncryptionContext=encryption.context)["Plaintext"]
+
+    opened = Rewrapper(Svc(kms_key), "orders")(held)
+    assert opened is not held  # the recovery key is not the agents' to use
+    assert same_key(opened.key_id, kms_key)
+    assert plaintext(opened) == plaintext(wrapped)
+    elsewhere = recovery.replace("us-east-1", "eu-west-1")
+    with pytest.raises(KeyUnavailable, match="in region eu-west-1") as refused:
+        for_recovery(Svc(kms_key), wrapped, elsewhere)
+    assert "in us-east-1" in refused.value.fix
+    with pytest.raises(KeyUnavailable, match="no KMS key to wrap"):
+        Rewrapper(Svc(None), "orders-copy")(held)

@@ -384,7 +384,23 @@ BAD_COPIES = [
     ),
     ([aws(account="'2222'")], "none", "vault.copies.0.account", "12-digit", "222233334444"),
     ([aws(account="222233334444")], "none", "vault.copies.0.account", "string", "quote it"),
-    ([aws()], "kms", "", "only the stack account's KMS key unwraps", "stack_key_only: true"),
+    ([aws()], "kms", "", "only the stack account's KMS key unwraps", "as its recovery_key"),
+    (
+        [aws(recovery_key=B_KEY.replace("222233334444", "111122223333"))],
+        "kms",
+        "vault.copies.0",
+        "recovery_key is in account 111122223333, not 222233334444",
+        "a key account B owns",
+    ),
+    (
+        [aws(recovery_key=B_KEY, stack_key_only="true")],
+        "kms",
+        "vault.copies.0",
+        "a recovery_key and stack_key_only: true",
+        "drop stack_key_only",
+    ),
+    ([aws(recovery_key=B_KEY)], "none", "", "not sealed (encryption: none)", "drop recovery_key"),
+    ([aws(recovery_key="key-1")], "kms", "vault.copies.0.recovery_key", "KMS key's ARN", "arn:"),
     (
         [gcs(workload_identity="{audience: pool}")],
         "none",
@@ -414,3 +430,8 @@ def test_a_bad_vault_copy_is_refused_by_name_with_a_fix(
 def test_an_encrypted_clusters_copy_may_accept_the_stack_key_by_name() -> None:
     policy = parse_policy(with_copies(gcs(stack_key_only="true"), encryption="kms"))
     assert policy.cluster("orders").vault.copies[0].stack_key_only
+
+
+def test_an_encrypted_clusters_aws_copy_takes_a_recovery_key_in_account_b() -> None:
+    policy = parse_policy(with_copies(aws(recovery_key=B_KEY), encryption="kms"))
+    assert policy.cluster("orders").vault.copies[0].recovery_key == B_KEY

@@ -1,8 +1,9 @@
 """``shardvault copy-setup CLUSTER NAME --policy FILE --stack-roles ARNS``: what account B's
 owner applies for an aws vault copy (``shardvault.aws.vault_account``): the bucket's Object
-Lock settings, its policy, and the role's trust policy and permissions. It reads nothing of a
-deployment, so B's owner runs it with the policy file and the stack's ``CopyRoleArns``
-output alone."""
+Lock settings, its policy, the role's trust policy and permissions, and the recovery key's
+policy when the copy names one. It reads nothing of a deployment, so B's owner runs it with
+the policy file and the stack's ``CopyRoleArns`` output alone (its roles in the order of
+``COPY_WRITERS`` then ``COPY_READERS``, as the stack writes it)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ def add_parser(sub: Any) -> tuple[argparse.ArgumentParser, ...]:
 
 def documents(policy_file: Path, cluster: str, name: str, roles: list[str]) -> dict[str, Any]:
     """Every document of B's side of copy ``name``, by what it is applied to."""
-    from shardvault.aws.vault_account import bucket_policy, role_policy, trust_policy
+    from shardvault.aws.vault_account import (
+        COPY_READERS,
+        COPY_WRITERS,
+        bucket_policy,
+        recovery_key_policy,
+        role_policy,
+        trust_policy,
+    )
     from shardvault.config.policy import load_policy
     from shardvault.config.targets import AwsTarget
 
@@ -54,7 +62,7 @@ def documents(policy_file: Path, cluster: str, name: str, roles: list[str]) -> d
             fix="pass the stack's CopyRoleArns output as it is (aws cloudformation "
             'describe-stacks --query "Stacks[0].Outputs").',
         )
-    return {
+    found = {
         "bucket": {
             "name": target.bucket,
             "region": target.region,
@@ -66,6 +74,19 @@ def documents(policy_file: Path, cluster: str, name: str, roles: list[str]) -> d
         "trust_policy": trust_policy(target, roles),
         "role_policy": role_policy(target),
     }
+    if target.recovery_key:
+        modules = (*COPY_WRITERS, *COPY_READERS)
+        if len(roles) != len(modules):
+            raise InvalidRequest(
+                f"--stack-roles names {len(roles)} role(s); the recovery key's policy needs "
+                f"the stack's CopyRoleArns output whole ({len(modules)} roles, in its order).",
+                fix="pass the CopyRoleArns output as it is.",
+            )
+        found["recovery_key"] = {"arn": target.recovery_key}
+        found["recovery_key_policy"] = recovery_key_policy(
+            target, dict(zip(modules, roles, strict=True))
+        )
+    return found
 
 
 def run_copy_setup(args: argparse.Namespace) -> int:
@@ -81,11 +102,17 @@ def run_copy_setup(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    for title, key in (
+    shown = [
         (f"Bucket policy of {bucket['name']}", "bucket_policy"),
         (f"Trust policy of {role['arn']}", "trust_policy"),
         (f"Permissions of {role['arn']} (an inline policy)", "role_policy"),
-    ):
+    ]
+    if "recovery_key" in found:
+        arn = found["recovery_key"]["arn"]
+        shown.append(
+            (f"Key policy of the recovery key {arn} (in the stack's region)", "recovery_key_policy")
+        )
+    for title, key in shown:
         console.print(f"\n# {title}", highlight=False, soft_wrap=True)
         console.print(json.dumps(found[key], indent=2), highlight=False, soft_wrap=True)
     return 0

@@ -20,7 +20,8 @@ would be) or the operator's (:meth:`Gate.operator_key`, the key ``stack.env`` gi
 Requests signed with another key (the harness's, a presigned URL's) pass as before.
 
 *Other accounts* (an aws vault copy's account B, :meth:`Gate.add_account`) bring their own
-roles (a trust policy and permissions each) and buckets (a bucket policy each). A function's
+roles (a trust policy and permissions each), buckets (a bucket policy each) and KMS keys (a
+key policy each: a copy's recovery key). A function's
 ``sts:AssumeRole`` of such a role is allowed only when its own grants and the role's trust
 policy both allow it (the external ID included); the client made with the session's keys is
 bound to the role (:meth:`Gate.assumed`), whose calls B's bucket policy judges too. A request
@@ -175,6 +176,7 @@ class Gate:
                 self.bucket_policies[arn.removeprefix("arn:aws:s3:::")] = resolved
         self.bucket_accounts: dict[str, str] = {}  # another account's buckets -> the account
         self.trust_policies: dict[str, list[dict[str, Any]]] = {}  # role ARN -> who may assume
+        self.key_policies: dict[str, list[dict[str, Any]]] = {}  # another account's KMS keys
         self.recorder = Recorder()
         self.principals: dict[str, Principal] = {}  # by name, as bound clients look them up
         self.keys: dict[str, str] = {}  # access key -> the principal it signs for
@@ -198,10 +200,12 @@ class Gate:
         self,
         roles: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]],
         buckets: dict[str, list[dict[str, Any]]],
+        keys: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         """Another account's ``roles`` (ARN -> its trust policy's and its permissions'
-        statements) and ``buckets`` (name -> its bucket policy's statements; versioned, as
-        Object Lock keeps them)."""
+        statements), ``buckets`` (name -> its bucket policy's statements; versioned, as
+        Object Lock keeps them) and KMS ``keys`` (ARN -> its key policy's statements)."""
+        self.key_policies.update(keys or {})
         for arn, (trust, permissions) in roles.items():
             self.trust_policies[arn] = trust
             self.grants[f"{ROLE}{arn}"] = permissions
@@ -303,6 +307,8 @@ class Gate:
             return self.bucket_policies.get(bucket, []), owner
         if resource in self.trust_policies:
             return self.trust_policies[resource], account_of(resource)
+        if resource in self.key_policies:
+            return self.key_policies[resource], account_of(resource)
         return [], account_of(resource) or self.names.account
 
     def authorize(self, principal: Principal, service: str, operation: str, params: dict) -> None:
