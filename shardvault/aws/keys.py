@@ -144,16 +144,17 @@ class Rewrapper:
                 DestinationEncryptionContext=context,
             )
         except (ClientError, BotoCoreError) as error:
-            recovery = not same_key(encryption.key_id, destination)
+            foreign = not same_key(encryption.key_id, destination)
             raise KeyUnavailable(
                 f"KMS did not wrap the data key of cluster "
                 f"{encryption.context.get(CLUSTER_CONTEXT)!r} (under {encryption.key_id}) for "
                 f"cluster {self.target!r}: {error}.",
                 fix=(
-                    "check that the copy's recovery key exists and is enabled, and that its key "
-                    "policy lets the restore workflow's role call kms:ReEncryptFrom "
-                    "(shardvault copy-setup prints it)."
-                    if recovery
+                    f"check that {encryption.key_id} exists and is enabled; that the policy "
+                    "names it as a copy's recovery_key (the template grants the restore's "
+                    "plan kms:ReEncryptFrom on those only); and that its key policy allows "
+                    "that role (shardvault copy-setup prints it)."
+                    if foreign
                     else "check that the KMS key exists and is enabled, and that the restore "
                     "workflow's role may call kms:ReEncryptFrom and kms:ReEncryptTo on it."
                 ),

@@ -67,7 +67,7 @@ from shardvault.contracts.models import (
     check_name,
     vault_class_fix,
 )
-from shardvault.contracts.sqlcheck import check_validation_queries
+from shardvault.contracts.sqlcheck import DIALECTS, check_validation_queries
 from shardvault.data.planning import MiB, check_part_size
 from shardvault.errors import InvalidRequest, PlanTooLarge, ShardVaultError
 from shardvault.pricing.prices import VAULT_CLASSES, StorageClass
@@ -741,6 +741,19 @@ class ClusterPolicy(Frozen):
                 "restore point a restore could stop at",
                 "remove cut.every_minutes for this cluster (its backups are its points)",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _drill_queries_read_as_the_engines_read_them(self) -> ClusterPolicy:
+        """A drill's validation queries pass the gate as each of the cluster's engines lexes
+        them (a database named for SQLite, one statement for one dialect and three for
+        another), here rather than at every scheduled drill's admission."""
+        if self.drill is not None and self.drill.validation_queries:
+            dialects = [DIALECTS[e.value] for e in self.engines if e.value in DIALECTS]
+            try:
+                check_validation_queries(list(self.drill.validation_queries), dialects)
+            except InvalidRequest as error:
+                raise invalid(f"drill.validation_queries: {error.message}", error.fix) from None
         return self
 
     @model_validator(mode="after")

@@ -315,6 +315,13 @@ class AwsTarget(Frozen):
                 "name a key account B owns: a key of the stack's account is what a copy "
                 "out of its reach must not depend on",
             )
+        if self.recovery_key and self.kms_key == self.recovery_key:
+            raise invalid(
+                f"copy {self.name!r}: recovery_key is its kms_key",
+                "name a key of its own: the role the stack assumes may Decrypt with kms_key "
+                "(S3 encrypts the copies under it), and nobody in the stack's account may "
+                "with the recovery key",
+            )
         if self.recovery_key and self.stack_key_only:
             raise invalid(
                 f"copy {self.name!r} has a recovery_key and stack_key_only: true",

@@ -133,6 +133,7 @@ class WalRange(BaseModel):
     first: str = Field(alias="from")
     last: str = Field(alias="to")
     batches: int
+    log: str = "WAL"  # how messages name the engine's log: WAL, binary log
 
 
 class VerifyRecord(BaseModel):
@@ -177,7 +178,8 @@ class CopyRecord(BaseModel):
     verified_at: float | None = None  # the last ``verify --from-vault`` of this copy
     verify: Literal["ok", "damaged"] | None = None
     # The KMS key the copy's manifest wraps its data key under, as read back from the written
-    # manifest: a recovery key in the target's account (None: unsealed frames, or the stack's).
+    # manifest: a recovery key in the target's account, or the stack's (stack_key_only); None:
+    # unsealed frames, or a copy made before this was recorded.
     data_key: str | None = None
 
 

@@ -38,7 +38,7 @@ from botocore import exceptions as botocore_errors
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
-from shardvault.aws.keys import for_recovery
+from shardvault.aws.keys import for_recovery, same_key
 from shardvault.aws.services import Services
 from shardvault.config.targets import GcsTarget, Selection, VaultCopy
 from shardvault.contracts.catalog import BackupItem, CopyRecord
@@ -167,10 +167,13 @@ def retried_or_failed(
     return failed(context, target, error, reason, svc)
 
 
-def transient(error: Exception) -> bool:
+def transient(error: BaseException) -> bool:
+    """A busy or unreachable provider (``error``, or what it wraps: a KMS call's answer)."""
     if isinstance(error, ClientError):
         return error.response.get("Error", {}).get("Code") in TRANSIENT_CODES
-    return isinstance(error, TRANSIENT)
+    if isinstance(error, TRANSIENT):
+        return True
+    return error.__cause__ is not None and transient(error.__cause__)
 
 
 def scrubbed(text: str) -> str:
@@ -204,6 +207,13 @@ def skipped_because(target: VaultCopy, record: BackupItem, svc: Services) -> str
         held = parent.vault_copies.get(target.name) if parent else None
         if held is None or held.state != "COPIED":
             return f"its parent {record.parent_id} has no copy there, so it could not be restored"
+        recovery_key = getattr(target, "recovery_key", None)
+        if recovery_key and not (held.data_key and same_key(held.data_key, recovery_key)):
+            return (
+                f"its parent {record.parent_id}'s copy there is not under the recovery key (it "
+                "was copied before the key was set), so the chain would need the stack's key: "
+                "the next full starts a chain there"
+            )
         return None
     if target.select == Selection.WEEKLY and (copied := week_copy(target, record, svc)):
         return f"select: weekly, and {copied} is this ISO week's copy"
@@ -251,6 +261,13 @@ def copy_to_target(
     progress = load_progress(svc, context.backup_id, target.name)
     proofs: dict[str, dict[str, Any]] = progress.setdefault("objects", {})
     objects = [o for s in manifest.shards for o in s.objects]
+    # Every data key wrapped under the recovery key first: a key that refuses fails the copy
+    # before a byte lands (and is locked) in the target.
+    wrap = recovery_wrap(svc, target)
+    if wrap is not None:
+        for encryption in (manifest.encryption, *(o.encryption for o in objects)):
+            if encryption is not None:
+                wrap(encryption)
 
     def save() -> None:
         progress["seconds"] = progress.get("seconds", 0.0) + time.monotonic() - started
@@ -267,7 +284,7 @@ def copy_to_target(
         manifest,
         lambda key: target_key(svc, target, key),
         {key: version_of(p) for key, p in proofs.items()},
-        recovery_wrap(svc, target),
+        wrap,
     )
     data = moved.model_dump_json(indent=1).encode()
     manifest_key = target_key(svc, target, store_manifest_key)
@@ -304,7 +321,7 @@ def copy_to_target(
         proof=bucket.proof_text,
         copied_at=time.time(),
         seconds=round(progress["seconds"], 3),
-        data_key=held_key(bucket, manifest_key, written.version),
+        data_key=held_key(bucket, target, manifest_key, written.version),
     )
 
 
@@ -323,10 +340,21 @@ def recovery_wrap(svc: Services, target: VaultCopy) -> Callable[[Encryption], En
     return wrap
 
 
-def held_key(bucket: TargetBucket, manifest_key: str, version: str | None) -> str | None:
-    """The key the target's manifest, read back, wraps the data key under."""
+def held_key(
+    bucket: TargetBucket, target: VaultCopy, manifest_key: str, version: str | None
+) -> str | None:
+    """The key the target's manifest, read back, wraps the data key under; refused when the
+    target has a recovery key and the manifest names another."""
     held = Manifest.model_validate_json(bucket.read_all(manifest_key, version))
-    return held.encryption.key_id if held.encryption else None
+    key = held.encryption.key_id if held.encryption else None
+    recovery_key = getattr(target, "recovery_key", None)
+    if key and recovery_key and not same_key(key, recovery_key):
+        raise PromotionFailed(
+            f"the manifest {manifest_key} in {target.name!r} reads back with its data key under "
+            f"{key}, not the recovery key {recovery_key}.",
+            fix="report this: the copy needs the stack's key; the next backup is copied again.",
+        )
+    return key
 
 
 def held_until(target: VaultCopy, bucket: TargetBucket, completed: float) -> datetime | None:

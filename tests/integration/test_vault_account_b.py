@@ -279,12 +279,31 @@ def test_an_encrypted_copy_restores_through_account_bs_recovery_key_alone(
     cluster = make_cluster(nodes=2, size_mb=2)
     target_fields = account_b.new_target("b", recovery_key=RECOVERY_KEY)
     policy_for(cluster.name, vault=vault_with(target_fields), encryption="kms")
+    s3, bucket = account_b.s3, account_b.last_bucket
+    policies = stack.gate.key_policies
+    kept = policies[RECOVERY_KEY]
+
+    # B's key policy does not let promotion wrap under the key yet: the copy fails by name
+    # before a byte lands, and is locked, in B.
+    policies[RECOVERY_KEY] = [s for s in kept if s["Sid"] != "PromotionWrapsDataKeys"]
+    try:
+        with stack.gate.expecting_refusals():
+            unwrapped = cluster.backup()
+    finally:
+        policies[RECOVERY_KEY] = kept
+    assert unwrapped.status == "SUCCEEDED", unwrapped.cause
+    (record,) = cluster.records()
+    assert record["promotion"] == "PARTIAL"
+    assert "kms:ReEncryptTo" in record["vault_copies"]["b"]["reason"]
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
     _full_id, incremental_id = cluster.full_then_incremental()
 
     # What B holds, as B's owner reads it: every data key under B's key, none under the stack's.
-    s3, bucket = account_b.s3, account_b.last_bucket
     svc = stack.services()
-    for record in cluster.records():
+    copied = [r for r in cluster.records() if r["vault_copies"]["b"]["state"] == "COPIED"]
+    assert len(copied) == 2
+    for record in copied:
         copy = record["vault_copies"]["b"]
         assert copy["data_key"] == RECOVERY_KEY
         body = s3.get_object(
@@ -301,10 +320,8 @@ def test_an_encrypted_copy_restores_through_account_bs_recovery_key_alone(
         assert stacks.encryption.wrapped_key not in body.decode()
 
     # B's owner withdraws the restores' use of the key: a restore from the copy is refused by
-    # B's key policy, naming the key, before anything is placed (a restore that reached for
-    # the stack's key would not have noticed).
-    policies = stack.gate.key_policies
-    kept = policies[RECOVERY_KEY]
+    # B's key policy, naming the key (a restore that reached for the stack's key would not
+    # have noticed).
     policies[RECOVERY_KEY] = [s for s in kept if s["Sid"] != "RestoresUnwrapDataKeys"]
     try:
         with stack.gate.expecting_refusals():

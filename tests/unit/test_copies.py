@@ -72,3 +72,46 @@ def test_progress_kept_by_an_earlier_release_keeps_its_generations():
     assert copies.version_of(earlier) == "1733"
     assert copies.version_of({"version": "v-2", "generation": 1}) == "v-2"
     assert copies.version_of({"crc32c": "x"}) is None
+
+
+def test_a_throttled_kms_call_behind_a_named_error_is_worth_another_call():
+    from botocore.exceptions import ClientError
+
+    from shardvault.errors import KeyUnavailable
+
+    def wrapped(code: str) -> KeyUnavailable:
+        try:
+            raise KeyUnavailable("KMS did not wrap", fix="wait") from ClientError(
+                {"Error": {"Code": code, "Message": code}}, "ReEncrypt"
+            )
+        except KeyUnavailable as error:
+            return error
+
+    assert copies.transient(wrapped("ThrottlingException"))
+    assert not copies.transient(wrapped("AccessDeniedException"))
+
+
+RECOVERY = "arn:aws:kms:us-east-1:222233334444:key/0d4e7b52-8c1f-4e3a-9b6d-5f2a1c8e7d34"
+
+
+def test_an_incremental_goes_under_a_recovery_key_only_where_its_parent_is_too():
+    """A chain whose full was copied before the recovery key was set would still need the
+    stack's key: its incrementals wait for the next full there."""
+    from shardvault.config.targets import Selection
+    from shardvault.contracts.catalog import CopyRecord
+
+    def parent_copied(data_key: str | None) -> SimpleNamespace:
+        copy = CopyRecord(state="COPIED", kind="aws", data_key=data_key)
+        parent = SimpleNamespace(vault_copies={"b": copy})
+        return SimpleNamespace(catalog=SimpleNamespace(get=lambda cluster, backup_id: parent))
+
+    target = SimpleNamespace(name="b", select=Selection.ALL, recovery_key=RECOVERY)
+    record = SimpleNamespace(is_incremental=True, cluster="c", parent_id="f1")
+    under_it = copies.skipped_because(target, record, parent_copied(RECOVERY))  # type: ignore[arg-type]
+    stacks = "arn:aws:kms:us-east-1:111122223333:key/9f1e"
+    for held in (stacks, None):
+        reason = copies.skipped_because(target, record, parent_copied(held))  # type: ignore[arg-type]
+        assert reason is not None
+        assert "not under the recovery key" in reason
+        assert "next full" in reason
+    assert under_it is None

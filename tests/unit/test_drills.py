@@ -62,6 +62,12 @@ def test_a_drill_section_is_read_with_its_defaults():
         ),
         (policy_text(", validation_queries: ['DELETE FROM t']"), "validation_queries"),
         (policy_text(", keep_minutes: -1"), "keep_minutes"),
+        (  # a SQLite shard is one database: refused here, not at every drill
+            policy_text(", validation_queries: ['shop: SELECT true']").replace(
+                "engine: postgres", "engine: sqlite"
+            ),
+            "a SQLite shard is one database",
+        ),
         (policy_text(", backup: oldest"), "backup"),
     ],
 )

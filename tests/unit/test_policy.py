@@ -278,6 +278,7 @@ def gcs(**fields: str) -> str:
 
 
 B_KEY = "arn:aws:kms:eu-west-1:222233334444:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+B_RECOVERY = "arn:aws:kms:us-east-1:222233334444:key/0d4e7b52-8c1f-4e3a-9b6d-5f2a1c8e7d34"
 
 
 def aws(**fields: str) -> str:
@@ -393,13 +394,20 @@ BAD_COPIES = [
         "a key account B owns",
     ),
     (
-        [aws(recovery_key=B_KEY, stack_key_only="true")],
+        [aws(recovery_key=B_RECOVERY, stack_key_only="true")],
         "kms",
         "vault.copies.0",
         "a recovery_key and stack_key_only: true",
         "drop stack_key_only",
     ),
-    ([aws(recovery_key=B_KEY)], "none", "", "not sealed (encryption: none)", "drop recovery_key"),
+    (
+        [aws(recovery_key=B_RECOVERY)],
+        "none",
+        "",
+        "not sealed (encryption: none)",
+        "drop recovery_key",
+    ),
+    ([aws(recovery_key=B_KEY)], "kms", "vault.copies.0", "recovery_key is its kms_key", "its own"),
     ([aws(recovery_key="key-1")], "kms", "vault.copies.0.recovery_key", "KMS key's ARN", "arn:"),
     (
         [gcs(workload_identity="{audience: pool}")],
@@ -433,5 +441,5 @@ def test_an_encrypted_clusters_copy_may_accept_the_stack_key_by_name() -> None:
 
 
 def test_an_encrypted_clusters_aws_copy_takes_a_recovery_key_in_account_b() -> None:
-    policy = parse_policy(with_copies(aws(recovery_key=B_KEY), encryption="kms"))
-    assert policy.cluster("orders").vault.copies[0].recovery_key == B_KEY
+    policy = parse_policy(with_copies(aws(recovery_key=B_RECOVERY), encryption="kms"))
+    assert policy.cluster("orders").vault.copies[0].recovery_key == B_RECOVERY
