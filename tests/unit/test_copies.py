@@ -115,3 +115,55 @@ def test_an_incremental_goes_under_a_recovery_key_only_where_its_parent_is_too()
         assert "not under the recovery key" in reason
         assert "next full" in reason
     assert under_it is None
+
+
+def test_a_copys_manifest_holds_every_data_key_wrapped_as_the_target_keeps_it():
+    """The backup's key and an archived tail's batch keys (each object's own) alike: a
+    restore from the copy finds no key under the stack's."""
+    from shardvault.contracts.models import (
+        Encryption,
+        Engine,
+        FileEntry,
+        Manifest,
+        ManifestShard,
+        ManifestStream,
+        ObjectResult,
+        Phase,
+    )
+    from shardvault.lifecycle.targets import moved_manifest
+
+    def key(name: str) -> Encryption:
+        return Encryption(key_id="stack", wrapped_key=name, context={"shardvault:cluster": "c"})
+
+    def obj(index: int, encryption: Encryption | None) -> ObjectResult:
+        return ObjectResult(
+            key=f"backups/c/b1/s1/{index}", node_id="n1", shard_id="s1", phase=Phase.TAIL,
+            index=index, stream_offset=0, length=1, part_size=1, part_count=1, crc64nvme="x",
+            verified_by="attributes", encryption=encryption,
+        )  # fmt: skip
+
+    stream = ManifestStream(
+        phase=Phase.TAIL,
+        files=[FileEntry(path="pg_wal/", size=0)],
+        objects=[obj(0, None), obj(1, key("batch-1"))],
+    )
+    manifest = Manifest(
+        backup_id="b1", cluster="c", engine=Engine.POSTGRES, started_at=0, completed_at=1,
+        checkpoint_skew_seconds=0, part_size=1, bytes=2, objects=2, parts=2, verification="ok",
+        shards=[ManifestShard(shard_id="s1", node_id="n1", marker={}, checkpoint_at=0,
+                              streams=[stream])],
+        encryption=key("chain"),
+    )  # fmt: skip
+
+    def wrap(encryption: Encryption) -> Encryption:
+        return encryption.model_copy(update={"key_id": RECOVERY})
+
+    moved = moved_manifest(manifest, lambda k: f"copy/{k}", {}, wrap)
+    assert moved.encryption is not None
+    assert (moved.encryption.key_id, moved.encryption.wrapped_key) == (RECOVERY, "chain")
+    objects = moved.shards[0].streams[0].objects
+    assert objects[0].encryption is None  # sealed with the backup's own key
+    assert objects[1].encryption is not None
+    assert objects[1].encryption.key_id == RECOVERY
+    assert [o.key for o in objects] == ["copy/backups/c/b1/s1/0", "copy/backups/c/b1/s1/1"]
+    assert moved_manifest(manifest, lambda k: k, {}).encryption == manifest.encryption
