@@ -53,7 +53,12 @@ from infra.policies import POST, TABLE_READ
 from shardvault.assurance.probe import PROBES_DIR
 from shardvault.assurance.watch import NAMESPACE as WATCH_NAMESPACE
 from shardvault.aws.services import ANSWERS_DIR
-from shardvault.aws.vault_account import COPY_READERS, COPY_WRITERS, KEY_UNWRAPPER, KEY_WRAPPER
+from shardvault.aws.vault_account import (
+    COPY_READERS,
+    COPY_WRITERS,
+    KEY_UNWRAPPERS,
+    KEY_WRAPPERS,
+)
 from shardvault.config.policy import Policy, load_policy
 from shardvault.config.targets import AwsTarget
 from shardvault.contracts.layout import ARCHIVE_DIR, STAGED_DIR
@@ -736,29 +741,29 @@ class ShardVaultStack(Stack):
         if not recovery_keys:
             return
         any_cluster = {"StringLike": {CLUSTER_KEY: "*"}}
-        for module, statements in (
-            (
-                KEY_WRAPPER,
-                [
-                    data_key_statement(self.data_key, "kms:ReEncryptFrom", any_cluster),
-                    iam.PolicyStatement(
-                        actions=["kms:ReEncryptTo"], resources=recovery_keys, conditions=any_cluster
-                    ),
-                ],
-            ),
-            (
-                KEY_UNWRAPPER,
-                [
-                    iam.PolicyStatement(
-                        actions=["kms:ReEncryptFrom"],
-                        resources=recovery_keys,
-                        conditions=any_cluster,
-                    )
-                ],
-            ),
-        ):
-            for statement in statements:
-                self.functions.grant(module, statement)
+        for module in KEY_WRAPPERS:  # from the stack's key to a recovery key
+            self.functions.grant(
+                module, data_key_statement(self.data_key, "kms:ReEncryptFrom", any_cluster)
+            )
+            self.functions.grant(
+                module,
+                iam.PolicyStatement(
+                    actions=["kms:ReEncryptTo"], resources=recovery_keys, conditions=any_cluster
+                ),
+            )
+        for module in KEY_UNWRAPPERS:  # from a recovery key to the stack's (plan: has it)
+            self.functions.grant(
+                module,
+                iam.PolicyStatement(
+                    actions=["kms:ReEncryptFrom"], resources=recovery_keys, conditions=any_cluster
+                ),
+            )
+        # check's probe: a throwaway data key to wrap, and back into the stack's key
+        # (shardvault/assurance/copy_check.py: recovery_round_trip).
+        for action in ("kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncryptTo"):
+            self.functions.grant(
+                "probe_store", data_key_statement(self.data_key, action, any_cluster)
+            )
 
     def _outputs(self) -> None:
         roles = {m: f.role.role_name for m, f in self.functions.functions.items() if f.role}

@@ -14,7 +14,11 @@ Terms:
 - *check* (``shardvault check``, the probe's last step): a small object put into each copy
   target as promotion puts one, under ``<prefix>/check/``, at STANDARD and Locked for a day,
   and read back; and the bucket's retention settings read. The probe objects stay until their
-  retention ends (a lifecycle rule on ``check/`` removes them: the guide's setup).
+  retention ends (a lifecycle rule on ``check/`` removes them: the guide's setup). A target
+  with a *recovery key* (``shardvault.aws.keys``) also has a throwaway data key of the cluster
+  made without plaintext, wrapped under it as promotion wraps one, and wrapped back as a
+  restore's plan unwraps one: both halves of its key policy, before the first backup needs
+  them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import random
 from datetime import datetime
 from typing import Any
 
+from shardvault.aws.keys import Rewrapper, for_recovery, new_data_key
 from shardvault.aws.readback import parse_manifest
 from shardvault.aws.services import Services
 from shardvault.config.targets import GcsTarget, VaultCopy
@@ -132,10 +137,13 @@ CHECK_DAYS = 1
 CHECK_RETRY_SECONDS = 10.0
 
 
-def check_target(target: VaultCopy, svc: Services, probe_id: str, now: float) -> dict[str, Any]:
+def check_target(
+    target: VaultCopy, svc: Services, probe_id: str, now: float, cluster: str = ""
+) -> dict[str, Any]:
     """Puts a small object into the target as promotion does (proven, Locked a day, never
-    over an existing key), reads it back, and reads the bucket's retention settings; the
-    target's finding: ``ok``, with what was read back, or the error."""
+    over an existing key), reads it back, and reads the bucket's retention settings; wraps a
+    data key of ``cluster`` under its recovery key and back; the target's finding: ``ok``, with
+    what was read back, or the error."""
     key = f"{target.prefix.strip('/')}/{CHECK_PREFIX}/{probe_id}"
     try:
         bucket = checked_bucket(target, svc, probe_id, now)
@@ -152,14 +160,26 @@ def check_target(target: VaultCopy, svc: Services, probe_id: str, now: float) ->
             None if by_bucket else until,
         )
         bucket.check_held(copy, CHECK_CLASS, None if by_bucket else until)
+        wrapped = recovery_round_trip(target, svc, cluster, probe_id)
     except Exception as error:  # any failure is this target's finding, named
         return refused(target, f"{type(error).__name__}: {error}")
     held = f"{copy.retention_mode} until {copy.retain_until}" if copy.retain_until else "bucket"
     return {
         "name": target.name,
         "ok": True,
-        "detail": f"put and read back {bucket.where}/{key} ({held})",
+        "detail": f"put and read back {bucket.where}/{key} ({held})" + wrapped,
     }
+
+
+def recovery_round_trip(target: VaultCopy, svc: Services, cluster: str, probe_id: str) -> str:
+    """A throwaway data key of ``cluster`` wrapped under the target's recovery key and back
+    (the module's *check*); what the finding adds ("" without a recovery key)."""
+    recovery_key = getattr(target, "recovery_key", None)
+    if not recovery_key or not cluster:
+        return ""
+    probe = new_data_key(svc, cluster, f"check-{probe_id}")
+    Rewrapper(svc, cluster)(for_recovery(svc, probe, recovery_key))
+    return f"; a data key wrapped under recovery key {recovery_key} and back"
 
 
 def checked_bucket(

@@ -132,6 +132,6 @@ def copy_targets(step: ProbeStep, svc: Services, now: float) -> list[dict[str, A
     """Each copy target of the cluster, tried as promotion will (``copy_check.check_target``)."""
     cluster = str(step.request.get("cluster", ""))
     return [
-        copy_check.check_target(target, svc, step.probe_id, now)
+        copy_check.check_target(target, svc, step.probe_id, now, cluster)
         for target in copies.targets_of(svc, cluster)
     ]

@@ -11,7 +11,8 @@ Terms:
 - *the recovery key's policy* (a target with ``recovery_key``, ``shardvault.aws.keys``): B's
   own account administers the key; the stack's promote function may wrap data keys under it
   (``kms:ReEncryptTo``) and a restore's plan may unwrap them from it into the stack's key
-  (``kms:ReEncryptFrom``), each only in a ShardVault cluster's encryption context. Neither may
+  (``kms:ReEncryptFrom``), and check's probe both (a throwaway key), each only in a ShardVault
+  cluster's encryption context. Neither may
   ``Decrypt``, grant, disable or delete: the plaintext never leaves KMS, and the key's life is
   B's alone.
 - *the bucket policy*: what B's bucket refuses to anyone, the role included: a lock in a mode
@@ -35,9 +36,10 @@ COPY_WRITERS = ("promote_backup", "probe_store")
 # (shardvault/restore/sources.py), and verify --from-vault (shardvault/assurance/copy_check.py).
 COPY_READERS = ("validate_restore", "plan_restore", "thaw_objects", "verify_backup")
 # The functions that use a copy's recovery key: promotion wraps the data keys under it, and a
-# restore's plan (a drill's too) unwraps them from it (shardvault/aws/keys.py).
-KEY_WRAPPER = "promote_backup"
-KEY_UNWRAPPER = "plan_restore"
+# restore's plan (a drill's too) unwraps them from it (shardvault/aws/keys.py); check's probe
+# does both with a throwaway key (shardvault/assurance/copy_check.py).
+KEY_WRAPPERS = ("promote_backup", "probe_store")
+KEY_UNWRAPPERS = ("plan_restore", "probe_store")
 CLUSTER_CONTEXT_KEY = "kms:EncryptionContext:shardvault:cluster"
 # The role's S3 actions on copies: write one (with its lock), extend a lock, read a copy and
 # its lock and checksum back (a versioned bucket: the version actions), thaw an archived one,
@@ -205,7 +207,7 @@ def recovery_key_policy(target: AwsTarget, stack_roles: dict[str, str]) -> dict[
             {
                 "Sid": "PromotionWrapsDataKeys",
                 "Effect": "Allow",
-                "Principal": {"AWS": stack_roles[KEY_WRAPPER]},
+                "Principal": {"AWS": [stack_roles[m] for m in KEY_WRAPPERS]},
                 "Action": "kms:ReEncryptTo",
                 "Resource": "*",
                 "Condition": in_a_cluster,
@@ -213,7 +215,7 @@ def recovery_key_policy(target: AwsTarget, stack_roles: dict[str, str]) -> dict[
             {
                 "Sid": "RestoresUnwrapDataKeys",
                 "Effect": "Allow",
-                "Principal": {"AWS": stack_roles[KEY_UNWRAPPER]},
+                "Principal": {"AWS": [stack_roles[m] for m in KEY_UNWRAPPERS]},
                 "Action": "kms:ReEncryptFrom",
                 "Resource": "*",
                 "Condition": in_a_cluster,

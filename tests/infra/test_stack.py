@@ -913,6 +913,13 @@ def test_the_probe_signs_writes_and_deletes_probe_objects_only(synth: Synthesize
         ("dynamodb:Query", "nodes"),  # the cluster's agents (its index)
         ("dynamodb:Query", "nodes/index/by_cluster"),
         ("dynamodb:Query", "inbox"),  # the agents' failure notes
+        # A copy's recovery key, both ways, with a throwaway data key made without plaintext
+        # (shardvault/assurance/copy_check.py: recovery_round_trip).
+        ("kms:GenerateDataKeyWithoutPlaintext", "DataKey"),
+        ("kms:ReEncryptFrom", "DataKey"),
+        ("kms:ReEncryptTo", "DataKey"),
+        ("kms:ReEncryptTo", RECOVERY_KEY),
+        ("kms:ReEncryptFrom", RECOVERY_KEY),
     }
 
 
@@ -1222,6 +1229,12 @@ def test_only_backup_validation_makes_data_keys_and_never_in_plaintext(synth: Sy
             assert data_key_actions == {"kms:ReEncryptFrom", "kms:ReEncryptTo"}
         elif module == "promote_backup":  # wraps keys under a copy's recovery key: nor here
             assert data_key_actions == {"kms:ReEncryptFrom"}
+        elif module == "probe_store":  # check: a throwaway key, wrapped there and back
+            assert data_key_actions == {
+                "kms:GenerateDataKeyWithoutPlaintext",
+                "kms:ReEncryptFrom",
+                "kms:ReEncryptTo",
+            }
         else:
             assert not data_key_actions, (module, kms_actions)
 
@@ -1341,11 +1354,11 @@ def test_only_the_copy_functions_assume_the_policys_roles_in_other_accounts(
         assert {g for g in grants(synth, module) if g[0] == "sts:AssumeRole"} == ASSUME_ACCOUNT_B
 
 
-def test_only_promotion_wraps_under_a_recovery_key_and_only_a_plan_unwraps(
+def test_only_promotion_and_check_wrap_under_a_recovery_key_and_a_plan_and_check_unwrap(
     synth: Synthesized,
 ) -> None:
     """A copy's recovery key (its ARN, no wildcard): promotion re-encrypts the data keys from
-    the stack's key to it, a restore's plan from it; neither may Decrypt with it."""
+    the stack's key to it, a restore's plan from it, check's probe both; none may Decrypt."""
     using = {
         module: {g for g in grants(synth, module) if g[1] == RECOVERY_KEY}
         for module in _function_statements(synth)
@@ -1353,6 +1366,7 @@ def test_only_promotion_wraps_under_a_recovery_key_and_only_a_plan_unwraps(
     assert {m: g for m, g in using.items() if g} == {
         "promote_backup": {("kms:ReEncryptTo", RECOVERY_KEY)},
         "plan_restore": {("kms:ReEncryptFrom", RECOVERY_KEY)},
+        "probe_store": {("kms:ReEncryptTo", RECOVERY_KEY), ("kms:ReEncryptFrom", RECOVERY_KEY)},
     }
     assert ("kms:ReEncryptFrom", "DataKey") in grants(synth, "promote_backup")
 

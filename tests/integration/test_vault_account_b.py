@@ -341,3 +341,38 @@ def test_an_encrypted_copy_restores_through_account_bs_recovery_key_alone(
     for shard_id, source in cluster.sources.items():
         (db,) = list(target.restore_dir(0).parent.glob(f"*/{shard_id}/*.db"))
         assert table_digests(db) == table_digests(source)
+
+
+def test_check_proves_the_recovery_key_both_ways_before_any_backup(
+    make_cluster, policy_for, account_b, stack, tmp_path
+):
+    """``shardvault check`` wraps a throwaway data key under the copy's recovery key and back,
+    as promotion and a restore will: a key policy that refuses either is named before the
+    first night, not found by its first copy."""
+    cluster = make_cluster(nodes=1, size_mb=1)
+    target_fields = account_b.new_target("b", recovery_key=RECOVERY_KEY)
+    policy_for(cluster.name, vault=vault_with(target_fields), encryption="kms")
+
+    def finding() -> dict:
+        checked = run_cli(
+            cluster.stack, "check", cluster.name, "--policy", str(tmp_path / "policy.yaml"),
+            "--json",
+        )  # fmt: skip
+        return {c["check"]: c for c in json.loads(checked.stdout)["checks"]}["vault copy target b"]
+
+    proven = finding()
+    assert proven["ok"], proven
+    assert f"recovery key {RECOVERY_KEY} and back" in proven["detail"]
+
+    policies = stack.gate.key_policies
+    kept = policies[RECOVERY_KEY]
+    policies[RECOVERY_KEY] = [s for s in kept if s["Sid"] != "RestoresUnwrapDataKeys"]
+    try:
+        with stack.gate.expecting_refusals():
+            refused = finding()
+    finally:
+        policies[RECOVERY_KEY] = kept
+    assert not refused["ok"]
+    assert "kms:ReEncryptFrom" in refused["detail"]
+    assert RECOVERY_KEY in refused["detail"]
+    assert cluster.records() == []  # no backup was needed to find it

@@ -51,9 +51,12 @@ def test_copy_setup_prints_account_bs_documents_for_the_policys_target(capsys):
     assert found["recovery_key"] == {"arn": target.recovery_key}
     assert found["recovery_key_policy"] == recovery_key_policy(target, roles)
     uses = {s["Sid"]: s for s in found["recovery_key_policy"]["Statement"]}
-    assert uses["PromotionWrapsDataKeys"]["Principal"] == {"AWS": roles["promote_backup"]}
+    # check's probe (probe_store) wraps a throwaway key there and back, as the two do.
+    wrappers = [roles["promote_backup"], roles["probe_store"]]
+    assert uses["PromotionWrapsDataKeys"]["Principal"] == {"AWS": wrappers}
     assert uses["PromotionWrapsDataKeys"]["Action"] == "kms:ReEncryptTo"
-    assert uses["RestoresUnwrapDataKeys"]["Principal"] == {"AWS": roles["plan_restore"]}
+    unwrappers = [roles["plan_restore"], roles["probe_store"]]
+    assert uses["RestoresUnwrapDataKeys"]["Principal"] == {"AWS": unwrappers}
     assert uses["RestoresUnwrapDataKeys"]["Action"] == "kms:ReEncryptFrom"
     administers = uses["AccountBAdministersTheKey"]["Principal"]
     assert administers == {"AWS": "arn:aws:iam::222233334444:root"}

@@ -163,7 +163,8 @@ def connect_as(
     instance: PostgresInstance, role: str, options: str, dbname: str, wait: float = 5.0
 ) -> psycopg.Connection:
     """Connects as ``role``; the server reloads pg_hba.conf after the signal, so the first
-    tries may still meet the old rules."""
+    tries may still meet the old rules (only that refusal is tried again: a database that
+    refuses the role's connection says so at once)."""
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -175,7 +176,7 @@ def connect_as(
                 options=options,
                 application_name="shardvault-check",
             )
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
+        except psycopg.OperationalError as error:
+            if "pg_hba.conf" not in str(error) or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
