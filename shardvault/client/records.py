@@ -199,9 +199,10 @@ def copy_cell(copy: CopyRecord) -> str:
     if copy.state != "COPIED":
         return f"{copy.state}: {copy.reason or ''}"
     scheme = "s3" if copy.kind == "aws" else "gs"
+    keys = f", data keys under {copy.data_key}" if copy.data_key else ""
     return (
         f"{scheme}://{copy.bucket}/{copy.manifest_key}, {copy.storage_class}, "
-        f"{copy.retention_mode} until {copy.retain_until}"
+        f"{copy.retention_mode} until {copy.retain_until}{keys}"
     )
 
 

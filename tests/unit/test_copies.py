@@ -167,3 +167,17 @@ def test_a_copys_manifest_holds_every_data_key_wrapped_as_the_target_keeps_it():
     assert objects[1].encryption.key_id == RECOVERY
     assert [o.key for o in objects] == ["copy/backups/c/b1/s1/0", "copy/backups/c/b1/s1/1"]
     assert moved_manifest(manifest, lambda k: k, {}).encryption == manifest.encryption
+
+
+def test_show_names_the_key_a_copys_data_keys_are_under():
+    from shardvault.client.records import copy_cell
+    from shardvault.contracts.catalog import CopyRecord
+
+    fields = {
+        "state": "COPIED", "kind": "aws", "bucket": "b", "manifest_key": "m.json",
+        "storage_class": "DEEP_ARCHIVE", "retention_mode": "COMPLIANCE", "retain_until": "t",
+    }  # fmt: skip
+    assert copy_cell(CopyRecord(**fields, data_key=RECOVERY)).endswith(
+        f"until t, data keys under {RECOVERY}"
+    )
+    assert copy_cell(CopyRecord(**fields)).endswith("COMPLIANCE until t")  # unsealed, or older
