@@ -32,7 +32,7 @@ from typing import Any
 from shardvault.aws.keys import Rewrapper, for_recovery, new_data_key
 from shardvault.aws.readback import parse_manifest
 from shardvault.aws.services import Services
-from shardvault.config.targets import GcsTarget, VaultCopy
+from shardvault.config.targets import GcsTarget, VaultCopy, recovery_key_of
 from shardvault.contracts.catalog import BackupItem, CopyRecord
 from shardvault.contracts.models import Manifest, ObjectResult
 from shardvault.data.checksums import crc64nvme_of_bytes, crc64nvme_of_stream
@@ -138,7 +138,7 @@ CHECK_RETRY_SECONDS = 10.0
 
 
 def check_target(
-    target: VaultCopy, svc: Services, probe_id: str, now: float, cluster: str = ""
+    target: VaultCopy, svc: Services, probe_id: str, now: float, cluster: str
 ) -> dict[str, Any]:
     """Puts a small object into the target as promotion does (proven, Locked a day, never
     over an existing key), reads it back, and reads the bucket's retention settings; wraps a
@@ -174,8 +174,8 @@ def check_target(
 def recovery_round_trip(target: VaultCopy, svc: Services, cluster: str, probe_id: str) -> str:
     """A throwaway data key of ``cluster`` wrapped under the target's recovery key and back
     (the module's *check*); what the finding adds ("" without a recovery key)."""
-    recovery_key = getattr(target, "recovery_key", None)
-    if not recovery_key or not cluster:
+    recovery_key = recovery_key_of(target)
+    if not recovery_key:
         return ""
     probe = new_data_key(svc, cluster, f"check-{probe_id}")
     Rewrapper(svc, cluster)(for_recovery(svc, probe, recovery_key))

@@ -72,13 +72,7 @@ def for_recovery(svc: Services, encryption: Encryption, recovery_key: str) -> En
             fix=f"name account B's key in {here} (a multi-Region key's replica there will do).",
         )
     try:
-        response = svc.kms.re_encrypt(
-            CiphertextBlob=base64.b64decode(encryption.wrapped_key),
-            SourceEncryptionContext=encryption.context,
-            SourceKeyId=encryption.key_id,
-            DestinationKeyId=recovery_key,
-            DestinationEncryptionContext=encryption.context,
-        )
+        return re_encrypted(svc, encryption, recovery_key, encryption.context)
     except (ClientError, BotoCoreError) as error:
         raise KeyUnavailable(
             f"KMS did not wrap the data key of cluster "
@@ -87,8 +81,24 @@ def for_recovery(svc: Services, encryption: Encryption, recovery_key: str) -> En
             fix="check that the key exists and is enabled, and that its key policy lets the "
             "promote function's role call kms:ReEncryptTo (shardvault copy-setup prints it).",
         ) from error
+
+
+def re_encrypted(
+    svc: Services, encryption: Encryption, destination: str, context: dict[str, str]
+) -> Encryption:
+    """The data key wrapped again under ``destination`` in ``context`` (KMS ReEncrypt: the
+    plaintext stays in KMS); KMS's errors are the caller's to name."""
+    response = svc.kms.re_encrypt(
+        CiphertextBlob=base64.b64decode(encryption.wrapped_key),
+        SourceEncryptionContext=encryption.context,
+        SourceKeyId=encryption.key_id,
+        DestinationKeyId=destination,
+        DestinationEncryptionContext=context,
+    )
     wrapped = base64.b64encode(response["CiphertextBlob"]).decode("ascii")
-    return encryption.model_copy(update={"key_id": response["KeyId"], "wrapped_key": wrapped})
+    return encryption.model_copy(
+        update={"key_id": response["KeyId"], "wrapped_key": wrapped, "context": context}
+    )
 
 
 def same_key(a: str, b: str) -> bool:
@@ -136,13 +146,7 @@ class Rewrapper:
             )
         context = {**encryption.context, CLUSTER_CONTEXT: self.target}
         try:
-            response = self.svc.kms.re_encrypt(
-                CiphertextBlob=base64.b64decode(encryption.wrapped_key),
-                SourceEncryptionContext=encryption.context,
-                SourceKeyId=encryption.key_id,
-                DestinationKeyId=destination,
-                DestinationEncryptionContext=context,
-            )
+            return re_encrypted(self.svc, encryption, destination, context)
         except (ClientError, BotoCoreError) as error:
             foreign = not same_key(encryption.key_id, destination)
             raise KeyUnavailable(
@@ -159,7 +163,3 @@ class Rewrapper:
                     "workflow's role may call kms:ReEncryptFrom and kms:ReEncryptTo on it."
                 ),
             ) from error
-        wrapped = base64.b64encode(response["CiphertextBlob"]).decode("ascii")
-        return encryption.model_copy(
-            update={"key_id": response["KeyId"], "wrapped_key": wrapped, "context": context}
-        )

@@ -51,6 +51,7 @@ from shardvault.config.targets import (
     VaultCopy,
     check_copies,
     invalid,
+    recovery_key_of,
     target_name,
 )
 from shardvault.contracts import models
@@ -762,7 +763,7 @@ class ClusterPolicy(Frozen):
         KMS key unwraps it: an encrypted cluster's copy names a recovery key in its own
         account, or says by name that it accepts the stack's key."""
         for copy in self.vault.copies:
-            recovery = getattr(copy, "recovery_key", None)
+            recovery = recovery_key_of(copy)
             if self.encryption == "kms" and not (copy.stack_key_only or recovery):
                 fix = (
                     "name a KMS key of account B as its recovery_key (shardvault copy-setup "

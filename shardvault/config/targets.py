@@ -334,6 +334,11 @@ class AwsTarget(Frozen):
 VaultCopy = Annotated[GcsTarget | AwsTarget, Field(discriminator="kind")]
 
 
+def recovery_key_of(copy: VaultCopy) -> str | None:
+    """The copy's *recovery key* (only an aws copy takes one; None: the stack's key, or none)."""
+    return copy.recovery_key if isinstance(copy, AwsTarget) else None
+
+
 def check_copies(stack_name: str, lock_days: int, copies: list[VaultCopy]) -> None:
     """Refuses copies that share a name (with each other or the stack vault), and a retention
     shorter than the stack vault's lock: every copy holds a backup at least as long."""

@@ -40,7 +40,7 @@ from google.api_core import exceptions as gcs_errors
 
 from shardvault.aws.keys import for_recovery, same_key
 from shardvault.aws.services import Services
-from shardvault.config.targets import GcsTarget, Selection, VaultCopy
+from shardvault.config.targets import GcsTarget, Selection, VaultCopy, recovery_key_of
 from shardvault.contracts.catalog import BackupItem, CopyRecord
 from shardvault.contracts.models import BackupContext, Encryption, Manifest, ObjectResult
 from shardvault.data.checksums import crc64nvme_of_bytes
@@ -207,7 +207,7 @@ def skipped_because(target: VaultCopy, record: BackupItem, svc: Services) -> str
         held = parent.vault_copies.get(target.name) if parent else None
         if held is None or held.state != "COPIED":
             return f"its parent {record.parent_id} has no copy there, so it could not be restored"
-        recovery_key = getattr(target, "recovery_key", None)
+        recovery_key = recovery_key_of(target)
         if recovery_key and not (held.data_key and same_key(held.data_key, recovery_key)):
             return (
                 f"its parent {record.parent_id}'s copy there is not under the recovery key (it "
@@ -327,7 +327,7 @@ def copy_to_target(
 
 def recovery_wrap(svc: Services, target: VaultCopy) -> Callable[[Encryption], Encryption] | None:
     """The target's *recovery key* wrapping, each data key once (None: no recovery key)."""
-    recovery_key = getattr(target, "recovery_key", None)
+    recovery_key = recovery_key_of(target)
     if recovery_key is None:
         return None
     done: dict[str, Encryption] = {}
@@ -347,7 +347,7 @@ def held_key(
     target has a recovery key and the manifest names another."""
     held = Manifest.model_validate_json(bucket.read_all(manifest_key, version))
     key = held.encryption.key_id if held.encryption else None
-    recovery_key = getattr(target, "recovery_key", None)
+    recovery_key = recovery_key_of(target)
     if key and recovery_key and not same_key(key, recovery_key):
         raise PromotionFailed(
             f"the manifest {manifest_key} in {target.name!r} reads back with its data key under "

@@ -97,7 +97,7 @@ RECOVERY = "arn:aws:kms:us-east-1:222233334444:key/0d4e7b52-8c1f-4e3a-9b6d-5f2a1
 def test_an_incremental_goes_under_a_recovery_key_only_where_its_parent_is_too():
     """A chain whose full was copied before the recovery key was set would still need the
     stack's key: its incrementals wait for the next full there."""
-    from shardvault.config.targets import Selection
+    from shardvault.config.targets import AwsTarget, Selection
     from shardvault.contracts.catalog import CopyRecord
 
     def parent_copied(data_key: str | None) -> SimpleNamespace:
@@ -105,7 +105,15 @@ def test_an_incremental_goes_under_a_recovery_key_only_where_its_parent_is_too()
         parent = SimpleNamespace(vault_copies={"b": copy})
         return SimpleNamespace(catalog=SimpleNamespace(get=lambda cluster, backup_id: parent))
 
-    target = SimpleNamespace(name="b", select=Selection.ALL, recovery_key=RECOVERY)
+    target = AwsTarget.model_validate(
+        {
+            "name": "b", "kind": "aws", "account": "222233334444", "bucket": "vault-b",
+            "region": "us-east-1", "role_arn": "arn:aws:iam::222233334444:role/writer",
+            "external_id": "x-1", "kms_key": RECOVERY.replace("0d4e", "6a1f"),
+            "storage_class": "GLACIER_IR", "object_lock": {"days": 2}, "select": Selection.ALL,
+            "recovery_key": RECOVERY,
+        }
+    )  # fmt: skip
     record = SimpleNamespace(is_incremental=True, cluster="c", parent_id="f1")
     under_it = copies.skipped_because(target, record, parent_copied(RECOVERY))  # type: ignore[arg-type]
     stacks = "arn:aws:kms:us-east-1:111122223333:key/9f1e"

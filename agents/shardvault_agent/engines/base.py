@@ -128,8 +128,8 @@ class Finishing:
     servers_given: list[dict[str, Any]]
     note_server: Callable[[dict[str, Any]], None]
     # A point-in-time restore's WAL feed (``restore.walfeed``): ``wal_done`` stops it once the
-    # server left recovery (the adapter then removes the WAL directory); ``wal_progress`` is
-    # when it last moved (``time.monotonic``), from which the wait for recovery is counted.
+    # server left recovery and removes the WAL directory; ``wal_progress`` is when it last
+    # moved (``time.monotonic``), from which the wait for recovery is counted.
     wal_done: Callable[[], None] = lambda: None
     wal_progress: Callable[[], float] | None = None
 

@@ -154,9 +154,13 @@ class WalFeed:
         self._thread.start()
 
     def recovered(self) -> None:
-        """The server left recovery: stop feeding; a batch that fails now was never needed."""
+        """The server left recovery: stop feeding (a batch that fails now was never needed),
+        then remove the WAL directory, replayed. In that order: a batch still being placed
+        would make the directory again (MariaDB takes any directory in its data for a
+        database)."""
         self.recovery_over = True
         self.stop()
+        shutil.rmtree(self.wal_dir, ignore_errors=True)
 
     def stop(self) -> None:
         """Stops feeding (the batches being fetched end first) and removes the landing."""

@@ -34,7 +34,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from shardvault.contracts.wal_archive import WAL_DIR
 from shardvault.errors import EngineError, RestoreValidationFailed, ShardDataMissing
 from shardvault_agent.config import AgentConfig, ShardConfig
 from shardvault_agent.engines.base import (
@@ -226,10 +225,7 @@ class MariadbAdapter(CopySource):
         reached = None
         if target is not None:
             reached = replay(server, root, job.shard_id, job.layout, job.wal_progress)
-            # The feed stops first: a batch it was still placing would make the directory
-            # again, and the server takes any directory in its data for a database.
-            job.wal_done()
-            shutil.rmtree(root / WAL_DIR, ignore_errors=True)
+            job.wal_done()  # the feed stopped, its directory removed before the checks
         checks = mariadb_checks(server, job.validation_queries)
         return {
             "shard_id": job.shard_id,
